@@ -1,0 +1,139 @@
+//! Stable error codes that cross the wire.
+//!
+//! The numeric value of each code is part of the protocol (see
+//! `docs/protocol.md`): codes are never renumbered or reused, only added.
+
+use std::fmt;
+
+/// Outcome of one operation or one frame, as carried on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// The operation succeeded.
+    Ok = 0,
+    /// The key is not stored (or has expired).
+    NotFound = 1,
+    /// Store mode is full: nothing was evicted and nothing was written.
+    InsufficientSpace = 2,
+    /// The key is empty or longer than `KEY_BYTES_MAX`.
+    KeyTooLong = 3,
+    /// The value is longer than `VALUE_BYTES_MAX` or than the engine can hold.
+    ValueTooLarge = 4,
+    /// The operation or frame opcode is unknown to this server.
+    UnknownOpcode = 5,
+    /// The frame carries more than `BATCH_OPS_MAX` operations.
+    BatchTooLarge = 6,
+    /// The frame is longer than `FRAME_BYTES_MAX`.
+    FrameTooLarge = 7,
+    /// The frame is well delimited but its contents do not parse.
+    Malformed = 8,
+    /// The frame's protocol version is not spoken by this server.
+    UnsupportedVersion = 9,
+    /// The frame's checksum does not match its contents.
+    BadChecksum = 10,
+    /// The key belongs to another worker; the client must re-steer it.
+    WrongWorker = 11,
+    /// The time-to-live is larger than `TTL_SECS_MAX`.
+    TtlTooLarge = 12,
+    /// A conditional write (if-absent / if-present) did not apply.
+    ConditionFailed = 13,
+    /// The server is shutting down or over a connection bound.
+    Unavailable = 14,
+    /// The stored value is not of the type the operation needs.
+    WrongType = 15,
+    /// The request did not complete before its deadline (client side).
+    Timeout = 16,
+    /// The server hit a bug; the request had no effect.
+    Internal = 17,
+    /// The handshake asked for a worker that does not exist.
+    NoSuchWorker = 18,
+}
+
+impl ErrorCode {
+    /// Every code, in numeric order; used by tests and documentation.
+    pub const ALL: [ErrorCode; 19] = [
+        ErrorCode::Ok,
+        ErrorCode::NotFound,
+        ErrorCode::InsufficientSpace,
+        ErrorCode::KeyTooLong,
+        ErrorCode::ValueTooLarge,
+        ErrorCode::UnknownOpcode,
+        ErrorCode::BatchTooLarge,
+        ErrorCode::FrameTooLarge,
+        ErrorCode::Malformed,
+        ErrorCode::UnsupportedVersion,
+        ErrorCode::BadChecksum,
+        ErrorCode::WrongWorker,
+        ErrorCode::TtlTooLarge,
+        ErrorCode::ConditionFailed,
+        ErrorCode::Unavailable,
+        ErrorCode::WrongType,
+        ErrorCode::Timeout,
+        ErrorCode::Internal,
+        ErrorCode::NoSuchWorker,
+    ];
+
+    /// The code as it travels on the wire.
+    pub fn as_u16(self) -> u16 {
+        self as u16
+    }
+
+    /// Parses a wire code; unknown codes (from a newer server) map to `None`.
+    pub fn from_u16(v: u16) -> Option<ErrorCode> {
+        Self::ALL.get(usize::from(v)).copied()
+    }
+
+    /// A short stable name, used in CLI messages and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::Ok => "OK",
+            ErrorCode::NotFound => "NOT_FOUND",
+            ErrorCode::InsufficientSpace => "INSUFFICIENT_SPACE",
+            ErrorCode::KeyTooLong => "KEY_TOO_LONG",
+            ErrorCode::ValueTooLarge => "VALUE_TOO_LARGE",
+            ErrorCode::UnknownOpcode => "UNKNOWN_OPCODE",
+            ErrorCode::BatchTooLarge => "BATCH_TOO_LARGE",
+            ErrorCode::FrameTooLarge => "FRAME_TOO_LARGE",
+            ErrorCode::Malformed => "MALFORMED",
+            ErrorCode::UnsupportedVersion => "UNSUPPORTED_VERSION",
+            ErrorCode::BadChecksum => "BAD_CHECKSUM",
+            ErrorCode::WrongWorker => "WRONG_WORKER",
+            ErrorCode::TtlTooLarge => "TTL_TOO_LARGE",
+            ErrorCode::ConditionFailed => "CONDITION_FAILED",
+            ErrorCode::Unavailable => "UNAVAILABLE",
+            ErrorCode::WrongType => "WRONG_TYPE",
+            ErrorCode::Timeout => "TIMEOUT",
+            ErrorCode::Internal => "INTERNAL",
+            ErrorCode::NoSuchWorker => "NO_SUCH_WORKER",
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (code {})", self.name(), self.as_u16())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_are_dense() {
+        for (i, c) in ErrorCode::ALL.iter().enumerate() {
+            assert_eq!(usize::from(c.as_u16()), i, "{c:?} is out of place in ALL");
+            assert_eq!(ErrorCode::from_u16(c.as_u16()), Some(*c));
+        }
+        assert_eq!(ErrorCode::from_u16(ErrorCode::ALL.len() as u16), None);
+    }
+
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<_> = ErrorCode::ALL.iter().map(|c| c.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ErrorCode::ALL.len());
+    }
+}

@@ -1,0 +1,20 @@
+//! Vocabulary shared by every FabricKV crate.
+//!
+//! Layout:
+//! - [`limits`]: every bound of the system as a named constant with its unit,
+//!   checked against each other at compile time.
+//! - [`code`]: the stable error codes that cross the wire.
+//! - [`hash`]: the key hash and the mapping from a hash to a partition, used
+//!   identically by clients (to steer) and servers (to verify ownership).
+//! - [`size`]: parsing of human sizes such as `64MB`.
+//!
+//! This crate has no I/O and no dependency on any other FabricKV crate, so
+//! that everything else can depend on it.
+
+pub mod code;
+pub mod hash;
+pub mod limits;
+pub mod size;
+
+pub use code::ErrorCode;
+pub use hash::KeyHash;

@@ -1,0 +1,82 @@
+//! Every bound of FabricKV, as a named constant whose name ends in its unit.
+//!
+//! A request that breaks one of these bounds is refused with a stable error
+//! code before anything is allocated for it. Servers size their buffers by
+//! adding these up, so that memory use has a ceiling known at start-up.
+
+/// Longest key accepted anywhere, in bytes (memcached's convention).
+pub const KEY_BYTES_MAX: usize = 250;
+
+/// Key length of the HERD fast path, in bytes: 16-byte keys (hashes of
+/// integers in HERD) are the common case the engine is tuned for.
+pub const HERD_KEY_BYTES: usize = 16;
+
+/// Largest value carried inline in a native frame, in bytes (1 MiB, like
+/// memcached's default item size ceiling). Larger values belong to the
+/// cache service, which moves them one-sided.
+pub const VALUE_BYTES_MAX: usize = 1 << 20;
+
+/// Most operations one native frame may carry.
+pub const BATCH_OPS_MAX: usize = 512;
+
+/// Size of the fixed native frame header, in bytes.
+pub const FRAME_HEADER_BYTES: usize = 32;
+
+/// Size of the per-operation header inside a request body, in bytes.
+pub const OP_HEADER_BYTES: usize = 12;
+
+/// Size of the per-result header inside a response body, in bytes.
+pub const RESULT_HEADER_BYTES: usize = 8;
+
+/// Largest native frame body, in bytes. Big enough for one maximal value
+/// with its key and headers, or a full batch of HERD-sized operations.
+pub const FRAME_BODY_BYTES_MAX: usize = VALUE_BYTES_MAX + KEY_BYTES_MAX + 4096;
+
+/// Largest native frame including its header, in bytes.
+pub const FRAME_BYTES_MAX: usize = FRAME_HEADER_BYTES + FRAME_BODY_BYTES_MAX;
+
+/// Largest transport message, in bytes: a frame and nothing more. A stream
+/// that announces a longer message has corrupt framing and is closed.
+pub const MESSAGE_BYTES_MAX: usize = FRAME_BYTES_MAX;
+
+/// Most connections one server accepts at once, over all workers.
+pub const CONNECTIONS_MAX: usize = 4096;
+
+/// Most connections waiting for their transport handshake at once.
+pub const HANDSHAKES_PENDING_MAX: usize = 256;
+
+/// How long a new connection may take to send its handshake, in
+/// milliseconds, before it is closed.
+pub const HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
+
+/// How long a connection may hold a partially received message, in
+/// milliseconds, before it is closed (the slow-loris bound).
+pub const PARTIAL_MESSAGE_TIMEOUT_MS: u64 = 10_000;
+
+/// Most reply bytes a server queues for one connection before it stops
+/// reading that connection's requests, in bytes. A client that pipelines
+/// without reading its replies is throttled, not allowed to grow memory.
+pub const CONN_SEND_QUEUE_BYTES_MAX: usize = 2 * FRAME_BYTES_MAX;
+
+/// Most workers (data-path threads) in one server.
+pub const WORKERS_MAX: usize = 256;
+
+/// Longest time-to-live accepted, in seconds (10 years).
+pub const TTL_SECS_MAX: u64 = 10 * 365 * 24 * 3600;
+
+/// Longest time-to-live accepted, in milliseconds.
+pub const TTL_MS_MAX: u64 = TTL_SECS_MAX * 1000;
+
+const _: () = assert!(HERD_KEY_BYTES <= KEY_BYTES_MAX);
+const _: () = assert!(KEY_BYTES_MAX <= u8::MAX as usize, "key length travels in one byte");
+const _: () = assert!(BATCH_OPS_MAX <= u16::MAX as usize, "op count travels in two bytes");
+const _: () = assert!(FRAME_BYTES_MAX <= u32::MAX as usize, "frame length travels in four bytes");
+const _: () = assert!(
+    FRAME_BODY_BYTES_MAX >= OP_HEADER_BYTES + KEY_BYTES_MAX + VALUE_BYTES_MAX,
+    "one maximal PUT must fit in a frame"
+);
+const _: () = assert!(
+    FRAME_BODY_BYTES_MAX >= RESULT_HEADER_BYTES + VALUE_BYTES_MAX,
+    "one maximal GET reply must fit in a frame"
+);
+const _: () = assert!(WORKERS_MAX <= u16::MAX as usize);
