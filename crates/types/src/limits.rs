@@ -22,8 +22,9 @@ pub const BATCH_OPS_MAX: usize = 512;
 /// Size of the fixed native frame header, in bytes.
 pub const FRAME_HEADER_BYTES: usize = 32;
 
-/// Size of the per-operation header inside a request body, in bytes.
-pub const OP_HEADER_BYTES: usize = 12;
+/// Size of the per-operation header inside a request body, in bytes
+/// (opcode, flags, key length, value length, time-to-live).
+pub const OP_HEADER_BYTES: usize = 16;
 
 /// Size of the per-result header inside a response body, in bytes.
 pub const RESULT_HEADER_BYTES: usize = 8;
@@ -38,6 +39,12 @@ pub const FRAME_BYTES_MAX: usize = FRAME_HEADER_BYTES + FRAME_BODY_BYTES_MAX;
 /// Largest transport message, in bytes: a frame and nothing more. A stream
 /// that announces a longer message has corrupt framing and is closed.
 pub const MESSAGE_BYTES_MAX: usize = FRAME_BYTES_MAX;
+
+/// Longest error message carried in an error frame, in bytes.
+pub const ERROR_MESSAGE_BYTES_MAX: usize = 256;
+
+/// Longest statistic name in a stats reply, in bytes.
+pub const STAT_NAME_BYTES_MAX: usize = 64;
 
 /// Most connections one server accepts at once, over all workers.
 pub const CONNECTIONS_MAX: usize = 4096;

@@ -1,1 +1,43 @@
-//! placeholder
+//! The FabricKV native protocol: frames that carry batches of operations.
+//!
+//! Layout:
+//! - [`header`]: the fixed 32-byte frame header and its validation;
+//! - [`request`]: request bodies (a batch of GET/PUT/DELETE operations),
+//!   encoded with [`RequestBuilder`] and read with [`RequestIter`];
+//! - [`response`]: response bodies (one result per operation, in order);
+//! - [`control`]: HELLO, STATS and ERROR frame bodies.
+//!
+//! Everything here is sans-I/O: functions take byte slices and append to
+//! `Vec<u8>`, so the codec is tested and fuzzed without sockets. Decoding
+//! never allocates and never panics on any input; every length is checked
+//! against a bound from [`fabrickv_types::limits`] before it is trusted.
+//! The format is specified in `docs/protocol.md`.
+
+pub mod control;
+pub mod header;
+pub mod request;
+pub mod response;
+
+pub use header::{decode_frame, Frame, FrameHeader, FrameKind, WireError, MAGIC, VERSION};
+pub use request::{Op, OpCode, PutCondition, RequestBuilder, RequestIter};
+pub use response::{OpResult, ResponseBuilder, ResponseIter};
+
+/// Reads a little-endian u16 at `at`; callers have checked the length.
+#[inline]
+pub(crate) fn le_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// Reads a little-endian u32 at `at`; callers have checked the length.
+#[inline]
+pub(crate) fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Reads a little-endian u64 at `at`; callers have checked the length.
+#[inline]
+pub(crate) fn le_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}

@@ -1,0 +1,201 @@
+//! Bodies of the control frames: HELLO, STATS and ERROR.
+//!
+//! ```text
+//! HelloReply body (24 bytes):
+//!   0 u16 workers       data-path workers (one connection each)
+//!   2 u16 reserved
+//!   4 u32 partitions    keys map to partitions by KeyHash::partition
+//!   8 u8  mode          0 = cache, 1 = store
+//!   9 u8[3] reserved
+//!  12 u32 key_bytes_max
+//!  16 u32 value_bytes_max
+//!  20 u32 batch_ops_max
+//! StatsReply body: op_count entries of
+//!   u8 name_len, name (ASCII, <= STAT_NAME_BYTES_MAX), u64 value
+//! Error body: a UTF-8 message of at most ERROR_MESSAGE_BYTES_MAX bytes;
+//!   the header's status field carries the ErrorCode.
+//! ```
+
+use fabrickv_types::limits::{BATCH_OPS_MAX, ERROR_MESSAGE_BYTES_MAX, STAT_NAME_BYTES_MAX};
+use fabrickv_types::ErrorCode;
+
+use crate::header::{finish_frame, Frame, FrameHeader, FrameKind, WireError};
+use crate::{le_u16, le_u32, le_u64};
+
+/// Size of a HelloReply body, in bytes.
+pub const HELLO_REPLY_BODY_BYTES: usize = 24;
+
+/// The server's shape and limits, as told to a client at connect time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// Data-path workers; the client opens one connection to each.
+    pub workers: u16,
+    /// Partitions that keys hash into.
+    pub partitions: u32,
+    /// True in store mode (lossless), false in cache mode (may evict).
+    pub store_mode: bool,
+    /// Longest key the server accepts, in bytes.
+    pub key_bytes_max: u32,
+    /// Largest value the server accepts, in bytes.
+    pub value_bytes_max: u32,
+    /// Most operations per frame the server accepts.
+    pub batch_ops_max: u32,
+}
+
+/// Appends a HELLO request frame.
+pub fn encode_hello(out: &mut Vec<u8>, request_id: u64, worker: u16) {
+    let s = FrameHeader::begin(out, FrameKind::Hello, request_id, worker, 0);
+    finish_frame(out, s, 0);
+}
+
+/// Appends a HelloReply frame.
+pub fn encode_hello_reply(out: &mut Vec<u8>, request_id: u64, worker: u16, info: &ServerInfo) {
+    let s = FrameHeader::begin(out, FrameKind::HelloReply, request_id, worker, 0);
+    out.extend_from_slice(&info.workers.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&info.partitions.to_le_bytes());
+    out.push(u8::from(info.store_mode));
+    out.extend_from_slice(&[0; 3]);
+    out.extend_from_slice(&info.key_bytes_max.to_le_bytes());
+    out.extend_from_slice(&info.value_bytes_max.to_le_bytes());
+    out.extend_from_slice(&info.batch_ops_max.to_le_bytes());
+    finish_frame(out, s, 0);
+}
+
+/// Reads a HelloReply body.
+pub fn decode_hello_reply(frame: &Frame<'_>) -> Result<ServerInfo, WireError> {
+    let b = frame.body;
+    if frame.header.kind != FrameKind::HelloReply || b.len() != HELLO_REPLY_BODY_BYTES {
+        return Err(WireError::Malformed("not a hello reply"));
+    }
+    let info = ServerInfo {
+        workers: le_u16(b, 0),
+        partitions: le_u32(b, 4),
+        store_mode: b[8] != 0,
+        key_bytes_max: le_u32(b, 12),
+        value_bytes_max: le_u32(b, 16),
+        batch_ops_max: le_u32(b, 20),
+    };
+    if info.workers == 0 || info.partitions == 0 {
+        return Err(WireError::Malformed(
+            "hello reply with no workers or partitions",
+        ));
+    }
+    Ok(info)
+}
+
+/// Appends a STATS request frame.
+pub fn encode_stats_request(out: &mut Vec<u8>, request_id: u64, worker: u16) {
+    let s = FrameHeader::begin(out, FrameKind::Stats, request_id, worker, 0);
+    finish_frame(out, s, 0);
+}
+
+/// Appends a StatsReply frame. Names longer than `STAT_NAME_BYTES_MAX`
+/// are cut, and at most `BATCH_OPS_MAX` entries are written.
+pub fn encode_stats_reply(out: &mut Vec<u8>, request_id: u64, worker: u16, stats: &[(&str, u64)]) {
+    let s = FrameHeader::begin(out, FrameKind::StatsReply, request_id, worker, 0);
+    let stats = &stats[..stats.len().min(BATCH_OPS_MAX)];
+    for (name, value) in stats {
+        let name = &name.as_bytes()[..name.len().min(STAT_NAME_BYTES_MAX)];
+        out.push(name.len() as u8);
+        out.extend_from_slice(name);
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    finish_frame(out, s, stats.len() as u16);
+}
+
+/// Reads a StatsReply body into (name, value) pairs.
+pub fn decode_stats_reply(frame: &Frame<'_>) -> Result<Vec<(String, u64)>, WireError> {
+    if frame.header.kind != FrameKind::StatsReply {
+        return Err(WireError::Malformed("not a stats reply"));
+    }
+    let mut b = frame.body;
+    let mut out = Vec::with_capacity(usize::from(frame.header.op_count));
+    for _ in 0..frame.header.op_count {
+        let n = usize::from(
+            *b.first()
+                .ok_or(WireError::Malformed("stats entry overruns"))?,
+        );
+        if n > STAT_NAME_BYTES_MAX || b.len() < 1 + n + 8 {
+            return Err(WireError::Malformed("stats entry overruns"));
+        }
+        let name = std::str::from_utf8(&b[1..1 + n])
+            .map_err(|_| WireError::Malformed("stats name is not UTF-8"))?;
+        out.push((name.to_string(), le_u64(b, 1 + n)));
+        b = &b[1 + n + 8..];
+    }
+    if !b.is_empty() {
+        return Err(WireError::Malformed("bytes after the last stats entry"));
+    }
+    Ok(out)
+}
+
+/// Appends an ERROR frame refusing the request `request_id`.
+pub fn encode_error(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    worker: u16,
+    code: ErrorCode,
+    message: &str,
+) {
+    let s = FrameHeader::begin(out, FrameKind::Error, request_id, worker, code.as_u16());
+    let mut cut = message.len().min(ERROR_MESSAGE_BYTES_MAX);
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    out.extend_from_slice(&message.as_bytes()[..cut]);
+    finish_frame(out, s, 0);
+}
+
+/// Reads an ERROR frame: its code and message.
+pub fn decode_error(frame: &Frame<'_>) -> Result<(ErrorCode, String), WireError> {
+    if frame.header.kind != FrameKind::Error || frame.body.len() > ERROR_MESSAGE_BYTES_MAX {
+        return Err(WireError::Malformed("not an error frame"));
+    }
+    let code = ErrorCode::from_u16(frame.header.status).unwrap_or(ErrorCode::Internal);
+    Ok((code, String::from_utf8_lossy(frame.body).into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode_frame;
+
+    #[test]
+    fn hello_round_trips() {
+        let info = ServerInfo {
+            workers: 4,
+            partitions: 4,
+            store_mode: true,
+            key_bytes_max: 250,
+            value_bytes_max: 1 << 20,
+            batch_ops_max: 512,
+        };
+        let mut buf = Vec::new();
+        encode_hello_reply(&mut buf, 1, 0, &info);
+        let f = decode_frame(&buf).expect("frame");
+        assert_eq!(decode_hello_reply(&f), Ok(info));
+    }
+
+    #[test]
+    fn stats_round_trip() {
+        let mut buf = Vec::new();
+        encode_stats_reply(&mut buf, 5, 1, &[("hits", 10), ("misses", 2)]);
+        let f = decode_frame(&buf).expect("frame");
+        assert_eq!(
+            decode_stats_reply(&f),
+            Ok(vec![("hits".to_string(), 10), ("misses".to_string(), 2)])
+        );
+    }
+
+    #[test]
+    fn error_round_trips_and_is_bounded() {
+        let mut buf = Vec::new();
+        let long = "é".repeat(ERROR_MESSAGE_BYTES_MAX);
+        encode_error(&mut buf, 3, 0, ErrorCode::BatchTooLarge, &long);
+        let f = decode_frame(&buf).expect("frame");
+        let (code, msg) = decode_error(&f).expect("error frame");
+        assert_eq!(code, ErrorCode::BatchTooLarge);
+        assert!(msg.len() <= ERROR_MESSAGE_BYTES_MAX && msg.starts_with('é'));
+    }
+}

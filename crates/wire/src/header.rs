@@ -1,0 +1,307 @@
+//! The fixed frame header.
+//!
+//! ```text
+//! offset size field
+//!      0    2 magic        0x4B46 ("FK" in memory order)
+//!      2    1 version      1
+//!      3    1 kind         FrameKind
+//!      4    2 flags        reserved, must be 0
+//!      6    2 op_count     operations (requests) or results (responses)
+//!      8    8 request_id   chosen by the client, echoed by the server
+//!     16    4 body_len     bytes after the header
+//!     20    4 checksum     CRC-32C of the body
+//!     24    2 worker       worker the frame is for (request) or from (reply)
+//!     26    2 status       frame-level ErrorCode (replies), 0 in requests
+//!     28    4 reserved     must be 0
+//! ```
+
+use std::fmt;
+
+use fabrickv_types::limits::{BATCH_OPS_MAX, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES};
+use fabrickv_types::ErrorCode;
+
+use crate::{le_u16, le_u32, le_u64};
+
+/// First two bytes of every frame.
+pub const MAGIC: u16 = 0x4B46;
+
+/// The protocol version this crate speaks.
+pub const VERSION: u8 = 1;
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// Client asks for the server's shape (workers, partitions, limits).
+    Hello = 1,
+    /// Server's answer to `Hello`.
+    HelloReply = 2,
+    /// A batch of key-value operations.
+    Request = 3,
+    /// One result per operation of a `Request`, in the same order.
+    Response = 4,
+    /// Client asks for the worker's statistics.
+    Stats = 5,
+    /// Named counters of one worker.
+    StatsReply = 6,
+    /// The whole frame was refused; `status` says why, the body is a message.
+    Error = 7,
+}
+
+impl FrameKind {
+    /// Parses a kind byte.
+    pub fn from_u8(v: u8) -> Option<FrameKind> {
+        Some(match v {
+            1 => FrameKind::Hello,
+            2 => FrameKind::HelloReply,
+            3 => FrameKind::Request,
+            4 => FrameKind::Response,
+            5 => FrameKind::Stats,
+            6 => FrameKind::StatsReply,
+            7 => FrameKind::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// Why bytes are not a valid frame. Each maps to a stable [`ErrorCode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireError {
+    /// Shorter than a header, or body length disagrees with the message.
+    Truncated,
+    /// The first two bytes are not [`MAGIC`].
+    BadMagic,
+    /// A version this crate does not speak.
+    UnsupportedVersion(u8),
+    /// An unknown frame kind.
+    UnknownKind(u8),
+    /// Reserved bits set.
+    ReservedBits,
+    /// The body is longer than `FRAME_BODY_BYTES_MAX`.
+    FrameTooLarge(u32),
+    /// More operations than `BATCH_OPS_MAX`.
+    BatchTooLarge(u16),
+    /// The checksum does not match the body.
+    BadChecksum,
+    /// The body's structure disagrees with its own lengths or op count.
+    Malformed(&'static str),
+}
+
+impl WireError {
+    /// The stable code sent back to the client for this error.
+    pub fn code(self) -> ErrorCode {
+        match self {
+            WireError::Truncated | WireError::BadMagic | WireError::ReservedBits => {
+                ErrorCode::Malformed
+            }
+            WireError::Malformed(_) => ErrorCode::Malformed,
+            WireError::UnsupportedVersion(_) => ErrorCode::UnsupportedVersion,
+            WireError::UnknownKind(_) => ErrorCode::UnknownOpcode,
+            WireError::FrameTooLarge(_) => ErrorCode::FrameTooLarge,
+            WireError::BatchTooLarge(_) => ErrorCode::BatchTooLarge,
+            WireError::BadChecksum => ErrorCode::BadChecksum,
+        }
+    }
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::Truncated => write!(f, "truncated frame"),
+            WireError::BadMagic => write!(f, "bad magic"),
+            WireError::UnsupportedVersion(v) => {
+                write!(
+                    f,
+                    "unsupported protocol version {v} (this side speaks {VERSION})"
+                )
+            }
+            WireError::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
+            WireError::ReservedBits => write!(f, "reserved header bits are set"),
+            WireError::FrameTooLarge(n) => {
+                write!(f, "frame body of {n} bytes exceeds {FRAME_BODY_BYTES_MAX}")
+            }
+            WireError::BatchTooLarge(n) => {
+                write!(f, "{n} operations in one frame exceed {BATCH_OPS_MAX}")
+            }
+            WireError::BadChecksum => write!(f, "checksum mismatch"),
+            WireError::Malformed(why) => write!(f, "malformed frame: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+/// A decoded frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// What the frame carries.
+    pub kind: FrameKind,
+    /// Operations or results in the body.
+    pub op_count: u16,
+    /// Client-chosen id, echoed in the reply so replies can be matched.
+    pub request_id: u64,
+    /// Bytes after the header.
+    pub body_len: u32,
+    /// CRC-32C of the body.
+    pub checksum: u32,
+    /// Worker the frame is addressed to or comes from.
+    pub worker: u16,
+    /// Frame-level status (replies only).
+    pub status: u16,
+}
+
+impl FrameHeader {
+    /// Parses and checks the fixed header. It does not look at the body.
+    pub fn decode(b: &[u8]) -> Result<FrameHeader, WireError> {
+        if b.len() < FRAME_HEADER_BYTES {
+            return Err(WireError::Truncated);
+        }
+        if le_u16(b, 0) != MAGIC {
+            return Err(WireError::BadMagic);
+        }
+        if b[2] != VERSION {
+            return Err(WireError::UnsupportedVersion(b[2]));
+        }
+        let kind = FrameKind::from_u8(b[3]).ok_or(WireError::UnknownKind(b[3]))?;
+        if le_u16(b, 4) != 0 || le_u32(b, 28) != 0 {
+            return Err(WireError::ReservedBits);
+        }
+        let op_count = le_u16(b, 6);
+        if usize::from(op_count) > BATCH_OPS_MAX {
+            return Err(WireError::BatchTooLarge(op_count));
+        }
+        let body_len = le_u32(b, 16);
+        if body_len as usize > FRAME_BODY_BYTES_MAX {
+            return Err(WireError::FrameTooLarge(body_len));
+        }
+        Ok(FrameHeader {
+            kind,
+            op_count,
+            request_id: le_u64(b, 8),
+            body_len,
+            checksum: le_u32(b, 20),
+            worker: le_u16(b, 24),
+            status: le_u16(b, 26),
+        })
+    }
+
+    /// Appends a header whose length and checksum are patched later by
+    /// [`finish_frame`]; returns the offset of the frame in `out`.
+    pub(crate) fn begin(
+        out: &mut Vec<u8>,
+        kind: FrameKind,
+        request_id: u64,
+        worker: u16,
+        status: u16,
+    ) -> usize {
+        let start = out.len();
+        out.extend_from_slice(&MAGIC.to_le_bytes());
+        out.push(VERSION);
+        out.push(kind as u8);
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&request_id.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&worker.to_le_bytes());
+        out.extend_from_slice(&status.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        start
+    }
+}
+
+/// Fills in op count, body length and checksum of the frame at `start`.
+pub(crate) fn finish_frame(out: &mut [u8], start: usize, op_count: u16) {
+    let body_len = (out.len() - start - FRAME_HEADER_BYTES) as u32;
+    let crc = crc32c::crc32c(&out[start + FRAME_HEADER_BYTES..]);
+    out[start + 6..start + 8].copy_from_slice(&op_count.to_le_bytes());
+    out[start + 16..start + 20].copy_from_slice(&body_len.to_le_bytes());
+    out[start + 20..start + 24].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// A whole frame: its header and its body, borrowed from the message.
+#[derive(Debug, Clone, Copy)]
+pub struct Frame<'a> {
+    /// The checked header.
+    pub header: FrameHeader,
+    /// Exactly `header.body_len` bytes, checksum verified.
+    pub body: &'a [u8],
+}
+
+/// Decodes one transport message as exactly one frame: header checks, the
+/// body length must match the message, and the checksum must hold. Body
+/// structure is checked by the body decoders.
+pub fn decode_frame(msg: &[u8]) -> Result<Frame<'_>, WireError> {
+    let header = FrameHeader::decode(msg)?;
+    let body = &msg[FRAME_HEADER_BYTES..];
+    if body.len() != header.body_len as usize {
+        return Err(WireError::Truncated);
+    }
+    if crc32c::crc32c(body) != header.checksum {
+        return Err(WireError::BadChecksum);
+    }
+    Ok(Frame { header, body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn empty_frame(kind: FrameKind) -> Vec<u8> {
+        let mut v = Vec::new();
+        let s = FrameHeader::begin(&mut v, kind, 42, 3, 0);
+        finish_frame(&mut v, s, 0);
+        v
+    }
+
+    #[test]
+    fn header_round_trips() {
+        let v = empty_frame(FrameKind::Stats);
+        assert_eq!(v.len(), FRAME_HEADER_BYTES);
+        let f = decode_frame(&v).expect("valid frame");
+        assert_eq!(f.header.kind, FrameKind::Stats);
+        assert_eq!(f.header.request_id, 42);
+        assert_eq!(f.header.worker, 3);
+        assert!(f.body.is_empty());
+    }
+
+    #[test]
+    fn rejects_each_broken_field() {
+        let good = empty_frame(FrameKind::Hello);
+        let mut bad = good.clone();
+        bad[0] ^= 1;
+        assert_eq!(decode_frame(&bad).err(), Some(WireError::BadMagic));
+        let mut bad = good.clone();
+        bad[2] = 9;
+        assert_eq!(
+            decode_frame(&bad).err(),
+            Some(WireError::UnsupportedVersion(9))
+        );
+        let mut bad = good.clone();
+        bad[3] = 200;
+        assert_eq!(decode_frame(&bad).err(), Some(WireError::UnknownKind(200)));
+        let mut bad = good.clone();
+        bad[4] = 1;
+        assert_eq!(decode_frame(&bad).err(), Some(WireError::ReservedBits));
+        let mut bad = good.clone();
+        bad[6..8].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(
+            decode_frame(&bad).err(),
+            Some(WireError::BatchTooLarge(u16::MAX))
+        );
+        let mut bad = good.clone();
+        bad[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(
+            decode_frame(&bad).err(),
+            Some(WireError::FrameTooLarge(u32::MAX))
+        );
+        let mut bad = good.clone();
+        bad[16..20].copy_from_slice(&4u32.to_le_bytes());
+        assert_eq!(decode_frame(&bad).err(), Some(WireError::Truncated));
+        let mut bad = good.clone();
+        bad.extend_from_slice(&[0; 4]);
+        bad[16..20].copy_from_slice(&4u32.to_le_bytes());
+        assert_eq!(decode_frame(&bad).err(), Some(WireError::BadChecksum));
+        assert_eq!(decode_frame(&good[..10]).err(), Some(WireError::Truncated));
+    }
+}

@@ -1,0 +1,369 @@
+//! Request bodies: a batch of operations.
+//!
+//! Each operation is a 16-byte header followed by its key and value:
+//!
+//! ```text
+//! offset size field
+//!      0    1 opcode     OpCode
+//!      1    1 flags      bits 0-1: PutCondition; other bits must be 0
+//!      2    2 key_len    bytes of key (1..=KEY_BYTES_MAX is accepted)
+//!      4    4 value_len  bytes of value (PUT only; 0 otherwise)
+//!      8    8 ttl_ms     time-to-live in milliseconds, 0 = none (PUT only)
+//!     16    . key, then value
+//! ```
+//!
+//! Structure (lengths, count) is checked for the whole frame before any
+//! operation is handed out, so a server never executes half of a frame
+//! that turns out to be malformed. Semantic bounds (key and value length,
+//! TTL, opcode) are checked per operation: a bad operation gets its own
+//! error result and its neighbours still run.
+
+use fabrickv_types::limits::{KEY_BYTES_MAX, OP_HEADER_BYTES, TTL_MS_MAX, VALUE_BYTES_MAX};
+use fabrickv_types::ErrorCode;
+
+use crate::header::{finish_frame, Frame, FrameHeader, FrameKind, WireError};
+use crate::{le_u16, le_u32, le_u64};
+
+/// What an operation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum OpCode {
+    /// Read the value of a key.
+    Get = 1,
+    /// Store a value under a key, with an optional TTL and condition.
+    Put = 2,
+    /// Remove a key.
+    Delete = 3,
+}
+
+impl OpCode {
+    /// Parses an opcode byte.
+    pub fn from_u8(v: u8) -> Option<OpCode> {
+        match v {
+            1 => Some(OpCode::Get),
+            2 => Some(OpCode::Put),
+            3 => Some(OpCode::Delete),
+            _ => None,
+        }
+    }
+}
+
+/// When a PUT applies (Redis SET's NX and XX).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PutCondition {
+    /// Always store.
+    #[default]
+    Always = 0,
+    /// Store only if the key is absent (NX).
+    IfAbsent = 1,
+    /// Store only if the key is present (XX).
+    IfPresent = 2,
+}
+
+const FLAG_COND_MASK: u8 = 0b11;
+
+/// One operation as read from a frame, borrowing key and value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Op<'a> {
+    /// Raw opcode byte; see [`Op::check`].
+    pub opcode: u8,
+    /// Raw flags byte.
+    pub flags: u8,
+    /// The key bytes.
+    pub key: &'a [u8],
+    /// The value bytes (empty for GET and DELETE).
+    pub value: &'a [u8],
+    /// Time-to-live in milliseconds, 0 = none.
+    pub ttl_ms: u64,
+}
+
+impl<'a> Op<'a> {
+    /// Checks the operation's semantic bounds and returns its opcode and
+    /// PUT condition, or the stable error code to answer it with.
+    pub fn check(&self) -> Result<(OpCode, PutCondition), ErrorCode> {
+        let code = OpCode::from_u8(self.opcode).ok_or(ErrorCode::UnknownOpcode)?;
+        let cond = match self.flags {
+            0 => PutCondition::Always,
+            1 => PutCondition::IfAbsent,
+            2 => PutCondition::IfPresent,
+            _ => return Err(ErrorCode::Malformed),
+        };
+        if self.key.is_empty() || self.key.len() > KEY_BYTES_MAX {
+            return Err(ErrorCode::KeyTooLong);
+        }
+        if self.value.len() > VALUE_BYTES_MAX {
+            return Err(ErrorCode::ValueTooLarge);
+        }
+        if self.ttl_ms > TTL_MS_MAX {
+            return Err(ErrorCode::TtlTooLarge);
+        }
+        if code != OpCode::Put
+            && (!self.value.is_empty() || self.ttl_ms != 0 || cond != PutCondition::Always)
+        {
+            return Err(ErrorCode::Malformed);
+        }
+        Ok((code, cond))
+    }
+}
+
+/// Iterates the operations of a structurally valid request frame.
+#[derive(Debug, Clone)]
+pub struct RequestIter<'a> {
+    rest: &'a [u8],
+    left: u16,
+}
+
+impl<'a> RequestIter<'a> {
+    /// Checks the structure of a request frame's body and returns an
+    /// iterator over its operations. Fails if the frame is not a request,
+    /// if any length overruns the body, if the count is wrong, or if bytes
+    /// are left over.
+    pub fn new(frame: &Frame<'a>) -> Result<RequestIter<'a>, WireError> {
+        if frame.header.kind != FrameKind::Request {
+            return Err(WireError::Malformed("not a request frame"));
+        }
+        let mut rest = frame.body;
+        for _ in 0..frame.header.op_count {
+            let (_, tail) = split_op(rest)?;
+            rest = tail;
+        }
+        if !rest.is_empty() {
+            return Err(WireError::Malformed("bytes after the last operation"));
+        }
+        Ok(RequestIter {
+            rest: frame.body,
+            left: frame.header.op_count,
+        })
+    }
+
+    /// Operations not yet returned.
+    pub fn remaining(&self) -> usize {
+        usize::from(self.left)
+    }
+}
+
+/// Splits one operation off the front of `b`.
+fn split_op(b: &[u8]) -> Result<(Op<'_>, &[u8]), WireError> {
+    if b.len() < OP_HEADER_BYTES {
+        return Err(WireError::Malformed("operation header overruns the body"));
+    }
+    let key_len = usize::from(le_u16(b, 2));
+    let value_len = le_u32(b, 4) as usize;
+    let total = OP_HEADER_BYTES
+        .checked_add(key_len)
+        .and_then(|n| n.checked_add(value_len))
+        .ok_or(WireError::Malformed("operation length overflows"))?;
+    if b.len() < total {
+        return Err(WireError::Malformed(
+            "operation key or value overruns the body",
+        ));
+    }
+    let op = Op {
+        opcode: b[0],
+        flags: b[1],
+        key: &b[OP_HEADER_BYTES..OP_HEADER_BYTES + key_len],
+        value: &b[OP_HEADER_BYTES + key_len..total],
+        ttl_ms: le_u64(b, 8),
+    };
+    Ok((op, &b[total..]))
+}
+
+impl<'a> Iterator for RequestIter<'a> {
+    type Item = Op<'a>;
+
+    fn next(&mut self) -> Option<Op<'a>> {
+        if self.left == 0 {
+            return None;
+        }
+        // The structure was verified in `new`, so this cannot fail; stop
+        // rather than panic if it somehow does.
+        let (op, rest) = split_op(self.rest).ok()?;
+        self.rest = rest;
+        self.left -= 1;
+        Some(op)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining(), Some(self.remaining()))
+    }
+}
+
+/// Appends a request frame to a buffer, one operation at a time.
+///
+/// Bounds are the caller's business: the builder writes what it is given,
+/// so tests can produce frames that break them. [`RequestBuilder::fits`]
+/// tells whether one more operation stays within the frame bounds.
+#[derive(Debug)]
+pub struct RequestBuilder<'b> {
+    out: &'b mut Vec<u8>,
+    start: usize,
+    count: u16,
+}
+
+impl<'b> RequestBuilder<'b> {
+    /// Starts a request frame for `worker` at the end of `out`.
+    pub fn new(out: &'b mut Vec<u8>, request_id: u64, worker: u16) -> RequestBuilder<'b> {
+        let start = FrameHeader::begin(out, FrameKind::Request, request_id, worker, 0);
+        RequestBuilder {
+            out,
+            start,
+            count: 0,
+        }
+    }
+
+    /// Operations added so far.
+    pub fn len(&self) -> usize {
+        usize::from(self.count)
+    }
+
+    /// True if no operation was added.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Body bytes written so far.
+    pub fn body_bytes(&self) -> usize {
+        self.out.len() - self.start - fabrickv_types::limits::FRAME_HEADER_BYTES
+    }
+
+    /// Whether one more operation with these lengths stays within
+    /// `BATCH_OPS_MAX` and `FRAME_BODY_BYTES_MAX`.
+    pub fn fits(&self, key_len: usize, value_len: usize) -> bool {
+        usize::from(self.count) < fabrickv_types::limits::BATCH_OPS_MAX
+            && self.body_bytes() + OP_HEADER_BYTES + key_len + value_len
+                <= fabrickv_types::limits::FRAME_BODY_BYTES_MAX
+    }
+
+    fn op(&mut self, code: u8, flags: u8, key: &[u8], value: &[u8], ttl_ms: u64) -> &mut Self {
+        let o = &mut *self.out;
+        o.push(code);
+        o.push(flags);
+        o.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        o.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        o.extend_from_slice(&ttl_ms.to_le_bytes());
+        o.extend_from_slice(key);
+        o.extend_from_slice(value);
+        self.count = self.count.wrapping_add(1);
+        self
+    }
+
+    /// Adds a GET.
+    pub fn get(&mut self, key: &[u8]) -> &mut Self {
+        self.op(OpCode::Get as u8, 0, key, &[], 0)
+    }
+
+    /// Adds a PUT with a TTL in milliseconds (0 = none) and a condition.
+    pub fn put(&mut self, key: &[u8], value: &[u8], ttl_ms: u64, cond: PutCondition) -> &mut Self {
+        self.op(
+            OpCode::Put as u8,
+            cond as u8 & FLAG_COND_MASK,
+            key,
+            value,
+            ttl_ms,
+        )
+    }
+
+    /// Adds a DELETE.
+    pub fn delete(&mut self, key: &[u8]) -> &mut Self {
+        self.op(OpCode::Delete as u8, 0, key, &[], 0)
+    }
+
+    /// Adds an operation with raw fields, for tests of bad input.
+    pub fn raw(
+        &mut self,
+        opcode: u8,
+        flags: u8,
+        key: &[u8],
+        value: &[u8],
+        ttl_ms: u64,
+    ) -> &mut Self {
+        self.op(opcode, flags, key, value, ttl_ms)
+    }
+
+    /// Patches the header; the frame is complete in the buffer.
+    pub fn finish(self) {
+        finish_frame(self.out, self.start, self.count);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode_frame;
+
+    #[test]
+    fn batch_round_trips() {
+        let mut buf = Vec::new();
+        let mut b = RequestBuilder::new(&mut buf, 7, 1);
+        b.get(b"alpha")
+            .put(b"beta", b"value", 1500, PutCondition::IfAbsent)
+            .delete(b"gamma");
+        b.finish();
+        let f = decode_frame(&buf).expect("frame");
+        let ops: Vec<_> = RequestIter::new(&f).expect("structure").collect();
+        assert_eq!(ops.len(), 3);
+        assert_eq!(ops[0].check(), Ok((OpCode::Get, PutCondition::Always)));
+        assert_eq!(ops[0].key, b"alpha");
+        assert_eq!(ops[1].check(), Ok((OpCode::Put, PutCondition::IfAbsent)));
+        assert_eq!(
+            (ops[1].key, ops[1].value, ops[1].ttl_ms),
+            (&b"beta"[..], &b"value"[..], 1500)
+        );
+        assert_eq!(ops[2].check(), Ok((OpCode::Delete, PutCondition::Always)));
+    }
+
+    #[test]
+    fn per_op_bounds_are_errors_not_frame_failures() {
+        let long_key = vec![b'k'; KEY_BYTES_MAX + 1];
+        let mut buf = Vec::new();
+        let mut b = RequestBuilder::new(&mut buf, 1, 0);
+        b.get(&long_key).get(b"").raw(99, 0, b"k", b"", 0).put(
+            b"k",
+            b"v",
+            TTL_MS_MAX + 1,
+            PutCondition::Always,
+        );
+        b.raw(OpCode::Get as u8, 0, b"k", b"unexpected", 0).raw(
+            OpCode::Put as u8,
+            0x80,
+            b"k",
+            b"v",
+            0,
+        );
+        b.finish();
+        let f = decode_frame(&buf).expect("frame");
+        let codes: Vec<_> = RequestIter::new(&f)
+            .expect("structure")
+            .map(|o| o.check().err())
+            .collect();
+        assert_eq!(
+            codes,
+            vec![
+                Some(ErrorCode::KeyTooLong),
+                Some(ErrorCode::KeyTooLong),
+                Some(ErrorCode::UnknownOpcode),
+                Some(ErrorCode::TtlTooLarge),
+                Some(ErrorCode::Malformed),
+                Some(ErrorCode::Malformed),
+            ]
+        );
+    }
+
+    #[test]
+    fn structure_errors_reject_the_whole_frame() {
+        let mut buf = Vec::new();
+        let mut b = RequestBuilder::new(&mut buf, 1, 0);
+        b.get(b"one").get(b"two");
+        b.finish();
+        // Claim three operations where there are two.
+        let mut bad = buf.clone();
+        bad[6] = 3;
+        let f = decode_frame(&bad).expect("header and checksum still hold");
+        assert!(RequestIter::new(&f).is_err());
+        // Claim one operation where there are two: trailing bytes.
+        let mut bad = buf.clone();
+        bad[6] = 1;
+        let f = decode_frame(&bad).expect("header");
+        assert!(RequestIter::new(&f).is_err());
+    }
+}

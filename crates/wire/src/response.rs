@@ -1,0 +1,166 @@
+//! Response bodies: one result per request operation, in request order.
+//!
+//! ```text
+//! offset size field
+//!      0    2 status     ErrorCode of this operation
+//!      2    2 reserved   must be 0
+//!      4    4 value_len  bytes of value (GET hits only)
+//!      8    . value
+//! ```
+
+use fabrickv_types::limits::{RESULT_HEADER_BYTES, VALUE_BYTES_MAX};
+use fabrickv_types::ErrorCode;
+
+use crate::header::{finish_frame, Frame, FrameHeader, FrameKind, WireError};
+use crate::{le_u16, le_u32};
+
+/// One operation's result, borrowing the value from the frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpResult<'a> {
+    /// Raw status; [`OpResult::code`] interprets it.
+    pub status: u16,
+    /// The value of a GET hit; empty otherwise.
+    pub value: &'a [u8],
+}
+
+impl OpResult<'_> {
+    /// The status as a known code; a code from a newer server reads as
+    /// `Internal` so that it is never mistaken for success.
+    pub fn code(&self) -> ErrorCode {
+        ErrorCode::from_u16(self.status).unwrap_or(ErrorCode::Internal)
+    }
+}
+
+/// Iterates the results of a structurally valid response frame.
+#[derive(Debug, Clone)]
+pub struct ResponseIter<'a> {
+    rest: &'a [u8],
+    left: u16,
+}
+
+fn split_result(b: &[u8]) -> Result<(OpResult<'_>, &[u8]), WireError> {
+    if b.len() < RESULT_HEADER_BYTES {
+        return Err(WireError::Malformed("result header overruns the body"));
+    }
+    if le_u16(b, 2) != 0 {
+        return Err(WireError::ReservedBits);
+    }
+    let len = le_u32(b, 4) as usize;
+    if len > VALUE_BYTES_MAX || b.len() - RESULT_HEADER_BYTES < len {
+        return Err(WireError::Malformed("result value overruns the body"));
+    }
+    let end = RESULT_HEADER_BYTES + len;
+    Ok((
+        OpResult {
+            status: le_u16(b, 0),
+            value: &b[RESULT_HEADER_BYTES..end],
+        },
+        &b[end..],
+    ))
+}
+
+impl<'a> ResponseIter<'a> {
+    /// Checks the structure of a response body and iterates its results.
+    pub fn new(frame: &Frame<'a>) -> Result<ResponseIter<'a>, WireError> {
+        if frame.header.kind != FrameKind::Response {
+            return Err(WireError::Malformed("not a response frame"));
+        }
+        let mut rest = frame.body;
+        for _ in 0..frame.header.op_count {
+            rest = split_result(rest)?.1;
+        }
+        if !rest.is_empty() {
+            return Err(WireError::Malformed("bytes after the last result"));
+        }
+        Ok(ResponseIter {
+            rest: frame.body,
+            left: frame.header.op_count,
+        })
+    }
+}
+
+impl<'a> Iterator for ResponseIter<'a> {
+    type Item = OpResult<'a>;
+
+    fn next(&mut self) -> Option<OpResult<'a>> {
+        if self.left == 0 {
+            return None;
+        }
+        let (r, rest) = split_result(self.rest).ok()?;
+        self.rest = rest;
+        self.left -= 1;
+        Some(r)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (usize::from(self.left), Some(usize::from(self.left)))
+    }
+}
+
+/// Appends a response frame to a buffer, one result at a time.
+#[derive(Debug)]
+pub struct ResponseBuilder<'b> {
+    out: &'b mut Vec<u8>,
+    start: usize,
+    count: u16,
+}
+
+impl<'b> ResponseBuilder<'b> {
+    /// Starts a response to `request_id` from `worker` at the end of `out`.
+    pub fn new(out: &'b mut Vec<u8>, request_id: u64, worker: u16) -> ResponseBuilder<'b> {
+        let start = FrameHeader::begin(out, FrameKind::Response, request_id, worker, 0);
+        ResponseBuilder {
+            out,
+            start,
+            count: 0,
+        }
+    }
+
+    /// Adds one result; `value` is the GET value (empty otherwise).
+    pub fn result(&mut self, code: ErrorCode, value: &[u8]) -> &mut Self {
+        self.out.extend_from_slice(&code.as_u16().to_le_bytes());
+        self.out.extend_from_slice(&0u16.to_le_bytes());
+        self.out
+            .extend_from_slice(&(value.len() as u32).to_le_bytes());
+        self.out.extend_from_slice(value);
+        self.count = self.count.wrapping_add(1);
+        self
+    }
+
+    /// Patches the header; the frame is complete in the buffer.
+    pub fn finish(self) {
+        finish_frame(self.out, self.start, self.count);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode_frame;
+
+    #[test]
+    fn results_round_trip() {
+        let mut buf = Vec::new();
+        let mut b = ResponseBuilder::new(&mut buf, 9, 2);
+        b.result(ErrorCode::Ok, b"hello")
+            .result(ErrorCode::NotFound, b"")
+            .result(ErrorCode::Ok, b"");
+        b.finish();
+        let f = decode_frame(&buf).expect("frame");
+        assert_eq!((f.header.request_id, f.header.worker), (9, 2));
+        let rs: Vec<_> = ResponseIter::new(&f).expect("structure").collect();
+        assert_eq!(rs.len(), 3);
+        assert_eq!((rs[0].code(), rs[0].value), (ErrorCode::Ok, &b"hello"[..]));
+        assert_eq!(rs[1].code(), ErrorCode::NotFound);
+        assert_eq!(rs[2].value, b"");
+    }
+
+    #[test]
+    fn unknown_status_is_never_success() {
+        let r = OpResult {
+            status: 60_000,
+            value: b"",
+        };
+        assert_eq!(r.code(), ErrorCode::Internal);
+    }
+}
