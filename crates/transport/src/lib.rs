@@ -1,1 +1,278 @@
-//! placeholder
+//! The transport contract, and the `inproc` and `tcp` transports.
+//!
+//! A transport moves whole messages (opaque byte strings of at most
+//! `MESSAGE_BYTES_MAX` bytes) over reliable, ordered connections, in the
+//! style of RDMA verbs so the same server code can later run on real
+//! fabrics:
+//! - senders *post* many messages and *flush* once (one syscall or one
+//!   doorbell per burst);
+//! - receivers *poll* completed messages in bursts and may *wait* (block)
+//!   when idle so an idle server costs no CPU;
+//! - each connection is bound at connect time to one server *worker*
+//!   (a data-path thread): the client chooses the worker, as an RDMA client
+//!   connects a queue pair to one server thread.
+//!
+//! Layout:
+//! - this file: the traits ([`Endpoint`] on the client, [`WorkerPort`] and
+//!   [`Acceptor`] on the server), errors, and [`listen`]/[`connect`], which
+//!   pick an implementation from the address scheme;
+//! - [`framing`]: sans-I/O length-prefix framing for byte-stream transports;
+//! - [`inproc`]: the in-process mock (channels, for tests);
+//! - [`tcp`]: mio/epoll on the server, blocking sockets on the client.
+
+use std::fmt;
+use std::io;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub mod framing;
+pub mod inproc;
+pub mod tcp;
+
+/// Identifies a connection within one worker port.
+pub type ConnId = u32;
+
+/// Wakes a blocked [`WorkerPort::wait`] or [`Acceptor::run`] from another
+/// thread, for shutdown.
+#[derive(Clone)]
+pub struct Waker(Arc<dyn Fn() + Send + Sync>);
+
+impl Waker {
+    /// Wraps a wake function.
+    pub fn new(f: impl Fn() + Send + Sync + 'static) -> Waker {
+        Waker(Arc::new(f))
+    }
+
+    /// Wakes the owner.
+    pub fn wake(&self) {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for Waker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Waker")
+    }
+}
+
+/// Why a transport operation failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The address does not name a transport this build has.
+    BadAddress(String),
+    /// An operating-system error.
+    Io(io::Error),
+    /// The peer closed the connection.
+    Closed,
+    /// The server refused the connection (unknown worker, too many
+    /// connections, incompatible version).
+    Refused(String),
+    /// A message is empty or larger than `MESSAGE_BYTES_MAX`.
+    MessageTooLarge(usize),
+    /// The byte stream broke the framing rules; the connection is unusable.
+    Framing(String),
+    /// A blocking step did not finish in time.
+    Timeout,
+}
+
+impl fmt::Display for TransportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TransportError::BadAddress(a) => write!(
+                f,
+                "bad address {a:?}: expected HOST:PORT, tcp://HOST:PORT or inproc://NAME"
+            ),
+            TransportError::Io(e) => write!(f, "{e}"),
+            TransportError::Closed => write!(f, "connection closed by peer"),
+            TransportError::Refused(why) => write!(f, "connection refused: {why}"),
+            TransportError::MessageTooLarge(n) => write!(
+                f,
+                "message of {n} bytes is empty or exceeds {} bytes",
+                fabrickv_types::limits::MESSAGE_BYTES_MAX
+            ),
+            TransportError::Framing(why) => write!(f, "framing error: {why}"),
+            TransportError::Timeout => write!(f, "timed out"),
+        }
+    }
+}
+
+impl std::error::Error for TransportError {}
+
+impl From<io::Error> for TransportError {
+    fn from(e: io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => TransportError::Timeout,
+            io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted => TransportError::Closed,
+            _ => TransportError::Io(e),
+        }
+    }
+}
+
+/// Result of a transport operation.
+pub type Result<T> = std::result::Result<T, TransportError>;
+
+/// The client side of one connection, bound to one server worker.
+pub trait Endpoint: Send {
+    /// Queues one message that `build` appends to the given buffer; nothing
+    /// is sent until [`Endpoint::flush`]. A message must not be empty.
+    fn post_with(&mut self, build: &mut dyn FnMut(&mut Vec<u8>)) -> Result<()>;
+
+    /// Queues a copy of `msg`.
+    fn post(&mut self, msg: &[u8]) -> Result<()> {
+        self.post_with(&mut |b| b.extend_from_slice(msg))
+    }
+
+    /// Sends everything queued. Blocks at most `timeout` if the peer is not
+    /// reading, receiving (and buffering) its replies meanwhile so that the
+    /// two sides never wait on each other.
+    fn flush(&mut self, timeout: Duration) -> Result<()>;
+
+    /// Hands up to `max` received messages to `on_msg` without blocking;
+    /// returns how many.
+    fn poll(&mut self, max: usize, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize>;
+
+    /// Blocks until a message may be ready or `timeout` passes. Returning
+    /// is not a promise that [`Endpoint::poll`] will find a message.
+    fn wait(&mut self, timeout: Duration) -> Result<()>;
+}
+
+/// Counters of one worker port; every field counts since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Connections handed to this worker.
+    pub conns_accepted: u64,
+    /// Connections open now.
+    pub conns_open: u64,
+    /// Connections closed because their byte stream broke the framing.
+    pub conns_closed_framing: u64,
+    /// Connections closed because a message stalled half-received
+    /// (slow-loris bound) for longer than `PARTIAL_MESSAGE_TIMEOUT_MS`.
+    pub conns_closed_timeout: u64,
+    /// Messages received.
+    pub msgs_in: u64,
+    /// Messages sent.
+    pub msgs_out: u64,
+    /// Times a connection's reading was paused because its client did not
+    /// read its replies (`CONN_SEND_QUEUE_BYTES_MAX`).
+    pub backpressure_pauses: u64,
+}
+
+/// The server side of one worker: all connections bound to that worker,
+/// polled together.
+pub trait WorkerPort: Send {
+    /// Calls `handler(conn, message, reply)` for up to `max` received
+    /// messages. Whatever the handler appends to `reply` is sent back on
+    /// the same connection as one message (nothing appended, nothing sent).
+    /// Replies are queued until [`WorkerPort::flush`]. Returns how many
+    /// messages were handled.
+    fn poll(
+        &mut self,
+        max: usize,
+        handler: &mut dyn FnMut(ConnId, &[u8], &mut Vec<u8>),
+    ) -> Result<usize>;
+
+    /// Sends every queued reply: one write per connection with output.
+    fn flush(&mut self) -> Result<()>;
+
+    /// Blocks until there may be work or `timeout` passes.
+    fn wait(&mut self, timeout: Duration) -> Result<()>;
+
+    /// A handle that interrupts [`WorkerPort::wait`] from another thread.
+    fn waker(&self) -> Waker;
+
+    /// This port's counters.
+    fn stats(&self) -> PortStats;
+}
+
+/// Accepts connections and hands each to the worker it asked for.
+pub trait Acceptor: Send {
+    /// Runs until `stop` is set and the acceptor's waker is called.
+    fn run(&mut self, stop: &AtomicBool) -> Result<()>;
+
+    /// A handle that interrupts [`Acceptor::run`].
+    fn waker(&self) -> Waker;
+}
+
+/// A server transport that is listening: the acceptor (to run on a thread
+/// of its own) and one port per worker.
+pub struct Listening {
+    /// The address clients connect to, port resolved (`tcp://127.0.0.1:7379`).
+    pub local_addr: String,
+    /// Runs the handshakes; give it a thread.
+    pub acceptor: Box<dyn Acceptor>,
+    /// One per worker, in worker order.
+    pub ports: Vec<Box<dyn WorkerPort>>,
+}
+
+/// A parsed transport address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    /// `tcp://HOST:PORT` or a bare `HOST:PORT`.
+    Tcp(String),
+    /// `inproc://NAME`: same process only.
+    Inproc(String),
+}
+
+impl Address {
+    /// Parses an address string.
+    pub fn parse(s: &str) -> Result<Address> {
+        if let Some(rest) = s.strip_prefix("tcp://") {
+            return Ok(Address::Tcp(rest.to_string()));
+        }
+        if let Some(rest) = s.strip_prefix("inproc://") {
+            if rest.is_empty() {
+                return Err(TransportError::BadAddress(s.to_string()));
+            }
+            return Ok(Address::Inproc(rest.to_string()));
+        }
+        if s.contains("://") || !s.contains(':') {
+            return Err(TransportError::BadAddress(s.to_string()));
+        }
+        Ok(Address::Tcp(s.to_string()))
+    }
+}
+
+/// Starts listening on `addr` with `workers` worker ports.
+pub fn listen(addr: &str, workers: usize) -> Result<Listening> {
+    match Address::parse(addr)? {
+        Address::Tcp(a) => tcp::listen(&a, workers),
+        Address::Inproc(name) => inproc::listen(&name, workers),
+    }
+}
+
+/// Connects to worker `worker` of the server at `addr`.
+pub fn connect(addr: &str, worker: u16, timeout: Duration) -> Result<Box<dyn Endpoint>> {
+    match Address::parse(addr)? {
+        Address::Tcp(a) => Ok(Box::new(tcp::TcpEndpoint::connect(&a, worker, timeout)?)),
+        Address::Inproc(name) => Ok(Box::new(inproc::InprocEndpoint::connect(&name, worker)?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_addresses() {
+        assert_eq!(
+            Address::parse("127.0.0.1:7379").ok(),
+            Some(Address::Tcp("127.0.0.1:7379".into()))
+        );
+        assert_eq!(
+            Address::parse("tcp://[::1]:1").ok(),
+            Some(Address::Tcp("[::1]:1".into()))
+        );
+        assert_eq!(
+            Address::parse("inproc://x").ok(),
+            Some(Address::Inproc("x".into()))
+        );
+        for bad in ["inproc://", "shm://x", "localhost", ""] {
+            assert!(Address::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! A worker's tcp port: every connection bound to one worker, on one epoll.
+//!
+//! The data path of a burst: one `epoll_wait` with zero timeout, then for
+//! each ready connection one `read` into its buffer and the handler run on
+//! every whole message in it, replies appended to the connection's send
+//! buffer; then [`TcpPort::flush`] does one `write` per connection with
+//! output. No allocation once buffers have grown to their working size.
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use fabrickv_types::limits::{CONN_SEND_QUEUE_BYTES_MAX, PARTIAL_MESSAGE_TIMEOUT_MS};
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token};
+
+use crate::framing::{self, Next, PREFIX_BYTES};
+use crate::{ConnId, PortStats, Result, Waker, WorkerPort};
+
+const WAKER: Token = Token(usize::MAX);
+
+/// Bytes asked of each `read` call: large enough for a deep pipeline of
+/// small requests, small enough to keep per-connection memory modest.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Most readiness events handled per epoll call.
+const EVENTS_PER_POLL: usize = 1024;
+
+/// How often the port looks for connections stalled mid-message, in ms.
+const STALL_CHECK_INTERVAL_MS: u64 = 500;
+
+/// The acceptor's side of a worker's hand-off channel.
+pub(super) struct Handoff {
+    tx: Sender<TcpStream>,
+    waker: Arc<mio::Waker>,
+}
+
+impl Handoff {
+    /// Gives a handshaken socket to the worker; returns it if the worker is gone.
+    pub(super) fn hand(&self, s: TcpStream) -> std::result::Result<(), TcpStream> {
+        self.tx.send(s).map_err(|e| e.0)?;
+        let _ = self.waker.wake();
+        Ok(())
+    }
+}
+
+struct Conn {
+    stream: TcpStream,
+    /// Received bytes; messages are parsed from `in_head`.
+    inbuf: Vec<u8>,
+    in_head: usize,
+    /// Framed replies waiting to be written, from `out_head`.
+    out: Vec<u8>,
+    out_head: usize,
+    /// The socket may have more bytes to read (edge-triggered epoll).
+    readable: bool,
+    /// Listed in `ready`.
+    queued: bool,
+    /// Paused because the client is not reading its replies.
+    paused: bool,
+    /// When a partial message first sat in `inbuf`.
+    partial_since: Option<Instant>,
+}
+
+pub(crate) struct TcpPort {
+    poll: Poll,
+    events: Events,
+    waker: Arc<mio::Waker>,
+    incoming: Receiver<TcpStream>,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    /// Connections with bytes to read or whole messages buffered.
+    ready: Vec<usize>,
+    /// Connections with replies to write.
+    dirty: Vec<usize>,
+    open: Arc<AtomicUsize>,
+    stats: PortStats,
+    last_stall_check: Instant,
+}
+
+impl TcpPort {
+    pub(super) fn new(open: Arc<AtomicUsize>) -> Result<(TcpPort, Handoff)> {
+        let poll = Poll::new()?;
+        let waker = Arc::new(mio::Waker::new(poll.registry(), WAKER)?);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let port = TcpPort {
+            poll,
+            events: Events::with_capacity(EVENTS_PER_POLL),
+            waker: waker.clone(),
+            incoming: rx,
+            conns: Vec::new(),
+            free: Vec::new(),
+            ready: Vec::new(),
+            dirty: Vec::new(),
+            open,
+            stats: PortStats::default(),
+            last_stall_check: Instant::now(),
+        };
+        Ok((port, Handoff { tx, waker }))
+    }
+
+    fn adopt(&mut self) {
+        while let Ok(mut stream) = self.incoming.try_recv() {
+            let slot = self.free.pop().unwrap_or_else(|| {
+                self.conns.push(None);
+                self.conns.len() - 1
+            });
+            if self
+                .poll
+                .registry()
+                .register(
+                    &mut stream,
+                    Token(slot),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
+                .is_err()
+            {
+                self.free.push(slot);
+                self.open.fetch_sub(1, Ordering::AcqRel);
+                continue;
+            }
+            self.conns[slot] = Some(Conn {
+                stream,
+                inbuf: Vec::new(),
+                in_head: 0,
+                out: Vec::new(),
+                out_head: 0,
+                // Bytes may have arrived before registration.
+                readable: true,
+                queued: true,
+                paused: false,
+                partial_since: None,
+            });
+            self.ready.push(slot);
+            self.stats.conns_accepted += 1;
+            self.stats.conns_open += 1;
+        }
+    }
+
+    fn close(&mut self, slot: usize) {
+        if let Some(mut c) = self.conns[slot].take() {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+            self.free.push(slot);
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            self.stats.conns_open -= 1;
+        }
+    }
+
+    /// Turns readiness events into `ready` and `dirty` entries.
+    fn absorb_events(&mut self) {
+        let mut adopt = false;
+        for ev in self.events.iter() {
+            if ev.token() == WAKER {
+                adopt = true;
+                continue;
+            }
+            let slot = ev.token().0;
+            let Some(c) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {
+                continue;
+            };
+            if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                c.readable = true;
+                if !c.queued && !c.paused {
+                    c.queued = true;
+                    self.ready.push(slot);
+                }
+            }
+            if ev.is_writable() && c.out.len() > c.out_head {
+                self.dirty.push(slot);
+            }
+        }
+        if adopt {
+            self.adopt();
+        }
+    }
+
+    fn check_stalls(&mut self, now: Instant) {
+        if now.duration_since(self.last_stall_check)
+            < Duration::from_millis(STALL_CHECK_INTERVAL_MS)
+        {
+            return;
+        }
+        self.last_stall_check = now;
+        let limit = Duration::from_millis(PARTIAL_MESSAGE_TIMEOUT_MS);
+        for slot in 0..self.conns.len() {
+            let stalled = self.conns[slot]
+                .as_ref()
+                .and_then(|c| c.partial_since)
+                .is_some_and(|t| now.duration_since(t) >= limit);
+            if stalled {
+                tracing::debug!("closing a connection stalled mid-message");
+                self.stats.conns_closed_timeout += 1;
+                self.close(slot);
+            }
+        }
+    }
+
+    /// Reads and handles one connection; returns messages handled and
+    /// whether it stays ready.
+    fn service(
+        &mut self,
+        slot: usize,
+        budget: usize,
+        handler: &mut dyn FnMut(ConnId, &[u8], &mut Vec<u8>),
+    ) -> (usize, bool) {
+        let Some(c) = self.conns[slot].as_mut() else {
+            return (0, false);
+        };
+        let mut closed = false;
+        if c.readable {
+            if c.in_head == c.inbuf.len() {
+                c.inbuf.clear();
+                c.in_head = 0;
+            } else if c.in_head > 0 && c.inbuf.capacity() - c.inbuf.len() < READ_CHUNK_BYTES {
+                c.inbuf.drain(..c.in_head);
+                c.in_head = 0;
+            }
+            let len = c.inbuf.len();
+            c.inbuf.resize(len + READ_CHUNK_BYTES, 0);
+            match c.stream.read(&mut c.inbuf[len..]) {
+                Ok(0) => {
+                    c.inbuf.truncate(len);
+                    closed = true;
+                }
+                Ok(n) => {
+                    c.inbuf.truncate(len + n);
+                    // A short read drained the socket: the next byte brings a new edge.
+                    c.readable = n == READ_CHUNK_BYTES;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    c.inbuf.truncate(len);
+                    c.readable = false;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => c.inbuf.truncate(len),
+                Err(_) => {
+                    c.inbuf.truncate(len);
+                    closed = true;
+                }
+            }
+        }
+        let mut handled = 0;
+        let mut corrupt = false;
+        while handled < budget && c.out.len() - c.out_head < CONN_SEND_QUEUE_BYTES_MAX {
+            match framing::next(&c.inbuf[c.in_head..]) {
+                Next::Message(len) => {
+                    let start = c.in_head + PREFIX_BYTES;
+                    let msg = &c.inbuf[start..start + len];
+                    let at = framing::begin(&mut c.out);
+                    handler(slot as ConnId, msg, &mut c.out);
+                    match framing::finish(&mut c.out, at) {
+                        Ok(true) => self.stats.msgs_out += 1,
+                        Ok(false) => {}
+                        Err(n) => tracing::error!("dropping an oversized reply of {n} bytes"),
+                    }
+                    c.in_head = start + len;
+                    handled += 1;
+                }
+                Next::NeedMore(_) => break,
+                Next::Corrupt(len) => {
+                    tracing::debug!("closing a connection with corrupt framing (length {len})");
+                    corrupt = true;
+                    break;
+                }
+            }
+        }
+        self.stats.msgs_in += handled as u64;
+        let buffered = c.in_head < c.inbuf.len();
+        let whole_message_left = matches!(framing::next(&c.inbuf[c.in_head..]), Next::Message(_));
+        c.partial_since = match (buffered && !whole_message_left, c.partial_since) {
+            (true, Some(t)) => Some(t),
+            (true, None) => Some(Instant::now()),
+            (false, _) => None,
+        };
+        if c.out.len() > c.out_head {
+            self.dirty.push(slot);
+        }
+        let over = c.out.len() - c.out_head >= CONN_SEND_QUEUE_BYTES_MAX;
+        if over && !c.paused {
+            c.paused = true;
+            self.stats.backpressure_pauses += 1;
+        }
+        if corrupt || (closed && !whole_message_left) {
+            if corrupt {
+                self.stats.conns_closed_framing += 1;
+            }
+            // Replies already queued to a closing peer are dropped with it.
+            self.close(slot);
+            return (handled, false);
+        }
+        let again = !c.paused && (c.readable || whole_message_left);
+        c.queued = again;
+        (handled, again)
+    }
+}
+
+impl WorkerPort for TcpPort {
+    fn poll(
+        &mut self,
+        max: usize,
+        handler: &mut dyn FnMut(ConnId, &[u8], &mut Vec<u8>),
+    ) -> Result<usize> {
+        match self.poll.poll(&mut self.events, Some(Duration::ZERO)) {
+            Ok(()) => self.absorb_events(),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut handled = 0;
+        let mut ready = std::mem::take(&mut self.ready);
+        let mut keep = 0;
+        for i in 0..ready.len() {
+            let slot = ready[i];
+            if handled >= max {
+                ready[keep] = slot;
+                keep += 1;
+                continue;
+            }
+            let (n, again) = self.service(slot, max - handled, handler);
+            handled += n;
+            if again {
+                ready[keep] = slot;
+                keep += 1;
+            }
+        }
+        ready.truncate(keep);
+        // Connections readied by adoption during this burst come after.
+        ready.append(&mut self.ready);
+        self.ready = ready;
+        self.check_stalls(Instant::now());
+        Ok(handled)
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for &slot in &dirty {
+            let Some(c) = self.conns[slot].as_mut() else {
+                continue;
+            };
+            let mut failed = false;
+            while c.out_head < c.out.len() {
+                match c.stream.write(&c.out[c.out_head..]) {
+                    Ok(n) => c.out_head += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            if c.out_head == c.out.len() {
+                c.out.clear();
+                c.out_head = 0;
+            } else if c.out_head > CONN_SEND_QUEUE_BYTES_MAX {
+                c.out.drain(..c.out_head);
+                c.out_head = 0;
+            }
+            if c.paused && c.out.len() - c.out_head < CONN_SEND_QUEUE_BYTES_MAX / 2 {
+                c.paused = false;
+                if !c.queued {
+                    c.queued = true;
+                    self.ready.push(slot);
+                }
+            }
+            if failed {
+                self.close(slot);
+            }
+        }
+        dirty.clear();
+        self.dirty = dirty;
+        Ok(())
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<()> {
+        if !self.ready.is_empty() {
+            return Ok(());
+        }
+        // Wake in time to enforce the stalled-message bound even when idle.
+        let timeout = timeout.min(Duration::from_millis(STALL_CHECK_INTERVAL_MS));
+        match self.poll.poll(&mut self.events, Some(timeout)) {
+            Ok(()) => self.absorb_events(),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.check_stalls(Instant::now());
+        Ok(())
+    }
+
+    fn waker(&self) -> Waker {
+        let w = self.waker.clone();
+        Waker::new(move || {
+            let _ = w.wake();
+        })
+    }
+
+    fn stats(&self) -> PortStats {
+        self.stats
+    }
+}
+
+impl Drop for TcpPort {
+    fn drop(&mut self) {
+        for slot in 0..self.conns.len() {
+            self.close(slot);
+        }
+    }
+}
