@@ -1,1 +1,343 @@
-//! placeholder
+//! The FabricKV Rust client.
+//!
+//! A [`Client`] opens one connection per server worker (learning the
+//! worker count from a HELLO), hashes each key to the worker that owns it
+//! (client-side steering, as in MICA), packs operations into frames of up
+//! to `BATCH_OPS_MAX`, posts every frame of a call before waiting for any
+//! reply (pipelining: many frames in flight on each connection), and
+//! matches replies to requests by id. Replies on one connection come back
+//! in request order, which the client checks.
+//!
+//! Layout: this file has the public API; [`batch`] the pipelined executor
+//! every call goes through.
+
+mod batch;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use fabrickv_transport::{Endpoint, TransportError};
+use fabrickv_types::hash::worker_of_partition;
+use fabrickv_types::{ErrorCode, KeyHash};
+use fabrickv_wire::control::{
+    decode_error, decode_hello_reply, decode_stats_reply, encode_hello, encode_stats_request,
+    ServerInfo,
+};
+use fabrickv_wire::{decode_frame, FrameKind, PutCondition};
+
+pub use batch::{BatchOp, Outcome};
+
+/// How long a call waits for its replies unless told otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a call failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The connection failed or was refused.
+    Transport(TransportError),
+    /// The server refused the request or an operation with a stable code.
+    Server {
+        /// The stable code.
+        code: ErrorCode,
+        /// The server's words, if it sent any.
+        message: String,
+    },
+    /// The request was not sent because it breaks a bound.
+    Invalid(ErrorCode, String),
+    /// The server's reply did not follow the protocol.
+    Protocol(String),
+    /// No reply came within the timeout.
+    Timeout,
+}
+
+impl ClientError {
+    /// The stable code behind this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ClientError::Transport(TransportError::Timeout) | ClientError::Timeout => {
+                ErrorCode::Timeout
+            }
+            ClientError::Transport(_) => ErrorCode::Unavailable,
+            ClientError::Server { code, .. } | ClientError::Invalid(code, _) => *code,
+            ClientError::Protocol(_) => ErrorCode::Malformed,
+        }
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::Transport(e) => write!(f, "transport: {e}"),
+            ClientError::Server { code, message } if message.is_empty() => {
+                write!(f, "server: {code}")
+            }
+            ClientError::Server { code, message } => write!(f, "server: {code}: {message}"),
+            ClientError::Invalid(code, why) => write!(f, "invalid request: {code}: {why}"),
+            ClientError::Protocol(why) => write!(f, "protocol violation by server: {why}"),
+            ClientError::Timeout => write!(f, "timed out waiting for the server"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl From<TransportError> for ClientError {
+    fn from(e: TransportError) -> Self {
+        match e {
+            TransportError::Timeout => ClientError::Timeout,
+            e => ClientError::Transport(e),
+        }
+    }
+}
+
+/// Result of a client call.
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// A connection to a FabricKV server: one endpoint per worker.
+pub struct Client {
+    info: ServerInfo,
+    endpoints: Vec<Box<dyn Endpoint>>,
+    timeout: Duration,
+    next_id: u64,
+}
+
+impl Client {
+    /// Connects to the server at `addr` with [`DEFAULT_TIMEOUT`].
+    pub fn connect(addr: &str) -> Result<Client> {
+        Client::connect_with_timeout(addr, DEFAULT_TIMEOUT)
+    }
+
+    /// Connects with a timeout for connecting and for each call.
+    pub fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<Client> {
+        let mut first = fabrickv_transport::connect(addr, 0, timeout)?;
+        first.post_with(&mut |b| encode_hello(b, 0, 0))?;
+        first.flush(timeout)?;
+        let info = recv_control(&mut *first, timeout, |frame| {
+            decode_hello_reply(frame).map_err(|e| ClientError::Protocol(e.to_string()))
+        })?;
+        let mut endpoints = vec![first];
+        for w in 1..info.workers {
+            endpoints.push(fabrickv_transport::connect(addr, w, timeout)?);
+        }
+        Ok(Client {
+            info,
+            endpoints,
+            timeout,
+            next_id: 1,
+        })
+    }
+
+    /// The server's shape and limits.
+    pub fn info(&self) -> ServerInfo {
+        self.info
+    }
+
+    /// The per-call timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The worker that owns `key`.
+    #[inline]
+    pub fn worker_of(&self, key: &[u8]) -> u16 {
+        worker_of_partition(
+            KeyHash::of(key).partition(self.info.partitions),
+            u32::from(self.info.workers),
+        ) as u16
+    }
+
+    /// A fresh request id.
+    #[inline]
+    pub fn next_request_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// The raw endpoint bound to `worker`, for load generators that build
+    /// their own frames. Replies must be drained before using other calls.
+    pub fn endpoint(&mut self, worker: u16) -> &mut dyn Endpoint {
+        &mut *self.endpoints[usize::from(worker)]
+    }
+
+    /// Reads a key; `None` if it is absent or expired.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut r = self.mget(&[key])?;
+        Ok(r.pop().flatten())
+    }
+
+    /// Stores a value with no expiry.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.put_with(key, value, None, PutCondition::Always)
+            .map(|_| ())
+    }
+
+    /// Stores a value that expires after `ttl`.
+    pub fn put_ttl(&mut self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<()> {
+        self.put_with(key, value, ttl, PutCondition::Always)
+            .map(|_| ())
+    }
+
+    /// Stores a value under a condition; `Ok(false)` if the condition
+    /// (absent / present) did not hold.
+    pub fn put_with(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        ttl: Option<Duration>,
+        cond: PutCondition,
+    ) -> Result<bool> {
+        let op = BatchOp::Put {
+            key,
+            value,
+            ttl_ms: ttl_ms(ttl),
+            cond,
+        };
+        match self.execute(&[op])?.pop() {
+            Some(Outcome {
+                code: ErrorCode::Ok,
+                ..
+            }) => Ok(true),
+            Some(Outcome {
+                code: ErrorCode::ConditionFailed,
+                ..
+            }) => Ok(false),
+            Some(o) => Err(o.into_error()),
+            None => Err(ClientError::Protocol("missing result".into())),
+        }
+    }
+
+    /// Removes a key; `Ok(false)` if it was not there.
+    pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
+        Ok(self.mdelete(&[key])?.pop().unwrap_or(false))
+    }
+
+    /// Reads many keys, pipelined across every worker; results in order.
+    pub fn mget<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        let ops: Vec<_> = keys
+            .iter()
+            .map(|k| BatchOp::Get { key: k.as_ref() })
+            .collect();
+        self.execute(&ops)?
+            .into_iter()
+            .map(|o| match o.code {
+                ErrorCode::Ok => Ok(Some(o.value)),
+                ErrorCode::NotFound => Ok(None),
+                _ => Err(o.into_error()),
+            })
+            .collect()
+    }
+
+    /// Stores many values, pipelined; fails on the first refused one (the
+    /// others have been applied).
+    pub fn mput<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &mut self,
+        items: &[(K, V)],
+        ttl: Option<Duration>,
+    ) -> Result<()> {
+        let ttl_ms = ttl_ms(ttl);
+        let ops: Vec<_> = items
+            .iter()
+            .map(|(k, v)| BatchOp::Put {
+                key: k.as_ref(),
+                value: v.as_ref(),
+                ttl_ms,
+                cond: PutCondition::Always,
+            })
+            .collect();
+        for o in self.execute(&ops)? {
+            if o.code != ErrorCode::Ok {
+                return Err(o.into_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes many keys; for each, whether it was there.
+    pub fn mdelete<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<bool>> {
+        let ops: Vec<_> = keys
+            .iter()
+            .map(|k| BatchOp::Delete { key: k.as_ref() })
+            .collect();
+        self.execute(&ops)?
+            .into_iter()
+            .map(|o| match o.code {
+                ErrorCode::Ok => Ok(true),
+                ErrorCode::NotFound => Ok(false),
+                _ => Err(o.into_error()),
+            })
+            .collect()
+    }
+
+    /// Runs any mix of operations, pipelined; one outcome per operation,
+    /// in order. Per-operation errors are outcomes, not `Err`.
+    pub fn execute(&mut self, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
+        batch::execute(self, ops)
+    }
+
+    /// Counters of every worker.
+    pub fn stats_per_worker(&mut self) -> Result<Vec<Vec<(String, u64)>>> {
+        let timeout = self.timeout;
+        let mut out = Vec::with_capacity(self.endpoints.len());
+        for w in 0..self.endpoints.len() {
+            let id = self.next_request_id();
+            let ep = &mut *self.endpoints[w];
+            ep.post_with(&mut |b| encode_stats_request(b, id, w as u16))?;
+            ep.flush(timeout)?;
+            out.push(recv_control(ep, timeout, |f| {
+                decode_stats_reply(f).map_err(|e| ClientError::Protocol(e.to_string()))
+            })?);
+        }
+        Ok(out)
+    }
+
+    /// Counters summed over every worker.
+    pub fn stats(&mut self) -> Result<BTreeMap<String, u64>> {
+        let mut sum = BTreeMap::new();
+        for w in self.stats_per_worker()? {
+            for (k, v) in w {
+                *sum.entry(k).or_insert(0) += v;
+            }
+        }
+        sum.insert("workers".into(), u64::from(self.info.workers));
+        Ok(sum)
+    }
+}
+
+fn ttl_ms(ttl: Option<Duration>) -> u64 {
+    ttl.map_or(0, |d| (d.as_millis() as u64).max(1))
+}
+
+/// Waits for one control reply on `ep` and decodes it with `f`.
+fn recv_control<T>(
+    ep: &mut dyn Endpoint,
+    timeout: Duration,
+    mut f: impl FnMut(&fabrickv_wire::Frame<'_>) -> Result<T>,
+) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut got: Option<Result<T>> = None;
+        ep.poll(1, &mut |msg| {
+            got = Some(match decode_frame(msg) {
+                Ok(frame) if frame.header.kind == FrameKind::Error => {
+                    Err(match decode_error(&frame) {
+                        Ok((code, message)) => ClientError::Server { code, message },
+                        Err(e) => ClientError::Protocol(e.to_string()),
+                    })
+                }
+                Ok(frame) => f(&frame),
+                Err(e) => Err(ClientError::Protocol(e.to_string())),
+            });
+        })?;
+        if let Some(r) = got {
+            return r;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ClientError::Timeout);
+        }
+        ep.wait(left)?;
+    }
+}

@@ -1,1 +1,344 @@
-//! placeholder
+//! FabricKV's storage engine: one MICA-style partition per worker.
+//!
+//! A [`Partition`] is owned by exactly one worker thread, so it has no
+//! locks and no atomics. It does no I/O and reads no clock: every operation
+//! takes the current time as `now_ms`, so tests drive it with simulated
+//! time. After [`Partition::new`] the hot path (get, put, delete,
+//! set_expiry, sweep) never allocates.
+//!
+//! Layout, one concern per file (as MICA's `ltable_impl/`):
+//! - `index`: the bucketized hash index: cache-line buckets
+//!   of tagged slots, lossy in cache mode, chained into a preallocated
+//!   overflow pool in store mode.
+//! - `item`: the item layout in the pool (header, key, value).
+//! - `log`: cache-mode storage, a circular log that evicts FIFO and keeps
+//!   the counters exact by walking what it overwrites.
+//! - `alloc`: store-mode storage, a slab allocator with size classes,
+//!   pages and per-class free lists.
+//! - `partition`: the mode-generic core (lookup, unlink) shared by the
+//!   operations.
+//! - `get`, `put`, `delete`, `expire`, `sweep`: one file per operation,
+//!   each returning a small result enum.
+//! - `stats`: the counters.
+//!
+//! [`Partition`] itself only validates its configuration and dispatches to
+//! the core of its mode.
+
+use std::fmt;
+
+use fabrickv_types::KeyHash;
+
+mod alloc;
+mod delete;
+mod expire;
+mod get;
+mod index;
+mod item;
+mod log;
+mod partition;
+mod put;
+mod stats;
+mod sweep;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod testutil;
+
+pub use alloc::{
+    page_bytes_for_pool, PAGES_PER_POOL_MIN, PAGE_BYTES_MAX, PAGE_BYTES_MIN, SIZE_CLASSES_MAX,
+    SIZE_CLASS_BYTES_MIN, SIZE_CLASS_GROWTH_DEN, SIZE_CLASS_GROWTH_NUM,
+};
+pub use delete::DeleteResult;
+pub use get::GetResult;
+pub use index::{
+    default_index_buckets, ASSUMED_ITEM_BYTES, BUCKET_BYTES, INDEX_BUCKETS_MAX, INDEX_BUCKETS_MIN,
+    ITEM_SLOTS_PER_BUCKET, OFFSET_BITS, OVERFLOW_BUCKETS_DIVISOR, OVERFLOW_BUCKETS_MIN,
+    SLOTS_PER_BUCKET,
+};
+pub use item::{is_expired, item_bytes, ITEM_ALIGN_BYTES, ITEM_BYTES_MAX, ITEM_HEADER_BYTES};
+pub use put::{PutCond, PutResult};
+pub use stats::PartitionStats;
+
+use alloc::Slab;
+use index::Index;
+use log::Log;
+use partition::Core;
+
+/// Smallest pool a partition accepts, in bytes: enough for a cache-mode log
+/// of a few hundred small items and for [`PAGES_PER_POOL_MIN`] smallest
+/// pages in store mode.
+pub const POOL_BYTES_MIN: usize = 64 << 10;
+
+/// Largest pool a partition accepts, in bytes: offsets travel in the
+/// index's 48 offset bits, and cache mode tells live from overwritten
+/// offsets by their distance modulo 2^48, which needs headroom.
+pub const POOL_BYTES_MAX: usize = 1 << (OFFSET_BITS - 1);
+
+const _: () = assert!(POOL_BYTES_MIN >= PAGES_PER_POOL_MIN * PAGE_BYTES_MIN);
+const _: () = assert!(POOL_BYTES_MIN >= 2 * item_bytes(fabrickv_types::limits::KEY_BYTES_MAX, 0));
+const _: () = assert!(POOL_BYTES_MAX < 1 << OFFSET_BITS);
+
+/// How a partition treats a full pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Circular log and lossy index: a full pool evicts the oldest items
+    /// (FIFO); a GET may miss a key that was stored.
+    Cache,
+    /// Slab allocator and lossless index: never evicts; a full pool answers
+    /// `InsufficientSpace`.
+    Store,
+}
+
+/// How to build a partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionConfig {
+    /// Cache or store.
+    pub mode: Mode,
+    /// Size of the value pool, in bytes (the index comes on top).
+    pub pool_bytes: usize,
+    /// Number of main index buckets (a power of two); `None` derives it
+    /// from `pool_bytes` with [`default_index_buckets`].
+    pub index_buckets: Option<usize>,
+}
+
+/// Why a partition could not be built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// `pool_bytes` is below [`POOL_BYTES_MIN`].
+    PoolTooSmall {
+        /// What was asked for.
+        pool_bytes: usize,
+        /// The smallest pool accepted.
+        min_bytes: usize,
+    },
+    /// `pool_bytes` is above [`POOL_BYTES_MAX`].
+    PoolTooLarge {
+        /// What was asked for.
+        pool_bytes: usize,
+        /// The largest pool accepted.
+        max_bytes: usize,
+    },
+    /// `index_buckets` is zero, not a power of two, or too large.
+    BadIndexBuckets {
+        /// What was asked for.
+        buckets: usize,
+        /// The largest count accepted.
+        max_buckets: usize,
+    },
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::PoolTooSmall {
+                pool_bytes,
+                min_bytes,
+            } => {
+                write!(
+                    f,
+                    "pool of {pool_bytes} bytes is below the minimum of {min_bytes} bytes"
+                )
+            }
+            EngineError::PoolTooLarge {
+                pool_bytes,
+                max_bytes,
+            } => {
+                write!(
+                    f,
+                    "pool of {pool_bytes} bytes is above the maximum of {max_bytes} bytes"
+                )
+            }
+            EngineError::BadIndexBuckets {
+                buckets,
+                max_buckets,
+            } => write!(
+                f,
+                "index bucket count {buckets} must be a power of two between 1 and {max_buckets}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+/// The core of one mode.
+enum Inner {
+    /// Cache mode.
+    Cache(Core<Log>),
+    /// Store mode.
+    Store(Core<Slab>),
+}
+
+/// One partition: an index and a value pool, owned by one worker.
+///
+/// It is `Send` (built on one thread, handed to its worker) but has no
+/// interior synchronization: one thread uses it at a time.
+pub struct Partition {
+    /// The mode-specific core; every operation dispatches on it once.
+    inner: Inner,
+}
+
+const _: fn() = || {
+    fn assert_send<T: Send>() {}
+    assert_send::<Partition>();
+};
+
+/// Runs `$body` with `$core` bound to the core of either mode.
+macro_rules! dispatch {
+    ($self:expr, $core:ident => $body:expr) => {
+        match $self {
+            Inner::Cache($core) => $body,
+            Inner::Store($core) => $body,
+        }
+    };
+}
+
+impl Partition {
+    /// Builds an empty partition, allocating its pool and index. The pool
+    /// is requested zeroed, which the OS provides lazily, so untouched
+    /// parts of a large pool cost no physical memory.
+    pub fn new(cfg: &PartitionConfig) -> Result<Partition, EngineError> {
+        if cfg.pool_bytes < POOL_BYTES_MIN {
+            return Err(EngineError::PoolTooSmall {
+                pool_bytes: cfg.pool_bytes,
+                min_bytes: POOL_BYTES_MIN,
+            });
+        }
+        if cfg.pool_bytes > POOL_BYTES_MAX {
+            return Err(EngineError::PoolTooLarge {
+                pool_bytes: cfg.pool_bytes,
+                max_bytes: POOL_BYTES_MAX,
+            });
+        }
+        let buckets = cfg
+            .index_buckets
+            .unwrap_or_else(|| default_index_buckets(cfg.pool_bytes));
+        if !buckets.is_power_of_two() || buckets > INDEX_BUCKETS_MAX {
+            return Err(EngineError::BadIndexBuckets {
+                buckets,
+                max_buckets: INDEX_BUCKETS_MAX,
+            });
+        }
+        let inner = match cfg.mode {
+            Mode::Cache => Inner::Cache(Core::new(
+                Index::new(buckets, 0),
+                Log::new(cfg.pool_bytes),
+                cfg.pool_bytes,
+            )),
+            Mode::Store => {
+                let overflow = (buckets / OVERFLOW_BUCKETS_DIVISOR).max(OVERFLOW_BUCKETS_MIN);
+                Inner::Store(Core::new(
+                    Index::new(buckets, overflow),
+                    Slab::new(cfg.pool_bytes),
+                    cfg.pool_bytes,
+                ))
+            }
+        };
+        Ok(Partition { inner })
+    }
+
+    /// The partition's mode.
+    pub fn mode(&self) -> Mode {
+        match self.inner {
+            Inner::Cache(_) => Mode::Cache,
+            Inner::Store(_) => Mode::Store,
+        }
+    }
+
+    /// Looks `key` up. The value is borrowed from the pool, zero-copy.
+    #[inline]
+    pub fn get(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> GetResult<'_> {
+        dispatch!(&mut self.inner, core => core.get(hash, key, now_ms))
+    }
+
+    /// Stores `value` under `key` if `cond` holds. `expire_at_ms` is an
+    /// absolute time on the caller's clock; 0 means no TTL.
+    #[inline]
+    pub fn put(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        value: &[u8],
+        expire_at_ms: u64,
+        cond: PutCond,
+        now_ms: u64,
+    ) -> PutResult {
+        dispatch!(&mut self.inner, core => core.put(hash, key, value, expire_at_ms, cond, now_ms))
+    }
+
+    /// Removes `key`.
+    #[inline]
+    pub fn delete(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> DeleteResult {
+        dispatch!(&mut self.inner, core => core.delete(hash, key, now_ms))
+    }
+
+    /// Sets the expiry time of a live key (EXPIRE; 0 = PERSIST). Returns
+    /// false if the key is absent or expired.
+    #[inline]
+    pub fn set_expiry(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        expire_at_ms: u64,
+        now_ms: u64,
+    ) -> bool {
+        dispatch!(&mut self.inner, core => core.set_expiry(hash, key, expire_at_ms, now_ms))
+    }
+
+    /// Background TTL sweep: visits the next `max_buckets` main buckets
+    /// (the cursor wraps; at most every bucket once per call) and reclaims
+    /// the expired items there. Returns how many it reclaimed.
+    pub fn sweep(&mut self, now_ms: u64, max_buckets: usize) -> usize {
+        dispatch!(&mut self.inner, core => core.sweep(now_ms, max_buckets))
+    }
+
+    /// The partition's counters.
+    pub fn stats(&self) -> PartitionStats {
+        dispatch!(&self.inner, core => core.stats)
+    }
+
+    /// The largest value this partition can ever hold next to a key of
+    /// `KEY_BYTES_MAX` bytes; shorter keys leave room for a little more.
+    pub fn max_item_value_bytes(&self) -> usize {
+        dispatch!(&self.inner, core => core.max_item_value_bytes())
+    }
+
+    /// Number of main index buckets.
+    pub fn index_buckets(&self) -> usize {
+        dispatch!(&self.inner, core => core.index.main_count())
+    }
+
+    /// Checks the counters and the index against a full recount, and (cache
+    /// mode) that the log's records tile its window and agree with the
+    /// index. Panics on any mismatch.
+    #[cfg(test)]
+    pub(crate) fn check(&self) {
+        let s = self.stats();
+        let (items, bytes) = dispatch!(&self.inner, core => core.recount());
+        assert_eq!(
+            (s.items, s.bytes),
+            (items, bytes),
+            "counters match a recount"
+        );
+        if let Inner::Cache(core) = &self.inner {
+            let live = core
+                .storage
+                .window()
+                .iter()
+                .filter(|(_, h)| h.flags == 0)
+                .count();
+            assert_eq!(
+                live as u64, items,
+                "live log records are exactly the indexed items"
+            );
+        }
+    }
+
+    /// Overflow buckets on the free list (store mode).
+    #[cfg(test)]
+    pub(crate) fn free_overflow_buckets(&self) -> usize {
+        dispatch!(&self.inner, core => core.index.free_overflow_count())
+    }
+}

@@ -1,1 +1,168 @@
-//! placeholder
+//! The FabricKV server: wiring only.
+//!
+//! Layout:
+//! - [`config`]: what a server is told (flags and TOML), with defaults;
+//! - [`kv`]: the kv service, which turns one native frame into one reply
+//!   against the worker's own engine partition (sans-I/O: bytes in, bytes
+//!   out, time passed in);
+//! - [`worker`]: the run-to-completion loop of one data-path thread;
+//! - this file: [`Server::start`], which builds partitions, listens, and
+//!   starts one acceptor thread and one thread per worker.
+//!
+//! Threads share nothing on the data path: each worker owns one engine
+//! partition and the connections bound to it (MICA's EREW); clients steer
+//! each key to the worker that owns it.
+
+pub mod config;
+pub mod kv;
+pub mod worker;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use fabrickv_engine::{EngineError, Partition, PartitionConfig};
+use fabrickv_transport::{TransportError, Waker};
+
+pub use config::{Mode, ServerConfig, DEFAULT_LISTEN, DEFAULT_PORT};
+
+/// Why a server did not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration breaks a bound.
+    Config(String),
+    /// The engine could not get its memory.
+    Engine(EngineError),
+    /// The transport could not listen.
+    Transport(TransportError),
+    /// A thread could not be started.
+    Thread(std::io::Error),
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartError::Config(why) => write!(f, "invalid configuration: {why}"),
+            StartError::Engine(e) => write!(f, "engine: {e}"),
+            StartError::Transport(e) => write!(f, "cannot listen: {e}"),
+            StartError::Thread(e) => write!(f, "cannot start a thread: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// A running server.
+pub struct ServerHandle {
+    addr: String,
+    stop: Arc<AtomicBool>,
+    wakers: Vec<Waker>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    /// The address clients connect to, with the port resolved.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Asks every thread to stop; returns at once.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        for w in &self.wakers {
+            w.wake();
+        }
+    }
+
+    /// Stops the server and waits for its threads.
+    pub fn shutdown(mut self) {
+        self.stop();
+        self.join_threads();
+    }
+
+    /// Waits for the threads to end (after [`ServerHandle::stop`]).
+    pub fn join(mut self) {
+        self.join_threads();
+    }
+
+    fn join_threads(&mut self) {
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                tracing::error!("a server thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.stop();
+            self.join_threads();
+        }
+    }
+}
+
+/// Entry point.
+pub struct Server;
+
+impl Server {
+    /// Builds every partition, listens, and starts the threads.
+    pub fn start(cfg: &ServerConfig) -> Result<ServerHandle, StartError> {
+        cfg.validate().map_err(StartError::Config)?;
+        let workers = cfg.workers();
+        let per_worker = (cfg.memory_bytes / workers as u64) as usize;
+        let mut partitions = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let p = Partition::new(&PartitionConfig {
+                mode: cfg.mode.into(),
+                pool_bytes: per_worker,
+                index_buckets: None,
+            })
+            .map_err(StartError::Engine)?;
+            partitions.push(p);
+        }
+        let listening =
+            fabrickv_transport::listen(&cfg.listen, workers).map_err(StartError::Transport)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut wakers = vec![listening.acceptor.waker()];
+        let mut threads = Vec::with_capacity(workers + 1);
+        let clock = kv::Clock::new();
+        for (id, (port, partition)) in listening.ports.into_iter().zip(partitions).enumerate() {
+            wakers.push(port.waker());
+            let service = kv::KvService::new(id as u16, workers as u16, partition, cfg.mode);
+            let stop = stop.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("fkv-worker-{id}"))
+                .spawn(move || worker::run(port, service, clock, &stop))
+                .map_err(StartError::Thread)?;
+            threads.push(t);
+        }
+        let mut acceptor = listening.acceptor;
+        let s = stop.clone();
+        let t = std::thread::Builder::new()
+            .name("fkv-acceptor".into())
+            .spawn(move || {
+                if let Err(e) = acceptor.run(&s) {
+                    tracing::error!("acceptor stopped: {e}");
+                }
+            })
+            .map_err(StartError::Thread)?;
+        threads.push(t);
+        tracing::info!(
+            addr = %listening.local_addr,
+            workers,
+            mode = ?cfg.mode,
+            memory = %fabrickv_types::size::format_size(cfg.memory_bytes),
+            "fabrickv serving"
+        );
+        Ok(ServerHandle {
+            addr: listening.local_addr,
+            stop,
+            wakers,
+            threads,
+        })
+    }
+}

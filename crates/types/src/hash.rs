@@ -68,7 +68,10 @@ mod tests {
             }
             let expect = 20_000 / parts;
             for c in counts {
-                assert!(c > expect / 2 && c < expect * 2, "skewed partitioning: {c} vs {expect}");
+                assert!(
+                    c > expect / 2 && c < expect * 2,
+                    "skewed partitioning: {c} vs {expect}"
+                );
             }
         }
     }

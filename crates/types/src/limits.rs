@@ -75,9 +75,18 @@ pub const TTL_SECS_MAX: u64 = 10 * 365 * 24 * 3600;
 pub const TTL_MS_MAX: u64 = TTL_SECS_MAX * 1000;
 
 const _: () = assert!(HERD_KEY_BYTES <= KEY_BYTES_MAX);
-const _: () = assert!(KEY_BYTES_MAX <= u8::MAX as usize, "key length travels in one byte");
-const _: () = assert!(BATCH_OPS_MAX <= u16::MAX as usize, "op count travels in two bytes");
-const _: () = assert!(FRAME_BYTES_MAX <= u32::MAX as usize, "frame length travels in four bytes");
+const _: () = assert!(
+    KEY_BYTES_MAX <= u8::MAX as usize,
+    "key length travels in one byte"
+);
+const _: () = assert!(
+    BATCH_OPS_MAX <= u16::MAX as usize,
+    "op count travels in two bytes"
+);
+const _: () = assert!(
+    FRAME_BYTES_MAX <= u32::MAX as usize,
+    "frame length travels in four bytes"
+);
 const _: () = assert!(
     FRAME_BODY_BYTES_MAX >= OP_HEADER_BYTES + KEY_BYTES_MAX + VALUE_BYTES_MAX,
     "one maximal PUT must fit in a frame"

@@ -367,3 +367,5 @@ mod tests {
         assert!(RequestIter::new(&f).is_err());
     }
 }
+
+impl ExactSizeIterator for RequestIter<'_> {}

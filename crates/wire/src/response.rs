@@ -164,3 +164,5 @@ mod tests {
         assert_eq!(r.code(), ErrorCode::Internal);
     }
 }
+
+impl ExactSizeIterator for ResponseIter<'_> {}

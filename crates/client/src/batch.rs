@@ -1,0 +1,221 @@
+//! The pipelined executor behind every client call.
+//!
+//! 1. Each operation goes to the worker that owns its key.
+//! 2. Per worker, operations are packed into frames of at most
+//!    `BATCH_OPS_MAX` operations and `FRAME_BODY_BYTES_MAX` bytes; every
+//!    frame is posted before any reply is awaited, and each connection is
+//!    flushed once.
+//! 3. Replies are read per connection in request order and their results
+//!    scattered back to the operations' positions.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use fabrickv_types::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX};
+use fabrickv_types::ErrorCode;
+use fabrickv_wire::control::decode_error;
+use fabrickv_wire::{decode_frame, FrameKind, PutCondition, RequestBuilder, ResponseIter};
+
+use crate::{Client, ClientError, Result};
+
+/// One operation of a batch.
+#[derive(Debug, Clone, Copy)]
+pub enum BatchOp<'a> {
+    /// Read a key.
+    Get {
+        /// The key.
+        key: &'a [u8],
+    },
+    /// Store a value.
+    Put {
+        /// The key.
+        key: &'a [u8],
+        /// The value.
+        value: &'a [u8],
+        /// Time-to-live in milliseconds, 0 = none.
+        ttl_ms: u64,
+        /// When to apply.
+        cond: PutCondition,
+    },
+    /// Remove a key.
+    Delete {
+        /// The key.
+        key: &'a [u8],
+    },
+}
+
+impl BatchOp<'_> {
+    fn key(&self) -> &[u8] {
+        match self {
+            BatchOp::Get { key } | BatchOp::Put { key, .. } | BatchOp::Delete { key } => key,
+        }
+    }
+
+    fn value_len(&self) -> usize {
+        match self {
+            BatchOp::Put { value, .. } => value.len(),
+            _ => 0,
+        }
+    }
+}
+
+/// The result of one operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The stable code the server answered with.
+    pub code: ErrorCode,
+    /// The value of a GET hit; empty otherwise.
+    pub value: Vec<u8>,
+}
+
+impl Outcome {
+    /// This outcome as an error.
+    pub fn into_error(self) -> ClientError {
+        ClientError::Server {
+            code: self.code,
+            message: String::new(),
+        }
+    }
+}
+
+/// A frame in flight: its id and the positions of its operations.
+struct InFlight {
+    id: u64,
+    positions: Vec<usize>,
+}
+
+pub(crate) fn execute(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
+    for op in ops {
+        let key = op.key();
+        if key.is_empty() || key.len() > KEY_BYTES_MAX {
+            return Err(ClientError::Invalid(
+                ErrorCode::KeyTooLong,
+                format!(
+                    "key of {} bytes; keys are 1..={KEY_BYTES_MAX} bytes",
+                    key.len()
+                ),
+            ));
+        }
+        if op.value_len() > VALUE_BYTES_MAX {
+            return Err(ClientError::Invalid(
+                ErrorCode::ValueTooLarge,
+                format!(
+                    "value of {} bytes exceeds {VALUE_BYTES_MAX}",
+                    op.value_len()
+                ),
+            ));
+        }
+    }
+    let workers = c.endpoints.len();
+    let mut per_worker: Vec<Vec<usize>> = vec![Vec::new(); workers];
+    for (i, op) in ops.iter().enumerate() {
+        per_worker[usize::from(c.worker_of(op.key()))].push(i);
+    }
+    let mut pending: Vec<VecDeque<InFlight>> = (0..workers).map(|_| VecDeque::new()).collect();
+    for (w, idxs) in per_worker.iter().enumerate() {
+        let mut at = 0;
+        while at < idxs.len() {
+            let id = c.next_request_id();
+            let mut positions = Vec::new();
+            c.endpoints[w].post_with(&mut |buf| {
+                let mut b = RequestBuilder::new(buf, id, w as u16);
+                while at < idxs.len() {
+                    let op = &ops[idxs[at]];
+                    // The first op always goes in: bounds were checked above,
+                    // so one op always fits an empty frame.
+                    if !b.is_empty() && !b.fits(op.key().len(), op.value_len()) {
+                        break;
+                    }
+                    match *op {
+                        BatchOp::Get { key } => b.get(key),
+                        BatchOp::Put {
+                            key,
+                            value,
+                            ttl_ms,
+                            cond,
+                        } => b.put(key, value, ttl_ms, cond),
+                        BatchOp::Delete { key } => b.delete(key),
+                    };
+                    positions.push(idxs[at]);
+                    at += 1;
+                }
+                b.finish();
+            })?;
+            pending[w].push_back(InFlight { id, positions });
+        }
+    }
+    let timeout = c.timeout;
+    for (w, p) in pending.iter().enumerate() {
+        if !p.is_empty() {
+            c.endpoints[w].flush(timeout)?;
+        }
+    }
+    let mut out: Vec<Option<Outcome>> = vec![None; ops.len()];
+    let deadline = Instant::now() + timeout;
+    for (w, queue) in pending.iter_mut().enumerate() {
+        let ep = &mut *c.endpoints[w];
+        while !queue.is_empty() {
+            let mut failure: Option<ClientError> = None;
+            ep.poll(queue.len(), &mut |msg| {
+                if failure.is_some() {
+                    return;
+                }
+                if let Err(e) = absorb(msg, queue, &mut out) {
+                    failure = Some(e);
+                }
+            })?;
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            if queue.is_empty() {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::Timeout);
+            }
+            ep.wait(left)?;
+        }
+    }
+    out.into_iter()
+        .map(|o| o.ok_or_else(|| ClientError::Protocol("an operation got no result".into())))
+        .collect()
+}
+
+/// Applies one reply message to the oldest frame in flight.
+fn absorb(msg: &[u8], queue: &mut VecDeque<InFlight>, out: &mut [Option<Outcome>]) -> Result<()> {
+    let frame = decode_frame(msg).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let expect = queue
+        .pop_front()
+        .ok_or_else(|| ClientError::Protocol("reply to nothing".into()))?;
+    if frame.header.request_id != expect.id {
+        return Err(ClientError::Protocol(format!(
+            "reply to request {} where {} was next",
+            frame.header.request_id, expect.id
+        )));
+    }
+    match frame.header.kind {
+        FrameKind::Response => {
+            let results =
+                ResponseIter::new(&frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
+            if results.len() != expect.positions.len() {
+                return Err(ClientError::Protocol(
+                    "result count differs from operation count".into(),
+                ));
+            }
+            for (r, &pos) in results.zip(&expect.positions) {
+                out[pos] = Some(Outcome {
+                    code: r.code(),
+                    value: r.value.to_vec(),
+                });
+            }
+            Ok(())
+        }
+        FrameKind::Error => {
+            let (code, message) =
+                decode_error(&frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
+            Err(ClientError::Server { code, message })
+        }
+        k => Err(ClientError::Protocol(format!("unexpected {k:?} frame"))),
+    }
+}

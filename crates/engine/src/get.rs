@@ -1,0 +1,133 @@
+//! GET: look a key up and return its value in place.
+
+use fabrickv_types::KeyHash;
+
+use crate::item;
+use crate::partition::{Core, Storage};
+
+/// Outcome of a GET.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum GetResult<'a> {
+    /// The key is stored and live.
+    Found {
+        /// The value, borrowed from the pool (zero-copy): valid until the
+        /// partition is next used.
+        value: &'a [u8],
+        /// Absolute expiry time in milliseconds; 0 means no TTL.
+        expire_at_ms: u64,
+    },
+    /// The key is absent, evicted or expired.
+    NotFound,
+}
+
+impl<S: Storage> Core<S> {
+    /// Looks `key` up; an expired item met on the way is reclaimed.
+    pub(crate) fn get(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> GetResult<'_> {
+        self.stats.gets += 1;
+        match self.find_live(hash, key, now_ms) {
+            Some(hit) => {
+                self.stats.hits += 1;
+                GetResult::Found {
+                    value: item::value(self.storage.pool(), hit.pos, &hit.header),
+                    expire_at_ms: hit.header.expire_at_ms,
+                }
+            }
+            None => {
+                self.stats.misses += 1;
+                GetResult::NotFound
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testutil::{both_modes, h, small};
+    use crate::{GetResult, PutCond, PutResult};
+
+    #[test]
+    fn get_returns_what_put_stored() {
+        for mode in both_modes() {
+            let mut p = small(mode);
+            assert_eq!(p.get(h(b"a"), b"a", 0), GetResult::NotFound);
+            assert_eq!(
+                p.put(h(b"a"), b"a", b"one", 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            assert_eq!(
+                p.put(h(b"b"), b"b", b"", 42, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            assert_eq!(
+                p.get(h(b"a"), b"a", 1),
+                GetResult::Found {
+                    value: b"one",
+                    expire_at_ms: 0
+                }
+            );
+            assert_eq!(
+                p.get(h(b"b"), b"b", 1),
+                GetResult::Found {
+                    value: b"",
+                    expire_at_ms: 42
+                }
+            );
+            let s = p.stats();
+            assert_eq!((s.gets, s.hits, s.misses), (3, 2, 1));
+        }
+    }
+
+    #[test]
+    fn get_compares_the_whole_key_not_just_the_hash() {
+        for mode in both_modes() {
+            let mut p = small(mode);
+            // Same hash (so same bucket and tag), different keys.
+            let same = h(b"x");
+            assert_eq!(
+                p.put(same, b"x", b"1", 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            assert_eq!(
+                p.put(same, b"y", b"2", 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            assert_eq!(
+                p.get(same, b"x", 0),
+                GetResult::Found {
+                    value: b"1",
+                    expire_at_ms: 0
+                }
+            );
+            assert_eq!(
+                p.get(same, b"y", 0),
+                GetResult::Found {
+                    value: b"2",
+                    expire_at_ms: 0
+                }
+            );
+            assert_eq!(p.get(same, b"z", 0), GetResult::NotFound);
+        }
+    }
+
+    #[test]
+    fn expired_items_are_never_returned_and_are_reclaimed() {
+        for mode in both_modes() {
+            let mut p = small(mode);
+            assert_eq!(
+                p.put(h(b"t"), b"t", b"v", 100, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            assert!(matches!(p.get(h(b"t"), b"t", 99), GetResult::Found { .. }));
+            assert_eq!(p.stats().items, 1);
+            assert_eq!(p.get(h(b"t"), b"t", 100), GetResult::NotFound);
+            let s = p.stats();
+            assert_eq!((s.items, s.bytes, s.expired, s.misses), (0, 0, 1, 1));
+            assert_eq!(
+                p.get(h(b"t"), b"t", 50),
+                GetResult::NotFound,
+                "reclaimed, not hidden"
+            );
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! The bucketized hash index (MICA's "lossy" and "lossless" index).
+//!
+//! The index is an array of power-of-two many buckets of one cache line
+//! each. A bucket holds [`ITEM_SLOTS_PER_BUCKET`] slots, each a u64 packing a
+//! 16-bit tag (never 0) and a 48-bit item offset, plus one link word. A
+//! lookup touches one cache line to reject most non-matching keys by tag and
+//! then reads only the items whose tag matches.
+//!
+//! Cache mode never chains: when a bucket is full the caller replaces a slot
+//! (the index is lossy). Store mode must never lose an entry, so a full
+//! bucket links to an overflow bucket taken from a preallocated pool placed
+//! after the main buckets; the link word holds the overflow bucket's index
+//! (0 = none, which is never an overflow index because overflow buckets come
+//! after at least one main bucket). Overflow buckets that become empty are
+//! unlinked and returned to the pool, so a long-running store does not leak
+//! them.
+
+use fabrickv_types::KeyHash;
+
+/// Words in one bucket: one 64-byte cache line of u64s.
+pub const SLOTS_PER_BUCKET: usize = 8;
+
+/// Slots of a bucket that point at items; the last word is the link.
+pub const ITEM_SLOTS_PER_BUCKET: usize = SLOTS_PER_BUCKET - 1;
+
+/// Word of a bucket that holds the index of the next (overflow) bucket.
+const LINK_SLOT: usize = SLOTS_PER_BUCKET - 1;
+
+/// Size of one bucket in bytes: exactly one cache line.
+pub const BUCKET_BYTES: usize = 64;
+
+/// Bits of a slot that hold the item offset.
+pub const OFFSET_BITS: u32 = 48;
+
+/// Mask of the offset bits of a slot.
+pub const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
+
+/// Fewest main buckets an index has, so that tiny pools still spread keys.
+pub const INDEX_BUCKETS_MIN: usize = 16;
+
+/// Most main buckets an index may have (16 GiB of index); bucket indices,
+/// overflow included, must fit the u32 link arithmetic.
+pub const INDEX_BUCKETS_MAX: usize = 1 << 28;
+
+/// Item size assumed when deriving the bucket count from the pool size, in
+/// bytes (MICA's sizing rule: small keys and values dominate).
+pub const ASSUMED_ITEM_BYTES: usize = 64;
+
+/// Store mode allocates one overflow bucket per this many main buckets.
+pub const OVERFLOW_BUCKETS_DIVISOR: usize = 8;
+
+/// Fewest overflow buckets in store mode, so small indexes can chain too.
+pub const OVERFLOW_BUCKETS_MIN: usize = 4;
+
+/// One bucket: a cache line of slots.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Bucket {
+    /// Item slots (tag << 48 | offset, 0 = empty) and the link word.
+    slots: [u64; SLOTS_PER_BUCKET],
+}
+
+const _: () = assert!(std::mem::size_of::<Bucket>() == BUCKET_BYTES);
+const _: () = assert!(std::mem::align_of::<Bucket>() == BUCKET_BYTES);
+const _: () = assert!(SLOTS_PER_BUCKET * 8 == BUCKET_BYTES);
+const _: () = assert!(
+    OFFSET_BITS + 16 == 64,
+    "a slot is a 16-bit tag and an offset"
+);
+const _: () = assert!(INDEX_BUCKETS_MIN.is_power_of_two() && INDEX_BUCKETS_MAX.is_power_of_two());
+const _: () = assert!(
+    INDEX_BUCKETS_MAX + INDEX_BUCKETS_MAX / OVERFLOW_BUCKETS_DIVISOR + OVERFLOW_BUCKETS_MIN
+        <= u32::MAX as usize
+);
+
+/// Where a slot is: (bucket index, slot index within the bucket).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlotRef {
+    /// Bucket index, main or overflow.
+    pub bucket: usize,
+    /// Slot within the bucket, below [`ITEM_SLOTS_PER_BUCKET`].
+    pub slot: usize,
+}
+
+/// Packs a tag and an offset into a slot word.
+#[inline]
+pub(crate) fn pack(tag: u16, offset: u64) -> u64 {
+    debug_assert!(tag != 0);
+    (u64::from(tag) << OFFSET_BITS) | (offset & OFFSET_MASK)
+}
+
+/// The tag of a slot word.
+#[inline]
+pub(crate) fn tag_of(entry: u64) -> u16 {
+    (entry >> OFFSET_BITS) as u16
+}
+
+/// The offset of a slot word.
+#[inline]
+pub(crate) fn offset_of(entry: u64) -> u64 {
+    entry & OFFSET_MASK
+}
+
+/// Bucket count derived from the pool size: one slot per assumed item,
+/// [`ITEM_SLOTS_PER_BUCKET`] per bucket, rounded up to a power of two.
+pub fn default_index_buckets(pool_bytes: usize) -> usize {
+    (pool_bytes / (ASSUMED_ITEM_BYTES * ITEM_SLOTS_PER_BUCKET))
+        .max(1)
+        .next_power_of_two()
+        .clamp(INDEX_BUCKETS_MIN, INDEX_BUCKETS_MAX)
+}
+
+/// The index: main buckets followed by the overflow pool.
+pub(crate) struct Index {
+    /// Main buckets, then overflow buckets; allocated once at start-up.
+    buckets: Vec<Bucket>,
+    /// Number of main buckets (a power of two).
+    main_count: usize,
+    /// `main_count - 1`, applied to the hash's bucket bits.
+    mask: u64,
+    /// Head of the free overflow bucket list, chained through link words;
+    /// 0 = empty.
+    free_overflow: usize,
+    /// Overflow buckets currently on the free list.
+    free_overflow_count: usize,
+}
+
+impl Index {
+    /// An empty index with `main_count` main buckets (a power of two) and
+    /// `overflow_count` overflow buckets.
+    pub fn new(main_count: usize, overflow_count: usize) -> Index {
+        assert!(main_count.is_power_of_two() && main_count <= INDEX_BUCKETS_MAX);
+        let empty = Bucket {
+            slots: [0; SLOTS_PER_BUCKET],
+        };
+        let mut buckets = vec![empty; main_count + overflow_count];
+        // Chain every overflow bucket onto the free list.
+        let mut free_overflow = 0;
+        for b in (main_count..main_count + overflow_count).rev() {
+            buckets[b].slots[LINK_SLOT] = free_overflow as u64;
+            free_overflow = b;
+        }
+        Index {
+            buckets,
+            main_count,
+            mask: (main_count - 1) as u64,
+            free_overflow,
+            free_overflow_count: overflow_count,
+        }
+    }
+
+    /// Number of main buckets.
+    #[inline]
+    pub fn main_count(&self) -> usize {
+        self.main_count
+    }
+
+    /// The main bucket of a hash.
+    #[inline]
+    pub fn main_bucket(&self, hash: KeyHash) -> usize {
+        (hash.bucket_bits() & self.mask) as usize
+    }
+
+    /// The slot word at `at`.
+    #[inline]
+    pub fn entry(&self, at: SlotRef) -> u64 {
+        self.buckets[at.bucket].slots[at.slot]
+    }
+
+    /// Overwrites the slot word at `at`.
+    #[inline]
+    pub fn set(&mut self, at: SlotRef, entry: u64) {
+        debug_assert!(at.slot < ITEM_SLOTS_PER_BUCKET);
+        self.buckets[at.bucket].slots[at.slot] = entry;
+    }
+
+    /// The bucket chained after `bucket`, if any.
+    #[inline]
+    pub fn next(&self, bucket: usize) -> Option<usize> {
+        match self.buckets[bucket].slots[LINK_SLOT] {
+            0 => None,
+            b => Some(b as usize),
+        }
+    }
+
+    /// The first empty slot in the chain starting at main bucket `main`.
+    pub fn find_empty(&self, main: usize) -> Option<SlotRef> {
+        let mut bucket = Some(main);
+        while let Some(b) = bucket {
+            if let Some(slot) = self.buckets[b].slots[..ITEM_SLOTS_PER_BUCKET]
+                .iter()
+                .position(|&e| e == 0)
+            {
+                return Some(SlotRef { bucket: b, slot });
+            }
+            bucket = self.next(b);
+        }
+        None
+    }
+
+    /// The slot in the chain of `main` whose entry has this tag and offset.
+    pub fn find_entry(&self, main: usize, entry: u64) -> Option<SlotRef> {
+        let mut bucket = Some(main);
+        while let Some(b) = bucket {
+            if let Some(slot) = self.buckets[b].slots[..ITEM_SLOTS_PER_BUCKET]
+                .iter()
+                .position(|&e| e == entry)
+            {
+                return Some(SlotRef { bucket: b, slot });
+            }
+            bucket = self.next(b);
+        }
+        None
+    }
+
+    /// Whether [`Index::insert`] into the chain of `main` would succeed.
+    pub fn can_insert(&self, main: usize) -> bool {
+        self.free_overflow_count > 0 || self.find_empty(main).is_some()
+    }
+
+    /// Stores `entry` in an empty slot of the chain of `main`, linking an
+    /// overflow bucket if the chain is full. Returns `None`, changing
+    /// nothing, when the chain is full and the overflow pool is empty.
+    pub fn insert(&mut self, main: usize, entry: u64) -> Option<SlotRef> {
+        debug_assert!(entry != 0);
+        if let Some(at) = self.find_empty(main) {
+            self.set(at, entry);
+            return Some(at);
+        }
+        if self.free_overflow == 0 {
+            return None;
+        }
+        let fresh = self.free_overflow;
+        self.free_overflow = self.buckets[fresh].slots[LINK_SLOT] as usize;
+        self.free_overflow_count -= 1;
+        self.buckets[fresh].slots = [0; SLOTS_PER_BUCKET];
+        let mut last = main;
+        while let Some(b) = self.next(last) {
+            last = b;
+        }
+        self.buckets[last].slots[LINK_SLOT] = fresh as u64;
+        let at = SlotRef {
+            bucket: fresh,
+            slot: 0,
+        };
+        self.set(at, entry);
+        Some(at)
+    }
+
+    /// Unlinks every empty overflow bucket from the chain of `main` and
+    /// returns it to the overflow pool.
+    pub fn compact(&mut self, main: usize) {
+        let mut prev = main;
+        while let Some(cur) = self.next(prev) {
+            let slots = &self.buckets[cur].slots;
+            if slots[..ITEM_SLOTS_PER_BUCKET].iter().all(|&e| e == 0) {
+                let after = slots[LINK_SLOT];
+                self.buckets[prev].slots[LINK_SLOT] = after;
+                self.buckets[cur].slots[LINK_SLOT] = self.free_overflow as u64;
+                self.free_overflow = cur;
+                self.free_overflow_count += 1;
+            } else {
+                prev = cur;
+            }
+        }
+    }
+
+    /// Every non-empty item slot of every bucket reachable from a main
+    /// bucket; used by tests to recount.
+    #[cfg(test)]
+    pub fn all_entries(&self) -> Vec<(SlotRef, u64)> {
+        let mut out = Vec::new();
+        for main in 0..self.main_count {
+            let mut bucket = Some(main);
+            while let Some(b) = bucket {
+                for slot in 0..ITEM_SLOTS_PER_BUCKET {
+                    let e = self.buckets[b].slots[slot];
+                    if e != 0 {
+                        out.push((SlotRef { bucket: b, slot }, e));
+                    }
+                }
+                bucket = self.next(b);
+            }
+        }
+        out
+    }
+
+    /// Overflow buckets on the free list (tests check none leak).
+    #[cfg(test)]
+    pub fn free_overflow_count(&self) -> usize {
+        self.free_overflow_count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_round_trips() {
+        let e = pack(0xabcd, 0x1234_5678_9abc);
+        assert_eq!(tag_of(e), 0xabcd);
+        assert_eq!(offset_of(e), 0x1234_5678_9abc);
+        assert_ne!(pack(1, 0), 0);
+    }
+
+    #[test]
+    fn default_bucket_count() {
+        assert_eq!(default_index_buckets(0), INDEX_BUCKETS_MIN);
+        assert_eq!(default_index_buckets(64 << 20), 1 << 18);
+        assert!(default_index_buckets(usize::MAX / 2) <= INDEX_BUCKETS_MAX);
+    }
+
+    #[test]
+    fn chains_into_overflow_and_compacts() {
+        let mut ix = Index::new(16, 2);
+        let mut placed = Vec::new();
+        for i in 1..=(3 * ITEM_SLOTS_PER_BUCKET as u64) {
+            let at = ix.insert(3, pack(1, i)).expect("room in chain");
+            placed.push(at);
+        }
+        assert_eq!(ix.free_overflow_count(), 0);
+        assert!(!ix.can_insert(3));
+        assert_eq!(ix.insert(3, pack(1, 999)), None);
+        // Another main bucket still has its own slots.
+        assert!(ix.can_insert(4));
+        assert_eq!(ix.all_entries().len(), placed.len());
+        // Emptying the middle overflow bucket returns it to the pool.
+        for at in placed
+            .iter()
+            .filter(|at| at.bucket == placed[ITEM_SLOTS_PER_BUCKET].bucket)
+        {
+            ix.set(*at, 0);
+        }
+        ix.compact(3);
+        assert_eq!(ix.free_overflow_count(), 1);
+        assert_eq!(ix.all_entries().len(), 2 * ITEM_SLOTS_PER_BUCKET);
+        let last = placed[placed.len() - 1];
+        assert_eq!(
+            ix.find_entry(3, pack(1, 3 * ITEM_SLOTS_PER_BUCKET as u64)),
+            Some(last)
+        );
+        // The freed bucket is reused.
+        assert!(ix.insert(3, pack(1, 1000)).is_some());
+        assert_eq!(ix.free_overflow_count(), 0);
+    }
+}

@@ -1,0 +1,157 @@
+//! The core shared by both modes: an index, value storage and counters.
+//!
+//! [`Core`] is generic over its [`Storage`] (the cache-mode circular log or
+//! the store-mode slab allocator), so lookups, deletes, TTL handling and the
+//! sweep are written once and compiled once per mode, with no dynamic
+//! dispatch on the hot path.
+
+use fabrickv_types::KeyHash;
+
+use crate::index::{offset_of, tag_of, Index, SlotRef, ITEM_SLOTS_PER_BUCKET};
+use crate::item::{self, Header};
+use crate::stats::PartitionStats;
+
+/// Where items live: maps index offsets to pool positions and takes back
+/// the space of items that leave the index.
+pub(crate) trait Storage {
+    /// The whole pool.
+    fn pool(&self) -> &[u8];
+    /// The whole pool, writable.
+    fn pool_mut(&mut self) -> &mut [u8];
+    /// The pool position of the item a slot's 48-bit offset names, or
+    /// `None` if that offset no longer names a live record.
+    fn resolve(&self, offset: u64) -> Option<usize>;
+    /// Takes back the item at `pos`, which the index no longer references.
+    fn release(&mut self, pos: usize);
+    /// Largest item this storage can hold, in bytes.
+    fn max_item_bytes(&self) -> usize;
+}
+
+/// An indexed item found by a lookup.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hit {
+    /// The index slot that references the item.
+    pub at: SlotRef,
+    /// The item's position in the pool.
+    pub pos: usize,
+    /// The item's header, as read during the lookup.
+    pub header: Header,
+}
+
+/// One partition of one mode.
+pub(crate) struct Core<S> {
+    /// The hash index.
+    pub index: Index,
+    /// Value storage (log or slabs).
+    pub storage: S,
+    /// Counters; `pool_bytes` is fixed at start-up.
+    pub stats: PartitionStats,
+    /// Next main bucket the background sweep visits.
+    pub sweep_cursor: usize,
+}
+
+impl<S: Storage> Core<S> {
+    /// An empty partition.
+    pub fn new(index: Index, storage: S, pool_bytes: usize) -> Core<S> {
+        Core {
+            index,
+            storage,
+            stats: PartitionStats {
+                pool_bytes: pool_bytes as u64,
+                ..PartitionStats::default()
+            },
+            sweep_cursor: 0,
+        }
+    }
+
+    /// Finds the indexed item with this key, expired or not.
+    #[inline]
+    pub fn find(&self, hash: KeyHash, key: &[u8]) -> Option<Hit> {
+        let tag = hash.tag();
+        let pool = self.storage.pool();
+        let mut bucket = Some(self.index.main_bucket(hash));
+        while let Some(b) = bucket {
+            for slot in 0..ITEM_SLOTS_PER_BUCKET {
+                let at = SlotRef { bucket: b, slot };
+                let e = self.index.entry(at);
+                if e == 0 || tag_of(e) != tag {
+                    continue;
+                }
+                let Some(pos) = self.storage.resolve(offset_of(e)) else {
+                    debug_assert!(false, "index slot names a dead record");
+                    continue;
+                };
+                let header = item::read_header(pool, pos);
+                if item::key(pool, pos, &header) == key {
+                    return Some(Hit { at, pos, header });
+                }
+            }
+            bucket = self.index.next(b);
+        }
+        None
+    }
+
+    /// Finds the item with this key if it is live at `now_ms`; an expired
+    /// one met on the way is reclaimed.
+    #[inline]
+    pub fn find_live(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> Option<Hit> {
+        let hit = self.find(hash, key)?;
+        if hit.header.is_expired(now_ms) {
+            self.unlink(&hit);
+            self.stats.expired += 1;
+            return None;
+        }
+        Some(hit)
+    }
+
+    /// Removes an indexed item: clears its slot, gives its space back and
+    /// updates `items` and `bytes`. The caller counts the cause.
+    pub fn unlink(&mut self, hit: &Hit) {
+        self.index.set(hit.at, 0);
+        self.index
+            .compact(self.index.main_bucket(KeyHash(hit.header.hash)));
+        self.storage.release(hit.pos);
+        self.stats.items -= 1;
+        self.stats.bytes -= hit.header.kv_bytes();
+    }
+
+    /// Whether an item of these lengths fits this partition at all.
+    #[inline]
+    pub fn fits(&self, key_len: usize, value_len: usize) -> bool {
+        key_len <= fabrickv_types::limits::KEY_BYTES_MAX
+            && value_len <= fabrickv_types::limits::VALUE_BYTES_MAX
+            && item::item_bytes(key_len, value_len) <= self.storage.max_item_bytes()
+    }
+
+    /// Largest value that fits next to a maximal key.
+    pub fn max_item_value_bytes(&self) -> usize {
+        let max = self.storage.max_item_bytes();
+        (max - item::ITEM_HEADER_BYTES - fabrickv_types::limits::KEY_BYTES_MAX)
+            .min(fabrickv_types::limits::VALUE_BYTES_MAX)
+    }
+
+    /// Recounts items and live bytes from the index (tests compare this
+    /// with the counters).
+    #[cfg(test)]
+    pub fn recount(&self) -> (u64, u64) {
+        let pool = self.storage.pool();
+        let mut items = 0;
+        let mut bytes = 0;
+        for (_, e) in self.index.all_entries() {
+            let pos = self
+                .storage
+                .resolve(offset_of(e))
+                .expect("indexed item is live");
+            let h = item::read_header(pool, pos);
+            assert_eq!(h.flags, 0, "indexed item is flagged");
+            assert_eq!(
+                KeyHash(h.hash).tag(),
+                tag_of(e),
+                "slot tag matches item hash"
+            );
+            items += 1;
+            bytes += h.kv_bytes();
+        }
+        (items, bytes)
+    }
+}

@@ -1,0 +1,473 @@
+//! PUT: store a value, with an optional condition and expiry time.
+//!
+//! Both modes first check sizes, then look the key up (reclaiming an
+//! expired copy) to decide the condition. They differ in where the new item
+//! goes: cache mode appends to the log and, if the bucket is full, drops
+//! the oldest entry of the bucket; store mode allocates a chunk and fails
+//! with nothing changed when either a chunk or an index slot is missing.
+
+use fabrickv_types::KeyHash;
+
+use crate::alloc::Slab;
+use crate::index::{offset_of, pack, SlotRef, ITEM_SLOTS_PER_BUCKET, OFFSET_MASK};
+use crate::item;
+use crate::log::Log;
+use crate::partition::{Core, Hit, Storage};
+
+/// When a PUT applies (Redis `SET`, `SET NX`, `SET XX`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutCond {
+    /// Always store.
+    Always,
+    /// Store only if the key is absent (or expired).
+    IfAbsent,
+    /// Store only if the key is present and live.
+    IfPresent,
+}
+
+/// Outcome of a PUT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum PutResult {
+    /// The value is stored.
+    Stored,
+    /// Store mode only: no room for the item or its index slot. Nothing
+    /// was changed; a previous value of the key is intact.
+    InsufficientSpace,
+    /// The key or value is longer than this partition can ever hold.
+    TooLarge,
+    /// The `PutCond` did not hold; nothing was changed.
+    ConditionFailed,
+}
+
+impl<S: Storage> Core<S> {
+    /// The checks common to both modes. Returns the live item with this
+    /// key if the PUT may go on, or the result to give if it may not.
+    fn put_precheck(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        value: &[u8],
+        cond: PutCond,
+        now_ms: u64,
+    ) -> Result<Option<Hit>, PutResult> {
+        if !self.fits(key.len(), value.len()) {
+            return Err(PutResult::TooLarge);
+        }
+        let existing = self.find_live(hash, key, now_ms);
+        match (cond, existing.is_some()) {
+            (PutCond::IfAbsent, true) | (PutCond::IfPresent, false) => {
+                Err(PutResult::ConditionFailed)
+            }
+            _ => Ok(existing),
+        }
+    }
+
+    /// Counts a stored item.
+    fn count_stored(&mut self, key: &[u8], value: &[u8]) {
+        self.stats.puts += 1;
+        self.stats.items += 1;
+        self.stats.bytes += (key.len() + value.len()) as u64;
+    }
+}
+
+impl Core<Log> {
+    /// Cache-mode PUT: append to the log, then point the index at it.
+    pub(crate) fn put(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        value: &[u8],
+        expire_at_ms: u64,
+        cond: PutCond,
+        now_ms: u64,
+    ) -> PutResult {
+        if let Err(refused) = self.put_precheck(hash, key, value, cond, now_ms) {
+            return refused;
+        }
+        let size = item::item_bytes(key.len(), value.len());
+        let (logical, pos) = self.log_append(size, now_ms);
+        item::write(
+            self.storage.pool_mut(),
+            pos,
+            hash.0,
+            key,
+            value,
+            expire_at_ms,
+        );
+        let entry = pack(hash.tag(), logical & OFFSET_MASK);
+
+        // Appending may have overwritten the old copy, so look again.
+        let at = match self.find(hash, key) {
+            Some(old) => {
+                self.unlink(&old);
+                old.at
+            }
+            None => {
+                let main = self.index.main_bucket(hash);
+                match self.index.find_empty(main) {
+                    Some(at) => at,
+                    None => self.drop_oldest_in(main),
+                }
+            }
+        };
+        self.index.set(at, entry);
+        self.count_stored(key, value);
+        PutResult::Stored
+    }
+
+    /// Frees the slot of `main` whose item is oldest in the log (the next
+    /// to be overwritten anyway) and returns it: MICA's lossy index.
+    fn drop_oldest_in(&mut self, main: usize) -> SlotRef {
+        let at = (0..ITEM_SLOTS_PER_BUCKET)
+            .map(|slot| SlotRef { bucket: main, slot })
+            .max_by_key(|&at| self.storage.age(offset_of(self.index.entry(at))))
+            .unwrap_or(SlotRef {
+                bucket: main,
+                slot: 0,
+            });
+        let e = self.index.entry(at);
+        if let Some(pos) = self.storage.resolve(offset_of(e)) {
+            let header = item::read_header(self.storage.pool(), pos);
+            self.unlink(&Hit { at, pos, header });
+            self.stats.index_collisions += 1;
+        }
+        at
+    }
+}
+
+impl Core<Slab> {
+    /// Store-mode PUT: allocate first, so that a full store changes nothing.
+    pub(crate) fn put(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        value: &[u8],
+        expire_at_ms: u64,
+        cond: PutCond,
+        now_ms: u64,
+    ) -> PutResult {
+        let existing = match self.put_precheck(hash, key, value, cond, now_ms) {
+            Ok(existing) => existing,
+            Err(refused) => return refused,
+        };
+        let size = item::item_bytes(key.len(), value.len());
+        let Some(class) = self.storage.class_for(size) else {
+            return PutResult::TooLarge;
+        };
+        match existing {
+            Some(old) if self.storage.class_of(old.pos) == class => {
+                // Same chunk size: overwrite in place. Nothing can fail
+                // half-way, and no reader holds a borrow of the old value.
+                item::write(
+                    self.storage.pool_mut(),
+                    old.pos,
+                    hash.0,
+                    key,
+                    value,
+                    expire_at_ms,
+                );
+                self.stats.bytes -= old.header.kv_bytes();
+            }
+            Some(old) => {
+                let Some(pos) = self.storage.alloc(class) else {
+                    return PutResult::InsufficientSpace;
+                };
+                item::write(
+                    self.storage.pool_mut(),
+                    pos,
+                    hash.0,
+                    key,
+                    value,
+                    expire_at_ms,
+                );
+                self.index.set(old.at, pack(hash.tag(), pos as u64));
+                self.storage.free(old.pos);
+                self.stats.bytes -= old.header.kv_bytes();
+            }
+            None => {
+                let main = self.index.main_bucket(hash);
+                if !self.index.can_insert(main) {
+                    return PutResult::InsufficientSpace;
+                }
+                let Some(pos) = self.storage.alloc(class) else {
+                    return PutResult::InsufficientSpace;
+                };
+                item::write(
+                    self.storage.pool_mut(),
+                    pos,
+                    hash.0,
+                    key,
+                    value,
+                    expire_at_ms,
+                );
+                if self
+                    .index
+                    .insert(main, pack(hash.tag(), pos as u64))
+                    .is_none()
+                {
+                    debug_assert!(false, "can_insert promised a slot");
+                    self.storage.free(pos);
+                    return PutResult::InsufficientSpace;
+                }
+                self.stats.items += 1;
+            }
+        }
+        self.stats.puts += 1;
+        self.stats.bytes += (key.len() + value.len()) as u64;
+        PutResult::Stored
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fabrickv_types::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX};
+
+    use crate::testutil::{both_modes, h, sized, small};
+    use crate::{GetResult, Mode, PutCond, PutResult, PAGES_PER_POOL_MIN, PAGE_BYTES_MAX};
+
+    #[test]
+    fn overwrite_replaces_value_and_counts_once() {
+        for mode in both_modes() {
+            let mut p = small(mode);
+            assert_eq!(
+                p.put(h(b"k"), b"k", b"short", 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            let long = vec![9u8; 700];
+            assert_eq!(
+                p.put(h(b"k"), b"k", &long, 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            assert_eq!(
+                p.get(h(b"k"), b"k", 0),
+                GetResult::Found {
+                    value: &long,
+                    expire_at_ms: 0
+                }
+            );
+            assert_eq!(
+                p.put(h(b"k"), b"k", b"xy", 5, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            assert_eq!(
+                p.get(h(b"k"), b"k", 0),
+                GetResult::Found {
+                    value: b"xy",
+                    expire_at_ms: 5
+                }
+            );
+            let s = p.stats();
+            assert_eq!((s.puts, s.items, s.bytes), (3, 1, 3));
+            p.check();
+        }
+    }
+
+    #[test]
+    fn conditions() {
+        for mode in both_modes() {
+            let mut p = small(mode);
+            let k = b"c";
+            assert_eq!(
+                p.put(h(k), k, b"1", 0, PutCond::IfPresent, 0),
+                PutResult::ConditionFailed
+            );
+            assert_eq!(p.get(h(k), k, 0), GetResult::NotFound);
+            assert_eq!(
+                p.put(h(k), k, b"1", 10, PutCond::IfAbsent, 0),
+                PutResult::Stored
+            );
+            assert_eq!(
+                p.put(h(k), k, b"2", 0, PutCond::IfAbsent, 0),
+                PutResult::ConditionFailed
+            );
+            assert_eq!(
+                p.get(h(k), k, 0),
+                GetResult::Found {
+                    value: b"1",
+                    expire_at_ms: 10
+                }
+            );
+            assert_eq!(
+                p.put(h(k), k, b"3", 10, PutCond::IfPresent, 0),
+                PutResult::Stored
+            );
+            assert_eq!(
+                p.get(h(k), k, 0),
+                GetResult::Found {
+                    value: b"3",
+                    expire_at_ms: 10
+                }
+            );
+            // Once expired the key is absent for both conditions.
+            assert_eq!(
+                p.put(h(k), k, b"4", 0, PutCond::IfPresent, 10),
+                PutResult::ConditionFailed
+            );
+            assert_eq!(
+                p.put(h(k), k, b"5", 0, PutCond::IfAbsent, 10),
+                PutResult::Stored
+            );
+            assert_eq!(
+                p.get(h(k), k, 10),
+                GetResult::Found {
+                    value: b"5",
+                    expire_at_ms: 0
+                }
+            );
+            let s = p.stats();
+            assert_eq!((s.items, s.expired, s.puts), (1, 1, 3));
+            p.check();
+        }
+    }
+
+    #[test]
+    fn too_large_is_refused_and_the_limit_is_exact() {
+        for mode in both_modes() {
+            let mut p = small(mode);
+            let max = p.max_item_value_bytes();
+            assert!(max > 2000);
+            let key = vec![b'k'; KEY_BYTES_MAX];
+            let hk = h(&key);
+            let v = vec![1u8; max];
+            assert_eq!(
+                p.put(hk, &key, &v, 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            assert_eq!(
+                p.get(hk, &key, 0),
+                GetResult::Found {
+                    value: &v,
+                    expire_at_ms: 0
+                }
+            );
+            let v = vec![1u8; max + 1];
+            assert_eq!(
+                p.put(hk, &key, &v, 0, PutCond::Always, 0),
+                PutResult::TooLarge
+            );
+            let long_key = vec![b'k'; KEY_BYTES_MAX + 1];
+            assert_eq!(
+                p.put(h(&long_key), &long_key, b"", 0, PutCond::Always, 0),
+                PutResult::TooLarge
+            );
+            p.check();
+        }
+    }
+
+    #[test]
+    fn big_pools_hold_the_largest_value() {
+        for mode in both_modes() {
+            let p = sized(mode, PAGES_PER_POOL_MIN * PAGE_BYTES_MAX, Some(16));
+            assert_eq!(p.max_item_value_bytes(), VALUE_BYTES_MAX);
+        }
+    }
+
+    #[test]
+    fn store_replace_failure_keeps_the_old_value() {
+        let mut p = sized(Mode::Store, 64 << 10, None);
+        let small_v = vec![3u8; 10];
+        assert_eq!(
+            p.put(h(b"keep"), b"keep", &small_v, 0, PutCond::Always, 0),
+            PutResult::Stored
+        );
+        // Fill every page with big items.
+        let big = vec![4u8; 3000];
+        let mut n = 0u32;
+        while p.put(
+            h(&n.to_le_bytes()),
+            &n.to_le_bytes(),
+            &big,
+            0,
+            PutCond::Always,
+            0,
+        ) == PutResult::Stored
+        {
+            n += 1;
+        }
+        let before = p.stats();
+        // Replacing with a value of another size class needs a new chunk.
+        assert_eq!(
+            p.put(h(b"keep"), b"keep", &big, 0, PutCond::Always, 0),
+            PutResult::InsufficientSpace
+        );
+        assert_eq!(
+            p.get(h(b"keep"), b"keep", 0),
+            GetResult::Found {
+                value: &small_v,
+                expire_at_ms: 0
+            }
+        );
+        let after = p.stats();
+        assert_eq!(
+            (after.items, after.bytes, after.puts),
+            (before.items, before.bytes, before.puts)
+        );
+        // A value of the same class still replaces in place.
+        let same_class = vec![5u8; 12];
+        assert_eq!(
+            p.put(h(b"keep"), b"keep", &same_class, 0, PutCond::Always, 0),
+            PutResult::Stored
+        );
+        assert_eq!(
+            p.get(h(b"keep"), b"keep", 0),
+            GetResult::Found {
+                value: &same_class,
+                expire_at_ms: 0
+            }
+        );
+        p.check();
+    }
+
+    #[test]
+    fn store_replacing_across_classes_does_not_leak() {
+        // Far more bytes than the pool holds go through one key, moving it
+        // between size classes each time: the old chunk must be freed.
+        let mut p = sized(Mode::Store, 64 << 10, None);
+        for i in 0..2000u32 {
+            let v = vec![i as u8; if i % 2 == 0 { 100 } else { 3000 }];
+            assert_eq!(
+                p.put(h(b"k"), b"k", &v, 0, PutCond::Always, 0),
+                PutResult::Stored,
+                "round {i}"
+            );
+            assert_eq!(
+                p.get(h(b"k"), b"k", 0),
+                GetResult::Found {
+                    value: &v,
+                    expire_at_ms: 0
+                }
+            );
+        }
+        assert_eq!(p.stats().items, 1);
+        p.check();
+    }
+
+    #[test]
+    fn cache_full_bucket_drops_its_oldest_entry() {
+        let mut p = small(Mode::Cache);
+        let same = h(b"bucket");
+        let keys: Vec<[u8; 4]> = (0..10u32).map(|i| i.to_le_bytes()).collect();
+        for k in &keys {
+            assert_eq!(p.put(same, k, k, 0, PutCond::Always, 0), PutResult::Stored);
+        }
+        let dropped = keys.len() - crate::ITEM_SLOTS_PER_BUCKET;
+        assert_eq!(p.stats().index_collisions, dropped as u64);
+        for (i, k) in keys.iter().enumerate() {
+            let r = p.get(same, k, 0);
+            if i < dropped {
+                assert_eq!(r, GetResult::NotFound, "oldest entries go first");
+            } else {
+                assert_eq!(
+                    r,
+                    GetResult::Found {
+                        value: k,
+                        expire_at_ms: 0
+                    }
+                );
+            }
+        }
+        assert_eq!(p.stats().items, crate::ITEM_SLOTS_PER_BUCKET as u64);
+        p.check();
+    }
+}

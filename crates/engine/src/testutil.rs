@@ -1,0 +1,30 @@
+//! Helpers shared by the unit tests.
+
+use fabrickv_types::KeyHash;
+
+use crate::{Mode, Partition, PartitionConfig};
+
+/// Both modes, for tests that must hold in each.
+pub fn both_modes() -> [Mode; 2] {
+    [Mode::Cache, Mode::Store]
+}
+
+/// The real hash of a key.
+pub fn h(key: &[u8]) -> KeyHash {
+    KeyHash::of(key)
+}
+
+/// A partition with a pool big enough that small tests never fill it.
+pub fn small(mode: Mode) -> Partition {
+    sized(mode, 256 << 10, None)
+}
+
+/// A partition of a given pool size and bucket count.
+pub fn sized(mode: Mode, pool_bytes: usize, index_buckets: Option<usize>) -> Partition {
+    Partition::new(&PartitionConfig {
+        mode,
+        pool_bytes,
+        index_buckets,
+    })
+    .expect("valid config")
+}

@@ -1,0 +1,183 @@
+//! Server configuration: defaults, TOML file, validation.
+//!
+//! Precedence: built-in defaults, then the TOML file, then command-line
+//! flags (the CLI applies flags on top of what [`ServerConfig::from_toml`]
+//! returns).
+
+use serde::Deserialize;
+
+use fabrickv_types::limits::WORKERS_MAX;
+use fabrickv_types::size::parse_size;
+
+/// The native protocol's default port (Redis's 6379, plus 1000).
+pub const DEFAULT_PORT: u16 = 7379;
+
+/// Where a server listens unless told otherwise: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7379";
+
+/// Default engine memory over all workers, in bytes (1 GiB). Pages are
+/// touched only as data arrives, so an idle server uses little of it.
+pub const DEFAULT_MEMORY_BYTES: u64 = 1 << 30;
+
+/// Least engine memory per worker, in bytes.
+pub const MEMORY_PER_WORKER_BYTES_MIN: u64 = 1 << 20;
+
+/// What the engine does when memory is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Lossy cache: a circular log that evicts the oldest items.
+    Cache,
+    /// Lossless store: a full store refuses writes with INSUFFICIENT_SPACE.
+    #[default]
+    Store,
+}
+
+impl From<Mode> for fabrickv_engine::Mode {
+    fn from(m: Mode) -> Self {
+        match m {
+            Mode::Cache => fabrickv_engine::Mode::Cache,
+            Mode::Store => fabrickv_engine::Mode::Store,
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "cache" => Ok(Mode::Cache),
+            "store" => Ok(Mode::Store),
+            _ => Err(format!("unknown mode {s:?}: expected cache or store")),
+        }
+    }
+}
+
+/// Everything a server needs to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Transport address to listen on (`HOST:PORT`, `tcp://`, `inproc://`).
+    pub listen: String,
+    /// Data-path worker threads; `None` means one per core.
+    pub workers: Option<usize>,
+    /// Cache or store.
+    pub mode: Mode,
+    /// Engine memory over all workers, in bytes.
+    pub memory_bytes: u64,
+    /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a
+    /// `tracing` directive).
+    pub log_level: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: DEFAULT_LISTEN.to_string(),
+            workers: None,
+            mode: Mode::Store,
+            memory_bytes: DEFAULT_MEMORY_BYTES,
+            log_level: "info".to_string(),
+        }
+    }
+}
+
+/// The TOML file's shape; every key is optional.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    workers: Option<usize>,
+    mode: Option<Mode>,
+    memory: Option<String>,
+    log_level: Option<String>,
+}
+
+impl ServerConfig {
+    /// Parses a TOML configuration on top of the defaults.
+    pub fn from_toml(text: &str) -> Result<ServerConfig, String> {
+        let f: FileConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut c = ServerConfig::default();
+        if let Some(v) = f.listen {
+            c.listen = v;
+        }
+        if f.workers.is_some() {
+            c.workers = f.workers;
+        }
+        if let Some(v) = f.mode {
+            c.mode = v;
+        }
+        if let Some(v) = f.memory {
+            c.memory_bytes = parse_size(&v).map_err(|e| e.to_string())?;
+        }
+        if let Some(v) = f.log_level {
+            c.log_level = v;
+        }
+        Ok(c)
+    }
+
+    /// Workers to run: the configured count, or one per core.
+    pub fn workers(&self) -> usize {
+        self.workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .min(WORKERS_MAX)
+    }
+
+    /// Checks every bound; the message says which and why.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(w) = self.workers {
+            if w == 0 || w > WORKERS_MAX {
+                return Err(format!("workers must be 1..={WORKERS_MAX}, not {w}"));
+            }
+        }
+        let per = self.memory_bytes / self.workers() as u64;
+        if per < MEMORY_PER_WORKER_BYTES_MIN {
+            return Err(format!(
+                "memory {} leaves {} per worker; each worker needs at least {}",
+                fabrickv_types::size::format_size(self.memory_bytes),
+                fabrickv_types::size::format_size(per),
+                fabrickv_types::size::format_size(MEMORY_PER_WORKER_BYTES_MIN),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_overrides_defaults() {
+        let c = ServerConfig::from_toml(
+            "listen = \"127.0.0.1:9000\"\nworkers = 3\nmode = \"cache\"\nmemory = \"64MB\"\n",
+        )
+        .expect("valid config");
+        assert_eq!(c.listen, "127.0.0.1:9000");
+        assert_eq!(c.workers(), 3);
+        assert_eq!(c.mode, Mode::Cache);
+        assert_eq!(c.memory_bytes, 64 << 20);
+        assert_eq!(c.log_level, "info");
+    }
+
+    #[test]
+    fn rejects_unknown_keys_and_bad_values() {
+        assert!(ServerConfig::from_toml("lisen = \"x\"").is_err());
+        assert!(ServerConfig::from_toml("mode = \"lossy\"").is_err());
+        assert!(ServerConfig::from_toml("memory = \"lots\"").is_err());
+    }
+
+    #[test]
+    fn validates_bounds() {
+        let mut c = ServerConfig {
+            workers: Some(0),
+            ..ServerConfig::default()
+        };
+        assert!(c.validate().is_err());
+        c.workers = Some(4);
+        c.memory_bytes = 1 << 20;
+        assert!(c.validate().unwrap_err().contains("per worker"));
+        c.memory_bytes = 64 << 20;
+        assert!(c.validate().is_ok());
+    }
+}

@@ -1,0 +1,234 @@
+//! The kv service: one native frame in, one reply frame out.
+//!
+//! Sans-I/O: [`KvService::handle`] takes the request bytes, the time and a
+//! buffer to append the reply to. It never panics on any input: a frame
+//! that cannot be decoded gets an ERROR frame with a stable code, and an
+//! operation that breaks a bound gets its own error result while the rest
+//! of its batch runs.
+
+use std::time::Instant;
+
+use fabrickv_engine::{DeleteResult, GetResult, Partition, PutCond, PutResult};
+use fabrickv_types::hash::worker_of_partition;
+use fabrickv_types::limits::{BATCH_OPS_MAX, KEY_BYTES_MAX, VALUE_BYTES_MAX};
+use fabrickv_types::{ErrorCode, KeyHash};
+use fabrickv_wire::control::{encode_error, encode_hello_reply, encode_stats_reply, ServerInfo};
+use fabrickv_wire::{decode_frame, FrameKind, OpCode, PutCondition, RequestIter, ResponseBuilder};
+
+use fabrickv_transport::PortStats;
+
+use crate::config::Mode;
+
+/// Milliseconds since the server started, as the engine's clock. Never 0,
+/// so that 0 can mean "no expiry".
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    start: Instant,
+}
+
+impl Clock {
+    /// A clock starting now.
+    pub fn new() -> Clock {
+        Clock {
+            start: Instant::now(),
+        }
+    }
+
+    /// The current time in engine milliseconds.
+    #[inline]
+    pub fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64 + 1
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+/// Counters of the protocol layer of one worker.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProtocolStats {
+    /// Request frames executed.
+    pub frames: u64,
+    /// Operations executed (or answered with a per-op error).
+    pub ops: u64,
+    /// Frames refused whole with an ERROR frame.
+    pub frames_refused: u64,
+    /// Operations answered WRONG_WORKER (client steered to the wrong thread).
+    pub misrouted: u64,
+}
+
+/// The kv service of one worker, owning its partition.
+pub struct KvService {
+    id: u16,
+    workers: u16,
+    partition: Partition,
+    mode: Mode,
+    stats: ProtocolStats,
+    /// The worker port's counters as of the current burst.
+    transport: PortStats,
+}
+
+impl KvService {
+    /// The service of worker `id` out of `workers`.
+    pub fn new(id: u16, workers: u16, partition: Partition, mode: Mode) -> KvService {
+        KvService {
+            id,
+            workers,
+            partition,
+            mode,
+            stats: ProtocolStats::default(),
+            transport: PortStats::default(),
+        }
+    }
+
+    /// Handles one request message, appending the reply to `out`.
+    pub fn handle(&mut self, msg: &[u8], out: &mut Vec<u8>, now_ms: u64) {
+        let frame = match decode_frame(msg) {
+            Ok(f) => f,
+            Err(e) => return self.refuse(out, request_id_of(msg), e.code(), &e.to_string()),
+        };
+        let id = frame.header.request_id;
+        match frame.header.kind {
+            FrameKind::Request => match RequestIter::new(&frame) {
+                Ok(ops) => self.execute(ops, id, out, now_ms),
+                Err(e) => self.refuse(out, id, e.code(), &e.to_string()),
+            },
+            FrameKind::Hello => encode_hello_reply(out, id, self.id, &self.info()),
+            FrameKind::Stats => {
+                let s = self.stats_list(now_ms);
+                encode_stats_reply(out, id, self.id, &s);
+            }
+            other => self.refuse(
+                out,
+                id,
+                ErrorCode::UnknownOpcode,
+                &format!("{other:?} is not a request"),
+            ),
+        }
+    }
+
+    /// Records the transport's counters, to be reported by STATS.
+    pub fn set_transport_stats(&mut self, s: PortStats) {
+        self.transport = s;
+    }
+
+    /// Background work when idle: reclaims expired items.
+    pub fn sweep(&mut self, now_ms: u64, buckets: usize) -> usize {
+        self.partition.sweep(now_ms, buckets)
+    }
+
+    fn refuse(&mut self, out: &mut Vec<u8>, id: u64, code: ErrorCode, why: &str) {
+        self.stats.frames_refused += 1;
+        encode_error(out, id, self.id, code, why);
+    }
+
+    fn info(&self) -> ServerInfo {
+        ServerInfo {
+            workers: self.workers,
+            partitions: u32::from(self.workers),
+            store_mode: self.mode == Mode::Store,
+            key_bytes_max: KEY_BYTES_MAX as u32,
+            value_bytes_max: VALUE_BYTES_MAX.min(self.partition.max_item_value_bytes()) as u32,
+            batch_ops_max: BATCH_OPS_MAX as u32,
+        }
+    }
+
+    fn execute(&mut self, ops: RequestIter<'_>, id: u64, out: &mut Vec<u8>, now_ms: u64) {
+        self.stats.frames += 1;
+        let partitions = u32::from(self.workers);
+        let mut rb = ResponseBuilder::new(out, id, self.id);
+        for op in ops {
+            self.stats.ops += 1;
+            let (code, cond) = match op.check() {
+                Ok(c) => c,
+                Err(e) => {
+                    rb.result(e, &[]);
+                    continue;
+                }
+            };
+            let hash = KeyHash::of(op.key);
+            if worker_of_partition(hash.partition(partitions), u32::from(self.workers))
+                != u32::from(self.id)
+            {
+                self.stats.misrouted += 1;
+                rb.result(ErrorCode::WrongWorker, &[]);
+                continue;
+            }
+            match code {
+                OpCode::Get => match self.partition.get(hash, op.key, now_ms) {
+                    GetResult::Found { value, .. } => rb.result(ErrorCode::Ok, value),
+                    GetResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
+                },
+                OpCode::Put => {
+                    let expire_at = if op.ttl_ms == 0 {
+                        0
+                    } else {
+                        now_ms + op.ttl_ms
+                    };
+                    let cond = match cond {
+                        PutCondition::Always => PutCond::Always,
+                        PutCondition::IfAbsent => PutCond::IfAbsent,
+                        PutCondition::IfPresent => PutCond::IfPresent,
+                    };
+                    let code = match self
+                        .partition
+                        .put(hash, op.key, op.value, expire_at, cond, now_ms)
+                    {
+                        PutResult::Stored => ErrorCode::Ok,
+                        PutResult::InsufficientSpace => ErrorCode::InsufficientSpace,
+                        PutResult::TooLarge => ErrorCode::ValueTooLarge,
+                        PutResult::ConditionFailed => ErrorCode::ConditionFailed,
+                    };
+                    rb.result(code, &[])
+                }
+                OpCode::Delete => match self.partition.delete(hash, op.key, now_ms) {
+                    DeleteResult::Deleted => rb.result(ErrorCode::Ok, &[]),
+                    DeleteResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
+                },
+            };
+        }
+        rb.finish();
+    }
+
+    /// Engine, protocol and transport counters, as sent in a STATS reply.
+    pub fn stats_list(&self, _now_ms: u64) -> Vec<(&'static str, u64)> {
+        let e = self.partition.stats();
+        let p = self.stats;
+        let t = self.transport;
+        vec![
+            ("gets", e.gets),
+            ("hits", e.hits),
+            ("misses", e.misses),
+            ("puts", e.puts),
+            ("deletes", e.deletes),
+            ("evictions", e.evictions),
+            ("expired", e.expired),
+            ("items", e.items),
+            ("bytes", e.bytes),
+            ("pool_bytes", e.pool_bytes),
+            ("index_collisions", e.index_collisions),
+            ("frames", p.frames),
+            ("ops", p.ops),
+            ("frames_refused", p.frames_refused),
+            ("misrouted", p.misrouted),
+            ("conns_accepted", t.conns_accepted),
+            ("conns_open", t.conns_open),
+            ("conns_closed_framing", t.conns_closed_framing),
+            ("conns_closed_timeout", t.conns_closed_timeout),
+            ("msgs_in", t.msgs_in),
+            ("msgs_out", t.msgs_out),
+            ("backpressure_pauses", t.backpressure_pauses),
+        ]
+    }
+}
+
+/// The request id of a frame whose header may be broken, so that even an
+/// ERROR reply can be matched to its request when the id is readable.
+fn request_id_of(msg: &[u8]) -> u64 {
+    msg.get(8..16)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}

@@ -1,0 +1,69 @@
+//! One data-path thread: poll a burst, execute it, flush once, repeat.
+//!
+//! Idle back-off: after a burst that found nothing the worker keeps polling
+//! for `IDLE_SPIN_US` (a client in a tight request loop is answered without
+//! a wake-up), then blocks in the transport's wait so an idle server uses
+//! no CPU.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use fabrickv_transport::WorkerPort;
+
+use crate::kv::{Clock, KvService};
+
+/// Most messages handled per burst before replies are flushed.
+pub const POLL_BURST_MSGS: usize = 64;
+
+/// How long an idle worker keeps polling before it blocks, in microseconds.
+pub const IDLE_SPIN_US: u64 = 100;
+
+/// Longest block in the transport's wait, in milliseconds; bounds how late
+/// the TTL sweep runs on an idle server.
+pub const IDLE_WAIT_MS: u64 = 200;
+
+/// How often the TTL sweep runs, in milliseconds.
+pub const SWEEP_INTERVAL_MS: u64 = 100;
+
+/// Index buckets the TTL sweep visits per run.
+pub const SWEEP_BUCKETS_PER_RUN: usize = 4096;
+
+/// Runs a worker until `stop` is set.
+pub fn run(mut port: Box<dyn WorkerPort>, mut kv: KvService, clock: Clock, stop: &AtomicBool) {
+    let mut idle_since: Option<Instant> = None;
+    let mut last_sweep = clock.now_ms();
+    while !stop.load(Ordering::Acquire) {
+        let now = clock.now_ms();
+        // The service reports the transport's counters in STATS replies.
+        kv.set_transport_stats(port.stats());
+        let handled = match port.poll(POLL_BURST_MSGS, &mut |_, msg, reply| {
+            kv.handle(msg, reply, now)
+        }) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!("worker poll failed: {e}");
+                break;
+            }
+        };
+        if let Err(e) = port.flush() {
+            tracing::error!("worker flush failed: {e}");
+        }
+        if now.saturating_sub(last_sweep) >= SWEEP_INTERVAL_MS {
+            kv.sweep(now, SWEEP_BUCKETS_PER_RUN);
+            last_sweep = now;
+        }
+        if handled > 0 {
+            idle_since = None;
+            continue;
+        }
+        let since = *idle_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < Duration::from_micros(IDLE_SPIN_US) {
+            std::hint::spin_loop();
+            continue;
+        }
+        if let Err(e) = port.wait(Duration::from_millis(IDLE_WAIT_MS)) {
+            tracing::error!("worker wait failed: {e}");
+            break;
+        }
+    }
+}
