@@ -1,1 +1,23 @@
-//! placeholder
+//! The load generators behind `fabrickv bench ...`.
+//!
+//! Layout:
+//! - [`report`]: one result type, printed as the seeds' box tables and as
+//!   one JSON object per line (`--json`);
+//! - [`keys`]: HERD-style keys (16-byte hashes of integers) and the values
+//!   that go with them, so every read can be checked;
+//! - [`kv`]: the GET/PUT mix against FabricKV's native protocol;
+//! - [`peers`]: starting and driving peers (redis-server, redis-benchmark)
+//!   in the same run, pinned to the same cores, for ratios.
+//!
+//! Benchmarks are not tests: they measure. A small run of each is part of
+//! `make test` only so that none of them rots.
+
+pub mod keys;
+pub mod kv;
+pub mod peers;
+pub mod report;
+
+/// Pins the calling thread to CPU `id` (no-op where unsupported).
+pub fn pin_current_thread(id: usize) {
+    core_affinity::set_for_current(core_affinity::CoreId { id });
+}

@@ -1,1 +1,266 @@
-fn main() {}
+//! `fabrickv`: one binary that serves, talks to a server, and benchmarks.
+//!
+//! Exit codes of the client commands: 0 success; 1 the key (or one of the
+//! keys) is not there; 2 any other failure, with the reason on stderr.
+
+mod bench;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use fabrickv_client::Client;
+use fabrickv_server::{Mode, Server, ServerConfig, DEFAULT_LISTEN};
+use fabrickv_types::size::parse_size;
+
+#[derive(Parser)]
+#[command(
+    name = "fabrickv",
+    version,
+    about = "FabricKV: a partitioned in-memory key-value system"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct ServerArg {
+    /// Server address (HOST:PORT or tcp://HOST:PORT).
+    #[arg(long, short = 's', default_value = DEFAULT_LISTEN, env = "FABRICKV_SERVER")]
+    server: String,
+    /// Per-call timeout in seconds.
+    #[arg(long, default_value_t = 5.0)]
+    timeout: f64,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs a server (defaults: 127.0.0.1:7379, one worker per core, store mode, 1GB).
+    Serve {
+        /// TOML configuration file; flags override it.
+        #[arg(long, short = 'c')]
+        config: Option<std::path::PathBuf>,
+        /// Address to listen on.
+        #[arg(long)]
+        listen: Option<String>,
+        /// Data-path worker threads (default: one per core).
+        #[arg(long)]
+        workers: Option<usize>,
+        /// cache (evicts oldest when full) or store (refuses writes when full).
+        #[arg(long)]
+        mode: Option<Mode>,
+        /// Engine memory over all workers, e.g. 512MB or 4GB.
+        #[arg(long)]
+        memory: Option<String>,
+        /// Log level: error, warn, info, debug, trace.
+        #[arg(long)]
+        log_level: Option<String>,
+    },
+    /// Stores a value.
+    Put {
+        key: String,
+        value: String,
+        /// Expire after this many seconds.
+        #[arg(long)]
+        ttl: Option<f64>,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Prints a value to stdout, raw; exits 1 if the key is absent.
+    Get {
+        key: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Removes a key; exits 1 if it was absent.
+    Del {
+        key: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Prints one line per key: its value, or (nil); exits 1 if any is absent.
+    Mget {
+        #[arg(required = true)]
+        keys: Vec<String>,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Prints the server's counters, summed over its workers.
+    Stats {
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Benchmarks (see `fabrickv bench --help`).
+    Bench {
+        #[command(subcommand)]
+        which: bench::BenchCommand,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("fabrickv: error: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+fn connect(s: &ServerArg) -> Result<Client, String> {
+    if !(s.timeout.is_finite() && s.timeout > 0.0) {
+        return Err(format!(
+            "--timeout must be a positive number of seconds, not {}",
+            s.timeout
+        ));
+    }
+    Client::connect_with_timeout(&s.server, Duration::from_secs_f64(s.timeout))
+        .map_err(|e| format!("cannot connect to {}: {e}", s.server))
+}
+
+fn run(cmd: Command) -> Result<ExitCode, String> {
+    match cmd {
+        Command::Serve {
+            config,
+            listen,
+            workers,
+            mode,
+            memory,
+            log_level,
+        } => {
+            let mut cfg = match config {
+                Some(path) => {
+                    let text = std::fs::read_to_string(&path)
+                        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                    ServerConfig::from_toml(&text)
+                        .map_err(|e| format!("{}: {e}", path.display()))?
+                }
+                None => ServerConfig::default(),
+            };
+            if let Some(v) = listen {
+                cfg.listen = v;
+            }
+            if workers.is_some() {
+                cfg.workers = workers;
+            }
+            if let Some(v) = mode {
+                cfg.mode = v;
+            }
+            if let Some(v) = memory {
+                cfg.memory_bytes = parse_size(&v).map_err(|e| e.to_string())?;
+            }
+            if let Some(v) = log_level {
+                cfg.log_level = v;
+            }
+            init_logging(&cfg.log_level);
+            serve(&cfg)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Put {
+            key,
+            value,
+            ttl,
+            server,
+        } => {
+            let ttl = match ttl {
+                Some(t) if t.is_finite() && t > 0.0 => Some(Duration::from_secs_f64(t)),
+                Some(t) => {
+                    return Err(format!(
+                        "--ttl must be a positive number of seconds, not {t}"
+                    ))
+                }
+                None => None,
+            };
+            connect(&server)?
+                .put_ttl(key.as_bytes(), value.as_bytes(), ttl)
+                .map_err(|e| e.to_string())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Get { key, server } => match connect(&server)?
+            .get(key.as_bytes())
+            .map_err(|e| e.to_string())?
+        {
+            Some(v) => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&v)
+                    .and_then(|_| out.flush())
+                    .map_err(|e| e.to_string())?;
+                Ok(ExitCode::SUCCESS)
+            }
+            None => {
+                eprintln!("fabrickv: key not found: {key}");
+                Ok(ExitCode::from(1))
+            }
+        },
+        Command::Del { key, server } => {
+            if connect(&server)?
+                .delete(key.as_bytes())
+                .map_err(|e| e.to_string())?
+            {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!("fabrickv: key not found: {key}");
+                Ok(ExitCode::from(1))
+            }
+        }
+        Command::Mget { keys, server } => {
+            let values = connect(&server)?.mget(&keys).map_err(|e| e.to_string())?;
+            let mut out = std::io::stdout().lock();
+            let mut missing = 0;
+            for v in &values {
+                let r = match v {
+                    Some(v) => out.write_all(v),
+                    None => {
+                        missing += 1;
+                        out.write_all(b"(nil)")
+                    }
+                };
+                r.and_then(|_| out.write_all(b"\n"))
+                    .map_err(|e| e.to_string())?;
+            }
+            out.flush().map_err(|e| e.to_string())?;
+            if missing > 0 {
+                eprintln!("fabrickv: {missing} of {} keys not found", keys.len());
+                return Ok(ExitCode::from(1));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Stats { server } => {
+            let stats = connect(&server)?.stats().map_err(|e| e.to_string())?;
+            for (k, v) in stats {
+                println!("{k}: {v}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { which } => bench::run(which).map(|_| ExitCode::SUCCESS),
+    }
+}
+
+/// Serves until SIGINT or SIGTERM, then stops every thread cleanly.
+fn serve(cfg: &ServerConfig) -> Result<(), String> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    // Register before starting so that an early signal is not lost.
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
+    let handle = Server::start(cfg).map_err(|e| e.to_string())?;
+    eprintln!("fabrickv: serving on {} (Ctrl-C to stop)", handle.addr());
+    if let Some(sig) = signals.forever().next() {
+        tracing::info!("signal {sig}: shutting down");
+    }
+    handle.shutdown();
+    tracing::info!("stopped");
+    Ok(())
+}

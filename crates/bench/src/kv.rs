@@ -1,0 +1,374 @@
+//! `fabrickv bench kv`: a GET/PUT mix over the native protocol.
+//!
+//! Each client thread opens its own [`Client`] (one connection per server
+//! worker), keeps `in_flight` request frames outstanding on every
+//! connection, each frame carrying `batch` operations on keys owned by
+//! that connection's worker, and times every frame from post to reply.
+//! Keys are preloaded first; PUTs rewrite a key's own value, so every GET
+//! is checked against the value its key must have.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fabrickv_client::Client;
+use fabrickv_server::{Mode, Server, ServerConfig, ServerHandle};
+use fabrickv_types::ErrorCode;
+use fabrickv_wire::{decode_frame, FrameKind, PutCondition, RequestBuilder, ResponseIter};
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::keys::{check_value, fill_value, herd_key};
+use crate::report::BenchResult;
+
+/// Largest latency the histograms hold, in nanoseconds (60 s); longer
+/// samples are clamped to it.
+pub const LATENCY_NS_MAX: u64 = 60_000_000_000;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct KvOpts {
+    /// Server to load; `None` starts one in this process on loopback.
+    pub server: Option<String>,
+    /// Workers of the in-process server.
+    pub server_workers: usize,
+    /// Client threads.
+    pub threads: usize,
+    /// Distinct keys.
+    pub keys: u64,
+    /// Key length in bytes (16 is HERD's).
+    pub key_size: usize,
+    /// Value length in bytes.
+    pub value_size: usize,
+    /// Share of GETs, in percent; the rest are PUTs.
+    pub get_percent: u32,
+    /// Operations per request frame.
+    pub batch: usize,
+    /// Request frames outstanding per connection.
+    pub in_flight: usize,
+    /// Measured time.
+    pub duration: Duration,
+    /// CPUs to pin client threads to, round robin (none: unpinned).
+    pub client_cpus: Vec<usize>,
+}
+
+impl Default for KvOpts {
+    fn default() -> Self {
+        KvOpts {
+            server: None,
+            server_workers: 1,
+            threads: 1,
+            keys: 100_000,
+            key_size: 16,
+            value_size: 32,
+            get_percent: 95,
+            batch: 16,
+            in_flight: 8,
+            duration: Duration::from_secs(5),
+            client_cpus: Vec::new(),
+        }
+    }
+}
+
+impl KvOpts {
+    /// The case name used in tables and JSON.
+    pub fn case(&self) -> String {
+        let mix = match self.get_percent {
+            100 => "get".to_string(),
+            0 => "put".to_string(),
+            g => format!("get{g}/put{}", 100 - g),
+        };
+        format!(
+            "{mix} k{} v{} b{}",
+            self.key_size, self.value_size, self.batch
+        )
+    }
+}
+
+/// Key number `i` at length `size`: the HERD key, repeated or cut.
+pub fn make_key(i: u64, size: usize, out: &mut Vec<u8>) {
+    out.clear();
+    let k = herd_key(i);
+    while out.len() < size {
+        let n = (size - out.len()).min(k.len());
+        out.extend_from_slice(&k[..n]);
+    }
+}
+
+/// Runs the benchmark and returns its result.
+pub fn run(opts: &KvOpts) -> Result<BenchResult, String> {
+    if opts.batch == 0
+        || opts.in_flight == 0
+        || opts.threads == 0
+        || opts.keys == 0
+        || opts.key_size == 0
+    {
+        return Err("batch, in-flight, threads, keys and key size must all be at least 1".into());
+    }
+    let _embedded: Option<ServerHandle>;
+    let addr = match &opts.server {
+        Some(a) => {
+            _embedded = None;
+            a.clone()
+        }
+        None => {
+            let item = opts.key_size + opts.value_size + 64;
+            let memory = ((opts.keys as usize * item * 2) as u64).max(64 << 20);
+            let h = Server::start(&ServerConfig {
+                listen: "127.0.0.1:0".into(),
+                workers: Some(opts.server_workers),
+                mode: Mode::Store,
+                memory_bytes: memory,
+                log_level: "warn".into(),
+            })
+            .map_err(|e| e.to_string())?;
+            let a = h.addr().to_string();
+            _embedded = Some(h);
+            a
+        }
+    };
+    let mut client = Client::connect(&addr).map_err(|e| format!("connecting to {addr}: {e}"))?;
+    let workers = usize::from(client.info().workers);
+    // Which keys each worker owns, so each frame goes to one connection.
+    let mut by_worker: Vec<Vec<u64>> = vec![Vec::new(); workers];
+    let mut key = Vec::new();
+    for i in 0..opts.keys {
+        make_key(i, opts.key_size, &mut key);
+        by_worker[usize::from(client.worker_of(&key))].push(i);
+    }
+    preload(&mut client, opts)?;
+    drop(client);
+    let by_worker = Arc::new(by_worker);
+    let start = Instant::now();
+    let threads: Vec<_> = (0..opts.threads)
+        .map(|t| {
+            let opts = opts.clone();
+            let addr = addr.clone();
+            let by_worker = by_worker.clone();
+            std::thread::spawn(move || client_thread(t, &opts, &addr, &by_worker))
+        })
+        .collect();
+    let mut hist =
+        Histogram::<u64>::new_with_bounds(1, LATENCY_NS_MAX, 3).map_err(|e| e.to_string())?;
+    let mut ops = 0u64;
+    let mut wrong = 0u64;
+    let mut seconds = 0f64;
+    for t in threads {
+        let r = t
+            .join()
+            .map_err(|_| "client thread panicked".to_string())??;
+        hist.add(&r.hist).map_err(|e| e.to_string())?;
+        ops += r.ops;
+        wrong += r.wrong;
+        seconds = seconds.max(r.seconds);
+    }
+    let _ = start;
+    Ok(BenchResult {
+        bench: "kv".into(),
+        case: opts.case(),
+        system: "fabrickv".into(),
+        ops_per_s: ops as f64 / seconds.max(1e-9),
+        p50_us: hist.value_at_quantile(0.50) as f64 / 1e3,
+        p99_us: hist.value_at_quantile(0.99) as f64 / 1e3,
+        ops,
+        seconds,
+        wrong_values: wrong,
+        params: serde_json::json!({
+            "threads": opts.threads, "keys": opts.keys, "key_size": opts.key_size,
+            "value_size": opts.value_size, "get_percent": opts.get_percent, "batch": opts.batch,
+            "in_flight": opts.in_flight, "workers": workers, "transport": transport_of(&addr),
+        }),
+    })
+}
+
+fn transport_of(addr: &str) -> &str {
+    addr.split_once("://").map_or("tcp", |(s, _)| s)
+}
+
+fn preload(client: &mut Client, opts: &KvOpts) -> Result<(), String> {
+    const PRELOAD_CHUNK_KEYS: u64 = 4096;
+    let mut at = 0;
+    while at < opts.keys {
+        let end = (at + PRELOAD_CHUNK_KEYS).min(opts.keys);
+        let items: Vec<(Vec<u8>, Vec<u8>)> = (at..end)
+            .map(|i| {
+                let mut k = Vec::new();
+                make_key(i, opts.key_size, &mut k);
+                let mut v = vec![0; opts.value_size];
+                fill_value(i, &mut v);
+                (k, v)
+            })
+            .collect();
+        client
+            .mput(&items, None)
+            .map_err(|e| format!("preloading keys: {e}"))?;
+        at = end;
+    }
+    Ok(())
+}
+
+struct ThreadResult {
+    hist: Histogram<u64>,
+    ops: u64,
+    wrong: u64,
+    seconds: f64,
+}
+
+/// A frame in flight: when it left and what it asked.
+struct Sent {
+    id: u64,
+    at: Instant,
+    ops: Vec<(u64, bool)>,
+}
+
+fn client_thread(
+    t: usize,
+    opts: &KvOpts,
+    addr: &str,
+    by_worker: &[Vec<u64>],
+) -> Result<ThreadResult, String> {
+    if !opts.client_cpus.is_empty() {
+        let id = opts.client_cpus[t % opts.client_cpus.len()];
+        core_affinity::set_for_current(core_affinity::CoreId { id });
+    }
+    let mut client = Client::connect(addr).map_err(|e| format!("connecting to {addr}: {e}"))?;
+    let workers = by_worker.len();
+    let mut rng = SmallRng::seed_from_u64(0x5EED ^ t as u64);
+    let mut hist =
+        Histogram::<u64>::new_with_bounds(1, LATENCY_NS_MAX, 3).map_err(|e| e.to_string())?;
+    let mut windows: Vec<VecDeque<Sent>> = (0..workers).map(|_| VecDeque::new()).collect();
+    let mut spare: Vec<Vec<(u64, bool)>> = Vec::new();
+    let mut key = Vec::with_capacity(opts.key_size);
+    let mut value = vec![0u8; opts.value_size];
+    let timeout = client.timeout();
+    let (mut ops, mut wrong) = (0u64, 0u64);
+    let start = Instant::now();
+    let end = start + opts.duration;
+    loop {
+        let sending = Instant::now() < end;
+        if sending {
+            for w in 0..workers {
+                let owned = &by_worker[w];
+                if owned.is_empty() {
+                    continue;
+                }
+                let mut posted = false;
+                while windows[w].len() < opts.in_flight {
+                    let id = client.next_request_id();
+                    let mut list = spare.pop().unwrap_or_default();
+                    list.clear();
+                    for _ in 0..opts.batch {
+                        let i = owned[rng.gen_range(0..owned.len())];
+                        let is_get = rng.gen_range(0..100) < opts.get_percent;
+                        list.push((i, is_get));
+                    }
+                    client
+                        .endpoint(w as u16)
+                        .post_with(&mut |buf| {
+                            let mut b = RequestBuilder::new(buf, id, w as u16);
+                            for &(i, is_get) in &list {
+                                make_key(i, opts.key_size, &mut key);
+                                if is_get {
+                                    b.get(&key);
+                                } else {
+                                    fill_value(i, &mut value);
+                                    b.put(&key, &value, 0, PutCondition::Always);
+                                }
+                            }
+                            b.finish();
+                        })
+                        .map_err(|e| e.to_string())?;
+                    windows[w].push_back(Sent {
+                        id,
+                        at: Instant::now(),
+                        ops: list,
+                    });
+                    posted = true;
+                }
+                if posted {
+                    client
+                        .endpoint(w as u16)
+                        .flush(timeout)
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        let mut progressed = false;
+        for w in 0..workers {
+            if windows[w].is_empty() {
+                continue;
+            }
+            let window = &mut windows[w];
+            let mut failure = None;
+            let n = client
+                .endpoint(w as u16)
+                .poll(usize::MAX, &mut |msg| {
+                    let Some(sent) = window.pop_front() else {
+                        failure = Some("reply with nothing in flight".to_string());
+                        return;
+                    };
+                    hist.saturating_record(sent.at.elapsed().as_nanos() as u64);
+                    match check_reply(msg, &sent, opts.value_size) {
+                        Ok(bad) => wrong += bad,
+                        Err(e) => failure = Some(e),
+                    }
+                    ops += sent.ops.len() as u64;
+                    spare.push(sent.ops);
+                })
+                .map_err(|e| e.to_string())?;
+            if let Some(f) = failure {
+                return Err(f);
+            }
+            progressed |= n > 0;
+        }
+        if !sending && windows.iter().all(VecDeque::is_empty) {
+            break;
+        }
+        if !progressed {
+            if let Some(w) = windows.iter().position(|q| !q.is_empty()) {
+                let oldest = windows[w]
+                    .front()
+                    .map(|s| s.at)
+                    .unwrap_or_else(Instant::now);
+                if oldest.elapsed() > timeout {
+                    return Err(format!("no reply from worker {w} within {timeout:?}"));
+                }
+                client
+                    .endpoint(w as u16)
+                    .wait(Duration::from_millis(10))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    Ok(ThreadResult {
+        hist,
+        ops,
+        wrong,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Checks one reply; returns how many GETs read a wrong value.
+fn check_reply(msg: &[u8], sent: &Sent, value_size: usize) -> Result<u64, String> {
+    let f = decode_frame(msg).map_err(|e| format!("bad reply: {e}"))?;
+    if f.header.request_id != sent.id || f.header.kind != FrameKind::Response {
+        return Err(format!(
+            "unexpected reply {:?} to request {}",
+            f.header, sent.id
+        ));
+    }
+    let results = ResponseIter::new(&f).map_err(|e| format!("bad reply: {e}"))?;
+    let mut wrong = 0;
+    for (r, &(i, is_get)) in results.zip(&sent.ops) {
+        match (r.code(), is_get) {
+            (ErrorCode::Ok, true) if check_value(i, value_size, r.value) => {}
+            (ErrorCode::Ok, false) => {}
+            (code, _) if code != ErrorCode::Ok && code != ErrorCode::NotFound => {
+                return Err(format!("server answered {code}"))
+            }
+            _ => wrong += 1,
+        }
+    }
+    Ok(wrong)
+}

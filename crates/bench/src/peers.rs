@@ -1,0 +1,187 @@
+//! Peers and limits measured in the same run: starting servers pinned to
+//! given CPUs (with `taskset`), waiting for their port, and driving
+//! `redis-benchmark`.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a spawned server may take to open its port.
+pub const SERVER_START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A child process killed when dropped.
+pub struct Child {
+    child: std::process::Child,
+    /// What it is, for messages.
+    pub name: String,
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free loopback port (bound then released).
+pub fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// Builds a command, under `taskset -c CPUS` when `cpus` is given.
+pub fn pinned(cpus: Option<&str>, program: &str) -> Command {
+    match cpus {
+        Some(c) => {
+            let mut cmd = Command::new("taskset");
+            cmd.arg("-c").arg(c).arg(program);
+            cmd
+        }
+        None => Command::new(program),
+    }
+}
+
+/// Starts a server process and waits until it accepts on `port`.
+pub fn spawn_server(mut cmd: Command, name: &str, port: u16) -> Result<Child, String> {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .stdin(Stdio::null());
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {name}: {e}"))?;
+    let mut c = Child {
+        child,
+        name: name.to_string(),
+    };
+    let deadline = Instant::now() + SERVER_START_TIMEOUT;
+    loop {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(c);
+        }
+        if let Ok(Some(status)) = c.child.try_wait() {
+            return Err(format!("{name} exited at start with {status}"));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{name} did not open port {port} within {SERVER_START_TIMEOUT:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts this binary's `serve` on a free loopback port.
+pub fn spawn_fabrickv(
+    cpus: Option<&str>,
+    workers: usize,
+    memory: &str,
+) -> Result<(Child, String), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let port = free_port()?;
+    let mut cmd = pinned(cpus, &exe.to_string_lossy());
+    cmd.args([
+        "serve",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--workers",
+        &workers.to_string(),
+    ]);
+    cmd.args(["--memory", memory, "--log-level", "warn"]);
+    let c = spawn_server(cmd, "fabrickv", port)?;
+    Ok((c, format!("127.0.0.1:{port}")))
+}
+
+/// Starts redis-server with persistence off on a free loopback port.
+pub fn spawn_redis(cpus: Option<&str>) -> Result<(Child, u16), String> {
+    let port = free_port()?;
+    let mut cmd = pinned(cpus, "redis-server");
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]);
+    let c = spawn_server(cmd, "redis-server", port)?;
+    Ok((c, port))
+}
+
+/// One line of `redis-benchmark --csv`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisBenchRow {
+    /// The test name (`GET`, `SET`, ...).
+    pub test: String,
+    /// Requests per second.
+    pub rps: f64,
+    /// Median latency, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile latency, microseconds.
+    pub p99_us: f64,
+}
+
+/// Parses `redis-benchmark --csv` output (Redis 7 columns:
+/// test, rps, avg, min, p50, p95, p99, max; latencies in ms).
+pub fn parse_redis_csv(out: &str) -> Vec<RedisBenchRow> {
+    out.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').map(|s| s.trim().trim_matches('"')).collect();
+            if f.len() < 7 {
+                return None;
+            }
+            let num = |i: usize| f[i].parse::<f64>().ok();
+            Some(RedisBenchRow {
+                test: f[0].to_string(),
+                rps: num(1)?,
+                p50_us: num(4)? * 1e3,
+                p99_us: num(6)? * 1e3,
+            })
+        })
+        .collect()
+}
+
+/// Runs `redis-benchmark` with `args` against `port`, pinned to `cpus`.
+pub fn redis_benchmark(
+    cpus: Option<&str>,
+    port: u16,
+    args: &[String],
+) -> Result<Vec<RedisBenchRow>, String> {
+    let mut cmd = pinned(cpus, "redis-benchmark");
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "--csv"])
+        .args(args);
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run redis-benchmark: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "redis-benchmark failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let rows = parse_redis_csv(&String::from_utf8_lossy(&out.stdout));
+    if rows.is_empty() {
+        return Err(format!(
+            "redis-benchmark printed no result: {}",
+            String::from_utf8_lossy(&out.stdout)
+        ));
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_redis_benchmark_csv() {
+        let out = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\"GET\",\"1234567.50\",\"0.300\",\"0.100\",\"0.279\",\"0.500\",\"0.711\",\"1.000\"\n";
+        let rows = parse_redis_csv(out);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].test, "GET");
+        assert_eq!(rows[0].rps, 1234567.5);
+        assert!((rows[0].p50_us - 279.0).abs() < 1e-9);
+        assert!((rows[0].p99_us - 711.0).abs() < 1e-9);
+    }
+}

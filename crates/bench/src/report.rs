@@ -1,0 +1,153 @@
+//! Results: box tables in the seeds' style and JSON lines.
+
+use serde::Serialize;
+
+/// One measured result. `system` is `fabrickv`, or the peer or physical
+/// limit measured in the same run (`redis`, `memcached`, `tcp-pingpong`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct BenchResult {
+    /// Which benchmark (`kv`, `rpc`, ...).
+    pub bench: String,
+    /// Which workload within it (`get b16`, ...).
+    pub case: String,
+    /// What was measured.
+    pub system: String,
+    /// Operations (requests, or keys for batched reads) per second.
+    pub ops_per_s: f64,
+    /// Median latency of one request frame, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile latency of one request frame, microseconds.
+    pub p99_us: f64,
+    /// Operations completed in the measured interval.
+    pub ops: u64,
+    /// Length of the measured interval, seconds.
+    pub seconds: f64,
+    /// Reads whose value did not match what was written (must be 0).
+    pub wrong_values: u64,
+    /// How the case was configured, for reproduction.
+    pub params: serde_json::Value,
+}
+
+impl BenchResult {
+    /// The JSON line for this result.
+    pub fn json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+/// Formats an operation rate as `12.34M`, `567.89K` or `123`.
+pub fn rate(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.2}K", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// Formats microseconds as `1.23us` or `456.00ns`.
+pub fn micros(v: f64) -> String {
+    if v < 1.0 {
+        format!("{:.2}ns", v * 1e3)
+    } else {
+        format!("{v:.2}us")
+    }
+}
+
+/// Prints a box table: header row, then rows, each cell padded to 12.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| r.get(i).map_or(0, |c| c.len()))
+                .chain([header[i].len(), 10])
+                .max()
+                .unwrap_or(10)
+        })
+        .collect();
+    let rule: String = widths
+        .iter()
+        .map(|w| format!("+{}", "-".repeat(w + 2)))
+        .collect::<String>()
+        + "+";
+    let line = |cells: Vec<&str>| -> String {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("| {c:<w$} "))
+            .collect::<String>()
+            + "|"
+    };
+    println!("{rule}");
+    println!("{}", line(header.to_vec()));
+    println!("{rule}");
+    for r in rows {
+        println!("{}", line(r.iter().map(String::as_str).collect()));
+    }
+    println!("{rule}");
+}
+
+/// Prints results of key-value benchmarks as a table (Mops, p50, p99) and
+/// ratios of each peer row against the `fabrickv` row of the same case.
+pub fn print_kv_table(results: &[BenchResult]) {
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            let base = results
+                .iter()
+                .find(|b| b.case == r.case && b.system == "fabrickv");
+            let ratio = match base {
+                Some(b) if r.system != "fabrickv" && r.ops_per_s > 0.0 => {
+                    format!("{:.2}x", b.ops_per_s / r.ops_per_s)
+                }
+                _ => "-".into(),
+            };
+            vec![
+                r.case.clone(),
+                r.system.clone(),
+                format!("{:.3}", r.ops_per_s / 1e6),
+                micros(r.p50_us),
+                micros(r.p99_us),
+                ratio,
+            ]
+        })
+        .collect();
+    print_table(
+        &["case", "system", "Mops", "p50", "p99", "fabrickv/x"],
+        &rows,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_rates_and_times() {
+        assert_eq!(rate(2_270_000.0), "2.27M");
+        assert_eq!(rate(323_970.0), "323.97K");
+        assert_eq!(micros(0.39), "390.00ns");
+        assert_eq!(micros(3.02), "3.02us");
+    }
+
+    #[test]
+    fn json_has_the_documented_fields() {
+        let r = BenchResult {
+            bench: "kv".into(),
+            case: "get".into(),
+            system: "fabrickv".into(),
+            ops_per_s: 1.0,
+            p50_us: 2.0,
+            p99_us: 3.0,
+            ops: 4,
+            seconds: 1.0,
+            wrong_values: 0,
+            params: serde_json::json!({}),
+        };
+        let v: serde_json::Value = serde_json::from_str(&r.json()).expect("valid json");
+        for f in ["bench", "case", "system", "ops_per_s", "p50_us", "p99_us"] {
+            assert!(v.get(f).is_some(), "missing {f}");
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! End to end: the `fabrickv` binary as a user runs it. A real server
+//! process on a free loopback port, the client commands against it, their
+//! output and exit codes, and a clean stop on SIGTERM. (The CLI talks to
+//! other processes, so it runs over tcp; inproc is in-process only.)
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fabrickv");
+
+struct Served {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(extra: &[&str]) -> Served {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &addr,
+            "--workers",
+            "2",
+            "--memory",
+            "64MB",
+            "--log-level",
+            "warn",
+        ])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(&addr).is_err() {
+        assert!(Instant::now() < deadline, "server did not open {addr}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Served { child, addr }
+}
+
+fn cli(s: &Served, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .args(["--server", &s.addr])
+        .output()
+        .expect("run cli")
+}
+
+#[test]
+fn client_commands_print_values_and_exit_codes() {
+    let s = serve(&[]);
+    let out = cli(&s, &["put", "greeting", "hello world"]);
+    assert!(
+        out.status.success(),
+        "put failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = cli(&s, &["get", "greeting"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout, b"hello world", "get prints the raw value only");
+
+    let out = cli(&s, &["get", "absent"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+
+    cli(&s, &["put", "second", "2"]);
+    let out = cli(&s, &["mget", "greeting", "absent", "second"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a missing key makes mget exit 1"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello world\n(nil)\n2\n"
+    );
+
+    let out = cli(&s, &["del", "greeting"]);
+    assert_eq!(out.status.code(), Some(0));
+    let out = cli(&s, &["del", "greeting"]);
+    assert_eq!(out.status.code(), Some(1));
+
+    let out = cli(&s, &["stats"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("workers: 2"), "{text}");
+    assert!(text.contains("items: 1"), "{text}");
+}
+
+#[test]
+fn ttl_expires_keys() {
+    let s = serve(&[]);
+    assert!(cli(&s, &["put", "short", "v", "--ttl", "0.2"])
+        .status
+        .success());
+    assert!(cli(&s, &["put", "long", "v", "--ttl", "600"])
+        .status
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cli(&s, &["get", "short"]).status.code() == Some(0) {
+        assert!(
+            Instant::now() < deadline,
+            "key with a 0.2 s TTL never expired"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(cli(&s, &["get", "long"]).stdout, b"v");
+}
+
+#[test]
+fn failures_exit_2_with_a_message() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let out = Command::new(BIN)
+        .args([
+            "get",
+            "k",
+            "--server",
+            &format!("127.0.0.1:{port}"),
+            "--timeout",
+            "1",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
+
+    let s = serve(&[]);
+    let long_key = "k".repeat(251);
+    let out = cli(&s, &["put", &long_key, "v"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("KEY_TOO_LONG"));
+
+    let out = Command::new(BIN)
+        .args(["serve", "--memory", "lots"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid size"));
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly() {
+    let mut s = serve(&[]);
+    assert!(cli(&s, &["put", "k", "v"]).status.success());
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = s.child.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "server ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "server exited with {status} on SIGTERM");
+}
+
+#[test]
+fn config_file_is_read_and_flags_override_it() {
+    let dir = std::env::temp_dir().join(format!("fabrickv-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let path = dir.join("server.toml");
+    std::fs::write(&path, "workers = 3\nmode = \"cache\"\nmemory = \"32MB\"\n")
+        .expect("write config");
+    let s = serve(&["--config", path.to_str().expect("utf-8 path")]);
+    let out = cli(&s, &["stats"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // --workers 2 on the command line beats workers = 3 in the file.
+    assert!(text.contains("workers: 2"), "{text}");
+    assert!(
+        text.contains("pool_bytes: 67108864"),
+        "--memory 64MB beats 32MB: {text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
