@@ -295,11 +295,10 @@ fn client_thread(
             }
         }
         let mut progressed = false;
-        for w in 0..workers {
-            if windows[w].is_empty() {
+        for (w, window) in windows.iter_mut().enumerate() {
+            if window.is_empty() {
                 continue;
             }
-            let window = &mut windows[w];
             let mut failure = None;
             let n = client
                 .endpoint(w as u16)

@@ -14,7 +14,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use fabrickv_types::limits::MESSAGE_BYTES_MAX;
 
 use crate::{
-    Acceptor, ConnId, Endpoint, Listening, PortStats, Result, TransportError, Waker, WorkerPort,
+    Acceptor, ConnId, Endpoint, Listening, MessageHandler, PortStats, Result, TransportError,
+    Waker, WorkerPort,
 };
 
 /// What a client sends to a worker port.
@@ -116,19 +117,12 @@ impl InprocPort {
         if let Some(m) = self.stashed.take() {
             return Some(m);
         }
-        match self.rx.try_recv() {
-            Ok(m) => Some(m),
-            Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
-        }
+        self.rx.try_recv().ok()
     }
 }
 
 impl WorkerPort for InprocPort {
-    fn poll(
-        &mut self,
-        max: usize,
-        handler: &mut dyn FnMut(ConnId, &[u8], &mut Vec<u8>),
-    ) -> Result<usize> {
+    fn poll(&mut self, max: usize, handler: &mut MessageHandler<'_>) -> Result<usize> {
         let mut n = 0;
         while n < max {
             let Some(m) = self.take() else { break };

@@ -33,6 +33,10 @@ pub mod tcp;
 /// Identifies a connection within one worker port.
 pub type ConnId = u32;
 
+/// What a worker runs on each received message: the connection, the
+/// message, and the buffer to append the reply to.
+pub type MessageHandler<'a> = dyn FnMut(ConnId, &[u8], &mut Vec<u8>) + 'a;
+
 /// Wakes a blocked [`WorkerPort::wait`] or [`Acceptor::run`] from another
 /// thread, for shutdown.
 #[derive(Clone)]
@@ -170,11 +174,7 @@ pub trait WorkerPort: Send {
     /// the same connection as one message (nothing appended, nothing sent).
     /// Replies are queued until [`WorkerPort::flush`]. Returns how many
     /// messages were handled.
-    fn poll(
-        &mut self,
-        max: usize,
-        handler: &mut dyn FnMut(ConnId, &[u8], &mut Vec<u8>),
-    ) -> Result<usize>;
+    fn poll(&mut self, max: usize, handler: &mut MessageHandler<'_>) -> Result<usize>;
 
     /// Sends every queued reply: one write per connection with output.
     fn flush(&mut self) -> Result<()>;

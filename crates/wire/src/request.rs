@@ -286,6 +286,8 @@ impl<'b> RequestBuilder<'b> {
     }
 }
 
+impl ExactSizeIterator for RequestIter<'_> {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,5 +369,3 @@ mod tests {
         assert!(RequestIter::new(&f).is_err());
     }
 }
-
-impl ExactSizeIterator for RequestIter<'_> {}

@@ -133,6 +133,8 @@ impl<'b> ResponseBuilder<'b> {
     }
 }
 
+impl ExactSizeIterator for ResponseIter<'_> {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,5 +166,3 @@ mod tests {
         assert_eq!(r.code(), ErrorCode::Internal);
     }
 }
-
-impl ExactSizeIterator for ResponseIter<'_> {}

@@ -17,7 +17,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
 use crate::framing::{self, Next, PREFIX_BYTES};
-use crate::{ConnId, PortStats, Result, Waker, WorkerPort};
+use crate::{ConnId, MessageHandler, PortStats, Result, Waker, WorkerPort};
 
 const WAKER: Token = Token(usize::MAX);
 
@@ -203,7 +203,7 @@ impl TcpPort {
         &mut self,
         slot: usize,
         budget: usize,
-        handler: &mut dyn FnMut(ConnId, &[u8], &mut Vec<u8>),
+        handler: &mut MessageHandler<'_>,
     ) -> (usize, bool) {
         let Some(c) = self.conns[slot].as_mut() else {
             return (0, false);
@@ -296,11 +296,7 @@ impl TcpPort {
 }
 
 impl WorkerPort for TcpPort {
-    fn poll(
-        &mut self,
-        max: usize,
-        handler: &mut dyn FnMut(ConnId, &[u8], &mut Vec<u8>),
-    ) -> Result<usize> {
+    fn poll(&mut self, max: usize, handler: &mut MessageHandler<'_>) -> Result<usize> {
         match self.poll.poll(&mut self.events, Some(Duration::ZERO)) {
             Ok(()) => self.absorb_events(),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
