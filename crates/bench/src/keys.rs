@@ -43,7 +43,9 @@ mod tests {
         fill_value(7, &mut v);
         assert!(check_value(7, 32, &v));
         assert!(!check_value(8, 32, &v));
-        assert!(!check_value(7, 31, &v[..31]));
+        assert!(!check_value(7, 32, &v[..31]), "a short value is wrong");
+        v[5] ^= 1;
+        assert!(!check_value(7, 32, &v), "a flipped byte is wrong");
         assert_ne!(herd_key(1), herd_key(2));
     }
 }
