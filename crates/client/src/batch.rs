@@ -84,7 +84,26 @@ struct InFlight {
     positions: Vec<usize>,
 }
 
+/// Runs a batch; GETs the server could not fit in a reply frame
+/// (`REPLY_FULL`) are sent again until every operation has its outcome.
+/// Each round makes progress: the first GET of a frame always fits.
 pub(crate) fn execute(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
+    let mut out = execute_once(c, ops)?;
+    loop {
+        let again: Vec<usize> = (0..out.len())
+            .filter(|&i| out[i].code == ErrorCode::ReplyFull)
+            .collect();
+        if again.is_empty() {
+            return Ok(out);
+        }
+        let sub: Vec<BatchOp<'_>> = again.iter().map(|&i| ops[i]).collect();
+        for (o, i) in execute_once(c, &sub)?.into_iter().zip(again) {
+            out[i] = o;
+        }
+    }
+}
+
+fn execute_once(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
     for op in ops {
         let key = op.key();
         if key.is_empty() || key.len() > KEY_BYTES_MAX {

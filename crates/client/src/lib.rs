@@ -306,8 +306,13 @@ impl Client {
     }
 }
 
+/// A TTL in wire milliseconds: at least 1 ms (0 means none), saturating
+/// so that a TTL too large for the wire is refused (`TTL_TOO_LARGE`) by the
+/// server rather than wrapped to a short one.
 fn ttl_ms(ttl: Option<Duration>) -> u64 {
-    ttl.map_or(0, |d| (d.as_millis() as u64).max(1))
+    ttl.map_or(0, |d| {
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+    })
 }
 
 /// Waits for one control reply on `ep` and decodes it with `f`.

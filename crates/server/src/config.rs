@@ -176,7 +176,10 @@ mod tests {
         assert!(c.validate().is_err());
         c.workers = Some(4);
         c.memory_bytes = 1 << 20;
-        assert!(c.validate().unwrap_err().contains("per worker"));
+        assert!(c
+            .validate()
+            .expect_err("too little memory")
+            .contains("per worker"));
         c.memory_bytes = 64 << 20;
         assert!(c.validate().is_ok());
     }

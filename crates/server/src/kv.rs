@@ -58,6 +58,8 @@ pub struct ProtocolStats {
     pub frames_refused: u64,
     /// Operations answered WRONG_WORKER (client steered to the wrong thread).
     pub misrouted: u64,
+    /// GETs answered REPLY_FULL because their frame's reply had no room.
+    pub reply_full: u64,
 }
 
 /// The kv service of one worker, owning its partition.
@@ -140,7 +142,10 @@ impl KvService {
         self.stats.frames += 1;
         let partitions = u32::from(self.workers);
         let mut rb = ResponseBuilder::new(out, id, self.id);
+        let total = ops.len();
         for op in ops {
+            // Results still to come after this one, each at least a header.
+            let after = total - rb.len() - 1;
             self.stats.ops += 1;
             let (code, cond) = match op.check() {
                 Ok(c) => c,
@@ -159,7 +164,13 @@ impl KvService {
             }
             match code {
                 OpCode::Get => match self.partition.get(hash, op.key, now_ms) {
-                    GetResult::Found { value, .. } => rb.result(ErrorCode::Ok, value),
+                    GetResult::Found { value, .. } if rb.fits(value.len(), after) => {
+                        rb.result(ErrorCode::Ok, value)
+                    }
+                    GetResult::Found { .. } => {
+                        self.stats.reply_full += 1;
+                        rb.result(ErrorCode::ReplyFull, &[])
+                    }
                     GetResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
                 },
                 OpCode::Put => {
@@ -214,6 +225,7 @@ impl KvService {
             ("ops", p.ops),
             ("frames_refused", p.frames_refused),
             ("misrouted", p.misrouted),
+            ("reply_full", p.reply_full),
             ("conns_accepted", t.conns_accepted),
             ("conns_open", t.conns_open),
             ("conns_closed_framing", t.conns_closed_framing),

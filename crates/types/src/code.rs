@@ -48,11 +48,15 @@ pub enum ErrorCode {
     Internal = 17,
     /// The handshake asked for a worker that does not exist.
     NoSuchWorker = 18,
+    /// The reply frame had no room left for this GET's value; the
+    /// operation had no effect and should be sent again in another frame
+    /// (the client does this by itself).
+    ReplyFull = 19,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order; used by tests and documentation.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::Ok,
         ErrorCode::NotFound,
         ErrorCode::InsufficientSpace,
@@ -72,6 +76,7 @@ impl ErrorCode {
         ErrorCode::Timeout,
         ErrorCode::Internal,
         ErrorCode::NoSuchWorker,
+        ErrorCode::ReplyFull,
     ];
 
     /// The code as it travels on the wire.
@@ -106,6 +111,7 @@ impl ErrorCode {
             ErrorCode::Timeout => "TIMEOUT",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::NoSuchWorker => "NO_SUCH_WORKER",
+            ErrorCode::ReplyFull => "REPLY_FULL",
         }
     }
 }

@@ -95,4 +95,8 @@ const _: () = assert!(
     FRAME_BODY_BYTES_MAX >= RESULT_HEADER_BYTES + VALUE_BYTES_MAX,
     "one maximal GET reply must fit in a frame"
 );
+const _: () = assert!(
+    FRAME_BODY_BYTES_MAX >= RESULT_HEADER_BYTES * BATCH_OPS_MAX + VALUE_BYTES_MAX,
+    "the first GET of any batch always fits its reply, so a resent GET makes progress"
+);
 const _: () = assert!(WORKERS_MAX <= u16::MAX as usize);

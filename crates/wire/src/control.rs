@@ -84,6 +84,16 @@ pub fn decode_hello_reply(frame: &Frame<'_>) -> Result<ServerInfo, WireError> {
     Ok(info)
 }
 
+/// The longest prefix of `s` of at most `max` bytes that ends on a
+/// character boundary, so a cut string stays valid UTF-8.
+fn char_floor(s: &str, max: usize) -> usize {
+    let mut cut = s.len().min(max);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    cut
+}
+
 /// Appends a STATS request frame.
 pub fn encode_stats_request(out: &mut Vec<u8>, request_id: u64, worker: u16) {
     let s = FrameHeader::begin(out, FrameKind::Stats, request_id, worker, 0);
@@ -96,7 +106,7 @@ pub fn encode_stats_reply(out: &mut Vec<u8>, request_id: u64, worker: u16, stats
     let s = FrameHeader::begin(out, FrameKind::StatsReply, request_id, worker, 0);
     let stats = &stats[..stats.len().min(BATCH_OPS_MAX)];
     for (name, value) in stats {
-        let name = &name.as_bytes()[..name.len().min(STAT_NAME_BYTES_MAX)];
+        let name = &name.as_bytes()[..char_floor(name, STAT_NAME_BYTES_MAX)];
         out.push(name.len() as u8);
         out.extend_from_slice(name);
         out.extend_from_slice(&value.to_le_bytes());
@@ -139,11 +149,7 @@ pub fn encode_error(
     message: &str,
 ) {
     let s = FrameHeader::begin(out, FrameKind::Error, request_id, worker, code.as_u16());
-    let mut cut = message.len().min(ERROR_MESSAGE_BYTES_MAX);
-    while !message.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    out.extend_from_slice(&message.as_bytes()[..cut]);
+    out.extend_from_slice(&message.as_bytes()[..char_floor(message, ERROR_MESSAGE_BYTES_MAX)]);
     finish_frame(out, s, 0);
 }
 
@@ -186,6 +192,17 @@ mod tests {
             decode_stats_reply(&f),
             Ok(vec![("hits".to_string(), 10), ("misses".to_string(), 2)])
         );
+    }
+
+    #[test]
+    fn long_stat_names_are_cut_on_a_character_boundary() {
+        let name = format!("a{}", "é".repeat(40));
+        let mut buf = Vec::new();
+        encode_stats_reply(&mut buf, 1, 0, &[(&name, 7)]);
+        let f = decode_frame(&buf).expect("frame");
+        let got = decode_stats_reply(&f).expect("decodable");
+        assert!(got[0].0.len() <= STAT_NAME_BYTES_MAX && name.starts_with(&got[0].0));
+        assert_eq!(got[0].1, 7);
     }
 
     #[test]

@@ -116,6 +116,28 @@ impl<'b> ResponseBuilder<'b> {
         }
     }
 
+    /// Results added so far.
+    pub fn len(&self) -> usize {
+        usize::from(self.count)
+    }
+
+    /// True if no result was added.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Body bytes written so far.
+    pub fn body_bytes(&self) -> usize {
+        self.out.len() - self.start - fabrickv_types::limits::FRAME_HEADER_BYTES
+    }
+
+    /// Whether a result carrying `value_len` bytes fits while leaving room
+    /// for `results_after` more empty results within `FRAME_BODY_BYTES_MAX`.
+    pub fn fits(&self, value_len: usize, results_after: usize) -> bool {
+        self.body_bytes() + RESULT_HEADER_BYTES * (1 + results_after) + value_len
+            <= fabrickv_types::limits::FRAME_BODY_BYTES_MAX
+    }
+
     /// Adds one result; `value` is the GET value (empty otherwise).
     pub fn result(&mut self, code: ErrorCode, value: &[u8]) -> &mut Self {
         self.out.extend_from_slice(&code.as_u16().to_le_bytes());

@@ -61,13 +61,26 @@ impl TcpAcceptor {
         loop {
             match self.listener.accept() {
                 Ok((mut stream, _)) => {
-                    let live = self.pending.iter().filter(|p| p.is_some()).count();
-                    if self.open.load(Ordering::Acquire) >= CONNECTIONS_MAX
-                        || live >= HANDSHAKES_PENDING_MAX
-                    {
+                    if self.open.load(Ordering::Acquire) >= CONNECTIONS_MAX {
                         // Over a bound: refuse by closing at once.
-                        tracing::warn!("refusing a connection: connection bound reached");
+                        tracing::warn!("refusing a connection: {CONNECTIONS_MAX} connections open");
                         continue;
+                    }
+                    let live = self.pending.iter().filter(|p| p.is_some()).count();
+                    if live >= HANDSHAKES_PENDING_MAX {
+                        // Make room by dropping the handshake that has waited
+                        // longest: sockets that connect and stay silent cannot
+                        // lock out a client that sends its handshake at once.
+                        if let Some(oldest) = (0..self.pending.len())
+                            .filter_map(|i| self.pending[i].as_ref().map(|p| (p.deadline, i)))
+                            .min()
+                            .map(|(_, i)| i)
+                        {
+                            tracing::debug!(
+                                "dropping the oldest pending handshake to admit a new one"
+                            );
+                            self.drop_pending(oldest);
+                        }
                     }
                     let _ = stream.set_nodelay(true);
                     let slot = self

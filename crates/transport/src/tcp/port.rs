@@ -48,6 +48,10 @@ impl Handoff {
 
 struct Conn {
     stream: TcpStream,
+    /// The peer has shut down its sending side (FIN seen by epoll): keep
+    /// reading until `read` returns 0 even after a short read, since no
+    /// further edge will come.
+    read_closed: bool,
     /// Received bytes; messages are parsed from `in_head`.
     inbuf: Vec<u8>,
     in_head: usize,
@@ -62,6 +66,22 @@ struct Conn {
     paused: bool,
     /// When a partial message first sat in `inbuf`.
     partial_since: Option<Instant>,
+}
+
+impl Conn {
+    /// Writes queued replies until done or the socket is full; returns
+    /// true if the connection failed.
+    fn write_out(&mut self) -> bool {
+        while self.out_head < self.out.len() {
+            match self.stream.write(&self.out[self.out_head..]) {
+                Ok(n) => self.out_head += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return true,
+            }
+        }
+        false
+    }
 }
 
 pub(crate) struct TcpPort {
@@ -123,6 +143,7 @@ impl TcpPort {
             }
             self.conns[slot] = Some(Conn {
                 stream,
+                read_closed: false,
                 inbuf: Vec::new(),
                 in_head: 0,
                 out: Vec::new(),
@@ -162,6 +183,7 @@ impl TcpPort {
             };
             if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                 c.readable = true;
+                c.read_closed |= ev.is_read_closed() || ev.is_error();
                 if !c.queued && !c.paused {
                     c.queued = true;
                     self.ready.push(slot);
@@ -227,7 +249,7 @@ impl TcpPort {
                 Ok(n) => {
                     c.inbuf.truncate(len + n);
                     // A short read drained the socket: the next byte brings a new edge.
-                    c.readable = n == READ_CHUNK_BYTES;
+                    c.readable = n == READ_CHUNK_BYTES || c.read_closed;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     c.inbuf.truncate(len);
@@ -284,8 +306,11 @@ impl TcpPort {
         if corrupt || (closed && !whole_message_left) {
             if corrupt {
                 self.stats.conns_closed_framing += 1;
+            } else {
+                // A peer that half-closed after its last request still gets
+                // the replies: one non-blocking attempt before closing.
+                let _ = c.write_out();
             }
-            // Replies already queued to a closing peer are dropped with it.
             self.close(slot);
             return (handled, false);
         }
@@ -335,18 +360,7 @@ impl WorkerPort for TcpPort {
             let Some(c) = self.conns[slot].as_mut() else {
                 continue;
             };
-            let mut failed = false;
-            while c.out_head < c.out.len() {
-                match c.stream.write(&c.out[c.out_head..]) {
-                    Ok(n) => c.out_head += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        failed = true;
-                        break;
-                    }
-                }
-            }
+            let failed = c.write_out();
             if c.out_head == c.out.len() {
                 c.out.clear();
                 c.out_head = 0;

@@ -1,0 +1,285 @@
+//! Helpers shared by the server's integration tests.
+//!
+//! - [`TestServer`]: a real server per test, on the transport the test is
+//!   instantiated for, with a unique address (inproc) or a free loopback
+//!   port (tcp);
+//! - [`transport_tests!`]: writes each test body once and instantiates it
+//!   per transport, as the transport conformance suite does;
+//! - raw frame plumbing ([`request`], [`recv_n`], [`parse_reply`]) for tests
+//!   that bypass the client to pipeline by hand or send hostile bytes;
+//! - [`wait_for`]: awaits a condition with a deadline, so that no test
+//!   relies on a fixed sleep.
+
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use fabrickv_client::Client;
+use fabrickv_server::{Mode, Server, ServerConfig, ServerHandle};
+use fabrickv_transport::{Endpoint, TransportError};
+use fabrickv_types::ErrorCode;
+use fabrickv_wire::control::decode_error;
+use fabrickv_wire::{decode_frame, FrameKind, RequestBuilder, ResponseIter};
+
+/// How long any single step of a test may take before it counts as hung.
+pub const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Engine memory of a default test server, in bytes: 32 MiB per worker with
+/// two workers, enough for the largest value (1 MiB) in either mode.
+pub const MEMORY_BYTES: u64 = 64 << 20;
+
+/// Which transport a test runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// In-process channels.
+    Inproc,
+    /// Loopback tcp.
+    Tcp,
+}
+
+static INPROC_NAMES: AtomicU32 = AtomicU32::new(0);
+
+impl Transport {
+    /// A fresh address to listen on: a unique inproc name, or a free
+    /// loopback port (never any other interface).
+    pub fn listen_addr(self) -> String {
+        match self {
+            Transport::Inproc => format!(
+                "inproc://server-it-{}-{}",
+                std::process::id(),
+                INPROC_NAMES.fetch_add(1, Ordering::Relaxed)
+            ),
+            Transport::Tcp => "tcp://127.0.0.1:0".to_string(),
+        }
+    }
+}
+
+/// A running server for one test.
+pub struct TestServer {
+    /// The resolved address clients connect to.
+    pub addr: String,
+    /// The transport it listens on.
+    pub transport: Transport,
+    /// Worker threads.
+    pub workers: u16,
+    handle: ServerHandle,
+}
+
+impl TestServer {
+    /// Starts a server with `workers` workers and `memory_bytes` of engine
+    /// memory over all of them.
+    pub fn start(t: Transport, workers: usize, mode: Mode, memory_bytes: u64) -> TestServer {
+        let cfg = ServerConfig {
+            listen: t.listen_addr(),
+            workers: Some(workers),
+            mode,
+            memory_bytes,
+            log_level: "warn".to_string(),
+        };
+        let handle = Server::start(&cfg).expect("server starts");
+        TestServer {
+            addr: handle.addr().to_string(),
+            transport: t,
+            workers: workers as u16,
+            handle,
+        }
+    }
+
+    /// Starts the default server: two workers, store mode, [`MEMORY_BYTES`].
+    pub fn default_on(t: Transport) -> TestServer {
+        TestServer::start(t, 2, Mode::Store, MEMORY_BYTES)
+    }
+
+    /// A connected client.
+    pub fn client(&self) -> Client {
+        Client::connect_with_timeout(&self.addr, TIMEOUT).expect("client connects")
+    }
+
+    /// A raw connection to one worker, for frames built by hand.
+    pub fn endpoint(&self, worker: u16) -> Box<dyn Endpoint> {
+        fabrickv_transport::connect(&self.addr, worker, TIMEOUT).expect("endpoint connects")
+    }
+
+    /// The tcp address without its scheme (tcp servers only).
+    pub fn tcp_socket_addr(&self) -> &str {
+        self.addr
+            .strip_prefix("tcp://")
+            .expect("a tcp server's address starts with tcp://")
+    }
+
+    /// The inproc listener name (inproc servers only).
+    pub fn inproc_name(&self) -> &str {
+        self.addr
+            .strip_prefix("inproc://")
+            .expect("an inproc server's address starts with inproc://")
+    }
+
+    /// Stops the server and waits for its threads.
+    pub fn shutdown(self) {
+        self.handle.shutdown();
+    }
+}
+
+/// Instantiates each named test body `fn(Transport)` once per transport,
+/// in modules `inproc` and `tcp`. Attributes before a name (such as
+/// `#[ignore = "bug: ..."]`) go on both instances.
+macro_rules! transport_tests {
+    ($($(#[$attr:meta])* $test:ident),* $(,)?) => {
+        mod inproc {
+            $( $(#[$attr])* #[test] fn $test() { super::$test(crate::common::Transport::Inproc) } )*
+        }
+        mod tcp {
+            $( $(#[$attr])* #[test] fn $test() { super::$test(crate::common::Transport::Tcp) } )*
+        }
+    };
+}
+
+/// Polls `cond` until it holds; panics naming `what` if it does not within
+/// `within`. The pause between polls only paces the loop; the assertion
+/// is the condition itself.
+pub fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    loop {
+        if cond() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Counters summed over every worker.
+pub fn stats(c: &mut Client) -> BTreeMap<String, u64> {
+    c.stats().expect("stats")
+}
+
+/// One counter summed over every worker.
+pub fn stat(c: &mut Client, name: &str) -> u64 {
+    *stats(c)
+        .get(name)
+        .unwrap_or_else(|| panic!("the server reports no counter {name:?}"))
+}
+
+/// One counter of each worker, in worker order.
+pub fn stat_per_worker(c: &mut Client, name: &str) -> Vec<u64> {
+    c.stats_per_worker()
+        .expect("stats per worker")
+        .into_iter()
+        .map(|w| {
+            w.into_iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v)
+                .unwrap_or_else(|| panic!("the server reports no counter {name:?}"))
+        })
+        .collect()
+}
+
+/// `n` distinct keys (`{prefix}-{i}`) that `worker` owns.
+pub fn keys_of_worker(c: &Client, worker: u16, n: usize, prefix: &str) -> Vec<Vec<u8>> {
+    (0u64..)
+        .map(|i| format!("{prefix}-{i}").into_bytes())
+        .filter(|k| c.worker_of(k) == worker)
+        .take(n)
+        .collect()
+}
+
+/// A value of `len` bytes derived from `seed`, so that any mix-up between
+/// two values (or a shifted copy) is visible.
+pub fn value_of(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            // xorshift64
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A request frame built with `build`.
+pub fn request(id: u64, worker: u16, build: impl FnOnce(&mut RequestBuilder<'_>)) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let mut b = RequestBuilder::new(&mut buf, id, worker);
+    build(&mut b);
+    b.finish();
+    buf
+}
+
+/// Receives exactly `n` messages, in arrival order, or panics after
+/// [`TIMEOUT`].
+pub fn recv_n(ep: &mut dyn Endpoint, n: usize) -> Vec<Vec<u8>> {
+    let deadline = Instant::now() + TIMEOUT;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        ep.poll(n - out.len(), &mut |m| out.push(m.to_vec()))
+            .expect("poll");
+        if out.len() == n {
+            break;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "got {} of {n} replies within {TIMEOUT:?}",
+            out.len()
+        );
+        ep.wait(left.min(Duration::from_millis(100))).expect("wait");
+    }
+    out
+}
+
+/// Waits until the server closes `ep`; panics if it is still open after
+/// [`TIMEOUT`]. Messages that arrive before the close are ignored.
+pub fn await_closed(ep: &mut dyn Endpoint) {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match ep.poll(usize::MAX, &mut |_| {}) {
+            Err(TransportError::Closed) | Err(TransportError::Io(_)) => return,
+            Err(e) => panic!("expected the connection to be closed, got {e}"),
+            Ok(_) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server kept the connection open"
+        );
+        match ep.wait(Duration::from_millis(50)) {
+            Err(TransportError::Closed) | Err(TransportError::Io(_)) => return,
+            Err(TransportError::Timeout) | Ok(()) => {}
+            Err(e) => panic!("expected the connection to be closed, got {e}"),
+        }
+    }
+}
+
+/// A reply frame, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// A RESPONSE: one (code, value) per operation.
+    Results(Vec<(ErrorCode, Vec<u8>)>),
+    /// An ERROR frame: the whole request was refused.
+    Refused(ErrorCode),
+}
+
+/// Decodes a reply message into (request id, worker, reply); panics if the
+/// server sent something that is not a well-formed RESPONSE or ERROR.
+pub fn parse_reply(msg: &[u8]) -> (u64, u16, Reply) {
+    let frame = decode_frame(msg).expect("the server's reply is a valid frame");
+    let h = frame.header;
+    let reply = match h.kind {
+        FrameKind::Response => Reply::Results(
+            ResponseIter::new(&frame)
+                .expect("the server's response is well-formed")
+                .map(|r| (r.code(), r.value.to_vec()))
+                .collect(),
+        ),
+        FrameKind::Error => {
+            let (code, _) = decode_error(&frame).expect("the server's error frame is well-formed");
+            Reply::Refused(code)
+        }
+        k => panic!("expected a RESPONSE or ERROR frame, got {k:?}"),
+    };
+    (h.request_id, h.worker, reply)
+}
