@@ -26,6 +26,10 @@ use crate::report::BenchResult;
 /// samples are clamped to it.
 pub const LATENCY_NS_MAX: u64 = 60_000_000_000;
 
+/// How long a client thread busy-polls for replies before it blocks, in
+/// microseconds.
+pub const CLIENT_SPIN_US: u64 = 200;
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct KvOpts {
@@ -243,6 +247,7 @@ fn client_thread(
     let mut value = vec![0u8; opts.value_size];
     let timeout = client.timeout();
     let (mut ops, mut wrong) = (0u64, 0u64);
+    let mut idle_since: Option<Instant> = None;
     let start = Instant::now();
     let end = start + opts.duration;
     loop {
@@ -324,7 +329,15 @@ fn client_thread(
         if !sending && windows.iter().all(VecDeque::is_empty) {
             break;
         }
-        if !progressed {
+        if progressed {
+            idle_since = None;
+        } else if idle_since.get_or_insert_with(Instant::now).elapsed()
+            < Duration::from_micros(CLIENT_SPIN_US)
+        {
+            // Busy-poll briefly, like a verbs client polling its completion
+            // queue: a reply due in microseconds is not worth a wake-up.
+            std::hint::spin_loop();
+        } else {
             if let Some(w) = windows.iter().position(|q| !q.is_empty()) {
                 let oldest = windows[w]
                     .front()
