@@ -141,6 +141,10 @@ impl KvService {
     fn execute(&mut self, ops: RequestIter<'_>, id: u64, out: &mut Vec<u8>, now_ms: u64) {
         self.stats.frames += 1;
         let partitions = u32::from(self.workers);
+        // Prefetch pass: start every key's bucket load before the first lookup.
+        for op in ops.clone() {
+            self.partition.prefetch(KeyHash::of(op.key));
+        }
         let mut rb = ResponseBuilder::new(out, id, self.id);
         let total = ops.len();
         for op in ops {

@@ -290,9 +290,12 @@ impl TcpPort {
         self.stats.msgs_in += handled as u64;
         let buffered = c.in_head < c.inbuf.len();
         let whole_message_left = matches!(framing::next(&c.inbuf[c.in_head..]), Next::Message(_));
+        // The clock times each message on its own: a client streaming large
+        // messages back to back always has one partly received, and is not
+        // stalled as long as each completes within the bound.
         c.partial_since = match (buffered && !whole_message_left, c.partial_since) {
-            (true, Some(t)) => Some(t),
-            (true, None) => Some(Instant::now()),
+            (true, Some(t)) if handled == 0 => Some(t),
+            (true, _) => Some(Instant::now()),
             (false, _) => None,
         };
         if c.out.len() > c.out_head {
