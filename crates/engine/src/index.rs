@@ -300,6 +300,24 @@ impl Index {
     }
 }
 
+/// Prefetches the cache line at `p` into all cache levels. Only the address
+/// is used; nothing is read through the pointer.
+#[inline(always)]
+fn prefetch_line(p: *const i8) {
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    // SAFETY: SSE is part of the x86_64 baseline, so the instruction exists;
+    // PREFETCHT0 is a hint that never faults and reads nothing the program
+    // can observe, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = p;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,23 +369,5 @@ mod tests {
         // The freed bucket is reused.
         assert!(ix.insert(3, pack(1, 1000)).is_some());
         assert_eq!(ix.free_overflow_count(), 0);
-    }
-}
-
-/// Prefetches the cache line at `p` into all cache levels. Only the address
-/// is used; nothing is read through the pointer.
-#[inline(always)]
-fn prefetch_line(p: *const i8) {
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    // SAFETY: SSE is part of the x86_64 baseline, so the instruction exists;
-    // PREFETCHT0 is a hint that never faults and reads nothing the program
-    // can observe, whatever the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = p;
     }
 }
