@@ -3,7 +3,8 @@
 //! output and exit codes, and a clean stop on SIGTERM. (The CLI talks to
 //! other processes, so it runs over tcp; inproc is in-process only.)
 
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -21,35 +22,38 @@ impl Drop for Served {
     }
 }
 
+/// Starts `fabrickv serve` on a port the server picks itself (port 0), and
+/// learns the address from the line it prints once it is listening: no
+/// race with other tests for a port.
 fn serve(extra: &[&str]) -> Served {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let child = Command::new(BIN)
+    let mut child = Command::new(BIN)
         .args([
             "serve",
             "--listen",
-            &addr,
+            "127.0.0.1:0",
             "--workers",
             "2",
             "--memory",
             "64MB",
-            "--log-level",
-            "warn",
         ])
+        .args(["--log-level", "warn"])
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start server");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(&addr).is_err() {
-        assert!(Instant::now() < deadline, "server did not open {addr}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("server exited before listening")
+            .expect("read stderr");
+        if let Some(rest) = line.split("serving on tcp://").nth(1) {
+            break rest.split_whitespace().next().expect("address").to_string();
+        }
+    };
+    // Keep draining the server's log so it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
     Served { child, addr }
 }
 
@@ -189,6 +193,11 @@ fn config_file_is_read_and_flags_override_it() {
         .expect("write config");
     let s = serve(&["--config", path.to_str().expect("utf-8 path")]);
     let out = cli(&s, &["stats"]);
+    assert!(
+        out.status.success(),
+        "stats failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     // --workers 2 on the command line beats workers = 3 in the file.
     assert!(text.contains("workers: 2"), "{text}");
