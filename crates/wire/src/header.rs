@@ -219,6 +219,44 @@ pub(crate) fn finish_frame(out: &mut [u8], start: usize, op_count: u16) {
     out[start + 20..start + 24].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// A frame being appended to a buffer: where it starts and how many
+/// entries (operations or results) its body holds. The request and
+/// response builders are this plus their entry encodings.
+#[derive(Debug)]
+pub(crate) struct FrameWriter<'b> {
+    pub(crate) out: &'b mut Vec<u8>,
+    start: usize,
+    count: u16,
+}
+
+impl<'b> FrameWriter<'b> {
+    pub(crate) fn new(out: &'b mut Vec<u8>, kind: FrameKind, request_id: u64, worker: u16) -> Self {
+        let start = FrameHeader::begin(out, kind, request_id, worker, 0);
+        FrameWriter {
+            out,
+            start,
+            count: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        usize::from(self.count)
+    }
+
+    pub(crate) fn body_bytes(&self) -> usize {
+        self.out.len() - self.start - FRAME_HEADER_BYTES
+    }
+
+    /// Counts one more entry, written by the caller to `out`.
+    pub(crate) fn entry_done(&mut self) {
+        self.count = self.count.wrapping_add(1);
+    }
+
+    pub(crate) fn finish(self) {
+        finish_frame(self.out, self.start, self.count);
+    }
+}
+
 /// A whole frame: its header and its body, borrowed from the message.
 #[derive(Debug, Clone, Copy)]
 pub struct Frame<'a> {

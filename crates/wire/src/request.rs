@@ -21,7 +21,7 @@
 use fabrickv_types::limits::{KEY_BYTES_MAX, OP_HEADER_BYTES, TTL_MS_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 
-use crate::header::{finish_frame, Frame, FrameHeader, FrameKind, WireError};
+use crate::header::{Frame, FrameKind, FrameWriter, WireError};
 use crate::{le_u16, le_u32, le_u64};
 
 /// What an operation does.
@@ -195,47 +195,42 @@ impl<'a> Iterator for RequestIter<'a> {
 /// tells whether one more operation stays within the frame bounds.
 #[derive(Debug)]
 pub struct RequestBuilder<'b> {
-    out: &'b mut Vec<u8>,
-    start: usize,
-    count: u16,
+    w: FrameWriter<'b>,
 }
 
 impl<'b> RequestBuilder<'b> {
     /// Starts a request frame for `worker` at the end of `out`.
     pub fn new(out: &'b mut Vec<u8>, request_id: u64, worker: u16) -> RequestBuilder<'b> {
-        let start = FrameHeader::begin(out, FrameKind::Request, request_id, worker, 0);
         RequestBuilder {
-            out,
-            start,
-            count: 0,
+            w: FrameWriter::new(out, FrameKind::Request, request_id, worker),
         }
     }
 
     /// Operations added so far.
     pub fn len(&self) -> usize {
-        usize::from(self.count)
+        self.w.len()
     }
 
     /// True if no operation was added.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.w.len() == 0
     }
 
     /// Body bytes written so far.
     pub fn body_bytes(&self) -> usize {
-        self.out.len() - self.start - fabrickv_types::limits::FRAME_HEADER_BYTES
+        self.w.body_bytes()
     }
 
     /// Whether one more operation with these lengths stays within
     /// `BATCH_OPS_MAX` and `FRAME_BODY_BYTES_MAX`.
     pub fn fits(&self, key_len: usize, value_len: usize) -> bool {
-        usize::from(self.count) < fabrickv_types::limits::BATCH_OPS_MAX
+        self.w.len() < fabrickv_types::limits::BATCH_OPS_MAX
             && self.body_bytes() + OP_HEADER_BYTES + key_len + value_len
                 <= fabrickv_types::limits::FRAME_BODY_BYTES_MAX
     }
 
     fn op(&mut self, code: u8, flags: u8, key: &[u8], value: &[u8], ttl_ms: u64) -> &mut Self {
-        let o = &mut *self.out;
+        let o = &mut *self.w.out;
         o.push(code);
         o.push(flags);
         o.extend_from_slice(&(key.len() as u16).to_le_bytes());
@@ -243,7 +238,7 @@ impl<'b> RequestBuilder<'b> {
         o.extend_from_slice(&ttl_ms.to_le_bytes());
         o.extend_from_slice(key);
         o.extend_from_slice(value);
-        self.count = self.count.wrapping_add(1);
+        self.w.entry_done();
         self
     }
 
@@ -282,7 +277,7 @@ impl<'b> RequestBuilder<'b> {
 
     /// Patches the header; the frame is complete in the buffer.
     pub fn finish(self) {
-        finish_frame(self.out, self.start, self.count);
+        self.w.finish();
     }
 }
 

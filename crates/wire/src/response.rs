@@ -11,7 +11,7 @@
 use fabrickv_types::limits::{RESULT_HEADER_BYTES, VALUE_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 
-use crate::header::{finish_frame, Frame, FrameHeader, FrameKind, WireError};
+use crate::header::{Frame, FrameKind, FrameWriter, WireError};
 use crate::{le_u16, le_u32};
 
 /// One operation's result, borrowing the value from the frame.
@@ -100,35 +100,30 @@ impl<'a> Iterator for ResponseIter<'a> {
 /// Appends a response frame to a buffer, one result at a time.
 #[derive(Debug)]
 pub struct ResponseBuilder<'b> {
-    out: &'b mut Vec<u8>,
-    start: usize,
-    count: u16,
+    w: FrameWriter<'b>,
 }
 
 impl<'b> ResponseBuilder<'b> {
     /// Starts a response to `request_id` from `worker` at the end of `out`.
     pub fn new(out: &'b mut Vec<u8>, request_id: u64, worker: u16) -> ResponseBuilder<'b> {
-        let start = FrameHeader::begin(out, FrameKind::Response, request_id, worker, 0);
         ResponseBuilder {
-            out,
-            start,
-            count: 0,
+            w: FrameWriter::new(out, FrameKind::Response, request_id, worker),
         }
     }
 
     /// Results added so far.
     pub fn len(&self) -> usize {
-        usize::from(self.count)
+        self.w.len()
     }
 
     /// True if no result was added.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.w.len() == 0
     }
 
     /// Body bytes written so far.
     pub fn body_bytes(&self) -> usize {
-        self.out.len() - self.start - fabrickv_types::limits::FRAME_HEADER_BYTES
+        self.w.body_bytes()
     }
 
     /// Whether a result carrying `value_len` bytes fits while leaving room
@@ -140,18 +135,19 @@ impl<'b> ResponseBuilder<'b> {
 
     /// Adds one result; `value` is the GET value (empty otherwise).
     pub fn result(&mut self, code: ErrorCode, value: &[u8]) -> &mut Self {
-        self.out.extend_from_slice(&code.as_u16().to_le_bytes());
-        self.out.extend_from_slice(&0u16.to_le_bytes());
-        self.out
+        self.w.out.extend_from_slice(&code.as_u16().to_le_bytes());
+        self.w.out.extend_from_slice(&0u16.to_le_bytes());
+        self.w
+            .out
             .extend_from_slice(&(value.len() as u32).to_le_bytes());
-        self.out.extend_from_slice(value);
-        self.count = self.count.wrapping_add(1);
+        self.w.out.extend_from_slice(value);
+        self.w.entry_done();
         self
     }
 
     /// Patches the header; the frame is complete in the buffer.
     pub fn finish(self) {
-        finish_frame(self.out, self.start, self.count);
+        self.w.finish();
     }
 }
 
