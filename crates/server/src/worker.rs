@@ -37,7 +37,7 @@ pub fn run(mut port: Box<dyn WorkerPort>, mut kv: KvService, clock: Clock, stop:
         // The service reports the transport's counters in STATS replies.
         kv.set_transport_stats(port.stats());
         let handled = match port.poll(POLL_BURST_MSGS, &mut |_, msg, reply| {
-            kv.handle(msg, reply, now)
+            kv.handle(msg, reply.buf(), now)
         }) {
             Ok(n) => n,
             Err(e) => {

@@ -34,8 +34,31 @@ pub mod tcp;
 pub type ConnId = u32;
 
 /// What a worker runs on each received message: the connection, the
-/// message, and the buffer to append the reply to.
-pub type MessageHandler<'a> = dyn FnMut(ConnId, &[u8], &mut Vec<u8>) + 'a;
+/// message, and the reply to build.
+pub type MessageHandler<'a> = dyn FnMut(ConnId, &[u8], &mut dyn Reply) + 'a;
+
+/// The answer a handler builds for one message: the reply message, and
+/// one-sided writes into the requesting peer's registered memory that land
+/// before the reply does (so the reply can announce them, as an RDMA
+/// write followed by a send).
+pub trait Reply {
+    /// The reply message; whatever is appended is sent as one message
+    /// (nothing appended, nothing sent).
+    fn buf(&mut self) -> &mut Vec<u8>;
+
+    /// Writes `data` into a region the requesting peer registered, at
+    /// `offset`; in place before the peer receives this reply.
+    fn write_remote(&mut self, _region: &RemoteRegion, _offset: usize, _data: &[u8]) -> Result<()> {
+        Err(TransportError::Unsupported("one-sided write"))
+    }
+}
+
+/// A bare buffer is a reply with no one-sided writes.
+impl Reply for Vec<u8> {
+    fn buf(&mut self) -> &mut Vec<u8> {
+        self
+    }
+}
 
 /// Wakes a blocked [`WorkerPort::wait`] or [`Acceptor::run`] from another
 /// thread, for shutdown.
@@ -79,6 +102,11 @@ pub enum TransportError {
     Framing(String),
     /// A blocking step did not finish in time.
     Timeout,
+    /// The transport does not offer this operation.
+    Unsupported(&'static str),
+    /// A one-sided access names a region this connection does not know, or
+    /// falls outside it; nothing was read or written.
+    BadRegion(String),
 }
 
 impl fmt::Display for TransportError {
@@ -98,6 +126,10 @@ impl fmt::Display for TransportError {
             ),
             TransportError::Framing(why) => write!(f, "framing error: {why}"),
             TransportError::Timeout => write!(f, "timed out"),
+            TransportError::Unsupported(what) => {
+                write!(f, "{what} is not supported by this transport")
+            }
+            TransportError::BadRegion(why) => write!(f, "bad one-sided access: {why}"),
         }
     }
 }
@@ -119,6 +151,54 @@ impl From<io::Error> for TransportError {
 
 /// Result of a transport operation.
 pub type Result<T> = std::result::Result<T, TransportError>;
+
+/// A registered memory region as its peer sees it. It travels inside
+/// messages (24 bytes: addr, len, key, little-endian) so that the peer can
+/// read or write the region one-sided, as with an RDMA memory key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteRegion {
+    /// Transport-defined address of the region's first byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Transport-defined key that grants access.
+    pub key: u64,
+}
+
+impl RemoteRegion {
+    /// Bytes of the encoded form.
+    pub const ENCODED_BYTES: usize = 24;
+
+    /// Appends the 24-byte encoding.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.addr.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&self.key.to_le_bytes());
+    }
+
+    /// Reads the 24-byte encoding.
+    pub fn decode(b: &[u8]) -> Option<RemoteRegion> {
+        let word = |i: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?))
+        };
+        Some(RemoteRegion {
+            addr: word(0)?,
+            len: word(8)?,
+            key: word(16)?,
+        })
+    }
+
+    /// Checks that `offset..offset+len` lies inside the region.
+    pub fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end as u64 <= self.len => Ok(()),
+            _ => Err(TransportError::BadRegion(format!(
+                "{len} bytes at offset {offset} overrun a region of {} bytes",
+                self.len
+            ))),
+        }
+    }
+}
 
 /// The client side of one connection, bound to one server worker.
 pub trait Endpoint: Send {
@@ -143,6 +223,35 @@ pub trait Endpoint: Send {
     /// Blocks until a message may be ready or `timeout` passes. Returning
     /// is not a promise that [`Endpoint::poll`] will find a message.
     fn wait(&mut self, timeout: Duration) -> Result<()>;
+
+    /// Registers `len` zeroed bytes that the peer may read and write
+    /// one-sided; send the returned descriptor to the peer in a message.
+    fn register(&mut self, _len: usize) -> Result<RemoteRegion> {
+        Err(TransportError::Unsupported("memory registration"))
+    }
+
+    /// This side's view of a region it registered.
+    fn local_region(&mut self, _region: &RemoteRegion) -> Result<&mut [u8]> {
+        Err(TransportError::Unsupported("memory registration"))
+    }
+
+    /// Writes `data` into the peer's registered region at `offset`. The
+    /// bytes are in place before the peer receives any message this side
+    /// posts after the call.
+    fn write_remote(&mut self, _region: &RemoteRegion, _offset: usize, _data: &[u8]) -> Result<()> {
+        Err(TransportError::Unsupported("one-sided write"))
+    }
+
+    /// Reads the peer's registered region at `offset` into `out`; returns
+    /// when the bytes are in `out`.
+    fn read_remote(
+        &mut self,
+        _region: &RemoteRegion,
+        _offset: usize,
+        _out: &mut [u8],
+    ) -> Result<()> {
+        Err(TransportError::Unsupported("one-sided read"))
+    }
 }
 
 /// Counters of one worker port; every field counts since start.
@@ -170,8 +279,9 @@ pub struct PortStats {
 /// polled together.
 pub trait WorkerPort: Send {
     /// Calls `handler(conn, message, reply)` for up to `max` received
-    /// messages. Whatever the handler appends to `reply` is sent back on
-    /// the same connection as one message (nothing appended, nothing sent).
+    /// messages. Whatever the handler appends to `reply.buf()` is sent back
+    /// on the same connection as one message (nothing appended, nothing
+    /// sent), after the one-sided writes it made through `reply`.
     /// Replies are queued until [`WorkerPort::flush`]. Returns how many
     /// messages were handled.
     fn poll(&mut self, max: usize, handler: &mut MessageHandler<'_>) -> Result<usize>;
@@ -187,6 +297,30 @@ pub trait WorkerPort: Send {
 
     /// This port's counters.
     fn stats(&self) -> PortStats;
+
+    /// Registers `len` zeroed bytes that the worker's peers may read and
+    /// write one-sided (each peer is told the descriptor in a message).
+    fn register(&mut self, _len: usize) -> Result<RemoteRegion> {
+        Err(TransportError::Unsupported("memory registration"))
+    }
+
+    /// The worker's view of a region it registered.
+    fn local_region(&mut self, _region: &RemoteRegion) -> Result<&mut [u8]> {
+        Err(TransportError::Unsupported("memory registration"))
+    }
+
+    /// Writes `data` into a region that the peer on `conn` registered, at
+    /// `offset`. The bytes are in place before that peer receives any reply
+    /// queued after the call (so a reply can announce them).
+    fn write_remote(
+        &mut self,
+        _conn: ConnId,
+        _region: &RemoteRegion,
+        _offset: usize,
+        _data: &[u8],
+    ) -> Result<()> {
+        Err(TransportError::Unsupported("one-sided write"))
+    }
 }
 
 /// Accepts connections and hands each to the worker it asked for.

@@ -33,8 +33,9 @@ impl EchoServer {
                 while !stop.load(Ordering::Acquire) {
                     let n = port
                         .poll(64, &mut |_, msg, reply| {
-                            reply.push(w as u8);
-                            reply.extend_from_slice(msg);
+                            let out = reply.buf();
+                            out.push(w as u8);
+                            out.extend_from_slice(msg);
                         })
                         .expect("poll");
                     port.flush().expect("flush");
