@@ -26,6 +26,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "conformance")]
+#[allow(clippy::unwrap_used)]
+pub mod conformance;
 pub mod framing;
 pub mod inproc;
 pub mod tcp;
@@ -114,7 +117,7 @@ impl fmt::Display for TransportError {
         match self {
             TransportError::BadAddress(a) => write!(
                 f,
-                "bad address {a:?}: expected HOST:PORT, tcp://HOST:PORT or inproc://NAME"
+                "bad address {a:?}: expected HOST:PORT, tcp://HOST:PORT, inproc://NAME or a scheme this build has (shm://, fabric://)"
             ),
             TransportError::Io(e) => write!(f, "{e}"),
             TransportError::Closed => write!(f, "connection closed by peer"),
@@ -350,6 +353,8 @@ pub enum Address {
     Tcp(String),
     /// `inproc://NAME`: same process only.
     Inproc(String),
+    /// `SCHEME://REST` for a transport registered with [`register_scheme`].
+    Other(String, String),
 }
 
 impl Address {
@@ -364,11 +369,49 @@ impl Address {
             }
             return Ok(Address::Inproc(rest.to_string()));
         }
-        if s.contains("://") || !s.contains(':') {
+        if let Some((scheme, rest)) = s.split_once("://") {
+            if !rest.is_empty() && schemes().read().is_ok_and(|m| m.contains_key(scheme)) {
+                return Ok(Address::Other(scheme.to_string(), rest.to_string()));
+            }
+            return Err(TransportError::BadAddress(s.to_string()));
+        }
+        if !s.contains(':') {
             return Err(TransportError::BadAddress(s.to_string()));
         }
         Ok(Address::Tcp(s.to_string()))
     }
+}
+
+/// How a registered transport listens: the address after `SCHEME://`,
+/// and the number of workers.
+pub type ListenFn = fn(&str, usize) -> Result<Listening>;
+
+/// How a registered transport connects: the address after `SCHEME://`,
+/// the worker, and the timeout.
+pub type ConnectFn = fn(&str, u16, Duration) -> Result<Box<dyn Endpoint>>;
+
+type SchemeMap = std::collections::HashMap<String, (ListenFn, ConnectFn)>;
+
+fn schemes() -> &'static std::sync::RwLock<SchemeMap> {
+    static SCHEMES: std::sync::OnceLock<std::sync::RwLock<SchemeMap>> = std::sync::OnceLock::new();
+    SCHEMES.get_or_init(Default::default)
+}
+
+/// Makes `SCHEME://...` addresses reach a transport from another crate
+/// (shm, fabric): this crate holds the traits, so it cannot depend on
+/// them; they register themselves instead. Registering again replaces.
+pub fn register_scheme(scheme: &str, listen: ListenFn, connect: ConnectFn) {
+    if let Ok(mut m) = schemes().write() {
+        m.insert(scheme.to_string(), (listen, connect));
+    }
+}
+
+fn scheme(name: &str) -> Result<(ListenFn, ConnectFn)> {
+    schemes()
+        .read()
+        .ok()
+        .and_then(|m| m.get(name).copied())
+        .ok_or_else(|| TransportError::BadAddress(format!("{name}://")))
 }
 
 /// Starts listening on `addr` with `workers` worker ports.
@@ -376,6 +419,7 @@ pub fn listen(addr: &str, workers: usize) -> Result<Listening> {
     match Address::parse(addr)? {
         Address::Tcp(a) => tcp::listen(&a, workers),
         Address::Inproc(name) => inproc::listen(&name, workers),
+        Address::Other(s, rest) => (scheme(&s)?.0)(&rest, workers),
     }
 }
 
@@ -384,6 +428,7 @@ pub fn connect(addr: &str, worker: u16, timeout: Duration) -> Result<Box<dyn End
     match Address::parse(addr)? {
         Address::Tcp(a) => Ok(Box::new(tcp::TcpEndpoint::connect(&a, worker, timeout)?)),
         Address::Inproc(name) => Ok(Box::new(inproc::InprocEndpoint::connect(&name, worker)?)),
+        Address::Other(s, rest) => (scheme(&s)?.1)(&rest, worker, timeout),
     }
 }
 
