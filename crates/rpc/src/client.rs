@@ -1,0 +1,292 @@
+//! Client side: sessions, credits, request ids and timeouts.
+//!
+//! A client holds one session per server thread it talks to. Each session
+//! has `credits` slots: a request takes one when sent and gives it back
+//! when its response (or its timeout) completes it, so a client can never
+//! have more than `credits` requests in flight per session. Requests are
+//! queued with `call_async`, sent together with `flush` (one syscall or
+//! ring publish per session), and completed by `poll`. Responses on one
+//! session arrive in request order; a response whose request already
+//! timed out is dropped.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use fabrickv_transport::Endpoint;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::header::{RpcHeader, RpcStatus};
+use crate::{RpcError, REQ_TYPES_MAX, SESSION_CREDITS_MAX};
+
+/// Which server thread a request goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Affinity {
+    /// Each request to a random server thread (the seed's ThroughputB).
+    Random,
+    /// Every request to server thread `client_id % server_threads` (the
+    /// seed's ThroughputC): one session, no sharing of server threads
+    /// between a client's requests.
+    Modulo,
+}
+
+impl std::str::FromStr for Affinity {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Affinity, String> {
+        match s {
+            "random" => Ok(Affinity::Random),
+            "modulo" => Ok(Affinity::Modulo),
+            _ => Err(format!("unknown affinity {s:?}: expected random or modulo")),
+        }
+    }
+}
+
+/// How a client behaves.
+#[derive(Debug, Clone)]
+pub struct RpcClientConfig {
+    /// Requests in flight per session, at most `SESSION_CREDITS_MAX`.
+    pub credits: usize,
+    /// Per-request deadline.
+    pub timeout: Duration,
+    /// Server thread choice.
+    pub affinity: Affinity,
+    /// This client's number, for `Affinity::Modulo` and the random seed.
+    pub client_id: usize,
+}
+
+impl Default for RpcClientConfig {
+    fn default() -> Self {
+        RpcClientConfig {
+            credits: 32,
+            timeout: Duration::from_secs(5),
+            affinity: Affinity::Modulo,
+            client_id: 0,
+        }
+    }
+}
+
+/// A finished request.
+#[derive(Debug)]
+pub struct Completion<'a> {
+    /// The id `call_async` returned.
+    pub request_id: u64,
+    /// `Ok`, a server refusal, or `Timeout`.
+    pub status: RpcStatus,
+    /// The response payload (empty unless `Ok`).
+    pub payload: &'a [u8],
+    /// From `call_async` to completion.
+    pub latency: Duration,
+}
+
+struct Pending {
+    id: u64,
+    sent: Instant,
+    deadline: Instant,
+}
+
+struct Session {
+    ep: Box<dyn Endpoint>,
+    in_flight: VecDeque<Pending>,
+    unflushed: bool,
+}
+
+/// A client of an RPC server.
+pub struct RpcClient {
+    sessions: Vec<Session>,
+    cfg: RpcClientConfig,
+    rng: SmallRng,
+    next_id: u64,
+    /// Responses that arrived after their request had timed out.
+    late_responses: u64,
+}
+
+impl RpcClient {
+    /// Connects to a server with `server_threads` threads: one session to
+    /// each thread for `Random` affinity, one to `client_id % threads` for
+    /// `Modulo`.
+    pub fn connect(
+        addr: &str,
+        server_threads: usize,
+        cfg: RpcClientConfig,
+    ) -> Result<RpcClient, RpcError> {
+        if cfg.credits == 0 || cfg.credits > SESSION_CREDITS_MAX || server_threads == 0 {
+            return Err(RpcError::Invalid(format!(
+                "credits must be 1..={SESSION_CREDITS_MAX} and server threads at least 1"
+            )));
+        }
+        let targets: Vec<usize> = match cfg.affinity {
+            Affinity::Random => (0..server_threads).collect(),
+            Affinity::Modulo => vec![cfg.client_id % server_threads],
+        };
+        let mut sessions = Vec::with_capacity(targets.len());
+        for t in targets {
+            let ep = fabrickv_transport::connect(addr, t as u16, cfg.timeout)?;
+            sessions.push(Session {
+                ep,
+                in_flight: VecDeque::with_capacity(cfg.credits),
+                unflushed: false,
+            });
+        }
+        let rng = SmallRng::seed_from_u64(0xC0FFEE ^ cfg.client_id as u64);
+        Ok(RpcClient {
+            sessions,
+            cfg,
+            rng,
+            next_id: 1,
+            late_responses: 0,
+        })
+    }
+
+    /// Requests in flight over all sessions.
+    pub fn in_flight(&self) -> usize {
+        self.sessions.iter().map(|s| s.in_flight.len()).sum()
+    }
+
+    /// Responses dropped because their request had already timed out.
+    pub fn late_responses(&self) -> u64 {
+        self.late_responses
+    }
+
+    /// Queues a request; it leaves at the next [`RpcClient::flush`].
+    /// Fails with `NoCredits` when the chosen session is full.
+    pub fn call_async(&mut self, req_type: u16, payload: &[u8]) -> Result<u64, RpcError> {
+        if usize::from(req_type) >= REQ_TYPES_MAX {
+            return Err(RpcError::Invalid(format!(
+                "request type {req_type} is not below {REQ_TYPES_MAX}"
+            )));
+        }
+        let s = match self.cfg.affinity {
+            Affinity::Modulo => 0,
+            Affinity::Random => self.rng.gen_range(0..self.sessions.len()),
+        };
+        let credits = self.cfg.credits;
+        let session = &mut self.sessions[s];
+        if session.in_flight.len() >= credits {
+            return Err(RpcError::NoCredits);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        session.ep.post_with(&mut |b| {
+            RpcHeader {
+                response: false,
+                req_type,
+                status: RpcStatus::Ok,
+                request_id: id,
+            }
+            .encode(b);
+            b.extend_from_slice(payload);
+        })?;
+        let now = Instant::now();
+        session.in_flight.push_back(Pending {
+            id,
+            sent: now,
+            deadline: now + self.cfg.timeout,
+        });
+        session.unflushed = true;
+        Ok(id)
+    }
+
+    /// Sends every queued request.
+    pub fn flush(&mut self) -> Result<(), RpcError> {
+        let timeout = self.cfg.timeout;
+        for s in &mut self.sessions {
+            if s.unflushed {
+                s.ep.flush(timeout)?;
+                s.unflushed = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes every request whose response has arrived or whose
+    /// deadline has passed; returns how many.
+    pub fn poll(&mut self, on_done: &mut dyn FnMut(Completion<'_>)) -> Result<usize, RpcError> {
+        let mut done = 0;
+        let mut late = 0;
+        for s in &mut self.sessions {
+            if s.in_flight.is_empty() {
+                continue;
+            }
+            let in_flight = &mut s.in_flight;
+            s.ep.poll(usize::MAX, &mut |msg| {
+                let Some((h, payload)) = RpcHeader::decode(msg).filter(|(h, _)| h.response) else {
+                    late += 1;
+                    return;
+                };
+                // Responses come in request order; an older entry still
+                // here was completed by its timeout, never by a response.
+                while in_flight.front().is_some_and(|p| p.id < h.request_id) {
+                    in_flight.pop_front();
+                }
+                match in_flight.front() {
+                    Some(p) if p.id == h.request_id => {
+                        let latency = p.sent.elapsed();
+                        in_flight.pop_front();
+                        done += 1;
+                        on_done(Completion {
+                            request_id: h.request_id,
+                            status: h.status,
+                            payload,
+                            latency,
+                        });
+                    }
+                    _ => late += 1,
+                }
+            })?;
+            let now = Instant::now();
+            while let Some(p) = s.in_flight.front() {
+                if p.deadline > now {
+                    break;
+                }
+                let (id, latency) = (p.id, now - p.sent);
+                s.in_flight.pop_front();
+                done += 1;
+                on_done(Completion {
+                    request_id: id,
+                    status: RpcStatus::Timeout,
+                    payload: &[],
+                    latency,
+                });
+            }
+        }
+        self.late_responses += late;
+        Ok(done)
+    }
+
+    /// Blocks until a response may have arrived or `timeout` passes.
+    pub fn wait(&mut self, timeout: Duration) -> Result<(), RpcError> {
+        let oldest = self
+            .sessions
+            .iter_mut()
+            .filter_map(|s| s.in_flight.front().map(|p| p.deadline).map(|d| (d, s)))
+            .min_by_key(|(d, _)| *d);
+        if let Some((deadline, s)) = oldest {
+            let left = deadline.saturating_duration_since(Instant::now());
+            s.ep.wait(timeout.min(left).max(Duration::from_micros(1)))?;
+        }
+        Ok(())
+    }
+
+    /// One blocking call: send, then wait for its response or its deadline.
+    pub fn call(&mut self, req_type: u16, payload: &[u8]) -> Result<Vec<u8>, RpcError> {
+        let id = self.call_async(req_type, payload)?;
+        self.flush()?;
+        loop {
+            let mut result: Option<Result<Vec<u8>, RpcError>> = None;
+            self.poll(&mut |c| {
+                if c.request_id == id {
+                    result = Some(match c.status {
+                        RpcStatus::Ok => Ok(c.payload.to_vec()),
+                        RpcStatus::Timeout => Err(RpcError::Timeout),
+                        s => Err(RpcError::Status(s)),
+                    });
+                }
+            })?;
+            if let Some(r) = result {
+                return r;
+            }
+            self.wait(self.cfg.timeout)?;
+        }
+    }
+}
