@@ -16,6 +16,7 @@ pub mod keys;
 pub mod kv;
 pub mod peers;
 pub mod report;
+pub mod rpc;
 
 /// Pins the calling thread to CPU `id` (no-op where unsupported).
 pub fn pin_current_thread(id: usize) {

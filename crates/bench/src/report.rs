@@ -151,3 +151,57 @@ mod tests {
         }
     }
 }
+
+/// The seed's latency columns (fast = minimum, ave = mean) and a rate,
+/// from a histogram of nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    /// Completed operations per second.
+    pub ops_per_s: f64,
+    /// Fastest sample, microseconds.
+    pub fast_us: f64,
+    /// Mean, microseconds.
+    pub ave_us: f64,
+    /// Median, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
+}
+
+impl Summary {
+    /// Summarises `hist` (ns) over `seconds`.
+    pub fn of(hist: &hdrhistogram::Histogram<u64>, seconds: f64) -> Summary {
+        let us = |ns: u64| ns as f64 / 1e3;
+        if hist.is_empty() {
+            return Summary {
+                ops_per_s: 0.0,
+                fast_us: 0.0,
+                ave_us: 0.0,
+                p50_us: 0.0,
+                p99_us: 0.0,
+            };
+        }
+        Summary {
+            ops_per_s: hist.len() as f64 / seconds.max(1e-9),
+            fast_us: us(hist.min()),
+            ave_us: hist.mean() / 1e3,
+            p50_us: us(hist.value_at_quantile(0.50)),
+            p99_us: us(hist.value_at_quantile(0.99)),
+        }
+    }
+
+    /// The seed's row: name, ops/s, fast, ave, p50, p99.
+    pub fn row(&self, name: &str) -> Vec<String> {
+        vec![
+            name.to_string(),
+            rate(self.ops_per_s),
+            micros(self.fast_us),
+            micros(self.ave_us),
+            micros(self.p50_us),
+            micros(self.p99_us),
+        ]
+    }
+}
+
+/// The header of the seed's RPC table.
+pub const RPC_TABLE_HEADER: [&str; 6] = ["name", "ops/s", "fast", "ave", "p50", "p99"];

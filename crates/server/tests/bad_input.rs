@@ -23,6 +23,7 @@ use fabrickv_client::Client;
 use fabrickv_transport::inproc::InprocEndpoint;
 use fabrickv_transport::tcp::TcpEndpoint;
 use fabrickv_transport::Endpoint;
+use fabrickv_transport_shm::ShmEndpoint;
 use fabrickv_types::limits::{
     BATCH_OPS_MAX, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES, HANDSHAKES_PENDING_MAX, KEY_BYTES_MAX,
     MESSAGE_BYTES_MAX, TTL_MS_MAX, VALUE_BYTES_MAX,
@@ -508,6 +509,9 @@ fn raw_endpoint(s: &TestServer, worker: u16) -> RawEndpoint {
         Transport::Inproc => RawEndpoint::Inproc(
             InprocEndpoint::connect(s.inproc_name(), worker).expect("inproc connect"),
         ),
+        Transport::Shm => RawEndpoint::Shm(
+            ShmEndpoint::connect(s.shm_name(), worker, TIMEOUT).expect("shm connect"),
+        ),
     }
 }
 
@@ -517,6 +521,8 @@ enum RawEndpoint {
     Tcp(TcpEndpoint),
     /// Can send empty or oversized messages.
     Inproc(InprocEndpoint),
+    /// Can publish ring records with any length word.
+    Shm(ShmEndpoint),
 }
 
 impl RawEndpoint {
@@ -524,6 +530,7 @@ impl RawEndpoint {
         match self {
             RawEndpoint::Tcp(e) => e,
             RawEndpoint::Inproc(e) => e,
+            RawEndpoint::Shm(e) => e,
         }
     }
 
@@ -559,6 +566,15 @@ impl RawEndpoint {
                     Vec::new()
                 };
                 e.send_raw(msg).expect("send raw message");
+                0
+            }
+            RawEndpoint::Shm(e) => {
+                let len = if variant % 2 == 1 {
+                    (MESSAGE_BYTES_MAX + 1) as u32
+                } else {
+                    0
+                };
+                e.publish_bogus_record(len);
                 0
             }
         }

@@ -38,6 +38,8 @@ pub enum Transport {
     Inproc,
     /// Loopback tcp.
     Tcp,
+    /// Shared memory between processes (here: threads of one process).
+    Shm,
 }
 
 static INPROC_NAMES: AtomicU32 = AtomicU32::new(0);
@@ -53,6 +55,14 @@ impl Transport {
                 INPROC_NAMES.fetch_add(1, Ordering::Relaxed)
             ),
             Transport::Tcp => "tcp://127.0.0.1:0".to_string(),
+            Transport::Shm => {
+                fabrickv_transport_shm::install();
+                format!(
+                    "shm://server-it-{}-{}",
+                    std::process::id(),
+                    INPROC_NAMES.fetch_add(1, Ordering::Relaxed)
+                )
+            }
         }
     }
 }
@@ -117,6 +127,13 @@ impl TestServer {
             .expect("an inproc server's address starts with inproc://")
     }
 
+    /// The shm listener name (shm servers only).
+    pub fn shm_name(&self) -> &str {
+        self.addr
+            .strip_prefix("shm://")
+            .expect("an shm server's address starts with shm://")
+    }
+
     /// Stops the server and waits for its threads.
     pub fn shutdown(self) {
         self.handle.shutdown();
@@ -133,6 +150,9 @@ macro_rules! transport_tests {
         }
         mod tcp {
             $( $(#[$attr])* #[test] fn $test() { super::$test(crate::common::Transport::Tcp) } )*
+        }
+        mod shm {
+            $( $(#[$attr])* #[test] fn $test() { super::$test(crate::common::Transport::Shm) } )*
         }
     };
 }

@@ -1,0 +1,195 @@
+//! Registered regions: memfds that the peer maps for one-sided access.
+//!
+//! A region's descriptor is `{addr: region id, len, key: random u64}`. The
+//! owner sends the memfd over the connection's unix socket *before* the
+//! descriptor can travel in any message, so by the time a peer acts on a
+//! descriptor the file is already queued on its socket: a peer that meets
+//! an unknown id drains its socket first ([`access`]).
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use fabrickv_transport::{RemoteRegion, Result, TransportError};
+
+use crate::ctl::{ControlReader, RegionAnnounce};
+use crate::mem::Mapping;
+
+/// Largest region one side may register, in bytes (1 GiB).
+pub const REGION_BYTES_MAX: usize = 1 << 30;
+
+/// Most regions one side registers (a client per endpoint, a server per
+/// worker port).
+pub const REGIONS_MAX: usize = 256;
+
+/// Most regions one peer may announce on one connection; a peer that
+/// announces more is dropped.
+pub const PEER_REGIONS_MAX: usize = REGIONS_MAX;
+
+/// A region this side registered.
+pub struct LocalRegion {
+    /// What the peer is told.
+    pub desc: RemoteRegion,
+    /// The memory.
+    map: Mapping,
+    /// The file, kept to announce the region to peers that connect later.
+    fd: OwnedFd,
+}
+
+impl LocalRegion {
+    /// The file to pass to a peer.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// The regions one side registered.
+#[derive(Default)]
+pub struct LocalRegions {
+    /// Registered regions by id.
+    regions: HashMap<u64, LocalRegion>,
+    /// Id of the next registration.
+    next_id: u64,
+}
+
+fn random_key() -> Result<u64> {
+    let mut b = [0u8; 8];
+    rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| TransportError::Io(e.into()))?;
+    Ok(u64::from_le_bytes(b))
+}
+
+impl LocalRegions {
+    /// Creates and maps a zeroed region of `len` bytes.
+    pub fn register(&mut self, len: usize) -> Result<&LocalRegion> {
+        if len > REGION_BYTES_MAX {
+            return Err(TransportError::BadRegion(format!(
+                "{len} bytes exceed the region bound of {REGION_BYTES_MAX}"
+            )));
+        }
+        if self.regions.len() >= REGIONS_MAX {
+            return Err(TransportError::BadRegion(format!(
+                "{REGIONS_MAX} regions are registered already"
+            )));
+        }
+        let (map, fd) = Mapping::create("fabrickv-shm-region", len)?;
+        self.next_id += 1;
+        let desc = RemoteRegion {
+            addr: self.next_id,
+            len: len as u64,
+            key: random_key()?,
+        };
+        let r = self
+            .regions
+            .entry(desc.addr)
+            .or_insert(LocalRegion { desc, map, fd });
+        Ok(r)
+    }
+
+    /// Every registered region.
+    pub fn iter(&self) -> impl Iterator<Item = &LocalRegion> {
+        self.regions.values()
+    }
+
+    /// The owner's view of region `r`.
+    pub fn view(&mut self, r: &RemoteRegion) -> Result<&mut [u8]> {
+        match self.regions.get_mut(&r.addr) {
+            Some(l) if l.desc.key == r.key => {
+                let len = l.desc.len as usize;
+                Ok(&mut l.map.bytes_mut()[..len])
+            }
+            _ => Err(TransportError::BadRegion(format!(
+                "region {} with this key is not registered here",
+                r.addr
+            ))),
+        }
+    }
+}
+
+/// A region the peer registered, mapped here.
+struct PeerRegion {
+    /// Its length and key as announced.
+    desc: RemoteRegion,
+    /// The memory.
+    map: Mapping,
+}
+
+/// The regions the peer of one connection announced.
+#[derive(Default)]
+pub struct PeerRegions {
+    /// Announced regions by id.
+    regions: HashMap<u64, PeerRegion>,
+}
+
+impl PeerRegions {
+    /// Maps a region the peer announced.
+    pub fn adopt(&mut self, a: RegionAnnounce) -> Result<()> {
+        let d = a.region;
+        if d.len > REGION_BYTES_MAX as u64 || self.regions.len() >= PEER_REGIONS_MAX {
+            return Err(TransportError::Framing(format!(
+                "peer announced a region of {} bytes or more than {PEER_REGIONS_MAX} regions",
+                d.len
+            )));
+        }
+        let map = Mapping::open(a.fd.as_fd(), d.len as usize)
+            .map_err(|e| TransportError::Framing(format!("peer region unusable: {e}")))?;
+        self.regions.insert(d.addr, PeerRegion { desc: d, map });
+        Ok(())
+    }
+
+    /// The mapping of `r` after checking key and bounds; `None` if the id
+    /// is unknown.
+    fn find(&self, r: &RemoteRegion, offset: usize, len: usize) -> Result<Option<&Mapping>> {
+        let Some(p) = self.regions.get(&r.addr) else {
+            return Ok(None);
+        };
+        if p.desc.key != r.key {
+            return Err(TransportError::BadRegion(format!(
+                "wrong key for region {}",
+                r.addr
+            )));
+        }
+        p.desc.check(offset, len)?;
+        Ok(Some(&p.map))
+    }
+}
+
+/// A one-sided access.
+pub enum Access<'a> {
+    /// Copy these bytes into the region.
+    Write(&'a [u8]),
+    /// Copy region bytes into this buffer.
+    Read(&'a mut [u8]),
+}
+
+/// Performs `op` on the peer's region `r` at `offset`; if `r` is not known
+/// yet, first adopts the regions announced on `sock`.
+pub fn access(
+    peers: &mut PeerRegions,
+    ctl: &mut ControlReader,
+    sock: BorrowedFd<'_>,
+    r: &RemoteRegion,
+    offset: usize,
+    op: Access<'_>,
+) -> Result<()> {
+    let len = match &op {
+        Access::Write(d) => d.len(),
+        Access::Read(o) => o.len(),
+    };
+    if peers.find(r, offset, len)?.is_none() {
+        // End-of-file here is not this call's failure: the region may be
+        // announced before it, and the caller learns of the closure on its
+        // next poll.
+        match ctl.drain(sock, &mut |a| peers.adopt(a)) {
+            Ok(()) | Err(TransportError::Closed) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let m = peers.find(r, offset, len)?.ok_or_else(|| {
+        TransportError::BadRegion(format!("the peer registered no region {}", r.addr))
+    })?;
+    match op {
+        Access::Write(d) => m.write(offset, d),
+        Access::Read(o) => m.read(offset, o),
+    }
+    Ok(())
+}
