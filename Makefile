@@ -6,40 +6,52 @@ BIN := target/release/fabrickv
 BENCH_DIR := bench-results
 DATE := $(shell date +%Y-%m-%d)
 
-.PHONY: all build deps test test-rust bench-smoke lint fmt bench fuzz clean run
+.PHONY: all build build-fabric deps test test-rust bench-smoke lint fmt bench fuzz clean run
 
 all: build
 
+## The binary without system libraries (tcp, shm, inproc transports).
 build:
-	$(CARGO) build --release --workspace
+	$(CARGO) build --release -p fabrickv-cli
+
+## The binary with the libfabric transport too (needs `make deps`).
+build-fabric:
+	$(CARGO) build --release -p fabrickv-cli --features fabric
 
 ## Installs system packages the tests and benchmarks use (redis, memcached, iperf3).
 deps:
 	bash scripts/install-deps.sh
+	bash scripts/install-fabric-deps.sh
 
 ## Everything: Rust unit, property and integration tests, lint, and a tiny run of every benchmark.
 test: deps lint test-rust bench-smoke
 	@echo "make test: all passed"
 
 test-rust:
-	$(CARGO) test --workspace --all-targets
+	$(CARGO) test --workspace --all-targets --all-features
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all
 
 ## Tiny runs of each benchmark so none rots (not measurements).
-bench-smoke: build
+bench-smoke: build-fabric
 	$(BIN) bench kv --duration 0.5 --keys 2000 --json
 	$(BIN) bench kv --duration 0.5 --keys 2000 --get-percent 100 --server-cpus 0 --client-cpus 1 --compare-redis --json
+	$(BIN) bench rpc --transport inproc --duration 0.3 --report-every 0 --json
+	$(BIN) bench rpc --transport tcp --duration 0.3 --report-every 0 --affinity random --server-threads 2 --client-threads 2 --json
+	$(BIN) bench rpc --transport shm --duration 0.3 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json
+	$(BIN) bench rpc --transport fabric --provider shm --duration 0.3 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json
+	$(BIN) bench rpc --transport fabric --provider 'tcp;ofi_rxm' --duration 0.3 --report-every 0 --json
 
 ## Real measurements, written to bench-results/ (see README "Benchmarks").
-bench: build deps
+bench: deps build-fabric
 	mkdir -p $(BENCH_DIR)
 	bash scripts/bench-kv.sh | tee $(BENCH_DIR)/$(DATE)-kv.txt
+	bash scripts/bench-rpc.sh | tee $(BENCH_DIR)/$(DATE)-rpc.txt
 
 ## Fuzz the wire codec (FUZZ_SECONDS per target, default 60).
 fuzz:

@@ -12,6 +12,7 @@
 //! Benchmarks are not tests: they measure. A small run of each is part of
 //! `make test` only so that none of them rots.
 
+pub mod baseline;
 pub mod keys;
 pub mod kv;
 pub mod peers;

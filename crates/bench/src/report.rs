@@ -1,5 +1,6 @@
 //! Results: box tables in the seeds' style and JSON lines.
 
+use hdrhistogram::Histogram;
 use serde::Serialize;
 
 /// One measured result. `system` is `fabrickv`, or the peer or physical
@@ -119,6 +120,119 @@ pub fn print_kv_table(results: &[BenchResult]) {
     );
 }
 
+/// Largest latency the histograms hold, nanoseconds (larger ones saturate).
+pub const HISTOGRAM_MAX_NS: u64 = 60_000_000_000;
+/// Significant decimal digits the histograms keep.
+pub const HISTOGRAM_SIGFIG: u8 = 3;
+
+/// An empty latency histogram (ns) with the module's bounds.
+pub fn latency_histogram() -> Result<Histogram<u64>, String> {
+    Histogram::new_with_bounds(1, HISTOGRAM_MAX_NS, HISTOGRAM_SIGFIG).map_err(|e| e.to_string())
+}
+
+/// The seed's RPC table header (`name | ops/s | fast | ave | p50 | p99`).
+pub const SEED_RPC_HEADER: [&str; 6] = ["name", "ops/s", "fast", "ave", "p50", "p99"];
+
+/// One row of the seed's RPC table: throughput and the latency of one
+/// request, microseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatencySummary {
+    /// Requests per second over the measured interval.
+    pub ops_per_s: f64,
+    /// Fastest request, microseconds.
+    pub fast_us: f64,
+    /// Mean request, microseconds.
+    pub ave_us: f64,
+    /// Median request, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile request, microseconds.
+    pub p99_us: f64,
+}
+
+impl LatencySummary {
+    /// Summarizes a histogram of request latencies in nanoseconds, recorded
+    /// over `seconds` (ops/s is the histogram's count over `seconds`; all
+    /// zero for an empty histogram).
+    pub fn from_histogram(h: &Histogram<u64>, seconds: f64) -> Self {
+        if h.is_empty() {
+            return LatencySummary {
+                ops_per_s: 0.0,
+                fast_us: 0.0,
+                ave_us: 0.0,
+                p50_us: 0.0,
+                p99_us: 0.0,
+            };
+        }
+        let us = |ns: u64| ns as f64 / 1e3;
+        LatencySummary {
+            ops_per_s: if seconds > 0.0 {
+                h.len() as f64 / seconds
+            } else {
+                0.0
+            },
+            fast_us: us(h.min()),
+            ave_us: h.mean() / 1e3,
+            p50_us: us(h.value_at_quantile(0.50)),
+            p99_us: us(h.value_at_quantile(0.99)),
+        }
+    }
+
+    /// Reads a summary back from a result: ops/s, p50 and p99 from its
+    /// fields, fast and ave from `params.fast_us` / `params.ave_us` (`None`
+    /// when those are missing).
+    pub fn from_result(r: &BenchResult) -> Option<Self> {
+        Some(LatencySummary {
+            ops_per_s: r.ops_per_s,
+            fast_us: r.params.get("fast_us")?.as_f64()?,
+            ave_us: r.params.get("ave_us")?.as_f64()?,
+            p50_us: r.p50_us,
+            p99_us: r.p99_us,
+        })
+    }
+
+    /// The seed's table row for this summary, under [`SEED_RPC_HEADER`].
+    pub fn row(&self, name: &str) -> Vec<String> {
+        vec![
+            name.to_string(),
+            rate(self.ops_per_s),
+            micros(self.fast_us),
+            micros(self.ave_us),
+            micros(self.p50_us),
+            micros(self.p99_us),
+        ]
+    }
+
+    /// A `rpc` result with this summary; `fast_us` and `ave_us` are added to
+    /// `params` (an object; anything else is replaced by one).
+    pub fn to_result(
+        &self,
+        case: &str,
+        system: &str,
+        ops: u64,
+        seconds: f64,
+        wrong_values: u64,
+        mut params: serde_json::Value,
+    ) -> BenchResult {
+        if !params.is_object() {
+            params = serde_json::json!({});
+        }
+        params["fast_us"] = self.fast_us.into();
+        params["ave_us"] = self.ave_us.into();
+        BenchResult {
+            bench: "rpc".into(),
+            case: case.into(),
+            system: system.into(),
+            ops_per_s: self.ops_per_s,
+            p50_us: self.p50_us,
+            p99_us: self.p99_us,
+            ops,
+            seconds,
+            wrong_values,
+            params,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,57 +265,3 @@ mod tests {
         }
     }
 }
-
-/// The seed's latency columns (fast = minimum, ave = mean) and a rate,
-/// from a histogram of nanoseconds.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Summary {
-    /// Completed operations per second.
-    pub ops_per_s: f64,
-    /// Fastest sample, microseconds.
-    pub fast_us: f64,
-    /// Mean, microseconds.
-    pub ave_us: f64,
-    /// Median, microseconds.
-    pub p50_us: f64,
-    /// 99th percentile, microseconds.
-    pub p99_us: f64,
-}
-
-impl Summary {
-    /// Summarises `hist` (ns) over `seconds`.
-    pub fn of(hist: &hdrhistogram::Histogram<u64>, seconds: f64) -> Summary {
-        let us = |ns: u64| ns as f64 / 1e3;
-        if hist.is_empty() {
-            return Summary {
-                ops_per_s: 0.0,
-                fast_us: 0.0,
-                ave_us: 0.0,
-                p50_us: 0.0,
-                p99_us: 0.0,
-            };
-        }
-        Summary {
-            ops_per_s: hist.len() as f64 / seconds.max(1e-9),
-            fast_us: us(hist.min()),
-            ave_us: hist.mean() / 1e3,
-            p50_us: us(hist.value_at_quantile(0.50)),
-            p99_us: us(hist.value_at_quantile(0.99)),
-        }
-    }
-
-    /// The seed's row: name, ops/s, fast, ave, p50, p99.
-    pub fn row(&self, name: &str) -> Vec<String> {
-        vec![
-            name.to_string(),
-            rate(self.ops_per_s),
-            micros(self.fast_us),
-            micros(self.ave_us),
-            micros(self.p50_us),
-            micros(self.p99_us),
-        ]
-    }
-}
-
-/// The header of the seed's RPC table.
-pub const RPC_TABLE_HEADER: [&str; 6] = ["name", "ops/s", "fast", "ave", "p50", "p99"];

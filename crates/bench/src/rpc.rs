@@ -13,13 +13,10 @@ use fabrickv_rpc::{
 };
 use hdrhistogram::Histogram;
 
-use crate::report::{print_table, BenchResult, Summary, RPC_TABLE_HEADER};
+use crate::report::{latency_histogram, print_table, BenchResult, LatencySummary, SEED_RPC_HEADER};
 
 /// The echo request type the benchmark server registers.
 pub const ECHO: u16 = 1;
-
-/// Largest latency sample kept, in nanoseconds (10 s).
-pub const LATENCY_NS_MAX: u64 = 10_000_000_000;
 
 /// How often a client thread hands its samples to the reporter, in ms.
 const MERGE_INTERVAL_MS: u64 = 50;
@@ -71,10 +68,6 @@ struct Shared {
     stop: AtomicBool,
 }
 
-fn hist() -> Result<Histogram<u64>, String> {
-    Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).map_err(|e| e.to_string())
-}
-
 /// Runs one case (`threads` clients with `in_flight` requests each) and
 /// prints its rows; returns the final result.
 pub fn run_case(
@@ -84,8 +77,8 @@ pub fn run_case(
     in_flight: usize,
 ) -> Result<BenchResult, String> {
     let shared = Arc::new(Shared {
-        interval: Mutex::new(hist()?),
-        total: Mutex::new(hist()?),
+        interval: Mutex::new(latency_histogram()?),
+        total: Mutex::new(latency_histogram()?),
         errors: Mutex::new(Vec::new()),
         stop: AtomicBool::new(false),
     });
@@ -117,12 +110,12 @@ pub fn run_case(
         );
         if !opts.report_every.is_zero() && start.elapsed() < opts.duration {
             let mut h = shared.interval.lock().map_err(|_| "poisoned")?;
-            let s = Summary::of(&h, last.elapsed().as_secs_f64());
+            let s = LatencySummary::from_histogram(&h, last.elapsed().as_secs_f64());
             h.reset();
             last = Instant::now();
             drop(h);
             print_table(
-                &RPC_TABLE_HEADER,
+                &SEED_RPC_HEADER,
                 &[s.row(&format!("{name} @{:.0}s", start.elapsed().as_secs_f64()))],
             );
         }
@@ -136,7 +129,7 @@ pub fn run_case(
         return Err(e.clone());
     }
     let total = shared.total.lock().map_err(|_| "poisoned")?;
-    let s = Summary::of(&total, seconds);
+    let s = LatencySummary::from_histogram(&total, seconds);
     let mut params = opts.labels.clone();
     if let Some(m) = params.as_object_mut() {
         m.insert("fast_us".into(), s.fast_us.into());
@@ -182,7 +175,7 @@ fn client_thread(
     };
     let mut c =
         RpcClient::connect(&opts.addr, opts.server_threads, cfg).map_err(|e| e.to_string())?;
-    let mut local = hist()?;
+    let mut local = latency_histogram()?;
     let mut last_merge = Instant::now();
     let mut idle_since: Option<Instant> = None;
     let mut failure: Option<String> = None;

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use clap::Args;
-use fabrickv_bench::report::{print_table, BenchResult, Summary, RPC_TABLE_HEADER};
+use fabrickv_bench::report::{print_table, BenchResult, LatencySummary, SEED_RPC_HEADER};
 use fabrickv_bench::rpc::{echo_server, run_case, RpcOpts};
 use fabrickv_rpc::{Affinity, ServerKnobs};
 
@@ -174,9 +174,8 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
         ..Default::default()
     };
     let client_cpus = cpu_list(&a.client_cpus)?;
-    if let Some(&c) = client_cpus.first() {
-        fabrickv_bench::pin_current_thread(c);
-    }
+    // This thread stays unpinned: the comparison rows start threads that
+    // inherit its affinity and must not all land on one CPU.
     let (_child, _local, addr) = match (&a.server_cpus, a.transport.as_str()) {
         (Some(cpus), t) if t != "inproc" => {
             let (child, addr) = spawn_server(&a, &listen, cpus)?;
@@ -243,14 +242,13 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
     let rows: Vec<Vec<String>> = results
         .iter()
         .map(|r| {
-            let p = |k: &str| r.params.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
-            let s = Summary {
+            let s = LatencySummary::from_result(r).unwrap_or(LatencySummary {
                 ops_per_s: r.ops_per_s,
-                fast_us: p("fast_us"),
-                ave_us: p("ave_us"),
+                fast_us: 0.0,
+                ave_us: 0.0,
                 p50_us: r.p50_us,
                 p99_us: r.p99_us,
-            };
+            });
             let name = if r.system == "fabrickv" {
                 r.case.clone()
             } else {
@@ -259,7 +257,7 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
             s.row(&name)
         })
         .collect();
-    print_table(&RPC_TABLE_HEADER, &rows);
+    print_table(&SEED_RPC_HEADER, &rows);
     if a.json {
         for r in &results {
             println!("{}", r.json());

@@ -16,6 +16,9 @@
 pub mod client;
 pub mod header;
 pub mod server;
+#[cfg(feature = "testsuite")]
+#[allow(clippy::unwrap_used)]
+pub mod testsuite;
 
 pub use client::{Affinity, Completion, RpcClient, RpcClientConfig};
 pub use header::{RpcHeader, RpcStatus, RPC_HEADER_BYTES};

@@ -147,6 +147,11 @@ pub fn serve_port(
                 port.flush()?;
                 n += k;
             }
+            if n == 0 {
+                // Replies held back (a full socket, no credits) still leave
+                // when no new request came in.
+                port.flush()?;
+            }
             n
         };
         if handled > 0 {

@@ -509,9 +509,9 @@ fn raw_endpoint(s: &TestServer, worker: u16) -> RawEndpoint {
         Transport::Inproc => RawEndpoint::Inproc(
             InprocEndpoint::connect(s.inproc_name(), worker).expect("inproc connect"),
         ),
-        Transport::Shm => RawEndpoint::Shm(
+        Transport::Shm => RawEndpoint::Shm(Box::new(
             ShmEndpoint::connect(s.shm_name(), worker, TIMEOUT).expect("shm connect"),
-        ),
+        )),
     }
 }
 
@@ -522,7 +522,7 @@ enum RawEndpoint {
     /// Can send empty or oversized messages.
     Inproc(InprocEndpoint),
     /// Can publish ring records with any length word.
-    Shm(ShmEndpoint),
+    Shm(Box<ShmEndpoint>),
 }
 
 impl RawEndpoint {
@@ -530,7 +530,7 @@ impl RawEndpoint {
         match self {
             RawEndpoint::Tcp(e) => e,
             RawEndpoint::Inproc(e) => e,
-            RawEndpoint::Shm(e) => e,
+            RawEndpoint::Shm(e) => &mut **e,
         }
     }
 
