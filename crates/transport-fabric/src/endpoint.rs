@@ -24,7 +24,8 @@ use crate::{CLOSE_CHECK_INTERVAL_MS, IDLE_SLEEP_US_MAX, IDLE_SPIN_US, RMA_TIMEOU
 
 /// A connection to one worker of a FabricKV server over libfabric.
 pub struct FabricEndpoint {
-    node: Node,
+    /// Closed through [`crate::fi::retire`] when this is dropped.
+    node: std::mem::ManuallyDrop<Node>,
     /// The rendezvous socket; its closing means the server is gone.
     stream: TcpStream,
     /// The worker's address in our address vector.
@@ -90,7 +91,7 @@ impl FabricEndpoint {
         }
         let peer = node.core.insert(&welcome.name)?;
         Ok(FabricEndpoint {
-            node,
+            node: std::mem::ManuallyDrop::new(node),
             stream,
             peer,
             conn: welcome.conn,
@@ -236,6 +237,17 @@ impl FabricEndpoint {
 
 impl Drop for FabricEndpoint {
     fn drop(&mut self) {
+        self.goodbye();
+        // SAFETY: `node` is taken once, here, and never used after.
+        let node = unsafe { std::mem::ManuallyDrop::take(&mut self.node) };
+        crate::fi::retire(node);
+    }
+}
+
+impl FabricEndpoint {
+    /// Shuts our side of the rendezvous and waits (bounded) for the server
+    /// to close the connection before the endpoint goes.
+    fn goodbye(&mut self) {
         if self.closed {
             return;
         }

@@ -357,6 +357,41 @@ pub struct Core {
 // thread is allowed by that model. Slabs hold only owned memory and
 // handles that belong to the Node.
 unsafe impl Send for Core {}
+
+/// How long a closed `shm` endpoint is kept open before it is really
+/// closed, in milliseconds.
+///
+/// libfabric 1.17's `shm` provider lets peers in one process reach into each
+/// other's memory directly; closing an endpoint while a peer in the same
+/// process is still polling its completion queue makes that peer fault
+/// (upstream issues ofiwg/libfabric#7405 and #8493). Peers notice a closed
+/// connection within milliseconds (`CLOSE_CHECK_INTERVAL_MS`), so an
+/// endpoint that outlives its connection by this long is safe to close.
+pub const SHM_RETIRE_MS: u64 = 2_000;
+
+/// Endpoints waiting out [`SHM_RETIRE_MS`], oldest first.
+static RETIRED: std::sync::Mutex<Vec<(std::time::Instant, Node)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Closes `node`: at once for most providers, after [`SHM_RETIRE_MS`] for
+/// `shm`. Retired endpoints whose time is up are closed on each call, so
+/// at most the endpoints closed in the last [`SHM_RETIRE_MS`] are held.
+pub fn retire(node: Node) {
+    let now = std::time::Instant::now();
+    let Ok(mut list) = RETIRED.lock() else {
+        drop(node);
+        return;
+    };
+    let due = list.iter().take_while(|(t, _)| *t <= now).count();
+    let expired: Vec<_> = list.drain(..due).collect();
+    if node.core.caps.provider == "shm" {
+        list.push((now + std::time::Duration::from_millis(SHM_RETIRE_MS), node));
+    } else {
+        drop(node);
+    }
+    drop(list);
+    drop(expired);
+}
 // SAFETY: as above.
 unsafe impl Send for Slab {}
 

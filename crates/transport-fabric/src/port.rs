@@ -96,7 +96,8 @@ struct Conn {
 
 /// One worker's port.
 pub(crate) struct FabricPort {
-    node: Node,
+    /// Closed through [`crate::fi::retire`] when this is dropped.
+    node: std::mem::ManuallyDrop<Node>,
     poll: Poll,
     events: Events,
     waker: Arc<mio::Waker>,
@@ -134,7 +135,7 @@ impl FabricPort {
         let (tx, rx) = crossbeam_channel::unbounded();
         let name = node.core.name.clone();
         let port = FabricPort {
-            node,
+            node: std::mem::ManuallyDrop::new(node),
             poll,
             events: Events::with_capacity(EVENTS_PER_POLL),
             waker: waker.clone(),
@@ -319,17 +320,18 @@ impl FabricPort {
         };
         let mut handled = 0;
         let mut corrupt = false;
+        let node: &mut Node = &mut self.node;
         while handled < budget && c.out.pending() < CONN_SEND_QUEUE_BYTES_MAX {
             let Some(h) = c.held.front_mut() else {
                 break;
             };
-            let packet = self.node.rx[h.slab].slot(h.slot, h.len);
+            let packet = node.rx[h.slab].slot(h.slot, h.len);
             match c.rx.next(packet, &mut h.pos) {
                 Ok(Piece::Message(m)) => {
                     let at = framing::begin(&mut c.out.out);
                     let mut reply = PortReply {
                         out: &mut c.out.out,
-                        core: &mut self.node.core,
+                        core: &mut node.core,
                         peer: c.addr,
                     };
                     handler(c.id, m, &mut reply);
@@ -345,7 +347,7 @@ impl FabricPort {
                     c.held.pop_front();
                     // The slot goes back to the pool and its credit to the client.
                     c.flow.owed += 1;
-                    self.node.post_recv(done.slab, done.slot)?;
+                    node.post_recv(done.slab, done.slot)?;
                 }
                 Err(why) => {
                     tracing::debug!("closing connection {}: {why}", c.id);
@@ -645,5 +647,8 @@ impl Drop for FabricPort {
                 self.close(s);
             }
         }
+        // SAFETY: `node` is taken once, here, and never used after.
+        let node = unsafe { std::mem::ManuallyDrop::take(&mut self.node) };
+        crate::fi::retire(node);
     }
 }
