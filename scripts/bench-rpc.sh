@@ -19,11 +19,13 @@ if "$BIN" bench rpc --help | grep -q fabric && [ -n "$("$BIN" --version)" ] && "
 else
   echo "# fabric: this build has no libfabric transport (build with --features fabric)"
 fi
-echo "## knobs (shm, throughput run, 32 in flight)"
-for knobs in "--poll-burst 64 --batched-send true" "--poll-burst 64 --batched-send false" "--poll-burst 1 --batched-send false"; do
-  echo "# $knobs"
-  # shellcheck disable=SC2086
-  "$BIN" bench rpc --transport shm "${common[@]}" --runs throughput $knobs
+for t in shm tcp; do
+  echo "## knobs ($t, throughput run, 32 in flight)"
+  for knobs in "--poll-burst 64 --batched-send true" "--poll-burst 64 --batched-send false" "--poll-burst 1 --batched-send false"; do
+    echo "# $knobs"
+    # shellcheck disable=SC2086
+    "$BIN" bench rpc --transport "$t" "${common[@]}" --runs throughput $knobs
+  done
 done
 echo "## affinity (tcp, 2 server threads, 4 client threads)"
 for aff in random modulo; do
