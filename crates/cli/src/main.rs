@@ -357,9 +357,28 @@ fn raw_fabric_row(
     Err("this build has no libfabric transport: build with --features fabric".into())
 }
 
+/// Puts `signals` back to their default action before we register ours.
+///
+/// signal-hook chains to whatever handler was installed before it, and a
+/// library loaded with the binary may have installed one (libfabric's
+/// constructor hooks SIGINT and SIGTERM and exits the process with status
+/// 1 from them), which would cut the clean shutdown short.
+#[allow(unsafe_code)]
+fn restore_default_disposition(signals: &[i32]) {
+    for &sig in signals {
+        // SAFETY: called from the main thread before the server starts any
+        // thread, with a valid signal number and the default disposition;
+        // no Rust state depends on the previous handler.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
+}
+
 /// Serves until SIGINT or SIGTERM, then stops every thread cleanly.
 fn serve(cfg: &ServerConfig) -> Result<(), String> {
     use signal_hook::consts::{SIGINT, SIGTERM};
+    restore_default_disposition(&[SIGINT, SIGTERM]);
     // Register before starting so that an early signal is not lost.
     let mut signals =
         signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;

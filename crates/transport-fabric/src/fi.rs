@@ -130,6 +130,16 @@ impl Drop for Info {
 
 unsafe extern "C" {
     fn strdup(s: *const std::ffi::c_char) -> *mut std::ffi::c_char;
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// Closes every retired endpoint when the process exits normally, so that
+/// the `shm` provider unlinks its segments from /dev/shm (it names them
+/// there; without `fi_close` they would outlive the process).
+extern "C" fn close_retired_at_exit() {
+    if let Ok(mut list) = RETIRED.lock() {
+        list.clear();
+    }
 }
 
 impl Info {
@@ -377,6 +387,17 @@ static RETIRED: std::sync::Mutex<Vec<(std::time::Instant, Node)>> =
 /// `shm`. Retired endpoints whose time is up are closed on each call, so
 /// at most the endpoints closed in the last [`SHM_RETIRE_MS`] are held.
 pub fn retire(node: Node) {
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| {
+        // SAFETY: registers a plain extern "C" function with no arguments,
+        // which is what atexit(3) takes; it may run at most once.
+        let rc = unsafe { atexit(close_retired_at_exit) };
+        if rc != 0 {
+            tracing::warn!(
+                "cannot register the exit hook: retired shm endpoints may be left in /dev/shm"
+            );
+        }
+    });
     let now = std::time::Instant::now();
     let Ok(mut list) = RETIRED.lock() else {
         drop(node);
