@@ -27,6 +27,15 @@ for t in shm tcp; do
     "$BIN" bench rpc --transport "$t" "${common[@]}" --runs throughput $knobs
   done
 done
+echo "## inline responses vs out of line (one-sided write into the client's reply slot)"
+for t in shm fabric; do
+  if [ "$t" = fabric ] && ! "$BIN" bench rpc --transport fabric --provider shm --duration 0.1 --report-every 0 >/dev/null 2>&1; then continue; fi
+  for im in "" "--inline-max 0"; do
+    echo "# $t ${im:-inline}"
+    # shellcheck disable=SC2086
+    "$BIN" bench rpc --transport "$t" --provider shm "${common[@]}" $im
+  done
+done
 echo "## affinity (tcp, 2 server threads, 4 client threads)"
 for aff in random modulo; do
   "$BIN" bench rpc --transport tcp --msg-size 64 --server-cpus 0 --client-cpus 1 --duration "$D" --report-every 0 \

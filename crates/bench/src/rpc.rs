@@ -45,6 +45,8 @@ pub struct RpcOpts {
     pub report_every: Duration,
     /// CPUs for client threads, round robin.
     pub client_cpus: Vec<usize>,
+    /// Reply slot bytes each client offers for out-of-line responses (0: none).
+    pub reply_slot_bytes: usize,
     /// Labels for the JSON (`transport`, knobs), copied into `params`.
     pub labels: serde_json::Value,
 }
@@ -171,6 +173,7 @@ fn client_thread(
         credits: in_flight,
         affinity: opts.affinity,
         client_id: t,
+        reply_slot_bytes: opts.reply_slot_bytes,
         ..Default::default()
     };
     let mut c =

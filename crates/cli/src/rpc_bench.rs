@@ -40,6 +40,11 @@ pub struct RpcArgs {
     /// Flush the responses of a poll burst together (doorbell batching).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     batched_send: bool,
+    /// Largest response payload sent inline in the message (bytes); larger
+    /// ones are written one-sided into a reply slot the client registered
+    /// (shm, fabric). Unset: always inline.
+    #[arg(long)]
+    inline_max: Option<usize>,
     /// Seconds per run.
     #[arg(long, default_value_t = 5.0)]
     duration: f64,
@@ -74,6 +79,8 @@ pub struct RpcServerArgs {
     poll_burst: usize,
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     batched_send: bool,
+    #[arg(long)]
+    inline_max: Option<usize>,
 }
 
 fn secs(v: f64, what: &str) -> Result<Duration, String> {
@@ -105,6 +112,7 @@ pub fn serve(a: RpcServerArgs) -> Result<(), String> {
     let knobs = ServerKnobs {
         poll_burst: a.poll_burst,
         batched_send: a.batched_send,
+        inline_max: a.inline_max.unwrap_or(usize::MAX),
         ..Default::default()
     };
     let server = echo_server(&a.listen, a.threads, knobs)?;
@@ -147,6 +155,11 @@ fn spawn_server(a: &RpcArgs, listen: &str, cpus: &str) -> Result<(ChildServer, S
             "--batched-send",
             &a.batched_send.to_string(),
         ])
+        .args(
+            a.inline_max
+                .map(|n| vec!["--inline-max".to_string(), n.to_string()])
+                .unwrap_or_default(),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -171,6 +184,7 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
     let knobs = ServerKnobs {
         poll_burst: a.poll_burst,
         batched_send: a.batched_send,
+        inline_max: a.inline_max.unwrap_or(usize::MAX),
         ..Default::default()
     };
     let client_cpus = cpu_list(&a.client_cpus)?;
@@ -197,11 +211,18 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
         duration,
         report_every: secs(a.report_every, "report-every")?,
         client_cpus,
+        // With an inline bound, offer a slot that holds a whole response.
+        reply_slot_bytes: if a.inline_max.is_some() {
+            a.msg_size.next_multiple_of(64)
+        } else {
+            0
+        },
         labels: serde_json::json!({
             "transport": a.transport,
             "provider": if a.transport == "fabric" { a.provider.clone() } else { String::new() },
             "poll_burst": a.poll_burst,
             "batched_send": a.batched_send,
+            "inline_max": a.inline_max,
         }),
     };
     let mut results: Vec<BenchResult> = Vec::new();

@@ -12,12 +12,13 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use fabrickv_transport::Endpoint;
+use fabrickv_transport::{Endpoint, RemoteRegion, TransportError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::header::{RpcHeader, RpcStatus};
-use crate::{RpcError, REQ_TYPES_MAX, SESSION_CREDITS_MAX};
+use crate::header::{RpcHeader, RpcStatus, NO_SLOT};
+use crate::server::ReplySlots;
+use crate::{RpcError, REQ_TYPES_MAX, REQ_TYPE_SESSION, SESSION_CREDITS_MAX};
 
 /// Which server thread a request goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +54,11 @@ pub struct RpcClientConfig {
     pub affinity: Affinity,
     /// This client's number, for `Affinity::Modulo` and the random seed.
     pub client_id: usize,
+    /// Bytes of each reply slot the client offers for out-of-line
+    /// responses (one slot per credit, in memory registered with the
+    /// transport); 0 offers none. Transports without one-sided access
+    /// always answer inline.
+    pub reply_slot_bytes: usize,
 }
 
 impl Default for RpcClientConfig {
@@ -62,6 +68,7 @@ impl Default for RpcClientConfig {
             timeout: Duration::from_secs(5),
             affinity: Affinity::Modulo,
             client_id: 0,
+            reply_slot_bytes: 0,
         }
     }
 }
@@ -83,12 +90,84 @@ struct Pending {
     id: u64,
     sent: Instant,
     deadline: Instant,
+    /// Reply slot offered with the request, or `NO_SLOT`.
+    slot: u16,
 }
 
 struct Session {
     ep: Box<dyn Endpoint>,
     in_flight: VecDeque<Pending>,
     unflushed: bool,
+    /// The registered region holding this session's reply slots.
+    region: Option<RemoteRegion>,
+    /// Bytes per reply slot.
+    slot_bytes: usize,
+    /// Reply slots not held by a request in flight.
+    free_slots: Vec<u16>,
+}
+
+/// An out-of-line response seen during a poll, read from its slot after.
+struct OutOfLine {
+    id: u64,
+    slot: u16,
+    len: usize,
+    latency: Duration,
+}
+
+/// Registers a session's reply slots and tells the server about them, with
+/// one blocking session request. A transport without memory registration
+/// leaves the session inline-only.
+fn offer_reply_slots(s: &mut Session, cfg: &RpcClientConfig) -> Result<(), RpcError> {
+    let slots = cfg.credits.min(usize::from(NO_SLOT));
+    let region = match s.ep.register(slots * cfg.reply_slot_bytes) {
+        Ok(r) => r,
+        Err(TransportError::Unsupported(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let offer = ReplySlots {
+        region,
+        slot_bytes: cfg.reply_slot_bytes,
+        slots,
+    };
+    s.ep.post_with(&mut |b| {
+        RpcHeader {
+            response: false,
+            req_type: REQ_TYPE_SESSION,
+            status: RpcStatus::Ok,
+            request_id: 0,
+            slot: NO_SLOT,
+            out_of_line: false,
+        }
+        .encode(b);
+        offer.encode(b);
+    })?;
+    s.ep.flush(cfg.timeout)?;
+    let deadline = Instant::now() + cfg.timeout;
+    loop {
+        let mut answer = None;
+        s.ep.poll(1, &mut |msg| {
+            answer = RpcHeader::decode(msg).map(|(h, _)| h.status)
+        })?;
+        match answer {
+            Some(RpcStatus::Ok) => break,
+            Some(status) => return Err(RpcError::Status(status)),
+            None if Instant::now() >= deadline => return Err(RpcError::Timeout),
+            None => {
+                s.ep.wait(deadline.saturating_duration_since(Instant::now()))?
+            }
+        }
+    }
+    s.region = Some(region);
+    s.slot_bytes = cfg.reply_slot_bytes;
+    s.free_slots = (0..slots as u16).rev().collect();
+    Ok(())
+}
+
+/// Gives a reply slot back to its session (no-op for `NO_SLOT`).
+fn release(free: &mut Vec<u16>, slot: u16) {
+    if slot != NO_SLOT {
+        free.push(slot);
+    }
 }
 
 /// A client of an RPC server.
@@ -99,6 +178,8 @@ pub struct RpcClient {
     next_id: u64,
     /// Responses that arrived after their request had timed out.
     late_responses: u64,
+    /// Responses whose payload came one-sided into a reply slot.
+    out_of_line_responses: u64,
 }
 
 impl RpcClient {
@@ -126,7 +207,15 @@ impl RpcClient {
                 ep,
                 in_flight: VecDeque::with_capacity(cfg.credits),
                 unflushed: false,
+                region: None,
+                slot_bytes: 0,
+                free_slots: Vec::new(),
             });
+        }
+        if cfg.reply_slot_bytes > 0 {
+            for s in &mut sessions {
+                offer_reply_slots(s, &cfg)?;
+            }
         }
         let rng = SmallRng::seed_from_u64(0xC0FFEE ^ cfg.client_id as u64);
         Ok(RpcClient {
@@ -135,12 +224,24 @@ impl RpcClient {
             rng,
             next_id: 1,
             late_responses: 0,
+            out_of_line_responses: 0,
         })
     }
 
     /// Requests in flight over all sessions.
     pub fn in_flight(&self) -> usize {
         self.sessions.iter().map(|s| s.in_flight.len()).sum()
+    }
+
+    /// Responses whose payload arrived one-sided in a reply slot.
+    pub fn out_of_line_responses(&self) -> u64 {
+        self.out_of_line_responses
+    }
+
+    /// Whether every session got reply slots (the transport registers
+    /// memory and the server accepted them).
+    pub fn has_reply_slots(&self) -> bool {
+        self.sessions.iter().all(|s| s.region.is_some())
     }
 
     /// Responses dropped because their request had already timed out.
@@ -167,21 +268,31 @@ impl RpcClient {
         }
         let id = self.next_id;
         self.next_id += 1;
-        session.ep.post_with(&mut |b| {
+        let slot = session.free_slots.pop().unwrap_or(NO_SLOT);
+        let posted = session.ep.post_with(&mut |b| {
             RpcHeader {
                 response: false,
                 req_type,
                 status: RpcStatus::Ok,
                 request_id: id,
+                slot,
+                out_of_line: false,
             }
             .encode(b);
             b.extend_from_slice(payload);
-        })?;
+        });
+        if let Err(e) = posted {
+            if slot != NO_SLOT {
+                session.free_slots.push(slot);
+            }
+            return Err(e.into());
+        }
         let now = Instant::now();
         session.in_flight.push_back(Pending {
             id,
             sent: now,
             deadline: now + self.cfg.timeout,
+            slot,
         });
         session.unflushed = true;
         Ok(id)
@@ -204,11 +315,14 @@ impl RpcClient {
     pub fn poll(&mut self, on_done: &mut dyn FnMut(Completion<'_>)) -> Result<usize, RpcError> {
         let mut done = 0;
         let mut late = 0;
+        let mut out_of_line: Vec<OutOfLine> = Vec::new();
+        let mut ool = 0;
         for s in &mut self.sessions {
             if s.in_flight.is_empty() {
                 continue;
             }
-            let in_flight = &mut s.in_flight;
+            let (in_flight, free_slots) = (&mut s.in_flight, &mut s.free_slots);
+            out_of_line.clear();
             s.ep.poll(usize::MAX, &mut |msg| {
                 let Some((h, payload)) = RpcHeader::decode(msg).filter(|(h, _)| h.response) else {
                     late += 1;
@@ -217,16 +331,36 @@ impl RpcClient {
                 // Responses come in request order; an older entry still
                 // here was completed by its timeout, never by a response.
                 while in_flight.front().is_some_and(|p| p.id < h.request_id) {
-                    in_flight.pop_front();
+                    if let Some(p) = in_flight.pop_front() {
+                        release(free_slots, p.slot);
+                    }
                 }
                 match in_flight.front() {
                     Some(p) if p.id == h.request_id => {
-                        let latency = p.sent.elapsed();
+                        let (latency, slot) = (p.sent.elapsed(), p.slot);
                         in_flight.pop_front();
                         done += 1;
+                        if h.out_of_line && h.slot == slot && payload.len() == 4 {
+                            let len = u32::from_le_bytes([
+                                payload[0], payload[1], payload[2], payload[3],
+                            ]) as usize;
+                            out_of_line.push(OutOfLine {
+                                id: h.request_id,
+                                slot,
+                                len,
+                                latency,
+                            });
+                            return;
+                        }
+                        release(free_slots, slot);
+                        let status = if h.out_of_line {
+                            RpcStatus::Malformed
+                        } else {
+                            h.status
+                        };
                         on_done(Completion {
                             request_id: h.request_id,
-                            status: h.status,
+                            status,
                             payload,
                             latency,
                         });
@@ -234,13 +368,37 @@ impl RpcClient {
                     _ => late += 1,
                 }
             })?;
+            for o in out_of_line.drain(..) {
+                let start = usize::from(o.slot) * s.slot_bytes;
+                let bytes = match s.region {
+                    Some(r) if o.len <= s.slot_bytes => {
+                        s.ep.local_region(&r)
+                            .ok()
+                            .and_then(|b| b.get(start..start + o.len))
+                    }
+                    _ => None,
+                };
+                let (status, payload) = match bytes {
+                    Some(b) => (RpcStatus::Ok, b),
+                    None => (RpcStatus::Malformed, &[][..]),
+                };
+                on_done(Completion {
+                    request_id: o.id,
+                    status,
+                    payload,
+                    latency: o.latency,
+                });
+                release(&mut s.free_slots, o.slot);
+                ool += 1;
+            }
             let now = Instant::now();
             while let Some(p) = s.in_flight.front() {
                 if p.deadline > now {
                     break;
                 }
-                let (id, latency) = (p.id, now - p.sent);
+                let (id, latency, slot) = (p.id, now - p.sent, p.slot);
                 s.in_flight.pop_front();
+                release(&mut s.free_slots, slot);
                 done += 1;
                 on_done(Completion {
                     request_id: id,
@@ -251,6 +409,7 @@ impl RpcClient {
             }
         }
         self.late_responses += late;
+        self.out_of_line_responses += ool;
         Ok(done)
     }
 

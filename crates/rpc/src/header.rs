@@ -3,12 +3,16 @@
 //! ```text
 //! offset size field
 //!      0    1 version     1
-//!      1    1 flags       bit 0: response; other bits 0
+//!      1    1 flags       bit 0: response; bit 1: payload out of line
 //!      2    2 req_type    handler to run (0..REQ_TYPES_MAX)
 //!      4    2 status      RpcStatus (responses), 0 in requests
-//!      6    2 reserved    0
+//!      6    2 slot        requests: the client's reply slot for an
+//!                         out-of-line response (NO_SLOT: none);
+//!                         responses: the slot used, or NO_SLOT
 //!      8    8 request_id  chosen by the client, echoed in the response
-//!     16    . payload     the rest of the message
+//!     16    . payload     the rest of the message; for an out-of-line
+//!                         response a u32 length, the bytes being in the
+//!                         client's slot (written one-sided before it)
 //! ```
 
 /// Bytes of the header.
@@ -18,6 +22,10 @@ pub const RPC_HEADER_BYTES: usize = 16;
 pub const RPC_VERSION: u8 = 1;
 
 const FLAG_RESPONSE: u8 = 1;
+const FLAG_OUT_OF_LINE: u8 = 2;
+
+/// The slot value that names no slot.
+pub const NO_SLOT: u16 = u16::MAX;
 
 /// Outcome of a call, as carried in a response (stable numbers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,17 +67,40 @@ pub struct RpcHeader {
     pub status: RpcStatus,
     /// The client's id for the request.
     pub request_id: u64,
+    /// Reply slot offered (request) or used (response); `NO_SLOT` if none.
+    pub slot: u16,
+    /// The response payload is in the client's slot, not in the message.
+    pub out_of_line: bool,
 }
 
 impl RpcHeader {
+    /// An inline response header.
+    pub fn response_to(req_type: u16, request_id: u64, status: RpcStatus) -> RpcHeader {
+        RpcHeader {
+            response: true,
+            req_type,
+            status,
+            request_id,
+            slot: NO_SLOT,
+            out_of_line: false,
+        }
+    }
+
     /// Appends the header.
     #[inline]
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.push(RPC_VERSION);
-        out.push(if self.response { FLAG_RESPONSE } else { 0 });
+        let mut flags = 0;
+        if self.response {
+            flags |= FLAG_RESPONSE;
+        }
+        if self.out_of_line {
+            flags |= FLAG_OUT_OF_LINE;
+        }
+        out.push(flags);
         out.extend_from_slice(&self.req_type.to_le_bytes());
         out.extend_from_slice(&(self.status as u16).to_le_bytes());
-        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.slot.to_le_bytes());
         out.extend_from_slice(&self.request_id.to_le_bytes());
     }
 
@@ -77,7 +108,7 @@ impl RpcHeader {
     #[inline]
     pub fn decode(msg: &[u8]) -> Option<(RpcHeader, &[u8])> {
         let h = msg.get(..RPC_HEADER_BYTES)?;
-        if h[0] != RPC_VERSION || h[1] & !FLAG_RESPONSE != 0 || h[6] != 0 || h[7] != 0 {
+        if h[0] != RPC_VERSION || h[1] & !(FLAG_RESPONSE | FLAG_OUT_OF_LINE) != 0 {
             return None;
         }
         let mut id = [0u8; 8];
@@ -88,6 +119,8 @@ impl RpcHeader {
                 req_type: u16::from_le_bytes([h[2], h[3]]),
                 status: RpcStatus::from_u16(u16::from_le_bytes([h[4], h[5]])),
                 request_id: u64::from_le_bytes(id),
+                slot: u16::from_le_bytes([h[6], h[7]]),
+                out_of_line: h[1] & FLAG_OUT_OF_LINE != 0,
             },
             &msg[RPC_HEADER_BYTES..],
         ))
@@ -112,6 +145,8 @@ mod tests {
             req_type: 7,
             status: RpcStatus::NoHandler,
             request_id: 99,
+            slot: 3,
+            out_of_line: true,
         };
         let mut b = Vec::new();
         h.encode(&mut b);
@@ -131,13 +166,15 @@ mod tests {
             req_type: 1,
             status: RpcStatus::Ok,
             request_id: 1,
+            slot: NO_SLOT,
+            out_of_line: false,
         }
         .encode(&mut b);
         let mut bad = b.clone();
         bad[0] = 2;
         assert!(RpcHeader::decode(&bad).is_none());
         let mut bad = b.clone();
-        bad[1] = 0x80;
+        bad[1] = 0x84;
         assert!(RpcHeader::decode(&bad).is_none());
         assert_eq!(RpcStatus::from_u16(999), RpcStatus::HandlerError);
     }

@@ -22,11 +22,14 @@ pub mod testsuite;
 
 pub use client::{Affinity, Completion, RpcClient, RpcClientConfig};
 pub use header::{RpcHeader, RpcStatus, RPC_HEADER_BYTES};
-pub use server::{Handler, Handlers, RpcServer, ServerKnobs};
+pub use server::{Handler, Handlers, ReplySlots, RpcServer, ServerKnobs};
 
 use std::fmt;
 
 use fabrickv_transport::TransportError;
+
+/// The request type reserved for session set-up (reply slots).
+pub const REQ_TYPE_SESSION: u16 = 0;
 
 /// Most request types a handler table holds (types are `0..REQ_TYPES_MAX`).
 pub const REQ_TYPES_MAX: usize = 256;

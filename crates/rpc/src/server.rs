@@ -12,10 +12,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fabrickv_transport::{Reply, TransportError, Waker, WorkerPort};
+use std::collections::HashMap;
 
-use crate::header::{RpcHeader, RpcStatus};
-use crate::{RpcError, REQ_TYPES_MAX};
+use fabrickv_transport::{RemoteRegion, Reply, TransportError, Waker, WorkerPort};
+
+use crate::header::{RpcHeader, RpcStatus, NO_SLOT};
+use crate::{RpcError, REQ_TYPES_MAX, REQ_TYPE_SESSION};
+
+/// Most sessions with reply slots one server thread remembers.
+pub const SESSIONS_PER_THREAD_MAX: usize = fabrickv_types::limits::CONNECTIONS_MAX;
 
 /// A request handler: the request payload in, the response payload
 /// appended to `out`; an `Err` answers `HandlerError` with no payload.
@@ -40,12 +45,18 @@ impl Handlers {
         }
     }
 
-    /// Registers `f` for `req_type`, replacing any earlier handler.
+    /// Registers `f` for `req_type`, replacing any earlier handler. Type 0
+    /// is reserved for session set-up.
     pub fn register(
         &mut self,
         req_type: u16,
         f: impl Fn(&[u8], &mut Vec<u8>) -> Result<(), ()> + Send + Sync + 'static,
     ) -> Result<&mut Self, RpcError> {
+        if req_type == REQ_TYPE_SESSION {
+            return Err(RpcError::Invalid(
+                "request type 0 is reserved for session set-up".into(),
+            ));
+        }
         let slot = self.table.get_mut(usize::from(req_type)).ok_or_else(|| {
             RpcError::Invalid(format!(
                 "request type {req_type} is not below {REQ_TYPES_MAX}"
@@ -55,34 +66,34 @@ impl Handlers {
         Ok(self)
     }
 
-    /// Runs the handler for one request message, appending the whole
-    /// response message (header and payload) to `out`.
+    /// Runs the handler for one request message and builds its response
+    /// in `reply`. A response whose payload exceeds `inline_max` bytes goes
+    /// out of line when the client offered a reply slot: the payload is
+    /// written one-sided into the client's slot and the message carries
+    /// only its length.
     #[inline]
-    pub fn dispatch(&self, msg: &[u8], out: &mut Vec<u8>) {
+    pub fn dispatch(
+        &self,
+        msg: &[u8],
+        reply: &mut dyn Reply,
+        session: Option<&ReplySlots>,
+        inline_max: usize,
+    ) {
+        let out = reply.buf();
         let Some((h, payload)) = RpcHeader::decode(msg).filter(|(h, _)| !h.response) else {
             let id = RpcHeader::request_id_of(msg);
-            RpcHeader {
-                response: true,
-                req_type: 0,
-                status: RpcStatus::Malformed,
-                request_id: id,
-            }
-            .encode(out);
+            RpcHeader::response_to(0, id, RpcStatus::Malformed).encode(out);
             return;
         };
         let at = out.len();
-        let mut resp = RpcHeader {
-            response: true,
-            req_type: h.req_type,
-            status: RpcStatus::Ok,
-            request_id: h.request_id,
-        };
+        let mut resp = RpcHeader::response_to(h.req_type, h.request_id, RpcStatus::Ok);
         resp.encode(out);
-        match self
-            .table
-            .get(usize::from(h.req_type))
-            .and_then(|s| s.as_ref())
-        {
+        let body = out.len();
+        let handler = match h.req_type {
+            REQ_TYPE_SESSION => None,
+            t => self.table.get(usize::from(t)).and_then(|s| s.as_ref()),
+        };
+        match handler {
             None => resp.status = RpcStatus::NoHandler,
             Some(f) => {
                 if f(payload, out).is_err() {
@@ -93,7 +104,75 @@ impl Handlers {
         if resp.status != RpcStatus::Ok {
             out.truncate(at);
             resp.encode(out);
+            return;
         }
+        let len = out.len() - body;
+        let Some(slots) =
+            session.filter(|s| len > inline_max && h.slot != NO_SLOT && len <= s.slot_bytes)
+        else {
+            return;
+        };
+        if usize::from(h.slot) >= slots.slots {
+            return;
+        }
+        // Out of line: the payload into the client's slot, then a short message.
+        let data = out[body..].to_vec();
+        out.truncate(at);
+        let written =
+            reply.write_remote(&slots.region, usize::from(h.slot) * slots.slot_bytes, &data);
+        if written.is_ok() {
+            resp.slot = h.slot;
+            resp.out_of_line = true;
+            let out = reply.buf();
+            resp.encode(out);
+            out.extend_from_slice(&(len as u32).to_le_bytes());
+        } else {
+            let out = reply.buf();
+            resp.encode(out);
+            out.extend_from_slice(&data);
+        }
+    }
+}
+
+/// A client's reply slots on one connection: where out-of-line responses
+/// go, as set up by its session request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplySlots {
+    /// The client's registered region.
+    pub region: RemoteRegion,
+    /// Bytes per slot.
+    pub slot_bytes: usize,
+    /// Number of slots.
+    pub slots: usize,
+}
+
+impl ReplySlots {
+    /// Bytes of the session request's payload.
+    pub const ENCODED_BYTES: usize = RemoteRegion::ENCODED_BYTES + 8;
+
+    /// Appends the session request payload.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        self.region.encode(out);
+        out.extend_from_slice(&(self.slot_bytes as u32).to_le_bytes());
+        out.extend_from_slice(&(self.slots as u32).to_le_bytes());
+    }
+
+    /// Reads a session request payload, checking that the slots fit the region.
+    pub fn decode(b: &[u8]) -> Option<ReplySlots> {
+        if b.len() != Self::ENCODED_BYTES {
+            return None;
+        }
+        let region = RemoteRegion::decode(b)?;
+        let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as usize;
+        let (slot_bytes, slots) = (word(24), word(28));
+        let fits = slot_bytes
+            .checked_mul(slots)
+            .is_some_and(|n| n as u64 <= region.len);
+        (fits && slots <= usize::from(NO_SLOT)).then_some(ReplySlots {
+            region,
+            slot_bytes,
+            slots,
+        })
     }
 }
 
@@ -106,6 +185,10 @@ pub struct ServerKnobs {
     pub batched_send: bool,
     /// How long an idle thread keeps polling before it blocks, in µs.
     pub idle_spin_us: u64,
+    /// Largest response payload sent inline in the message, in bytes;
+    /// larger ones go one-sided into the client's reply slot when it
+    /// offered one (`usize::MAX`: always inline).
+    pub inline_max: usize,
 }
 
 impl Default for ServerKnobs {
@@ -114,6 +197,7 @@ impl Default for ServerKnobs {
             poll_burst: 64,
             batched_send: true,
             idle_spin_us: 100,
+            inline_max: usize::MAX,
         }
     }
 }
@@ -130,8 +214,27 @@ pub fn serve_port(
 ) -> Result<(), TransportError> {
     let burst = knobs.poll_burst.max(1);
     let mut idle_since: Option<Instant> = None;
-    let mut handler =
-        |_conn: u32, msg: &[u8], reply: &mut dyn Reply| handlers.dispatch(msg, reply.buf());
+    // Reply slots by connection, from each client's session request.
+    let mut sessions: HashMap<u32, ReplySlots> = HashMap::new();
+    let inline_max = knobs.inline_max;
+    let mut handler = |conn: u32, msg: &[u8], reply: &mut dyn Reply| {
+        let session_request =
+            RpcHeader::decode(msg).filter(|(h, _)| !h.response && h.req_type == REQ_TYPE_SESSION);
+        if let Some((h, payload)) = session_request {
+            let status = match ReplySlots::decode(payload) {
+                Some(slots)
+                    if sessions.len() < SESSIONS_PER_THREAD_MAX || sessions.contains_key(&conn) =>
+                {
+                    sessions.insert(conn, slots);
+                    RpcStatus::Ok
+                }
+                _ => RpcStatus::Malformed,
+            };
+            RpcHeader::response_to(REQ_TYPE_SESSION, h.request_id, status).encode(reply.buf());
+            return;
+        }
+        handlers.dispatch(msg, reply, sessions.get(&conn), inline_max)
+    };
     while !stop.load(Ordering::Acquire) {
         let handled = if knobs.batched_send {
             let n = port.poll(burst, &mut handler)?;

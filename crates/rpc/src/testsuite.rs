@@ -71,11 +71,13 @@ pub fn many_outstanding_complete_in_order_with_their_payloads(addr: &dyn Fn() ->
             poll_burst: 1,
             batched_send: false,
             idle_spin_us: 0,
+            ..ServerKnobs::default()
         },
         ServerKnobs {
             poll_burst: 32,
             batched_send: false,
             idle_spin_us: 10,
+            ..ServerKnobs::default()
         },
     ] {
         let s = server(&addr(), 2, knobs, open_gate());
@@ -224,13 +226,58 @@ pub fn affinity_random_spreads_over_threads(addr: &dyn Fn() -> String) {
     assert_eq!(seen.len(), 3, "random affinity reached only {seen:?}");
 }
 
+/// Suite check; see the module docs.
+pub fn large_responses_go_out_of_line_into_reply_slots(addr: &dyn Fn() -> String) {
+    let knobs = ServerKnobs {
+        inline_max: 16,
+        ..ServerKnobs::default()
+    };
+    let s = server(&addr(), 1, knobs, open_gate());
+    let cfg = RpcClientConfig {
+        credits: 8,
+        reply_slot_bytes: 4096,
+        ..Default::default()
+    };
+    let mut c = client(&s, 1, cfg);
+    // Inline (small), out of line (fits a slot), inline again (larger than a slot).
+    for size in [0usize, 10, 17, 100, 4000, 4096, 8000] {
+        let payload: Vec<u8> = (0..size).map(|i| (i * 7 + size) as u8).collect();
+        assert_eq!(
+            c.call(ECHO, &payload).expect("call"),
+            payload,
+            "{size}-byte response"
+        );
+    }
+    // Many in flight at once: each response must land in its own slot.
+    let mut expect = std::collections::HashMap::new();
+    for i in 0..8u8 {
+        let payload = vec![i; 1000 + usize::from(i)];
+        expect.insert(c.call_async(ECHO, &payload).expect("credit"), payload);
+    }
+    c.flush().expect("flush");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !expect.is_empty() {
+        c.poll(&mut |done| {
+            assert_eq!(done.status, RpcStatus::Ok);
+            let want = expect.remove(&done.request_id).expect("known request");
+            assert_eq!(done.payload, &want[..]);
+        })
+        .expect("poll");
+        assert!(Instant::now() < deadline, "responses missing");
+        c.wait(Duration::from_millis(20)).expect("wait");
+    }
+    // 17, 100, 4000 and 4096 bytes, then the eight of about 1000 bytes.
+    let expected = if c.has_reply_slots() { 12 } else { 0 };
+    assert_eq!(c.out_of_line_responses(), expected);
+}
+
 /// Instantiates every RPC check as a `#[test]` in module `$module`, each
 /// listening on a fresh address from `$addr()`.
 #[macro_export]
 macro_rules! rpc_suite {
     ($module:ident, $addr:expr) => {
         mod $module {
-            $crate::rpc_suite!(@tests $addr; echo_round_trip, many_outstanding_complete_in_order_with_their_payloads, credits_bound_requests_in_flight, requests_time_out_and_late_responses_are_dropped, unknown_type_and_handler_errors_have_statuses, affinity_modulo_pins_a_client_to_one_thread, affinity_random_spreads_over_threads);
+            $crate::rpc_suite!(@tests $addr; echo_round_trip, many_outstanding_complete_in_order_with_their_payloads, credits_bound_requests_in_flight, requests_time_out_and_late_responses_are_dropped, unknown_type_and_handler_errors_have_statuses, affinity_modulo_pins_a_client_to_one_thread, affinity_random_spreads_over_threads, large_responses_go_out_of_line_into_reply_slots);
         }
     };
     (@tests $addr:expr; $($test:ident),* $(,)?) => {
