@@ -488,24 +488,10 @@ impl WorkerPort for FabricPort {
             self.adopt();
         }
         self.progress()?;
-        let mut handled = 0;
-        let mut ready = std::mem::take(&mut self.ready);
-        let mut keep = 0;
-        for i in 0..ready.len() {
-            let s = ready[i];
-            if handled >= max {
-                ready[keep] = s;
-                keep += 1;
-                continue;
-            }
-            let (n, again) = self.service(s, max - handled, handler)?;
-            handled += n;
-            if again {
-                ready[keep] = s;
-                keep += 1;
-            }
-        }
-        ready.truncate(keep);
+        let ready = std::mem::take(&mut self.ready);
+        let (handled, mut ready) = fabrickv_transport::serve_ready(ready, max, |s, budget| {
+            self.service(s, budget, handler)
+        })?;
         ready.append(&mut self.ready);
         self.ready = ready;
         if handled == 0

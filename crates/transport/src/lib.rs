@@ -326,6 +326,37 @@ pub trait WorkerPort: Send {
     }
 }
 
+/// One round over the connections with work (`ready`, in order) for port
+/// implementations: `service(conn, budget)` handles up to `budget`
+/// messages of one connection and says how many and whether it has more.
+/// The round stops spending at `max` messages; connections not reached,
+/// and those with more, stay ready in their order. Returns the messages
+/// handled and the connections still ready.
+pub fn serve_ready<E>(
+    mut ready: Vec<usize>,
+    max: usize,
+    mut service: impl FnMut(usize, usize) -> std::result::Result<(usize, bool), E>,
+) -> std::result::Result<(usize, Vec<usize>), E> {
+    let mut handled = 0;
+    let mut keep = 0;
+    for i in 0..ready.len() {
+        let conn = ready[i];
+        let again = if handled < max {
+            let (n, again) = service(conn, max - handled)?;
+            handled += n;
+            again
+        } else {
+            true
+        };
+        if again {
+            ready[keep] = conn;
+            keep += 1;
+        }
+    }
+    ready.truncate(keep);
+    Ok((handled, ready))
+}
+
 /// Accepts connections and hands each to the worker it asked for.
 pub trait Acceptor: Send {
     /// Runs until `stop` is set and the acceptor's waker is called.

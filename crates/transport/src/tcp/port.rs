@@ -17,7 +17,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
 use crate::framing::{self, Next, PREFIX_BYTES};
-use crate::{ConnId, MessageHandler, PortStats, Result, Waker, WorkerPort};
+use crate::{ConnId, MessageHandler, PortStats, Result, TransportError, Waker, WorkerPort};
 
 const WAKER: Token = Token(usize::MAX);
 
@@ -330,24 +330,10 @@ impl WorkerPort for TcpPort {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
         }
-        let mut handled = 0;
-        let mut ready = std::mem::take(&mut self.ready);
-        let mut keep = 0;
-        for i in 0..ready.len() {
-            let slot = ready[i];
-            if handled >= max {
-                ready[keep] = slot;
-                keep += 1;
-                continue;
-            }
-            let (n, again) = self.service(slot, max - handled, handler);
-            handled += n;
-            if again {
-                ready[keep] = slot;
-                keep += 1;
-            }
-        }
-        ready.truncate(keep);
+        let ready = std::mem::take(&mut self.ready);
+        let (handled, mut ready) = crate::serve_ready(ready, max, |slot, budget| {
+            Ok::<_, TransportError>(self.service(slot, budget, handler))
+        })?;
         // Connections readied by adoption during this burst come after.
         ready.append(&mut self.ready);
         self.ready = ready;
