@@ -6,7 +6,7 @@ BIN := target/release/fabrickv
 BENCH_DIR := bench-results
 DATE := $(shell date +%Y-%m-%d)
 
-.PHONY: all build build-fabric deps test test-rust bench-smoke lint fmt bench fuzz clean run
+.PHONY: all build build-fabric deps venv test test-rust test-python bench-smoke lint fmt bench compare fuzz clean run
 
 all: build
 
@@ -23,12 +23,21 @@ deps:
 	bash scripts/install-deps.sh
 	bash scripts/install-fabric-deps.sh
 
-## Everything: Rust unit, property and integration tests, lint, and a tiny run of every benchmark.
-test: deps lint test-rust bench-smoke
+## The project's Python environment (.venv) with what the Python tests use.
+venv:
+	bash scripts/venv.sh
+
+## Everything: Rust unit, property and integration tests, lint, Python
+## end-to-end tests, and a tiny run of every benchmark.
+test: deps lint test-rust test-python bench-smoke
 	@echo "make test: all passed"
 
 test-rust:
 	$(CARGO) test --workspace --all-targets --all-features
+
+## End-to-end tests through real clients (redis-py, redis-cli, redis-benchmark).
+test-python: build venv
+	.venv/bin/python -m pytest -q python/tests
 
 lint:
 	$(CARGO) fmt --all -- --check

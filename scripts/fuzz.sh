@@ -39,10 +39,15 @@ cargo "+$toolchain" fuzz build
 
 failed=()
 for t in "${targets[@]}"; do
+    # RESP targets get RESP tokens; the rest speak the native protocol.
+    case "$t" in
+        resp*) dict="$root/fuzz/dicts/resp.dict" ;;
+        *) dict="$root/fuzz/dicts/native.dict" ;;
+    esac
     echo "== fuzz $t for ${seconds}s"
     if ! cargo "+$toolchain" fuzz run "$t" -- \
         -max_total_time="$seconds" \
-        -dict="$root/fuzz/dicts/native.dict" \
+        -dict="$dict" \
         -print_final_stats=1; then
         failed+=("$t")
         echo "fuzz.sh: $t failed; its input is under fuzz/artifacts/$t/" >&2

@@ -55,6 +55,8 @@ pub struct KvOpts {
     pub duration: Duration,
     /// CPUs to pin client threads to, round robin (none: unpinned).
     pub client_cpus: Vec<usize>,
+    /// Store every key before measuring (off when the caller already has).
+    pub preload: bool,
 }
 
 impl Default for KvOpts {
@@ -71,6 +73,7 @@ impl Default for KvOpts {
             in_flight: 8,
             duration: Duration::from_secs(5),
             client_cpus: Vec::new(),
+            preload: true,
         }
     }
 }
@@ -125,6 +128,7 @@ pub fn run(opts: &KvOpts) -> Result<BenchResult, String> {
                 mode: Mode::Store,
                 memory_bytes: memory,
                 log_level: "warn".into(),
+                ..ServerConfig::default()
             })
             .map_err(|e| e.to_string())?;
             let a = h.addr().to_string();
@@ -141,7 +145,9 @@ pub fn run(opts: &KvOpts) -> Result<BenchResult, String> {
         make_key(i, opts.key_size, &mut key);
         by_worker[usize::from(client.worker_of(&key))].push(i);
     }
-    preload(&mut client, opts)?;
+    if opts.preload {
+        preload(&mut client, opts)?;
+    }
     drop(client);
     let by_worker = Arc::new(by_worker);
     let start = Instant::now();
@@ -190,7 +196,8 @@ fn transport_of(addr: &str) -> &str {
     addr.split_once("://").map_or("tcp", |(s, _)| s)
 }
 
-fn preload(client: &mut Client, opts: &KvOpts) -> Result<(), String> {
+/// Stores every key of `opts` with its checkable value.
+pub fn preload(client: &mut Client, opts: &KvOpts) -> Result<(), String> {
     const PRELOAD_CHUNK_KEYS: u64 = 4096;
     let mut at = 0;
     while at < opts.keys {

@@ -6,15 +6,22 @@
 //! - [`keys`]: HERD-style keys (16-byte hashes of integers) and the values
 //!   that go with them, so every read can be checked;
 //! - [`kv`]: the GET/PUT mix against FabricKV's native protocol;
+//! - [`herd`]: HERD's workload and Cores x Batched/Non-batched table;
 //! - [`peers`]: starting and driving peers (redis-server, redis-benchmark)
-//!   in the same run, pinned to the same cores, for ratios.
+//!   in the same run, pinned to the same cores, for ratios;
+//! - [`memcache`]: a memcached text-protocol load generator shaped like
+//!   redis-benchmark, for memcached's side of `bench compare`;
+//! - [`cpu`]: a server process's CPU time from `/proc`, for CPU-seconds.
 //!
 //! Benchmarks are not tests: they measure. A small run of each is part of
 //! `make test` only so that none of them rots.
 
 pub mod baseline;
+pub mod cpu;
+pub mod herd;
 pub mod keys;
 pub mod kv;
+pub mod memcache;
 pub mod peers;
 pub mod report;
 pub mod rpc;

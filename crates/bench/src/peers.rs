@@ -16,6 +16,15 @@ pub struct Child {
     pub name: String,
 }
 
+impl Child {
+    /// The process id. Servers are started as `taskset -c CPUS program`,
+    /// and taskset execs the program, so this is the server's own pid (for
+    /// [`crate::cpu::CpuMeter`]).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Child {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -109,6 +118,39 @@ pub fn spawn_redis(cpus: Option<&str>) -> Result<(Child, u16), String> {
     Ok((c, port))
 }
 
+/// Starts memcached on a free loopback port, UDP off, 1 GiB of item
+/// memory and room for 4096 connections.
+///
+/// It runs one worker thread (`-t 1`): the comparison pins each server to
+/// one core, and more workers than cores would only make them take turns.
+/// memcached refuses to start as root unless told which user to run as,
+/// so `-u root` is passed when this process runs as root.
+pub fn spawn_memcached(cpus: Option<&str>) -> Result<(Child, u16), String> {
+    let port = free_port()?;
+    let mut cmd = pinned(cpus, "memcached");
+    cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"]);
+    cmd.args(["-t", "1", "-m", "1024", "-c", "4096"]);
+    if effective_uid() == Some(0) {
+        cmd.args(["-u", "root"]);
+    }
+    let c = spawn_server(cmd, "memcached", port)?;
+    Ok((c, port))
+}
+
+/// This process's effective user id, from the `Uid:` line of
+/// `/proc/self/status` (real, effective, saved, filesystem); `None` when
+/// it cannot be read.
+fn effective_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    parse_effective_uid(&status)
+}
+
+/// The effective uid in the text of a `/proc/PID/status` file.
+fn parse_effective_uid(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// One line of `redis-benchmark --csv`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisBenchRow {
@@ -183,5 +225,40 @@ mod tests {
         assert_eq!(rows[0].rps, 1234567.5);
         assert!((rows[0].p50_us - 279.0).abs() < 1e-9);
         assert!((rows[0].p99_us - 711.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reads_the_effective_uid() {
+        let status = "Name:\tx\nUid:\t1000\t0\t1000\t1000\nGid:\t5\t5\t5\t5\n";
+        assert_eq!(parse_effective_uid(status), Some(0));
+        assert_eq!(parse_effective_uid("Name:\tx\n"), None);
+        assert!(
+            effective_uid().is_some(),
+            "/proc/self/status has a Uid line"
+        );
+    }
+
+    /// Whether `program` is an executable file on `PATH`.
+    fn on_path(program: &str) -> bool {
+        std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+    }
+
+    #[test]
+    fn starts_memcached_and_it_answers() {
+        use std::io::{BufRead, BufReader, Write};
+        if !on_path("memcached") {
+            println!("skipping: memcached is not installed (scripts/install-deps.sh)");
+            return;
+        }
+        let (mc, port) = spawn_memcached(None).expect("memcached starts");
+        assert!(mc.pid() > 0);
+        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connects");
+        s.set_read_timeout(Some(SERVER_START_TIMEOUT))
+            .expect("timeout set");
+        s.write_all(b"version\r\n").expect("writes");
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).expect("reads");
+        assert!(line.starts_with("VERSION "), "answered {line:?}");
     }
 }

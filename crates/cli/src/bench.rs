@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use fabrickv_bench::herd::{self, HerdOpts};
 use fabrickv_bench::kv::{self, KvOpts};
 use fabrickv_bench::peers;
 use fabrickv_bench::report::{print_kv_table, BenchResult};
@@ -11,6 +12,8 @@ use fabrickv_bench::report::{print_kv_table, BenchResult};
 pub enum BenchCommand {
     /// GET/PUT mix over the native protocol (Mops, p50, p99), optionally beside Redis.
     Kv(KvArgs),
+    /// HERD's workload and table: Cores x Batched / Non-batched Mops, per-worker lines.
+    Herd(HerdArgs),
     /// Echo RPCs over a transport: the seed's table (ops/s, fast, ave, p50, p99).
     Rpc(crate::rpc_bench::RpcArgs),
     /// The echo server `bench rpc` starts as a pinned child process.
@@ -65,6 +68,49 @@ pub struct KvArgs {
     json: bool,
 }
 
+#[derive(Args)]
+pub struct HerdArgs {
+    /// Worker counts to measure, one row each (HERD's "Cores"), e.g. 1,2 or 1-4.
+    #[arg(long, default_value = "1")]
+    workers: String,
+    /// Keys in each worker's partition (HERD_NUM_KEYS).
+    #[arg(long, default_value_t = 100_000)]
+    keys_per_partition: u64,
+    /// Value size in bytes (keys are 16 bytes).
+    #[arg(long, default_value_t = 32)]
+    value_size: usize,
+    /// Percentage of PUTs (HERD's update_percentage).
+    #[arg(long, default_value_t = 5)]
+    update_percentage: u32,
+    /// Operations per request frame of the batched client.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Request frames in flight per connection.
+    #[arg(long, default_value_t = 8)]
+    in_flight: usize,
+    /// Client threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Measured seconds of each run.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// tcp, shm, inproc or fabric.
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+    /// libfabric provider for --transport fabric.
+    #[arg(long, default_value = "shm")]
+    provider: String,
+    /// Start each server as a process pinned to these CPUs (e.g. 0).
+    #[arg(long)]
+    server_cpus: Option<String>,
+    /// Pin client threads to these CPUs (e.g. 1).
+    #[arg(long)]
+    client_cpus: Option<String>,
+    /// Print one JSON object per result as well as the table.
+    #[arg(long)]
+    json: bool,
+}
+
 pub fn cpu_list(s: &Option<String>) -> Result<Vec<usize>, String> {
     let Some(s) = s else { return Ok(Vec::new()) };
     let mut out = Vec::new();
@@ -86,6 +132,7 @@ pub fn cpu_list(s: &Option<String>) -> Result<Vec<usize>, String> {
 pub fn run(cmd: BenchCommand) -> Result<(), String> {
     match cmd {
         BenchCommand::Kv(a) => run_kv(a),
+        BenchCommand::Herd(a) => run_herd(a),
         BenchCommand::Rpc(a) => crate::rpc_bench::run(a),
         BenchCommand::RpcServer(a) => crate::rpc_bench::serve(a),
     }
@@ -107,6 +154,7 @@ fn run_kv(a: KvArgs) -> Result<(), String> {
         in_flight: a.in_flight,
         duration: Duration::from_secs_f64(a.duration),
         client_cpus: cpu_list(&a.client_cpus)?,
+        preload: true,
     };
     if let Some(c) = &a.client_cpus {
         // Pin this thread too, so preload and bookkeeping stay off the server's CPUs.
@@ -137,6 +185,46 @@ fn run_kv(a: KvArgs) -> Result<(), String> {
         }
     }
     if results.iter().any(|r| r.wrong_values > 0) {
+        return Err("some reads returned wrong values".into());
+    }
+    Ok(())
+}
+
+fn run_herd(a: HerdArgs) -> Result<(), String> {
+    if !(a.duration.is_finite() && a.duration > 0.0) {
+        return Err("--duration must be a positive number of seconds".into());
+    }
+    let client_cpus = cpu_list(&a.client_cpus)?;
+    if let Some(&id) = client_cpus.first() {
+        core_affinity_set(id);
+    }
+    let opts = HerdOpts {
+        workers: cpu_list(&Some(a.workers.clone()))
+            .map_err(|_| format!("bad --workers {}", a.workers))?,
+        keys_per_partition: a.keys_per_partition,
+        value_size: a.value_size,
+        update_percent: a.update_percentage.min(100),
+        batch: a.batch,
+        in_flight: a.in_flight,
+        threads: a.threads,
+        duration: Duration::from_secs_f64(a.duration),
+        transport: a.transport.clone(),
+        provider: a.provider.clone(),
+        server_cpus: a.server_cpus.clone(),
+        client_cpus,
+    };
+    let rows = herd::run(&opts)?;
+    herd::print(&opts, &rows);
+    if a.json {
+        for r in &rows {
+            println!("{}", r.batched.json());
+            println!("{}", r.non_batched.json());
+        }
+    }
+    if rows
+        .iter()
+        .any(|r| r.batched.wrong_values + r.non_batched.wrong_values > 0)
+    {
         return Err("some reads returned wrong values".into());
     }
     Ok(())

@@ -65,6 +65,13 @@ enum Command {
         /// Log level: error, warn, info, debug, trace.
         #[arg(long)]
         log_level: Option<String>,
+        /// Also serve the Redis protocol (RESP2) on this TCP address, e.g.
+        /// 127.0.0.1:7380 (off by default; 7380 is the documented port).
+        #[arg(long, value_name = "ADDR")]
+        resp: Option<String>,
+        /// Password RESP clients must AUTH with (Redis's requirepass).
+        #[arg(long, env = "FABRICKV_RESP_PASSWORD", hide_env_values = true)]
+        resp_password: Option<String>,
     },
     /// Stores a value.
     Put {
@@ -151,6 +158,8 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             mode,
             memory,
             log_level,
+            resp,
+            resp_password,
         } => {
             let mut cfg = match config {
                 Some(path) => {
@@ -176,6 +185,12 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             }
             if let Some(v) = log_level {
                 cfg.log_level = v;
+            }
+            if resp.is_some() {
+                cfg.resp = resp;
+            }
+            if resp_password.is_some() {
+                cfg.resp_password = resp_password;
             }
             init_logging(&cfg.log_level);
             serve(&cfg)?;
@@ -383,7 +398,13 @@ fn serve(cfg: &ServerConfig) -> Result<(), String> {
     let mut signals =
         signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
     let handle = Server::start(cfg).map_err(|e| e.to_string())?;
-    eprintln!("fabrickv: serving on {} (Ctrl-C to stop)", handle.addr());
+    match handle.resp_addr() {
+        Some(r) => eprintln!(
+            "fabrickv: serving on {}, RESP on {r} (Ctrl-C to stop)",
+            handle.addr()
+        ),
+        None => eprintln!("fabrickv: serving on {} (Ctrl-C to stop)", handle.addr()),
+    }
     if let Some(sig) = signals.forever().next() {
         tracing::info!("signal {sig}: shutting down");
     }

@@ -303,7 +303,7 @@ impl Index {
 /// Prefetches the cache line at `p` into all cache levels. Only the address
 /// is used; nothing is read through the pointer.
 #[inline(always)]
-fn prefetch_line(p: *const i8) {
+pub(crate) fn prefetch_line(p: *const i8) {
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
     // SAFETY: SSE is part of the x86_64 baseline, so the instruction exists;

@@ -255,6 +255,14 @@ impl Partition {
         dispatch!(&self.inner, core => core.index.prefetch(hash))
     }
 
+    /// Starts loading the item headers `hash` may name, once its bucket is
+    /// in cache (call [`Partition::prefetch`] for the whole batch first).
+    /// The two stages together hide both cache misses of a lookup.
+    #[inline]
+    pub fn prefetch_item(&self, hash: KeyHash) {
+        dispatch!(&self.inner, core => core.prefetch_item(hash))
+    }
+
     /// Looks `key` up. The value is borrowed from the pool, zero-copy.
     #[inline]
     pub fn get(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> GetResult<'_> {

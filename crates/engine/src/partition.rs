@@ -91,6 +91,28 @@ impl<S: Storage> Core<S> {
         None
     }
 
+    /// The second stage of a batch prefetch: with the bucket of `hash`
+    /// already loaded (by [`Index::prefetch`]), starts loading the item
+    /// header of every slot whose tag matches, so the key comparison that
+    /// follows finds it in cache. Reads only the index; never faults.
+    #[inline]
+    pub fn prefetch_item(&self, hash: KeyHash) {
+        let tag = hash.tag();
+        let pool = self.storage.pool();
+        let b = self.index.main_bucket(hash);
+        for slot in 0..ITEM_SLOTS_PER_BUCKET {
+            let e = self.index.entry(SlotRef { bucket: b, slot });
+            if e == 0 || tag_of(e) != tag {
+                continue;
+            }
+            if let Some(pos) = self.storage.resolve(offset_of(e)) {
+                if let Some(byte) = pool.get(pos) {
+                    crate::index::prefetch_line(byte as *const u8 as *const i8);
+                }
+            }
+        }
+    }
+
     /// Finds the item with this key if it is live at `now_ms`; an expired
     /// one met on the way is reclaimed.
     #[inline]

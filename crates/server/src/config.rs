@@ -15,6 +15,13 @@ pub const DEFAULT_PORT: u16 = 7379;
 /// Where a server listens unless told otherwise: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7379";
 
+/// The Redis-compatible front-end's documented port (Redis's own 6379,
+/// plus 1000, as the native port is). It is off unless `--resp` is given.
+pub const DEFAULT_RESP_PORT: u16 = 7380;
+
+/// Longest RESP password accepted in a configuration, in bytes.
+pub const RESP_PASSWORD_BYTES_MAX: usize = 512;
+
 /// Default engine memory over all workers, in bytes (1 GiB). Pages are
 /// touched only as data arrives, so an idle server uses little of it.
 pub const DEFAULT_MEMORY_BYTES: u64 = 1 << 30;
@@ -68,6 +75,12 @@ pub struct ServerConfig {
     /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a
     /// `tracing` directive).
     pub log_level: String,
+    /// Where the Redis-compatible (RESP) front-end listens (`HOST:PORT`,
+    /// TCP); `None` leaves it off.
+    pub resp: Option<String>,
+    /// Password RESP clients must give with AUTH before any other command
+    /// (Redis's `requirepass`); `None` lets every client in.
+    pub resp_password: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -78,6 +91,8 @@ impl Default for ServerConfig {
             mode: Mode::Store,
             memory_bytes: DEFAULT_MEMORY_BYTES,
             log_level: "info".to_string(),
+            resp: None,
+            resp_password: None,
         }
     }
 }
@@ -91,6 +106,8 @@ struct FileConfig {
     mode: Option<Mode>,
     memory: Option<String>,
     log_level: Option<String>,
+    resp: Option<String>,
+    resp_password: Option<String>,
 }
 
 impl ServerConfig {
@@ -113,6 +130,8 @@ impl ServerConfig {
         if let Some(v) = f.log_level {
             c.log_level = v;
         }
+        c.resp = f.resp;
+        c.resp_password = f.resp_password;
         Ok(c)
     }
 
@@ -138,6 +157,14 @@ impl ServerConfig {
                 fabrickv_types::size::format_size(per),
                 fabrickv_types::size::format_size(MEMORY_PER_WORKER_BYTES_MIN),
             ));
+        }
+        if let Some(p) = &self.resp_password {
+            if p.is_empty() || p.len() > RESP_PASSWORD_BYTES_MAX {
+                return Err(format!(
+                    "resp password must be 1..={RESP_PASSWORD_BYTES_MAX} bytes, not {}",
+                    p.len()
+                ));
+            }
         }
         Ok(())
     }

@@ -6,9 +6,10 @@
 //! operation that breaks a bound gets its own error result while the rest
 //! of its batch runs.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use fabrickv_engine::{DeleteResult, GetResult, Partition, PutCond, PutResult};
+use fabrickv_engine::{DeleteResult, GetResult, PutCond, PutResult};
 use fabrickv_types::hash::worker_of_partition;
 use fabrickv_types::limits::{BATCH_OPS_MAX, KEY_BYTES_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::{ErrorCode, KeyHash};
@@ -18,6 +19,7 @@ use fabrickv_wire::{decode_frame, FrameKind, OpCode, PutCondition, RequestIter, 
 use fabrickv_transport::PortStats;
 
 use crate::config::Mode;
+use crate::partitions::Partitions;
 
 /// Milliseconds since the server started, as the engine's clock. Never 0,
 /// so that 0 can mean "no expiry".
@@ -62,11 +64,11 @@ pub struct ProtocolStats {
     pub reply_full: u64,
 }
 
-/// The kv service of one worker, owning its partition.
+/// The kv service of one worker, serving its own partition.
 pub struct KvService {
     id: u16,
     workers: u16,
-    partition: Partition,
+    parts: Arc<Partitions>,
     mode: Mode,
     stats: ProtocolStats,
     /// The worker port's counters as of the current burst.
@@ -74,12 +76,12 @@ pub struct KvService {
 }
 
 impl KvService {
-    /// The service of worker `id` out of `workers`.
-    pub fn new(id: u16, workers: u16, partition: Partition, mode: Mode) -> KvService {
+    /// The service of worker `id` out of `workers`, which owns partition `id`.
+    pub fn new(id: u16, workers: u16, parts: Arc<Partitions>, mode: Mode) -> KvService {
         KvService {
             id,
             workers,
-            partition,
+            parts,
             mode,
             stats: ProtocolStats::default(),
             transport: PortStats::default(),
@@ -119,7 +121,7 @@ impl KvService {
 
     /// Background work when idle: reclaims expired items.
     pub fn sweep(&mut self, now_ms: u64, buckets: usize) -> usize {
-        self.partition.sweep(now_ms, buckets)
+        self.parts.lock(usize::from(self.id)).sweep(now_ms, buckets)
     }
 
     fn refuse(&mut self, out: &mut Vec<u8>, id: u64, code: ErrorCode, why: &str) {
@@ -133,7 +135,9 @@ impl KvService {
             partitions: u32::from(self.workers),
             store_mode: self.mode == Mode::Store,
             key_bytes_max: KEY_BYTES_MAX as u32,
-            value_bytes_max: VALUE_BYTES_MAX.min(self.partition.max_item_value_bytes()) as u32,
+            value_bytes_max: VALUE_BYTES_MAX
+                .min(self.parts.lock(usize::from(self.id)).max_item_value_bytes())
+                as u32,
             batch_ops_max: BATCH_OPS_MAX as u32,
         }
     }
@@ -141,9 +145,11 @@ impl KvService {
     fn execute(&mut self, ops: RequestIter<'_>, id: u64, out: &mut Vec<u8>, now_ms: u64) {
         self.stats.frames += 1;
         let partitions = u32::from(self.workers);
+        // Uncontended: only RESP threads ever take another worker's lock.
+        let mut partition = self.parts.lock(usize::from(self.id));
         // Prefetch pass: start every key's bucket load before the first lookup.
         for op in ops.clone() {
-            self.partition.prefetch(KeyHash::of(op.key));
+            partition.prefetch(KeyHash::of(op.key));
         }
         let mut rb = ResponseBuilder::new(out, id, self.id);
         let total = ops.len();
@@ -167,7 +173,7 @@ impl KvService {
                 continue;
             }
             match code {
-                OpCode::Get => match self.partition.get(hash, op.key, now_ms) {
+                OpCode::Get => match partition.get(hash, op.key, now_ms) {
                     GetResult::Found { value, .. } if rb.fits(value.len(), after) => {
                         rb.result(ErrorCode::Ok, value)
                     }
@@ -188,9 +194,7 @@ impl KvService {
                         PutCondition::IfAbsent => PutCond::IfAbsent,
                         PutCondition::IfPresent => PutCond::IfPresent,
                     };
-                    let code = match self
-                        .partition
-                        .put(hash, op.key, op.value, expire_at, cond, now_ms)
+                    let code = match partition.put(hash, op.key, op.value, expire_at, cond, now_ms)
                     {
                         PutResult::Stored => ErrorCode::Ok,
                         PutResult::InsufficientSpace => ErrorCode::InsufficientSpace,
@@ -199,7 +203,7 @@ impl KvService {
                     };
                     rb.result(code, &[])
                 }
-                OpCode::Delete => match self.partition.delete(hash, op.key, now_ms) {
+                OpCode::Delete => match partition.delete(hash, op.key, now_ms) {
                     DeleteResult::Deleted => rb.result(ErrorCode::Ok, &[]),
                     DeleteResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
                 },
@@ -210,7 +214,7 @@ impl KvService {
 
     /// Engine, protocol and transport counters, as sent in a STATS reply.
     pub fn stats_list(&self, _now_ms: u64) -> Vec<(&'static str, u64)> {
-        let e = self.partition.stats();
+        let e = self.parts.lock(usize::from(self.id)).stats();
         let p = self.stats;
         let t = self.transport;
         vec![

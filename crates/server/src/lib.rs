@@ -15,6 +15,9 @@
 
 pub mod config;
 pub mod kv;
+pub mod partitions;
+pub mod resp;
+mod resp_net;
 pub mod worker;
 
 use std::fmt;
@@ -39,6 +42,8 @@ pub enum StartError {
     Transport(TransportError),
     /// A thread could not be started.
     Thread(std::io::Error),
+    /// The RESP front-end could not listen on the address.
+    Resp(String, std::io::Error),
 }
 
 impl fmt::Display for StartError {
@@ -48,6 +53,7 @@ impl fmt::Display for StartError {
             StartError::Engine(e) => write!(f, "engine: {e}"),
             StartError::Transport(e) => write!(f, "cannot listen: {e}"),
             StartError::Thread(e) => write!(f, "cannot start a thread: {e}"),
+            StartError::Resp(addr, e) => write!(f, "cannot listen for RESP on {addr}: {e}"),
         }
     }
 }
@@ -57,6 +63,8 @@ impl std::error::Error for StartError {}
 /// A running server.
 pub struct ServerHandle {
     addr: String,
+    resp_addr: Option<String>,
+    resp_wakers: Vec<Arc<mio::Waker>>,
     stop: Arc<AtomicBool>,
     wakers: Vec<Waker>,
     threads: Vec<JoinHandle<()>>,
@@ -68,11 +76,20 @@ impl ServerHandle {
         &self.addr
     }
 
+    /// Where the RESP front-end listens, when it is on.
+    pub fn resp_addr(&self) -> Option<&str> {
+        self.resp_addr.as_deref()
+    }
+
     /// Asks every thread to stop; returns at once.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         for w in &self.wakers {
             w.wake();
+        }
+        for w in &self.resp_wakers {
+            // A failed wake only delays the stop to the loop's poll timeout.
+            let _ = w.wake();
         }
     }
 
@@ -124,15 +141,36 @@ impl Server {
             .map_err(StartError::Engine)?;
             partitions.push(p);
         }
+        let parts = Arc::new(partitions::Partitions::new(partitions));
         let listening =
             fabrickv_transport::listen(&cfg.listen, workers).map_err(StartError::Transport)?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut wakers = vec![listening.acceptor.waker()];
         let mut threads = Vec::with_capacity(workers + 1);
         let clock = kv::Clock::new();
-        for (id, (port, partition)) in listening.ports.into_iter().zip(partitions).enumerate() {
+        // The RESP front-end binds before any thread starts, so a busy
+        // port fails the start cleanly.
+        let (resp_addr, resp_wakers, resp_threads) = match &cfg.resp {
+            Some(addr) => {
+                let shared = |port| {
+                    resp::RespShared::new(
+                        parts.clone(),
+                        cfg.resp_password.as_deref(),
+                        cfg.mode,
+                        cfg.memory_bytes,
+                        port,
+                    )
+                };
+                let fe = resp_net::start(addr, workers, shared, clock, stop.clone())
+                    .map_err(|e| StartError::Resp(addr.clone(), e))?;
+                (Some(fe.addr.to_string()), fe.wakers, fe.threads)
+            }
+            None => (None, Vec::new(), Vec::new()),
+        };
+        threads.extend(resp_threads);
+        for (id, port) in listening.ports.into_iter().enumerate() {
             wakers.push(port.waker());
-            let service = kv::KvService::new(id as u16, workers as u16, partition, cfg.mode);
+            let service = kv::KvService::new(id as u16, workers as u16, parts.clone(), cfg.mode);
             let stop = stop.clone();
             let t = std::thread::Builder::new()
                 .name(format!("fkv-worker-{id}"))
@@ -158,8 +196,13 @@ impl Server {
             memory = %fabrickv_types::size::format_size(cfg.memory_bytes),
             "fabrickv serving"
         );
+        if let Some(a) = &resp_addr {
+            tracing::info!(addr = %a, "fabrickv serving RESP (Redis protocol)");
+        }
         Ok(ServerHandle {
             addr: listening.local_addr,
+            resp_addr,
+            resp_wakers,
             stop,
             wakers,
             threads,

@@ -15,6 +15,7 @@ fn serve(provider: &str) -> fabrickv_server::ServerHandle {
         mode: Mode::Store,
         memory_bytes: 64 << 20,
         log_level: "warn".into(),
+        ..ServerConfig::default()
     })
     .expect("server starts on fabric")
 }

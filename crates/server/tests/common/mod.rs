@@ -88,6 +88,7 @@ impl TestServer {
             mode,
             memory_bytes,
             log_level: "warn".to_string(),
+            ..ServerConfig::default()
         };
         let handle = Server::start(&cfg).expect("server starts");
         TestServer {

@@ -1,0 +1,33 @@
+//! Every bound of the RESP front-end, as a named constant whose name ends
+//! in its unit.
+//!
+//! The parser checks a length against these as soon as its header is read,
+//! before it waits for the bytes it announces, so a client can neither make
+//! the server buffer without end nor make it hold a command it would refuse.
+
+/// Largest bulk argument, in bytes: a 1 MiB value (the native protocol's
+/// `VALUE_BYTES_MAX`) plus slack, so that a maximal value still fits when a
+/// client wraps it in a few bytes of its own.
+pub const RESP_BULK_BYTES_MAX: usize = (1 << 20) + 1024;
+
+/// Most arguments in one command: the name plus 1024 key-value pairs, the
+/// largest MSET the front-end accepts.
+pub const RESP_ARGS_MAX: usize = 1 + 2 * 1024;
+
+/// Longest inline command line, in bytes, not counting its line ending
+/// (Redis's `PROTO_INLINE_MAX_SIZE`).
+pub const RESP_INLINE_BYTES_MAX: usize = 64 * 1024;
+
+/// Most bytes one command may take on the wire, headers included. The
+/// per-argument and per-count bounds alone would allow about 2 GiB; this is
+/// what keeps a connection's receive buffer small.
+pub const RESP_COMMAND_BYTES_MAX: usize = 8 << 20;
+
+/// Most characters (sign and digits) in the number of a `*N` or `$N`
+/// header. Twenty holds every `i64`; a longer number is refused at once
+/// instead of being waited for.
+pub const RESP_LENGTH_DIGITS_MAX: usize = 20;
+
+/// Fewest bytes a multibulk argument can take on the wire (`$0\r\n\r\n`).
+/// The `need` hint counts this for every argument not yet seen.
+pub const RESP_BULK_WIRE_BYTES_MIN: usize = 6;

@@ -1,0 +1,381 @@
+//! The RESP commands, byte for byte, without sockets.
+
+use std::sync::Arc;
+
+use fabrickv_engine::{Mode as EngineMode, Partition, PartitionConfig};
+
+use super::*;
+use crate::partitions::Partitions;
+
+fn shared_with(parts: usize, password: Option<&str>) -> RespShared {
+    let p = (0..parts)
+        .map(|_| {
+            Partition::new(&PartitionConfig {
+                mode: EngineMode::Store,
+                pool_bytes: 8 << 20,
+                index_buckets: None,
+            })
+            .expect("partition")
+        })
+        .collect();
+    RespShared::new(
+        Arc::new(Partitions::new(p)),
+        password,
+        Mode::Store,
+        (8 << 20) * parts as u64,
+        7380,
+    )
+}
+
+/// Encodes a command as redis-cli does (an array of bulk strings).
+fn cmd(args: &[&[u8]]) -> Vec<u8> {
+    let mut v = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        v.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        v.extend_from_slice(a);
+        v.extend_from_slice(b"\r\n");
+    }
+    v
+}
+
+struct Conn {
+    shared: RespShared,
+    session: RespSession,
+    now_ms: u64,
+}
+
+impl Conn {
+    fn new(parts: usize) -> Conn {
+        Conn::with(shared_with(parts, None))
+    }
+
+    fn with(shared: RespShared) -> Conn {
+        let session = RespSession::new(&shared, 1);
+        Conn {
+            shared,
+            session,
+            now_ms: 1,
+        }
+    }
+
+    /// Feeds bytes; returns the replies and whether the server closes.
+    fn feed(&mut self, input: &[u8]) -> (String, bool) {
+        let mut out = Vec::new();
+        let mut at = 0;
+        let mut close = false;
+        while at < input.len() && !close {
+            let p = self
+                .session
+                .process(&self.shared, &input[at..], &mut out, self.now_ms);
+            at += p.consumed;
+            close = p.close;
+            if p.consumed == 0 {
+                break;
+            }
+        }
+        (String::from_utf8_lossy(&out).into_owned(), close)
+    }
+
+    fn run(&mut self, args: &[&str]) -> String {
+        let a: Vec<&[u8]> = args.iter().map(|s| s.as_bytes()).collect();
+        self.feed(&cmd(&a)).0
+    }
+}
+
+#[test]
+fn ping_echo_and_set_get() {
+    let mut c = Conn::new(1);
+    assert_eq!(c.run(&["PING"]), "+PONG\r\n");
+    assert_eq!(c.run(&["ping", "hi"]), "$2\r\nhi\r\n");
+    assert_eq!(c.run(&["ECHO", "x y"]), "$3\r\nx y\r\n");
+    assert_eq!(c.run(&["GET", "k"]), "$-1\r\n");
+    assert_eq!(c.run(&["SET", "k", "v1"]), "+OK\r\n");
+    assert_eq!(c.run(&["get", "k"]), "$2\r\nv1\r\n");
+    assert_eq!(c.run(&["STRLEN", "k"]), ":2\r\n");
+    // Binary-safe: CRLF and NUL inside a value.
+    c.feed(&cmd(&[b"SET", b"bin", b"a\r\n\0b"]));
+    assert_eq!(c.run(&["GET", "bin"]), "$5\r\na\r\n\0b\r\n");
+    assert_eq!(c.run(&["SET", "e", ""]), "+OK\r\n");
+    assert_eq!(c.run(&["GET", "e"]), "$0\r\n\r\n");
+}
+
+#[test]
+fn set_conditions_and_get_option() {
+    let mut c = Conn::new(1);
+    assert_eq!(c.run(&["SET", "k", "a", "XX"]), "$-1\r\n");
+    assert_eq!(c.run(&["GET", "k"]), "$-1\r\n");
+    assert_eq!(c.run(&["SET", "k", "a", "NX"]), "+OK\r\n");
+    assert_eq!(c.run(&["SET", "k", "b", "nx"]), "$-1\r\n");
+    assert_eq!(c.run(&["GET", "k"]), "$1\r\na\r\n");
+    assert_eq!(c.run(&["SET", "k", "c", "XX"]), "+OK\r\n");
+    assert_eq!(c.run(&["SET", "k", "d", "GET"]), "$1\r\nc\r\n");
+    assert_eq!(c.run(&["SET", "new", "d", "GET"]), "$-1\r\n");
+    assert_eq!(c.run(&["GET", "new"]), "$1\r\nd\r\n");
+    assert_eq!(
+        c.run(&["SET", "k", "v", "NX", "XX"]),
+        "-ERR syntax error\r\n"
+    );
+    assert_eq!(c.run(&["SET", "k", "v", "EX"]), "-ERR syntax error\r\n");
+    assert_eq!(c.run(&["SET", "k", "v", "BOGUS"]), "-ERR syntax error\r\n");
+    assert_eq!(
+        c.run(&["SET", "k", "v", "EX", "1", "PX", "5"]),
+        "-ERR syntax error\r\n"
+    );
+    assert_eq!(
+        c.run(&["GET", "k"]),
+        "$1\r\nd\r\n",
+        "refused SETs wrote nothing"
+    );
+}
+
+#[test]
+fn ttl_expire_persist() {
+    let mut c = Conn::new(1);
+    assert_eq!(c.run(&["TTL", "k"]), ":-2\r\n");
+    c.run(&["SET", "k", "v", "EX", "10"]);
+    assert_eq!(c.run(&["TTL", "k"]), ":10\r\n");
+    assert_eq!(c.run(&["PTTL", "k"]), ":10000\r\n");
+    c.now_ms += 4_000;
+    assert_eq!(c.run(&["TTL", "k"]), ":6\r\n");
+    // SET without KEEPTTL clears the TTL; KEEPTTL keeps it.
+    c.run(&["SET", "k", "v2", "PX", "5000"]);
+    c.run(&["SET", "k", "v3", "KEEPTTL"]);
+    assert_eq!(c.run(&["PTTL", "k"]), ":5000\r\n");
+    c.run(&["SET", "k", "v4"]);
+    assert_eq!(c.run(&["TTL", "k"]), ":-1\r\n");
+    assert_eq!(c.run(&["EXPIRE", "k", "3"]), ":1\r\n");
+    assert_eq!(c.run(&["EXPIRE", "k", "100", "NX"]), ":0\r\n");
+    assert_eq!(c.run(&["EXPIRE", "k", "100", "GT"]), ":1\r\n");
+    assert_eq!(c.run(&["EXPIRE", "k", "5", "GT"]), ":0\r\n");
+    assert_eq!(c.run(&["EXPIRE", "k", "5", "LT"]), ":1\r\n");
+    assert_eq!(c.run(&["TTL", "k"]), ":5\r\n");
+    assert_eq!(c.run(&["PERSIST", "k"]), ":1\r\n");
+    assert_eq!(c.run(&["PERSIST", "k"]), ":0\r\n");
+    assert_eq!(c.run(&["TTL", "k"]), ":-1\r\n");
+    assert_eq!(c.run(&["PEXPIRE", "k", "1500"]), ":1\r\n");
+    c.now_ms += 1_499;
+    assert_eq!(c.run(&["GET", "k"]), "$2\r\nv4\r\n");
+    c.now_ms += 1;
+    assert_eq!(c.run(&["GET", "k"]), "$-1\r\n", "expired at its deadline");
+    assert_eq!(c.run(&["EXPIRE", "k", "5"]), ":0\r\n", "absent key");
+    // A non-positive time deletes the key.
+    c.run(&["SET", "k", "v"]);
+    assert_eq!(c.run(&["EXPIRE", "k", "0"]), ":1\r\n");
+    assert_eq!(c.run(&["EXISTS", "k"]), ":0\r\n");
+    for bad in ["0", "-5", "315360000001"] {
+        assert_eq!(
+            c.run(&["SET", "k", "v", "EX", bad]),
+            "-ERR invalid expire time in 'set' command\r\n",
+            "EX {bad}"
+        );
+    }
+    assert_eq!(
+        c.run(&["SET", "k", "v", "EX", "ten"]),
+        "-ERR value is not an integer or out of range\r\n"
+    );
+}
+
+#[test]
+fn multi_key_commands_across_partitions() {
+    let mut c = Conn::new(4);
+    let mut args = vec!["MSET"];
+    let keys: Vec<String> = (0..40).map(|i| format!("key:{i}")).collect();
+    let values: Vec<String> = (0..40).map(|i| format!("value-{i}")).collect();
+    for (k, v) in keys.iter().zip(&values) {
+        args.push(k);
+        args.push(v);
+    }
+    assert_eq!(c.run(&args), "+OK\r\n");
+    let mut mget = vec!["MGET"];
+    mget.extend(keys.iter().map(String::as_str));
+    mget.push("missing");
+    let mut want = format!("*{}\r\n", keys.len() + 1);
+    for v in &values {
+        want.push_str(&format!("${}\r\n{v}\r\n", v.len()));
+    }
+    want.push_str("$-1\r\n");
+    assert_eq!(c.run(&mget), want);
+    assert_eq!(
+        c.run(&["EXISTS", "key:1", "key:1", "key:2", "nope"]),
+        ":3\r\n"
+    );
+    assert_eq!(c.run(&["DEL", "key:1", "key:2", "nope"]), ":2\r\n");
+    assert_eq!(c.run(&["DBSIZE"]), ":38\r\n");
+    assert_eq!(
+        c.run(&["MSET", "a", "1", "b"]),
+        "-ERR wrong number of arguments for 'mset' command\r\n"
+    );
+}
+
+#[test]
+fn incr_family() {
+    let mut c = Conn::new(1);
+    assert_eq!(c.run(&["INCR", "n"]), ":1\r\n");
+    assert_eq!(c.run(&["INCRBY", "n", "41"]), ":42\r\n");
+    assert_eq!(c.run(&["DECR", "n"]), ":41\r\n");
+    assert_eq!(c.run(&["DECRBY", "n", "50"]), ":-9\r\n");
+    assert_eq!(c.run(&["GET", "n"]), "$2\r\n-9\r\n");
+    c.run(&["SET", "s", "abc"]);
+    let not_int = "-ERR value is not an integer or out of range\r\n";
+    assert_eq!(c.run(&["INCR", "s"]), not_int);
+    assert_eq!(c.run(&["INCRBY", "n", "1.5"]), not_int);
+    assert_eq!(c.run(&["DECRBY", "n", "-9223372036854775808"]), not_int);
+    c.run(&["SET", "big", "9223372036854775807"]);
+    assert_eq!(
+        c.run(&["INCR", "big"]),
+        "-ERR increment or decrement would overflow\r\n"
+    );
+    assert_eq!(c.run(&["GET", "big"]), "$19\r\n9223372036854775807\r\n");
+    // INCR keeps the TTL, as Redis does.
+    c.run(&["SET", "t", "1", "EX", "100"]);
+    c.run(&["INCR", "t"]);
+    assert_eq!(c.run(&["TTL", "t"]), ":100\r\n");
+}
+
+#[test]
+fn errors_for_unknown_commands_arity_and_long_keys() {
+    let mut c = Conn::new(1);
+    assert_eq!(
+        c.run(&["FOO", "a", "b"]),
+        "-ERR unknown command 'FOO', with args beginning with: 'a' 'b' \r\n"
+    );
+    assert_eq!(
+        c.run(&["GET"]),
+        "-ERR wrong number of arguments for 'get' command\r\n"
+    );
+    assert_eq!(
+        c.run(&["GET", "a", "b"]),
+        "-ERR wrong number of arguments for 'get' command\r\n"
+    );
+    let long = "k".repeat(KEY_BYTES_MAX + 1);
+    assert!(c
+        .run(&["SET", &long, "v"])
+        .starts_with("-ERR key is 251 bytes"));
+    assert_eq!(c.run(&["GET", &long]).lines().count(), 1);
+    // An error message never carries a line break from the client.
+    let out = c.run(&["BAD\r\nINJECT"]);
+    assert_eq!(out.matches("\r\n").count(), 1, "{out:?}");
+    assert_eq!(c.run(&["SELECT", "1"]), "-ERR DB index is out of range\r\n");
+    assert_eq!(c.run(&["SELECT", "0"]), "+OK\r\n");
+}
+
+#[test]
+fn auth_is_required_when_a_password_is_set() {
+    let mut c = Conn::with(shared_with(1, Some("s3cret")));
+    assert_eq!(c.run(&["GET", "k"]), "-NOAUTH Authentication required.\r\n");
+    assert_eq!(c.run(&["PING"]), "-NOAUTH Authentication required.\r\n");
+    assert_eq!(
+        c.run(&["AUTH", "wrong"]),
+        "-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+    );
+    assert_eq!(
+        c.run(&["AUTH", "other", "s3cret"]),
+        "-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+    );
+    assert_eq!(c.run(&["AUTH", "default", "s3cret"]), "+OK\r\n");
+    assert_eq!(c.run(&["PING"]), "+PONG\r\n");
+    let mut open = Conn::new(1);
+    assert!(open
+        .run(&["AUTH", "x"])
+        .starts_with("-ERR AUTH <password> called"));
+}
+
+#[test]
+fn pipelined_input_split_anywhere_gives_the_same_replies() {
+    let mut input = Vec::new();
+    for i in 0..20 {
+        let k = format!("k{i}");
+        input.extend(cmd(&[b"SET", k.as_bytes(), format!("v{i}").as_bytes()]));
+        input.extend(cmd(&[b"GET", k.as_bytes()]));
+    }
+    input.extend_from_slice(b"PING\r\nECHO \"a b\"\r\n\r\n");
+    let whole = Conn::new(2).feed(&input).0;
+    assert!(whole.ends_with("+PONG\r\n$3\r\na b\r\n"), "{whole:?}");
+    for cut in [1, 2, 7, 13, 64, 255] {
+        // Feed in pieces the way a socket delivers them, keeping what the
+        // session did not consume.
+        let mut c = Conn::new(2);
+        let mut out = Vec::new();
+        let mut pending: Vec<u8> = Vec::new();
+        for chunk in input.chunks(cut) {
+            pending.extend_from_slice(chunk);
+            loop {
+                let p = c.session.process(&c.shared, &pending, &mut out, 1);
+                pending.drain(..p.consumed);
+                assert!(p.need == 0 || p.need > pending.len());
+                if p.consumed == 0 {
+                    break;
+                }
+            }
+        }
+        assert!(pending.is_empty());
+        assert_eq!(String::from_utf8_lossy(&out), whole, "chunks of {cut}");
+    }
+}
+
+#[test]
+fn protocol_errors_and_quit_close_the_connection() {
+    let mut c = Conn::new(1);
+    let (out, close) = c.feed(b"*1\r\n$x\r\n");
+    assert!(out.starts_with("-ERR Protocol error"), "{out:?}");
+    assert!(close);
+    let mut c = Conn::new(1);
+    let (out, close) = c.feed(b"PING\r\nQUIT\r\nPING\r\n");
+    assert_eq!(out, "+PONG\r\n+OK\r\n");
+    assert!(close, "nothing after QUIT runs");
+}
+
+#[test]
+fn output_backpressure_stops_execution() {
+    let mut c = Conn::new(1);
+    let big = vec![b'x'; 64 << 10];
+    c.feed(&cmd(&[b"SET", b"big", &big]));
+    let mut input = Vec::new();
+    for _ in 0..16 {
+        input.extend(cmd(&[b"GET", b"big"]));
+    }
+    let mut out = Vec::new();
+    let p = c.session.process(&c.shared, &input, &mut out, 1);
+    assert!(p.consumed < input.len(), "stopped with commands left");
+    assert!(out.len() >= RESP_OUTPUT_SOFT_BYTES);
+    assert!(out.len() < RESP_OUTPUT_SOFT_BYTES + (70 << 10));
+}
+
+#[test]
+fn config_info_command_client() {
+    let mut c = Conn::new(1);
+    assert_eq!(
+        c.run(&["CONFIG", "GET", "save"]),
+        "*2\r\n$4\r\nsave\r\n$0\r\n\r\n"
+    );
+    assert_eq!(
+        c.run(&["CONFIG", "GET", "appendonly"]),
+        "*2\r\n$10\r\nappendonly\r\n$2\r\nno\r\n"
+    );
+    assert_eq!(c.run(&["CONFIG", "GET", "nothing*"]), "*0\r\n");
+    let many = c.run(&["CONFIG", "GET", "*max*"]);
+    assert!(many.starts_with("*4\r\n"), "{many:?}");
+    let stars = format!("{}x", "*".repeat(5000));
+    assert_eq!(c.run(&["CONFIG", "GET", &stars]), "*0\r\n");
+    assert!(c.run(&["CONFIG", "SET", "save", ""]).starts_with("-ERR"));
+    c.run(&["SET", "a", "1"]);
+    let info = c.run(&["INFO"]);
+    assert!(info.contains("redis_version:"), "{info}");
+    assert!(info.contains("db0:keys=1"), "{info}");
+    let ks = c.run(&["INFO", "keyspace"]);
+    assert!(ks.contains("db0:keys=1") && !ks.contains("redis_version"));
+    assert_eq!(c.run(&["CLIENT", "SETNAME", "x"]), "+OK\r\n");
+    assert_eq!(c.run(&["CLIENT", "ID"]), ":1\r\n");
+    assert_eq!(c.run(&["COMMAND", "DOCS"]), "*0\r\n");
+}
+
+#[test]
+fn glob_matches_like_redis() {
+    assert!(glob_match(b"*", b"save"));
+    assert!(glob_match(b"s?ve", b"save"));
+    assert!(glob_match(b"max*", b"maxmemory-policy"));
+    assert!(glob_match(b"*memory*", b"maxmemory"));
+    assert!(!glob_match(b"save?", b"save"));
+    assert!(!glob_match(b"a*b", b"acd"));
+    assert!(glob_match(b"", b""));
+}

@@ -1,0 +1,423 @@
+//! The RESP front-end's sockets: one epoll loop per thread, bytes in and
+//! out, everything else in [`crate::resp`].
+//!
+//! Each thread polls its own clone of the listening socket and owns the
+//! connections it accepted. Sockets are registered edge-triggered for
+//! reading and writing once; a connection is driven until its input is
+//! drained (a short read means the kernel had nothing more) or its output
+//! blocks, in which case it waits for a writable event before executing
+//! more (backpressure: a client that does not read its replies stops
+//! being served, it does not make the server buffer without bound). The
+//! loop blocks in epoll when idle: no spinning, so the CPU it uses is the
+//! CPU the commands cost.
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+
+use fabrickv_resp::limits::RESP_COMMAND_BYTES_MAX;
+
+use crate::kv::Clock;
+use crate::resp::{RespSession, RespShared};
+
+/// Most RESP connections open at once over all threads (Redis's default
+/// `maxclients` is 10000; FabricKV's native limit is the same as this).
+pub const RESP_CONNECTIONS_MAX: usize = fabrickv_types::limits::CONNECTIONS_MAX;
+
+/// Bytes asked of the kernel per read, and the initial input buffer size.
+pub const RESP_READ_CHUNK_BYTES: usize = 16 << 10;
+
+/// Largest input buffer of one connection, in bytes: one command at the
+/// parser's bound plus a read's worth.
+pub const RESP_INPUT_BYTES_MAX: usize = RESP_COMMAND_BYTES_MAX + RESP_READ_CHUNK_BYTES;
+
+/// A buffer grown past this is given back once empty, in bytes, so one
+/// large value does not pin memory to an idle connection.
+pub const RESP_IDLE_BUFFER_BYTES_MAX: usize = 64 << 10;
+
+/// How long a loop keeps polling without blocking after its last event,
+/// in microseconds. A busy client's next request usually arrives within
+/// it, and finding it by polling spares the client the cost of waking this
+/// thread (an inter-processor interrupt, dear on a virtual machine, which
+/// the sending CPU pays). An idle server blocks after this long.
+pub const RESP_IDLE_SPIN_US: u64 = 50;
+
+/// Most events taken per epoll wait.
+const EVENTS_PER_POLL: usize = 256;
+
+/// Longest epoll wait, in milliseconds; bounds how late a stop is seen.
+const POLL_TIMEOUT_MS: u64 = 200;
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const FIRST_CONN: usize = 2;
+
+/// The running front-end: where it listens, and how to stop it.
+pub(crate) struct RespFrontEnd {
+    pub addr: SocketAddr,
+    pub wakers: Vec<Arc<Waker>>,
+    pub threads: Vec<JoinHandle<()>>,
+}
+
+/// Listens on `addr` and starts `threads` loops over the state `shared`
+/// builds (given the port actually bound). Threads started before a
+/// failure see `stop` only when the caller sets it.
+pub(crate) fn start(
+    addr: &str,
+    threads: usize,
+    shared: impl FnOnce(u16) -> RespShared,
+    clock: Clock,
+    stop: Arc<AtomicBool>,
+) -> io::Result<RespFrontEnd> {
+    let std_listener = std::net::TcpListener::bind(addr)?;
+    std_listener.set_nonblocking(true)?;
+    let local = std_listener.local_addr()?;
+    let shared = Arc::new(shared(local.port()));
+    let mut wakers = Vec::with_capacity(threads);
+    let mut handles = Vec::with_capacity(threads);
+    for t in 0..threads {
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let mut listener = TcpListener::from_std(std_listener.try_clone()?);
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let shared = shared.clone();
+        let stop = stop.clone();
+        wakers.push(waker);
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("fkv-resp-{t}"))
+                .spawn(move || {
+                    let mut lp = Loop {
+                        poll,
+                        listener,
+                        conns: Vec::new(),
+                        free: Vec::new(),
+                        shared,
+                        clock,
+                        next_id: t as u64 + 1,
+                        id_step: threads as u64,
+                    };
+                    if let Err(e) = lp.run(&stop) {
+                        tracing::error!("resp loop stopped: {e}");
+                    }
+                })?,
+        );
+    }
+    Ok(RespFrontEnd {
+        addr: local,
+        wakers,
+        threads: handles,
+    })
+}
+
+struct Conn {
+    stream: TcpStream,
+    session: RespSession,
+    input: Vec<u8>,
+    /// Unconsumed input is `input[start..end]`.
+    start: usize,
+    end: usize,
+    /// Unconsumed bytes needed before parsing again.
+    need: usize,
+    out: Vec<u8>,
+    out_pos: usize,
+    /// The last read came back short: nothing more until the next event.
+    drained: bool,
+    /// The peer closed its side.
+    eof: bool,
+    /// Close once the output is written.
+    closing: bool,
+}
+
+struct Loop {
+    poll: Poll,
+    listener: TcpListener,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    shared: Arc<RespShared>,
+    clock: Clock,
+    next_id: u64,
+    id_step: u64,
+}
+
+enum Drive {
+    Keep,
+    Close,
+}
+
+impl Loop {
+    fn run(&mut self, stop: &AtomicBool) -> io::Result<()> {
+        let mut events = Events::with_capacity(EVENTS_PER_POLL);
+        let mut ready: Vec<usize> = Vec::with_capacity(EVENTS_PER_POLL);
+        let mut last_event = Instant::now();
+        let spin = Duration::from_micros(RESP_IDLE_SPIN_US);
+        while !stop.load(Ordering::Acquire) {
+            let timeout = if last_event.elapsed() < spin {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(POLL_TIMEOUT_MS)
+            };
+            match self.poll.poll(&mut events, Some(timeout)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            if events.is_empty() {
+                continue;
+            }
+            last_event = Instant::now();
+            ready.clear();
+            let mut accept = false;
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => accept = true,
+                    WAKER => {}
+                    Token(t) => {
+                        let i = t - FIRST_CONN;
+                        if let Some(Some(c)) = self.conns.get_mut(i) {
+                            if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                                c.drained = false;
+                            }
+                            ready.push(i);
+                        }
+                    }
+                }
+            }
+            if accept {
+                self.accept_all();
+            }
+            let now = self.clock.now_ms();
+            // Read and execute for every ready connection first, then
+            // write every reply: the replies of one wake-up leave together,
+            // so a client multiplexing many connections (redis-benchmark)
+            // finds them in one epoll wait instead of waking per reply.
+            for &i in &ready {
+                if let Some(Some(c)) = self.conns.get_mut(i) {
+                    fill(c, &self.shared, now);
+                }
+            }
+            for &i in &ready {
+                let Some(Some(c)) = self.conns.get_mut(i) else {
+                    continue;
+                };
+                if let Drive::Close = drive(c, &self.shared, now) {
+                    self.close(i);
+                }
+            }
+        }
+        for i in 0..self.conns.len() {
+            if self.conns[i].is_some() {
+                self.close(i);
+            }
+        }
+        Ok(())
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            let (mut stream, _) = match self.listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and friends: leave the rest queued for the next event.
+                    tracing::warn!("resp accept failed: {e}");
+                    return;
+                }
+            };
+            let c = &self.shared.counters;
+            c.connections_received.fetch_add(1, Ordering::Relaxed);
+            if c.connected.fetch_add(1, Ordering::AcqRel) as usize >= RESP_CONNECTIONS_MAX {
+                c.connected.fetch_sub(1, Ordering::AcqRel);
+                c.rejected.fetch_add(1, Ordering::Relaxed);
+                // Best effort, as Redis does; the socket is closed either way.
+                let _ = stream.write(b"-ERR max number of clients reached\r\n");
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let i = self.free.pop().unwrap_or_else(|| {
+                self.conns.push(None);
+                self.conns.len() - 1
+            });
+            if let Err(e) = self.poll.registry().register(
+                &mut stream,
+                Token(i + FIRST_CONN),
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                tracing::warn!("resp register failed: {e}");
+                self.free.push(i);
+                c.connected.fetch_sub(1, Ordering::AcqRel);
+                continue;
+            }
+            let id = self.next_id;
+            self.next_id += self.id_step;
+            self.conns[i] = Some(Conn {
+                stream,
+                session: RespSession::new(&self.shared, id),
+                input: vec![0; RESP_READ_CHUNK_BYTES],
+                start: 0,
+                end: 0,
+                need: 0,
+                out: Vec::new(),
+                out_pos: 0,
+                drained: false,
+                eof: false,
+                closing: false,
+            });
+            // Data may have arrived before registration; drive it now.
+            let now = self.clock.now_ms();
+            if let Some(Some(conn)) = self.conns.get_mut(i) {
+                if let Drive::Close = drive(conn, &self.shared, now) {
+                    self.close(i);
+                }
+            }
+        }
+    }
+
+    fn close(&mut self, i: usize) {
+        if let Some(mut c) = self.conns[i].take() {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+            self.shared
+                .counters
+                .connected
+                .fetch_sub(1, Ordering::AcqRel);
+            self.free.push(i);
+        }
+    }
+}
+
+/// The first half of a wake-up: reads and executes what one read brings,
+/// leaving the replies for [`drive`] to write.
+fn fill(c: &mut Conn, shared: &RespShared, now_ms: u64) {
+    if c.closing || c.eof || c.drained || c.out_pos < c.out.len() || !make_room(c) {
+        return;
+    }
+    let offered = c.input.len() - c.end;
+    match c.stream.read(&mut c.input[c.end..]) {
+        Ok(0) => c.eof = true,
+        Ok(n) => {
+            c.end += n;
+            c.drained = n < offered;
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => c.drained = true,
+        // Left for drive, which meets the same error and closes.
+        Err(_) => return,
+    }
+    if c.end - c.start >= c.need.max(1) {
+        let p = c
+            .session
+            .process(shared, &c.input[c.start..c.end], &mut c.out, now_ms);
+        c.start += p.consumed;
+        c.need = p.need;
+        c.closing |= p.close;
+    }
+}
+
+/// Executes, writes and reads for one connection until it has nothing to
+/// do or must wait for the socket.
+fn drive(c: &mut Conn, shared: &RespShared, now_ms: u64) -> Drive {
+    loop {
+        // 1. Execute what is buffered (bounded by the output soft limit).
+        let mut more_buffered = false;
+        if !c.closing && c.end - c.start >= c.need.max(1) {
+            let p = c
+                .session
+                .process(shared, &c.input[c.start..c.end], &mut c.out, now_ms);
+            c.start += p.consumed;
+            c.need = p.need;
+            c.closing |= p.close;
+            // Stopped for output room with whole commands possibly left.
+            more_buffered = !p.close && p.need == 0 && c.start < c.end;
+        }
+        // 2. Write the replies.
+        while c.out_pos < c.out.len() {
+            match c.stream.write(&c.out[c.out_pos..]) {
+                Ok(0) => return Drive::Close,
+                Ok(n) => c.out_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Drive::Keep,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Drive::Close,
+            }
+        }
+        reset_out(c);
+        if c.closing || (c.eof && !more_buffered) {
+            return Drive::Close;
+        }
+        if more_buffered {
+            continue;
+        }
+        if c.drained {
+            compact_idle(c);
+            return Drive::Keep;
+        }
+        // 3. Read more.
+        if !make_room(c) {
+            // A command over every bound: the parser refuses it before this.
+            return Drive::Close;
+        }
+        let offered = c.input.len() - c.end;
+        match c.stream.read(&mut c.input[c.end..]) {
+            Ok(0) => c.eof = true,
+            Ok(n) => {
+                c.end += n;
+                c.drained = n < offered;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                c.drained = true;
+                compact_idle(c);
+                return Drive::Keep;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Drive::Close,
+        }
+    }
+}
+
+fn reset_out(c: &mut Conn) {
+    c.out.clear();
+    c.out_pos = 0;
+    if c.out.capacity() > RESP_IDLE_BUFFER_BYTES_MAX {
+        c.out = Vec::new();
+    }
+}
+
+/// Gives back a large input buffer once nothing is pending in it.
+fn compact_idle(c: &mut Conn) {
+    if c.start == c.end {
+        c.start = 0;
+        c.end = 0;
+        if c.input.len() > RESP_IDLE_BUFFER_BYTES_MAX {
+            c.input = vec![0; RESP_READ_CHUNK_BYTES];
+        }
+    }
+}
+
+/// Makes room for a read: moves pending bytes to the front, and grows the
+/// buffer (up to [`RESP_INPUT_BYTES_MAX`]) when a command needs more.
+fn make_room(c: &mut Conn) -> bool {
+    if c.start == c.end {
+        c.start = 0;
+        c.end = 0;
+    }
+    if c.input.len() - c.end >= RESP_READ_CHUNK_BYTES {
+        return true;
+    }
+    let pending = c.end - c.start;
+    if c.start > 0 {
+        c.input.copy_within(c.start..c.end, 0);
+        c.start = 0;
+        c.end = pending;
+    }
+    let want = (pending.max(c.need) + RESP_READ_CHUNK_BYTES).min(RESP_INPUT_BYTES_MAX);
+    if c.input.len() < want {
+        c.input.resize(want, 0);
+    }
+    c.input.len() > c.end
+}

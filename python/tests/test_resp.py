@@ -1,0 +1,175 @@
+"""The Redis-compatible front-end, driven by unmodified Redis clients:
+redis-py, redis-cli and redis-benchmark."""
+
+import shutil
+import subprocess
+import time
+
+import pytest
+import redis
+
+
+@pytest.fixture
+def r(server):
+    c = redis.Redis(host=server.resp_host, port=server.resp_port)
+    yield c
+    c.close()
+
+
+def test_strings_round_trip(r):
+    assert r.ping() is True
+    assert r.set("greeting", "hello") is True
+    assert r.get("greeting") == b"hello"
+    assert r.get("absent") is None
+    value = bytes(range(256)) * 4 + b"\r\n\x00"
+    assert r.set(b"bin\x00key", value)
+    assert r.get(b"bin\x00key") == value
+    big = b"v" * (1 << 20)
+    assert r.set("big", big)
+    assert r.get("big") == big
+    assert r.strlen("big") == 1 << 20
+
+
+def test_set_options(r):
+    r.delete("opt")
+    assert r.set("opt", "a", xx=True) is None
+    assert r.set("opt", "a", nx=True) is True
+    assert r.set("opt", "b", nx=True) is None
+    assert r.get("opt") == b"a"
+    assert r.set("opt", "c", xx=True, ex=100) is True
+    assert 99 <= r.ttl("opt") <= 100
+    assert r.set("opt", "d", px=2500) is True
+    assert 2000 < r.pttl("opt") <= 2500
+    assert r.set("opt", "e", keepttl=True) is True
+    assert r.ttl("opt") > 0
+    assert r.set("opt", "f", get=True) == b"e"
+    assert r.ttl("opt") == -1
+
+
+def test_multi_key_commands(r):
+    pairs = {f"mk:{i}": f"value {i}".encode() for i in range(100)}
+    assert r.mset(pairs) is True
+    keys = list(pairs) + ["mk:absent"]
+    assert r.mget(keys) == list(pairs.values()) + [None]
+    assert r.exists("mk:1", "mk:2", "mk:absent") == 2
+    assert r.delete("mk:1", "mk:2", "mk:absent") == 2
+    assert r.exists("mk:1") == 0
+
+
+def test_expiry_is_active(r):
+    """A key past its TTL disappears without being read (the sweep)."""
+    before = r.dbsize()
+    r.set("short", "x", px=50)
+    r.expire("short", 1)  # re-arm with EXPIRE to cover it too
+    assert r.ttl("short") == 1
+    r.pexpire("short", 50)
+    deadline = time.monotonic() + 10
+    while r.dbsize() > before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert r.dbsize() == before, "expired key reclaimed without access"
+    assert r.get("short") is None
+    assert r.ttl("short") == -2
+
+
+def test_incr(r):
+    r.delete("counter")
+    assert r.incr("counter") == 1
+    assert r.incrby("counter", 10) == 11
+    assert r.decr("counter") == 10
+    assert r.decrby("counter", 20) == -10
+    r.set("text", "abc")
+    with pytest.raises(redis.ResponseError, match="not an integer"):
+        r.incr("text")
+    r.set("max", str(2**63 - 1))
+    with pytest.raises(redis.ResponseError, match="overflow"):
+        r.incr("max")
+
+
+def test_errors(r):
+    with pytest.raises(redis.ResponseError, match="unknown command 'NOSUCH'"):
+        r.execute_command("NOSUCH", "a")
+    with pytest.raises(redis.ResponseError, match="wrong number of arguments for 'get'"):
+        r.execute_command("GET")
+    with pytest.raises(redis.ResponseError, match="syntax error"):
+        r.execute_command("SET", "k", "v", "EX")
+    with pytest.raises(redis.ResponseError, match="at most 250 bytes"):
+        r.set("k" * 251, "v")
+    # The connection is still usable after errors.
+    assert r.ping()
+
+
+def test_pipelining(r):
+    p = r.pipeline(transaction=False)
+    for i in range(2000):
+        p.set(f"p:{i}", i)
+    for i in range(2000):
+        p.get(f"p:{i}")
+    out = p.execute()
+    assert out[:2000] == [True] * 2000
+    assert out[2000:] == [str(i).encode() for i in range(2000)]
+
+
+def test_info_and_config(r):
+    info = r.info()
+    assert "redis_version" in info
+    assert info["connected_clients"] >= 1
+    assert "db0" in r.info("keyspace")
+    assert r.config_get("save") == {"save": ""}
+    assert r.config_get("appendonly") == {"appendonly": "no"}
+
+
+def test_auth(auth_server):
+    c = redis.Redis(host=auth_server.resp_host, port=auth_server.resp_port)
+    with pytest.raises(redis.AuthenticationError):
+        c.get("k")
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(host=auth_server.resp_host, port=auth_server.resp_port,
+                    password="wrong").ping()
+    ok = redis.Redis(host=auth_server.resp_host, port=auth_server.resp_port,
+                     password="s3cret pass")
+    assert ok.set("k", "v") and ok.get("k") == b"v"
+    ok2 = redis.Redis(host=auth_server.resp_host, port=auth_server.resp_port,
+                      username="default", password="s3cret pass")
+    assert ok2.get("k") == b"v"
+
+
+def redis_tool(name):
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is missing: run `make deps`")
+    return path
+
+
+def cli(server, *args, stdin=None):
+    return subprocess.run(
+        [redis_tool("redis-cli"), "-h", server.resp_host, "-p", str(server.resp_port), *args],
+        input=stdin, capture_output=True, text=True, timeout=30, check=True,
+    ).stdout
+
+
+def test_redis_cli(server):
+    assert cli(server, "PING").strip() == "PONG"
+    assert cli(server, "SET", "cli key", "cli value").strip() == "OK"
+    assert cli(server, "GET", "cli key").strip() == "cli value"
+    assert cli(server, "--raw", "INCR", "cli:n").strip() == "1"
+    assert "unknown command" in cli(server, "FOO")
+    # Commands on stdin, one per line, as scripts feed redis-cli.
+    out = cli(server, stdin="SET a 1\nGET a\nDEL a\nEXISTS a\n")
+    assert out.split() == ["OK", "1", "1", "0"]
+
+
+def test_redis_benchmark_runs_unchanged(server, r):
+    out = subprocess.run(
+        [redis_tool("redis-benchmark"), "-h", server.resp_host, "-p", str(server.resp_port),
+         "-t", "ping,set,get,incr,mset", "-n", "2000", "-r", "1000", "-P", "16",
+         "-c", "8", "--csv"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    rows = {line.split(",")[0].strip('"'): line for line in out.splitlines()[1:] if line}
+    for test in ["PING_INLINE", "PING_MBULK", "SET", "GET", "INCR", "MSET (10 keys)"]:
+        assert test in rows, f"{test} missing from {out}"
+        assert float(rows[test].split(",")[1].strip('"')) > 0
+    # The SETs it made are there: keys key:000000000NNN with 3-byte values.
+    assert r.get("key:__rand_int__") is None
+    values = [r.get(f"key:{i:012d}") for i in range(1000)]
+    assert sum(v is not None and len(v) == 3 for v in values) > 500
