@@ -147,9 +147,13 @@ impl KvService {
         let partitions = u32::from(self.workers);
         // Uncontended: only RESP threads ever take another worker's lock.
         let mut partition = self.parts.lock(usize::from(self.id));
-        // Prefetch pass: start every key's bucket load before the first lookup.
+        // Prefetch passes: every key's bucket, then every item those buckets
+        // name, before the first lookup, so the batch's misses overlap.
         for op in ops.clone() {
             partition.prefetch(KeyHash::of(op.key));
+        }
+        for op in ops.clone() {
+            partition.prefetch_item(KeyHash::of(op.key));
         }
         let mut rb = ResponseBuilder::new(out, id, self.id);
         let total = ops.len();
