@@ -11,12 +11,15 @@
 //!   in the same run, pinned to the same cores, for ratios;
 //! - [`memcache`]: a memcached text-protocol load generator shaped like
 //!   redis-benchmark, for memcached's side of `bench compare`;
-//! - [`cpu`]: a server process's CPU time from `/proc`, for CPU-seconds.
+//! - [`cpu`]: a server process's CPU time from `/proc`, for CPU-seconds;
+//! - [`compare`]: FabricKV (RESP, native tcp and shm) beside redis-server
+//!   and memcached on the same workloads, with server CPU-seconds.
 //!
 //! Benchmarks are not tests: they measure. A small run of each is part of
 //! `make test` only so that none of them rots.
 
 pub mod baseline;
+pub mod compare;
 pub mod cpu;
 pub mod herd;
 pub mod keys;

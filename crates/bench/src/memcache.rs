@@ -10,11 +10,10 @@
 //! reply. Values are [`fill_value`] bytes: text-protocol values are length
 //! prefixed, so any byte is fine, and every GET is checked.
 //!
-//! One difference from redis-benchmark: it writes a window of `pipeline`
-//! requests and waits for all of their replies before it writes the next
-//! window, while this generator replaces each completed request at once
-//! (those completed by one read go out in one write), so a connection
-//! always has exactly `pipeline` requests outstanding.
+//! Like redis-benchmark with `-P`, each connection writes a batch of
+//! `pipeline` requests in one write and waits for all of their replies
+//! before writing the next batch; each request's latency runs from its
+//! batch's write to its own reply.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -460,12 +459,16 @@ impl Requests {
 }
 
 impl Conn {
-    /// Tops the connection up to `pipeline` requests in flight and writes
-    /// what it can.
+    /// Once every request of the last batch is answered, writes the next
+    /// batch of `pipeline` requests in one write, as redis-benchmark does
+    /// with `-P` (so both peers see the same batches); otherwise only
+    /// writes what is still unwritten.
     fn refill(&mut self, reqs: &mut Requests, pipeline: usize) -> Result<(), String> {
-        let now = Instant::now();
-        while self.pending.len() < pipeline {
-            reqs.push(self, now);
+        if self.pending.is_empty() {
+            let now = Instant::now();
+            for _ in 0..pipeline {
+                reqs.push(self, now);
+            }
         }
         self.flush()
     }

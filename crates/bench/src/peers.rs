@@ -51,7 +51,20 @@ pub fn pinned(cpus: Option<&str>, program: &str) -> Command {
 }
 
 /// Starts a server process and waits until it accepts on `port`.
-pub fn spawn_server(mut cmd: Command, name: &str, port: u16) -> Result<Child, String> {
+pub fn spawn_server(cmd: Command, name: &str, port: u16) -> Result<Child, String> {
+    spawn_until(cmd, name, || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .map_err(|e| format!("{e} (port {port})"))
+}
+
+/// Starts a server process and waits until `ready` says it serves (polled
+/// every 20 ms for at most [`SERVER_START_TIMEOUT`]).
+pub fn spawn_until(
+    mut cmd: Command,
+    name: &str,
+    mut ready: impl FnMut() -> bool,
+) -> Result<Child, String> {
     cmd.stdout(Stdio::null())
         .stderr(Stdio::null())
         .stdin(Stdio::null());
@@ -64,7 +77,7 @@ pub fn spawn_server(mut cmd: Command, name: &str, port: u16) -> Result<Child, St
     };
     let deadline = Instant::now() + SERVER_START_TIMEOUT;
     loop {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        if ready() {
             return Ok(c);
         }
         if let Ok(Some(status)) = c.child.try_wait() {
@@ -72,7 +85,7 @@ pub fn spawn_server(mut cmd: Command, name: &str, port: u16) -> Result<Child, St
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "{name} did not open port {port} within {SERVER_START_TIMEOUT:?}"
+                "{name} was not ready within {SERVER_START_TIMEOUT:?}"
             ));
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -130,6 +143,9 @@ pub fn spawn_memcached(cpus: Option<&str>) -> Result<(Child, u16), String> {
     let mut cmd = pinned(cpus, "memcached");
     cmd.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"]);
     cmd.args(["-t", "1", "-m", "1024", "-c", "4096"]);
+    // Its background LRU threads would share the one pinned core and take
+    // the item locks the worker needs; a cache this small never needs them.
+    cmd.args(["-o", "no_lru_crawler,no_lru_maintainer"]);
     if effective_uid() == Some(0) {
         cmd.args(["-u", "root"]);
     }

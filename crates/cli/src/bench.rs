@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use fabrickv_bench::compare::{self, CompareOpts, System};
 use fabrickv_bench::herd::{self, HerdOpts};
 use fabrickv_bench::kv::{self, KvOpts};
 use fabrickv_bench::peers;
@@ -14,6 +15,8 @@ pub enum BenchCommand {
     Kv(KvArgs),
     /// HERD's workload and table: Cores x Batched / Non-batched Mops, per-worker lines.
     Herd(HerdArgs),
+    /// FabricKV (RESP, native tcp, shm) beside redis-server and memcached: Mops, p50/p99, server CPU-s per Mop.
+    Compare(CompareArgs),
     /// Echo RPCs over a transport: the seed's table (ops/s, fast, ave, p50, p99).
     Rpc(crate::rpc_bench::RpcArgs),
     /// The echo server `bench rpc` starts as a pinned child process.
@@ -111,6 +114,44 @@ pub struct HerdArgs {
     json: bool,
 }
 
+#[derive(Args)]
+pub struct CompareArgs {
+    /// Systems to run: redis, memcached, fabrickv-resp, fabrickv-tcp, fabrickv-shm.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "redis,memcached,fabrickv-resp,fabrickv-tcp,fabrickv-shm"
+    )]
+    systems: Vec<String>,
+    /// CPUs every server is pinned to.
+    #[arg(long, default_value = "0")]
+    server_cpus: String,
+    /// CPU every load generator is pinned to.
+    #[arg(long, default_value_t = 1)]
+    client_cpu: usize,
+    /// Distinct keys, preloaded and checked before measuring.
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 32)]
+    value_size: usize,
+    /// Pipeline depths of the GET and SET workloads.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    depths: Vec<usize>,
+    /// Multi-get sizes (keys per MGET).
+    #[arg(long, value_delimiter = ',', default_value = "10,100")]
+    mget: Vec<usize>,
+    /// Connections (redis-benchmark -c), or native frames in flight.
+    #[arg(long, default_value_t = 50)]
+    conns: usize,
+    /// Measured seconds per case.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Print one JSON object per result as well as the table.
+    #[arg(long)]
+    json: bool,
+}
+
 pub fn cpu_list(s: &Option<String>) -> Result<Vec<usize>, String> {
     let Some(s) = s else { return Ok(Vec::new()) };
     let mut out = Vec::new();
@@ -133,6 +174,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), String> {
     match cmd {
         BenchCommand::Kv(a) => run_kv(a),
         BenchCommand::Herd(a) => run_herd(a),
+        BenchCommand::Compare(a) => run_compare(a),
         BenchCommand::Rpc(a) => crate::rpc_bench::run(a),
         BenchCommand::RpcServer(a) => crate::rpc_bench::serve(a),
     }
@@ -225,6 +267,38 @@ fn run_herd(a: HerdArgs) -> Result<(), String> {
         .iter()
         .any(|r| r.batched.wrong_values + r.non_batched.wrong_values > 0)
     {
+        return Err("some reads returned wrong values".into());
+    }
+    Ok(())
+}
+
+fn run_compare(a: CompareArgs) -> Result<(), String> {
+    if !(a.duration.is_finite() && a.duration > 0.0) {
+        return Err("--duration must be a positive number of seconds".into());
+    }
+    let opts = CompareOpts {
+        systems: a
+            .systems
+            .iter()
+            .map(|s| System::parse(s))
+            .collect::<Result<_, _>>()?,
+        server_cpus: a.server_cpus,
+        client_cpu: a.client_cpu,
+        keys: a.keys,
+        value_size: a.value_size,
+        depths: a.depths,
+        mget: a.mget,
+        conns: a.conns,
+        duration: Duration::from_secs_f64(a.duration),
+    };
+    let rows = compare::run(&opts)?;
+    compare::print(&opts, &rows);
+    if a.json {
+        for r in &rows {
+            println!("{}", compare::json(&rows, r));
+        }
+    }
+    if rows.iter().any(|r| r.result.wrong_values > 0) {
         return Err("some reads returned wrong values".into());
     }
     Ok(())
