@@ -50,6 +50,9 @@ fmt:
 bench-smoke: build-fabric
 	$(BIN) bench kv --duration 0.5 --keys 2000 --json
 	$(BIN) bench kv --duration 0.5 --keys 2000 --get-percent 100 --server-cpus 0 --client-cpus 1 --compare-redis --json
+	$(BIN) bench herd --workers 1,2 --keys-per-partition 2000 --duration 0.3 --json
+	$(BIN) bench herd --transport shm --workers 1 --keys-per-partition 2000 --duration 0.3 --server-cpus 0 --client-cpus 1 --json
+	$(BIN) bench compare --keys 2000 --duration 0.3 --depths 1,16 --mget 10 --json
 	$(BIN) bench rpc --transport inproc --duration 0.3 --report-every 0 --json
 	$(BIN) bench rpc --transport tcp --duration 0.3 --report-every 0 --affinity random --server-threads 2 --client-threads 2 --json
 	$(BIN) bench rpc --transport shm --duration 0.3 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json
@@ -61,6 +64,13 @@ bench: deps build-fabric
 	mkdir -p $(BENCH_DIR)
 	bash scripts/bench-kv.sh | tee $(BENCH_DIR)/$(DATE)-kv.txt
 	bash scripts/bench-rpc.sh | tee $(BENCH_DIR)/$(DATE)-rpc.txt
+	bash scripts/bench-herd.sh | tee $(BENCH_DIR)/$(DATE)-herd.txt
+	bash scripts/bench-compare.sh | tee $(BENCH_DIR)/$(DATE)-compare.txt
+
+## FabricKV beside redis-server and memcached (see scripts/bench-compare.sh).
+compare: deps build
+	mkdir -p $(BENCH_DIR)
+	bash scripts/bench-compare.sh | tee $(BENCH_DIR)/$(DATE)-compare.txt
 
 ## Fuzz the wire codec (FUZZ_SECONDS per target, default 60).
 fuzz:

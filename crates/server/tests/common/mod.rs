@@ -82,7 +82,19 @@ impl TestServer {
     /// Starts a server with `workers` workers and `memory_bytes` of engine
     /// memory over all of them.
     pub fn start(t: Transport, workers: usize, mode: Mode, memory_bytes: u64) -> TestServer {
-        let cfg = ServerConfig {
+        TestServer::start_with(t, workers, mode, memory_bytes, |_| {})
+    }
+
+    /// Starts a server whose configuration `edit` adjusts first (to turn
+    /// on the RESP front-end, for one).
+    pub fn start_with(
+        t: Transport,
+        workers: usize,
+        mode: Mode,
+        memory_bytes: u64,
+        edit: impl FnOnce(&mut ServerConfig),
+    ) -> TestServer {
+        let mut cfg = ServerConfig {
             listen: t.listen_addr(),
             workers: Some(workers),
             mode,
@@ -90,6 +102,7 @@ impl TestServer {
             log_level: "warn".to_string(),
             ..ServerConfig::default()
         };
+        edit(&mut cfg);
         let handle = Server::start(&cfg).expect("server starts");
         TestServer {
             addr: handle.addr().to_string(),
@@ -133,6 +146,13 @@ impl TestServer {
         self.addr
             .strip_prefix("shm://")
             .expect("an shm server's address starts with shm://")
+    }
+
+    /// Where the RESP front-end listens (servers started with it on).
+    pub fn resp_addr(&self) -> &str {
+        self.handle
+            .resp_addr()
+            .expect("the server was started with its RESP front-end on")
     }
 
     /// Stops the server and waits for its threads.

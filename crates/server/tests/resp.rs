@@ -1,0 +1,262 @@
+//! The RESP front-end over real sockets: pipelining, large values arriving
+//! in pieces, hostile input, backpressure, and agreement with the native
+//! protocol. RESP itself is TCP; each test runs beside a native listener
+//! on every transport, and the tests that cross front-ends check that a
+//! value written through one is read through the other on each of them.
+
+#[macro_use]
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{wait_for, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+use fabrickv_server::Mode;
+
+fn server(t: Transport, password: Option<&str>) -> TestServer {
+    TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, |c| {
+        c.resp = Some("127.0.0.1:0".into());
+        c.resp_password = password.map(str::to_string);
+    })
+}
+
+/// A blocking RESP connection with a reader for replies.
+struct Resp {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl Resp {
+    fn connect(s: &TestServer) -> Resp {
+        let w = TcpStream::connect(s.resp_addr()).expect("connects");
+        w.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+        w.set_nodelay(true).expect("nodelay");
+        let r = BufReader::new(w.try_clone().expect("clone"));
+        Resp { w, r }
+    }
+
+    fn send(&mut self, args: &[&[u8]]) {
+        self.w.write_all(&encode(args)).expect("writes");
+    }
+
+    /// One reply, rendered as text (`+OK`, `:1`, `$v`, `nil`, `-ERR ...`,
+    /// or `[a,b]` for arrays).
+    fn reply(&mut self) -> String {
+        let mut line = Vec::new();
+        self.r.read_until(b'\n', &mut line).expect("reads a reply");
+        assert!(line.ends_with(b"\r\n"), "reply line {line:?}");
+        line.truncate(line.len() - 2);
+        let text = String::from_utf8_lossy(&line[1..]).into_owned();
+        match line.first() {
+            Some(b'+') | Some(b'-') | Some(b':') => String::from_utf8_lossy(&line).into_owned(),
+            Some(b'$') if text == "-1" => "nil".into(),
+            Some(b'$') => {
+                let n: usize = text.parse().expect("bulk length");
+                let mut v = vec![0; n + 2];
+                self.r.read_exact(&mut v).expect("bulk body");
+                v.truncate(n);
+                format!("${}", String::from_utf8_lossy(&v))
+            }
+            Some(b'*') => {
+                let n: usize = text.parse().expect("array length");
+                let items: Vec<String> = (0..n).map(|_| self.reply()).collect();
+                format!("[{}]", items.join(","))
+            }
+            _ => panic!("not a RESP reply: {line:?}"),
+        }
+    }
+
+    fn call(&mut self, args: &[&str]) -> String {
+        let a: Vec<&[u8]> = args.iter().map(|s| s.as_bytes()).collect();
+        self.send(&a);
+        self.reply()
+    }
+
+    /// Whether the server closed the connection (EOF within the timeout).
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.r.read(&mut b), Ok(0))
+    }
+}
+
+fn encode(args: &[&[u8]]) -> Vec<u8> {
+    let mut v = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        v.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        v.extend_from_slice(a);
+        v.extend_from_slice(b"\r\n");
+    }
+    v
+}
+
+fn pipelined_commands_in_one_write(t: Transport) {
+    let s = server(t, None);
+    let mut c = Resp::connect(&s);
+    let mut batch = Vec::new();
+    for i in 0..5000 {
+        let k = format!("k{i}");
+        batch.extend(encode(&[b"SET", k.as_bytes(), format!("v{i}").as_bytes()]));
+        batch.extend(encode(&[b"GET", k.as_bytes()]));
+    }
+    c.w.write_all(&batch).expect("writes");
+    for i in 0..5000 {
+        assert_eq!(c.reply(), "+OK");
+        assert_eq!(c.reply(), format!("$v{i}"));
+    }
+    s.shutdown();
+}
+
+fn a_large_value_arriving_in_pieces(t: Transport) {
+    let s = server(t, None);
+    let mut c = Resp::connect(&s);
+    let value: Vec<u8> = (0..(1 << 20)).map(|i| (i % 251) as u8).collect();
+    let cmd = encode(&[b"SET", b"big", &value]);
+    // Header a byte at a time, then the body in uneven pieces.
+    for b in &cmd[..20] {
+        c.w.write_all(std::slice::from_ref(b)).expect("writes");
+    }
+    for piece in cmd[20..].chunks(7919) {
+        c.w.write_all(piece).expect("writes");
+    }
+    assert_eq!(c.reply(), "+OK");
+    c.send(&[b"GET", b"big"]);
+    let mut head = Vec::new();
+    c.r.read_until(b'\n', &mut head).expect("reads");
+    assert_eq!(head, format!("${}\r\n", value.len()).as_bytes());
+    let mut got = vec![0; value.len() + 2];
+    c.r.read_exact(&mut got).expect("reads the value");
+    assert_eq!(&got[..value.len()], &value[..]);
+    s.shutdown();
+}
+
+fn hostile_input_closes_only_that_connection(t: Transport) {
+    let s = server(t, None);
+    let mut good = Resp::connect(&s);
+    assert_eq!(good.call(&["SET", "keep", "me"]), "+OK");
+    let cases: [&[u8]; 5] = [
+        b"*1\r\n$99999999999\r\n",
+        b"*99999999\r\n",
+        b"*2\r\n$3\r\nGET\r\n:1\r\n",
+        b"*1\r\n$3\r\nGETxx",
+        b"\"unbalanced\r\n",
+    ];
+    for bytes in cases {
+        let mut bad = Resp::connect(&s);
+        bad.w.write_all(bytes).expect("writes");
+        let reply = bad.reply();
+        assert!(
+            reply.starts_with("-ERR Protocol error"),
+            "{bytes:?}: {reply}"
+        );
+        assert!(bad.closed(), "{bytes:?}: the connection is closed");
+    }
+    // An inline line without end, longer than the bound.
+    let mut bad = Resp::connect(&s);
+    let long = vec![b'a'; fabrickv_resp::limits::RESP_INLINE_BYTES_MAX + 1];
+    // The server may close before taking every byte; that is the point.
+    let _ = bad.w.write_all(&long);
+    assert!(bad.reply().contains("too big inline request"));
+    // Half a command, then the client goes away.
+    let mut gone = Resp::connect(&s);
+    gone.w
+        .write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$100\r\nabc")
+        .expect("writes");
+    drop(gone);
+    assert_eq!(good.call(&["GET", "keep"]), "$me");
+    assert_eq!(
+        good.call(&["EXISTS", "x"]),
+        ":0",
+        "a half command wrote nothing"
+    );
+    s.shutdown();
+}
+
+fn a_client_that_does_not_read_is_paused_not_buffered(t: Transport) {
+    let s = server(t, None);
+    let mut c = Resp::connect(&s);
+    let value = vec![b'v'; 256 << 10];
+    c.send(&[b"SET", b"v", &value]);
+    assert_eq!(c.reply(), "+OK");
+    // 64 MiB of replies asked for, none read yet.
+    let mut gets = Vec::new();
+    for _ in 0..256 {
+        gets.extend(encode(&[b"GET", b"v"]));
+    }
+    let mut w = c.w.try_clone().expect("clone");
+    let writer = std::thread::spawn(move || w.write_all(&gets).is_ok());
+    // Meanwhile everyone else is served.
+    let mut other = Resp::connect(&s);
+    for i in 0..100 {
+        assert_eq!(other.call(&["PING"]), "+PONG", "ping {i}");
+    }
+    // Then the slow client reads every reply, whole and in order.
+    for _ in 0..256 {
+        let mut head = Vec::new();
+        c.r.read_until(b'\n', &mut head).expect("reads");
+        assert_eq!(head, format!("${}\r\n", value.len()).as_bytes());
+        let mut body = vec![0; value.len() + 2];
+        c.r.read_exact(&mut body).expect("body");
+        assert!(body[..value.len()].iter().all(|&b| b == b'v'));
+    }
+    assert!(writer.join().expect("writer thread"));
+    s.shutdown();
+}
+
+fn resp_and_native_see_the_same_data(t: Transport) {
+    let s = server(t, None);
+    let mut native = s.client();
+    let mut r = Resp::connect(&s);
+    native.put(b"from-native", b"n").expect("put");
+    assert_eq!(r.call(&["GET", "from-native"]), "$n");
+    assert_eq!(r.call(&["SET", "from-resp", "r", "PX", "60000"]), "+OK");
+    assert_eq!(native.get(b"from-resp").expect("get"), Some(b"r".to_vec()));
+    // Keys land in the partition the native client steers to, whichever
+    // worker's RESP thread served them.
+    let keys: Vec<String> = (0..200).map(|i| format!("spread:{i}")).collect();
+    for k in &keys {
+        assert_eq!(r.call(&["SET", k, k]), "+OK");
+    }
+    let got = native.mget(&keys).expect("mget");
+    for (k, v) in keys.iter().zip(got) {
+        assert_eq!(v.as_deref(), Some(k.as_bytes()));
+    }
+    assert!(native.delete(b"from-resp").expect("delete"));
+    assert_eq!(r.call(&["GET", "from-resp"]), "nil");
+    s.shutdown();
+}
+
+fn password_is_enforced(t: Transport) {
+    let s = server(t, Some("hunter2"));
+    let mut c = Resp::connect(&s);
+    assert_eq!(c.call(&["GET", "k"]), "-NOAUTH Authentication required.");
+    assert!(c.call(&["AUTH", "nope"]).starts_with("-WRONGPASS"));
+    assert_eq!(c.call(&["AUTH", "hunter2"]), "+OK");
+    assert_eq!(c.call(&["SET", "k", "v"]), "+OK");
+    // A new connection starts unauthenticated.
+    let mut d = Resp::connect(&s);
+    assert!(d.call(&["GET", "k"]).starts_with("-NOAUTH"));
+    s.shutdown();
+}
+
+fn ttl_expires_without_access(t: Transport) {
+    let s = server(t, None);
+    let mut c = Resp::connect(&s);
+    assert_eq!(c.call(&["SET", "t", "v", "PX", "30"]), "+OK");
+    assert_eq!(c.call(&["DBSIZE"]), ":1");
+    // The sweep reclaims it; nobody reads the key meanwhile.
+    wait_for("the sweep to reclaim t", Duration::from_secs(20), || {
+        c.call(&["DBSIZE"]) == ":0"
+    });
+    s.shutdown();
+}
+
+transport_tests!(
+    pipelined_commands_in_one_write,
+    a_large_value_arriving_in_pieces,
+    hostile_input_closes_only_that_connection,
+    a_client_that_does_not_read_is_paused_not_buffered,
+    resp_and_native_see_the_same_data,
+    password_is_enforced,
+    ttl_expires_without_access,
+);
