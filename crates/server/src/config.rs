@@ -177,7 +177,7 @@ mod tests {
     #[test]
     fn toml_overrides_defaults() {
         let c = ServerConfig::from_toml(
-            "listen = \"127.0.0.1:9000\"\nworkers = 3\nmode = \"cache\"\nmemory = \"64MB\"\n",
+            "listen = \"127.0.0.1:9000\"\nworkers = 3\nmode = \"cache\"\nmemory = \"64MB\"\nresp = \"127.0.0.1:7380\"\nresp_password = \"pw\"\n",
         )
         .expect("valid config");
         assert_eq!(c.listen, "127.0.0.1:9000");
@@ -185,6 +185,9 @@ mod tests {
         assert_eq!(c.mode, Mode::Cache);
         assert_eq!(c.memory_bytes, 64 << 20);
         assert_eq!(c.log_level, "info");
+        assert_eq!(c.resp.as_deref(), Some("127.0.0.1:7380"));
+        assert_eq!(c.resp_password.as_deref(), Some("pw"));
+        assert_eq!(ServerConfig::default().resp, None, "RESP is off by default");
     }
 
     #[test]
@@ -209,5 +212,7 @@ mod tests {
             .contains("per worker"));
         c.memory_bytes = 64 << 20;
         assert!(c.validate().is_ok());
+        c.resp_password = Some(String::new());
+        assert!(c.validate().is_err(), "an empty password is refused");
     }
 }
