@@ -329,31 +329,34 @@ pub trait WorkerPort: Send {
 /// One round over the connections with work (`ready`, in order) for port
 /// implementations: `service(conn, budget)` handles up to `budget`
 /// messages of one connection and says how many and whether it has more.
-/// The round stops spending at `max` messages; connections not reached,
-/// and those with more, stay ready in their order. Returns the messages
-/// handled and the connections still ready.
+/// The round stops spending at `max` messages; connections not reached
+/// stay ready first, then those served that have more (round robin).
+/// Returns the messages handled and the connections still ready.
 pub fn serve_ready<E>(
     mut ready: Vec<usize>,
     max: usize,
     mut service: impl FnMut(usize, usize) -> std::result::Result<(usize, bool), E>,
 ) -> std::result::Result<(usize, Vec<usize>), E> {
     let mut handled = 0;
-    let mut keep = 0;
-    for i in 0..ready.len() {
-        let conn = ready[i];
-        let again = if handled < max {
-            let (n, again) = service(conn, max - handled)?;
-            handled += n;
-            again
-        } else {
-            true
-        };
-        if again {
-            ready[keep] = conn;
-            keep += 1;
+    // The connections served this burst are a prefix of `ready`; those
+    // still ready are compacted to its front, `again` of them.
+    let mut served = 0;
+    let mut again = 0;
+    while served < ready.len() && handled < max {
+        let conn = ready[served];
+        let (n, more) = service(conn, max - handled)?;
+        handled += n;
+        served += 1;
+        if more {
+            ready[again] = conn;
+            again += 1;
         }
     }
-    ready.truncate(keep);
+    // Served connections that are still ready go behind the ones this
+    // burst did not reach, so a few busy connections cannot starve the
+    // rest when the burst is short (round robin across bursts).
+    ready.drain(again..served);
+    ready.rotate_left(again);
     Ok((handled, ready))
 }
 
@@ -466,6 +469,29 @@ pub fn connect(addr: &str, worker: u16, timeout: Duration) -> Result<Box<dyn End
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serve_ready_is_round_robin_under_a_short_burst() {
+        // Every connection always has more; a burst of 2 messages serves
+        // one message each of two connections, then the next two, ...
+        let mut ready = vec![1, 2, 3, 4, 5];
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let (n, next) = serve_ready(ready, 2, |c, _| {
+                seen.push(c);
+                Ok::<_, ()>((1, true))
+            })
+            .expect("no error");
+            assert_eq!(n, 2);
+            ready = next;
+            assert_eq!(ready.len(), 5, "no connection is dropped");
+        }
+        assert_eq!(seen, vec![1, 2, 3, 4, 5, 1, 2, 3, 4, 5]);
+        // Connections with nothing more leave the list.
+        let (n, rest) =
+            serve_ready(vec![7, 8, 9], 10, |c, _| Ok::<_, ()>((1, c == 8))).expect("no error");
+        assert_eq!((n, rest), (3, vec![8]));
+    }
 
     #[test]
     fn parses_addresses() {

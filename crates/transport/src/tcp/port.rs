@@ -264,8 +264,13 @@ impl TcpPort {
         }
         let mut handled = 0;
         let mut corrupt = false;
-        while handled < budget && c.out.len() - c.out_head < CONN_SEND_QUEUE_BYTES_MAX {
+        // Corrupt framing is acted on even with no budget or room left: a
+        // connection whose next bytes are garbage has nothing more to
+        // deliver, and would otherwise wait for an edge that never comes.
+        loop {
+            let room = c.out.len() - c.out_head < CONN_SEND_QUEUE_BYTES_MAX;
             match framing::next(&c.inbuf[c.in_head..]) {
+                Next::Message(_) if handled >= budget || !room => break,
                 Next::Message(len) => {
                     let start = c.in_head + PREFIX_BYTES;
                     let msg = &c.inbuf[start..start + len];
