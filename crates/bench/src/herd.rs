@@ -10,14 +10,13 @@
 //! the per-worker line HERD's workers print: IOPS, average batch size, and
 //! lookup-fail rate.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fabrickv_client::Client;
 use fabrickv_server::{Mode, Server, ServerConfig, ServerHandle};
 
 use crate::kv::{self, KvOpts};
-use crate::peers::{free_port, pinned, SERVER_START_TIMEOUT};
+use crate::peers::{free_port, pinned, spawn_until, Child};
 use crate::report::BenchResult;
 
 /// What to run.
@@ -201,16 +200,7 @@ pub fn print(opts: &HerdOpts, rows: &[HerdRow]) {
 struct HerdServer {
     addr: String,
     _embedded: Option<ServerHandle>,
-    child: Option<std::process::Child>,
-}
-
-impl Drop for HerdServer {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    _child: Option<Child>,
 }
 
 impl HerdServer {
@@ -243,11 +233,11 @@ impl HerdServer {
             return Ok(HerdServer {
                 addr: h.addr().to_string(),
                 _embedded: Some(h),
-                child: None,
+                _child: None,
             });
         }
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut cmd: Command = pinned(opts.server_cpus.as_deref(), &exe.to_string_lossy());
+        let mut cmd = pinned(opts.server_cpus.as_deref(), &exe.to_string_lossy());
         cmd.args([
             "serve",
             "--listen",
@@ -255,35 +245,14 @@ impl HerdServer {
             "--workers",
             &workers.to_string(),
         ])
-        .args(["--memory", &memory.to_string(), "--log-level", "warn"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-        let c = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start the server: {e}"))?;
-        let mut s = HerdServer {
+        .args(["--memory", &memory.to_string(), "--log-level", "warn"]);
+        // Ready when a client completes its handshake (any transport).
+        let ready = || Client::connect_with_timeout(&listen, Duration::from_secs(1)).is_ok();
+        let c = spawn_until(cmd, "fabrickv", ready)?;
+        Ok(HerdServer {
             addr: listen.clone(),
             _embedded: None,
-            child: Some(c),
-        };
-        // Ready when a client completes its handshake (any transport).
-        let deadline = Instant::now() + SERVER_START_TIMEOUT;
-        loop {
-            if Client::connect_with_timeout(&listen, Duration::from_secs(1)).is_ok() {
-                return Ok(s);
-            }
-            if let Some(c) = &mut s.child {
-                if let Ok(Some(status)) = c.try_wait() {
-                    return Err(format!("the server exited at start with {status}"));
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "the server did not accept on {listen} within {SERVER_START_TIMEOUT:?}"
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            _child: Some(c),
+        })
     }
 }

@@ -73,6 +73,8 @@ pub struct KvService {
     stats: ProtocolStats,
     /// The worker port's counters as of the current burst.
     transport: PortStats,
+    /// The key hashes of the frame being executed (kept to reuse its memory).
+    hashes: Vec<KeyHash>,
 }
 
 impl KvService {
@@ -85,6 +87,7 @@ impl KvService {
             mode,
             stats: ProtocolStats::default(),
             transport: PortStats::default(),
+            hashes: Vec::with_capacity(BATCH_OPS_MAX),
         }
     }
 
@@ -149,15 +152,19 @@ impl KvService {
         let mut partition = self.parts.lock(usize::from(self.id));
         // Prefetch passes: every key's bucket, then every item those buckets
         // name, before the first lookup, so the batch's misses overlap.
-        for op in ops.clone() {
-            partition.prefetch(KeyHash::of(op.key));
+        // Each key is hashed once, here; execution reuses the hash.
+        self.hashes.clear();
+        self.hashes
+            .extend(ops.clone().map(|op| KeyHash::of(op.key)));
+        for &h in &self.hashes {
+            partition.prefetch(h);
         }
-        for op in ops.clone() {
-            partition.prefetch_item(KeyHash::of(op.key));
+        for &h in &self.hashes {
+            partition.prefetch_item(h);
         }
         let mut rb = ResponseBuilder::new(out, id, self.id);
         let total = ops.len();
-        for op in ops {
+        for (op, &hash) in ops.zip(&self.hashes) {
             // Results still to come after this one, each at least a header.
             let after = total - rb.len() - 1;
             self.stats.ops += 1;
@@ -168,7 +175,6 @@ impl KvService {
                     continue;
                 }
             };
-            let hash = KeyHash::of(op.key);
             if worker_of_partition(hash.partition(partitions), u32::from(self.workers))
                 != u32::from(self.id)
             {

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use fabrickv_engine::{DeleteResult, GetResult, Partition, PutCond, PutResult};
 use fabrickv_resp::reply as resp;
-use fabrickv_resp::{parse_i64, CommandParser, Parse, ProtocolError};
+use fabrickv_resp::{lowercase, parse_i64, CommandParser, Parse};
 use fabrickv_types::limits::{KEY_BYTES_MAX, TTL_MS_MAX};
 use fabrickv_types::KeyHash;
 
@@ -186,7 +186,7 @@ impl RespSession {
                     }
                 }
                 Err(e) => {
-                    protocol_error(out, &e);
+                    e.write_reply(out);
                     shared
                         .counters
                         .protocol_errors
@@ -228,15 +228,7 @@ impl RespSession {
 impl ConnState {
     fn command(&mut self, ex: &mut Exec<'_>, a: Args<'_>, out: &mut Vec<u8>) -> After {
         let mut name_buf = [0u8; COMMAND_NAME_BYTES_MAX];
-        let raw = a.get(0);
-        let name: &[u8] = if raw.len() <= COMMAND_NAME_BYTES_MAX {
-            let n = &mut name_buf[..raw.len()];
-            n.copy_from_slice(raw);
-            n.make_ascii_lowercase();
-            n
-        } else {
-            b""
-        };
+        let name = lower(a.get(0), &mut name_buf);
         if !self.authed && name != b"auth" && name != b"quit" {
             resp::error(out, "NOAUTH Authentication required.");
             return After::Continue;
@@ -546,13 +538,15 @@ fn lookup(name: &[u8]) -> Option<&'static Spec> {
 
 /// `s` lowercased into `buf`, or empty when too long to be a name we know.
 fn lower<'b>(s: &[u8], buf: &'b mut [u8; COMMAND_NAME_BYTES_MAX]) -> &'b [u8] {
-    if s.len() > buf.len() {
-        return b"";
+    lowercase(s, buf).unwrap_or(b"")
+}
+
+/// The `maxmemory-policy` Redis would show for a server in this mode.
+fn eviction_policy(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Cache => "allkeys-fifo",
+        Mode::Store => "noeviction",
     }
-    let n = &mut buf[..s.len()];
-    n.copy_from_slice(s);
-    n.make_ascii_lowercase();
-    n
 }
 
 /// Compares a password without stopping at the first differing byte.
@@ -562,10 +556,6 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
         diff |= usize::from(given.get(i).copied().unwrap_or(0) ^ e);
     }
     diff == 0
-}
-
-fn protocol_error(out: &mut Vec<u8>, e: &ProtocolError) {
-    resp::error(out, &format!("ERR {e}"));
 }
 
 fn unknown_command(out: &mut Vec<u8>, a: Args<'_>) {
@@ -664,7 +654,8 @@ impl<'a> Exec<'a> {
             return;
         }
         let now = self.now_ms;
-        match self.part(KeyHash::of(key)).get(KeyHash::of(key), key, now) {
+        let h = KeyHash::of(key);
+        match self.part(h).get(h, key, now) {
             GetResult::Found { value, .. } => resp::bulk(out, value),
             GetResult::NotFound => resp::null_bulk(out),
         }
@@ -1013,10 +1004,7 @@ fn info(shared: &RespShared, a: Args<'_>, out: &mut Vec<u8>) {
             c.connected.load(Ordering::Relaxed)
         ),
     );
-    let policy = match shared.mode {
-        Mode::Cache => "allkeys-fifo",
-        Mode::Store => "noeviction",
-    };
+    let policy = eviction_policy(shared.mode);
     add(
         b"memory",
         format!(
@@ -1052,10 +1040,7 @@ fn config(shared: &RespShared, a: Args<'_>, out: &mut Vec<u8>) {
     let mut sub = [0u8; COMMAND_NAME_BYTES_MAX];
     match lower(a.get(1), &mut sub) {
         b"get" if a.len() >= 3 => {
-            let policy = match shared.mode {
-                Mode::Cache => "allkeys-fifo",
-                Mode::Store => "noeviction",
-            };
+            let policy = eviction_policy(shared.mode);
             let params: [(&str, String); 6] = [
                 ("save", String::new()),
                 ("appendonly", "no".into()),

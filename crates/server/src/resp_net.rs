@@ -299,24 +299,9 @@ fn fill(c: &mut Conn, shared: &RespShared, now_ms: u64) {
     if c.closing || c.eof || c.drained || c.out_pos < c.out.len() || !make_room(c) {
         return;
     }
-    let offered = c.input.len() - c.end;
-    match c.stream.read(&mut c.input[c.end..]) {
-        Ok(0) => c.eof = true,
-        Ok(n) => {
-            c.end += n;
-            c.drained = n < offered;
-        }
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => c.drained = true,
-        // Left for drive, which meets the same error and closes.
-        Err(_) => return,
-    }
-    if c.end - c.start >= c.need.max(1) {
-        let p = c
-            .session
-            .process(shared, &c.input[c.start..c.end], &mut c.out, now_ms);
-        c.start += p.consumed;
-        c.need = p.need;
-        c.closing |= p.close;
+    // An error is left for drive, which meets it again and closes.
+    if c.read_once().is_ok() {
+        c.execute(shared, now_ms);
     }
 }
 
@@ -325,17 +310,7 @@ fn fill(c: &mut Conn, shared: &RespShared, now_ms: u64) {
 fn drive(c: &mut Conn, shared: &RespShared, now_ms: u64) -> Drive {
     loop {
         // 1. Execute what is buffered (bounded by the output soft limit).
-        let mut more_buffered = false;
-        if !c.closing && c.end - c.start >= c.need.max(1) {
-            let p = c
-                .session
-                .process(shared, &c.input[c.start..c.end], &mut c.out, now_ms);
-            c.start += p.consumed;
-            c.need = p.need;
-            c.closing |= p.close;
-            // Stopped for output room with whole commands possibly left.
-            more_buffered = !p.close && p.need == 0 && c.start < c.end;
-        }
+        let more_buffered = c.execute(shared, now_ms);
         // 2. Write the replies.
         while c.out_pos < c.out.len() {
             match c.stream.write(&c.out[c.out_pos..]) {
@@ -362,21 +337,46 @@ fn drive(c: &mut Conn, shared: &RespShared, now_ms: u64) -> Drive {
             // A command over every bound: the parser refuses it before this.
             return Drive::Close;
         }
-        let offered = c.input.len() - c.end;
-        match c.stream.read(&mut c.input[c.end..]) {
-            Ok(0) => c.eof = true,
-            Ok(n) => {
-                c.end += n;
-                c.drained = n < offered;
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                c.drained = true;
-                compact_idle(c);
-                return Drive::Keep;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return Drive::Close,
+        if c.read_once().is_err() {
+            return Drive::Close;
         }
+    }
+}
+
+impl Conn {
+    /// Runs the buffered commands; returns true when it stopped for output
+    /// room with whole commands possibly left.
+    fn execute(&mut self, shared: &RespShared, now_ms: u64) -> bool {
+        if self.closing || self.end - self.start < self.need.max(1) {
+            return false;
+        }
+        let p = self.session.process(
+            shared,
+            &self.input[self.start..self.end],
+            &mut self.out,
+            now_ms,
+        );
+        self.start += p.consumed;
+        self.need = p.need;
+        self.closing |= p.close;
+        !p.close && p.need == 0 && self.start < self.end
+    }
+
+    /// One read into the room [`make_room`] made: records EOF, and whether
+    /// the socket is drained (a short read or nothing to read).
+    fn read_once(&mut self) -> io::Result<()> {
+        let offered = self.input.len() - self.end;
+        match self.stream.read(&mut self.input[self.end..]) {
+            Ok(0) => self.eof = true,
+            Ok(n) => {
+                self.end += n;
+                self.drained = n < offered;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.drained = true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        Ok(())
     }
 }
 
