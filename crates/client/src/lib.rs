@@ -12,6 +12,7 @@
 //! every call goes through.
 
 mod batch;
+pub mod ps;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -27,6 +28,8 @@ use fabrickv_wire::control::{
 use fabrickv_wire::{decode_frame, FrameKind, PutCondition};
 
 pub use batch::{BatchOp, Outcome};
+pub use fabrickv_wire::ps::{Missing, Optimizer, TableDesc, TableSpec};
+pub use ps::{PsClient, PullId, Pulled};
 
 /// How long a call waits for its replies unless told otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -16,6 +16,7 @@
 
 use crate::item::{self, ITEM_ALIGN_BYTES, ITEM_BYTES_MAX};
 use crate::partition::Storage;
+use crate::pool::PoolMemory;
 
 /// Largest page, in bytes: one x86-64 huge page, which also holds the
 /// largest item ([`ITEM_BYTES_MAX`]).
@@ -121,8 +122,8 @@ struct Class {
 
 /// The slab allocator and its pool.
 pub(crate) struct Slab {
-    /// The pool; lazily zeroed by the OS at allocation.
-    pool: Vec<u8>,
+    /// The pool; zeroed (lazily by the OS unless the pool options say otherwise).
+    pool: PoolMemory,
     /// Page size in bytes (a power of two).
     page_bytes: usize,
     /// Whole pages in the pool.
@@ -137,7 +138,8 @@ pub(crate) struct Slab {
 
 impl Slab {
     /// A slab allocator over a fresh pool of `pool_bytes` bytes.
-    pub fn new(pool_bytes: usize) -> Slab {
+    pub fn new(pool: PoolMemory) -> Slab {
+        let pool_bytes = pool.len();
         let page_bytes = page_bytes_for_pool(pool_bytes);
         let pages_total = pool_bytes / page_bytes;
         let largest = largest_chunk_bytes(page_bytes);
@@ -158,7 +160,7 @@ impl Slab {
         }
         debug_assert_eq!(classes.len(), size_class_count(page_bytes));
         Slab {
-            pool: vec![0; pool_bytes],
+            pool,
             page_bytes,
             pages_total,
             pages_used: 0,
@@ -259,7 +261,7 @@ mod tests {
 
     #[test]
     fn classes_grow_and_cover_the_largest_item() {
-        let s = Slab::new(64 << 20);
+        let s = Slab::new(crate::pool::heap(64 << 20));
         assert_eq!(s.page_bytes(), PAGE_BYTES_MAX);
         assert_eq!(s.max_item_bytes(), ITEM_BYTES_MAX);
         assert_eq!(s.classes[0].chunk_bytes, SIZE_CLASS_BYTES_MIN);
@@ -277,13 +279,13 @@ mod tests {
         assert_eq!(page_bytes_for_pool(64 << 10), PAGE_BYTES_MIN);
         assert_eq!(page_bytes_for_pool(1 << 20), 64 << 10);
         assert_eq!(page_bytes_for_pool(1 << 40), PAGE_BYTES_MAX);
-        let s = Slab::new(1 << 20);
+        let s = Slab::new(crate::pool::heap(1 << 20));
         assert_eq!(s.max_item_bytes(), 64 << 10);
     }
 
     #[test]
     fn alloc_reuses_freed_chunks_and_runs_out() {
-        let mut s = Slab::new(64 << 10);
+        let mut s = Slab::new(crate::pool::heap(64 << 10));
         let class = s.class_for(PAGE_BYTES_MIN).expect("class");
         // Class of whole pages: one chunk per page, 16 pages.
         let mut got = Vec::new();
@@ -300,7 +302,7 @@ mod tests {
 
     #[test]
     fn carving_fills_a_page() {
-        let mut s = Slab::new(64 << 10);
+        let mut s = Slab::new(crate::pool::heap(64 << 10));
         let per_page = PAGE_BYTES_MIN / SIZE_CLASS_BYTES_MIN;
         let first: Vec<usize> = (0..per_page).map(|_| s.alloc(0).expect("chunk")).collect();
         assert!(first.iter().all(|&p| p < PAGE_BYTES_MIN));

@@ -41,6 +41,36 @@ impl<S: Storage> Core<S> {
     }
 }
 
+impl<S: Storage> Core<S> {
+    /// Looks `key` up without changing anything: an expired item is
+    /// reported absent but left for the sweep, and no counter moves. Takes
+    /// `&self`, so several readers may share the partition.
+    #[inline]
+    pub(crate) fn peek(&self, hash: KeyHash, key: &[u8], now_ms: u64) -> Option<&[u8]> {
+        let hit = self.find(hash, key)?;
+        if hit.header.is_expired(now_ms) {
+            return None;
+        }
+        Some(item::value(self.storage.pool(), hit.pos, &hit.header))
+    }
+
+    /// The live value of `key`, writable in place (an embedding update
+    /// changes the bytes of a value but never its length).
+    #[inline]
+    pub(crate) fn value_mut(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        now_ms: u64,
+    ) -> Option<&mut [u8]> {
+        let hit = self.find_live(hash, key, now_ms)?;
+        let at = hit.pos + item::ITEM_HEADER_BYTES + usize::from(hit.header.key_len);
+        self.storage
+            .pool_mut()
+            .get_mut(at..at + hit.header.value_len as usize)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::testutil::{both_modes, h, small};
@@ -107,6 +137,32 @@ mod tests {
                 }
             );
             assert_eq!(p.get(same, b"z", 0), GetResult::NotFound);
+        }
+    }
+
+    #[test]
+    fn peek_reads_without_side_effects_and_value_mut_writes_in_place() {
+        for mode in both_modes() {
+            let mut p = small(mode);
+            assert_eq!(
+                p.put(h(b"k"), b"k", b"abcd", 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            assert_eq!(
+                p.put(h(b"t"), b"t", b"v", 10, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            let before = p.stats();
+            assert_eq!(p.peek(h(b"k"), b"k", 1), Some(&b"abcd"[..]));
+            assert_eq!(p.peek(h(b"t"), b"t", 10), None, "expired is absent");
+            assert_eq!(p.peek(h(b"z"), b"z", 1), None);
+            assert_eq!(p.stats(), before, "peek changes no counter");
+            p.value_mut(h(b"k"), b"k", 1)
+                .expect("live")
+                .copy_from_slice(b"wxyz");
+            assert_eq!(p.peek(h(b"k"), b"k", 1), Some(&b"wxyz"[..]));
+            assert!(p.value_mut(h(b"t"), b"t", 10).is_none());
+            p.check();
         }
     }
 

@@ -36,6 +36,7 @@ mod index;
 mod item;
 mod log;
 mod partition;
+mod pool;
 mod put;
 mod stats;
 mod sweep;
@@ -57,6 +58,7 @@ pub use index::{
     SLOTS_PER_BUCKET,
 };
 pub use item::{is_expired, item_bytes, ITEM_ALIGN_BYTES, ITEM_BYTES_MAX, ITEM_HEADER_BYTES};
+pub use pool::{PoolError, PoolMemory, PoolOptions, HUGE_PAGE_SHIFT};
 pub use put::{PutCond, PutResult};
 pub use stats::PartitionStats;
 
@@ -100,6 +102,8 @@ pub struct PartitionConfig {
     /// Number of main index buckets (a power of two); `None` derives it
     /// from `pool_bytes` with [`default_index_buckets`].
     pub index_buckets: Option<usize>,
+    /// How the pool's memory is obtained (lazily zeroed heap by default).
+    pub memory: PoolOptions,
 }
 
 /// Why a partition could not be built.
@@ -127,6 +131,8 @@ pub enum EngineError {
         /// The largest count accepted.
         max_buckets: usize,
     },
+    /// The pool's memory could not be had as its options ask.
+    Pool(PoolError),
 }
 
 impl fmt::Display for EngineError {
@@ -157,6 +163,7 @@ impl fmt::Display for EngineError {
                 f,
                 "index bucket count {buckets} must be a power of two between 1 and {max_buckets}"
             ),
+            EngineError::Pool(e) => write!(f, "{e}"),
         }
     }
 }
@@ -221,17 +228,18 @@ impl Partition {
                 max_buckets: INDEX_BUCKETS_MAX,
             });
         }
+        let memory = PoolMemory::new(cfg.pool_bytes, &cfg.memory).map_err(EngineError::Pool)?;
         let inner = match cfg.mode {
             Mode::Cache => Inner::Cache(Core::new(
                 Index::new(buckets, 0),
-                Log::new(cfg.pool_bytes),
+                Log::new(memory),
                 cfg.pool_bytes,
             )),
             Mode::Store => {
                 let overflow = (buckets / OVERFLOW_BUCKETS_DIVISOR).max(OVERFLOW_BUCKETS_MIN);
                 Inner::Store(Core::new(
                     Index::new(buckets, overflow),
-                    Slab::new(cfg.pool_bytes),
+                    Slab::new(memory),
                     cfg.pool_bytes,
                 ))
             }
@@ -267,6 +275,22 @@ impl Partition {
     #[inline]
     pub fn get(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> GetResult<'_> {
         dispatch!(&mut self.inner, core => core.get(hash, key, now_ms))
+    }
+
+    /// Looks `key` up read-only (`&self`): no counter moves and an expired
+    /// item is left for the sweep, so readers can share the partition
+    /// behind a read lock.
+    #[inline]
+    pub fn peek(&self, hash: KeyHash, key: &[u8], now_ms: u64) -> Option<&[u8]> {
+        dispatch!(&self.inner, core => core.peek(hash, key, now_ms))
+    }
+
+    /// The value of a live `key`, writable in place (same length): an
+    /// update with no allocation, for read-modify-write such as an
+    /// optimizer step.
+    #[inline]
+    pub fn value_mut(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> Option<&mut [u8]> {
+        dispatch!(&mut self.inner, core => core.value_mut(hash, key, now_ms))
     }
 
     /// Stores `value` under `key` if `cond` holds. `expire_at_ms` is an

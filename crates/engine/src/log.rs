@@ -20,6 +20,7 @@
 //! modulo 2^48, so the index stays correct after the logical offset passes
 //! 2^48.
 
+use crate::pool::PoolMemory;
 use fabrickv_types::KeyHash;
 
 use crate::index::{pack, OFFSET_MASK};
@@ -29,7 +30,7 @@ use crate::partition::{Core, Storage};
 /// The circular log.
 pub(crate) struct Log {
     /// The pool; lazily zeroed by the OS at allocation.
-    pool: Vec<u8>,
+    pool: PoolMemory,
     /// Usable bytes of the pool: its size rounded down to the alignment.
     capacity: usize,
     /// Logical offset of the next append.
@@ -48,9 +49,10 @@ pub(crate) struct Overwritten {
 
 impl Log {
     /// An empty log over a fresh pool of `pool_bytes` bytes.
-    pub fn new(pool_bytes: usize) -> Log {
+    pub fn new(pool: PoolMemory) -> Log {
+        let pool_bytes = pool.len();
         Log {
-            pool: vec![0; pool_bytes],
+            pool,
             capacity: item::align_down(pool_bytes),
             head: 0,
             tail: 0,
@@ -232,7 +234,7 @@ mod tests {
 
     #[test]
     fn resolve_tracks_the_window() {
-        let mut log = Log::new(1024);
+        let mut log = Log::new(crate::pool::heap(1024));
         let (l0, p0) = log.push(100 & !7);
         assert_eq!((l0, p0), (0, 0));
         assert_eq!(log.resolve(0), Some(0));
@@ -243,7 +245,7 @@ mod tests {
 
     #[test]
     fn age_wraps_modulo_offset_bits() {
-        let mut log = Log::new(1024);
+        let mut log = Log::new(crate::pool::heap(1024));
         log.head = (1 << 48) + 16;
         log.tail = log.head - 512;
         // Logical (1 << 48) - 8 is stored as (1 << 48) - 8 in a slot.
@@ -257,7 +259,7 @@ mod tests {
 
     #[test]
     fn padding_keeps_items_whole() {
-        let mut log = Log::new(1000);
+        let mut log = Log::new(crate::pool::heap(1000));
         assert_eq!(log.capacity, 1000);
         let (_, p) = log.push(984);
         assert_eq!(p, 0);

@@ -28,6 +28,7 @@ fn config_is_validated() {
         mode,
         pool_bytes,
         index_buckets,
+        memory: Default::default(),
     };
     for mode in [Mode::Cache, Mode::Store] {
         assert!(matches!(

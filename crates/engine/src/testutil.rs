@@ -25,6 +25,7 @@ pub fn sized(mode: Mode, pool_bytes: usize, index_buckets: Option<usize>) -> Par
         mode,
         pool_bytes,
         index_buckets,
+        memory: Default::default(),
     })
     .expect("valid config")
 }

@@ -62,7 +62,7 @@ impl std::str::FromStr for Mode {
 }
 
 /// Everything a server needs to start.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     /// Transport address to listen on (`HOST:PORT`, `tcp://`, `inproc://`).
     pub listen: String,
@@ -81,6 +81,8 @@ pub struct ServerConfig {
     /// Password RESP clients must give with AUTH before any other command
     /// (Redis's `requirepass`); `None` lets every client in.
     pub resp_password: Option<String>,
+    /// The embedding parameter server: pool size, DRAM knobs, tables.
+    pub ps: crate::ps::PsConfig,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +95,7 @@ impl Default for ServerConfig {
             log_level: "info".to_string(),
             resp: None,
             resp_password: None,
+            ps: crate::ps::PsConfig::default(),
         }
     }
 }
@@ -166,7 +169,7 @@ impl ServerConfig {
                 ));
             }
         }
-        Ok(())
+        crate::ps::PsStore::validate(&self.ps, self.workers())
     }
 }
 

@@ -75,6 +75,8 @@ pub struct KvService {
     transport: PortStats,
     /// The key hashes of the frame being executed (kept to reuse its memory).
     hashes: Vec<KeyHash>,
+    /// The embedding store, whose counters STATS reports too.
+    ps: Option<Arc<crate::ps::PsStore>>,
 }
 
 impl KvService {
@@ -88,7 +90,14 @@ impl KvService {
             stats: ProtocolStats::default(),
             transport: PortStats::default(),
             hashes: Vec::with_capacity(BATCH_OPS_MAX),
+            ps: None,
         }
+    }
+
+    /// Reports the embedding store's counters in STATS as well.
+    pub fn with_ps(mut self, ps: Arc<crate::ps::PsStore>) -> KvService {
+        self.ps = Some(ps);
+        self
     }
 
     /// Handles one request message, appending the reply to `out`.
@@ -227,7 +236,7 @@ impl KvService {
         let e = self.parts.lock(usize::from(self.id)).stats();
         let p = self.stats;
         let t = self.transport;
-        vec![
+        let mut list = vec![
             ("gets", e.gets),
             ("hits", e.hits),
             ("misses", e.misses),
@@ -251,7 +260,13 @@ impl KvService {
             ("msgs_in", t.msgs_in),
             ("msgs_out", t.msgs_out),
             ("backpressure_pauses", t.backpressure_pauses),
-        ]
+        ];
+        // The embedding store is shared: worker 0 alone reports it, so
+        // clients that add up workers count it once.
+        if let (Some(ps), 0) = (&self.ps, self.id) {
+            list.extend(ps.stats_list());
+        }
+        list
     }
 }
 

@@ -16,6 +16,7 @@
 pub mod config;
 pub mod kv;
 pub mod partitions;
+pub mod ps;
 pub mod resp;
 mod resp_net;
 pub mod worker;
@@ -137,11 +138,14 @@ impl Server {
                 mode: cfg.mode.into(),
                 pool_bytes: per_worker,
                 index_buckets: None,
+                memory: fabrickv_engine::PoolOptions::default(),
             })
             .map_err(StartError::Engine)?;
             partitions.push(p);
         }
         let parts = Arc::new(partitions::Partitions::new(partitions));
+        let ps = Arc::new(ps::PsStore::new(cfg.ps.clone(), workers));
+        ps.create_configured().map_err(StartError::Config)?;
         let listening =
             fabrickv_transport::listen(&cfg.listen, workers).map_err(StartError::Transport)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -170,11 +174,13 @@ impl Server {
         threads.extend(resp_threads);
         for (id, port) in listening.ports.into_iter().enumerate() {
             wakers.push(port.waker());
-            let service = kv::KvService::new(id as u16, workers as u16, parts.clone(), cfg.mode);
+            let service = kv::KvService::new(id as u16, workers as u16, parts.clone(), cfg.mode)
+                .with_ps(ps.clone());
+            let ps_service = ps::PsService::new(id as u16, ps.clone());
             let stop = stop.clone();
             let t = std::thread::Builder::new()
                 .name(format!("fkv-worker-{id}"))
-                .spawn(move || worker::run(port, service, clock, &stop))
+                .spawn(move || worker::run(port, service, ps_service, clock, &stop))
                 .map_err(StartError::Thread)?;
             threads.push(t);
         }

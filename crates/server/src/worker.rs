@@ -10,7 +10,13 @@ use std::time::{Duration, Instant};
 
 use fabrickv_transport::WorkerPort;
 
+use fabrickv_wire::FrameKind;
+
 use crate::kv::{Clock, KvService};
+use crate::ps::PsService;
+
+/// Offset of the kind byte in a frame header.
+const FRAME_KIND_AT: usize = 3;
 
 /// Most messages handled per burst before replies are flushed. Small on
 /// purpose: a client keeps several frames in flight, and flushing after
@@ -40,7 +46,13 @@ pub const SWEEP_INTERVAL_MS: u64 = 100;
 pub const SWEEP_BUCKETS_PER_RUN: usize = 16384;
 
 /// Runs a worker until `stop` is set.
-pub fn run(mut port: Box<dyn WorkerPort>, mut kv: KvService, clock: Clock, stop: &AtomicBool) {
+pub fn run(
+    mut port: Box<dyn WorkerPort>,
+    mut kv: KvService,
+    mut ps: PsService,
+    clock: Clock,
+    stop: &AtomicBool,
+) {
     let mut idle_since: Option<Instant> = None;
     let mut last_sweep = clock.now_ms();
     while !stop.load(Ordering::Acquire) {
@@ -48,7 +60,12 @@ pub fn run(mut port: Box<dyn WorkerPort>, mut kv: KvService, clock: Clock, stop:
         // The service reports the transport's counters in STATS replies.
         kv.set_transport_stats(port.stats());
         let handled = match port.poll(POLL_BURST_MSGS, &mut |_, msg, reply| {
-            kv.handle(msg, reply.buf(), now)
+            // The kind byte picks the service; each decodes the whole frame.
+            if msg.get(FRAME_KIND_AT) == Some(&(FrameKind::Ps as u8)) {
+                ps.handle(msg, reply, now)
+            } else {
+                kv.handle(msg, reply.buf(), now)
+            }
         }) {
             Ok(n) => n,
             Err(e) => {

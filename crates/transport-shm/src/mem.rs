@@ -160,6 +160,20 @@ impl Mapping {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off), len) }
     }
 
+    /// A mutable view of `len` bytes at `off`, for building a one-sided
+    /// write in place.
+    #[inline]
+    pub(crate) fn range_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
+        self.check(off, len, 1);
+        // SAFETY: in bounds (checked); `&mut self` excludes every other view
+        // through this value for the borrow's lifetime. The peer that
+        // registered the region does not touch these bytes until the reply
+        // that announces them arrives (the same contract as `write`); a
+        // hostile peer may, which can change the bytes but not their
+        // validity as plain `u8`s.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), len) }
+    }
+
     /// The owner's mutable view of the whole mapping.
     #[inline]
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {

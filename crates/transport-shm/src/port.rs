@@ -183,6 +183,15 @@ impl Reply for ShmReply<'_> {
             Access::Write(data),
         )
     }
+
+    fn remote_mut(
+        &mut self,
+        r: &RemoteRegion,
+        offset: usize,
+        len: usize,
+    ) -> Result<Option<&mut [u8]>> {
+        region::view_mut(self.peers, self.ctl, self.sock.as_fd(), r, offset, len).map(Some)
+    }
 }
 
 pub(crate) struct ShmPort {

@@ -153,6 +153,50 @@ impl PeerRegions {
     }
 }
 
+impl PeerRegions {
+    fn find_mut(
+        &mut self,
+        r: &RemoteRegion,
+        offset: usize,
+        len: usize,
+    ) -> Result<Option<&mut Mapping>> {
+        let Some(p) = self.regions.get_mut(&r.addr) else {
+            return Ok(None);
+        };
+        if p.desc.key != r.key {
+            return Err(TransportError::BadRegion(format!(
+                "wrong key for region {}",
+                r.addr
+            )));
+        }
+        p.desc.check(offset, len)?;
+        Ok(Some(&mut p.map))
+    }
+}
+
+/// Lends `len` bytes of the peer's region `r` at `offset` (after checking
+/// key and bounds); if `r` is not known yet, first adopts the regions
+/// announced on `sock`.
+pub fn view_mut<'p>(
+    peers: &'p mut PeerRegions,
+    ctl: &mut ControlReader,
+    sock: BorrowedFd<'_>,
+    r: &RemoteRegion,
+    offset: usize,
+    len: usize,
+) -> Result<&'p mut [u8]> {
+    if peers.find(r, offset, len)?.is_none() {
+        match ctl.drain(sock, &mut |a| peers.adopt(a)) {
+            Ok(()) | Err(TransportError::Closed) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let m = peers.find_mut(r, offset, len)?.ok_or_else(|| {
+        TransportError::BadRegion(format!("the peer registered no region {}", r.addr))
+    })?;
+    Ok(m.range_mut(offset, len))
+}
+
 /// A one-sided access.
 pub enum Access<'a> {
     /// Copy these bytes into the region.

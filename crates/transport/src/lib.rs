@@ -54,6 +54,22 @@ pub trait Reply {
     fn write_remote(&mut self, _region: &RemoteRegion, _offset: usize, _data: &[u8]) -> Result<()> {
         Err(TransportError::Unsupported("one-sided write"))
     }
+
+    /// Lends `len` bytes of the requesting peer's registered region at
+    /// `offset`, where the transport maps the peer's memory (shm), so a
+    /// handler can build a large result in place instead of staging it
+    /// and copying it with [`Reply::write_remote`]. Bounds and key are
+    /// checked before anything is lent. `Ok(None)`: this transport has no
+    /// such view; use `write_remote`. Whatever is written is in place
+    /// before the peer receives this reply.
+    fn remote_mut(
+        &mut self,
+        _region: &RemoteRegion,
+        _offset: usize,
+        _len: usize,
+    ) -> Result<Option<&mut [u8]>> {
+        Ok(None)
+    }
 }
 
 /// A bare buffer is a reply with no one-sided writes.

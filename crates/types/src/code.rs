@@ -52,11 +52,21 @@ pub enum ErrorCode {
     /// operation had no effect and should be sent again in another frame
     /// (the client does this by itself).
     ReplyFull = 19,
+    /// The embedding table named or numbered in the request does not exist.
+    NoSuchTable = 20,
+    /// An embedding table with this name exists already with another shape.
+    TableExists = 21,
+    /// A vector's length (or a table's dimension) does not match the table,
+    /// or is outside `PS_DIM_MAX`.
+    BadDimension = 22,
+    /// The embedding pool could not be had (size, mlock, hugepages), or has
+    /// no room for another table.
+    PoolUnavailable = 23,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order; used by tests and documentation.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::Ok,
         ErrorCode::NotFound,
         ErrorCode::InsufficientSpace,
@@ -77,6 +87,10 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::NoSuchWorker,
         ErrorCode::ReplyFull,
+        ErrorCode::NoSuchTable,
+        ErrorCode::TableExists,
+        ErrorCode::BadDimension,
+        ErrorCode::PoolUnavailable,
     ];
 
     /// The code as it travels on the wire.
@@ -112,6 +126,10 @@ impl ErrorCode {
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::NoSuchWorker => "NO_SUCH_WORKER",
             ErrorCode::ReplyFull => "REPLY_FULL",
+            ErrorCode::NoSuchTable => "NO_SUCH_TABLE",
+            ErrorCode::TableExists => "TABLE_EXISTS",
+            ErrorCode::BadDimension => "BAD_DIMENSION",
+            ErrorCode::PoolUnavailable => "POOL_UNAVAILABLE",
         }
     }
 }

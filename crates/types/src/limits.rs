@@ -100,3 +100,22 @@ const _: () = assert!(
     "the first GET of any batch always fits its reply, so a resent GET makes progress"
 );
 const _: () = assert!(WORKERS_MAX <= u16::MAX as usize);
+
+/// Most keys one embedding pull or push request carries (PetPS sends up to
+/// about 500 per request). Clients split larger calls into several requests.
+pub const PS_KEYS_PER_REQUEST_MAX: usize = BATCH_OPS_MAX;
+
+/// Largest embedding dimension, in f32 elements (a 64 KiB vector).
+pub const PS_DIM_MAX: usize = 16 * 1024;
+
+/// Most embedding tables one server holds.
+pub const PS_TABLES_MAX: usize = 256;
+
+/// Longest embedding table name, in bytes.
+pub const PS_TABLE_NAME_BYTES_MAX: usize = 64;
+
+const _: () = assert!(PS_KEYS_PER_REQUEST_MAX >= 500, "PetPS batches of 500 fit");
+const _: () = assert!(
+    PS_DIM_MAX * 4 + 64 <= FRAME_BODY_BYTES_MAX,
+    "one pushed vector fits a frame"
+);

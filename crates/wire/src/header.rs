@@ -46,6 +46,10 @@ pub enum FrameKind {
     StatsReply = 6,
     /// The whole frame was refused; `status` says why, the body is a message.
     Error = 7,
+    /// An embedding-table (parameter server) request (`crate::ps`).
+    Ps = 8,
+    /// The answer to a `Ps` request.
+    PsReply = 9,
 }
 
 impl FrameKind {
@@ -59,6 +63,8 @@ impl FrameKind {
             5 => FrameKind::Stats,
             6 => FrameKind::StatsReply,
             7 => FrameKind::Error,
+            8 => FrameKind::Ps,
+            9 => FrameKind::PsReply,
             _ => return None,
         })
     }

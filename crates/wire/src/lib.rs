@@ -5,7 +5,9 @@
 //! - [`request`]: request bodies (a batch of GET/PUT/DELETE operations),
 //!   encoded with [`RequestBuilder`] and read with [`RequestIter`];
 //! - [`response`]: response bodies (one result per operation, in order);
-//! - [`control`]: HELLO, STATS and ERROR frame bodies.
+//! - [`control`]: HELLO, STATS and ERROR frame bodies;
+//! - [`ps`]: embedding-table (parameter server) requests and replies, and
+//!   the deterministic initializer that preload and checks share.
 //!
 //! Everything here is sans-I/O: functions take byte slices and append to
 //! `Vec<u8>`, so the codec is tested and fuzzed without sockets. Decoding
@@ -15,6 +17,7 @@
 
 pub mod control;
 pub mod header;
+pub mod ps;
 pub mod request;
 pub mod response;
 

@@ -14,6 +14,7 @@ fn shared_with(parts: usize, password: Option<&str>) -> RespShared {
                 mode: EngineMode::Store,
                 pool_bytes: 8 << 20,
                 index_buckets: None,
+                memory: Default::default(),
             })
             .expect("partition")
         })

@@ -1,0 +1,403 @@
+//! The PS service without sockets: frames in, replies out.
+
+use super::*;
+use fabrickv_transport::TransportError;
+use fabrickv_wire::control::decode_error;
+use fabrickv_wire::ps::{
+    decode_desc, decode_list, decode_reply, encode_create, encode_list, encode_open, encode_pull,
+    encode_push, PsReply,
+};
+
+const NOW: u64 = 1;
+
+fn store() -> Arc<PsStore> {
+    let cfg = PsConfig {
+        pool_bytes: 8 << 20,
+        pool: PoolOptions::default(),
+        tables: Vec::new(),
+    };
+    Arc::new(PsStore::new(cfg, 1))
+}
+
+fn call(s: &mut PsService, req: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    s.handle(req, &mut out, NOW);
+    out
+}
+
+fn reply(out: &[u8]) -> PsReply<'_> {
+    let f = decode_frame(out).unwrap();
+    if f.header.kind == FrameKind::Error {
+        let (code, why) = decode_error(&f).unwrap();
+        panic!("error reply {code}: {why}");
+    }
+    decode_reply(&f).unwrap()
+}
+
+fn error_code(out: &[u8]) -> ErrorCode {
+    let f = decode_frame(out).unwrap();
+    assert_eq!(f.header.kind, FrameKind::Error, "expected an ERROR frame");
+    decode_error(&f).unwrap().0
+}
+
+fn create(s: &mut PsService, spec: &TableSpec) -> TableDesc {
+    let mut req = Vec::new();
+    encode_create(&mut req, 1, 0, spec);
+    let out = call(s, &req);
+    decode_desc(reply(&out).rest).unwrap().0
+}
+
+fn vec_of(dim: usize, x: f32) -> Vec<f32> {
+    (0..dim).map(|i| x + i as f32).collect()
+}
+
+fn push(s: &mut PsService, t: u32, mode: PushMode, keys: &[u64], vals: &[f32]) -> (ErrorCode, u32) {
+    let mut req = Vec::new();
+    encode_push(&mut req, 2, 0, t, mode, keys, vals);
+    let out = call(s, &req);
+    let r = reply(&out);
+    (
+        r.status,
+        u32::from_le_bytes(r.rest[..4].try_into().unwrap()),
+    )
+}
+
+/// Pulls inline; returns the vectors and found flags.
+fn pull(s: &mut PsService, t: u32, dim: usize, keys: &[u64]) -> (Vec<f32>, Vec<bool>) {
+    let mut req = Vec::new();
+    encode_pull(&mut req, 3, 0, t, keys, None);
+    let out = call(s, &req);
+    let r = reply(&out);
+    let bm = bitmap_bytes(keys.len());
+    let mut v = vec![0f32; keys.len() * dim];
+    f32s_from_le(&r.rest[bm..], &mut v);
+    assert_eq!(r.rest.len(), bm + keys.len() * dim * 4);
+    let found = (0..keys.len())
+        .map(|i| r.rest[i / 8] & (1 << (i % 8)) != 0)
+        .collect();
+    (v, found)
+}
+
+#[test]
+fn put_then_pull_returns_vectors_in_request_order_with_found_bits() {
+    let mut s = PsService::new(0, store());
+    let t = create(&mut s, &TableSpec::new("emb", 4));
+    assert_eq!(t.id, 1);
+    let keys = [10u64, 20, 30];
+    let vals: Vec<f32> = keys.iter().flat_map(|k| vec_of(4, *k as f32)).collect();
+    assert_eq!(
+        push(&mut s, t.id, PushMode::Overwrite, &keys, &vals),
+        (ErrorCode::Ok, 3)
+    );
+    let (v, found) = pull(&mut s, t.id, 4, &[30, 99, 10]);
+    assert_eq!(&v[..4], &vec_of(4, 30.0)[..]);
+    assert_eq!(&v[4..8], &[0.0; 4], "missing keys are zeros by default");
+    assert_eq!(&v[8..], &vec_of(4, 10.0)[..]);
+    assert_eq!(found, vec![true, false, true]);
+}
+
+#[test]
+fn missing_keys_can_return_the_initializer() {
+    let mut s = PsService::new(0, store());
+    let spec = TableSpec {
+        missing: Missing::Init,
+        seed: 5,
+        ..TableSpec::new("init", 8)
+    };
+    let t = create(&mut s, &spec);
+    let (v, found) = pull(&mut s, t.id, 8, &[7]);
+    let mut want = vec![0f32; 8];
+    init_vector(5, 7, &mut want);
+    assert_eq!(v, want);
+    assert_eq!(
+        found,
+        vec![false],
+        "an initialized vector is still reported absent"
+    );
+    assert_eq!(s.store.list()[0].items, 0, "a pull inserts nothing");
+}
+
+#[test]
+fn sgd_and_adagrad_apply_gradients_atomically_per_key() {
+    let mut s = PsService::new(0, store());
+    let sgd = create(
+        &mut s,
+        &TableSpec {
+            lr: 0.5,
+            ..TableSpec::new("sgd", 2)
+        },
+    );
+    push(&mut s, sgd.id, PushMode::Overwrite, &[1], &[1.0, 2.0]);
+    push(
+        &mut s,
+        sgd.id,
+        PushMode::Gradient,
+        &[1, 1],
+        &[2.0, 2.0, 2.0, 2.0],
+    );
+    assert_eq!(
+        pull(&mut s, sgd.id, 2, &[1]).0,
+        vec![-1.0, 0.0],
+        "two steps of 0.5 * 2"
+    );
+
+    let ada = create(
+        &mut s,
+        &TableSpec {
+            optimizer: Optimizer::Adagrad,
+            lr: 1.0,
+            ..TableSpec::new("ada", 1)
+        },
+    );
+    push(&mut s, ada.id, PushMode::Overwrite, &[1], &[0.0]);
+    push(&mut s, ada.id, PushMode::Gradient, &[1], &[3.0]);
+    let acc = ADAGRAD_INITIAL_ACCUMULATOR + 9.0;
+    let want = -3.0 / (acc.sqrt() + ADAGRAD_EPSILON);
+    let got = pull(&mut s, ada.id, 1, &[1]).0[0];
+    assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+
+    // A gradient on an absent key starts from the initializer.
+    push(&mut s, sgd.id, PushMode::Gradient, &[9], &[1.0, 1.0]);
+    let mut init = vec![0f32; 2];
+    init_vector(0, 9, &mut init);
+    let (v, found) = pull(&mut s, sgd.id, 2, &[9]);
+    assert_eq!(v, vec![init[0] - 0.5, init[1] - 0.5]);
+    assert_eq!(found, vec![true]);
+}
+
+#[test]
+fn tables_are_created_once_opened_by_name_and_listed() {
+    let mut s = PsService::new(0, store());
+    let a = create(&mut s, &TableSpec::new("a", 4));
+    assert_eq!(
+        create(&mut s, &TableSpec::new("a", 4)).id,
+        a.id,
+        "same shape: same table"
+    );
+    let mut req = Vec::new();
+    encode_create(&mut req, 1, 0, &TableSpec::new("a", 8));
+    assert_eq!(error_code(&call(&mut s, &req)), ErrorCode::TableExists);
+    req.clear();
+    encode_open(&mut req, 1, 0, "a");
+    assert_eq!(
+        decode_desc(reply(&call(&mut s, &req)).rest).unwrap().0.id,
+        a.id
+    );
+    req.clear();
+    encode_open(&mut req, 1, 0, "nope");
+    assert_eq!(error_code(&call(&mut s, &req)), ErrorCode::NoSuchTable);
+    create(&mut s, &TableSpec::new("b", 2));
+    req.clear();
+    encode_list(&mut req, 1, 0);
+    let names: Vec<_> = decode_list(reply(&call(&mut s, &req)).rest)
+        .unwrap()
+        .into_iter()
+        .map(|d| d.spec.name)
+        .collect();
+    assert_eq!(names, vec!["a", "b"]);
+}
+
+#[test]
+fn bad_requests_get_stable_codes_and_change_nothing() {
+    let mut s = PsService::new(0, store());
+    let t = create(&mut s, &TableSpec::new("t", 4));
+    push(&mut s, t.id, PushMode::Overwrite, &[1], &[1.0; 4]);
+    let mut req = Vec::new();
+    // Wrong dimension: 3 floats for a 4-wide table.
+    encode_push(&mut req, 1, 0, t.id, PushMode::Overwrite, &[1], &[9.0; 3]);
+    let code = error_code(&call(&mut s, &req));
+    assert!(
+        matches!(code, ErrorCode::BadDimension | ErrorCode::Malformed),
+        "{code}"
+    );
+    // Unknown table.
+    req.clear();
+    encode_pull(&mut req, 1, 0, 77, &[1], None);
+    assert_eq!(error_code(&call(&mut s, &req)), ErrorCode::NoSuchTable);
+    // Bad dimension at creation.
+    req.clear();
+    encode_create(
+        &mut req,
+        1,
+        0,
+        &TableSpec::new("huge", PS_DIM_MAX as u32 + 1),
+    );
+    assert_eq!(error_code(&call(&mut s, &req)), ErrorCode::BadDimension);
+    // Garbage.
+    assert_eq!(
+        error_code(&call(&mut s, b"garbage that is not a frame at all..")),
+        ErrorCode::Malformed
+    );
+    assert_eq!(
+        pull(&mut s, t.id, 4, &[1]).0,
+        vec![1.0; 4],
+        "nothing changed"
+    );
+}
+
+#[test]
+fn a_full_pool_reports_the_applied_prefix() {
+    let mut s = PsService::new(0, store());
+    let t = create(&mut s, &TableSpec::new("big", 4096));
+    // 8 MiB pool, 16 KiB vectors: it fills after a few hundred keys.
+    let mut applied_total = 0;
+    let mut status = ErrorCode::Ok;
+    let mut next = 0u64;
+    while status == ErrorCode::Ok {
+        let keys: Vec<u64> = (next..next + 50).collect();
+        let vals = vec![1.5f32; 50 * 4096];
+        let (st, applied) = push(&mut s, t.id, PushMode::Overwrite, &keys, &vals);
+        status = st;
+        applied_total += applied;
+        next += 50;
+        assert!(next < 10_000, "an 8 MiB pool cannot hold this much");
+    }
+    assert_eq!(status, ErrorCode::InsufficientSpace);
+    assert_eq!(s.store.list()[0].items, u64::from(applied_total));
+    let (v, found) = pull(&mut s, t.id, 4096, &[0, u64::from(applied_total) - 1]);
+    assert_eq!(found, vec![true, true]);
+    assert!(v.iter().all(|x| *x == 1.5));
+}
+
+/// A reply whose peer region is plain memory: a transport with a mapped
+/// view (like shm) when `mapped`, one that must copy otherwise (like
+/// fabric).
+struct RegionReply {
+    buf: Vec<u8>,
+    region: RemoteRegion,
+    mem: Vec<u8>,
+    mapped: bool,
+}
+
+impl Reply for RegionReply {
+    fn buf(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+
+    fn write_remote(
+        &mut self,
+        r: &RemoteRegion,
+        offset: usize,
+        data: &[u8],
+    ) -> fabrickv_transport::Result<()> {
+        if *r != self.region {
+            return Err(TransportError::BadRegion("unknown".into()));
+        }
+        r.check(offset, data.len())?;
+        self.mem[offset..offset + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn remote_mut(
+        &mut self,
+        r: &RemoteRegion,
+        offset: usize,
+        len: usize,
+    ) -> fabrickv_transport::Result<Option<&mut [u8]>> {
+        if !self.mapped {
+            return Ok(None);
+        }
+        if *r != self.region {
+            return Err(TransportError::BadRegion("unknown".into()));
+        }
+        r.check(offset, len)?;
+        Ok(Some(&mut self.mem[offset..offset + len]))
+    }
+}
+
+#[test]
+fn one_sided_pulls_land_in_the_region_and_overruns_write_nothing() {
+    for mapped in [true, false] {
+        let mut s = PsService::new(0, store());
+        let t = create(&mut s, &TableSpec::new("os", 2));
+        push(
+            &mut s,
+            t.id,
+            PushMode::Overwrite,
+            &[1, 2],
+            &[1.0, 2.0, 3.0, 4.0],
+        );
+        let region = RemoteRegion {
+            addr: 1,
+            len: 64,
+            key: 42,
+        };
+        let mut enc = Vec::new();
+        region.encode(&mut enc);
+        let mut dest = PullDest {
+            region: enc.try_into().unwrap(),
+            offset: 8,
+        };
+        let mut r = RegionReply {
+            buf: Vec::new(),
+            region,
+            mem: vec![0xAA; 64],
+            mapped,
+        };
+        let mut req = Vec::new();
+        encode_pull(&mut req, 5, 0, t.id, &[2, 3, 1], Some(&dest));
+        s.handle(&req, &mut r, NOW);
+        let rep = reply(&r.buf);
+        assert_eq!(rep.rest.len(), bitmap_bytes(3), "no inline values");
+        assert_eq!(rep.rest[0], 0b101);
+        let mut v = [0f32; 6];
+        f32s_from_le(&r.mem[8..32], &mut v);
+        assert_eq!(v, [3.0, 4.0, 0.0, 0.0, 1.0, 2.0]);
+        assert!(
+            r.mem[..8].iter().chain(&r.mem[32..]).all(|b| *b == 0xAA),
+            "nothing outside"
+        );
+
+        // 3 vectors of 8 bytes at offset 48 overrun a 64-byte region.
+        dest.offset = 48;
+        r.buf.clear();
+        let before = r.mem.clone();
+        req.clear();
+        encode_pull(&mut req, 6, 0, t.id, &[2, 3, 1], Some(&dest));
+        s.handle(&req, &mut r, NOW);
+        assert_eq!(error_code(&r.buf), ErrorCode::Malformed);
+        assert_eq!(r.mem, before, "an overrun writes nothing");
+    }
+}
+
+#[test]
+fn a_pull_through_a_transport_without_one_sided_writes_is_refused() {
+    let mut s = PsService::new(0, store());
+    let t = create(&mut s, &TableSpec::new("x", 2));
+    let region = RemoteRegion {
+        addr: 1,
+        len: 64,
+        key: 1,
+    };
+    let mut enc = Vec::new();
+    region.encode(&mut enc);
+    let dest = PullDest {
+        region: enc.try_into().unwrap(),
+        offset: 0,
+    };
+    let mut req = Vec::new();
+    encode_pull(&mut req, 1, 0, t.id, &[1], Some(&dest));
+    assert_eq!(error_code(&call(&mut s, &req)), ErrorCode::Malformed);
+}
+
+#[test]
+fn the_pool_is_built_by_the_first_table_with_a_clear_error_when_it_cannot_be() {
+    let cfg = PsConfig {
+        pool_bytes: 8 << 20,
+        pool: PoolOptions {
+            hugepages: true,
+            ..PoolOptions::default()
+        },
+        tables: Vec::new(),
+    };
+    let st = Arc::new(PsStore::new(cfg, 1));
+    assert!(st.shards().is_none(), "no pool before the first table");
+    match st.create(&TableSpec::new("t", 4)) {
+        Ok(_) => assert!(st.shards().is_some()),
+        Err((code, why)) => {
+            assert_eq!(code, ErrorCode::PoolUnavailable);
+            assert!(why.contains("nr_hugepages"), "{why}");
+            assert!(st.list().is_empty(), "no table without its pool");
+        }
+    }
+}
