@@ -4,6 +4,7 @@
 //! keys) is not there; 2 any other failure, with the reason on stderr.
 
 mod bench;
+mod ps_cmd;
 mod rpc_bench;
 
 use std::io::Write;
@@ -34,6 +35,46 @@ struct ServerArg {
     /// Per-call timeout in seconds.
     #[arg(long, default_value_t = 5.0)]
     timeout: f64,
+}
+
+/// The embedding pool's DRAM knobs (PetPS's PETPS_DRAM_* variables).
+#[derive(clap::Args, Clone, Default)]
+struct DramArgs {
+    /// Embedding pool size in GB (GiB), shared by every table; built when
+    /// the first table is created.
+    #[arg(long, env = "FABRICKV_DRAM_POOL_GB", value_name = "GB")]
+    dram_pool_gb: Option<f64>,
+    /// Do not mlock the pool (needed where RLIMIT_MEMLOCK is small).
+    #[arg(long, env = "FABRICKV_DRAM_SKIP_MLOCK", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    dram_skip_mlock: bool,
+    /// Do not write zeros over the pool at creation.
+    #[arg(long, env = "FABRICKV_DRAM_SKIP_MEMSET", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    dram_skip_memset: bool,
+    /// Do not fault the pool in at creation (MAP_POPULATE).
+    #[arg(long, env = "FABRICKV_DRAM_SKIP_POPULATE", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    dram_skip_populate: bool,
+    /// Back the pool with 2 MiB huge pages (reserve them in /proc/sys/vm/nr_hugepages).
+    #[arg(long, env = "FABRICKV_DRAM_HUGEPAGES", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    dram_hugepages: bool,
+}
+
+impl DramArgs {
+    /// Applies the knobs given on top of `ps`.
+    fn apply(&self, ps: &mut fabrickv_server::ps::PsConfig) -> Result<(), String> {
+        if let Some(gb) = self.dram_pool_gb {
+            if !(gb.is_finite() && gb > 0.0) {
+                return Err(format!(
+                    "--dram-pool-gb must be a positive number, not {gb}"
+                ));
+            }
+            ps.pool_bytes = (gb * (1u64 << 30) as f64) as u64;
+        }
+        ps.pool.lock &= !self.dram_skip_mlock;
+        ps.pool.zero &= !self.dram_skip_memset;
+        ps.pool.populate &= !self.dram_skip_populate;
+        ps.pool.hugepages |= self.dram_hugepages;
+        Ok(())
+    }
 }
 
 #[derive(Subcommand)]
@@ -72,6 +113,12 @@ enum Command {
         /// Password RESP clients must AUTH with (Redis's requirepass).
         #[arg(long, env = "FABRICKV_RESP_PASSWORD", hide_env_values = true)]
         resp_password: Option<String>,
+        /// Embedding tables to create at start:
+        /// NAME:DIM[:optimizer=sgd|adagrad][:lr=F][:missing=zeros|init][:seed=N].
+        #[arg(long = "table", value_name = "SPEC")]
+        tables: Vec<String>,
+        #[command(flatten)]
+        dram: DramArgs,
     },
     /// Stores a value.
     Put {
@@ -107,6 +154,11 @@ enum Command {
         #[command(flatten)]
         server: ServerArg,
     },
+    /// Embedding tables: create, list, preload (and check), pull.
+    Ps {
+        #[command(subcommand)]
+        which: ps_cmd::PsCommand,
+    },
     /// Benchmarks (see `fabrickv bench --help`).
     Bench {
         #[command(subcommand)]
@@ -136,14 +188,19 @@ fn init_logging(level: &str) {
         .try_init();
 }
 
-fn connect(s: &ServerArg) -> Result<Client, String> {
+/// The per-call timeout of a client command.
+fn timeout_of(s: &ServerArg) -> Result<Duration, String> {
     if !(s.timeout.is_finite() && s.timeout > 0.0) {
         return Err(format!(
             "--timeout must be a positive number of seconds, not {}",
             s.timeout
         ));
     }
-    Client::connect_with_timeout(&s.server, Duration::from_secs_f64(s.timeout))
+    Ok(Duration::from_secs_f64(s.timeout))
+}
+
+fn connect(s: &ServerArg) -> Result<Client, String> {
+    Client::connect_with_timeout(&s.server, timeout_of(s)?)
         .map_err(|e| format!("cannot connect to {}: {e}", s.server))
 }
 
@@ -160,6 +217,8 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             log_level,
             resp,
             resp_password,
+            tables,
+            dram,
         } => {
             let mut cfg = match config {
                 Some(path) => {
@@ -192,6 +251,10 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             if resp_password.is_some() {
                 cfg.resp_password = resp_password;
             }
+            for t in &tables {
+                cfg.ps.tables.push(fabrickv_client::TableSpec::parse(t)?);
+            }
+            dram.apply(&mut cfg.ps)?;
             init_logging(&cfg.log_level);
             serve(&cfg)?;
             Ok(ExitCode::SUCCESS)
@@ -272,6 +335,7 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Ps { which } => ps_cmd::run(which),
         Command::Bench { which } => bench::run(which).map(|_| ExitCode::SUCCESS),
     }
 }

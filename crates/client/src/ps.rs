@@ -741,6 +741,125 @@ impl ReplyState<'_> {
     }
 }
 
+/// Keys per preload or verify request: PetPS's batch size.
+pub const PS_LOAD_BATCH_KEYS: usize = 500;
+
+/// Requests a preload keeps in flight.
+pub const PS_LOAD_WINDOW: usize = 8;
+
+/// What a verify pass found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Keys checked.
+    pub checked: u64,
+    /// Keys the table did not hold.
+    pub missing: u64,
+    /// Keys whose vector differed from the initializer.
+    pub wrong: u64,
+    /// The first few failing keys, for the report.
+    pub first_failures: Vec<u64>,
+}
+
+/// Failing keys a [`VerifyReport`] lists.
+pub const VERIFY_FAILURES_LISTED: usize = 10;
+
+impl VerifyReport {
+    /// Whether every key was there with the expected vector.
+    pub fn ok(&self) -> bool {
+        self.missing == 0 && self.wrong == 0
+    }
+}
+
+/// Stores the deterministic initial vector of every key in `keys` (PetPS's
+/// preload of 1..N), calling `progress` with the keys done so far.
+pub fn preload(
+    c: &mut PsClient,
+    t: &TableDesc,
+    keys: std::ops::RangeInclusive<u64>,
+    mut progress: impl FnMut(u64),
+) -> Result<()> {
+    let dim = t.spec.dim as usize;
+    let mut batch_keys = Vec::with_capacity(PS_LOAD_BATCH_KEYS * PS_LOAD_WINDOW);
+    let mut values = Vec::new();
+    let mut done = 0u64;
+    let mut rest = (!keys.is_empty()).then(|| (*keys.start(), *keys.end()));
+    while let Some((from, to)) = rest {
+        let n = (to - from).min((PS_LOAD_BATCH_KEYS * PS_LOAD_WINDOW) as u64 - 1) + 1;
+        let last = from + (n - 1);
+        rest = (last < to).then(|| (last + 1, to));
+        batch_keys.clear();
+        batch_keys.extend(from..=last);
+        values.resize(batch_keys.len() * dim, 0.0);
+        for (i, k) in batch_keys.iter().enumerate() {
+            fabrickv_wire::ps::init_vector(t.spec.seed, *k, &mut values[i * dim..(i + 1) * dim]);
+        }
+        // One call posts every frame of the window before waiting.
+        c.put(t, &batch_keys, &values)?;
+        done += n;
+        progress(done);
+    }
+    Ok(())
+}
+
+/// Pulls every key of `keys` and checks it against the initializer
+/// (PetPS's `--check_after_preload`), calling `progress` as it goes.
+pub fn verify(
+    c: &mut PsClient,
+    t: &TableDesc,
+    keys: std::ops::RangeInclusive<u64>,
+    mut progress: impl FnMut(u64),
+) -> Result<VerifyReport> {
+    let dim = t.spec.dim as usize;
+    let mut report = VerifyReport::default();
+    let mut want = vec![0f32; dim];
+    // The keys not yet requested, if any.
+    let mut rest = (!keys.is_empty()).then(|| (*keys.start(), *keys.end()));
+    let mut ids = VecDeque::new();
+    let mut batches = VecDeque::new();
+    let issue = |c: &mut PsClient,
+                 rest: &mut Option<(u64, u64)>,
+                 ids: &mut VecDeque<PullId>,
+                 batches: &mut VecDeque<Vec<u64>>|
+     -> Result<()> {
+        let Some((from, to)) = *rest else {
+            return Ok(());
+        };
+        let n = (to - from).min(PS_LOAD_BATCH_KEYS as u64 - 1) + 1;
+        let last = from + (n - 1);
+        *rest = (last < to).then(|| (last + 1, to));
+        let b: Vec<u64> = (from..=last).collect();
+        ids.push_back(c.pull_async(t, &b)?);
+        batches.push_back(b);
+        Ok(())
+    };
+    for _ in 0..PS_LOAD_WINDOW {
+        issue(c, &mut rest, &mut ids, &mut batches)?;
+    }
+    while let (Some(id), Some(b)) = (ids.pop_front(), batches.pop_front()) {
+        c.wait_view(id, |bytes, found| {
+            for (i, k) in b.iter().enumerate() {
+                report.checked += 1;
+                let bad = if !found[i] {
+                    report.missing += 1;
+                    true
+                } else {
+                    fabrickv_wire::ps::init_vector(t.spec.seed, *k, &mut want);
+                    let got: &[f32] = bytemuck::cast_slice(&bytes[i * dim * 4..(i + 1) * dim * 4]);
+                    let wrong = got != &want[..];
+                    report.wrong += u64::from(wrong);
+                    wrong
+                };
+                if bad && report.first_failures.len() < VERIFY_FAILURES_LISTED {
+                    report.first_failures.push(*k);
+                }
+            }
+        })?;
+        progress(report.checked);
+        issue(c, &mut rest, &mut ids, &mut batches)?;
+    }
+    Ok(report)
+}
+
 fn desc_of(body: &[u8]) -> Result<TableDesc> {
     let f = decode_frame(body).map_err(|e| ClientError::Protocol(e.to_string()))?;
     let r = decode_reply(&f).map_err(|e| ClientError::Protocol(e.to_string()))?;

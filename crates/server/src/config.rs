@@ -111,6 +111,14 @@ struct FileConfig {
     log_level: Option<String>,
     resp: Option<String>,
     resp_password: Option<String>,
+    /// Embedding tables created at start, as `NAME:DIM[:KEY=VALUE...]`.
+    tables: Option<Vec<String>>,
+    /// Embedding pool size (`4GB`).
+    dram_pool: Option<String>,
+    dram_skip_mlock: Option<bool>,
+    dram_skip_memset: Option<bool>,
+    dram_skip_populate: Option<bool>,
+    dram_hugepages: Option<bool>,
 }
 
 impl ServerConfig {
@@ -135,6 +143,17 @@ impl ServerConfig {
         }
         c.resp = f.resp;
         c.resp_password = f.resp_password;
+        for t in f.tables.unwrap_or_default() {
+            c.ps.tables.push(fabrickv_wire::ps::TableSpec::parse(&t)?);
+        }
+        if let Some(v) = f.dram_pool {
+            c.ps.pool_bytes = parse_size(&v).map_err(|e| e.to_string())?;
+        }
+        let pool = &mut c.ps.pool;
+        pool.lock &= !f.dram_skip_mlock.unwrap_or(false);
+        pool.zero &= !f.dram_skip_memset.unwrap_or(false);
+        pool.populate &= !f.dram_skip_populate.unwrap_or(false);
+        pool.hugepages |= f.dram_hugepages.unwrap_or(false);
         Ok(c)
     }
 

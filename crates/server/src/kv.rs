@@ -126,6 +126,12 @@ impl KvService {
         }
     }
 
+    /// Counts a frame another service (PS) refused with an ERROR frame, so
+    /// `frames_refused` covers every refusal of this worker.
+    pub fn count_refused(&mut self) {
+        self.stats.frames_refused += 1;
+    }
+
     /// Records the transport's counters, to be reported by STATS.
     pub fn set_transport_stats(&mut self, s: PortStats) {
         self.transport = s;

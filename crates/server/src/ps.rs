@@ -355,8 +355,9 @@ impl PsService {
         }
     }
 
-    /// Handles one `Ps` frame.
-    pub fn handle(&mut self, msg: &[u8], reply: &mut dyn Reply, now_ms: u64) {
+    /// Handles one `Ps` frame; returns true if it was refused with an
+    /// ERROR frame.
+    pub fn handle(&mut self, msg: &[u8], reply: &mut dyn Reply, now_ms: u64) -> bool {
         let id = msg
             .get(8..16)
             .and_then(|b| b.try_into().ok())
@@ -364,19 +365,26 @@ impl PsService {
         let frame = match decode_frame(msg) {
             Ok(f) if f.header.kind == FrameKind::Ps => f,
             Ok(_) => {
-                return encode_error(
+                encode_error(
                     reply.buf(),
                     id,
                     self.worker,
                     ErrorCode::UnknownOpcode,
                     "not a PS frame",
-                )
+                );
+                return true;
             }
-            Err(e) => return encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string()),
+            Err(e) => {
+                encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string());
+                return true;
+            }
         };
         let req = match decode_request(&frame) {
             Ok(r) => r,
-            Err(e) => return encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string()),
+            Err(e) => {
+                encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string());
+                return true;
+            }
         };
         let result = match req {
             PsRequest::Create(body) => decode_create(body)
@@ -403,8 +411,12 @@ impl PsService {
                 values,
             } => self.push(id, table, mode, keys, values, reply.buf(), now_ms),
         };
-        if let Err((code, why)) = result {
-            encode_error(reply.buf(), id, self.worker, code, &why);
+        match result {
+            Ok(()) => false,
+            Err((code, why)) => {
+                encode_error(reply.buf(), id, self.worker, code, &why);
+                true
+            }
         }
     }
 

@@ -62,7 +62,9 @@ pub fn run(
         let handled = match port.poll(POLL_BURST_MSGS, &mut |_, msg, reply| {
             // The kind byte picks the service; each decodes the whole frame.
             if msg.get(FRAME_KIND_AT) == Some(&(FrameKind::Ps as u8)) {
-                ps.handle(msg, reply, now)
+                if ps.handle(msg, reply, now) {
+                    kv.count_refused();
+                }
             } else {
                 kv.handle(msg, reply.buf(), now)
             }

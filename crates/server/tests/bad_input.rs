@@ -169,7 +169,7 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
     refused("bad magic", E::Malformed, &|m| m[0] ^= 0xFF, id());
     refused("version 0", E::UnsupportedVersion, &|m| m[2] = 0, id());
     refused("version 2", E::UnsupportedVersion, &|m| m[2] = 2, id());
-    for kind in [0u8, 8, 255] {
+    for kind in [0u8, 10, 255] {
         refused(
             &format!("frame kind {kind}"),
             E::UnknownOpcode,
@@ -182,6 +182,7 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
         (4, "Response"),
         (6, "StatsReply"),
         (7, "Error"),
+        (9, "PsReply"),
     ] {
         refused(
             &format!("a {name} sent as a request"),
@@ -190,6 +191,12 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
             id(),
         );
     }
+    refused(
+        "a kv batch relabelled as an embedding request",
+        E::Malformed,
+        &|m| m[3] = 8,
+        id(),
+    );
     refused("reserved flags set", E::Malformed, &|m| m[4] = 1, id());
     refused("reserved tail set", E::Malformed, &|m| m[31] = 0x80, id());
     let over = (BATCH_OPS_MAX + 1) as u16;

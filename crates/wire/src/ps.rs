@@ -228,6 +228,56 @@ impl TableSpec {
         }
     }
 
+    /// Parses `NAME:DIM[:KEY=VALUE...]` with keys `optimizer` (or `opt`:
+    /// sgd, adagrad), `lr`, `missing` (zeros, init) and `seed`, as given
+    /// to `fabrickv serve --table` and in configuration files.
+    pub fn parse(s: &str) -> Result<TableSpec, String> {
+        let mut parts = s.split(':');
+        let name = parts.next().unwrap_or_default();
+        let dim = parts
+            .next()
+            .ok_or_else(|| format!("table {s:?}: expected NAME:DIM[:KEY=VALUE...]"))?;
+        let dim: u32 = dim
+            .parse()
+            .map_err(|_| format!("table {s:?}: dimension {dim:?} is not a number"))?;
+        let mut spec = TableSpec::new(name, dim);
+        for kv in parts {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("table {s:?}: {kv:?} is not KEY=VALUE"))?;
+            match k {
+                "optimizer" | "opt" => {
+                    spec.optimizer = Optimizer::parse(v).ok_or_else(|| {
+                        format!("table {s:?}: unknown optimizer {v:?} (sgd, adagrad)")
+                    })?
+                }
+                "lr" => {
+                    spec.lr = v
+                        .parse()
+                        .map_err(|_| format!("table {s:?}: learning rate {v:?} is not a number"))?
+                }
+                "missing" => {
+                    spec.missing = Missing::parse(v).ok_or_else(|| {
+                        format!("table {s:?}: unknown missing policy {v:?} (zeros, init)")
+                    })?
+                }
+                "seed" => {
+                    spec.seed = v
+                        .parse()
+                        .map_err(|_| format!("table {s:?}: seed {v:?} is not a number"))?
+                }
+                _ => {
+                    return Err(format!(
+                        "table {s:?}: unknown key {k:?} (optimizer, lr, missing, seed)"
+                    ))
+                }
+            }
+        }
+        spec.validate()
+            .map_err(|(_, why)| format!("table {s:?}: {why}"))?;
+        Ok(spec)
+    }
+
     /// Bytes of one vector on the wire.
     pub fn vector_bytes(&self) -> usize {
         self.dim as usize * 4
@@ -857,6 +907,34 @@ mod tests {
         let f = decode_frame(&out).unwrap();
         let r = decode_reply(&f).unwrap();
         assert_eq!(decode_list(r.rest).unwrap(), vec![d.clone(), d]);
+    }
+
+    #[test]
+    fn table_specs_parse_from_text() {
+        let s = TableSpec::parse("emb:64:opt=adagrad:lr=0.5:missing=init:seed=3").unwrap();
+        assert_eq!(
+            s,
+            TableSpec {
+                name: "emb".into(),
+                dim: 64,
+                optimizer: Optimizer::Adagrad,
+                missing: Missing::Init,
+                lr: 0.5,
+                seed: 3
+            }
+        );
+        assert_eq!(TableSpec::parse("t:8").unwrap(), TableSpec::new("t", 8));
+        for bad in [
+            "t",
+            "t:x",
+            "t:0",
+            "t:8:lr",
+            "t:8:opt=adam",
+            ":8",
+            "t:8:color=red",
+        ] {
+            assert!(TableSpec::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

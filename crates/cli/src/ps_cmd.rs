@@ -1,0 +1,188 @@
+//! `fabrickv ps ...`: embedding tables from the command line (create,
+//! list, preload with a progress bar and `--check-after-preload`, pull).
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Subcommand;
+use fabrickv_client::ps::{preload, verify};
+use fabrickv_client::{PsClient, TableSpec};
+
+use crate::ServerArg;
+
+#[derive(Subcommand)]
+pub enum PsCommand {
+    /// Creates a table (or opens it if one with the same shape exists).
+    Create {
+        /// Table spec: NAME:DIM[:optimizer=sgd|adagrad][:lr=F][:missing=zeros|init][:seed=N].
+        spec: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Lists the tables with their shapes and item counts.
+    Tables {
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Stores keys 1..=N with the table's deterministic initializer.
+    Preload {
+        /// Table name.
+        #[arg(long)]
+        table: String,
+        /// Number of keys (1..=N).
+        #[arg(long)]
+        keys: u64,
+        /// Then pull every key back and check it (exit 1 on any failure).
+        #[arg(long)]
+        check_after_preload: bool,
+        /// No progress bar (for logs).
+        #[arg(long)]
+        quiet: bool,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Prints the vectors of some keys, one line per key.
+    Pull {
+        /// Table name.
+        #[arg(long)]
+        table: String,
+        #[arg(required = true)]
+        keys: Vec<u64>,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+}
+
+fn connect(s: &ServerArg) -> Result<PsClient, String> {
+    let timeout = crate::timeout_of(s)?;
+    PsClient::connect_with_timeout(&s.server, timeout)
+        .map_err(|e| format!("cannot connect to {}: {e}", s.server))
+}
+
+/// A progress bar on stderr (hidden when `quiet` or not a terminal).
+fn bar(len: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let b = indicatif::ProgressBar::new(len);
+    let style = indicatif::ProgressStyle::with_template(
+        "{msg} [{bar:40}] {pos}/{len} keys ({per_sec}, eta {eta})",
+    )
+    .map(|s| s.progress_chars("=> "))
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    b.set_style(style);
+    b.set_message(what.to_string());
+    b.enable_steady_tick(Duration::from_millis(200));
+    b
+}
+
+pub fn run(cmd: PsCommand) -> Result<ExitCode, String> {
+    match cmd {
+        PsCommand::Create { spec, server } => {
+            let spec = TableSpec::parse(&spec)?;
+            let d = connect(&server)?
+                .create_table(&spec)
+                .map_err(|e| e.to_string())?;
+            println!(
+                "table {} id {} dim {} optimizer {} lr {} missing {} seed {} items {}",
+                d.spec.name,
+                d.id,
+                d.spec.dim,
+                d.spec.optimizer.name(),
+                d.spec.lr,
+                d.spec.missing.name(),
+                d.spec.seed,
+                d.items
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        PsCommand::Tables { server } => {
+            println!("| name | id | dim | optimizer | lr | missing | seed | items |");
+            println!("|---|---|---|---|---|---|---|---|");
+            for d in connect(&server)?.tables().map_err(|e| e.to_string())? {
+                println!(
+                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                    d.spec.name,
+                    d.id,
+                    d.spec.dim,
+                    d.spec.optimizer.name(),
+                    d.spec.lr,
+                    d.spec.missing.name(),
+                    d.spec.seed,
+                    d.items
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        PsCommand::Preload {
+            table,
+            keys,
+            check_after_preload,
+            quiet,
+            server,
+        } => {
+            let mut c = connect(&server)?;
+            let t = c.open_table(&table).map_err(|e| e.to_string())?;
+            if keys == 0 {
+                return Err("--keys must be at least 1".into());
+            }
+            let start = Instant::now();
+            let b = bar(keys, "preload", quiet);
+            preload(&mut c, &t, 1..=keys, |done| b.set_position(done))
+                .map_err(|e| format!("preload failed: {e}"))?;
+            b.finish_and_clear();
+            let secs = start.elapsed().as_secs_f64();
+            eprintln!(
+                "preloaded {keys} keys of {:?} (dim {}) in {secs:.2} s: {:.3} Mkv/s, {:.1} MB/s",
+                t.spec.name,
+                t.spec.dim,
+                keys as f64 / secs / 1e6,
+                keys as f64 * f64::from(t.spec.dim) * 4.0 / secs / 1e6
+            );
+            if !check_after_preload {
+                return Ok(ExitCode::SUCCESS);
+            }
+            let b = bar(keys, "check", quiet);
+            let r = verify(&mut c, &t, 1..=keys, |done| b.set_position(done))
+                .map_err(|e| format!("check failed: {e}"))?;
+            b.finish_and_clear();
+            if r.ok() {
+                eprintln!("check after preload: PASS ({} keys verified)", r.checked);
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!(
+                    "check after preload: FAIL ({} of {} keys missing, {} wrong; first: {:?})",
+                    r.missing, r.checked, r.wrong, r.first_failures
+                );
+                Ok(ExitCode::from(1))
+            }
+        }
+        PsCommand::Pull {
+            table,
+            keys,
+            server,
+        } => {
+            let mut c = connect(&server)?;
+            let t = c.open_table(&table).map_err(|e| e.to_string())?;
+            let p = c.pull(&t, &keys).map_err(|e| e.to_string())?;
+            let dim = t.spec.dim as usize;
+            let mut missing = 0;
+            for (i, k) in keys.iter().enumerate() {
+                let row: Vec<String> = p.values[i * dim..(i + 1) * dim]
+                    .iter()
+                    .map(|x| format!("{x}"))
+                    .collect();
+                if !p.found[i] {
+                    missing += 1;
+                }
+                let tag = if p.found[i] { "" } else { " (absent)" };
+                println!("{k}{tag}: {}", row.join(" "));
+            }
+            Ok(if missing > 0 {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+    }
+}
