@@ -6,7 +6,7 @@ BIN := target/release/fabrickv
 BENCH_DIR := bench-results
 DATE := $(shell date +%Y-%m-%d)
 
-.PHONY: all build build-fabric deps venv test test-rust test-python bench-smoke lint fmt bench compare fuzz clean run
+.PHONY: all build build-fabric deps venv python test test-rust test-python bench-smoke lint fmt bench compare fuzz clean run
 
 all: build
 
@@ -27,6 +27,11 @@ deps:
 venv:
 	bash scripts/venv.sh
 
+## The `fabrickv` Python module (crates/python), release build, installed
+## into .venv with maturin.
+python: venv
+	bash scripts/python.sh
+
 ## Everything: Rust unit, property and integration tests, lint, Python
 ## end-to-end tests, and a tiny run of every benchmark.
 test: deps lint test-rust test-python bench-smoke
@@ -35,8 +40,9 @@ test: deps lint test-rust test-python bench-smoke
 test-rust:
 	$(CARGO) test --workspace --all-targets --all-features
 
-## End-to-end tests through real clients (redis-py, redis-cli, redis-benchmark).
-test-python: build venv
+## End-to-end tests through real clients (redis-py, redis-cli, redis-benchmark)
+## and the `fabrickv` Python module.
+test-python: build venv python
 	.venv/bin/python -m pytest -q python/tests
 
 lint:

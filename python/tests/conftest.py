@@ -1,10 +1,12 @@
 """Fixtures: a FabricKV server started per test module, on loopback ports
-the kernel picks, from the binary `make build` produces (or $FABRICKV_BIN)."""
+the kernel picks (or a fresh shared-memory name), from the binary `make
+build` produces (or $FABRICKV_BIN)."""
 
 import os
 import re
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,14 +18,30 @@ BIN = Path(os.environ.get("FABRICKV_BIN", ROOT / "target" / "release" / "fabrick
 START_TIMEOUT_S = 20.0
 
 
-class Server:
-    """A `fabrickv serve` child process; stopped with SIGTERM."""
+# The native transports a client outside the server's process can reach.
+TRANSPORTS = ("tcp", "shm")
 
-    def __init__(self, *extra):
+
+def listen_addr(transport):
+    """A `--listen` address for `transport` that no other server uses."""
+    if transport == "tcp":
+        return "127.0.0.1:0"
+    if transport == "shm":
+        return f"shm://fkv-py-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    raise ValueError(f"unknown transport {transport!r}")
+
+
+class Server:
+    """A `fabrickv serve` child process; stopped with SIGTERM.
+
+    `native` is the address native clients connect to, as the banner
+    prints it (`tcp://127.0.0.1:PORT` or `shm://NAME`)."""
+
+    def __init__(self, *extra, listen="127.0.0.1:0"):
         if not BIN.exists():
             pytest.fail(f"{BIN} is missing: run `make build` first")
         self.proc = subprocess.Popen(
-            [str(BIN), "serve", "--listen", "127.0.0.1:0", "--resp", "127.0.0.1:0",
+            [str(BIN), "serve", "--listen", listen, "--resp", "127.0.0.1:0",
              "--workers", "2", "--memory", "64MB", "--log-level", "warn", *extra],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -68,3 +86,13 @@ def auth_server():
     s = Server("--resp-password", "s3cret pass")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def kv_server(request):
+    """A server per native transport: each test using it runs once on tcp
+    and once on shm."""
+    s = Server(listen=listen_addr(request.param))
+    s.transport = request.param
+    yield s
+    assert s.stop() == 0, "the server exits cleanly on SIGTERM"

@@ -13,7 +13,12 @@
 //!   redis-benchmark, for memcached's side of `bench compare`;
 //! - [`cpu`]: a server process's CPU time from `/proc`, for CPU-seconds;
 //! - [`compare`]: FabricKV (RESP, native tcp and shm) beside redis-server
-//!   and memcached on the same workloads, with server CPU-seconds.
+//!   and memcached on the same workloads, with server CPU-seconds;
+//! - [`limits`]: the bounds `bench ps` is judged against, measured in the
+//!   same run (memcpy bandwidth, raw TCP request/response and stream
+//!   rates, redis-server's MGET);
+//! - [`ps_report`]: PetPS's output (its throughput line and markdown
+//!   tables).
 //!
 //! Benchmarks are not tests: they measure. A small run of each is part of
 //! `make test` only so that none of them rots.
@@ -24,8 +29,11 @@ pub mod cpu;
 pub mod herd;
 pub mod keys;
 pub mod kv;
+pub mod limits;
 pub mod memcache;
 pub mod peers;
+pub mod ps;
+pub mod ps_report;
 pub mod report;
 pub mod rpc;
 

@@ -17,6 +17,8 @@ pub enum BenchCommand {
     Herd(HerdArgs),
     /// FabricKV (RESP, native tcp, shm) beside redis-server and memcached: Mops, p50/p99, server CPU-s per Mop.
     Compare(CompareArgs),
+    /// PetPS's embedding pulls: throughput lines, thread x batch matrix, multi-client sums, --compare with Redis/raw TCP/memcpy.
+    Ps(crate::ps_bench::PsArgs),
     /// Echo RPCs over a transport: the seed's table (ops/s, fast, ave, p50, p99).
     Rpc(crate::rpc_bench::RpcArgs),
     /// The echo server `bench rpc` starts as a pinned child process.
@@ -175,6 +177,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), String> {
         BenchCommand::Kv(a) => run_kv(a),
         BenchCommand::Herd(a) => run_herd(a),
         BenchCommand::Compare(a) => run_compare(a),
+        BenchCommand::Ps(a) => crate::ps_bench::run(a),
         BenchCommand::Rpc(a) => crate::rpc_bench::run(a),
         BenchCommand::RpcServer(a) => crate::rpc_bench::serve(a),
     }

@@ -137,6 +137,14 @@ impl DerefMut for PoolMemory {
     }
 }
 
+/// A lazily zeroed pool of `bytes`, for tests.
+#[cfg(test)]
+pub(crate) fn heap(bytes: usize) -> PoolMemory {
+    PoolMemory {
+        backing: Backing::Heap(vec![0; bytes]),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,13 +190,5 @@ mod tests {
             Ok(m) => assert_eq!(m.len(), 4 << 20),
             Err(e) => assert!(e.0.contains("nr_hugepages"), "{e}"),
         }
-    }
-}
-
-/// A lazily zeroed pool of `bytes`, for tests.
-#[cfg(test)]
-pub(crate) fn heap(bytes: usize) -> PoolMemory {
-    PoolMemory {
-        backing: Backing::Heap(vec![0; bytes]),
     }
 }

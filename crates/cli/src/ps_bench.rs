@@ -1,0 +1,469 @@
+//! `fabrickv bench ps`: PetPS's benchmark (throughput lines, thread x batch
+//! matrix, multi-client sums) and the comparison the targets name:
+//! the same pull over tcp beside Redis MGET and a raw TCP exchange of the
+//! same bytes, and over shm beside single-thread memcpy.
+
+use std::process::Command;
+use std::time::Duration;
+
+use clap::Args;
+use fabrickv_bench::limits;
+use fabrickv_bench::ps::{self as bench_ps, KeyDist, LoadOpts, LoadResult};
+use fabrickv_bench::ps_report::{self, ClientsRow, MatrixRow, Status};
+use fabrickv_wire::ps::{bitmap_bytes, PS_PREFIX_BYTES, PULL_DEST_BYTES, PULL_FIXED_BYTES};
+
+/// Thread counts of the matrix (PetPS's sweep).
+pub const MATRIX_THREADS: [usize; 4] = [1, 2, 4, 8];
+
+/// Batch sizes of the matrix (PetPS's sweep).
+pub const MATRIX_BATCHES: [usize; 4] = [1, 10, 50, 100];
+
+/// Keys per pull in the comparison (the 100 keys).
+pub const COMPARE_BATCH: usize = 100;
+
+/// Bytes of a frame header.
+const FRAME_HEADER: usize = fabrickv_types::limits::FRAME_HEADER_BYTES;
+
+#[derive(Args)]
+pub struct PsArgs {
+    /// Server with the table loaded already; without it a server is
+    /// started as a child process (pinned with --server-cpus) and loaded.
+    #[arg(long)]
+    server: Option<String>,
+    /// Transport of a started server: tcp, shm or fabric.
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+    /// libfabric provider for --transport fabric.
+    #[arg(long, default_value = "shm")]
+    provider: String,
+    /// Workers of a started server.
+    #[arg(long, default_value_t = 1)]
+    server_workers: usize,
+    /// CPUs of a started server (and of Redis and the raw peers' server side).
+    #[arg(long)]
+    server_cpus: Option<String>,
+    /// CPUs of the client threads.
+    #[arg(long)]
+    client_cpus: Option<String>,
+    /// Client threads (PetPS --thread_num).
+    #[arg(long, default_value_t = 1)]
+    thread_num: usize,
+    /// Keys per pull (PetPS --batch_read_count).
+    #[arg(long, default_value_t = 100)]
+    batch_read_count: usize,
+    /// Keys loaded, in millions (PetPS KEY_SPACE_M).
+    #[arg(long, default_value_t = 1.0)]
+    key_space_m: f64,
+    /// Value size in bytes (4 x dim).
+    #[arg(long, default_value_t = 512)]
+    value_size: u32,
+    /// Pulls outstanding per thread (PetPS ASYNC_REQ).
+    #[arg(long, default_value_t = 4)]
+    async_req: usize,
+    /// Key distribution: uniform, zipf (0.99) or zipf:S.
+    #[arg(long, default_value = "uniform")]
+    dist: String,
+    /// Seconds measured per run.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Run PetPS's matrix (threads 1/2/4/8 x batch 1/10/50/100) and print its table.
+    #[arg(long)]
+    matrix: bool,
+    /// Run this many client processes at once (e.g. 2,4,8) and sum their figures.
+    #[arg(long, value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// Also measure the peers and limits of the targets: Redis MGET and raw
+    /// TCP for tcp, memcpy for shm (starts its own servers per transport).
+    #[arg(long)]
+    compare: bool,
+    /// Skip loading the table (it is loaded already at --server).
+    #[arg(long)]
+    no_load: bool,
+    /// Print one JSON line per result too.
+    #[arg(long)]
+    json: bool,
+    /// Start measuring at this Unix time in ms (multi-client sweeps).
+    #[arg(long, hide = true)]
+    start_at_unix_ms: Option<u64>,
+    /// Print only the final JSON line (children of a sweep).
+    #[arg(long, hide = true)]
+    child: bool,
+}
+
+fn cpus(s: &Option<String>) -> Result<Vec<usize>, String> {
+    crate::bench::cpu_list(s)
+}
+
+impl PsArgs {
+    fn dim(&self) -> Result<u32, String> {
+        if self.value_size == 0 || !self.value_size.is_multiple_of(4) {
+            return Err(format!(
+                "--value-size must be a positive multiple of 4 bytes (f32 vectors), not {}",
+                self.value_size
+            ));
+        }
+        Ok(self.value_size / 4)
+    }
+
+    fn key_space(&self) -> Result<u64, String> {
+        let k = (self.key_space_m * 1e6).round();
+        if !(k.is_finite() && k >= 1.0) {
+            return Err(format!(
+                "--key-space-m must give at least one key, not {}",
+                self.key_space_m
+            ));
+        }
+        Ok(k as u64)
+    }
+
+    fn load_opts(&self, threads: usize, batch: usize) -> Result<LoadOpts, String> {
+        if !(self.duration.is_finite() && self.duration > 0.0) {
+            return Err("--duration must be a positive number of seconds".into());
+        }
+        Ok(LoadOpts {
+            threads,
+            batch,
+            async_req: self.async_req,
+            key_space: self.key_space()?,
+            dim: self.dim()?,
+            dist: KeyDist::parse(&self.dist)?,
+            duration: Duration::from_secs_f64(self.duration),
+            report_every: (!self.child).then_some(Duration::from_secs(1)),
+            client_cpus: cpus(&self.client_cpus)?,
+            start_at_unix_ms: self.start_at_unix_ms,
+        })
+    }
+}
+
+/// A server to load: the given one, or a started child.
+fn server_for(a: &PsArgs, transport: &str) -> Result<(String, Option<bench_ps::PsServer>), String> {
+    if let Some(s) = &a.server {
+        return Ok((s.clone(), None));
+    }
+    let s = bench_ps::spawn_server(
+        transport,
+        &a.provider,
+        a.server_cpus.as_deref(),
+        a.server_workers,
+        a.key_space()?,
+        a.dim()?,
+    )?;
+    Ok((s.addr.clone(), Some(s)))
+}
+
+fn load(a: &PsArgs, addr: &str) -> Result<(), String> {
+    if a.no_load {
+        return Ok(());
+    }
+    let n = a.key_space()?;
+    let start = std::time::Instant::now();
+    bench_ps::load_table(addr, n, a.dim()?, |_| {})?;
+    if !a.child {
+        let s = start.elapsed().as_secs_f64();
+        eprintln!(
+            "loaded {n} keys x {} B in {s:.2} s ({:.3} Mkv/s)",
+            a.value_size,
+            n as f64 / s / 1e6
+        );
+    }
+    Ok(())
+}
+
+pub fn run(a: PsArgs) -> Result<(), String> {
+    if !a.clients.is_empty() {
+        return run_clients(&a);
+    }
+    if a.compare {
+        return run_compare(&a);
+    }
+    let (addr, _server) = server_for(&a, &a.transport)?;
+    load(&a, &addr)?;
+    if a.matrix {
+        let mut rows = Vec::new();
+        for &t in &MATRIX_THREADS {
+            for &b in &MATRIX_BATCHES {
+                let o = a.load_opts(t, b)?;
+                let o = LoadOpts {
+                    report_every: None,
+                    ..o
+                };
+                let r = bench_ps::run_load(&addr, &o)?;
+                let row = MatrixRow {
+                    thread_num: t,
+                    batch_read_count: b,
+                    mreq_s: r.mreq_s(),
+                    mkv_s: r.mkv_s(),
+                    status: Status::from_checks(r.checked, r.wrong),
+                };
+                eprintln!("{}", ps_report::throughput_line(row.mreq_s, row.mkv_s));
+                if a.json {
+                    println!("{}", row.json());
+                }
+                rows.push(row);
+            }
+        }
+        print!("{}", ps_report::matrix_table(&rows));
+        return check_rows(rows.iter().map(|r| &r.status));
+    }
+    let o = a.load_opts(a.thread_num, a.batch_read_count)?;
+    let r = bench_ps::run_load(&addr, &o)?;
+    let status = Status::from_checks(r.checked, r.wrong);
+    if a.child {
+        println!(
+            "{}",
+            bench_ps::json("client", &o, &r, serde_json::json!({}))
+        );
+        return Ok(());
+    }
+    println!(
+        "final {} ({} pulls, {} keys checked, {})",
+        ps_report::throughput_line(r.mreq_s(), r.mkv_s()),
+        r.requests,
+        r.checked,
+        status.cell()
+    );
+    if a.json {
+        println!(
+            "{}",
+            bench_ps::json(
+                "run",
+                &o,
+                &r,
+                serde_json::json!({ "transport": a.transport })
+            )
+        );
+    }
+    check_rows([&status])
+}
+
+fn check_rows<'a>(rows: impl IntoIterator<Item = &'a Status>) -> Result<(), String> {
+    for s in rows {
+        if !s.passed() {
+            return Err(format!("a run did not pass its value checks: {}", s.cell()));
+        }
+    }
+    Ok(())
+}
+
+/// Runs N client processes of this binary against one server, all
+/// measuring the same interval, and sums their figures.
+fn run_clients(a: &PsArgs) -> Result<(), String> {
+    let (addr, _server) = server_for(a, &a.transport)?;
+    load(a, &addr)?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut rows = Vec::new();
+    for &n in &a.clients {
+        if n == 0 {
+            return Err("--clients counts must be at least 1".into());
+        }
+        // Every child connects and then waits for the same instant.
+        let start_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|e| e.to_string())?
+            .as_millis() as u64
+            + 1000
+            + 100 * n as u64;
+        let mut children = Vec::new();
+        for _ in 0..n {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["bench", "ps", "--server", &addr, "--no-load", "--child"])
+                .args(["--thread-num", &a.thread_num.to_string()])
+                .args(["--batch-read-count", &a.batch_read_count.to_string()])
+                .args(["--key-space-m", &a.key_space_m.to_string()])
+                .args(["--value-size", &a.value_size.to_string()])
+                .args(["--async-req", &a.async_req.to_string()])
+                .args(["--dist", &a.dist])
+                .args(["--duration", &a.duration.to_string()])
+                .args(["--start-at-unix-ms", &start_at.to_string()]);
+            if let Some(c) = &a.client_cpus {
+                cmd.args(["--client-cpus", c]);
+            }
+            cmd.stdout(std::process::Stdio::piped());
+            children.push(
+                cmd.spawn()
+                    .map_err(|e| format!("cannot start a client: {e}"))?,
+            );
+        }
+        let (mut mreq, mut mkv, mut checked, mut wrong) = (0.0, 0.0, 0, 0);
+        let mut failure = None;
+        for c in children {
+            let out = c.wait_with_output().map_err(|e| e.to_string())?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let line = text.lines().last().unwrap_or_default();
+            match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(v) if out.status.success() => {
+                    mreq += v["mreq_s"].as_f64().unwrap_or(0.0);
+                    mkv += v["mkv_s"].as_f64().unwrap_or(0.0);
+                    checked += v["checked"].as_u64().unwrap_or(0);
+                    wrong += v["wrong"].as_u64().unwrap_or(0);
+                }
+                _ => failure = Some(format!("a client exited with {}", out.status)),
+            }
+        }
+        let status = match failure {
+            Some(f) => Status::Fail(f),
+            None => Status::from_checks(checked, wrong),
+        };
+        let row = ClientsRow {
+            clients: n,
+            mreq_s_sum: mreq,
+            mkv_s_sum: mkv,
+            status,
+        };
+        if a.json {
+            println!("{}", row.json());
+        }
+        rows.push(row);
+    }
+    print!("{}", ps_report::clients_table(&rows));
+    check_rows(rows.iter().map(|r| &r.status))
+}
+
+/// Bytes of a PULL request for `n` keys and its reply with `vb`-byte
+/// vectors inline: what the raw TCP peer exchanges.
+fn pull_wire_bytes(n: usize, vb: usize, one_sided: bool) -> (usize, usize) {
+    let dest = if one_sided { PULL_DEST_BYTES } else { 0 };
+    let req = FRAME_HEADER + PS_PREFIX_BYTES + PULL_FIXED_BYTES + dest + 8 * n;
+    let resp =
+        FRAME_HEADER + PS_PREFIX_BYTES + bitmap_bytes(n) + if one_sided { 0 } else { n * vb };
+    // Each message carries the transport's 4-byte length prefix.
+    (req + 4, resp + 4)
+}
+
+fn one_run(a: &PsArgs, transport: &str) -> Result<(LoadOpts, LoadResult), String> {
+    let (addr, _server) = server_for(a, transport)?;
+    load(a, &addr)?;
+    let o = LoadOpts {
+        report_every: None,
+        ..a.load_opts(a.thread_num, COMPARE_BATCH)?
+    };
+    let r = bench_ps::run_load(&addr, &o)?;
+    let st = Status::from_checks(r.checked, r.wrong);
+    if !st.passed() {
+        return Err(format!("{transport} run: {}", st.cell()));
+    }
+    Ok((o, r))
+}
+
+/// The targets, measured in one run.
+fn run_compare(a: &PsArgs) -> Result<(), String> {
+    let dur = Duration::from_secs_f64(a.duration);
+    let vb = a.dim()? as usize * 4;
+    let server_cpu = cpus(&a.server_cpus)?.first().copied();
+    let client_cpu = cpus(&a.client_cpus)?.first().copied();
+    let n = COMPARE_BATCH;
+
+    let (o, tcp) = one_run(a, "tcp")?;
+    let keys_tcp = tcp.keys as f64 / tcp.seconds;
+    let (req_b, resp_b) = pull_wire_bytes(n, vb, false);
+    let raw = limits::tcp_request_response(
+        req_b,
+        resp_b,
+        a.async_req * a.thread_num,
+        dur,
+        server_cpu,
+        client_cpu,
+    )?;
+    // The raw exchange carries the same bytes; its key rate is its reply rate x n.
+    let keys_raw = raw.responses_per_s * n as f64;
+    let mut ro = limits::RedisMgetOpts::new(n, vb, a.key_space()?.min(1_000_000), dur);
+    ro.pipeline = a.async_req;
+    ro.conns = a.thread_num;
+    ro.server_cpus = a.server_cpus.clone();
+    ro.client_cpus = a.client_cpus.clone();
+    let redis = limits::redis_mget(&ro)?;
+
+    let (_, shm) = one_run(a, "shm")?;
+    let shm_bytes = shm.keys as f64 * vb as f64 / shm.seconds;
+    let memcpy = limits::memcpy_bandwidth(
+        n * vb,
+        limits::MEMCPY_WORKING_SET_BYTES_DEFAULT,
+        dur,
+        client_cpu,
+    )?;
+
+    let tcp_target = (1.5 * redis.keys_per_s).min(0.9 * keys_raw);
+    println!(
+        "pull of {n} keys x {vb} B, {} thread(s), {} outstanding, {} keys, {} ({} s each)",
+        a.thread_num,
+        a.async_req,
+        a.key_space()?,
+        a.dist,
+        a.duration
+    );
+    println!("| case | Mkv/s | value MB/s | ratio | target |");
+    println!("|---|---|---|---|---|");
+    let mb = |keys_s: f64| keys_s * vb as f64 / 1e6;
+    println!(
+        "| fabrickv tcp | {:.4} | {:.1} | - | >= {:.4} Mkv/s (min of 1.5x Redis, 0.9x raw) {} |",
+        keys_tcp / 1e6,
+        mb(keys_tcp),
+        tcp_target / 1e6,
+        if keys_tcp >= tcp_target {
+            "MET"
+        } else {
+            "MISSED"
+        }
+    );
+    println!(
+        "| redis MGET {n} | {:.4} | {:.1} | fabrickv/redis {:.2}x | 1.5x |",
+        redis.keys_per_s / 1e6,
+        mb(redis.keys_per_s),
+        keys_tcp / redis.keys_per_s
+    );
+    println!(
+        "| raw tcp {req_b} B -> {resp_b} B | {:.4} | {:.1} | fabrickv/raw {:.2} | 0.90 |",
+        keys_raw / 1e6,
+        mb(keys_raw),
+        keys_tcp / keys_raw
+    );
+    println!(
+        "| fabrickv shm (one-sided: {}) | {:.4} | {:.1} | fabrickv/memcpy {:.2} | 0.50 {} |",
+        shm.one_sided,
+        shm.keys as f64 / shm.seconds / 1e6,
+        shm_bytes / 1e6,
+        shm_bytes / memcpy.bytes_per_s,
+        if shm_bytes >= 0.5 * memcpy.bytes_per_s {
+            "MET"
+        } else {
+            "MISSED"
+        }
+    );
+    println!(
+        "| memcpy {} B chunks | - | {:.1} | - | - |",
+        n * vb,
+        memcpy.bytes_per_s / 1e6
+    );
+    if a.json {
+        println!(
+            "{}",
+            bench_ps::json(
+                "compare.tcp",
+                &o,
+                &tcp,
+                serde_json::json!({
+                    "vs_redis_mget": keys_tcp / redis.keys_per_s,
+                    "vs_raw_tcp": keys_tcp / keys_raw,
+                    "target_keys_s": tcp_target,
+                    "target_met": keys_tcp >= tcp_target,
+                })
+            )
+        );
+        println!("{}", raw.json());
+        println!("{}", redis.json());
+        println!(
+            "{}",
+            bench_ps::json(
+                "compare.shm",
+                &o,
+                &shm,
+                serde_json::json!({
+                    "vs_memcpy": shm_bytes / memcpy.bytes_per_s,
+                    "target_met": shm_bytes >= 0.5 * memcpy.bytes_per_s,
+                })
+            )
+        );
+        println!("{}", memcpy.json());
+    }
+    Ok(())
+}

@@ -1,0 +1,269 @@
+//! `fabrickv.Client`: the key-value client for Python.
+//!
+//! A thin wrapper over [`fabrickv_client::Client`]: keys and values are
+//! `bytes`, borrowed (not copied) on the way in; every call that touches
+//! the network runs with the GIL released. The Rust client takes `&mut`,
+//! so it sits behind a mutex: one `Client` may be shared by threads, whose
+//! calls then take turns (open one `Client` per thread to run them in
+//! parallel).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use fabrickv_client::Client as RustClient;
+use fabrickv_types::ErrorCode;
+use fabrickv_wire::control::ServerInfo;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::error;
+
+/// Adds `Client` to the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Client>()
+}
+
+/// Why a call made with the GIL released failed: a code and the words,
+/// turned into a `fabrickv.Error` once the GIL is held again.
+type Failure = (ErrorCode, String);
+
+/// A connection to a FabricKV server: one connection per server worker,
+/// each key sent to the worker that owns it.
+///
+/// `Client(addr, timeout=5.0)`: `addr` is `HOST:PORT`, `tcp://HOST:PORT`
+/// or `shm://NAME`; `timeout` (seconds) bounds connecting and each call.
+#[pyclass(module = "fabrickv", name = "Client", frozen)]
+pub(crate) struct Client {
+    /// The address as given, for `addr` and `repr`.
+    addr: String,
+    /// The per-call timeout, as given.
+    timeout: Duration,
+    /// The server's shape and limits, learnt when connecting; kept so that
+    /// `info()` needs neither the lock nor the network.
+    info: ServerInfo,
+    /// The Rust client; `None` once closed. A mutex because Python may call
+    /// from several threads while the Rust client needs `&mut`.
+    inner: Mutex<Option<RustClient>>,
+    /// Set by `close()`, read by `closed` and `repr` without the lock, so
+    /// that they never wait for a call in flight on another thread.
+    closed: AtomicBool,
+}
+
+impl Client {
+    /// Runs `f` on the Rust client with the GIL released.
+    fn call<T, F>(&self, py: Python<'_>, f: F) -> PyResult<T>
+    where
+        T: Send,
+        F: FnOnce(&mut RustClient) -> fabrickv_client::Result<T> + Send,
+    {
+        // The lock is taken with the GIL released too: a thread waiting for
+        // another thread's call must not stop every other Python thread.
+        py.detach(|| -> Result<T, Failure> {
+            let mut guard = self.inner.lock().map_err(|_| {
+                (
+                    ErrorCode::Internal,
+                    "an earlier call on this client panicked; open a new client".to_string(),
+                )
+            })?;
+            let client = guard
+                .as_mut()
+                .ok_or_else(|| (ErrorCode::Unavailable, "the client is closed".to_string()))?;
+            f(client).map_err(|e| (e.code(), e.to_string()))
+        })
+        .map_err(|(code, message)| error(code, message))
+    }
+}
+
+/// A TTL in seconds from Python as a duration; `None` is no expiry.
+fn ttl_of(ttl: Option<f64>) -> PyResult<Option<Duration>> {
+    match ttl {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 => Duration::try_from_secs_f64(s)
+            .map(Some)
+            .map_err(|e| PyValueError::new_err(format!("ttl {s} s: {e}"))),
+        Some(s) => Err(PyValueError::new_err(format!(
+            "ttl must be a positive number of seconds or None, not {s}"
+        ))),
+    }
+}
+
+#[pymethods]
+impl Client {
+    /// Connects (with the GIL released) and learns the server's shape.
+    #[new]
+    #[pyo3(signature = (addr, timeout = 5.0))]
+    fn new(py: Python<'_>, addr: &str, timeout: f64) -> PyResult<Self> {
+        if !(timeout.is_finite() && timeout > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "timeout must be a positive number of seconds, not {timeout}"
+            )));
+        }
+        let timeout = Duration::try_from_secs_f64(timeout)
+            .map_err(|e| PyValueError::new_err(format!("timeout {timeout} s: {e}")))?;
+        let client = py
+            .detach(|| RustClient::connect_with_timeout(addr, timeout))
+            .map_err(crate::to_py_err)?;
+        Ok(Client {
+            addr: addr.to_string(),
+            timeout,
+            info: client.info(),
+            inner: Mutex::new(Some(client)),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// The value stored under `key`, or None if it is absent or expired.
+    fn get<'py>(&self, py: Python<'py>, key: &[u8]) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let value = self.call(py, |c| c.get(key))?;
+        Ok(value.map(|v| PyBytes::new(py, &v)))
+    }
+
+    /// Stores `value` under `key`, expiring after `ttl` seconds if given.
+    #[pyo3(signature = (key, value, ttl = None))]
+    fn put(&self, py: Python<'_>, key: &[u8], value: &[u8], ttl: Option<f64>) -> PyResult<()> {
+        let ttl = ttl_of(ttl)?;
+        self.call(py, |c| c.put_ttl(key, value, ttl))
+    }
+
+    /// Removes `key`; True if it was there.
+    fn delete(&self, py: Python<'_>, key: &[u8]) -> PyResult<bool> {
+        self.call(py, |c| c.delete(key))
+    }
+
+    /// The values of `keys`, in order, None for each absent one; the keys
+    /// travel pipelined to every worker at once.
+    fn mget<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<Bound<'py, PyBytes>>,
+    ) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
+        let slices: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+        let values = self.call(py, |c| c.mget(&slices))?;
+        Ok(values
+            .into_iter()
+            .map(|v| v.map(|v| PyBytes::new(py, &v)))
+            .collect())
+    }
+
+    /// Stores many values, pipelined: `mput([(key, value), ...])`,
+    /// `mput({key: value})` or `mput(keys, values)`. On an error the
+    /// values before and after the refused one may have been stored.
+    #[pyo3(signature = (items, values = None, ttl = None))]
+    fn mput<'py>(
+        &self,
+        py: Python<'py>,
+        items: &Bound<'py, PyAny>,
+        values: Option<Vec<Bound<'py, PyBytes>>>,
+        ttl: Option<f64>,
+    ) -> PyResult<()> {
+        let ttl = ttl_of(ttl)?;
+        let pairs: Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> = match values {
+            Some(values) => {
+                let keys: Vec<Bound<'py, PyBytes>> = items.extract()?;
+                if keys.len() != values.len() {
+                    return Err(PyValueError::new_err(format!(
+                        "mput: {} keys but {} values",
+                        keys.len(),
+                        values.len()
+                    )));
+                }
+                keys.into_iter().zip(values).collect()
+            }
+            None => match items.cast::<PyDict>() {
+                Ok(d) => d
+                    .iter()
+                    .map(|(k, v)| Ok((k.extract()?, v.extract()?)))
+                    .collect::<PyResult<_>>()?,
+                Err(_) => items.extract()?,
+            },
+        };
+        let slices: Vec<(&[u8], &[u8])> = pairs
+            .iter()
+            .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
+            .collect();
+        self.call(py, |c| c.mput(&slices, ttl))
+    }
+
+    /// The server's counters summed over its workers (hits, misses,
+    /// items, bytes, ...), name to count.
+    fn stats(&self, py: Python<'_>) -> PyResult<std::collections::BTreeMap<String, u64>> {
+        self.call(py, |c| c.stats())
+    }
+
+    /// The server's shape and limits, as learnt when connecting: workers,
+    /// partitions, mode, key_bytes_max, value_bytes_max, batch_ops_max,
+    /// and this client's timeout (seconds).
+    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let i = &self.info;
+        let d = PyDict::new(py);
+        d.set_item("workers", i.workers)?;
+        d.set_item("partitions", i.partitions)?;
+        d.set_item("mode", if i.store_mode { "store" } else { "cache" })?;
+        d.set_item("key_bytes_max", i.key_bytes_max)?;
+        d.set_item("value_bytes_max", i.value_bytes_max)?;
+        d.set_item("batch_ops_max", i.batch_ops_max)?;
+        d.set_item("timeout", self.timeout.as_secs_f64())?;
+        Ok(d)
+    }
+
+    /// Closes the connections; later calls raise `fabrickv.Error`
+    /// (`UNAVAILABLE`). Closing twice is harmless.
+    fn close(&self, py: Python<'_>) {
+        self.closed.store(true, Ordering::Release);
+        // Waits (GIL released) for a call in flight on another thread; a
+        // client poisoned by a panic is closed all the same.
+        let client = py.detach(|| {
+            self.inner
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+        });
+        drop(client);
+    }
+
+    /// True once `close()` has run.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// The address this client connected to.
+    #[getter]
+    fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The per-call timeout in seconds.
+    #[getter]
+    fn timeout(&self) -> f64 {
+        self.timeout.as_secs_f64()
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// Closes the client; exceptions from the `with` body propagate.
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: &Bound<'_, PyAny>,
+        _exc: &Bound<'_, PyAny>,
+        _traceback: &Bound<'_, PyAny>,
+    ) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<fabrickv.Client addr={:?} workers={} timeout={}s{}>",
+            self.addr,
+            self.info.workers,
+            self.timeout.as_secs_f64(),
+            if self.closed() { " closed" } else { "" }
+        )
+    }
+}
