@@ -81,6 +81,20 @@ const _: () = assert!(POOL_BYTES_MIN >= PAGES_PER_POOL_MIN * PAGE_BYTES_MIN);
 const _: () = assert!(POOL_BYTES_MIN >= 2 * item_bytes(fabrickv_types::limits::KEY_BYTES_MAX, 0));
 const _: () = assert!(POOL_BYTES_MAX < 1 << OFFSET_BITS);
 
+/// Starts loading every cache line of `bytes` (a value [`Partition::peek`]
+/// returned) without waiting, so that a batch can fetch all its values
+/// from memory at once before copying any of them.
+#[inline]
+pub fn prefetch_bytes(bytes: &[u8]) {
+    let start = bytes.as_ptr() as usize;
+    let end = start + bytes.len();
+    let mut line = start & !(BUCKET_BYTES - 1);
+    while line < end {
+        index::prefetch_line(line as *const i8);
+        line += BUCKET_BYTES;
+    }
+}
+
 /// How a partition treats a full pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {

@@ -645,6 +645,15 @@ fn gather(
                 p.prefetch_item(*h);
             }
         }
+        // Third stage: every line of every value, so the copies below find
+        // them in cache instead of walking memory one value at a time.
+        for (i, (k, h)) in keys.iter().enumerate() {
+            if shard_of[i] == s {
+                if let Some(v) = p.peek(*h, k, now_ms) {
+                    fabrickv_engine::prefetch_bytes(&v[..vb.min(v.len())]);
+                }
+            }
+        }
         for (i, (k, h)) in keys.iter().enumerate() {
             if shard_of[i] != s {
                 continue;
