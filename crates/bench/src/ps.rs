@@ -162,7 +162,7 @@ fn pattern_ok(key: u64, bytes: &[u8]) -> bool {
             acc | (u32::from_le_bytes([c[0], c[1], c[2], c[3]]) ^ want(i))
         }),
     };
-    diff == 0 && bytes.len() % 4 == 0
+    diff == 0 && bytes.len().is_multiple_of(4)
 }
 
 /// Creates the benchmark table and loads keys `1..=key_space` with the
