@@ -53,12 +53,17 @@ fmt:
 	$(CARGO) fmt --all
 
 ## Tiny runs of each benchmark so none rots (not measurements).
-bench-smoke: build-fabric
+bench-smoke: build-fabric python
 	$(BIN) bench kv --duration 0.5 --keys 2000 --json
 	$(BIN) bench kv --duration 0.5 --keys 2000 --get-percent 100 --server-cpus 0 --client-cpus 1 --compare-redis --json
 	$(BIN) bench herd --workers 1,2 --keys-per-partition 2000 --duration 0.3 --json
 	$(BIN) bench herd --transport shm --workers 1 --keys-per-partition 2000 --duration 0.3 --server-cpus 0 --client-cpus 1 --json
 	$(BIN) bench compare --keys 2000 --duration 0.3 --depths 1,16 --mget 10 --json
+	$(BIN) bench ps --key-space-m 0.002 --duration 0.3 --json
+	$(BIN) bench ps --transport shm --matrix --key-space-m 0.002 --duration 0.1 --server-cpus 0 --client-cpus 1 --json
+	$(BIN) bench ps --clients 2 --key-space-m 0.002 --duration 0.3 --json
+	$(BIN) bench ps --compare --key-space-m 0.002 --async-req 16 --duration 0.3 --server-cpus 0 --client-cpus 1 --json
+	.venv/bin/python python/bench_ps.py --duration 0.3
 	$(BIN) bench rpc --transport inproc --duration 0.3 --report-every 0 --json
 	$(BIN) bench rpc --transport tcp --duration 0.3 --report-every 0 --affinity random --server-threads 2 --client-threads 2 --json
 	$(BIN) bench rpc --transport shm --duration 0.3 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json
@@ -72,6 +77,7 @@ bench: deps build-fabric
 	bash scripts/bench-rpc.sh | tee $(BENCH_DIR)/$(DATE)-rpc.txt
 	bash scripts/bench-herd.sh | tee $(BENCH_DIR)/$(DATE)-herd.txt
 	bash scripts/bench-compare.sh | tee $(BENCH_DIR)/$(DATE)-compare.txt
+	bash scripts/bench-ps.sh | tee $(BENCH_DIR)/$(DATE)-ps.txt
 
 ## FabricKV beside redis-server and memcached (see scripts/bench-compare.sh).
 compare: deps build
