@@ -63,6 +63,7 @@ bench-smoke: build-fabric python
 	$(BIN) bench ps --transport shm --matrix --key-space-m 0.002 --duration 0.1 --server-cpus 0 --client-cpus 1 --json
 	$(BIN) bench ps --clients 2 --key-space-m 0.002 --duration 0.3 --json
 	$(BIN) bench ps --compare --key-space-m 0.002 --async-req 16 --duration 0.3 --server-cpus 0 --client-cpus 1 --json
+	.venv/bin/python python/bench_ps.py --bin $(BIN) --duration 0.3 --rounds 1
 	$(BIN) bench rpc --transport inproc --duration 0.3 --report-every 0 --json
 	$(BIN) bench rpc --transport tcp --duration 0.3 --report-every 0 --affinity random --server-threads 2 --client-threads 2 --json
 	$(BIN) bench rpc --transport shm --duration 0.3 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json

@@ -21,6 +21,12 @@ START_TIMEOUT_S = 20.0
 # The native transports a client outside the server's process can reach.
 TRANSPORTS = ("tcp", "shm")
 
+# A small embedding pool (64 MiB) backed lazily (no mlock, no zeroing, no
+# prefaulting), so a server for the table tests starts at once and needs
+# neither locked memory nor 1 GiB of RAM.
+PS_POOL_ARGS = ("--dram-pool-gb", "0.0625", "--dram-skip-mlock",
+                "--dram-skip-memset", "--dram-skip-populate")
+
 
 def listen_addr(transport):
     """A `--listen` address for `transport` that no other server uses."""
@@ -93,6 +99,16 @@ def kv_server(request):
     """A server per native transport: each test using it runs once on tcp
     and once on shm."""
     s = Server(listen=listen_addr(request.param))
+    s.transport = request.param
+    yield s
+    assert s.stop() == 0, "the server exits cleanly on SIGTERM"
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def ps_server(request):
+    """A server per native transport with a small embedding pool, for the
+    table tests: each test using it runs once on tcp and once on shm."""
+    s = Server(*PS_POOL_ARGS, listen=listen_addr(request.param))
     s.transport = request.param
     yield s
     assert s.stop() == 0, "the server exits cleanly on SIGTERM"

@@ -6,9 +6,13 @@
 //! so it sits behind a mutex: one `Client` may be shared by threads, whose
 //! calls then take turns (open one `Client` per thread to run them in
 //! parallel).
+//!
+//! The embedding-table methods (`create_table`, `table`, `tables`) live
+//! here because PyO3 allows one method block per class; each hands off to
+//! [`crate::ps`], which owns the table client.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use fabrickv_client::Client as RustClient;
@@ -19,6 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::error;
+use crate::ps::{self, PsConn, Table};
 
 /// Adds `Client` to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -34,6 +39,8 @@ type Failure = (ErrorCode, String);
 ///
 /// `Client(addr, timeout=5.0)`: `addr` is `HOST:PORT`, `tcp://HOST:PORT`
 /// or `shm://NAME`; `timeout` (seconds) bounds connecting and each call.
+/// `create_table`/`table` give embedding tables (`fabrickv.Table`), served
+/// over one more connection made on the first table call.
 #[pyclass(module = "fabrickv", name = "Client", frozen)]
 pub(crate) struct Client {
     /// The address as given, for `addr` and `repr`.
@@ -49,6 +56,9 @@ pub(crate) struct Client {
     /// Set by `close()`, read by `closed` and `repr` without the lock, so
     /// that they never wait for a call in flight on another thread.
     closed: AtomicBool,
+    /// The embedding-table client, connected on the first table call and
+    /// shared with the `Table`s and pull handles this client hands out.
+    ps: Arc<PsConn>,
 }
 
 impl Client {
@@ -111,6 +121,7 @@ impl Client {
             info: client.info(),
             inner: Mutex::new(Some(client)),
             closed: AtomicBool::new(false),
+            ps: PsConn::new(addr, timeout),
         })
     }
 
@@ -208,10 +219,43 @@ impl Client {
         Ok(d)
     }
 
-    /// Closes the connections; later calls raise `fabrickv.Error`
-    /// (`UNAVAILABLE`). Closing twice is harmless.
+    /// Creates an embedding table of `dim` float32 per key (or opens the
+    /// table of that name if it exists with the same shape). `optimizer`
+    /// is "sgd" or "adagrad", `lr` its learning rate, `missing` what pulls
+    /// of absent keys return ("zeros" or "init", the deterministic
+    /// initializer seeded by `seed`).
+    #[pyo3(signature = (name, dim, optimizer = "sgd", lr = 0.01, missing = "zeros", seed = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn create_table(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        dim: i64,
+        optimizer: &str,
+        lr: f64,
+        missing: &str,
+        seed: u64,
+    ) -> PyResult<Table> {
+        ps::create_table(py, &self.ps, name, dim, optimizer, lr, missing, seed)
+    }
+
+    /// Opens the existing table `name`; `fabrickv.Error` with code
+    /// `NO_SUCH_TABLE` if there is none.
+    fn table(&self, py: Python<'_>, name: &str) -> PyResult<Table> {
+        ps::open_table(py, &self.ps, name)
+    }
+
+    /// Every embedding table as a dict: name, id, dim, optimizer, lr,
+    /// missing, seed and items (keys stored now).
+    fn tables<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        ps::list_tables(py, &self.ps)
+    }
+
+    /// Closes the connections (the embedding tables' too); later calls
+    /// raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
     fn close(&self, py: Python<'_>) {
         self.closed.store(true, Ordering::Release);
+        self.ps.close(py);
         // Waits (GIL released) for a call in flight on another thread; a
         // client poisoned by a panic is closed all the same.
         let client = py.detach(|| {

@@ -3,7 +3,8 @@
 //! Layout: this file has the module's init (which installs the transports
 //! beyond tcp, so that `shm://NAME` addresses connect, as the `fabrickv`
 //! binary does at start), the one exception class [`Error`] and the helpers
-//! that turn Rust errors into it; [`kv`] has the key-value `Client`. Each
+//! that turn Rust errors into it; [`kv`] has the key-value `Client` (with
+//! its table methods), [`ps`] the embedding `Table` and its pulls. Each
 //! further file registers its classes from [`fabrickv`] through its own
 //! `register` function.
 //!
@@ -11,6 +12,7 @@
 //! threads run while one waits on the server.
 
 mod kv;
+mod ps;
 
 use fabrickv_client::ClientError;
 use fabrickv_types::ErrorCode;
@@ -48,8 +50,9 @@ pub(crate) fn error(code: ErrorCode, message: impl Into<String>) -> PyErr {
     })
 }
 
-/// FabricKV client: `fabrickv.Client(addr)` for keys and values,
-/// `fabrickv.Error` (with a stable `.code`) for every failed call.
+/// FabricKV client: `fabrickv.Client(addr)` for keys and values and its
+/// embedding tables (`fabrickv.Table`, numpy arrays), `fabrickv.Error`
+/// (with a stable `.code`) for every failed call.
 //
 // The module's init: the exception, then each file's classes.
 #[pymodule]
@@ -62,6 +65,7 @@ fn fabrickv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     error.setattr("code", py.None())?;
     m.add("Error", error)?;
     kv::register(m)?;
+    ps::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
