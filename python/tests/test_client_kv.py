@@ -263,6 +263,28 @@ def test_blocked_calls_release_the_gil(transport):
     assert took < 2.5 * timeout_s, f"{threads} blocked calls took {took:.2f}s: run in turn"
 
 
+def freeze(pid):
+    """SIGSTOPs `pid` and returns once every thread of it is stopped: kill()
+    returns before the signal has taken effect, and a server still running
+    for a moment would answer the calls meant to wait."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + DEADLINE_S
+    task_dir = f"/proc/{pid}/task"
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(task_dir):
+            try:
+                with open(f"{task_dir}/{tid}/stat") as f:
+                    # The state follows the parenthesised command name.
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                continue
+        if states and all(st in ("T", "t") for st in states):
+            return
+        time.sleep(0.001)
+    pytest.fail(f"process {pid} did not stop within {DEADLINE_S}s")
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_calls_waiting_on_a_stopped_server_release_the_gil(transport):
     # The same for data calls: connected clients whose server is then
@@ -278,7 +300,7 @@ def test_calls_waiting_on_a_stopped_server_release_the_gil(transport):
         except fabrickv.Error as e:
             codes.append(e.code)
 
-    os.kill(server.proc.pid, signal.SIGSTOP)
+    freeze(server.proc.pid)
     try:
         start = time.monotonic()
         ts = [threading.Thread(target=call, args=(c,)) for c in clients]
