@@ -12,10 +12,12 @@
 
 use fabrickv_types::limits::{
     BATCH_OPS_MAX, ERROR_MESSAGE_BYTES_MAX, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES,
-    KEY_BYTES_MAX, STAT_NAME_BYTES_MAX, TTL_MS_MAX, VALUE_BYTES_MAX,
+    KEY_BYTES_MAX, PS_DIM_MAX, PS_TABLES_MAX, PS_TABLE_NAME_BYTES_MAX, STAT_NAME_BYTES_MAX,
+    TTL_MS_MAX, VALUE_BYTES_MAX,
 };
 use fabrickv_types::{ErrorCode, KeyHash};
 use fabrickv_wire::control::{decode_error, decode_hello_reply, decode_stats_reply};
+use fabrickv_wire::ps;
 use fabrickv_wire::{
     decode_frame, FrameHeader, OpCode, RequestIter, ResponseIter, WireError, MAGIC, VERSION,
 };
@@ -115,6 +117,35 @@ fn check_message(msg: &[u8]) {
         for (name, _) in &stats {
             assert!(name.len() <= STAT_NAME_BYTES_MAX);
         }
+    }
+    // The embedding (PS) decoders: what they accept agrees with the header.
+    if let Ok(req) = ps::decode_request(&frame) {
+        match req {
+            ps::PsRequest::Create(rest) => {
+                if let Ok(spec) = ps::decode_create(rest) {
+                    assert!(spec.dim >= 1 && spec.dim as usize <= PS_DIM_MAX);
+                    assert!(spec.lr.is_finite() && spec.lr >= 0.0);
+                }
+            }
+            ps::PsRequest::Open(name) => assert!(name.len() <= PS_TABLE_NAME_BYTES_MAX),
+            ps::PsRequest::List => assert_eq!(h.op_count, 0),
+            ps::PsRequest::Pull { keys, .. } => {
+                assert_eq!(keys.len(), 8 * usize::from(h.op_count))
+            }
+            ps::PsRequest::Push { keys, values, .. } => {
+                let n = usize::from(h.op_count);
+                assert_eq!(keys.len(), 8 * n);
+                assert!(n == 0 && values.is_empty() || n > 0 && values.len() % (4 * n) == 0);
+            }
+        }
+    }
+    if let Ok(r) = ps::decode_reply(&frame) {
+        if r.op == ps::PsOp::List {
+            if let Ok(tables) = ps::decode_list(r.rest) {
+                assert!(tables.len() <= PS_TABLES_MAX);
+            }
+        }
+        let _ = ps::decode_desc(r.rest);
     }
     if let Ok((code, message)) = decode_error(&frame) {
         if h.status != 0 {
