@@ -5,8 +5,9 @@
 //! that wants its memory resident and predictable (a parameter server
 //! holding every embedding, as PetPS does) asks for an anonymous mapping
 //! instead, with any of:
-//! - `populate`: fault every page in at start (`MAP_POPULATE`), so the
-//!   first pass over the data pays no page faults;
+//! - `populate`: fault every page in at start (by touching each page, so
+//!   that transparent huge pages, asked for with `madvise`, can back it),
+//!   so the first pass over the data pays no page faults;
 //! - `lock`: `mlock` the pool, so it is never swapped out;
 //! - `zero`: write every byte once at start (PetPS's memset), which also
 //!   faults pages in where `MAP_POPULATE` is not honoured;
@@ -18,6 +19,9 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+
+/// Bytes of a base page, the stride of the populate pass.
+pub const PAGE_BYTES: usize = 4096;
 
 /// log2 of the huge page size asked for with `hugepages` (2 MiB).
 pub const HUGE_PAGE_SHIFT: u8 = 21;
@@ -84,9 +88,6 @@ impl PoolMemory {
         }
         let mut o = memmap2::MmapOptions::new();
         o.len(bytes.max(1));
-        if opts.populate {
-            o.populate();
-        }
         if opts.hugepages {
             o.huge(Some(HUGE_PAGE_SHIFT));
         }
@@ -100,6 +101,19 @@ impl PoolMemory {
                 PoolError(format!("cannot map {bytes} bytes: {e}"))
             }
         })?;
+        if !opts.hugepages {
+            // Transparent huge pages where the kernel offers them on
+            // request (`madvise` mode): a pool read at random then misses
+            // the TLB far less. Advice only; a kernel without THP ignores
+            // it. Given before any page is faulted in, which is why
+            // populate is done by touching below and not by MAP_POPULATE.
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
+        if opts.populate && !opts.zero {
+            for page in map.chunks_mut(PAGE_BYTES) {
+                page[0] = 0;
+            }
+        }
         if opts.lock {
             map.lock().map_err(|e| {
                 PoolError(format!(

@@ -330,6 +330,8 @@ pub struct PsService {
     keys: Vec<([u8; PS_ITEM_KEY_BYTES], KeyHash)>,
     /// Shard of each key.
     shard_of: Vec<u32>,
+    /// The keys grouped by shard (pulls).
+    groups: ShardGroups,
     /// Vectors staged for a transport without a mapped view (fabric).
     staging: Vec<u8>,
     /// One vector or state, built for a push.
@@ -348,6 +350,7 @@ impl PsService {
             store,
             keys: Vec::new(),
             shard_of: Vec::new(),
+            groups: ShardGroups::default(),
             staging: Vec::new(),
             scratch: Vec::with_capacity(PS_DIM_MAX * 2),
             grad: Vec::with_capacity(PS_DIM_MAX),
@@ -447,6 +450,7 @@ impl PsService {
         let n = keys.len() / 8;
         let vb = t.vector_bytes();
         self.prepare(table, keys, shards.len());
+        self.groups.build(&self.shard_of, shards.len());
         self.found.clear();
         self.found.resize(bitmap_bytes(n) / 8, 0);
         let total = n * vb;
@@ -461,7 +465,7 @@ impl PsService {
                     &t,
                     shards,
                     &self.keys,
-                    &self.shard_of,
+                    &self.groups,
                     &mut out[values_at..],
                     &mut self.found,
                     now_ms,
@@ -493,7 +497,7 @@ impl PsService {
                             &t,
                             shards,
                             &self.keys,
-                            &self.shard_of,
+                            &self.groups,
                             view,
                             &mut self.found,
                             now_ms,
@@ -506,7 +510,7 @@ impl PsService {
                             &t,
                             shards,
                             &self.keys,
-                            &self.shard_of,
+                            &self.groups,
                             &mut self.staging,
                             &mut self.found,
                             now_ms,
@@ -619,7 +623,7 @@ fn gather(
     t: &Table,
     shards: &[RwLock<Partition>],
     keys: &[([u8; PS_ITEM_KEY_BYTES], KeyHash)],
-    shard_of: &[u32],
+    groups: &ShardGroups,
     dest: &mut [u8],
     found: &mut [u64],
     now_ms: u64,
@@ -628,50 +632,83 @@ fn gather(
     let state = t.state_bytes();
     let mut misses = 0;
     for (s, shard) in shards.iter().enumerate() {
-        let s = s as u32;
-        if !shard_of.contains(&s) {
+        let idx = groups.of(s);
+        if idx.is_empty() {
             continue;
         }
         let p = read(shard);
         // Both prefetch stages over this shard's keys before the first
         // lookup, so their cache misses overlap (MICA's batch prefetch).
-        for (i, (_, h)) in keys.iter().enumerate() {
-            if shard_of[i] == s {
-                p.prefetch(*h);
-            }
+        for &i in idx {
+            p.prefetch(keys[i as usize].1);
         }
-        for (i, (_, h)) in keys.iter().enumerate() {
-            if shard_of[i] == s {
-                p.prefetch_item(*h);
-            }
+        for &i in idx {
+            p.prefetch_item(keys[i as usize].1);
         }
-        // Third stage: every line of every value, so the copies below find
-        // them in cache instead of walking memory one value at a time.
-        for (i, (k, h)) in keys.iter().enumerate() {
-            if shard_of[i] == s {
-                if let Some(v) = p.peek(*h, k, now_ms) {
-                    fabrickv_engine::prefetch_bytes(&v[..vb.min(v.len())]);
-                }
+        // Third stage: look each key up once (its bucket and header are in
+        // cache now) and start loading every line of its value, so the
+        // copies below find them in cache instead of walking memory one
+        // value at a time.
+        let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(idx.len());
+        for &i in idx {
+            let (k, h) = &keys[i as usize];
+            let v = p.peek(*h, k, now_ms).filter(|v| v.len() == state);
+            if let Some(v) = v {
+                fabrickv_engine::prefetch_bytes(&v[..vb]);
             }
+            values.push(v);
         }
-        for (i, (k, h)) in keys.iter().enumerate() {
-            if shard_of[i] != s {
-                continue;
-            }
+        for (&i, v) in idx.iter().zip(&values) {
+            let i = i as usize;
             let out = &mut dest[i * vb..(i + 1) * vb];
-            match p.peek(*h, k, now_ms) {
-                Some(v) if v.len() == state => {
+            match v {
+                Some(v) => {
                     out.copy_from_slice(&v[..vb]);
                     found[i / 64] |= 1 << (i % 64);
                 }
-                _ => {
+                None => {
                     misses += 1;
-                    fill_missing(t, key_of_slice(k), out);
+                    fill_missing(t, key_of_slice(&keys[i].0), out);
                 }
             }
         }
     }
     misses
+}
+
+/// The keys of a request grouped by shard (a counting sort of their
+/// indices), so each shard's passes touch only its own keys.
+#[derive(Debug, Default)]
+struct ShardGroups {
+    /// Key indices, shard by shard.
+    order: Vec<u32>,
+    /// Where each shard's indices start in `order`; one more entry than
+    /// shards.
+    starts: Vec<usize>,
+}
+
+impl ShardGroups {
+    fn build(&mut self, shard_of: &[u32], shards: usize) {
+        self.starts.clear();
+        self.starts.resize(shards + 1, 0);
+        for &s in shard_of {
+            self.starts[s as usize + 1] += 1;
+        }
+        for i in 0..shards {
+            self.starts[i + 1] += self.starts[i];
+        }
+        self.order.clear();
+        self.order.resize(shard_of.len(), 0);
+        let mut next = self.starts.clone();
+        for (i, &s) in shard_of.iter().enumerate() {
+            self.order[next[s as usize]] = i as u32;
+            next[s as usize] += 1;
+        }
+    }
+
+    fn of(&self, shard: usize) -> &[u32] {
+        &self.order[self.starts[shard]..self.starts[shard + 1]]
+    }
 }
 
 /// What a pull returns for an absent key.
