@@ -278,7 +278,7 @@ impl KvService {
 
 /// The request id of a frame whose header may be broken, so that even an
 /// ERROR reply can be matched to its request when the id is readable.
-fn request_id_of(msg: &[u8]) -> u64 {
+pub(crate) fn request_id_of(msg: &[u8]) -> u64 {
     msg.get(8..16)
         .and_then(|b| b.try_into().ok())
         .map_or(0, u64::from_le_bytes)

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard}
 
 use fabrickv_engine::{Partition, PartitionConfig, PoolOptions, PutCond, PutResult};
 use fabrickv_transport::{RemoteRegion, Reply};
-use fabrickv_types::limits::{PS_DIM_MAX, PS_TABLES_MAX};
+use fabrickv_types::limits::PS_TABLES_MAX;
 use fabrickv_types::{ErrorCode, KeyHash};
 use fabrickv_wire::control::encode_error;
 use fabrickv_wire::ps::{
@@ -334,10 +334,8 @@ pub struct PsService {
     groups: ShardGroups,
     /// Vectors staged for a transport without a mapped view (fabric).
     staging: Vec<u8>,
-    /// One vector or state, built for a push.
-    scratch: Vec<f32>,
-    /// Gradient of one key, decoded.
-    grad: Vec<f32>,
+    /// Buffers of a push, reused from key to key.
+    scratch: Scratch,
     /// Found bits of a one-sided pull.
     found: Vec<u64>,
 }
@@ -352,8 +350,7 @@ impl PsService {
             shard_of: Vec::new(),
             groups: ShardGroups::default(),
             staging: Vec::new(),
-            scratch: Vec::with_capacity(PS_DIM_MAX * 2),
-            grad: Vec::with_capacity(PS_DIM_MAX),
+            scratch: Scratch::default(),
             found: Vec::new(),
         }
     }
@@ -361,10 +358,7 @@ impl PsService {
     /// Handles one `Ps` frame; returns true if it was refused with an
     /// ERROR frame.
     pub fn handle(&mut self, msg: &[u8], reply: &mut dyn Reply, now_ms: u64) -> bool {
-        let id = msg
-            .get(8..16)
-            .and_then(|b| b.try_into().ok())
-            .map_or(0, u64::from_le_bytes);
+        let id = crate::kv::request_id_of(msg);
         let frame = match decode_frame(msg) {
             Ok(f) if f.header.kind == FrameKind::Ps => f,
             Ok(_) => {
@@ -581,9 +575,7 @@ impl PsService {
             let v = &values[i * vb..(i + 1) * vb];
             let r = match mode {
                 PushMode::Overwrite => overwrite(&t, p, *h, k, v, &mut self.scratch, now_ms),
-                PushMode::Gradient => {
-                    apply_gradient(&t, p, *h, k, v, &mut self.scratch, &mut self.grad, now_ms)
-                }
+                PushMode::Gradient => apply_gradient(&t, p, *h, k, v, &mut self.scratch, now_ms),
             };
             match r {
                 Ok(()) => applied += 1,
@@ -718,9 +710,7 @@ fn fill_missing(t: &Table, key: u64, out: &mut [u8]) {
         Missing::Init => {
             let mut v = vec![0f32; t.spec.dim as usize];
             init_vector(t.spec.seed, key, &mut v);
-            for (o, x) in out.chunks_exact_mut(4).zip(&v) {
-                o.copy_from_slice(&x.to_le_bytes());
-            }
+            store_f32s(&v, out);
         }
     }
 }
@@ -747,6 +737,27 @@ fn store_f32s(state: &[f32], out: &mut [u8]) {
     }
 }
 
+/// The buffers of a push, kept by the service so that no key allocates.
+#[derive(Debug, Default)]
+struct Scratch {
+    /// The key's state as floats: weights, then Adagrad's accumulator.
+    state: Vec<f32>,
+    /// The key's gradient, decoded.
+    grad: Vec<f32>,
+    /// The state as stored (little-endian bytes), for a new item.
+    bytes: Vec<u8>,
+}
+
+impl Scratch {
+    /// Encodes `state` into `bytes` and stores it as the key's value.
+    fn put_state(&mut self, p: &mut Partition, h: KeyHash, k: &[u8], now_ms: u64) -> PutResult {
+        self.bytes.clear();
+        self.bytes.resize(self.state.len() * 4, 0);
+        store_f32s(&self.state, &mut self.bytes);
+        p.put(h, k, &self.bytes, 0, PutCond::Always, now_ms)
+    }
+}
+
 /// Stores `v` as the key's vector (optimizer state reset).
 fn overwrite(
     t: &Table,
@@ -754,24 +765,24 @@ fn overwrite(
     h: KeyHash,
     k: &[u8],
     v: &[u8],
-    scratch: &mut Vec<f32>,
+    s: &mut Scratch,
     now_ms: u64,
 ) -> Result<(), ErrorCode> {
-    let existed = p.peek(h, k, now_ms).is_some();
+    // The partition's item count tells a new key from a replaced one
+    // without a second lookup.
+    let items_before = p.stats().items;
     let r = match t.spec.optimizer {
         Optimizer::Sgd => p.put(h, k, v, 0, PutCond::Always, now_ms),
         Optimizer::Adagrad => {
             let dim = t.spec.dim as usize;
-            scratch.clear();
-            scratch.resize(dim * 2, ADAGRAD_INITIAL_ACCUMULATOR);
-            f32s_from_le(v, &mut scratch[..dim]);
-            let mut bytes = vec![0u8; dim * 8];
-            store_f32s(scratch, &mut bytes);
-            p.put(h, k, &bytes, 0, PutCond::Always, now_ms)
+            s.state.clear();
+            s.state.resize(dim * 2, ADAGRAD_INITIAL_ACCUMULATOR);
+            f32s_from_le(v, &mut s.state[..dim]);
+            s.put_state(p, h, k, now_ms)
         }
     };
     put_result(r)?;
-    if !existed {
+    if p.stats().items > items_before {
         t.items.fetch_add(1, Ordering::Relaxed);
     }
     Ok(())
@@ -779,45 +790,37 @@ fn overwrite(
 
 /// Applies gradient `g` to the key's vector with the table's optimizer; an
 /// absent key starts from the initializer.
-#[allow(clippy::too_many_arguments)]
 fn apply_gradient(
     t: &Table,
     p: &mut Partition,
     h: KeyHash,
     k: &[u8],
     g: &[u8],
-    scratch: &mut Vec<f32>,
-    grad: &mut Vec<f32>,
+    s: &mut Scratch,
     now_ms: u64,
 ) -> Result<(), ErrorCode> {
     let dim = t.spec.dim as usize;
     let lr = t.spec.lr;
-    grad.clear();
-    grad.resize(dim, 0.0);
-    f32s_from_le(g, grad);
+    s.grad.clear();
+    s.grad.resize(dim, 0.0);
+    f32s_from_le(g, &mut s.grad);
     let state_len = dim * t.spec.optimizer.state_per_element();
-    scratch.clear();
-    scratch.resize(state_len, 0.0);
-    let present = match p.value_mut(h, k, now_ms) {
-        Some(bytes) if bytes.len() == state_len * 4 => {
-            f32s_from_le(bytes, scratch);
-            step(t.spec.optimizer, lr, scratch, grad);
-            store_f32s(scratch, bytes);
-            true
+    s.state.clear();
+    s.state.resize(state_len, 0.0);
+    if let Some(bytes) = p.value_mut(h, k, now_ms) {
+        if bytes.len() == state_len * 4 {
+            f32s_from_le(bytes, &mut s.state);
+            step(t.spec.optimizer, lr, &mut s.state, &s.grad);
+            store_f32s(&s.state, bytes);
+            return Ok(());
         }
-        _ => false,
-    };
-    if present {
-        return Ok(());
     }
-    init_vector(t.spec.seed, key_of_slice(k), &mut scratch[..dim]);
+    init_vector(t.spec.seed, key_of_slice(k), &mut s.state[..dim]);
     if t.spec.optimizer == Optimizer::Adagrad {
-        scratch[dim..].fill(ADAGRAD_INITIAL_ACCUMULATOR);
+        s.state[dim..].fill(ADAGRAD_INITIAL_ACCUMULATOR);
     }
-    step(t.spec.optimizer, lr, scratch, grad);
-    let mut bytes = vec![0u8; state_len * 4];
-    store_f32s(scratch, &mut bytes);
-    put_result(p.put(h, k, &bytes, 0, PutCond::Always, now_ms))?;
+    step(t.spec.optimizer, lr, &mut s.state, &s.grad);
+    put_result(s.put_state(p, h, k, now_ms))?;
     t.items.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
