@@ -178,24 +178,8 @@ pub fn load_table(
     let t = c
         .create_table(&TableSpec::new(BENCH_TABLE, dim))
         .map_err(|e| e.to_string())?;
-    let step =
-        (fabrickv_client::ps::PS_LOAD_BATCH_KEYS * fabrickv_client::ps::PS_LOAD_WINDOW) as u64;
-    let d = dim as usize;
-    let mut keys = Vec::new();
-    let mut vals = Vec::new();
-    let mut next = 1u64;
-    while next <= key_space {
-        let last = (next + step - 1).min(key_space);
-        keys.clear();
-        keys.extend(next..=last);
-        vals.resize(keys.len() * d, 0.0);
-        for (i, k) in keys.iter().enumerate() {
-            pattern(*k, &mut vals[i * d..(i + 1) * d]);
-        }
-        c.put(&t, &keys, &vals).map_err(|e| e.to_string())?;
-        progress(last);
-        next = last + 1;
-    }
+    fabrickv_client::ps::put_range(&mut c, &t, 1..=key_space, pattern, &mut progress)
+        .map_err(|e| e.to_string())?;
     Ok(t)
 }
 

@@ -382,7 +382,7 @@ impl PsClient {
     /// Whether pull `id` has completed (PetPS's QueryRPCFinished). Reads
     /// whatever replies have arrived, without blocking.
     pub fn is_done(&mut self, id: PullId) -> Result<bool> {
-        self.drive_nonblocking()?;
+        self.pump()?;
         match self.pulls.get(&id.0) {
             Some(p) if !p.cancelled => Ok(p.requests_left == 0),
             _ => Err(unknown_pull(id)),
@@ -641,10 +641,6 @@ impl PsClient {
         Ok(got)
     }
 
-    fn drive_nonblocking(&mut self) -> Result<()> {
-        self.pump().map(|_| ())
-    }
-
     /// Handles at least one reply, waiting for it until `deadline`.
     fn drive(&mut self, deadline: Instant) -> Result<()> {
         loop {
@@ -770,35 +766,66 @@ impl VerifyReport {
     }
 }
 
-/// Stores the deterministic initial vector of every key in `keys` (PetPS's
-/// preload of 1..N), calling `progress` with the keys done so far.
-pub fn preload(
+/// Takes the next at most `max` keys off the front of `rest` (the keys not
+/// yet handled, as first and last, inclusive); `None` when none are left.
+fn next_chunk(rest: &mut Option<(u64, u64)>, max: usize) -> Option<std::ops::RangeInclusive<u64>> {
+    let (from, to) = (*rest)?;
+    let last = from + (to - from).min(max as u64 - 1);
+    *rest = (last < to).then(|| (last + 1, to));
+    Some(from..=last)
+}
+
+/// The keys of `keys` as the state [`next_chunk`] takes them from.
+fn range_state(keys: &std::ops::RangeInclusive<u64>) -> Option<(u64, u64)> {
+    (!keys.is_empty()).then(|| (*keys.start(), *keys.end()))
+}
+
+/// Stores, for every key in `keys`, the vector `fill` writes for it,
+/// [`PS_LOAD_WINDOW`] requests of [`PS_LOAD_BATCH_KEYS`] at a time, calling
+/// `progress` with the keys done so far.
+pub fn put_range(
     c: &mut PsClient,
     t: &TableDesc,
     keys: std::ops::RangeInclusive<u64>,
+    mut fill: impl FnMut(u64, &mut [f32]),
     mut progress: impl FnMut(u64),
 ) -> Result<()> {
     let dim = t.spec.dim as usize;
     let mut batch_keys = Vec::with_capacity(PS_LOAD_BATCH_KEYS * PS_LOAD_WINDOW);
     let mut values = Vec::new();
     let mut done = 0u64;
-    let mut rest = (!keys.is_empty()).then(|| (*keys.start(), *keys.end()));
-    while let Some((from, to)) = rest {
-        let n = (to - from).min((PS_LOAD_BATCH_KEYS * PS_LOAD_WINDOW) as u64 - 1) + 1;
-        let last = from + (n - 1);
-        rest = (last < to).then(|| (last + 1, to));
+    let mut rest = range_state(&keys);
+    while let Some(chunk) = next_chunk(&mut rest, PS_LOAD_BATCH_KEYS * PS_LOAD_WINDOW) {
         batch_keys.clear();
-        batch_keys.extend(from..=last);
+        batch_keys.extend(chunk);
         values.resize(batch_keys.len() * dim, 0.0);
         for (i, k) in batch_keys.iter().enumerate() {
-            fabrickv_wire::ps::init_vector(t.spec.seed, *k, &mut values[i * dim..(i + 1) * dim]);
+            fill(*k, &mut values[i * dim..(i + 1) * dim]);
         }
         // One call posts every frame of the window before waiting.
         c.put(t, &batch_keys, &values)?;
-        done += n;
+        done += batch_keys.len() as u64;
         progress(done);
     }
     Ok(())
+}
+
+/// Stores the deterministic initial vector of every key in `keys` (PetPS's
+/// preload of 1..N), calling `progress` with the keys done so far.
+pub fn preload(
+    c: &mut PsClient,
+    t: &TableDesc,
+    keys: std::ops::RangeInclusive<u64>,
+    progress: impl FnMut(u64),
+) -> Result<()> {
+    let seed = t.spec.seed;
+    put_range(
+        c,
+        t,
+        keys,
+        |k, v| fabrickv_wire::ps::init_vector(seed, k, v),
+        progress,
+    )
 }
 
 /// Pulls every key of `keys` and checks it against the initializer
@@ -812,30 +839,23 @@ pub fn verify(
     let dim = t.spec.dim as usize;
     let mut report = VerifyReport::default();
     let mut want = vec![0f32; dim];
-    // The keys not yet requested, if any.
-    let mut rest = (!keys.is_empty()).then(|| (*keys.start(), *keys.end()));
-    let mut ids = VecDeque::new();
-    let mut batches = VecDeque::new();
+    // The keys not yet requested, and the pulls in flight with their keys.
+    let mut rest = range_state(&keys);
+    let mut in_flight: VecDeque<(PullId, Vec<u64>)> = VecDeque::new();
     let issue = |c: &mut PsClient,
                  rest: &mut Option<(u64, u64)>,
-                 ids: &mut VecDeque<PullId>,
-                 batches: &mut VecDeque<Vec<u64>>|
+                 in_flight: &mut VecDeque<(PullId, Vec<u64>)>|
      -> Result<()> {
-        let Some((from, to)) = *rest else {
-            return Ok(());
-        };
-        let n = (to - from).min(PS_LOAD_BATCH_KEYS as u64 - 1) + 1;
-        let last = from + (n - 1);
-        *rest = (last < to).then(|| (last + 1, to));
-        let b: Vec<u64> = (from..=last).collect();
-        ids.push_back(c.pull_async(t, &b)?);
-        batches.push_back(b);
+        if let Some(chunk) = next_chunk(rest, PS_LOAD_BATCH_KEYS) {
+            let b: Vec<u64> = chunk.collect();
+            in_flight.push_back((c.pull_async(t, &b)?, b));
+        }
         Ok(())
     };
     for _ in 0..PS_LOAD_WINDOW {
-        issue(c, &mut rest, &mut ids, &mut batches)?;
+        issue(c, &mut rest, &mut in_flight)?;
     }
-    while let (Some(id), Some(b)) = (ids.pop_front(), batches.pop_front()) {
+    while let Some((id, b)) = in_flight.pop_front() {
         c.wait_view(id, |bytes, found| {
             for (i, k) in b.iter().enumerate() {
                 report.checked += 1;
@@ -855,7 +875,7 @@ pub fn verify(
             }
         })?;
         progress(report.checked);
-        issue(c, &mut rest, &mut ids, &mut batches)?;
+        issue(c, &mut rest, &mut in_flight)?;
     }
     Ok(report)
 }

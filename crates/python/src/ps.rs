@@ -451,6 +451,25 @@ impl Table {
     fn dim_usize(&self) -> usize {
         self.desc.spec.dim as usize
     }
+
+    /// Reads `keys` and `len(keys) x dim` floats (`what` names them in
+    /// errors) and hands both to `op` (overwrite or gradient push), with
+    /// the GIL released.
+    fn send_vectors(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        values: &Bound<'_, PyAny>,
+        what: &str,
+        op: fn(&mut PsClient, &TableDesc, &[u64], &[f32]) -> fabrickv_client::Result<()>,
+    ) -> PyResult<()> {
+        let keys = keys_of(keys)?;
+        let keys = slice_of(&keys)?;
+        let values = floats_of(values, what, keys.len(), self.dim_usize())?;
+        let values = slice_of(&values)?;
+        let desc = &self.desc;
+        self.conn.call(py, |c| op(c, desc, keys, values))
+    }
 }
 
 #[pymethods]
@@ -504,12 +523,7 @@ impl Table {
         keys: &Bound<'_, PyAny>,
         values: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let keys = keys_of(keys)?;
-        let keys = slice_of(&keys)?;
-        let values = floats_of(values, "values", keys.len(), self.dim_usize())?;
-        let values = slice_of(&values)?;
-        let desc = &self.desc;
-        self.conn.call(py, |c| c.put(desc, keys, values))
+        self.send_vectors(py, keys, values, "values", PsClient::put)
     }
 
     /// Applies `grads` (shape `(len(keys), dim)` or flat) with the table's
@@ -521,12 +535,7 @@ impl Table {
         keys: &Bound<'_, PyAny>,
         grads: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let keys = keys_of(keys)?;
-        let keys = slice_of(&keys)?;
-        let grads = floats_of(grads, "grads", keys.len(), self.dim_usize())?;
-        let grads = slice_of(&grads)?;
-        let desc = &self.desc;
-        self.conn.call(py, |c| c.push(desc, keys, grads))
+        self.send_vectors(py, keys, grads, "grads", PsClient::push)
     }
 
     /// The table's name.
