@@ -133,7 +133,16 @@ impl Index {
         let empty = Bucket {
             slots: [0; SLOTS_PER_BUCKET],
         };
-        let mut buckets = vec![empty; main_count + overflow_count];
+        let total = main_count + overflow_count;
+        let mut buckets: Vec<Bucket> = Vec::with_capacity(total);
+        // Before the first write faults a page in: buckets are read at
+        // random, one per lookup, and on 4 KiB pages nearly every lookup of
+        // a large index would miss the TLB as well as the cache.
+        advise_huge_pages(
+            buckets.as_mut_ptr().cast::<u8>(),
+            total * std::mem::size_of::<Bucket>(),
+        );
+        buckets.resize(total, empty);
         // Chain every overflow bucket onto the free list.
         let mut free_overflow = 0;
         for b in (main_count..main_count + overflow_count).rev() {
@@ -297,6 +306,27 @@ impl Index {
     #[cfg(test)]
     pub fn free_overflow_count(&self) -> usize {
         self.free_overflow_count
+    }
+}
+
+/// Asks for transparent huge pages over the whole 2 MiB pages inside
+/// `len` bytes at `p` (the kernel's `madvise` THP mode backs only what was
+/// asked for). Advice only: failure, or a kernel without THP, changes
+/// nothing but speed, so the result is ignored.
+pub(crate) fn advise_huge_pages(p: *mut u8, len: usize) {
+    const HUGE_PAGE_BYTES: usize = 1 << crate::HUGE_PAGE_SHIFT;
+    let start = (p as usize).next_multiple_of(HUGE_PAGE_BYTES);
+    let end = (p as usize + len) & !(HUGE_PAGE_BYTES - 1);
+    if end <= start {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    #[allow(unsafe_code)]
+    // SAFETY: [start, end) lies inside one live allocation of the caller;
+    // MADV_HUGEPAGE changes how pages are backed, never their contents or
+    // mapping, so no Rust reference into the range is invalidated.
+    unsafe {
+        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
     }
 }
 

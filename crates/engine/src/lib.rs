@@ -285,6 +285,14 @@ impl Partition {
         dispatch!(&self.inner, core => core.prefetch_item(hash))
     }
 
+    /// [`Partition::prefetch_item`] for `span` bytes from the start of each
+    /// candidate item: header, key and value in one round when the value's
+    /// size is known ahead ([`item_bytes`]).
+    #[inline]
+    pub fn prefetch_item_span(&self, hash: KeyHash, span: usize) {
+        dispatch!(&self.inner, core => core.prefetch_item_span(hash, span))
+    }
+
     /// Looks `key` up. The value is borrowed from the pool, zero-copy.
     #[inline]
     pub fn get(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> GetResult<'_> {

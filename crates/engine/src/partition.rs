@@ -97,6 +97,15 @@ impl<S: Storage> Core<S> {
     /// follows finds it in cache. Reads only the index; never faults.
     #[inline]
     pub fn prefetch_item(&self, hash: KeyHash) {
+        self.prefetch_item_span(hash, 1);
+    }
+
+    /// [`Core::prefetch_item`] for `span` bytes from the item's start
+    /// (header, key, value): where every value has one known size (an
+    /// embedding table), the value's lines load in the same round as its
+    /// header instead of one dependent round later.
+    #[inline]
+    pub fn prefetch_item_span(&self, hash: KeyHash, span: usize) {
         let tag = hash.tag();
         let pool = self.storage.pool();
         let b = self.index.main_bucket(hash);
@@ -106,8 +115,9 @@ impl<S: Storage> Core<S> {
                 continue;
             }
             if let Some(pos) = self.storage.resolve(offset_of(e)) {
-                if let Some(byte) = pool.get(pos) {
-                    crate::index::prefetch_line(byte as *const u8 as *const i8);
+                let end = pool.len().min(pos.saturating_add(span.max(1)));
+                if let Some(bytes) = pool.get(pos..end) {
+                    crate::prefetch_bytes(bytes);
                 }
             }
         }
