@@ -62,11 +62,20 @@ pub enum ErrorCode {
     /// The embedding pool could not be had (size, mlock, hugepages), or has
     /// no room for another table.
     PoolUnavailable = 23,
+    /// A value does not fit the destination slice it was asked to land in
+    /// (checked before any byte is written).
+    BufferTooSmall = 24,
+    /// The client id names no live registration (never registered, or
+    /// released after its heartbeats stopped).
+    NoSuchClient = 25,
+    /// A cache entry was replaced or removed while a chunked transfer of it
+    /// was under way; the transfer must start again.
+    ValueChanged = 26,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order; used by tests and documentation.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 27] = [
         ErrorCode::Ok,
         ErrorCode::NotFound,
         ErrorCode::InsufficientSpace,
@@ -91,6 +100,9 @@ impl ErrorCode {
         ErrorCode::TableExists,
         ErrorCode::BadDimension,
         ErrorCode::PoolUnavailable,
+        ErrorCode::BufferTooSmall,
+        ErrorCode::NoSuchClient,
+        ErrorCode::ValueChanged,
     ];
 
     /// The code as it travels on the wire.
@@ -130,6 +142,9 @@ impl ErrorCode {
             ErrorCode::TableExists => "TABLE_EXISTS",
             ErrorCode::BadDimension => "BAD_DIMENSION",
             ErrorCode::PoolUnavailable => "POOL_UNAVAILABLE",
+            ErrorCode::BufferTooSmall => "BUFFER_TOO_SMALL",
+            ErrorCode::NoSuchClient => "NO_SUCH_CLIENT",
+            ErrorCode::ValueChanged => "VALUE_CHANGED",
         }
     }
 }

@@ -119,3 +119,32 @@ const _: () = assert!(
     PS_DIM_MAX * 4 + 64 <= FRAME_BODY_BYTES_MAX,
     "one pushed vector fits a frame"
 );
+
+/// Longest KV-cache key, in bytes (inference engines key blocks by long
+/// prefix hashes and model names).
+pub const CACHE_KEY_BYTES_MAX: usize = 1024;
+
+/// Largest KV-cache value, in bytes (64 MiB).
+pub const CACHE_VALUE_BYTES_MAX: usize = 64 << 20;
+
+/// Most keys of one batch Put/Get/Delete call (gRPC and native).
+pub const CACHE_BATCH_KEYS_MAX: usize = 1024;
+
+/// Largest piece of a value one native frame carries over a transport
+/// without one-sided writes (512 KiB): bigger values travel as several
+/// chunks, each one frame.
+pub const CACHE_CHUNK_BYTES_MAX: usize = 512 << 10;
+
+/// Most client registrations a cache server holds at once.
+pub const CACHE_CLIENTS_MAX: usize = 4096;
+
+/// Largest receive buffer a client may register, in bytes (4 GiB).
+pub const CACHE_CLIENT_BUFFER_BYTES_MAX: u64 = 4 << 30;
+
+/// A client whose last heartbeat is older than this is released, in ms.
+pub const CACHE_HEARTBEAT_TIMEOUT_MS: u64 = 30_000;
+
+const _: () = assert!(
+    CACHE_CHUNK_BYTES_MAX + CACHE_KEY_BYTES_MAX + 4096 <= FRAME_BODY_BYTES_MAX,
+    "one chunk and its key fit a frame"
+);

@@ -50,6 +50,10 @@ pub enum FrameKind {
     Ps = 8,
     /// The answer to a `Ps` request.
     PsReply = 9,
+    /// A KV-cache request (`crate::cache`).
+    Cache = 10,
+    /// The answer to a `Cache` request.
+    CacheReply = 11,
 }
 
 impl FrameKind {
@@ -65,6 +69,8 @@ impl FrameKind {
             7 => FrameKind::Error,
             8 => FrameKind::Ps,
             9 => FrameKind::PsReply,
+            10 => FrameKind::Cache,
+            11 => FrameKind::CacheReply,
             _ => return None,
         })
     }

@@ -6,6 +6,8 @@
 //!   encoded with [`RequestBuilder`] and read with [`RequestIter`];
 //! - [`response`]: response bodies (one result per operation, in order);
 //! - [`control`]: HELLO, STATS and ERROR frame bodies;
+//! - [`cache`]: KV-cache data-plane requests and replies (chunked or
+//!   one-sided values);
 //! - [`ps`]: embedding-table (parameter server) requests and replies, and
 //!   the deterministic initializer that preload and checks share.
 //!
@@ -15,6 +17,7 @@
 //! against a bound from [`fabrickv_types::limits`] before it is trusted.
 //! The format is specified in `docs/protocol.md`.
 
+pub mod cache;
 pub mod control;
 pub mod header;
 pub mod ps;

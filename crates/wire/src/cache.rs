@@ -1,0 +1,687 @@
+//! KV-cache frames: the data plane of the LLM KV-cache service.
+//!
+//! A cache frame uses the common header with kind `Cache` (client to
+//! server) or `CacheReply`; `op_count` is 0. Every body starts with a
+//! 16-byte prefix:
+//!
+//! ```text
+//! 0  u8  op        CacheOp
+//! 1  u8  flags     PUT: bit 0 = value is in the client's region
+//!                  GET: bit 0 = write the value into the client's region
+//!                  (every other bit must be 0)
+//! 2  u16 key_len   1..=CACHE_KEY_BYTES_MAX (0 for BIND)
+//! 4  u32 reserved  must be 0
+//! 8  u64 tag       PUT: the client's transfer id (chunked puts);
+//!                  GET: the generation asked for (0 = whichever is live)
+//! ```
+//!
+//! then, by op:
+//!
+//! ```text
+//! PUT:    u64 ttl_ms, u64 total_len, u64 offset, key,
+//!         then either RemoteRegion (24) + u64 region_offset (flag 0: the
+//!         server reads total_len bytes from the client's region; offset
+//!         must be 0) or the chunk: bytes [offset, offset + chunk) of the
+//!         value (the rest of the body)
+//! GET:    u64 offset, u64 max_len (largest inline chunk wanted), key,
+//!         then, with flag 0, RemoteRegion (24) + u64 region_offset +
+//!         u64 slice_len (the destination slice; the value must fit it)
+//! DELETE: key
+//! EXISTS: key
+//! BIND:   u64 client_id, RemoteRegion (24), u64 region_len
+//! ```
+//!
+//! Replies (`CacheReply`; header `status` = the operation's ErrorCode; the
+//! prefix repeats op, flags 0, key_len 0 and carries in `tag` the value's
+//! generation where one is known):
+//!
+//! ```text
+//! PUT:    u64 received (bytes of the value the server holds so far),
+//!         u64 total_len; status OK and received == total_len = committed
+//! GET:    u64 total_len, u64 offset, u64 expires_in_ms (0 = never),
+//!         then the inline chunk, or nothing when written to the region
+//! DELETE, EXISTS: nothing (status OK: it was there; NOT_FOUND: it was not)
+//! BIND:   nothing
+//! ```
+//!
+//! Over a transport with one-sided writes a GET is one request and one
+//! small reply after the value has landed; otherwise the value comes back
+//! in chunks of at most `CACHE_CHUNK_BYTES_MAX`, each asked for with the
+//! generation of the first, so a value replaced mid-transfer is reported
+//! (`VALUE_CHANGED`) instead of being stitched from two versions.
+
+use fabrickv_types::limits::{CACHE_CHUNK_BYTES_MAX, CACHE_KEY_BYTES_MAX, CACHE_VALUE_BYTES_MAX};
+use fabrickv_types::ErrorCode;
+
+use crate::header::{finish_frame, Frame, FrameHeader, FrameKind, WireError};
+use crate::{le_u16, le_u32, le_u64};
+
+/// Bytes of the prefix every cache body starts with.
+pub const CACHE_PREFIX_BYTES: usize = 16;
+
+/// Bytes of a region descriptor on the wire (`RemoteRegion::ENCODED_BYTES`).
+pub const REGION_BYTES: usize = 24;
+
+/// Flag bit: the value is in (PUT) or goes to (GET) the client's region.
+pub const FLAG_REGION: u8 = 1;
+
+/// A cache operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CacheOp {
+    /// Store a value (whole, in chunks, or read from the client's region).
+    Put = 1,
+    /// Read a value (into the client's region, or inline in chunks).
+    Get = 2,
+    /// Remove a key.
+    Delete = 3,
+    /// Ask whether a key is live.
+    Exists = 4,
+    /// Tie a gRPC client id to this connection's registered region.
+    Bind = 5,
+}
+
+impl CacheOp {
+    fn from_u8(v: u8) -> Option<CacheOp> {
+        Some(match v {
+            1 => CacheOp::Put,
+            2 => CacheOp::Get,
+            3 => CacheOp::Delete,
+            4 => CacheOp::Exists,
+            5 => CacheOp::Bind,
+            _ => return None,
+        })
+    }
+}
+
+/// A slice of a client's registered region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionSlice {
+    /// The region descriptor, encoded as `RemoteRegion` encodes it.
+    pub region: [u8; REGION_BYTES],
+    /// Byte offset of the slice in the region.
+    pub offset: u64,
+    /// Bytes of the slice (GET: the value must fit; PUT: the value's size).
+    pub len: u64,
+}
+
+/// A decoded cache request, borrowing the frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheRequest<'a> {
+    /// PUT.
+    Put {
+        /// Key.
+        key: &'a [u8],
+        /// Chunked transfer id chosen by the client (unique per connection).
+        transfer: u64,
+        /// Time to live in ms (0 = none).
+        ttl_ms: u64,
+        /// Size of the whole value.
+        total_len: u64,
+        /// Where this chunk starts in the value.
+        offset: u64,
+        /// The chunk, or where the whole value is.
+        source: PutSource<'a>,
+    },
+    /// GET.
+    Get {
+        /// Key.
+        key: &'a [u8],
+        /// Generation asked for (0 = any).
+        generation: u64,
+        /// First byte wanted (inline chunks).
+        offset: u64,
+        /// Most bytes wanted inline.
+        max_len: u64,
+        /// Where the whole value goes, if one-sided.
+        dest: Option<RegionSlice>,
+    },
+    /// DELETE.
+    Delete {
+        /// Key.
+        key: &'a [u8],
+    },
+    /// EXISTS.
+    Exists {
+        /// Key.
+        key: &'a [u8],
+    },
+    /// BIND.
+    Bind {
+        /// The id the gRPC RegisterClient returned.
+        client_id: u64,
+        /// The connection's registered region (offset 0, its length).
+        region: RegionSlice,
+    },
+}
+
+/// Where a PUT's bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutSource<'a> {
+    /// In the frame.
+    Inline(&'a [u8]),
+    /// In the client's region (`len` = the value's size).
+    Region(RegionSlice),
+}
+
+fn prefix(out: &mut Vec<u8>, op: CacheOp, flags: u8, key_len: usize, tag: u64) {
+    out.push(op as u8);
+    out.push(flags);
+    out.extend_from_slice(&(key_len as u16).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&tag.to_le_bytes());
+}
+
+fn put_slice(out: &mut Vec<u8>, s: &RegionSlice, with_len: bool) {
+    out.extend_from_slice(&s.region);
+    out.extend_from_slice(&s.offset.to_le_bytes());
+    if with_len {
+        out.extend_from_slice(&s.len.to_le_bytes());
+    }
+}
+
+/// Appends a PUT of bytes `[offset, offset + chunk.len())` of a value of
+/// `total_len` bytes.
+#[allow(clippy::too_many_arguments)]
+pub fn encode_put_chunk(
+    out: &mut Vec<u8>,
+    id: u64,
+    worker: u16,
+    key: &[u8],
+    transfer: u64,
+    ttl_ms: u64,
+    total_len: u64,
+    offset: u64,
+    chunk: &[u8],
+) {
+    let s = FrameHeader::begin(out, FrameKind::Cache, id, worker, 0);
+    prefix(out, CacheOp::Put, 0, key.len(), transfer);
+    out.extend_from_slice(&ttl_ms.to_le_bytes());
+    out.extend_from_slice(&total_len.to_le_bytes());
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(key);
+    out.extend_from_slice(chunk);
+    finish_frame(out, s, 0);
+}
+
+/// Appends a PUT whose value the server reads from the client's region
+/// (`src.len` bytes at `src.offset`).
+pub fn encode_put_from_region(
+    out: &mut Vec<u8>,
+    id: u64,
+    worker: u16,
+    key: &[u8],
+    ttl_ms: u64,
+    src: &RegionSlice,
+) {
+    let s = FrameHeader::begin(out, FrameKind::Cache, id, worker, 0);
+    prefix(out, CacheOp::Put, FLAG_REGION, key.len(), 0);
+    out.extend_from_slice(&ttl_ms.to_le_bytes());
+    out.extend_from_slice(&src.len.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.extend_from_slice(key);
+    put_slice(out, src, false);
+    finish_frame(out, s, 0);
+}
+
+/// Appends a GET: inline from `offset` (at most `max_len` bytes), or, with
+/// `dest`, the whole value written into the client's region slice.
+pub fn encode_get(
+    out: &mut Vec<u8>,
+    id: u64,
+    worker: u16,
+    key: &[u8],
+    generation: u64,
+    offset: u64,
+    max_len: u64,
+    dest: Option<&RegionSlice>,
+) {
+    let s = FrameHeader::begin(out, FrameKind::Cache, id, worker, 0);
+    let flags = if dest.is_some() { FLAG_REGION } else { 0 };
+    prefix(out, CacheOp::Get, flags, key.len(), generation);
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(&max_len.to_le_bytes());
+    out.extend_from_slice(key);
+    if let Some(d) = dest {
+        put_slice(out, d, true);
+    }
+    finish_frame(out, s, 0);
+}
+
+/// Appends a DELETE or an EXISTS.
+pub fn encode_key_op(out: &mut Vec<u8>, id: u64, worker: u16, op: CacheOp, key: &[u8]) {
+    let s = FrameHeader::begin(out, FrameKind::Cache, id, worker, 0);
+    prefix(out, op, 0, key.len(), 0);
+    out.extend_from_slice(key);
+    finish_frame(out, s, 0);
+}
+
+/// Appends a BIND of `client_id` to the region `region` (offset 0).
+pub fn encode_bind(out: &mut Vec<u8>, id: u64, worker: u16, client_id: u64, region: &RegionSlice) {
+    let s = FrameHeader::begin(out, FrameKind::Cache, id, worker, 0);
+    prefix(out, CacheOp::Bind, 0, 0, 0);
+    out.extend_from_slice(&client_id.to_le_bytes());
+    out.extend_from_slice(&region.region);
+    out.extend_from_slice(&region.len.to_le_bytes());
+    finish_frame(out, s, 0);
+}
+
+fn take<'a>(
+    b: &'a [u8],
+    at: &mut usize,
+    n: usize,
+    what: &'static str,
+) -> Result<&'a [u8], WireError> {
+    let s = b.get(*at..*at + n).ok_or(WireError::Malformed(what))?;
+    *at += n;
+    Ok(s)
+}
+
+fn region_of(b: &[u8]) -> [u8; REGION_BYTES] {
+    let mut r = [0u8; REGION_BYTES];
+    r.copy_from_slice(&b[..REGION_BYTES]);
+    r
+}
+
+/// Reads the body of a `Cache` frame. Checks everything the codec can
+/// know: lengths against their bounds, reserved bits, chunk placement.
+pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<CacheRequest<'a>, WireError> {
+    let b = frame.body;
+    if frame.header.kind != FrameKind::Cache || b.len() < CACHE_PREFIX_BYTES {
+        return Err(WireError::Malformed("cache body shorter than its prefix"));
+    }
+    if frame.header.op_count != 0 {
+        return Err(WireError::Malformed("cache frames carry op count 0"));
+    }
+    if le_u32(b, 4) != 0 {
+        return Err(WireError::ReservedBits);
+    }
+    let op = CacheOp::from_u8(b[0]).ok_or(WireError::Malformed("unknown cache op"))?;
+    let flags = b[1];
+    let key_len = usize::from(le_u16(b, 2));
+    let tag = le_u64(b, 8);
+    let takes_flag = matches!(op, CacheOp::Put | CacheOp::Get);
+    if flags & !FLAG_REGION != 0 || (!takes_flag && flags != 0) {
+        return Err(WireError::ReservedBits);
+    }
+    if op == CacheOp::Bind {
+        if key_len != 0 || tag != 0 {
+            return Err(WireError::Malformed("BIND has no key"));
+        }
+    } else if key_len == 0 || key_len > CACHE_KEY_BYTES_MAX {
+        return Err(WireError::Malformed("cache key length out of range"));
+    }
+    let rest = &b[CACHE_PREFIX_BYTES..];
+    let mut at = 0;
+    match op {
+        CacheOp::Put => {
+            let f = take(rest, &mut at, 24, "PUT shorter than its fields")?;
+            let (ttl_ms, total_len, offset) = (le_u64(f, 0), le_u64(f, 8), le_u64(f, 16));
+            let key = take(rest, &mut at, key_len, "PUT key truncated")?;
+            if total_len > CACHE_VALUE_BYTES_MAX as u64 {
+                return Err(WireError::Malformed(
+                    "PUT value larger than CACHE_VALUE_BYTES_MAX",
+                ));
+            }
+            let source = if flags & FLAG_REGION != 0 {
+                let d = take(rest, &mut at, REGION_BYTES + 8, "PUT source truncated")?;
+                if offset != 0 || tag != 0 {
+                    return Err(WireError::Malformed("a PUT from a region is whole"));
+                }
+                PutSource::Region(RegionSlice {
+                    region: region_of(d),
+                    offset: le_u64(d, REGION_BYTES),
+                    len: total_len,
+                })
+            } else {
+                let chunk = &rest[at..];
+                at = rest.len();
+                let end = offset.checked_add(chunk.len() as u64);
+                if chunk.len() > CACHE_CHUNK_BYTES_MAX || end.is_none_or(|e| e > total_len) {
+                    return Err(WireError::Malformed("PUT chunk outside its value"));
+                }
+                if chunk.is_empty() && total_len != 0 {
+                    return Err(WireError::Malformed("empty PUT chunk"));
+                }
+                PutSource::Inline(chunk)
+            };
+            if at != rest.len() {
+                return Err(WireError::Malformed("PUT has trailing bytes"));
+            }
+            Ok(CacheRequest::Put {
+                key,
+                transfer: tag,
+                ttl_ms,
+                total_len,
+                offset,
+                source,
+            })
+        }
+        CacheOp::Get => {
+            let f = take(rest, &mut at, 16, "GET shorter than its fields")?;
+            let (offset, max_len) = (le_u64(f, 0), le_u64(f, 8));
+            let key = take(rest, &mut at, key_len, "GET key truncated")?;
+            let dest = if flags & FLAG_REGION != 0 {
+                let d = take(
+                    rest,
+                    &mut at,
+                    REGION_BYTES + 16,
+                    "GET destination truncated",
+                )?;
+                Some(RegionSlice {
+                    region: region_of(d),
+                    offset: le_u64(d, REGION_BYTES),
+                    len: le_u64(d, REGION_BYTES + 8),
+                })
+            } else {
+                None
+            };
+            if at != rest.len() {
+                return Err(WireError::Malformed("GET has trailing bytes"));
+            }
+            Ok(CacheRequest::Get {
+                key,
+                generation: tag,
+                offset,
+                max_len,
+                dest,
+            })
+        }
+        CacheOp::Delete | CacheOp::Exists => {
+            if rest.len() != key_len {
+                return Err(WireError::Malformed("key length disagrees with the body"));
+            }
+            Ok(if op == CacheOp::Delete {
+                CacheRequest::Delete { key: rest }
+            } else {
+                CacheRequest::Exists { key: rest }
+            })
+        }
+        CacheOp::Bind => {
+            if rest.len() != 8 + REGION_BYTES + 8 {
+                return Err(WireError::Malformed("BIND body has the wrong length"));
+            }
+            Ok(CacheRequest::Bind {
+                client_id: le_u64(rest, 0),
+                region: RegionSlice {
+                    region: region_of(&rest[8..]),
+                    offset: 0,
+                    len: le_u64(rest, 8 + REGION_BYTES),
+                },
+            })
+        }
+    }
+}
+
+/// Appends a PUT reply.
+pub fn encode_put_reply(
+    out: &mut Vec<u8>,
+    id: u64,
+    worker: u16,
+    status: ErrorCode,
+    generation: u64,
+    received: u64,
+    total_len: u64,
+) {
+    let s = FrameHeader::begin(out, FrameKind::CacheReply, id, worker, status.as_u16());
+    prefix(out, CacheOp::Put, 0, 0, generation);
+    out.extend_from_slice(&received.to_le_bytes());
+    out.extend_from_slice(&total_len.to_le_bytes());
+    finish_frame(out, s, 0);
+}
+
+/// A GET reply being built: the caller appends the inline chunk (if any)
+/// after [`GetReplyWriter::begin`], then finishes.
+#[derive(Debug)]
+pub struct GetReplyWriter {
+    start: usize,
+}
+
+impl GetReplyWriter {
+    /// Appends header, prefix and the fixed fields.
+    pub fn begin(
+        out: &mut Vec<u8>,
+        id: u64,
+        worker: u16,
+        status: ErrorCode,
+        generation: u64,
+        total_len: u64,
+        offset: u64,
+        expires_in_ms: u64,
+    ) -> GetReplyWriter {
+        let start = FrameHeader::begin(out, FrameKind::CacheReply, id, worker, status.as_u16());
+        prefix(out, CacheOp::Get, 0, 0, generation);
+        out.extend_from_slice(&total_len.to_le_bytes());
+        out.extend_from_slice(&offset.to_le_bytes());
+        out.extend_from_slice(&expires_in_ms.to_le_bytes());
+        GetReplyWriter { start }
+    }
+
+    /// Patches length and checksum.
+    pub fn finish(self, out: &mut [u8]) {
+        finish_frame(out, self.start, 0);
+    }
+}
+
+/// Appends the reply of an operation that carries no fields (DELETE,
+/// EXISTS, BIND, or any refusal of one operation).
+pub fn encode_status_reply(
+    out: &mut Vec<u8>,
+    id: u64,
+    worker: u16,
+    op: CacheOp,
+    status: ErrorCode,
+) {
+    let s = FrameHeader::begin(out, FrameKind::CacheReply, id, worker, status.as_u16());
+    prefix(out, op, 0, 0, 0);
+    finish_frame(out, s, 0);
+}
+
+/// A decoded cache reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheReply<'a> {
+    /// Which request kind it answers.
+    pub op: CacheOp,
+    /// The operation's status.
+    pub status: ErrorCode,
+    /// The value's generation, where the reply knows one.
+    pub generation: u64,
+    /// PUT: bytes held so far; GET: the value's size.
+    pub a: u64,
+    /// PUT: the value's size; GET: where the inline chunk starts.
+    pub b: u64,
+    /// GET: ms until the value expires (0 = never).
+    pub expires_in_ms: u64,
+    /// GET: the inline chunk (empty when the value went one-sided).
+    pub data: &'a [u8],
+}
+
+/// Reads a `CacheReply` frame.
+pub fn decode_reply<'a>(frame: &Frame<'a>) -> Result<CacheReply<'a>, WireError> {
+    let b = frame.body;
+    if frame.header.kind != FrameKind::CacheReply || b.len() < CACHE_PREFIX_BYTES {
+        return Err(WireError::Malformed("not a cache reply"));
+    }
+    let op = CacheOp::from_u8(b[0]).ok_or(WireError::Malformed("unknown cache op"))?;
+    let status = ErrorCode::from_u16(frame.header.status).unwrap_or(ErrorCode::Internal);
+    let rest = &b[CACHE_PREFIX_BYTES..];
+    let mut r = CacheReply {
+        op,
+        status,
+        generation: le_u64(b, 8),
+        a: 0,
+        b: 0,
+        expires_in_ms: 0,
+        data: &[],
+    };
+    match op {
+        CacheOp::Put if rest.len() == 16 => {
+            r.a = le_u64(rest, 0);
+            r.b = le_u64(rest, 8);
+        }
+        CacheOp::Get if rest.len() >= 24 => {
+            r.a = le_u64(rest, 0);
+            r.b = le_u64(rest, 8);
+            r.expires_in_ms = le_u64(rest, 16);
+            r.data = &rest[24..];
+        }
+        // A refused PUT or GET (and every DELETE, EXISTS, BIND) has no fields.
+        _ if rest.is_empty() => {}
+        _ => {
+            return Err(WireError::Malformed(
+                "cache reply fields disagree with its op",
+            ))
+        }
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode_frame;
+
+    fn req(msg: &[u8]) -> CacheRequest<'_> {
+        decode_request(&decode_frame(msg).expect("frame")).expect("request")
+    }
+
+    fn slice() -> RegionSlice {
+        RegionSlice {
+            region: [7; REGION_BYTES],
+            offset: 4096,
+            len: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let mut m = Vec::new();
+        encode_put_chunk(&mut m, 1, 0, b"k1", 9, 500, 10, 4, b"abc");
+        assert_eq!(
+            req(&m),
+            CacheRequest::Put {
+                key: b"k1",
+                transfer: 9,
+                ttl_ms: 500,
+                total_len: 10,
+                offset: 4,
+                source: PutSource::Inline(b"abc"),
+            }
+        );
+        m.clear();
+        encode_put_from_region(&mut m, 1, 0, b"k2", 0, &slice());
+        assert_eq!(
+            req(&m),
+            CacheRequest::Put {
+                key: b"k2",
+                transfer: 0,
+                ttl_ms: 0,
+                total_len: 1 << 20,
+                offset: 0,
+                source: PutSource::Region(slice()),
+            }
+        );
+        m.clear();
+        encode_get(&mut m, 1, 0, b"k3", 5, 100, 200, Some(&slice()));
+        assert_eq!(
+            req(&m),
+            CacheRequest::Get {
+                key: b"k3",
+                generation: 5,
+                offset: 100,
+                max_len: 200,
+                dest: Some(slice()),
+            }
+        );
+        m.clear();
+        encode_key_op(&mut m, 1, 0, CacheOp::Exists, b"k4");
+        assert_eq!(req(&m), CacheRequest::Exists { key: b"k4" });
+        m.clear();
+        let region = RegionSlice {
+            offset: 0,
+            ..slice()
+        };
+        encode_bind(&mut m, 1, 0, 77, &region);
+        assert_eq!(
+            req(&m),
+            CacheRequest::Bind {
+                client_id: 77,
+                region
+            }
+        );
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let mut m = Vec::new();
+        let w = GetReplyWriter::begin(&mut m, 3, 1, ErrorCode::Ok, 42, 9, 3, 1000);
+        m.extend_from_slice(b"xyz");
+        w.finish(&mut m);
+        let f = decode_frame(&m).expect("frame");
+        let r = decode_reply(&f).expect("reply");
+        assert_eq!(
+            (r.op, r.status, r.generation),
+            (CacheOp::Get, ErrorCode::Ok, 42)
+        );
+        assert_eq!(
+            (r.a, r.b, r.expires_in_ms, r.data),
+            (9, 3, 1000, &b"xyz"[..])
+        );
+        m.clear();
+        encode_put_reply(&mut m, 3, 1, ErrorCode::Ok, 8, 10, 10);
+        let f = decode_frame(&m).expect("frame");
+        let r = decode_reply(&f).expect("reply");
+        assert_eq!((r.op, r.generation, r.a, r.b), (CacheOp::Put, 8, 10, 10));
+        m.clear();
+        encode_status_reply(&mut m, 3, 1, CacheOp::Get, ErrorCode::BufferTooSmall);
+        let f = decode_frame(&m).expect("frame");
+        assert_eq!(
+            decode_reply(&f).expect("reply").status,
+            ErrorCode::BufferTooSmall
+        );
+    }
+
+    #[test]
+    fn malformed_requests_are_refused() {
+        let bad = |m: &[u8]| decode_request(&decode_frame(m).expect("frame")).is_err();
+        let mut m = Vec::new();
+        // A chunk that runs past the value's end.
+        encode_put_chunk(&mut m, 1, 0, b"k", 0, 0, 4, 2, b"abc");
+        assert!(bad(&m));
+        m.clear();
+        // An empty key.
+        encode_key_op(&mut m, 1, 0, CacheOp::Delete, b"");
+        assert!(bad(&m));
+        m.clear();
+        // A key over the bound.
+        encode_key_op(
+            &mut m,
+            1,
+            0,
+            CacheOp::Delete,
+            &vec![b'k'; CACHE_KEY_BYTES_MAX + 1],
+        );
+        assert!(bad(&m));
+        m.clear();
+        // A value over the bound.
+        encode_put_chunk(
+            &mut m,
+            1,
+            0,
+            b"k",
+            0,
+            0,
+            CACHE_VALUE_BYTES_MAX as u64 + 1,
+            0,
+            b"a",
+        );
+        assert!(bad(&m));
+        m.clear();
+        // Unknown flags.
+        encode_key_op(&mut m, 1, 0, CacheOp::Exists, b"k");
+        m[fabrickv_types::limits::FRAME_HEADER_BYTES + 1] = 2;
+        let s = 0;
+        finish_frame(&mut m, s, 0);
+        assert!(bad(&m));
+    }
+}
