@@ -226,6 +226,7 @@ pub fn encode_put_from_region(
 
 /// Appends a GET: inline from `offset` (at most `max_len` bytes), or, with
 /// `dest`, the whole value written into the client's region slice.
+#[allow(clippy::too_many_arguments)]
 pub fn encode_get(
     out: &mut Vec<u8>,
     id: u64,
@@ -439,6 +440,7 @@ pub struct GetReplyWriter {
 
 impl GetReplyWriter {
     /// Appends header, prefix and the fixed fields.
+    #[allow(clippy::too_many_arguments)]
     pub fn begin(
         out: &mut Vec<u8>,
         id: u64,
