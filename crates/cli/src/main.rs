@@ -78,6 +78,61 @@ impl DramArgs {
     }
 }
 
+/// KV-cache service settings of `serve`.
+#[derive(clap::Args)]
+struct CacheArgs {
+    /// gRPC control plane of the KV cache: an address, or `off`. The
+    /// default is taken only if free (another server may hold it); an
+    /// address given here must bind.
+    #[arg(long, env = "FABRICKV_GRPC", value_name = "ADDR")]
+    grpc: Option<String>,
+    /// KV-cache pool size, e.g. 1GB (default) or 512MB.
+    #[arg(long, env = "FABRICKV_CACHE_MEMORY", value_name = "SIZE")]
+    cache_memory: Option<String>,
+    /// Refuse puts when the cache pool is full (INSUFFICIENT_SPACE)
+    /// instead of evicting least recently used values.
+    #[arg(long, env = "FABRICKV_CACHE_NO_EVICT", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    cache_no_evict: bool,
+    /// Fraction of the cache pool above which puts first evict (0.9).
+    #[arg(long, value_name = "F")]
+    cache_high_watermark: Option<f64>,
+    /// Fraction of the cache pool eviction frees down to (0.8).
+    #[arg(long, value_name = "F")]
+    cache_low_watermark: Option<f64>,
+    /// Fault the cache pool's pages in at start.
+    #[arg(long, env = "FABRICKV_CACHE_POPULATE", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    cache_populate: bool,
+}
+
+/// Default gRPC address of the KV-cache control plane (the seed's).
+const DEFAULT_GRPC: &str = "[::1]:50051";
+
+impl CacheArgs {
+    fn apply(self, c: &mut fabrickv_server::cache::CacheSettings) -> Result<(), String> {
+        match self.grpc.as_deref() {
+            Some("off") => c.grpc = None,
+            Some(a) => {
+                c.grpc = Some(a.to_string());
+                c.grpc_required = true;
+            }
+            None if c.grpc.is_none() && !c.grpc_required => c.grpc = Some(DEFAULT_GRPC.to_string()),
+            None => {}
+        }
+        if let Some(v) = self.cache_memory {
+            c.store.pool_bytes = parse_size(&v).map_err(|e| e.to_string())? as usize;
+        }
+        c.store.evict &= !self.cache_no_evict;
+        if let Some(h) = self.cache_high_watermark {
+            c.store.high_watermark = h;
+        }
+        if let Some(l) = self.cache_low_watermark {
+            c.store.low_watermark = l;
+        }
+        c.store.populate |= self.cache_populate;
+        c.store.validate().map_err(|e| format!("cache: {e}"))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Runs a server (defaults: 127.0.0.1:7379, one worker per core, store mode, 1GB).
@@ -120,6 +175,8 @@ enum Command {
         tables: Vec<String>,
         #[command(flatten)]
         dram: DramArgs,
+        #[command(flatten)]
+        cache: CacheArgs,
     },
     /// Stores a value.
     Put {
@@ -220,6 +277,7 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             resp_password,
             tables,
             dram,
+            cache,
         } => {
             let mut cfg = match config {
                 Some(path) => {
@@ -256,6 +314,7 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
                 cfg.ps.tables.push(fabrickv_client::TableSpec::parse(t)?);
             }
             dram.apply(&mut cfg.ps)?;
+            cache.apply(&mut cfg.cache)?;
             init_logging(&cfg.log_level);
             serve(&cfg)?;
             Ok(ExitCode::SUCCESS)

@@ -12,6 +12,7 @@
 //! every call goes through.
 
 mod batch;
+pub mod cache;
 pub mod ps;
 
 use std::collections::BTreeMap;
@@ -28,6 +29,7 @@ use fabrickv_wire::control::{
 use fabrickv_wire::{decode_frame, FrameKind, PutCondition};
 
 pub use batch::{BatchOp, Outcome};
+pub use cache::{CacheClient, CacheClientOptions, Placed};
 pub use fabrickv_wire::ps::{Missing, Optimizer, TableDesc, TableSpec};
 pub use ps::{PsClient, PullId, Pulled};
 

@@ -83,6 +83,8 @@ pub struct ServerConfig {
     pub resp_password: Option<String>,
     /// The embedding parameter server: pool size, DRAM knobs, tables.
     pub ps: crate::ps::PsConfig,
+    /// The KV-cache service: pool, eviction, gRPC control plane.
+    pub cache: crate::cache::CacheSettings,
 }
 
 impl Default for ServerConfig {
@@ -96,6 +98,7 @@ impl Default for ServerConfig {
             resp: None,
             resp_password: None,
             ps: crate::ps::PsConfig::default(),
+            cache: crate::cache::CacheSettings::default(),
         }
     }
 }

@@ -77,6 +77,8 @@ pub struct KvService {
     hashes: Vec<KeyHash>,
     /// The embedding store, whose counters STATS reports too.
     ps: Option<Arc<crate::ps::PsStore>>,
+    /// The KV-cache store, likewise.
+    cache: Option<Arc<crate::cache::CacheShared>>,
 }
 
 impl KvService {
@@ -91,7 +93,14 @@ impl KvService {
             transport: PortStats::default(),
             hashes: Vec::with_capacity(BATCH_OPS_MAX),
             ps: None,
+            cache: None,
         }
+    }
+
+    /// Reports the KV-cache counters in STATS as well.
+    pub fn with_cache(mut self, cache: Arc<crate::cache::CacheShared>) -> KvService {
+        self.cache = Some(cache);
+        self
     }
 
     /// Reports the embedding store's counters in STATS as well.
@@ -271,6 +280,9 @@ impl KvService {
         // clients that add up workers count it once.
         if let (Some(ps), 0) = (&self.ps, self.id) {
             list.extend(ps.stats_list());
+        }
+        if let (Some(cache), 0) = (&self.cache, self.id) {
+            list.extend(cache.stats_list());
         }
         list
     }

@@ -13,6 +13,7 @@
 //! partition and the connections bound to it (MICA's EREW); clients steer
 //! each key to the worker that owns it.
 
+pub mod cache;
 pub mod config;
 pub mod kv;
 pub mod partitions;
@@ -148,6 +149,7 @@ impl Server {
         ps.create_configured().map_err(StartError::Config)?;
         let listening =
             fabrickv_transport::listen(&cfg.listen, workers).map_err(StartError::Transport)?;
+        let cache = cache::CacheShared::new(cfg.cache.store.clone()).map_err(StartError::Config)?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut wakers = vec![listening.acceptor.waker()];
         let mut threads = Vec::with_capacity(workers + 1);
@@ -175,12 +177,21 @@ impl Server {
         for (id, port) in listening.ports.into_iter().enumerate() {
             wakers.push(port.waker());
             let service = kv::KvService::new(id as u16, workers as u16, parts.clone(), cfg.mode)
-                .with_ps(ps.clone());
-            let ps_service = ps::PsService::new(id as u16, ps.clone());
+                .with_ps(ps.clone())
+                .with_cache(cache.clone());
+            let services = worker::Services {
+                kv: service,
+                ps: ps::PsService::new(id as u16, ps.clone()),
+                cache: cache::CacheService::new(
+                    id as u16,
+                    cache.clone(),
+                    Some(cache.add_worker(port.waker())),
+                ),
+            };
             let stop = stop.clone();
             let t = std::thread::Builder::new()
                 .name(format!("fkv-worker-{id}"))
-                .spawn(move || worker::run(port, service, ps_service, clock, &stop))
+                .spawn(move || worker::run(port, services, clock, &stop))
                 .map_err(StartError::Thread)?;
             threads.push(t);
         }

@@ -12,6 +12,7 @@ use fabrickv_transport::WorkerPort;
 
 use fabrickv_wire::FrameKind;
 
+use crate::cache::CacheService;
 use crate::kv::{Clock, KvService};
 use crate::ps::PsService;
 
@@ -45,31 +46,46 @@ pub const SWEEP_INTERVAL_MS: u64 = 100;
 /// are never served in between; the sweep only gives their memory back.
 pub const SWEEP_BUCKETS_PER_RUN: usize = 16384;
 
+/// The services a worker dispatches to, by frame kind.
+pub struct Services {
+    /// Key-value frames (and HELLO, STATS).
+    pub kv: KvService,
+    /// Embedding-table frames.
+    pub ps: PsService,
+    /// KV-cache frames, and the gRPC transfers queued to this worker.
+    pub cache: CacheService,
+}
+
 /// Runs a worker until `stop` is set.
-pub fn run(
-    mut port: Box<dyn WorkerPort>,
-    mut kv: KvService,
-    mut ps: PsService,
-    clock: Clock,
-    stop: &AtomicBool,
-) {
+pub fn run(mut port: Box<dyn WorkerPort>, services: Services, clock: Clock, stop: &AtomicBool) {
+    let Services {
+        mut kv,
+        mut ps,
+        mut cache,
+    } = services;
     let mut idle_since: Option<Instant> = None;
     let mut last_sweep = clock.now_ms();
     while !stop.load(Ordering::Acquire) {
         let now = clock.now_ms();
         // The service reports the transport's counters in STATS replies.
         kv.set_transport_stats(port.stats());
-        let handled = match port.poll(POLL_BURST_MSGS, &mut |_, msg, reply| {
+        let jobs = cache.run_jobs(port.as_mut());
+        let handled = match port.poll(POLL_BURST_MSGS, &mut |conn, msg, reply| {
             // The kind byte picks the service; each decodes the whole frame.
-            if msg.get(FRAME_KIND_AT) == Some(&(FrameKind::Ps as u8)) {
+            let kind = msg.get(FRAME_KIND_AT).copied();
+            if kind == Some(FrameKind::Ps as u8) {
                 if ps.handle(msg, reply, now) {
+                    kv.count_refused();
+                }
+            } else if kind == Some(FrameKind::Cache as u8) {
+                if cache.handle(conn, msg, reply, now) {
                     kv.count_refused();
                 }
             } else {
                 kv.handle(msg, reply.buf(), now)
             }
         }) {
-            Ok(n) => n,
+            Ok(n) => n + jobs,
             Err(e) => {
                 tracing::error!("worker poll failed: {e}");
                 break;
@@ -80,6 +96,7 @@ pub fn run(
         }
         if now.saturating_sub(last_sweep) >= SWEEP_INTERVAL_MS {
             kv.sweep(now, SWEEP_BUCKETS_PER_RUN);
+            cache.sweep(now);
             last_sweep = now;
         }
         if handled > 0 {

@@ -184,6 +184,17 @@ impl Reply for ShmReply<'_> {
         )
     }
 
+    fn read_remote(&mut self, r: &RemoteRegion, offset: usize, out: &mut [u8]) -> Result<()> {
+        region::access(
+            self.peers,
+            self.ctl,
+            self.sock.as_fd(),
+            r,
+            offset,
+            Access::Read(out),
+        )
+    }
+
     fn remote_mut(
         &mut self,
         r: &RemoteRegion,
@@ -609,6 +620,28 @@ impl WorkerPort for ShmPort {
             r,
             offset,
             Access::Write(data),
+        )
+    }
+
+    fn read_remote(
+        &mut self,
+        conn: ConnId,
+        r: &RemoteRegion,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let c = self
+            .conns
+            .get_mut(conn as usize)
+            .and_then(Option::as_mut)
+            .ok_or(TransportError::Closed)?;
+        region::access(
+            &mut c.peers,
+            &mut c.ctl,
+            c.sock.as_fd(),
+            r,
+            offset,
+            Access::Read(out),
         )
     }
 }

@@ -55,6 +55,18 @@ pub trait Reply {
         Err(TransportError::Unsupported("one-sided write"))
     }
 
+    /// Reads `out.len()` bytes of a region the requesting peer registered,
+    /// at `offset` (a one-sided READ: a PUT whose value waits in the
+    /// client's memory).
+    fn read_remote(
+        &mut self,
+        _region: &RemoteRegion,
+        _offset: usize,
+        _out: &mut [u8],
+    ) -> Result<()> {
+        Err(TransportError::Unsupported("one-sided read"))
+    }
+
     /// Lends `len` bytes of the requesting peer's registered region at
     /// `offset`, where the transport maps the peer's memory (shm), so a
     /// handler can build a large result in place instead of staging it
@@ -339,6 +351,18 @@ pub trait WorkerPort: Send {
         _data: &[u8],
     ) -> Result<()> {
         Err(TransportError::Unsupported("one-sided write"))
+    }
+
+    /// Reads `out.len()` bytes of a region that the peer on `conn`
+    /// registered, at `offset`.
+    fn read_remote(
+        &mut self,
+        _conn: ConnId,
+        _region: &RemoteRegion,
+        _offset: usize,
+        _out: &mut [u8],
+    ) -> Result<()> {
+        Err(TransportError::Unsupported("one-sided read"))
     }
 }
 

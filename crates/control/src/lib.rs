@@ -1,0 +1,1 @@
+//! The gRPC control plane of the KV-cache service (being written).

@@ -1,0 +1,231 @@
+//! The KV-cache service end to end: a real server, the real client, every
+//! test once per transport (inline chunks over inproc and tcp, one-sided
+//! writes into the client's registered buffer over shm).
+
+#[macro_use]
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fabrickv_cache::CacheConfig;
+use fabrickv_client::{CacheClient, CacheClientOptions, ClientError};
+use fabrickv_server::Mode;
+use fabrickv_types::limits::{CACHE_CHUNK_BYTES_MAX, CACHE_VALUE_BYTES_MAX};
+use fabrickv_types::ErrorCode;
+
+use common::{TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+
+/// Cache pool of a test server: room for one maximal value and more,
+/// lazily backed so parallel tests cost little.
+const CACHE_POOL_BYTES: usize = 160 << 20;
+
+/// Receive buffer of a test client: one maximal value.
+const BUFFER_BYTES: usize = CACHE_VALUE_BYTES_MAX;
+
+fn server(t: Transport) -> TestServer {
+    TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, |c| {
+        c.cache.store = CacheConfig {
+            pool_bytes: CACHE_POOL_BYTES,
+            ..CacheConfig::default()
+        };
+    })
+}
+
+fn client(s: &TestServer) -> CacheClient {
+    CacheClient::connect_with(
+        &s.addr,
+        CacheClientOptions {
+            buffer_bytes: BUFFER_BYTES,
+            timeout: TIMEOUT,
+        },
+    )
+    .expect("cache client connects")
+}
+
+/// A value whose every byte depends on `seed` and its position, so a
+/// shifted, truncated or mixed-up value never passes for the right one.
+fn value(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (seed
+                .wrapping_mul(31)
+                .wrapping_add(i as u64 * 7 + (i as u64 >> 9))
+                % 251) as u8
+        })
+        .collect()
+}
+
+fn code(e: ClientError) -> ErrorCode {
+    e.code()
+}
+
+fn values_round_trip_from_one_byte_to_64_mib(t: Transport) {
+    let s = server(t);
+    let mut c = client(&s);
+    assert_eq!(c.one_sided(), t == Transport::Shm, "{t:?}");
+    let sizes = [
+        1,
+        4096,
+        CACHE_CHUNK_BYTES_MAX,
+        CACHE_CHUNK_BYTES_MAX + 1,
+        3 << 20,
+        CACHE_VALUE_BYTES_MAX,
+    ];
+    for (i, &len) in sizes.iter().enumerate() {
+        let key = format!("v{i}");
+        let v = value(i as u64, len);
+        c.put(key.as_bytes(), &v, None).expect("put");
+        assert_eq!(
+            c.get(key.as_bytes()).expect("get").as_deref(),
+            Some(&v[..]),
+            "{len} bytes"
+        );
+        let mut dst = vec![0u8; len];
+        assert_eq!(
+            c.get_into(key.as_bytes(), &mut dst).expect("get_into"),
+            Some(len)
+        );
+        assert!(dst == v, "get_into of {len} bytes");
+    }
+    assert_eq!(c.get(b"absent").expect("get"), None);
+    s.shutdown();
+}
+
+fn get_at_places_values_and_checks_the_slice_first(t: Transport) {
+    let s = server(t);
+    let mut c = client(&s);
+    let v = value(5, 200_000);
+    c.put(b"k", &v, None).expect("put");
+    let at = 1000;
+    let p = c.get_at(b"k", at).expect("get_at").expect("present");
+    assert_eq!((p.offset, p.len), (at, v.len()));
+    assert!(c.buffer().expect("buffer")[at..at + v.len()] == v[..]);
+    // Too close to the end of the buffer: refused before any byte moves.
+    let tail = BUFFER_BYTES - 100;
+    c.buffer().expect("buffer")[tail..].fill(0xEE);
+    let e = c.get_at(b"k", tail).expect_err("does not fit");
+    assert_eq!(code(e), ErrorCode::BufferTooSmall);
+    assert!(c.buffer().expect("buffer")[tail..]
+        .iter()
+        .all(|&b| b == 0xEE));
+    let mut small = vec![0u8; 10];
+    let e = c.get_into(b"k", &mut small).expect_err("does not fit");
+    assert_eq!(code(e), ErrorCode::BufferTooSmall);
+    // A batch: every value at its own offset, all in flight together.
+    let keys: Vec<String> = (0..8).map(|i| format!("b{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        c.put(k.as_bytes(), &value(100 + i as u64, 70_000), None)
+            .expect("put");
+    }
+    let items: Vec<(&[u8], usize)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.as_bytes(), i * 70_000))
+        .chain([(&b"nope"[..], 8 * 70_000)])
+        .collect();
+    let got = c.get_many_at(&items).expect("batch");
+    assert_eq!(got.len(), 9);
+    assert!(matches!(got[8], Ok(None)));
+    for (i, r) in got.iter().take(8).enumerate() {
+        let p = r.as_ref().expect("ok").expect("present");
+        assert_eq!(p.offset, i * 70_000);
+        let want = value(100 + i as u64, 70_000);
+        assert!(c.buffer().expect("buffer")[p.offset..p.offset + p.len] == want[..]);
+    }
+    s.shutdown();
+}
+
+fn ttl_expires_actively_without_any_read(t: Transport) {
+    let s = server(t);
+    let mut c = client(&s);
+    c.put(b"short", b"gone soon", Some(Duration::from_millis(30)))
+        .expect("put");
+    c.put(b"long", b"stays", Some(Duration::from_secs(3600)))
+        .expect("put");
+    let mut kv = s.client();
+    // No read of "short" happens until the sweep has removed it.
+    common::wait_for("active expiry", Duration::from_secs(5), || {
+        common::stat(&mut kv, "cache_expirations") >= 1
+    });
+    assert_eq!(common::stat(&mut kv, "cache_entries"), 1);
+    assert_eq!(c.get(b"short").expect("get"), None);
+    let p = c.get_at(b"long", 0).expect("get").expect("present");
+    assert!(p.expires_in_ms > 3_500_000 && p.expires_in_ms <= 3_600_000);
+    s.shutdown();
+}
+
+fn delete_exists_and_overwrite(t: Transport) {
+    let s = server(t);
+    let mut c = client(&s);
+    assert!(!c.exists(b"k").expect("exists"));
+    let g1 = c.put(b"k", b"one", None).expect("put");
+    assert!(c.exists(b"k").expect("exists"));
+    let g2 = c.put(b"k", &value(2, 900_000), None).expect("overwrite");
+    assert!(g2 > g1, "a write gives a new generation");
+    assert_eq!(c.get(b"k").expect("get"), Some(value(2, 900_000)));
+    assert!(c.delete(b"k").expect("delete"));
+    assert!(!c.delete(b"k").expect("delete again"));
+    assert!(!c.exists(b"k").expect("exists"));
+    let e = c.put(&[b'k'; 1025], b"v", None).expect_err("key too long");
+    assert_eq!(code(e), ErrorCode::KeyTooLong);
+    s.shutdown();
+}
+
+fn readers_never_see_a_value_mixed_from_two_writes(t: Transport) {
+    let s = server(t);
+    let len = 3 * CACHE_CHUNK_BYTES_MAX + 17;
+    let a = vec![0xAAu8; len];
+    let b = vec![0xBBu8; len];
+    client(&s).put(b"hot", &a, None).expect("put");
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let mut c = client(&s);
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut dst = vec![0u8; len];
+                let mut reads = 0;
+                while !stop.load(Ordering::Relaxed) || reads < 20 {
+                    let n = c.get_into(b"hot", &mut dst).expect("get").expect("present");
+                    assert_eq!(n, len);
+                    let first = dst[0];
+                    assert!(first == 0xAA || first == 0xBB);
+                    assert!(dst.iter().all(|&x| x == first), "a torn value");
+                    reads += 1;
+                }
+            })
+        })
+        .collect();
+    let mut w = client(&s);
+    for i in 0..60 {
+        w.put(b"hot", if i % 2 == 0 { &b } else { &a }, None)
+            .expect("put");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.join().expect("reader");
+    }
+    s.shutdown();
+}
+
+fn bind_needs_a_registered_client(t: Transport) {
+    let s = server(t);
+    let mut c = client(&s);
+    match c.bind(12345) {
+        Err(e) if t == Transport::Shm => assert_eq!(code(e), ErrorCode::NoSuchClient),
+        Err(e) => assert_eq!(code(e), ErrorCode::Unavailable, "no region to bind"),
+        Ok(()) => panic!("bound an unregistered client"),
+    }
+    s.shutdown();
+}
+
+transport_tests!(
+    values_round_trip_from_one_byte_to_64_mib,
+    get_at_places_values_and_checks_the_slice_first,
+    ttl_expires_actively_without_any_read,
+    delete_exists_and_overwrite,
+    readers_never_see_a_value_mixed_from_two_writes,
+    bind_needs_a_registered_client,
+);
