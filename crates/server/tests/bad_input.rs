@@ -169,7 +169,7 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
     refused("bad magic", E::Malformed, &|m| m[0] ^= 0xFF, id());
     refused("version 0", E::UnsupportedVersion, &|m| m[2] = 0, id());
     refused("version 2", E::UnsupportedVersion, &|m| m[2] = 2, id());
-    for kind in [0u8, 10, 255] {
+    for kind in [0u8, 12, 255] {
         refused(
             &format!("frame kind {kind}"),
             E::UnknownOpcode,
@@ -183,6 +183,7 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
         (6, "StatsReply"),
         (7, "Error"),
         (9, "PsReply"),
+        (11, "CacheReply"),
     ] {
         refused(
             &format!("a {name} sent as a request"),
@@ -195,6 +196,12 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
         "a kv batch relabelled as an embedding request",
         E::Malformed,
         &|m| m[3] = 8,
+        id(),
+    );
+    refused(
+        "a kv batch relabelled as a cache request",
+        E::Malformed,
+        &|m| m[3] = 10,
         id(),
     );
     refused("reserved flags set", E::Malformed, &|m| m[4] = 1, id());

@@ -480,6 +480,17 @@ impl Reply for PortReply<'_> {
             Duration::from_millis(RMA_TIMEOUT_MS),
         )
     }
+
+    fn read_remote(&mut self, region: &RemoteRegion, offset: usize, out: &mut [u8]) -> Result<()> {
+        region.check(offset, out.len())?;
+        self.core.read(
+            self.peer,
+            region.addr + offset as u64,
+            region.key,
+            out,
+            Duration::from_millis(RMA_TIMEOUT_MS),
+        )
+    }
 }
 
 impl WorkerPort for FabricPort {
@@ -581,12 +592,7 @@ impl WorkerPort for FabricPort {
         data: &[u8],
     ) -> Result<()> {
         region.check(offset, data.len())?;
-        let peer = self
-            .by_id
-            .get(&conn)
-            .and_then(|&s| self.conns[s].as_ref())
-            .map(|c| c.addr)
-            .ok_or(TransportError::Closed)?;
+        let peer = self.peer_of(conn)?;
         self.node.core.write(
             peer,
             region.addr + offset as u64,
@@ -594,6 +600,35 @@ impl WorkerPort for FabricPort {
             data,
             Duration::from_millis(RMA_TIMEOUT_MS),
         )
+    }
+
+    fn read_remote(
+        &mut self,
+        conn: ConnId,
+        region: &RemoteRegion,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        region.check(offset, out.len())?;
+        let peer = self.peer_of(conn)?;
+        self.node.core.read(
+            peer,
+            region.addr + offset as u64,
+            region.key,
+            out,
+            Duration::from_millis(RMA_TIMEOUT_MS),
+        )
+    }
+}
+
+impl FabricPort {
+    /// The fabric address of connection `conn`'s peer.
+    fn peer_of(&self, conn: ConnId) -> Result<u64> {
+        self.by_id
+            .get(&conn)
+            .and_then(|&s| self.conns[s].as_ref())
+            .map(|c| c.addr)
+            .ok_or(TransportError::Closed)
     }
 }
 
