@@ -24,6 +24,7 @@
 //! `make test` only so that none of them rots.
 
 pub mod baseline;
+pub mod cache;
 pub mod compare;
 pub mod cpu;
 pub mod herd;

@@ -19,6 +19,8 @@ pub enum BenchCommand {
     Compare(CompareArgs),
     /// PetPS's embedding pulls: throughput lines, thread x batch matrix, multi-client sums, --compare with Redis/raw TCP/memcpy.
     Ps(crate::ps_bench::PsArgs),
+    /// The KV cache's read benchmark: write, warm up, N-thread checked reads, GET latency; --compare with Redis GET, raw TCP, memcpy.
+    Cache(crate::cache_bench::CacheArgs),
     /// Echo RPCs over a transport: the seed's table (ops/s, fast, ave, p50, p99).
     Rpc(crate::rpc_bench::RpcArgs),
     /// The echo server `bench rpc` starts as a pinned child process.
@@ -178,6 +180,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), String> {
         BenchCommand::Herd(a) => run_herd(a),
         BenchCommand::Compare(a) => run_compare(a),
         BenchCommand::Ps(a) => crate::ps_bench::run(a),
+        BenchCommand::Cache(a) => crate::cache_bench::run(a),
         BenchCommand::Rpc(a) => crate::rpc_bench::run(a),
         BenchCommand::RpcServer(a) => crate::rpc_bench::serve(a),
     }

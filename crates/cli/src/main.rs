@@ -4,6 +4,7 @@
 //! keys) is not there; 2 any other failure, with the reason on stderr.
 
 mod bench;
+mod cache_bench;
 mod ps_bench;
 mod ps_cmd;
 mod rpc_bench;

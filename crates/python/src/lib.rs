@@ -11,6 +11,7 @@
 //! Every network call releases the GIL (`Python::detach`), so other Python
 //! threads run while one waits on the server.
 
+mod cache;
 mod kv;
 mod ps;
 
@@ -66,6 +67,7 @@ fn fabrickv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", error)?;
     kv::register(m)?;
     ps::register(m)?;
+    cache::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,0 +1,608 @@
+//! `fabrickv bench cache`: the seed's KV-cache read benchmark (write the
+//! keys, warm up, read them with several threads, time single GETs) in its
+//! output format, plus the latency of the GETs under load and, with
+//! `--compare`, the same reads from redis-server and the physical limits
+//! the targets are stated against, all in one run.
+
+use std::time::Duration;
+
+use clap::Args;
+use fabrickv_bench::cache::{
+    self, format_bytes, mb_per_s, LatencyStats, ReadOpts, ReadResult, WriteResult, LATENCY_SAMPLES,
+};
+use fabrickv_bench::limits;
+use fabrickv_types::limits::{CACHE_CLIENT_BUFFER_BYTES_MAX, CACHE_VALUE_BYTES_MAX};
+use fabrickv_types::size::parse_size;
+use serde_json::{json, Value};
+
+/// How long each physical limit of `--compare` is measured: long enough
+/// for a steady rate (each also runs a short warm-up first), short next
+/// to the reads it is held against.
+const LIMIT_DURATION: Duration = Duration::from_secs(1);
+
+/// Over tcp, read bytes/s must reach this share of one raw TCP stream.
+const TCP_VS_RAW_TARGET: f64 = 0.9;
+/// Over tcp, read bytes/s must reach this multiple of Redis GET's.
+const TCP_VS_REDIS_TARGET: f64 = 1.0;
+/// Over shm or fabric, read bytes/s must reach this multiple of Redis GET's.
+const SHM_VS_REDIS_TARGET: f64 = 4.0;
+
+/// The rule of the seed's box.
+const RULE: &str = "==============================================";
+
+#[derive(Args)]
+pub struct CacheArgs {
+    /// Keys written and read (key-00000000, key-00000001, ...).
+    #[arg(long, default_value_t = 1000)]
+    num_keys: u64,
+    /// Bytes of every value, with an optional B, KB, MB or GB suffix (KB = 1024).
+    #[arg(long, default_value = "64KB")]
+    value_size: String,
+    /// Reader threads, each with its own client and receive buffer.
+    #[arg(long, default_value_t = 4)]
+    num_threads: usize,
+    /// Receive buffer of each client, in MB; must hold a whole value.
+    #[arg(long, default_value_t = 64)]
+    buffer_mb: usize,
+    /// Random GETs before measuring, shared out over the reader threads.
+    #[arg(long, default_value_t = 100)]
+    warmup: u64,
+    /// Time to live of the written values, in seconds (0: none).
+    #[arg(long, default_value_t = 300)]
+    ttl: u64,
+    /// Data-plane address of a running server (127.0.0.1:PORT, shm://NAME,
+    /// fabric://...). Without it a server is started on loopback with
+    /// --transport, pinned to --server-cpus.
+    #[arg(long)]
+    server_addr: Option<String>,
+    /// Transport of a started server.
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "shm", "fabric"])]
+    transport: String,
+    /// libfabric provider of a started server with --transport fabric.
+    #[arg(long, default_value = "shm")]
+    provider: String,
+    /// Workers of a started server.
+    #[arg(long, default_value_t = 1)]
+    server_workers: usize,
+    /// First client id (the seed's clients are numbered from it). The
+    /// data plane needs no id, so here it only seeds the readers' random
+    /// keys (thread t uses base + t) and is reported.
+    #[arg(long, default_value_t = 100)]
+    base_client_id: u64,
+    /// Times each reader reads its share of the keys (every pass reads
+    /// every key once, over all threads); more passes, steadier figures.
+    #[arg(long, default_value_t = 1)]
+    read_passes: u32,
+    /// Also print one JSON line per result.
+    #[arg(long)]
+    json: bool,
+    /// Also measure, in this run, redis-server's GET of the same keys and
+    /// values (same threads and passes), one raw TCP stream and, over shm
+    /// or fabric, single-thread memcpy; print the table and the targets.
+    #[arg(long)]
+    compare: bool,
+    /// CPUs of a started server, of redis-server and of the raw stream's
+    /// sender (taskset list, e.g. 0).
+    #[arg(long)]
+    server_cpus: Option<String>,
+    /// CPUs of the client threads, round robin (e.g. 1).
+    #[arg(long)]
+    client_cpus: Option<String>,
+}
+
+/// What every result line shares.
+struct Run {
+    transport: String,
+    value_size: usize,
+    num_keys: u64,
+    threads: usize,
+    json: bool,
+}
+
+impl Run {
+    /// A `"bench":"cache"` JSON object for `case`, with `extra` merged in.
+    fn line(&self, bench: &str, case: &str, extra: Value) -> String {
+        let mut v = json!({
+            "bench": bench,
+            "case": case,
+            "transport": self.transport,
+            "value_size": self.value_size,
+            "num_keys": self.num_keys,
+            "threads": self.threads,
+        });
+        if let (Some(m), Value::Object(e)) = (v.as_object_mut(), extra) {
+            m.extend(e);
+        }
+        v.to_string()
+    }
+}
+
+/// The transport an address names.
+fn transport_of(addr: &str) -> &'static str {
+    if addr.starts_with("shm://") {
+        "shm"
+    } else if addr.starts_with("fabric://") {
+        "fabric"
+    } else {
+        "tcp"
+    }
+}
+
+/// The checked value size and receive-buffer bytes.
+fn sizes(a: &CacheArgs) -> Result<(usize, usize), String> {
+    let value_size = parse_size(&a.value_size).map_err(|e| format!("--value-size: {e}"))?;
+    if value_size == 0 || value_size > CACHE_VALUE_BYTES_MAX as u64 {
+        return Err(format!(
+            "--value-size {} is outside 1 B..={} (the cache's largest value)",
+            a.value_size,
+            format_bytes(CACHE_VALUE_BYTES_MAX as f64)
+        ));
+    }
+    let buffer = (a.buffer_mb as u64)
+        .checked_mul(1 << 20)
+        .filter(|b| *b <= CACHE_CLIENT_BUFFER_BYTES_MAX)
+        .ok_or_else(|| {
+            format!(
+                "--buffer-mb {} exceeds the largest client buffer ({})",
+                a.buffer_mb,
+                format_bytes(CACHE_CLIENT_BUFFER_BYTES_MAX as f64)
+            )
+        })?;
+    if buffer < value_size {
+        return Err(format!(
+            "--buffer-mb {} ({}) cannot hold one --value-size {} ({}) value: every GET lands a whole value in the client's receive buffer",
+            a.buffer_mb,
+            format_bytes(buffer as f64),
+            a.value_size,
+            format_bytes(value_size as f64)
+        ));
+    }
+    Ok((value_size as usize, buffer as usize))
+}
+
+pub fn run(a: CacheArgs) -> Result<(), String> {
+    let (value_size, buffer_bytes) = sizes(&a)?;
+    if a.num_keys == 0 || a.num_threads == 0 || a.read_passes == 0 {
+        return Err("--num-keys, --num-threads and --read-passes must be at least 1".into());
+    }
+    let client_cpus = crate::bench::cpu_list(&a.client_cpus)?;
+    // The writer and the single-GET analysis run on this thread: keep it
+    // off the server's CPUs too.
+    if let Some(&id) = client_cpus.first() {
+        fabrickv_bench::pin_current_thread(id);
+    }
+    let ttl = (a.ttl > 0).then(|| Duration::from_secs(a.ttl));
+    let keys = cache::key_names(a.num_keys);
+    let server = match &a.server_addr {
+        Some(_) => None,
+        None => Some(cache::spawn_server(
+            &a.transport,
+            &a.provider,
+            a.server_cpus.as_deref(),
+            a.server_workers,
+            cache::pool_bytes_for(a.num_keys, value_size),
+        )?),
+    };
+    let addr = match (&a.server_addr, &server) {
+        (Some(s), _) => s.clone(),
+        (None, Some(s)) => s.addr.clone(),
+        (None, None) => return Err("no server to measure".into()),
+    };
+    let r = Run {
+        transport: transport_of(&addr).to_string(),
+        value_size,
+        num_keys: a.num_keys,
+        threads: a.num_threads,
+        json: a.json,
+    };
+    let mut writer = cache::connect_cache(&addr, buffer_bytes)?;
+    let one_sided = writer.one_sided();
+    let how = if one_sided {
+        "one-sided"
+    } else {
+        "inline chunks"
+    };
+
+    println!("{RULE}");
+    println!("KV Cache Read Throughput Benchmark");
+    println!("{RULE}");
+    println!("Server:       {addr}");
+    println!("Keys:         {}", a.num_keys);
+    println!("Value size:   {}", format_bytes(value_size as f64));
+    println!("Read threads: {}", a.num_threads);
+    println!("Buffer/client: {} MB", a.buffer_mb);
+    println!("Transport:    {} ({how})", r.transport);
+    if a.read_passes > 1 {
+        println!("Read passes:  {}", a.read_passes);
+    }
+    println!("{RULE}");
+
+    println!("\n=== Write Phase ===");
+    println!(
+        "Writing {} keys with {} values...",
+        a.num_keys,
+        format_bytes(value_size as f64)
+    );
+    let write = cache::write_all(&mut writer, &keys, value_size, ttl)?;
+    println!("Wrote {}/{} keys.", write.keys, a.num_keys);
+    println!("Write completed in {:.2}s", write.seconds);
+    println!(
+        "Write throughput: {:.0} ops/sec, {:.2} MB/s",
+        write.ops_per_s(),
+        mb_per_s(write.ops_per_s() * value_size as f64)
+    );
+
+    println!("\n=== Warmup Phase ===");
+    println!(
+        "Running {} warmup iterations with {} threads...",
+        a.warmup, a.num_threads
+    );
+    let o = ReadOpts {
+        num_keys: a.num_keys,
+        value_size,
+        threads: a.num_threads,
+        warmup: a.warmup,
+        passes: a.read_passes,
+        client_cpus,
+        seed: a.base_client_id,
+    };
+    let passes = if a.read_passes > 1 {
+        format!(", {} passes", a.read_passes)
+    } else {
+        String::new()
+    };
+    let read = cache::run_readers(
+        &o,
+        &keys,
+        |_| cache::connect_cache(&addr, buffer_bytes),
+        || {
+            println!("Warmup completed");
+            println!("\n=== Read Phase ===");
+            println!(
+                "Reading {} keys with {} threads{passes}...",
+                a.num_keys, a.num_threads
+            );
+        },
+    )?;
+    let total = a.num_keys * u64::from(a.read_passes);
+    println!("Read {}/{total} keys.", read.gets);
+    println!("Read completed in {:.2}s", read.seconds);
+    println!(
+        "Read throughput: {:.0} ops/sec, {:.2} MB/s",
+        read.ops_per_s(),
+        mb_per_s(read.bytes_per_s(value_size))
+    );
+
+    println!("\n=== Latency Analysis ===");
+    println!("Measuring latency for {LATENCY_SAMPLES} random GET operations...");
+    let single = LatencyStats::of(&cache::single_gets(
+        &mut writer,
+        &keys,
+        value_size,
+        LATENCY_SAMPLES,
+        a.base_client_id.wrapping_sub(1),
+    )?);
+    print!("{}", single.block());
+    let loaded = LatencyStats::of(&read.latency);
+    println!("\n=== Latency under load ({} readers) ===", a.num_threads);
+    println!(
+        "{} GETs measured during the read phase, all threads merged:",
+        loaded.samples
+    );
+    print!("{}", loaded.block());
+
+    let speedup = if single.single_thread_ops_per_s() > 0.0 {
+        read.ops_per_s() / single.single_thread_ops_per_s()
+    } else {
+        0.0
+    };
+    println!("\n=== Summary ===");
+    println!(
+        "Write: {:.2}s, {:.0} ops/sec",
+        write.seconds,
+        write.ops_per_s()
+    );
+    println!(
+        "Read:  {:.2}s, {:.0} ops/sec ({speedup:.1}x speedup with {} threads)",
+        read.seconds,
+        read.ops_per_s(),
+        a.num_threads
+    );
+    println!(
+        "Total data transferred: {}",
+        format_bytes(read.gets as f64 * value_size as f64)
+    );
+    println!(
+        "Read throughput: {:.2} MB/s",
+        mb_per_s(read.bytes_per_s(value_size))
+    );
+    if r.json {
+        print_json(&r, &a, one_sided, &write, &read, &single, &loaded, speedup);
+    }
+    // The peers below get the machine to themselves.
+    drop(writer);
+    drop(server);
+    if a.compare {
+        compare(&a, &r, &o, &keys, ttl, one_sided, &read)?;
+    }
+    Ok(())
+}
+
+/// The JSON lines of FabricKV's phases.
+#[allow(clippy::too_many_arguments)]
+fn print_json(
+    r: &Run,
+    a: &CacheArgs,
+    one_sided: bool,
+    write: &WriteResult,
+    read: &ReadResult,
+    single: &LatencyStats,
+    loaded: &LatencyStats,
+    speedup: f64,
+) {
+    let stats = |s: &LatencyStats| serde_json::to_value(s).unwrap_or(Value::Null);
+    println!(
+        "{}",
+        r.line(
+            "cache",
+            "write",
+            json!({
+                "seconds": write.seconds,
+                "ops": write.keys,
+                "ops_per_s": write.ops_per_s(),
+                "bytes_per_s": write.ops_per_s() * r.value_size as f64,
+                "ttl_s": a.ttl,
+            })
+        )
+    );
+    println!(
+        "{}",
+        r.line(
+            "cache",
+            "read",
+            json!({
+                "seconds": read.seconds,
+                "ops": read.gets,
+                "ops_per_s": read.ops_per_s(),
+                "bytes_per_s": read.bytes_per_s(r.value_size),
+                "read_passes": a.read_passes,
+                "warmup_gets": read.warmup_gets,
+                "checked": read.gets + read.warmup_gets,
+                "wrong": 0,
+                "one_sided": one_sided,
+                "buffer_mb": a.buffer_mb,
+                "base_client_id": a.base_client_id,
+                "speedup": speedup,
+            })
+        )
+    );
+    println!("{}", r.line("cache", "latency", stats(single)));
+    println!(
+        "{}",
+        r.line("cache", "read_latency_under_load", stats(loaded))
+    );
+}
+
+/// Redis GET and the physical limits beside FabricKV's read phase, the
+/// table, and the targets.
+fn compare(
+    a: &CacheArgs,
+    r: &Run,
+    o: &ReadOpts,
+    keys: &[Vec<u8>],
+    ttl: Option<Duration>,
+    one_sided: bool,
+    ours: &ReadResult,
+) -> Result<(), String> {
+    let server_cpu = crate::bench::cpu_list(&a.server_cpus)?.first().copied();
+    let client_cpu = o.client_cpus.first().copied();
+    println!("\n=== Comparison ===");
+    println!(
+        "redis-server GET: same keys, values, TTL, {} threads x {} pass(es), each value checked...",
+        o.threads, o.passes
+    );
+    let redis = cache::redis_peer(o, keys, ttl, a.server_cpus.as_deref())?;
+    println!(
+        "{}, {:.1} s...",
+        if r.transport == "tcp" {
+            "raw TCP stream"
+        } else {
+            "raw TCP stream and single-thread memcpy, each"
+        },
+        LIMIT_DURATION.as_secs_f64()
+    );
+    let raw = limits::tcp_stream(LIMIT_DURATION, server_cpu, client_cpu)?;
+    let memcpy = if r.transport == "tcp" {
+        None
+    } else {
+        Some(limits::memcpy_bandwidth(
+            r.value_size,
+            limits::MEMCPY_WORKING_SET_BYTES_DEFAULT,
+            LIMIT_DURATION,
+            client_cpu,
+        )?)
+    };
+
+    let vs = r.value_size;
+    let ours_bps = ours.bytes_per_s(vs);
+    let redis_bps = redis.read.bytes_per_s(vs);
+    let ours_lat = LatencyStats::of(&ours.latency);
+    let redis_lat = LatencyStats::of(&redis.read.latency);
+    let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { 0.0 };
+    let vs_redis = ratio(ours_bps, redis_bps);
+    let vs_raw = ratio(ours_bps, raw.bytes_per_s);
+    let vs_memcpy = memcpy.as_ref().map(|m| ratio(ours_bps, m.bytes_per_s));
+    let mode = if one_sided {
+        "one-sided"
+    } else {
+        "inline chunks"
+    };
+
+    println!(
+        "\n{} keys x {}, {} readers x {} pass(es); MB = 2^20 bytes; latencies of GETs under load",
+        r.num_keys,
+        format_bytes(vs as f64),
+        o.threads,
+        o.passes
+    );
+    println!("| case | ops/s | MB/s | p50 us | p99 us | ratio |");
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| fabrickv {} ({mode}) | {:.0} | {:.2} | {:.1} | {:.1} | - |",
+        r.transport,
+        ours.ops_per_s(),
+        mb_per_s(ours_bps),
+        ours_lat.p50_us,
+        ours_lat.p99_us
+    );
+    println!(
+        "| redis GET | {:.0} | {:.2} | {:.1} | {:.1} | fabrickv/redis {vs_redis:.2}x |",
+        redis.read.ops_per_s(),
+        mb_per_s(redis_bps),
+        redis_lat.p50_us,
+        redis_lat.p99_us
+    );
+    println!(
+        "| raw tcp stream | - | {:.2} | - | - | fabrickv/raw-tcp {vs_raw:.2}x |",
+        mb_per_s(raw.bytes_per_s)
+    );
+    if let (Some(m), Some(x)) = (&memcpy, vs_memcpy) {
+        println!(
+            "| memcpy {} chunks | - | {:.2} | - | - | fabrickv/memcpy {x:.2}x |",
+            format_bytes(vs as f64),
+            mb_per_s(m.bytes_per_s)
+        );
+    }
+
+    let verdict = |ok: bool| if ok { "MET" } else { "MISSED" };
+    let (target, met) = if r.transport == "tcp" {
+        let raw_ok = vs_raw >= TCP_VS_RAW_TARGET;
+        let redis_ok = vs_redis >= TCP_VS_REDIS_TARGET;
+        println!(
+            "Target (tcp): read bytes/s >= {TCP_VS_RAW_TARGET:.1}x raw TCP stream ({vs_raw:.2}x: {}) and >= {TCP_VS_REDIS_TARGET:.1}x Redis GET ({vs_redis:.2}x: {}): {}",
+            verdict(raw_ok),
+            verdict(redis_ok),
+            verdict(raw_ok && redis_ok)
+        );
+        (
+            format!(
+                ">= {TCP_VS_RAW_TARGET:.1}x raw tcp stream and >= {TCP_VS_REDIS_TARGET:.1}x redis"
+            ),
+            raw_ok && redis_ok,
+        )
+    } else {
+        let ok = vs_redis >= SHM_VS_REDIS_TARGET;
+        println!(
+            "Target ({}): read bytes/s >= {SHM_VS_REDIS_TARGET:.1}x Redis GET ({vs_redis:.2}x): {}",
+            r.transport,
+            verdict(ok)
+        );
+        println!(
+            "p99 under load: fabrickv {} {:.1} us vs Redis {:.1} us ({:.2}x of Redis's)",
+            r.transport,
+            ours_lat.p99_us,
+            redis_lat.p99_us,
+            ratio(ours_lat.p99_us, redis_lat.p99_us)
+        );
+        (format!(">= {SHM_VS_REDIS_TARGET:.1}x redis"), ok)
+    };
+
+    if r.json {
+        let stats = serde_json::to_value(redis_lat).unwrap_or(Value::Null);
+        let mut peer = json!({
+            "seconds": redis.read.seconds,
+            "ops": redis.read.gets,
+            "ops_per_s": redis.read.ops_per_s(),
+            "bytes_per_s": redis_bps,
+            "read_passes": o.passes,
+            "checked": redis.read.gets + redis.read.warmup_gets,
+            "write_seconds": redis.write.seconds,
+            "write_ops_per_s": redis.write.ops_per_s(),
+            "ttl_s": a.ttl,
+            "server_cpus": a.server_cpus,
+            "client_cpus": a.client_cpus,
+        });
+        if let (Some(m), Value::Object(s)) = (peer.as_object_mut(), stats) {
+            m.extend(s);
+        }
+        println!("{}", r.line("peer.redis_get", "read", peer));
+        println!("{}", raw.json());
+        if let Some(m) = &memcpy {
+            println!("{}", m.json());
+        }
+        println!(
+            "{}",
+            r.line(
+                "cache",
+                "compare",
+                json!({
+                    "one_sided": one_sided,
+                    "read_passes": o.passes,
+                    "fabrickv_bytes_per_s": ours_bps,
+                    "fabrickv_ops_per_s": ours.ops_per_s(),
+                    "fabrickv_p50_us": ours_lat.p50_us,
+                    "fabrickv_p99_us": ours_lat.p99_us,
+                    "redis_bytes_per_s": redis_bps,
+                    "redis_ops_per_s": redis.read.ops_per_s(),
+                    "redis_p50_us": redis_lat.p50_us,
+                    "redis_p99_us": redis_lat.p99_us,
+                    "raw_tcp_bytes_per_s": raw.bytes_per_s,
+                    "memcpy_bytes_per_s": memcpy.as_ref().map(|m| m.bytes_per_s),
+                    "vs_redis": vs_redis,
+                    "vs_raw_tcp": vs_raw,
+                    "vs_memcpy": vs_memcpy,
+                    "p99_vs_redis": ratio(ours_lat.p99_us, redis_lat.p99_us),
+                    "target": target,
+                    "target_met": met,
+                })
+            )
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: CacheArgs,
+    }
+
+    fn parse(args: &[&str]) -> CacheArgs {
+        Cli::try_parse_from(std::iter::once("cache").chain(args.iter().copied()))
+            .expect("flags parse")
+            .args
+    }
+
+    #[test]
+    fn defaults_are_the_seeds() {
+        let a = parse(&[]);
+        assert_eq!(
+            (a.num_keys, a.num_threads, a.buffer_mb, a.warmup, a.ttl),
+            (1000, 4, 64, 100, 300)
+        );
+        assert_eq!((a.base_client_id, a.read_passes), (100, 1));
+        assert_eq!(sizes(&a), Ok((64 << 10, 64 << 20)));
+    }
+
+    #[test]
+    fn a_buffer_smaller_than_a_value_is_refused() {
+        let a = parse(&["--value-size", "2MB", "--buffer-mb", "1"]);
+        let e = sizes(&a).expect_err("refused");
+        assert!(e.contains("--buffer-mb 1") && e.contains("2.00 MB"), "{e}");
+        assert!(sizes(&parse(&["--value-size", "0"])).is_err());
+        assert!(sizes(&parse(&["--value-size", "1GB", "--buffer-mb", "2048"])).is_err());
+        assert!(sizes(&parse(&["--value-size", "lots"])).is_err());
+    }
+
+    #[test]
+    fn the_transport_follows_the_address() {
+        assert_eq!(transport_of("127.0.0.1:7379"), "tcp");
+        assert_eq!(transport_of("shm://x"), "shm");
+        assert_eq!(transport_of("fabric://shm/127.0.0.1:1"), "fabric");
+    }
+}
