@@ -523,6 +523,11 @@ fn serve(cfg: &ServerConfig) -> Result<(), String> {
     let mut signals =
         signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
     let handle = Server::start(cfg).map_err(|e| e.to_string())?;
+    // Its own line, before the banner that scripts wait for, so that the
+    // banner's format does not depend on whether gRPC is on.
+    if let Some(g) = handle.grpc_addr() {
+        eprintln!("fabrickv: gRPC (fabrickv.cache.v1.KvCache) on {g}");
+    }
     match handle.resp_addr() {
         Some(r) => eprintln!(
             "fabrickv: serving on {}, RESP on {r} (Ctrl-C to stop)",

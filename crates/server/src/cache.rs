@@ -14,7 +14,7 @@
 //! the worker runs it between bursts, with its port.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -296,8 +296,15 @@ impl CacheShared {
         job: impl FnOnce(&mut dyn WorkerPort) -> Result<T, Refusal> + Send + 'static,
     ) -> Result<T, Refusal> {
         let (tx, rx) = crossbeam_channel::bounded(1);
+        // Set when the caller stops waiting: a job that has not started by
+        // then is skipped, so that a call reported as timed out does not
+        // write into the client's buffer afterwards.
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let skip = Arc::clone(&abandoned);
         let boxed: Job = Box::new(move |port| {
-            let _ = tx.send(job(port));
+            if !skip.load(Ordering::Acquire) {
+                let _ = tx.send(job(port));
+            }
         });
         {
             let jobs = lock(&self.jobs);
@@ -317,6 +324,7 @@ impl CacheShared {
         }
         rx.recv_timeout(Duration::from_millis(CACHE_JOB_TIMEOUT_MS))
             .map_err(|_| {
+                abandoned.store(true, Ordering::Release);
                 (
                     ErrorCode::Timeout,
                     format!("worker {} did not run the transfer in time", b.worker),

@@ -14,6 +14,7 @@
 //! each key to the worker that owns it.
 
 pub mod cache;
+pub mod cache_grpc;
 pub mod config;
 pub mod kv;
 pub mod partitions;
@@ -46,6 +47,8 @@ pub enum StartError {
     Thread(std::io::Error),
     /// The RESP front-end could not listen on the address.
     Resp(String, std::io::Error),
+    /// The gRPC control plane could not start on the address.
+    Grpc(String, String),
 }
 
 impl fmt::Display for StartError {
@@ -56,6 +59,7 @@ impl fmt::Display for StartError {
             StartError::Transport(e) => write!(f, "cannot listen: {e}"),
             StartError::Thread(e) => write!(f, "cannot start a thread: {e}"),
             StartError::Resp(addr, e) => write!(f, "cannot listen for RESP on {addr}: {e}"),
+            StartError::Grpc(addr, e) => write!(f, "cannot serve gRPC on {addr}: {e}"),
         }
     }
 }
@@ -67,6 +71,7 @@ pub struct ServerHandle {
     addr: String,
     resp_addr: Option<String>,
     resp_wakers: Vec<Arc<mio::Waker>>,
+    grpc: Option<fabrickv_control::ControlServer>,
     stop: Arc<AtomicBool>,
     wakers: Vec<Waker>,
     threads: Vec<JoinHandle<()>>,
@@ -81,6 +86,11 @@ impl ServerHandle {
     /// Where the RESP front-end listens, when it is on.
     pub fn resp_addr(&self) -> Option<&str> {
         self.resp_addr.as_deref()
+    }
+
+    /// Where the gRPC control plane listens, when it is on.
+    pub fn grpc_addr(&self) -> Option<std::net::SocketAddr> {
+        self.grpc.as_ref().map(|g| g.local_addr())
     }
 
     /// Asks every thread to stop; returns at once.
@@ -107,6 +117,11 @@ impl ServerHandle {
     }
 
     fn join_threads(&mut self) {
+        if let Some(g) = self.grpc.take() {
+            if let Err(e) = g.shutdown() {
+                tracing::warn!("gRPC control plane: {e}");
+            }
+        }
         for t in self.threads.drain(..) {
             if t.join().is_err() {
                 tracing::error!("a server thread panicked");
@@ -117,7 +132,7 @@ impl ServerHandle {
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
-        if !self.threads.is_empty() {
+        if !self.threads.is_empty() || self.grpc.is_some() {
             self.stop();
             self.join_threads();
         }
@@ -216,13 +231,57 @@ impl Server {
         if let Some(a) = &resp_addr {
             tracing::info!(addr = %a, "fabrickv serving RESP (Redis protocol)");
         }
+        let grpc = match start_grpc(cfg, &cache, clock, &listening.local_addr) {
+            Ok(g) => g,
+            Err(e) => {
+                // The data plane is up already: stop it before failing.
+                stop.store(true, Ordering::Release);
+                for w in &wakers {
+                    w.wake();
+                }
+                for w in &resp_wakers {
+                    let _ = w.wake();
+                }
+                for t in threads {
+                    let _ = t.join();
+                }
+                return Err(e);
+            }
+        };
         Ok(ServerHandle {
             addr: listening.local_addr,
             resp_addr,
+            grpc,
             resp_wakers,
             stop,
             wakers,
             threads,
         })
+    }
+}
+
+/// Starts the KV cache's gRPC control plane when the configuration asks
+/// for it. A default address that cannot be bound (another server on this
+/// host holds it, or IPv6 is off) is logged and skipped; an address given
+/// on purpose must bind.
+fn start_grpc(
+    cfg: &ServerConfig,
+    cache: &Arc<cache::CacheShared>,
+    clock: kv::Clock,
+    data_plane: &str,
+) -> Result<Option<fabrickv_control::ControlServer>, StartError> {
+    let Some(addr) = &cfg.cache.grpc else {
+        return Ok(None);
+    };
+    let sock: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|e| StartError::Config(format!("gRPC address {addr:?} is not HOST:PORT: {e}")))?;
+    match cache_grpc::start(sock, cache.clone(), clock, vec![data_plane.to_string()]) {
+        Ok(g) => Ok(Some(g)),
+        Err(e) if !cfg.cache.grpc_required => {
+            tracing::warn!("gRPC control plane off: cannot serve on {addr}: {e}");
+            Ok(None)
+        }
+        Err(e) => Err(StartError::Grpc(addr.clone(), e.to_string())),
     }
 }

@@ -155,6 +155,14 @@ impl TestServer {
             .expect("the server was started with its RESP front-end on")
     }
 
+    /// Where the gRPC control plane listens (servers started with it on).
+    pub fn grpc_addr(&self) -> String {
+        self.handle
+            .grpc_addr()
+            .expect("the server was started with gRPC on")
+            .to_string()
+    }
+
     /// Stops the server and waits for its threads.
     pub fn shutdown(self) {
         self.handle.shutdown();

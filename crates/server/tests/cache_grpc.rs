@@ -1,0 +1,196 @@
+//! The KV cache's gRPC control plane against a real server, once per
+//! data-plane transport: values put over gRPC are read on the data plane
+//! and the other way round, and gRPC Get/Put move values into and out of a
+//! client's registered receive buffer where the transport has one (shm).
+
+#[macro_use]
+mod common;
+
+use fabrickv_cache::CacheConfig;
+use fabrickv_client::{CacheClient, CacheClientOptions};
+use fabrickv_control::{ControlClient, Registration};
+use fabrickv_server::Mode;
+use fabrickv_types::ErrorCode;
+
+use common::{TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+
+/// Cache pool of a test server.
+const CACHE_POOL_BYTES: usize = 64 << 20;
+
+/// Receive buffer of a test client.
+const BUFFER_BYTES: usize = 4 << 20;
+
+fn server(t: Transport) -> TestServer {
+    TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, |c| {
+        c.cache.store = CacheConfig {
+            pool_bytes: CACHE_POOL_BYTES,
+            ..CacheConfig::default()
+        };
+        c.cache.grpc = Some("127.0.0.1:0".to_string());
+        c.cache.grpc_required = true;
+    })
+}
+
+fn data_client(s: &TestServer) -> CacheClient {
+    CacheClient::connect_with(
+        &s.addr,
+        CacheClientOptions {
+            buffer_bytes: BUFFER_BYTES,
+            timeout: TIMEOUT,
+        },
+    )
+    .expect("cache client connects")
+}
+
+fn control(s: &TestServer) -> ControlClient {
+    ControlClient::connect(&s.grpc_addr()).expect("gRPC client connects")
+}
+
+/// A value whose bytes depend on `seed` and position.
+fn value(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (seed.wrapping_mul(131).wrapping_add(i as u64 * 7) % 253) as u8)
+        .collect()
+}
+
+fn register(g: &ControlClient, s: &TestServer) -> u64 {
+    let r = g
+        .register(Registration {
+            client_id: 0,
+            addresses: vec![s.addr.clone()],
+            receive_buffer_bytes: BUFFER_BYTES as u64,
+        })
+        .expect("register");
+    assert_ne!(r.client_id, 0, "an id is assigned");
+    assert_eq!(
+        r.data_plane,
+        vec![s.addr.clone()],
+        "told where the data plane is"
+    );
+    assert!(r.heartbeat_interval_ms < r.heartbeat_timeout_ms);
+    r.client_id
+}
+
+fn grpc_and_data_plane_share_one_store(t: Transport) {
+    let s = server(t);
+    let g = control(&s);
+    let mut c = data_client(&s);
+    let big = value(1, 3 << 20);
+    g.put(b"from-grpc", big.clone(), 0).expect("gRPC put");
+    assert_eq!(c.get(b"from-grpc").expect("get"), Some(big.clone()));
+    let small = value(2, 777);
+    c.put(b"from-data-plane", &small, None).expect("put");
+    let f = g
+        .get_inline(b"from-data-plane")
+        .expect("gRPC get")
+        .expect("found");
+    assert_eq!(&f.value[..], &small[..]);
+    assert_eq!(f.expires_in_ms, 0, "no ttl");
+    assert!(g.exists(b"from-grpc").expect("exists"));
+    assert!(g.delete(b"from-grpc").expect("delete"));
+    assert!(!g.delete(b"from-grpc").expect("delete again"));
+    assert_eq!(c.get(b"from-grpc").expect("get"), None, "deleted for both");
+    assert_eq!(g.get_inline(b"never").expect("gRPC get"), None);
+    g.put(b"ttl", value(3, 10), 60).expect("put with ttl");
+    let f = g.get_inline(b"ttl").expect("get").expect("found");
+    assert!(
+        f.expires_in_ms > 0 && f.expires_in_ms <= 60_000,
+        "{}",
+        f.expires_in_ms
+    );
+    let stats = g.stats().expect("stats");
+    let counter = |name: &str| {
+        stats
+            .counters
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("no counter {name}"))
+    };
+    assert_eq!(counter("cache_entries"), 2);
+    assert!((0.0..=1.0).contains(&stats.fragmentation));
+    s.shutdown();
+}
+
+fn grpc_places_values_in_a_bound_buffer(t: Transport) {
+    let s = server(t);
+    let g = control(&s);
+    let mut c = data_client(&s);
+    let id = register(&g, &s);
+    let v = value(4, 100_000);
+    c.put(b"k", &v, None).expect("put");
+    if t != Transport::Shm {
+        // No registered memory on this transport: nothing can be bound,
+        // and a placement says why instead of writing anywhere.
+        assert_eq!(c.bind(id).expect_err("bind").code(), ErrorCode::Unavailable);
+        let e = g.get_to(b"k", id, Some(0)).expect_err("placement");
+        assert_eq!(e.code, ErrorCode::NoSuchClient, "{e}");
+        s.shutdown();
+        return;
+    }
+    c.bind(id).expect("bind");
+    // At an offset the client gives.
+    let p = g
+        .get_to(b"k", id, Some(4096))
+        .expect("get_to")
+        .expect("found");
+    assert_eq!((p.offset, p.length), (4096, v.len() as u64));
+    assert_eq!(&c.buffer().expect("buffer")[4096..4096 + v.len()], &v[..]);
+    // At offsets the server chooses: consecutive, never overlapping.
+    let a = g.get_to(b"k", id, None).expect("get_to").expect("found");
+    let b = g.get_to(b"k", id, None).expect("get_to").expect("found");
+    assert!(a.offset + a.length <= b.offset, "{a:?} then {b:?}");
+    let buf = c.buffer().expect("buffer");
+    assert_eq!(&buf[b.offset as usize..][..v.len()], &v[..]);
+    // Too big for the rest of the buffer: refused before any byte moves.
+    let marker = value(5, 64);
+    let at = BUFFER_BYTES - 64;
+    c.buffer().expect("buffer")[at..].copy_from_slice(&marker);
+    let e = g.get_to(b"k", id, Some(at as u64)).expect_err("overrun");
+    assert_eq!(e.code, ErrorCode::BufferTooSmall, "{e}");
+    assert_eq!(
+        &c.buffer().expect("buffer")[at..],
+        &marker[..],
+        "nothing written"
+    );
+    // Missing keys place nothing.
+    assert_eq!(g.get_to(b"missing", id, Some(0)).expect("get_to"), None);
+    // Put pulled by the server from the client's buffer.
+    let w = value(6, 200_000);
+    c.buffer().expect("buffer")[1 << 20..][..w.len()].copy_from_slice(&w);
+    g.put_from(b"pulled", id, 1 << 20, w.len() as u64, 0)
+        .expect("put_from");
+    assert_eq!(c.get(b"pulled").expect("get"), Some(w.clone()));
+    let e = g
+        .put_from(b"over", id, (BUFFER_BYTES - 10) as u64, 11, 0)
+        .expect_err("range past the buffer");
+    assert_eq!(e.code, ErrorCode::BufferTooSmall, "{e}");
+    assert!(!g.exists(b"over").expect("exists"), "nothing stored");
+    // Released clients can no longer be written to.
+    assert!(g.heartbeat(id).expect("heartbeat") > 0);
+    assert!(g.unregister(id).expect("unregister"));
+    let e = g.get_to(b"k", id, Some(0)).expect_err("released");
+    assert_eq!(e.code, ErrorCode::NoSuchClient, "{e}");
+    let e = g.heartbeat(id).expect_err("released");
+    assert_eq!(e.code, ErrorCode::NoSuchClient, "{e}");
+    s.shutdown();
+}
+
+fn unknown_clients_are_refused(t: Transport) {
+    let s = server(t);
+    let g = control(&s);
+    let mut c = data_client(&s);
+    c.put(b"k", b"v", None).expect("put");
+    let e = g.get_to(b"k", 999, None).expect_err("no such client");
+    assert_eq!(e.code, ErrorCode::NoSuchClient, "{e}");
+    let e = g.put_from(b"k2", 999, 0, 1, 0).expect_err("no such client");
+    assert_eq!(e.code, ErrorCode::NoSuchClient, "{e}");
+    assert!(!g.unregister(999).expect("unregister"));
+    s.shutdown();
+}
+
+transport_tests!(
+    grpc_and_data_plane_share_one_store,
+    grpc_places_values_in_a_bound_buffer,
+    unknown_clients_are_refused,
+);
