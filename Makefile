@@ -64,6 +64,9 @@ bench-smoke: build-fabric python
 	$(BIN) bench ps --clients 2 --key-space-m 0.002 --duration 0.3 --json
 	$(BIN) bench ps --compare --key-space-m 0.002 --async-req 16 --duration 0.3 --server-cpus 0 --client-cpus 1 --json
 	.venv/bin/python python/bench_ps.py --bin $(BIN) --duration 0.3 --rounds 1
+	$(BIN) bench cache --num-keys 64 --value-size 64KB --num-threads 2 --warmup 10 --compare --json
+	$(BIN) bench cache --transport shm --num-keys 16 --value-size 1MB --num-threads 2 --buffer-mb 4 --warmup 10 --server-cpus 0 --client-cpus 1 --compare --json
+	$(BIN) bench cache --transport fabric --provider shm --num-keys 32 --value-size 100KB --num-threads 2 --buffer-mb 4 --warmup 10 --json
 	$(BIN) bench rpc --transport inproc --duration 0.3 --report-every 0 --json
 	$(BIN) bench rpc --transport tcp --duration 0.3 --report-every 0 --affinity random --server-threads 2 --client-threads 2 --json
 	$(BIN) bench rpc --transport shm --duration 0.3 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json
@@ -78,6 +81,7 @@ bench: deps build-fabric
 	bash scripts/bench-herd.sh | tee $(BENCH_DIR)/$(DATE)-herd.txt
 	bash scripts/bench-compare.sh | tee $(BENCH_DIR)/$(DATE)-compare.txt
 	bash scripts/bench-ps.sh | tee $(BENCH_DIR)/$(DATE)-ps.txt
+	bash scripts/bench-cache.sh | tee $(BENCH_DIR)/$(DATE)-cache.txt
 
 ## FabricKV beside redis-server and memcached (see scripts/bench-compare.sh).
 compare: deps build
