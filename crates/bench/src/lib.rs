@@ -18,7 +18,9 @@
 //!   same run (memcpy bandwidth, raw TCP request/response and stream
 //!   rates, redis-server's MGET);
 //! - [`ps_report`]: PetPS's output (its throughput line and markdown
-//!   tables).
+//!   tables);
+//! - [`cache`]: the KV cache's read benchmark (the seed's phases and
+//!   latency analysis) beside redis-server GET, a raw TCP stream and memcpy.
 //!
 //! Benchmarks are not tests: they measure. A small run of each is part of
 //! `make test` only so that none of them rots.

@@ -4,7 +4,8 @@
 //! beyond tcp, so that `shm://NAME` addresses connect, as the `fabrickv`
 //! binary does at start), the one exception class [`Error`] and the helpers
 //! that turn Rust errors into it; [`kv`] has the key-value `Client` (with
-//! its table methods), [`ps`] the embedding `Table` and its pulls. Each
+//! its table methods), [`ps`] the embedding `Table` and its pulls, [`cache`]
+//! the KV-cache `CacheClient` (values into caller-provided buffers). Each
 //! further file registers its classes from [`fabrickv`] through its own
 //! `register` function.
 //!
