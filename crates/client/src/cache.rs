@@ -18,15 +18,15 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use fabrickv_transport::{Endpoint, RemoteRegion, TransportError};
+use fabrickv_transport::{Endpoint, Landed, RemoteRegion, SplitSink, TransportError};
 use fabrickv_types::limits::{
     CACHE_BATCH_KEYS_MAX, CACHE_CHUNK_BYTES_MAX, CACHE_KEY_BYTES_MAX, CACHE_VALUE_BYTES_MAX,
     TTL_MS_MAX,
 };
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::cache::{
-    decode_reply, encode_bind, encode_get, encode_key_op, encode_put_chunk, encode_put_from_region,
-    CacheOp, RegionSlice,
+    decode_reply, decode_split_get_reply, encode_bind, encode_get, encode_key_op, encode_put_chunk,
+    encode_put_from_region, peek_get_reply_head, CacheOp, RegionSlice, GET_REPLY_HEAD_BYTES,
 };
 use fabrickv_wire::control::{decode_error, decode_hello_reply, encode_hello};
 use fabrickv_wire::{decode_frame, FrameKind};
@@ -100,6 +100,9 @@ pub struct CacheClient {
     buffer_bytes: usize,
     next_transfer: u64,
     scratch: Vec<u8>,
+    /// Receives GET replies taken whole (refusals, misses, chunks that
+    /// do not fit), reused from call to call.
+    whole: Vec<u8>,
 }
 
 impl std::fmt::Debug for CacheClient {
@@ -182,6 +185,7 @@ impl CacheClient {
             buffer_bytes: opts.buffer_bytes,
             next_transfer: 1,
             scratch: Vec::new(),
+            whole: Vec::new(),
         })
     }
 
@@ -238,48 +242,46 @@ impl CacheClient {
     }
 
     /// Waits for the replies of `ids` (posted in this order, replies come
-    /// back in it), handing each to `on_reply` in place.
+    /// back in it), handing each to `on_reply` in place (no copy out of
+    /// the transport's buffer). A reply out of order or undecodable ends
+    /// the call; an error of one reply is returned after the rest are in.
     fn collect(
         &mut self,
         ids: &[u64],
-        mut on_reply: impl FnMut(usize, &fabrickv_wire::Frame<'_>, &mut Self) -> Result<()>,
+        mut on_reply: impl FnMut(usize, &fabrickv_wire::Frame<'_>) -> Result<()>,
     ) -> Result<()> {
         self.ep.flush(self.timeout)?;
         let deadline = Instant::now() + self.timeout;
         let mut next = 0;
         let mut first_err: Option<ClientError> = None;
+        let mut fatal: Option<ClientError> = None;
         while next < ids.len() {
-            let mut got: Vec<Vec<u8>> = Vec::new();
-            self.ep
-                .poll(ids.len() - next, &mut |m| got.push(m.to_vec()))?;
-            if got.is_empty() {
+            let n = self.ep.poll(ids.len() - next, &mut |m| {
+                if fatal.is_some() {
+                    return;
+                }
+                match reply_frame(m, ids[next]) {
+                    Ok(frame) => {
+                        if let Err(e) = on_reply(next, &frame) {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                    Err(Fatal(e)) => fatal = Some(e),
+                    Err(Refused(e)) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                next += 1;
+            })?;
+            if let Some(e) = fatal {
+                return Err(e);
+            }
+            if n == 0 {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Err(ClientError::Timeout);
                 }
                 self.ep.wait(left)?;
-                continue;
-            }
-            for m in got {
-                let frame = decode_frame(&m).map_err(protocol)?;
-                if frame.header.request_id != ids[next] {
-                    return Err(protocol(format!(
-                        "reply {} out of order (expected {})",
-                        frame.header.request_id, ids[next]
-                    )));
-                }
-                let r = if frame.header.kind == FrameKind::Error {
-                    Err(match decode_error(&frame) {
-                        Ok((code, message)) => ClientError::Server { code, message },
-                        Err(e) => protocol(e),
-                    })
-                } else {
-                    on_reply(next, &frame, self)
-                };
-                if let Err(e) = r {
-                    first_err.get_or_insert(e);
-                }
-                next += 1;
             }
         }
         first_err.map_or(Ok(()), Err)
@@ -322,7 +324,7 @@ impl CacheClient {
                 let id =
                     self.post(|b, id, w| encode_put_from_region(b, id, w, key, ttl_ms, &src))?;
                 let mut generation = 0;
-                self.collect(&[id], |_, f, _| {
+                self.collect(&[id], |_, f| {
                     generation = put_reply(f, total)?;
                     Ok(())
                 })?;
@@ -346,7 +348,7 @@ impl CacheClient {
         }
         let last = ids.len() - 1;
         let mut generation = 0;
-        self.collect(&ids, |i, f, _| {
+        self.collect(&ids, |i, f| {
             let g = put_reply(f, total)?;
             if i == last {
                 generation = g;
@@ -420,7 +422,7 @@ impl CacheClient {
             ids.push(self.post(|b, id, w| encode_get(b, id, w, k, 0, 0, 0, Some(&dest)))?);
         }
         let mut out: Vec<Result<Option<Placed>>> = Vec::with_capacity(items.len());
-        self.collect(&ids, |i, f, _| {
+        self.collect(&ids, |i, f| {
             out.push(get_reply(f).map(|g| {
                 g.map(|(total, gen, exp, _, _)| Placed {
                     offset: items[i].1,
@@ -480,7 +482,10 @@ impl CacheClient {
     }
 
     /// Asks for chunks `chunks` of `key` (generation `gen`, 0 = any) at
-    /// once and lands them in `dst`.
+    /// once and lands them in `dst`. Each reply is received split: its
+    /// head first, then its chunk straight into its place in `dst` (over
+    /// tcp, from the socket with no staging copy), checked (checksum,
+    /// order, shape) once it is there.
     fn get_chunks(
         &mut self,
         key: &[u8],
@@ -495,32 +500,68 @@ impl CacheClient {
                 encode_get(b, id, w, key, gen, off, CACHE_CHUNK_BYTES_MAX as u64, None)
             })?);
         }
+        self.ep.flush(self.timeout)?;
+        let deadline = Instant::now() + self.timeout;
         let mut out = Chunks {
             seen: None,
             torn: false,
         };
         let mut absent = 0;
-        let r = self.collect(&ids, |_, f, _| {
-            let Some((total, g, exp, off, data)) = get_reply(f)? else {
-                absent += 1;
-                return Ok(());
+        let mut first_err: Option<ClientError> = None;
+        let mut sink = ChunkSink {
+            dst,
+            head: [0; GET_REPLY_HEAD_BYTES],
+            at: 0,
+            len: 0,
+            whole: std::mem::take(&mut self.whole),
+        };
+        let mut fatal: Option<ClientError> = None;
+        for &id in &ids {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                fatal = Some(ClientError::Timeout);
+                break;
+            }
+            let landed = match self.ep.recv_split(GET_REPLY_HEAD_BYTES, left, &mut sink) {
+                Ok(l) => l,
+                Err(e) => {
+                    fatal = Some(e.into());
+                    break;
+                }
             };
-            match out.seen {
-                None => out.seen = Some((total, g, exp)),
-                Some((_, seen, _)) if seen != g => out.torn = true,
-                Some(_) => {}
+            let r = match landed {
+                Landed::Split => sink.split_reply(id),
+                Landed::Whole => sink.whole_reply(id),
+            };
+            let r = match r {
+                Ok(r) => r,
+                Err(Fatal(e)) => {
+                    fatal = Some(e);
+                    break;
+                }
+                Err(Refused(e)) => Err(e),
+            };
+            match r {
+                Ok(None) => absent += 1,
+                Ok(Some((total, g, exp))) => match out.seen {
+                    None => out.seen = Some((total, g, exp)),
+                    Some((_, seen, _)) if seen != g => out.torn = true,
+                    Some(_) => {}
+                },
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
-            let at = off as usize;
-            if total as usize <= dst.len() && at + data.len() <= dst.len() {
-                dst[at..at + data.len()].copy_from_slice(data);
-            }
-            Ok(())
-        });
-        match r {
-            Ok(()) => {}
+        }
+        self.whole = std::mem::take(&mut sink.whole);
+        if let Some(e) = fatal {
+            return Err(e);
+        }
+        match first_err {
+            None => {}
             // Replaced or removed after the first chunk: read it again.
-            Err(e) if matches!(e.code(), ErrorCode::ValueChanged) => out.torn = true,
-            Err(e) => return Err(e),
+            Some(e) if matches!(e.code(), ErrorCode::ValueChanged) => out.torn = true,
+            Some(e) => return Err(e),
         }
         if absent > 0 && (out.seen.is_some() || gen != 0) {
             out.torn = true;
@@ -574,7 +615,7 @@ impl CacheClient {
         check_key(key)?;
         let id = self.post(|b, id, w| encode_key_op(b, id, w, op, key))?;
         let mut found = false;
-        self.collect(&[id], |_, f, _| {
+        self.collect(&[id], |_, f| {
             let r = decode_reply(f).map_err(protocol)?;
             found = match r.status {
                 ErrorCode::Ok => true,
@@ -607,7 +648,7 @@ impl CacheClient {
             len: self.buffer_bytes as u64,
         };
         let id = self.post(|b, id, w| encode_bind(b, id, w, client_id, &slice))?;
-        self.collect(&[id], |_, f, _| {
+        self.collect(&[id], |_, f| {
             let r = decode_reply(f).map_err(protocol)?;
             match r.status {
                 ErrorCode::Ok => Ok(()),
@@ -662,5 +703,108 @@ fn get_reply<'a>(f: &fabrickv_wire::Frame<'a>) -> Result<Option<(u64, u64, u64, 
             code,
             message: String::new(),
         }),
+    }
+}
+
+/// Why a reply could not be used.
+enum Bad {
+    /// The connection cannot be trusted further (a reply out of order or
+    /// undecodable): the call ends.
+    Fatal(ClientError),
+    /// The server refused the request whole (an ERROR frame); the
+    /// replies after it are still read.
+    Refused(ClientError),
+}
+
+use Bad::{Fatal, Refused};
+
+/// Decodes a reply message that must answer request `id`.
+fn reply_frame(m: &[u8], id: u64) -> std::result::Result<fabrickv_wire::Frame<'_>, Bad> {
+    let frame = decode_frame(m).map_err(|e| Fatal(protocol(e)))?;
+    if frame.header.request_id != id {
+        return Err(Fatal(protocol(format!(
+            "reply {} out of order (expected {id})",
+            frame.header.request_id
+        ))));
+    }
+    if frame.header.kind == FrameKind::Error {
+        return Err(Refused(match decode_error(&frame) {
+            Ok((code, message)) => ClientError::Server { code, message },
+            Err(e) => protocol(e),
+        }));
+    }
+    Ok(frame)
+}
+
+/// A GET chunk reply as [`CacheClient::get_chunks`] uses it: `None` if
+/// absent, else (total, generation, expires_in_ms).
+type ChunkReply = Result<Option<(u64, u64, u64)>>;
+
+/// Lands the inline chunks of GET replies in the caller's slice: a reply
+/// whose head says it is a chunk of a value that fits gets its chunk
+/// read straight into place; anything else is taken whole.
+struct ChunkSink<'d> {
+    dst: &'d mut [u8],
+    /// The head of the message split last.
+    head: [u8; GET_REPLY_HEAD_BYTES],
+    /// Where that message's chunk landed in `dst`, and its length.
+    at: usize,
+    len: usize,
+    /// The message taken whole last.
+    whole: Vec<u8>,
+}
+
+impl SplitSink for ChunkSink<'_> {
+    fn tail(&mut self, head: &[u8], len: usize) -> Option<&mut [u8]> {
+        let h = peek_get_reply_head(head, len).ok()?;
+        // Only a chunk that lies inside a value that fits `dst` is placed;
+        // the rest (refusals, a value too large) are read whole and
+        // decoded as before. The checksum is checked once it has landed.
+        if h.status != ErrorCode::Ok || h.total_len > self.dst.len() as u64 {
+            return None;
+        }
+        let end = h.offset.checked_add(h.chunk_len as u64)?;
+        if end > h.total_len {
+            return None;
+        }
+        self.head.copy_from_slice(head);
+        self.at = h.offset as usize;
+        self.len = h.chunk_len;
+        Some(&mut self.dst[self.at..end as usize])
+    }
+
+    fn whole(&mut self, msg: &[u8]) {
+        self.whole.clear();
+        self.whole.extend_from_slice(msg);
+    }
+}
+
+impl ChunkSink<'_> {
+    /// The reply whose chunk landed in place: checked whole now.
+    fn split_reply(&self, id: u64) -> std::result::Result<ChunkReply, Bad> {
+        let chunk = &self.dst[self.at..self.at + self.len];
+        let (header, r) =
+            decode_split_get_reply(&self.head, chunk).map_err(|e| Fatal(protocol(e)))?;
+        if header.request_id != id {
+            return Err(Fatal(protocol(format!(
+                "reply {} out of order (expected {id})",
+                header.request_id
+            ))));
+        }
+        Ok(Ok(Some((r.a, r.generation, r.expires_in_ms))))
+    }
+
+    /// The reply taken whole: its chunk, if any, copied into place.
+    fn whole_reply(&mut self, id: u64) -> std::result::Result<ChunkReply, Bad> {
+        let frame = reply_frame(&self.whole, id)?;
+        Ok(get_reply(&frame).map(|g| {
+            g.map(|(total, gen, exp, off, data)| {
+                let at = off as usize;
+                if total as usize <= self.dst.len() && at + data.len() <= self.dst.len() {
+                    self.dst[at..at + data.len()].copy_from_slice(data);
+                }
+                (total, gen, exp)
+            })
+        }))
     }
 }

@@ -406,6 +406,8 @@ pub struct CacheService {
     shared: Arc<CacheShared>,
     pending: HashMap<(ConnId, u64), Pending>,
     jobs: Option<Receiver<Job>>,
+    /// Checksums of inline GET chunks already sent (see [`ChunkCrcs`]).
+    chunk_crcs: ChunkCrcs,
 }
 
 impl CacheService {
@@ -416,6 +418,7 @@ impl CacheService {
             shared,
             pending: HashMap::new(),
             jobs,
+            chunk_crcs: ChunkCrcs::default(),
         }
     }
 
@@ -789,8 +792,21 @@ impl CacheService {
                     start as u64,
                     expires_in,
                 );
-                out.extend_from_slice(&lease[start..end]);
-                w.finish(out);
+                if end - start < CACHE_SHARED_CHUNK_BYTES_MIN {
+                    out.extend_from_slice(&lease[start..end]);
+                    w.finish(out);
+                } else {
+                    // The chunk goes out from the leased value itself (a
+                    // vectored write over tcp), not copied into the reply;
+                    // the transport holds the lease until it is sent. Its
+                    // checksum is computed once per value and chunk.
+                    let crc = self.chunk_crcs.of(gen, start..end, &lease[start..end]);
+                    w.finish_before(out, end - start, crc);
+                    reply.append_shared(Box::new(LeasedChunk {
+                        lease,
+                        range: start..end,
+                    }));
+                }
                 self.shared
                     .counters
                     .inline_out_bytes
@@ -798,6 +814,58 @@ impl CacheService {
             }
         }
         Ok(())
+    }
+}
+
+/// Smallest inline GET chunk sent from the leased value instead of copied
+/// into the reply, in bytes: below it the copy costs less than queueing
+/// the lease (an allocation and a slice of the vectored write).
+pub const CACHE_SHARED_CHUNK_BYTES_MIN: usize = 16 << 10;
+
+/// Checksums of chunks one worker keeps, in entries (about 40 bytes each:
+/// 2.5 MiB at most per worker). Only chunks of at least
+/// `CACHE_SHARED_CHUNK_BYTES_MIN` are kept, so the entries cover at least
+/// 1 GiB of values; when full the table starts over.
+pub const CACHE_CHUNK_CRCS_MAX: usize = 1 << 16;
+
+/// CRC-32C of inline GET chunks by (generation, start, end). A
+/// generation names one committed value, unique and never reused, and a
+/// value never changes once committed, so an entry is never stale: a value
+/// read many times (the KV-cache pattern) is checksummed once, and each
+/// reply's checksum is the header's combined with it
+/// (`wire::cache::crc32c_concat`), which leaves the worker no pass over
+/// the value at all.
+#[derive(Default)]
+struct ChunkCrcs {
+    crcs: HashMap<(u64, usize, usize), u32>,
+}
+
+impl ChunkCrcs {
+    /// The checksum of `bytes`, chunk `range` of generation `gen`.
+    fn of(&mut self, gen: u64, range: std::ops::Range<usize>, bytes: &[u8]) -> u32 {
+        let key = (gen, range.start, range.end);
+        if let Some(&crc) = self.crcs.get(&key) {
+            return crc;
+        }
+        if self.crcs.len() >= CACHE_CHUNK_CRCS_MAX {
+            self.crcs.clear();
+        }
+        let crc = fabrickv_wire::cache::chunk_crc(bytes);
+        self.crcs.insert(key, crc);
+        crc
+    }
+}
+
+/// A chunk of a leased value that a reply sends from the value's memory;
+/// the lease keeps the bytes intact until the transport drops this.
+struct LeasedChunk {
+    lease: Lease,
+    range: std::ops::Range<usize>,
+}
+
+impl AsRef<[u8]> for LeasedChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.lease[self.range.clone()]
     }
 }
 

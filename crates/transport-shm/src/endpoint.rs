@@ -365,7 +365,10 @@ impl Endpoint for ShmEndpoint {
         let start = Instant::now();
         let spin = timeout.min(Duration::from_micros(IDLE_SPIN_US));
         while start.elapsed() < spin {
-            std::hint::spin_loop();
+            // Yield rather than pause: client threads often share a CPU,
+            // and one polling its ring must not hold the CPU from another
+            // whose reply is already in.
+            std::thread::yield_now();
             if self.rx.has_data(&self.map) {
                 return Ok(());
             }

@@ -24,7 +24,7 @@ use std::fmt;
 use std::io;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[cfg(feature = "conformance")]
 #[allow(clippy::unwrap_used)]
@@ -40,6 +40,10 @@ pub type ConnId = u32;
 /// message, and the reply to build.
 pub type MessageHandler<'a> = dyn FnMut(ConnId, &[u8], &mut dyn Reply) + 'a;
 
+/// Bytes a reply refers to instead of copying them (a leased value): the
+/// transport keeps them alive until they have been sent.
+pub type SharedBytes = Box<dyn AsRef<[u8]> + Send>;
+
 /// The answer a handler builds for one message: the reply message, and
 /// one-sided writes into the requesting peer's registered memory that land
 /// before the reply does (so the reply can announce them, as an RDMA
@@ -48,6 +52,18 @@ pub trait Reply {
     /// The reply message; whatever is appended is sent as one message
     /// (nothing appended, nothing sent).
     fn buf(&mut self) -> &mut Vec<u8>;
+
+    /// Appends `bytes` to the reply message at this point, as if copied
+    /// into [`Reply::buf`] (bytes appended to `buf` later follow them). A
+    /// transport that writes vectored (tcp) keeps `bytes` until they are
+    /// sent and writes them from their own memory, saving the copy of a
+    /// large value into the reply; the default copies. `buf().len()` does
+    /// not count them: a frame encoder that patches lengths or checksums
+    /// over `buf` accounts for them itself.
+    fn append_shared(&mut self, bytes: SharedBytes) {
+        let b: &[u8] = (*bytes).as_ref();
+        self.buf().extend_from_slice(b);
+    }
 
     /// Writes `data` into a region the requesting peer registered, at
     /// `offset`; in place before the peer receives this reply.
@@ -231,6 +247,69 @@ impl RemoteRegion {
     }
 }
 
+/// Longest head [`Endpoint::recv_split`] shows its sink before the sink
+/// says where the rest of the message goes, in bytes. A head is parsed
+/// from the endpoint's own buffer; it is meant for a frame header and a
+/// few fields, and a longer one would stage what the split is there to
+/// keep out of that buffer.
+pub const SPLIT_HEAD_BYTES_MAX: usize = 4096;
+
+/// Where [`Endpoint::recv_split`] puts the message it receives: the
+/// sink sees the message's head and chooses a place for its tail, so that
+/// a large payload can land where it belongs with no staging copy (over
+/// tcp it is read from the socket straight into that place).
+pub trait SplitSink {
+    /// Sees the first `head.len()` bytes of a message of `len` bytes
+    /// (always `len > head.len()`) and says where the other
+    /// `len - head.len()` go: a slice at least that long, whose first
+    /// `len - head.len()` bytes are then written, or `None` to take the
+    /// message whole through [`SplitSink::whole`]. A slice too short for
+    /// the tail is never written: the message is then taken whole.
+    fn tail(&mut self, head: &[u8], len: usize) -> Option<&mut [u8]>;
+
+    /// A message taken whole: no longer than the head, refused by
+    /// [`SplitSink::tail`], or given too short a slice. Whatever `tail`
+    /// noted for this message is stale.
+    fn whole(&mut self, msg: &[u8]);
+}
+
+/// What [`Endpoint::recv_split`] did with the message it received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Landed {
+    /// Handed whole to [`SplitSink::whole`].
+    Whole,
+    /// Head shown to [`SplitSink::tail`], tail written into the slice it
+    /// returned.
+    Split,
+}
+
+/// Hands one received message to `sink`: split at `head_bytes` if the
+/// sink gives its tail a place long enough, else whole. The copying
+/// implementation behind the default [`Endpoint::recv_split`].
+pub fn deliver_split(msg: &[u8], head_bytes: usize, sink: &mut dyn SplitSink) -> Landed {
+    if msg.len() > head_bytes {
+        let (head, rest) = msg.split_at(head_bytes);
+        if let Some(place) = sink.tail(head, msg.len()) {
+            if let Some(dst) = place.get_mut(..rest.len()) {
+                dst.copy_from_slice(rest);
+                return Landed::Split;
+            }
+        }
+    }
+    sink.whole(msg);
+    Landed::Whole
+}
+
+/// Checks the head length given to [`Endpoint::recv_split`].
+pub fn check_split_head(head_bytes: usize) -> Result<()> {
+    if head_bytes == 0 || head_bytes > SPLIT_HEAD_BYTES_MAX {
+        return Err(TransportError::Unsupported(
+            "a split head of 0 or more than SPLIT_HEAD_BYTES_MAX bytes",
+        ));
+    }
+    Ok(())
+}
+
 /// The client side of one connection, bound to one server worker.
 pub trait Endpoint: Send {
     /// Queues one message that `build` appends to the given buffer; nothing
@@ -254,6 +333,37 @@ pub trait Endpoint: Send {
     /// Blocks until a message may be ready or `timeout` passes. Returning
     /// is not a promise that [`Endpoint::poll`] will find a message.
     fn wait(&mut self, timeout: Duration) -> Result<()>;
+
+    /// Receives the next message, waiting at most `timeout`, and hands it
+    /// to `sink`: its first `head_bytes` bytes (at most
+    /// [`SPLIT_HEAD_BYTES_MAX`]) to [`SplitSink::tail`], the rest into
+    /// the slice that returns; or the message whole. The default polls
+    /// and copies; a byte-stream transport reads the tail from the wire
+    /// straight into the slice. On an error the slice may hold part of
+    /// the tail, and that message is lost (the connection stays framed).
+    fn recv_split(
+        &mut self,
+        head_bytes: usize,
+        timeout: Duration,
+        sink: &mut dyn SplitSink,
+    ) -> Result<Landed> {
+        check_split_head(head_bytes)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut landed = None;
+            self.poll(1, &mut |m| {
+                landed = Some(deliver_split(m, head_bytes, sink))
+            })?;
+            if let Some(l) = landed {
+                return Ok(l);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(TransportError::Timeout);
+            }
+            self.wait(left)?;
+        }
+    }
 
     /// Registers `len` zeroed bytes that the peer may read and write
     /// one-sided; send the returned descriptor to the peer in a message.
@@ -531,6 +641,93 @@ mod tests {
         let (n, rest) =
             serve_ready(vec![7, 8, 9], 10, |c, _| Ok::<_, ()>((1, c == 8))).expect("no error");
         assert_eq!((n, rest), (3, vec![8]));
+    }
+
+    /// An endpoint holding received messages, to test the default
+    /// `recv_split` (the one inproc, shm and fabric use).
+    struct Queued(std::collections::VecDeque<Vec<u8>>);
+
+    impl Endpoint for Queued {
+        fn post_with(&mut self, _build: &mut dyn FnMut(&mut Vec<u8>)) -> Result<()> {
+            Ok(())
+        }
+
+        fn flush(&mut self, _timeout: Duration) -> Result<()> {
+            Ok(())
+        }
+
+        fn poll(&mut self, max: usize, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize> {
+            let mut n = 0;
+            while n < max {
+                let Some(m) = self.0.pop_front() else { break };
+                on_msg(&m);
+                n += 1;
+            }
+            Ok(n)
+        }
+
+        fn wait(&mut self, _timeout: Duration) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Gives every tail the front of `dst` (or nothing), keeps wholes.
+    struct Sink {
+        dst: Vec<u8>,
+        refuse: bool,
+        wholes: Vec<Vec<u8>>,
+    }
+
+    impl SplitSink for Sink {
+        fn tail(&mut self, _head: &[u8], _len: usize) -> Option<&mut [u8]> {
+            (!self.refuse).then_some(&mut self.dst[..])
+        }
+
+        fn whole(&mut self, msg: &[u8]) {
+            self.wholes.push(msg.to_vec());
+        }
+    }
+
+    #[test]
+    fn default_recv_split_copies_and_checks_the_slice_first() {
+        let msgs = [
+            vec![1u8; 10],
+            vec![2u8; 100],
+            vec![3u8; 100],
+            vec![4u8; 101],
+        ];
+        let mut ep = Queued(msgs.iter().cloned().collect());
+        let mut sink = Sink {
+            dst: vec![0; 90],
+            refuse: false,
+            wholes: Vec::new(),
+        };
+        let t = Duration::from_millis(10);
+        // No longer than the head: whole.
+        assert_eq!(ep.recv_split(10, t, &mut sink).ok(), Some(Landed::Whole));
+        // A tail of exactly the slice's length: split.
+        assert_eq!(ep.recv_split(10, t, &mut sink).ok(), Some(Landed::Split));
+        assert_eq!(sink.dst, vec![2u8; 90]);
+        sink.refuse = true;
+        assert_eq!(ep.recv_split(10, t, &mut sink).ok(), Some(Landed::Whole));
+        // A tail one byte longer than the slice: the slice is untouched.
+        sink.refuse = false;
+        sink.dst = vec![0; 90];
+        assert_eq!(ep.recv_split(10, t, &mut sink).ok(), Some(Landed::Whole));
+        assert_eq!(sink.dst, vec![0u8; 90]);
+        assert_eq!(
+            sink.wholes,
+            vec![msgs[0].clone(), msgs[2].clone(), msgs[3].clone()]
+        );
+        // Nothing left: the deadline passes.
+        assert!(matches!(
+            ep.recv_split(10, Duration::ZERO, &mut sink),
+            Err(TransportError::Timeout)
+        ));
+        assert!(matches!(
+            ep.recv_split(SPLIT_HEAD_BYTES_MAX + 1, t, &mut sink),
+            Err(TransportError::Unsupported(_))
+        ));
     }
 
     #[test]

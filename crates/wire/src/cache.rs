@@ -50,7 +50,9 @@
 //! generation of the first, so a value replaced mid-transfer is reported
 //! (`VALUE_CHANGED`) instead of being stitched from two versions.
 
-use fabrickv_types::limits::{CACHE_CHUNK_BYTES_MAX, CACHE_KEY_BYTES_MAX, CACHE_VALUE_BYTES_MAX};
+use fabrickv_types::limits::{
+    CACHE_CHUNK_BYTES_MAX, CACHE_KEY_BYTES_MAX, CACHE_VALUE_BYTES_MAX, FRAME_HEADER_BYTES,
+};
 use fabrickv_types::ErrorCode;
 
 use crate::header::{finish_frame, Frame, FrameHeader, FrameKind, WireError};
@@ -463,6 +465,82 @@ impl GetReplyWriter {
     pub fn finish(self, out: &mut [u8]) {
         finish_frame(out, self.start, 0);
     }
+
+    /// Patches length and checksum of a reply whose inline chunk is not
+    /// appended to `out` but sent right after it from its own memory (a
+    /// vectored write of a leased value): the rest of the body is a chunk
+    /// of `chunk_len` bytes whose CRC-32C is `chunk_crc` (which a server
+    /// may have computed once for many reads of one value). Nothing may
+    /// follow the begun fields in `out`.
+    pub fn finish_before(self, out: &mut [u8], chunk_len: usize, chunk_crc: u32) {
+        finish_frame(out, self.start, 0);
+        // Header layout (crate::header): body_len at 16, checksum at 20.
+        let at = self.start;
+        let body_len = le_u32(out, at + 16) as usize + chunk_len;
+        let crc = crc32c_concat(le_u32(out, at + 20), chunk_crc, chunk_len);
+        out[at + 16..at + 20].copy_from_slice(&(body_len as u32).to_le_bytes());
+        out[at + 20..at + 24].copy_from_slice(&crc.to_le_bytes());
+    }
+}
+
+/// CRC-32C's polynomial, bit-reversed (the crate computes it reflected).
+const CRC32C_POLY_REFLECTED: u32 = 0x82F6_3B78;
+
+/// `a * b mod P` for polynomials over GF(2) in reflected form (bit 31 is
+/// x^0).
+const fn crc_mul_mod(a: u32, mut b: u32) -> u32 {
+    let mut p = 0;
+    let mut i = 0;
+    while i < 32 {
+        if a & (1 << (31 - i)) != 0 {
+            p ^= b;
+        }
+        b = if b & 1 != 0 {
+            (b >> 1) ^ CRC32C_POLY_REFLECTED
+        } else {
+            b >> 1
+        };
+        i += 1;
+    }
+    p
+}
+
+/// `x^(2^n) mod P` for n in 0..32 (the powers repeat with period dividing
+/// 2^32 - 1 beyond that, and lengths stay far below 2^32 bits anyway).
+const CRC_X2N: [u32; 32] = {
+    let mut t = [0u32; 32];
+    let mut p = 1u32 << 30; // x^1
+    let mut n = 0;
+    while n < 32 {
+        t[n] = p;
+        p = crc_mul_mod(p, p);
+        n += 1;
+    }
+    t
+};
+
+/// The CRC-32C of a chunk, as frame checksums compute it: what
+/// [`GetReplyWriter::finish_before`] takes for a chunk sent on its own.
+pub fn chunk_crc(chunk: &[u8]) -> u32 {
+    crc32c::crc32c(chunk)
+}
+
+/// The CRC-32C of `A ++ B` from `crc_a`, `crc_b` and the length of `B`,
+/// in a few dozen shifts (zlib's `crc32_combine` by powers of x), so a
+/// frame can be checksummed around a chunk whose CRC is already known.
+pub fn crc32c_concat(crc_a: u32, crc_b: u32, len_b: usize) -> u32 {
+    // x^(8 len_b) mod P, as a product of the powers x^(2^k) that make it.
+    let mut shift = 1u32 << 31; // x^0
+    let mut n = len_b as u64;
+    let mut k = 3; // 8 bits per byte: start at x^(2^3)
+    while n != 0 {
+        if n & 1 != 0 {
+            shift = crc_mul_mod(CRC_X2N[k & 31], shift);
+        }
+        n >>= 1;
+        k += 1;
+    }
+    crc_mul_mod(shift, crc_a) ^ crc_b
 }
 
 /// Appends the reply of an operation that carries no fields (DELETE,
@@ -536,6 +614,94 @@ pub fn decode_reply<'a>(frame: &Frame<'a>) -> Result<CacheReply<'a>, WireError> 
         }
     }
     Ok(r)
+}
+
+/// Bytes of a GET reply before its inline chunk: the frame header, the
+/// cache prefix and the three GET fields. A client that receives the
+/// head first can place the chunk where it belongs before it arrives
+/// ([`peek_get_reply_head`], then [`decode_split_get_reply`]).
+pub const GET_REPLY_HEAD_BYTES: usize = FRAME_HEADER_BYTES + CACHE_PREFIX_BYTES + 24;
+
+/// What the head of a GET reply says, read before its chunk arrives.
+/// Only the header's own checks have run: the checksum covers the chunk
+/// too, so nothing here is trusted until [`decode_split_get_reply`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GetReplyHead {
+    /// The request this answers.
+    pub request_id: u64,
+    /// The operation's status.
+    pub status: ErrorCode,
+    /// The value's generation.
+    pub generation: u64,
+    /// The value's size.
+    pub total_len: u64,
+    /// Where the chunk starts in the value.
+    pub offset: u64,
+    /// Bytes of the chunk (the message beyond the head).
+    pub chunk_len: usize,
+}
+
+/// Reads the first [`GET_REPLY_HEAD_BYTES`] of a message of `msg_len`
+/// bytes as the head of a GET reply carrying an inline chunk.
+pub fn peek_get_reply_head(head: &[u8], msg_len: usize) -> Result<GetReplyHead, WireError> {
+    if head.len() != GET_REPLY_HEAD_BYTES || msg_len < GET_REPLY_HEAD_BYTES {
+        return Err(WireError::Truncated);
+    }
+    let header = FrameHeader::decode(head)?;
+    if header.body_len as usize + FRAME_HEADER_BYTES != msg_len {
+        return Err(WireError::Truncated);
+    }
+    let b = &head[FRAME_HEADER_BYTES..];
+    if header.kind != FrameKind::CacheReply || b[0] != CacheOp::Get as u8 {
+        return Err(WireError::Malformed("not a GET reply"));
+    }
+    let f = &b[CACHE_PREFIX_BYTES..];
+    Ok(GetReplyHead {
+        request_id: header.request_id,
+        status: ErrorCode::from_u16(header.status).unwrap_or(ErrorCode::Internal),
+        generation: le_u64(b, 8),
+        total_len: le_u64(f, 0),
+        offset: le_u64(f, 8),
+        chunk_len: msg_len - GET_REPLY_HEAD_BYTES,
+    })
+}
+
+/// Decodes a GET reply received in two pieces, its head
+/// ([`GET_REPLY_HEAD_BYTES`]) and its inline chunk, wherever that landed:
+/// every check of [`crate::decode_frame`] and [`decode_reply`], the
+/// checksum over both pieces included. Returns the header and the reply,
+/// whose `data` is `chunk`.
+pub fn decode_split_get_reply<'a>(
+    head: &[u8],
+    chunk: &'a [u8],
+) -> Result<(FrameHeader, CacheReply<'a>), WireError> {
+    if head.len() != GET_REPLY_HEAD_BYTES {
+        return Err(WireError::Truncated);
+    }
+    let header = FrameHeader::decode(head)?;
+    let body = &head[FRAME_HEADER_BYTES..];
+    if header.body_len as usize != body.len() + chunk.len() {
+        return Err(WireError::Truncated);
+    }
+    if crc32c::crc32c_append(crc32c::crc32c(body), chunk) != header.checksum {
+        return Err(WireError::BadChecksum);
+    }
+    // The fields are checked on the head alone (an empty chunk), then
+    // the chunk is attached.
+    let r = decode_reply(&Frame { header, body })?;
+    if r.op != CacheOp::Get {
+        return Err(WireError::Malformed("not a GET reply"));
+    }
+    let r = CacheReply {
+        op: r.op,
+        status: r.status,
+        generation: r.generation,
+        a: r.a,
+        b: r.b,
+        expires_in_ms: r.expires_in_ms,
+        data: chunk,
+    };
+    Ok((header, r))
 }
 
 #[cfg(test)]
@@ -641,6 +807,79 @@ mod tests {
             decode_reply(&f).expect("reply").status,
             ErrorCode::BufferTooSmall
         );
+    }
+
+    #[test]
+    fn a_reply_finished_before_its_chunk_equals_one_with_it() {
+        let chunk = vec![0x5A; 3000];
+        let mut whole = Vec::new();
+        let w = GetReplyWriter::begin(&mut whole, 4, 2, ErrorCode::Ok, 7, 9000, 3000, 0);
+        whole.extend_from_slice(&chunk);
+        w.finish(&mut whole);
+        let mut head = vec![1, 2, 3];
+        let w = GetReplyWriter::begin(&mut head, 4, 2, ErrorCode::Ok, 7, 9000, 3000, 0);
+        w.finish_before(&mut head, chunk.len(), crc32c::crc32c(&chunk));
+        head.extend_from_slice(&chunk);
+        assert_eq!(head[3..], whole[..]);
+    }
+
+    #[test]
+    fn concatenated_crcs_match_the_crc_of_the_concatenation() {
+        let data: Vec<u8> = (0..70_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for cut in [0, 1, 7, 64, 1000, 65_536, 69_999, 70_000] {
+            let (a, b) = data.split_at(cut);
+            assert_eq!(
+                crc32c_concat(crc32c::crc32c(a), crc32c::crc32c(b), b.len()),
+                crc32c::crc32c(&data),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn split_get_replies_decode_like_whole_ones() {
+        let chunk: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        let mut m = Vec::new();
+        let w = GetReplyWriter::begin(&mut m, 9, 0, ErrorCode::Ok, 33, 12_000, 4096, 50);
+        m.extend_from_slice(&chunk);
+        w.finish(&mut m);
+        let (head, tail) = m.split_at(GET_REPLY_HEAD_BYTES);
+        let h = peek_get_reply_head(head, m.len()).expect("head");
+        assert_eq!(
+            (
+                h.request_id,
+                h.status,
+                h.generation,
+                h.total_len,
+                h.offset,
+                h.chunk_len
+            ),
+            (9, ErrorCode::Ok, 33, 12_000, 4096, chunk.len())
+        );
+        let (header, r) = decode_split_get_reply(head, tail).expect("split reply");
+        let whole = decode_frame(&m).expect("frame");
+        assert_eq!(header, whole.header);
+        assert_eq!(r, decode_reply(&whole).expect("reply"));
+        // One flipped byte of the chunk, wherever it landed, is caught.
+        let mut bad = tail.to_vec();
+        bad[4321] ^= 1;
+        assert_eq!(
+            decode_split_get_reply(head, &bad).err(),
+            Some(WireError::BadChecksum)
+        );
+        // A chunk of the wrong length, a head of the wrong length or kind.
+        assert_eq!(
+            decode_split_get_reply(head, &tail[1..]).err(),
+            Some(WireError::Truncated)
+        );
+        assert!(peek_get_reply_head(head, m.len() + 1).is_err());
+        assert!(peek_get_reply_head(&head[1..], m.len()).is_err());
+        let mut put = Vec::new();
+        encode_put_reply(&mut put, 9, 0, ErrorCode::Ok, 1, 2, 2);
+        put.resize(GET_REPLY_HEAD_BYTES, 0);
+        assert!(peek_get_reply_head(&put, 10_000).is_err());
     }
 
     #[test]

@@ -5,25 +5,40 @@
 //! every whole message in it, replies appended to the connection's send
 //! buffer; then [`TcpPort::flush`] does one `write` per connection with
 //! output. No allocation once buffers have grown to their working size.
+//!
+//! Bytes a handler hands over with [`Reply::append_shared`] (a leased
+//! value) are not copied into the send buffer: they are queued at their
+//! place in it and written from their own memory by the same vectored
+//! `write`, then dropped.
 
-use std::io::{self, Read, Write};
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use fabrickv_types::limits::{CONN_SEND_QUEUE_BYTES_MAX, PARTIAL_MESSAGE_TIMEOUT_MS};
+use fabrickv_types::limits::{
+    CONN_SEND_QUEUE_BYTES_MAX, MESSAGE_BYTES_MAX, PARTIAL_MESSAGE_TIMEOUT_MS,
+};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
 use crate::framing::{self, Next, PREFIX_BYTES};
-use crate::{ConnId, MessageHandler, PortStats, Result, TransportError, Waker, WorkerPort};
+use crate::{
+    ConnId, MessageHandler, PortStats, Reply, Result, SharedBytes, TransportError, Waker,
+    WorkerPort,
+};
 
 const WAKER: Token = Token(usize::MAX);
 
 /// Bytes asked of each `read` call: large enough for a deep pipeline of
 /// small requests, small enough to keep per-connection memory modest.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Most slices one vectored `write` is given (the kernel takes up to
+/// `IOV_MAX`, 1024; a burst's replies rarely need more than a few).
+const WRITE_SLICES_MAX: usize = 64;
 
 /// Most readiness events handled per epoll call.
 const EVENTS_PER_POLL: usize = 1024;
@@ -52,12 +67,21 @@ struct Conn {
     /// reading until `read` returns 0 even after a short read, since no
     /// further edge will come.
     read_closed: bool,
-    /// Received bytes; messages are parsed from `in_head`.
+    /// Receive buffer; bytes `in_head..in_tail` are received and not yet
+    /// handled. Its length only grows, and it is zeroed only as it grows,
+    /// never per `read`.
     inbuf: Vec<u8>,
     in_head: usize,
+    in_tail: usize,
     /// Framed replies waiting to be written, from `out_head`.
     out: Vec<u8>,
     out_head: usize,
+    /// Bytes replies refer to, in stream order, each written just before
+    /// `out[at..]`; `shared_head` bytes of the front one are written.
+    shared: VecDeque<Shared>,
+    shared_head: usize,
+    /// Bytes of `shared` not yet written.
+    shared_bytes: usize,
     /// The socket may have more bytes to read (edge-triggered epoll).
     readable: bool,
     /// Listed in `ready`.
@@ -68,19 +92,128 @@ struct Conn {
     partial_since: Option<Instant>,
 }
 
+/// Bytes a reply refers to, and where they go in the send buffer.
+struct Shared {
+    /// Written just before `out[at..]`.
+    at: usize,
+    bytes: SharedBytes,
+}
+
+impl Shared {
+    fn bytes(&self) -> &[u8] {
+        (*self.bytes).as_ref()
+    }
+}
+
+/// The reply of one message: the connection's send buffer, and its queue
+/// of shared bytes.
+struct ConnReply<'a> {
+    out: &'a mut Vec<u8>,
+    shared: &'a mut VecDeque<Shared>,
+    /// Shared bytes and parts this reply queued.
+    added_bytes: usize,
+    added: usize,
+}
+
+impl Reply for ConnReply<'_> {
+    fn buf(&mut self) -> &mut Vec<u8> {
+        self.out
+    }
+
+    fn append_shared(&mut self, bytes: SharedBytes) {
+        let len = (*bytes).as_ref().len();
+        if len == 0 {
+            return;
+        }
+        self.shared.push_back(Shared {
+            at: self.out.len(),
+            bytes,
+        });
+        self.added_bytes += len;
+        self.added += 1;
+    }
+}
+
 impl Conn {
+    /// Reply bytes queued and not yet written.
+    fn pending(&self) -> usize {
+        self.out.len() - self.out_head + self.shared_bytes
+    }
+
     /// Writes queued replies until done or the socket is full; returns
     /// true if the connection failed.
     fn write_out(&mut self) -> bool {
-        while self.out_head < self.out.len() {
-            match self.stream.write(&self.out[self.out_head..]) {
-                Ok(n) => self.out_head += n,
+        while self.pending() > 0 {
+            let mut iov = [IoSlice::new(&[]); WRITE_SLICES_MAX];
+            let mut n = 0;
+            let mut pos = self.out_head;
+            let mut skip = self.shared_head;
+            let mut all = true;
+            for sh in &self.shared {
+                if n + 2 > WRITE_SLICES_MAX {
+                    all = false;
+                    break;
+                }
+                if sh.at > pos {
+                    iov[n] = IoSlice::new(&self.out[pos..sh.at]);
+                    n += 1;
+                    pos = sh.at;
+                }
+                iov[n] = IoSlice::new(&sh.bytes()[skip..]);
+                n += 1;
+                skip = 0;
+            }
+            if all && pos < self.out.len() {
+                iov[n] = IoSlice::new(&self.out[pos..]);
+                n += 1;
+            }
+            match self.stream.write_vectored(&iov[..n]) {
+                Ok(0) => return true,
+                Ok(written) => self.advance(written),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => return true,
             }
         }
         false
+    }
+
+    /// Marks `k` more bytes of the stream written, dropping the shared
+    /// parts that are done.
+    fn advance(&mut self, mut k: usize) {
+        while k > 0 {
+            let Some(sh) = self.shared.front() else {
+                self.out_head += k;
+                return;
+            };
+            if self.out_head < sh.at {
+                let t = k.min(sh.at - self.out_head);
+                self.out_head += t;
+                k -= t;
+                continue;
+            }
+            let left = sh.bytes().len() - self.shared_head;
+            let t = k.min(left);
+            self.shared_head += t;
+            self.shared_bytes -= t;
+            k -= t;
+            if t == left {
+                self.shared.pop_front();
+                self.shared_head = 0;
+            }
+        }
+    }
+
+    /// Drops the written prefix of the send buffer when it is all written
+    /// or has grown past the queue bound, so the buffer does not creep.
+    fn compact(&mut self) {
+        if self.out_head == self.out.len() || self.out_head > CONN_SEND_QUEUE_BYTES_MAX {
+            self.out.drain(..self.out_head);
+            for sh in &mut self.shared {
+                sh.at -= self.out_head;
+            }
+            self.out_head = 0;
+        }
     }
 }
 
@@ -146,8 +279,12 @@ impl TcpPort {
                 read_closed: false,
                 inbuf: Vec::new(),
                 in_head: 0,
+                in_tail: 0,
                 out: Vec::new(),
                 out_head: 0,
+                shared: VecDeque::new(),
+                shared_head: 0,
+                shared_bytes: 0,
                 // Bytes may have arrived before registration.
                 readable: true,
                 queued: true,
@@ -189,7 +326,7 @@ impl TcpPort {
                     self.ready.push(slot);
                 }
             }
-            if ev.is_writable() && c.out.len() > c.out_head {
+            if ev.is_writable() && c.pending() > 0 {
                 self.dirty.push(slot);
             }
         }
@@ -232,34 +369,29 @@ impl TcpPort {
         };
         let mut closed = false;
         if c.readable {
-            if c.in_head == c.inbuf.len() {
-                c.inbuf.clear();
+            if c.in_head == c.in_tail {
                 c.in_head = 0;
-            } else if c.in_head > 0 && c.inbuf.capacity() - c.inbuf.len() < READ_CHUNK_BYTES {
-                c.inbuf.drain(..c.in_head);
+                c.in_tail = 0;
+            } else if c.in_head > 0 && c.inbuf.len() - c.in_tail < READ_CHUNK_BYTES {
+                c.inbuf.copy_within(c.in_head..c.in_tail, 0);
+                c.in_tail -= c.in_head;
                 c.in_head = 0;
             }
-            let len = c.inbuf.len();
-            c.inbuf.resize(len + READ_CHUNK_BYTES, 0);
-            match c.stream.read(&mut c.inbuf[len..]) {
-                Ok(0) => {
-                    c.inbuf.truncate(len);
-                    closed = true;
-                }
+            if c.inbuf.len() - c.in_tail < READ_CHUNK_BYTES {
+                // Zeroed once, as the buffer grows; never per read.
+                c.inbuf.resize(c.in_tail + READ_CHUNK_BYTES, 0);
+            }
+            let len = c.in_tail;
+            match c.stream.read(&mut c.inbuf[len..len + READ_CHUNK_BYTES]) {
+                Ok(0) => closed = true,
                 Ok(n) => {
-                    c.inbuf.truncate(len + n);
+                    c.in_tail = len + n;
                     // A short read drained the socket: the next byte brings a new edge.
                     c.readable = n == READ_CHUNK_BYTES || c.read_closed;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    c.inbuf.truncate(len);
-                    c.readable = false;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => c.inbuf.truncate(len),
-                Err(_) => {
-                    c.inbuf.truncate(len);
-                    closed = true;
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => c.readable = false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => closed = true,
             }
         }
         let mut handled = 0;
@@ -268,18 +400,35 @@ impl TcpPort {
         // connection whose next bytes are garbage has nothing more to
         // deliver, and would otherwise wait for an edge that never comes.
         loop {
-            let room = c.out.len() - c.out_head < CONN_SEND_QUEUE_BYTES_MAX;
-            match framing::next(&c.inbuf[c.in_head..]) {
+            let room = c.pending() < CONN_SEND_QUEUE_BYTES_MAX;
+            match framing::next(&c.inbuf[c.in_head..c.in_tail]) {
                 Next::Message(_) if handled >= budget || !room => break,
                 Next::Message(len) => {
                     let start = c.in_head + PREFIX_BYTES;
                     let msg = &c.inbuf[start..start + len];
                     let at = framing::begin(&mut c.out);
-                    handler(slot as ConnId, msg, &mut c.out);
-                    match framing::finish(&mut c.out, at) {
-                        Ok(true) => self.stats.msgs_out += 1,
-                        Ok(false) => {}
-                        Err(n) => tracing::error!("dropping an oversized reply of {n} bytes"),
+                    let mut reply = ConnReply {
+                        out: &mut c.out,
+                        shared: &mut c.shared,
+                        added_bytes: 0,
+                        added: 0,
+                    };
+                    handler(slot as ConnId, msg, &mut reply);
+                    let (extra, parts) = (reply.added_bytes, reply.added);
+                    let out_len = c.out.len() - at + extra;
+                    if out_len == 0 || out_len > MESSAGE_BYTES_MAX {
+                        // Nothing to send, or too much: the message goes,
+                        // with the shared parts it queued.
+                        c.out.truncate(at - PREFIX_BYTES);
+                        c.shared.truncate(c.shared.len() - parts);
+                        if out_len > 0 {
+                            tracing::error!("dropping an oversized reply of {out_len} bytes");
+                        }
+                    } else {
+                        c.out[at - PREFIX_BYTES..at]
+                            .copy_from_slice(&(out_len as u32).to_le_bytes());
+                        c.shared_bytes += extra;
+                        self.stats.msgs_out += 1;
                     }
                     c.in_head = start + len;
                     handled += 1;
@@ -293,8 +442,11 @@ impl TcpPort {
             }
         }
         self.stats.msgs_in += handled as u64;
-        let buffered = c.in_head < c.inbuf.len();
-        let whole_message_left = matches!(framing::next(&c.inbuf[c.in_head..]), Next::Message(_));
+        let buffered = c.in_head < c.in_tail;
+        let whole_message_left = matches!(
+            framing::next(&c.inbuf[c.in_head..c.in_tail]),
+            Next::Message(_)
+        );
         // The clock times each message on its own: a client streaming large
         // messages back to back always has one partly received, and is not
         // stalled as long as each completes within the bound.
@@ -303,10 +455,10 @@ impl TcpPort {
             (true, _) => Some(Instant::now()),
             (false, _) => None,
         };
-        if c.out.len() > c.out_head {
+        if c.pending() > 0 {
             self.dirty.push(slot);
         }
-        let over = c.out.len() - c.out_head >= CONN_SEND_QUEUE_BYTES_MAX;
+        let over = c.pending() >= CONN_SEND_QUEUE_BYTES_MAX;
         if over && !c.paused {
             c.paused = true;
             self.stats.backpressure_pauses += 1;
@@ -355,14 +507,8 @@ impl WorkerPort for TcpPort {
                 continue;
             };
             let failed = c.write_out();
-            if c.out_head == c.out.len() {
-                c.out.clear();
-                c.out_head = 0;
-            } else if c.out_head > CONN_SEND_QUEUE_BYTES_MAX {
-                c.out.drain(..c.out_head);
-                c.out_head = 0;
-            }
-            if c.paused && c.out.len() - c.out_head < CONN_SEND_QUEUE_BYTES_MAX / 2 {
+            c.compact();
+            if c.paused && c.pending() < CONN_SEND_QUEUE_BYTES_MAX / 2 {
                 c.paused = false;
                 if !c.queued {
                     c.queued = true;
@@ -410,5 +556,95 @@ impl Drop for TcpPort {
         for slot in 0..self.conns.len() {
             self.close(slot);
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// A connection to a local peer, with a small send buffer so that
+    /// writes come back short and the shared parts are cut mid-way.
+    fn conn_and_peer() -> (Conn, std::net::TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (peer, _) = l.accept().unwrap();
+        let sock = rustix::fd::AsFd::as_fd(&client);
+        rustix::net::sockopt::set_socket_send_buffer_size(sock, 4096).unwrap();
+        client.set_nonblocking(true).unwrap();
+        let conn = Conn {
+            stream: TcpStream::from_std(client),
+            read_closed: false,
+            inbuf: Vec::new(),
+            in_head: 0,
+            in_tail: 0,
+            out: Vec::new(),
+            out_head: 0,
+            shared: VecDeque::new(),
+            shared_head: 0,
+            shared_bytes: 0,
+            readable: false,
+            queued: false,
+            paused: false,
+            partial_since: None,
+        };
+        (conn, peer)
+    }
+
+    fn bytes(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(13) ^ seed).collect()
+    }
+
+    #[test]
+    fn shared_parts_are_written_in_place_through_short_writes() {
+        let (mut c, mut peer) = conn_and_peer();
+        // The stream: a, S1, S2 (two shared parts back to back), b, S3, c
+        // (and a shared part with nothing after it, queued later).
+        let parts: Vec<(bool, Vec<u8>)> = vec![
+            (false, bytes(100, 1)),
+            (true, bytes(300_000, 2)),
+            (true, bytes(70_000, 3)),
+            (false, bytes(5, 4)),
+            (true, bytes(200_000, 5)),
+            (false, bytes(1000, 6)),
+            (true, bytes(50_000, 7)),
+        ];
+        let mut want = Vec::new();
+        let mut reply = ConnReply {
+            out: &mut c.out,
+            shared: &mut c.shared,
+            added_bytes: 0,
+            added: 0,
+        };
+        for (shared, b) in &parts {
+            want.extend_from_slice(b);
+            if *shared {
+                reply.append_shared(Box::new(b.clone()));
+            } else {
+                reply.buf().extend_from_slice(b);
+            }
+        }
+        // An empty shared part is not queued.
+        reply.append_shared(Box::new(Vec::new()));
+        assert_eq!(reply.added, 4);
+        c.shared_bytes += reply.added_bytes;
+        assert_eq!(c.pending(), want.len());
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; want.len()];
+            peer.read_exact(&mut got).unwrap();
+            assert!(got == want, "the stream differs from the parts in order");
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while c.pending() > 0 {
+            assert!(!c.write_out(), "the connection failed");
+            c.compact();
+            assert!(Instant::now() < deadline, "not written in time");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        assert!(c.shared.is_empty() && c.out.is_empty() && c.shared_bytes == 0);
+        reader.join().unwrap();
     }
 }
