@@ -23,6 +23,8 @@
 //! Layout:
 //! - `config`: [`CacheConfig`] and its bounds.
 //! - `alloc`: the pool allocator (offsets only).
+//! - `copy`: [`copy_to_reader`], non-temporal copies of large values into
+//!   a reader's buffer.
 //! - `pool`: the mapping, and the two `unsafe` ways into it.
 //! - `state`: everything under the lock (index, records, LRU, deadlines).
 //! - `store`: [`CacheStore`], [`PutSlot`], [`Lease`] and the block
@@ -30,6 +32,7 @@
 
 mod alloc;
 mod config;
+mod copy;
 mod error;
 mod pool;
 mod state;
@@ -46,6 +49,7 @@ pub use config::{
     CacheConfig, CACHE_HIGH_WATERMARK_DEFAULT, CACHE_LOW_WATERMARK_DEFAULT,
     CACHE_POOL_BYTES_DEFAULT, CACHE_POOL_BYTES_MAX, CACHE_POOL_BYTES_MIN,
 };
+pub use copy::{copy_to_reader, STREAMING_COPY_BYTES_MIN};
 pub use error::CacheError;
 pub use pool::PAGE_BYTES;
 pub use state::{DEADLINE_HEAP_SLACK_ENTRIES, DEADLINE_HEAP_STALE_FACTOR};

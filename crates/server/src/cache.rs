@@ -758,7 +758,7 @@ impl CacheService {
                     .remote_mut(&region, at, lease.len())
                     .map_err(one_sided)?
                 {
-                    Some(view) => view.copy_from_slice(&lease),
+                    Some(view) => fabrickv_cache::copy_to_reader(view, &lease),
                     None => reply.write_remote(&region, at, &lease).map_err(one_sided)?,
                 }
                 self.shared
