@@ -44,6 +44,13 @@ mod x86 {
 
     /// Copies with non-temporal stores; `dst` and `src` are equally long.
     pub(super) fn stream_copy(dst: &mut [u8], src: &[u8]) {
+        stream_copy_with(dst, src, std::is_x86_feature_detected!("avx2"));
+    }
+
+    /// [`stream_copy`] with AVX2 stores if `avx2`, else SSE2 ones. Private
+    /// to this module: `avx2` is true only where the CPU was seen to have
+    /// it ([`stream_copy`]).
+    fn stream_copy_with(dst: &mut [u8], src: &[u8], avx2: bool) {
         let len = dst.len().min(src.len());
         // Ordinary stores up to the first 32-byte boundary of `dst`, so
         // every streaming store is aligned (they must be).
@@ -56,8 +63,9 @@ mod x86 {
         dst[..head].copy_from_slice(&src[..head]);
         let body = (len - head) / STEP_BYTES * STEP_BYTES;
         let (d, s) = (&mut dst[head..head + body], &src[head..head + body]);
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is present (checked above); both slices hold
+        if avx2 {
+            // SAFETY: AVX2 is present (`avx2` is only true where it was
+            // detected); both slices hold
             // `body` bytes and `d` starts 32-byte aligned.
             unsafe { body_avx2(d, s) }
         } else {
@@ -118,15 +126,10 @@ mod x86 {
         }
     }
 
+    /// The SSE2 path, whatever the CPU has, for tests.
     #[cfg(test)]
     pub(super) fn sse2_for_test(dst: &mut [u8], src: &[u8]) {
-        let body = dst.len() / STEP_BYTES * STEP_BYTES;
-        assert_eq!(dst.as_ptr() as usize % 16, 0);
-        // SAFETY: as body_sse2 asks, checked above.
-        unsafe { body_sse2(&mut dst[..body], &src[..body]) }
-        dst[body..].copy_from_slice(&src[body..]);
-        // SAFETY: SSE is part of x86-64.
-        unsafe { _mm_sfence() }
+        stream_copy_with(dst, src, false);
     }
 }
 

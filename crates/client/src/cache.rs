@@ -718,15 +718,21 @@ enum Bad {
 
 use Bad::{Fatal, Refused};
 
+/// Replies come back in the order their requests went out; one that
+/// does not answer `id` means the stream cannot be trusted.
+fn check_order(got: u64, id: u64) -> std::result::Result<(), Bad> {
+    if got == id {
+        return Ok(());
+    }
+    Err(Fatal(protocol(format!(
+        "reply {got} out of order (expected {id})"
+    ))))
+}
+
 /// Decodes a reply message that must answer request `id`.
 fn reply_frame(m: &[u8], id: u64) -> std::result::Result<fabrickv_wire::Frame<'_>, Bad> {
     let frame = decode_frame(m).map_err(|e| Fatal(protocol(e)))?;
-    if frame.header.request_id != id {
-        return Err(Fatal(protocol(format!(
-            "reply {} out of order (expected {id})",
-            frame.header.request_id
-        ))));
-    }
+    check_order(frame.header.request_id, id)?;
     if frame.header.kind == FrameKind::Error {
         return Err(Refused(match decode_error(&frame) {
             Ok((code, message)) => ClientError::Server { code, message },
@@ -785,12 +791,7 @@ impl ChunkSink<'_> {
         let chunk = &self.dst[self.at..self.at + self.len];
         let (header, r) =
             decode_split_get_reply(&self.head, chunk).map_err(|e| Fatal(protocol(e)))?;
-        if header.request_id != id {
-            return Err(Fatal(protocol(format!(
-                "reply {} out of order (expected {id})",
-                header.request_id
-            ))));
-        }
+        check_order(header.request_id, id)?;
         Ok(Ok(Some((r.a, r.generation, r.expires_in_ms))))
     }
 
