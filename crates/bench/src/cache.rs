@@ -155,11 +155,32 @@ pub trait ValueSink {
     fn store(&mut self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<(), String>;
 }
 
+/// What a batch read hands each value (or `None`: absent) to, with its
+/// position in the batch.
+pub type OnValue<'a> = dyn FnMut(usize, Option<&[u8]>) -> Result<(), String> + 'a;
+
 /// Something values can be read from, into memory it owns.
 pub trait ValueSource {
     /// Reads `key`; the value as it landed (no copy beyond the one the
     /// protocol makes), or `None` if the key is absent.
     fn fetch(&mut self, key: &[u8]) -> Result<Option<&[u8]>, String>;
+
+    /// Reads every key of `keys` with all requests in flight at once and
+    /// hands each value (or `None`) to `each` with its position, in order.
+    /// A slot must hold `slot_bytes` (the value size), so each value can
+    /// land in a place of its own. One after the other by default.
+    fn fetch_batch(
+        &mut self,
+        keys: &[&[u8]],
+        slot_bytes: usize,
+        each: &mut OnValue<'_>,
+    ) -> Result<(), String> {
+        let _ = slot_bytes;
+        for (i, k) in keys.iter().enumerate() {
+            each(i, self.fetch(k)?)?;
+        }
+        Ok(())
+    }
 }
 
 impl ValueSink for CacheClient {
@@ -189,6 +210,34 @@ impl ValueSource for CacheClient {
                 buf.len()
             )),
         }
+    }
+
+    /// One [`CacheClient::get_many_at`]: key `i` lands at `i * slot_bytes`
+    /// of the receive buffer and is checked there.
+    fn fetch_batch(
+        &mut self,
+        keys: &[&[u8]],
+        slot_bytes: usize,
+        each: &mut OnValue<'_>,
+    ) -> Result<(), String> {
+        let items: Vec<(&[u8], usize)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (*k, i * slot_bytes))
+            .collect();
+        let got = self.get_many_at(&items).map_err(|e| e.to_string())?;
+        let buf = self.buffer().map_err(|e| e.to_string())?;
+        for (i, r) in got.into_iter().enumerate() {
+            let Some(p) = r.map_err(|e| e.to_string())? else {
+                each(i, None)?;
+                continue;
+            };
+            let v = buf
+                .get(p.offset..p.offset.saturating_add(p.len))
+                .ok_or_else(|| format!("the server placed {} bytes at {}", p.len, p.offset))?;
+            each(i, Some(v))?;
+        }
+        Ok(())
     }
 }
 
@@ -259,13 +308,41 @@ fn get_checked<S: ValueSource>(
     let got = src.fetch(key);
     let took = t0.elapsed();
     match got {
-        Ok(Some(v)) => check_value(index, v, value_size).map(|()| took),
-        Ok(None) => Err(format!(
+        Ok(v) => check_got(index, v, value_size).map(|()| took),
+        Err(e) => Err(format!("reading {}: {e}", key_name(index))),
+    }
+}
+
+/// Checks what a read of key `index` found.
+fn check_got(index: u64, got: Option<&[u8]>, value_size: usize) -> Result<(), String> {
+    match got {
+        Some(v) => check_value(index, v, value_size),
+        None => Err(format!(
             "{} is missing (evicted, or expired: is --ttl shorter than the run?)",
             key_name(index)
         )),
-        Err(e) => Err(format!("reading {}: {e}", key_name(index))),
     }
+}
+
+/// Reads keys `batch` from `src` with all requests in flight at once
+/// ([`ValueSource::fetch_batch`]), checking each value as it is handed
+/// over; the time of the whole batch, checks included.
+fn batch_checked<S: ValueSource>(
+    src: &mut S,
+    keys: &[Vec<u8>],
+    batch: std::ops::Range<u64>,
+    value_size: usize,
+) -> Result<Duration, String> {
+    let names = keys
+        .get(batch.start as usize..batch.end as usize)
+        .ok_or_else(|| format!("keys {batch:?} are past the {} keys", keys.len()))?;
+    let names: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
+    let t0 = Instant::now();
+    src.fetch_batch(&names, value_size, &mut |j, v| {
+        check_got(batch.start + j as u64, v, value_size)
+    })
+    .map_err(|e| format!("reading keys {batch:?}: {e}"))?;
+    Ok(t0.elapsed())
 }
 
 /// Records a latency in nanoseconds (at least 1, the histogram's floor).
@@ -307,6 +384,10 @@ pub struct ReadOpts {
     pub warmup: u64,
     /// Times each thread reads its slice of the keys while measured.
     pub passes: u32,
+    /// GETs each reader keeps in flight in the measured phase: its slice
+    /// is read in batches of this many keys, all requests sent before the
+    /// first reply is read (1: one GET at a time, as the seed).
+    pub depth: usize,
     /// CPUs the reader threads are pinned to, round robin (empty: none).
     pub client_cpus: Vec<usize>,
     /// Seed of thread 0's warm-up keys (thread `t` uses `seed + t`).
@@ -495,19 +576,32 @@ where
     };
     let started = Instant::now();
     let mut gets = 0u64;
+    let depth = o.depth.max(1) as u64;
+    let mine = slice_of(o.num_keys, o.threads, tid);
     'passes: for pass in 0..o.passes {
-        for i in slice_of(o.num_keys, o.threads, tid) {
+        let mut at = mine.start;
+        while at < mine.end {
             if abort.load(Ordering::Relaxed) {
                 break 'passes;
             }
-            match get_checked(&mut src, keys, i, o.value_size) {
-                Ok(took) => record(&mut latency, took),
+            let batch = at..(at + depth).min(mine.end);
+            let n = batch.end - batch.start;
+            let took = if depth == 1 {
+                get_checked(&mut src, keys, at, o.value_size)
+            } else {
+                batch_checked(&mut src, keys, batch.clone(), o.value_size)
+            };
+            match took {
+                // Every GET of a batch is counted with the batch's time,
+                // an upper bound on each of its own.
+                Ok(took) => (0..n).for_each(|_| record(&mut latency, took)),
                 Err(e) => {
                     abort.store(true, Ordering::Release);
                     return Err(format!("reader {tid}, pass {}: {e}", pass + 1));
                 }
             }
-            gets += 1;
+            gets += n;
+            at = batch.end;
         }
     }
     Ok(ReaderOut {
@@ -759,6 +853,15 @@ impl<S: Read + Write> RespClient<S> {
     /// Sends a command (as an array of bulk strings) and reads its reply.
     pub fn command(&mut self, args: &[&[u8]]) -> Result<Reply<'_>, String> {
         self.request.clear();
+        self.push_command(args);
+        self.io
+            .write_all(&self.request)
+            .map_err(|e| format!("redis write: {e}"))?;
+        self.read_reply()
+    }
+
+    /// Appends a command (an array of bulk strings) to the request.
+    fn push_command(&mut self, args: &[&[u8]]) {
         self.request
             .extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
         for a in args {
@@ -767,10 +870,6 @@ impl<S: Read + Write> RespClient<S> {
             self.request.extend_from_slice(a);
             self.request.extend_from_slice(b"\r\n");
         }
-        self.io
-            .write_all(&self.request)
-            .map_err(|e| format!("redis write: {e}"))?;
-        self.read_reply()
     }
 
     /// Reads more bytes into the staging buffer (compacting it first when
@@ -887,12 +986,40 @@ impl<S: Read + Write> ValueSink for RespClient<S> {
 impl<S: Read + Write> ValueSource for RespClient<S> {
     /// `GET key`, the value in the client's reused buffer.
     fn fetch(&mut self, key: &[u8]) -> Result<Option<&[u8]>, String> {
-        match self.command(&[b"GET", key])? {
-            Reply::Bulk(v) => Ok(Some(v)),
-            Reply::Nil => Ok(None),
-            Reply::Error(e) => Err(format!("redis: {e}")),
-            r => Err(format!("unexpected GET reply {r:?}")),
+        let r = self.command(&[b"GET", key])?;
+        get_value(r)
+    }
+
+    /// The GETs pipelined: all written at once, then the replies read in
+    /// order, each checked before the next is read into the same buffer.
+    fn fetch_batch(
+        &mut self,
+        keys: &[&[u8]],
+        _slot_bytes: usize,
+        each: &mut OnValue<'_>,
+    ) -> Result<(), String> {
+        self.request.clear();
+        for k in keys {
+            self.push_command(&[b"GET", k]);
         }
+        self.io
+            .write_all(&self.request)
+            .map_err(|e| format!("redis write: {e}"))?;
+        for i in 0..keys.len() {
+            let r = self.read_reply()?;
+            each(i, get_value(r)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The value of a GET reply (`None`: no such key).
+fn get_value(r: Reply<'_>) -> Result<Option<&[u8]>, String> {
+    match r {
+        Reply::Bulk(v) => Ok(Some(v)),
+        Reply::Nil => Ok(None),
+        Reply::Error(e) => Err(format!("redis: {e}")),
+        r => Err(format!("unexpected GET reply {r:?}")),
     }
 }
 
@@ -991,6 +1118,30 @@ mod tests {
     }
 
     #[test]
+    fn pipelined_gets_hand_over_each_reply_in_order() {
+        for step in [1, 5, usize::MAX] {
+            let mut c = client(b"$3\r\nabc\r\n$-1\r\n$2\r\nxy\r\n", step);
+            let mut seen = Vec::new();
+            c.fetch_batch(&[b"a", b"b", b"c"], 3, &mut |i, v| {
+                seen.push((i, v.map(<[u8]>::to_vec)));
+                Ok(())
+            })
+            .expect("three replies");
+            assert_eq!(
+                seen,
+                vec![
+                    (0, Some(b"abc".to_vec())),
+                    (1, None),
+                    (2, Some(b"xy".to_vec()))
+                ]
+            );
+        }
+        // A reply missing from the stream is an error, not a short batch.
+        let mut c = client(b"$3\r\nabc\r\n", 2);
+        assert!(c.fetch_batch(&[b"a", b"b"], 3, &mut |_, _| Ok(())).is_err());
+    }
+
+    #[test]
     fn get_maps_nil_and_error_replies() {
         let mut c = client(b"$-1\r\n", 1);
         assert_eq!(c.fetch(b"k").expect("nil is not an error"), None);
@@ -1076,52 +1227,56 @@ mod tests {
                 })
                 .collect()
         };
-        let o = ReadOpts {
-            num_keys: 20,
-            value_size: 100,
-            threads: 3,
-            warmup: 0,
-            passes: 2,
-            client_cpus: Vec::new(),
-            seed: 100,
-        };
-        let keys = key_names(20);
-        let mut between = 0;
-        let r = run_readers(
-            &o,
-            &keys,
-            |_| {
-                Ok(Local {
-                    values: values(None),
-                })
-            },
-            || between += 1,
-        )
-        .expect("all values check");
-        assert_eq!((r.gets, r.latency.len(), between), (40, 40, 1));
-        let e = run_readers(
-            &o,
-            &keys,
-            |_| {
-                Ok(Local {
-                    values: values(Some(9)),
-                })
-            },
-            || {},
-        )
-        .expect_err("a wrong byte fails the run");
-        assert!(e.contains("key-00000009: byte 50 of 100"), "{e}");
-        let e = run_readers(
-            &o,
-            &keys,
-            |_| {
-                Ok(Local {
-                    values: values(None)[..10].to_vec(),
-                })
-            },
-            || {},
-        )
-        .expect_err("a missing key fails the run");
-        assert!(e.contains("missing"), "{e}");
+        // One GET at a time, and batches (the last of a slice short).
+        for depth in [1, 4] {
+            let o = ReadOpts {
+                num_keys: 20,
+                value_size: 100,
+                threads: 3,
+                warmup: 0,
+                passes: 2,
+                depth,
+                client_cpus: Vec::new(),
+                seed: 100,
+            };
+            let keys = key_names(20);
+            let mut between = 0;
+            let r = run_readers(
+                &o,
+                &keys,
+                |_| {
+                    Ok(Local {
+                        values: values(None),
+                    })
+                },
+                || between += 1,
+            )
+            .expect("all values check");
+            assert_eq!((r.gets, r.latency.len(), between), (40, 40, 1));
+            let e = run_readers(
+                &o,
+                &keys,
+                |_| {
+                    Ok(Local {
+                        values: values(Some(9)),
+                    })
+                },
+                || {},
+            )
+            .expect_err("a wrong byte fails the run");
+            assert!(e.contains("key-00000009: byte 50 of 100"), "{e}");
+            let e = run_readers(
+                &o,
+                &keys,
+                |_| {
+                    Ok(Local {
+                        values: values(None)[..10].to_vec(),
+                    })
+                },
+                || {},
+            )
+            .expect_err("a missing key fails the run");
+            assert!(e.contains("missing"), "{e}");
+        }
     }
 }

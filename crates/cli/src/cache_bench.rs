@@ -11,7 +11,9 @@ use fabrickv_bench::cache::{
     self, format_bytes, mb_per_s, LatencyStats, ReadOpts, ReadResult, WriteResult, LATENCY_SAMPLES,
 };
 use fabrickv_bench::limits;
-use fabrickv_types::limits::{CACHE_CLIENT_BUFFER_BYTES_MAX, CACHE_VALUE_BYTES_MAX};
+use fabrickv_types::limits::{
+    CACHE_BATCH_KEYS_MAX, CACHE_CLIENT_BUFFER_BYTES_MAX, CACHE_VALUE_BYTES_MAX,
+};
 use fabrickv_types::size::parse_size;
 use serde_json::{json, Value};
 
@@ -73,6 +75,12 @@ pub struct CacheArgs {
     /// every key once, over all threads); more passes, steadier figures.
     #[arg(long, default_value_t = 1)]
     read_passes: u32,
+    /// GETs each reader keeps in flight in the read phase: it reads its
+    /// keys in batches of this many, every request sent before the first
+    /// reply is read (one `get_many_at`; Redis's GETs pipelined as deep).
+    /// 1 is the seed's one GET at a time. A batch must fit the buffer.
+    #[arg(long, default_value_t = 1)]
+    depth: usize,
     /// Also print one JSON line per result.
     #[arg(long)]
     json: bool,
@@ -96,6 +104,8 @@ struct Run {
     value_size: usize,
     num_keys: u64,
     threads: usize,
+    /// GETs in flight per reader.
+    depth: usize,
     json: bool,
 }
 
@@ -109,11 +119,21 @@ impl Run {
             "value_size": self.value_size,
             "num_keys": self.num_keys,
             "threads": self.threads,
+            "depth": self.depth,
         });
         if let (Some(m), Value::Object(e)) = (v.as_object_mut(), extra) {
             m.extend(e);
         }
         v.to_string()
+    }
+}
+
+/// How many GETs each reader keeps in flight, for a heading ("" for 1).
+fn in_flight(depth: usize) -> String {
+    if depth > 1 {
+        format!(", {depth} GETs in flight each (Redis pipelined as deep)")
+    } else {
+        String::new()
     }
 }
 
@@ -157,6 +177,20 @@ fn sizes(a: &CacheArgs) -> Result<(usize, usize), String> {
             format_bytes(value_size as f64)
         ));
     }
+    if a.depth == 0 || a.depth > CACHE_BATCH_KEYS_MAX {
+        return Err(format!(
+            "--depth {} is outside 1..={CACHE_BATCH_KEYS_MAX} (CACHE_BATCH_KEYS_MAX)",
+            a.depth
+        ));
+    }
+    if (a.depth as u64).saturating_mul(value_size) > buffer {
+        return Err(format!(
+            "--depth {} values of {} do not fit --buffer-mb {}: each GET of a batch lands in its own place",
+            a.depth,
+            format_bytes(value_size as f64),
+            a.buffer_mb
+        ));
+    }
     Ok((value_size as usize, buffer as usize))
 }
 
@@ -193,6 +227,7 @@ pub fn run(a: CacheArgs) -> Result<(), String> {
         value_size,
         num_keys: a.num_keys,
         threads: a.num_threads,
+        depth: a.depth,
         json: a.json,
     };
     let mut writer = cache::connect_cache(&addr, buffer_bytes)?;
@@ -214,6 +249,9 @@ pub fn run(a: CacheArgs) -> Result<(), String> {
     println!("Transport:    {} ({how})", r.transport);
     if a.read_passes > 1 {
         println!("Read passes:  {}", a.read_passes);
+    }
+    if a.depth > 1 {
+        println!("GETs in flight per reader: {}", a.depth);
     }
     println!("{RULE}");
 
@@ -243,6 +281,7 @@ pub fn run(a: CacheArgs) -> Result<(), String> {
         threads: a.num_threads,
         warmup: a.warmup,
         passes: a.read_passes,
+        depth: a.depth,
         client_cpus,
         seed: a.base_client_id,
     };
@@ -398,8 +437,10 @@ fn compare(
     let client_cpu = o.client_cpus.first().copied();
     println!("\n=== Comparison ===");
     println!(
-        "redis-server GET: same keys, values, TTL, {} threads x {} pass(es), each value checked...",
-        o.threads, o.passes
+        "redis-server GET: same keys, values, TTL, {} threads x {} pass(es){}, each value checked...",
+        o.threads,
+        o.passes,
+        in_flight(o.depth)
     );
     let redis = cache::redis_peer(o, keys, ttl, a.server_cpus.as_deref())?;
     println!(
@@ -439,11 +480,12 @@ fn compare(
     };
 
     println!(
-        "\n{} keys x {}, {} readers x {} pass(es); MB = 2^20 bytes; latencies of GETs under load",
+        "\n{} keys x {}, {} readers x {} pass(es){}; MB = 2^20 bytes; latencies of GETs under load",
         r.num_keys,
         format_bytes(vs as f64),
         o.threads,
-        o.passes
+        o.passes,
+        in_flight(o.depth)
     );
     println!("| case | ops/s | MB/s | p50 us | p99 us | ratio |");
     println!("|---|---|---|---|---|---|");

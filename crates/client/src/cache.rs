@@ -387,22 +387,117 @@ impl CacheClient {
         match self.buffer {
             Buffer::Region(r) => self.get_many_one_sided(r, items),
             Buffer::Local(_) => {
-                let mut out = Vec::with_capacity(items.len());
-                for &(k, off) in items {
-                    let mut buf =
-                        match std::mem::replace(&mut self.buffer, Buffer::Local(Vec::new())) {
-                            Buffer::Local(v) => v,
-                            Buffer::Region(r) => {
-                                self.buffer = Buffer::Region(r);
-                                return Err(ClientError::Protocol("buffer changed kind".into()));
-                            }
-                        };
-                    let r = self.get_inline(k, &mut buf[off..], CACHE_CHUNK_BYTES_MAX);
-                    self.buffer = Buffer::Local(buf);
-                    out.push(r.map(|p| p.map(|p| Placed { offset: off, ..p })));
-                }
-                Ok(out)
+                let mut buf = match std::mem::replace(&mut self.buffer, Buffer::Local(Vec::new())) {
+                    Buffer::Local(v) => v,
+                    Buffer::Region(r) => {
+                        self.buffer = Buffer::Region(r);
+                        return Err(ClientError::Protocol("buffer changed kind".into()));
+                    }
+                };
+                let out = self.get_many_inline(&mut buf, items);
+                self.buffer = Buffer::Local(buf);
+                out
             }
+        }
+    }
+
+    /// [`CacheClient::get_many_at`] with inline chunks: the first chunk
+    /// of every key is asked for at once and each lands at its key's
+    /// offset in `buf` as its reply is read, so a batch of values of up to
+    /// one chunk costs one round trip. A value of several chunks then has
+    /// the rest asked for at once, pinned to the generation its first
+    /// chunk reported; one that changed in between is read again whole.
+    fn get_many_inline(
+        &mut self,
+        buf: &mut [u8],
+        items: &[(&[u8], usize)],
+    ) -> Result<Vec<Result<Option<Placed>>>> {
+        let mut ids = Vec::with_capacity(items.len());
+        for &(k, _) in items {
+            ids.push(self.post(|b, id, w| {
+                encode_get(b, id, w, k, 0, 0, CACHE_CHUNK_BYTES_MAX as u64, None)
+            })?);
+        }
+        self.ep.flush(self.timeout)?;
+        let deadline = Instant::now() + self.timeout;
+        let mut firsts = Vec::with_capacity(items.len());
+        let mut whole = std::mem::take(&mut self.whole);
+        let mut fatal = None;
+        for (&id, &(_, off)) in ids.iter().zip(items) {
+            let mut sink = ChunkSink::new(&mut buf[off..], std::mem::take(&mut whole));
+            let r = self.recv_chunk(&mut sink, id, deadline);
+            whole = sink.whole;
+            match r {
+                Ok(r) => firsts.push(r),
+                Err(e) => {
+                    fatal = Some(e);
+                    break;
+                }
+            }
+        }
+        self.whole = whole;
+        if let Some(e) = fatal {
+            return Err(e);
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (first, &(k, off)) in firsts.into_iter().zip(items) {
+            let dst = &mut buf[off..];
+            let placed = |total: u64, generation: u64, expires_in_ms: u64| Placed {
+                offset: off,
+                len: total as usize,
+                generation,
+                expires_in_ms,
+            };
+            let again = |c: &mut CacheClient, dst: &mut [u8]| {
+                c.get_inline(k, dst, CACHE_CHUNK_BYTES_MAX)
+                    .map(|p| p.map(|p| Placed { offset: off, ..p }))
+            };
+            out.push(match first {
+                Ok(None) => Ok(None),
+                Ok(Some((total, _, _))) if total as usize > dst.len() => Err(ClientError::Server {
+                    code: ErrorCode::BufferTooSmall,
+                    message: format!("a {total}-byte value does not fit {} bytes", dst.len()),
+                }),
+                Ok(Some((total, gen, exp))) if total as usize > CACHE_CHUNK_BYTES_MAX => {
+                    let all = (total as usize).div_ceil(CACHE_CHUNK_BYTES_MAX);
+                    match self.get_chunks(k, dst, gen, 1..all) {
+                        Ok(rest) if !rest.torn && rest.seen.is_some() => {
+                            Ok(Some(placed(total, gen, exp)))
+                        }
+                        Ok(_) => again(self, dst),
+                        Err(e) => Err(e),
+                    }
+                }
+                Ok(Some((total, gen, exp))) => Ok(Some(placed(total, gen, exp))),
+                // Replaced or removed between chunks: read it again.
+                Err(e) if matches!(e.code(), ErrorCode::ValueChanged) => again(self, dst),
+                Err(e) => Err(e),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Receives the reply to `id` through `sink`. The outer error means the
+    /// connection cannot be trusted further; the inner one is this
+    /// request's own (the replies after it are still read).
+    fn recv_chunk(
+        &mut self,
+        sink: &mut ChunkSink<'_>,
+        id: u64,
+        deadline: Instant,
+    ) -> Result<ChunkReply> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ClientError::Timeout);
+        }
+        let r = match self.ep.recv_split(GET_REPLY_HEAD_BYTES, left, sink)? {
+            Landed::Split => sink.split_reply(id),
+            Landed::Whole => sink.whole_reply(id),
+        };
+        match r {
+            Ok(r) => Ok(r),
+            Err(Fatal(e)) => Err(e),
+            Err(Refused(e)) => Ok(Err(e)),
         }
     }
 
@@ -508,38 +603,15 @@ impl CacheClient {
         };
         let mut absent = 0;
         let mut first_err: Option<ClientError> = None;
-        let mut sink = ChunkSink {
-            dst,
-            head: [0; GET_REPLY_HEAD_BYTES],
-            at: 0,
-            len: 0,
-            whole: std::mem::take(&mut self.whole),
-        };
+        let mut sink = ChunkSink::new(dst, std::mem::take(&mut self.whole));
         let mut fatal: Option<ClientError> = None;
         for &id in &ids {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                fatal = Some(ClientError::Timeout);
-                break;
-            }
-            let landed = match self.ep.recv_split(GET_REPLY_HEAD_BYTES, left, &mut sink) {
-                Ok(l) => l,
-                Err(e) => {
-                    fatal = Some(e.into());
-                    break;
-                }
-            };
-            let r = match landed {
-                Landed::Split => sink.split_reply(id),
-                Landed::Whole => sink.whole_reply(id),
-            };
-            let r = match r {
+            let r = match self.recv_chunk(&mut sink, id, deadline) {
                 Ok(r) => r,
-                Err(Fatal(e)) => {
+                Err(e) => {
                     fatal = Some(e);
                     break;
                 }
-                Err(Refused(e)) => Err(e),
             };
             match r {
                 Ok(None) => absent += 1,
@@ -785,7 +857,19 @@ impl SplitSink for ChunkSink<'_> {
     }
 }
 
-impl ChunkSink<'_> {
+impl<'d> ChunkSink<'d> {
+    /// A sink landing chunks in `dst`, taking refused or unplaceable
+    /// replies whole into `whole` (a buffer reused from call to call).
+    fn new(dst: &'d mut [u8], whole: Vec<u8>) -> ChunkSink<'d> {
+        ChunkSink {
+            dst,
+            head: [0; GET_REPLY_HEAD_BYTES],
+            at: 0,
+            len: 0,
+            whole,
+        }
+    }
+
     /// The reply whose chunk landed in place: checked whole now.
     fn split_reply(&self, id: u64) -> std::result::Result<ChunkReply, Bad> {
         let chunk = &self.dst[self.at..self.at + self.len];

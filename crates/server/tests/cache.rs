@@ -123,11 +123,27 @@ fn get_at_places_values_and_checks_the_slice_first(t: Transport) {
         .iter()
         .enumerate()
         .map(|(i, k)| (k.as_bytes(), i * 70_000))
-        .chain([(&b"nope"[..], 8 * 70_000)])
+        .chain([
+            (&b"nope"[..], 8 * 70_000),
+            (&b"big"[..], 9 * 70_000),
+            (&b"k"[..], tail),
+        ])
         .collect();
+    // One value of several chunks among them, and one that does not fit
+    // its slice (refused alone, nothing written, the rest unaffected).
+    let big = value(77, CACHE_CHUNK_BYTES_MAX + 12_345);
+    c.put(b"big", &big, None).expect("put");
     let got = c.get_many_at(&items).expect("batch");
-    assert_eq!(got.len(), 9);
+    assert_eq!(got.len(), 11);
     assert!(matches!(got[8], Ok(None)));
+    let p = got[9].as_ref().expect("ok").expect("present");
+    assert_eq!((p.offset, p.len), (9 * 70_000, big.len()));
+    assert!(c.buffer().expect("buffer")[p.offset..p.offset + p.len] == big[..]);
+    let e = got[10].as_ref().expect_err("does not fit");
+    assert_eq!(e.code(), ErrorCode::BufferTooSmall);
+    assert!(c.buffer().expect("buffer")[tail..]
+        .iter()
+        .all(|&b| b == 0xEE));
     for (i, r) in got.iter().take(8).enumerate() {
         let p = r.as_ref().expect("ok").expect("present");
         assert_eq!(p.offset, i * 70_000);
