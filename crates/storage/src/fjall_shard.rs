@@ -1,0 +1,256 @@
+//! [`ShardBackend`] on fjall 3: one database per shard directory, the
+//! pairs in one keyspace with key-value separation from
+//! [`KV_SEPARATION_BYTES_MIN`], uncompressed (the copier's values are
+//! uncompressible, and compressing them would only cost CPU).
+
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+
+use fjall::{
+    CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions, PersistMode,
+    Readable, Snapshot,
+};
+
+use crate::{
+    check_write, Durability, Pair, Result, ShardBackend, ShardSnapshot, StorageError, Write,
+    KV_SEPARATION_BYTES_MIN,
+};
+
+/// The keyspace that holds a shard's pairs.
+const DATA_KEYSPACE: &str = "data";
+
+/// Every key is stored behind this byte: fjall refuses the empty key,
+/// which is a valid key of a shard (the seed's copier lost it). One
+/// constant byte in front keeps the order of the keys.
+const KEY_TAG: u8 = b'k';
+
+/// The stored form of `key`.
+fn stored(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(KEY_TAG);
+    k.extend_from_slice(key);
+    k
+}
+
+/// The user's key of a stored one.
+fn user_key(stored: &[u8]) -> Result<&[u8]> {
+    match stored.split_first() {
+        Some((&KEY_TAG, key)) => Ok(key),
+        _ => Err(StorageError::NotAShard(
+            "a stored key without its tag: not a FabricKV shard".to_string(),
+        )),
+    }
+}
+
+/// Block cache of a shard, in bytes, unless [`ShardOptions`] says
+/// otherwise: reads of a copy stream through once, so a large cache
+/// would only hold what is not read again.
+pub const SHARD_CACHE_BYTES_DEFAULT: u64 = 64 << 20;
+
+/// How a shard is opened.
+#[derive(Debug, Clone)]
+pub struct ShardOptions {
+    /// Block cache, in bytes.
+    pub cache_bytes: u64,
+    /// Create the directory and an empty shard if there is none.
+    pub create: bool,
+}
+
+impl Default for ShardOptions {
+    fn default() -> Self {
+        ShardOptions {
+            cache_bytes: SHARD_CACHE_BYTES_DEFAULT,
+            create: true,
+        }
+    }
+}
+
+/// A shard stored by fjall in one directory.
+pub struct FjallShard {
+    db: Database,
+    data: Keyspace,
+    path: PathBuf,
+}
+
+fn keyspace_options() -> KeyspaceCreateOptions {
+    KeyspaceCreateOptions::default().with_kv_separation(Some(
+        KvSeparationOptions::default()
+            .separation_threshold(KV_SEPARATION_BYTES_MIN)
+            .compression(CompressionType::None),
+    ))
+}
+
+impl FjallShard {
+    /// Opens the shard in `path` (creating it when `opts.create`).
+    pub fn open(path: impl AsRef<Path>, opts: &ShardOptions) -> Result<FjallShard> {
+        let path = path.as_ref().to_path_buf();
+        match std::fs::metadata(&path) {
+            Ok(m) if !m.is_dir() => {
+                return Err(StorageError::NotAShard(format!(
+                    "{} is not a directory",
+                    path.display()
+                )))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && opts.create => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StorageError::NotAShard(format!(
+                    "no shard at {}",
+                    path.display()
+                )))
+            }
+            Err(source) => {
+                return Err(StorageError::Io {
+                    what: format!("reading {}", path.display()),
+                    source,
+                })
+            }
+        }
+        let db = Database::builder(&path)
+            .cache_size(opts.cache_bytes)
+            .open()?;
+        let data = db.keyspace(DATA_KEYSPACE, keyspace_options)?;
+        Ok(FjallShard { db, data, path })
+    }
+
+    /// The shard's directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bulk-loads pairs in ascending key order into an empty key range:
+    /// `next` fills the key and value buffers and returns false when there
+    /// are no more. The pairs are written as tables directly, with no
+    /// journal (the seed's import with the write-ahead log off), and are
+    /// visible and durable once this returns; returns how many there were.
+    /// A key not greater than the one before is an error, and nothing of
+    /// the load becomes visible.
+    pub fn load(
+        &self,
+        mut next: impl FnMut(&mut Vec<u8>, &mut Vec<u8>) -> Result<bool>,
+    ) -> Result<u64> {
+        let mut ingest = self.data.start_ingestion()?;
+        let (mut key, mut value, mut last) = (Vec::new(), Vec::new(), Vec::new());
+        let mut tagged = vec![KEY_TAG];
+        let mut n = 0u64;
+        while next(&mut key, &mut value)? {
+            check_write(&Write::Put(&key, &value))?;
+            if n > 0 && last >= key {
+                return Err(StorageError::Engine(
+                    "a bulk load's keys must ascend".to_string(),
+                ));
+            }
+            tagged.truncate(1);
+            tagged.extend_from_slice(&key);
+            ingest.write(tagged.as_slice(), value.as_slice())?;
+            std::mem::swap(&mut last, &mut key);
+            n += 1;
+        }
+        ingest.finish()?;
+        self.db.persist(PersistMode::SyncAll)?;
+        Ok(n)
+    }
+}
+
+impl ShardBackend for FjallShard {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.data.get(stored(key))?.map(|v| v.to_vec()))
+    }
+
+    fn write(&self, writes: &[Write<'_>], durability: Durability) -> Result<()> {
+        for w in writes {
+            check_write(w)?;
+        }
+        let mode = match durability {
+            Durability::Sync => PersistMode::SyncData,
+            Durability::Buffered => PersistMode::Buffer,
+        };
+        let mut batch = self.db.batch().durability(Some(mode));
+        for w in writes {
+            match *w {
+                Write::Put(k, v) => batch.insert(&self.data, stored(k), v),
+                Write::Delete(k) => batch.remove(&self.data, stored(k)),
+            }
+        }
+        batch.commit()?;
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Box<dyn ShardSnapshot> {
+        Box::new(FjallSnapshot {
+            snap: self.db.snapshot(),
+            data: self.data.clone(),
+        })
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.db.persist(PersistMode::SyncAll)?;
+        Ok(())
+    }
+
+    fn approximate_len(&self) -> u64 {
+        self.data.approximate_len() as u64
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.db.disk_space().unwrap_or(0)
+    }
+}
+
+/// A fjall snapshot of a shard's keyspace.
+struct FjallSnapshot {
+    snap: Snapshot,
+    data: Keyspace,
+}
+
+/// The stored form of a bound on user keys.
+fn owned(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
+    match b {
+        Bound::Included(k) => Bound::Included(stored(k)),
+        Bound::Excluded(k) => Bound::Excluded(stored(k)),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+impl ShardSnapshot for FjallSnapshot {
+    fn scan<'a>(
+        &'a self,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+    ) -> Box<dyn Iterator<Item = Result<Pair>> + Send + 'a> {
+        let iter = self.snap.range(&self.data, (owned(from), owned(to)));
+        Box::new(iter.map(|g| {
+            let (k, v) = g.into_inner()?;
+            Ok((user_key(&k)?.to_vec(), v.to_vec()))
+        }))
+    }
+
+    fn sample_keys(&self, n: usize) -> Result<Vec<Vec<u8>>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        // Keys only: with key-value separation the values in blob files
+        // are not read. Every `stride`-th key is kept; when more than 2n
+        // are kept, every other one is dropped and the stride doubles, so
+        // memory stays within 2n keys whatever the shard's size.
+        let mut stride = (self.data.approximate_len() / n).max(1);
+        let mut kept: Vec<Vec<u8>> = Vec::with_capacity(2 * n + 1);
+        for (i, g) in self.snap.iter(&self.data).enumerate() {
+            if i % stride != 0 {
+                continue;
+            }
+            kept.push(user_key(&g.key()?)?.to_vec());
+            if kept.len() > 2 * n {
+                kept = kept.into_iter().step_by(2).collect();
+                stride *= 2;
+            }
+        }
+        if kept.len() <= n {
+            return Ok(kept);
+        }
+        let step = kept.len() as f64 / n as f64;
+        Ok((0..n)
+            .map(|i| kept[((i as f64 * step) as usize).min(kept.len() - 1)].clone())
+            .collect())
+    }
+}

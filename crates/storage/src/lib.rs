@@ -1,0 +1,160 @@
+//! Persistent shards: one ordered key-value store per directory, behind a
+//! backend trait so the server, the copier and the tools do not depend on
+//! the engine underneath. The implementation is on fjall 3, an LSM tree
+//! with key-value separation, as the seed's XDP-Rocks shards were on a
+//! RocksDB fork with blob files.
+//!
+//! What a shard promises:
+//! - Writes are atomic per batch, and durable when [`Durability::Sync`]
+//!   returns (the write-ahead journal is synced first): a process killed
+//!   right after loses nothing it acknowledged.
+//! - A [`ShardSnapshot`] is a consistent point-in-time view; writes after
+//!   it are not seen by its scans, however long they run.
+//! - Any byte string is a key, the empty one included (the seed's copier
+//!   dropped empty keys), up to [`SHARD_KEY_BYTES_MAX`].
+
+mod digest;
+mod fjall_shard;
+pub mod gen;
+
+use std::ops::Bound;
+
+pub use digest::{Digest, PairDigest};
+pub use fjall_shard::{FjallShard, ShardOptions};
+
+/// Longest key a shard stores, in bytes (fjall's own limit is 64 KiB; a
+/// key is something a client names, a value is the payload).
+pub const SHARD_KEY_BYTES_MAX: usize = 16 << 10;
+
+/// Largest value a shard stores, in bytes.
+pub const SHARD_VALUE_BYTES_MAX: usize = 64 << 20;
+
+/// Values of this many bytes or more live in blob files beside the tree
+/// (key-value separation), so compaction moves only keys and pointers;
+/// the seed's threshold.
+pub const KV_SEPARATION_BYTES_MIN: u32 = 128;
+
+/// What can go wrong in a shard.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The engine (or the disk under it) failed.
+    #[error("storage engine: {0}")]
+    Engine(String),
+    /// A file-system operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A key or value outside the shard's bounds.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The directory holds something that is not a shard.
+    #[error("{0}")]
+    NotAShard(String),
+}
+
+impl From<fjall::Error> for StorageError {
+    fn from(e: fjall::Error) -> Self {
+        StorageError::Engine(e.to_string())
+    }
+}
+
+/// Result of a shard operation.
+pub type Result<T> = std::result::Result<T, StorageError>;
+
+/// How far a write must have gone before the call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// The journal is synced to the disk (`fdatasync`): survives a crash
+    /// of the process and of the machine. What a server acknowledges.
+    Sync,
+    /// The journal is handed to the operating system: survives a crash of
+    /// the process, not of the machine. For bulk loads that sync at the
+    /// end ([`ShardBackend::sync`]).
+    Buffered,
+}
+
+/// One write of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write<'a> {
+    /// Sets `key` to `value`.
+    Put(&'a [u8], &'a [u8]),
+    /// Removes `key` (absent is fine).
+    Delete(&'a [u8]),
+}
+
+/// A key-value pair read from a shard.
+pub type Pair = (Vec<u8>, Vec<u8>);
+
+/// A persistent, ordered key-value store in one directory.
+pub trait ShardBackend: Send + Sync {
+    /// The value of `key`, if present.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// Applies `writes` atomically (all or none are visible, before and
+    /// after a crash), in order, durable as `durability` says.
+    fn write(&self, writes: &[Write<'_>], durability: Durability) -> Result<()>;
+
+    /// A consistent point-in-time view for scans.
+    fn snapshot(&self) -> Box<dyn ShardSnapshot>;
+
+    /// Makes every write so far durable (journal and data synced).
+    fn sync(&self) -> Result<()>;
+
+    /// Pairs in the shard, estimated (exact counts come from a scan).
+    fn approximate_len(&self) -> u64;
+
+    /// Bytes the shard takes on disk.
+    fn disk_bytes(&self) -> u64;
+}
+
+/// A point-in-time view of a shard.
+pub trait ShardSnapshot: Send + Sync {
+    /// The pairs with keys in `(from, to)`, in key order.
+    fn scan<'a>(
+        &'a self,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+    ) -> Box<dyn Iterator<Item = Result<Pair>> + Send + 'a>;
+
+    /// Up to `n` keys spread evenly over the shard in key order, for
+    /// splitting it into ranges of similar size (one pass over the keys).
+    fn sample_keys(&self, n: usize) -> Result<Vec<Vec<u8>>>;
+}
+
+/// Checks a write against the shard's bounds before anything is written.
+pub fn check_write(w: &Write<'_>) -> Result<()> {
+    let (key, value) = match w {
+        Write::Put(k, v) => (*k, Some(*v)),
+        Write::Delete(k) => (*k, None),
+    };
+    if key.len() > SHARD_KEY_BYTES_MAX {
+        return Err(StorageError::TooLarge(format!(
+            "a {}-byte key exceeds SHARD_KEY_BYTES_MAX ({SHARD_KEY_BYTES_MAX})",
+            key.len()
+        )));
+    }
+    if let Some(v) = value.filter(|v| v.len() > SHARD_VALUE_BYTES_MAX) {
+        return Err(StorageError::TooLarge(format!(
+            "a {}-byte value exceeds SHARD_VALUE_BYTES_MAX ({SHARD_VALUE_BYTES_MAX})",
+            v.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The digest of every pair of `snap`, in one scan.
+pub fn digest_of(snap: &dyn ShardSnapshot) -> Result<Digest> {
+    let mut d = Digest::default();
+    for pair in snap.scan(Bound::Unbounded, Bound::Unbounded) {
+        let (k, v) = pair?;
+        d.add(&k, &v);
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests;

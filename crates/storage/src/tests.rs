@@ -1,0 +1,215 @@
+use std::ops::Bound;
+
+use crate::gen::GenSpec;
+use crate::{
+    digest_of, Digest, Durability, FjallShard, ShardBackend, ShardOptions, StorageError, Write,
+    SHARD_KEY_BYTES_MAX,
+};
+
+fn open(dir: &std::path::Path) -> FjallShard {
+    FjallShard::open(dir, &ShardOptions::default()).expect("open shard")
+}
+
+#[test]
+fn writes_survive_reopening_empty_keys_and_blob_values_included() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let big = vec![0xABu8; 4000];
+    {
+        let s = open(dir.path());
+        s.write(
+            &[
+                Write::Put(b"", b"the empty key"),
+                Write::Put(b"small", b"v"),
+                Write::Put(b"big", &big),
+                Write::Put(b"gone", b"x"),
+            ],
+            Durability::Sync,
+        )
+        .expect("write");
+        s.write(&[Write::Delete(b"gone")], Durability::Sync)
+            .expect("delete");
+        assert_eq!(
+            s.get(b"").expect("get").as_deref(),
+            Some(&b"the empty key"[..])
+        );
+    }
+    let s = open(dir.path());
+    assert_eq!(
+        s.get(b"").expect("get").as_deref(),
+        Some(&b"the empty key"[..])
+    );
+    assert_eq!(s.get(b"small").expect("get").as_deref(), Some(&b"v"[..]));
+    assert_eq!(s.get(b"big").expect("get"), Some(big));
+    assert_eq!(s.get(b"gone").expect("get"), None);
+    let keys: Vec<Vec<u8>> = s
+        .snapshot()
+        .scan(Bound::Unbounded, Bound::Unbounded)
+        .map(|p| p.expect("pair").0)
+        .collect();
+    assert_eq!(keys, vec![b"".to_vec(), b"big".to_vec(), b"small".to_vec()]);
+}
+
+#[test]
+fn a_snapshot_does_not_see_later_writes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = open(dir.path());
+    s.write(
+        &[Write::Put(b"a", b"1"), Write::Put(b"b", b"2")],
+        Durability::Buffered,
+    )
+    .expect("write");
+    let snap = s.snapshot();
+    s.write(
+        &[
+            Write::Put(b"a", b"changed"),
+            Write::Put(b"c", b"3"),
+            Write::Delete(b"b"),
+        ],
+        Durability::Buffered,
+    )
+    .expect("write");
+    let seen: Vec<_> = snap
+        .scan(Bound::Unbounded, Bound::Unbounded)
+        .map(|p| p.expect("pair"))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (b"a".to_vec(), b"1".to_vec()),
+            (b"b".to_vec(), b"2".to_vec())
+        ]
+    );
+    let from_b: Vec<_> = snap
+        .scan(Bound::Excluded(&b"a"[..]), Bound::Unbounded)
+        .map(|p| p.expect("pair").0)
+        .collect();
+    assert_eq!(from_b, vec![b"b".to_vec()]);
+}
+
+#[test]
+fn an_oversized_key_is_refused_and_nothing_of_its_batch_is_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = open(dir.path());
+    let long = vec![b'k'; SHARD_KEY_BYTES_MAX + 1];
+    let e = s
+        .write(
+            &[Write::Put(b"ok", b"v"), Write::Put(&long, b"v")],
+            Durability::Sync,
+        )
+        .expect_err("too long");
+    assert!(matches!(e, StorageError::TooLarge(_)), "{e}");
+    assert_eq!(s.get(b"ok").expect("get"), None);
+}
+
+#[test]
+fn the_digest_ignores_order_and_counts_every_pair() {
+    let pairs = [(&b"a"[..], &b"1"[..]), (b"b", b"2"), (b"", b"3")];
+    let mut fwd = Digest::default();
+    pairs.iter().for_each(|(k, v)| fwd.add(k, v));
+    let mut rev = Digest::default();
+    pairs.iter().rev().for_each(|(k, v)| rev.add(k, v));
+    assert_eq!(fwd, rev);
+    assert_eq!((fwd.pairs, fwd.bytes), (3, 5));
+    // A pair twice is not the same set; nor is a byte moved from the value
+    // to the key.
+    let mut twice = fwd;
+    twice.add(b"a", b"1");
+    twice.pairs -= 1;
+    twice.bytes -= 2;
+    assert_ne!(twice.sum, fwd.sum);
+    let mut shifted = Digest::default();
+    shifted.add(b"a1", b"");
+    let mut plain = Digest::default();
+    plain.add(b"a", b"1");
+    assert_ne!(shifted.sum, plain.sum);
+    // Merging the digests of disjoint parts gives the whole's.
+    let mut part1 = Digest::default();
+    part1.add(b"a", b"1");
+    let mut part2 = Digest::default();
+    part2.add(b"b", b"2");
+    part2.add(b"", b"3");
+    part1.merge(&part2);
+    assert_eq!(part1, fwd);
+}
+
+#[test]
+fn a_generated_shard_loads_in_order_and_its_digest_is_the_specs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = GenSpec::for_size(2000 * 272, 16, 256, 7);
+    assert_eq!(spec.pairs, 2000);
+    let s = open(dir.path());
+    let mut want = Digest::default();
+    let mut k = vec![0u8; 16];
+    let mut i = 0;
+    let loaded = s
+        .load(|key, value| {
+            if i == spec.pairs {
+                return Ok(false);
+            }
+            key.resize(16, 0);
+            value.resize(256, 0);
+            spec.key(i, key);
+            spec.value(i, value);
+            want.add(key, value);
+            i += 1;
+            Ok(true)
+        })
+        .expect("keys ascend");
+    assert_eq!(loaded, spec.pairs);
+    let snap = s.snapshot();
+    assert_eq!(digest_of(snap.as_ref()).expect("digest"), want);
+    // Another seed, other contents.
+    let other = GenSpec { seed: 8, ..spec };
+    let mut k2 = vec![0u8; 16];
+    other.key(5, &mut k2);
+    spec.key(5, &mut k);
+    assert_eq!(
+        k[..8],
+        k2[..8],
+        "the ascending prefix is the seed's to share"
+    );
+    assert_ne!(k, k2);
+    // Samples: bounded, ascending, drawn from the shard.
+    let samples = snap.sample_keys(10).expect("sample");
+    assert_eq!(samples.len(), 10);
+    assert!(samples.windows(2).all(|w| w[0] < w[1]));
+    for key in &samples {
+        assert!(s.get(key).expect("get").is_some());
+    }
+    // A load refuses keys out of order, and shows none of its pairs.
+    let dir2 = tempfile::tempdir().expect("tempdir");
+    let s2 = open(dir2.path());
+    let mut order = [&b"b"[..], b"a"].into_iter();
+    let e = s2.load(|key, value| {
+        let Some(k) = order.next() else {
+            return Ok(false);
+        };
+        key.clear();
+        key.extend_from_slice(k);
+        value.clear();
+        value.push(1);
+        Ok(true)
+    });
+    assert!(e.is_err());
+    assert_eq!(s2.get(b"b").expect("get"), None);
+}
+
+#[test]
+fn opening_a_file_or_a_missing_shard_without_create_is_an_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("f");
+    std::fs::write(&file, b"x").expect("write");
+    assert!(matches!(
+        FjallShard::open(&file, &ShardOptions::default()),
+        Err(StorageError::NotAShard(_))
+    ));
+    let missing = dir.path().join("none");
+    let opts = ShardOptions {
+        create: false,
+        ..ShardOptions::default()
+    };
+    assert!(matches!(
+        FjallShard::open(&missing, &opts),
+        Err(StorageError::NotAShard(_))
+    ));
+}
