@@ -8,6 +8,7 @@ mod cache_bench;
 mod ps_bench;
 mod ps_cmd;
 mod rpc_bench;
+mod shard_cmd;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -218,6 +219,11 @@ enum Command {
         #[command(subcommand)]
         which: ps_cmd::PsCommand,
     },
+    /// Persistent shards: generate one, print its digest.
+    Shard {
+        #[command(subcommand)]
+        which: shard_cmd::ShardCommand,
+    },
     /// Benchmarks (see `fabrickv bench --help`).
     Bench {
         #[command(subcommand)]
@@ -397,6 +403,7 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Ps { which } => ps_cmd::run(which),
+        Command::Shard { which } => shard_cmd::run(which),
         Command::Bench { which } => bench::run(which).map(|_| ExitCode::SUCCESS),
     }
 }

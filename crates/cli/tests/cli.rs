@@ -207,3 +207,80 @@ fn config_file_is_read_and_flags_override_it() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs the binary with `args`, outside any server.
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run fabrickv")
+}
+
+/// The digest, pair count and byte count `shard checksum` prints.
+fn checksum(path: &std::path::Path) -> (String, u64, u64) {
+    let out = run(&["shard", "checksum", "--path", path.to_str().expect("utf-8")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!((f.len(), f[2], f[4]), (5, "pairs", "bytes"), "{text}");
+    (
+        f[0].to_string(),
+        f[1].parse().expect("pairs"),
+        f[3].parse().expect("bytes"),
+    )
+}
+
+#[test]
+fn shard_gen_is_deterministic_and_checksum_tells_shards_apart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gen = |name: &str, seed: &str| {
+        let p = dir.path().join(name);
+        let out = run(&[
+            "shard",
+            "gen",
+            "--path",
+            p.to_str().expect("utf-8"),
+            "--size",
+            "1MB",
+            "--key-size",
+            "16",
+            "--value-size",
+            "128",
+            "--seed",
+            seed,
+            "--quiet",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        p
+    };
+    let (a, b, c) = (gen("a", "5"), gen("b", "5"), gen("c", "6"));
+    let da = checksum(&a);
+    // 1 MiB of 144-byte pairs.
+    assert_eq!((da.1, da.2), ((1 << 20) / 144, (1 << 20) / 144 * 144));
+    assert_eq!(checksum(&b), da, "the same seed makes the same shard");
+    let dc = checksum(&c);
+    assert_eq!((dc.1, dc.2), (da.1, da.2));
+    assert_ne!(dc.0, da.0, "another seed, another digest");
+    // A shard is never generated over another.
+    let again = run(&[
+        "shard",
+        "gen",
+        "--path",
+        a.to_str().expect("utf-8"),
+        "--size",
+        "1MB",
+    ]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("is not empty"));
+    assert_eq!(checksum(&a), da);
+    // No shard there: an error, and nothing created.
+    let none = dir.path().join("none");
+    let out = run(&["shard", "checksum", "--path", none.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!none.exists());
+}

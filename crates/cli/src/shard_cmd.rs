@@ -1,0 +1,166 @@
+//! `fabrickv shard gen|checksum`: make a persistent shard of a given size
+//! with uncompressible values (the seed's db_bench fill), and print the
+//! order-independent digest a copy is checked against.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Subcommand;
+use fabrickv_storage::gen::{GenSpec, GEN_KEY_BYTES_MIN};
+use fabrickv_storage::{
+    digest_of, FjallShard, ShardBackend, ShardOptions, SHARD_KEY_BYTES_MAX, SHARD_VALUE_BYTES_MAX,
+};
+use fabrickv_types::size::parse_size;
+
+#[derive(Subcommand)]
+pub enum ShardCommand {
+    /// Creates a shard of about --size bytes of keys and values: keys
+    /// ascending and spread over the key space, values pseudo-random
+    /// (uncompressible), all determined by --seed. The directory must be
+    /// new or empty.
+    Gen {
+        /// Directory of the new shard.
+        #[arg(long)]
+        path: std::path::PathBuf,
+        /// Bytes of keys and values together, e.g. 10GB (KB = 1024).
+        #[arg(long)]
+        size: String,
+        /// Bytes of every key (at least 8).
+        #[arg(long, default_value_t = 16)]
+        key_size: usize,
+        /// Bytes of every value.
+        #[arg(long, default_value_t = 256)]
+        value_size: usize,
+        /// Seed of the contents: the same seed makes the same shard.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Prints the digest of every pair of a shard (independent of their
+    /// order and of how the shard was written), the pair count and bytes.
+    Checksum {
+        /// Directory of the shard.
+        #[arg(long)]
+        path: std::path::PathBuf,
+        /// Also print it as one JSON line.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A byte-counting progress bar on stderr (hidden when `quiet`).
+fn bar(len: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let b = indicatif::ProgressBar::new(len);
+    let style = indicatif::ProgressStyle::with_template(
+        "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})",
+    )
+    .map(|s| s.progress_chars("=> "))
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    b.set_style(style);
+    b.set_message(what.to_string());
+    b.enable_steady_tick(Duration::from_millis(200));
+    b
+}
+
+pub fn run(cmd: ShardCommand) -> Result<ExitCode, String> {
+    match cmd {
+        ShardCommand::Gen {
+            path,
+            size,
+            key_size,
+            value_size,
+            seed,
+            quiet,
+        } => {
+            let size = parse_size(&size).map_err(|e| format!("--size: {e}"))?;
+            if !(GEN_KEY_BYTES_MIN..=SHARD_KEY_BYTES_MAX).contains(&key_size) {
+                return Err(format!(
+                    "--key-size {key_size} is outside {GEN_KEY_BYTES_MIN}..={SHARD_KEY_BYTES_MAX}"
+                ));
+            }
+            if value_size > SHARD_VALUE_BYTES_MAX {
+                return Err(format!(
+                    "--value-size {value_size} exceeds SHARD_VALUE_BYTES_MAX ({SHARD_VALUE_BYTES_MAX})"
+                ));
+            }
+            let nonempty = std::fs::read_dir(&path)
+                .map(|mut d| d.next().is_some())
+                .unwrap_or(false);
+            if nonempty {
+                return Err(format!(
+                    "{} is not empty: shard gen makes a new shard",
+                    path.display()
+                ));
+            }
+            let spec = GenSpec::for_size(size, key_size, value_size, seed);
+            let shard = FjallShard::open(&path, &ShardOptions::default())
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let per = (key_size + value_size) as u64;
+            let pb = bar(spec.pairs * per, "shard gen", quiet);
+            let started = Instant::now();
+            let mut i = 0u64;
+            let n = shard
+                .load(|key, value| {
+                    if i == spec.pairs {
+                        return Ok(false);
+                    }
+                    key.resize(key_size, 0);
+                    value.resize(value_size, 0);
+                    spec.key(i, key);
+                    spec.value(i, value);
+                    i += 1;
+                    if i.is_multiple_of(4096) {
+                        pb.set_position(i * per);
+                    }
+                    Ok(true)
+                })
+                .map_err(|e| format!("writing {}: {e}", path.display()))?;
+            pb.finish_and_clear();
+            let secs = started.elapsed().as_secs_f64();
+            println!(
+                "shard gen: {} pairs ({} B keys, {} B values, seed {seed}), {:.1} MB in {secs:.1} s ({:.1} MB/s), {:.1} MB on disk at {}",
+                n,
+                key_size,
+                value_size,
+                (n * per) as f64 / 1e6,
+                (n * per) as f64 / 1e6 / secs.max(1e-9),
+                shard.disk_bytes() as f64 / 1e6,
+                path.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        ShardCommand::Checksum { path, json } => {
+            let shard = FjallShard::open(
+                &path,
+                &ShardOptions {
+                    create: false,
+                    ..ShardOptions::default()
+                },
+            )
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+            let started = Instant::now();
+            let d = digest_of(shard.snapshot().as_ref())
+                .map_err(|e| format!("reading {}: {e}", path.display()))?;
+            let secs = started.elapsed().as_secs_f64();
+            println!("{}  {} pairs  {} bytes", d.hex(), d.pairs, d.bytes);
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "shard": path.display().to_string(),
+                        "digest": d.hex(),
+                        "pairs": d.pairs,
+                        "bytes": d.bytes,
+                        "seconds": secs,
+                    })
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
