@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use fabrickv_client::{CacheClient, CacheClientOptions};
+use fabrickv_client::{CacheClient, CacheClientOptions, Placed};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -200,16 +200,7 @@ impl ValueSource for CacheClient {
             return Ok(None);
         };
         let buf = self.buffer().map_err(|e| e.to_string())?;
-        let end = p.offset.saturating_add(p.len);
-        match buf.get(p.offset..end) {
-            Some(v) => Ok(Some(v)),
-            None => Err(format!(
-                "the server placed {} bytes at {} of a {}-byte buffer",
-                p.len,
-                p.offset,
-                buf.len()
-            )),
-        }
+        placed(buf, &p).map(Some)
     }
 
     /// One [`CacheClient::get_many_at`]: key `i` lands at `i * slot_bytes`
@@ -232,13 +223,23 @@ impl ValueSource for CacheClient {
                 each(i, None)?;
                 continue;
             };
-            let v = buf
-                .get(p.offset..p.offset.saturating_add(p.len))
-                .ok_or_else(|| format!("the server placed {} bytes at {}", p.len, p.offset))?;
-            each(i, Some(v))?;
+            each(i, Some(placed(buf, &p)?))?;
         }
         Ok(())
     }
+}
+
+/// The bytes of the receive buffer `buf` where a GET placed its value.
+fn placed<'a>(buf: &'a [u8], p: &Placed) -> Result<&'a [u8], String> {
+    buf.get(p.offset..p.offset.saturating_add(p.len))
+        .ok_or_else(|| {
+            format!(
+                "the server placed {} bytes at {} of a {}-byte buffer",
+                p.len,
+                p.offset,
+                buf.len()
+            )
+        })
 }
 
 /// Connects a [`CacheClient`] with a receive buffer of `buffer_bytes`.

@@ -253,6 +253,22 @@ fn init_logging(level: &str) {
         .try_init();
 }
 
+/// A progress bar on stderr, `what` then the bar then `counts` (an
+/// indicatif template of the figures after it); hidden when `quiet`.
+fn progress_bar(len: u64, what: &str, quiet: bool, counts: &str) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let b = indicatif::ProgressBar::new(len);
+    let style = indicatif::ProgressStyle::with_template(&format!("{{msg}} [{{bar:40}}] {counts}"))
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    b.set_style(style);
+    b.set_message(what.to_string());
+    b.enable_steady_tick(Duration::from_millis(200));
+    b
+}
+
 /// The per-call timeout of a client command.
 fn timeout_of(s: &ServerArg) -> Result<Duration, String> {
     if !(s.timeout.is_finite() && s.timeout > 0.0) {

@@ -2,7 +2,7 @@
 //! list, preload with a progress bar and `--check-after-preload`, pull).
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::Subcommand;
 use fabrickv_client::ps::{preload, verify};
@@ -59,21 +59,9 @@ fn connect(s: &ServerArg) -> Result<PsClient, String> {
         .map_err(|e| format!("cannot connect to {}: {e}", s.server))
 }
 
-/// A progress bar on stderr (hidden when `quiet` or not a terminal).
+/// A progress bar on stderr counting keys (hidden when `quiet`).
 fn bar(len: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
-    if quiet {
-        return indicatif::ProgressBar::hidden();
-    }
-    let b = indicatif::ProgressBar::new(len);
-    let style = indicatif::ProgressStyle::with_template(
-        "{msg} [{bar:40}] {pos}/{len} keys ({per_sec}, eta {eta})",
-    )
-    .map(|s| s.progress_chars("=> "))
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-    b.set_style(style);
-    b.set_message(what.to_string());
-    b.enable_steady_tick(Duration::from_millis(200));
-    b
+    crate::progress_bar(len, what, quiet, "{pos}/{len} keys ({per_sec}, eta {eta})")
 }
 
 pub fn run(cmd: PsCommand) -> Result<ExitCode, String> {

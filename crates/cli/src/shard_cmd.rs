@@ -3,7 +3,7 @@
 //! order-independent digest a copy is checked against.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::Subcommand;
 use fabrickv_storage::gen::{GenSpec, GEN_KEY_BYTES_MIN};
@@ -50,21 +50,14 @@ pub enum ShardCommand {
     },
 }
 
-/// A byte-counting progress bar on stderr (hidden when `quiet`).
+/// A progress bar on stderr counting bytes (hidden when `quiet`).
 fn bar(len: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
-    if quiet {
-        return indicatif::ProgressBar::hidden();
-    }
-    let b = indicatif::ProgressBar::new(len);
-    let style = indicatif::ProgressStyle::with_template(
-        "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})",
+    crate::progress_bar(
+        len,
+        what,
+        quiet,
+        "{bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})",
     )
-    .map(|s| s.progress_chars("=> "))
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-    b.set_style(style);
-    b.set_message(what.to_string());
-    b.enable_steady_tick(Duration::from_millis(200));
-    b
 }
 
 pub fn run(cmd: ShardCommand) -> Result<ExitCode, String> {

@@ -454,10 +454,9 @@ impl CacheClient {
             };
             out.push(match first {
                 Ok(None) => Ok(None),
-                Ok(Some((total, _, _))) if total as usize > dst.len() => Err(ClientError::Server {
-                    code: ErrorCode::BufferTooSmall,
-                    message: format!("a {total}-byte value does not fit {} bytes", dst.len()),
-                }),
+                Ok(Some((total, _, _))) if total as usize > dst.len() => {
+                    Err(too_small(total, dst.len()))
+                }
                 Ok(Some((total, gen, exp))) if total as usize > CACHE_CHUNK_BYTES_MAX => {
                     let all = (total as usize).div_ceil(CACHE_CHUNK_BYTES_MAX);
                     match self.get_chunks(k, dst, gen, 1..all) {
@@ -551,10 +550,7 @@ impl CacheClient {
                 continue;
             }
             if total as usize > dst.len() {
-                return Err(ClientError::Server {
-                    code: ErrorCode::BufferTooSmall,
-                    message: format!("a {total}-byte value does not fit {} bytes", dst.len()),
-                });
+                return Err(too_small(total, dst.len()));
             }
             let all = (total as usize).div_ceil(CACHE_CHUNK_BYTES_MAX);
             if all > first {
@@ -654,10 +650,7 @@ impl CacheClient {
                     return Ok(None);
                 };
                 if p.len > dst.len() {
-                    return Err(ClientError::Server {
-                        code: ErrorCode::BufferTooSmall,
-                        message: format!("a {}-byte value does not fit {} bytes", p.len, dst.len()),
-                    });
+                    return Err(too_small(p.len as u64, dst.len()));
                 }
                 dst[..p.len].copy_from_slice(&self.buffer()?[..p.len]);
                 Ok(Some(p.len))
@@ -730,6 +723,14 @@ impl CacheClient {
                 }),
             }
         })
+    }
+}
+
+/// `BUFFER_TOO_SMALL`: a value of `total` bytes and `room` bytes for it.
+fn too_small(total: u64, room: usize) -> ClientError {
+    ClientError::Server {
+        code: ErrorCode::BufferTooSmall,
+        message: format!("a {total}-byte value does not fit {room} bytes"),
     }
 }
 
