@@ -175,6 +175,11 @@ enum Command {
         /// NAME:DIM[:optimizer=sgd|adagrad][:lr=F][:missing=zeros|init][:seed=N].
         #[arg(long = "table", value_name = "SPEC")]
         tables: Vec<String>,
+        /// A persistent shard to serve, as NAME=PATH (repeatable); the
+        /// directory is created when missing. Writes are durable when
+        /// acknowledged; RESP clients reach shard n with SELECT n.
+        #[arg(long = "shard", value_name = "NAME=PATH")]
+        shards: Vec<String>,
         #[command(flatten)]
         dram: DramArgs,
         #[command(flatten)]
@@ -299,6 +304,7 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             resp,
             resp_password,
             tables,
+            shards,
             dram,
             cache,
         } => {
@@ -335,6 +341,9 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             }
             for t in &tables {
                 cfg.ps.tables.push(fabrickv_client::TableSpec::parse(t)?);
+            }
+            for s in &shards {
+                cfg.shards.push(s.parse()?);
             }
             dram.apply(&mut cfg.ps)?;
             cache.apply(&mut cfg.cache)?;

@@ -60,6 +60,10 @@ pub fn grpc_code(code: ErrorCode) -> Code {
         ErrorCode::BufferTooSmall => Code::OutOfRange,
         ErrorCode::NoSuchClient => Code::FailedPrecondition,
         ErrorCode::ValueChanged => Code::Aborted,
+        ErrorCode::NoSuchShard => Code::NotFound,
+        ErrorCode::StorageFailed => Code::Internal,
+        ErrorCode::NoSuchCopy => Code::NotFound,
+        ErrorCode::CopyState => Code::FailedPrecondition,
         // A code added to fabrickv-types after this table was written: the
         // metadata still names it exactly; the gRPC code just says so.
         _ => Code::Unknown,

@@ -85,6 +85,8 @@ pub struct ServerConfig {
     pub ps: crate::ps::PsConfig,
     /// The KV-cache service: pool, eviction, gRPC control plane.
     pub cache: crate::cache::CacheSettings,
+    /// Persistent shards to serve (`--shard NAME=PATH`).
+    pub shards: Vec<crate::shard::ShardSpec>,
 }
 
 impl Default for ServerConfig {
@@ -99,6 +101,7 @@ impl Default for ServerConfig {
             resp_password: None,
             ps: crate::ps::PsConfig::default(),
             cache: crate::cache::CacheSettings::default(),
+            shards: Vec::new(),
         }
     }
 }
@@ -122,6 +125,8 @@ struct FileConfig {
     dram_skip_memset: Option<bool>,
     dram_skip_populate: Option<bool>,
     dram_hugepages: Option<bool>,
+    /// Persistent shards served, as `NAME=PATH`.
+    shards: Option<Vec<String>>,
 }
 
 impl ServerConfig {
@@ -157,6 +162,9 @@ impl ServerConfig {
         pool.zero &= !f.dram_skip_memset.unwrap_or(false);
         pool.populate &= !f.dram_skip_populate.unwrap_or(false);
         pool.hugepages |= f.dram_hugepages.unwrap_or(false);
+        for spec in f.shards.unwrap_or_default() {
+            c.shards.push(spec.parse()?);
+        }
         Ok(c)
     }
 
@@ -191,6 +199,7 @@ impl ServerConfig {
                 ));
             }
         }
+        crate::shard::ShardSpec::validate_all(&self.shards)?;
         crate::ps::PsStore::validate(&self.ps, self.workers())
     }
 }

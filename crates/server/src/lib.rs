@@ -21,6 +21,7 @@ pub mod partitions;
 pub mod ps;
 pub mod resp;
 mod resp_net;
+pub mod shard;
 pub mod worker;
 
 use std::fmt;
@@ -49,6 +50,8 @@ pub enum StartError {
     Resp(String, std::io::Error),
     /// The gRPC control plane could not start on the address.
     Grpc(String, String),
+    /// A persistent shard could not be opened.
+    Shard(String),
 }
 
 impl fmt::Display for StartError {
@@ -60,6 +63,7 @@ impl fmt::Display for StartError {
             StartError::Thread(e) => write!(f, "cannot start a thread: {e}"),
             StartError::Resp(addr, e) => write!(f, "cannot listen for RESP on {addr}: {e}"),
             StartError::Grpc(addr, e) => write!(f, "cannot serve gRPC on {addr}: {e}"),
+            StartError::Shard(e) => write!(f, "cannot open {e}"),
         }
     }
 }
@@ -162,6 +166,8 @@ impl Server {
         let parts = Arc::new(partitions::Partitions::new(partitions));
         let ps = Arc::new(ps::PsStore::new(cfg.ps.clone(), workers));
         ps.create_configured().map_err(StartError::Config)?;
+        let copies = fabrickv_copy::source::CopySources::new(data_host(&cfg.listen));
+        let shards = Arc::new(shard::Shards::open(&cfg.shards, copies).map_err(StartError::Shard)?);
         let listening =
             fabrickv_transport::listen(&cfg.listen, workers).map_err(StartError::Transport)?;
         let cache = cache::CacheShared::new(cfg.cache.store.clone()).map_err(StartError::Config)?;
@@ -202,6 +208,7 @@ impl Server {
                     cache.clone(),
                     Some(cache.add_worker(port.waker())),
                 ),
+                shard: shard::ShardService::new(id as u16, shards.clone()),
             };
             let stop = stop.clone();
             let t = std::thread::Builder::new()
@@ -258,6 +265,16 @@ impl Server {
             threads,
         })
     }
+}
+
+/// The address a copy source binds its data streams to: the native
+/// listener's host when it is an IP address (so a copy to a server on
+/// loopback stays on loopback), else loopback.
+fn data_host(listen: &str) -> std::net::IpAddr {
+    let bare = listen.strip_prefix("tcp://").unwrap_or(listen);
+    bare.parse::<std::net::SocketAddr>()
+        .map(|a| a.ip())
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
 }
 
 /// Starts the KV cache's gRPC control plane when the configuration asks

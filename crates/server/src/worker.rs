@@ -15,6 +15,7 @@ use fabrickv_wire::FrameKind;
 use crate::cache::CacheService;
 use crate::kv::{Clock, KvService};
 use crate::ps::PsService;
+use crate::shard::ShardService;
 
 /// Offset of the kind byte in a frame header.
 const FRAME_KIND_AT: usize = 3;
@@ -54,6 +55,8 @@ pub struct Services {
     pub ps: PsService,
     /// KV-cache frames, and the gRPC transfers queued to this worker.
     pub cache: CacheService,
+    /// Persistent-shard frames (data and copy control).
+    pub shard: ShardService,
 }
 
 /// Runs a worker until `stop` is set.
@@ -62,6 +65,7 @@ pub fn run(mut port: Box<dyn WorkerPort>, services: Services, clock: Clock, stop
         mut kv,
         mut ps,
         mut cache,
+        mut shard,
     } = services;
     let mut idle_since: Option<Instant> = None;
     let mut last_sweep = clock.now_ms();
@@ -79,6 +83,10 @@ pub fn run(mut port: Box<dyn WorkerPort>, services: Services, clock: Clock, stop
                 }
             } else if kind == Some(FrameKind::Cache as u8) {
                 if cache.handle(conn, msg, reply, now) {
+                    kv.count_refused();
+                }
+            } else if kind == Some(FrameKind::Shard as u8) {
+                if shard.handle(msg, reply) {
                     kv.count_refused();
                 }
             } else {

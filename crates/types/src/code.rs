@@ -71,11 +71,22 @@ pub enum ErrorCode {
     /// A cache entry was replaced or removed while a chunked transfer of it
     /// was under way; the transfer must start again.
     ValueChanged = 26,
+    /// The server serves no persistent shard of that name.
+    NoSuchShard = 27,
+    /// The persistent store (or the disk under it) failed; the operation
+    /// did not happen.
+    StorageFailed = 28,
+    /// No copy session has that id (never created, ended, or the source
+    /// restarted).
+    NoSuchCopy = 29,
+    /// The copy session is not in a state that allows this operation
+    /// (START twice, START before its checkpoint is ready).
+    CopyState = 30,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order; used by tests and documentation.
-    pub const ALL: [ErrorCode; 27] = [
+    pub const ALL: [ErrorCode; 31] = [
         ErrorCode::Ok,
         ErrorCode::NotFound,
         ErrorCode::InsufficientSpace,
@@ -103,6 +114,10 @@ impl ErrorCode {
         ErrorCode::BufferTooSmall,
         ErrorCode::NoSuchClient,
         ErrorCode::ValueChanged,
+        ErrorCode::NoSuchShard,
+        ErrorCode::StorageFailed,
+        ErrorCode::NoSuchCopy,
+        ErrorCode::CopyState,
     ];
 
     /// The code as it travels on the wire.
@@ -145,6 +160,10 @@ impl ErrorCode {
             ErrorCode::BufferTooSmall => "BUFFER_TOO_SMALL",
             ErrorCode::NoSuchClient => "NO_SUCH_CLIENT",
             ErrorCode::ValueChanged => "VALUE_CHANGED",
+            ErrorCode::NoSuchShard => "NO_SUCH_SHARD",
+            ErrorCode::StorageFailed => "STORAGE_FAILED",
+            ErrorCode::NoSuchCopy => "NO_SUCH_COPY",
+            ErrorCode::CopyState => "COPY_STATE",
         }
     }
 }

@@ -148,3 +148,9 @@ const _: () = assert!(
     CACHE_CHUNK_BYTES_MAX + CACHE_KEY_BYTES_MAX + 4096 <= FRAME_BODY_BYTES_MAX,
     "one chunk and its key fit a frame"
 );
+
+/// Longest shard name on the wire and on the command line, in bytes.
+pub const SHARD_NAME_BYTES_MAX: usize = 64;
+
+/// Shards one server serves at once.
+pub const SHARDS_MAX: usize = 64;

@@ -86,7 +86,7 @@ pub fn decode_hello_reply(frame: &Frame<'_>) -> Result<ServerInfo, WireError> {
 
 /// The longest prefix of `s` of at most `max` bytes that ends on a
 /// character boundary, so a cut string stays valid UTF-8.
-fn char_floor(s: &str, max: usize) -> usize {
+pub(crate) fn char_floor(s: &str, max: usize) -> usize {
     let mut cut = s.len().min(max);
     while !s.is_char_boundary(cut) {
         cut -= 1;

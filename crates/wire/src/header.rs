@@ -54,6 +54,10 @@ pub enum FrameKind {
     Cache = 10,
     /// The answer to a `Cache` request.
     CacheReply = 11,
+    /// A persistent-shard request: data or copy control (`crate::shard`).
+    Shard = 12,
+    /// The answer to a `Shard` request.
+    ShardReply = 13,
 }
 
 impl FrameKind {
@@ -71,6 +75,8 @@ impl FrameKind {
             9 => FrameKind::PsReply,
             10 => FrameKind::Cache,
             11 => FrameKind::CacheReply,
+            12 => FrameKind::Shard,
+            13 => FrameKind::ShardReply,
             _ => return None,
         })
     }

@@ -9,7 +9,9 @@
 //! - [`cache`]: KV-cache data-plane requests and replies (chunked or
 //!   one-sided values);
 //! - [`ps`]: embedding-table (parameter server) requests and replies, and
-//!   the deterministic initializer that preload and checks share.
+//!   the deterministic initializer that preload and checks share;
+//! - [`shard`]: persistent-shard requests and replies (data operations and
+//!   the copy's control).
 //!
 //! Everything here is sans-I/O: functions take byte slices and append to
 //! `Vec<u8>`, so the codec is tested and fuzzed without sockets. Decoding
@@ -23,6 +25,7 @@ pub mod header;
 pub mod ps;
 pub mod request;
 pub mod response;
+pub mod shard;
 
 pub use header::{decode_frame, Frame, FrameHeader, FrameKind, WireError, MAGIC, VERSION};
 pub use request::{Op, OpCode, PutCondition, RequestBuilder, RequestIter};

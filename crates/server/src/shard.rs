@@ -1,0 +1,194 @@
+//! Persistent shards served next to the in-memory services: the native
+//! SHARD frames (data operations and the copy's control) and the set of
+//! shards a server opened at start.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use fabrickv_copy::source::CopySources;
+use fabrickv_storage::{FjallShard, ShardBackend, ShardOptions};
+use fabrickv_transport::Reply;
+use fabrickv_types::limits::{SHARDS_MAX, SHARD_NAME_BYTES_MAX};
+use fabrickv_types::ErrorCode;
+use fabrickv_wire::control::encode_error;
+use fabrickv_wire::shard::{decode_request, encode_refusal, encode_reply, ShardMessage};
+use fabrickv_wire::{decode_frame, FrameKind};
+
+mod data;
+
+/// A shard to serve: its name on the wire and its directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardSpec {
+    /// What clients call it (1..=`SHARD_NAME_BYTES_MAX` bytes of
+    /// `[A-Za-z0-9_.-]`).
+    pub name: String,
+    /// The shard's directory (created when missing).
+    pub path: PathBuf,
+}
+
+impl FromStr for ShardSpec {
+    type Err = String;
+
+    /// Parses `NAME=PATH`.
+    fn from_str(s: &str) -> Result<ShardSpec, String> {
+        let (name, path) = s
+            .split_once('=')
+            .ok_or_else(|| format!("shard {s:?} is not NAME=PATH"))?;
+        let spec = ShardSpec {
+            name: name.to_string(),
+            path: PathBuf::from(path),
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+impl ShardSpec {
+    fn validate(&self) -> Result<(), String> {
+        let n = &self.name;
+        if n.is_empty()
+            || n.len() > SHARD_NAME_BYTES_MAX
+            || !n
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        {
+            return Err(format!(
+                "shard name {n:?} must be 1..={SHARD_NAME_BYTES_MAX} bytes of letters, digits, '_', '.' or '-'"
+            ));
+        }
+        if self.path.as_os_str().is_empty() {
+            return Err(format!("shard {n:?} has an empty path"));
+        }
+        Ok(())
+    }
+
+    /// Checks every spec, and that names and paths are unique.
+    pub fn validate_all(specs: &[ShardSpec]) -> Result<(), String> {
+        if specs.len() > SHARDS_MAX {
+            return Err(format!(
+                "{} shards exceed SHARDS_MAX ({SHARDS_MAX})",
+                specs.len()
+            ));
+        }
+        for (i, s) in specs.iter().enumerate() {
+            s.validate()?;
+            if specs[..i].iter().any(|o| o.name == s.name) {
+                return Err(format!("shard name {:?} is given twice", s.name));
+            }
+            if specs[..i].iter().any(|o| o.path == s.path) {
+                return Err(format!("shard path {} is given twice", s.path.display()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The shards a server serves, opened at start, and their copy sessions.
+pub struct Shards {
+    by_name: HashMap<String, Arc<FjallShard>>,
+    /// In the order given on the command line (RESP's `SELECT n` picks
+    /// `order[n - 1]`).
+    order: Vec<String>,
+    copies: CopySources,
+}
+
+impl Shards {
+    /// Opens (creating when missing) every shard of `specs`.
+    pub fn open(specs: &[ShardSpec], copies: CopySources) -> Result<Shards, String> {
+        let mut by_name = HashMap::new();
+        let mut order = Vec::new();
+        for s in specs {
+            let shard = FjallShard::open(&s.path, &ShardOptions::default())
+                .map_err(|e| format!("shard {:?} at {}: {e}", s.name, s.path.display()))?;
+            tracing::info!(shard = %s.name, path = %s.path.display(), pairs = shard.approximate_len(), "serving shard");
+            by_name.insert(s.name.clone(), Arc::new(shard));
+            order.push(s.name.clone());
+        }
+        Ok(Shards {
+            by_name,
+            order,
+            copies,
+        })
+    }
+
+    /// The shard named `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<FjallShard>> {
+        self.by_name.get(name)
+    }
+
+    /// The shard names, in the order they were given.
+    pub fn names(&self) -> &[String] {
+        &self.order
+    }
+
+    /// The copy sessions of this server.
+    pub fn copies(&self) -> &CopySources {
+        &self.copies
+    }
+}
+
+/// The SHARD frame handler of one worker.
+pub struct ShardService {
+    worker: u16,
+    shards: Arc<Shards>,
+}
+
+impl ShardService {
+    /// A handler for worker `worker`.
+    pub fn new(worker: u16, shards: Arc<Shards>) -> ShardService {
+        ShardService { worker, shards }
+    }
+
+    /// Handles one SHARD frame; returns true when the frame was refused
+    /// whole (counted with the other refusals).
+    pub fn handle(&mut self, msg: &[u8], reply: &mut dyn Reply) -> bool {
+        let id = crate::kv::request_id_of(msg);
+        let frame = match decode_frame(msg) {
+            Ok(f) if f.header.kind == FrameKind::Shard => f,
+            Ok(_) => {
+                let why = "not a shard frame";
+                encode_error(reply.buf(), id, self.worker, ErrorCode::UnknownOpcode, why);
+                return true;
+            }
+            Err(e) => {
+                encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string());
+                return true;
+            }
+        };
+        let req = match decode_request(&frame) {
+            Ok(r) => r,
+            Err(e) => {
+                encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string());
+                return true;
+            }
+        };
+        let mut payload = Vec::new();
+        match self.run(&req, &mut payload) {
+            Ok(()) => encode_reply(reply.buf(), id, self.worker, req.op, ErrorCode::Ok, |b| {
+                b.extend_from_slice(&payload)
+            }),
+            Err((code, why)) => encode_refusal(reply.buf(), id, self.worker, req.op, code, &why),
+        }
+        false
+    }
+
+    fn run(&self, req: &ShardMessage<'_>, out: &mut Vec<u8>) -> Result<(), (ErrorCode, String)> {
+        if req.op.is_copy() {
+            let lookup = |name: &str| {
+                self.shards
+                    .get(name)
+                    .map(|s| s.clone() as Arc<dyn ShardBackend>)
+            };
+            return self.shards.copies.control(req, &lookup, out);
+        }
+        let shard = self.shards.get(req.name).ok_or_else(|| {
+            (
+                ErrorCode::NoSuchShard,
+                format!("no shard named {:?} is served here", req.name),
+            )
+        })?;
+        data::execute(shard.as_ref(), req, out)
+    }
+}
