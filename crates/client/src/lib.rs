@@ -14,6 +14,7 @@
 mod batch;
 pub mod cache;
 pub mod ps;
+pub mod shard;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -32,6 +33,7 @@ pub use batch::{BatchOp, Outcome};
 pub use cache::{CacheClient, CacheClientOptions, Placed};
 pub use fabrickv_wire::ps::{Missing, Optimizer, TableDesc, TableSpec};
 pub use ps::{PsClient, PullId, Pulled};
+pub use shard::ShardClient;
 
 /// How long a call waits for its replies unless told otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);

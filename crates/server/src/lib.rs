@@ -187,6 +187,7 @@ impl Server {
                         cfg.memory_bytes,
                         port,
                     )
+                    .with_shards(&shards)
                 };
                 let fe = resp_net::start(addr, workers, shared, clock, stop.clone())
                     .map_err(|e| StartError::Resp(addr.clone(), e))?;

@@ -14,6 +14,11 @@
 //! keeps it for the run (see [`crate::partitions`]). Commands on one key
 //! (SET NX/XX, INCR, EXPIRE) are atomic; MSET and DEL over several keys
 //! are atomic per key, not across keys (unlike Redis).
+//!
+//! Database 0 (the default) is the in-memory kv; `SELECT n` for n in
+//! 1..=shards makes the n-th persistent shard (`--shard`, in the order
+//! given) the connection's database, where the data commands run against
+//! the shard (see `shard_db`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard};
@@ -22,11 +27,15 @@ use std::time::Instant;
 use fabrickv_engine::{DeleteResult, GetResult, Partition, PutCond, PutResult};
 use fabrickv_resp::reply as resp;
 use fabrickv_resp::{lowercase, parse_i64, CommandParser, Parse};
+use fabrickv_storage::{FjallShard, ShardBackend};
 use fabrickv_types::limits::{KEY_BYTES_MAX, TTL_MS_MAX};
 use fabrickv_types::KeyHash;
 
 use crate::config::Mode;
 use crate::partitions::Partitions;
+use crate::shard::Shards;
+
+mod shard_db;
 
 /// Reply bytes a connection may have waiting before it stops executing
 /// commands until the client reads them (backpressure), in bytes.
@@ -70,6 +79,8 @@ pub struct RespShared {
     pool_bytes: u64,
     port: u16,
     started: Instant,
+    /// The persistent shards, database n at index n - 1.
+    dbs: Vec<Arc<FjallShard>>,
     /// Counters reported by INFO.
     pub counters: RespCounters,
 }
@@ -90,8 +101,24 @@ impl RespShared {
             pool_bytes,
             port,
             started: Instant::now(),
+            dbs: Vec::new(),
             counters: RespCounters::default(),
         }
+    }
+
+    /// Serves `shards` as databases 1..=n, in the order they were given.
+    pub fn with_shards(mut self, shards: &Shards) -> RespShared {
+        self.dbs = shards
+            .names()
+            .iter()
+            .filter_map(|n| shards.get(n).cloned())
+            .collect();
+        self
+    }
+
+    /// The shard that is database `db` (1-based).
+    fn db(&self, db: usize) -> Option<&FjallShard> {
+        self.dbs.get(db.checked_sub(1)?).map(|s| s.as_ref())
     }
 }
 
@@ -120,6 +147,8 @@ pub struct RespSession {
 struct ConnState {
     authed: bool,
     id: u64,
+    /// The selected database: 0 the in-memory kv, n the n-th shard.
+    db: usize,
 }
 
 impl RespSession {
@@ -131,6 +160,7 @@ impl RespSession {
             state: ConnState {
                 authed: shared.password.is_none(),
                 id,
+                db: 0,
             },
         }
     }
@@ -160,7 +190,10 @@ impl RespSession {
         while done.consumed < input.len() && out.len() < RESP_OUTPUT_SOFT_BYTES {
             let rest = &input[done.consumed..];
             if until_prefetch == 0 {
-                self.prefetch(&mut ex, rest);
+                // Prefetching helps the in-memory kv only.
+                if self.state.db == 0 {
+                    self.prefetch(&mut ex, rest);
+                }
                 until_prefetch = RESP_PREFETCH_KEYS;
             }
             until_prefetch -= 1;
@@ -247,6 +280,14 @@ impl ConnState {
             );
             return After::Continue;
         }
+        if self.db != 0 && shard_db::is_keyed(spec.id) {
+            if let Some(shard) = ex.shared.db(self.db) {
+                // A disk sync must not hold up the kv's other clients.
+                ex.held = None;
+                shard_db::command(shard, self.db, spec, a, out);
+                return After::Continue;
+            }
+        }
         match spec.id {
             Cmd::Get => ex.get(a.get(1), out),
             Cmd::Set => ex.set(a, out),
@@ -274,9 +315,13 @@ impl ConnState {
             },
             Cmd::Echo => resp::bulk(out, a.get(1)),
             Cmd::Auth => self.auth(ex.shared, a, out),
-            Cmd::Select => match a.get(1) {
-                b"0" => resp::simple(out, "OK"),
-                _ => resp::error(out, "ERR DB index is out of range"),
+            Cmd::Select => match parse_i64(a.get(1)) {
+                Some(n) if n >= 0 && n as u64 <= ex.shared.dbs.len() as u64 => {
+                    self.db = n as usize;
+                    resp::simple(out, "OK")
+                }
+                Some(_) => resp::error(out, "ERR DB index is out of range"),
+                None => resp::error(out, NOT_INTEGER),
             },
             Cmd::Dbsize => resp::integer(out, ex.shared.parts.stats().items as i64),
             Cmd::Info => info(ex.shared, a, out),
@@ -1026,10 +1071,12 @@ fn info(shared: &RespShared, a: Args<'_>, out: &mut Vec<u8>) {
             c.protocol_errors.load(Ordering::Relaxed),
         ),
     );
-    add(
-        b"keyspace",
-        format!("# Keyspace\r\ndb0:keys={}\r\n", e.items),
-    );
+    let mut keyspace = format!("# Keyspace\r\ndb0:keys={}\r\n", e.items);
+    for (i, shard) in shared.dbs.iter().enumerate() {
+        // An estimate: a shard counts its pairs exactly only by a scan.
+        keyspace.push_str(&format!("db{}:keys={}\r\n", i + 1, shard.approximate_len()));
+    }
+    add(b"keyspace", keyspace);
     resp::bulk(out, s.as_bytes());
 }
 
@@ -1044,7 +1091,7 @@ fn config(shared: &RespShared, a: Args<'_>, out: &mut Vec<u8>) {
             let params: [(&str, String); 6] = [
                 ("save", String::new()),
                 ("appendonly", "no".into()),
-                ("databases", "1".into()),
+                ("databases", (1 + shared.dbs.len()).to_string()),
                 ("maxmemory", shared.pool_bytes.to_string()),
                 ("maxmemory-policy", policy.into()),
                 ("port", shared.port.to_string()),

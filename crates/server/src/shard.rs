@@ -16,7 +16,7 @@ use fabrickv_wire::control::encode_error;
 use fabrickv_wire::shard::{decode_request, encode_refusal, encode_reply, ShardMessage};
 use fabrickv_wire::{decode_frame, FrameKind};
 
-mod data;
+pub(crate) mod data;
 
 /// A shard to serve: its name on the wire and its directory.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,7 +11,9 @@
 //! - [`ps`]: embedding-table (parameter server) requests and replies, and
 //!   the deterministic initializer that preload and checks share;
 //! - [`shard`]: persistent-shard requests and replies (data operations and
-//!   the copy's control).
+//!   the copy's control);
+//! - [`shard_data`]: the payloads of the shard data ops (batched GET, PUT,
+//!   DELETE) and of their replies.
 //!
 //! Everything here is sans-I/O: functions take byte slices and append to
 //! `Vec<u8>`, so the codec is tested and fuzzed without sockets. Decoding
@@ -26,6 +28,7 @@ pub mod ps;
 pub mod request;
 pub mod response;
 pub mod shard;
+pub mod shard_data;
 
 pub use header::{decode_frame, Frame, FrameHeader, FrameKind, WireError, MAGIC, VERSION};
 pub use request::{Op, OpCode, PutCondition, RequestBuilder, RequestIter};

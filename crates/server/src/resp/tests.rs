@@ -6,6 +6,7 @@ use fabrickv_engine::{Mode as EngineMode, Partition, PartitionConfig};
 
 use super::*;
 use crate::partitions::Partitions;
+use fabrickv_wire::shard_data::SHARD_DATA_KEY_BYTES_MAX;
 
 fn shared_with(parts: usize, password: Option<&str>) -> RespShared {
     let p = (0..parts)
@@ -379,4 +380,147 @@ fn glob_matches_like_redis() {
     assert!(!glob_match(b"save?", b"save"));
     assert!(!glob_match(b"a*b", b"acd"));
     assert!(glob_match(b"", b""));
+}
+
+/// A connection to a front-end serving two shards (db 1 and db 2) in a
+/// temporary directory, beside the in-memory kv (db 0).
+fn with_shards() -> (Conn, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let specs: Vec<crate::shard::ShardSpec> = ["first", "second"]
+        .iter()
+        .map(|n| crate::shard::ShardSpec {
+            name: n.to_string(),
+            path: dir.path().join(n),
+        })
+        .collect();
+    let copies = fabrickv_copy::source::CopySources::new(std::net::IpAddr::from([127, 0, 0, 1]));
+    let shards = crate::shard::Shards::open(&specs, copies).expect("shards open");
+    (Conn::with(shared_with(1, None).with_shards(&shards)), dir)
+}
+
+#[test]
+fn select_picks_the_kv_or_a_shard() {
+    let (mut c, _dir) = with_shards();
+    assert_eq!(c.run(&["SET", "k", "kv"]), "+OK\r\n");
+    assert_eq!(c.run(&["SELECT", "1"]), "+OK\r\n");
+    assert_eq!(c.run(&["GET", "k"]), "$-1\r\n", "db 1 is not the kv");
+    assert_eq!(c.run(&["SET", "k", "one"]), "+OK\r\n");
+    assert_eq!(c.run(&["SELECT", "2"]), "+OK\r\n");
+    assert_eq!(c.run(&["GET", "k"]), "$-1\r\n", "db 2 is another shard");
+    assert_eq!(c.run(&["SET", "k", "two"]), "+OK\r\n");
+    assert_eq!(c.run(&["SELECT", "3"]), "-ERR DB index is out of range\r\n");
+    assert_eq!(
+        c.run(&["SELECT", "-1"]),
+        "-ERR DB index is out of range\r\n"
+    );
+    assert_eq!(
+        c.run(&["SELECT", "x"]),
+        "-ERR value is not an integer or out of range\r\n"
+    );
+    assert_eq!(
+        c.run(&["GET", "k"]),
+        "$3\r\ntwo\r\n",
+        "a refused SELECT keeps db 2"
+    );
+    assert_eq!(c.run(&["SELECT", "1"]), "+OK\r\n");
+    assert_eq!(c.run(&["GET", "k"]), "$3\r\none\r\n");
+    assert_eq!(c.run(&["SELECT", "0"]), "+OK\r\n");
+    assert_eq!(c.run(&["GET", "k"]), "$2\r\nkv\r\n");
+    assert_eq!(
+        c.run(&["CONFIG", "GET", "databases"]),
+        "*2\r\n$9\r\ndatabases\r\n$1\r\n3\r\n"
+    );
+    let ks = c.run(&["INFO", "keyspace"]);
+    assert!(ks.contains("db1:keys=") && ks.contains("db2:keys="), "{ks}");
+}
+
+#[test]
+fn data_commands_on_a_shard() {
+    let (mut c, _dir) = with_shards();
+    assert_eq!(c.run(&["SELECT", "1"]), "+OK\r\n");
+    assert_eq!(c.run(&["STRLEN", "a"]), ":0\r\n");
+    assert_eq!(
+        c.run(&["MSET", "a", "1", "b", "22", "", "empty key"]),
+        "+OK\r\n"
+    );
+    assert_eq!(c.run(&["GET", ""]), "$9\r\nempty key\r\n");
+    assert_eq!(c.run(&["STRLEN", "b"]), ":2\r\n");
+    assert_eq!(
+        c.run(&["MGET", "a", "nope", "b"]),
+        "*3\r\n$1\r\n1\r\n$-1\r\n$2\r\n22\r\n"
+    );
+    assert_eq!(c.run(&["EXISTS", "a", "a", "nope"]), ":2\r\n");
+    c.feed(&cmd(&[b"SET", b"bin", b"a\r\n\0b"]));
+    assert_eq!(c.run(&["GET", "bin"]), "$5\r\na\r\n\0b\r\n");
+    assert_eq!(c.run(&["DEL", "a", "a", "nope", ""]), ":2\r\n");
+    assert_eq!(c.run(&["EXISTS", "a", ""]), ":0\r\n");
+    assert_eq!(c.run(&["DEL", "a"]), ":0\r\n");
+    assert_eq!(
+        c.run(&["MSET", "a"]),
+        "-ERR wrong number of arguments for 'mset' command\r\n"
+    );
+    // Keys up to the shard's bound, longer than the kv's.
+    let long = "k".repeat(1000);
+    assert_eq!(c.run(&["SET", &long, "v"]), "+OK\r\n");
+    assert_eq!(c.run(&["GET", &long]), "$1\r\nv\r\n");
+    let too_long = "k".repeat(SHARD_DATA_KEY_BYTES_MAX + 1);
+    assert_eq!(
+        c.run(&["MSET", "fresh", "v", &too_long, "v"]),
+        format!(
+            "-ERR key is {} bytes; shard keys are at most {SHARD_DATA_KEY_BYTES_MAX} bytes\r\n",
+            SHARD_DATA_KEY_BYTES_MAX + 1
+        )
+    );
+    assert_eq!(
+        c.run(&["GET", "fresh"]),
+        "$-1\r\n",
+        "a refused MSET wrote nothing"
+    );
+}
+
+#[test]
+fn shard_limitations_are_named() {
+    let (mut c, _dir) = with_shards();
+    c.run(&["SELECT", "2"]);
+    assert_eq!(
+        c.run(&["SET", "k", "v", "NX"]),
+        "-ERR SET options (NX, XX, GET, EX, PX, EXAT, PXAT, KEEPTTL) are not supported on a persistent shard (db 2): only a plain SET key value\r\n"
+    );
+    assert_eq!(
+        c.run(&["GET", "k"]),
+        "$-1\r\n",
+        "a refused SET wrote nothing"
+    );
+    assert_eq!(
+        c.run(&["EXPIRE", "k", "10"]),
+        "-ERR 'expire' is not supported on a persistent shard (db 2): shard keys do not expire\r\n"
+    );
+    assert_eq!(
+        c.run(&["TTL", "k"]),
+        "-ERR 'ttl' is not supported on a persistent shard (db 2): shard keys do not expire\r\n"
+    );
+    assert_eq!(
+        c.run(&["INCR", "k"]),
+        "-ERR 'incr' is not supported on a persistent shard (db 2): shards store plain values, not counters\r\n"
+    );
+    assert!(c
+        .run(&["DBSIZE"])
+        .starts_with("-ERR 'dbsize' is not supported on a persistent shard (db 2)"));
+    // Commands about the connection still work.
+    assert_eq!(c.run(&["PING"]), "+PONG\r\n");
+    // Arity is checked first, as on db 0.
+    assert_eq!(
+        c.run(&["GET"]),
+        "-ERR wrong number of arguments for 'get' command\r\n"
+    );
+}
+
+#[test]
+fn without_shards_only_db_0_exists() {
+    let mut c = Conn::new(1);
+    assert_eq!(c.run(&["SELECT", "1"]), "-ERR DB index is out of range\r\n");
+    assert_eq!(
+        c.run(&["CONFIG", "GET", "databases"]),
+        "*2\r\n$9\r\ndatabases\r\n$1\r\n1\r\n"
+    );
 }

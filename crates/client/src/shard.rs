@@ -1,0 +1,315 @@
+//! The persistent-shard client: batched GET, PUT and DELETE on the shards
+//! a server serves (`serve --shard NAME=PATH`).
+//!
+//! A [`ShardClient`] owns one connection to the server's worker 0 (any
+//! worker serves any shard; a shard op runs on the worker that receives
+//! it) and keeps one request in flight. Writes are acknowledged only once
+//! durable: when [`ShardClient::put_many`] or [`ShardClient::delete_many`]
+//! returns `Ok`, the batch has been applied atomically and its journal
+//! synced, and it survives a crash of the server.
+//!
+//! A PUT or DELETE batch is one frame, so that it is one atomic write: a
+//! batch larger than a frame (or than `SHARD_BATCH_KEYS_MAX` entries) is
+//! refused before it is sent rather than split. Reads have no such need:
+//! [`ShardClient::get_many`] splits its keys over as many requests as it
+//! takes, and asks again for the keys the server could not fit in a reply
+//! (`REPLY_FULL`).
+
+use std::time::{Duration, Instant};
+
+use fabrickv_transport::Endpoint;
+use fabrickv_types::limits::{FRAME_BODY_BYTES_MAX, SHARD_NAME_BYTES_MAX};
+use fabrickv_types::ErrorCode;
+use fabrickv_wire::control::decode_error;
+use fabrickv_wire::shard::{decode_reply, ShardOp};
+use fabrickv_wire::shard_data::{
+    decode_get_reply, encode_delete, encode_get, encode_put, keys_payload_bytes,
+    pairs_payload_bytes, request_overhead_bytes, KEY_ENTRY_HEADER_BYTES, SHARD_BATCH_KEYS_MAX,
+    SHARD_DATA_KEY_BYTES_MAX, SHARD_DATA_VALUE_BYTES_MAX,
+};
+use fabrickv_wire::{decode_frame, FrameKind};
+
+use crate::{ClientError, Result, DEFAULT_TIMEOUT};
+
+/// The server worker a shard client talks to.
+const SHARD_WORKER: u16 = 0;
+
+/// A client of the persistent shards of one server.
+pub struct ShardClient {
+    ep: Box<dyn Endpoint>,
+    timeout: Duration,
+    next_id: u64,
+    /// Encoding scratch.
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for ShardClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardClient")
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl ShardClient {
+    /// Connects to the server at `addr`; `timeout` bounds the connect and
+    /// each call (a durable write waits for the server's disk).
+    pub fn connect(addr: &str, timeout: Duration) -> Result<ShardClient> {
+        let ep = fabrickv_transport::connect(addr, SHARD_WORKER, timeout)?;
+        Ok(ShardClient {
+            ep,
+            timeout,
+            next_id: 1,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Connects with [`DEFAULT_TIMEOUT`].
+    pub fn connect_default(addr: &str) -> Result<ShardClient> {
+        ShardClient::connect(addr, DEFAULT_TIMEOUT)
+    }
+
+    /// Reads one key of shard `shard`; `None` when absent.
+    pub fn get(&mut self, shard: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.get_many(shard, &[key])?.pop().flatten())
+    }
+
+    /// Reads many keys of shard `shard`; one result per key, in order.
+    /// Keys are sent in as many requests as the bounds need.
+    pub fn get_many<K: AsRef<[u8]>>(
+        &mut self,
+        shard: &str,
+        keys: &[K],
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        check_name(shard)?;
+        for k in keys {
+            check_key(k.as_ref())?;
+        }
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        let room = FRAME_BODY_BYTES_MAX - request_overhead_bytes(shard);
+        while !pending.is_empty() {
+            // As many pending keys as one request holds (at least one:
+            // any key within the bounds fits a request alone).
+            let mut take = 0;
+            let mut bytes = keys_payload_bytes::<&[u8]>(&[]);
+            while take < pending.len() && take < SHARD_BATCH_KEYS_MAX {
+                let more = KEY_ENTRY_HEADER_BYTES + keys[pending[take]].as_ref().len();
+                if take > 0 && bytes + more > room {
+                    break;
+                }
+                bytes += more;
+                take += 1;
+            }
+            let batch: Vec<&[u8]> = pending[..take].iter().map(|&i| keys[i].as_ref()).collect();
+            let payload = self.call(ShardOp::Get, |b, id| {
+                encode_get(b, id, SHARD_WORKER, shard, &batch)
+            })?;
+            let results = decode_get_reply(&payload).map_err(protocol)?;
+            if results.len() != take {
+                return Err(ClientError::Protocol(format!(
+                    "a GET of {take} keys was answered with {} results",
+                    results.len()
+                )));
+            }
+            let mut again = Vec::new();
+            for (r, &i) in results.iter().zip(&pending[..take]) {
+                match r.code {
+                    ErrorCode::Ok => out[i] = Some(r.value.to_vec()),
+                    ErrorCode::NotFound => {}
+                    ErrorCode::ReplyFull if i != pending[0] => again.push(i),
+                    ErrorCode::ReplyFull => {
+                        return Err(ClientError::Protocol(
+                            "the first key of a GET did not fit its reply".into(),
+                        ))
+                    }
+                    code => {
+                        return Err(ClientError::Server {
+                            code,
+                            message: format!(
+                                "key #{i} ({} bytes) of shard {shard:?}",
+                                keys[i].as_ref().len()
+                            ),
+                        })
+                    }
+                }
+            }
+            again.extend_from_slice(&pending[take..]);
+            pending = again;
+        }
+        Ok(out)
+    }
+
+    /// Writes one pair, durably.
+    pub fn put(&mut self, shard: &str, key: &[u8], value: &[u8]) -> Result<()> {
+        self.put_many(shard, &[(key, value)])
+    }
+
+    /// Writes `pairs` to shard `shard` as one atomic batch (in order: a key
+    /// given twice ends with its last value); returns once the batch is
+    /// durable. The batch must fit one frame.
+    pub fn put_many<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &mut self,
+        shard: &str,
+        pairs: &[(K, V)],
+    ) -> Result<()> {
+        check_name(shard)?;
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        for (k, v) in pairs {
+            check_key(k.as_ref())?;
+            let v = v.as_ref();
+            if v.len() > SHARD_DATA_VALUE_BYTES_MAX {
+                return Err(ClientError::Invalid(
+                    ErrorCode::ValueTooLarge,
+                    format!(
+                        "a value of {} bytes exceeds SHARD_DATA_VALUE_BYTES_MAX ({SHARD_DATA_VALUE_BYTES_MAX})",
+                        v.len()
+                    ),
+                ));
+            }
+        }
+        check_batch(shard, pairs.len(), pairs_payload_bytes(pairs))?;
+        self.call(ShardOp::Put, |b, id| {
+            encode_put(b, id, SHARD_WORKER, shard, pairs)
+        })
+        .map(drop)
+    }
+
+    /// Removes `keys` from shard `shard` as one atomic batch (absent keys
+    /// are fine); returns once the batch is durable.
+    pub fn delete_many<K: AsRef<[u8]>>(&mut self, shard: &str, keys: &[K]) -> Result<()> {
+        check_name(shard)?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        for k in keys {
+            check_key(k.as_ref())?;
+        }
+        check_batch(shard, keys.len(), keys_payload_bytes(keys))?;
+        self.call(ShardOp::Delete, |b, id| {
+            encode_delete(b, id, SHARD_WORKER, shard, keys)
+        })
+        .map(drop)
+    }
+
+    /// Removes one key, durably.
+    pub fn delete(&mut self, shard: &str, key: &[u8]) -> Result<()> {
+        self.delete_many(shard, &[key])
+    }
+
+    /// Sends one request built by `build` and returns its reply's payload
+    /// (status OK), or the server's refusal as an error.
+    fn call(&mut self, op: ShardOp, build: impl FnOnce(&mut Vec<u8>, u64)) -> Result<Vec<u8>> {
+        let req = self.next_id;
+        self.next_id += 1;
+        self.scratch.clear();
+        build(&mut self.scratch, req);
+        self.ep.post(&self.scratch)?;
+        self.ep.flush(self.timeout)?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let mut got: Option<Result<Option<Vec<u8>>>> = None;
+            self.ep
+                .poll(1, &mut |msg| got = Some(reply_of(msg, req, op)))?;
+            match got {
+                // The reply to an earlier request that timed out: skipped.
+                Some(Ok(None)) | None => {}
+                Some(r) => return r.map(Option::unwrap_or_default),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::Timeout);
+            }
+            self.ep.wait(left)?;
+        }
+    }
+}
+
+/// Reads the reply to request `req`, an `op`: its payload, or `None`
+/// for the reply to an earlier request.
+fn reply_of(msg: &[u8], req: u64, op: ShardOp) -> Result<Option<Vec<u8>>> {
+    let frame = decode_frame(msg).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    if frame.header.request_id < req {
+        return Ok(None);
+    }
+    if frame.header.request_id != req {
+        return Err(ClientError::Protocol(format!(
+            "reply to request {} while waiting for {req}",
+            frame.header.request_id
+        )));
+    }
+    if frame.header.kind == FrameKind::Error {
+        return Err(match decode_error(&frame) {
+            Ok((code, message)) => ClientError::Server { code, message },
+            Err(e) => ClientError::Protocol(e.to_string()),
+        });
+    }
+    let (code, m) = decode_reply(&frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    if m.op != op {
+        return Err(ClientError::Protocol(format!(
+            "a {op:?} was answered as a {:?}",
+            m.op
+        )));
+    }
+    if code != ErrorCode::Ok {
+        return Err(ClientError::Server {
+            code,
+            message: String::from_utf8_lossy(m.payload).into_owned(),
+        });
+    }
+    Ok(Some(m.payload.to_vec()))
+}
+
+fn protocol(e: fabrickv_wire::shard_data::DataError) -> ClientError {
+    ClientError::Protocol(format!("shard reply: {e}"))
+}
+
+fn check_name(shard: &str) -> Result<()> {
+    if shard.is_empty() || shard.len() > SHARD_NAME_BYTES_MAX {
+        return Err(ClientError::Invalid(
+            ErrorCode::Malformed,
+            format!(
+                "shard name of {} bytes; names are 1..={SHARD_NAME_BYTES_MAX} bytes",
+                shard.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_key(key: &[u8]) -> Result<()> {
+    if key.len() > SHARD_DATA_KEY_BYTES_MAX {
+        return Err(ClientError::Invalid(
+            ErrorCode::KeyTooLong,
+            format!(
+                "a key of {} bytes exceeds SHARD_DATA_KEY_BYTES_MAX ({SHARD_DATA_KEY_BYTES_MAX})",
+                key.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that a write batch is one request: it must stay atomic.
+fn check_batch(shard: &str, count: usize, payload_bytes: usize) -> Result<()> {
+    if count > SHARD_BATCH_KEYS_MAX {
+        return Err(ClientError::Invalid(
+            ErrorCode::BatchTooLarge,
+            format!(
+                "a batch of {count} entries exceeds SHARD_BATCH_KEYS_MAX ({SHARD_BATCH_KEYS_MAX}); an atomic batch is one request"
+            ),
+        ));
+    }
+    let bytes = request_overhead_bytes(shard) + payload_bytes;
+    if bytes > FRAME_BODY_BYTES_MAX {
+        return Err(ClientError::Invalid(
+            ErrorCode::FrameTooLarge,
+            format!(
+                "a batch of {bytes} bytes exceeds a frame ({FRAME_BODY_BYTES_MAX} bytes); an atomic batch is one request"
+            ),
+        ));
+    }
+    Ok(())
+}
