@@ -226,6 +226,56 @@ fn resp_and_native_see_the_same_data(t: Transport) {
     s.shutdown();
 }
 
+/// `redis-cli -n 1`: the first `--shard` is database 1, shared with the
+/// native shard client; db 0 stays the in-memory kv.
+fn select_reaches_a_persistent_shard(t: Transport) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, |c| {
+        c.resp = Some("127.0.0.1:0".into());
+        c.shards = ["a", "b"]
+            .iter()
+            .map(|n| fabrickv_server::shard::ShardSpec {
+                name: n.to_string(),
+                path: dir.path().join(n),
+            })
+            .collect();
+    });
+    let mut shard = fabrickv_client::ShardClient::connect(&s.addr, TIMEOUT).expect("connects");
+    let mut r = Resp::connect(&s);
+    assert_eq!(r.call(&["SET", "k", "in memory"]), "+OK");
+    assert_eq!(r.call(&["SELECT", "2"]), "+OK");
+    assert_eq!(r.call(&["SET", "k", "on b"]), "+OK");
+    assert_eq!(r.call(&["SELECT", "1"]), "+OK");
+    assert_eq!(r.call(&["MSET", "k", "on a", "", "empty key"]), "+OK");
+    // Acknowledged means durable, and visible to the native client.
+    assert_eq!(
+        shard.get("a", b"k").expect("get").as_deref(),
+        Some(&b"on a"[..])
+    );
+    assert_eq!(
+        shard.get("b", b"k").expect("get").as_deref(),
+        Some(&b"on b"[..])
+    );
+    assert_eq!(
+        shard.get("a", b"").expect("get").as_deref(),
+        Some(&b"empty key"[..])
+    );
+    shard.put("a", b"native", b"n").expect("put");
+    assert_eq!(r.call(&["MGET", "native", "k", "none"]), "[$n,$on a,nil]");
+    assert_eq!(r.call(&["DEL", "native", "none"]), ":1");
+    assert_eq!(shard.get("a", b"native").expect("get"), None);
+    assert!(r
+        .call(&["TTL", "k"])
+        .starts_with("-ERR 'ttl' is not supported on a persistent shard"));
+    assert_eq!(r.call(&["SELECT", "3"]), "-ERR DB index is out of range");
+    assert_eq!(r.call(&["SELECT", "0"]), "+OK");
+    assert_eq!(r.call(&["GET", "k"]), "$in memory");
+    // Each connection starts on db 0.
+    let mut other = Resp::connect(&s);
+    assert_eq!(other.call(&["GET", "k"]), "$in memory");
+    s.shutdown();
+}
+
 fn password_is_enforced(t: Transport) {
     let s = server(t, Some("hunter2"));
     let mut c = Resp::connect(&s);
@@ -257,6 +307,7 @@ transport_tests!(
     hostile_input_closes_only_that_connection,
     a_client_that_does_not_read_is_paused_not_buffered,
     resp_and_native_see_the_same_data,
+    select_reaches_a_persistent_shard,
     password_is_enforced,
     ttl_expires_without_access,
 );
