@@ -1,0 +1,228 @@
+//! Acknowledged means durable: a real `fabrickv serve --shard` process is
+//! killed with SIGKILL while clients write batches to it, restarted on the
+//! same directory, and must hold every batch it acknowledged, value for
+//! value; a batch it had not acknowledged is there whole or not at all.
+//! Over tcp and over shm (both reach another process; inproc cannot).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use fabrickv_client::ShardClient;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fabrickv");
+
+/// Keys per written batch.
+const BATCH_KEYS: usize = 8;
+
+/// Acknowledged keys (over all writers) before the server is killed.
+const ACKED_KEYS_BEFORE_KILL: usize = 400;
+
+/// Writer threads, each on its own connection.
+const WRITERS: u64 = 2;
+
+/// How long a client call may wait: short, so that writers blocked on the
+/// killed server give up quickly.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long the writers may take to be acknowledged enough writes.
+const ACK_WAIT: Duration = Duration::from_secs(30);
+
+static NAMES: AtomicU32 = AtomicU32::new(0);
+
+struct Served {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `fabrickv serve --shard s=DIR` on `listen` and learns the
+/// resolved address from the line it prints once listening.
+fn serve(listen: &str, dir: &Path) -> Served {
+    let shard = format!("s={}", dir.display());
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", listen, "--workers", "2"])
+        .args(["--memory", "64MB", "--log-level", "warn", "--shard", &shard])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start server");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("server exited before listening")
+            .expect("read stderr");
+        if let Some(rest) = line.split("serving on ").nth(1) {
+            let addr = rest.split_whitespace().next().expect("address");
+            break addr.trim_end_matches(',').to_string();
+        }
+    };
+    // Keep draining the server's log so it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Served { child, addr }
+}
+
+fn key_of(writer: u64, batch: u64, i: usize) -> Vec<u8> {
+    format!("w{writer}-b{batch}-k{i}").into_bytes()
+}
+
+/// A value whose bytes and length (some inline, some in blob files: the
+/// shard separates values from 128 bytes) depend on its key.
+fn value_of(writer: u64, batch: u64, i: usize) -> Vec<u8> {
+    let seed = writer << 40 | batch << 8 | i as u64;
+    let len = if i.is_multiple_of(2) { 40 } else { 700 };
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Keys acknowledged so far, and writers that have stopped.
+type Progress = Arc<(Mutex<(usize, u64)>, Condvar)>;
+
+/// What one writer did: the batches acknowledged, and the batch it was
+/// writing when its call failed.
+struct Written {
+    writer: u64,
+    acked: Vec<u64>,
+    unacked: u64,
+}
+
+/// Writes batches until a call fails (the server was killed).
+fn writer(addr: String, writer: u64, progress: Progress) -> Written {
+    let (state, cv) = &*progress;
+    // Wakes the test however this writer ends, so a failure is not a hang.
+    struct Stopped<'a>(&'a Mutex<(usize, u64)>, &'a Condvar);
+    impl Drop for Stopped<'_> {
+        fn drop(&mut self) {
+            if let Ok(mut s) = self.0.lock() {
+                s.1 += 1;
+            }
+            self.1.notify_all();
+        }
+    }
+    let _stopped = Stopped(state, cv);
+    let mut c = ShardClient::connect(&addr, CALL_TIMEOUT).expect("writer connects");
+    let mut acked = Vec::new();
+    for batch in 0u64.. {
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..BATCH_KEYS)
+            .map(|i| (key_of(writer, batch, i), value_of(writer, batch, i)))
+            .collect();
+        if c.put_many("s", &pairs).is_err() {
+            return Written {
+                writer,
+                acked,
+                unacked: batch,
+            };
+        }
+        acked.push(batch);
+        state.lock().expect("progress lock").0 += BATCH_KEYS;
+        cv.notify_all();
+    }
+    unreachable!("a writer stops only when the server is gone")
+}
+
+fn kill_during_writes_loses_no_acknowledged_write(listen: impl Fn() -> String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut served = serve(&listen(), dir.path());
+    let progress: Progress = Arc::new((Mutex::new((0, 0)), Condvar::new()));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (addr, p) = (served.addr.clone(), progress.clone());
+            std::thread::spawn(move || writer(addr, w, p))
+        })
+        .collect();
+    {
+        let (state, cv) = &*progress;
+        let (s, timeout) = cv
+            .wait_timeout_while(state.lock().expect("progress lock"), ACK_WAIT, |s| {
+                s.0 < ACKED_KEYS_BEFORE_KILL && s.1 == 0
+            })
+            .expect("progress lock");
+        assert!(
+            !timeout.timed_out() && s.1 == 0,
+            "{} writes acknowledged and {} writers stopped before the kill",
+            s.0,
+            s.1
+        );
+    }
+    // SIGKILL, with the writers still writing.
+    served.child.kill().expect("kill -9 the server");
+    served.child.wait().expect("reap the server");
+    let written: Vec<Written> = writers
+        .into_iter()
+        .map(|t| t.join().expect("writer thread"))
+        .collect();
+    let total: usize = written.iter().map(|w| w.acked.len() * BATCH_KEYS).sum();
+    assert!(total >= ACKED_KEYS_BEFORE_KILL, "{total} acknowledged");
+
+    let served = serve(&listen(), dir.path());
+    let mut c = ShardClient::connect(&served.addr, CALL_TIMEOUT).expect("connects after restart");
+    let mut missing = BTreeMap::new();
+    for w in &written {
+        for &b in &w.acked {
+            let keys: Vec<Vec<u8>> = (0..BATCH_KEYS).map(|i| key_of(w.writer, b, i)).collect();
+            let got = c.get_many("s", &keys).expect("get_many after restart");
+            for (i, g) in got.into_iter().enumerate() {
+                if g != Some(value_of(w.writer, b, i)) {
+                    missing.insert(String::from_utf8_lossy(&keys[i]).into_owned(), g.is_some());
+                }
+            }
+        }
+        // The batch in flight at the kill: atomic, so all or nothing.
+        let keys: Vec<Vec<u8>> = (0..BATCH_KEYS)
+            .map(|i| key_of(w.writer, w.unacked, i))
+            .collect();
+        let got = c.get_many("s", &keys).expect("get_many after restart");
+        let present = got.iter().filter(|g| g.is_some()).count();
+        assert!(
+            present == 0 || present == BATCH_KEYS,
+            "writer {}: unacknowledged batch {} is torn ({present} of {BATCH_KEYS} keys)",
+            w.writer,
+            w.unacked
+        );
+        for (i, g) in got.iter().enumerate() {
+            if let Some(v) = g {
+                assert_eq!(v, &value_of(w.writer, w.unacked, i), "torn value");
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} of {total} acknowledged writes lost or wrong after kill -9 (key -> present with a wrong value): {missing:?}",
+        missing.len()
+    );
+}
+
+#[test]
+fn tcp_kill_during_writes_loses_no_acknowledged_write() {
+    kill_during_writes_loses_no_acknowledged_write(|| "127.0.0.1:0".to_string());
+}
+
+#[test]
+fn shm_kill_during_writes_loses_no_acknowledged_write() {
+    fabrickv_transport_shm::install();
+    kill_during_writes_loses_no_acknowledged_write(|| {
+        format!(
+            "shm://shard-crash-{}-{}",
+            std::process::id(),
+            NAMES.fetch_add(1, Ordering::Relaxed)
+        )
+    });
+}
