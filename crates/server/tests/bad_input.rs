@@ -169,7 +169,7 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
     refused("bad magic", E::Malformed, &|m| m[0] ^= 0xFF, id());
     refused("version 0", E::UnsupportedVersion, &|m| m[2] = 0, id());
     refused("version 2", E::UnsupportedVersion, &|m| m[2] = 2, id());
-    for kind in [0u8, 12, 255] {
+    for kind in [0u8, 14, 255] {
         refused(
             &format!("frame kind {kind}"),
             E::UnknownOpcode,
@@ -184,6 +184,7 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
         (7, "Error"),
         (9, "PsReply"),
         (11, "CacheReply"),
+        (13, "ShardReply"),
     ] {
         refused(
             &format!("a {name} sent as a request"),
