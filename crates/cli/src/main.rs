@@ -5,6 +5,7 @@
 
 mod bench;
 mod cache_bench;
+mod copy_cmd;
 mod ps_bench;
 mod ps_cmd;
 mod rpc_bench;
@@ -229,6 +230,9 @@ enum Command {
         #[command(subcommand)]
         which: shard_cmd::ShardCommand,
     },
+    /// Pulls a shard from a server into a directory: checkpointed,
+    /// parallel ranges, verified, resumable.
+    Copy(copy_cmd::CopyArgs),
     /// Benchmarks (see `fabrickv bench --help`).
     Bench {
         #[command(subcommand)]
@@ -429,6 +433,10 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
         }
         Command::Ps { which } => ps_cmd::run(which),
         Command::Shard { which } => shard_cmd::run(which),
+        Command::Copy(args) => {
+            init_logging("warn");
+            copy_cmd::run(args)
+        }
         Command::Bench { which } => bench::run(which).map(|_| ExitCode::SUCCESS),
     }
 }

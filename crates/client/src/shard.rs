@@ -64,6 +64,12 @@ impl ShardClient {
         })
     }
 
+    /// Bounds each later call by `timeout` (the connect keeps the one it
+    /// was given).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
     /// Connects with [`DEFAULT_TIMEOUT`].
     pub fn connect_default(addr: &str) -> Result<ShardClient> {
         ShardClient::connect(addr, DEFAULT_TIMEOUT)
@@ -197,6 +203,28 @@ impl ShardClient {
     /// Removes one key, durably.
     pub fn delete(&mut self, shard: &str, key: &[u8]) -> Result<()> {
         self.delete_many(shard, &[key])
+    }
+
+    /// Sends one copy control op (`CopyCheckpoint`, `CopyStart`,
+    /// `CopyStatus`, `CopyEnd`) whose payload `payload` writes, naming
+    /// `shard` (empty for the ops that name a session); returns the
+    /// reply's payload. The payloads are the copy crate's (`fabrickv-copy`
+    /// owns that protocol); this only carries them.
+    pub fn copy_control(
+        &mut self,
+        op: ShardOp,
+        shard: &str,
+        payload: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<Vec<u8>> {
+        if !op.is_copy() {
+            return Err(ClientError::Invalid(
+                ErrorCode::UnknownOpcode,
+                format!("{op:?} is not a copy control op"),
+            ));
+        }
+        self.call(op, |b, id| {
+            fabrickv_wire::shard::encode_request(b, id, SHARD_WORKER, op, shard, payload)
+        })
     }
 
     /// Sends one request built by `build` and returns its reply's payload

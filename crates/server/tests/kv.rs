@@ -481,7 +481,7 @@ fn stats_count_what_the_client_did(t: Transport) {
     assert_eq!((st["deletes"], st["items"]), (3, 7));
     assert_eq!(
         st["bytes"],
-        keys[3..].iter().map(|k| k.len() as u64 + 1).sum()
+        keys[3..].iter().map(|k| k.len() as u64 + 1).sum::<u64>()
     );
     assert_eq!((st["frames"], st["ops"]), (28, 28), "one frame per call");
     assert_eq!((st["frames_refused"], st["misrouted"]), (0, 0));

@@ -12,8 +12,8 @@ use fjall::{
 };
 
 use crate::{
-    check_write, Durability, Pair, Result, ShardBackend, ShardSnapshot, StorageError, Write,
-    KV_SEPARATION_BYTES_MIN,
+    check_write, Durability, Pair, PairVisitor, Result, ShardBackend, ShardSnapshot, StorageError,
+    Write, KV_SEPARATION_BYTES_MIN,
 };
 
 /// The keyspace that holds a shard's pairs.
@@ -225,6 +225,25 @@ impl ShardSnapshot for FjallSnapshot {
             let (k, v) = g.into_inner()?;
             Ok((user_key(&k)?.to_vec(), v.to_vec()))
         }))
+    }
+
+    fn scan_each(
+        &self,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        each: &mut PairVisitor<'_>,
+    ) -> Result<()> {
+        for g in self.snap.range(&self.data, (owned(from), owned(to))) {
+            let (k, v) = g.into_inner()?;
+            if !each(user_key(&k)?, &v)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn value_size(&self, key: &[u8]) -> Result<Option<u32>> {
+        Ok(self.snap.size_of(&self.data, stored(key))?)
     }
 
     fn sample_keys(&self, n: usize) -> Result<Vec<Vec<u8>>> {

@@ -89,6 +89,10 @@ pub enum Write<'a> {
 /// A key-value pair read from a shard.
 pub type Pair = (Vec<u8>, Vec<u8>);
 
+/// What [`ShardSnapshot::scan_each`] calls with each pair, borrowed;
+/// returns false to stop.
+pub type PairVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool> + 'a;
+
 /// A persistent, ordered key-value store in one directory.
 pub trait ShardBackend: Send + Sync {
     /// The value of `key`, if present.
@@ -119,6 +123,21 @@ pub trait ShardSnapshot: Send + Sync {
         from: Bound<&[u8]>,
         to: Bound<&[u8]>,
     ) -> Box<dyn Iterator<Item = Result<Pair>> + Send + 'a>;
+
+    /// Calls `each` with every pair with key in `(from, to)`, in key order,
+    /// until it returns false; the pairs are borrowed, not copied out (the
+    /// copier's range iterators call this for every pair of a shard).
+    fn scan_each(
+        &self,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        each: &mut PairVisitor<'_>,
+    ) -> Result<()>;
+
+    /// The size of `key`'s value in bytes, if present, read from the key's
+    /// index entry (a value in a blob file is not read): weighs key
+    /// samples by size.
+    fn value_size(&self, key: &[u8]) -> Result<Option<u32>>;
 
     /// Up to `n` keys spread evenly over the shard in key order, for
     /// splitting it into ranges of similar size (one pass over the keys).
