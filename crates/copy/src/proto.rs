@@ -671,7 +671,7 @@ impl<'a> Iterator for Pairs<'a> {
         if self.r.b.is_empty() {
             return None;
         }
-        Some((|| {
+        let pair = (|| {
             let klen = self.r.u32("key length")? as usize;
             let vlen = self.r.u32("value length")? as usize;
             if klen > SHARD_KEY_BYTES_MAX || vlen > SHARD_VALUE_BYTES_MAX {
@@ -680,7 +680,12 @@ impl<'a> Iterator for Pairs<'a> {
             let k = self.r.take(klen, "key runs past the frame")?;
             let v = self.r.take(vlen, "value runs past the frame")?;
             Ok((k, v))
-        })())
+        })();
+        if pair.is_err() {
+            // One error ends the payload: nothing after it can be framed.
+            self.r.b = &[];
+        }
+        Some(pair)
     }
 }
 
