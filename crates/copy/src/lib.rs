@@ -6,4 +6,6 @@
 //!   a consistent checkpoint split into ranges, range iterators feeding
 //!   bounded queues, one TCP data stream per parallel range.
 
+pub mod pipe;
+pub mod plot;
 pub mod source;
