@@ -143,7 +143,15 @@ pub fn run(a: CopyArgs) -> Result<ExitCode, String> {
         );
     }
     if let Some(path) = &a.plot {
-        let _ = path;
+        let title = format!(
+            "fabrickv copy of {} ({:.1} GB): {:.1} MB/s",
+            a.shard,
+            report.bytes as f64 / 1e9,
+            report.mb_per_s()
+        );
+        fabrickv_copy::plot::write_rate_png(path, &title, &report.samples)
+            .map_err(|e| format!("the copy is DONE, but its plot is not: {e}"))?;
+        eprintln!("copy: rate plot written to {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -18,6 +18,13 @@ use fabrickv_wire::{decode_frame, FrameKind};
 
 pub(crate) mod data;
 
+/// Block cache of a served shard, in bytes: none. fjall puts every value
+/// it reads from a blob file into the cache, so a copy's scan of a whole
+/// shard churns through it, and the churn cost more than the hits saved:
+/// a 2 GB copy here ran at 143 MB/s with 64 MiB of cache, 221 MB/s with
+/// 4 MiB and 246 MB/s with none. Blocks still come from the page cache.
+pub const SERVED_SHARD_CACHE_BYTES: u64 = 0;
+
 /// A shard to serve: its name on the wire and its directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardSpec {
@@ -100,8 +107,14 @@ impl Shards {
         let mut by_name = HashMap::new();
         let mut order = Vec::new();
         for s in specs {
-            let shard = FjallShard::open(&s.path, &ShardOptions::default())
-                .map_err(|e| format!("shard {:?} at {}: {e}", s.name, s.path.display()))?;
+            let shard = FjallShard::open(
+                &s.path,
+                &ShardOptions {
+                    cache_bytes: SERVED_SHARD_CACHE_BYTES,
+                    create: true,
+                },
+            )
+            .map_err(|e| format!("shard {:?} at {}: {e}", s.name, s.path.display()))?;
             tracing::info!(shard = %s.name, path = %s.path.display(), pairs = shard.approximate_len(), "serving shard");
             by_name.insert(s.name.clone(), Arc::new(shard));
             order.push(s.name.clone());
