@@ -270,7 +270,9 @@ impl Progress {
         };
         let p: Progress = serde_json::from_str(&text)
             .map_err(|e| err(ErrorCode::Malformed, format!("progress file: {e}")))?;
-        if p.version != PROGRESS_VERSION || p.ranges.len() != p.boundaries.len() + 1 {
+        let split = p.ranges.len() == p.boundaries.len() + 1;
+        let unsplit = p.ranges.is_empty() && p.boundaries.is_empty();
+        if p.version != PROGRESS_VERSION || !(split || unsplit) {
             return Err(err(
                 ErrorCode::Malformed,
                 "progress file of another version",
@@ -346,22 +348,44 @@ fn prepare(opts: &CopyOptions) -> Result<Option<Progress>, CopyError> {
             ),
         ));
     };
-    if opts.resume && p.from == opts.from && p.shard == opts.shard {
+    if opts.resume && p.shard == opts.shard && !p.ranges.is_empty() {
+        if p.from != opts.from {
+            tracing::info!(
+                "resuming a copy of {:?} made from {}, now from {}",
+                p.shard,
+                p.from,
+                opts.from
+            );
+        }
         return Ok(Some(p));
     }
     if opts.resume {
         tracing::warn!(
-            "{} holds a copy of {:?} from {}, not of {:?} from {}: starting over",
+            "{} holds no resumable copy of {:?} (it has {:?}, split: {}): starting over",
             dir.display(),
-            p.shard,
-            p.from,
             opts.shard,
-            opts.from
+            p.shard,
+            !p.ranges.is_empty()
         );
     }
     std::fs::remove_dir_all(dir).map_err(io)?;
     std::fs::create_dir_all(dir).map_err(io)?;
     Ok(None)
+}
+
+/// Marks a fresh target directory as a copy's before anything else is
+/// written to it, so a copy that fails at any point leaves a directory a
+/// rerun recognises (and empties, or resumes).
+fn claim(opts: &CopyOptions) -> Result<(), CopyError> {
+    Progress {
+        version: PROGRESS_VERSION,
+        from: opts.from.clone(),
+        shard: opts.shard.clone(),
+        boundaries: Vec::new(),
+        ranges: Vec::new(),
+        complete: false,
+    }
+    .save(&opts.to)
 }
 
 /// The host of a native address, for the data streams: its IP when it
@@ -427,7 +451,14 @@ pub fn copy(
             format!("parallelism must be 1..={COPY_STREAMS_MAX}"),
         ));
     }
+    // The source first: a copy that cannot reach it changes nothing here.
+    let mut ctl = ShardClient::connect(&opts.from, opts.connect_timeout)
+        .map_err(|e| client(&format!("connecting to {}", opts.from), e))?;
+    ctl.set_timeout(opts.op_timeout);
     let resumed = prepare(opts)?;
+    if resumed.is_none() {
+        claim(opts)?;
+    }
     let shard = FjallShard::open(
         &opts.to,
         &ShardOptions {
@@ -436,10 +467,6 @@ pub fn copy(
         },
     )
     .map_err(|e| storage("opening the target shard", e))?;
-    let mut ctl = ShardClient::connect(&opts.from, opts.connect_timeout)
-        .map_err(|e| client(&format!("connecting to {}", opts.from), e))?;
-    ctl.set_timeout(opts.op_timeout);
-
     // Checkpoint: a resumed copy asks for the ranges it had.
     let boundaries_had = match &resumed {
         Some(p) => p.boundaries()?,
