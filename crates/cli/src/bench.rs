@@ -21,6 +21,8 @@ pub enum BenchCommand {
     Ps(crate::ps_bench::PsArgs),
     /// The KV cache's read benchmark: write, warm up, N-thread checked reads, GET latency; --compare with Redis GET, raw TCP, memcpy.
     Cache(crate::cache_bench::CacheArgs),
+    /// The seed's shard copy: a generated shard copied from a server in this process, MB/s beside the seed's and the raw pipe (TCP into a file).
+    Copy(crate::copy_bench::CopyBenchArgs),
     /// Echo RPCs over a transport: the seed's table (ops/s, fast, ave, p50, p99).
     Rpc(crate::rpc_bench::RpcArgs),
     /// The echo server `bench rpc` starts as a pinned child process.
@@ -182,6 +184,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), String> {
         BenchCommand::Ps(a) => crate::ps_bench::run(a),
         BenchCommand::Cache(a) => crate::cache_bench::run(a),
         BenchCommand::Rpc(a) => crate::rpc_bench::run(a),
+        BenchCommand::Copy(a) => crate::copy_bench::run(a),
         BenchCommand::RpcServer(a) => crate::rpc_bench::serve(a),
     }
 }

@@ -81,50 +81,7 @@ pub fn run(cmd: ShardCommand) -> Result<ExitCode, String> {
                     "--value-size {value_size} exceeds SHARD_VALUE_BYTES_MAX ({SHARD_VALUE_BYTES_MAX})"
                 ));
             }
-            let nonempty = std::fs::read_dir(&path)
-                .map(|mut d| d.next().is_some())
-                .unwrap_or(false);
-            if nonempty {
-                return Err(format!(
-                    "{} is not empty: shard gen makes a new shard",
-                    path.display()
-                ));
-            }
-            let spec = GenSpec::for_size(size, key_size, value_size, seed);
-            let shard = FjallShard::open(&path, &ShardOptions::default())
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            let per = (key_size + value_size) as u64;
-            let pb = bar(spec.pairs * per, "shard gen", quiet);
-            let started = Instant::now();
-            let mut i = 0u64;
-            let n = shard
-                .load(|key, value| {
-                    if i == spec.pairs {
-                        return Ok(false);
-                    }
-                    key.resize(key_size, 0);
-                    value.resize(value_size, 0);
-                    spec.key(i, key);
-                    spec.value(i, value);
-                    i += 1;
-                    if i.is_multiple_of(4096) {
-                        pb.set_position(i * per);
-                    }
-                    Ok(true)
-                })
-                .map_err(|e| format!("writing {}: {e}", path.display()))?;
-            pb.finish_and_clear();
-            let secs = started.elapsed().as_secs_f64();
-            println!(
-                "shard gen: {} pairs ({} B keys, {} B values, seed {seed}), {:.1} MB in {secs:.1} s ({:.1} MB/s), {:.1} MB on disk at {}",
-                n,
-                key_size,
-                value_size,
-                (n * per) as f64 / 1e6,
-                (n * per) as f64 / 1e6 / secs.max(1e-9),
-                shard.disk_bytes() as f64 / 1e6,
-                path.display()
-            );
+            generate(&path, size, key_size, value_size, seed, quiet)?;
             Ok(ExitCode::SUCCESS)
         }
         ShardCommand::Checksum { path, json } => {
@@ -156,4 +113,61 @@ pub fn run(cmd: ShardCommand) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Writes a new shard of about `size` bytes at `path` (which must be new
+/// or empty) and prints what it made; `shard gen` and `bench copy`.
+pub fn generate(
+    path: &std::path::Path,
+    size: u64,
+    key_size: usize,
+    value_size: usize,
+    seed: u64,
+    quiet: bool,
+) -> Result<(), String> {
+    let nonempty = std::fs::read_dir(&path)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false);
+    if nonempty {
+        return Err(format!(
+            "{} is not empty: shard gen makes a new shard",
+            path.display()
+        ));
+    }
+    let spec = GenSpec::for_size(size, key_size, value_size, seed);
+    let shard = FjallShard::open(&path, &ShardOptions::default())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let per = (key_size + value_size) as u64;
+    let pb = bar(spec.pairs * per, "shard gen", quiet);
+    let started = Instant::now();
+    let mut i = 0u64;
+    let n = shard
+        .load(|key, value| {
+            if i == spec.pairs {
+                return Ok(false);
+            }
+            key.resize(key_size, 0);
+            value.resize(value_size, 0);
+            spec.key(i, key);
+            spec.value(i, value);
+            i += 1;
+            if i.is_multiple_of(4096) {
+                pb.set_position(i * per);
+            }
+            Ok(true)
+        })
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    pb.finish_and_clear();
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "shard gen: {} pairs ({} B keys, {} B values, seed {seed}), {:.1} MB in {secs:.1} s ({:.1} MB/s), {:.1} MB on disk at {}",
+        n,
+        key_size,
+        value_size,
+        (n * per) as f64 / 1e6,
+        (n * per) as f64 / 1e6 / secs.max(1e-9),
+        shard.disk_bytes() as f64 / 1e6,
+        path.display()
+    );
+    Ok(())
 }
