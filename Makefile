@@ -68,6 +68,8 @@ bench-smoke: build-fabric python
 	$(BIN) bench cache --num-keys 64 --value-size 600KB --num-threads 2 --warmup 10 --depth 4 --compare --json
 	$(BIN) bench cache --transport shm --num-keys 16 --value-size 1MB --num-threads 2 --buffer-mb 4 --warmup 10 --server-cpus 0 --client-cpus 1 --compare --json
 	$(BIN) bench cache --transport fabric --provider shm --num-keys 32 --value-size 100KB --num-threads 2 --buffer-mb 4 --warmup 10 --json
+	$(BIN) bench copy --size 8MB --value-size 256 --dir $$(mktemp -d) --clean --plot $$(mktemp --suffix .png)
+	$(BIN) bench copy --size 4MB --value-size 128 --ranges 3 --parallelism 3 --dir $$(mktemp -d) --clean
 	$(BIN) bench rpc --transport inproc --duration 0.3 --report-every 0 --json
 	$(BIN) bench rpc --transport tcp --duration 0.3 --report-every 0 --affinity random --server-threads 2 --client-threads 2 --json
 	$(BIN) bench rpc --transport shm --duration 0.3 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json
@@ -83,6 +85,7 @@ bench: deps build-fabric
 	bash scripts/bench-compare.sh | tee $(BENCH_DIR)/$(DATE)-compare.txt
 	bash scripts/bench-ps.sh | tee $(BENCH_DIR)/$(DATE)-ps.txt
 	bash scripts/bench-cache.sh | tee $(BENCH_DIR)/$(DATE)-cache.txt
+	bash scripts/bench-copy.sh
 
 ## FabricKV beside redis-server and memcached (see scripts/bench-compare.sh).
 compare: deps build

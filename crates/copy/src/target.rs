@@ -747,7 +747,9 @@ fn watch(
         let pairs = shared.pairs.load(Ordering::Relaxed);
         on_event(Event::Progress { pairs, bytes });
         let dt = last_sample.0.elapsed();
-        if dt >= Duration::from_millis(COPY_LOG_INTERVAL_MS) || finished {
+        // The last interval counts when it is long enough to mean a rate.
+        let tail = finished && dt >= Duration::from_millis(COPY_LOG_INTERVAL_MS / 5);
+        if dt >= Duration::from_millis(COPY_LOG_INTERVAL_MS) || tail {
             let secs = dt.as_secs_f64().max(1e-9);
             let rate = (bytes - last_sample.1) as f64 / secs / 1e6;
             let t = t0.elapsed().as_secs_f64();
