@@ -125,7 +125,7 @@ pub fn generate(
     seed: u64,
     quiet: bool,
 ) -> Result<(), String> {
-    let nonempty = std::fs::read_dir(&path)
+    let nonempty = std::fs::read_dir(path)
         .map(|mut d| d.next().is_some())
         .unwrap_or(false);
     if nonempty {
@@ -135,7 +135,7 @@ pub fn generate(
         ));
     }
     let spec = GenSpec::for_size(size, key_size, value_size, seed);
-    let shard = FjallShard::open(&path, &ShardOptions::default())
+    let shard = FjallShard::open(path, &ShardOptions::default())
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let per = (key_size + value_size) as u64;
     let pb = bar(spec.pairs * per, "shard gen", quiet);
