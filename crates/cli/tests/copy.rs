@@ -7,7 +7,6 @@
 //! source that never answers times out and leaves nothing behind; a full
 //! disk is a clear error.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -15,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use fabrickv_client::ShardClient;
 
-const BIN: &str = env!("CARGO_BIN_EXE_fabrickv");
+mod common;
+
+use common::{serve, Served, BIN};
 
 /// The source shard of the kill tests, in bytes: large enough that a copy
 /// is still running when a durable position appears.
@@ -25,42 +26,6 @@ const KILL_SHARD_BYTES: &str = "12MB";
 const WAIT: Duration = Duration::from_secs(120);
 
 static NAMES: AtomicU32 = AtomicU32::new(0);
-
-struct Served {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(listen: &str, dir: &Path) -> Served {
-    let shard = format!("s={}", dir.display());
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", listen, "--workers", "1"])
-        .args(["--memory", "16MB", "--log-level", "warn", "--shard", &shard])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start server");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr = loop {
-        let line = lines
-            .next()
-            .expect("server exited before listening")
-            .expect("read stderr");
-        if let Some(rest) = line.split("serving on ").nth(1) {
-            let addr = rest.split_whitespace().next().expect("address");
-            break addr.trim_end_matches(',').to_string();
-        }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
-    Served { child, addr }
-}
 
 fn tcp() -> String {
     "127.0.0.1:0".to_string()
@@ -143,6 +108,18 @@ fn await_durable_position(to: &Path, copy: &mut Child) {
     }
 }
 
+/// Starts a copy and kills it (SIGKILL) once a range is durable.
+fn kill_mid_copy(addr: &str, to: &Path, args: &[&str]) {
+    let mut copy = copy_cmd(addr, to, args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start copy");
+    await_durable_position(to, &mut copy);
+    copy.kill().expect("kill -9 the target");
+    let _ = copy.wait();
+}
+
 /// Stops the server (its shard is then free for `shard checksum`).
 fn stop(served: Served) {
     drop(served);
@@ -152,7 +129,7 @@ fn copy_is_identical(listen: fn() -> String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
     gen(&src, "3MB", 256);
-    let served = serve(&listen(), &src);
+    let served = serve(&listen(), &src, 1);
     // Written through the server: the empty key, an inline value, and a
     // value far larger than a data frame's target size.
     let mut c = ShardClient::connect_default(&served.addr).expect("connect");
@@ -187,17 +164,10 @@ fn a_killed_target_resumes_with_resume_and_starts_over_without() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
     gen(&src, KILL_SHARD_BYTES, 128);
-    let served = serve(&tcp(), &src);
+    let served = serve(&tcp(), &src, 1);
     let args = ["--ranges", "4", "--durable-every", "256KB"];
 
-    let mut first = copy_cmd(&served.addr, &dst, &args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start copy");
-    await_durable_position(&dst, &mut first);
-    first.kill().expect("kill -9 the target");
-    let _ = first.wait();
+    kill_mid_copy(&served.addr, &dst, &args);
 
     let mut resumed_args = args.to_vec();
     resumed_args.push("--resume");
@@ -217,14 +187,7 @@ fn a_killed_target_resumes_with_resume_and_starts_over_without() {
     let resumed_digest = r["digest"].clone();
 
     // Killed again, and rerun without --resume: it starts over.
-    let mut second = copy_cmd(&served.addr, &dst, &args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start copy");
-    await_durable_position(&dst, &mut second);
-    second.kill().expect("kill -9 the target");
-    let _ = second.wait();
+    kill_mid_copy(&served.addr, &dst, &args);
     let r = result_of(&copy_cmd(&served.addr, &dst, &args).output().expect("copy"));
     assert_eq!(
         r["bytes_this_run"], r["bytes"],
@@ -240,7 +203,7 @@ fn a_killed_source_fails_the_copy_clearly_and_resume_finishes_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
     gen(&src, KILL_SHARD_BYTES, 256);
-    let served = serve(&tcp(), &src);
+    let served = serve(&tcp(), &src, 1);
     let args = ["--ranges", "4", "--durable-every", "256KB"];
     let mut copy = copy_cmd(&served.addr, &dst, &args)
         .stdout(Stdio::null())
@@ -257,7 +220,7 @@ fn a_killed_source_fails_the_copy_clearly_and_resume_finishes_it() {
         "unclear error: {err}"
     );
 
-    let served = serve(&tcp(), &src);
+    let served = serve(&tcp(), &src, 1);
     let mut resumed_args = args.to_vec();
     resumed_args.push("--resume");
     let r = result_of(
@@ -326,7 +289,7 @@ fn a_full_disk_is_a_clear_error() {
     }
     let _unmount = Unmount(&small);
     gen(&src, KILL_SHARD_BYTES, 256);
-    let served = serve(&tcp(), &src);
+    let served = serve(&tcp(), &src, 1);
     let out = copy_cmd(
         &served.addr,
         &small.join("dst"),

@@ -5,16 +5,15 @@
 //! Over tcp and over shm (both reach another process; inproc cannot).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use fabrickv_client::ShardClient;
 
-const BIN: &str = env!("CARGO_BIN_EXE_fabrickv");
+mod common;
+
+use common::serve;
 
 /// Keys per written batch.
 const BATCH_KEYS: usize = 8;
@@ -33,45 +32,6 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 const ACK_WAIT: Duration = Duration::from_secs(30);
 
 static NAMES: AtomicU32 = AtomicU32::new(0);
-
-struct Served {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `fabrickv serve --shard s=DIR` on `listen` and learns the
-/// resolved address from the line it prints once listening.
-fn serve(listen: &str, dir: &Path) -> Served {
-    let shard = format!("s={}", dir.display());
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", listen, "--workers", "2"])
-        .args(["--memory", "64MB", "--log-level", "warn", "--shard", &shard])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start server");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr = loop {
-        let line = lines
-            .next()
-            .expect("server exited before listening")
-            .expect("read stderr");
-        if let Some(rest) = line.split("serving on ").nth(1) {
-            let addr = rest.split_whitespace().next().expect("address");
-            break addr.trim_end_matches(',').to_string();
-        }
-    };
-    // Keep draining the server's log so it never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    Served { child, addr }
-}
 
 fn key_of(writer: u64, batch: u64, i: usize) -> Vec<u8> {
     format!("w{writer}-b{batch}-k{i}").into_bytes()
@@ -140,7 +100,7 @@ fn writer(addr: String, writer: u64, progress: Progress) -> Written {
 
 fn kill_during_writes_loses_no_acknowledged_write(listen: impl Fn() -> String) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut served = serve(&listen(), dir.path());
+    let mut served = serve(&listen(), dir.path(), 2);
     let progress: Progress = Arc::new((Mutex::new((0, 0)), Condvar::new()));
     let writers: Vec<_> = (0..WRITERS)
         .map(|w| {
@@ -172,7 +132,7 @@ fn kill_during_writes_loses_no_acknowledged_write(listen: impl Fn() -> String) {
     let total: usize = written.iter().map(|w| w.acked.len() * BATCH_KEYS).sum();
     assert!(total >= ACKED_KEYS_BEFORE_KILL, "{total} acknowledged");
 
-    let served = serve(&listen(), dir.path());
+    let served = serve(&listen(), dir.path(), 2);
     let mut c = ShardClient::connect(&served.addr, CALL_TIMEOUT).expect("connects after restart");
     let mut missing = BTreeMap::new();
     for w in &written {

@@ -1,0 +1,56 @@
+//! What the binary's shard tests share: a `fabrickv serve --shard` child
+//! process that is killed (SIGKILL) when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_fabrickv");
+
+/// A running `fabrickv serve`; dropping it is `kill -9`.
+pub struct Served {
+    pub child: Child,
+    /// The resolved native address.
+    pub addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `fabrickv serve --shard s=DIR` with `workers` workers on
+/// `listen` and learns the resolved address from the line it prints once
+/// listening.
+pub fn serve(listen: &str, dir: &Path, workers: u32) -> Served {
+    let shard = format!("s={}", dir.display());
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            listen,
+            "--workers",
+            &workers.to_string(),
+        ])
+        .args(["--memory", "64MB", "--log-level", "warn", "--shard", &shard])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start server");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("server exited before listening")
+            .expect("read stderr");
+        if let Some(rest) = line.split("serving on ").nth(1) {
+            let addr = rest.split_whitespace().next().expect("address");
+            break addr.trim_end_matches(',').to_string();
+        }
+    };
+    // Keep draining the server's log so it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Served { child, addr }
+}
