@@ -54,6 +54,11 @@ pub const COPY_ACCEPT_TIMEOUT_MS: u64 = 10_000;
 /// in milliseconds (the target stopped reading).
 pub const COPY_SEND_TIMEOUT_MS: u64 = 30_000;
 
+/// A session not started this long after its checkpoint may be dropped
+/// to make room for another, in milliseconds (its target went away
+/// between CHECKPOINT and START, and its snapshot pins files).
+pub const COPY_START_TIMEOUT_MS: u64 = 60_000;
+
 /// How often a session logs its progress, in milliseconds.
 pub const COPY_LOG_INTERVAL_MS: u64 = 1_000;
 
@@ -81,6 +86,7 @@ struct Inner {
 /// One copy: its checkpoint, its ranges, its streams' counters.
 struct Session {
     id: u64,
+    created: Instant,
     token: u64,
     shard: String,
     snapshot: Arc<dyn ShardSnapshot>,
@@ -127,11 +133,17 @@ impl Session {
         self.stop.store(true, Ordering::Release);
     }
 
-    fn finished(&self) -> bool {
-        !matches!(
-            lock(&self.inner).state,
-            CopyState::Idle | CopyState::InProgress
-        )
+    /// Whether the session may be dropped to make room: it is over, or
+    /// its target never started it.
+    fn abandoned(&self) -> bool {
+        let i = lock(&self.inner);
+        match i.state {
+            CopyState::InProgress => false,
+            CopyState::Idle => {
+                !i.started && self.created.elapsed() >= Duration::from_millis(COPY_START_TIMEOUT_MS)
+            }
+            CopyState::Done | CopyState::Error | CopyState::Stopped => true,
+        }
     }
 }
 
@@ -216,8 +228,15 @@ impl CopySources {
     ) -> Result<CheckpointReply, Refusal> {
         let mut sessions = lock(&self.sessions);
         if sessions.len() >= COPY_SESSIONS_MAX {
-            // Finished sessions the target never ended make room first.
-            sessions.retain(|_, s| !s.finished());
+            // Sessions their targets never ended or never started make
+            // room first.
+            sessions.retain(|_, s| {
+                let drop = s.abandoned();
+                if drop {
+                    s.stop.store(true, Ordering::Release);
+                }
+                !drop
+            });
         }
         if sessions.len() >= COPY_SESSIONS_MAX {
             return Err((
@@ -243,6 +262,7 @@ impl CopySources {
         };
         let session = Arc::new(Session {
             id,
+            created: Instant::now(),
             token: rand::random(),
             shard: name.to_string(),
             snapshot: Arc::from(shard.snapshot()),

@@ -245,7 +245,97 @@ fn data_survives_a_restart(t: Transport) {
     s.shutdown();
 }
 
+/// The copy's control over the native protocol: states, and the stable
+/// codes of every misuse; then a whole copy driven by `fabrickv_copy`'s
+/// target through this transport's control connection.
+fn copy_control_states_and_refusals(t: Transport) {
+    use fabrickv_copy::proto::{
+        encode_session, CheckpointReply, CheckpointRequest, CopyState, StartRequest, Status,
+    };
+    use fabrickv_wire::shard::ShardOp;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = server(t, dir.path());
+    let mut c = client(&s);
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..300u32)
+        .map(|i| (format!("k{i:04}").into_bytes(), value_of(i.into(), 200)))
+        .chain([(Vec::new(), b"the empty key".to_vec())])
+        .collect();
+    c.put_many("s", &pairs).expect("put_many");
+    let checkpoint = |c: &mut ShardClient, shard: &str, ranges: u32| {
+        let req = CheckpointRequest {
+            ranges,
+            boundaries: Vec::new(),
+        };
+        c.copy_control(ShardOp::CopyCheckpoint, shard, |b| req.encode(b))
+    };
+    let status = |c: &mut ShardClient, id: u64| {
+        c.copy_control(ShardOp::CopyStatus, "", |b| encode_session(b, id))
+            .map(|b| Status::decode(&b).expect("status decodes"))
+    };
+    assert_eq!(
+        code_of(checkpoint(&mut c, "nope", 2)),
+        ErrorCode::NoSuchShard
+    );
+    assert_eq!(code_of(checkpoint(&mut c, "s", 0)), ErrorCode::Malformed);
+    assert_eq!(code_of(status(&mut c, 999)), ErrorCode::NoSuchCopy);
+    let cp =
+        CheckpointReply::decode(&checkpoint(&mut c, "s", 3).expect("checkpoint")).expect("reply");
+    common::wait_for("the checkpoint's split", TIMEOUT, || {
+        status(&mut c, cp.session).expect("status").ready
+    });
+    let st = status(&mut c, cp.session).expect("status");
+    assert_eq!(
+        (st.state, st.ranges),
+        (CopyState::Idle, st.boundaries.len() as u32 + 1)
+    );
+    let start = |token| StartRequest {
+        session: cp.session,
+        token,
+        streams: 1,
+        resume: Vec::new(),
+    };
+    let bad = start(cp.token ^ 1);
+    assert_eq!(
+        code_of(c.copy_control(ShardOp::CopyStart, "", |b| bad.encode(b))),
+        ErrorCode::Malformed,
+        "a wrong token"
+    );
+    let good = start(cp.token);
+    c.copy_control(ShardOp::CopyStart, "", |b| good.encode(b))
+        .expect("start");
+    assert_eq!(
+        code_of(c.copy_control(ShardOp::CopyStart, "", |b| good.encode(b))),
+        ErrorCode::CopyState,
+        "START twice"
+    );
+    // No stream ever connects; END stops the session and forgets it.
+    let ended = c
+        .copy_control(ShardOp::CopyEnd, "", |b| encode_session(b, cp.session))
+        .expect("end");
+    let st = Status::decode(&ended).expect("status");
+    assert!(
+        matches!(st.state, CopyState::Stopped | CopyState::Error),
+        "{st:?}"
+    );
+    assert_eq!(code_of(status(&mut c, cp.session)), ErrorCode::NoSuchCopy);
+
+    // A whole copy with this transport as the control connection.
+    let to = dir.path().join("copy");
+    let mut opts = fabrickv_copy::target::CopyOptions::new(&s.addr, "s", &to);
+    opts.ranges = 4;
+    let report = fabrickv_copy::target::copy(&opts, &mut |_| {}).expect("copy");
+    assert!(report.verified);
+    assert_eq!(report.pairs, pairs.len() as u64);
+    let copy = fabrickv_storage::FjallShard::open(&to, &Default::default()).expect("open copy");
+    for (k, v) in &pairs {
+        use fabrickv_storage::ShardBackend;
+        assert_eq!(copy.get(k).expect("get").as_deref(), Some(&v[..]), "{k:?}");
+    }
+}
+
 transport_tests!(
+    copy_control_states_and_refusals,
     put_get_delete_round_trip,
     values_near_the_frame_bound_and_gets_over_several_replies,
     unknown_shards_are_refused,
