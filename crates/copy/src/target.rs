@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use fabrickv_client::ShardClient;
-use fabrickv_storage::{digest_of, Digest, FjallShard, ShardBackend, ShardOptions, StorageError};
+use fabrickv_storage::{Digest, FjallShard, ShardBackend, ShardOptions, StorageError};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::shard::ShardOp;
 use serde::{Deserialize, Serialize};
@@ -600,22 +600,35 @@ fn run_session(
     let tv = Instant::now();
     let verified = if opts.verify {
         on_event(Event::Log("verifying: scanning the copy"));
-        let got =
-            digest_of(shard.snapshot().as_ref()).map_err(|e| storage("scanning the copy", e))?;
-        if got != expected {
+        let (boundaries, wanted) = {
+            let p = lock(&shared.progress);
+            let wanted = p
+                .ranges
+                .iter()
+                .map(RangeProgress::digest)
+                .collect::<Result<Vec<_>, _>>()?;
+            (p.boundaries()?, wanted)
+        };
+        let got = scan_ranges(shard, &boundaries, usize::from(opts.parallelism))?;
+        let mut total = Digest::default();
+        for d in &got {
+            total.merge(d);
+        }
+        if let Some(r) = (0..got.len()).find(|&r| got[r] != wanted[r]) {
             return Err(err(
                 ErrorCode::BadChecksum,
                 format!(
-                    "the copy holds {} pairs, {} bytes, digest {}; the source sent {} pairs, {} bytes, digest {}",
-                    got.pairs,
-                    got.bytes,
-                    got.hex(),
-                    expected.pairs,
-                    expected.bytes,
-                    expected.hex()
+                    "range {r} of the copy holds {} pairs, {} bytes, digest {}; the source sent {} pairs, {} bytes, digest {}",
+                    got[r].pairs,
+                    got[r].bytes,
+                    got[r].hex(),
+                    wanted[r].pairs,
+                    wanted[r].bytes,
+                    wanted[r].hex()
                 ),
             ));
         }
+        debug_assert_eq!(total, expected);
         true
     } else {
         false
@@ -642,6 +655,51 @@ fn run_session(
         samples,
         verified,
     })
+}
+
+/// The digest of each range of `shard` (bounds as the copy's), scanned
+/// by `threads` threads at once (the whole copy is read back).
+fn scan_ranges(
+    shard: &FjallShard,
+    boundaries: &[Vec<u8>],
+    threads: usize,
+) -> Result<Vec<Digest>, CopyError> {
+    let snap = shard.snapshot();
+    let n = boundaries.len() + 1;
+    let next = AtomicU64::new(0);
+    let out: Mutex<Vec<Option<Result<Digest, CopyError>>>> = Mutex::new(vec![None; n]);
+    std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, n) {
+            scope.spawn(|| loop {
+                let r = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if r >= n {
+                    return;
+                }
+                let from = match r {
+                    0 => std::ops::Bound::Unbounded,
+                    _ => std::ops::Bound::Included(boundaries[r - 1].as_slice()),
+                };
+                let to = match boundaries.get(r) {
+                    Some(b) => std::ops::Bound::Excluded(b.as_slice()),
+                    None => std::ops::Bound::Unbounded,
+                };
+                let mut d = Digest::default();
+                let res = snap
+                    .scan_each(from, to, &mut |k, v| {
+                        d.add(k, v);
+                        Ok(true)
+                    })
+                    .map(|()| d)
+                    .map_err(|e| storage(&format!("scanning range {r} of the copy"), e));
+                lock(&out)[r] = Some(res);
+            });
+        }
+    });
+    let results = out.into_inner().unwrap_or_else(|p| p.into_inner());
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(err(ErrorCode::Internal, "a range was not scanned"))))
+        .collect()
 }
 
 /// Runs the data streams to the end; returns the rate samples.
