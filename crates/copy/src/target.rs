@@ -806,7 +806,9 @@ fn watch(
         on_event(Event::Progress { pairs, bytes });
         let dt = last_sample.0.elapsed();
         // The last interval counts when it is long enough to mean a rate.
-        let tail = finished && dt >= Duration::from_millis(COPY_LOG_INTERVAL_MS / 5);
+        // A copy shorter than one interval still gets its one sample.
+        let tail = finished
+            && (dt >= Duration::from_millis(COPY_LOG_INTERVAL_MS / 5) || samples.is_empty());
         if dt >= Duration::from_millis(COPY_LOG_INTERVAL_MS) || tail {
             let secs = dt.as_secs_f64().max(1e-9);
             let rate = (bytes - last_sample.1) as f64 / secs / 1e6;
