@@ -3,58 +3,17 @@
 //! output and exit codes, and a clean stop on SIGTERM. (The CLI talks to
 //! other processes, so it runs over tcp; inproc is in-process only.)
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_fabrickv");
+mod common;
 
-struct Served {
-    child: Child,
-    addr: String,
-}
+use common::{serve_with, Served, BIN};
 
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `fabrickv serve` on a port the server picks itself (port 0), and
-/// learns the address from the line it prints once it is listening: no
-/// race with other tests for a port.
+/// A server for the client commands: tcp on loopback, two workers.
 fn serve(extra: &[&str]) -> Served {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--workers",
-            "2",
-            "--memory",
-            "64MB",
-        ])
-        .args(["--log-level", "warn"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start server");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr = loop {
-        let line = lines
-            .next()
-            .expect("server exited before listening")
-            .expect("read stderr");
-        if let Some(rest) = line.split("serving on tcp://").nth(1) {
-            break rest.split_whitespace().next().expect("address").to_string();
-        }
-    };
-    // Keep draining the server's log so it never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    Served { child, addr }
+    serve_with("127.0.0.1:0", 2, extra)
 }
 
 fn cli(s: &Served, args: &[&str]) -> Output {

@@ -42,6 +42,8 @@
 //! ABORT payload: u16 error code, UTF-8 message (the source failed)
 //! ```
 
+use std::ops::Bound;
+
 use fabrickv_storage::{Digest, SHARD_KEY_BYTES_MAX, SHARD_VALUE_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 
@@ -245,6 +247,19 @@ fn read_boundaries<'a>(r: &mut Reader<'a>, n: u32) -> Result<Vec<&'a [u8]>, Prot
         v.push(k);
     }
     Ok(v)
+}
+
+/// The bounds of range `r` of a copy split at `boundaries` (the lower
+/// bounds of ranges 1..), so that source and target cut ranges alike.
+pub fn range_bounds(boundaries: &[Vec<u8>], r: usize) -> (Bound<&[u8]>, Bound<&[u8]>) {
+    let from = r
+        .checked_sub(1)
+        .and_then(|i| boundaries.get(i))
+        .map_or(Bound::Unbounded, |b| Bound::Included(b.as_slice()));
+    let to = boundaries
+        .get(r)
+        .map_or(Bound::Unbounded, |b| Bound::Excluded(b.as_slice()));
+    (from, to)
 }
 
 /// A CHECKPOINT request.

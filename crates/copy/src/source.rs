@@ -19,7 +19,7 @@ use std::io::{Read, Write as _};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -27,10 +27,11 @@ use fabrickv_storage::{Digest, ShardBackend, ShardSnapshot};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::shard::{ShardMessage, ShardOp};
 
+use crate::lock;
 use crate::proto::{
-    decode_session, encode_abort, put_pair, CheckpointReply, CheckpointRequest, CopyState,
-    FrameHeader, FrameKind, Hello, ResumePoint, StartRequest, Status, COPY_BOUNDARY_BYTES_MAX,
-    COPY_FRAME_PAYLOAD_BYTES, FRAME_HEADER_BYTES, HELLO_BYTES,
+    decode_session, encode_abort, put_pair, range_bounds, CheckpointReply, CheckpointRequest,
+    CopyState, FrameHeader, FrameKind, Hello, ResumePoint, StartRequest, Status,
+    COPY_BOUNDARY_BYTES_MAX, COPY_FRAME_PAYLOAD_BYTES, FRAME_HEADER_BYTES, HELLO_BYTES,
 };
 
 /// Finds a served shard by name.
@@ -96,11 +97,6 @@ struct Session {
     bytes_sent: AtomicU64,
     ranges_done: AtomicU32,
     stop: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panicked holder left plain data behind; the state is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Session {
@@ -457,14 +453,8 @@ fn jobs(boundaries: &[Vec<u8>], resume: &[ResumePoint]) -> VecDeque<RangeJob> {
     let n = boundaries.len() as u32 + 1;
     let mut q = VecDeque::new();
     for r in 0..n {
-        let lower = match r {
-            0 => Bound::Unbounded,
-            _ => Bound::Included(boundaries[r as usize - 1].clone()),
-        };
-        let to = match boundaries.get(r as usize) {
-            Some(b) => Bound::Excluded(b.clone()),
-            None => Bound::Unbounded,
-        };
+        let (lower, upper) = range_bounds(boundaries, r as usize);
+        let (lower, to) = (lower.map(<[u8]>::to_vec), upper.map(<[u8]>::to_vec));
         let job = match by_range.get(&r) {
             Some(p) if p.done => continue,
             Some(p) if p.digest.pairs > 0 => RangeJob {

@@ -14,10 +14,10 @@
 //! its digest must equal the sum of the ranges' digests the source sent.
 
 use std::io::{Read, Write as _};
-use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
@@ -28,11 +28,12 @@ use fabrickv_wire::shard::ShardOp;
 use serde::{Deserialize, Serialize};
 
 use crate::proto::{
-    decode_abort, encode_session, CheckpointReply, CheckpointRequest, CopyState, FrameHeader,
-    FrameKind, Hello, Pairs, ResumePoint, StartRequest, Status, COPY_RANGES_MAX, COPY_STREAMS_MAX,
-    FRAME_HEADER_BYTES,
+    decode_abort, encode_session, range_bounds, CheckpointReply, CheckpointRequest, CopyState,
+    FrameHeader, FrameKind, Hello, Pairs, ResumePoint, StartRequest, Status, COPY_RANGES_MAX,
+    COPY_STREAMS_MAX, FRAME_HEADER_BYTES,
 };
 use crate::source::{COPY_LOG_INTERVAL_MS, COPY_QUEUE_FRAMES};
+use crate::{data_host, lock};
 
 /// The file in the target directory that records a copy's progress.
 pub const COPY_PROGRESS_FILE: &str = "fabrickv-copy.progress";
@@ -318,10 +319,6 @@ impl Progress {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Makes the target directory ready: returns the progress to resume from,
 /// if any. Without `resume`, a directory holding an earlier copy (its
 /// progress file) is emptied; one holding anything else is refused, so a
@@ -386,15 +383,6 @@ fn claim(opts: &CopyOptions) -> Result<(), CopyError> {
         complete: false,
     }
     .save(&opts.to)
-}
-
-/// The host of a native address, for the data streams: its IP when it
-/// has one, else loopback (shm and inproc addresses are local).
-fn data_host(addr: &str) -> IpAddr {
-    let bare = addr.split_once("://").map_or(addr, |(_, rest)| rest);
-    bare.parse::<SocketAddr>()
-        .map(|a| a.ip())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
 /// State the streams share with the control loop.
@@ -610,10 +598,6 @@ fn run_session(
             (p.boundaries()?, wanted)
         };
         let got = scan_ranges(shard, &boundaries, usize::from(opts.parallelism))?;
-        let mut total = Digest::default();
-        for d in &got {
-            total.merge(d);
-        }
         if let Some(r) = (0..got.len()).find(|&r| got[r] != wanted[r]) {
             return Err(err(
                 ErrorCode::BadChecksum,
@@ -628,7 +612,6 @@ fn run_session(
                 ),
             ));
         }
-        debug_assert_eq!(total, expected);
         true
     } else {
         false
@@ -675,14 +658,7 @@ fn scan_ranges(
                 if r >= n {
                     return;
                 }
-                let from = match r {
-                    0 => std::ops::Bound::Unbounded,
-                    _ => std::ops::Bound::Included(boundaries[r - 1].as_slice()),
-                };
-                let to = match boundaries.get(r) {
-                    Some(b) => std::ops::Bound::Excluded(b.as_slice()),
-                    None => std::ops::Bound::Unbounded,
-                };
+                let (from, to) = range_bounds(boundaries, r);
                 let mut d = Digest::default();
                 let res = snap
                     .scan_each(from, to, &mut |k, v| {

@@ -31,7 +31,7 @@ use fabrickv_wire::cache::{
     PutSource, RegionSlice,
 };
 use fabrickv_wire::control::encode_error;
-use fabrickv_wire::{decode_frame, FrameKind};
+use fabrickv_wire::FrameKind;
 
 use crate::kv::request_id_of;
 
@@ -454,22 +454,11 @@ impl CacheService {
     /// refused whole with an ERROR frame.
     pub fn handle(&mut self, conn: ConnId, msg: &[u8], reply: &mut dyn Reply, now_ms: u64) -> bool {
         let id = request_id_of(msg);
-        let frame = match decode_frame(msg) {
-            Ok(f) if f.header.kind == FrameKind::Cache => f,
-            Ok(_) => {
-                encode_error(
-                    reply.buf(),
-                    id,
-                    self.worker,
-                    ErrorCode::UnknownOpcode,
-                    "not a cache frame",
-                );
-                return true;
-            }
-            Err(e) => {
-                encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string());
-                return true;
-            }
+        let not_kind = "not a cache frame";
+        let Some(frame) =
+            crate::kv::frame_of_kind(msg, FrameKind::Cache, self.worker, not_kind, reply.buf())
+        else {
+            return true;
         };
         let req = match decode_request(&frame) {
             Ok(r) => r,

@@ -295,3 +295,27 @@ pub(crate) fn request_id_of(msg: &[u8]) -> u64 {
         .and_then(|b| b.try_into().ok())
         .map_or(0, u64::from_le_bytes)
 }
+
+/// The frame in `msg` when it decodes and is of `kind`, which its service
+/// then reads; otherwise an ERROR reply is appended to `out` (with
+/// `not_kind` when the frame is of another kind) and the frame is refused.
+pub(crate) fn frame_of_kind<'a>(
+    msg: &'a [u8],
+    kind: FrameKind,
+    worker: u16,
+    not_kind: &str,
+    out: &mut Vec<u8>,
+) -> Option<fabrickv_wire::Frame<'a>> {
+    let id = request_id_of(msg);
+    match decode_frame(msg) {
+        Ok(f) if f.header.kind == kind => Some(f),
+        Ok(_) => {
+            encode_error(out, id, worker, ErrorCode::UnknownOpcode, not_kind);
+            None
+        }
+        Err(e) => {
+            encode_error(out, id, worker, e.code(), &e.to_string());
+            None
+        }
+    }
+}

@@ -166,7 +166,7 @@ impl Server {
         let parts = Arc::new(partitions::Partitions::new(partitions));
         let ps = Arc::new(ps::PsStore::new(cfg.ps.clone(), workers));
         ps.create_configured().map_err(StartError::Config)?;
-        let copies = fabrickv_copy::source::CopySources::new(data_host(&cfg.listen));
+        let copies = fabrickv_copy::source::CopySources::new(fabrickv_copy::data_host(&cfg.listen));
         let shards = Arc::new(shard::Shards::open(&cfg.shards, copies).map_err(StartError::Shard)?);
         let listening =
             fabrickv_transport::listen(&cfg.listen, workers).map_err(StartError::Transport)?;
@@ -266,16 +266,6 @@ impl Server {
             threads,
         })
     }
-}
-
-/// The address a copy source binds its data streams to: the native
-/// listener's host when it is an IP address (so a copy to a server on
-/// loopback stays on loopback), else loopback.
-fn data_host(listen: &str) -> std::net::IpAddr {
-    let bare = listen.strip_prefix("tcp://").unwrap_or(listen);
-    bare.parse::<std::net::SocketAddr>()
-        .map(|a| a.ip())
-        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
 }
 
 /// Starts the KV cache's gRPC control plane when the configuration asks

@@ -31,7 +31,7 @@ use fabrickv_wire::ps::{
     encode_table_reply, f32s_from_le, init_vector, key_at, Missing, Optimizer, PsOp, PsRequest,
     PullDest, PullReplyWriter, PushMode, TableDesc, TableSpec,
 };
-use fabrickv_wire::{decode_frame, FrameKind};
+use fabrickv_wire::FrameKind;
 
 /// Shards of the embedding pool per worker: more shards than workers keep
 /// two workers' pushes from meeting on one lock.
@@ -356,22 +356,11 @@ impl PsService {
     /// ERROR frame.
     pub fn handle(&mut self, msg: &[u8], reply: &mut dyn Reply, now_ms: u64) -> bool {
         let id = crate::kv::request_id_of(msg);
-        let frame = match decode_frame(msg) {
-            Ok(f) if f.header.kind == FrameKind::Ps => f,
-            Ok(_) => {
-                encode_error(
-                    reply.buf(),
-                    id,
-                    self.worker,
-                    ErrorCode::UnknownOpcode,
-                    "not a PS frame",
-                );
-                return true;
-            }
-            Err(e) => {
-                encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string());
-                return true;
-            }
+        let not_kind = "not a PS frame";
+        let Some(frame) =
+            crate::kv::frame_of_kind(msg, FrameKind::Ps, self.worker, not_kind, reply.buf())
+        else {
+            return true;
         };
         let req = match decode_request(&frame) {
             Ok(r) => r,

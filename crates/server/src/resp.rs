@@ -637,13 +637,17 @@ fn expiry_at(now_ms: u64, amount: i64, unit_ms: u64) -> Option<u64> {
 }
 
 fn check_key(key: &[u8], out: &mut Vec<u8>) -> bool {
-    if key.len() > KEY_BYTES_MAX {
+    within(key, KEY_BYTES_MAX, "FabricKV", "key", out)
+}
+
+/// Whether `bytes` (a `what` of a `whose` store) is at most `max` bytes;
+/// otherwise the error reply that says so is written to `out`.
+fn within(bytes: &[u8], max: usize, whose: &str, what: &str, out: &mut Vec<u8>) -> bool {
+    if bytes.len() > max {
+        let n = bytes.len();
         resp::error(
             out,
-            &format!(
-                "ERR key is {} bytes; FabricKV keys are at most {KEY_BYTES_MAX} bytes",
-                key.len()
-            ),
+            &format!("ERR {what} is {n} bytes; {whose} {what}s are at most {max} bytes"),
         );
         return false;
     }

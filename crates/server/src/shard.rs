@@ -14,7 +14,7 @@ use fabrickv_types::limits::{SHARDS_MAX, SHARD_NAME_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::control::encode_error;
 use fabrickv_wire::shard::{decode_request, encode_refusal, encode_reply, ShardMessage};
-use fabrickv_wire::{decode_frame, FrameKind};
+use fabrickv_wire::FrameKind;
 
 pub(crate) mod data;
 
@@ -158,17 +158,11 @@ impl ShardService {
     /// whole (counted with the other refusals).
     pub fn handle(&mut self, msg: &[u8], reply: &mut dyn Reply) -> bool {
         let id = crate::kv::request_id_of(msg);
-        let frame = match decode_frame(msg) {
-            Ok(f) if f.header.kind == FrameKind::Shard => f,
-            Ok(_) => {
-                let why = "not a shard frame";
-                encode_error(reply.buf(), id, self.worker, ErrorCode::UnknownOpcode, why);
-                return true;
-            }
-            Err(e) => {
-                encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string());
-                return true;
-            }
+        let not_kind = "not a shard frame";
+        let Some(frame) =
+            crate::kv::frame_of_kind(msg, FrameKind::Shard, self.worker, not_kind, reply.buf())
+        else {
+            return true;
         };
         let req = match decode_request(&frame) {
             Ok(r) => r,
@@ -177,12 +171,16 @@ impl ShardService {
                 return true;
             }
         };
-        let mut payload = Vec::new();
-        match self.run(&req, &mut payload) {
-            Ok(()) => encode_reply(reply.buf(), id, self.worker, req.op, ErrorCode::Ok, |b| {
-                b.extend_from_slice(&payload)
-            }),
-            Err((code, why)) => encode_refusal(reply.buf(), id, self.worker, req.op, code, &why),
+        // The op writes its payload straight into the reply; a refused op
+        // takes back what it wrote and answers with its code instead.
+        let start = reply.buf().len();
+        let mut ran = Ok(());
+        encode_reply(reply.buf(), id, self.worker, req.op, ErrorCode::Ok, |b| {
+            ran = self.run(&req, b);
+        });
+        if let Err((code, why)) = ran {
+            reply.buf().truncate(start);
+            encode_refusal(reply.buf(), id, self.worker, req.op, code, &why);
         }
         false
     }

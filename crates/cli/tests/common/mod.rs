@@ -1,5 +1,5 @@
-//! What the binary's shard tests share: a `fabrickv serve --shard` child
-//! process that is killed (SIGKILL) when dropped.
+//! What the binary's tests share: a `fabrickv serve` child process that
+//! is killed (SIGKILL) when dropped.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -22,19 +22,23 @@ impl Drop for Served {
 }
 
 /// Starts `fabrickv serve --shard s=DIR` with `workers` workers on
-/// `listen` and learns the resolved address from the line it prints once
-/// listening.
+/// `listen`.
+#[allow(dead_code)] // not every test file serves a shard
 pub fn serve(listen: &str, dir: &Path, workers: u32) -> Served {
     let shard = format!("s={}", dir.display());
+    serve_with(listen, workers, &["--shard", &shard])
+}
+
+/// Starts `fabrickv serve` with `workers` workers on `listen` (port 0: the
+/// server picks a free one, so no test races another for a port) and
+/// `extra` arguments, and learns the resolved address from the line it
+/// prints once listening.
+pub fn serve_with(listen: &str, workers: u32, extra: &[&str]) -> Served {
+    let workers = workers.to_string();
     let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            listen,
-            "--workers",
-            &workers.to_string(),
-        ])
-        .args(["--memory", "64MB", "--log-level", "warn", "--shard", &shard])
+        .args(["serve", "--listen", listen, "--workers", &workers])
+        .args(["--memory", "64MB", "--log-level", "warn"])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -2,6 +2,7 @@
 
 use super::*;
 use fabrickv_wire::cache::{decode_reply, encode_get, encode_key_op, encode_put_chunk};
+use fabrickv_wire::decode_frame;
 
 const NOW: u64 = 1;
 

@@ -4,6 +4,7 @@ use super::*;
 use fabrickv_transport::TransportError;
 use fabrickv_types::limits::PS_DIM_MAX;
 use fabrickv_wire::control::decode_error;
+use fabrickv_wire::decode_frame;
 use fabrickv_wire::ps::{
     decode_desc, decode_list, decode_reply, encode_create, encode_list, encode_open, encode_pull,
     encode_push, PsReply,

@@ -84,31 +84,11 @@ fn storage_error(out: &mut Vec<u8>, e: StorageError) {
 }
 
 fn check_key(key: &[u8], out: &mut Vec<u8>) -> bool {
-    if key.len() > SHARD_DATA_KEY_BYTES_MAX {
-        resp::error(
-            out,
-            &format!(
-                "ERR key is {} bytes; shard keys are at most {SHARD_DATA_KEY_BYTES_MAX} bytes",
-                key.len()
-            ),
-        );
-        return false;
-    }
-    true
+    super::within(key, SHARD_DATA_KEY_BYTES_MAX, "shard", "key", out)
 }
 
 fn check_value(value: &[u8], out: &mut Vec<u8>) -> bool {
-    if value.len() > SHARD_DATA_VALUE_BYTES_MAX {
-        resp::error(
-            out,
-            &format!(
-                "ERR value is {} bytes; shard values are at most {SHARD_DATA_VALUE_BYTES_MAX} bytes",
-                value.len()
-            ),
-        );
-        return false;
-    }
-    true
+    super::within(value, SHARD_DATA_VALUE_BYTES_MAX, "shard", "value", out)
 }
 
 /// The value of `key`; `Err(())` once an error reply is written.
