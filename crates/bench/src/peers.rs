@@ -146,25 +146,11 @@ pub fn spawn_memcached(cpus: Option<&str>) -> Result<(Child, u16), String> {
     // Its background LRU threads would share the one pinned core and take
     // the item locks the worker needs; a cache this small never needs them.
     cmd.args(["-o", "no_lru_crawler,no_lru_maintainer"]);
-    if effective_uid() == Some(0) {
+    if fabrickv_cluster::local::effective_uid() == Some(0) {
         cmd.args(["-u", "root"]);
     }
     let c = spawn_server(cmd, "memcached", port)?;
     Ok((c, port))
-}
-
-/// This process's effective user id, from the `Uid:` line of
-/// `/proc/self/status` (real, effective, saved, filesystem); `None` when
-/// it cannot be read.
-fn effective_uid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    parse_effective_uid(&status)
-}
-
-/// The effective uid in the text of a `/proc/PID/status` file.
-fn parse_effective_uid(status: &str) -> Option<u32> {
-    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// One line of `redis-benchmark --csv`.
@@ -241,17 +227,6 @@ mod tests {
         assert_eq!(rows[0].rps, 1234567.5);
         assert!((rows[0].p50_us - 279.0).abs() < 1e-9);
         assert!((rows[0].p99_us - 711.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn reads_the_effective_uid() {
-        let status = "Name:\tx\nUid:\t1000\t0\t1000\t1000\nGid:\t5\t5\t5\t5\n";
-        assert_eq!(parse_effective_uid(status), Some(0));
-        assert_eq!(parse_effective_uid("Name:\tx\n"), None);
-        assert!(
-            effective_uid().is_some(),
-            "/proc/self/status has a Uid line"
-        );
     }
 
     /// Whether `program` is an executable file on `PATH`.

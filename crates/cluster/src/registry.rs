@@ -1,0 +1,413 @@
+//! The memcached registry: servers publish their descriptors there under a
+//! cluster name, clients read them, and processes meet at named barriers.
+//!
+//! Keys (all under `fabrickv/CLUSTER/`):
+//! - `size`: the cluster's server count, written by every server (they
+//!   must agree; a server that disagrees refuses to start);
+//! - `server/ID`: the server's [`ServerDesc`] as JSON;
+//! - `barrier/NAME`: the count of processes that reached the barrier.
+//!
+//! A server's keys expire [`REGISTRATION_TTL_S`] seconds after its last
+//! refresh, so a server that dies without deregistering disappears on its
+//! own; a live one rewrites them every third of that.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use memcache::MemcacheError;
+
+use crate::{check_name, Cluster, ServerDesc, CLUSTER_SERVERS_MAX};
+
+/// Seconds a registration lives without a refresh.
+pub const REGISTRATION_TTL_S: u32 = 10;
+
+/// Seconds a barrier's counter lives in memcached; a barrier name can be
+/// used again once it has expired.
+pub const BARRIER_TTL_S: u32 = 3600;
+
+/// Longest wait between two polls of a barrier or of a cluster that is
+/// not complete yet, in milliseconds. Polls start at 1 ms and double.
+pub const POLL_INTERVAL_MAX_MS: u64 = 20;
+
+/// Timeout of one memcached request, in milliseconds.
+pub const REGISTRY_IO_TIMEOUT_MS: u64 = 2_000;
+
+/// Largest descriptor a server may publish, in bytes (memcached's default
+/// item limit is 1 MiB; descriptors are a few hundred bytes).
+pub const DESC_BYTES_MAX: usize = 64 * 1024;
+
+/// Why a registry operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The registry address is not `memcached://HOST:PORT`.
+    #[error("invalid registry address {0:?}: expected memcached://HOST:PORT")]
+    Address(String),
+    /// A name or size breaks a rule.
+    #[error("{0}")]
+    Invalid(String),
+    /// memcached could not be reached or answered an error.
+    #[error("registry {addr}: {source}")]
+    Memcached {
+        /// The registry's address.
+        addr: String,
+        /// What went wrong.
+        source: MemcacheError,
+    },
+    /// What was stored there is not what a FabricKV server writes.
+    #[error("registry {addr}: key {key}: {why}")]
+    Corrupt {
+        /// The registry's address.
+        addr: String,
+        /// The key.
+        key: String,
+        /// Why it could not be read.
+        why: String,
+    },
+    /// The wait ran out.
+    #[error("{0}")]
+    Timeout(String),
+}
+
+/// A connection to the registry for one cluster.
+pub struct Registry {
+    addr: String,
+    cluster: String,
+    mc: memcache::Client,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("addr", &self.addr)
+            .field("cluster", &self.cluster)
+            .finish()
+    }
+}
+
+impl Registry {
+    /// Connects to `memcached://HOST:PORT` for cluster `cluster`.
+    pub fn connect(url: &str, cluster: &str) -> Result<Registry, RegistryError> {
+        check_name("cluster", cluster).map_err(RegistryError::Invalid)?;
+        let hostport = url
+            .strip_prefix("memcached://")
+            .filter(|h| !h.is_empty() && !h.contains('/') && !h.contains('?'))
+            .ok_or_else(|| RegistryError::Address(url.to_string()))?;
+        let io = Duration::from_millis(REGISTRY_IO_TIMEOUT_MS);
+        let mc = memcache::Client::builder()
+            .add_server(format!(
+                "memcache://{hostport}?protocol=ascii&tcp_nodelay=true"
+            ))
+            .and_then(|b| {
+                b.with_max_pool_size(1)
+                    .with_connection_timeout(io)
+                    .with_read_timeout(io)
+                    .with_write_timeout(io)
+                    .build()
+            })
+            .map_err(|source| RegistryError::Memcached {
+                addr: url.to_string(),
+                source,
+            })?;
+        Ok(Registry {
+            addr: url.to_string(),
+            cluster: cluster.to_string(),
+            mc,
+        })
+    }
+
+    /// The cluster this registry handle reads and writes.
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("fabrickv/{}/{rest}", self.cluster)
+    }
+
+    fn mc_err(&self, source: MemcacheError) -> RegistryError {
+        RegistryError::Memcached {
+            addr: self.addr.clone(),
+            source,
+        }
+    }
+
+    fn get_string(&self, key: &str) -> Result<Option<String>, RegistryError> {
+        self.mc.get::<String>(key).map_err(|e| self.mc_err(e))
+    }
+
+    /// The cluster size servers published, if any has.
+    pub fn size(&self) -> Result<Option<u32>, RegistryError> {
+        let key = self.key("size");
+        match self.get_string(&key)? {
+            None => Ok(None),
+            Some(s) => match s.trim().parse::<u32>() {
+                Ok(n) if (1..=CLUSTER_SERVERS_MAX).contains(&n) => Ok(Some(n)),
+                _ => Err(RegistryError::Corrupt {
+                    addr: self.addr.clone(),
+                    key,
+                    why: format!("{s:?} is not a cluster size"),
+                }),
+            },
+        }
+    }
+
+    /// Writes the server's descriptor and the cluster size, both expiring
+    /// after `ttl_s` seconds. Fails if the registry already holds a
+    /// different size for this cluster.
+    pub fn publish(&self, size: u32, desc: &ServerDesc, ttl_s: u32) -> Result<(), RegistryError> {
+        if size == 0 || size > CLUSTER_SERVERS_MAX || desc.id >= size {
+            return Err(RegistryError::Invalid(format!(
+                "server id {} of a {size}-server cluster (ids are 0..size, size 1..={CLUSTER_SERVERS_MAX})",
+                desc.id
+            )));
+        }
+        if let Some(have) = self.size()? {
+            if have != size {
+                return Err(RegistryError::Invalid(format!(
+                    "cluster {} is registered with {have} servers, not {size}",
+                    self.cluster
+                )));
+            }
+        }
+        let json =
+            serde_json::to_string(desc).map_err(|e| RegistryError::Invalid(e.to_string()))?;
+        if json.len() > DESC_BYTES_MAX {
+            return Err(RegistryError::Invalid(format!(
+                "descriptor of {} bytes exceeds {DESC_BYTES_MAX}",
+                json.len()
+            )));
+        }
+        self.mc
+            .set(&self.key("size"), size.to_string().as_str(), ttl_s)
+            .map_err(|e| self.mc_err(e))?;
+        self.mc
+            .set(
+                &self.key(&format!("server/{}", desc.id)),
+                json.as_str(),
+                ttl_s,
+            )
+            .map_err(|e| self.mc_err(e))
+    }
+
+    /// Removes a server's descriptor (its orderly exit).
+    pub fn unpublish(&self, id: u32) -> Result<(), RegistryError> {
+        self.mc
+            .delete(&self.key(&format!("server/{id}")))
+            .map(|_| ())
+            .map_err(|e| self.mc_err(e))
+    }
+
+    /// Reads the cluster as registered now: `None` if no server has
+    /// published a size; servers not registered are `None` slots.
+    pub fn read(&self) -> Result<Option<Cluster>, RegistryError> {
+        let Some(size) = self.size()? else {
+            return Ok(None);
+        };
+        let keys: Vec<String> = (0..size)
+            .map(|i| self.key(&format!("server/{i}")))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut found = self.mc.gets::<String>(&refs).map_err(|e| self.mc_err(e))?;
+        let mut servers = Vec::with_capacity(size as usize);
+        for (i, key) in keys.iter().enumerate() {
+            servers.push(match found.remove(key) {
+                None => None,
+                Some(json) => {
+                    let d: ServerDesc =
+                        serde_json::from_str(&json).map_err(|e| RegistryError::Corrupt {
+                            addr: self.addr.clone(),
+                            key: key.clone(),
+                            why: e.to_string(),
+                        })?;
+                    if d.id as usize != i {
+                        return Err(RegistryError::Corrupt {
+                            addr: self.addr.clone(),
+                            key: key.clone(),
+                            why: format!("holds server id {}", d.id),
+                        });
+                    }
+                    Some(d)
+                }
+            });
+        }
+        Ok(Some(Cluster {
+            name: self.cluster.clone(),
+            servers,
+        }))
+    }
+
+    /// Reads the cluster, waiting up to `wait` for it to appear and, when
+    /// `all` is set, for every server to be registered. Returns what is
+    /// registered at the deadline if some servers are still missing (their
+    /// slots are `None`); fails only if no server has registered at all.
+    pub fn lookup(&self, wait: Duration, all: bool) -> Result<Cluster, RegistryError> {
+        let deadline = Instant::now() + wait;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let now = self.read()?;
+            let done = match &now {
+                Some(c) => !all || c.missing().is_empty(),
+                None => false,
+            };
+            if done || Instant::now() >= deadline {
+                return now.ok_or_else(|| {
+                    RegistryError::Timeout(format!(
+                        "no server of cluster {} is registered at {} (waited {:.1} s)",
+                        self.cluster,
+                        self.addr,
+                        wait.as_secs_f64()
+                    ))
+                });
+            }
+            std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+            pause = (pause * 2).min(Duration::from_millis(POLL_INTERVAL_MAX_MS));
+        }
+    }
+
+    /// Waits until `count` processes (this one included) have reached the
+    /// barrier `name`, or `timeout` passes. Each call counts one arrival;
+    /// a name serves one rendezvous until it expires ([`BARRIER_TTL_S`]).
+    /// Returns this process's arrival order, from 1.
+    pub fn barrier(&self, name: &str, count: u64, timeout: Duration) -> Result<u64, RegistryError> {
+        check_name("barrier", name).map_err(RegistryError::Invalid)?;
+        if count == 0 {
+            return Err(RegistryError::Invalid(
+                "a barrier needs a count of at least 1".into(),
+            ));
+        }
+        let key = self.key(&format!("barrier/{name}"));
+        // `add` creates the counter only if absent; losing that race to
+        // another process is expected.
+        match self.mc.add(&key, "0", BARRIER_TTL_S) {
+            Ok(()) | Err(MemcacheError::CommandError(memcache::CommandError::KeyExists)) => {}
+            Err(e) => return Err(self.mc_err(e)),
+        }
+        let me = self.mc.increment(&key, 1).map_err(|e| self.mc_err(e))?;
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(1);
+        let mut arrived = me;
+        while arrived < count {
+            if Instant::now() >= deadline {
+                return Err(RegistryError::Timeout(format!(
+                    "barrier {name} of cluster {}: {arrived} of {count} arrived within {:.1} s",
+                    self.cluster,
+                    timeout.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+            pause = (pause * 2).min(Duration::from_millis(POLL_INTERVAL_MAX_MS));
+            arrived = match self.get_string(&key)? {
+                Some(v) => v.trim().parse().map_err(|_| RegistryError::Corrupt {
+                    addr: self.addr.clone(),
+                    key: key.clone(),
+                    why: format!("{v:?} is not a count"),
+                })?,
+                None => {
+                    return Err(RegistryError::Invalid(format!(
+                        "barrier {name} of cluster {} vanished (memcached restarted or evicted it)",
+                        self.cluster
+                    )))
+                }
+            };
+        }
+        Ok(me)
+    }
+}
+
+/// A server's live registration: refreshes its descriptor every third of
+/// the TTL on a thread of its own and removes it when dropped.
+pub struct Registration {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    failing: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Registration {
+    /// Publishes `desc` as server `desc.id` of a `size`-server cluster and
+    /// keeps it published.
+    pub fn start(
+        registry: Registry,
+        size: u32,
+        desc: ServerDesc,
+        ttl_s: u32,
+    ) -> Result<Registration, RegistryError> {
+        if ttl_s == 0 {
+            return Err(RegistryError::Invalid(
+                "registration TTL must be at least 1 s".into(),
+            ));
+        }
+        registry.publish(size, &desc, ttl_s)?;
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let failing = Arc::new(AtomicBool::new(false));
+        let period = Duration::from_millis(u64::from(ttl_s) * 1000 / 3);
+        let thread = {
+            let stop = stop.clone();
+            let failing = failing.clone();
+            std::thread::Builder::new()
+                .name("fkv-registry".into())
+                .spawn(move || refresh(registry, size, desc, ttl_s, period, &stop, &failing))
+                .map_err(|e| RegistryError::Invalid(format!("cannot start a thread: {e}")))?
+        };
+        Ok(Registration {
+            stop,
+            failing,
+            thread: Some(thread),
+        })
+    }
+
+    /// Whether the last refresh failed (the registry is unreachable).
+    pub fn failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
+    }
+}
+
+fn refresh(
+    registry: Registry,
+    size: u32,
+    desc: ServerDesc,
+    ttl_s: u32,
+    period: Duration,
+    stop: &(Mutex<bool>, Condvar),
+    failing: &AtomicBool,
+) {
+    let (lock, cv) = stop;
+    let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let (guard, _) = cv
+            .wait_timeout_while(stopped, period, |s| !*s)
+            .unwrap_or_else(|p| p.into_inner());
+        stopped = guard;
+        if *stopped {
+            break;
+        }
+        match registry.publish(size, &desc, ttl_s) {
+            Ok(()) => {
+                if failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!("registry {}: registration refreshed again", registry.addr);
+                }
+            }
+            Err(e) => {
+                if !failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!("cannot refresh the registration: {e}");
+                }
+            }
+        }
+    }
+    drop(stopped);
+    if let Err(e) = registry.unpublish(desc.id) {
+        tracing::warn!("cannot remove the registration: {e}");
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.stop;
+        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
