@@ -5,6 +5,7 @@
 
 mod bench;
 mod cache_bench;
+mod cluster_cmd;
 mod copy_bench;
 mod copy_cmd;
 mod ps_bench;
@@ -186,6 +187,8 @@ enum Command {
         dram: DramArgs,
         #[command(flatten)]
         cache: CacheArgs,
+        #[command(flatten)]
+        cluster: cluster_cmd::ServeClusterArgs,
     },
     /// Stores a value.
     Put {
@@ -234,6 +237,14 @@ enum Command {
     /// Pulls a shard from a server into a directory: checkpointed,
     /// parallel ranges, verified, resumable.
     Copy(copy_cmd::CopyArgs),
+    /// Waits until COUNT processes reach the named barrier in the
+    /// registry (as PetPS's processes meet); prints this one's arrival order.
+    Barrier(cluster_cmd::BarrierArgs),
+    /// Cluster membership: show the servers of a registry or static file.
+    Cluster {
+        #[command(subcommand)]
+        which: cluster_cmd::ClusterCommand,
+    },
     /// Benchmarks (see `fabrickv bench --help`).
     Bench {
         #[command(subcommand)]
@@ -312,6 +323,7 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             shards,
             dram,
             cache,
+            cluster,
         } => {
             let mut cfg = match config {
                 Some(path) => {
@@ -353,7 +365,7 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             dram.apply(&mut cfg.ps)?;
             cache.apply(&mut cfg.cache)?;
             init_logging(&cfg.log_level);
-            serve(&cfg)?;
+            serve(&cfg, &cluster)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Put {
@@ -438,6 +450,8 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             init_logging("warn");
             copy_cmd::run(args)
         }
+        Command::Barrier(a) => cluster_cmd::barrier(&a),
+        Command::Cluster { which } => cluster_cmd::run(which),
         Command::Bench { which } => bench::run(which).map(|_| ExitCode::SUCCESS),
     }
 }
@@ -557,13 +571,16 @@ fn restore_default_disposition(signals: &[i32]) {
 }
 
 /// Serves until SIGINT or SIGTERM, then stops every thread cleanly.
-fn serve(cfg: &ServerConfig) -> Result<(), String> {
+fn serve(cfg: &ServerConfig, cluster: &cluster_cmd::ServeClusterArgs) -> Result<(), String> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     restore_default_disposition(&[SIGINT, SIGTERM]);
     // Register before starting so that an early signal is not lost.
     let mut signals =
         signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
     let handle = Server::start(cfg).map_err(|e| e.to_string())?;
+    // Registered before the banner, so that whoever waits for the banner
+    // finds the server in the registry too.
+    let registration = cluster.register(&handle)?;
     // Its own line, before the banner that scripts wait for, so that the
     // banner's format does not depend on whether gRPC is on.
     if let Some(g) = handle.grpc_addr() {
@@ -579,6 +596,9 @@ fn serve(cfg: &ServerConfig) -> Result<(), String> {
     if let Some(sig) = signals.forever().next() {
         tracing::info!("signal {sig}: shutting down");
     }
+    // Leave the registry first, so that no client is sent here while the
+    // server stops.
+    drop(registration);
     handle.shutdown();
     tracing::info!("stopped");
     Ok(())

@@ -73,6 +73,7 @@ impl std::error::Error for StartError {}
 /// A running server.
 pub struct ServerHandle {
     addr: String,
+    workers: usize,
     resp_addr: Option<String>,
     resp_wakers: Vec<Arc<mio::Waker>>,
     grpc: Option<fabrickv_control::ControlServer>,
@@ -85,6 +86,11 @@ impl ServerHandle {
     /// The address clients connect to, with the port resolved.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// Its data-path worker count (clients open one connection per worker).
+    pub fn workers(&self) -> usize {
+        self.workers
     }
 
     /// Where the RESP front-end listens, when it is on.
@@ -258,6 +264,7 @@ impl Server {
         };
         Ok(ServerHandle {
             addr: listening.local_addr,
+            workers,
             resp_addr,
             grpc,
             resp_wakers,

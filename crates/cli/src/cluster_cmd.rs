@@ -1,0 +1,171 @@
+//! Cluster membership from the command line: a server's registration
+//! (`serve --registry`), `fabrickv barrier` and `fabrickv cluster show`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use fabrickv_cluster::registry::REGISTRATION_TTL_S;
+use fabrickv_cluster::{Cluster, Registration, Registry, ServerDesc};
+use fabrickv_server::ServerHandle;
+
+/// How `serve` joins a cluster through the memcached registry.
+#[derive(clap::Args, Clone, Default)]
+pub struct ServeClusterArgs {
+    /// Publish this server in a memcached registry
+    /// (memcached://HOST:PORT) so clients find it by cluster name.
+    #[arg(long, env = "FABRICKV_REGISTRY", value_name = "URL")]
+    pub registry: Option<String>,
+    /// The cluster's name in the registry.
+    #[arg(long, env = "FABRICKV_CLUSTER", default_value = "default")]
+    pub cluster: String,
+    /// This server's id, 0..cluster-size: the share of keys it owns.
+    #[arg(long, value_name = "N")]
+    pub id: Option<u32>,
+    /// How many servers the cluster has.
+    #[arg(long, value_name = "N")]
+    pub cluster_size: Option<u32>,
+    /// Seconds the registration outlives this server if it dies without
+    /// deregistering (it is refreshed every third of this).
+    #[arg(long, default_value_t = REGISTRATION_TTL_S, value_name = "S")]
+    pub registry_ttl: u32,
+}
+
+impl ServeClusterArgs {
+    /// Registers the started server, if `--registry` was given. The
+    /// registration lasts as long as the returned value.
+    pub fn register(&self, handle: &ServerHandle) -> Result<Option<Registration>, String> {
+        let Some(url) = &self.registry else {
+            if self.id.is_some() || self.cluster_size.is_some() {
+                return Err("--id and --cluster-size need --registry".into());
+            }
+            return Ok(None);
+        };
+        let (Some(id), Some(size)) = (self.id, self.cluster_size) else {
+            return Err("--registry needs --id and --cluster-size".into());
+        };
+        let desc = ServerDesc {
+            id,
+            addrs: vec![handle.addr().to_string()],
+            resp: handle.resp_addr().map(str::to_string),
+            grpc: handle.grpc_addr().map(|a| a.to_string()),
+            workers: handle.workers() as u32,
+            pid: std::process::id(),
+        };
+        let registry = Registry::connect(url, &self.cluster).map_err(|e| e.to_string())?;
+        let r = Registration::start(registry, size, desc, self.registry_ttl)
+            .map_err(|e| format!("cannot register: {e}"))?;
+        eprintln!(
+            "fabrickv: registered as server {id} of {size} in cluster {} at {url}",
+            self.cluster
+        );
+        Ok(Some(r))
+    }
+}
+
+/// Where a command finds the cluster: a static file or the registry.
+#[derive(clap::Args, Clone, Default)]
+pub struct ClusterSource {
+    /// Static cluster file (TOML: name, and [[server]] tables with id and
+    /// addrs).
+    #[arg(long, value_name = "FILE", conflicts_with = "registry")]
+    pub cluster_config: Option<PathBuf>,
+    /// memcached registry to read the cluster from (memcached://HOST:PORT).
+    #[arg(long, env = "FABRICKV_REGISTRY", value_name = "URL")]
+    pub registry: Option<String>,
+    /// The cluster's name in the registry.
+    #[arg(long, env = "FABRICKV_CLUSTER", default_value = "default")]
+    pub cluster: String,
+}
+
+impl ClusterSource {
+    /// Reads the cluster map, waiting up to `wait` for servers still
+    /// registering.
+    pub fn load(&self, wait: Duration) -> Result<Cluster, String> {
+        if let Some(path) = &self.cluster_config {
+            return Cluster::from_file(path).map_err(|e| e.to_string());
+        }
+        let Some(url) = &self.registry else {
+            return Err("name a cluster with --cluster-config FILE or --registry URL".into());
+        };
+        Registry::connect(url, &self.cluster)
+            .and_then(|r| r.lookup(wait, true))
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// `fabrickv cluster ...`
+#[derive(clap::Subcommand)]
+pub enum ClusterCommand {
+    /// Prints the cluster's servers and how long the lookup took; exits 1
+    /// if a server is not registered.
+    Show {
+        #[command(flatten)]
+        source: ClusterSource,
+        /// Seconds to wait for servers that have not registered yet.
+        #[arg(long, default_value_t = 0.0)]
+        wait: f64,
+        /// Print the map as the static file's TOML instead.
+        #[arg(long)]
+        toml: bool,
+    },
+}
+
+/// `fabrickv barrier NAME --count N`
+#[derive(clap::Args)]
+pub struct BarrierArgs {
+    /// The barrier's name (one rendezvous per name until it expires).
+    pub name: String,
+    /// How many processes meet there.
+    #[arg(long)]
+    pub count: u64,
+    /// memcached registry holding the barrier (memcached://HOST:PORT).
+    #[arg(long, env = "FABRICKV_REGISTRY", value_name = "URL")]
+    pub registry: String,
+    /// The cluster the barrier belongs to.
+    #[arg(long, env = "FABRICKV_CLUSTER", default_value = "default")]
+    pub cluster: String,
+    /// Seconds to wait for the others before failing.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout: f64,
+}
+
+fn seconds(what: &str, s: f64) -> Result<Duration, String> {
+    if !(s.is_finite() && s >= 0.0) {
+        return Err(format!("{what} must be a number of seconds >= 0, not {s}"));
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+/// Runs `fabrickv barrier`: prints this process's arrival order.
+pub fn barrier(a: &BarrierArgs) -> Result<std::process::ExitCode, String> {
+    let timeout = seconds("--timeout", a.timeout)?;
+    let r = Registry::connect(&a.registry, &a.cluster).map_err(|e| e.to_string())?;
+    let me = r
+        .barrier(&a.name, a.count, timeout)
+        .map_err(|e| e.to_string())?;
+    println!("{me}");
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Runs `fabrickv cluster ...`.
+pub fn run(cmd: ClusterCommand) -> Result<std::process::ExitCode, String> {
+    match cmd {
+        ClusterCommand::Show { source, wait, toml } => {
+            let start = Instant::now();
+            let c = source.load(seconds("--wait", wait)?)?;
+            let took = start.elapsed();
+            if toml {
+                print!("{}", c.to_toml());
+            } else {
+                print!("{c}");
+                eprintln!("lookup took {:.2} ms", took.as_secs_f64() * 1e3);
+            }
+            let missing = c.missing();
+            if !missing.is_empty() {
+                eprintln!("fabrickv: servers not registered: {missing:?}");
+                return Ok(std::process::ExitCode::from(1));
+            }
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+    }
+}
