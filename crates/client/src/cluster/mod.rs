@@ -38,6 +38,11 @@ use crate::{
 pub use cache::{ClusterCache, ClusterPlaced};
 pub use ps::{ClusterPs, ClusterPull, ClusterTable, ClusterTableInfo};
 
+/// Most servers a cluster client connects to at once when it starts (one
+/// thread each), in threads; a larger cluster connects in waves of this
+/// many, so unreachable servers cost one timeout per wave.
+pub const CONNECT_THREADS_MAX: usize = 64;
+
 /// How a cluster client is set up.
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
@@ -97,9 +102,10 @@ struct Members<C> {
 }
 
 impl<C: Send> Members<C> {
-    /// Connects to every registered server at once (threads, so that
-    /// unreachable servers cost one timeout in all, not one each). Fails
-    /// only if no server at all can be reached.
+    /// Connects to every registered server at once (threads, at most
+    /// [`CONNECT_THREADS_MAX`] at a time, so that unreachable servers cost
+    /// one timeout in all, not one each). Fails only if no server at all
+    /// can be reached.
     fn connect(cluster: &Cluster, opts: &ClusterOptions, connector: Connector<C>) -> Result<Self> {
         let want = opts.transport.as_deref();
         let addrs: Vec<std::result::Result<String, String>> = cluster
@@ -120,27 +126,27 @@ impl<C: Send> Members<C> {
             })
             .collect();
         let timeout = opts.timeout;
-        let conns: Vec<Option<Result<C>>> = std::thread::scope(|s| {
-            let handles: Vec<_> = addrs
-                .iter()
-                .map(|a| {
-                    let connector = &connector;
-                    a.as_ref()
-                        .ok()
-                        .map(|addr| s.spawn(move || connector(addr, timeout)))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
+        let mut conns: Vec<Option<Result<C>>> = Vec::with_capacity(addrs.len());
+        for wave in addrs.chunks(CONNECT_THREADS_MAX) {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = wave
+                    .iter()
+                    .map(|a| {
+                        let connector = &connector;
+                        a.as_ref()
+                            .ok()
+                            .map(|addr| s.spawn(move || connector(addr, timeout)))
+                    })
+                    .collect();
+                conns.extend(handles.into_iter().map(|h| {
                     h.map(|h| {
                         h.join().unwrap_or_else(|_| {
                             Err(ClientError::Protocol("connecting thread panicked".into()))
                         })
                     })
-                })
-                .collect()
-        });
+                }));
+            });
+        }
         let mut m = Members {
             cluster: cluster.name.clone(),
             servers: Vec::with_capacity(addrs.len()),
@@ -508,5 +514,57 @@ impl ClusterClient {
                 c.stats().map_err(|e| self.m.fail(s, e))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fabrickv_transport::TransportError;
+    use fabrickv_types::ErrorCode;
+
+    #[test]
+    fn an_error_at_a_server_names_it_and_keeps_the_inner_code() {
+        let e = ClientError::AtServer {
+            id: 2,
+            addr: "tcp://10.0.0.3:7379".into(),
+            error: Box::new(ClientError::Transport(TransportError::Closed)),
+        };
+        assert_eq!(
+            e.to_string(),
+            "server 2 (tcp://10.0.0.3:7379): transport: connection closed by peer"
+        );
+        assert_eq!(e.code(), ErrorCode::Unavailable);
+        let t = ClientError::AtServer {
+            id: 0,
+            addr: "inproc://a".into(),
+            error: Box::new(ClientError::Timeout),
+        };
+        assert_eq!(t.code(), ErrorCode::Timeout);
+        assert!(is_refusal(&ClientError::Server {
+            code: ErrorCode::NoSuchTable,
+            message: String::new()
+        }));
+        assert!(!is_refusal(&ClientError::Timeout));
+    }
+
+    #[test]
+    fn missing_slots_and_addresses_are_down_not_fatal() {
+        let mut cluster = Cluster::of_addrs("t", &["inproc://nobody-listens-here", "tcp://x:1"])
+            .expect("cluster");
+        cluster.servers[1] = None;
+        let e = ClusterClient::connect(&cluster, ClusterOptions::default())
+            .expect_err("no server can be reached");
+        assert!(
+            e.to_string()
+                .starts_with("server 0 (inproc://nobody-listens-here)"),
+            "{e}"
+        );
+        let opts = ClusterOptions {
+            transport: Some("shm".into()),
+            timeout: Duration::from_millis(100),
+        };
+        let e = ClusterClient::connect(&cluster, opts).expect_err("no shm address");
+        assert_eq!(e.code(), ErrorCode::Unavailable);
     }
 }
