@@ -435,6 +435,8 @@ fn a_down_server_fails_only_its_keys_and_comes_back(t: Transport) {
     let mut c = ClusterClient::connect(&cluster, opts(SHORT_TIMEOUT)).expect("connects");
     let mut ps = ClusterPs::connect(&cluster, opts(SHORT_TIMEOUT)).expect("ps connects");
     let tab = ps.create_table(&TableSpec::new("d", 4)).expect("create");
+    let mut cache =
+        ClusterCache::connect(&cluster, opts(SHORT_TIMEOUT), CACHE_BUFFER_BYTES).expect("cache");
     let keys: Vec<Vec<u8>> = (0..300).map(key).collect();
     let items: Vec<(&[u8], &[u8])> = keys.iter().map(|k| (&k[..], &b"val"[..])).collect();
     c.mput(&items, None).expect("mput");
@@ -483,6 +485,9 @@ fn a_down_server_fails_only_its_keys_and_comes_back(t: Transport) {
     assert_down(ps.pull(&tab, &rows), started, dead, &dead_addr);
     let started = Instant::now();
     assert_down(ps.pull(&tab, &rows), started, dead, &dead_addr);
+    let started = Instant::now();
+    assert_down(cache.put(on_dead[0], b"c", None), started, dead, &dead_addr);
+    assert!(cache.put(live[0], b"c", None).is_ok());
     // ... and the live ones still answer afterwards.
     assert!(c
         .mget(&live)
@@ -508,6 +513,13 @@ fn a_down_server_fails_only_its_keys_and_comes_back(t: Transport) {
     for (i, k) in rows.iter().enumerate() {
         assert_eq!(p.found[i], ps.server_of(*k) != dead, "row {k}");
     }
+    cache
+        .put(on_dead[0], b"c", None)
+        .expect("cache put, server back");
+    assert_eq!(
+        cache.get(on_dead[0]).expect("cache get"),
+        Some(b"c".to_vec())
+    );
     back.shutdown();
     for s in ss {
         s.shutdown();
