@@ -7,12 +7,16 @@
 //!    flushed once.
 //! 3. Replies are read per connection in request order and their results
 //!    scattered back to the operations' positions.
+//!
+//! Steps 1-2 ([`post`]) and 3 ([`collect`]) are separate so that the
+//! cluster client can post its parts to every server before it waits on
+//! any of them.
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use fabrickv_types::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX};
-use fabrickv_types::ErrorCode;
+use fabrickv_types::{ErrorCode, KeyHash};
 use fabrickv_wire::control::decode_error;
 use fabrickv_wire::{decode_frame, FrameKind, PutCondition, RequestBuilder, ResponseIter};
 
@@ -45,7 +49,8 @@ pub enum BatchOp<'a> {
 }
 
 impl BatchOp<'_> {
-    fn key(&self) -> &[u8] {
+    /// The key the operation addresses.
+    pub fn key(&self) -> &[u8] {
         match self {
             BatchOp::Get { key } | BatchOp::Put { key, .. } | BatchOp::Delete { key } => key,
         }
@@ -84,26 +89,59 @@ struct InFlight {
     positions: Vec<usize>,
 }
 
+/// The frames of one client's part of a batch that are posted and flushed
+/// but not yet answered, per worker in send order. Positions are indices
+/// into the whole batch (and its output), so the parts of a batch split
+/// over several clients (servers) all land in one output vector.
+pub(crate) struct Pending {
+    queues: Vec<VecDeque<InFlight>>,
+}
+
 /// Runs a batch; GETs the server could not fit in a reply frame
 /// (`REPLY_FULL`) are sent again until every operation has its outcome.
 /// Each round makes progress: the first GET of a frame always fits.
 pub(crate) fn execute(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
-    let mut out = execute_once(c, ops)?;
+    validate(ops)?;
+    execute_valid(c, ops)
+}
+
+/// [`execute`] of a batch [`validate`] has passed.
+pub(crate) fn execute_valid(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
+    let mut out: Vec<Option<Outcome>> = vec![None; ops.len()];
+    let pending = post(c, ops, 0..ops.len(), None)?;
+    collect(c, pending, Instant::now() + c.timeout, &mut out)?;
     loop {
-        let again: Vec<usize> = (0..out.len())
-            .filter(|&i| out[i].code == ErrorCode::ReplyFull)
-            .collect();
+        let again: Vec<usize> = (0..out.len()).filter(|&i| is_reply_full(&out[i])).collect();
         if again.is_empty() {
-            return Ok(out);
+            return finish(out);
         }
-        let sub: Vec<BatchOp<'_>> = again.iter().map(|&i| ops[i]).collect();
-        for (o, i) in execute_once(c, &sub)?.into_iter().zip(again) {
-            out[i] = o;
-        }
+        let pending = post(c, ops, again.into_iter(), None)?;
+        collect(c, pending, Instant::now() + c.timeout, &mut out)?;
     }
 }
 
-fn execute_once(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
+/// Whether an operation came back `REPLY_FULL` (to be sent again).
+#[inline]
+pub(crate) fn is_reply_full(o: &Option<Outcome>) -> bool {
+    matches!(
+        o,
+        Some(Outcome {
+            code: ErrorCode::ReplyFull,
+            ..
+        })
+    )
+}
+
+/// The outcomes, once every operation has one.
+pub(crate) fn finish(out: Vec<Option<Outcome>>) -> Result<Vec<Outcome>> {
+    out.into_iter()
+        .map(|o| o.ok_or_else(|| ClientError::Protocol("an operation got no result".into())))
+        .collect()
+}
+
+/// Checks every operation against the key and value bounds, so that a
+/// batch breaking one is refused before any part of it is sent.
+pub(crate) fn validate(ops: &[BatchOp<'_>]) -> Result<()> {
     for op in ops {
         let key = op.key();
         if key.is_empty() || key.len() > KEY_BYTES_MAX {
@@ -125,12 +163,31 @@ fn execute_once(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
             ));
         }
     }
+    Ok(())
+}
+
+/// The post phase: packs the operations at positions `sel` of `ops`
+/// (already validated) into frames per worker, posts every frame and
+/// flushes each connection once, without waiting for any reply.
+/// `hashes`, if given, holds every operation's key hash (by position), so
+/// a caller that hashed the keys already (to pick a server) does not hash
+/// them again.
+pub(crate) fn post(
+    c: &mut Client,
+    ops: &[BatchOp<'_>],
+    sel: impl Iterator<Item = usize>,
+    hashes: Option<&[KeyHash]>,
+) -> Result<Pending> {
     let workers = c.endpoints.len();
     let mut per_worker: Vec<Vec<usize>> = vec![Vec::new(); workers];
-    for (i, op) in ops.iter().enumerate() {
-        per_worker[usize::from(c.worker_of(op.key()))].push(i);
+    for i in sel {
+        let w = match hashes {
+            Some(h) => c.worker_of_hash(h[i]),
+            None => c.worker_of(ops[i].key()),
+        };
+        per_worker[usize::from(w)].push(i);
     }
-    let mut pending: Vec<VecDeque<InFlight>> = (0..workers).map(|_| VecDeque::new()).collect();
+    let mut queues: Vec<VecDeque<InFlight>> = (0..workers).map(|_| VecDeque::new()).collect();
     for (w, idxs) in per_worker.iter().enumerate() {
         let mut at = 0;
         while at < idxs.len() {
@@ -140,8 +197,8 @@ fn execute_once(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
                 let mut b = RequestBuilder::new(buf, id, w as u16);
                 while at < idxs.len() {
                     let op = &ops[idxs[at]];
-                    // The first op always goes in: bounds were checked above,
-                    // so one op always fits an empty frame.
+                    // The first op always goes in: bounds were checked by
+                    // `validate`, so one op always fits an empty frame.
                     if !b.is_empty() && !b.fits(op.key().len(), op.value_len()) {
                         break;
                     }
@@ -160,18 +217,30 @@ fn execute_once(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
                 }
                 b.finish();
             })?;
-            pending[w].push_back(InFlight { id, positions });
+            queues[w].push_back(InFlight { id, positions });
         }
     }
     let timeout = c.timeout;
-    for (w, p) in pending.iter().enumerate() {
-        if !p.is_empty() {
+    for (w, q) in queues.iter().enumerate() {
+        if !q.is_empty() {
             c.endpoints[w].flush(timeout)?;
         }
     }
-    let mut out: Vec<Option<Outcome>> = vec![None; ops.len()];
-    let deadline = Instant::now() + timeout;
-    for (w, queue) in pending.iter_mut().enumerate() {
+    Ok(Pending { queues })
+}
+
+/// The collect phase: reads the replies to `pending` (per connection, in
+/// request order) until `deadline`, scattering each result to its
+/// operation's position in `out`. On an error some replies may still be
+/// in flight on the connections: the client should not be used for
+/// another batch.
+pub(crate) fn collect(
+    c: &mut Client,
+    mut pending: Pending,
+    deadline: Instant,
+    out: &mut [Option<Outcome>],
+) -> Result<()> {
+    for (w, queue) in pending.queues.iter_mut().enumerate() {
         let ep = &mut *c.endpoints[w];
         while !queue.is_empty() {
             let mut failure: Option<ClientError> = None;
@@ -179,7 +248,7 @@ fn execute_once(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
                 if failure.is_some() {
                     return;
                 }
-                if let Err(e) = absorb(msg, queue, &mut out) {
+                if let Err(e) = absorb(msg, queue, out) {
                     failure = Some(e);
                 }
             })?;
@@ -196,9 +265,7 @@ fn execute_once(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
             ep.wait(left)?;
         }
     }
-    out.into_iter()
-        .map(|o| o.ok_or_else(|| ClientError::Protocol("an operation got no result".into())))
-        .collect()
+    Ok(())
 }
 
 /// Applies one reply message to the oldest frame in flight.

@@ -13,6 +13,7 @@
 
 mod batch;
 pub mod cache;
+pub mod cluster;
 pub mod ps;
 pub mod shard;
 
@@ -31,6 +32,11 @@ use fabrickv_wire::{decode_frame, FrameKind, PutCondition};
 
 pub use batch::{BatchOp, Outcome};
 pub use cache::{CacheClient, CacheClientOptions, Placed};
+pub use cluster::{
+    ClusterCache, ClusterClient, ClusterOptions, ClusterPlaced, ClusterPs, ClusterPull,
+    ClusterTable, ClusterTableInfo,
+};
+pub use fabrickv_cluster::{Cluster, ServerDesc};
 pub use fabrickv_wire::ps::{Missing, Optimizer, TableDesc, TableSpec};
 pub use ps::{PsClient, PullId, Pulled};
 pub use shard::ShardClient;
@@ -57,6 +63,21 @@ pub enum ClientError {
     Protocol(String),
     /// No reply came within the timeout.
     Timeout,
+    /// The server cannot be reached at all (a cluster map has no
+    /// descriptor or no address for it).
+    Unavailable(String),
+    /// A cluster client's call failed at one server (down, unreachable,
+    /// timed out, or refusing): which one, and why.
+    AtServer {
+        /// The server's id in the cluster.
+        id: u32,
+        /// The address the client uses for it (or why it has none).
+        addr: String,
+        /// What went wrong there.
+        error: Box<ClientError>,
+    },
+    /// The cluster registry could not be read.
+    Registry(fabrickv_cluster::RegistryError),
 }
 
 impl ClientError {
@@ -69,6 +90,15 @@ impl ClientError {
             ClientError::Transport(_) => ErrorCode::Unavailable,
             ClientError::Server { code, .. } | ClientError::Invalid(code, _) => *code,
             ClientError::Protocol(_) => ErrorCode::Malformed,
+            ClientError::Unavailable(_) => ErrorCode::Unavailable,
+            ClientError::AtServer { error, .. } => error.code(),
+            ClientError::Registry(fabrickv_cluster::RegistryError::Timeout(_)) => {
+                ErrorCode::Timeout
+            }
+            ClientError::Registry(fabrickv_cluster::RegistryError::Memcached { .. }) => {
+                ErrorCode::Unavailable
+            }
+            ClientError::Registry(_) => ErrorCode::Malformed,
         }
     }
 }
@@ -84,6 +114,9 @@ impl fmt::Display for ClientError {
             ClientError::Invalid(code, why) => write!(f, "invalid request: {code}: {why}"),
             ClientError::Protocol(why) => write!(f, "protocol violation by server: {why}"),
             ClientError::Timeout => write!(f, "timed out waiting for the server"),
+            ClientError::Unavailable(why) => write!(f, "unavailable: {why}"),
+            ClientError::AtServer { id, addr, error } => write!(f, "server {id} ({addr}): {error}"),
+            ClientError::Registry(e) => write!(f, "cluster registry: {e}"),
         }
     }
 }
@@ -149,8 +182,14 @@ impl Client {
     /// The worker that owns `key`.
     #[inline]
     pub fn worker_of(&self, key: &[u8]) -> u16 {
+        self.worker_of_hash(KeyHash::of(key))
+    }
+
+    /// The worker that owns a key whose hash is known.
+    #[inline]
+    pub fn worker_of_hash(&self, hash: KeyHash) -> u16 {
         worker_of_partition(
-            KeyHash::of(key).partition(self.info.partitions),
+            hash.partition(self.info.partitions),
             u32::from(self.info.workers),
         ) as u16
     }
@@ -202,18 +241,7 @@ impl Client {
             ttl_ms: ttl_ms(ttl),
             cond,
         };
-        match self.execute(&[op])?.pop() {
-            Some(Outcome {
-                code: ErrorCode::Ok,
-                ..
-            }) => Ok(true),
-            Some(Outcome {
-                code: ErrorCode::ConditionFailed,
-                ..
-            }) => Ok(false),
-            Some(o) => Err(o.into_error()),
-            None => Err(ClientError::Protocol("missing result".into())),
-        }
+        put_with_of(self.execute(&[op])?)
     }
 
     /// Removes a key; `Ok(false)` if it was not there.
@@ -227,14 +255,7 @@ impl Client {
             .iter()
             .map(|k| BatchOp::Get { key: k.as_ref() })
             .collect();
-        self.execute(&ops)?
-            .into_iter()
-            .map(|o| match o.code {
-                ErrorCode::Ok => Ok(Some(o.value)),
-                ErrorCode::NotFound => Ok(None),
-                _ => Err(o.into_error()),
-            })
-            .collect()
+        gets_of(self.execute(&ops)?)
     }
 
     /// Stores many values, pipelined; fails on the first refused one (the
@@ -244,22 +265,7 @@ impl Client {
         items: &[(K, V)],
         ttl: Option<Duration>,
     ) -> Result<()> {
-        let ttl_ms = ttl_ms(ttl);
-        let ops: Vec<_> = items
-            .iter()
-            .map(|(k, v)| BatchOp::Put {
-                key: k.as_ref(),
-                value: v.as_ref(),
-                ttl_ms,
-                cond: PutCondition::Always,
-            })
-            .collect();
-        for o in self.execute(&ops)? {
-            if o.code != ErrorCode::Ok {
-                return Err(o.into_error());
-            }
-        }
-        Ok(())
+        puts_of(self.execute(&put_ops(items, ttl))?)
     }
 
     /// Removes many keys; for each, whether it was there.
@@ -268,14 +274,7 @@ impl Client {
             .iter()
             .map(|k| BatchOp::Delete { key: k.as_ref() })
             .collect();
-        self.execute(&ops)?
-            .into_iter()
-            .map(|o| match o.code {
-                ErrorCode::Ok => Ok(true),
-                ErrorCode::NotFound => Ok(false),
-                _ => Err(o.into_error()),
-            })
-            .collect()
+        deletes_of(self.execute(&ops)?)
     }
 
     /// Runs any mix of operations, pipelined; one outcome per operation,
@@ -320,6 +319,71 @@ fn ttl_ms(ttl: Option<Duration>) -> u64 {
     ttl.map_or(0, |d| {
         u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
     })
+}
+
+/// The PUT operations of `mput`.
+fn put_ops<'a, K: AsRef<[u8]>, V: AsRef<[u8]>>(
+    items: &'a [(K, V)],
+    ttl: Option<Duration>,
+) -> Vec<BatchOp<'a>> {
+    let ttl_ms = ttl_ms(ttl);
+    items
+        .iter()
+        .map(|(k, v)| BatchOp::Put {
+            key: k.as_ref(),
+            value: v.as_ref(),
+            ttl_ms,
+            cond: PutCondition::Always,
+        })
+        .collect()
+}
+
+/// The result of `put_with` from its one outcome.
+fn put_with_of(mut out: Vec<Outcome>) -> Result<bool> {
+    match out.pop() {
+        Some(Outcome {
+            code: ErrorCode::Ok,
+            ..
+        }) => Ok(true),
+        Some(Outcome {
+            code: ErrorCode::ConditionFailed,
+            ..
+        }) => Ok(false),
+        Some(o) => Err(o.into_error()),
+        None => Err(ClientError::Protocol("missing result".into())),
+    }
+}
+
+/// The result of `mget` from its outcomes.
+fn gets_of(out: Vec<Outcome>) -> Result<Vec<Option<Vec<u8>>>> {
+    out.into_iter()
+        .map(|o| match o.code {
+            ErrorCode::Ok => Ok(Some(o.value)),
+            ErrorCode::NotFound => Ok(None),
+            _ => Err(o.into_error()),
+        })
+        .collect()
+}
+
+/// The result of `mput` from its outcomes: the first refusal, if any.
+fn puts_of(out: Vec<Outcome>) -> Result<()> {
+    for o in out {
+        if o.code != ErrorCode::Ok {
+            return Err(o.into_error());
+        }
+    }
+    Ok(())
+}
+
+/// The result of `mdelete` from its outcomes.
+fn deletes_of(out: Vec<Outcome>) -> Result<Vec<bool>> {
+    out.into_iter()
+        .map(|o| match o.code {
+            ErrorCode::Ok => Ok(true),
+            ErrorCode::NotFound => Ok(false),
+            _ => Err(o.into_error()),
+        })
+        .collect()
 }
 
 /// Waits for one control reply on `ep` and decodes it with `f`.

@@ -557,10 +557,23 @@ impl PsClient {
         values: &[f32],
         mode: PushMode,
     ) -> Result<()> {
+        let pending = self.push_post(t, keys, values, mode)?;
+        self.push_collect(pending, Instant::now() + self.timeout)
+    }
+
+    /// The post phase of a put or push: posts every frame and flushes,
+    /// without waiting for a reply (the cluster client posts to every
+    /// server before it collects from any).
+    pub(crate) fn push_post(
+        &mut self,
+        t: &TableDesc,
+        keys: &[u64],
+        values: &[f32],
+        mode: PushMode,
+    ) -> Result<PendingPush> {
         check_len(values.len(), keys.len(), t.spec.dim, "values")?;
         let dim = t.spec.dim as usize;
         let per = push_keys_per_frame(t.spec.dim);
-        // Post every frame, then collect every reply (pipelined).
         let mut reqs = Vec::with_capacity(keys.len().div_ceil(per));
         for (ci, chunk) in keys.chunks(per).enumerate() {
             let req = self.next_request_id();
@@ -572,10 +585,18 @@ impl PsClient {
             reqs.push((req, chunk.len()));
         }
         self.ep.flush(self.timeout)?;
-        let deadline = Instant::now() + self.timeout;
+        Ok(PendingPush {
+            reqs,
+            keys: keys.len(),
+        })
+    }
+
+    /// The collect phase of a put or push: every reply, by `deadline`;
+    /// the first refusal, if any, after all are in.
+    pub(crate) fn push_collect(&mut self, pending: PendingPush, deadline: Instant) -> Result<()> {
         let mut first_err = None;
         let mut applied_before = 0usize;
-        for (req, n) in reqs {
+        for (req, n) in pending.reqs {
             let body = loop {
                 if let Some(r) = self.stashed.remove(&req) {
                     break r;
@@ -597,7 +618,7 @@ impl PsClient {
                         message: format!(
                             "{} of {} keys applied before the failure",
                             applied_before + applied,
-                            keys.len()
+                            pending.keys
                         ),
                     })
                 }
@@ -612,6 +633,11 @@ impl PsClient {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// The per-call timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Handles whatever replies have arrived, in place (no copy), without
@@ -666,6 +692,14 @@ impl PsClient {
             self.reap(id);
         }
     }
+}
+
+/// A put or push whose frames are posted: request ids with their key
+/// counts, and the keys in all.
+#[derive(Debug)]
+pub(crate) struct PendingPush {
+    reqs: Vec<(u64, usize)>,
+    keys: usize,
 }
 
 /// The parts of a client that replies update.

@@ -1,0 +1,209 @@
+//! The KV cache across a cluster.
+//!
+//! One [`CacheClient`] per server, each with its own receive buffer
+//! (registered with that server where the transport can: a server can
+//! write one-sided only into a region registered on its own connection,
+//! so one buffer cannot serve several servers). Values therefore land in
+//! the buffer of the client of the server that owns the key:
+//! [`ClusterCache::get_at`] and [`ClusterCache::get_many_at`] say which
+//! server's buffer ([`ClusterPlaced::server`], read with
+//! [`ClusterCache::buffer`]); [`ClusterCache::get_into`] and
+//! [`ClusterCache::get`] copy the value out to the caller. A client of a
+//! cluster of `n` servers thus holds `n` buffers of `buffer_bytes`.
+
+use std::time::Duration;
+
+use fabrickv_cluster::{server_of_key, Cluster};
+use fabrickv_types::limits::CACHE_BATCH_KEYS_MAX;
+use fabrickv_types::ErrorCode;
+
+use super::{lookup, ClusterOptions, Members};
+use crate::cache::{CacheClient, CacheClientOptions, Placed};
+use crate::{ClientError, Result};
+
+/// A value read into one server's client buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterPlaced {
+    /// The server that owns the key: the value is in its client's buffer
+    /// ([`ClusterCache::buffer`]).
+    pub server: u32,
+    /// Where in that buffer, and the value's metadata.
+    pub placed: Placed,
+}
+
+/// A KV-cache client of a whole cluster: every key goes to the server that
+/// owns it, through that server's [`CacheClient`].
+pub struct ClusterCache {
+    m: Members<CacheClient>,
+}
+
+impl std::fmt::Debug for ClusterCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterCache")
+            .field("cluster", &self.m.cluster)
+            .field("servers", &self.m.size())
+            .finish()
+    }
+}
+
+impl ClusterCache {
+    /// Connects to every registered server of `cluster` (as
+    /// [`super::ClusterClient::connect`] does), each client with a receive
+    /// buffer of `buffer_bytes`.
+    pub fn connect(
+        cluster: &Cluster,
+        opts: ClusterOptions,
+        buffer_bytes: usize,
+    ) -> Result<ClusterCache> {
+        let connector = move |addr: &str, timeout: Duration| {
+            CacheClient::connect_with(
+                addr,
+                CacheClientOptions {
+                    buffer_bytes,
+                    timeout,
+                },
+            )
+        };
+        Ok(ClusterCache {
+            m: Members::connect(cluster, &opts, Box::new(connector))?,
+        })
+    }
+
+    /// Looks the cluster up in the registry and connects to it (as
+    /// [`super::ClusterClient::join`] does).
+    pub fn join(
+        registry_url: &str,
+        name: &str,
+        opts: ClusterOptions,
+        buffer_bytes: usize,
+    ) -> Result<ClusterCache> {
+        let cluster = lookup(registry_url, name, opts.timeout)?;
+        ClusterCache::connect(&cluster, opts, buffer_bytes)
+    }
+
+    /// The number of servers, up or down.
+    pub fn size(&self) -> u32 {
+        self.m.size()
+    }
+
+    /// The server that owns `key`.
+    #[inline]
+    pub fn server_of(&self, key: &[u8]) -> u32 {
+        server_of_key(key, self.m.size())
+    }
+
+    /// Whether server `id` is connected now.
+    pub fn is_up(&self, id: u32) -> bool {
+        self.m.is_up(id as usize)
+    }
+
+    /// The client of server `id` (connecting if it is down).
+    pub fn client(&mut self, id: u32) -> Result<&mut CacheClient> {
+        if id >= self.m.size() {
+            return Err(ClientError::Invalid(
+                ErrorCode::Malformed,
+                format!("server {id} of a {}-server cluster", self.m.size()),
+            ));
+        }
+        self.m.ensure(id as usize)
+    }
+
+    /// The receive buffer of server `id`'s client, where
+    /// [`ClusterCache::get_at`] places that server's values.
+    pub fn buffer(&mut self, id: u32) -> Result<&mut [u8]> {
+        self.client(id)?.buffer()
+    }
+
+    /// Stores `value` under `key` on its server, with a time to live
+    /// (`None` = forever); returns the value's generation.
+    pub fn put(&mut self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<u64> {
+        let s = self.server_of(key) as usize;
+        self.m.with(s, |c| c.put(key, value, ttl))
+    }
+
+    /// Reads `key` into a new vector; `None` if absent.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let s = self.server_of(key) as usize;
+        self.m.with(s, |c| c.get(key))
+    }
+
+    /// Reads `key` into `dst`; returns the value's length, `None` if
+    /// absent (see [`CacheClient::get_into`]).
+    pub fn get_into(&mut self, key: &[u8], dst: &mut [u8]) -> Result<Option<usize>> {
+        let s = self.server_of(key) as usize;
+        self.m.with(s, |c| c.get_into(key, dst))
+    }
+
+    /// Reads `key` into its server's client buffer at `offset`; `None` if
+    /// absent.
+    pub fn get_at(&mut self, key: &[u8], offset: usize) -> Result<Option<ClusterPlaced>> {
+        let s = self.server_of(key) as usize;
+        let p = self.m.with(s, |c| c.get_at(key, offset))?;
+        Ok(p.map(|placed| ClusterPlaced {
+            server: s as u32,
+            placed,
+        }))
+    }
+
+    /// Reads each `(key, offset)` into the buffer of the client of the
+    /// key's server, at `offset` of that buffer (keys of different servers
+    /// may share offsets; keys of one server must not overlap). One result
+    /// per key, in order. The batch is split by server and each server's
+    /// part is a pipelined [`CacheClient::get_many_at`]; the parts run one
+    /// server after another. Fails whole if a server it needs is down.
+    pub fn get_many_at(
+        &mut self,
+        items: &[(&[u8], usize)],
+    ) -> Result<Vec<Result<Option<ClusterPlaced>>>> {
+        if items.len() > CACHE_BATCH_KEYS_MAX {
+            return Err(ClientError::Invalid(
+                ErrorCode::BatchTooLarge,
+                format!("{} keys exceed CACHE_BATCH_KEYS_MAX", items.len()),
+            ));
+        }
+        let n = self.m.size() as usize;
+        let mut parts: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, (k, _)) in items.iter().enumerate() {
+            parts[self.server_of(k) as usize].push(i);
+        }
+        for (s, p) in parts.iter().enumerate() {
+            if !p.is_empty() {
+                self.m.ensure(s)?;
+            }
+        }
+        let mut out: Vec<Option<Result<Option<ClusterPlaced>>>> =
+            (0..items.len()).map(|_| None).collect();
+        let mut part_items = Vec::new();
+        for (s, p) in parts.iter().enumerate() {
+            if p.is_empty() {
+                continue;
+            }
+            part_items.clear();
+            part_items.extend(p.iter().map(|&i| items[i]));
+            let got = self.m.with(s, |c| c.get_many_at(&part_items))?;
+            for (r, &i) in got.into_iter().zip(p) {
+                out[i] = Some(r.map(|o| {
+                    o.map(|placed| ClusterPlaced {
+                        server: s as u32,
+                        placed,
+                    })
+                }));
+            }
+        }
+        out.into_iter()
+            .map(|o| o.ok_or_else(|| ClientError::Protocol("a key got no result".into())))
+            .collect()
+    }
+
+    /// Removes `key`; true if it was there.
+    pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
+        let s = self.server_of(key) as usize;
+        self.m.with(s, |c| c.delete(key))
+    }
+
+    /// Whether `key` is live.
+    pub fn exists(&mut self, key: &[u8]) -> Result<bool> {
+        let s = self.server_of(key) as usize;
+        self.m.with(s, |c| c.exists(key))
+    }
+}
