@@ -169,3 +169,94 @@ pub fn run(cmd: ClusterCommand) -> Result<std::process::ExitCode, String> {
         }
     }
 }
+
+/// What a client command talks to: one server (`--server`) or a whole
+/// cluster (`--cluster-config` or `--registry`).
+pub enum Conn {
+    /// One server.
+    One(fabrickv_client::Client),
+    /// A cluster; each key goes to the server that owns it.
+    Many(fabrickv_client::ClusterClient),
+}
+
+impl Conn {
+    /// Connects to the cluster when one is named, else to `--server`.
+    pub fn open(server: &crate::ServerArg, cluster: &ClusterSource) -> Result<Conn, String> {
+        if cluster.cluster_config.is_none() && cluster.registry.is_none() {
+            return crate::connect(server).map(Conn::One);
+        }
+        let timeout = crate::timeout_of(server)?;
+        let map = cluster.load(timeout)?;
+        let opts = fabrickv_client::ClusterOptions {
+            transport: None,
+            timeout,
+        };
+        fabrickv_client::ClusterClient::connect(&map, opts)
+            .map(Conn::Many)
+            .map_err(|e| format!("cannot connect to cluster {}: {e}", map.name))
+    }
+
+    /// Reads many keys; results in order.
+    pub fn mget<K: AsRef<[u8]>>(
+        &mut self,
+        keys: &[K],
+    ) -> fabrickv_client::Result<Vec<Option<Vec<u8>>>> {
+        match self {
+            Conn::One(c) => c.mget(keys),
+            Conn::Many(c) => c.mget(keys),
+        }
+    }
+
+    /// Stores many values.
+    pub fn mput<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &mut self,
+        items: &[(K, V)],
+        ttl: Option<Duration>,
+    ) -> fabrickv_client::Result<()> {
+        match self {
+            Conn::One(c) => c.mput(items, ttl),
+            Conn::Many(c) => c.mput(items, ttl),
+        }
+    }
+
+    /// Removes many keys; for each, whether it was there.
+    pub fn mdelete<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> fabrickv_client::Result<Vec<bool>> {
+        match self {
+            Conn::One(c) => c.mdelete(keys),
+            Conn::Many(c) => c.mdelete(keys),
+        }
+    }
+
+    /// Prints the counters: `name: value` lines for one server; for a
+    /// cluster, a `[server ID]` header before each server's lines. Fails
+    /// (after printing the others) if a server could not be asked.
+    pub fn print_stats(&mut self) -> Result<(), String> {
+        match self {
+            Conn::One(c) => {
+                for (k, v) in c.stats().map_err(|e| e.to_string())? {
+                    println!("{k}: {v}");
+                }
+                Ok(())
+            }
+            Conn::Many(c) => {
+                let mut failed = Vec::new();
+                for (id, s) in c.stats().into_iter().enumerate() {
+                    println!("[server {id}]");
+                    match s {
+                        Ok(s) => {
+                            for (k, v) in s {
+                                println!("{k}: {v}");
+                            }
+                        }
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                if failed.is_empty() {
+                    Ok(())
+                } else {
+                    Err(failed.join("; "))
+                }
+            }
+        }
+    }
+}

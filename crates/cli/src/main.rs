@@ -199,18 +199,36 @@ enum Command {
         ttl: Option<f64>,
         #[command(flatten)]
         server: ServerArg,
+        #[command(flatten)]
+        cluster: cluster_cmd::ClusterSource,
+    },
+    /// Stores many values: KEY VALUE [KEY VALUE ...].
+    Mset {
+        #[arg(required = true, num_args = 2.., value_name = "KEY VALUE")]
+        pairs: Vec<String>,
+        /// Expire after this many seconds.
+        #[arg(long)]
+        ttl: Option<f64>,
+        #[command(flatten)]
+        server: ServerArg,
+        #[command(flatten)]
+        cluster: cluster_cmd::ClusterSource,
     },
     /// Prints a value to stdout, raw; exits 1 if the key is absent.
     Get {
         key: String,
         #[command(flatten)]
         server: ServerArg,
+        #[command(flatten)]
+        cluster: cluster_cmd::ClusterSource,
     },
     /// Removes a key; exits 1 if it was absent.
     Del {
         key: String,
         #[command(flatten)]
         server: ServerArg,
+        #[command(flatten)]
+        cluster: cluster_cmd::ClusterSource,
     },
     /// Prints one line per key: its value, or (nil); exits 1 if any is absent.
     Mget {
@@ -218,11 +236,16 @@ enum Command {
         keys: Vec<String>,
         #[command(flatten)]
         server: ServerArg,
+        #[command(flatten)]
+        cluster: cluster_cmd::ClusterSource,
     },
-    /// Prints the server's counters, summed over its workers.
+    /// Prints the server's counters, summed over its workers (per server
+    /// for a cluster).
     Stats {
         #[command(flatten)]
         server: ServerArg,
+        #[command(flatten)]
+        cluster: cluster_cmd::ClusterSource,
     },
     /// Embedding tables: create, list, preload (and check), pull.
     Ps {
@@ -301,6 +324,17 @@ fn timeout_of(s: &ServerArg) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(s.timeout))
 }
 
+/// A `--ttl` in seconds as a duration; it must be positive.
+fn ttl_of(ttl: Option<f64>) -> Result<Option<Duration>, String> {
+    match ttl {
+        Some(t) if t.is_finite() && t > 0.0 => Ok(Some(Duration::from_secs_f64(t))),
+        Some(t) => Err(format!(
+            "--ttl must be a positive number of seconds, not {t}"
+        )),
+        None => Ok(None),
+    }
+}
+
 fn connect(s: &ServerArg) -> Result<Client, String> {
     Client::connect_with_timeout(&s.server, timeout_of(s)?)
         .map_err(|e| format!("cannot connect to {}: {e}", s.server))
@@ -373,24 +407,45 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             value,
             ttl,
             server,
+            cluster,
         } => {
-            let ttl = match ttl {
-                Some(t) if t.is_finite() && t > 0.0 => Some(Duration::from_secs_f64(t)),
-                Some(t) => {
-                    return Err(format!(
-                        "--ttl must be a positive number of seconds, not {t}"
-                    ))
-                }
-                None => None,
-            };
-            connect(&server)?
-                .put_ttl(key.as_bytes(), value.as_bytes(), ttl)
+            let ttl = ttl_of(ttl)?;
+            cluster_cmd::Conn::open(&server, &cluster)?
+                .mput(&[(key.as_bytes(), value.as_bytes())], ttl)
                 .map_err(|e| e.to_string())?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Get { key, server } => match connect(&server)?
-            .get(key.as_bytes())
+        Command::Mset {
+            pairs,
+            ttl,
+            server,
+            cluster,
+        } => {
+            if pairs.len() % 2 != 0 {
+                return Err(format!(
+                    "mset takes KEY VALUE pairs; {} words is not pairs",
+                    pairs.len()
+                ));
+            }
+            let ttl = ttl_of(ttl)?;
+            let items: Vec<(&[u8], &[u8])> = pairs
+                .chunks_exact(2)
+                .map(|p| (p[0].as_bytes(), p[1].as_bytes()))
+                .collect();
+            cluster_cmd::Conn::open(&server, &cluster)?
+                .mput(&items, ttl)
+                .map_err(|e| e.to_string())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Get {
+            key,
+            server,
+            cluster,
+        } => match cluster_cmd::Conn::open(&server, &cluster)?
+            .mget(&[key.as_bytes()])
             .map_err(|e| e.to_string())?
+            .pop()
+            .flatten()
         {
             Some(v) => {
                 let mut out = std::io::stdout().lock();
@@ -404,10 +459,16 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
                 Ok(ExitCode::from(1))
             }
         },
-        Command::Del { key, server } => {
-            if connect(&server)?
-                .delete(key.as_bytes())
+        Command::Del {
+            key,
+            server,
+            cluster,
+        } => {
+            if cluster_cmd::Conn::open(&server, &cluster)?
+                .mdelete(&[key.as_bytes()])
                 .map_err(|e| e.to_string())?
+                .pop()
+                .unwrap_or(false)
             {
                 Ok(ExitCode::SUCCESS)
             } else {
@@ -415,8 +476,14 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
                 Ok(ExitCode::from(1))
             }
         }
-        Command::Mget { keys, server } => {
-            let values = connect(&server)?.mget(&keys).map_err(|e| e.to_string())?;
+        Command::Mget {
+            keys,
+            server,
+            cluster,
+        } => {
+            let values = cluster_cmd::Conn::open(&server, &cluster)?
+                .mget(&keys)
+                .map_err(|e| e.to_string())?;
             let mut out = std::io::stdout().lock();
             let mut missing = 0;
             for v in &values {
@@ -437,11 +504,8 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Stats { server } => {
-            let stats = connect(&server)?.stats().map_err(|e| e.to_string())?;
-            for (k, v) in stats {
-                println!("{k}: {v}");
-            }
+        Command::Stats { server, cluster } => {
+            cluster_cmd::Conn::open(&server, &cluster)?.print_stats()?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Ps { which } => ps_cmd::run(which),

@@ -1,6 +1,11 @@
 //! What the binary's tests share: a `fabrickv serve` child process that
 //! is killed (SIGKILL) when dropped.
 
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+pub mod netns;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
