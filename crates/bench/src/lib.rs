@@ -27,6 +27,7 @@
 
 pub mod baseline;
 pub mod cache;
+pub mod cluster;
 pub mod compare;
 pub mod cpu;
 pub mod herd;

@@ -23,6 +23,8 @@ pub enum BenchCommand {
     Cache(crate::cache_bench::CacheArgs),
     /// The seed's shard copy: a generated shard copied from a server in this process, MB/s beside the seed's and the raw pipe (TCP into a file).
     Copy(crate::copy_bench::CopyBenchArgs),
+    /// What sharding costs: kv throughput and multi-get latency on N servers beside one server on the same cores, and the time a client takes to join through the registry.
+    Cluster(crate::cluster_bench::ClusterBenchArgs),
     /// Echo RPCs over a transport: the seed's table (ops/s, fast, ave, p50, p99).
     Rpc(crate::rpc_bench::RpcArgs),
     /// The echo server `bench rpc` starts as a pinned child process.
@@ -185,6 +187,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), String> {
         BenchCommand::Cache(a) => crate::cache_bench::run(a),
         BenchCommand::Rpc(a) => crate::rpc_bench::run(a),
         BenchCommand::Copy(a) => crate::copy_bench::run(a),
+        BenchCommand::Cluster(a) => crate::cluster_bench::run(&a),
         BenchCommand::RpcServer(a) => crate::rpc_bench::serve(a),
     }
 }

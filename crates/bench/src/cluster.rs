@@ -1,0 +1,424 @@
+//! `fabrickv bench cluster`: what sharding costs.
+//!
+//! Three measurements, each against the same workload on one server given
+//! the same cores, in the same run:
+//! 1. aggregate kv throughput: client threads each loop over batched GETs
+//!    through a [`ClusterClient`], first against one server, then against
+//!    `servers` servers sharing the machine (the target is at least 0.8x);
+//! 2. the latency of one multi-get of `mget` keys, one call at a time, on
+//!    one server and spread over the cluster (target: within 1.5x);
+//! 3. the time a new client takes to join: registry lookup in memcached
+//!    plus connecting to every server (target: under 50 ms).
+//!
+//! Both configurations use the cluster client (a one-server cluster takes
+//! the plain client's path), so the ratio isolates the split, the extra
+//! connections and the merge. Every GET is checked against the value its
+//! key must have.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fabrickv_client::{BatchOp, Cluster, ClusterClient, ClusterOptions, Outcome};
+use fabrickv_cluster::local::LocalMemcached;
+use fabrickv_cluster::{Registration, Registry, ServerDesc};
+use fabrickv_server::{Mode, Server, ServerConfig, ServerHandle};
+use fabrickv_types::ErrorCode;
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::keys::{check_value, fill_value};
+use crate::kv::make_key;
+use crate::report::{latency_histogram, print_table, rate, BenchResult};
+
+/// Keys stored per preload call.
+const PRELOAD_CHUNK_KEYS: u64 = 4096;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ClusterOpts {
+    /// Servers of the cluster.
+    pub servers: usize,
+    /// Workers of each cluster server.
+    pub cluster_workers: usize,
+    /// Workers of the one server it is compared with.
+    pub single_workers: usize,
+    /// Transport (`tcp` or `shm`; servers run in this process).
+    pub transport: String,
+    /// Client threads of the throughput run.
+    pub threads: usize,
+    /// GETs per call in the throughput run.
+    pub batch: usize,
+    /// Keys of the multi-get latency run.
+    pub mget: usize,
+    /// Distinct keys.
+    pub keys: u64,
+    /// Key length in bytes.
+    pub key_size: usize,
+    /// Value length in bytes.
+    pub value_size: usize,
+    /// Measured time of each throughput and latency run.
+    pub duration: Duration,
+    /// Joins timed.
+    pub joins: usize,
+}
+
+/// The figures of one run, for the table and the JSON lines.
+#[derive(Debug, Clone)]
+pub struct ClusterReport {
+    /// Throughput on one server and on the cluster.
+    pub throughput: [BenchResult; 2],
+    /// Multi-get latency on one server and on the cluster.
+    pub mget: [BenchResult; 2],
+    /// Joins of the cluster through the registry.
+    pub join: BenchResult,
+}
+
+fn listen_addr(transport: &str, tag: &str) -> Result<String, String> {
+    match transport {
+        "tcp" => Ok("tcp://127.0.0.1:0".into()),
+        "shm" => Ok(format!(
+            "shm://fkv-bench-cluster-{}-{tag}",
+            std::process::id()
+        )),
+        t => Err(format!("bench cluster runs over tcp or shm, not {t:?}")),
+    }
+}
+
+/// Starts `n` servers of `workers` workers each, in this process.
+fn start_servers(
+    o: &ClusterOpts,
+    n: usize,
+    workers: usize,
+    tag: &str,
+) -> Result<Vec<ServerHandle>, String> {
+    let item = o.key_size + o.value_size + 64;
+    let memory = ((o.keys as usize * item * 3) as u64).max(64 << 20);
+    (0..n)
+        .map(|i| {
+            Server::start(&ServerConfig {
+                listen: listen_addr(&o.transport, &format!("{tag}{i}"))?,
+                workers: Some(workers),
+                mode: Mode::Store,
+                memory_bytes: memory,
+                log_level: "warn".into(),
+                ..ServerConfig::default()
+            })
+            .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+fn cluster_of(name: &str, servers: &[ServerHandle]) -> Result<Cluster, String> {
+    let addrs: Vec<&str> = servers.iter().map(ServerHandle::addr).collect();
+    Cluster::of_addrs(name, &addrs).map_err(|e| e.to_string())
+}
+
+fn connect(c: &Cluster) -> Result<ClusterClient, String> {
+    ClusterClient::connect(c, ClusterOptions::default()).map_err(|e| e.to_string())
+}
+
+fn preload(c: &Cluster, o: &ClusterOpts) -> Result<(), String> {
+    let mut client = connect(c)?;
+    let mut at = 0;
+    while at < o.keys {
+        let end = (at + PRELOAD_CHUNK_KEYS).min(o.keys);
+        let items: Vec<(Vec<u8>, Vec<u8>)> = (at..end)
+            .map(|i| {
+                let mut k = Vec::new();
+                make_key(i, o.key_size, &mut k);
+                let mut v = vec![0; o.value_size];
+                fill_value(i, &mut v);
+                (k, v)
+            })
+            .collect();
+        client
+            .mput(&items, None)
+            .map_err(|e| format!("preloading: {e}"))?;
+        at = end;
+    }
+    Ok(())
+}
+
+/// What one client thread did.
+struct Done {
+    hist: Histogram<u64>,
+    keys: u64,
+    wrong: u64,
+    seconds: f64,
+}
+
+/// Calls of `batch` random GETs for `duration`, each timed; counts keys.
+fn get_loop(c: &Cluster, o: &ClusterOpts, batch: usize, seed: u64) -> Result<Done, String> {
+    let mut client = connect(c)?;
+    let all_keys: Vec<Vec<u8>> = (0..o.keys)
+        .map(|i| {
+            let mut k = Vec::new();
+            make_key(i, o.key_size, &mut k);
+            k
+        })
+        .collect();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut hist = latency_histogram()?;
+    let (mut keys, mut wrong) = (0u64, 0u64);
+    let mut ids = Vec::with_capacity(batch);
+    let start = Instant::now();
+    let end = start + o.duration;
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        ids.clear();
+        ids.extend((0..batch).map(|_| rng.gen_range(0..o.keys)));
+        let ops: Vec<BatchOp<'_>> = ids
+            .iter()
+            .map(|&i| BatchOp::Get {
+                key: &all_keys[i as usize],
+            })
+            .collect();
+        let out: Vec<Outcome> = client.execute(&ops).map_err(|e| e.to_string())?;
+        hist.saturating_record(now.elapsed().as_nanos() as u64);
+        for (o_, &i) in out.iter().zip(&ids) {
+            if o_.code != ErrorCode::Ok || !check_value(i, o.value_size, &o_.value) {
+                wrong += 1;
+            }
+        }
+        keys += batch as u64;
+    }
+    Ok(Done {
+        hist,
+        keys,
+        wrong,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+fn throughput(c: &Cluster, o: &ClusterOpts, system: &str) -> Result<BenchResult, String> {
+    let c = Arc::new(c.clone());
+    let threads: Vec<_> = (0..o.threads)
+        .map(|t| {
+            let (c, o) = (c.clone(), o.clone());
+            std::thread::spawn(move || get_loop(&c, &o, o.batch, 0x5eed + t as u64))
+        })
+        .collect();
+    let mut hist = latency_histogram()?;
+    let (mut keys, mut wrong, mut seconds) = (0u64, 0u64, 0f64);
+    for t in threads {
+        let d = t
+            .join()
+            .map_err(|_| "a client thread panicked".to_string())??;
+        hist.add(&d.hist).map_err(|e| e.to_string())?;
+        keys += d.keys;
+        wrong += d.wrong;
+        seconds = seconds.max(d.seconds);
+    }
+    Ok(result(o, "throughput", system, &hist, keys, seconds, wrong))
+}
+
+fn mget_latency(c: &Cluster, o: &ClusterOpts, system: &str) -> Result<BenchResult, String> {
+    let d = get_loop(c, o, o.mget, 0xface)?;
+    Ok(result(
+        o,
+        &format!("mget {}", o.mget),
+        system,
+        &d.hist,
+        d.keys,
+        d.seconds,
+        d.wrong,
+    ))
+}
+
+fn result(
+    o: &ClusterOpts,
+    case: &str,
+    system: &str,
+    hist: &Histogram<u64>,
+    keys: u64,
+    seconds: f64,
+    wrong: u64,
+) -> BenchResult {
+    BenchResult {
+        bench: "cluster".into(),
+        case: case.into(),
+        system: system.into(),
+        ops_per_s: keys as f64 / seconds.max(1e-9),
+        p50_us: hist.value_at_quantile(0.50) as f64 / 1e3,
+        p99_us: hist.value_at_quantile(0.99) as f64 / 1e3,
+        ops: keys,
+        seconds,
+        wrong_values: wrong,
+        params: serde_json::json!({
+            "transport": o.transport, "threads": o.threads, "batch": o.batch,
+            "mget": o.mget, "keys": o.keys, "key_size": o.key_size,
+            "value_size": o.value_size, "servers": o.servers,
+            "cluster_workers": o.cluster_workers, "single_workers": o.single_workers,
+            "mean_us": hist.mean() / 1e3,
+        }),
+    }
+}
+
+/// Publishes the cluster's servers in a fresh memcached and times
+/// `ClusterClient::join` (lookup plus connections) `o.joins` times.
+fn joins(servers: &[ServerHandle], o: &ClusterOpts) -> Result<BenchResult, String> {
+    let mc = LocalMemcached::start()?;
+    let name = format!("bench-{}", std::process::id());
+    let size = servers.len() as u32;
+    let _regs = servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let desc = ServerDesc {
+                id: i as u32,
+                addrs: vec![s.addr().to_string()],
+                resp: None,
+                grpc: None,
+                workers: s.workers() as u32,
+                pid: std::process::id(),
+            };
+            Registry::connect(&mc.url(), &name)
+                .and_then(|r| Registration::start(r, size, desc, 60))
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut hist = latency_histogram()?;
+    let start = Instant::now();
+    for _ in 0..o.joins.max(1) {
+        let t = Instant::now();
+        let c = ClusterClient::join(&mc.url(), &name, ClusterOptions::default())
+            .map_err(|e| e.to_string())?;
+        hist.saturating_record(t.elapsed().as_nanos() as u64);
+        drop(c);
+    }
+    let mut r = result(
+        o,
+        "join",
+        "fabrickv-cluster",
+        &hist,
+        hist.len(),
+        start.elapsed().as_secs_f64(),
+        0,
+    );
+    r.params["max_us"] = (hist.max() as f64 / 1e3).into();
+    Ok(r)
+}
+
+/// Runs the three measurements.
+pub fn run(o: &ClusterOpts) -> Result<ClusterReport, String> {
+    if o.servers == 0 || o.threads == 0 || o.batch == 0 || o.mget == 0 || o.keys == 0 {
+        return Err("servers, threads, batch, mget and keys must all be at least 1".into());
+    }
+    let single = start_servers(o, 1, o.single_workers, "s")?;
+    let one = cluster_of("one", &single)?;
+    preload(&one, o)?;
+    let t1 = throughput(&one, o, "1-server")?;
+    let m1 = mget_latency(&one, o, "1-server")?;
+    drop(single);
+
+    let many = start_servers(o, o.servers, o.cluster_workers, "c")?;
+    let cl = cluster_of("many", &many)?;
+    preload(&cl, o)?;
+    let tn = throughput(&cl, o, "cluster")?;
+    let mn = mget_latency(&cl, o, "cluster")?;
+    let join = joins(&many, o)?;
+    Ok(ClusterReport {
+        throughput: [t1, tn],
+        mget: [m1, mn],
+        join,
+    })
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
+impl ClusterReport {
+    /// Cluster throughput over one server's.
+    pub fn throughput_ratio(&self) -> f64 {
+        ratio(self.throughput[1].ops_per_s, self.throughput[0].ops_per_s)
+    }
+
+    /// Cluster multi-get median latency over one server's.
+    pub fn mget_ratio(&self) -> f64 {
+        ratio(self.mget[1].p50_us, self.mget[0].p50_us)
+    }
+
+    /// Reads that came back wrong, over every run (must be 0).
+    pub fn wrong(&self) -> u64 {
+        self.throughput
+            .iter()
+            .chain(&self.mget)
+            .map(|r| r.wrong_values)
+            .sum()
+    }
+
+    /// Prints the table.
+    pub fn print(&self, o: &ClusterOpts) {
+        println!(
+            "cluster: {} servers x {} workers vs 1 server x {} workers, {}, {} client threads x {} GETs per call, {} keys of {} B values",
+            o.servers, o.cluster_workers, o.single_workers, o.transport, o.threads, o.batch, o.keys, o.value_size
+        );
+        let us = |v: f64| format!("{v:.1}");
+        let rows = vec![
+            vec![
+                "kv GET keys/s".to_string(),
+                rate(self.throughput[0].ops_per_s),
+                rate(self.throughput[1].ops_per_s),
+                format!("{:.2}x", self.throughput_ratio()),
+                ">= 0.80x".into(),
+            ],
+            vec![
+                format!("mget {} p50 us", o.mget),
+                us(self.mget[0].p50_us),
+                us(self.mget[1].p50_us),
+                format!("{:.2}x", self.mget_ratio()),
+                "<= 1.50x".into(),
+            ],
+            vec![
+                format!("mget {} p99 us", o.mget),
+                us(self.mget[0].p99_us),
+                us(self.mget[1].p99_us),
+                format!("{:.2}x", ratio(self.mget[1].p99_us, self.mget[0].p99_us)),
+                String::new(),
+            ],
+            vec![
+                "join ms p50/max".to_string(),
+                "-".into(),
+                format!(
+                    "{:.2}/{:.2}",
+                    self.join.p50_us / 1e3,
+                    self.join.params["max_us"].as_f64().unwrap_or(0.0) / 1e3
+                ),
+                String::new(),
+                "< 50 ms".into(),
+            ],
+        ];
+        print_table(&["metric", "1 server", "cluster", "ratio", "target"], &rows);
+    }
+
+    /// The JSON lines: every result, then the ratios.
+    pub fn json_lines(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .throughput
+            .iter()
+            .chain(&self.mget)
+            .chain(std::iter::once(&self.join))
+            .map(BenchResult::json)
+            .collect();
+        v.push(
+            serde_json::json!({
+                "bench": "cluster", "case": "ratios",
+                "throughput_ratio": self.throughput_ratio(),
+                "mget_p50_ratio": self.mget_ratio(),
+                "join_p50_ms": self.join.p50_us / 1e3,
+                "wrong_values": self.wrong(),
+            })
+            .to_string(),
+        );
+        v
+    }
+}
