@@ -48,7 +48,7 @@ use pyo3::prelude::*;
 use pyo3::sync::{MutexExt, PyOnceLock};
 use pyo3::types::{PyBytes, PyString};
 
-use crate::{error, to_py_err};
+use crate::{error, to_py_err, ttl_of};
 
 /// Adds `CacheClient` to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -56,7 +56,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// Bytes in the `MB` of `buffer_mb`.
-const MIB: usize = 1 << 20;
+pub(crate) const MIB: usize = 1 << 20;
 
 /// `numpy.frombuffer`, looked up once.
 static FROMBUFFER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -70,7 +70,7 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 
 /// A key's bytes: `bytes` as they are, `str` as its UTF-8 encoding (so
 /// `"k"` and `b"k"` name the same entry).
-fn key_of<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+pub(crate) fn key_of<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
     if let Ok(b) = obj.cast::<PyBytes>() {
         return Ok(b.as_bytes());
     }
@@ -109,7 +109,7 @@ fn bytes_view<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, P
 }
 
 /// A value to store, borrowed for the length of the call.
-enum Value<'py> {
+pub(crate) enum Value<'py> {
     /// `bytes`: immutable, read as it is.
     Bytes(Bound<'py, PyBytes>),
     /// Any other buffer, through its uint8 view.
@@ -117,7 +117,7 @@ enum Value<'py> {
 }
 
 impl Value<'_> {
-    fn of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Value<'py>> {
+    pub(crate) fn of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Value<'py>> {
         if let Ok(b) = obj.cast::<PyBytes>() {
             return Ok(Value::Bytes(b.clone()));
         }
@@ -125,7 +125,7 @@ impl Value<'_> {
         Ok(Value::Buffer(view.try_readonly()?))
     }
 
-    fn as_slice(&self) -> PyResult<&[u8]> {
+    pub(crate) fn as_slice(&self) -> PyResult<&[u8]> {
         match self {
             Value::Bytes(b) => Ok(b.as_bytes()),
             // `frombuffer` views are contiguous; this only guards that.
@@ -138,7 +138,7 @@ impl Value<'_> {
 
 /// An output buffer: its uint8 view, checked writable now so that a
 /// read-only output is refused before anything is asked of the server.
-fn out_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<u8>>> {
+pub(crate) fn out_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<u8>>> {
     let view = bytes_view(obj, "out")?;
     if view.try_readwrite().is_err() {
         return Err(PyTypeError::new_err(format!(
@@ -152,7 +152,7 @@ fn out_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<u8>>> {
 /// Copies `src` to the start of `out`, with the GIL held (see the module
 /// doc). A `src` longer than `out` is refused (`BUFFER_TOO_SMALL`) with
 /// nothing written.
-fn copy_out(out: &Bound<'_, PyArray1<u8>>, src: &[u8]) -> PyResult<()> {
+pub(crate) fn copy_out(out: &Bound<'_, PyArray1<u8>>, src: &[u8]) -> PyResult<()> {
     let mut w = out.try_readwrite()?;
     let dst = w
         .as_slice_mut()
@@ -185,7 +185,7 @@ fn end_offset(buffer_len: usize, cap: usize) -> usize {
 /// The error of a read, after `context` (which names the call and key
 /// where there are several). For a value that does not fit, says which
 /// limit it hit, the output's or the receive buffer's; keeps the code.
-fn read_error(context: &str, e: ClientError, cap: usize, buffer_len: usize) -> PyErr {
+pub(crate) fn read_error(context: &str, e: ClientError, cap: usize, buffer_len: usize) -> PyErr {
     let code = e.code();
     let message = if code != ErrorCode::BufferTooSmall {
         format!("{context}{e}")
@@ -198,19 +198,6 @@ fn read_error(context: &str, e: ClientError, cap: usize, buffer_len: usize) -> P
         format!("{context}the value does not fit out ({cap} bytes): {e}")
     };
     error(code, message)
-}
-
-/// A TTL in seconds from Python; `None` is no expiry.
-fn ttl_of(ttl: Option<f64>) -> PyResult<Option<Duration>> {
-    match ttl {
-        None => Ok(None),
-        Some(s) if s.is_finite() && s > 0.0 => Duration::try_from_secs_f64(s)
-            .map(Some)
-            .map_err(|e| PyValueError::new_err(format!("ttl {s} s: {e}"))),
-        Some(s) => Err(PyValueError::new_err(format!(
-            "ttl must be a positive number of seconds or None, not {s}"
-        ))),
-    }
 }
 
 /// A client of the server's KV cache: large values (up to 64 MiB, say a
@@ -287,13 +274,7 @@ impl CacheClient {
                     "buffer_mb must be an integer in 1..={mb_max}, not {buffer_mb}"
                 ))
             })?;
-        if !(timeout.is_finite() && timeout > 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "timeout must be a positive number of seconds, not {timeout}"
-            )));
-        }
-        let timeout = Duration::try_from_secs_f64(timeout)
-            .map_err(|e| PyValueError::new_err(format!("timeout {timeout} s: {e}")))?;
+        let timeout = crate::timeout_of(timeout)?;
         let opts = CacheClientOptions {
             buffer_bytes,
             timeout,
