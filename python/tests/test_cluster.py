@@ -267,3 +267,12 @@ def test_a_static_cluster_file(cluster_servers, tmp_path, name):
     with pytest.raises(fabrickv.Error) as e:
         c.get(b"k")
     assert e.value.code == "UNAVAILABLE"
+
+
+def test_the_cluster_example_runs(cluster_servers):
+    example = ROOT / "python" / "examples" / "cluster_kv.py"
+    r = subprocess.run([sys.executable, str(example), "--keys", "300",
+                        *[s.native for s in cluster_servers]],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("cluster servers=3 keys=300 per_server=")

@@ -35,7 +35,7 @@
 //! ever waits for the mutex with the GIL held.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use fabrickv_client::cache::{CacheClient as RustCacheClient, CacheClientOptions, Placed};
@@ -56,7 +56,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// Bytes in the `MB` of `buffer_mb`.
-pub(crate) const MIB: usize = 1 << 20;
+const MIB: usize = 1 << 20;
 
 /// `numpy.frombuffer`, looked up once.
 static FROMBUFFER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -200,6 +200,43 @@ pub(crate) fn read_error(context: &str, e: ClientError, cap: usize, buffer_len: 
     error(code, message)
 }
 
+/// The receive buffer's bytes from `buffer_mb` (MiB), checked against
+/// the largest buffer a client may have.
+pub(crate) fn buffer_bytes_of(buffer_mb: i64) -> PyResult<usize> {
+    let mb_max = CACHE_CLIENT_BUFFER_BYTES_MAX / MIB as u64;
+    u64::try_from(buffer_mb)
+        .ok()
+        .filter(|mb| (1..=mb_max).contains(mb))
+        .and_then(|mb| usize::try_from(mb).ok())
+        .map(|mb| mb * MIB)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "buffer_mb must be an integer in 1..={mb_max}, not {buffer_mb}"
+            ))
+        })
+}
+
+/// Runs `f` with the client in `slot` locked and the GIL held; `f`
+/// releases the GIL itself around its network calls. The lock is waited
+/// for with the GIL released, so a thread waiting for another's read does
+/// not stop every Python thread.
+pub(crate) fn with_locked<C, R>(
+    py: Python<'_>,
+    slot: &Mutex<Option<C>>,
+    f: impl FnOnce(&mut C) -> PyResult<R>,
+) -> PyResult<R> {
+    let mut guard = slot.lock_py_attached(py).map_err(|_| {
+        error(
+            ErrorCode::Internal,
+            "an earlier call on this client panicked; open a new client",
+        )
+    })?;
+    let client = guard
+        .as_mut()
+        .ok_or_else(|| error(ErrorCode::Unavailable, "the client is closed"))?;
+    f(client)
+}
+
 /// A client of the server's KV cache: large values (up to 64 MiB, say a
 /// layer block of attention keys and values) with an optional time to
 /// live, read through a receive buffer of `buffer_mb` MiB.
@@ -243,16 +280,7 @@ impl CacheClient {
         py: Python<'_>,
         f: impl FnOnce(&mut RustCacheClient) -> PyResult<R>,
     ) -> PyResult<R> {
-        let mut guard = self.inner.lock_py_attached(py).map_err(|_| {
-            error(
-                ErrorCode::Internal,
-                "an earlier call on this client panicked; open a new client",
-            )
-        })?;
-        let client = guard
-            .as_mut()
-            .ok_or_else(|| error(ErrorCode::Unavailable, "the client is closed"))?;
-        f(client)
+        with_locked(py, &self.inner, f)
     }
 }
 
@@ -263,17 +291,7 @@ impl CacheClient {
     #[new]
     #[pyo3(signature = (addr, buffer_mb = 64, timeout = 5.0))]
     fn new(py: Python<'_>, addr: &str, buffer_mb: i64, timeout: f64) -> PyResult<Self> {
-        let mb_max = CACHE_CLIENT_BUFFER_BYTES_MAX / MIB as u64;
-        let buffer_bytes = u64::try_from(buffer_mb)
-            .ok()
-            .filter(|mb| (1..=mb_max).contains(mb))
-            .and_then(|mb| usize::try_from(mb).ok())
-            .map(|mb| mb * MIB)
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "buffer_mb must be an integer in 1..={mb_max}, not {buffer_mb}"
-                ))
-            })?;
+        let buffer_bytes = buffer_bytes_of(buffer_mb)?;
         let timeout = crate::timeout_of(timeout)?;
         let opts = CacheClientOptions {
             buffer_bytes,
@@ -531,15 +549,7 @@ impl CacheClient {
     /// Closes the connection and frees the receive buffer; later calls
     /// raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
     fn close(&self, py: Python<'_>) {
-        self.closed.store(true, Ordering::Release);
-        // Waits (GIL released) for a call in flight on another thread; a
-        // client poisoned by a panic is closed all the same.
-        let client = self
-            .inner
-            .lock_py_attached(py)
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        py.detach(|| drop(client));
+        crate::close_slot(py, &self.inner, &self.closed);
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

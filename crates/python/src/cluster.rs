@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fabrickv_client::cluster::{
@@ -29,15 +29,13 @@ use fabrickv_client::cluster::{
 };
 use fabrickv_client::{ClientError, Cluster as ClusterMap};
 use fabrickv_cluster::Registry;
-use fabrickv_types::limits::CACHE_CLIENT_BUFFER_BYTES_MAX;
 use fabrickv_types::ErrorCode;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::MutexExt;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use crate::cache::{copy_out, key_of, out_of, read_error, Value, MIB};
+use crate::cache::{buffer_bytes_of, copy_out, key_of, out_of, read_error, with_locked, Value};
 use crate::kv::{key_slices, pair_slices, pairs_of, values_to_py};
 use crate::ps::{self, Lazy};
 use crate::{error, to_py_err, ttl_of};
@@ -336,15 +334,8 @@ impl Cluster {
     /// Closes every connection (the tables' too); later calls raise
     /// `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
     fn close(&self, py: Python<'_>) {
-        self.closed.store(true, Ordering::Release);
         self.ps.close(py);
-        let client = py.detach(|| {
-            self.inner
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take()
-        });
-        drop(client);
+        crate::close_slot(py, &self.inner, &self.closed);
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -537,23 +528,14 @@ pub(crate) struct ClusterCache {
 }
 
 impl ClusterCache {
-    /// Runs `f` with the Rust client locked (waited for with the GIL
-    /// released) and the GIL held; `f` releases it around network calls.
+    /// Runs `f` with the Rust client locked and the GIL held (see
+    /// [`with_locked`]).
     fn with_client<R>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut RustClusterCache) -> PyResult<R>,
     ) -> PyResult<R> {
-        let mut guard = self.inner.lock_py_attached(py).map_err(|_| {
-            error(
-                ErrorCode::Internal,
-                "an earlier call on this client panicked; open a new client",
-            )
-        })?;
-        let client = guard
-            .as_mut()
-            .ok_or_else(|| error(ErrorCode::Unavailable, "the client is closed"))?;
-        f(client)
+        with_locked(py, &self.inner, f)
     }
 
     /// Reads `key` into the receive buffer of its server's client, placed
@@ -600,17 +582,7 @@ impl ClusterCache {
         buffer_mb: i64,
         timeout: f64,
     ) -> PyResult<Self> {
-        let mb_max = CACHE_CLIENT_BUFFER_BYTES_MAX / MIB as u64;
-        let buffer_bytes = u64::try_from(buffer_mb)
-            .ok()
-            .filter(|mb| (1..=mb_max).contains(mb))
-            .and_then(|mb| usize::try_from(mb).ok())
-            .map(|mb| mb * MIB)
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "buffer_mb must be an integer in 1..={mb_max}, not {buffer_mb}"
-                ))
-            })?;
+        let buffer_bytes = buffer_bytes_of(buffer_mb)?;
         let (map, opts) = map_of(py, addrs, config, registry, name, transport, timeout)?;
         let client = py
             .detach(|| RustClusterCache::connect(&map, opts, buffer_bytes))
@@ -713,13 +685,7 @@ impl ClusterCache {
     /// Closes the connections and frees the receive buffers; later calls
     /// raise `fabrickv.Error` (`UNAVAILABLE`).
     fn close(&self, py: Python<'_>) {
-        self.closed.store(true, Ordering::Release);
-        let client = self
-            .inner
-            .lock_py_attached(py)
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        py.detach(|| drop(client));
+        crate::close_slot(py, &self.inner, &self.closed);
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

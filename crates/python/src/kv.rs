@@ -12,7 +12,7 @@
 //! [`crate::ps`], which owns the table client.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fabrickv_client::Client as RustClient;
@@ -246,17 +246,8 @@ impl Client {
     /// Closes the connections (the embedding tables' too); later calls
     /// raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
     fn close(&self, py: Python<'_>) {
-        self.closed.store(true, Ordering::Release);
         self.ps.close(py);
-        // Waits (GIL released) for a call in flight on another thread; a
-        // client poisoned by a panic is closed all the same.
-        let client = py.detach(|| {
-            self.inner
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take()
-        });
-        drop(client);
+        crate::close_slot(py, &self.inner, &self.closed);
     }
 
     /// True once `close()` has run.

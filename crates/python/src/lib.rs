@@ -19,7 +19,8 @@ mod cluster;
 mod kv;
 mod ps;
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use fabrickv_client::ClientError;
@@ -95,6 +96,17 @@ where
         f(client).map_err(failure)
     })
     .map_err(raise)
+}
+
+/// Closes the client in `slot`: sets `closed` (read by `closed` and
+/// `repr` without the lock, so that they never wait for a call in flight),
+/// then takes the client out, waiting with the GIL released for a call in
+/// flight on another thread, and drops it (closing its connections) with
+/// the GIL still released. A client poisoned by a panic is closed all the
+/// same; closing twice is harmless.
+pub(crate) fn close_slot<C: Send>(py: Python<'_>, slot: &Mutex<Option<C>>, closed: &AtomicBool) {
+    closed.store(true, Ordering::Release);
+    py.detach(|| drop(slot.lock().unwrap_or_else(PoisonError::into_inner).take()));
 }
 
 /// A timeout in seconds from Python: a positive, finite number.
