@@ -43,12 +43,12 @@ class Server:
     `native` is the address native clients connect to, as the banner
     prints it (`tcp://127.0.0.1:PORT` or `shm://NAME`)."""
 
-    def __init__(self, *extra, listen="127.0.0.1:0"):
+    def __init__(self, *extra, listen="127.0.0.1:0", workers=2):
         if not BIN.exists():
             pytest.fail(f"{BIN} is missing: run `make build` first")
         self.proc = subprocess.Popen(
             [str(BIN), "serve", "--listen", listen, "--resp", "127.0.0.1:0",
-             "--workers", "2", "--memory", "64MB", "--log-level", "warn", *extra],
+             "--workers", str(workers), "--memory", "64MB", "--log-level", "warn", *extra],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -112,3 +112,78 @@ def ps_server(request):
     s.transport = request.param
     yield s
     assert s.stop() == 0, "the server exits cleanly on SIGTERM"
+
+
+def start_servers(n, transport, *extra):
+    """`n` servers on `transport`, one worker each, with a small embedding
+    pool (for the cluster tests); `extra` goes to every one. Stopped by
+    the caller (`stop_all`)."""
+    servers = []
+    try:
+        for _ in range(n):
+            s = Server(*PS_POOL_ARGS, *extra, listen=listen_addr(transport), workers=1)
+            s.transport = transport
+            servers.append(s)
+    except BaseException:
+        stop_all(servers)
+        raise
+    return servers
+
+
+def stop_all(servers):
+    """Stops every server; their exit codes, in order."""
+    return [s.stop() for s in servers]
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def cluster_servers(request):
+    """Three servers per native transport, for the cluster clients: each
+    test using them runs once on tcp and once on shm."""
+    servers = start_servers(3, request.param)
+    yield servers
+    assert stop_all(servers) == [0, 0, 0], "the servers exit cleanly on SIGTERM"
+
+
+class Memcached:
+    """A memcached child process on a free loopback port (the cluster
+    registry), as the Rust tests' LocalMemcached starts it; killed by
+    `stop`."""
+
+    def __init__(self):
+        import shutil
+        import socket
+        if shutil.which("memcached") is None:
+            pytest.fail("memcached is missing: run `make deps`")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        args = ["memcached", "-l", "127.0.0.1", "-p", str(self.port), "-U", "0", "-m", "64"]
+        if os.geteuid() == 0:
+            args += ["-u", "root"]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL)
+        self.url = f"memcached://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1.0).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    pytest.fail(f"memcached exited at start: {self.proc.returncode}")
+                if time.monotonic() > deadline:
+                    self.stop()
+                    pytest.fail("memcached did not accept connections")
+                time.sleep(0.005)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def memcached():
+    m = Memcached()
+    yield m
+    m.stop()

@@ -35,7 +35,7 @@
 //! ever waits for the mutex with the GIL held.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use fabrickv_client::cache::{CacheClient as RustCacheClient, CacheClientOptions, Placed};
@@ -48,7 +48,7 @@ use pyo3::prelude::*;
 use pyo3::sync::{MutexExt, PyOnceLock};
 use pyo3::types::{PyBytes, PyString};
 
-use crate::{error, to_py_err};
+use crate::{error, to_py_err, ttl_of};
 
 /// Adds `CacheClient` to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -70,7 +70,7 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 
 /// A key's bytes: `bytes` as they are, `str` as its UTF-8 encoding (so
 /// `"k"` and `b"k"` name the same entry).
-fn key_of<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+pub(crate) fn key_of<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
     if let Ok(b) = obj.cast::<PyBytes>() {
         return Ok(b.as_bytes());
     }
@@ -109,7 +109,7 @@ fn bytes_view<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, P
 }
 
 /// A value to store, borrowed for the length of the call.
-enum Value<'py> {
+pub(crate) enum Value<'py> {
     /// `bytes`: immutable, read as it is.
     Bytes(Bound<'py, PyBytes>),
     /// Any other buffer, through its uint8 view.
@@ -117,7 +117,7 @@ enum Value<'py> {
 }
 
 impl Value<'_> {
-    fn of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Value<'py>> {
+    pub(crate) fn of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Value<'py>> {
         if let Ok(b) = obj.cast::<PyBytes>() {
             return Ok(Value::Bytes(b.clone()));
         }
@@ -125,7 +125,7 @@ impl Value<'_> {
         Ok(Value::Buffer(view.try_readonly()?))
     }
 
-    fn as_slice(&self) -> PyResult<&[u8]> {
+    pub(crate) fn as_slice(&self) -> PyResult<&[u8]> {
         match self {
             Value::Bytes(b) => Ok(b.as_bytes()),
             // `frombuffer` views are contiguous; this only guards that.
@@ -138,7 +138,7 @@ impl Value<'_> {
 
 /// An output buffer: its uint8 view, checked writable now so that a
 /// read-only output is refused before anything is asked of the server.
-fn out_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<u8>>> {
+pub(crate) fn out_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<u8>>> {
     let view = bytes_view(obj, "out")?;
     if view.try_readwrite().is_err() {
         return Err(PyTypeError::new_err(format!(
@@ -152,7 +152,7 @@ fn out_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<u8>>> {
 /// Copies `src` to the start of `out`, with the GIL held (see the module
 /// doc). A `src` longer than `out` is refused (`BUFFER_TOO_SMALL`) with
 /// nothing written.
-fn copy_out(out: &Bound<'_, PyArray1<u8>>, src: &[u8]) -> PyResult<()> {
+pub(crate) fn copy_out(out: &Bound<'_, PyArray1<u8>>, src: &[u8]) -> PyResult<()> {
     let mut w = out.try_readwrite()?;
     let dst = w
         .as_slice_mut()
@@ -185,7 +185,7 @@ fn end_offset(buffer_len: usize, cap: usize) -> usize {
 /// The error of a read, after `context` (which names the call and key
 /// where there are several). For a value that does not fit, says which
 /// limit it hit, the output's or the receive buffer's; keeps the code.
-fn read_error(context: &str, e: ClientError, cap: usize, buffer_len: usize) -> PyErr {
+pub(crate) fn read_error(context: &str, e: ClientError, cap: usize, buffer_len: usize) -> PyErr {
     let code = e.code();
     let message = if code != ErrorCode::BufferTooSmall {
         format!("{context}{e}")
@@ -200,17 +200,41 @@ fn read_error(context: &str, e: ClientError, cap: usize, buffer_len: usize) -> P
     error(code, message)
 }
 
-/// A TTL in seconds from Python; `None` is no expiry.
-fn ttl_of(ttl: Option<f64>) -> PyResult<Option<Duration>> {
-    match ttl {
-        None => Ok(None),
-        Some(s) if s.is_finite() && s > 0.0 => Duration::try_from_secs_f64(s)
-            .map(Some)
-            .map_err(|e| PyValueError::new_err(format!("ttl {s} s: {e}"))),
-        Some(s) => Err(PyValueError::new_err(format!(
-            "ttl must be a positive number of seconds or None, not {s}"
-        ))),
-    }
+/// The receive buffer's bytes from `buffer_mb` (MiB), checked against
+/// the largest buffer a client may have.
+pub(crate) fn buffer_bytes_of(buffer_mb: i64) -> PyResult<usize> {
+    let mb_max = CACHE_CLIENT_BUFFER_BYTES_MAX / MIB as u64;
+    u64::try_from(buffer_mb)
+        .ok()
+        .filter(|mb| (1..=mb_max).contains(mb))
+        .and_then(|mb| usize::try_from(mb).ok())
+        .map(|mb| mb * MIB)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "buffer_mb must be an integer in 1..={mb_max}, not {buffer_mb}"
+            ))
+        })
+}
+
+/// Runs `f` with the client in `slot` locked and the GIL held; `f`
+/// releases the GIL itself around its network calls. The lock is waited
+/// for with the GIL released, so a thread waiting for another's read does
+/// not stop every Python thread.
+pub(crate) fn with_locked<C, R>(
+    py: Python<'_>,
+    slot: &Mutex<Option<C>>,
+    f: impl FnOnce(&mut C) -> PyResult<R>,
+) -> PyResult<R> {
+    let mut guard = slot.lock_py_attached(py).map_err(|_| {
+        error(
+            ErrorCode::Internal,
+            "an earlier call on this client panicked; open a new client",
+        )
+    })?;
+    let client = guard
+        .as_mut()
+        .ok_or_else(|| error(ErrorCode::Unavailable, "the client is closed"))?;
+    f(client)
 }
 
 /// A client of the server's KV cache: large values (up to 64 MiB, say a
@@ -256,16 +280,7 @@ impl CacheClient {
         py: Python<'_>,
         f: impl FnOnce(&mut RustCacheClient) -> PyResult<R>,
     ) -> PyResult<R> {
-        let mut guard = self.inner.lock_py_attached(py).map_err(|_| {
-            error(
-                ErrorCode::Internal,
-                "an earlier call on this client panicked; open a new client",
-            )
-        })?;
-        let client = guard
-            .as_mut()
-            .ok_or_else(|| error(ErrorCode::Unavailable, "the client is closed"))?;
-        f(client)
+        with_locked(py, &self.inner, f)
     }
 }
 
@@ -276,24 +291,8 @@ impl CacheClient {
     #[new]
     #[pyo3(signature = (addr, buffer_mb = 64, timeout = 5.0))]
     fn new(py: Python<'_>, addr: &str, buffer_mb: i64, timeout: f64) -> PyResult<Self> {
-        let mb_max = CACHE_CLIENT_BUFFER_BYTES_MAX / MIB as u64;
-        let buffer_bytes = u64::try_from(buffer_mb)
-            .ok()
-            .filter(|mb| (1..=mb_max).contains(mb))
-            .and_then(|mb| usize::try_from(mb).ok())
-            .map(|mb| mb * MIB)
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "buffer_mb must be an integer in 1..={mb_max}, not {buffer_mb}"
-                ))
-            })?;
-        if !(timeout.is_finite() && timeout > 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "timeout must be a positive number of seconds, not {timeout}"
-            )));
-        }
-        let timeout = Duration::try_from_secs_f64(timeout)
-            .map_err(|e| PyValueError::new_err(format!("timeout {timeout} s: {e}")))?;
+        let buffer_bytes = buffer_bytes_of(buffer_mb)?;
+        let timeout = crate::timeout_of(timeout)?;
         let opts = CacheClientOptions {
             buffer_bytes,
             timeout,
@@ -550,15 +549,7 @@ impl CacheClient {
     /// Closes the connection and frees the receive buffer; later calls
     /// raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
     fn close(&self, py: Python<'_>) {
-        self.closed.store(true, Ordering::Release);
-        // Waits (GIL released) for a call in flight on another thread; a
-        // client poisoned by a panic is closed all the same.
-        let client = self
-            .inner
-            .lock_py_attached(py)
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        py.detach(|| drop(client));
+        crate::close_slot(py, &self.inner, &self.closed);
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

@@ -12,27 +12,22 @@
 //! [`crate::ps`], which owns the table client.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fabrickv_client::Client as RustClient;
-use fabrickv_types::ErrorCode;
 use fabrickv_wire::control::ServerInfo;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::error;
 use crate::ps::{self, PsConn, Table};
+use crate::ttl_of;
 
 /// Adds `Client` to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()
 }
-
-/// Why a call made with the GIL released failed: a code and the words,
-/// turned into a `fabrickv.Error` once the GIL is held again.
-type Failure = (ErrorCode, String);
 
 /// A connection to a FabricKV server: one connection per server worker,
 /// each key sent to the worker that owns it.
@@ -68,35 +63,62 @@ impl Client {
         T: Send,
         F: FnOnce(&mut RustClient) -> fabrickv_client::Result<T> + Send,
     {
-        // The lock is taken with the GIL released too: a thread waiting for
-        // another thread's call must not stop every other Python thread.
-        py.detach(|| -> Result<T, Failure> {
-            let mut guard = self.inner.lock().map_err(|_| {
-                (
-                    ErrorCode::Internal,
-                    "an earlier call on this client panicked; open a new client".to_string(),
-                )
-            })?;
-            let client = guard
-                .as_mut()
-                .ok_or_else(|| (ErrorCode::Unavailable, "the client is closed".to_string()))?;
-            f(client).map_err(|e| (e.code(), e.to_string()))
-        })
-        .map_err(|(code, message)| error(code, message))
+        crate::call_locked(py, &self.inner, f)
     }
 }
 
-/// A TTL in seconds from Python as a duration; `None` is no expiry.
-fn ttl_of(ttl: Option<f64>) -> PyResult<Option<Duration>> {
-    match ttl {
-        None => Ok(None),
-        Some(s) if s.is_finite() && s > 0.0 => Duration::try_from_secs_f64(s)
-            .map(Some)
-            .map_err(|e| PyValueError::new_err(format!("ttl {s} s: {e}"))),
-        Some(s) => Err(PyValueError::new_err(format!(
-            "ttl must be a positive number of seconds or None, not {s}"
-        ))),
+/// The values of an `mget` as Python sees them: bytes, None when absent.
+pub(crate) fn values_to_py(
+    py: Python<'_>,
+    values: Vec<Option<Vec<u8>>>,
+) -> Vec<Option<Bound<'_, PyBytes>>> {
+    values
+        .into_iter()
+        .map(|v| v.map(|v| PyBytes::new(py, &v)))
+        .collect()
+}
+
+/// The pairs of an `mput`: `[(key, value), ...]`, `{key: value}`, or
+/// `keys, values`.
+pub(crate) fn pairs_of<'py>(
+    items: &Bound<'py, PyAny>,
+    values: Option<Vec<Bound<'py, PyBytes>>>,
+) -> PyResult<Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
+    match values {
+        Some(values) => {
+            let keys: Vec<Bound<'py, PyBytes>> = items.extract()?;
+            if keys.len() != values.len() {
+                return Err(PyValueError::new_err(format!(
+                    "mput: {} keys but {} values",
+                    keys.len(),
+                    values.len()
+                )));
+            }
+            Ok(keys.into_iter().zip(values).collect())
+        }
+        None => match items.cast::<PyDict>() {
+            Ok(d) => d
+                .iter()
+                .map(|(k, v)| Ok((k.extract()?, v.extract()?)))
+                .collect(),
+            Err(_) => items.extract(),
+        },
     }
+}
+
+/// Borrowed slices of `pairs`, as the Rust clients take them.
+pub(crate) fn pair_slices<'a>(
+    pairs: &'a [(Bound<'_, PyBytes>, Bound<'_, PyBytes>)],
+) -> Vec<(&'a [u8], &'a [u8])> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
+        .collect()
+}
+
+/// Borrowed slices of `keys`.
+pub(crate) fn key_slices<'a>(keys: &'a [Bound<'_, PyBytes>]) -> Vec<&'a [u8]> {
+    keys.iter().map(|k| k.as_bytes()).collect()
 }
 
 #[pymethods]
@@ -105,13 +127,7 @@ impl Client {
     #[new]
     #[pyo3(signature = (addr, timeout = 5.0))]
     fn new(py: Python<'_>, addr: &str, timeout: f64) -> PyResult<Self> {
-        if !(timeout.is_finite() && timeout > 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "timeout must be a positive number of seconds, not {timeout}"
-            )));
-        }
-        let timeout = Duration::try_from_secs_f64(timeout)
-            .map_err(|e| PyValueError::new_err(format!("timeout {timeout} s: {e}")))?;
+        let timeout = crate::timeout_of(timeout)?;
         let client = py
             .detach(|| RustClient::connect_with_timeout(addr, timeout))
             .map_err(crate::to_py_err)?;
@@ -150,12 +166,9 @@ impl Client {
         py: Python<'py>,
         keys: Vec<Bound<'py, PyBytes>>,
     ) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
-        let slices: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+        let slices = key_slices(&keys);
         let values = self.call(py, |c| c.mget(&slices))?;
-        Ok(values
-            .into_iter()
-            .map(|v| v.map(|v| PyBytes::new(py, &v)))
-            .collect())
+        Ok(values_to_py(py, values))
     }
 
     /// Stores many values, pipelined: `mput([(key, value), ...])`,
@@ -170,30 +183,8 @@ impl Client {
         ttl: Option<f64>,
     ) -> PyResult<()> {
         let ttl = ttl_of(ttl)?;
-        let pairs: Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> = match values {
-            Some(values) => {
-                let keys: Vec<Bound<'py, PyBytes>> = items.extract()?;
-                if keys.len() != values.len() {
-                    return Err(PyValueError::new_err(format!(
-                        "mput: {} keys but {} values",
-                        keys.len(),
-                        values.len()
-                    )));
-                }
-                keys.into_iter().zip(values).collect()
-            }
-            None => match items.cast::<PyDict>() {
-                Ok(d) => d
-                    .iter()
-                    .map(|(k, v)| Ok((k.extract()?, v.extract()?)))
-                    .collect::<PyResult<_>>()?,
-                Err(_) => items.extract()?,
-            },
-        };
-        let slices: Vec<(&[u8], &[u8])> = pairs
-            .iter()
-            .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
-            .collect();
+        let pairs = pairs_of(items, values)?;
+        let slices = pair_slices(&pairs);
         self.call(py, |c| c.mput(&slices, ttl))
     }
 
@@ -236,7 +227,8 @@ impl Client {
         missing: &str,
         seed: u64,
     ) -> PyResult<Table> {
-        ps::create_table(py, &self.ps, name, dim, optimizer, lr, missing, seed)
+        let spec = ps::spec_of(name, dim, optimizer, lr, missing, seed)?;
+        ps::create_table(py, &self.ps, &spec)
     }
 
     /// Opens the existing table `name`; `fabrickv.Error` with code
@@ -254,17 +246,8 @@ impl Client {
     /// Closes the connections (the embedding tables' too); later calls
     /// raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
     fn close(&self, py: Python<'_>) {
-        self.closed.store(true, Ordering::Release);
         self.ps.close(py);
-        // Waits (GIL released) for a call in flight on another thread; a
-        // client poisoned by a panic is closed all the same.
-        let client = py.detach(|| {
-            self.inner
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take()
-        });
-        drop(client);
+        crate::close_slot(py, &self.inner, &self.closed);
     }
 
     /// True once `close()` has run.

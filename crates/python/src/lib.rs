@@ -5,7 +5,9 @@
 //! binary does at start), the one exception class [`Error`] and the helpers
 //! that turn Rust errors into it; [`kv`] has the key-value `Client` (with
 //! its table methods), [`ps`] the embedding `Table` and its pulls, [`cache`]
-//! the KV-cache `CacheClient` (values into caller-provided buffers). Each
+//! the KV-cache `CacheClient` (values into caller-provided buffers),
+//! [`cluster`] the clients of a whole cluster (`Cluster`, `ClusterTable`,
+//! `ClusterCache`) and the registry's `barrier` and `lookup`. Each
 //! further file registers its classes from [`fabrickv`] through its own
 //! `register` function.
 //!
@@ -13,12 +15,17 @@
 //! threads run while one waits on the server.
 
 mod cache;
+mod cluster;
 mod kv;
 mod ps;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
 use fabrickv_client::ClientError;
 use fabrickv_types::ErrorCode;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 
 pyo3::create_exception!(
@@ -52,6 +59,80 @@ pub(crate) fn error(code: ErrorCode, message: impl Into<String>) -> PyErr {
     })
 }
 
+/// Why a call made with the GIL released failed: a code and the words,
+/// turned into a `fabrickv.Error` once the GIL is held again.
+pub(crate) type Failure = (ErrorCode, String);
+
+/// A client error as a [`Failure`], which crosses back to the GIL.
+pub(crate) fn failure(e: ClientError) -> Failure {
+    (e.code(), e.to_string())
+}
+
+/// The `fabrickv.Error` of a [`Failure`].
+pub(crate) fn raise((code, message): Failure) -> PyErr {
+    error(code, message)
+}
+
+/// Runs `f` with the GIL released on the Rust client in `slot` (`None`
+/// once closed). The lock is taken with the GIL released too: a thread
+/// waiting for another thread's call must not stop every other Python
+/// thread.
+pub(crate) fn call_locked<C, T, F>(py: Python<'_>, slot: &Mutex<Option<C>>, f: F) -> PyResult<T>
+where
+    C: Send,
+    T: Send,
+    F: FnOnce(&mut C) -> fabrickv_client::Result<T> + Send,
+{
+    py.detach(|| -> Result<T, Failure> {
+        let mut guard = slot.lock().map_err(|_| {
+            (
+                ErrorCode::Internal,
+                "an earlier call on this client panicked; open a new client".to_string(),
+            )
+        })?;
+        let client = guard
+            .as_mut()
+            .ok_or_else(|| (ErrorCode::Unavailable, "the client is closed".to_string()))?;
+        f(client).map_err(failure)
+    })
+    .map_err(raise)
+}
+
+/// Closes the client in `slot`: sets `closed` (read by `closed` and
+/// `repr` without the lock, so that they never wait for a call in flight),
+/// then takes the client out, waiting with the GIL released for a call in
+/// flight on another thread, and drops it (closing its connections) with
+/// the GIL still released. A client poisoned by a panic is closed all the
+/// same; closing twice is harmless.
+pub(crate) fn close_slot<C: Send>(py: Python<'_>, slot: &Mutex<Option<C>>, closed: &AtomicBool) {
+    closed.store(true, Ordering::Release);
+    py.detach(|| drop(slot.lock().unwrap_or_else(PoisonError::into_inner).take()));
+}
+
+/// A timeout in seconds from Python: a positive, finite number.
+pub(crate) fn timeout_of(timeout: f64) -> PyResult<Duration> {
+    if !(timeout.is_finite() && timeout > 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "timeout must be a positive number of seconds, not {timeout}"
+        )));
+    }
+    Duration::try_from_secs_f64(timeout)
+        .map_err(|e| PyValueError::new_err(format!("timeout {timeout} s: {e}")))
+}
+
+/// A TTL in seconds from Python as a duration; `None` is no expiry.
+pub(crate) fn ttl_of(ttl: Option<f64>) -> PyResult<Option<Duration>> {
+    match ttl {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 => Duration::try_from_secs_f64(s)
+            .map(Some)
+            .map_err(|e| PyValueError::new_err(format!("ttl {s} s: {e}"))),
+        Some(s) => Err(PyValueError::new_err(format!(
+            "ttl must be a positive number of seconds or None, not {s}"
+        ))),
+    }
+}
+
 /// FabricKV client: `fabrickv.Client(addr)` for keys and values and its
 /// embedding tables (`fabrickv.Table`, numpy arrays), `fabrickv.Error`
 /// (with a stable `.code`) for every failed call.
@@ -69,6 +150,7 @@ fn fabrickv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     kv::register(m)?;
     ps::register(m)?;
     cache::register(m)?;
+    cluster::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

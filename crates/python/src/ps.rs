@@ -36,7 +36,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::error;
+use crate::{error, failure, raise, Failure};
 
 /// Adds `Table` and `PullHandle` to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -44,49 +44,126 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PullHandle>()
 }
 
-/// Why a call made with the GIL released failed: a code and the words,
-/// turned into a `fabrickv.Error` once the GIL is held again.
-type Failure = (ErrorCode, String);
-
-fn failure(e: fabrickv_client::ClientError) -> Failure {
-    (e.code(), e.to_string())
-}
-
-/// Where a `Client`'s embedding connection stands.
-enum PsState {
-    /// No table call yet: nothing connected, so a key-value user pays for
-    /// no second connection and no receive region.
+/// Where a lazily made connection stands.
+enum LazyState<C> {
+    /// No call yet: nothing connected, so a key-value user pays for no
+    /// second connection and no receive region.
     Idle,
     /// Connected. Boxed: the state is one per client, so the indirection
     /// costs nothing and keeps `Idle` and `Closed` small.
-    Open(Box<PsClient>),
-    /// `Client.close()` ran; no reconnecting.
+    Open(Box<C>),
+    /// The owning client's `close()` ran; no reconnecting.
     Closed,
+}
+
+/// Makes a lazy connection's client on first use.
+type Connect<C> = Box<dyn Fn() -> fabrickv_client::Result<C> + Send + Sync>;
+
+/// A client made on its first call and shared behind a mutex (Python
+/// threads share it while the Rust client needs `&mut`): the embedding
+/// connection of a `Client` (a [`PsClient`]) or of a `Cluster` (a
+/// `ClusterPs`).
+pub(crate) struct Lazy<C> {
+    connect: Connect<C>,
+    state: Mutex<LazyState<C>>,
+}
+
+impl<C: Send> Lazy<C> {
+    /// A connection made by `connect` when first used.
+    pub(crate) fn new(connect: Connect<C>) -> Lazy<C> {
+        Lazy {
+            connect,
+            state: Mutex::new(LazyState::Idle),
+        }
+    }
+
+    /// Runs `f` on the Rust client with the GIL released, connecting first
+    /// if this is the first call; `before` runs on the client first.
+    pub(crate) fn call<T, F>(
+        &self,
+        py: Python<'_>,
+        before: impl FnOnce(&mut C) + Send,
+        f: F,
+    ) -> PyResult<T>
+    where
+        T: Send,
+        F: FnOnce(&mut C) -> fabrickv_client::Result<T> + Send,
+    {
+        // The lock is taken with the GIL released too: a thread waiting for
+        // another thread's pull must not stop every other Python thread.
+        py.detach(|| -> Result<T, Failure> {
+            let mut guard = self.state.lock().map_err(|_| {
+                (
+                    ErrorCode::Internal,
+                    "an earlier call on this client panicked; open a new client".to_string(),
+                )
+            })?;
+            if matches!(*guard, LazyState::Idle) {
+                // A failed connect leaves the state idle: the next call
+                // tries again, as a fresh client would.
+                let client = (self.connect)().map_err(failure)?;
+                *guard = LazyState::Open(Box::new(client));
+            }
+            let LazyState::Open(client) = &mut *guard else {
+                return Err((ErrorCode::Unavailable, "the client is closed".to_string()));
+            };
+            before(client);
+            f(client).map_err(failure)
+        })
+        .map_err(raise)
+    }
+
+    /// Runs `f` on the client if it is open and free now, without waiting;
+    /// `Err(())` if another thread holds it.
+    fn try_with(&self, f: impl FnOnce(&mut C)) -> Result<(), ()> {
+        match self.state.try_lock() {
+            Ok(mut guard) => {
+                if let LazyState::Open(client) = &mut *guard {
+                    f(client);
+                }
+                Ok(())
+            }
+            Err(TryLockError::WouldBlock) => Err(()),
+            // A client poisoned by a panic refuses every later call; its
+            // pulls die with it.
+            Err(TryLockError::Poisoned(_)) => Ok(()),
+        }
+    }
+
+    /// Drops the connection (waiting, GIL released, for a call in flight
+    /// on another thread); later calls raise `UNAVAILABLE`.
+    pub(crate) fn close(&self, py: Python<'_>) {
+        let old = py.detach(|| {
+            std::mem::replace(
+                &mut *self.state.lock().unwrap_or_else(PoisonError::into_inner),
+                LazyState::Closed,
+            )
+        });
+        drop(old);
+    }
 }
 
 /// One Python `Client`'s embedding connection, shared by its tables and
 /// pull handles.
 pub(crate) struct PsConn {
-    /// Where to connect on first use: the `Client`'s address.
-    addr: String,
-    /// Connect and per-call timeout: the `Client`'s.
-    timeout: Duration,
-    /// The client, made on first use. A mutex because Python threads share
-    /// it while the Rust client needs `&mut`.
-    state: Mutex<PsState>,
-    /// Pulls whose handles were dropped while another thread held `state`:
-    /// the next call cancels them. A drop never waits for the connection,
-    /// as it may run inside Python's garbage collector with the GIL held.
+    /// The client, made on first use with the `Client`'s address and
+    /// timeout.
+    lazy: Lazy<PsClient>,
+    /// Pulls whose handles were dropped while another thread held the
+    /// client: the next call cancels them. A drop never waits for the
+    /// connection, as it may run inside Python's garbage collector with
+    /// the GIL held.
     orphans: Mutex<Vec<PullId>>,
 }
 
 impl PsConn {
     /// A connection to `addr`, made when first used.
     pub(crate) fn new(addr: &str, timeout: Duration) -> Arc<PsConn> {
+        let addr = addr.to_string();
         Arc::new(PsConn {
-            addr: addr.to_string(),
-            timeout,
-            state: Mutex::new(PsState::Idle),
+            lazy: Lazy::new(Box::new(move || {
+                PsClient::connect_with_timeout(&addr, timeout)
+            })),
             orphans: Mutex::new(Vec::new()),
         })
     }
@@ -98,82 +175,47 @@ impl PsConn {
         T: Send,
         F: FnOnce(&mut PsClient) -> fabrickv_client::Result<T> + Send,
     {
-        // The lock is taken with the GIL released too: a thread waiting for
-        // another thread's pull must not stop every other Python thread.
-        py.detach(|| -> Result<T, Failure> {
-            let mut guard = self.state.lock().map_err(|_| {
-                (
-                    ErrorCode::Internal,
-                    "an earlier call on this client panicked; open a new client".to_string(),
-                )
-            })?;
-            if matches!(*guard, PsState::Idle) {
-                // A failed connect leaves the state idle: the next call
-                // tries again, as a fresh client would.
-                let client =
-                    PsClient::connect_with_timeout(&self.addr, self.timeout).map_err(failure)?;
-                *guard = PsState::Open(Box::new(client));
-            }
-            let PsState::Open(client) = &mut *guard else {
-                return Err((ErrorCode::Unavailable, "the client is closed".to_string()));
-            };
+        let before = |client: &mut PsClient| {
             let orphans =
                 std::mem::take(&mut *self.orphans.lock().unwrap_or_else(PoisonError::into_inner));
             for id in orphans {
                 // Already completed or failed is as good as cancelled.
                 let _ = client.cancel(id);
             }
-            f(client).map_err(failure)
-        })
-        .map_err(|(code, message)| error(code, message))
+        };
+        self.lazy.call(py, before, f)
     }
 
     /// Cancels pull `id` of a handle being dropped, without waiting: now if
     /// the connection is free, else at the next call.
     fn cancel_soon(&self, id: PullId) {
-        match self.state.try_lock() {
-            Ok(mut guard) => {
-                if let PsState::Open(client) = &mut *guard {
-                    let _ = client.cancel(id);
-                }
-            }
-            Err(TryLockError::WouldBlock) => self
-                .orphans
+        let now = self.lazy.try_with(|client| {
+            let _ = client.cancel(id);
+        });
+        if now.is_err() {
+            self.orphans
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push(id),
-            // A client poisoned by a panic refuses every later call; its
-            // pulls die with it.
-            Err(TryLockError::Poisoned(_)) => {}
+                .push(id);
         }
     }
 
     /// Drops the connection (waiting, GIL released, for a call in flight
     /// on another thread); later table calls raise `UNAVAILABLE`.
     pub(crate) fn close(&self, py: Python<'_>) {
-        let old = py.detach(|| {
-            std::mem::replace(
-                &mut *self.state.lock().unwrap_or_else(PoisonError::into_inner),
-                PsState::Closed,
-            )
-        });
-        drop(old);
+        self.lazy.close(py);
     }
 }
 
-/// `Client.create_table(...)`: creates a table, or opens it if one of that
-/// name exists with the same shape.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn create_table(
-    py: Python<'_>,
-    conn: &Arc<PsConn>,
+/// A table's shape from `create_table`'s arguments, checked.
+pub(crate) fn spec_of(
     name: &str,
     dim: i64,
     optimizer: &str,
     lr: f64,
     missing: &str,
     seed: u64,
-) -> PyResult<Table> {
+) -> PyResult<TableSpec> {
     let dim = u32::try_from(dim)
         .map_err(|_| PyValueError::new_err(format!("dim must be a positive integer, not {dim}")))?;
     let optimizer = Optimizer::parse(optimizer).ok_or_else(|| {
@@ -191,15 +233,24 @@ pub(crate) fn create_table(
             "lr must be a finite number >= 0, not {lr}"
         )));
     }
-    let spec = TableSpec {
+    Ok(TableSpec {
         name: name.to_string(),
         dim,
         optimizer,
         missing,
         lr: lr as f32,
         seed,
-    };
-    let desc = conn.call(py, |c| c.create_table(&spec))?;
+    })
+}
+
+/// `Client.create_table(...)`: creates a table, or opens it if one of that
+/// name exists with the same shape.
+pub(crate) fn create_table(
+    py: Python<'_>,
+    conn: &Arc<PsConn>,
+    spec: &TableSpec,
+) -> PyResult<Table> {
+    let desc = conn.call(py, |c| c.create_table(spec))?;
     Ok(Table::new(conn, desc))
 }
 
@@ -220,20 +271,26 @@ pub(crate) fn list_tables<'py>(
 
 /// A table's descriptor as `Client.tables()` lists it.
 fn desc_dict<'py>(py: Python<'py>, d: &TableDesc) -> PyResult<Bound<'py, PyDict>> {
-    let out = PyDict::new(py);
-    out.set_item("name", &d.spec.name)?;
+    let out = spec_dict(py, &d.spec)?;
     out.set_item("id", d.id)?;
-    out.set_item("dim", d.spec.dim)?;
-    out.set_item("optimizer", d.spec.optimizer.name())?;
-    out.set_item("lr", f64::from(d.spec.lr))?;
-    out.set_item("missing", d.spec.missing.name())?;
-    out.set_item("seed", d.spec.seed)?;
     out.set_item("items", d.items)?;
     Ok(out)
 }
 
+/// A table's shape as a dict: name, dim, optimizer, lr, missing, seed.
+pub(crate) fn spec_dict<'py>(py: Python<'py>, s: &TableSpec) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("name", &s.name)?;
+    out.set_item("dim", s.dim)?;
+    out.set_item("optimizer", s.optimizer.name())?;
+    out.set_item("lr", f64::from(s.lr))?;
+    out.set_item("missing", s.missing.name())?;
+    out.set_item("seed", s.seed)?;
+    Ok(out)
+}
+
 /// The `numpy` module.
-fn numpy_module(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
+pub(crate) fn numpy_module(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     py.import(intern!(py, "numpy"))
 }
 
@@ -252,7 +309,7 @@ fn shape_text(shape: &[usize]) -> String {
 /// when it already is one, otherwise converted by numpy. Refuses what is
 /// not a 1-D sequence of integers (TypeError) and negative or too large
 /// keys (ValueError).
-fn keys_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray1<'py, u64>> {
+pub(crate) fn keys_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray1<'py, u64>> {
     if let Ok(a) = obj.cast::<PyArray1<u64>>() {
         if a.is_c_contiguous() {
             if let Ok(r) = a.try_readonly() {
@@ -338,6 +395,66 @@ fn keys_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray1<'py, u64>>
     Ok(a.try_readonly()?)
 }
 
+/// Refuses (ValueError) a `shape` other than `(n, dim)` or `(n * dim,)`
+/// for the vectors of `n` keys; `what` names them.
+fn check_shape(what: &str, shape: &[usize], n: usize, dim: usize) -> PyResult<()> {
+    let fits = matches!(shape, [rows, cols] if *rows == n && *cols == dim)
+        || matches!(shape, [len] if *len == n * dim);
+    if fits {
+        Ok(())
+    } else {
+        Err(PyValueError::new_err(format!(
+            "{what}: expected shape ({n}, {dim}) or ({},) for {n} keys of dim {dim}, got {}",
+            n * dim,
+            shape_text(shape)
+        )))
+    }
+}
+
+/// Where a pull of `n` keys of dimension `dim` lands: the caller's `out`,
+/// which must be a writable C-contiguous float32 array of shape
+/// `(n, dim)` or `(n * dim,)` (TypeError or ValueError otherwise, before
+/// anything is asked of the server), or a new `(n, dim)` array.
+pub(crate) fn pull_out<'py>(
+    py: Python<'py>,
+    out: Option<&Bound<'py, PyAny>>,
+    n: usize,
+    dim: usize,
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    let Some(out) = out else {
+        return Ok(PyArrayDyn::<f32>::zeros(py, vec![n, dim], false));
+    };
+    let arr = out
+        .cast::<PyArrayDyn<f32>>()
+        .map_err(|_| PyTypeError::new_err("out must be a numpy float32 array".to_string()))?;
+    if !arr.is_c_contiguous() {
+        return Err(PyValueError::new_err("out must be C-contiguous"));
+    }
+    check_shape("out", arr.shape(), n, dim)?;
+    if arr.try_readwrite().is_err() {
+        return Err(PyTypeError::new_err(
+            "out must be writable (and not in use by another call)",
+        ));
+    }
+    Ok(arr.clone())
+}
+
+/// Reads the keys of a put or push and `len(keys) x dim` floats (`what`
+/// names them in errors) and hands both to `send`.
+pub(crate) fn with_vectors<T>(
+    keys: &Bound<'_, PyAny>,
+    values: &Bound<'_, PyAny>,
+    what: &str,
+    dim: usize,
+    send: impl FnOnce(&[u64], &[f32]) -> PyResult<T>,
+) -> PyResult<T> {
+    let keys = keys_of(keys)?;
+    let keys = slice_of(&keys)?;
+    let values = floats_of(values, what, keys.len(), dim)?;
+    let values = slice_of(&values)?;
+    send(keys, values)
+}
+
 /// The vectors (or gradients) of a call for `n` keys of dimension `dim`:
 /// a C-contiguous `float32` array of shape `(n, dim)` or `(n * dim,)`,
 /// borrowed as it is when it already is one, otherwise converted by numpy
@@ -349,19 +466,7 @@ fn floats_of<'py>(
     n: usize,
     dim: usize,
 ) -> PyResult<PyReadonlyArrayDyn<'py, f32>> {
-    let check = |shape: &[usize]| -> PyResult<()> {
-        let fits = matches!(shape, [rows, cols] if *rows == n && *cols == dim)
-            || matches!(shape, [len] if *len == n * dim);
-        if fits {
-            Ok(())
-        } else {
-            Err(PyValueError::new_err(format!(
-                "{what}: expected shape ({n}, {dim}) or ({},) for {n} keys of dim {dim}, got {}",
-                n * dim,
-                shape_text(shape)
-            )))
-        }
-    };
+    let check = |shape: &[usize]| check_shape(what, shape, n, dim);
     if let Ok(a) = obj.cast::<PyArrayDyn<f32>>() {
         if a.is_c_contiguous() {
             check(a.shape())?;
@@ -394,7 +499,7 @@ fn floats_of<'py>(
 
 /// A borrowed array's elements; the helpers above only return arrays for
 /// which this holds.
-fn slice_of<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
+pub(crate) fn slice_of<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
     a: &'a numpy::PyReadonlyArray<'_, T, D>,
 ) -> PyResult<&'a [T]> {
     a.as_slice()
@@ -463,12 +568,10 @@ impl Table {
         what: &str,
         op: fn(&mut PsClient, &TableDesc, &[u64], &[f32]) -> fabrickv_client::Result<()>,
     ) -> PyResult<()> {
-        let keys = keys_of(keys)?;
-        let keys = slice_of(&keys)?;
-        let values = floats_of(values, what, keys.len(), self.dim_usize())?;
-        let values = slice_of(&values)?;
         let desc = &self.desc;
-        self.conn.call(py, |c| op(c, desc, keys, values))
+        with_vectors(keys, values, what, self.dim_usize(), |keys, values| {
+            self.conn.call(py, |c| op(c, desc, keys, values))
+        })
     }
 }
 

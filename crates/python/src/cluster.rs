@@ -1,0 +1,776 @@
+//! `fabrickv.Cluster`, `fabrickv.ClusterTable` and `fabrickv.ClusterCache`:
+//! clients of a whole cluster for Python; `fabrickv.barrier` and
+//! `fabrickv.lookup`, the registry's rendezvous and map.
+//!
+//! Thin wrappers over the Rust cluster clients
+//! ([`ClusterClient`], [`ClusterPs`], [`RustClusterCache`]), which split
+//! each batch by owning server, send every part before awaiting any, and
+//! merge the results in request order. The wrappers follow the
+//! single-server ones (`kv.rs`, `ps.rs`, `cache.rs`) and share their
+//! helpers: a mutex around each Rust client, every network call and every
+//! wait for a mutex with the GIL released, keys and vectors read in place
+//! from numpy arrays, pulls landing straight in a numpy array's memory.
+//!
+//! A call touching a server that is down fails with `fabrickv.Error`
+//! (code `UNAVAILABLE` or `TIMEOUT`, within the timeout) whose message
+//! names the server (`server 2 (tcp://...)`); calls whose keys all live
+//! on other servers go on working, and a restarted server is picked up by
+//! the next call that needs it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fabrickv_client::cluster::{
+    lookup as registry_lookup, ClusterCache as RustClusterCache, ClusterClient, ClusterOptions,
+    ClusterPs, ClusterTable as RustClusterTable,
+};
+use fabrickv_client::{ClientError, Cluster as ClusterMap};
+use fabrickv_cluster::Registry;
+use fabrickv_types::ErrorCode;
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+
+use crate::cache::{buffer_bytes_of, copy_out, key_of, out_of, read_error, with_locked, Value};
+use crate::kv::{key_slices, pair_slices, pairs_of, values_to_py};
+use crate::ps::{self, Lazy};
+use crate::{error, to_py_err, ttl_of};
+
+/// Adds the cluster classes and the registry functions to the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Cluster>()?;
+    m.add_class::<ClusterTable>()?;
+    m.add_class::<ClusterCache>()?;
+    m.add_function(wrap_pyfunction!(barrier, m)?)?;
+    m.add_function(wrap_pyfunction!(lookup, m)?)
+}
+
+/// A registry error as `fabrickv.Error` (code `TIMEOUT` for a wait that
+/// ran out, `UNAVAILABLE` when memcached cannot be reached).
+fn registry_err(e: fabrickv_cluster::RegistryError) -> PyErr {
+    to_py_err(ClientError::Registry(e))
+}
+
+/// The cluster map and options named by a constructor's arguments:
+/// exactly one of `addrs`, `config` and `registry` (the last looked up
+/// with the GIL released, waiting up to `timeout` for every server).
+fn map_of(
+    py: Python<'_>,
+    addrs: Option<Vec<String>>,
+    config: Option<PathBuf>,
+    registry: Option<&str>,
+    name: &str,
+    transport: Option<String>,
+    timeout: f64,
+) -> PyResult<(ClusterMap, ClusterOptions)> {
+    let timeout = crate::timeout_of(timeout)?;
+    let invalid = |e: fabrickv_cluster::ClusterError| error(ErrorCode::Malformed, e.to_string());
+    let map = match (addrs, config, registry) {
+        (Some(addrs), None, None) => ClusterMap::of_addrs(name, &addrs).map_err(invalid)?,
+        (None, Some(path), None) => ClusterMap::from_file(&path).map_err(invalid)?,
+        (None, None, Some(url)) => py
+            .detach(|| registry_lookup(url, name, timeout))
+            .map_err(to_py_err)?,
+        _ => {
+            return Err(PyValueError::new_err(
+                "give exactly one of addrs (a list of server addresses), config (a cluster \
+                 file) and registry (memcached://HOST:PORT)",
+            ))
+        }
+    };
+    Ok((map, ClusterOptions { transport, timeout }))
+}
+
+/// A server id from Python, checked against the cluster's size.
+fn server_id(id: i64, size: u32) -> PyResult<u32> {
+    u32::try_from(id)
+        .ok()
+        .filter(|&i| i < size)
+        .ok_or_else(|| PyValueError::new_err(format!("server {id} of a {size}-server cluster")))
+}
+
+/// A client of a whole FabricKV cluster: keys and values spread over the
+/// servers by jump consistent hash, and embedding tables
+/// (`fabrickv.ClusterTable`) whose rows are spread the same way.
+///
+/// `Cluster(addrs=None, *, config=None, registry=None, name="default",
+/// transport=None, timeout=5.0)`: give exactly one of `addrs` (server `i`
+/// at `addrs[i]`), `config` (a static cluster file, TOML; its own name
+/// wins) or `registry` (`memcached://HOST:PORT`, where the servers of the
+/// cluster `name` registered; waits up to `timeout` for all of them).
+/// `transport` (`"tcp"`, `"shm"`) picks each server's address of that
+/// kind; `timeout` (seconds) bounds connecting and each call.
+///
+/// A batch is split by server, every part sent before any is awaited, and
+/// the results merged in request order. A call needing a down server
+/// raises `fabrickv.Error` naming it; the others go on working.
+#[pyclass(module = "fabrickv", name = "Cluster", frozen)]
+pub(crate) struct Cluster {
+    /// The map connected to: name and servers, for `size` and `repr`.
+    map: ClusterMap,
+    /// The options, as given.
+    opts: ClusterOptions,
+    /// The Rust kv client; `None` once closed.
+    inner: Mutex<Option<ClusterClient>>,
+    /// Set by `close()`, read without the lock.
+    closed: AtomicBool,
+    /// The embedding-table client, connected on the first table call and
+    /// shared with the tables.
+    ps: Arc<Lazy<ClusterPs>>,
+}
+
+impl Cluster {
+    /// Runs `f` on the Rust client with the GIL released.
+    fn call<T, F>(&self, py: Python<'_>, f: F) -> PyResult<T>
+    where
+        T: Send,
+        F: FnOnce(&mut ClusterClient) -> fabrickv_client::Result<T> + Send,
+    {
+        crate::call_locked(py, &self.inner, f)
+    }
+
+    fn table_of(&self, t: RustClusterTable) -> ClusterTable {
+        ClusterTable {
+            conn: Arc::clone(&self.ps),
+            table: t,
+        }
+    }
+}
+
+#[pymethods]
+impl Cluster {
+    /// Resolves the map and connects to every server (GIL released).
+    #[new]
+    #[pyo3(signature = (addrs = None, *, config = None, registry = None, name = "default", transport = None, timeout = 5.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        addrs: Option<Vec<String>>,
+        config: Option<PathBuf>,
+        registry: Option<&str>,
+        name: &str,
+        transport: Option<String>,
+        timeout: f64,
+    ) -> PyResult<Self> {
+        let (map, opts) = map_of(py, addrs, config, registry, name, transport, timeout)?;
+        let client = py
+            .detach(|| ClusterClient::connect(&map, opts.clone()))
+            .map_err(to_py_err)?;
+        let (ps_map, ps_opts) = (map.clone(), opts.clone());
+        Ok(Cluster {
+            map,
+            opts,
+            inner: Mutex::new(Some(client)),
+            closed: AtomicBool::new(false),
+            ps: Arc::new(Lazy::new(Box::new(move || {
+                ClusterPs::connect(&ps_map, ps_opts.clone())
+            }))),
+        })
+    }
+
+    /// The value stored under `key`, or None if it is absent or expired.
+    fn get<'py>(&self, py: Python<'py>, key: &[u8]) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let value = self.call(py, |c| c.get(key))?;
+        Ok(value.map(|v| PyBytes::new(py, &v)))
+    }
+
+    /// Stores `value` under `key`, expiring after `ttl` seconds if given.
+    #[pyo3(signature = (key, value, ttl = None))]
+    fn put(&self, py: Python<'_>, key: &[u8], value: &[u8], ttl: Option<f64>) -> PyResult<()> {
+        let ttl = ttl_of(ttl)?;
+        self.call(py, |c| c.put_ttl(key, value, ttl))
+    }
+
+    /// Removes `key`; True if it was there.
+    fn delete(&self, py: Python<'_>, key: &[u8]) -> PyResult<bool> {
+        self.call(py, |c| c.delete(key))
+    }
+
+    /// The values of `keys`, in order, None for each absent one; each
+    /// server's keys travel to it at once, all servers in parallel.
+    fn mget<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<Bound<'py, PyBytes>>,
+    ) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
+        let slices = key_slices(&keys);
+        let values = self.call(py, |c| c.mget(&slices))?;
+        Ok(values_to_py(py, values))
+    }
+
+    /// Stores many values across the cluster: `mput([(key, value), ...])`,
+    /// `mput({key: value})` or `mput(keys, values)`. On an error the
+    /// values of other servers (and around a refused one) may be stored.
+    #[pyo3(signature = (items, values = None, ttl = None))]
+    fn mput<'py>(
+        &self,
+        py: Python<'py>,
+        items: &Bound<'py, PyAny>,
+        values: Option<Vec<Bound<'py, PyBytes>>>,
+        ttl: Option<f64>,
+    ) -> PyResult<()> {
+        let ttl = ttl_of(ttl)?;
+        let pairs = pairs_of(items, values)?;
+        let slices = pair_slices(&pairs);
+        self.call(py, |c| c.mput(&slices, ttl))
+    }
+
+    /// Removes many keys; for each, in order, whether it was there.
+    fn mdelete(&self, py: Python<'_>, keys: Vec<Bound<'_, PyBytes>>) -> PyResult<Vec<bool>> {
+        let slices = key_slices(&keys);
+        self.call(py, |c| c.mdelete(&slices))
+    }
+
+    /// Each server's counters (summed over its workers), in server order;
+    /// None for a server that cannot be reached now.
+    fn stats(&self, py: Python<'_>) -> PyResult<Vec<Option<BTreeMap<String, u64>>>> {
+        let all = self.call(py, |c| Ok(c.stats()))?;
+        Ok(all.into_iter().map(Result::ok).collect())
+    }
+
+    /// The server that owns `key`: bytes for the key-value calls, an
+    /// integer (0..2**64) for the embedding tables.
+    fn server_of(&self, key: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let size = self.map.size();
+        if let Ok(b) = key.cast::<PyBytes>() {
+            return Ok(fabrickv_cluster::server_of_key(b.as_bytes(), size));
+        }
+        match key.extract::<u64>() {
+            Ok(k) => Ok(fabrickv_cluster::server_of_u64(k, size)),
+            Err(e) if e.is_instance_of::<PyOverflowError>(key.py()) => Err(PyValueError::new_err(
+                format!("key {key} is outside 0..2**64"),
+            )),
+            Err(_) => Err(PyTypeError::new_err(
+                "a key is bytes (key-value) or an integer (tables)",
+            )),
+        }
+    }
+
+    /// Whether server `id` is connected now (a down one is tried again by
+    /// the next call that needs it).
+    fn is_up(&self, py: Python<'_>, id: i64) -> PyResult<bool> {
+        let id = server_id(id, self.map.size())?;
+        self.call(py, |c| Ok(c.is_up(id)))
+    }
+
+    /// The address used for server `id`, or None if it has none.
+    fn addr(&self, py: Python<'_>, id: i64) -> PyResult<Option<String>> {
+        let id = server_id(id, self.map.size())?;
+        self.call(py, |c| Ok(c.addr(id).map(str::to_string)))
+    }
+
+    /// Creates an embedding table on every server (or opens it where one
+    /// of that name exists with the same shape); arguments as
+    /// `Client.create_table`. A server down now gets it when first needed.
+    #[pyo3(signature = (name, dim, optimizer = "sgd", lr = 0.01, missing = "zeros", seed = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn create_table(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        dim: i64,
+        optimizer: &str,
+        lr: f64,
+        missing: &str,
+        seed: u64,
+    ) -> PyResult<ClusterTable> {
+        let spec = ps::spec_of(name, dim, optimizer, lr, missing, seed)?;
+        let t = self.ps.call(py, |_| {}, |c| c.create_table(&spec))?;
+        Ok(self.table_of(t))
+    }
+
+    /// Opens the existing table `name` (its shape read from the first
+    /// server that answers); `fabrickv.Error` with code `NO_SUCH_TABLE` if
+    /// there is none.
+    fn table(&self, py: Python<'_>, name: &str) -> PyResult<ClusterTable> {
+        let t = self.ps.call(py, |_| {}, |c| c.open_table(name))?;
+        Ok(self.table_of(t))
+    }
+
+    /// Every table any server holds, as a dict: name, dim, optimizer, lr,
+    /// missing, seed, items (over the servers that answered) and
+    /// items_per_server (None where down or without the table).
+    fn tables<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let tables = self.ps.call(py, |_| {}, |c| c.tables())?;
+        tables
+            .iter()
+            .map(|t| {
+                let d = ps::spec_dict(py, &t.spec)?;
+                d.set_item("items", t.items)?;
+                d.set_item("items_per_server", &t.items_per_server)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// The number of servers, up or down.
+    #[getter]
+    fn size(&self) -> u32 {
+        self.map.size()
+    }
+
+    /// The cluster's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.map.name
+    }
+
+    /// The per-call timeout in seconds.
+    #[getter]
+    fn timeout(&self) -> f64 {
+        self.opts.timeout.as_secs_f64()
+    }
+
+    /// True once `close()` has run.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Closes every connection (the tables' too); later calls raise
+    /// `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
+    fn close(&self, py: Python<'_>) {
+        self.ps.close(py);
+        crate::close_slot(py, &self.inner, &self.closed);
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// Closes the client; exceptions from the `with` body propagate.
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: &Bound<'_, PyAny>,
+        _exc: &Bound<'_, PyAny>,
+        _traceback: &Bound<'_, PyAny>,
+    ) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __len__(&self) -> usize {
+        self.map.servers.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<fabrickv.Cluster name={:?} servers={} timeout={}s{}>",
+            self.map.name,
+            self.map.size(),
+            self.opts.timeout.as_secs_f64(),
+            if self.closed() { " closed" } else { "" }
+        )
+    }
+}
+
+/// An embedding table across a cluster: each row lives on the server that
+/// owns its key. Made by `Cluster.create_table(...)` or
+/// `Cluster.table(name)`; shares its cluster's table connections.
+#[pyclass(module = "fabrickv", name = "ClusterTable", frozen)]
+pub(crate) struct ClusterTable {
+    /// The owning cluster's table client.
+    conn: Arc<Lazy<ClusterPs>>,
+    /// The table's handle in that client.
+    table: RustClusterTable,
+}
+
+impl ClusterTable {
+    fn dim_usize(&self) -> usize {
+        self.table.dim() as usize
+    }
+
+    /// Sends a put or a push (`op`) of `keys` and their vectors.
+    fn send(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        values: &Bound<'_, PyAny>,
+        what: &str,
+        op: fn(&mut ClusterPs, &RustClusterTable, &[u64], &[f32]) -> fabrickv_client::Result<()>,
+    ) -> PyResult<()> {
+        let t = &self.table;
+        ps::with_vectors(keys, values, what, self.dim_usize(), |keys, values| {
+            self.conn.call(py, |_| {}, |c| op(c, t, keys, values))
+        })
+    }
+}
+
+#[pymethods]
+impl ClusterTable {
+    /// The vectors of `keys`, shape `(len(keys), dim)`, float32, in request
+    /// order, each server's rows landing straight at their keys' places.
+    /// With `out` (a writable C-contiguous float32 array of shape
+    /// `(len(keys), dim)` or flat), they land in `out`, which is returned.
+    /// Absent keys get the table's missing-key policy. With
+    /// `return_found=True`, `(values, found)`.
+    #[pyo3(signature = (keys, out = None, return_found = false))]
+    fn pull<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+        return_found: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let keys = ps::keys_of(keys)?;
+        let keys = ps::slice_of(&keys)?;
+        let values = ps::pull_out(py, out, keys.len(), self.dim_usize())?;
+        let mut found = return_found.then(|| vec![false; keys.len()]);
+        {
+            let mut w = values.try_readwrite()?;
+            let dst = w
+                .as_slice_mut()
+                .map_err(|e| PyValueError::new_err(format!("out: {e}")))?;
+            let t = &self.table;
+            let found = found.as_deref_mut();
+            self.conn
+                .call(py, |_| {}, |c| c.pull_into(t, keys, dst, found))?;
+        }
+        let values = values.into_any();
+        match found {
+            None => Ok(values),
+            Some(found) => {
+                let found = PyArray1::from_vec(py, found).into_any();
+                Ok(PyTuple::new(py, [values, found])?.into_any())
+            }
+        }
+    }
+
+    /// Stores `values` (shape `(len(keys), dim)` or flat) as the keys'
+    /// vectors on their servers, resetting their optimizer state.
+    fn put(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        values: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.send(py, keys, values, "values", ClusterPs::put)
+    }
+
+    /// Applies `grads` (shape `(len(keys), dim)` or flat) with the table's
+    /// optimizer on the keys' servers, atomically per key.
+    fn push(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        grads: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.send(py, keys, grads, "grads", ClusterPs::push)
+    }
+
+    /// The table's shape as a dict: name, dim, optimizer, lr, missing,
+    /// seed.
+    #[getter]
+    fn spec<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        ps::spec_dict(py, self.table.spec())
+    }
+
+    /// The table's name.
+    #[getter]
+    fn name(&self) -> &str {
+        self.table.name()
+    }
+
+    /// Floats per vector.
+    #[getter]
+    fn dim(&self) -> u32 {
+        self.table.dim()
+    }
+
+    /// Keys stored now, over the servers that answer.
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        let tables = self.conn.call(py, |_| {}, |c| c.tables())?;
+        let items = tables
+            .iter()
+            .find(|t| t.spec.name == self.table.name())
+            .map_or(0, |t| t.items);
+        usize::try_from(items).map_err(|e| PyOverflowError::new_err(e.to_string()))
+    }
+
+    fn __repr__(&self) -> String {
+        let s = self.table.spec();
+        format!(
+            "<fabrickv.ClusterTable name={:?} dim={} optimizer={} lr={} missing={} seed={}>",
+            s.name,
+            s.dim,
+            s.optimizer.name(),
+            s.lr,
+            s.missing.name(),
+            s.seed
+        )
+    }
+}
+
+/// A KV-cache client of a whole cluster: each key goes to the server that
+/// owns it, through a client with its own receive buffer of `buffer_mb`
+/// MiB (so a cluster of `n` servers holds `n` buffers).
+///
+/// `ClusterCache(addrs=None, *, config=None, registry=None,
+/// name="default", transport=None, buffer_mb=64, timeout=5.0)`: the
+/// cluster as for `fabrickv.Cluster`; values, outputs and keys as for
+/// `fabrickv.CacheClient`.
+#[pyclass(module = "fabrickv", name = "ClusterCache", frozen)]
+pub(crate) struct ClusterCache {
+    /// The map connected to.
+    map: ClusterMap,
+    /// Bytes of each server's receive buffer.
+    buffer_bytes: usize,
+    /// The Rust client; `None` once closed. A read's value sits in a
+    /// receive buffer until copied out, under the lock.
+    inner: Mutex<Option<RustClusterCache>>,
+    /// Set by `close()`, read without the lock.
+    closed: AtomicBool,
+}
+
+impl ClusterCache {
+    /// Runs `f` with the Rust client locked and the GIL held (see
+    /// [`with_locked`]).
+    fn with_client<R>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut RustClusterCache) -> PyResult<R>,
+    ) -> PyResult<R> {
+        with_locked(py, &self.inner, f)
+    }
+
+    /// Reads `key` into the receive buffer of its server's client, placed
+    /// for an output of `cap` bytes (at the buffer's end), and hands the
+    /// value's bytes to `take` with the GIL held; None if absent.
+    fn read<R>(
+        &self,
+        py: Python<'_>,
+        key: &[u8],
+        cap: usize,
+        take: impl FnOnce(&[u8]) -> PyResult<R>,
+    ) -> PyResult<Option<R>> {
+        self.with_client(py, |c| {
+            let s = c.server_of(key);
+            let n = py
+                .detach(|| c.client(s).map(|c| c.buffer_len()))
+                .map_err(to_py_err)?;
+            let offset = n - cap.min(n);
+            let placed = py
+                .detach(|| c.get_at(key, offset))
+                .map_err(|e| read_error("", e, cap, n))?;
+            let Some(p) = placed else {
+                return Ok(None);
+            };
+            let buf = c.buffer(p.server).map_err(to_py_err)?;
+            take(&buf[p.placed.offset..p.placed.offset + p.placed.len]).map(Some)
+        })
+    }
+}
+
+#[pymethods]
+impl ClusterCache {
+    /// Resolves the map and connects to every server (GIL released).
+    #[new]
+    #[pyo3(signature = (addrs = None, *, config = None, registry = None, name = "default", transport = None, buffer_mb = 64, timeout = 5.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        addrs: Option<Vec<String>>,
+        config: Option<PathBuf>,
+        registry: Option<&str>,
+        name: &str,
+        transport: Option<String>,
+        buffer_mb: i64,
+        timeout: f64,
+    ) -> PyResult<Self> {
+        let buffer_bytes = buffer_bytes_of(buffer_mb)?;
+        let (map, opts) = map_of(py, addrs, config, registry, name, transport, timeout)?;
+        let client = py
+            .detach(|| RustClusterCache::connect(&map, opts, buffer_bytes))
+            .map_err(to_py_err)?;
+        Ok(ClusterCache {
+            map,
+            buffer_bytes,
+            inner: Mutex::new(Some(client)),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Stores `value` (any C-contiguous buffer, as raw bytes) under `key`
+    /// on its server, expiring after `ttl` seconds if given; returns the
+    /// value's generation.
+    #[pyo3(signature = (key, value, ttl = None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        ttl: Option<f64>,
+    ) -> PyResult<u64> {
+        let key = key_of(key)?;
+        let value = Value::of(value)?;
+        let value = value.as_slice()?;
+        let ttl = ttl_of(ttl)?;
+        self.with_client(py, |c| {
+            py.detach(|| c.put(key, value, ttl)).map_err(to_py_err)
+        })
+    }
+
+    /// The value of `key` as bytes, or None if it is absent or expired.
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let key = key_of(key)?;
+        self.read(py, key, usize::MAX, |v| Ok(PyBytes::new(py, v)))
+    }
+
+    /// Reads the value of `key` into `out` (any writable C-contiguous
+    /// buffer), from its first byte on; returns its length, or None if the
+    /// key is absent (`out` untouched). A value larger than `out` raises
+    /// `fabrickv.Error` with code `BUFFER_TOO_SMALL`, `out` untouched.
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<usize>> {
+        let key = key_of(key)?;
+        let out = out_of(out)?;
+        let cap = numpy::PyUntypedArrayMethods::len(&out);
+        self.read(py, key, cap, |v| {
+            copy_out(&out, v)?;
+            Ok(v.len())
+        })
+    }
+
+    /// Removes `key`; True if it was there.
+    fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let key = key_of(key)?;
+        self.with_client(py, |c| py.detach(|| c.delete(key)).map_err(to_py_err))
+    }
+
+    /// Whether `key` is stored and not expired.
+    fn exists(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let key = key_of(key)?;
+        self.with_client(py, |c| py.detach(|| c.exists(key)).map_err(to_py_err))
+    }
+
+    /// The server that owns `key`.
+    fn server_of(&self, key: &Bound<'_, PyAny>) -> PyResult<u32> {
+        Ok(fabrickv_cluster::server_of_key(
+            key_of(key)?,
+            self.map.size(),
+        ))
+    }
+
+    /// The number of servers, up or down.
+    #[getter]
+    fn size(&self) -> u32 {
+        self.map.size()
+    }
+
+    /// Bytes of each server's receive buffer: the largest value read.
+    #[getter]
+    fn buffer_size(&self) -> usize {
+        self.buffer_bytes
+    }
+
+    /// True once `close()` has run.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Closes the connections and frees the receive buffers; later calls
+    /// raise `fabrickv.Error` (`UNAVAILABLE`).
+    fn close(&self, py: Python<'_>) {
+        crate::close_slot(py, &self.inner, &self.closed);
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// Closes the client; exceptions from the `with` body propagate.
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: &Bound<'_, PyAny>,
+        _exc: &Bound<'_, PyAny>,
+        _traceback: &Bound<'_, PyAny>,
+    ) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<fabrickv.ClusterCache name={:?} servers={} buffer_size={}{}>",
+            self.map.name,
+            self.map.size(),
+            self.buffer_bytes,
+            if self.closed() { " closed" } else { "" }
+        )
+    }
+}
+
+/// Waits (GIL released) until `count` processes, this one included, have
+/// reached the barrier `name` of cluster `cluster` in the registry
+/// (`memcached://HOST:PORT`), or `timeout` seconds pass (`fabrickv.Error`,
+/// code `TIMEOUT`). Returns this process's arrival order, from 1. A name
+/// serves one rendezvous (until it expires, an hour later).
+#[pyfunction]
+#[pyo3(signature = (registry, name, count, *, cluster = "default", timeout = 60.0))]
+fn barrier(
+    py: Python<'_>,
+    registry: &str,
+    name: &str,
+    count: u64,
+    cluster: &str,
+    timeout: f64,
+) -> PyResult<u64> {
+    let timeout = crate::timeout_of(timeout)?;
+    py.detach(|| Registry::connect(registry, cluster)?.barrier(name, count, timeout))
+        .map_err(registry_err)
+}
+
+/// The servers of cluster `cluster` registered at `registry`
+/// (`memcached://HOST:PORT`), waiting up to `wait` seconds for all of
+/// them: one entry per server id, a dict (id, addrs, workers, resp, grpc,
+/// pid) or None for a server not registered. `fabrickv.Error` if no
+/// server is.
+#[pyfunction]
+#[pyo3(signature = (registry, cluster = "default", wait = 0.0))]
+fn lookup<'py>(
+    py: Python<'py>,
+    registry: &str,
+    cluster: &str,
+    wait: f64,
+) -> PyResult<Vec<Option<Bound<'py, PyDict>>>> {
+    let wait = if wait == 0.0 {
+        Duration::ZERO
+    } else {
+        crate::timeout_of(wait)?
+    };
+    let map = py
+        .detach(|| Registry::connect(registry, cluster)?.lookup(wait, true))
+        .map_err(registry_err)?;
+    map.servers
+        .iter()
+        .map(|slot| {
+            slot.as_ref()
+                .map(|d| {
+                    let out = PyDict::new(py);
+                    out.set_item("id", d.id)?;
+                    out.set_item("addrs", &d.addrs)?;
+                    out.set_item("workers", d.workers)?;
+                    out.set_item("resp", &d.resp)?;
+                    out.set_item("grpc", &d.grpc)?;
+                    out.set_item("pid", d.pid)?;
+                    Ok(out)
+                })
+                .transpose()
+        })
+        .collect()
+}
