@@ -5,6 +5,7 @@
 
 mod bench;
 mod cache_bench;
+mod clients;
 mod copy_bench;
 mod copy_cmd;
 mod ps_bench;
