@@ -269,33 +269,25 @@ fn counter(list: &[(String, u64)], name: &str) -> u64 {
 /// 1      2        12.30    6.69         PASS
 /// ```
 pub fn table(rows: &[HerdRow]) -> String {
-    let mut out = String::new();
-    if rows.iter().any(|r| r.clients.is_some()) {
-        out.push_str("All numbers are million operations/sec, summed over the client processes\n");
-        out.push_str("Cores  Clients  Batched  Non-batched  Status\n");
-        for r in rows {
-            let _ = writeln!(
-                out,
-                "{:<6} {:<8} {:<8.2} {:<12.2} {}",
-                r.cores,
-                r.clients.unwrap_or(1),
-                r.batched.ops_per_s / 1e6,
-                r.non_batched.ops_per_s / 1e6,
-                r.status.cell()
-            );
-        }
-        return out;
-    }
-    out.push_str("All numbers are million operations/sec\n");
-    out.push_str("Cores  Batched  Non-batched\n");
+    let clients = rows.iter().any(|r| r.clients.is_some());
+    let mut out = String::from(if clients {
+        "All numbers are million operations/sec, summed over the client processes\nCores  Clients  Batched  Non-batched  Status\n"
+    } else {
+        "All numbers are million operations/sec\nCores  Batched  Non-batched\n"
+    });
     for r in rows {
-        let _ = writeln!(
-            out,
-            "{:<6} {:<8.2} {:.2}",
-            r.cores,
-            r.batched.ops_per_s / 1e6,
-            r.non_batched.ops_per_s / 1e6
-        );
+        let (b, nb) = (r.batched.ops_per_s / 1e6, r.non_batched.ops_per_s / 1e6);
+        let _ = if clients {
+            let n = r.clients.unwrap_or(1);
+            writeln!(
+                out,
+                "{:<6} {n:<8} {b:<8.2} {nb:<12.2} {}",
+                r.cores,
+                r.status.cell()
+            )
+        } else {
+            writeln!(out, "{:<6} {b:<8.2} {nb:.2}", r.cores)
+        };
     }
     out
 }

@@ -41,28 +41,27 @@ impl BenchResult {
     /// the first client's other params, with `clients` set. No parts (their
     /// step failed) sum to a zero result of `bench`.
     pub fn sum(bench: &str, parts: &[BenchResult]) -> BenchResult {
-        let Some(first) = parts.first() else {
-            return BenchResult {
-                bench: bench.into(),
-                case: String::new(),
-                system: "fabrickv".into(),
-                ops_per_s: 0.0,
-                p50_us: 0.0,
-                p99_us: 0.0,
-                ops: 0,
-                seconds: 0.0,
-                wrong_values: 0,
-                params: serde_json::json!({ "checked": 0, "clients": 0 }),
-            };
-        };
-        let mut out = BenchResult {
+        let zero = BenchResult {
+            bench: bench.into(),
+            case: String::new(),
+            system: "fabrickv".into(),
             ops_per_s: 0.0,
             p50_us: 0.0,
             p99_us: 0.0,
             ops: 0,
             seconds: 0.0,
             wrong_values: 0,
-            ..first.clone()
+            params: serde_json::json!({}),
+        };
+        let mut out = match parts.first() {
+            Some(f) => BenchResult {
+                bench: f.bench.clone(),
+                case: f.case.clone(),
+                system: f.system.clone(),
+                params: f.params.clone(),
+                ..zero
+            },
+            None => zero,
         };
         let mut checked = 0;
         for p in parts {
