@@ -466,3 +466,38 @@ fn check_reply(msg: &[u8], sent: &Sent, value_size: usize) -> Result<u64, String
     }
     Ok(wrong)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> KvOpts {
+        KvOpts {
+            threads: 2,
+            keys: 500,
+            duration: Duration::from_millis(100),
+            ..KvOpts::default()
+        }
+    }
+
+    #[test]
+    fn the_gate_opens_once_every_thread_is_connected() {
+        let mut passed = 0;
+        let r = run_gated(&small(), &mut || {
+            passed += 1;
+            Ok(())
+        })
+        .expect("a run");
+        assert_eq!(passed, 1);
+        assert!(r.ops > 0);
+        assert_eq!(r.wrong_values, 0);
+        assert!(r.params["checked"].as_u64().expect("checked") > 0);
+    }
+
+    #[test]
+    fn a_failing_gate_stops_the_run() {
+        let e = run_gated(&small(), &mut || Err("barrier timed out".into()))
+            .expect_err("the gate failed");
+        assert_eq!(e, "barrier timed out");
+    }
+}

@@ -325,3 +325,57 @@ fn wait_all(children: &mut [Running]) -> Option<(usize, String)> {
         std::thread::sleep(Duration::from_millis(CHILD_POLL_MS));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn child_args_put_flags_after_the_command() {
+        let a = child_args(
+            &["bench", "ps"],
+            &[("--duration", "0.5".into()), ("--dist", "zipf".into())],
+            Some("1,3"),
+        );
+        assert_eq!(
+            a,
+            [
+                "bench",
+                "ps",
+                "--duration",
+                "0.5",
+                "--dist",
+                "zipf",
+                "--client-cpus",
+                "1,3"
+            ]
+        );
+        assert_eq!(child_args(&["x"], &[], None), ["x"]);
+    }
+
+    #[test]
+    fn sums_lines_and_an_empty_sum_is_plus_zero() {
+        let c = Clients {
+            lines: vec![
+                serde_json::json!({ "mkv_s": 1.5, "checked": 10 }),
+                serde_json::json!({ "mkv_s": 2.0, "checked": 5 }),
+            ],
+            failure: None,
+            start_skew_ms: 0.0,
+        };
+        assert_eq!(c.sum("mkv_s"), 3.5);
+        assert_eq!(c.sum_u64("checked"), 15);
+        let none = Clients {
+            lines: Vec::new(),
+            failure: Some("client 0 exited".into()),
+            start_skew_ms: 0.0,
+        };
+        assert_eq!(format!("{:.4}", none.sum("mkv_s")), "0.0000");
+    }
+
+    #[test]
+    fn counts_must_be_positive() {
+        assert!(check_counts(&[2, 4, 8]).is_ok());
+        assert!(check_counts(&[2, 0]).is_err());
+    }
+}
