@@ -11,19 +11,18 @@ mod common;
 
 use common::BIN;
 
-fn bench(args: &[&str]) -> Output {
-    Command::new(BIN)
+/// Runs `fabrickv bench ARGS` (ARGS split at spaces), checks that it
+/// succeeds or fails as `succeeds` says, and returns its stdout and stderr.
+fn bench(args: &str, succeeds: bool) -> (String, String) {
+    let o: Output = Command::new(BIN)
         .arg("bench")
-        .args(args)
+        .args(args.split_whitespace())
         .output()
-        .expect("run fabrickv bench")
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+        .expect("run fabrickv bench");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.success(), succeeds, "{args}:\n{out}\n{err}");
+    (out, err)
 }
 
 /// The JSON lines of a run's standard output.
@@ -36,18 +35,10 @@ fn json_lines(out: &str) -> Vec<serde_json::Value> {
 
 #[test]
 fn ps_clients_sum_into_petps_table() {
-    let o = bench(&[
-        "ps",
-        "--clients",
-        "1,2",
-        "--key-space-m",
-        "0.001",
-        "--duration",
-        "0.2",
-        "--json",
-    ]);
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{out}\n{err}");
+    let (out, err) = bench(
+        "ps --clients 1,2 --key-space-m 0.001 --duration 0.2 --json",
+        true,
+    );
     assert!(
         out.contains("| clients | Mreq/s sum | Mkv/s sum | status |"),
         "{out}"
@@ -67,18 +58,10 @@ fn ps_clients_sum_into_petps_table() {
 
 #[test]
 fn herd_clients_sum_into_herd_table() {
-    let o = bench(&[
-        "herd",
-        "--clients",
-        "2",
-        "--keys-per-partition",
-        "500",
-        "--duration",
-        "0.2",
-        "--json",
-    ]);
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{out}\n{err}");
+    let (out, _) = bench(
+        "herd --clients 2 --keys-per-partition 500 --duration 0.2 --json",
+        true,
+    );
     assert!(
         out.contains("Cores  Clients  Batched  Non-batched  Status"),
         "{out}"
@@ -103,20 +86,10 @@ fn herd_clients_sum_into_herd_table() {
 fn a_failing_client_fails_the_sweep() {
     // The parent neither loads nor connects (--server, --no-load); its
     // clients cannot connect, exit with an error, and the row fails.
-    let o = bench(&[
-        "ps",
-        "--clients",
-        "2",
-        "--server",
-        "127.0.0.1:1",
-        "--no-load",
-        "--key-space-m",
-        "0.001",
-        "--duration",
-        "0.1",
-    ]);
-    let (out, err) = text(&o);
-    assert!(!o.status.success(), "{out}\n{err}");
+    let (out, err) = bench(
+        "ps --clients 2 --server 127.0.0.1:1 --no-load --key-space-m 0.001 --duration 0.1",
+        false,
+    );
     assert!(
         out.contains("| 2 | 0.0000 | 0.0000 | FAIL (client "),
         "{out}"
@@ -126,18 +99,7 @@ fn a_failing_client_fails_the_sweep() {
 
 #[test]
 fn an_unreachable_registry_is_an_error() {
-    let o = bench(&[
-        "herd",
-        "--clients",
-        "2",
-        "--keys-per-partition",
-        "100",
-        "--duration",
-        "0.1",
-        "--registry",
-        "memcached://127.0.0.1:1",
-    ]);
-    let (out, err) = text(&o);
-    assert!(!o.status.success(), "{out}\n{err}");
+    let args = "herd --clients 2 --keys-per-partition 100 --duration 0.1";
+    let (_, err) = bench(&format!("{args} --registry memcached://127.0.0.1:1"), false);
     assert!(err.contains("memcached://127.0.0.1:1"), "{err}");
 }
