@@ -105,6 +105,17 @@ pub fn make_key(i: u64, size: usize, out: &mut Vec<u8>) {
 
 /// Runs the benchmark and returns its result.
 pub fn run(opts: &KvOpts) -> Result<BenchResult, String> {
+    run_gated(opts, &mut || Ok(()))
+}
+
+/// Runs the benchmark with a start gate: every client thread connects,
+/// then `gate` is called (a multi-process sweep meets its barrier there),
+/// and only when it returns do the threads start their measured load. A
+/// gate that fails stops the run before anything is measured.
+pub fn run_gated(
+    opts: &KvOpts,
+    gate: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<BenchResult, String> {
     if opts.batch == 0
         || opts.in_flight == 0
         || opts.threads == 0
@@ -150,30 +161,40 @@ pub fn run(opts: &KvOpts) -> Result<BenchResult, String> {
     }
     drop(client);
     let by_worker = Arc::new(by_worker);
-    let start = Instant::now();
+    let start = Arc::new(StartLine::new(opts.threads));
     let threads: Vec<_> = (0..opts.threads)
         .map(|t| {
             let opts = opts.clone();
             let addr = addr.clone();
             let by_worker = by_worker.clone();
-            std::thread::spawn(move || client_thread(t, &opts, &addr, &by_worker))
+            let start = start.clone();
+            std::thread::spawn(move || client_thread(t, &opts, &addr, &by_worker, &start))
         })
         .collect();
+    start.open(gate);
     let mut hist =
         Histogram::<u64>::new_with_bounds(1, LATENCY_NS_MAX, 3).map_err(|e| e.to_string())?;
-    let mut ops = 0u64;
-    let mut wrong = 0u64;
+    let (mut ops, mut checked, mut wrong) = (0u64, 0u64, 0u64);
     let mut seconds = 0f64;
+    let mut failure = None;
     for t in threads {
-        let r = t
-            .join()
-            .map_err(|_| "client thread panicked".to_string())??;
-        hist.add(&r.hist).map_err(|e| e.to_string())?;
-        ops += r.ops;
-        wrong += r.wrong;
-        seconds = seconds.max(r.seconds);
+        match t.join() {
+            Ok(Ok(r)) => {
+                hist.add(&r.hist).map_err(|e| e.to_string())?;
+                ops += r.ops;
+                checked += r.checked;
+                wrong += r.wrong;
+                seconds = seconds.max(r.seconds);
+            }
+            Ok(Err(e)) => failure = failure.or(Some(e)),
+            Err(_) => failure = failure.or(Some("client thread panicked".to_string())),
+        }
     }
-    let _ = start;
+    // The gate's own failure explains the threads' refusal to start.
+    start.result()?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
     Ok(BenchResult {
         bench: "kv".into(),
         case: opts.case(),
@@ -188,6 +209,7 @@ pub fn run(opts: &KvOpts) -> Result<BenchResult, String> {
             "threads": opts.threads, "keys": opts.keys, "key_size": opts.key_size,
             "value_size": opts.value_size, "get_percent": opts.get_percent, "batch": opts.batch,
             "in_flight": opts.in_flight, "workers": workers, "transport": transport_of(&addr),
+            "checked": checked,
         }),
     })
 }
@@ -222,8 +244,51 @@ pub fn preload(client: &mut Client, opts: &KvOpts) -> Result<(), String> {
 struct ThreadResult {
     hist: Histogram<u64>,
     ops: u64,
+    /// GETs whose value was checked.
+    checked: u64,
     wrong: u64,
     seconds: f64,
+}
+
+/// Where client threads wait, connected, for the run's gate to open.
+struct StartLine {
+    connected: std::sync::Barrier,
+    go: std::sync::Barrier,
+    gate: std::sync::Mutex<Option<Result<(), String>>>,
+}
+
+impl StartLine {
+    fn new(threads: usize) -> StartLine {
+        StartLine {
+            connected: std::sync::Barrier::new(threads + 1),
+            go: std::sync::Barrier::new(threads + 1),
+            gate: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Waits until every thread has connected, passes `gate`, records its
+    /// outcome and lets the threads go.
+    fn open(&self, gate: &mut dyn FnMut() -> Result<(), String>) {
+        self.connected.wait();
+        let outcome = gate();
+        *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        self.go.wait();
+    }
+
+    /// A connected thread's wait for the gate; `Err` when the gate failed.
+    fn wait(&self) -> Result<(), String> {
+        self.connected.wait();
+        self.go.wait();
+        self.result()
+    }
+
+    fn result(&self) -> Result<(), String> {
+        match &*self.gate.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err("the start gate never opened".into()),
+        }
+    }
 }
 
 /// A frame in flight: when it left and what it asked.
@@ -238,12 +303,17 @@ fn client_thread(
     opts: &KvOpts,
     addr: &str,
     by_worker: &[Vec<u64>],
+    start_line: &StartLine,
 ) -> Result<ThreadResult, String> {
     if !opts.client_cpus.is_empty() {
         let id = opts.client_cpus[t % opts.client_cpus.len()];
         core_affinity::set_for_current(core_affinity::CoreId { id });
     }
-    let mut client = Client::connect(addr).map_err(|e| format!("connecting to {addr}: {e}"))?;
+    // Every thread reaches the start line, connected or not, so that no
+    // other thread waits there for ever.
+    let connected = Client::connect(addr).map_err(|e| format!("connecting to {addr}: {e}"));
+    start_line.wait()?;
+    let mut client = connected?;
     let workers = by_worker.len();
     let mut rng = SmallRng::seed_from_u64(0x5EED ^ t as u64);
     let mut hist =
@@ -253,7 +323,7 @@ fn client_thread(
     let mut key = Vec::with_capacity(opts.key_size);
     let mut value = vec![0u8; opts.value_size];
     let timeout = client.timeout();
-    let (mut ops, mut wrong) = (0u64, 0u64);
+    let (mut ops, mut checked, mut wrong) = (0u64, 0u64, 0u64);
     let mut idle_since: Option<Instant> = None;
     let start = Instant::now();
     let end = start + opts.duration;
@@ -321,7 +391,11 @@ fn client_thread(
                     };
                     hist.saturating_record(sent.at.elapsed().as_nanos() as u64);
                     match check_reply(msg, &sent, opts.value_size) {
-                        Ok(bad) => wrong += bad,
+                        Ok(bad) => {
+                            wrong += bad;
+                            checked +=
+                                sent.ops.iter().filter(|&&(_, is_get)| is_get).count() as u64;
+                        }
                         Err(e) => failure = Some(e),
                     }
                     ops += sent.ops.len() as u64;
@@ -363,6 +437,7 @@ fn client_thread(
     Ok(ThreadResult {
         hist,
         ops,
+        checked,
         wrong,
         seconds: start.elapsed().as_secs_f64(),
     })
@@ -390,4 +465,39 @@ fn check_reply(msg: &[u8], sent: &Sent, value_size: usize) -> Result<u64, String
         }
     }
     Ok(wrong)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> KvOpts {
+        KvOpts {
+            threads: 2,
+            keys: 500,
+            duration: Duration::from_millis(100),
+            ..KvOpts::default()
+        }
+    }
+
+    #[test]
+    fn the_gate_opens_once_every_thread_is_connected() {
+        let mut passed = 0;
+        let r = run_gated(&small(), &mut || {
+            passed += 1;
+            Ok(())
+        })
+        .expect("a run");
+        assert_eq!(passed, 1);
+        assert!(r.ops > 0);
+        assert_eq!(r.wrong_values, 0);
+        assert!(r.params["checked"].as_u64().expect("checked") > 0);
+    }
+
+    #[test]
+    fn a_failing_gate_stops_the_run() {
+        let e = run_gated(&small(), &mut || Err("barrier timed out".into()))
+            .expect_err("the gate failed");
+        assert_eq!(e, "barrier timed out");
+    }
 }

@@ -94,9 +94,6 @@ pub struct LoadOpts {
     pub report_every: Option<Duration>,
     /// CPUs client threads are pinned to, round robin.
     pub client_cpus: Vec<usize>,
-    /// Measuring starts at this instant of the Unix clock (milliseconds),
-    /// so that client processes of a sweep measure the same interval.
-    pub start_at_unix_ms: Option<u64>,
     /// Check every pulled vector (the default). Off only to time the bare
     /// client (as the Python comparison does); rows then cannot PASS.
     pub verify: bool,
@@ -229,6 +226,18 @@ struct ThreadCounters {
 
 /// Runs the load against a loaded table at `addr`.
 pub fn run_load(addr: &str, o: &LoadOpts) -> Result<LoadResult, String> {
+    run_load_gated(addr, o, &mut || Ok(()))
+}
+
+/// Runs the load with a start gate: once every thread has connected and
+/// opened the table, `gate` is called (a multi-process sweep meets its
+/// barrier there) while the threads warm up, and the measured interval
+/// starts when it returns. A gate that fails stops the run.
+pub fn run_load_gated(
+    addr: &str,
+    o: &LoadOpts,
+    gate: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<LoadResult, String> {
     if o.threads == 0 || o.batch == 0 || o.async_req == 0 || o.key_space == 0 {
         return Err("threads, batch, async requests and key space must be at least 1".into());
     }
@@ -304,13 +313,12 @@ pub fn run_load(addr: &str, o: &LoadOpts) -> Result<LoadResult, String> {
         }));
     }
     ready.wait();
-    if let Some(at) = o.start_at_unix_ms {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        if at > now {
-            std::thread::sleep(Duration::from_millis(at - now));
+    if let Err(e) = gate() {
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            let _ = h.join();
         }
+        return Err(e);
     }
     let sum = |f: fn(&ThreadCounters) -> &AtomicU64| -> u64 {
         counters.iter().map(|c| f(c).load(Ordering::Relaxed)).sum()

@@ -146,6 +146,9 @@ pub struct ClientsRow {
     pub mkv_s_sum: f64,
     /// PASS only when every client's values were checked and right.
     pub status: Status,
+    /// Spread of the clients' measured starts (last minus first), in
+    /// milliseconds: how far apart the barrier released them.
+    pub start_skew_ms: f64,
 }
 
 impl ClientsRow {
@@ -156,6 +159,7 @@ impl ClientsRow {
             "clients": self.clients,
             "mreq_s_sum": self.mreq_s_sum,
             "mkv_s_sum": self.mkv_s_sum,
+            "start_skew_ms": self.start_skew_ms,
         });
         self.status.add_json(&mut v);
         v.to_string()
@@ -246,12 +250,14 @@ mod tests {
                 mreq_s_sum: 0.00016,
                 mkv_s_sum: 0.016,
                 status: Status::Pass,
+                start_skew_ms: 1.5,
             },
             ClientsRow {
                 clients: 8,
                 mreq_s_sum: 0.00004,
                 mkv_s_sum: 0.0066,
                 status: Status::Pass,
+                start_skew_ms: 0.0,
             },
         ];
         assert_eq!(clients_table(&rows), seed);
@@ -295,6 +301,7 @@ mod tests {
             mreq_s_sum: 0.0004,
             mkv_s_sum: 0.0024,
             status: Status::Fail("no value was checked".into()),
+            start_skew_ms: 2.25,
         };
         let line = c.json();
         assert!(!line.contains('\n'));
@@ -302,6 +309,7 @@ mod tests {
         assert_eq!(v["bench"], "ps.clients");
         assert_eq!(v["clients"], 4);
         assert_eq!(v["mreq_s_sum"], 0.0004);
+        assert_eq!(v["start_skew_ms"], 2.25);
         assert_eq!(v["status"], "FAIL");
         assert_eq!(v["reason"], "no value was checked");
     }

@@ -1,11 +1,11 @@
 //! Results: box tables in the seeds' style and JSON lines.
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One measured result. `system` is `fabrickv`, or the peer or physical
 /// limit measured in the same run (`redis`, `memcached`, `tcp-pingpong`).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct BenchResult {
     /// Which benchmark (`kv`, `rpc`, ...).
     pub bench: String,
@@ -33,6 +33,49 @@ impl BenchResult {
     /// The JSON line for this result.
     pub fn json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    /// The results of client processes that ran at once, as one: rates,
+    /// operations, wrong values and `params.checked` summed; the longest
+    /// interval; the worst client's p50 and p99 (latencies do not add);
+    /// the first client's other params, with `clients` set. No parts (their
+    /// step failed) sum to a zero result of `bench`.
+    pub fn sum(bench: &str, parts: &[BenchResult]) -> BenchResult {
+        let zero = BenchResult {
+            bench: bench.into(),
+            case: String::new(),
+            system: "fabrickv".into(),
+            ops_per_s: 0.0,
+            p50_us: 0.0,
+            p99_us: 0.0,
+            ops: 0,
+            seconds: 0.0,
+            wrong_values: 0,
+            params: serde_json::json!({}),
+        };
+        let mut out = match parts.first() {
+            Some(f) => BenchResult {
+                bench: f.bench.clone(),
+                case: f.case.clone(),
+                system: f.system.clone(),
+                params: f.params.clone(),
+                ..zero
+            },
+            None => zero,
+        };
+        let mut checked = 0;
+        for p in parts {
+            out.ops_per_s += p.ops_per_s;
+            out.p50_us = out.p50_us.max(p.p50_us);
+            out.p99_us = out.p99_us.max(p.p99_us);
+            out.ops += p.ops;
+            out.seconds = out.seconds.max(p.seconds);
+            out.wrong_values += p.wrong_values;
+            checked += p.params["checked"].as_u64().unwrap_or(0);
+        }
+        out.params["checked"] = checked.into();
+        out.params["clients"] = parts.len().into();
+        out
     }
 }
 
@@ -263,5 +306,41 @@ mod tests {
         for f in ["bench", "case", "system", "ops_per_s", "p50_us", "p99_us"] {
             assert!(v.get(f).is_some(), "missing {f}");
         }
+    }
+
+    #[test]
+    fn sums_client_results() {
+        let part = |ops_per_s: f64, p99_us: f64, wrong_values: u64, checked: u64| BenchResult {
+            bench: "herd".into(),
+            case: "c".into(),
+            system: "fabrickv".into(),
+            ops_per_s,
+            p50_us: p99_us / 2.0,
+            p99_us,
+            ops: ops_per_s as u64,
+            seconds: p99_us,
+            wrong_values,
+            params: serde_json::json!({ "checked": checked, "batch": 16 }),
+        };
+        let s = BenchResult::sum("herd", &[part(1e6, 10.0, 0, 900), part(2e6, 30.0, 1, 1800)]);
+        assert_eq!(s.ops_per_s, 3e6);
+        assert_eq!(s.ops, 3_000_000);
+        assert_eq!((s.p50_us, s.p99_us, s.seconds), (15.0, 30.0, 30.0));
+        assert_eq!(s.wrong_values, 1);
+        assert_eq!(s.params["checked"], 2700);
+        assert_eq!(s.params["clients"], 2);
+        assert_eq!(s.params["batch"], 16);
+        let none = BenchResult::sum("herd", &[]);
+        assert_eq!(
+            (
+                none.bench.as_str(),
+                none.ops,
+                none.params["checked"].as_u64()
+            ),
+            ("herd", 0, Some(0))
+        );
+        // A client's JSON line reads back.
+        let back: BenchResult = serde_json::from_str(&s.json()).expect("round trip");
+        assert_eq!(back, s);
     }
 }

@@ -9,6 +9,8 @@ use fabrickv_bench::kv::{self, KvOpts};
 use fabrickv_bench::peers;
 use fabrickv_bench::report::{print_kv_table, BenchResult};
 
+use crate::clients::{Sweep, SweepArgs};
+
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// GET/PUT mix over the native protocol (Mops, p50, p99), optionally beside Redis.
@@ -120,6 +122,17 @@ pub struct HerdArgs {
     /// Print one JSON object per result as well as the table.
     #[arg(long)]
     json: bool,
+    /// Run each load as this many client processes at once (e.g. 2,4,8),
+    /// released together by a barrier in a memcached registry (--registry,
+    /// or one started for the sweep), and sum their figures; a row per
+    /// worker count and client count.
+    #[arg(long, value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// The preloaded server a client process of a sweep loads.
+    #[arg(long, hide = true, requires = "child")]
+    server: Option<String>,
+    #[command(flatten)]
+    sweep: SweepArgs,
 }
 
 #[derive(Args)]
@@ -267,7 +280,16 @@ fn run_herd(a: HerdArgs) -> Result<(), String> {
         server_cpus: a.server_cpus.clone(),
         client_cpus,
     };
-    let rows = herd::run(&opts)?;
+    if a.sweep.child {
+        return herd_child(&a, &opts);
+    }
+    let rows = if a.clients.is_empty() {
+        herd::run(&opts)?
+    } else {
+        crate::clients::check_counts(&a.clients)?;
+        let sweep = Sweep::start(&a.sweep, "herd")?;
+        herd::run_clients(&opts, &a.clients, &mut |s| herd_clients(&a, &sweep, s))?
+    };
     herd::print(&opts, &rows);
     if a.json {
         for r in &rows {
@@ -275,13 +297,66 @@ fn run_herd(a: HerdArgs) -> Result<(), String> {
             println!("{}", r.non_batched.json());
         }
     }
-    if rows
-        .iter()
-        .any(|r| r.batched.wrong_values + r.non_batched.wrong_values > 0)
-    {
-        return Err("some reads returned wrong values".into());
+    match rows.iter().find(|r| !r.status.passed()) {
+        Some(r) => Err(format!(
+            "cores {} clients {}: {}",
+            r.cores,
+            r.clients.unwrap_or(1),
+            r.status.cell()
+        )),
+        None => Ok(()),
     }
+}
+
+/// One client process of `bench herd --clients`: the load of one step
+/// against the parent's preloaded server, started at the barrier.
+fn herd_child(a: &HerdArgs, opts: &HerdOpts) -> Result<(), String> {
+    let server = a
+        .server
+        .as_deref()
+        .ok_or("a client of a sweep needs --server")?;
+    let &[cores] = opts.workers.as_slice() else {
+        return Err("a client of a sweep needs one --workers count".into());
+    };
+    let mut gate = a.sweep.gate()?;
+    let r = kv::run_gated(&opts.kv_opts(server, cores, a.batch), &mut || gate.pass())?;
+    let v = serde_json::to_value(&r).map_err(|e| e.to_string())?;
+    println!("{}", gate.line(v));
     Ok(())
+}
+
+/// Runs one step of `bench herd --clients` as client processes and sums
+/// their results.
+fn herd_clients(
+    a: &HerdArgs,
+    sweep: &Sweep,
+    s: &herd::Step,
+) -> Result<(BenchResult, Option<String>), String> {
+    let n = s.clients.unwrap_or(1);
+    let args = crate::clients::child_args(
+        &["bench", "herd", "--server", s.addr],
+        &[
+            ("--workers", s.cores.to_string()),
+            ("--batch", s.batch.to_string()),
+            ("--keys-per-partition", a.keys_per_partition.to_string()),
+            ("--value-size", a.value_size.to_string()),
+            ("--update-percentage", a.update_percentage.to_string()),
+            ("--in-flight", a.in_flight.to_string()),
+            ("--threads", a.threads.to_string()),
+            ("--duration", a.duration.to_string()),
+        ],
+        a.client_cpus.as_deref(),
+    );
+    let c = sweep.run(&format!("w{}-n{n}-b{}", s.cores, s.batch), n, &args)?;
+    let parts = c
+        .lines
+        .iter()
+        .map(|v| serde_json::from_value(v.clone()))
+        .collect::<Result<Vec<BenchResult>, _>>()
+        .map_err(|e| format!("a client's result: {e}"))?;
+    let mut r = BenchResult::sum("herd", &parts);
+    r.params["start_skew_ms"] = c.start_skew_ms.into();
+    Ok((r, c.failure))
 }
 
 fn run_compare(a: CompareArgs) -> Result<(), String> {

@@ -5,6 +5,7 @@
 
 mod bench;
 mod cache_bench;
+mod clients;
 mod cluster_bench;
 mod cluster_cmd;
 mod copy_bench;

@@ -3,9 +3,9 @@
 //! the same pull over tcp beside Redis MGET and a raw TCP exchange of the
 //! same bytes, and over shm beside single-thread memcpy.
 
-use std::process::Command;
 use std::time::Duration;
 
+use crate::clients::{Sweep, SweepArgs};
 use clap::Args;
 use fabrickv_bench::limits;
 use fabrickv_bench::ps::{self as bench_ps, KeyDist, LoadOpts, LoadResult};
@@ -69,7 +69,9 @@ pub struct PsArgs {
     /// Run PetPS's matrix (threads 1/2/4/8 x batch 1/10/50/100) and print its table.
     #[arg(long)]
     matrix: bool,
-    /// Run this many client processes at once (e.g. 2,4,8) and sum their figures.
+    /// Run this many client processes at once (e.g. 2,4,8), released together
+    /// by a barrier in a memcached registry (--registry, or one started for the
+    /// sweep), and sum their figures.
     #[arg(long, value_delimiter = ',')]
     clients: Vec<usize>,
     /// Also measure the peers and limits of the targets: Redis MGET and raw
@@ -86,12 +88,8 @@ pub struct PsArgs {
     /// Print one JSON line per result too.
     #[arg(long)]
     json: bool,
-    /// Start measuring at this Unix time in ms (multi-client sweeps).
-    #[arg(long, hide = true)]
-    start_at_unix_ms: Option<u64>,
-    /// Print only the final JSON line (children of a sweep).
-    #[arg(long, hide = true)]
-    child: bool,
+    #[command(flatten)]
+    sweep: SweepArgs,
 }
 
 fn cpus(s: &Option<String>) -> Result<Vec<usize>, String> {
@@ -132,9 +130,8 @@ impl PsArgs {
             dim: self.dim()?,
             dist: KeyDist::parse(&self.dist)?,
             duration: Duration::from_secs_f64(self.duration),
-            report_every: (!self.child).then_some(Duration::from_secs(1)),
+            report_every: (!self.sweep.child).then_some(Duration::from_secs(1)),
             client_cpus: cpus(&self.client_cpus)?,
-            start_at_unix_ms: self.start_at_unix_ms,
             verify: self.verify == "full",
         })
     }
@@ -163,7 +160,7 @@ fn load(a: &PsArgs, addr: &str) -> Result<(), String> {
     let n = a.key_space()?;
     let start = std::time::Instant::now();
     bench_ps::load_table(addr, n, a.dim()?, |_| {})?;
-    if !a.child {
+    if !a.sweep.child {
         let s = start.elapsed().as_secs_f64();
         eprintln!(
             "loaded {n} keys x {} B in {s:.2} s ({:.3} Mkv/s)",
@@ -211,13 +208,13 @@ pub fn run(a: PsArgs) -> Result<(), String> {
         return check_rows(rows.iter().map(|r| &r.status));
     }
     let o = a.load_opts(a.thread_num, a.batch_read_count)?;
-    let r = bench_ps::run_load(&addr, &o)?;
+    let mut gate = a.sweep.gate()?;
+    let r = bench_ps::run_load_gated(&addr, &o, &mut || gate.pass())?;
     let status = Status::from_checks(r.checked, r.wrong);
-    if a.child {
-        println!(
-            "{}",
-            bench_ps::json("client", &o, &r, serde_json::json!({}))
-        );
+    if a.sweep.child {
+        let line = bench_ps::json("client", &o, &r, serde_json::json!({}));
+        let v = serde_json::from_str(&line).map_err(|e| e.to_string())?;
+        println!("{}", gate.line(v));
         return Ok(());
     }
     println!(
@@ -253,70 +250,44 @@ fn check_rows<'a>(rows: impl IntoIterator<Item = &'a Status>) -> Result<(), Stri
     Ok(())
 }
 
-/// Runs N client processes of this binary against one server, all
-/// measuring the same interval, and sums their figures.
+/// Runs N client processes of this binary against one server, released
+/// together by a barrier, and sums their figures.
 fn run_clients(a: &PsArgs) -> Result<(), String> {
+    crate::clients::check_counts(&a.clients)?;
+    // The children's flags, checked once here rather than failing in each.
+    a.load_opts(a.thread_num, a.batch_read_count)?;
     let (addr, _server) = server_for(a, &a.transport)?;
     load(a, &addr)?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let sweep = Sweep::start(&a.sweep, "ps")?;
+    let args = crate::clients::child_args(
+        &["bench", "ps", "--server", &addr, "--no-load"],
+        &[
+            ("--thread-num", a.thread_num.to_string()),
+            ("--batch-read-count", a.batch_read_count.to_string()),
+            ("--key-space-m", a.key_space_m.to_string()),
+            ("--value-size", a.value_size.to_string()),
+            ("--async-req", a.async_req.to_string()),
+            ("--dist", a.dist.clone()),
+            ("--duration", a.duration.to_string()),
+            ("--verify", a.verify.clone()),
+        ],
+        a.client_cpus.as_deref(),
+    );
     let mut rows = Vec::new();
+    let mut failures = Vec::new();
     for &n in &a.clients {
-        if n == 0 {
-            return Err("--clients counts must be at least 1".into());
-        }
-        // Every child connects and then waits for the same instant.
-        let start_at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_err(|e| e.to_string())?
-            .as_millis() as u64
-            + 1000
-            + 100 * n as u64;
-        let mut children = Vec::new();
-        for _ in 0..n {
-            let mut cmd = Command::new(&exe);
-            cmd.args(["bench", "ps", "--server", &addr, "--no-load", "--child"])
-                .args(["--thread-num", &a.thread_num.to_string()])
-                .args(["--batch-read-count", &a.batch_read_count.to_string()])
-                .args(["--key-space-m", &a.key_space_m.to_string()])
-                .args(["--value-size", &a.value_size.to_string()])
-                .args(["--async-req", &a.async_req.to_string()])
-                .args(["--dist", &a.dist])
-                .args(["--duration", &a.duration.to_string()])
-                .args(["--start-at-unix-ms", &start_at.to_string()]);
-            if let Some(c) = &a.client_cpus {
-                cmd.args(["--client-cpus", c]);
-            }
-            cmd.stdout(std::process::Stdio::piped());
-            children.push(
-                cmd.spawn()
-                    .map_err(|e| format!("cannot start a client: {e}"))?,
-            );
-        }
-        let (mut mreq, mut mkv, mut checked, mut wrong) = (0.0, 0.0, 0, 0);
-        let mut failure = None;
-        for c in children {
-            let out = c.wait_with_output().map_err(|e| e.to_string())?;
-            let text = String::from_utf8_lossy(&out.stdout);
-            let line = text.lines().last().unwrap_or_default();
-            match serde_json::from_str::<serde_json::Value>(line) {
-                Ok(v) if out.status.success() => {
-                    mreq += v["mreq_s"].as_f64().unwrap_or(0.0);
-                    mkv += v["mkv_s"].as_f64().unwrap_or(0.0);
-                    checked += v["checked"].as_u64().unwrap_or(0);
-                    wrong += v["wrong"].as_u64().unwrap_or(0);
-                }
-                _ => failure = Some(format!("a client exited with {}", out.status)),
-            }
-        }
-        let status = match failure {
+        let c = sweep.run(&format!("n{n}"), n, &args)?;
+        failures.extend(c.failure.clone());
+        let status = match c.failure.clone() {
             Some(f) => Status::Fail(f),
-            None => Status::from_checks(checked, wrong),
+            None => Status::from_checks(c.sum_u64("checked"), c.sum_u64("wrong")),
         };
         let row = ClientsRow {
             clients: n,
-            mreq_s_sum: mreq,
-            mkv_s_sum: mkv,
+            mreq_s_sum: c.sum("mreq_s"),
+            mkv_s_sum: c.sum("mkv_s"),
             status,
+            start_skew_ms: c.start_skew_ms,
         };
         if a.json {
             println!("{}", row.json());
@@ -324,6 +295,13 @@ fn run_clients(a: &PsArgs) -> Result<(), String> {
         rows.push(row);
     }
     print!("{}", ps_report::clients_table(&rows));
+    if let Some(f) = failures.first() {
+        return Err(f.clone());
+    }
+    if a.verify == "none" {
+        // Unchecked rows cannot PASS, and are not meant to.
+        return Ok(());
+    }
     check_rows(rows.iter().map(|r| &r.status))
 }
 
