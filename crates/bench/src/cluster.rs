@@ -10,7 +10,8 @@
 //! 3. the time a new client takes to join: registry lookup in memcached
 //!    plus connecting to every server (target: under 50 ms).
 //!
-//! Both configurations use the cluster client (a one-server cluster takes
+//! The two configurations run side by side and take turns, `rounds`
+//! times each. Both use the cluster client (a one-server cluster takes
 //! the plain client's path), so the ratio isolates the split, the extra
 //! connections and the merge. Every GET is checked against the value its
 //! key must have.
@@ -59,6 +60,8 @@ pub struct ClusterOpts {
     pub value_size: usize,
     /// Measured time of each throughput and latency run.
     pub duration: Duration,
+    /// Alternating runs of each configuration.
+    pub rounds: usize,
     /// Joins timed.
     pub joins: usize,
 }
@@ -194,7 +197,11 @@ fn get_loop(c: &Cluster, o: &ClusterOpts, batch: usize, seed: u64) -> Result<Don
     })
 }
 
-fn throughput(c: &Cluster, o: &ClusterOpts, system: &str) -> Result<BenchResult, String> {
+fn throughput(
+    c: &Cluster,
+    o: &ClusterOpts,
+    system: &str,
+) -> Result<(BenchResult, Histogram<u64>), String> {
     let c = Arc::new(c.clone());
     let threads: Vec<_> = (0..o.threads)
         .map(|t| {
@@ -213,20 +220,21 @@ fn throughput(c: &Cluster, o: &ClusterOpts, system: &str) -> Result<BenchResult,
         wrong += d.wrong;
         seconds = seconds.max(d.seconds);
     }
-    Ok(result(o, "throughput", system, &hist, keys, seconds, wrong))
+    Ok((
+        result(o, "throughput", system, &hist, keys, seconds, wrong),
+        hist,
+    ))
 }
 
-fn mget_latency(c: &Cluster, o: &ClusterOpts, system: &str) -> Result<BenchResult, String> {
+fn mget_latency(
+    c: &Cluster,
+    o: &ClusterOpts,
+    system: &str,
+) -> Result<(BenchResult, Histogram<u64>), String> {
     let d = get_loop(c, o, o.mget, 0xface)?;
-    Ok(result(
-        o,
-        &format!("mget {}", o.mget),
-        system,
-        &d.hist,
-        d.keys,
-        d.seconds,
-        d.wrong,
-    ))
+    let case = format!("mget {}", o.mget);
+    let r = result(o, &case, system, &d.hist, d.keys, d.seconds, d.wrong);
+    Ok((r, d.hist))
 }
 
 fn result(
@@ -253,7 +261,7 @@ fn result(
             "mget": o.mget, "keys": o.keys, "key_size": o.key_size,
             "value_size": o.value_size, "servers": o.servers,
             "cluster_workers": o.cluster_workers, "single_workers": o.single_workers,
-            "mean_us": hist.mean() / 1e3,
+            "mean_us": hist.mean() / 1e3, "rounds": o.rounds,
         }),
     }
 }
@@ -303,27 +311,69 @@ fn joins(servers: &[ServerHandle], o: &ClusterOpts) -> Result<BenchResult, Strin
     Ok(r)
 }
 
-/// Runs the three measurements.
+/// Adds `b` into `a` (same system and case): counts and time summed,
+/// percentiles the worse of the two.
+fn add_round(
+    a: &mut Option<(BenchResult, Histogram<u64>)>,
+    b: (BenchResult, Histogram<u64>),
+) -> Result<(), String> {
+    match a {
+        None => *a = Some(b),
+        Some((r, h)) => {
+            h.add(&b.1).map_err(|e| e.to_string())?;
+            r.ops += b.0.ops;
+            r.seconds += b.0.seconds;
+            r.wrong_values += b.0.wrong_values;
+            r.ops_per_s = r.ops as f64 / r.seconds.max(1e-9);
+            r.p50_us = h.value_at_quantile(0.50) as f64 / 1e3;
+            r.p99_us = h.value_at_quantile(0.99) as f64 / 1e3;
+            r.params["mean_us"] = (h.mean() / 1e3).into();
+        }
+    }
+    Ok(())
+}
+
+/// Runs the three measurements. Both configurations run side by side
+/// (an idle server blocks and takes no CPU) and their runs alternate,
+/// `rounds` times each, so that the machine's drift during the run falls
+/// on both alike.
 pub fn run(o: &ClusterOpts) -> Result<ClusterReport, String> {
-    if o.servers == 0 || o.threads == 0 || o.batch == 0 || o.mget == 0 || o.keys == 0 {
-        return Err("servers, threads, batch, mget and keys must all be at least 1".into());
+    if o.servers == 0
+        || o.threads == 0
+        || o.batch == 0
+        || o.mget == 0
+        || o.keys == 0
+        || o.rounds == 0
+    {
+        return Err("servers, threads, batch, mget, keys and rounds must all be at least 1".into());
     }
     let single = start_servers(o, 1, o.single_workers, "s")?;
-    let one = cluster_of("one", &single)?;
-    preload(&one, o)?;
-    let t1 = throughput(&one, o, "1-server")?;
-    let m1 = mget_latency(&one, o, "1-server")?;
-    drop(single);
-
     let many = start_servers(o, o.servers, o.cluster_workers, "c")?;
-    let cl = cluster_of("many", &many)?;
-    preload(&cl, o)?;
-    let tn = throughput(&cl, o, "cluster")?;
-    let mn = mget_latency(&cl, o, "cluster")?;
+    let systems = [
+        (cluster_of("one", &single)?, "1-server"),
+        (cluster_of("many", &many)?, "cluster"),
+    ];
+    for (c, _) in &systems {
+        preload(c, o)?;
+    }
+    let mut tput: [Option<(BenchResult, Histogram<u64>)>; 2] = [None, None];
+    let mut mget: [Option<(BenchResult, Histogram<u64>)>; 2] = [None, None];
+    for _ in 0..o.rounds {
+        for (i, (c, system)) in systems.iter().enumerate() {
+            add_round(&mut tput[i], throughput(c, o, system)?)?;
+            add_round(&mut mget[i], mget_latency(c, o, system)?)?;
+        }
+    }
     let join = joins(&many, o)?;
+    let take =
+        |x: &mut [Option<(BenchResult, Histogram<u64>)>; 2]| -> Result<[BenchResult; 2], String> {
+            let a = x[0].take().ok_or("no rounds ran")?.0;
+            let b = x[1].take().ok_or("no rounds ran")?.0;
+            Ok([a, b])
+        };
     Ok(ClusterReport {
-        throughput: [t1, tn],
-        mget: [m1, mn],
+        throughput: take(&mut tput)?,
+        mget: take(&mut mget)?,
         join,
     })
 }
@@ -359,8 +409,8 @@ impl ClusterReport {
     /// Prints the table.
     pub fn print(&self, o: &ClusterOpts) {
         println!(
-            "cluster: {} servers x {} workers vs 1 server x {} workers, {}, {} client threads x {} GETs per call, {} keys of {} B values",
-            o.servers, o.cluster_workers, o.single_workers, o.transport, o.threads, o.batch, o.keys, o.value_size
+            "cluster: {} servers x {} workers vs 1 server x {} workers, {}, {} client threads x {} GETs per call, {} keys of {} B values, {} alternating rounds of {:.1} s",
+            o.servers, o.cluster_workers, o.single_workers, o.transport, o.threads, o.batch, o.keys, o.value_size, o.rounds, o.duration.as_secs_f64()
         );
         let us = |v: f64| format!("{v:.1}");
         let rows = vec![

@@ -38,8 +38,11 @@ pub struct ClusterBenchArgs {
     #[arg(long, default_value_t = 32)]
     value_size: usize,
     /// Seconds of each throughput and latency run.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 1.0)]
     duration: f64,
+    /// Alternating runs of each configuration (their figures are summed).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Joins through the registry to time.
     #[arg(long, default_value_t = 20)]
     joins: usize,
@@ -65,6 +68,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<(), String> {
         key_size: a.key_size,
         value_size: a.value_size,
         duration: Duration::from_secs_f64(a.duration),
+        rounds: a.rounds,
         joins: a.joins,
     };
     let r = cluster::run(&o)?;
