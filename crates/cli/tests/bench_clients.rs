@@ -6,7 +6,6 @@
 
 use std::process::{Command, Output};
 
-#[allow(dead_code)] // only the binary's path is used here
 mod common;
 
 use common::BIN;
