@@ -415,9 +415,13 @@ fn client_thread(
         } else if idle_since.get_or_insert_with(Instant::now).elapsed()
             < Duration::from_micros(CLIENT_SPIN_US)
         {
-            // Busy-poll briefly, like a verbs client polling its completion
+            // Poll briefly, like a verbs client polling its completion
             // queue: a reply due in microseconds is not worth a wake-up.
-            std::hint::spin_loop();
+            // Yield between polls, so that where threads outnumber cores
+            // (several client processes beside the server) the server's
+            // workers get the core at once (as the server's own idle loop
+            // does; see fabrickv_server::worker).
+            std::thread::yield_now();
         } else {
             if let Some(w) = windows.iter().position(|q| !q.is_empty()) {
                 let oldest = windows[w]
