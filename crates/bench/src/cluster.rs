@@ -19,7 +19,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fabrickv_client::{BatchOp, Cluster, ClusterClient, ClusterOptions, Outcome};
+use fabrickv_client::{BatchOp, Cluster, ClusterClient, ClusterOptions, Kv, Outcome};
 use fabrickv_cluster::local::LocalMemcached;
 use fabrickv_cluster::{Registration, Registry, ServerDesc};
 use fabrickv_server::{Mode, Server, ServerConfig, ServerHandle};

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fabrickv_client::Client;
+use fabrickv_client::{Client, Kv};
 use fabrickv_server::{Mode, Server, ServerConfig, ServerHandle};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::{decode_frame, FrameKind, PutCondition, RequestBuilder, ResponseIter};

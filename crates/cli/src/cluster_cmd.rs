@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use fabrickv_client::Kv;
 use fabrickv_cluster::registry::REGISTRATION_TTL_S;
 use fabrickv_cluster::{Cluster, Registration, Registry, ServerDesc};
 use fabrickv_server::ServerHandle;
@@ -196,37 +197,6 @@ impl Conn {
             .map_err(|e| format!("cannot connect to cluster {}: {e}", map.name))
     }
 
-    /// Reads many keys; results in order.
-    pub fn mget<K: AsRef<[u8]>>(
-        &mut self,
-        keys: &[K],
-    ) -> fabrickv_client::Result<Vec<Option<Vec<u8>>>> {
-        match self {
-            Conn::One(c) => c.mget(keys),
-            Conn::Many(c) => c.mget(keys),
-        }
-    }
-
-    /// Stores many values.
-    pub fn mput<K: AsRef<[u8]>, V: AsRef<[u8]>>(
-        &mut self,
-        items: &[(K, V)],
-        ttl: Option<Duration>,
-    ) -> fabrickv_client::Result<()> {
-        match self {
-            Conn::One(c) => c.mput(items, ttl),
-            Conn::Many(c) => c.mput(items, ttl),
-        }
-    }
-
-    /// Removes many keys; for each, whether it was there.
-    pub fn mdelete<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> fabrickv_client::Result<Vec<bool>> {
-        match self {
-            Conn::One(c) => c.mdelete(keys),
-            Conn::Many(c) => c.mdelete(keys),
-        }
-    }
-
     /// Prints the counters: `name: value` lines for one server; for a
     /// cluster, a `[server ID]` header before each server's lines. Fails
     /// (after printing the others) if a server could not be asked.
@@ -257,6 +227,18 @@ impl Conn {
                     Err(failed.join("; "))
                 }
             }
+        }
+    }
+}
+
+impl Kv for Conn {
+    fn execute(
+        &mut self,
+        ops: &[fabrickv_client::BatchOp<'_>],
+    ) -> fabrickv_client::Result<Vec<fabrickv_client::Outcome>> {
+        match self {
+            Conn::One(c) => c.execute(ops),
+            Conn::Many(c) => c.execute(ops),
         }
     }
 }

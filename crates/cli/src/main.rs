@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use fabrickv_client::Client;
+use fabrickv_client::{Client, Kv};
 use fabrickv_server::{Mode, Server, ServerConfig, DEFAULT_LISTEN};
 use fabrickv_types::size::parse_size;
 

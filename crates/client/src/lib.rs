@@ -9,11 +9,14 @@
 //! in request order, which the client checks.
 //!
 //! Layout: this file has the public API; [`batch`] the pipelined executor
-//! every call goes through.
+//! every call goes through; [`Kv`] the key-value calls (`get`, `put`,
+//! `mget`, ...) written once over `execute`, for [`Client`] and
+//! [`ClusterClient`] alike.
 
 mod batch;
 pub mod cache;
 pub mod cluster;
+mod kv;
 pub mod ps;
 pub mod shard;
 
@@ -28,7 +31,7 @@ use fabrickv_wire::control::{
     decode_error, decode_hello_reply, decode_stats_reply, encode_hello, encode_stats_request,
     ServerInfo,
 };
-use fabrickv_wire::{decode_frame, FrameKind, PutCondition};
+use fabrickv_wire::{decode_frame, FrameKind};
 
 pub use batch::{BatchOp, Outcome};
 pub use cache::{CacheClient, CacheClientOptions, Placed};
@@ -38,6 +41,7 @@ pub use cluster::{
 };
 pub use fabrickv_cluster::{Cluster, ServerDesc};
 pub use fabrickv_wire::ps::{Missing, Optimizer, TableDesc, TableSpec};
+pub use kv::Kv;
 pub use ps::{PsClient, PullId, Pulled};
 pub use shard::ShardClient;
 
@@ -208,75 +212,6 @@ impl Client {
         &mut *self.endpoints[usize::from(worker)]
     }
 
-    /// Reads a key; `None` if it is absent or expired.
-    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let mut r = self.mget(&[key])?;
-        Ok(r.pop().flatten())
-    }
-
-    /// Stores a value with no expiry.
-    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.put_with(key, value, None, PutCondition::Always)
-            .map(|_| ())
-    }
-
-    /// Stores a value that expires after `ttl`.
-    pub fn put_ttl(&mut self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<()> {
-        self.put_with(key, value, ttl, PutCondition::Always)
-            .map(|_| ())
-    }
-
-    /// Stores a value under a condition; `Ok(false)` if the condition
-    /// (absent / present) did not hold.
-    pub fn put_with(
-        &mut self,
-        key: &[u8],
-        value: &[u8],
-        ttl: Option<Duration>,
-        cond: PutCondition,
-    ) -> Result<bool> {
-        let op = BatchOp::Put {
-            key,
-            value,
-            ttl_ms: ttl_ms(ttl),
-            cond,
-        };
-        put_with_of(self.execute(&[op])?)
-    }
-
-    /// Removes a key; `Ok(false)` if it was not there.
-    pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
-        Ok(self.mdelete(&[key])?.pop().unwrap_or(false))
-    }
-
-    /// Reads many keys, pipelined across every worker; results in order.
-    pub fn mget<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
-        let ops: Vec<_> = keys
-            .iter()
-            .map(|k| BatchOp::Get { key: k.as_ref() })
-            .collect();
-        gets_of(self.execute(&ops)?)
-    }
-
-    /// Stores many values, pipelined; fails on the first refused one (the
-    /// others have been applied).
-    pub fn mput<K: AsRef<[u8]>, V: AsRef<[u8]>>(
-        &mut self,
-        items: &[(K, V)],
-        ttl: Option<Duration>,
-    ) -> Result<()> {
-        puts_of(self.execute(&put_ops(items, ttl))?)
-    }
-
-    /// Removes many keys; for each, whether it was there.
-    pub fn mdelete<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<bool>> {
-        let ops: Vec<_> = keys
-            .iter()
-            .map(|k| BatchOp::Delete { key: k.as_ref() })
-            .collect();
-        deletes_of(self.execute(&ops)?)
-    }
-
     /// Runs any mix of operations, pipelined; one outcome per operation,
     /// in order. Per-operation errors are outcomes, not `Err`.
     pub fn execute(&mut self, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
@@ -310,80 +245,6 @@ impl Client {
         sum.insert("workers".into(), u64::from(self.info.workers));
         Ok(sum)
     }
-}
-
-/// A TTL in wire milliseconds: at least 1 ms (0 means none), saturating
-/// so that a TTL too large for the wire is refused (`TTL_TOO_LARGE`) by the
-/// server rather than wrapped to a short one.
-fn ttl_ms(ttl: Option<Duration>) -> u64 {
-    ttl.map_or(0, |d| {
-        u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-    })
-}
-
-/// The PUT operations of `mput`.
-fn put_ops<'a, K: AsRef<[u8]>, V: AsRef<[u8]>>(
-    items: &'a [(K, V)],
-    ttl: Option<Duration>,
-) -> Vec<BatchOp<'a>> {
-    let ttl_ms = ttl_ms(ttl);
-    items
-        .iter()
-        .map(|(k, v)| BatchOp::Put {
-            key: k.as_ref(),
-            value: v.as_ref(),
-            ttl_ms,
-            cond: PutCondition::Always,
-        })
-        .collect()
-}
-
-/// The result of `put_with` from its one outcome.
-fn put_with_of(mut out: Vec<Outcome>) -> Result<bool> {
-    match out.pop() {
-        Some(Outcome {
-            code: ErrorCode::Ok,
-            ..
-        }) => Ok(true),
-        Some(Outcome {
-            code: ErrorCode::ConditionFailed,
-            ..
-        }) => Ok(false),
-        Some(o) => Err(o.into_error()),
-        None => Err(ClientError::Protocol("missing result".into())),
-    }
-}
-
-/// The result of `mget` from its outcomes.
-fn gets_of(out: Vec<Outcome>) -> Result<Vec<Option<Vec<u8>>>> {
-    out.into_iter()
-        .map(|o| match o.code {
-            ErrorCode::Ok => Ok(Some(o.value)),
-            ErrorCode::NotFound => Ok(None),
-            _ => Err(o.into_error()),
-        })
-        .collect()
-}
-
-/// The result of `mput` from its outcomes: the first refusal, if any.
-fn puts_of(out: Vec<Outcome>) -> Result<()> {
-    for o in out {
-        if o.code != ErrorCode::Ok {
-            return Err(o.into_error());
-        }
-    }
-    Ok(())
-}
-
-/// The result of `mdelete` from its outcomes.
-fn deletes_of(out: Vec<Outcome>) -> Result<Vec<bool>> {
-    out.into_iter()
-        .map(|o| match o.code {
-            ErrorCode::Ok => Ok(true),
-            ErrorCode::NotFound => Ok(false),
-            _ => Err(o.into_error()),
-        })
-        .collect()
 }
 
 /// Waits for one control reply on `ep` and decodes it with `f`.

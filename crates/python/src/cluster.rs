@@ -27,7 +27,7 @@ use fabrickv_client::cluster::{
     lookup as registry_lookup, ClusterCache as RustClusterCache, ClusterClient, ClusterOptions,
     ClusterPs, ClusterTable as RustClusterTable,
 };
-use fabrickv_client::{ClientError, Cluster as ClusterMap};
+use fabrickv_client::{ClientError, Cluster as ClusterMap, Kv};
 use fabrickv_cluster::Registry;
 use fabrickv_types::ErrorCode;
 use numpy::{PyArray1, PyArrayMethods};

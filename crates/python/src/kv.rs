@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fabrickv_client::Client as RustClient;
+use fabrickv_client::{Client as RustClient, Kv};
 use fabrickv_wire::control::ServerInfo;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

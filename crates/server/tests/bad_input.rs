@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use fabrickv_client::Client;
+use fabrickv_client::{Client, Kv};
 use fabrickv_transport::inproc::InprocEndpoint;
 use fabrickv_transport::tcp::TcpEndpoint;
 use fabrickv_transport::Endpoint;

@@ -17,6 +17,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use fabrickv_cache::CacheConfig;
+use fabrickv_client::Kv;
 use fabrickv_client::{
     BatchOp, Client, ClientError, ClusterCache, ClusterClient, ClusterOptions, ClusterPs,
     Optimizer, PsClient, TableSpec,

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use fabrickv_client::{BatchOp, Client};
+use fabrickv_client::{BatchOp, Client, Kv};
 use fabrickv_server::Mode;
 use fabrickv_types::limits::{KEY_BYTES_MAX, TTL_MS_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::ErrorCode;

@@ -12,6 +12,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{wait_for, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+use fabrickv_client::Kv;
 use fabrickv_server::Mode;
 
 fn server(t: Transport, password: Option<&str>) -> TestServer {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fabrickv_client::Client;
+use fabrickv_client::{Client, Kv};
 use fabrickv_server::{Mode, Server, ServerConfig};
 
 fn serve(provider: &str) -> fabrickv_server::ServerHandle {

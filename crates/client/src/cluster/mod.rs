@@ -27,13 +27,9 @@ use std::time::{Duration, Instant};
 
 use fabrickv_cluster::{server_of_hash, Cluster, Registry};
 use fabrickv_types::KeyHash;
-use fabrickv_wire::PutCondition;
 
 use crate::batch::{self, BatchOp, Outcome};
-use crate::{
-    deletes_of, gets_of, put_ops, put_with_of, puts_of, ttl_ms, Client, ClientError, Result,
-    DEFAULT_TIMEOUT,
-};
+use crate::{Client, ClientError, Result, DEFAULT_TIMEOUT};
 
 pub use cache::{ClusterCache, ClusterPlaced};
 pub use ps::{ClusterPs, ClusterPull, ClusterTable, ClusterTableInfo};
@@ -354,74 +350,6 @@ impl ClusterClient {
             ));
         }
         Ok(())
-    }
-
-    /// Reads a key; `None` if it is absent or expired.
-    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.mget(&[key])?.pop().flatten())
-    }
-
-    /// Stores a value with no expiry.
-    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.put_with(key, value, None, PutCondition::Always)
-            .map(|_| ())
-    }
-
-    /// Stores a value that expires after `ttl`.
-    pub fn put_ttl(&mut self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<()> {
-        self.put_with(key, value, ttl, PutCondition::Always)
-            .map(|_| ())
-    }
-
-    /// Stores a value under a condition; `Ok(false)` if the condition
-    /// (absent / present) did not hold.
-    pub fn put_with(
-        &mut self,
-        key: &[u8],
-        value: &[u8],
-        ttl: Option<Duration>,
-        cond: PutCondition,
-    ) -> Result<bool> {
-        let op = BatchOp::Put {
-            key,
-            value,
-            ttl_ms: ttl_ms(ttl),
-            cond,
-        };
-        put_with_of(self.execute(&[op])?)
-    }
-
-    /// Removes a key; `Ok(false)` if it was not there.
-    pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
-        Ok(self.mdelete(&[key])?.pop().unwrap_or(false))
-    }
-
-    /// Reads many keys from their servers at once; results in order.
-    pub fn mget<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
-        let ops: Vec<_> = keys
-            .iter()
-            .map(|k| BatchOp::Get { key: k.as_ref() })
-            .collect();
-        gets_of(self.execute(&ops)?)
-    }
-
-    /// Stores many values on their servers at once; fails on the first
-    /// refused one (the others have been applied).
-    pub fn mput<K: AsRef<[u8]>, V: AsRef<[u8]>>(
-        &mut self,
-        items: &[(K, V)],
-        ttl: Option<Duration>,
-    ) -> Result<()> {
-        puts_of(self.execute(&put_ops(items, ttl))?)
-    }
-
-    /// Removes many keys; for each, whether it was there.
-    pub fn mdelete<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<bool>> {
-        let ops: Vec<_> = keys
-            .iter()
-            .map(|k| BatchOp::Delete { key: k.as_ref() })
-            .collect();
-        deletes_of(self.execute(&ops)?)
     }
 
     /// Runs any mix of operations across the cluster; one outcome per
