@@ -19,7 +19,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fabrickv_client::{BatchOp, Cluster, ClusterClient, ClusterOptions, Kv, Outcome};
+use fabrickv_client::{BatchOp, Cluster, ClusterClient, ClusterOptions, Outcome};
 use fabrickv_cluster::local::LocalMemcached;
 use fabrickv_cluster::{Registration, Registry, ServerDesc};
 use fabrickv_server::{Mode, Server, ServerConfig, ServerHandle};
@@ -28,12 +28,9 @@ use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::keys::{check_value, fill_value};
+use crate::keys::check_value;
 use crate::kv::make_key;
 use crate::report::{latency_histogram, print_table, rate, BenchResult};
-
-/// Keys stored per preload call.
-const PRELOAD_CHUNK_KEYS: u64 = 4096;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -122,25 +119,7 @@ fn connect(c: &Cluster) -> Result<ClusterClient, String> {
 }
 
 fn preload(c: &Cluster, o: &ClusterOpts) -> Result<(), String> {
-    let mut client = connect(c)?;
-    let mut at = 0;
-    while at < o.keys {
-        let end = (at + PRELOAD_CHUNK_KEYS).min(o.keys);
-        let items: Vec<(Vec<u8>, Vec<u8>)> = (at..end)
-            .map(|i| {
-                let mut k = Vec::new();
-                make_key(i, o.key_size, &mut k);
-                let mut v = vec![0; o.value_size];
-                fill_value(i, &mut v);
-                (k, v)
-            })
-            .collect();
-        client
-            .mput(&items, None)
-            .map_err(|e| format!("preloading: {e}"))?;
-        at = end;
-    }
-    Ok(())
+    crate::kv::preload_keys(&mut connect(c)?, o.keys, o.key_size, o.value_size)
 }
 
 /// What one client thread did.

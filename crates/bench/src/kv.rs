@@ -219,16 +219,27 @@ fn transport_of(addr: &str) -> &str {
 }
 
 /// Stores every key of `opts` with its checkable value.
-pub fn preload(client: &mut Client, opts: &KvOpts) -> Result<(), String> {
+pub fn preload(client: &mut impl Kv, opts: &KvOpts) -> Result<(), String> {
+    preload_keys(client, opts.keys, opts.key_size, opts.value_size)
+}
+
+/// Stores keys `0..keys` (`key_size` bytes each) with their checkable
+/// values of `value_size` bytes, a chunk of keys per call.
+pub fn preload_keys(
+    client: &mut impl Kv,
+    keys: u64,
+    key_size: usize,
+    value_size: usize,
+) -> Result<(), String> {
     const PRELOAD_CHUNK_KEYS: u64 = 4096;
     let mut at = 0;
-    while at < opts.keys {
-        let end = (at + PRELOAD_CHUNK_KEYS).min(opts.keys);
+    while at < keys {
+        let end = (at + PRELOAD_CHUNK_KEYS).min(keys);
         let items: Vec<(Vec<u8>, Vec<u8>)> = (at..end)
             .map(|i| {
                 let mut k = Vec::new();
-                make_key(i, opts.key_size, &mut k);
-                let mut v = vec![0; opts.value_size];
+                make_key(i, key_size, &mut k);
+                let mut v = vec![0; value_size];
                 fill_value(i, &mut v);
                 (k, v)
             })
