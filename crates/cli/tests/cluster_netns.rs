@@ -78,6 +78,12 @@ fn start_server(net: &mut Net, i: usize, transport: &str) -> usize {
         .command(i, BIN)
         .args(["serve", "--listen", &server_addr(net, i, transport)])
         .args(["--workers", "1", "--memory", "64MB", "--grpc", "off"])
+        .args(["--cache-memory", "64MB", "--dram-pool-gb", "0.0625"])
+        .args([
+            "--dram-skip-mlock",
+            "--dram-skip-memset",
+            "--dram-skip-populate",
+        ])
         .args(["--log-level", "warn", "--registry", &registry(net)])
         .args(["--cluster", CLUSTER, "--id", &i.to_string()])
         .args([
@@ -240,6 +246,27 @@ fn cluster_across_hosts(transport: &str) {
     order.sort_unstable();
     assert_eq!(order, vec![1, 2, 3]);
 
+    // Embedding tables and the KV cache across the hosts, from a client
+    // process on the client host running this test binary's `ps_and_cache`.
+    let me = std::env::current_exe().expect("test binary");
+    let out = net
+        .command(CLIENT, me.to_str().expect("utf-8 path"))
+        .args([
+            "--exact",
+            "ps_and_cache_on_a_client_host",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(CHILD_REGISTRY, registry(&net))
+        .output()
+        .expect("run the client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains(CHILD_DONE),
+        "ps and cache across hosts failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // Server 2 dies without a word.
     net.kill(servers[2]);
     let (on2, live): (Vec<&String>, Vec<&String>) = ks
@@ -289,6 +316,91 @@ fn cluster_across_hosts(transport: &str) {
         "put on the new server 2",
     );
     assert_eq!(ok(&client(&net, &["get", k]), "get"), "again");
+}
+
+/// Names the registry for [`ps_and_cache_on_a_client_host`].
+const CHILD_REGISTRY: &str = "FABRICKV_NETNS_REGISTRY";
+/// What that child prints when every check passed.
+const CHILD_DONE: &str = "ps and cache across the cluster: ok";
+
+/// The client side of the ps and cache checks, run by
+/// `cluster_across_hosts` as a process on the client host (a namespace is
+/// entered with `ip netns exec`, so the checks run in a child process).
+#[test]
+#[ignore = "run inside a namespace by cluster_across_hosts_*"]
+fn ps_and_cache_on_a_client_host() {
+    use fabrickv_client::{ClusterCache, ClusterOptions, ClusterPs, TableSpec};
+    let reg = std::env::var(CHILD_REGISTRY).expect("run by cluster_across_hosts");
+    // The servers may be behind libfabric addresses, as the binary reaches.
+    #[cfg(feature = "fabric")]
+    fabrickv_transport_fabric::install();
+    let opts = ClusterOptions {
+        transport: None,
+        timeout: Duration::from_secs(5),
+    };
+    let mut ps = ClusterPs::join(&reg, CLUSTER, opts.clone()).expect("join for tables");
+    let dim = 8usize;
+    let t = ps
+        .create_table(&TableSpec {
+            lr: 0.5,
+            ..TableSpec::new("emb", dim as u32)
+        })
+        .expect("create a table on every server");
+    let keys: Vec<u64> = (1..=300).collect();
+    let vals: Vec<f32> = (0..keys.len() * dim).map(|i| i as f32 * 0.25).collect();
+    ps.put(&t, &keys, &vals).expect("put rows");
+    let info = ps.tables().expect("tables");
+    let per = &info
+        .iter()
+        .find(|i| i.spec.name == "emb")
+        .expect("listed")
+        .items_per_server;
+    assert!(
+        per.iter().all(|n| n.is_some_and(|n| n > 0)),
+        "rows on every server: {per:?}"
+    );
+    // Pulled in reverse order, straight into this buffer.
+    let ask: Vec<u64> = keys.iter().rev().copied().collect();
+    let mut out = vec![f32::NAN; ask.len() * dim];
+    ps.pull_into(&t, &ask, &mut out, None).expect("pull");
+    for (i, k) in ask.iter().enumerate() {
+        let j = (*k - 1) as usize;
+        assert_eq!(
+            &out[i * dim..(i + 1) * dim],
+            &vals[j * dim..(j + 1) * dim],
+            "key {k}"
+        );
+    }
+    // SGD on the server that holds each row: v -= lr * g.
+    ps.push(&t, &keys, &vec![1.0; keys.len() * dim])
+        .expect("push");
+    ps.pull_into(&t, &keys, &mut out, None)
+        .expect("pull after push");
+    for (i, (got, was)) in out.iter().zip(&vals).enumerate() {
+        assert!(
+            (got - (was - 0.5)).abs() < 1e-6,
+            "element {i}: {got} after {was}"
+        );
+    }
+
+    let mut cache = ClusterCache::join(&reg, CLUSTER, opts, 4 << 20).expect("join for the cache");
+    let values: Vec<Vec<u8>> = (0..24u8)
+        .map(|i| vec![i; 40_000 + usize::from(i)])
+        .collect();
+    for (i, v) in values.iter().enumerate() {
+        cache
+            .put(format!("blob:{i}").as_bytes(), v, None)
+            .expect("cache put");
+    }
+    let mut buf = vec![0u8; 64 << 10];
+    for (i, v) in values.iter().enumerate() {
+        let n = cache
+            .get_into(format!("blob:{i}").as_bytes(), &mut buf)
+            .expect("cache get")
+            .expect("present");
+        assert_eq!(&buf[..n], v.as_slice(), "blob {i}");
+    }
+    println!("{CHILD_DONE}");
 }
 
 #[test]
