@@ -214,28 +214,36 @@ impl Registry {
         for (i, key) in keys.iter().enumerate() {
             servers.push(match found.remove(key) {
                 None => None,
-                Some(json) => {
-                    let d: ServerDesc =
-                        serde_json::from_str(&json).map_err(|e| RegistryError::Corrupt {
-                            addr: self.addr.clone(),
-                            key: key.clone(),
-                            why: e.to_string(),
-                        })?;
-                    if d.id as usize != i {
-                        return Err(RegistryError::Corrupt {
-                            addr: self.addr.clone(),
-                            key: key.clone(),
-                            why: format!("holds server id {}", d.id),
-                        });
-                    }
-                    Some(d)
-                }
+                Some(json) => Some(self.parse_desc(key, i as u32, &json)?),
             });
         }
         Ok(Some(Cluster {
             name: self.cluster.clone(),
             servers,
         }))
+    }
+
+    /// Reads one server's descriptor: `None` if it is not registered.
+    pub fn server(&self, id: u32) -> Result<Option<ServerDesc>, RegistryError> {
+        let key = self.key(&format!("server/{id}"));
+        match self.get_string(&key)? {
+            None => Ok(None),
+            Some(json) => self.parse_desc(&key, id, &json).map(Some),
+        }
+    }
+
+    /// A descriptor read from `key`, which must be server `id`'s.
+    fn parse_desc(&self, key: &str, id: u32, json: &str) -> Result<ServerDesc, RegistryError> {
+        let corrupt = |why: String| RegistryError::Corrupt {
+            addr: self.addr.clone(),
+            key: key.to_string(),
+            why,
+        };
+        let d: ServerDesc = serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
+        if d.id != id {
+            return Err(corrupt(format!("holds server id {}", d.id)));
+        }
+        Ok(d)
     }
 
     /// Reads the cluster, waiting up to `wait` for it to appear and, when

@@ -557,18 +557,7 @@ fn clients_join_through_the_registry(t: Transport) {
     let regs: Vec<Registration> = ss
         .iter()
         .enumerate()
-        .map(|(i, s)| {
-            let desc = ServerDesc {
-                id: i as u32,
-                addrs: vec![s.addr.clone()],
-                resp: None,
-                grpc: None,
-                workers: u32::from(s.workers),
-                pid: std::process::id(),
-            };
-            let reg = Registry::connect(&mc.url(), &name).expect("registry");
-            Registration::start(reg, SERVERS as u32, desc, 10).expect("registers")
-        })
+        .map(|(i, s)| register(&mc.url(), &name, SERVERS, i, s))
         .collect();
     let mut c = ClusterClient::join(&mc.url(), &name, opts(TIMEOUT)).expect("joins");
     assert_eq!(c.size(), SERVERS as u32);
@@ -603,6 +592,63 @@ fn clients_join_through_the_registry(t: Transport) {
     }
 }
 
+/// Registers `s` as server `id` of the `size`-server cluster `name`.
+fn register(url: &str, name: &str, size: usize, id: usize, s: &TestServer) -> Registration {
+    let desc = ServerDesc {
+        id: id as u32,
+        addrs: vec![s.addr.clone()],
+        resp: None,
+        grpc: None,
+        workers: u32::from(s.workers),
+        pid: std::process::id(),
+    };
+    let reg = Registry::connect(url, name).expect("registry");
+    Registration::start(reg, size as u32, desc, 10).expect("registers")
+}
+
+/// A client that joined through the registry finds a server that comes
+/// back at another address: it reads the descriptor again before it
+/// reconnects.
+fn a_server_back_elsewhere_is_found_through_the_registry(t: Transport) {
+    let mc = LocalMemcached::start().unwrap_or_else(|e| panic!("this test needs memcached: {e}"));
+    let mut ss = servers(t);
+    let name = format!("it-moved-{t:?}").to_lowercase();
+    let mut regs: Vec<Option<Registration>> = ss
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Some(register(&mc.url(), &name, SERVERS, i, s)))
+        .collect();
+    let mut c = ClusterClient::join(&mc.url(), &name, opts(SHORT_TIMEOUT)).expect("joins");
+    let k1 = (0..)
+        .map(key)
+        .find(|k| c.server_of(k) == 1)
+        .expect("a key of server 1");
+    c.put(&k1, b"before").expect("put");
+
+    // Server 1 leaves; a new one (a new port, or a new name) takes id 1.
+    regs[1] = None;
+    let old = ss.remove(1);
+    let old_addr = old.addr.clone();
+    old.shutdown();
+    let moved = server_at(t, None);
+    assert_ne!(moved.addr, old_addr, "the replacement listens elsewhere");
+    regs[1] = Some(register(&mc.url(), &name, SERVERS, 1, &moved));
+
+    // The old connection fails at most once; then the client follows the
+    // registry to the new address.
+    wait_for("the client to reach the moved server", TIMEOUT * 2, || {
+        c.put(&k1, b"after").is_ok()
+    });
+    assert_eq!(c.addr(1), Some(moved.addr.as_str()));
+    assert_eq!(c.get(&k1).expect("get"), Some(b"after".to_vec()));
+    let mut direct = moved.client();
+    assert_eq!(
+        direct.get(&k1).expect("direct get"),
+        Some(b"after".to_vec())
+    );
+    drop(regs);
+}
+
 transport_tests!(
     kv_batches_split_and_merge_in_request_order,
     ps_tables_span_the_cluster,
@@ -610,6 +656,7 @@ transport_tests!(
     a_down_server_fails_only_its_keys_and_comes_back,
     an_unregistered_slot_is_a_down_server,
     clients_join_through_the_registry,
+    a_server_back_elsewhere_is_found_through_the_registry,
 );
 
 /// A plain client and a one-server cluster client answer alike (the

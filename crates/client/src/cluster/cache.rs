@@ -17,7 +17,7 @@ use fabrickv_cluster::{server_of_key, Cluster};
 use fabrickv_types::limits::CACHE_BATCH_KEYS_MAX;
 use fabrickv_types::ErrorCode;
 
-use super::{lookup, ClusterOptions, Members};
+use super::{join_with, ClusterOptions, Members};
 use crate::cache::{CacheClient, CacheClientOptions, Placed};
 use crate::{ClientError, Result};
 
@@ -77,8 +77,13 @@ impl ClusterCache {
         opts: ClusterOptions,
         buffer_bytes: usize,
     ) -> Result<ClusterCache> {
-        let cluster = lookup(registry_url, name, opts.timeout)?;
-        ClusterCache::connect(&cluster, opts, buffer_bytes)
+        join_with(
+            registry_url,
+            name,
+            &opts.clone(),
+            |c| ClusterCache::connect(c, opts, buffer_bytes),
+            |x| &mut x.m.registry,
+        )
     }
 
     /// The number of servers, up or down.

@@ -68,6 +68,45 @@ pub fn lookup(registry_url: &str, name: &str, wait: Duration) -> Result<Cluster>
     reg.lookup(wait, true).map_err(ClientError::Registry)
 }
 
+/// Where to reach a server of cluster `cluster` over transport `want`,
+/// or why it cannot be reached.
+fn addr_of_slot(
+    cluster: &str,
+    slot: Option<&fabrickv_cluster::ServerDesc>,
+    want: Option<&str>,
+) -> std::result::Result<String, String> {
+    match slot {
+        None => Err(format!(
+            "not registered in cluster {cluster} (not started, or gone)"
+        )),
+        Some(d) => d.addr_for(want).map(str::to_string).ok_or_else(|| {
+            format!(
+                "no {} address among {}",
+                want.unwrap_or("usable"),
+                d.addrs.join(", ")
+            )
+        }),
+    }
+}
+
+/// Reads the cluster from the registry and connects `X` with `connect`;
+/// the client keeps the registry to find servers that come back elsewhere.
+fn join_with<X>(
+    registry_url: &str,
+    name: &str,
+    opts: &ClusterOptions,
+    connect: impl FnOnce(&Cluster) -> Result<X>,
+    members: impl FnOnce(&mut X) -> &mut Option<Registry>,
+) -> Result<X> {
+    let reg = Registry::connect(registry_url, name).map_err(ClientError::Registry)?;
+    let cluster = reg
+        .lookup(opts.timeout, true)
+        .map_err(ClientError::Registry)?;
+    let mut x = connect(&cluster)?;
+    *members(&mut x) = Some(reg);
+    Ok(x)
+}
+
 /// Whether `e` is the server refusing a request (the connection is still
 /// in step) rather than the connection failing.
 fn is_refusal(e: &ClientError) -> bool {
@@ -95,6 +134,13 @@ struct Members<C> {
     servers: Vec<Member<C>>,
     timeout: Duration,
     connector: Connector<C>,
+    /// The transport asked for, to pick a re-read descriptor's address.
+    transport: Option<String>,
+    /// Where the map came from, for a client that joined through the
+    /// registry: a down server's descriptor is read again before each
+    /// reconnect, so a server restarted elsewhere (another host or port)
+    /// is found.
+    registry: Option<Registry>,
 }
 
 impl<C: Send> Members<C> {
@@ -107,19 +153,7 @@ impl<C: Send> Members<C> {
         let addrs: Vec<std::result::Result<String, String>> = cluster
             .servers
             .iter()
-            .map(|slot| match slot {
-                None => Err(format!(
-                    "not registered in cluster {} (not started, or gone)",
-                    cluster.name
-                )),
-                Some(d) => d.addr_for(want).map(str::to_string).ok_or_else(|| {
-                    format!(
-                        "no {} address among {}",
-                        want.unwrap_or("usable"),
-                        d.addrs.join(", ")
-                    )
-                }),
-            })
+            .map(|slot| addr_of_slot(&cluster.name, slot.as_ref(), want))
             .collect();
         let timeout = opts.timeout;
         let mut conns: Vec<Option<Result<C>>> = Vec::with_capacity(addrs.len());
@@ -148,6 +182,8 @@ impl<C: Send> Members<C> {
             servers: Vec::with_capacity(addrs.len()),
             timeout,
             connector,
+            transport: opts.transport.clone(),
+            registry: None,
         };
         let mut first_err = None;
         for (id, (addr, conn)) in addrs.into_iter().zip(conns).enumerate() {
@@ -219,9 +255,26 @@ impl<C: Send> Members<C> {
         }
     }
 
+    /// Reads server `s`'s descriptor again from the registry, when the
+    /// client joined through one; a registry that cannot be read leaves
+    /// the address as it was (the connect that follows says what fails).
+    fn refresh(&mut self, s: usize) {
+        let Some(reg) = &self.registry else {
+            return;
+        };
+        match reg.server(s as u32) {
+            Ok(d) => {
+                self.servers[s].addr =
+                    addr_of_slot(&self.cluster, d.as_ref(), self.transport.as_deref());
+            }
+            Err(e) => tracing::debug!("cannot re-read server {s}: {e}"),
+        }
+    }
+
     /// The connection to server `s`, connecting first if it is down.
     fn ensure(&mut self, s: usize) -> Result<&mut C> {
         if self.servers[s].conn.is_none() {
+            self.refresh(s);
             let conn = match &self.servers[s].addr {
                 Ok(addr) => (self.connector)(addr, self.timeout),
                 Err(why) => Err(ClientError::Unavailable(why.clone())),
@@ -304,8 +357,13 @@ impl ClusterClient {
     /// (`memcached://HOST:PORT`; waiting up to the timeout for every
     /// server to register) and connects to it.
     pub fn join(registry_url: &str, name: &str, opts: ClusterOptions) -> Result<ClusterClient> {
-        let cluster = lookup(registry_url, name, opts.timeout)?;
-        ClusterClient::connect(&cluster, opts)
+        join_with(
+            registry_url,
+            name,
+            &opts.clone(),
+            |c| ClusterClient::connect(c, opts),
+            |x| &mut x.m.registry,
+        )
     }
 
     /// The number of servers, up or down.

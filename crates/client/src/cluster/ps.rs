@@ -16,7 +16,7 @@ use fabrickv_cluster::{server_of_u64, Cluster};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::ps::{PushMode, TableDesc, TableSpec};
 
-use super::{lookup, ClusterOptions, Members};
+use super::{join_with, ClusterOptions, Members};
 use crate::ps::{PendingPush, PsClient, PullId, Pulled};
 use crate::{ClientError, Result};
 
@@ -131,8 +131,13 @@ impl ClusterPs {
     /// Looks the cluster up in the registry and connects to it (as
     /// [`super::ClusterClient::join`] does).
     pub fn join(registry_url: &str, name: &str, opts: ClusterOptions) -> Result<ClusterPs> {
-        let cluster = lookup(registry_url, name, opts.timeout)?;
-        ClusterPs::connect(&cluster, opts)
+        join_with(
+            registry_url,
+            name,
+            &opts.clone(),
+            |c| ClusterPs::connect(c, opts),
+            |x| &mut x.m.registry,
+        )
     }
 
     /// The number of servers, up or down.
