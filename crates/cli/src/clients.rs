@@ -5,7 +5,7 @@
 //! release, prints one JSON line, and the parent sums the lines.
 //!
 //! The barrier's waiters poll its count, starting at 1 ms and doubling up
-//! to [`POLL_INTERVAL_MAX_MS`], so the clients are released within about
+//! to [`BARRIER_POLL_MAX_MS`], so the clients are released within about
 //! that long of the last arrival. Each client reports when it was
 //! released (`start_unix_ns`); the parent logs and reports the spread as
 //! `start_skew_ms`.
@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use fabrickv_cluster::local::LocalMemcached;
-use fabrickv_cluster::registry::POLL_INTERVAL_MAX_MS;
+use fabrickv_cluster::registry::BARRIER_POLL_MAX_MS;
 use fabrickv_cluster::{check_name, Registry};
 
 /// How long a client waits at the barrier for the others (they start,
@@ -183,7 +183,7 @@ impl Sweep {
         // Fail here, not in every child, when the registry is unreachable.
         Registry::connect(&registry, &a.cluster).map_err(|e| e.to_string())?;
         eprintln!(
-            "clients meet at barriers in {registry} (cluster {}); released within about {POLL_INTERVAL_MAX_MS} ms of the last arrival",
+            "clients meet at barriers in {registry} (cluster {}); released within about {BARRIER_POLL_MAX_MS} ms of the last arrival",
             a.cluster
         );
         Ok(Sweep {
