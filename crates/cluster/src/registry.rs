@@ -76,7 +76,9 @@ pub enum RegistryError {
     Timeout(String),
 }
 
-/// A connection to the registry for one cluster.
+/// A connection to the registry for one cluster. Clones share the
+/// connection (requests on it take turns).
+#[derive(Clone)]
 pub struct Registry {
     addr: String,
     cluster: String,

@@ -55,9 +55,14 @@ fn registry_err(e: fabrickv_cluster::RegistryError) -> PyErr {
     to_py_err(ClientError::Registry(e))
 }
 
+/// Where a constructor's cluster came from: the map, its options, and
+/// the registry it was read from (if so), for the clients to follow.
+type MapOf = (ClusterMap, ClusterOptions, Option<Registry>);
+
 /// The cluster map and options named by a constructor's arguments:
 /// exactly one of `addrs`, `config` and `registry` (the last looked up
-/// with the GIL released, waiting up to `timeout` for every server).
+/// with the GIL released, waiting up to `timeout` for every server, and
+/// returned so the clients re-read a down server's descriptor there).
 fn map_of(
     py: Python<'_>,
     addrs: Option<Vec<String>>,
@@ -66,15 +71,18 @@ fn map_of(
     name: &str,
     transport: Option<String>,
     timeout: f64,
-) -> PyResult<(ClusterMap, ClusterOptions)> {
+) -> PyResult<MapOf> {
     let timeout = crate::timeout_of(timeout)?;
     let invalid = |e: fabrickv_cluster::ClusterError| error(ErrorCode::Malformed, e.to_string());
-    let map = match (addrs, config, registry) {
-        (Some(addrs), None, None) => ClusterMap::of_addrs(name, &addrs).map_err(invalid)?,
-        (None, Some(path), None) => ClusterMap::from_file(&path).map_err(invalid)?,
-        (None, None, Some(url)) => py
-            .detach(|| registry_lookup(url, name, timeout))
-            .map_err(to_py_err)?,
+    let (map, reg) = match (addrs, config, registry) {
+        (Some(addrs), None, None) => (ClusterMap::of_addrs(name, &addrs).map_err(invalid)?, None),
+        (None, Some(path), None) => (ClusterMap::from_file(&path).map_err(invalid)?, None),
+        (None, None, Some(url)) => {
+            let (map, reg) = py
+                .detach(|| registry_lookup(url, name, timeout))
+                .map_err(to_py_err)?;
+            (map, Some(reg))
+        }
         _ => {
             return Err(PyValueError::new_err(
                 "give exactly one of addrs (a list of server addresses), config (a cluster \
@@ -82,7 +90,7 @@ fn map_of(
             ))
         }
     };
-    Ok((map, ClusterOptions { transport, timeout }))
+    Ok((map, ClusterOptions { transport, timeout }, reg))
 }
 
 /// A server id from Python, checked against the cluster's size.
@@ -156,9 +164,16 @@ impl Cluster {
         transport: Option<String>,
         timeout: f64,
     ) -> PyResult<Self> {
-        let (map, opts) = map_of(py, addrs, config, registry, name, transport, timeout)?;
+        let (map, opts, reg) = map_of(py, addrs, config, registry, name, transport, timeout)?;
+        let kv_reg = reg.clone();
         let client = py
-            .detach(|| ClusterClient::connect(&map, opts.clone()))
+            .detach(|| {
+                let c = ClusterClient::connect(&map, opts.clone())?;
+                Ok::<_, ClientError>(match kv_reg {
+                    Some(r) => c.follow(r),
+                    None => c,
+                })
+            })
             .map_err(to_py_err)?;
         let (ps_map, ps_opts) = (map.clone(), opts.clone());
         Ok(Cluster {
@@ -167,7 +182,11 @@ impl Cluster {
             inner: Mutex::new(Some(client)),
             closed: AtomicBool::new(false),
             ps: Arc::new(Lazy::new(Box::new(move || {
-                ClusterPs::connect(&ps_map, ps_opts.clone())
+                let c = ClusterPs::connect(&ps_map, ps_opts.clone())?;
+                Ok(match &reg {
+                    Some(r) => c.follow(r.clone()),
+                    None => c,
+                })
             }))),
         })
     }
@@ -583,9 +602,15 @@ impl ClusterCache {
         timeout: f64,
     ) -> PyResult<Self> {
         let buffer_bytes = buffer_bytes_of(buffer_mb)?;
-        let (map, opts) = map_of(py, addrs, config, registry, name, transport, timeout)?;
+        let (map, opts, reg) = map_of(py, addrs, config, registry, name, transport, timeout)?;
         let client = py
-            .detach(|| RustClusterCache::connect(&map, opts, buffer_bytes))
+            .detach(|| {
+                let c = RustClusterCache::connect(&map, opts, buffer_bytes)?;
+                Ok::<_, ClientError>(match reg {
+                    Some(r) => c.follow(r),
+                    None => c,
+                })
+            })
             .map_err(to_py_err)?;
         Ok(ClusterCache {
             map,

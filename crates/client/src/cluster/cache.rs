@@ -13,11 +13,11 @@
 
 use std::time::Duration;
 
-use fabrickv_cluster::{server_of_key, Cluster};
+use fabrickv_cluster::{server_of_key, Cluster, Registry};
 use fabrickv_types::limits::CACHE_BATCH_KEYS_MAX;
 use fabrickv_types::ErrorCode;
 
-use super::{join_with, ClusterOptions, Members};
+use super::{lookup, ClusterOptions, Members};
 use crate::cache::{CacheClient, CacheClientOptions, Placed};
 use crate::{ClientError, Result};
 
@@ -77,13 +77,15 @@ impl ClusterCache {
         opts: ClusterOptions,
         buffer_bytes: usize,
     ) -> Result<ClusterCache> {
-        join_with(
-            registry_url,
-            name,
-            &opts.clone(),
-            |c| ClusterCache::connect(c, opts, buffer_bytes),
-            |x| &mut x.m.registry,
-        )
+        let (cluster, reg) = lookup(registry_url, name, opts.timeout)?;
+        Ok(ClusterCache::connect(&cluster, opts, buffer_bytes)?.follow(reg))
+    }
+
+    /// Keeps `registry` to find servers that come back elsewhere (as
+    /// [`super::ClusterClient::follow`]).
+    pub fn follow(mut self, registry: Registry) -> ClusterCache {
+        self.m.registry = Some(registry);
+        self
     }
 
     /// The number of servers, up or down.

@@ -62,10 +62,12 @@ impl Default for ClusterOptions {
 
 /// Reads the cluster `name` from the registry at `registry_url`
 /// (`memcached://HOST:PORT`), waiting up to `wait` for every server to
-/// register; servers still missing then are down slots.
-pub fn lookup(registry_url: &str, name: &str, wait: Duration) -> Result<Cluster> {
+/// register; servers still missing then are down slots. Returns the
+/// registry too, for a client to `follow`.
+pub fn lookup(registry_url: &str, name: &str, wait: Duration) -> Result<(Cluster, Registry)> {
     let reg = Registry::connect(registry_url, name).map_err(ClientError::Registry)?;
-    reg.lookup(wait, true).map_err(ClientError::Registry)
+    let cluster = reg.lookup(wait, true).map_err(ClientError::Registry)?;
+    Ok((cluster, reg))
 }
 
 /// Where to reach a server of cluster `cluster` over transport `want`,
@@ -87,24 +89,6 @@ fn addr_of_slot(
             )
         }),
     }
-}
-
-/// Reads the cluster from the registry and connects `X` with `connect`;
-/// the client keeps the registry to find servers that come back elsewhere.
-fn join_with<X>(
-    registry_url: &str,
-    name: &str,
-    opts: &ClusterOptions,
-    connect: impl FnOnce(&Cluster) -> Result<X>,
-    members: impl FnOnce(&mut X) -> &mut Option<Registry>,
-) -> Result<X> {
-    let reg = Registry::connect(registry_url, name).map_err(ClientError::Registry)?;
-    let cluster = reg
-        .lookup(opts.timeout, true)
-        .map_err(ClientError::Registry)?;
-    let mut x = connect(&cluster)?;
-    *members(&mut x) = Some(reg);
-    Ok(x)
 }
 
 /// Whether `e` is the server refusing a request (the connection is still
@@ -357,13 +341,16 @@ impl ClusterClient {
     /// (`memcached://HOST:PORT`; waiting up to the timeout for every
     /// server to register) and connects to it.
     pub fn join(registry_url: &str, name: &str, opts: ClusterOptions) -> Result<ClusterClient> {
-        join_with(
-            registry_url,
-            name,
-            &opts.clone(),
-            |c| ClusterClient::connect(c, opts),
-            |x| &mut x.m.registry,
-        )
+        let (cluster, reg) = lookup(registry_url, name, opts.timeout)?;
+        Ok(ClusterClient::connect(&cluster, opts)?.follow(reg))
+    }
+
+    /// Keeps `registry` (the one the map was read from): a down server's
+    /// descriptor is read there again before each reconnect, so a server
+    /// that comes back at another address is found.
+    pub fn follow(mut self, registry: Registry) -> ClusterClient {
+        self.m.registry = Some(registry);
+        self
     }
 
     /// The number of servers, up or down.

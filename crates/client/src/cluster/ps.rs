@@ -12,11 +12,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use fabrickv_cluster::{server_of_u64, Cluster};
+use fabrickv_cluster::{server_of_u64, Cluster, Registry};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::ps::{PushMode, TableDesc, TableSpec};
 
-use super::{join_with, ClusterOptions, Members};
+use super::{lookup, ClusterOptions, Members};
 use crate::ps::{PendingPush, PsClient, PullId, Pulled};
 use crate::{ClientError, Result};
 
@@ -131,13 +131,15 @@ impl ClusterPs {
     /// Looks the cluster up in the registry and connects to it (as
     /// [`super::ClusterClient::join`] does).
     pub fn join(registry_url: &str, name: &str, opts: ClusterOptions) -> Result<ClusterPs> {
-        join_with(
-            registry_url,
-            name,
-            &opts.clone(),
-            |c| ClusterPs::connect(c, opts),
-            |x| &mut x.m.registry,
-        )
+        let (cluster, reg) = lookup(registry_url, name, opts.timeout)?;
+        Ok(ClusterPs::connect(&cluster, opts)?.follow(reg))
+    }
+
+    /// Keeps `registry` to find servers that come back elsewhere (as
+    /// [`super::ClusterClient::follow`]).
+    pub fn follow(mut self, registry: Registry) -> ClusterPs {
+        self.m.registry = Some(registry);
+        self
     }
 
     /// The number of servers, up or down.
