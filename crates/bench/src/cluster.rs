@@ -130,16 +130,29 @@ struct Done {
     seconds: f64,
 }
 
-/// Calls of `batch` random GETs for `duration`, each timed; counts keys.
-fn get_loop(c: &Cluster, o: &ClusterOpts, batch: usize, seed: u64) -> Result<Done, String> {
-    let mut client = connect(c)?;
-    let all_keys: Vec<Vec<u8>> = (0..o.keys)
+/// Keys `0..o.keys`, made once per run and shared by every client.
+type Keys = Arc<[Vec<u8>]>;
+
+fn make_keys(o: &ClusterOpts) -> Keys {
+    (0..o.keys)
         .map(|i| {
             let mut k = Vec::new();
             make_key(i, o.key_size, &mut k);
             k
         })
-        .collect();
+        .collect()
+}
+
+/// Calls of `batch` random GETs of `all_keys` for `duration`, each timed;
+/// counts keys.
+fn get_loop(
+    c: &Cluster,
+    o: &ClusterOpts,
+    all_keys: &[Vec<u8>],
+    batch: usize,
+    seed: u64,
+) -> Result<Done, String> {
+    let mut client = connect(c)?;
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut hist = latency_histogram()?;
     let (mut keys, mut wrong) = (0u64, 0u64);
@@ -179,13 +192,14 @@ fn get_loop(c: &Cluster, o: &ClusterOpts, batch: usize, seed: u64) -> Result<Don
 fn throughput(
     c: &Cluster,
     o: &ClusterOpts,
+    keys: &Keys,
     system: &str,
 ) -> Result<(BenchResult, Histogram<u64>), String> {
     let c = Arc::new(c.clone());
     let threads: Vec<_> = (0..o.threads)
         .map(|t| {
-            let (c, o) = (c.clone(), o.clone());
-            std::thread::spawn(move || get_loop(&c, &o, o.batch, 0x5eed + t as u64))
+            let (c, o, keys) = (c.clone(), o.clone(), keys.clone());
+            std::thread::spawn(move || get_loop(&c, &o, &keys, o.batch, 0x5eed + t as u64))
         })
         .collect();
     let mut hist = latency_histogram()?;
@@ -208,9 +222,10 @@ fn throughput(
 fn mget_latency(
     c: &Cluster,
     o: &ClusterOpts,
+    keys: &Keys,
     system: &str,
 ) -> Result<(BenchResult, Histogram<u64>), String> {
-    let d = get_loop(c, o, o.mget, 0xface)?;
+    let d = get_loop(c, o, keys, o.mget, 0xface)?;
     let case = format!("mget {}", o.mget);
     let r = result(o, &case, system, &d.hist, d.keys, d.seconds, d.wrong);
     Ok((r, d.hist))
@@ -335,12 +350,13 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport, String> {
     for (c, _) in &systems {
         preload(c, o)?;
     }
+    let keys = make_keys(o);
     let mut tput: [Option<(BenchResult, Histogram<u64>)>; 2] = [None, None];
     let mut mget: [Option<(BenchResult, Histogram<u64>)>; 2] = [None, None];
     for _ in 0..o.rounds {
         for (i, (c, system)) in systems.iter().enumerate() {
-            add_round(&mut tput[i], throughput(c, o, system)?)?;
-            add_round(&mut mget[i], mget_latency(c, o, system)?)?;
+            add_round(&mut tput[i], throughput(c, o, &keys, system)?)?;
+            add_round(&mut mget[i], mget_latency(c, o, &keys, system)?)?;
         }
     }
     let join = joins(&many, o)?;
