@@ -654,6 +654,23 @@ fn within(bytes: &[u8], max: usize, whose: &str, what: &str, out: &mut Vec<u8>) 
     true
 }
 
+/// Whether the MGET reply begun at `mark` in `out` is still within
+/// [`RESP_REPLY_BYTES_MAX`]; otherwise it is replaced by the error reply
+/// that says so.
+fn mget_fits(out: &mut Vec<u8>, mark: usize) -> bool {
+    if out.len() - mark > RESP_REPLY_BYTES_MAX {
+        out.truncate(mark);
+        resp::error(
+            out,
+            &format!(
+                "ERR MGET reply would exceed {RESP_REPLY_BYTES_MAX} bytes; ask for fewer keys"
+            ),
+        );
+        return false;
+    }
+    true
+}
+
 fn put_error(out: &mut Vec<u8>, r: PutResult) {
     match r {
         PutResult::InsufficientSpace => resp::error(
@@ -826,14 +843,8 @@ impl<'a> Exec<'a> {
                 GetResult::Found { value, .. } => resp::bulk(out, value),
                 GetResult::NotFound => resp::null_bulk(out),
             }
-            if out.len() - mark > RESP_REPLY_BYTES_MAX {
-                out.truncate(mark);
-                return resp::error(
-                    out,
-                    &format!(
-                        "ERR MGET reply would exceed {RESP_REPLY_BYTES_MAX} bytes; ask for fewer keys"
-                    ),
-                );
+            if !mget_fits(out, mark) {
+                return;
             }
         }
     }

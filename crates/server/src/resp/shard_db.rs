@@ -158,14 +158,8 @@ fn mget(shard: &FjallShard, a: Args<'_>, out: &mut Vec<u8>) {
                 return storage_error(out, e);
             }
         }
-        if out.len() - mark > RESP_REPLY_BYTES_MAX {
-            out.truncate(mark);
-            return resp::error(
-                out,
-                &format!(
-                    "ERR MGET reply would exceed {RESP_REPLY_BYTES_MAX} bytes; ask for fewer keys"
-                ),
-            );
+        if !super::mget_fits(out, mark) {
+            return;
         }
     }
 }
