@@ -65,9 +65,9 @@ bench-smoke: build-fabric python
 	$(BIN) bench ps --clients 2 --key-space-m 0.002 --duration 0.3 --json
 	$(BIN) bench ps --compare --key-space-m 0.002 --async-req 16 --duration 0.3 --server-cpus 0 --client-cpus 1 --json
 	.venv/bin/python python/bench_ps.py --bin $(BIN) --duration 0.3 --rounds 1
-	$(BIN) bench cache --num-keys 64 --value-size 64KB --num-threads 2 --warmup 10 --compare --json
+	$(BIN) bench cache --num-keys 64 --value-size 64KB --num-threads 2 --warmup 10 --compare --rounds 2 --json
 	$(BIN) bench cache --num-keys 64 --value-size 600KB --num-threads 2 --warmup 10 --depth 4 --compare --json
-	$(BIN) bench cache --transport shm --num-keys 16 --value-size 1MB --num-threads 2 --buffer-mb 4 --warmup 10 --server-cpus 0 --client-cpus 1 --compare --json
+	$(BIN) bench cache --transport shm --num-keys 16 --value-size 1MB --num-threads 2 --buffer-mb 4 --warmup 10 --server-cpus 0 --client-cpus 1 --compare --rounds 2 --json
 	$(BIN) bench cache --transport fabric --provider shm --num-keys 32 --value-size 100KB --num-threads 2 --buffer-mb 4 --warmup 10 --json
 	$(BIN) bench copy --size 8MB --value-size 256 --dir $$(mktemp -d) --clean --plot $$(mktemp --suffix .png)
 	$(BIN) bench copy --size 4MB --value-size 128 --ranges 3 --parallelism 3 --dir $$(mktemp -d) --clean

@@ -1034,6 +1034,44 @@ pub struct RedisPeer {
     pub read: ReadResult,
 }
 
+/// A redis-server holding the benchmark's keys, so that its read phase
+/// can run again, taking turns with FabricKV's (`--rounds`); stopped when
+/// dropped.
+pub struct RedisReads {
+    _server: peers::Child,
+    port: u16,
+    /// The write phase (SET, one connection).
+    pub write: WriteResult,
+}
+
+impl RedisReads {
+    /// Starts redis-server pinned to `server_cpus` and writes the same
+    /// keys and values with SET (EX `ttl`).
+    pub fn start(
+        o: &ReadOpts,
+        keys: &[Vec<u8>],
+        ttl: Option<Duration>,
+        server_cpus: Option<&str>,
+    ) -> Result<Self, String> {
+        let (server, port) = peers::spawn_redis(server_cpus)?;
+        let mut writer = RespClient::connect(port)?;
+        let write = write_all(&mut writer, keys, o.value_size, ttl)
+            .map_err(|e| format!("redis write phase: {e}"))?;
+        Ok(Self {
+            _server: server,
+            port,
+            write,
+        })
+    }
+
+    /// The same readers as FabricKV's, with GET.
+    pub fn read(&self, o: &ReadOpts, keys: &[Vec<u8>]) -> Result<ReadResult, String> {
+        let port = self.port;
+        run_readers(o, keys, |_| RespClient::connect(port), || {})
+            .map_err(|e| format!("redis read phase: {e}"))
+    }
+}
+
 /// Starts redis-server pinned to `server_cpus`, writes the same keys and
 /// values with SET (EX `ttl`), then runs the same readers with GET; the
 /// server is stopped before returning.
@@ -1043,13 +1081,29 @@ pub fn redis_peer(
     ttl: Option<Duration>,
     server_cpus: Option<&str>,
 ) -> Result<RedisPeer, String> {
-    let (_redis, port) = peers::spawn_redis(server_cpus)?;
-    let mut writer = RespClient::connect(port)?;
-    let write = write_all(&mut writer, keys, o.value_size, ttl)
-        .map_err(|e| format!("redis write phase: {e}"))?;
-    let read = run_readers(o, keys, |_| RespClient::connect(port), || {})
-        .map_err(|e| format!("redis read phase: {e}"))?;
-    Ok(RedisPeer { write, read })
+    let redis = RedisReads::start(o, keys, ttl, server_cpus)?;
+    let read = redis.read(o, keys)?;
+    Ok(RedisPeer {
+        write: redis.write,
+        read,
+    })
+}
+
+/// The median of `xs` (the mean of the middle two for an even count; 0
+/// for none): the figure of several alternating rounds that one noisy
+/// round cannot move.
+pub fn median(xs: &[f64]) -> f64 {
+    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
 }
 
 #[cfg(test)]
@@ -1088,6 +1142,15 @@ mod tests {
             at: 0,
             step,
         })
+    }
+
+    #[test]
+    fn the_median_is_the_middle_and_ignores_what_is_not_a_number() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0]), 3.0);
+        assert_eq!(median(&[5.0, 1.0, 3.0]), 3.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[f64::NAN, 2.0, 9.0, 1.0]), 2.0);
     }
 
     #[test]
