@@ -1089,23 +1089,6 @@ pub fn redis_peer(
     })
 }
 
-/// The median of `xs` (the mean of the middle two for an even count; 0
-/// for none): the figure of several alternating rounds that one noisy
-/// round cannot move.
-pub fn median(xs: &[f64]) -> f64 {
-    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1142,15 +1125,6 @@ mod tests {
             at: 0,
             step,
         })
-    }
-
-    #[test]
-    fn the_median_is_the_middle_and_ignores_what_is_not_a_number() {
-        assert_eq!(median(&[]), 0.0);
-        assert_eq!(median(&[3.0]), 3.0);
-        assert_eq!(median(&[5.0, 1.0, 3.0]), 3.0);
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert_eq!(median(&[f64::NAN, 2.0, 9.0, 1.0]), 2.0);
     }
 
     #[test]

@@ -523,11 +523,11 @@ fn compare(
     }
     drop(redis_server);
     let each = |f: fn(&Round) -> Option<f64>| -> Vec<f64> { rounds.iter().filter_map(f).collect() };
-    let vs_redis = cache::median(&each(|x| Some(ratio(x.ours, x.redis))));
-    let vs_raw = cache::median(&each(|x| Some(ratio(x.ours, x.raw))));
+    let vs_redis = fabrickv_bench::median(&each(|x| Some(ratio(x.ours, x.redis))));
+    let vs_raw = fabrickv_bench::median(&each(|x| Some(ratio(x.ours, x.raw))));
     let vs_memcpy = memcpy
         .as_ref()
-        .map(|_| cache::median(&each(|x| x.memcpy.map(|m| ratio(x.ours, m)))));
+        .map(|_| fabrickv_bench::median(&each(|x| x.memcpy.map(|m| ratio(x.ours, m)))));
     let mode = if one_sided {
         "one-sided"
     } else {
@@ -719,7 +719,7 @@ fn rounds_table(rounds: &[Round]) -> String {
     }
     let med = |f: &dyn Fn(&Round) -> Option<f64>| -> Option<f64> {
         let v: Vec<f64> = rounds.iter().filter_map(f).collect();
-        (!v.is_empty()).then(|| cache::median(&v))
+        (!v.is_empty()).then(|| fabrickv_bench::median(&v))
     };
     t += &format!(
         "| median | {} | {} | {} | {} | {} | {} | {} |\n",
