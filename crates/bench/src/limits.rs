@@ -260,6 +260,155 @@ fn copy_loop(chunk: usize, working_set: usize, duration: Duration) -> (u64, f64)
 }
 
 // ---------------------------------------------------------------------------
+// random gather
+// ---------------------------------------------------------------------------
+
+/// Chunks ahead of the copy that [`gather_bandwidth`] prefetches: far
+/// enough for a DRAM miss to be over when the copy gets there.
+pub const GATHER_PREFETCH_DISTANCE: usize = 6;
+/// Cache lines of 64 bytes at the head of each chunk that
+/// [`gather_bandwidth`] prefetches; the stream prefetcher brings the rest.
+pub const GATHER_PREFETCH_LINES: usize = 4;
+/// Destination batches [`gather_bandwidth`] cycles through, as a client's
+/// pulls in flight land in different parts of its buffer.
+const GATHER_DEST_BATCHES: usize = 16;
+
+/// What [`gather_bandwidth`] measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GatherRate {
+    /// Bytes of each chunk gathered.
+    pub chunk_bytes: usize,
+    /// Chunks gathered per batch, copied side by side into the destination.
+    pub batch: usize,
+    /// Bytes of the memory the chunks are taken from.
+    pub working_set_bytes: usize,
+    /// Chunks gathered in the measured interval.
+    pub chunks: u64,
+    /// Length of the measured interval, seconds.
+    pub seconds: f64,
+    /// Bytes gathered per second.
+    pub bytes_per_s: f64,
+    /// The CPU the gathering thread was pinned to.
+    pub cpu: Option<usize>,
+}
+
+impl GatherRate {
+    /// The JSON line (`"bench":"limit.gather"`).
+    pub fn json(&self) -> String {
+        json_line("limit.gather", self)
+    }
+}
+
+/// Single-thread random gather: one thread (pinned to `cpu` if given)
+/// copies `batch` chunks of `chunk_bytes`, each from a random place in
+/// `working_set_bytes` of memory, side by side into a destination batch,
+/// with the chunks [`GATHER_PREFETCH_DISTANCE`] ahead prefetched, for
+/// [`WARMUP`] unmeasured and then `duration`.
+///
+/// This is the copy at the heart of a batched pull with no index, no
+/// protocol and no other core: the bound one server thread meets when the
+/// values lie at random in DRAM, where memcpy streams. The memory is the
+/// kind a server's pool is (an anonymous mapping with transparent huge
+/// pages, every page faulted in first), so the TLB treats both alike.
+pub fn gather_bandwidth(
+    chunk_bytes: usize,
+    batch: usize,
+    working_set_bytes: usize,
+    duration: Duration,
+    cpu: Option<usize>,
+) -> Result<GatherRate, String> {
+    check_range("chunk size", chunk_bytes, MEMCPY_CHUNK_BYTES_MAX)?;
+    check_range("batch", batch, 1 << 20)?;
+    check_range(
+        "working set",
+        working_set_bytes,
+        MEMCPY_WORKING_SET_BYTES_MAX,
+    )?;
+    if working_set_bytes < chunk_bytes {
+        return Err(format!(
+            "working set {working_set_bytes} B cannot hold a chunk of {chunk_bytes} B"
+        ));
+    }
+    check_duration(duration)?;
+    let thread = std::thread::Builder::new()
+        .name("gather".into())
+        .spawn(move || {
+            if let Some(id) = cpu {
+                crate::pin_current_thread(id);
+            }
+            gather_loop(chunk_bytes, batch, working_set_bytes, duration)
+        })
+        .map_err(|e| format!("cannot start the gather thread: {e}"))?;
+    let (chunks, seconds) = thread
+        .join()
+        .map_err(|_| "gather thread panicked".to_string())??;
+    Ok(GatherRate {
+        chunk_bytes,
+        batch,
+        working_set_bytes,
+        chunks,
+        seconds,
+        bytes_per_s: per_s(chunks as f64 * chunk_bytes as f64, seconds),
+        cpu,
+    })
+}
+
+/// Gathers for the warm-up, then for `duration`; the measured chunks and
+/// seconds.
+fn gather_loop(
+    chunk: usize,
+    batch: usize,
+    working_set: usize,
+    duration: Duration,
+) -> Result<(u64, f64), String> {
+    use rand::{rngs::SmallRng, Rng, SeedableRng};
+    let opts = fabrickv_engine::PoolOptions {
+        populate: true,
+        ..Default::default()
+    };
+    let mut src = fabrickv_engine::PoolMemory::new(working_set, &opts).map_err(|e| e.0)?;
+    for (i, b) in src.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    // Chunks start on cache lines, as a pool's items do.
+    let stride = chunk.div_ceil(64) * 64;
+    let slots = (working_set - chunk) / stride + 1;
+    let mut dst = vec![0xA5u8; GATHER_DEST_BATCHES * batch * chunk];
+    let mut rng = SmallRng::seed_from_u64(0x6a7e);
+    let mut at: Vec<usize> = vec![0; batch];
+    let mut round = 0usize;
+    let prefetch = GATHER_PREFETCH_LINES * 64;
+    let mut run = |span: Duration| -> (u64, f64) {
+        let start = Instant::now();
+        let deadline = start + span;
+        let mut chunks = 0u64;
+        let mut now = start;
+        while now < deadline {
+            for a in at.iter_mut() {
+                *a = rng.gen_range(0..slots) * stride;
+            }
+            let d = &mut dst[(round % GATHER_DEST_BATCHES) * batch * chunk..][..batch * chunk];
+            round += 1;
+            for step in 0..batch + GATHER_PREFETCH_DISTANCE {
+                if let Some(&p) = at.get(step) {
+                    fabrickv_engine::prefetch_bytes(&src[p..p + prefetch.min(chunk)]);
+                }
+                if let Some(i) = step.checked_sub(GATHER_PREFETCH_DISTANCE) {
+                    let from = std::hint::black_box(&src[at[i]..at[i] + chunk]);
+                    d[i * chunk..(i + 1) * chunk].copy_from_slice(from);
+                }
+            }
+            std::hint::black_box(&mut *d);
+            chunks += batch as u64;
+            now = Instant::now();
+        }
+        (chunks, now.duration_since(start).as_secs_f64())
+    };
+    run(WARMUP);
+    Ok(run(duration))
+}
+
+// ---------------------------------------------------------------------------
 // Raw TCP
 // ---------------------------------------------------------------------------
 
@@ -927,6 +1076,16 @@ mod tests {
 
     fn sane(v: f64) -> bool {
         v.is_finite() && v > 0.0
+    }
+
+    #[test]
+    fn gather_measures_whole_batches_and_refuses_bad_sizes() {
+        let g = gather_bandwidth(512, 10, 1 << 20, Duration::from_millis(20), None).unwrap();
+        assert!(g.chunks > 0 && g.chunks % 10 == 0, "{g:?}");
+        assert!(g.bytes_per_s > 0.0);
+        assert!(g.json().contains("\"bench\":\"limit.gather\""));
+        assert!(gather_bandwidth(0, 10, 1 << 20, Duration::from_millis(20), None).is_err());
+        assert!(gather_bandwidth(4096, 10, 1024, Duration::from_millis(20), None).is_err());
     }
 
     #[test]

@@ -363,6 +363,9 @@ struct PsRound {
     raw_keys: f64,
     shm_bytes: f64,
     memcpy_bytes: f64,
+    /// Single-thread random gather of the same vectors from memory the
+    /// size of the table.
+    gather_bytes: f64,
 }
 
 impl PsRound {
@@ -383,11 +386,11 @@ fn ratio(x: f64, y: f64) -> f64 {
 /// Every round and the medians of its ratios.
 fn ps_rounds_table(rounds: &[PsRound]) -> String {
     let mut t = String::from(
-        "\n| round | tcp Mkv/s | redis Mkv/s | raw Mkv/s | tcp/target | shm MB/s | memcpy MB/s | shm/memcpy |\n|---|---|---|---|---|---|---|---|\n",
+        "\n| round | tcp Mkv/s | redis Mkv/s | raw Mkv/s | tcp/target | shm MB/s | memcpy MB/s | shm/memcpy | gather MB/s | shm/gather |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (i, r) in rounds.iter().enumerate() {
         t += &format!(
-            "| {} | {:.4} | {:.4} | {:.4} | {:.2}x | {:.1} | {:.1} | {:.2} |\n",
+            "| {} | {:.4} | {:.4} | {:.4} | {:.2}x | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} |\n",
             i + 1,
             r.tcp_keys / 1e6,
             r.redis_keys / 1e6,
@@ -396,13 +399,15 @@ fn ps_rounds_table(rounds: &[PsRound]) -> String {
             r.shm_bytes / 1e6,
             r.memcpy_bytes / 1e6,
             ratio(r.shm_bytes, r.memcpy_bytes),
+            r.gather_bytes / 1e6,
+            ratio(r.shm_bytes, r.gather_bytes),
         );
     }
     let med = |f: &dyn Fn(&PsRound) -> f64| {
         fabrickv_bench::median(&rounds.iter().map(f).collect::<Vec<_>>())
     };
     t += &format!(
-        "| median | {:.4} | {:.4} | {:.4} | {:.2}x | {:.1} | {:.1} | {:.2} |\n",
+        "| median | {:.4} | {:.4} | {:.4} | {:.2}x | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} |\n",
         med(&|r| r.tcp_keys) / 1e6,
         med(&|r| r.redis_keys) / 1e6,
         med(&|r| r.raw_keys) / 1e6,
@@ -410,6 +415,8 @@ fn ps_rounds_table(rounds: &[PsRound]) -> String {
         med(&|r| r.shm_bytes) / 1e6,
         med(&|r| r.memcpy_bytes) / 1e6,
         med(&|r| ratio(r.shm_bytes, r.memcpy_bytes)),
+        med(&|r| r.gather_bytes) / 1e6,
+        med(&|r| ratio(r.shm_bytes, r.gather_bytes)),
     );
     t
 }
@@ -432,6 +439,11 @@ fn run_compare(a: &PsArgs) -> Result<(), String> {
     ro.server_cpus = a.server_cpus.clone();
     ro.client_cpus = a.client_cpus.clone();
 
+    // The gather limit draws from as much memory as the table's vectors.
+    let gather_set = usize::try_from(a.key_space()?)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(vb)
+        .clamp(n * vb, limits::MEMCPY_WORKING_SET_BYTES_MAX);
     let tcp_server = Loaded::start(a, "tcp")?;
     let shm_server = Loaded::start(a, "shm")?;
     let mut rounds = Vec::with_capacity(a.rounds);
@@ -460,6 +472,7 @@ fn run_compare(a: &PsArgs) -> Result<(), String> {
             dur,
             client_cpu,
         )?;
+        let gather = limits::gather_bandwidth(vb, n, gather_set, dur, server_cpu)?;
         rounds.push(PsRound {
             tcp_keys: tcp.keys as f64 / tcp.seconds,
             redis_keys: redis.keys_per_s,
@@ -468,12 +481,13 @@ fn run_compare(a: &PsArgs) -> Result<(), String> {
             raw_keys: raw.responses_per_s * n as f64,
             shm_bytes: shm.keys as f64 * vb as f64 / shm.seconds,
             memcpy_bytes: memcpy.bytes_per_s,
+            gather_bytes: gather.bytes_per_s,
         });
         if first.is_none() {
-            first = Some((o, tcp, raw, redis, shm, memcpy));
+            first = Some((o, tcp, raw, redis, shm, memcpy, gather));
         }
     }
-    let Some((o, tcp, raw, redis, shm, memcpy)) = first else {
+    let Some((o, tcp, raw, redis, shm, memcpy, gather)) = first else {
         return Err("no round ran".into());
     };
     let keys_tcp = tcp.keys as f64 / tcp.seconds;
@@ -532,10 +546,17 @@ fn run_compare(a: &PsArgs) -> Result<(), String> {
         n * vb,
         memcpy.bytes_per_s / 1e6
     );
+    println!(
+        "| random gather {n} x {vb} B from {:.1} MB, 1 thread | {:.4} | {:.1} | fabrickv/gather {:.2} | - |",
+        gather_set as f64 / 1e6,
+        gather.bytes_per_s / vb as f64 / 1e6,
+        gather.bytes_per_s / 1e6,
+        shm_bytes / gather.bytes_per_s
+    );
     if rounds.len() > 1 {
         print!("{}", ps_rounds_table(&rounds));
         println!(
-            "Targets, median of {} rounds: tcp {tcp_vs_target:.2}x its target ({}), shm {shm_vs_memcpy:.2} of memcpy, target 0.50 ({})",
+            "Targets, median of {} rounds: tcp {tcp_vs_target:.2}x its target ({}), shm {shm_vs_memcpy:.3} of memcpy, target 0.5 ({})",
             rounds.len(),
             verdict(tcp_met),
             verdict(shm_met)
@@ -570,6 +591,7 @@ fn run_compare(a: &PsArgs) -> Result<(), String> {
                     "vs_memcpy": shm_bytes / memcpy.bytes_per_s,
                     "rounds": rounds.len(),
                     "vs_memcpy_median": shm_vs_memcpy,
+                    "vs_gather": shm_bytes / gather.bytes_per_s,
                     "vs_memcpy_rounds": rounds
                         .iter()
                         .map(|r| ratio(r.shm_bytes, r.memcpy_bytes))
@@ -579,6 +601,7 @@ fn run_compare(a: &PsArgs) -> Result<(), String> {
             )
         );
         println!("{}", memcpy.json());
+        println!("{}", gather.json());
     }
     Ok(())
 }
