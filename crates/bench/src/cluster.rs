@@ -30,6 +30,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::keys::check_value;
 use crate::kv::make_key;
+use crate::ratio;
 use crate::report::{latency_histogram, print_table, rate, BenchResult};
 
 /// What to run.
@@ -371,14 +372,6 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport, String> {
         mget: take(&mut mget)?,
         join,
     })
-}
-
-fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 {
-        a / b
-    } else {
-        0.0
-    }
 }
 
 impl ClusterReport {

@@ -46,6 +46,16 @@ pub fn pin_current_thread(id: usize) {
     core_affinity::set_for_current(core_affinity::CoreId { id });
 }
 
+/// `x / y`, or 0 where `y` is not positive (a peer that measured
+/// nothing gives no ratio rather than an infinite one).
+pub fn ratio(x: f64, y: f64) -> f64 {
+    if y > 0.0 {
+        x / y
+    } else {
+        0.0
+    }
+}
+
 /// The median of `xs` (the mean of the middle two for an even count; 0
 /// for none): the figure of several alternating rounds that one noisy
 /// round cannot move.

@@ -10,7 +10,7 @@ use clap::Args;
 use fabrickv_bench::cache::{
     self, format_bytes, mb_per_s, LatencyStats, ReadOpts, ReadResult, WriteResult, LATENCY_SAMPLES,
 };
-use fabrickv_bench::limits;
+use fabrickv_bench::{limits, ratio};
 use fabrickv_types::limits::{
     CACHE_BATCH_KEYS_MAX, CACHE_CLIENT_BUFFER_BYTES_MAX, CACHE_VALUE_BYTES_MAX,
 };
@@ -686,14 +686,6 @@ struct Round {
     raw: f64,
     /// Single-thread memcpy (shm and fabric only).
     memcpy: Option<f64>,
-}
-
-fn ratio(x: f64, y: f64) -> f64 {
-    if y > 0.0 {
-        x / y
-    } else {
-        0.0
-    }
 }
 
 /// Every round's figures and ratios, then their medians (the ratios the

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use crate::clients::{Sweep, SweepArgs};
 use clap::Args;
-use fabrickv_bench::limits;
 use fabrickv_bench::ps::{self as bench_ps, KeyDist, LoadOpts, LoadResult};
 use fabrickv_bench::ps_report::{self, ClientsRow, MatrixRow, Status};
+use fabrickv_bench::{limits, ratio};
 use fabrickv_wire::ps::{bitmap_bytes, PS_PREFIX_BYTES, PULL_DEST_BYTES, PULL_FIXED_BYTES};
 
 /// Thread counts of the matrix (PetPS's sweep).
@@ -372,14 +372,6 @@ impl PsRound {
     /// The tcp target's keys/s: the lower of 1.5x Redis MGET and 0.9x raw.
     fn tcp_target(&self) -> f64 {
         (1.5 * self.redis_keys).min(0.9 * self.raw_keys)
-    }
-}
-
-fn ratio(x: f64, y: f64) -> f64 {
-    if y > 0.0 {
-        x / y
-    } else {
-        0.0
     }
 }
 
