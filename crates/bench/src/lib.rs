@@ -73,6 +73,14 @@ pub fn median(xs: &[f64]) -> f64 {
     }
 }
 
+/// The median of what `f` gives for each of `items`, leaving out the
+/// items it gives nothing for; `None` when none is left (a limit a
+/// transport does not measure).
+pub fn median_by<T>(items: &[T], f: impl Fn(&T) -> Option<f64>) -> Option<f64> {
+    let v: Vec<f64> = items.iter().filter_map(f).collect();
+    (!v.is_empty()).then(|| median(&v))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,5 +92,13 @@ mod tests {
         assert_eq!(median(&[5.0, 1.0, 3.0]), 3.0);
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
         assert_eq!(median(&[f64::NAN, 2.0, 9.0, 1.0]), 2.0);
+    }
+
+    #[test]
+    fn median_by_leaves_out_what_f_gives_nothing_for() {
+        let xs = [(1.0, Some(10.0)), (5.0, None), (3.0, Some(30.0))];
+        assert_eq!(median_by(&xs, |x| Some(x.0)), Some(3.0));
+        assert_eq!(median_by(&xs, |x| x.1), Some(20.0));
+        assert_eq!(median_by(&xs, |_| None), None);
     }
 }

@@ -10,7 +10,7 @@ use clap::Args;
 use fabrickv_bench::cache::{
     self, format_bytes, mb_per_s, LatencyStats, ReadOpts, ReadResult, WriteResult, LATENCY_SAMPLES,
 };
-use fabrickv_bench::{limits, ratio};
+use fabrickv_bench::{limits, median_by, ratio};
 use fabrickv_types::limits::{
     CACHE_BATCH_KEYS_MAX, CACHE_CLIENT_BUFFER_BYTES_MAX, CACHE_VALUE_BYTES_MAX,
 };
@@ -522,12 +522,10 @@ fn compare(
         });
     }
     drop(redis_server);
-    let each = |f: fn(&Round) -> Option<f64>| -> Vec<f64> { rounds.iter().filter_map(f).collect() };
-    let vs_redis = fabrickv_bench::median(&each(|x| Some(ratio(x.ours, x.redis))));
-    let vs_raw = fabrickv_bench::median(&each(|x| Some(ratio(x.ours, x.raw))));
-    let vs_memcpy = memcpy
-        .as_ref()
-        .map(|_| fabrickv_bench::median(&each(|x| x.memcpy.map(|m| ratio(x.ours, m)))));
+    // `rounds` holds at least the first round, so each median exists.
+    let vs_redis = median_by(&rounds, |x| Some(ratio(x.ours, x.redis))).unwrap_or(0.0);
+    let vs_raw = median_by(&rounds, |x| Some(ratio(x.ours, x.raw))).unwrap_or(0.0);
+    let vs_memcpy = median_by(&rounds, |x| x.memcpy.map(|m| ratio(x.ours, m)));
     let mode = if one_sided {
         "one-sided"
     } else {
@@ -709,10 +707,7 @@ fn rounds_table(rounds: &[Round]) -> String {
             x(r.memcpy.map(|m| ratio(r.ours, m))),
         );
     }
-    let med = |f: &dyn Fn(&Round) -> Option<f64>| -> Option<f64> {
-        let v: Vec<f64> = rounds.iter().filter_map(f).collect();
-        (!v.is_empty()).then(|| fabrickv_bench::median(&v))
-    };
+    let med = |f: &dyn Fn(&Round) -> Option<f64>| median_by(rounds, f);
     t += &format!(
         "| median | {} | {} | {} | {} | {} | {} | {} |\n",
         mb(med(&|r| Some(r.ours))),

@@ -9,7 +9,7 @@ use crate::clients::{Sweep, SweepArgs};
 use clap::Args;
 use fabrickv_bench::ps::{self as bench_ps, KeyDist, LoadOpts, LoadResult};
 use fabrickv_bench::ps_report::{self, ClientsRow, MatrixRow, Status};
-use fabrickv_bench::{limits, ratio};
+use fabrickv_bench::{limits, median_by, ratio};
 use fabrickv_wire::ps::{bitmap_bytes, PS_PREFIX_BYTES, PULL_DEST_BYTES, PULL_FIXED_BYTES};
 
 /// Thread counts of the matrix (PetPS's sweep).
@@ -395,9 +395,7 @@ fn ps_rounds_table(rounds: &[PsRound]) -> String {
             ratio(r.shm_bytes, r.gather_bytes),
         );
     }
-    let med = |f: &dyn Fn(&PsRound) -> f64| {
-        fabrickv_bench::median(&rounds.iter().map(f).collect::<Vec<_>>())
-    };
+    let med = |f: &dyn Fn(&PsRound) -> f64| median_by(rounds, |r| Some(f(r))).unwrap_or(0.0);
     t += &format!(
         "| median | {:.4} | {:.4} | {:.4} | {:.2}x | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} |\n",
         med(&|r| r.tcp_keys) / 1e6,
@@ -482,14 +480,12 @@ fn run_compare(a: &PsArgs) -> Result<(), String> {
     let Some((o, tcp, raw, redis, shm, memcpy, gather)) = first else {
         return Err("no round ran".into());
     };
-    let keys_tcp = tcp.keys as f64 / tcp.seconds;
-    let keys_raw = raw.responses_per_s * n as f64;
-    let shm_bytes = shm.keys as f64 * vb as f64 / shm.seconds;
-    let tcp_target = (1.5 * redis.keys_per_s).min(0.9 * keys_raw);
-    // The verdicts: the first round's ratios, or with --rounds the medians.
-    let med = |f: &dyn Fn(&PsRound) -> f64| {
-        fabrickv_bench::median(&rounds.iter().map(f).collect::<Vec<_>>())
-    };
+    // The table shows the first round; the verdicts are the medians (the
+    // first round's ratios when it is the only one).
+    let r0 = rounds[0];
+    let (keys_tcp, keys_raw, shm_bytes) = (r0.tcp_keys, r0.raw_keys, r0.shm_bytes);
+    let tcp_target = r0.tcp_target();
+    let med = |f: &dyn Fn(&PsRound) -> f64| median_by(&rounds, |r| Some(f(r))).unwrap_or(0.0);
     let tcp_vs_target = med(&|r| ratio(r.tcp_keys, r.tcp_target()));
     let shm_vs_memcpy = med(&|r| ratio(r.shm_bytes, r.memcpy_bytes));
     let tcp_met = tcp_vs_target >= 1.0;
