@@ -92,7 +92,7 @@ fn set_u32(msg: &mut [u8], at: usize, v: u32) {
 /// Recomputes the body checksum after the body was edited, so that the
 /// frame gets past the checksum to the check the test is aimed at.
 fn reseal(msg: &mut [u8]) {
-    let crc = crc32c::crc32c(&msg[FRAME_HEADER_BYTES..]);
+    let crc = fabrickv_wire::checksum::crc32c(&msg[FRAME_HEADER_BYTES..]);
     set_u32(msg, 20, crc);
     set_u32(msg, 16, (msg.len() - FRAME_HEADER_BYTES) as u32);
 }

@@ -195,7 +195,7 @@ fn an_oversized_key_is_refused_and_nothing_is_written(t: Transport) {
     let body = fabrickv_types::limits::FRAME_HEADER_BYTES + 8 + 1;
     // The pair's key length (after the 8-byte batch header) claims more.
     frame[body + 8] = 200;
-    let crc = crc32c::crc32c(&frame[fabrickv_types::limits::FRAME_HEADER_BYTES..]);
+    let crc = fabrickv_wire::checksum::crc32c(&frame[fabrickv_types::limits::FRAME_HEADER_BYTES..]);
     frame[20..24].copy_from_slice(&crc.to_le_bytes());
     assert_eq!(raw_code(&s, &frame), ErrorCode::Malformed);
     assert_eq!(c.get("s", b"other").expect("get"), None);

@@ -522,7 +522,7 @@ const CRC_X2N: [u32; 32] = {
 /// The CRC-32C of a chunk, as frame checksums compute it: what
 /// [`GetReplyWriter::finish_before`] takes for a chunk sent on its own.
 pub fn chunk_crc(chunk: &[u8]) -> u32 {
-    crc32c::crc32c(chunk)
+    crate::checksum::crc32c(chunk)
 }
 
 /// The CRC-32C of `A ++ B` from `crc_a`, `crc_b` and the length of `B`,
@@ -683,7 +683,7 @@ pub fn decode_split_get_reply<'a>(
     if header.body_len as usize != body.len() + chunk.len() {
         return Err(WireError::Truncated);
     }
-    if crc32c::crc32c_append(crc32c::crc32c(body), chunk) != header.checksum {
+    if crate::checksum::crc32c_of(&[body, chunk]) != header.checksum {
         return Err(WireError::BadChecksum);
     }
     // The fields are checked on the head alone (an empty chunk), then
@@ -818,7 +818,7 @@ mod tests {
         w.finish(&mut whole);
         let mut head = vec![1, 2, 3];
         let w = GetReplyWriter::begin(&mut head, 4, 2, ErrorCode::Ok, 7, 9000, 3000, 0);
-        w.finish_before(&mut head, chunk.len(), crc32c::crc32c(&chunk));
+        w.finish_before(&mut head, chunk.len(), crate::checksum::crc32c(&chunk));
         head.extend_from_slice(&chunk);
         assert_eq!(head[3..], whole[..]);
     }
@@ -831,8 +831,12 @@ mod tests {
         for cut in [0, 1, 7, 64, 1000, 65_536, 69_999, 70_000] {
             let (a, b) = data.split_at(cut);
             assert_eq!(
-                crc32c_concat(crc32c::crc32c(a), crc32c::crc32c(b), b.len()),
-                crc32c::crc32c(&data),
+                crc32c_concat(
+                    crate::checksum::crc32c(a),
+                    crate::checksum::crc32c(b),
+                    b.len()
+                ),
+                crate::checksum::crc32c(&data),
                 "cut at {cut}"
             );
         }

@@ -231,7 +231,7 @@ impl FrameHeader {
 /// Fills in op count, body length and checksum of the frame at `start`.
 pub(crate) fn finish_frame(out: &mut [u8], start: usize, op_count: u16) {
     let body_len = (out.len() - start - FRAME_HEADER_BYTES) as u32;
-    let crc = crc32c::crc32c(&out[start + FRAME_HEADER_BYTES..]);
+    let crc = crate::checksum::crc32c(&out[start + FRAME_HEADER_BYTES..]);
     out[start + 6..start + 8].copy_from_slice(&op_count.to_le_bytes());
     out[start + 16..start + 20].copy_from_slice(&body_len.to_le_bytes());
     out[start + 20..start + 24].copy_from_slice(&crc.to_le_bytes());
@@ -293,7 +293,7 @@ pub fn decode_frame(msg: &[u8]) -> Result<Frame<'_>, WireError> {
     if body.len() != header.body_len as usize {
         return Err(WireError::Truncated);
     }
-    if crc32c::crc32c(body) != header.checksum {
+    if crate::checksum::crc32c(body) != header.checksum {
         return Err(WireError::BadChecksum);
     }
     Ok(Frame { header, body })

@@ -1,6 +1,7 @@
 //! The FabricKV native protocol: frames that carry batches of operations.
 //!
 //! Layout:
+//! - [`checksum`]: CRC-32C, the checksum of frame bodies and value chunks;
 //! - [`header`]: the fixed 32-byte frame header and its validation;
 //! - [`request`]: request bodies (a batch of GET/PUT/DELETE operations),
 //!   encoded with [`RequestBuilder`] and read with [`RequestIter`];
@@ -22,6 +23,7 @@
 //! The format is specified in `docs/protocol.md`.
 
 pub mod cache;
+pub mod checksum;
 pub mod control;
 pub mod header;
 pub mod ps;

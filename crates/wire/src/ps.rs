@@ -878,7 +878,7 @@ mod tests {
         // Claim three keys: the body no longer matches.
         out[6] = 3;
         let body_start = fabrickv_types::limits::FRAME_HEADER_BYTES;
-        let crc = crc32c::crc32c(&out[body_start..]);
+        let crc = crate::checksum::crc32c(&out[body_start..]);
         out[20..24].copy_from_slice(&crc.to_le_bytes());
         assert!(decode_request(&decode_frame(&out).unwrap()).is_err());
         // A push whose values are not whole vectors.
