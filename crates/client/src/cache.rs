@@ -29,7 +29,7 @@ use fabrickv_wire::cache::{
     encode_put_from_region, peek_get_reply_head, CacheOp, RegionSlice, GET_REPLY_HEAD_BYTES,
 };
 use fabrickv_wire::control::{decode_error, decode_hello_reply, encode_hello};
-use fabrickv_wire::{decode_frame, FrameKind};
+use fabrickv_wire::{decode_frame, FrameHeader, FrameKind, WireError};
 
 use crate::{recv_control, ClientError, Result, DEFAULT_TIMEOUT};
 
@@ -872,12 +872,31 @@ impl<'d> ChunkSink<'d> {
     }
 
     /// The reply whose chunk landed in place: checked whole now.
+    ///
+    /// A chunk that fails its checksum in a well-framed reply is this
+    /// request's own failure, reported as `VALUE_CHANGED` so that the
+    /// callers read the value again: over tcp a server sends large chunks
+    /// from the value's memory without a copy, and memory reused before
+    /// this reader copied it out arrives changed
+    /// (`fabrickv_transport::tcp::SPLICE_PART_BYTES_MIN`).
     fn split_reply(&self, id: u64) -> std::result::Result<ChunkReply, Bad> {
         let chunk = &self.dst[self.at..self.at + self.len];
-        let (header, r) =
-            decode_split_get_reply(&self.head, chunk).map_err(|e| Fatal(protocol(e)))?;
-        check_order(header.request_id, id)?;
-        Ok(Ok(Some((r.a, r.generation, r.expires_in_ms))))
+        match decode_split_get_reply(&self.head, chunk) {
+            Ok((header, r)) => {
+                check_order(header.request_id, id)?;
+                Ok(Ok(Some((r.a, r.generation, r.expires_in_ms))))
+            }
+            Err(WireError::BadChecksum) => {
+                // The head was decoded when the chunk was placed (`tail`).
+                let header = FrameHeader::decode(&self.head).map_err(|e| Fatal(protocol(e)))?;
+                check_order(header.request_id, id)?;
+                Ok(Err(ClientError::Server {
+                    code: ErrorCode::ValueChanged,
+                    message: "a chunk failed its checksum (changed in flight)".into(),
+                }))
+            }
+            Err(e) => Err(Fatal(protocol(e))),
+        }
     }
 
     /// The reply taken whole: its chunk, if any, copied into place.
@@ -892,5 +911,47 @@ impl<'d> ChunkSink<'d> {
                 (total, gen, exp)
             })
         }))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use fabrickv_transport::SplitSink;
+    use fabrickv_wire::cache::GetReplyWriter;
+
+    /// A split GET reply for request `id`: head, then a 40 KiB chunk.
+    fn split_reply_for(id: u64, chunk: &[u8]) -> Vec<u8> {
+        let mut head = Vec::new();
+        let w = GetReplyWriter::begin(&mut head, id, 0, ErrorCode::Ok, 3, chunk.len() as u64, 0, 0);
+        w.finish_before(
+            &mut head,
+            chunk.len(),
+            fabrickv_wire::checksum::crc32c(chunk),
+        );
+        head
+    }
+
+    #[test]
+    fn a_chunk_changed_in_flight_is_read_again_not_fatal() {
+        let chunk: Vec<u8> = (0..40_960u32).map(|i| (i * 7) as u8).collect();
+        let head = split_reply_for(9, &chunk);
+        let mut dst = vec![0u8; chunk.len()];
+        let mut sink = ChunkSink::new(&mut dst, Vec::new());
+        let tail = sink.tail(&head, head.len() + chunk.len()).unwrap();
+        tail.copy_from_slice(&chunk);
+        // Intact: placed and accepted.
+        let r = sink.split_reply(9).ok().unwrap().unwrap();
+        assert_eq!(r, Some((chunk.len() as u64, 3, 0)));
+        // One byte changed after the server checksummed the value (its
+        // memory reused while the spliced pages were in flight).
+        sink.dst[100] ^= 1;
+        match sink.split_reply(9) {
+            Ok(Err(e)) => assert_eq!(e.code(), ErrorCode::ValueChanged),
+            _ => panic!("a bad chunk must be this request's own error"),
+        }
+        // Still in order: a reply to another request is fatal either way.
+        assert!(matches!(sink.split_reply(10), Err(Fatal(_))));
     }
 }

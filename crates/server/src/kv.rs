@@ -275,6 +275,7 @@ impl KvService {
             ("msgs_in", t.msgs_in),
             ("msgs_out", t.msgs_out),
             ("backpressure_pauses", t.backpressure_pauses),
+            ("spliced_bytes", t.spliced_bytes),
         ];
         // The embedding store is shared: worker 0 alone reports it, so
         // clients that add up workers count it once.

@@ -41,7 +41,10 @@ pub type ConnId = u32;
 pub type MessageHandler<'a> = dyn FnMut(ConnId, &[u8], &mut dyn Reply) + 'a;
 
 /// Bytes a reply refers to instead of copying them (a leased value): the
-/// transport keeps them alive until they have been sent.
+/// transport keeps them alive until they have been sent. "Sent" means
+/// handed to the kernel: a tcp worker splices large ones, and the socket
+/// may still read their pages after they are dropped
+/// ([`tcp::SPLICE_PART_BYTES_MIN`]).
 pub type SharedBytes = Box<dyn AsRef<[u8]> + Send>;
 
 /// The answer a handler builds for one message: the reply message, and
@@ -414,6 +417,8 @@ pub struct PortStats {
     /// Times a connection's reading was paused because its client did not
     /// read its replies (`CONN_SEND_QUEUE_BYTES_MAX`).
     pub backpressure_pauses: u64,
+    /// Reply bytes sent zero-copy from their own memory (tcp: spliced).
+    pub spliced_bytes: u64,
 }
 
 /// The server side of one worker: all connections bound to that worker,

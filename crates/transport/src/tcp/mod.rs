@@ -25,6 +25,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 pub use endpoint::TcpEndpoint;
+pub use port::SPLICE_PART_BYTES_MIN;
 
 use crate::{Listening, Result, TransportError, WorkerPort};
 
