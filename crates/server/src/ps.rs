@@ -321,6 +321,19 @@ fn item_key(table: u32, key: u64) -> [u8; PS_ITEM_KEY_BYTES] {
     k
 }
 
+/// The index hash of `key` in table `table`: splitmix64's mix of the two
+/// words, not XXH3 over the 12-byte item key. A pull hashes every key it
+/// is sent before it touches memory, and the mix is a handful of
+/// multiplies with no length handling. Only this service hashes its
+/// items (clients route by their own hash), so the choice is private.
+#[inline]
+fn item_hash(table: u32, key: u64) -> KeyHash {
+    // An odd multiple of the table id: a bijection of `key` per table, so
+    // keys of one table never share a hash.
+    let salt = u64::from(table).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    KeyHash(fabrickv_wire::ps::splitmix64(key ^ salt))
+}
+
 /// The PS service of one worker: per-worker scratch space over the shared
 /// store.
 pub struct PsService {
@@ -408,8 +421,9 @@ impl PsService {
         self.keys.clear();
         self.shard_of.clear();
         for i in 0..keys.len() / 8 {
-            let k = item_key(table, key_at(keys, i));
-            let h = KeyHash::of(&k);
+            let key = key_at(keys, i);
+            let k = item_key(table, key);
+            let h = item_hash(table, key);
             self.shard_of.push(h.partition(shards as u32));
             self.keys.push((k, h));
         }
