@@ -10,10 +10,11 @@
 //! value) are not copied into the send buffer: they are queued at their
 //! place in it and written from their own memory by the same vectored
 //! `write`, then dropped. A shared part of at least
-//! [`SPLICE_PART_BYTES_MIN`] is not copied at all: `vmsplice` hands its
-//! pages to a pipe and `splice` moves them into the socket, so the kernel
-//! sends from the value's own memory and the only copy left is the
-//! reader's (see [`SPLICE_PART_BYTES_MIN`] for what guards those pages).
+//! [`SPLICE_PART_BYTES_MIN`] is not copied at all: while one is queued,
+//! the queue goes through a pipe, `vmsplice` handing it the part's pages
+//! and `splice` moving them into the socket, so the kernel sends from the
+//! value's own memory and the only copy left is the reader's (see
+//! [`SPLICE_PART_BYTES_MIN`] for what guards those pages).
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
@@ -120,8 +121,8 @@ struct Conn {
     partial_since: Option<Instant>,
     /// The pipe large shared parts are spliced through.
     pipe: SplicePipe,
-    /// Bytes of the front shared part (from `shared_head`) in the pipe,
-    /// not yet in the socket; nothing else is written until they are.
+    /// Bytes of the queue, from what is written on, in the pipe and not
+    /// yet in the socket; nothing else is written until they are.
     piped: usize,
     /// Bytes of shared parts handed to the pipe by `vmsplice` (sent
     /// without a copy), for the port's stats.
@@ -269,40 +270,35 @@ impl Conn {
     /// Whether the queue holds a shared part worth splicing (and the
     /// connection can splice).
     fn splice_wanted(&self) -> bool {
-        !matches!(self.pipe, SplicePipe::Off)
-            && self.shared.iter().enumerate().any(|(i, sh)| {
-                let done = if i == 0 { self.shared_head } else { 0 };
-                sh.bytes().len() - done >= SPLICE_PART_BYTES_MIN
-            })
+        let mut large = false;
+        if !matches!(self.pipe, SplicePipe::Off) {
+            self.pieces(|_, l| {
+                large = l;
+                !l
+            });
+        }
+        large
     }
 
-    /// The queued stream from `skip` bytes past what is written, as
-    /// pieces in order: (bytes, whether to splice them rather than copy).
-    fn pieces(&self, mut skip: usize, mut each: impl FnMut(&[u8], bool) -> bool) {
+    /// The unwritten queue as pieces in stream order, until `each`
+    /// returns false: (bytes, whether they are a shared part to splice
+    /// rather than copy).
+    fn pieces(&self, mut each: impl FnMut(&[u8], bool) -> bool) {
         let mut pos = self.out_head;
-        let mut visit = |b: &[u8], large: bool, skip: &mut usize| -> bool {
-            if *skip >= b.len() {
-                *skip -= b.len();
-                return true;
-            }
-            let rest = &b[*skip..];
-            *skip = 0;
-            each(rest, large)
-        };
         for (i, sh) in self.shared.iter().enumerate() {
             if sh.at > pos {
-                if !visit(&self.out[pos..sh.at], false, &mut skip) {
+                if !each(&self.out[pos..sh.at], false) {
                     return;
                 }
                 pos = sh.at;
             }
             let b = &sh.bytes()[if i == 0 { self.shared_head } else { 0 }..];
-            if !visit(b, b.len() >= SPLICE_PART_BYTES_MIN, &mut skip) {
+            if !each(b, b.len() >= SPLICE_PART_BYTES_MIN) {
                 return;
             }
         }
         if pos < self.out.len() {
-            visit(&self.out[pos..], false, &mut skip);
+            each(&self.out[pos..], false);
         }
     }
 
@@ -357,13 +353,9 @@ impl Conn {
         let mut filled = 0usize;
         let mut zero_copy = 0usize;
         let mut refused = None;
-        self.pieces(0, |b, large| {
+        self.pieces(|b, large| {
             let r = if large {
-                warm(
-                    &b[..b
-                        .len()
-                        .min(SPLICE_PIPE_BYTES - filled.min(SPLICE_PIPE_BYTES))],
-                );
+                warm(&b[..b.len().min(SPLICE_PIPE_BYTES.saturating_sub(filled))]);
                 // SAFETY: vmsplice only reads `b`, which outlives the
                 // call; the pipe (then the socket) keeps references to its
                 // pages after it, which `SPLICE_PART_BYTES_MIN` documents
