@@ -127,30 +127,13 @@ pub fn tcp_pingpong(
     spin: bool,
 ) -> Result<BenchResult, String> {
     check_args(msg_size, duration, 1)?;
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let server = std::thread::Builder::new()
-        .name("tcp-pingpong-server".into())
-        .spawn(move || tcp_echo_server(listener, msg_size, server_cpu, spin))
-        .map_err(|e| format!("cannot start the tcp server thread: {e}"))?;
-    let client = std::thread::Builder::new()
-        .name("tcp-pingpong-client".into())
-        .spawn(move || tcp_client(addr, msg_size, duration, client_cpu, spin))
-        .map_err(|e| format!("cannot start the tcp client thread: {e}"))?;
-    let measured = client
-        .join()
-        .map_err(|_| "tcp client thread panicked".to_string())
-        .and_then(|m| m);
-    // The client closed its stream (or never connected); the server sees EOF.
-    // If the client failed, perhaps before connecting, unblock the accept.
-    if measured.is_err() {
-        let _ = TcpStream::connect_timeout(&addr, IO_TIMEOUT);
-    }
-    let served = server
-        .join()
-        .map_err(|_| "tcp server thread panicked".to_string())?;
-    let m = measured?;
-    served?;
+    let ((), m) = crate::limits::run_pair(
+        "tcp-pingpong",
+        server_cpu,
+        client_cpu,
+        move |listener| tcp_echo_server(listener, msg_size, spin),
+        move |addr| tcp_client(addr, msg_size, duration, spin),
+    )?;
     let s = LatencySummary::from_histogram(&m.hist, m.seconds);
     Ok(s.to_result(
         &rpc_case(msg_size, 1),
@@ -221,15 +204,7 @@ fn write_full(s: &mut TcpStream, buf: &[u8], spin: bool) -> std::io::Result<()> 
     Ok(())
 }
 
-fn tcp_echo_server(
-    listener: TcpListener,
-    msg_size: usize,
-    cpu: Option<usize>,
-    spin: bool,
-) -> Result<(), String> {
-    if let Some(id) = cpu {
-        crate::pin_current_thread(id);
-    }
+fn tcp_echo_server(listener: TcpListener, msg_size: usize, spin: bool) -> Result<(), String> {
     let (mut s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     s.set_nonblocking(spin).map_err(|e| e.to_string())?;
@@ -248,12 +223,8 @@ fn tcp_client(
     addr: SocketAddr,
     msg_size: usize,
     duration: Duration,
-    cpu: Option<usize>,
     spin: bool,
 ) -> Result<Measured, String> {
-    if let Some(id) = cpu {
-        crate::pin_current_thread(id);
-    }
     let mut s =
         TcpStream::connect_timeout(&addr, IO_TIMEOUT).map_err(|e| format!("connect: {e}"))?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
@@ -440,19 +411,14 @@ pub fn grpc_unary(
     check_args(msg_size, duration, in_flight)?;
     let server = GrpcEchoServer::start(server_cpu)?;
     let addr = server.addr;
-    let client = std::thread::Builder::new()
-        .name("grpc-unary-client".into())
-        .spawn(move || -> Result<Measured, String> {
-            if let Some(id) = client_cpu {
-                crate::pin_current_thread(id);
-            }
+    let measured = crate::run_pinned(
+        "grpc-unary-client",
+        client_cpu,
+        move || -> Result<Measured, String> {
             let rt = current_thread_runtime()?;
             rt.block_on(grpc_client(addr, msg_size, duration, in_flight))
-        })
-        .map_err(|e| format!("cannot start the grpc client thread: {e}"))?;
-    let measured = client
-        .join()
-        .map_err(|_| "grpc client thread panicked".to_string())?;
+        },
+    )?;
     let served = server.stop();
     let m = measured?;
     served?;

@@ -46,6 +46,36 @@ pub fn pin_current_thread(id: usize) {
     core_affinity::set_for_current(core_affinity::CoreId { id });
 }
 
+/// Starts `f` on a thread named `name`, pinned to `cpu` if given: the
+/// way every measured side of a limit or peer runs, so that what it
+/// allocates and touches first lies near the CPU it is measured on.
+pub fn spawn_pinned<T: Send + 'static>(
+    name: &str,
+    cpu: Option<usize>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<std::thread::JoinHandle<T>, String> {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            if let Some(id) = cpu {
+                pin_current_thread(id);
+            }
+            f()
+        })
+        .map_err(|e| format!("cannot start the {name} thread: {e}"))
+}
+
+/// [`spawn_pinned`], then waits for `f`'s result.
+pub fn run_pinned<T: Send + 'static>(
+    name: &str,
+    cpu: Option<usize>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    spawn_pinned(name, cpu, f)?
+        .join()
+        .map_err(|_| format!("{name} thread panicked"))
+}
+
 /// `x / y`, or 0 where `y` is not positive (a peer that measured
 /// nothing gives no ratio rather than an infinite one).
 pub fn ratio(x: f64, y: f64) -> f64 {

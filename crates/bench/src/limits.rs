@@ -201,18 +201,9 @@ pub fn memcpy_bandwidth(
     check_duration(duration)?;
     // The buffers are allocated and first written in the pinned thread,
     // so that their pages sit on the memory node of the copying CPU.
-    let thread = std::thread::Builder::new()
-        .name("memcpy".into())
-        .spawn(move || {
-            if let Some(id) = cpu {
-                crate::pin_current_thread(id);
-            }
-            copy_loop(chunk_bytes, working_set_bytes, duration)
-        })
-        .map_err(|e| format!("cannot start the memcpy thread: {e}"))?;
-    let (copies, seconds) = thread
-        .join()
-        .map_err(|_| "memcpy thread panicked".to_string())?;
+    let (copies, seconds) = crate::run_pinned("memcpy", cpu, move || {
+        copy_loop(chunk_bytes, working_set_bytes, duration)
+    })?;
     let bytes = copies * chunk_bytes as u64;
     Ok(MemcpyRate {
         chunk_bytes,
@@ -330,18 +321,9 @@ pub fn gather_bandwidth(
         ));
     }
     check_duration(duration)?;
-    let thread = std::thread::Builder::new()
-        .name("gather".into())
-        .spawn(move || {
-            if let Some(id) = cpu {
-                crate::pin_current_thread(id);
-            }
-            gather_loop(chunk_bytes, batch, working_set_bytes, duration)
-        })
-        .map_err(|e| format!("cannot start the gather thread: {e}"))?;
-    let (chunks, seconds) = thread
-        .join()
-        .map_err(|_| "gather thread panicked".to_string())??;
+    let (chunks, seconds) = crate::run_pinned("gather", cpu, move || {
+        gather_loop(chunk_bytes, batch, working_set_bytes, duration)
+    })??;
     Ok(GatherRate {
         chunk_bytes,
         batch,
@@ -480,7 +462,7 @@ impl TcpRate {
 ///
 /// When the client fails before it connects, one connection is opened and
 /// closed so that the server's `accept` returns and its thread ends.
-fn run_pair<S, C, A, B>(
+pub(crate) fn run_pair<S, C, A, B>(
     name: &str,
     server_cpu: Option<usize>,
     client_cpu: Option<usize>,
@@ -495,24 +477,10 @@ where
 {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let server = std::thread::Builder::new()
-        .name(format!("{name}-server"))
-        .spawn(move || {
-            if let Some(id) = server_cpu {
-                crate::pin_current_thread(id);
-            }
-            server(listener)
-        })
-        .map_err(|e| format!("cannot start the {name} server thread: {e}"))?;
-    let client = std::thread::Builder::new()
-        .name(format!("{name}-client"))
-        .spawn(move || {
-            if let Some(id) = client_cpu {
-                crate::pin_current_thread(id);
-            }
-            client(addr)
-        })
-        .map_err(|e| format!("cannot start the {name} client thread: {e}"));
+    let server = crate::spawn_pinned(&format!("{name}-server"), server_cpu, move || {
+        server(listener)
+    })?;
+    let client = crate::spawn_pinned(&format!("{name}-client"), client_cpu, move || client(addr));
     let measured = match client {
         Ok(c) => c
             .join()

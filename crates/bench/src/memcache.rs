@@ -599,17 +599,8 @@ pub fn run(opts: &McOpts) -> Result<BenchResult, String> {
         return Err("connections, pipeline depth and keys per get must all be at least 1".into());
     }
     let thread_opts = opts.clone();
-    let (tally, seconds) = std::thread::Builder::new()
-        .name("memcache-load".into())
-        .spawn(move || {
-            if let Some(cpu) = thread_opts.client_cpu {
-                crate::pin_current_thread(cpu);
-            }
-            drive(&thread_opts)
-        })
-        .map_err(|e| format!("cannot start the client thread: {e}"))?
-        .join()
-        .map_err(|_| "memcached client thread panicked".to_string())??;
+    let cpu = thread_opts.client_cpu;
+    let (tally, seconds) = crate::run_pinned("memcache-load", cpu, move || drive(&thread_opts))??;
     let per_s = |n: u64| n as f64 / seconds.max(1e-9);
     let us = |q: f64| tally.hist.value_at_quantile(q) as f64 / 1e3;
     Ok(BenchResult {
