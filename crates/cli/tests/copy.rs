@@ -4,10 +4,11 @@
 //! process; a target killed mid-copy resumes from its durable positions
 //! with `--resume` and starts over without it; a source killed mid-copy
 //! fails the copy with a clear error and `--resume` then finishes it; a
-//! source that never answers times out and leaves nothing behind; a full
+//! resume over pairs that changed at the source since the first run is
+//! refused (`SOURCE_CHANGED`); a source that never answers times out and leaves nothing behind; a full
 //! disk is a clear error.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -159,23 +160,34 @@ fn shm_copy_is_identical_to_its_source() {
     copy_is_identical(shm);
 }
 
-#[test]
-fn a_killed_target_resumes_with_resume_and_starts_over_without() {
+/// Arguments of the kill tests' copies: small durable steps, so a range
+/// is durable long before the copy ends.
+const KILL_ARGS: [&str; 4] = ["--ranges", "4", "--durable-every", "256KB"];
+
+/// A served source shard of `KILL_SHARD_BYTES` and a copy of it killed
+/// once a range is durable: the temporary directory, the source's and the
+/// copy's paths, and the server.
+fn killed_copy() -> (tempfile::TempDir, PathBuf, PathBuf, Served) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
     gen(&src, KILL_SHARD_BYTES, 128);
     let served = serve(&tcp(), &src, 1);
-    let args = ["--ranges", "4", "--durable-every", "256KB"];
+    kill_mid_copy(&served.addr, &dst, &KILL_ARGS);
+    (dir, src, dst, served)
+}
 
-    kill_mid_copy(&served.addr, &dst, &args);
+/// `copy_cmd` with `KILL_ARGS` and `--resume`.
+fn resume_cmd(addr: &str, to: &Path) -> Command {
+    let mut args = KILL_ARGS.to_vec();
+    args.push("--resume");
+    copy_cmd(addr, to, &args)
+}
 
-    let mut resumed_args = args.to_vec();
-    resumed_args.push("--resume");
-    let r = result_of(
-        &copy_cmd(&served.addr, &dst, &resumed_args)
-            .output()
-            .expect("copy"),
-    );
+#[test]
+fn a_killed_target_resumes_with_resume_and_starts_over_without() {
+    let (_dir, src, dst, served) = killed_copy();
+    let args = KILL_ARGS;
+    let r = result_of(&resume_cmd(&served.addr, &dst).output().expect("copy"));
     let (all, this_run) = (
         r["bytes"].as_u64().expect("bytes"),
         r["bytes_this_run"].as_u64().expect("bytes this run"),
@@ -204,8 +216,7 @@ fn a_killed_source_fails_the_copy_clearly_and_resume_finishes_it() {
     let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
     gen(&src, KILL_SHARD_BYTES, 256);
     let served = serve(&tcp(), &src, 1);
-    let args = ["--ranges", "4", "--durable-every", "256KB"];
-    let mut copy = copy_cmd(&served.addr, &dst, &args)
+    let mut copy = copy_cmd(&served.addr, &dst, &KILL_ARGS)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -221,14 +232,57 @@ fn a_killed_source_fails_the_copy_clearly_and_resume_finishes_it() {
     );
 
     let served = serve(&tcp(), &src, 1);
-    let mut resumed_args = args.to_vec();
-    resumed_args.push("--resume");
+    let r = result_of(&resume_cmd(&served.addr, &dst).output().expect("copy"));
+    assert!(r["bytes_this_run"].as_u64() < r["bytes"].as_u64());
+    stop(served);
+    assert_eq!(checksum(&src), checksum(&dst));
+}
+
+/// A key the copy into `to` holds durably: the last key of the first
+/// range its progress file names with pairs.
+fn held_key(to: &Path) -> Vec<u8> {
+    let text = std::fs::read_to_string(to.join("fabrickv-copy.progress")).expect("progress file");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("progress JSON");
+    let ranges = v["ranges"].as_array().expect("ranges");
+    let r = ranges
+        .iter()
+        .find(|r| r["pairs"].as_u64() > Some(0))
+        .expect("a range with durable pairs");
+    let hex = r["after"].as_str().expect("after");
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+#[test]
+fn a_resume_over_pairs_changed_at_the_source_is_refused() {
+    let (_dir, src, dst, served) = killed_copy();
+
+    // Between the runs, a pair the target already holds changes at the
+    // source: continuing would leave the old value in the copy.
+    let held = held_key(&dst);
+    let mut c = ShardClient::connect_default(&served.addr).expect("connect");
+    c.put("s", &held, b"written between the two runs")
+        .expect("put");
+    let out = resume_cmd(&served.addr, &dst).output().expect("copy");
+    assert!(
+        !out.status.success(),
+        "a resume over a changed source succeeded"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("SOURCE_CHANGED") && err.contains("without --resume"),
+        "unclear error: {err}"
+    );
+
+    // Without --resume the copy starts over and equals the source.
     let r = result_of(
-        &copy_cmd(&served.addr, &dst, &resumed_args)
+        &copy_cmd(&served.addr, &dst, &KILL_ARGS)
             .output()
             .expect("copy"),
     );
-    assert!(r["bytes_this_run"].as_u64() < r["bytes"].as_u64());
+    assert_eq!(r["bytes_this_run"], r["bytes"]);
     stop(served);
     assert_eq!(checksum(&src), checksum(&dst));
 }

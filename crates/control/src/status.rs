@@ -64,6 +64,7 @@ pub fn grpc_code(code: ErrorCode) -> Code {
         ErrorCode::StorageFailed => Code::Internal,
         ErrorCode::NoSuchCopy => Code::NotFound,
         ErrorCode::CopyState => Code::FailedPrecondition,
+        ErrorCode::SourceChanged => Code::FailedPrecondition,
         // A code added to fabrickv-types after this table was written: the
         // metadata still names it exactly; the gRPC code just says so.
         _ => Code::Unknown,

@@ -63,6 +63,10 @@ pub const COPY_START_TIMEOUT_MS: u64 = 60_000;
 /// How often a session logs its progress, in milliseconds.
 pub const COPY_LOG_INTERVAL_MS: u64 = 1_000;
 
+/// Pairs between two looks at the stop flag while a resumed range's held
+/// prefix is read back, so END stops a long check promptly.
+pub const COPY_CHECK_STOP_EVERY_PAIRS: u64 = 4096;
+
 type Refusal = (ErrorCode, String);
 
 /// Every copy session of one server.
@@ -95,6 +99,8 @@ struct Session {
     inner: Mutex<Inner>,
     pairs_sent: AtomicU64,
     bytes_sent: AtomicU64,
+    /// Bytes of resumed ranges read back to check what the target holds.
+    bytes_checked: AtomicU64,
     ranges_done: AtomicU32,
     stop: AtomicBool,
 }
@@ -275,6 +281,7 @@ impl CopySources {
             }),
             pairs_sent: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
+            bytes_checked: AtomicU64::new(0),
             ranges_done: AtomicU32::new(0),
             stop: AtomicBool::new(false),
         });
@@ -446,6 +453,25 @@ struct RangeJob {
     to: Bound<Vec<u8>>,
     seq: u64,
     digest: Digest,
+    /// What the target already holds of a resumed range, checked against
+    /// this snapshot before anything of the range is sent.
+    held: Option<Held>,
+    /// The target holds the whole range: check it, send nothing.
+    done: bool,
+}
+
+/// The pairs a target holds of a range from an earlier run: those of the
+/// range from its lower bound through the last key held (all of it when
+/// the range is done), and their digest as the target computed it.
+///
+/// The target's running digest continues from `digest`, and its final
+/// check compares sums chained from it, so a pair that changed at the
+/// source in this part between the two runs would otherwise go unseen:
+/// the copy would mix two points in time and still verify.
+struct Held {
+    from: Bound<Vec<u8>>,
+    to: Bound<Vec<u8>>,
+    digest: Digest,
 }
 
 fn jobs(boundaries: &[Vec<u8>], resume: &[ResumePoint]) -> VecDeque<RangeJob> {
@@ -456,13 +482,31 @@ fn jobs(boundaries: &[Vec<u8>], resume: &[ResumePoint]) -> VecDeque<RangeJob> {
         let (lower, upper) = range_bounds(boundaries, r as usize);
         let (lower, to) = (lower.map(<[u8]>::to_vec), upper.map(<[u8]>::to_vec));
         let job = match by_range.get(&r) {
-            Some(p) if p.done => continue,
+            Some(p) if p.done => RangeJob {
+                range: r,
+                held: Some(Held {
+                    from: lower.clone(),
+                    to: to.clone(),
+                    digest: p.digest,
+                }),
+                from: lower,
+                to,
+                seq: p.next_seq,
+                digest: p.digest,
+                done: true,
+            },
             Some(p) if p.digest.pairs > 0 => RangeJob {
                 range: r,
+                held: Some(Held {
+                    from: lower,
+                    to: Bound::Included(p.after.clone()),
+                    digest: p.digest,
+                }),
                 from: Bound::Excluded(p.after.clone()),
                 to,
                 seq: p.next_seq,
                 digest: p.digest,
+                done: false,
             },
             _ => RangeJob {
                 range: r,
@@ -470,11 +514,59 @@ fn jobs(boundaries: &[Vec<u8>], resume: &[ResumePoint]) -> VecDeque<RangeJob> {
                 to,
                 seq: 0,
                 digest: Digest::default(),
+                held: None,
+                done: false,
             },
         };
         q.push_back(job);
     }
     q
+}
+
+/// Reads what the target holds of `range` back from the snapshot and
+/// compares digests: a resumed range continues only from a prefix that is
+/// still the source's. Costs one read of that prefix at the source (no
+/// network, no writes at the target).
+fn check_held(s: &Session, range: u32, held: &Held) -> Result<(), Refusal> {
+    let mut here = Digest::default();
+    let mut stopped = false;
+    s.snapshot
+        .scan_each(bound_ref(&held.from), bound_ref(&held.to), &mut |k, v| {
+            here.add(k, v);
+            if here.pairs % COPY_CHECK_STOP_EVERY_PAIRS == 0 && s.stop.load(Ordering::Acquire) {
+                stopped = true;
+                return Ok(false);
+            }
+            Ok(true)
+        })
+        .map_err(|e| {
+            (
+                ErrorCode::StorageFailed,
+                format!("reading range {range}: {e}"),
+            )
+        })?;
+    if stopped {
+        return Err((ErrorCode::Unavailable, "the copy was stopped".to_string()));
+    }
+    s.bytes_checked.fetch_add(here.bytes, Ordering::Relaxed);
+    if here == held.digest {
+        return Ok(());
+    }
+    let t = &held.digest;
+    let how = if (here.pairs, here.bytes) == (t.pairs, t.bytes) {
+        "the same number of pairs and bytes with other contents".to_string()
+    } else {
+        format!("{} pairs ({} bytes)", here.pairs, here.bytes)
+    };
+    Err((
+        ErrorCode::SourceChanged,
+        format!(
+            "range {range} changed at the source since the earlier run: the target holds {} \
+             pairs ({} bytes) of it, the source now has {how} there; rerun without --resume \
+             to start over",
+            t.pairs, t.bytes
+        ),
+    ))
 }
 
 /// A frame ready to send, with what it counts.
@@ -558,6 +650,7 @@ fn coordinate(
         state = i.state.name(),
         pairs = s.pairs_sent.load(Ordering::Relaxed),
         bytes,
+        bytes_checked = s.bytes_checked.load(Ordering::Relaxed),
         secs = format!("{secs:.2}"),
         mb_per_s = format!("{:.1}", bytes as f64 / secs.max(1e-9) / 1e6),
         "copy finished"
@@ -667,7 +760,15 @@ fn iterate_range(
         to,
         mut seq,
         mut digest,
+        held,
+        done,
     } = job;
+    if let Some(h) = &held {
+        check_held(s, range, h)?;
+    }
+    if done {
+        return Ok(());
+    }
     let fresh = |free: &Receiver<Vec<u8>>| {
         let mut b = free
             .try_recv()

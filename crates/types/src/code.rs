@@ -82,11 +82,15 @@ pub enum ErrorCode {
     /// The copy session is not in a state that allows this operation
     /// (START twice, START before its checkpoint is ready).
     CopyState = 30,
+    /// A resumed copy found that the source shard changed, since the
+    /// earlier run, among the pairs the target already holds: continuing
+    /// would mix two points in time, so the copy must start over.
+    SourceChanged = 31,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order; used by tests and documentation.
-    pub const ALL: [ErrorCode; 31] = [
+    pub const ALL: [ErrorCode; 32] = [
         ErrorCode::Ok,
         ErrorCode::NotFound,
         ErrorCode::InsufficientSpace,
@@ -118,6 +122,7 @@ impl ErrorCode {
         ErrorCode::StorageFailed,
         ErrorCode::NoSuchCopy,
         ErrorCode::CopyState,
+        ErrorCode::SourceChanged,
     ];
 
     /// The code as it travels on the wire.
@@ -164,6 +169,7 @@ impl ErrorCode {
             ErrorCode::StorageFailed => "STORAGE_FAILED",
             ErrorCode::NoSuchCopy => "NO_SUCH_COPY",
             ErrorCode::CopyState => "COPY_STATE",
+            ErrorCode::SourceChanged => "SOURCE_CHANGED",
         }
     }
 }
