@@ -34,7 +34,7 @@
 //! Holding the mutex while re-taking the GIL cannot deadlock: no thread
 //! ever waits for the mutex with the GIL held.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -284,6 +284,9 @@ impl CacheClient {
     }
 }
 
+closable_client!(CacheClient);
+cache_writes!(CacheClient, "");
+
 #[pymethods]
 impl CacheClient {
     /// Connects (with the GIL released) and sets up the receive buffer:
@@ -307,26 +310,6 @@ impl CacheClient {
             one_sided: client.one_sided(),
             inner: Mutex::new(Some(client)),
             closed: AtomicBool::new(false),
-        })
-    }
-
-    /// Stores `value` (any C-contiguous buffer, as raw bytes) under `key`,
-    /// expiring after `ttl` seconds if given; returns the value's
-    /// generation, which changes whenever the key is written.
-    #[pyo3(signature = (key, value, ttl = None))]
-    fn put(
-        &self,
-        py: Python<'_>,
-        key: &Bound<'_, PyAny>,
-        value: &Bound<'_, PyAny>,
-        ttl: Option<f64>,
-    ) -> PyResult<u64> {
-        let key = key_of(key)?;
-        let value = Value::of(value)?;
-        let value = value.as_slice()?;
-        let ttl = ttl_of(ttl)?;
-        self.with_client(py, |c| {
-            py.detach(|| c.put(key, value, ttl)).map_err(to_py_err)
         })
     }
 
@@ -503,18 +486,6 @@ impl CacheClient {
         })
     }
 
-    /// Removes `key`; True if it was there.
-    fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let key = key_of(key)?;
-        self.with_client(py, |c| py.detach(|| c.delete(key)).map_err(to_py_err))
-    }
-
-    /// Whether `key` is stored and not expired.
-    fn exists(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let key = key_of(key)?;
-        self.with_client(py, |c| py.detach(|| c.exists(key)).map_err(to_py_err))
-    }
-
     /// True if the server writes values into the receive buffer itself
     /// (shm); False if they arrive inline and the client lands them (tcp).
     #[getter]
@@ -540,32 +511,10 @@ impl CacheClient {
         self.timeout.as_secs_f64()
     }
 
-    /// True once `close()` has run.
-    #[getter]
-    fn closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
     /// Closes the connection and frees the receive buffer; later calls
     /// raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
     fn close(&self, py: Python<'_>) {
         crate::close_slot(py, &self.inner, &self.closed);
-    }
-
-    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    /// Closes the client; exceptions from the `with` body propagate.
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        _exc: &Bound<'_, PyAny>,
-        _traceback: &Bound<'_, PyAny>,
-    ) -> bool {
-        self.close(py);
-        false
     }
 
     fn __repr__(&self) -> String {

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,10 +35,10 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use crate::cache::{buffer_bytes_of, copy_out, key_of, out_of, read_error, with_locked, Value};
-use crate::kv::{key_slices, pair_slices, pairs_of, values_to_py};
+use crate::cache::{buffer_bytes_of, copy_out, key_of, out_of, read_error, with_locked};
+use crate::kv::key_slices;
 use crate::ps::{self, Lazy};
-use crate::{error, to_py_err, ttl_of};
+use crate::{error, to_py_err};
 
 /// Adds the cluster classes and the registry functions to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -149,6 +149,13 @@ impl Cluster {
     }
 }
 
+kv_calls!(
+    Cluster,
+    "each server's keys travel to it at once, all servers in parallel.",
+    "On an error the values of other servers (and around a refused one) may be stored."
+);
+closable_client!(Cluster);
+
 #[pymethods]
 impl Cluster {
     /// Resolves the map and connects to every server (GIL released).
@@ -189,53 +196,6 @@ impl Cluster {
                 })
             }))),
         })
-    }
-
-    /// The value stored under `key`, or None if it is absent or expired.
-    fn get<'py>(&self, py: Python<'py>, key: &[u8]) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let value = self.call(py, |c| c.get(key))?;
-        Ok(value.map(|v| PyBytes::new(py, &v)))
-    }
-
-    /// Stores `value` under `key`, expiring after `ttl` seconds if given.
-    #[pyo3(signature = (key, value, ttl = None))]
-    fn put(&self, py: Python<'_>, key: &[u8], value: &[u8], ttl: Option<f64>) -> PyResult<()> {
-        let ttl = ttl_of(ttl)?;
-        self.call(py, |c| c.put_ttl(key, value, ttl))
-    }
-
-    /// Removes `key`; True if it was there.
-    fn delete(&self, py: Python<'_>, key: &[u8]) -> PyResult<bool> {
-        self.call(py, |c| c.delete(key))
-    }
-
-    /// The values of `keys`, in order, None for each absent one; each
-    /// server's keys travel to it at once, all servers in parallel.
-    fn mget<'py>(
-        &self,
-        py: Python<'py>,
-        keys: Vec<Bound<'py, PyBytes>>,
-    ) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
-        let slices = key_slices(&keys);
-        let values = self.call(py, |c| c.mget(&slices))?;
-        Ok(values_to_py(py, values))
-    }
-
-    /// Stores many values across the cluster: `mput([(key, value), ...])`,
-    /// `mput({key: value})` or `mput(keys, values)`. On an error the
-    /// values of other servers (and around a refused one) may be stored.
-    #[pyo3(signature = (items, values = None, ttl = None))]
-    fn mput<'py>(
-        &self,
-        py: Python<'py>,
-        items: &Bound<'py, PyAny>,
-        values: Option<Vec<Bound<'py, PyBytes>>>,
-        ttl: Option<f64>,
-    ) -> PyResult<()> {
-        let ttl = ttl_of(ttl)?;
-        let pairs = pairs_of(items, values)?;
-        let slices = pair_slices(&pairs);
-        self.call(py, |c| c.mput(&slices, ttl))
     }
 
     /// Removes many keys; for each, in order, whether it was there.
@@ -344,33 +304,11 @@ impl Cluster {
         self.opts.timeout.as_secs_f64()
     }
 
-    /// True once `close()` has run.
-    #[getter]
-    fn closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
     /// Closes every connection (the tables' too); later calls raise
     /// `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
     fn close(&self, py: Python<'_>) {
         self.ps.close(py);
         crate::close_slot(py, &self.inner, &self.closed);
-    }
-
-    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    /// Closes the client; exceptions from the `with` body propagate.
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        _exc: &Bound<'_, PyAny>,
-        _traceback: &Bound<'_, PyAny>,
-    ) -> bool {
-        self.close(py);
-        false
     }
 
     fn __len__(&self) -> usize {
@@ -585,6 +523,9 @@ impl ClusterCache {
     }
 }
 
+closable_client!(ClusterCache);
+cache_writes!(ClusterCache, " on its server");
+
 #[pymethods]
 impl ClusterCache {
     /// Resolves the map and connects to every server (GIL released).
@@ -620,26 +561,6 @@ impl ClusterCache {
         })
     }
 
-    /// Stores `value` (any C-contiguous buffer, as raw bytes) under `key`
-    /// on its server, expiring after `ttl` seconds if given; returns the
-    /// value's generation.
-    #[pyo3(signature = (key, value, ttl = None))]
-    fn put(
-        &self,
-        py: Python<'_>,
-        key: &Bound<'_, PyAny>,
-        value: &Bound<'_, PyAny>,
-        ttl: Option<f64>,
-    ) -> PyResult<u64> {
-        let key = key_of(key)?;
-        let value = Value::of(value)?;
-        let value = value.as_slice()?;
-        let ttl = ttl_of(ttl)?;
-        self.with_client(py, |c| {
-            py.detach(|| c.put(key, value, ttl)).map_err(to_py_err)
-        })
-    }
-
     /// The value of `key` as bytes, or None if it is absent or expired.
     fn get<'py>(
         &self,
@@ -669,18 +590,6 @@ impl ClusterCache {
         })
     }
 
-    /// Removes `key`; True if it was there.
-    fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let key = key_of(key)?;
-        self.with_client(py, |c| py.detach(|| c.delete(key)).map_err(to_py_err))
-    }
-
-    /// Whether `key` is stored and not expired.
-    fn exists(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let key = key_of(key)?;
-        self.with_client(py, |c| py.detach(|| c.exists(key)).map_err(to_py_err))
-    }
-
     /// The server that owns `key`.
     fn server_of(&self, key: &Bound<'_, PyAny>) -> PyResult<u32> {
         Ok(fabrickv_cluster::server_of_key(
@@ -701,32 +610,10 @@ impl ClusterCache {
         self.buffer_bytes
     }
 
-    /// True once `close()` has run.
-    #[getter]
-    fn closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
     /// Closes the connections and frees the receive buffers; later calls
     /// raise `fabrickv.Error` (`UNAVAILABLE`).
     fn close(&self, py: Python<'_>) {
         crate::close_slot(py, &self.inner, &self.closed);
-    }
-
-    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    /// Closes the client; exceptions from the `with` body propagate.
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        _exc: &Bound<'_, PyAny>,
-        _traceback: &Bound<'_, PyAny>,
-    ) -> bool {
-        self.close(py);
-        false
     }
 
     fn __repr__(&self) -> String {

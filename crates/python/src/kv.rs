@@ -11,7 +11,7 @@
 //! here because PyO3 allows one method block per class; each hands off to
 //! [`crate::ps`], which owns the table client.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +22,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::ps::{self, PsConn, Table};
-use crate::ttl_of;
 
 /// Adds `Client` to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -121,6 +120,13 @@ pub(crate) fn key_slices<'a>(keys: &'a [Bound<'_, PyBytes>]) -> Vec<&'a [u8]> {
     keys.iter().map(|k| k.as_bytes()).collect()
 }
 
+kv_calls!(
+    Client,
+    "the keys travel pipelined to every worker at once.",
+    "On an error the values before and after the refused one may have been stored."
+);
+closable_client!(Client);
+
 #[pymethods]
 impl Client {
     /// Connects (with the GIL released) and learns the server's shape.
@@ -139,53 +145,6 @@ impl Client {
             closed: AtomicBool::new(false),
             ps: PsConn::new(addr, timeout),
         })
-    }
-
-    /// The value stored under `key`, or None if it is absent or expired.
-    fn get<'py>(&self, py: Python<'py>, key: &[u8]) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let value = self.call(py, |c| c.get(key))?;
-        Ok(value.map(|v| PyBytes::new(py, &v)))
-    }
-
-    /// Stores `value` under `key`, expiring after `ttl` seconds if given.
-    #[pyo3(signature = (key, value, ttl = None))]
-    fn put(&self, py: Python<'_>, key: &[u8], value: &[u8], ttl: Option<f64>) -> PyResult<()> {
-        let ttl = ttl_of(ttl)?;
-        self.call(py, |c| c.put_ttl(key, value, ttl))
-    }
-
-    /// Removes `key`; True if it was there.
-    fn delete(&self, py: Python<'_>, key: &[u8]) -> PyResult<bool> {
-        self.call(py, |c| c.delete(key))
-    }
-
-    /// The values of `keys`, in order, None for each absent one; the keys
-    /// travel pipelined to every worker at once.
-    fn mget<'py>(
-        &self,
-        py: Python<'py>,
-        keys: Vec<Bound<'py, PyBytes>>,
-    ) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
-        let slices = key_slices(&keys);
-        let values = self.call(py, |c| c.mget(&slices))?;
-        Ok(values_to_py(py, values))
-    }
-
-    /// Stores many values, pipelined: `mput([(key, value), ...])`,
-    /// `mput({key: value})` or `mput(keys, values)`. On an error the
-    /// values before and after the refused one may have been stored.
-    #[pyo3(signature = (items, values = None, ttl = None))]
-    fn mput<'py>(
-        &self,
-        py: Python<'py>,
-        items: &Bound<'py, PyAny>,
-        values: Option<Vec<Bound<'py, PyBytes>>>,
-        ttl: Option<f64>,
-    ) -> PyResult<()> {
-        let ttl = ttl_of(ttl)?;
-        let pairs = pairs_of(items, values)?;
-        let slices = pair_slices(&pairs);
-        self.call(py, |c| c.mput(&slices, ttl))
     }
 
     /// The server's counters summed over its workers (hits, misses,
@@ -250,12 +209,6 @@ impl Client {
         crate::close_slot(py, &self.inner, &self.closed);
     }
 
-    /// True once `close()` has run.
-    #[getter]
-    fn closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
     /// The address this client connected to.
     #[getter]
     fn addr(&self) -> &str {
@@ -266,22 +219,6 @@ impl Client {
     #[getter]
     fn timeout(&self) -> f64 {
         self.timeout.as_secs_f64()
-    }
-
-    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    /// Closes the client; exceptions from the `with` body propagate.
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        _exc: &Bound<'_, PyAny>,
-        _traceback: &Bound<'_, PyAny>,
-    ) -> bool {
-        self.close(py);
-        false
     }
 
     fn __repr__(&self) -> String {

@@ -7,12 +7,17 @@
 //! its table methods), [`ps`] the embedding `Table` and its pulls, [`cache`]
 //! the KV-cache `CacheClient` (values into caller-provided buffers),
 //! [`cluster`] the clients of a whole cluster (`Cluster`, `ClusterTable`,
-//! `ClusterCache`) and the registry's `barrier` and `lookup`. Each
+//! `ClusterCache`) and the registry's `barrier` and `lookup`, and
+//! [`macros`] the methods several of those classes share (closing and
+//! `with`, the kv calls of `Client` and `Cluster`), written once. Each
 //! further file registers its classes from [`fabrickv`] through its own
 //! `register` function.
 //!
 //! Every network call releases the GIL (`Python::detach`), so other Python
 //! threads run while one waits on the server.
+
+#[macro_use]
+mod macros;
 
 mod cache;
 mod cluster;

@@ -1,0 +1,171 @@
+//! Methods several Python classes share, written once.
+//!
+//! Each macro adds a `#[pymethods]` block of its own to the class it is
+//! given (PyO3's `multiple-pymethods`), so a class's own block keeps only
+//! what differs.
+
+/// `closed`, `__enter__` and `__exit__` of a client class: the class has a
+/// `closed: AtomicBool` set by its own `close(&self, py)`, which `__exit__`
+/// calls.
+macro_rules! closable_client {
+    ($class:ty) => {
+        #[pyo3::pymethods]
+        impl $class {
+            /// True once `close()` has run.
+            #[getter]
+            fn closed(&self) -> bool {
+                self.closed.load(std::sync::atomic::Ordering::Acquire)
+            }
+
+            fn __enter__(slf: pyo3::PyRef<'_, Self>) -> pyo3::PyRef<'_, Self> {
+                slf
+            }
+
+            /// Closes the client; exceptions from the `with` body propagate.
+            fn __exit__(
+                &self,
+                py: pyo3::Python<'_>,
+                _exc_type: &pyo3::Bound<'_, pyo3::PyAny>,
+                _exc: &pyo3::Bound<'_, pyo3::PyAny>,
+                _traceback: &pyo3::Bound<'_, pyo3::PyAny>,
+            ) -> bool {
+                self.close(py);
+                false
+            }
+        }
+    };
+}
+
+/// The single-key and batched kv calls of a key-value client class
+/// (`get`, `put`, `delete`, `mget`, `mput`): the class has `call(&self,
+/// py, f)`, which runs `f` on its Rust client with the GIL released, and
+/// that client has the calls of `fabrickv_client::Client` by the same
+/// names. `$mget_how` and `$mput_how` finish the two batch calls' docs:
+/// how the keys travel, and what an error leaves stored.
+macro_rules! kv_calls {
+    ($class:ty, $mget_how:literal, $mput_how:literal) => {
+        #[pyo3::pymethods]
+        impl $class {
+            /// The value stored under `key`, or None if it is absent or expired.
+            fn get<'py>(
+                &self,
+                py: pyo3::Python<'py>,
+                key: &[u8],
+            ) -> pyo3::PyResult<Option<pyo3::Bound<'py, pyo3::types::PyBytes>>> {
+                let value = self.call(py, |c| c.get(key))?;
+                Ok(value.map(|v| pyo3::types::PyBytes::new(py, &v)))
+            }
+
+            /// Stores `value` under `key`, expiring after `ttl` seconds if given.
+            #[pyo3(signature = (key, value, ttl = None))]
+            fn put(
+                &self,
+                py: pyo3::Python<'_>,
+                key: &[u8],
+                value: &[u8],
+                ttl: Option<f64>,
+            ) -> pyo3::PyResult<()> {
+                let ttl = crate::ttl_of(ttl)?;
+                self.call(py, |c| c.put_ttl(key, value, ttl))
+            }
+
+            /// Removes `key`; True if it was there.
+            fn delete(&self, py: pyo3::Python<'_>, key: &[u8]) -> pyo3::PyResult<bool> {
+                self.call(py, |c| c.delete(key))
+            }
+
+            #[doc = concat!(
+                        "The values of `keys`, in order, None for each absent one; ",
+                        $mget_how
+                    )]
+            fn mget<'py>(
+                &self,
+                py: pyo3::Python<'py>,
+                keys: Vec<pyo3::Bound<'py, pyo3::types::PyBytes>>,
+            ) -> pyo3::PyResult<Vec<Option<pyo3::Bound<'py, pyo3::types::PyBytes>>>> {
+                let slices = crate::kv::key_slices(&keys);
+                let values = self.call(py, |c| c.mget(&slices))?;
+                Ok(crate::kv::values_to_py(py, values))
+            }
+
+            #[doc = concat!(
+                        "Stores many values: `mput([(key, value), ...])`, `mput({key: value})` ",
+                        "or `mput(keys, values)`, expiring after `ttl` seconds if given. ",
+                        $mput_how
+                    )]
+            #[pyo3(signature = (items, values = None, ttl = None))]
+            fn mput<'py>(
+                &self,
+                py: pyo3::Python<'py>,
+                items: &pyo3::Bound<'py, pyo3::PyAny>,
+                values: Option<Vec<pyo3::Bound<'py, pyo3::types::PyBytes>>>,
+                ttl: Option<f64>,
+            ) -> pyo3::PyResult<()> {
+                let ttl = crate::ttl_of(ttl)?;
+                let pairs = crate::kv::pairs_of(items, values)?;
+                let slices = crate::kv::pair_slices(&pairs);
+                self.call(py, |c| c.mput(&slices, ttl))
+            }
+        }
+    };
+}
+
+/// `put`, `delete` and `exists` of a KV-cache client class: the class has
+/// `with_client(&self, py, f)`, which runs `f` on its locked Rust client
+/// (`f` releases the GIL for the network call), and that client has the
+/// calls of `fabrickv_client::CacheClient` by the same names.
+/// `$put_where` finishes `put`'s doc: where the value goes.
+macro_rules! cache_writes {
+    ($class:ty, $put_where:literal) => {
+        #[pyo3::pymethods]
+        impl $class {
+            #[doc = concat!(
+                        "Stores `value` (any C-contiguous buffer, as raw bytes) under `key`",
+                        $put_where,
+                        ", expiring after `ttl` seconds if given; returns the value's generation, ",
+                        "which changes whenever the key is written."
+                    )]
+            #[pyo3(signature = (key, value, ttl = None))]
+            fn put(
+                &self,
+                py: pyo3::Python<'_>,
+                key: &pyo3::Bound<'_, pyo3::PyAny>,
+                value: &pyo3::Bound<'_, pyo3::PyAny>,
+                ttl: Option<f64>,
+            ) -> pyo3::PyResult<u64> {
+                let key = crate::cache::key_of(key)?;
+                let value = crate::cache::Value::of(value)?;
+                let value = value.as_slice()?;
+                let ttl = crate::ttl_of(ttl)?;
+                self.with_client(py, |c| {
+                    py.detach(|| c.put(key, value, ttl))
+                        .map_err(crate::to_py_err)
+                })
+            }
+
+            /// Removes `key`; True if it was there.
+            fn delete(
+                &self,
+                py: pyo3::Python<'_>,
+                key: &pyo3::Bound<'_, pyo3::PyAny>,
+            ) -> pyo3::PyResult<bool> {
+                let key = crate::cache::key_of(key)?;
+                self.with_client(py, |c| {
+                    py.detach(|| c.delete(key)).map_err(crate::to_py_err)
+                })
+            }
+
+            /// Whether `key` is stored and not expired.
+            fn exists(
+                &self,
+                py: pyo3::Python<'_>,
+                key: &pyo3::Bound<'_, pyo3::PyAny>,
+            ) -> pyo3::PyResult<bool> {
+                let key = crate::cache::key_of(key)?;
+                self.with_client(py, |c| {
+                    py.detach(|| c.exists(key)).map_err(crate::to_py_err)
+                })
+            }
+        }
+    };
+}
