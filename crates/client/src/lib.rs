@@ -156,11 +156,7 @@ impl Client {
     /// Connects with a timeout for connecting and for each call.
     pub fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<Client> {
         let mut first = fabrickv_transport::connect(addr, 0, timeout)?;
-        first.post_with(&mut |b| encode_hello(b, 0, 0))?;
-        first.flush(timeout)?;
-        let info = recv_control(&mut *first, timeout, |frame| {
-            decode_hello_reply(frame).map_err(|e| ClientError::Protocol(e.to_string()))
-        })?;
+        let info = hello(&mut *first, timeout)?;
         let mut endpoints = vec![first];
         for w in 1..info.workers {
             endpoints.push(fabrickv_transport::connect(addr, w, timeout)?);
@@ -245,6 +241,16 @@ impl Client {
         sum.insert("workers".into(), u64::from(self.info.workers));
         Ok(sum)
     }
+}
+
+/// Asks the worker at the other end of `ep` for the server's shape and
+/// limits (HELLO).
+fn hello(ep: &mut dyn Endpoint, timeout: Duration) -> Result<ServerInfo> {
+    ep.post_with(&mut |b| encode_hello(b, 0, 0))?;
+    ep.flush(timeout)?;
+    recv_control(ep, timeout, |frame| {
+        decode_hello_reply(frame).map_err(|e| ClientError::Protocol(e.to_string()))
+    })
 }
 
 /// Waits for one control reply on `ep` and decodes it with `f`.

@@ -1,9 +1,13 @@
 //! The persistent-shard client: batched GET, PUT and DELETE on the shards
 //! a server serves (`serve --shard NAME=PATH`).
 //!
-//! A [`ShardClient`] owns one connection to the server's worker 0 (any
-//! worker serves any shard; a shard op runs on the worker that receives
-//! it) and keeps one request in flight. Writes are acknowledged only once
+//! A [`ShardClient`] owns one connection to one of the server's workers
+//! and keeps one request in flight. Any worker serves any shard, and a
+//! shard op runs on the worker that receives it, to the end (a durable
+//! write waits there for its sync): so each new client takes the next
+//! worker in turn ([`ShardClient::connect`]), and the clients of a
+//! process, and of several processes, spread over all of them instead of
+//! queueing on one. Writes are acknowledged only once
 //! durable: when [`ShardClient::put_many`] or [`ShardClient::delete_many`]
 //! returns `Ok`, the batch has been applied atomically and its journal
 //! synced, and it survives a crash of the server.
@@ -15,6 +19,7 @@
 //! takes, and asks again for the keys the server could not fit in a reply
 //! (`REPLY_FULL`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fabrickv_transport::Endpoint;
@@ -31,12 +36,16 @@ use fabrickv_wire::{decode_frame, FrameKind};
 
 use crate::{ClientError, Result, DEFAULT_TIMEOUT};
 
-/// The server worker a shard client talks to.
-const SHARD_WORKER: u16 = 0;
+/// Shard clients this process has connected so far: the next one talks to
+/// worker `(CLIENTS_CONNECTED + pid) % workers`. The process id offsets
+/// the turn so that processes with one client each spread too.
+static CLIENTS_CONNECTED: AtomicU64 = AtomicU64::new(0);
 
 /// A client of the persistent shards of one server.
 pub struct ShardClient {
     ep: Box<dyn Endpoint>,
+    /// The worker `ep` is connected to (named in every request header).
+    worker: u16,
     timeout: Duration,
     next_id: u64,
     /// Encoding scratch.
@@ -54,14 +63,32 @@ impl std::fmt::Debug for ShardClient {
 impl ShardClient {
     /// Connects to the server at `addr`; `timeout` bounds the connect and
     /// each call (a durable write waits for the server's disk).
+    ///
+    /// It asks worker 0 for the server's worker count (HELLO), then
+    /// connects to the worker whose turn it is (staying on worker 0 when
+    /// that is the one).
     pub fn connect(addr: &str, timeout: Duration) -> Result<ShardClient> {
-        let ep = fabrickv_transport::connect(addr, SHARD_WORKER, timeout)?;
+        let mut ep = fabrickv_transport::connect(addr, 0, timeout)?;
+        let info = crate::hello(&mut *ep, timeout)?;
+        let turn = CLIENTS_CONNECTED
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(u64::from(std::process::id()));
+        let worker = (turn % u64::from(info.workers.max(1))) as u16;
+        if worker != 0 {
+            ep = fabrickv_transport::connect(addr, worker, timeout)?;
+        }
         Ok(ShardClient {
             ep,
+            worker,
             timeout,
             next_id: 1,
             scratch: Vec::new(),
         })
+    }
+
+    /// The server worker this client's requests run on.
+    pub fn worker(&self) -> u16 {
+        self.worker
     }
 
     /// Bounds each later call by `timeout` (the connect keeps the one it
@@ -108,8 +135,9 @@ impl ShardClient {
                 take += 1;
             }
             let batch: Vec<&[u8]> = pending[..take].iter().map(|&i| keys[i].as_ref()).collect();
+            let worker = self.worker;
             let payload = self.call(ShardOp::Get, |b, id| {
-                encode_get(b, id, SHARD_WORKER, shard, &batch)
+                encode_get(b, id, worker, shard, &batch)
             })?;
             let results = decode_get_reply(&payload).map_err(protocol)?;
             if results.len() != take {
@@ -177,8 +205,9 @@ impl ShardClient {
             }
         }
         check_batch(shard, pairs.len(), pairs_payload_bytes(pairs))?;
+        let worker = self.worker;
         self.call(ShardOp::Put, |b, id| {
-            encode_put(b, id, SHARD_WORKER, shard, pairs)
+            encode_put(b, id, worker, shard, pairs)
         })
         .map(drop)
     }
@@ -194,8 +223,9 @@ impl ShardClient {
             check_key(k.as_ref())?;
         }
         check_batch(shard, keys.len(), keys_payload_bytes(keys))?;
+        let worker = self.worker;
         self.call(ShardOp::Delete, |b, id| {
-            encode_delete(b, id, SHARD_WORKER, shard, keys)
+            encode_delete(b, id, worker, shard, keys)
         })
         .map(drop)
     }
@@ -222,8 +252,9 @@ impl ShardClient {
                 format!("{op:?} is not a copy control op"),
             ));
         }
+        let worker = self.worker;
         self.call(op, |b, id| {
-            fabrickv_wire::shard::encode_request(b, id, SHARD_WORKER, op, shard, payload)
+            fabrickv_wire::shard::encode_request(b, id, worker, op, shard, payload)
         })
     }
 

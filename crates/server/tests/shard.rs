@@ -245,6 +245,37 @@ fn data_survives_a_restart(t: Transport) {
     s.shutdown();
 }
 
+/// Clients take the server's workers in turn (any worker serves any
+/// shard), so several clients do not queue on one; a pair written through
+/// one worker is read through every other.
+fn clients_spread_over_the_workers_and_each_serves_the_shard(t: Transport) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = server(t, dir.path());
+    let mut first = client(&s);
+    first.put("s", b"k", b"v").expect("put");
+    let mut seen = vec![first.worker()];
+    // Tests running beside this one take turns too, so a new client's
+    // worker is not known in advance; every worker turns up within a few.
+    for _ in 0..64 {
+        let mut c = client(&s);
+        assert!(c.worker() < 2, "worker {} of 2", c.worker());
+        if !seen.contains(&c.worker()) {
+            seen.push(c.worker());
+            assert_eq!(
+                c.get("s", b"k").expect("get").as_deref(),
+                Some(&b"v"[..]),
+                "worker {} reads what worker {} wrote",
+                c.worker(),
+                first.worker()
+            );
+        }
+        if seen.len() == 2 {
+            return;
+        }
+    }
+    panic!("64 clients all talked to worker {:?}", seen);
+}
+
 /// The copy's control over the native protocol: states, and the stable
 /// codes of every misuse; then a whole copy driven by `fabrickv_copy`'s
 /// target through this transport's control connection.
@@ -335,6 +366,7 @@ fn copy_control_states_and_refusals(t: Transport) {
 }
 
 transport_tests!(
+    clients_spread_over_the_workers_and_each_serves_the_shard,
     copy_control_states_and_refusals,
     put_get_delete_round_trip,
     values_near_the_frame_bound_and_gets_over_several_replies,
