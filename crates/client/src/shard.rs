@@ -74,16 +74,29 @@ impl ShardClient {
             .fetch_add(1, Ordering::Relaxed)
             .wrapping_add(u64::from(std::process::id()));
         let worker = (turn % u64::from(info.workers.max(1))) as u16;
-        if worker != 0 {
-            ep = fabrickv_transport::connect(addr, worker, timeout)?;
+        if worker == 0 {
+            return Ok(ShardClient::on(ep, 0, timeout));
         }
-        Ok(ShardClient {
+        ShardClient::connect_worker(addr, worker, timeout)
+    }
+
+    /// Connects to worker `worker` of the server at `addr`, whatever the
+    /// turn: to keep a client's ops off (or on) one worker. A worker the
+    /// server does not have is refused at the handshake (`UNAVAILABLE`,
+    /// with the server's worker count in the message).
+    pub fn connect_worker(addr: &str, worker: u16, timeout: Duration) -> Result<ShardClient> {
+        let ep = fabrickv_transport::connect(addr, worker, timeout)?;
+        Ok(ShardClient::on(ep, worker, timeout))
+    }
+
+    fn on(ep: Box<dyn Endpoint>, worker: u16, timeout: Duration) -> ShardClient {
+        ShardClient {
             ep,
             worker,
             timeout,
             next_id: 1,
             scratch: Vec::new(),
-        })
+        }
     }
 
     /// The server worker this client's requests run on.

@@ -253,6 +253,17 @@ fn clients_spread_over_the_workers_and_each_serves_the_shard(t: Transport) {
     let s = server(t, dir.path());
     let mut first = client(&s);
     first.put("s", b"k", b"v").expect("put");
+    // A client can also be put on a worker of its choosing.
+    let mut one = ShardClient::connect_worker(&s.addr, 1, TIMEOUT).expect("worker 1");
+    assert_eq!(one.worker(), 1);
+    assert_eq!(one.get("s", b"k").expect("get").as_deref(), Some(&b"v"[..]));
+    let refused = ShardClient::connect_worker(&s.addr, 2, TIMEOUT)
+        .expect_err("a worker the server does not have")
+        .to_string();
+    assert!(
+        refused.contains("worker 2") && refused.contains("has 2"),
+        "unclear refusal: {refused}"
+    );
     let mut seen = vec![first.worker()];
     // Tests running beside this one take turns too, so a new client's
     // worker is not known in advance; every worker turns up within a few.
