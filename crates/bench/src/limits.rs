@@ -108,6 +108,29 @@ fn check_range(name: &str, v: usize, max: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// The sizes of a copy limit ([`memcpy_bandwidth`], [`gather_bandwidth`]):
+/// a chunk and a working set within their bounds, the working set holding
+/// `chunks` chunks (`holds` says what they are, for the error).
+fn check_copy_sizes(
+    chunk_bytes: usize,
+    working_set_bytes: usize,
+    chunks: usize,
+    holds: &str,
+) -> Result<(), String> {
+    check_range("chunk size", chunk_bytes, MEMCPY_CHUNK_BYTES_MAX)?;
+    check_range(
+        "working set",
+        working_set_bytes,
+        MEMCPY_WORKING_SET_BYTES_MAX,
+    )?;
+    if working_set_bytes < chunks * chunk_bytes {
+        return Err(format!(
+            "working set {working_set_bytes} B cannot hold {holds} of {chunk_bytes} B"
+        ));
+    }
+    Ok(())
+}
+
 /// One JSON object: `"bench"` first, then the result's own fields.
 #[derive(Serialize)]
 struct JsonLine<'a, T: Serialize> {
@@ -187,17 +210,12 @@ pub fn memcpy_bandwidth(
     duration: Duration,
     cpu: Option<usize>,
 ) -> Result<MemcpyRate, String> {
-    check_range("chunk size", chunk_bytes, MEMCPY_CHUNK_BYTES_MAX)?;
-    check_range(
-        "working set",
+    check_copy_sizes(
+        chunk_bytes,
         working_set_bytes,
-        MEMCPY_WORKING_SET_BYTES_MAX,
+        2,
+        "a source and a destination chunk",
     )?;
-    if working_set_bytes < 2 * chunk_bytes {
-        return Err(format!(
-            "working set {working_set_bytes} B cannot hold a source and a destination chunk of {chunk_bytes} B"
-        ));
-    }
     check_duration(duration)?;
     // The buffers are allocated and first written in the pinned thread,
     // so that their pages sit on the memory node of the copying CPU.
@@ -260,6 +278,8 @@ pub const GATHER_PREFETCH_DISTANCE: usize = 6;
 /// Cache lines of 64 bytes at the head of each chunk that
 /// [`gather_bandwidth`] prefetches; the stream prefetcher brings the rest.
 pub const GATHER_PREFETCH_LINES: usize = 4;
+/// Most chunks per batch [`gather_bandwidth`] takes.
+pub const GATHER_BATCH_MAX: usize = 1 << 20;
 /// Destination batches [`gather_bandwidth`] cycles through, as a client's
 /// pulls in flight land in different parts of its buffer.
 const GATHER_DEST_BATCHES: usize = 16;
@@ -308,18 +328,8 @@ pub fn gather_bandwidth(
     duration: Duration,
     cpu: Option<usize>,
 ) -> Result<GatherRate, String> {
-    check_range("chunk size", chunk_bytes, MEMCPY_CHUNK_BYTES_MAX)?;
-    check_range("batch", batch, 1 << 20)?;
-    check_range(
-        "working set",
-        working_set_bytes,
-        MEMCPY_WORKING_SET_BYTES_MAX,
-    )?;
-    if working_set_bytes < chunk_bytes {
-        return Err(format!(
-            "working set {working_set_bytes} B cannot hold a chunk of {chunk_bytes} B"
-        ));
-    }
+    check_copy_sizes(chunk_bytes, working_set_bytes, 1, "a chunk")?;
+    check_range("batch", batch, GATHER_BATCH_MAX)?;
     check_duration(duration)?;
     let (chunks, seconds) = crate::run_pinned("gather", cpu, move || {
         gather_loop(chunk_bytes, batch, working_set_bytes, duration)
