@@ -523,18 +523,24 @@ fn jobs(boundaries: &[Vec<u8>], resume: &[ResumePoint]) -> VecDeque<RangeJob> {
     q
 }
 
+/// Why a range iterator gave up: END (or a failed stream) stopped the
+/// session.
+fn stopped() -> Refusal {
+    (ErrorCode::Unavailable, "the copy was stopped".to_string())
+}
+
 /// Reads what the target holds of `range` back from the snapshot and
 /// compares digests: a resumed range continues only from a prefix that is
 /// still the source's. Costs one read of that prefix at the source (no
 /// network, no writes at the target).
 fn check_held(s: &Session, range: u32, held: &Held) -> Result<(), Refusal> {
     let mut here = Digest::default();
-    let mut stopped = false;
+    let mut halted = false;
     s.snapshot
         .scan_each(bound_ref(&held.from), bound_ref(&held.to), &mut |k, v| {
             here.add(k, v);
             if here.pairs % COPY_CHECK_STOP_EVERY_PAIRS == 0 && s.stop.load(Ordering::Acquire) {
-                stopped = true;
+                halted = true;
                 return Ok(false);
             }
             Ok(true)
@@ -545,8 +551,8 @@ fn check_held(s: &Session, range: u32, held: &Held) -> Result<(), Refusal> {
                 format!("reading range {range}: {e}"),
             )
         })?;
-    if stopped {
-        return Err((ErrorCode::Unavailable, "the copy was stopped".to_string()));
+    if halted {
+        return Err(stopped());
     }
     s.bytes_checked.fetch_add(here.bytes, Ordering::Relaxed);
     if here == held.digest {
@@ -779,7 +785,6 @@ fn iterate_range(
     };
     let mut buf = fresh(free);
     let (mut pairs, mut bytes) = (0u64, 0u64);
-    let stopped = || (ErrorCode::Unavailable, "the copy was stopped".to_string());
     let ship = |buf: &mut Vec<u8>,
                 kind: FrameKind,
                 pairs: &mut u64,
