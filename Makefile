@@ -64,6 +64,7 @@ bench-smoke: build-fabric python
 	$(BIN) bench ps --transport shm --matrix --key-space-m 0.002 --duration 0.1 --server-cpus 0 --client-cpus 1 --json
 	$(BIN) bench ps --clients 2 --key-space-m 0.002 --duration 0.3 --json
 	$(BIN) bench ps --compare --rounds 2 --key-space-m 0.002 --async-req 16 --duration 0.3 --server-cpus 0 --client-cpus 1 --json
+	$(BIN) bench ps --compare --key-space-m 0.002 --async-req 16 --duration 0.3 --server-workers 2 --thread-num 2 --server-cpus 0,1 --client-cpus 0,1 --json
 	.venv/bin/python python/bench_ps.py --bin $(BIN) --duration 0.3 --rounds 1
 	$(BIN) bench cache --num-keys 64 --value-size 64KB --num-threads 2 --warmup 10 --compare --rounds 2 --json
 	$(BIN) bench cache --num-keys 64 --value-size 600KB --num-threads 2 --warmup 10 --depth 4 --compare --json

@@ -241,6 +241,12 @@ pub fn run_load_gated(
     if o.threads == 0 || o.batch == 0 || o.async_req == 0 || o.key_space == 0 {
         return Err("threads, batch, async requests and key space must be at least 1".into());
     }
+    // Thread t talks to worker t (mod the count) and is pinned to the
+    // t-th client CPU: with a server started by `spawn_server`, worker t
+    // runs on the t-th server CPU, so equal lists put each client thread
+    // beside its worker.
+    let workers = PsClient::server_workers(addr, BENCH_TIMEOUT)
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
     let counters: Arc<Vec<ThreadCounters>> =
         Arc::new((0..o.threads).map(|_| ThreadCounters::default()).collect());
     let stop = Arc::new(AtomicBool::new(false));
@@ -260,7 +266,8 @@ pub fn run_load_gated(
                 crate::pin_current_thread(o2.client_cpus[tid % o2.client_cpus.len()]);
             }
             let setup = (|| {
-                let mut c = PsClient::connect_with_timeout(&addr, BENCH_TIMEOUT)
+                let worker = (tid % usize::from(workers.max(1))) as u16;
+                let mut c = PsClient::connect_worker(&addr, worker, BENCH_TIMEOUT)
                     .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
                 let t = c.open_table(BENCH_TABLE).map_err(|e| e.to_string())?;
                 one_sided.store(c.one_sided(), Ordering::Relaxed);
@@ -377,7 +384,8 @@ pub struct PsServer {
     pub addr: String,
 }
 
-/// Starts `fabrickv serve` (this binary) pinned to `cpus`, listening on
+/// Starts `fabrickv serve` (this binary) pinned to `cpus` (worker i to
+/// the i-th CPU of the list, round robin), listening on
 /// `transport` (tcp, shm, or fabric with `provider`), with an embedding
 /// pool sized for `key_space` vectors of `dim` floats.
 pub fn spawn_server(
@@ -409,9 +417,13 @@ pub fn spawn_server(
         &addr,
         "--workers",
         &workers.to_string(),
-    ])
-    .args(["--memory", "64MB", "--log-level", "warn"])
-    .args(["--dram-pool-gb", &format!("{gb:.4}")]);
+    ]);
+    if let Some(c) = cpus {
+        // Worker i on the i-th CPU, not left to wander over the set.
+        cmd.args(["--worker-cpus", c]);
+    }
+    cmd.args(["--memory", "64MB", "--log-level", "warn"])
+        .args(["--dram-pool-gb", &format!("{gb:.4}")]);
     let probe = addr.clone();
     let child = peers::spawn_until(cmd, "fabrickv", || {
         PsClient::connect_with_timeout(&probe, Duration::from_millis(200)).is_ok()

@@ -174,21 +174,8 @@ pub struct CompareArgs {
 }
 
 pub fn cpu_list(s: &Option<String>) -> Result<Vec<usize>, String> {
-    let Some(s) = s else { return Ok(Vec::new()) };
-    let mut out = Vec::new();
-    for part in s.split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (usize, usize) = (
-                    a.parse().map_err(|_| format!("bad CPU list {s}"))?,
-                    b.parse().map_err(|_| format!("bad CPU list {s}"))?,
-                );
-                out.extend(a..=b);
-            }
-            None => out.push(part.parse().map_err(|_| format!("bad CPU list {s}"))?),
-        }
-    }
-    Ok(out)
+    s.as_deref()
+        .map_or(Ok(Vec::new()), fabrickv_types::cpus::parse_cpu_list)
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), String> {

@@ -160,6 +160,10 @@ enum Command {
         /// Data-path worker threads (default: one per core).
         #[arg(long)]
         workers: Option<usize>,
+        /// Pin worker i to the i-th CPU of this list (taskset syntax, e.g.
+        /// 0-3; round robin when workers outnumber it). Unpinned by default.
+        #[arg(long, value_name = "LIST", env = "FABRICKV_WORKER_CPUS")]
+        worker_cpus: Option<String>,
         /// cache (evicts oldest when full) or store (refuses writes when full).
         #[arg(long)]
         mode: Option<Mode>,
@@ -350,6 +354,7 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             transport,
             provider,
             workers,
+            worker_cpus,
             mode,
             memory,
             log_level,
@@ -376,6 +381,9 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             cfg.listen = with_scheme(&transport, &provider, &cfg.listen)?;
             if workers.is_some() {
                 cfg.workers = workers;
+            }
+            if let Some(v) = worker_cpus {
+                cfg.worker_cpus = fabrickv_types::cpus::parse_cpu_list(&v)?;
             }
             if let Some(v) = mode {
                 cfg.mode = v;

@@ -167,6 +167,69 @@ fn config_file_is_read_and_flags_override_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The CPUs a thread may run on (`Cpus_allowed_list` of its status).
+fn allowed_cpus(path: &str) -> Vec<usize> {
+    let status = std::fs::read_to_string(path).unwrap_or_default();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or_else(|| panic!("no Cpus_allowed_list in {path}"));
+    fabrickv_types::cpus::parse_cpu_list(list.trim()).expect("kernel CPU list")
+}
+
+/// Thread name -> allowed CPUs, for every thread of `pid`.
+fn thread_cpus(pid: &str) -> Vec<(String, Vec<usize>)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .filter_map(|t| {
+            let tid = t.ok()?.file_name().into_string().ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+            let cpus = allowed_cpus(&format!("/proc/{pid}/task/{tid}/status"));
+            Some((comm.trim().to_string(), cpus))
+        })
+        .collect()
+}
+
+#[test]
+fn worker_cpus_pin_each_worker_in_list_order() {
+    let ours = allowed_cpus("/proc/thread-self/status");
+    // Reversed, so the order of the list (not the CPUs' order) is seen.
+    let list: Vec<usize> = ours.iter().rev().take(2).copied().collect();
+    let arg = list.iter().map(ToString::to_string).collect::<Vec<_>>();
+    let s = serve(&["--worker-cpus", &arg.join(",")]);
+    let pid = s.child.id().to_string();
+    let want = |w: usize| vec![list[w % list.len()]];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let threads = thread_cpus(&pid);
+        let pinned = (0..2).all(|w| {
+            threads
+                .iter()
+                .any(|(name, cpus)| *name == format!("fkv-worker-{w}") && *cpus == want(w))
+        });
+        if pinned {
+            // Only the workers: the acceptor keeps the process's CPUs.
+            assert!(
+                threads
+                    .iter()
+                    .any(|(name, cpus)| name == "fkv-acceptor" && *cpus == ours),
+                "{threads:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "workers not pinned to {list:?}: {threads:?}"
+        );
+        std::thread::yield_now();
+    }
+    // A CPU the process may not use is refused before anything starts.
+    let out = run(&["serve", "--listen", "127.0.0.1:0", "--worker-cpus", "8191"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("worker_cpus names CPU 8191"), "{err}");
+}
+
 /// Runs the binary with `args`, outside any server.
 fn run(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run fabrickv")

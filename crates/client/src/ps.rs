@@ -179,6 +179,17 @@ impl std::fmt::Debug for PsClient {
     }
 }
 
+/// Connects to worker 0 of `addr` and asks its worker count.
+fn hello(addr: &str, timeout: Duration) -> Result<(Box<dyn Endpoint>, u16)> {
+    let mut first = fabrickv_transport::connect(addr, 0, timeout)?;
+    first.post_with(&mut |b| encode_hello(b, 0, 0))?;
+    first.flush(timeout)?;
+    let info = recv_control(&mut *first, timeout, |frame| {
+        decode_hello_reply(frame).map_err(|e| ClientError::Protocol(e.to_string()))
+    })?;
+    Ok((first, info.workers))
+}
+
 impl PsClient {
     /// Connects to the server at `addr` with [`DEFAULT_TIMEOUT`].
     pub fn connect(addr: &str) -> Result<PsClient> {
@@ -188,20 +199,31 @@ impl PsClient {
     /// Connects with a timeout for connecting and for each call. Clients of
     /// one process spread over the server's workers, round robin.
     pub fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<PsClient> {
-        let mut first = fabrickv_transport::connect(addr, 0, timeout)?;
-        first.post_with(&mut |b| encode_hello(b, 0, 0))?;
-        first.flush(timeout)?;
-        let info = recv_control(&mut *first, timeout, |frame| {
-            decode_hello_reply(frame).map_err(|e| ClientError::Protocol(e.to_string()))
-        })?;
+        let (first, workers) = hello(addr, timeout)?;
         let worker =
-            (NEXT_WORKER.fetch_add(1, Ordering::Relaxed) % usize::from(info.workers)) as u16;
+            (NEXT_WORKER.fetch_add(1, Ordering::Relaxed) % usize::from(workers.max(1))) as u16;
         let ep = if worker == 0 {
             first
         } else {
             fabrickv_transport::connect(addr, worker, timeout)?
         };
         PsClient::on_endpoint(ep, worker, timeout)
+    }
+
+    /// Connects to worker `worker` of the server at `addr`, whatever the
+    /// turn: a client thread pinned beside a pinned worker (the server's
+    /// `--worker-cpus`) talks to that worker, and over shm reads what it
+    /// pulled from its own core's cache. A worker the server does not have
+    /// is refused at the handshake (`UNAVAILABLE`, with the server's
+    /// worker count in the message).
+    pub fn connect_worker(addr: &str, worker: u16, timeout: Duration) -> Result<PsClient> {
+        let ep = fabrickv_transport::connect(addr, worker, timeout)?;
+        PsClient::on_endpoint(ep, worker, timeout)
+    }
+
+    /// How many workers the server at `addr` runs (asked of worker 0).
+    pub fn server_workers(addr: &str, timeout: Duration) -> Result<u16> {
+        Ok(hello(addr, timeout)?.1)
     }
 
     /// A client over an endpoint already connected to `worker`. Registers

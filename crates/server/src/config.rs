@@ -6,6 +6,7 @@
 
 use serde::Deserialize;
 
+use fabrickv_types::cpus::parse_cpu_list;
 use fabrickv_types::limits::WORKERS_MAX;
 use fabrickv_types::size::parse_size;
 
@@ -68,6 +69,12 @@ pub struct ServerConfig {
     pub listen: String,
     /// Data-path worker threads; `None` means one per core.
     pub workers: Option<usize>,
+    /// CPUs the workers are pinned to: worker `i` runs on
+    /// `worker_cpus[i % len]`; empty leaves them to the scheduler. Pinned,
+    /// a worker keeps its caches and its clients can sit beside it (a
+    /// shm client thread on its worker's CPU reads pulled values from
+    /// that core's cache, not across cores).
+    pub worker_cpus: Vec<usize>,
     /// Cache or store.
     pub mode: Mode,
     /// Engine memory over all workers, in bytes.
@@ -94,6 +101,7 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: DEFAULT_LISTEN.to_string(),
             workers: None,
+            worker_cpus: Vec::new(),
             mode: Mode::Store,
             memory_bytes: DEFAULT_MEMORY_BYTES,
             log_level: "info".to_string(),
@@ -112,6 +120,8 @@ impl Default for ServerConfig {
 struct FileConfig {
     listen: Option<String>,
     workers: Option<usize>,
+    /// CPU list in `taskset -c` syntax (`"0-3"`).
+    worker_cpus: Option<String>,
     mode: Option<Mode>,
     memory: Option<String>,
     log_level: Option<String>,
@@ -139,6 +149,9 @@ impl ServerConfig {
         }
         if f.workers.is_some() {
             c.workers = f.workers;
+        }
+        if let Some(v) = f.worker_cpus {
+            c.worker_cpus = parse_cpu_list(&v)?;
         }
         if let Some(v) = f.mode {
             c.mode = v;
@@ -182,6 +195,7 @@ impl ServerConfig {
                 return Err(format!("workers must be 1..={WORKERS_MAX}, not {w}"));
             }
         }
+        self.validate_worker_cpus()?;
         let per = self.memory_bytes / self.workers() as u64;
         if per < MEMORY_PER_WORKER_BYTES_MIN {
             return Err(format!(
@@ -201,6 +215,31 @@ impl ServerConfig {
         }
         crate::shard::ShardSpec::validate_all(&self.shards)?;
         crate::ps::PsStore::validate(&self.ps, self.workers())
+    }
+
+    /// Every CPU of `worker_cpus` must be one this process may run on
+    /// (its affinity mask, as `taskset` or a cgroup left it): pinning to
+    /// another would fail in the worker, after the server had started.
+    fn validate_worker_cpus(&self) -> Result<(), String> {
+        if self.worker_cpus.is_empty() {
+            return Ok(());
+        }
+        let allowed: Vec<usize> = core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.id)
+            .collect();
+        match self.worker_cpus.iter().find(|c| !allowed.contains(c)) {
+            Some(c) => Err(format!(
+                "worker_cpus names CPU {c}, which this process may not run on (allowed: {allowed:?})"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The CPU worker `id` is pinned to, if any.
+    pub fn worker_cpu(&self, id: usize) -> Option<usize> {
+        (!self.worker_cpus.is_empty()).then(|| self.worker_cpus[id % self.worker_cpus.len()])
     }
 }
 
@@ -222,6 +261,31 @@ mod tests {
         assert_eq!(c.resp.as_deref(), Some("127.0.0.1:7380"));
         assert_eq!(c.resp_password.as_deref(), Some("pw"));
         assert_eq!(ServerConfig::default().resp, None, "RESP is off by default");
+    }
+
+    #[test]
+    fn worker_cpus_pin_round_robin_and_must_be_ours() {
+        let c = ServerConfig::from_toml("workers = 3\nworker_cpus = \"0\"\n").expect("valid");
+        assert_eq!(c.worker_cpus, vec![0]);
+        assert_eq!((c.worker_cpu(0), c.worker_cpu(2)), (Some(0), Some(0)));
+        assert_eq!(
+            ServerConfig::default().worker_cpu(0),
+            None,
+            "unpinned by default"
+        );
+        let ours = core_affinity::get_core_ids().expect("affinity")[0].id;
+        let c = ServerConfig {
+            worker_cpus: vec![ours],
+            ..ServerConfig::default()
+        };
+        assert!(c.validate().is_ok());
+        let c = ServerConfig {
+            worker_cpus: vec![fabrickv_types::cpus::CPU_ID_MAX],
+            ..ServerConfig::default()
+        };
+        let e = c.validate().expect_err("a CPU this process may not use");
+        assert!(e.contains("CPU 8191"), "{e}");
+        assert!(ServerConfig::from_toml("worker_cpus = \"2-1\"").is_err());
     }
 
     #[test]

@@ -218,9 +218,19 @@ impl Server {
                 shard: shard::ShardService::new(id as u16, shards.clone()),
             };
             let stop = stop.clone();
+            let cpu = cfg.worker_cpu(id);
             let t = std::thread::Builder::new()
                 .name(format!("fkv-worker-{id}"))
-                .spawn(move || worker::run(port, services, clock, &stop))
+                .spawn(move || {
+                    if let Some(c) = cpu {
+                        // validate() checked the CPU is ours; a refusal
+                        // now (CPU taken offline) leaves it unpinned.
+                        if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
+                            tracing::warn!(worker = id, cpu = c, "cannot pin worker to its CPU");
+                        }
+                    }
+                    worker::run(port, services, clock, &stop)
+                })
                 .map_err(StartError::Thread)?;
             threads.push(t);
         }
@@ -238,6 +248,7 @@ impl Server {
         tracing::info!(
             addr = %listening.local_addr,
             workers,
+            worker_cpus = ?cfg.worker_cpus,
             mode = ?cfg.mode,
             memory = %fabrickv_types::size::format_size(cfg.memory_bytes),
             "fabrickv serving"

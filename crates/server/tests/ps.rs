@@ -253,8 +253,41 @@ fn stats_count_pulls_and_pushes(t: Transport) {
     s.shutdown();
 }
 
+/// A client can be put on the worker of its choosing (beside a pinned
+/// worker); every worker serves every table, and a worker the server lacks
+/// is refused with the server's count.
+fn a_client_on_a_chosen_worker_reads_what_another_wrote(t: Transport) {
+    let s = server(t);
+    assert_eq!(
+        PsClient::server_workers(&s.addr, TIMEOUT).expect("hello"),
+        2
+    );
+    let mut w0 = PsClient::connect_worker(&s.addr, 0, TIMEOUT).expect("worker 0");
+    let mut w1 = PsClient::connect_worker(&s.addr, 1, TIMEOUT).expect("worker 1");
+    assert_eq!((w0.worker(), w1.worker()), (0, 1));
+    let tab = w0
+        .create_table(&TableSpec::new("chosen", 8))
+        .expect("create");
+    let keys: Vec<u64> = (1..=50).collect();
+    let vals = init(11, &keys, 8);
+    w0.put(&tab, &keys, &vals).expect("put on worker 0");
+    let tab1 = w1.open_table("chosen").expect("open on worker 1");
+    let got = w1.pull(&tab1, &keys).expect("pull on worker 1");
+    assert_eq!(got.values, vals);
+    assert!(got.found.iter().all(|&f| f));
+    let refused = PsClient::connect_worker(&s.addr, 2, TIMEOUT)
+        .expect_err("a worker the server does not have")
+        .to_string();
+    assert!(
+        refused.contains("worker 2") && refused.contains("has 2"),
+        "unclear refusal: {refused}"
+    );
+    s.shutdown();
+}
+
 transport_tests!(
     transport_is_one_sided_where_it_can_be,
+    a_client_on_a_chosen_worker_reads_what_another_wrote,
     a_500_key_pull_lands_in_request_order,
     several_pulls_in_flight_complete_by_id_and_cancel_frees_them,
     pushes_apply_sgd_and_adagrad_per_key,

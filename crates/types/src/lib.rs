@@ -7,11 +7,13 @@
 //! - [`hash`]: the key hash and the mapping from a hash to a partition, used
 //!   identically by clients (to steer) and servers (to verify ownership).
 //! - [`size`]: parsing of human sizes such as `64MB`.
+//! - [`cpus`]: parsing of CPU lists such as `0,2-3`.
 //!
 //! This crate has no I/O and no dependency on any other FabricKV crate, so
 //! that everything else can depend on it.
 
 pub mod code;
+pub mod cpus;
 pub mod hash;
 pub mod limits;
 pub mod size;
