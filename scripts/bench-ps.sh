@@ -20,7 +20,7 @@ echo "## multi-client sweep, tcp, 1 thread x batch 100 per client"
 "$BIN" bench ps --clients 2,4,8 --transport tcp --key-space-m "$KEYS" --batch-read-count 100 --async-req 4 --duration "$DURATION" "${PIN[@]}" --json
 echo "## targets: tcp vs Redis MGET and raw TCP, shm vs memcpy, $ROUNDS alternating rounds"
 "$BIN" bench ps --compare --rounds "$ROUNDS" --key-space-m "$KEYS" --async-req 16 --duration "$DURATION" "${PIN[@]}" --json
-echo "## the same, both cores for both sides: 2 server workers and 2 client threads on CPUs 0,1"
+echo "## the same, both cores for both sides: 2 server workers and 2 client threads on CPUs 0,1, client thread t on worker t on CPU t"
 "$BIN" bench ps --compare --rounds "$ROUNDS" --key-space-m "$KEYS" --async-req 16 --duration "$DURATION" \
   --server-workers 2 --thread-num 2 --server-cpus 0,1 --client-cpus 0,1 --json
 if [ -x .venv/bin/python ] && .venv/bin/python -c 'import fabrickv' 2>/dev/null; then

@@ -254,6 +254,27 @@ pub fn connect_cache(addr: &str, buffer_bytes: usize) -> Result<CacheClient, Str
     .map_err(|e| format!("cannot connect to {addr}: {e}"))
 }
 
+/// Connects reader `tid` to worker `tid` (mod `workers`): with a server
+/// started by [`spawn_server`], worker t runs on the t-th server CPU and
+/// reader t on the t-th client CPU, so equal lists pair them per CPU.
+pub fn connect_reader(
+    addr: &str,
+    buffer_bytes: usize,
+    tid: usize,
+    workers: u16,
+) -> Result<CacheClient, String> {
+    let worker = (tid % usize::from(workers.max(1))) as u16;
+    CacheClient::connect_worker(
+        addr,
+        worker,
+        CacheClientOptions {
+            buffer_bytes,
+            timeout: CACHE_BENCH_TIMEOUT,
+        },
+    )
+    .map_err(|e| format!("cannot connect to {addr} (worker {worker}): {e}"))
+}
+
 // ---------------------------------------------------------------------------
 // Phases
 // ---------------------------------------------------------------------------
@@ -741,7 +762,8 @@ pub struct CacheServer {
 }
 
 /// Starts `fabrickv serve` (this binary) on loopback with `transport`
-/// (tcp, shm, or fabric with `provider`), pinned to `cpus`, with a cache
+/// (tcp, shm, or fabric with `provider`), pinned to `cpus` (worker i to
+/// the i-th CPU of the list), with a cache
 /// pool of `pool_bytes` and no gRPC control plane (the benchmark needs
 /// none, and the default gRPC port may be another server's). Ready once
 /// a cache client can connect.
@@ -773,6 +795,10 @@ pub fn spawn_server(
     ])
     .args(["--memory", "64MB", "--log-level", "warn", "--grpc", "off"])
     .args(["--cache-memory", &pool_bytes.to_string()]);
+    if let Some(c) = cpus {
+        // Worker i on the i-th CPU, not left to wander over the set.
+        cmd.args(["--worker-cpus", c]);
+    }
     let probe = addr.clone();
     let child = peers::spawn_until(cmd, "fabrickv", || {
         CacheClient::connect_with(

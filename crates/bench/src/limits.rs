@@ -728,6 +728,21 @@ fn reqresp_client(
         .ok_or_else(|| "the run ended before its measured interval".into())
 }
 
+/// The CPUs of a two-ended limit (raw TCP) measured beside a server on
+/// `server` and clients on `client`: the first server CPU, and the first
+/// client CPU other than it. Where client threads share CPUs with workers
+/// (`0,1` and `0,1`), the limit still gets both cores instead of both
+/// ends on one, which would halve it.
+pub fn limit_cpus(server: &[usize], client: &[usize]) -> (Option<usize>, Option<usize>) {
+    let s = server.first().copied();
+    let c = client
+        .iter()
+        .copied()
+        .find(|&c| Some(c) != s)
+        .or(client.first().copied());
+    (s, c)
+}
+
 /// The single-stream ceiling: over `127.0.0.1`, a sender thread (pinned to
 /// `server_cpu`) writes [`TCP_STREAM_WRITE_BYTES`] buffers back to back
 /// while a receiver thread (pinned to `client_cpu`) reads into a buffer of
@@ -1054,6 +1069,15 @@ mod tests {
 
     fn sane(v: f64) -> bool {
         v.is_finite() && v > 0.0
+    }
+
+    #[test]
+    fn limit_ends_go_on_two_cpus_where_the_lists_allow() {
+        assert_eq!(limit_cpus(&[0], &[1]), (Some(0), Some(1)));
+        assert_eq!(limit_cpus(&[0, 1], &[0, 1]), (Some(0), Some(1)));
+        assert_eq!(limit_cpus(&[0], &[0]), (Some(0), Some(0)));
+        assert_eq!(limit_cpus(&[], &[]), (None, None));
+        assert_eq!(limit_cpus(&[], &[3, 4]), (None, Some(3)));
     }
 
     #[test]

@@ -245,7 +245,7 @@ pub fn run_load_gated(
     // t-th client CPU: with a server started by `spawn_server`, worker t
     // runs on the t-th server CPU, so equal lists put each client thread
     // beside its worker.
-    let workers = PsClient::server_workers(addr, BENCH_TIMEOUT)
+    let workers = fabrickv_client::server_workers(addr, BENCH_TIMEOUT)
         .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
     let counters: Arc<Vec<ThreadCounters>> =
         Arc::new((0..o.threads).map(|_| ThreadCounters::default()).collect());

@@ -239,6 +239,8 @@ pub fn run(a: CacheArgs) -> Result<(), String> {
         depth: a.depth,
         json: a.json,
     };
+    let workers = fabrickv_client::server_workers(&addr, cache::CACHE_BENCH_TIMEOUT)
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
     let mut writer = cache::connect_cache(&addr, buffer_bytes)?;
     let one_sided = writer.one_sided();
     let how = if one_sided {
@@ -302,7 +304,7 @@ pub fn run(a: CacheArgs) -> Result<(), String> {
     let read = cache::run_readers(
         &o,
         &keys,
-        |_| cache::connect_cache(&addr, buffer_bytes),
+        |tid| cache::connect_reader(&addr, buffer_bytes, tid, workers),
         || {
             println!("Warmup completed");
             println!("\n=== Read Phase ===");
@@ -376,7 +378,7 @@ pub fn run(a: CacheArgs) -> Result<(), String> {
             cache::run_readers(
                 &o,
                 &keys,
-                |_| cache::connect_cache(&addr, buffer_bytes),
+                |tid| cache::connect_reader(&addr, buffer_bytes, tid, workers),
                 || {},
             )
         };
@@ -454,8 +456,9 @@ fn compare(
     ours: &ReadResult,
     mut ours_again: impl FnMut() -> Result<ReadResult, String>,
 ) -> Result<(), String> {
-    let server_cpu = crate::bench::cpu_list(&a.server_cpus)?.first().copied();
     let client_cpu = o.client_cpus.first().copied();
+    let (server_cpu, raw_client_cpu) =
+        limits::limit_cpus(&crate::bench::cpu_list(&a.server_cpus)?, &o.client_cpus);
     println!("\n=== Comparison ===");
     println!(
         "redis-server GET: same keys, values, TTL, {} threads x {} pass(es){}, each value checked...",
@@ -478,7 +481,7 @@ fn compare(
         LIMIT_DURATION.as_secs_f64()
     );
     let limits_now = || -> Result<(limits::TcpRate, Option<limits::MemcpyRate>), String> {
-        let raw = limits::tcp_stream(LIMIT_DURATION, server_cpu, client_cpu)?;
+        let raw = limits::tcp_stream(LIMIT_DURATION, server_cpu, raw_client_cpu)?;
         let memcpy = if r.transport == "tcp" {
             None
         } else {

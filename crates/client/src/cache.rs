@@ -28,10 +28,10 @@ use fabrickv_wire::cache::{
     decode_reply, decode_split_get_reply, encode_bind, encode_get, encode_key_op, encode_put_chunk,
     encode_put_from_region, peek_get_reply_head, CacheOp, RegionSlice, GET_REPLY_HEAD_BYTES,
 };
-use fabrickv_wire::control::{decode_error, decode_hello_reply, encode_hello};
+use fabrickv_wire::control::decode_error;
 use fabrickv_wire::{decode_frame, FrameHeader, FrameKind, WireError};
 
-use crate::{recv_control, ClientError, Result, DEFAULT_TIMEOUT};
+use crate::{ClientError, Result, DEFAULT_TIMEOUT};
 
 /// Default receive buffer of a client, in bytes (the seed's `--buffer-mb`
 /// default of 64).
@@ -147,20 +147,27 @@ impl CacheClient {
     /// Connects with `opts`. Clients of one process spread over the
     /// server's workers, round robin.
     pub fn connect_with(addr: &str, opts: CacheClientOptions) -> Result<CacheClient> {
-        let timeout = opts.timeout;
-        let mut first = fabrickv_transport::connect(addr, 0, timeout)?;
-        first.post_with(&mut |b| encode_hello(b, 0, 0))?;
-        first.flush(timeout)?;
-        let info = recv_control(&mut *first, timeout, |frame| {
-            decode_hello_reply(frame).map_err(protocol)
-        })?;
+        let (first, info) = crate::connect_hello(addr, opts.timeout)?;
         let worker =
-            (NEXT_WORKER.fetch_add(1, Ordering::Relaxed) % usize::from(info.workers)) as u16;
+            (NEXT_WORKER.fetch_add(1, Ordering::Relaxed) % usize::from(info.workers.max(1))) as u16;
         let ep = if worker == 0 {
             first
         } else {
-            fabrickv_transport::connect(addr, worker, timeout)?
+            fabrickv_transport::connect(addr, worker, opts.timeout)?
         };
+        CacheClient::on_endpoint(ep, worker, opts)
+    }
+
+    /// Connects to worker `worker`, whatever the turn: a reader thread
+    /// pinned beside a pinned worker (`--worker-cpus`) talks to that
+    /// worker. A worker the server does not have is refused at the
+    /// handshake (`UNAVAILABLE`, with the server's worker count).
+    pub fn connect_worker(
+        addr: &str,
+        worker: u16,
+        opts: CacheClientOptions,
+    ) -> Result<CacheClient> {
+        let ep = fabrickv_transport::connect(addr, worker, opts.timeout)?;
         CacheClient::on_endpoint(ep, worker, opts)
     }
 

@@ -253,6 +253,20 @@ fn hello(ep: &mut dyn Endpoint, timeout: Duration) -> Result<ServerInfo> {
     })
 }
 
+/// Connects to worker 0 of `addr` and asks the server's shape (HELLO).
+fn connect_hello(addr: &str, timeout: Duration) -> Result<(Box<dyn Endpoint>, ServerInfo)> {
+    let mut ep = fabrickv_transport::connect(addr, 0, timeout)?;
+    let info = hello(&mut *ep, timeout)?;
+    Ok((ep, info))
+}
+
+/// How many workers the server at `addr` runs (asked of worker 0): what a
+/// caller placing its threads with `connect_worker` (`PsClient`,
+/// `CacheClient`) divides by.
+pub fn server_workers(addr: &str, timeout: Duration) -> Result<u16> {
+    Ok(connect_hello(addr, timeout)?.1.workers)
+}
+
 /// Waits for one control reply on `ep` and decodes it with `f`.
 fn recv_control<T>(
     ep: &mut dyn Endpoint,

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use fabrickv_transport::{Endpoint, RemoteRegion, TransportError};
 use fabrickv_types::ErrorCode;
-use fabrickv_wire::control::{decode_error, decode_hello_reply, encode_hello};
+use fabrickv_wire::control::decode_error;
 use fabrickv_wire::ps::{
     bitmap_bytes, decode_desc, decode_list, decode_reply, encode_create, encode_list, encode_open,
     encode_pull, encode_push, pull_keys_per_frame, push_keys_per_frame, PsOp, PullDest, PushMode,
@@ -31,7 +31,7 @@ use fabrickv_wire::ps::{
 };
 use fabrickv_wire::{decode_frame, FrameKind};
 
-use crate::{recv_control, ClientError, Result, DEFAULT_TIMEOUT};
+use crate::{ClientError, Result, DEFAULT_TIMEOUT};
 
 /// Bytes of the receive region a client registers for one-sided pulls
 /// (64 MiB: 16 outstanding pulls of 512 vectors of 8 KiB). Pages are
@@ -179,17 +179,6 @@ impl std::fmt::Debug for PsClient {
     }
 }
 
-/// Connects to worker 0 of `addr` and asks its worker count.
-fn hello(addr: &str, timeout: Duration) -> Result<(Box<dyn Endpoint>, u16)> {
-    let mut first = fabrickv_transport::connect(addr, 0, timeout)?;
-    first.post_with(&mut |b| encode_hello(b, 0, 0))?;
-    first.flush(timeout)?;
-    let info = recv_control(&mut *first, timeout, |frame| {
-        decode_hello_reply(frame).map_err(|e| ClientError::Protocol(e.to_string()))
-    })?;
-    Ok((first, info.workers))
-}
-
 impl PsClient {
     /// Connects to the server at `addr` with [`DEFAULT_TIMEOUT`].
     pub fn connect(addr: &str) -> Result<PsClient> {
@@ -199,9 +188,9 @@ impl PsClient {
     /// Connects with a timeout for connecting and for each call. Clients of
     /// one process spread over the server's workers, round robin.
     pub fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<PsClient> {
-        let (first, workers) = hello(addr, timeout)?;
+        let (first, info) = crate::connect_hello(addr, timeout)?;
         let worker =
-            (NEXT_WORKER.fetch_add(1, Ordering::Relaxed) % usize::from(workers.max(1))) as u16;
+            (NEXT_WORKER.fetch_add(1, Ordering::Relaxed) % usize::from(info.workers.max(1))) as u16;
         let ep = if worker == 0 {
             first
         } else {
@@ -219,11 +208,6 @@ impl PsClient {
     pub fn connect_worker(addr: &str, worker: u16, timeout: Duration) -> Result<PsClient> {
         let ep = fabrickv_transport::connect(addr, worker, timeout)?;
         PsClient::on_endpoint(ep, worker, timeout)
-    }
-
-    /// How many workers the server at `addr` runs (asked of worker 0).
-    pub fn server_workers(addr: &str, timeout: Duration) -> Result<u16> {
-        Ok(hello(addr, timeout)?.1)
     }
 
     /// A client over an endpoint already connected to `worker`. Registers

@@ -237,8 +237,41 @@ fn bind_needs_a_registered_client(t: Transport) {
     s.shutdown();
 }
 
+/// A reader can be put on the worker of its choosing (beside a pinned
+/// worker); the pool is shared, so each worker serves what another stored,
+/// and a worker the server lacks is refused with the server's count.
+fn a_reader_on_a_chosen_worker_gets_what_another_stored(t: Transport) {
+    let s = server(t);
+    let opts = || CacheClientOptions {
+        buffer_bytes: 1 << 20,
+        timeout: TIMEOUT,
+    };
+    assert_eq!(
+        fabrickv_client::server_workers(&s.addr, TIMEOUT).expect("hello"),
+        2
+    );
+    let mut w0 = CacheClient::connect_worker(&s.addr, 0, opts()).expect("worker 0");
+    let mut w1 = CacheClient::connect_worker(&s.addr, 1, opts()).expect("worker 1");
+    assert_eq!((w0.worker(), w1.worker()), (0, 1));
+    w0.put(b"chosen", &value(5, 70_000), None)
+        .expect("put on worker 0");
+    assert_eq!(
+        w1.get(b"chosen").expect("get on worker 1"),
+        Some(value(5, 70_000))
+    );
+    let refused = CacheClient::connect_worker(&s.addr, 2, opts())
+        .expect_err("a worker the server does not have")
+        .to_string();
+    assert!(
+        refused.contains("worker 2") && refused.contains("has 2"),
+        "unclear refusal: {refused}"
+    );
+    s.shutdown();
+}
+
 transport_tests!(
     values_round_trip_from_one_byte_to_64_mib,
+    a_reader_on_a_chosen_worker_gets_what_another_stored,
     get_at_places_values_and_checks_the_slice_first,
     ttl_expires_actively_without_any_read,
     delete_exists_and_overwrite,

@@ -259,7 +259,7 @@ fn stats_count_pulls_and_pushes(t: Transport) {
 fn a_client_on_a_chosen_worker_reads_what_another_wrote(t: Transport) {
     let s = server(t);
     assert_eq!(
-        PsClient::server_workers(&s.addr, TIMEOUT).expect("hello"),
+        fabrickv_client::server_workers(&s.addr, TIMEOUT).expect("hello"),
         2
     );
     let mut w0 = PsClient::connect_worker(&s.addr, 0, TIMEOUT).expect("worker 0");
