@@ -7,8 +7,8 @@
 #
 # Each tcp case runs twice: one GET in flight per reader (the seed's
 # kv-bench) and DEPTH GETs in flight per reader (a batch read, as an
-# inference engine fetches the blocks of a prefix; Redis pipelined as deep),
-# in both placements below.
+# inference engine fetches the blocks of a prefix; Redis pipelined as deep).
+# Every case runs in both placements below.
 #
 # With --compare --rounds ROUNDS (default 5), FabricKV's read phase, Redis's
 # and the limits take turns ROUNDS times and the targets are judged by the
@@ -38,7 +38,8 @@ echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc) CPUs"
 # transport value-size keys passes depth placement
 for c in "tcp 64KB 4096 10 1 one" "tcp 64KB 4096 10 $DEPTH one" "tcp 1MB 512 8 1 one" \
   "tcp 64KB 4096 10 1 paired" "tcp 64KB 4096 10 $DEPTH paired" "tcp 1MB 512 8 1 paired" \
-  "shm 64KB 4096 14 1 one" "shm 1MB 512 18 1 one"; do
+  "shm 64KB 4096 14 1 one" "shm 1MB 512 18 1 one" \
+  "shm 64KB 4096 14 1 paired" "shm 1MB 512 18 1 paired"; do
   set -- $c
   echo "## $1, $2 values x $3 keys, 4 threads, $(( $4 * SCALE )) passes, $5 GET(s) in flight per thread, placement $6: $(place "$6")"
   # shellcheck disable=SC2046 # the placement is several flags
