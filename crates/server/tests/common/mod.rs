@@ -332,3 +332,16 @@ pub fn parse_reply(msg: &[u8]) -> (u64, u16, Reply) {
     };
     (h.request_id, h.worker, reply)
 }
+
+/// What connecting to worker 2 of a two-worker server must give: a
+/// refusal naming the worker asked for and the count the server has.
+pub fn assert_no_worker_2_of_2<T>(connected: Result<T, fabrickv_client::ClientError>) {
+    let refused = match connected {
+        Ok(_) => panic!("worker 2 of a 2-worker server was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        refused.contains("worker 2") && refused.contains("has 2"),
+        "unclear refusal: {refused}"
+    );
+}
