@@ -254,16 +254,14 @@ pub fn connect_cache(addr: &str, buffer_bytes: usize) -> Result<CacheClient, Str
     .map_err(|e| format!("cannot connect to {addr}: {e}"))
 }
 
-/// Connects reader `tid` to worker `tid` (mod `workers`): with a server
-/// started by [`spawn_server`], worker t runs on the t-th server CPU and
-/// reader t on the t-th client CPU, so equal lists pair them per CPU.
+/// Connects reader `tid` to its worker ([`crate::worker_of_thread`]).
 pub fn connect_reader(
     addr: &str,
     buffer_bytes: usize,
     tid: usize,
     workers: u16,
 ) -> Result<CacheClient, String> {
-    let worker = (tid % usize::from(workers.max(1))) as u16;
+    let worker = crate::worker_of_thread(tid, workers);
     CacheClient::connect_worker(
         addr,
         worker,
@@ -774,31 +772,10 @@ pub fn spawn_server(
     workers: usize,
     pool_bytes: u64,
 ) -> Result<CacheServer, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let addr = match transport {
-        "tcp" => format!("127.0.0.1:{}", peers::free_port()?),
-        "shm" => format!(
-            "shm://fkv-bench-cache-{}-{}",
-            std::process::id(),
-            peers::free_port()?
-        ),
-        "fabric" => format!("fabric://{provider}/127.0.0.1:{}", peers::free_port()?),
-        t => return Err(format!("unknown transport {t:?}: tcp, shm or fabric")),
-    };
-    let mut cmd = peers::pinned(cpus, &exe.to_string_lossy());
-    cmd.args([
-        "serve",
-        "--listen",
-        &addr,
-        "--workers",
-        &workers.to_string(),
-    ])
-    .args(["--memory", "64MB", "--log-level", "warn", "--grpc", "off"])
-    .args(["--cache-memory", &pool_bytes.to_string()]);
-    if let Some(c) = cpus {
-        // Worker i on the i-th CPU, not left to wander over the set.
-        cmd.args(["--worker-cpus", c]);
-    }
+    let addr = peers::fabrickv_listen_addr(transport, provider, "cache")?;
+    let mut cmd = peers::fabrickv_serve(cpus, &addr, workers)?;
+    cmd.args(["--memory", "64MB", "--log-level", "warn", "--grpc", "off"])
+        .args(["--cache-memory", &pool_bytes.to_string()]);
     let probe = addr.clone();
     let child = peers::spawn_until(cmd, "fabrickv", || {
         CacheClient::connect_with(

@@ -41,6 +41,14 @@ pub mod ps_report;
 pub mod report;
 pub mod rpc;
 
+/// The server worker client thread `tid` talks to: worker `tid` mod the
+/// count, so with a server started by `peers::fabrickv_serve` (worker i on
+/// the i-th server CPU) and thread t pinned to the t-th client CPU, equal
+/// CPU lists put each thread beside its worker.
+pub fn worker_of_thread(tid: usize, workers: u16) -> u16 {
+    (tid % usize::from(workers.max(1))) as u16
+}
+
 /// Pins the calling thread to CPU `id` (no-op where unsupported).
 pub fn pin_current_thread(id: usize) {
     core_affinity::set_for_current(core_affinity::CoreId { id });

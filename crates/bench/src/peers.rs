@@ -50,6 +50,36 @@ pub fn pinned(cpus: Option<&str>, program: &str) -> Command {
     }
 }
 
+/// Where a `fabrickv serve` started by a benchmark listens: a free
+/// loopback port for tcp and fabric (with `provider`), or a shm name
+/// unique to this process and `tag`.
+pub fn fabrickv_listen_addr(transport: &str, provider: &str, tag: &str) -> Result<String, String> {
+    Ok(match transport {
+        "tcp" => format!("127.0.0.1:{}", free_port()?),
+        "shm" => format!(
+            "shm://fkv-bench-{tag}-{}-{}",
+            std::process::id(),
+            free_port()?
+        ),
+        "fabric" => format!("fabric://{provider}/127.0.0.1:{}", free_port()?),
+        t => return Err(format!("unknown transport {t:?}: tcp, shm or fabric")),
+    })
+}
+
+/// `fabrickv serve` (this binary) on `addr` with `workers` workers, under
+/// `taskset -c CPUS` when `cpus` is given and then with worker i pinned to
+/// the i-th CPU of the list (`--worker-cpus`), not left to wander over
+/// the set; the caller adds the service's own flags.
+pub fn fabrickv_serve(cpus: Option<&str>, addr: &str, workers: usize) -> Result<Command, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = pinned(cpus, &exe.to_string_lossy());
+    cmd.args(["serve", "--listen", addr, "--workers", &workers.to_string()]);
+    if let Some(c) = cpus {
+        cmd.args(["--worker-cpus", c]);
+    }
+    Ok(cmd)
+}
+
 /// Starts a server process and waits until it accepts on `port`.
 pub fn spawn_server(cmd: Command, name: &str, port: u16) -> Result<Child, String> {
     spawn_until(cmd, name, || {

@@ -241,10 +241,7 @@ pub fn run_load_gated(
     if o.threads == 0 || o.batch == 0 || o.async_req == 0 || o.key_space == 0 {
         return Err("threads, batch, async requests and key space must be at least 1".into());
     }
-    // Thread t talks to worker t (mod the count) and is pinned to the
-    // t-th client CPU: with a server started by `spawn_server`, worker t
-    // runs on the t-th server CPU, so equal lists put each client thread
-    // beside its worker.
+    // Thread t on worker t (`worker_of_thread`), pinned to the t-th client CPU.
     let workers = fabrickv_client::server_workers(addr, BENCH_TIMEOUT)
         .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
     let counters: Arc<Vec<ThreadCounters>> =
@@ -266,7 +263,7 @@ pub fn run_load_gated(
                 crate::pin_current_thread(o2.client_cpus[tid % o2.client_cpus.len()]);
             }
             let setup = (|| {
-                let worker = (tid % usize::from(workers.max(1))) as u16;
+                let worker = crate::worker_of_thread(tid, workers);
                 let mut c = PsClient::connect_worker(&addr, worker, BENCH_TIMEOUT)
                     .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
                 let t = c.open_table(BENCH_TABLE).map_err(|e| e.to_string())?;
@@ -396,32 +393,11 @@ pub fn spawn_server(
     key_space: u64,
     dim: u32,
 ) -> Result<PsServer, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let addr = match transport {
-        "tcp" => format!("127.0.0.1:{}", peers::free_port()?),
-        "shm" => format!(
-            "shm://fkv-bench-ps-{}-{}",
-            std::process::id(),
-            peers::free_port()?
-        ),
-        "fabric" => format!("fabric://{provider}/127.0.0.1:{}", peers::free_port()?),
-        t => return Err(format!("unknown transport {t:?}: tcp, shm or fabric")),
-    };
+    let addr = peers::fabrickv_listen_addr(transport, provider, "ps")?;
     let pool =
         key_space * (u64::from(dim) * 4 + POOL_OVERHEAD_PER_KEY_BYTES) * 5 / 4 + POOL_SLACK_BYTES;
     let gb = pool as f64 / (1u64 << 30) as f64;
-    let mut cmd = peers::pinned(cpus, &exe.to_string_lossy());
-    cmd.args([
-        "serve",
-        "--listen",
-        &addr,
-        "--workers",
-        &workers.to_string(),
-    ]);
-    if let Some(c) = cpus {
-        // Worker i on the i-th CPU, not left to wander over the set.
-        cmd.args(["--worker-cpus", c]);
-    }
+    let mut cmd = peers::fabrickv_serve(cpus, &addr, workers)?;
     cmd.args(["--memory", "64MB", "--log-level", "warn"])
         .args(["--dram-pool-gb", &format!("{gb:.4}")]);
     let probe = addr.clone();

@@ -15,7 +15,7 @@
 //! seed's "response location"); [`CacheClient::get_into`] reads into any
 //! caller slice; [`CacheClient::get_many_at`] pipelines a batch.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
 use fabrickv_transport::{Endpoint, Landed, RemoteRegion, SplitSink, TransportError};
@@ -147,14 +147,7 @@ impl CacheClient {
     /// Connects with `opts`. Clients of one process spread over the
     /// server's workers, round robin.
     pub fn connect_with(addr: &str, opts: CacheClientOptions) -> Result<CacheClient> {
-        let (first, info) = crate::connect_hello(addr, opts.timeout)?;
-        let worker =
-            (NEXT_WORKER.fetch_add(1, Ordering::Relaxed) % usize::from(info.workers.max(1))) as u16;
-        let ep = if worker == 0 {
-            first
-        } else {
-            fabrickv_transport::connect(addr, worker, opts.timeout)?
-        };
+        let (ep, worker) = crate::connect_in_turn(addr, opts.timeout, &NEXT_WORKER)?;
         CacheClient::on_endpoint(ep, worker, opts)
     }
 

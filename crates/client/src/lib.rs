@@ -155,8 +155,7 @@ impl Client {
 
     /// Connects with a timeout for connecting and for each call.
     pub fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<Client> {
-        let mut first = fabrickv_transport::connect(addr, 0, timeout)?;
-        let info = hello(&mut *first, timeout)?;
+        let (first, info) = connect_hello(addr, timeout)?;
         let mut endpoints = vec![first];
         for w in 1..info.workers {
             endpoints.push(fabrickv_transport::connect(addr, w, timeout)?);
@@ -258,6 +257,23 @@ fn connect_hello(addr: &str, timeout: Duration) -> Result<(Box<dyn Endpoint>, Se
     let mut ep = fabrickv_transport::connect(addr, 0, timeout)?;
     let info = hello(&mut *ep, timeout)?;
     Ok((ep, info))
+}
+
+/// Connects to the worker whose turn `turns` gives: the server's worker
+/// count is asked of worker 0, whose connection is kept when the turn is
+/// its own. Clients of one kind in one process so spread round robin.
+fn connect_in_turn(
+    addr: &str,
+    timeout: Duration,
+    turns: &std::sync::atomic::AtomicUsize,
+) -> Result<(Box<dyn Endpoint>, u16)> {
+    let (first, info) = connect_hello(addr, timeout)?;
+    let turn = turns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let worker = (turn % usize::from(info.workers.max(1))) as u16;
+    if worker == 0 {
+        return Ok((first, 0));
+    }
+    Ok((fabrickv_transport::connect(addr, worker, timeout)?, worker))
 }
 
 /// How many workers the server at `addr` runs (asked of worker 0): what a

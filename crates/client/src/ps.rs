@@ -18,7 +18,7 @@
 //! vectors) is split into several requests and completes when all have.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
 use fabrickv_transport::{Endpoint, RemoteRegion, TransportError};
@@ -188,14 +188,7 @@ impl PsClient {
     /// Connects with a timeout for connecting and for each call. Clients of
     /// one process spread over the server's workers, round robin.
     pub fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<PsClient> {
-        let (first, info) = crate::connect_hello(addr, timeout)?;
-        let worker =
-            (NEXT_WORKER.fetch_add(1, Ordering::Relaxed) % usize::from(info.workers.max(1))) as u16;
-        let ep = if worker == 0 {
-            first
-        } else {
-            fabrickv_transport::connect(addr, worker, timeout)?
-        };
+        let (ep, worker) = crate::connect_in_turn(addr, timeout, &NEXT_WORKER)?;
         PsClient::on_endpoint(ep, worker, timeout)
     }
 

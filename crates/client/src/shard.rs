@@ -68,8 +68,7 @@ impl ShardClient {
     /// connects to the worker whose turn it is (staying on worker 0 when
     /// that is the one).
     pub fn connect(addr: &str, timeout: Duration) -> Result<ShardClient> {
-        let mut ep = fabrickv_transport::connect(addr, 0, timeout)?;
-        let info = crate::hello(&mut *ep, timeout)?;
+        let (ep, info) = crate::connect_hello(addr, timeout)?;
         let turn = CLIENTS_CONNECTED
             .fetch_add(1, Ordering::Relaxed)
             .wrapping_add(u64::from(std::process::id()));
