@@ -12,6 +12,12 @@ use fabrickv_storage::{
 };
 use fabrickv_types::size::parse_size;
 
+/// Block cache of the shard `shard checksum` reads, in bytes: none. The
+/// scan reads every value once, and fjall would insert each into the
+/// cache and evict another; a 1 GB shard of 256-byte values was summed in
+/// 4.3 s without a cache against 7.0 s with the default 64 MiB.
+const CHECKSUM_CACHE_BYTES: u64 = 0;
+
 #[derive(Subcommand)]
 pub enum ShardCommand {
     /// Creates a shard of about --size bytes of keys and values: keys
@@ -89,7 +95,7 @@ pub fn run(cmd: ShardCommand) -> Result<ExitCode, String> {
                 &path,
                 &ShardOptions {
                     create: false,
-                    ..ShardOptions::default()
+                    cache_bytes: CHECKSUM_CACHE_BYTES,
                 },
             )
             .map_err(|e| format!("{}: {e}", path.display()))?;

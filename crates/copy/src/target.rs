@@ -56,9 +56,12 @@ pub const COPY_SPLIT_POLL_MS: u64 = 20;
 /// in milliseconds (a source that failed says so here).
 pub const COPY_STATUS_POLL_MS: u64 = 500;
 
-/// Block cache of the target shard while copying, in bytes: the writer
-/// never reads back what it wrote, and the verification scan reads once.
-pub const COPY_TARGET_CACHE_BYTES: u64 = 1 << 20;
+/// Block cache of the target shard while copying, in bytes: none. The
+/// writer never reads back what it wrote, and the verification scan reads
+/// each value once, so a cache only costs: fjall inserts every value it
+/// reads from a blob file, evicting another (the served shard's cache is
+/// none for the same reason, `SERVED_SHARD_CACHE_BYTES`).
+pub const COPY_TARGET_CACHE_BYTES: u64 = 0;
 
 /// What to copy, from where, to where, how.
 #[derive(Debug, Clone)]

@@ -165,13 +165,14 @@ pub fn check_write(w: &Write<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The digest of every pair of `snap`, in one scan.
+/// The digest of every pair of `snap`, in one scan (pairs borrowed, not
+/// copied out).
 pub fn digest_of(snap: &dyn ShardSnapshot) -> Result<Digest> {
     let mut d = Digest::default();
-    for pair in snap.scan(Bound::Unbounded, Bound::Unbounded) {
-        let (k, v) = pair?;
-        d.add(&k, &v);
-    }
+    snap.scan_each(Bound::Unbounded, Bound::Unbounded, &mut |k, v| {
+        d.add(k, v);
+        Ok(true)
+    })?;
     Ok(d)
 }
 
