@@ -419,9 +419,9 @@ fn run_compare(a: &PsArgs) -> Result<(), String> {
     }
     let dur = Duration::from_secs_f64(a.duration);
     let vb = a.dim()? as usize * 4;
-    let client_cpu = cpus(&a.client_cpus)?.first().copied();
-    let (server_cpu, raw_client_cpu) =
-        limits::limit_cpus(&cpus(&a.server_cpus)?, &cpus(&a.client_cpus)?);
+    let client_cpus = cpus(&a.client_cpus)?;
+    let client_cpu = client_cpus.first().copied();
+    let (server_cpu, raw_client_cpu) = limits::limit_cpus(&cpus(&a.server_cpus)?, &client_cpus);
     let n = COMPARE_BATCH;
     let (req_b, resp_b) = pull_wire_bytes(n, vb, false);
     let mut ro = limits::RedisMgetOpts::new(n, vb, a.key_space()?.min(1_000_000), dur);
