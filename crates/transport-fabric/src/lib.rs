@@ -108,20 +108,75 @@ fn named_provider(provider: &str) -> bool {
     provider.split(';').next() == Some("shm")
 }
 
+/// Prefix of every shm endpoint name this process makes (the provider
+/// names its segment `/dev/shm/<name>:<ep>:<ctx>`).
+const SHM_NAME_PREFIX: &str = "fkv-";
+
+/// Where the `shm` provider keeps its segments.
+const SHM_DIR: &str = "/dev/shm";
+
 /// The source "node" to open an endpoint on: a fresh name for shm (each
 /// shm endpoint needs its own, or two in one process collide), else the
 /// IP address of the local interface that reaches the peer.
+///
+/// A shm name is `fkv-PID-NONCE-N`. The process id alone is not enough: a
+/// process killed with SIGKILL never closes its endpoints, its segment
+/// stays in /dev/shm, and a later process given the same id would fail
+/// `fi_enable` with EBUSY on the leftover name. The nonce (random per
+/// process) keeps names apart; [`sweep_dead_shm_segments`] removes the
+/// leftovers so they do not pile up.
 fn source_node(provider: &str, local_ip: std::net::IpAddr) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
+    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     if named_provider(provider) {
+        let nonce = *NONCE.get_or_init(|| {
+            sweep_dead_shm_segments(std::path::Path::new(SHM_DIR));
+            process_nonce()
+        });
         format!(
-            "fkv-{}-{}",
+            "{SHM_NAME_PREFIX}{}-{nonce:x}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         )
     } else {
         local_ip.to_string()
     }
+}
+
+/// A random number for this process: std's hasher keys are seeded from
+/// the OS's random source, which is all a name nonce needs.
+fn process_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish() & 0xffff_ffff_ffff
+}
+
+/// Unlinks the shm segments of FabricKV processes that no longer run (a
+/// segment's name starts with its owner's process id). Unlinking only
+/// drops the name: a peer that still maps the segment keeps its memory.
+/// A segment whose id now belongs to another live process is left alone.
+fn sweep_dead_shm_segments(dir: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SHM_NAME_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = std::path::Path::new("/proc").join(pid.to_string()).exists();
+        if !alive && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 #[cfg(test)]
@@ -138,5 +193,49 @@ mod tests {
         for bad in ["127.0.0.1:1", "/127.0.0.1:1", "shm/", "shm/host"] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn shm_names_are_unique_and_carry_the_process_id() {
+        let a = source_node("shm", std::net::Ipv4Addr::LOCALHOST.into());
+        let b = source_node("shm", std::net::Ipv4Addr::LOCALHOST.into());
+        assert_ne!(a, b);
+        let own = format!("{SHM_NAME_PREFIX}{}-", std::process::id());
+        assert!(a.starts_with(&own) && b.starts_with(&own), "{a} {b}");
+        // More than the process id: a reused id must not meet a leftover.
+        assert!(a.len() > own.len() + 2, "{a}");
+        assert_eq!(
+            source_node("tcp", std::net::Ipv4Addr::LOCALHOST.into()),
+            "127.0.0.1"
+        );
+    }
+
+    #[test]
+    fn sweep_removes_only_segments_of_dead_processes() {
+        let dir = std::env::temp_dir().join(format!("fkv-sweep-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("test dir");
+        // A process that has exited, so its id names no live process.
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let dead = child.id();
+        child.wait().expect("wait true");
+        let live = std::process::id();
+        let names = [
+            format!("{SHM_NAME_PREFIX}{dead}-0:0:0"),
+            format!("{SHM_NAME_PREFIX}{dead}-ab12-3:0:0"),
+            format!("{SHM_NAME_PREFIX}{live}-cd34-0:0:0"),
+            "fkv-notapid-0:0:0".to_string(),
+            "someone-else".to_string(),
+        ];
+        for n in &names {
+            std::fs::write(dir.join(n), b"x").expect("segment file");
+        }
+        assert_eq!(sweep_dead_shm_segments(&dir), 2);
+        for n in &names[2..] {
+            assert!(dir.join(n).exists(), "{n} was removed");
+        }
+        std::fs::remove_dir_all(&dir).expect("remove test dir");
     }
 }
