@@ -7,9 +7,12 @@ use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use fjall::{
-    CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions, PersistMode,
-    Readable, Snapshot,
+    AbstractTree, AnyTree, CompressionType, Database, Keyspace, KeyspaceCreateOptions,
+    KvSeparationOptions, PersistMode, Readable, Snapshot,
 };
+use lsm_tree::ValueType;
+
+use crate::blob_scan::{BlobHandle, BlobReader};
 
 use crate::{
     check_write, Durability, Pair, PairVisitor, Result, ShardBackend, ShardSnapshot, StorageError,
@@ -18,6 +21,10 @@ use crate::{
 
 /// The keyspace that holds a shard's pairs.
 const DATA_KEYSPACE: &str = "data";
+
+/// Folder of a keyspace's blob files, under the keyspace's own (lsm-tree's
+/// layout: each file is named by its id).
+const BLOBS_DIR: &str = "blobs";
 
 /// Every key is stored behind this byte: fjall refuses the empty key,
 /// which is a valid key of a shard (the seed's copier lost it). One
@@ -152,6 +159,20 @@ impl FjallShard {
     }
 }
 
+#[cfg(test)]
+impl FjallShard {
+    /// Writes the memtable out as tables and blob files (tests use it to
+    /// put versions of a key in different files).
+    pub(crate) fn flush_for_test(&self) {
+        self.data.rotate_memtable_and_wait().expect("flush");
+    }
+
+    /// Merges every table into one, as compaction would in time.
+    pub(crate) fn compact_for_test(&self) {
+        self.data.major_compact().expect("compact");
+    }
+}
+
 impl ShardBackend for FjallShard {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(self.data.get(stored(key))?.map(|v| v.to_vec()))
@@ -205,6 +226,25 @@ struct FjallSnapshot {
     data: Keyspace,
 }
 
+impl FjallSnapshot {
+    /// [`ShardSnapshot::scan_each`] through the engine's reads, each value
+    /// resolved on its own: the way for a keyspace without separation.
+    fn scan_each_resolved(
+        &self,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        each: &mut PairVisitor<'_>,
+    ) -> Result<()> {
+        for g in self.snap.range(&self.data, (owned(from), owned(to))) {
+            let (k, v) = g.into_inner()?;
+            if !each(user_key(&k)?, &v)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The stored form of a bound on user keys.
 fn owned(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
     match b {
@@ -227,15 +267,48 @@ impl ShardSnapshot for FjallSnapshot {
         }))
     }
 
+    /// Visits the pairs of the index as of the snapshot and reads the
+    /// separated values with a [`BlobReader`] (large sequential reads)
+    /// instead of the engine's read per value; see `blob_scan`.
     fn scan_each(
         &self,
         from: Bound<&[u8]>,
         to: Bound<&[u8]>,
         each: &mut PairVisitor<'_>,
     ) -> Result<()> {
-        for g in self.snap.range(&self.data, (owned(from), owned(to))) {
-            let (k, v) = g.into_inner()?;
-            if !each(user_key(&k)?, &v)? {
+        let AnyTree::Blob(tree) = &self.data.tree else {
+            return self.scan_each_resolved(from, to, each);
+        };
+        let seqno = self.snap.seqno();
+        // The version the engine's own range read would use (fjall's
+        // snapshot ranges call the same with the same sequence number);
+        // holding it keeps the blob files it names on disk.
+        let version = tree
+            .get_version_history_lock()
+            .get_version_for_snapshot(seqno);
+        let range = (owned(from), owned(to));
+        let mut blobs = BlobReader::new(self.data.path().join(BLOBS_DIR));
+        for item in lsm_tree::Tree::create_internal_range(version, &range, seqno, None) {
+            let item = item?;
+            let stored_key = &item.key.user_key;
+            let key = user_key(stored_key)?;
+            let more = if item.key.value_type == ValueType::Indirection {
+                let handle = BlobHandle::decode(&item.value)?;
+                match blobs.value(stored_key, &handle)? {
+                    Some(v) => each(key, v)?,
+                    None => {
+                        let v = self.snap.get(&self.data, stored_key)?.ok_or_else(|| {
+                            StorageError::Engine(
+                                "a separated value vanished from its snapshot".to_string(),
+                            )
+                        })?;
+                        each(key, &v)?
+                    }
+                }
+            } else {
+                each(key, &item.value)?
+            };
+            if !more {
                 break;
             }
         }

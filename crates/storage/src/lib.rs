@@ -13,6 +13,7 @@
 //! - Any byte string is a key, the empty one included (the seed's copier
 //!   dropped empty keys), up to [`SHARD_KEY_BYTES_MAX`].
 
+mod blob_scan;
 mod digest;
 mod fjall_shard;
 pub mod gen;
@@ -58,6 +59,12 @@ pub enum StorageError {
 
 impl From<fjall::Error> for StorageError {
     fn from(e: fjall::Error) -> Self {
+        StorageError::Engine(e.to_string())
+    }
+}
+
+impl From<lsm_tree::Error> for StorageError {
+    fn from(e: lsm_tree::Error) -> Self {
         StorageError::Engine(e.to_string())
     }
 }
