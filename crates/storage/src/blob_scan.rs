@@ -22,7 +22,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::{Result, StorageError};
+use crate::{Result, StorageError, SHARD_VALUE_BYTES_MAX};
 
 /// Magic bytes that open every blob.
 const BLOB_MAGIC: &[u8; 4] = b"BLOB";
@@ -140,6 +140,14 @@ impl BlobReader {
     /// The value of `key` stored at `handle`, checked; `None` when the blob
     /// is compressed (the engine decodes it).
     pub fn value(&mut self, key: &[u8], handle: &BlobHandle) -> Result<Option<&[u8]>> {
+        if handle.stored_len as usize > SHARD_VALUE_BYTES_MAX {
+            // No shard stores such a value: a damaged index, and reading
+            // it would allocate what the handle claims.
+            return Err(StorageError::Engine(format!(
+                "blob file {} at offset {}: a handle claims {} bytes",
+                handle.file, handle.offset, handle.stored_len
+            )));
+        }
         let need = handle.blob_bytes(key.len());
         let blob: &[u8] = if need > BLOB_READAHEAD_BYTES_MAX {
             self.read_large(handle, need)?
@@ -166,7 +174,7 @@ impl BlobReader {
     fn read_windowed(&mut self, handle: &BlobHandle, need: usize) -> Result<&[u8]> {
         let w = window(&mut self.windows, &mut self.clock, &self.dir, handle.file)?;
         let end = w.start + w.buf.len() as u64;
-        let inside = handle.offset >= w.start && handle.offset + need as u64 <= end;
+        let inside = handle.offset >= w.start && handle.offset.saturating_add(need as u64) <= end;
         if !inside {
             // Forward of the window: the scan is moving through the file,
             // read further ahead next time; anywhere else, start small.
@@ -246,7 +254,7 @@ fn io_error(dir: &Path, handle: &BlobHandle, source: std::io::Error) -> StorageE
 fn read_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
-        match file.read_at(&mut buf[got..], offset + got as u64) {
+        match file.read_at(&mut buf[got..], offset.saturating_add(got as u64)) {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -395,6 +403,22 @@ mod tests {
             ..*h
         };
         assert!(r.value(key, &past).is_err(), "a truncated blob must fail");
+        let far = BlobHandle {
+            offset: u64::MAX - 3,
+            ..*h
+        };
+        assert!(
+            r.value(key, &far).is_err(),
+            "an offset past any file must fail"
+        );
+        let huge = BlobHandle {
+            stored_len: u32::MAX,
+            ..*h
+        };
+        assert!(
+            r.value(key, &huge).is_err(),
+            "a claimed 4 GiB value must fail"
+        );
 
         let mut damaged = file.clone();
         let at = h.offset as usize + BLOB_HEADER_BYTES + 4 + 100;
