@@ -6,7 +6,11 @@
 //! order the pairs are met in (ranges copied in parallel arrive in any
 //! order), and unlike a xor a pair counted twice does not cancel out.
 
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+
+/// Pairs of up to this many bytes (with the 8-byte key length) are hashed
+/// from a copy on the stack in one call; longer ones stream.
+const PAIR_HASH_STACK_BYTES: usize = 1024;
 
 /// The hash of one pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,8 +19,20 @@ pub struct PairDigest(pub u128);
 impl PairDigest {
     /// The hash of the pair (`key`, `value`).
     pub fn of(key: &[u8], value: &[u8]) -> PairDigest {
+        let len = (key.len() as u64).to_le_bytes();
+        let total = len.len() + key.len() + value.len();
+        if total <= PAIR_HASH_STACK_BYTES {
+            // XXH3 of the bytes laid end to end is the streaming hash's
+            // value; one call over a copy is about twice as fast for pairs
+            // of a few hundred bytes as three streaming updates.
+            let mut buf = [0u8; PAIR_HASH_STACK_BYTES];
+            buf[..8].copy_from_slice(&len);
+            buf[8..8 + key.len()].copy_from_slice(key);
+            buf[8 + key.len()..total].copy_from_slice(value);
+            return PairDigest(xxh3_128(&buf[..total]));
+        }
         let mut h = Xxh3::new();
-        h.update(&(key.len() as u64).to_le_bytes());
+        h.update(&len);
         h.update(key);
         h.update(value);
         PairDigest(h.digest128())

@@ -368,3 +368,30 @@ fn a_damaged_blob_file_fails_the_scan_instead_of_returning_a_wrong_value() {
         "{e}"
     );
 }
+
+#[test]
+fn a_pair_hashes_as_xxh3_of_key_length_key_and_value_at_every_size() {
+    // The stack copy for short pairs must give the streaming definition's
+    // value, or digests would change with a pair's size across the limit.
+    for (klen, vlen) in [
+        (0, 0),
+        (16, 128),
+        (16, 256),
+        (16, 1000),
+        (0, 1016),
+        (3, 1014),
+        (40, 4000),
+    ] {
+        let key: Vec<u8> = (0..klen).map(|i| i as u8 ^ 0x5a).collect();
+        let value: Vec<u8> = (0..vlen).map(|i| (i * 31 % 251) as u8).collect();
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&(klen as u64).to_le_bytes());
+        h.update(&key);
+        h.update(&value);
+        assert_eq!(
+            crate::PairDigest::of(&key, &value).0,
+            h.digest128(),
+            "key {klen} B, value {vlen} B"
+        );
+    }
+}
