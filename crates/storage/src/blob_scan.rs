@@ -9,7 +9,8 @@
 //! reader keeps a window of each blob file in memory and refills it with
 //! one read that grows while the scan moves forward through the file, so
 //! a sequential scan pays one system call per window instead of one per
-//! value.
+//! value. The pages it has read are dropped behind it
+//! (`POSIX_FADV_DONTNEED`): a scan reads each value once.
 //!
 //! It reads lsm-tree 3.1's blob layout, which the crate does not export;
 //! the workspace pins that version. Every blob is checked as the engine
@@ -109,6 +110,9 @@ struct Window {
     file: File,
     /// File offset of `buf[0]`.
     start: u64,
+    /// Bytes of `buf` read from the file (it is only grown, so a refill
+    /// does not zero it again).
+    valid: usize,
     buf: Vec<u8>,
     /// Bytes of the next refill.
     readahead: usize,
@@ -168,32 +172,73 @@ impl BlobReader {
         if got < need {
             return Err(truncated(handle));
         }
+        if let Some(len) = std::num::NonZeroU64::new(got as u64) {
+            // Read once, as a window is (see `Window::drop_behind`).
+            let _ = rustix::fs::fadvise(
+                &w.file,
+                handle.offset,
+                Some(len),
+                rustix::fs::Advice::DontNeed,
+            );
+        }
         Ok(&self.large)
     }
 
     fn read_windowed(&mut self, handle: &BlobHandle, need: usize) -> Result<&[u8]> {
         let w = window(&mut self.windows, &mut self.clock, &self.dir, handle.file)?;
-        let end = w.start + w.buf.len() as u64;
+        let end = w.start + w.valid as u64;
         let inside = handle.offset >= w.start && handle.offset.saturating_add(need as u64) <= end;
         if !inside {
             // Forward of the window: the scan is moving through the file,
             // read further ahead next time; anywhere else, start small.
-            w.readahead = if handle.offset >= w.start && !w.buf.is_empty() {
+            w.readahead = if handle.offset >= w.start && w.valid > 0 {
                 (w.readahead * 2).min(BLOB_READAHEAD_BYTES_MAX)
             } else {
                 BLOB_READAHEAD_BYTES_MIN
             };
-            w.buf.resize(w.readahead.max(need), 0);
-            let got = read_full(&w.file, &mut w.buf, handle.offset)
+            w.drop_behind();
+            let len = w.readahead.max(need);
+            if w.buf.len() < len {
+                w.buf.resize(len, 0);
+            }
+            let got = read_full(&w.file, &mut w.buf[..len], handle.offset)
                 .map_err(|source| io_error(&self.dir, handle, source))?;
-            w.buf.truncate(got);
             w.start = handle.offset;
+            w.valid = got;
             if got < need {
                 return Err(truncated(handle));
             }
         }
         let at = (handle.offset - w.start) as usize;
         Ok(&w.buf[at..at + need])
+    }
+}
+
+impl Window {
+    /// Tells the kernel that the bytes of the window will not be read
+    /// again, so their pages are the first to go: a scan reads each blob
+    /// once, and on a shard larger than memory the pages it leaves behind
+    /// would push out the ones still ahead of it and everything else
+    /// (a 10 GB copy beside its target ran 10-15% faster with this).
+    fn drop_behind(&mut self) {
+        if let Some(len) = std::num::NonZeroU64::new(self.valid as u64) {
+            // Advice only: if the kernel declines, the pages stay cached.
+            let _ = rustix::fs::fadvise(
+                &self.file,
+                self.start,
+                Some(len),
+                rustix::fs::Advice::DontNeed,
+            );
+        }
+        self.valid = 0;
+    }
+}
+
+impl Drop for BlobReader {
+    fn drop(&mut self) {
+        for w in &mut self.windows {
+            w.drop_behind();
+        }
     }
 }
 
@@ -218,6 +263,7 @@ fn window<'w>(
                 file_id: id,
                 file,
                 start: 0,
+                valid: 0,
                 buf: Vec::new(),
                 readahead: BLOB_READAHEAD_BYTES_MIN,
                 used: *clock,
@@ -226,6 +272,7 @@ fn window<'w>(
                 let lru = (0..windows.len())
                     .min_by_key(|&i| windows[i].used)
                     .unwrap_or(0);
+                windows[lru].drop_behind();
                 windows[lru] = w;
                 lru
             } else {

@@ -134,6 +134,11 @@ pub trait ShardSnapshot: Send + Sync {
     /// Calls `each` with every pair with key in `(from, to)`, in key order,
     /// until it returns false; the pairs are borrowed, not copied out (the
     /// copier's range iterators call this for every pair of a shard).
+    /// Meant for one pass over much of a shard (copy, verification,
+    /// checksum): the fjall backend reads values in large windows and
+    /// drops the pages behind it from the page cache, so a scan of a shard
+    /// larger than memory does not evict everything else; point reads
+    /// (`get`) are for data that is read again.
     fn scan_each(
         &self,
         from: Bound<&[u8]>,
