@@ -216,7 +216,8 @@ impl InprocEndpoint {
             .get(usize::from(worker))
             .ok_or_else(|| {
                 TransportError::Refused(format!(
-                    "no worker {worker} (server has {})",
+                    "worker {worker}: {} (server has {} workers)",
+                    fabrickv_types::ErrorCode::NoSuchWorker.name(),
                     workers.len()
                 ))
             })?
