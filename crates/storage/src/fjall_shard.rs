@@ -7,8 +7,8 @@ use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use fjall::{
-    AbstractTree, AnyTree, CompressionType, Database, Keyspace, KeyspaceCreateOptions,
-    KvSeparationOptions, PersistMode, Readable, Snapshot,
+    AbstractTree, CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions,
+    PersistMode, Readable, Snapshot,
 };
 use lsm_tree::ValueType;
 
@@ -227,21 +227,23 @@ struct FjallSnapshot {
 }
 
 impl FjallSnapshot {
-    /// [`ShardSnapshot::scan_each`] through the engine's reads, each value
-    /// resolved on its own: the way for a keyspace without separation.
-    fn scan_each_resolved(
+    /// The index entries of `range` as of the snapshot, newest version of
+    /// each key, tombstones left out: lsm-tree's own range read, with the
+    /// version and sequence number fjall's snapshot ranges use (holding
+    /// the version keeps the blob files it names on disk), but yielding
+    /// each entry's type and raw value, so a separated value is a handle
+    /// the caller reads itself, and no per-entry guard is made.
+    fn internal_range(
         &self,
-        from: Bound<&[u8]>,
-        to: Bound<&[u8]>,
-        each: &mut PairVisitor<'_>,
-    ) -> Result<()> {
-        for g in self.snap.range(&self.data, (owned(from), owned(to))) {
-            let (k, v) = g.into_inner()?;
-            if !each(user_key(&k)?, &v)? {
-                break;
-            }
-        }
-        Ok(())
+        range: &(Bound<Vec<u8>>, Bound<Vec<u8>>),
+    ) -> impl Iterator<Item = lsm_tree::Result<lsm_tree::InternalValue>> {
+        let seqno = self.snap.seqno();
+        let version = self
+            .data
+            .tree
+            .get_version_history_lock()
+            .get_version_for_snapshot(seqno);
+        lsm_tree::Tree::create_internal_range(version, range, seqno, None)
     }
 }
 
@@ -276,19 +278,9 @@ impl ShardSnapshot for FjallSnapshot {
         to: Bound<&[u8]>,
         each: &mut PairVisitor<'_>,
     ) -> Result<()> {
-        let AnyTree::Blob(tree) = &self.data.tree else {
-            return self.scan_each_resolved(from, to, each);
-        };
-        let seqno = self.snap.seqno();
-        // The version the engine's own range read would use (fjall's
-        // snapshot ranges call the same with the same sequence number);
-        // holding it keeps the blob files it names on disk.
-        let version = tree
-            .get_version_history_lock()
-            .get_version_for_snapshot(seqno);
         let range = (owned(from), owned(to));
         let mut blobs = BlobReader::new(self.data.path().join(BLOBS_DIR));
-        for item in lsm_tree::Tree::create_internal_range(version, &range, seqno, None) {
+        for item in self.internal_range(&range) {
             let item = item?;
             let stored_key = &item.key.user_key;
             let key = user_key(stored_key)?;
@@ -329,11 +321,13 @@ impl ShardSnapshot for FjallSnapshot {
         // memory stays within 2n keys whatever the shard's size.
         let mut stride = (self.data.approximate_len() / n).max(1);
         let mut kept: Vec<Vec<u8>> = Vec::with_capacity(2 * n + 1);
-        for (i, g) in self.snap.iter(&self.data).enumerate() {
+        let all = (Bound::Unbounded, Bound::Unbounded);
+        for (i, item) in self.internal_range(&all).enumerate() {
+            let item = item?;
             if i % stride != 0 {
                 continue;
             }
-            kept.push(user_key(&g.key()?)?.to_vec());
+            kept.push(user_key(&item.key.user_key)?.to_vec());
             if kept.len() > 2 * n {
                 kept = kept.into_iter().step_by(2).collect();
                 stride *= 2;
