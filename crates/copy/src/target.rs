@@ -1035,9 +1035,6 @@ fn write(
             }
         });
         result.map_err(|e| storage(&format!("writing range {range}"), e))?;
-        // The load is durable: its pages need not stay cached (see
-        // `drop_cached_pages`; the verification reads the disk).
-        shard.drop_cached_pages();
         if let Some(e) = stray {
             return Err(e);
         }
