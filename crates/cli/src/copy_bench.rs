@@ -51,6 +51,9 @@ pub struct CopyBenchArgs {
     /// Remove the source shard afterwards too.
     #[arg(long)]
     clean: bool,
+    /// Keep the copy's pages cached (see `fabrickv copy --keep-cached`).
+    #[arg(long)]
+    keep_cached: bool,
 }
 
 pub fn run(a: CopyBenchArgs) -> Result<(), String> {
@@ -95,6 +98,7 @@ pub fn run(a: CopyBenchArgs) -> Result<(), String> {
     opts.ranges = a.ranges;
     opts.parallelism = a.parallelism;
     opts.op_timeout = Duration::from_secs(60);
+    opts.keep_cached = a.keep_cached;
     let report = copy(&opts, &mut |e| {
         if let Event::Log(line) = e {
             eprintln!("{line}");

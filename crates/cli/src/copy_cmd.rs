@@ -48,6 +48,10 @@ pub struct CopyArgs {
     /// Skip the final scan that checks the copy's digest.
     #[arg(long)]
     no_verify: bool,
+    /// Keep the copy's pages in the page cache (by default each durable
+    /// load's pages are dropped, and the verification reads the disk).
+    #[arg(long)]
+    keep_cached: bool,
     /// Write a PNG of the copy rate over time to this file.
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -68,6 +72,7 @@ pub fn run(a: CopyArgs) -> Result<ExitCode, String> {
     opts.op_timeout = Duration::from_millis(a.op_timeout_ms);
     opts.durable_every_bytes = parse_size(&a.durable_every).map_err(|e| e.to_string())?;
     opts.verify = !a.no_verify;
+    opts.keep_cached = a.keep_cached;
     let mut bar = indicatif::ProgressBar::hidden();
     let mut base = 0u64;
     let quiet = a.quiet;

@@ -88,6 +88,12 @@ pub struct CopyOptions {
     pub durable_every_bytes: u64,
     /// Scan the copy at the end and compare its digest with the source's.
     pub verify: bool,
+    /// Leave the copy's pages in the page cache after each durable load.
+    /// Off by default, as RocksDB's bulk file writer invalidates the pages
+    /// it writes: a bulk copy otherwise fills memory with pages nobody
+    /// reads until the verification, evicting everything else the machine
+    /// caches, and the verification then checks the cache, not the disk.
+    pub keep_cached: bool,
 }
 
 impl CopyOptions {
@@ -104,6 +110,7 @@ impl CopyOptions {
             op_timeout: Duration::from_secs(30),
             durable_every_bytes: COPY_DURABLE_BYTES_DEFAULT,
             verify: true,
+            keep_cached: false,
         }
     }
 }
@@ -397,6 +404,7 @@ struct Shared {
     failure: Mutex<Option<CopyError>>,
     stop: AtomicBool,
     durable_every: u64,
+    keep_cached: bool,
 }
 
 impl Shared {
@@ -553,6 +561,7 @@ fn run_session(
         failure: Mutex::new(None),
         stop: AtomicBool::new(false),
         durable_every: opts.durable_every_bytes.max(1),
+        keep_cached: opts.keep_cached,
     });
     on_event(Event::Started {
         ranges,
@@ -1035,6 +1044,11 @@ fn write(
             }
         });
         result.map_err(|e| storage(&format!("writing range {range}"), e))?;
+        if !sh.keep_cached {
+            // The load is durable: its pages need not stay cached (see
+            // `CopyOptions::keep_cached`).
+            shard.drop_cached_pages();
+        }
         if let Some(e) = stray {
             return Err(e);
         }

@@ -356,17 +356,21 @@ fn copy_control_states_and_refusals(t: Transport) {
     );
     assert_eq!(code_of(status(&mut c, cp.session)), ErrorCode::NoSuchCopy);
 
-    // A whole copy with this transport as the control connection.
-    let to = dir.path().join("copy");
-    let mut opts = fabrickv_copy::target::CopyOptions::new(&s.addr, "s", &to);
-    opts.ranges = 4;
-    let report = fabrickv_copy::target::copy(&opts, &mut |_| {}).expect("copy");
-    assert!(report.verified);
-    assert_eq!(report.pairs, pairs.len() as u64);
-    let copy = fabrickv_storage::FjallShard::open(&to, &Default::default()).expect("open copy");
-    for (k, v) in &pairs {
-        use fabrickv_storage::ShardBackend;
-        assert_eq!(copy.get(k).expect("get").as_deref(), Some(&v[..]), "{k:?}");
+    // Whole copies with this transport as the control connection, with
+    // the copy's pages dropped as it goes (the default) and kept.
+    for keep_cached in [false, true] {
+        let to = dir.path().join(format!("copy-{keep_cached}"));
+        let mut opts = fabrickv_copy::target::CopyOptions::new(&s.addr, "s", &to);
+        opts.ranges = 4;
+        opts.keep_cached = keep_cached;
+        let report = fabrickv_copy::target::copy(&opts, &mut |_| {}).expect("copy");
+        assert!(report.verified);
+        assert_eq!(report.pairs, pairs.len() as u64);
+        let copy = fabrickv_storage::FjallShard::open(&to, &Default::default()).expect("open copy");
+        for (k, v) in &pairs {
+            use fabrickv_storage::ShardBackend;
+            assert_eq!(copy.get(k).expect("get").as_deref(), Some(&v[..]), "{k:?}");
+        }
     }
 }
 

@@ -77,6 +77,9 @@ pub struct FjallShard {
     db: Database,
     data: Keyspace,
     path: PathBuf,
+    /// Files [`FjallShard::drop_cached_pages`] advised, with their length
+    /// then.
+    advised: std::sync::Mutex<std::collections::HashMap<PathBuf, u64>>,
 }
 
 fn keyspace_options() -> KeyspaceCreateOptions {
@@ -117,7 +120,12 @@ impl FjallShard {
             .cache_size(opts.cache_bytes)
             .open()?;
         let data = db.keyspace(DATA_KEYSPACE, keyspace_options)?;
-        Ok(FjallShard { db, data, path })
+        Ok(FjallShard {
+            db,
+            data,
+            path,
+            advised: std::sync::Mutex::default(),
+        })
     }
 
     /// The shard's directory.
@@ -157,6 +165,38 @@ impl FjallShard {
         self.db.persist(PersistMode::SyncAll)?;
         Ok(n)
     }
+
+    /// Tells the kernel that the pages of the shard's files will not be
+    /// read soon, so it drops the clean ones (dirty ones stay, and their
+    /// writeback starts). A bulk writer calls this after each durable
+    /// load: a copy larger than memory would otherwise fill the page cache
+    /// with pages nobody reads until verification, evicting the pages of
+    /// everything else on the machine (a copy's source included, when it is
+    /// on the same machine), and the verification then reads what is on
+    /// the disk rather than what is cached. A file is advised again only
+    /// when its length has changed since. Advice only: nothing fails.
+    pub fn drop_cached_pages(&self) {
+        fn walk(dir: &Path, advised: &mut std::collections::HashMap<PathBuf, u64>) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for e in entries.flatten() {
+                let Ok(meta) = e.metadata() else { continue };
+                let path = e.path();
+                if meta.is_dir() {
+                    walk(&path, advised);
+                } else if meta.is_file() && advised.get(&path) != Some(&meta.len()) {
+                    if let Ok(f) = std::fs::File::open(&path) {
+                        let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
+                        advised.insert(path, meta.len());
+                    }
+                }
+            }
+        }
+        if let Ok(mut advised) = self.advised.lock() {
+            walk(&self.path, &mut advised);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -165,6 +205,11 @@ impl FjallShard {
     /// put versions of a key in different files).
     pub(crate) fn flush_for_test(&self) {
         self.data.rotate_memtable_and_wait().expect("flush");
+    }
+
+    /// The files `drop_cached_pages` advised, with their lengths.
+    pub(crate) fn advised_for_test(&self) -> std::collections::HashMap<PathBuf, u64> {
+        self.advised.lock().expect("advised").clone()
     }
 
     /// Merges every table into one, as compaction would in time.

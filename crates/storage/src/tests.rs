@@ -395,3 +395,62 @@ fn a_pair_hashes_as_xxh3_of_key_length_key_and_value_at_every_size() {
         );
     }
 }
+
+#[test]
+fn dropping_cached_pages_keeps_every_pair_and_advises_each_file_version_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = open(dir.path());
+    let load = |from: u32, to: u32| {
+        let mut i = from;
+        s.load(|key, value| {
+            if i == to {
+                return Ok(false);
+            }
+            key.clear();
+            key.extend_from_slice(&i.to_be_bytes());
+            *value = versioned(i, 0, 300);
+            i += 1;
+            Ok(true)
+        })
+        .expect("load")
+    };
+    load(0, 500);
+    let before = digest_of(s.snapshot().as_ref()).expect("digest");
+    s.drop_cached_pages();
+    let first = s.advised_for_test();
+    assert!(
+        first
+            .keys()
+            .any(|p| p.parent().and_then(|d| d.file_name()) == Some("blobs".as_ref())),
+        "the blob files are advised: {first:?}"
+    );
+    for (path, len) in &first {
+        assert_eq!(
+            std::fs::metadata(path).map(|m| m.len()).ok(),
+            Some(*len),
+            "{}",
+            path.display()
+        );
+    }
+    assert_eq!(digest_of(s.snapshot().as_ref()).expect("digest"), before);
+    // A second load adds files; the first load's stay as they were.
+    load(500, 900);
+    s.drop_cached_pages();
+    let second = s.advised_for_test();
+    assert!(second.len() > first.len());
+    let blobs_then = first
+        .keys()
+        .filter(|p| p.to_string_lossy().contains("blobs"))
+        .count();
+    let blobs_now = second
+        .keys()
+        .filter(|p| p.to_string_lossy().contains("blobs"))
+        .count();
+    assert!(blobs_now > blobs_then);
+    let snap = s.snapshot();
+    assert_eq!(digest_of(snap.as_ref()).expect("digest").pairs, 900);
+    assert_eq!(
+        s.get(&899u32.to_be_bytes()).expect("get"),
+        Some(versioned(899, 0, 300))
+    );
+}
