@@ -174,9 +174,11 @@ impl FjallShard {
     /// everything else on the machine (a copy's source included, when it is
     /// on the same machine), and the verification then reads what is on
     /// the disk rather than what is cached. A file is advised again only
-    /// when its length has changed since. Advice only: nothing fails.
+    /// when its length has changed since; files gone since the last call
+    /// (compacted away) are forgotten. Advice only: nothing fails.
     pub fn drop_cached_pages(&self) {
-        fn walk(dir: &Path, advised: &mut std::collections::HashMap<PathBuf, u64>) {
+        type Lengths = std::collections::HashMap<PathBuf, u64>;
+        fn walk(dir: &Path, before: &Lengths, now: &mut Lengths) {
             let Ok(entries) = std::fs::read_dir(dir) else {
                 return;
             };
@@ -184,17 +186,21 @@ impl FjallShard {
                 let Ok(meta) = e.metadata() else { continue };
                 let path = e.path();
                 if meta.is_dir() {
-                    walk(&path, advised);
-                } else if meta.is_file() && advised.get(&path) != Some(&meta.len()) {
-                    if let Ok(f) = std::fs::File::open(&path) {
+                    walk(&path, before, now);
+                } else if meta.is_file() {
+                    if before.get(&path) == Some(&meta.len()) {
+                        now.insert(path, meta.len());
+                    } else if let Ok(f) = std::fs::File::open(&path) {
                         let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
-                        advised.insert(path, meta.len());
+                        now.insert(path, meta.len());
                     }
                 }
             }
         }
         if let Ok(mut advised) = self.advised.lock() {
-            walk(&self.path, &mut advised);
+            let mut now = Lengths::new();
+            walk(&self.path, &advised, &mut now);
+            *advised = now;
         }
     }
 }
