@@ -86,7 +86,15 @@ fn listen_addr(transport: &str, tag: &str) -> Result<String, String> {
     }
 }
 
-/// Starts `n` servers of `workers` workers each, in this process.
+/// Least memory of the whole system under test (one server, or all the
+/// servers of the cluster together), in bytes.
+const CLUSTER_MEMORY_BYTES_MIN: u64 = 64 << 20;
+
+/// Starts `n` servers of `workers` workers each, in this process. The
+/// servers share one memory budget, as they share the cores, so that the
+/// cluster and the one server hold the same data in the same memory (each
+/// server's index is sized from its memory: given `n` budgets, the
+/// cluster would walk `n` times the index for the same keys).
 fn start_servers(
     o: &ClusterOpts,
     n: usize,
@@ -94,7 +102,9 @@ fn start_servers(
     tag: &str,
 ) -> Result<Vec<ServerHandle>, String> {
     let item = o.key_size + o.value_size + 64;
-    let memory = ((o.keys as usize * item * 3) as u64).max(64 << 20);
+    let total = ((o.keys as usize * item * 3) as u64).max(CLUSTER_MEMORY_BYTES_MIN);
+    let least = workers as u64 * fabrickv_server::config::MEMORY_PER_WORKER_BYTES_MIN;
+    let memory = (total / n as u64).max(least);
     (0..n)
         .map(|i| {
             Server::start(&ServerConfig {
