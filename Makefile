@@ -89,6 +89,7 @@ bench: deps build-fabric
 	bash scripts/bench-compare.sh | tee $(BENCH_DIR)/$(DATE)-compare.txt
 	bash scripts/bench-ps.sh | tee $(BENCH_DIR)/$(DATE)-ps.txt
 	bash scripts/bench-cache.sh | tee $(BENCH_DIR)/$(DATE)-cache.txt
+	bash scripts/bench-cluster.sh | tee $(BENCH_DIR)/$(DATE)-cluster.txt
 	bash scripts/bench-copy.sh
 
 ## FabricKV beside redis-server and memcached (see scripts/bench-compare.sh).
