@@ -177,29 +177,19 @@ impl FjallShard {
     /// when its length has changed since; files gone since the last call
     /// (compacted away) are forgotten. Advice only: nothing fails.
     pub fn drop_cached_pages(&self) {
-        type Lengths = std::collections::HashMap<PathBuf, u64>;
-        fn walk(dir: &Path, before: &Lengths, now: &mut Lengths) {
-            let Ok(entries) = std::fs::read_dir(dir) else {
-                return;
-            };
-            for e in entries.flatten() {
-                let Ok(meta) = e.metadata() else { continue };
-                let path = e.path();
-                if meta.is_dir() {
-                    walk(&path, before, now);
-                } else if meta.is_file() {
-                    if before.get(&path) == Some(&meta.len()) {
-                        now.insert(path, meta.len());
-                    } else if let Ok(f) = std::fs::File::open(&path) {
-                        let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
-                        now.insert(path, meta.len());
-                    }
-                }
-            }
-        }
         if let Ok(mut advised) = self.advised.lock() {
-            let mut now = Lengths::new();
-            walk(&self.path, &advised, &mut now);
+            let mut now = std::collections::HashMap::new();
+            visit_files(&self.path, &mut |path, meta| {
+                if !meta.is_file() {
+                    return;
+                }
+                if advised.get(&path) == Some(&meta.len()) {
+                    now.insert(path, meta.len());
+                } else if let Ok(f) = std::fs::File::open(&path) {
+                    let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
+                    now.insert(path, meta.len());
+                }
+            });
             *advised = now;
         }
     }
@@ -398,15 +388,24 @@ impl ShardSnapshot for FjallSnapshot {
 /// (unreadable entries count as 0).
 fn allocated_bytes(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
+    let mut bytes = 0;
+    visit_files(dir, &mut |_, m| bytes += m.blocks() * 512);
+    bytes
+}
+
+/// Calls `f` with the path and metadata (not following links) of every
+/// entry under `dir` that is not a directory, recursively; entries that
+/// cannot be read are skipped.
+fn visit_files(dir: &Path, f: &mut dyn FnMut(PathBuf, &std::fs::Metadata)) {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
+        return;
     };
-    entries
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => allocated_bytes(&e.path()),
-            Ok(m) => m.blocks() * 512,
-            Err(_) => 0,
-        })
-        .sum()
+    for e in entries.flatten() {
+        let Ok(meta) = e.metadata() else { continue };
+        if meta.is_dir() {
+            visit_files(&e.path(), f);
+        } else {
+            f(e.path(), &meta);
+        }
+    }
 }

@@ -347,7 +347,7 @@ fn a_damaged_blob_file_fails_the_scan_instead_of_returning_a_wrong_value() {
             let p = e.path();
             if p.is_dir() {
                 stack.push(p);
-            } else if p.parent().and_then(|p| p.file_name()) == Some("blobs".as_ref()) {
+            } else if is_blob_file(&p) {
                 blob_files.push(p);
             }
         }
@@ -397,7 +397,7 @@ fn a_pair_hashes_as_xxh3_of_key_length_key_and_value_at_every_size() {
 }
 
 #[test]
-fn dropping_cached_pages_keeps_every_pair_and_advises_each_file_version_once() {
+fn dropping_cached_pages_keeps_every_pair_and_tracks_each_file_at_its_length() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = open(dir.path());
     let load = |from: u32, to: u32| {
@@ -415,10 +415,7 @@ fn dropping_cached_pages_keeps_every_pair_and_advises_each_file_version_once() {
         .expect("load")
     };
     let blob_files = |advised: &std::collections::HashMap<std::path::PathBuf, u64>| {
-        advised
-            .keys()
-            .filter(|p| p.parent().and_then(|d| d.file_name()) == Some("blobs".as_ref()))
-            .count()
+        advised.keys().filter(|p| is_blob_file(p)).count()
     };
     load(0, 500);
     let before = digest_of(s.snapshot().as_ref()).expect("digest");
@@ -449,4 +446,9 @@ fn dropping_cached_pages_keeps_every_pair_and_advises_each_file_version_once() {
         s.get(&899u32.to_be_bytes()).expect("get"),
         Some(versioned(899, 0, 300))
     );
+}
+
+/// Whether `p` is one of a shard's blob files (they live in `blobs/`).
+fn is_blob_file(p: &std::path::Path) -> bool {
+    p.parent().and_then(|d| d.file_name()) == Some("blobs".as_ref())
 }
