@@ -240,8 +240,10 @@ pub(crate) fn post(
 /// that fetches it. Polling first would cost a `recv` that finds nothing
 /// for every reply not yet in, one system call more per frame; measured
 /// on this project's 2-core machine (`fabrickv bench cluster`, tcp, one
-/// server), the client's receives fell from 4.65 to 2 per two-frame call,
-/// and GET throughput rose from 2.5-2.7 to 2.9-3.1 M keys/s.
+/// server), the client's receives fell from 4.65 to 2 per two-frame call.
+/// In paired runs of the two builds, one server's GET throughput stayed
+/// within the noise (2.83-2.90 M keys/s against 2.72-3.05) and the
+/// three-server cluster's rose by 2-4% (2.19-2.22 against 2.12-2.16).
 pub(crate) fn collect(
     c: &mut Client,
     mut pending: Pending,
