@@ -6,8 +6,13 @@
 # - two one-worker servers against the two-worker server: as many frames
 #   and threads on each side, so the ratio is the cluster client's own cost;
 # - three one-worker servers against one three-worker server: again the
-#   same frames and threads on each side;
+#   same frames and threads on each side (over tcp and over shm);
+# - one one-worker server against the cluster: one frame per call, the
+#   cheapest way to serve a call on these cores;
 # - the batch size, which sets how much of a call is per-frame cost.
+# Over tcp every run also prints the raw TCP split (`raw tcp A/B parts`):
+# the same calls over raw sockets with no key work, the ceiling of the
+# ratio on this machine.
 set -euo pipefail
 BIN=${BIN:-target/release/fabrickv}
 ROUNDS=${ROUNDS:-5}
@@ -21,6 +26,8 @@ run --transport tcp
 run --transport shm
 run --transport tcp --servers 2
 run --transport tcp --single-workers 3
-for b in 32 288; do
+run --transport tcp --single-workers 1
+run --transport shm --single-workers 3
+for b in 32 288 960; do
   run --transport tcp --batch "$b"
 done

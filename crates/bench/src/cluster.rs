@@ -10,6 +10,13 @@
 //! 3. the time a new client takes to join: registry lookup in memcached
 //!    plus connecting to every server (target: under 50 ms).
 //!
+//! Over tcp each round also measures the physical floor of the split
+//! ([`crate::split::tcp_split`]): the same calls, as many parts as each
+//! configuration's client sends frames, over raw TCP with no key work at
+//! all. Its ratio is the most of one server's throughput that any store
+//! splitting calls this way could keep on these cores; the kv ratio is
+//! printed beside it.
+//!
 //! The two configurations run side by side and take turns, `rounds`
 //! times each. Both use the cluster client (a one-server cluster takes
 //! the plain client's path), so the ratio isolates the split, the extra
@@ -32,6 +39,7 @@ use crate::keys::check_value;
 use crate::kv::make_key;
 use crate::ratio;
 use crate::report::{latency_histogram, print_table, rate, BenchResult};
+use crate::split::{tcp_split, SplitOpts, SplitRate};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -73,6 +81,9 @@ pub struct ClusterReport {
     pub mget: [BenchResult; 2],
     /// Joins of the cluster through the registry.
     pub join: BenchResult,
+    /// Over tcp: the raw TCP split with the one server's and with the
+    /// cluster's number of parts per call.
+    pub limit: Option<[SplitRate; 2]>,
 }
 
 fn listen_addr(transport: &str, tag: &str) -> Result<String, String> {
@@ -316,6 +327,30 @@ fn joins(servers: &[ServerHandle], o: &ClusterOpts) -> Result<BenchResult, Strin
     Ok(r)
 }
 
+/// The raw TCP split with `parts` parts per call, for `o`'s clients.
+fn limit(o: &ClusterOpts, parts: usize) -> Result<SplitRate, String> {
+    tcp_split(&SplitOpts {
+        parts,
+        threads: o.threads,
+        batch: o.batch,
+        key_size: o.key_size,
+        value_size: o.value_size,
+        duration: o.duration,
+    })
+}
+
+/// Adds `b`, one round's split, into `a`: calls and time summed.
+fn add_limit(a: &mut Option<SplitRate>, b: SplitRate) {
+    match a {
+        None => *a = Some(b),
+        Some(r) => {
+            r.calls += b.calls;
+            r.seconds += b.seconds;
+            r.keys_per_s = (r.calls * r.batch as u64) as f64 / r.seconds.max(1e-9);
+        }
+    }
+}
+
 /// Adds `b` into `a` (same system and case): counts and time summed,
 /// percentiles the worse of the two.
 fn add_round(
@@ -364,10 +399,19 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport, String> {
     let keys = make_keys(o);
     let mut tput: [Option<(BenchResult, Histogram<u64>)>; 2] = [None, None];
     let mut mget: [Option<(BenchResult, Histogram<u64>)>; 2] = [None, None];
+    let mut floor: [Option<SplitRate>; 2] = [None, None];
+    // Frames per call: the client sends one to each worker it touches.
+    let parts = [o.single_workers, o.servers * o.cluster_workers];
+    let raw = o.transport == "tcp" && parts.iter().all(|&p| p <= o.batch);
     for _ in 0..o.rounds {
         for (i, (c, system)) in systems.iter().enumerate() {
             add_round(&mut tput[i], throughput(c, o, &keys, system)?)?;
             add_round(&mut mget[i], mget_latency(c, o, &keys, system)?)?;
+        }
+        if raw {
+            for (f, &p) in floor.iter_mut().zip(&parts) {
+                add_limit(f, limit(o, p)?);
+            }
         }
     }
     let join = joins(&many, o)?;
@@ -381,6 +425,10 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport, String> {
         throughput: take(&mut tput)?,
         mget: take(&mut mget)?,
         join,
+        limit: match floor {
+            [Some(a), Some(b)] => Some([a, b]),
+            _ => None,
+        },
     })
 }
 
@@ -393,6 +441,15 @@ impl ClusterReport {
     /// Cluster multi-get median latency over one server's.
     pub fn mget_ratio(&self) -> f64 {
         ratio(self.mget[1].p50_us, self.mget[0].p50_us)
+    }
+
+    /// Over tcp: the raw split's ratio (cluster's parts over the one
+    /// server's), the ceiling of [`Self::throughput_ratio`] when keys cost
+    /// nothing.
+    pub fn limit_ratio(&self) -> Option<f64> {
+        self.limit
+            .as_ref()
+            .map(|[a, b]| ratio(b.keys_per_s, a.keys_per_s))
     }
 
     /// Reads that came back wrong, over every run (must be 0).
@@ -411,7 +468,7 @@ impl ClusterReport {
             o.servers, o.cluster_workers, o.single_workers, o.transport, o.threads, o.batch, o.keys, o.value_size, o.rounds, o.duration.as_secs_f64()
         );
         let us = |v: f64| format!("{v:.1}");
-        let rows = vec![
+        let mut rows = vec![
             vec![
                 "kv GET keys/s".to_string(),
                 rate(self.throughput[0].ops_per_s),
@@ -433,18 +490,27 @@ impl ClusterReport {
                 format!("{:.2}x", ratio(self.mget[1].p99_us, self.mget[0].p99_us)),
                 String::new(),
             ],
-            vec![
-                "join ms p50/max".to_string(),
-                "-".into(),
-                format!(
-                    "{:.2}/{:.2}",
-                    self.join.p50_us / 1e3,
-                    self.join.params["max_us"].as_f64().unwrap_or(0.0) / 1e3
-                ),
-                String::new(),
-                "< 50 ms".into(),
-            ],
         ];
+        if let (Some([a, b]), Some(r)) = (&self.limit, self.limit_ratio()) {
+            rows.push(vec![
+                format!("raw tcp {}/{} parts", a.parts, b.parts),
+                rate(a.keys_per_s),
+                rate(b.keys_per_s),
+                format!("{r:.2}x"),
+                "(limit)".into(),
+            ]);
+        }
+        rows.push(vec![
+            "join ms p50/max".to_string(),
+            "-".into(),
+            format!(
+                "{:.2}/{:.2}",
+                self.join.p50_us / 1e3,
+                self.join.params["max_us"].as_f64().unwrap_or(0.0) / 1e3
+            ),
+            String::new(),
+            "< 50 ms".into(),
+        ]);
         print_table(&["metric", "1 server", "cluster", "ratio", "target"], &rows);
     }
 
@@ -457,12 +523,14 @@ impl ClusterReport {
             .chain(std::iter::once(&self.join))
             .map(BenchResult::json)
             .collect();
+        v.extend(self.limit.iter().flatten().map(SplitRate::json));
         v.push(
             serde_json::json!({
                 "bench": "cluster", "case": "ratios",
                 "throughput_ratio": self.throughput_ratio(),
                 "mget_p50_ratio": self.mget_ratio(),
                 "join_p50_ms": self.join.p50_us / 1e3,
+                "limit_ratio": self.limit_ratio(),
                 "wrong_values": self.wrong(),
             })
             .to_string(),

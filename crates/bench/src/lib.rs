@@ -40,6 +40,7 @@ pub mod ps;
 pub mod ps_report;
 pub mod report;
 pub mod rpc;
+pub mod split;
 
 /// The server worker client thread `tid` talks to: worker `tid` mod the
 /// count, so with a server started by `peers::fabrickv_serve` (worker i on

@@ -525,7 +525,7 @@ fn connect(addr: SocketAddr) -> Result<TcpStream, String> {
 
 /// `TCP_NODELAY`, and read and write timeouts of [`IO_TIMEOUT`] so that a
 /// stuck peer is an error, not a hang.
-fn set_up(s: &TcpStream) -> Result<(), String> {
+pub(crate) fn set_up(s: &TcpStream) -> Result<(), String> {
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(IO_TIMEOUT))
         .map_err(|e| e.to_string())?;
@@ -534,7 +534,7 @@ fn set_up(s: &TcpStream) -> Result<(), String> {
 }
 
 /// A fixed byte pattern of `n` bytes, so payloads are not all zeros.
-fn pattern(n: usize) -> Vec<u8> {
+pub(crate) fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i % 251) as u8).collect()
 }
 
