@@ -339,15 +339,11 @@ fn limit(o: &ClusterOpts, parts: usize) -> Result<SplitRate, String> {
     })
 }
 
-/// Adds `b`, one round's split, into `a`: calls and time summed.
+/// Adds `b`, one round's split, into `a`.
 fn add_limit(a: &mut Option<SplitRate>, b: SplitRate) {
     match a {
         None => *a = Some(b),
-        Some(r) => {
-            r.calls += b.calls;
-            r.seconds += b.seconds;
-            r.keys_per_s = (r.calls * r.batch as u64) as f64 / r.seconds.max(1e-9);
-        }
+        Some(r) => r.add(&b),
     }
 }
 

@@ -91,7 +91,7 @@ const REDIS_CALIBRATION_ROUNDS: u64 = 4;
 const REDIS_BENCHMARK_REQUESTS_MAX: u64 = 500_000_000;
 
 /// Checks a measured duration against `(0, MAX_DURATION]`.
-fn check_duration(duration: Duration) -> Result<(), String> {
+pub(crate) fn check_duration(duration: Duration) -> Result<(), String> {
     if duration.is_zero() || duration > MAX_DURATION {
         return Err(format!(
             "duration {duration:?} is outside (0, {MAX_DURATION:?}]"
@@ -101,7 +101,7 @@ fn check_duration(duration: Duration) -> Result<(), String> {
 }
 
 /// Checks that `v` is in `1..=max`.
-fn check_range(name: &str, v: usize, max: usize) -> Result<(), String> {
+pub(crate) fn check_range(name: &str, v: usize, max: usize) -> Result<(), String> {
     if v == 0 || v > max {
         return Err(format!("{name} {v} is outside 1..={max}"));
     }
@@ -141,13 +141,13 @@ struct JsonLine<'a, T: Serialize> {
     result: &'a T,
 }
 
-fn json_line<T: Serialize>(bench: &str, result: &T) -> String {
+pub(crate) fn json_line<T: Serialize>(bench: &str, result: &T) -> String {
     serde_json::to_string(&JsonLine { bench, result })
         .unwrap_or_else(|e| format!("{{\"bench\":\"{bench}\",\"error\":\"{e}\"}}"))
 }
 
 /// Divides `n` by `seconds`, zero for an empty interval.
-fn per_s(n: f64, seconds: f64) -> f64 {
+pub(crate) fn per_s(n: f64, seconds: f64) -> f64 {
     if seconds > 0.0 {
         n / seconds
     } else {

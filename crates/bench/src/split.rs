@@ -30,8 +30,8 @@ use mio::net::TcpStream as MioStream;
 use mio::{Events, Interest, Poll, Token};
 use serde::Serialize;
 
-use crate::baseline::{IO_TIMEOUT, MAX_DURATION};
-use crate::limits::{pattern, set_up};
+use crate::baseline::IO_TIMEOUT;
+use crate::limits::{check_duration, check_range, json_line, pattern, per_s, set_up};
 
 /// Most server threads (parts of a call) [`tcp_split`] runs.
 pub const SPLIT_PARTS_MAX: usize = 64;
@@ -81,10 +81,19 @@ pub struct SplitRate {
 impl SplitRate {
     /// The JSON line (`"bench":"limit.tcp_split"`).
     pub fn json(&self) -> String {
-        let mut v = serde_json::to_value(self).unwrap_or_default();
-        v["bench"] = "limit.tcp_split".into();
-        v.to_string()
+        json_line("limit.tcp_split", self)
     }
+
+    /// Adds another run of the same split: calls and time summed.
+    pub fn add(&mut self, other: &SplitRate) {
+        self.calls += other.calls;
+        self.seconds += other.seconds;
+        self.keys_per_s = keys_per_s(self.calls, self.batch, self.seconds);
+    }
+}
+
+fn keys_per_s(calls: u64, batch: usize, seconds: f64) -> f64 {
+    per_s((calls * batch as u64) as f64, seconds)
 }
 
 /// Keys of part `p` when `batch` keys are spread evenly over `parts`.
@@ -103,45 +112,44 @@ fn reply_bytes(n: usize, value_size: usize) -> usize {
 }
 
 fn check(o: &SplitOpts) -> Result<(), String> {
-    let bounded = |name: &str, v: usize, max: usize| {
-        if v == 0 || v > max {
-            Err(format!("tcp split: {name} must be 1..={max}, not {v}"))
-        } else {
-            Ok(())
+    let bounds = || -> Result<(), String> {
+        check_range("parts", o.parts, SPLIT_PARTS_MAX)?;
+        check_range("threads", o.threads, SPLIT_THREADS_MAX)?;
+        check_range("batch", o.batch, SPLIT_BATCH_MAX)?;
+        check_range("key size", o.key_size, SPLIT_ITEM_BYTES_MAX)?;
+        check_range("value size", o.value_size, SPLIT_ITEM_BYTES_MAX)?;
+        check_duration(o.duration)?;
+        if o.batch < o.parts {
+            return Err(format!(
+                "a batch of {} keys has no key for some of {} parts",
+                o.batch, o.parts
+            ));
         }
+        Ok(())
     };
-    bounded("parts", o.parts, SPLIT_PARTS_MAX)?;
-    bounded("threads", o.threads, SPLIT_THREADS_MAX)?;
-    bounded("batch", o.batch, SPLIT_BATCH_MAX)?;
-    bounded("key size", o.key_size, SPLIT_ITEM_BYTES_MAX)?;
-    bounded("value size", o.value_size, SPLIT_ITEM_BYTES_MAX)?;
-    if o.batch < o.parts {
-        return Err(format!(
-            "tcp split: a batch of {} keys has no key for some of {} parts",
-            o.batch, o.parts
-        ));
-    }
-    if o.duration.is_zero() || o.duration > MAX_DURATION {
-        return Err(format!(
-            "tcp split: duration must be in (0, {MAX_DURATION:?}]"
-        ));
-    }
-    Ok(())
+    bounds().map_err(|e| format!("tcp split: {e}"))
+}
+
+/// Request and reply bytes of each part of a call, in part order.
+fn part_sizes(o: &SplitOpts) -> Vec<(usize, usize)> {
+    (0..o.parts)
+        .map(|p| {
+            let n = part_keys(o.batch, o.parts, p);
+            (request_bytes(n, o.key_size), reply_bytes(n, o.value_size))
+        })
+        .collect()
 }
 
 /// Runs the split: see the module's documentation.
 pub fn tcp_split(o: &SplitOpts) -> Result<SplitRate, String> {
     check(o)?;
+    let sizes = Arc::new(part_sizes(o));
     let mut addrs = Vec::with_capacity(o.parts);
     let mut servers = Vec::with_capacity(o.parts);
-    for p in 0..o.parts {
-        let n = part_keys(o.batch, o.parts, p);
+    for (p, &(req, reply)) in sizes.iter().enumerate() {
         let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
         addrs.push(listener.local_addr().map_err(|e| e.to_string())?);
-        let (req, reply) = (
-            request_bytes(n, o.key_size),
-            pattern(reply_bytes(n, o.value_size)),
-        );
+        let reply = pattern(reply);
         let conns = o.threads;
         servers.push(
             std::thread::Builder::new()
@@ -154,10 +162,11 @@ pub fn tcp_split(o: &SplitOpts) -> Result<SplitRate, String> {
     let start = Arc::new(Barrier::new(o.threads));
     let clients: Vec<_> = (0..o.threads)
         .map(|t| {
-            let (addrs, start, o) = (addrs.clone(), start.clone(), o.clone());
+            let (addrs, sizes, start) = (addrs.clone(), sizes.clone(), start.clone());
+            let duration = o.duration;
             std::thread::Builder::new()
                 .name(format!("split-client-{t}"))
-                .spawn(move || split_client(&addrs, &start, &o))
+                .spawn(move || split_client(&addrs, &sizes, &start, duration))
                 .map_err(|e| e.to_string())
         })
         .collect::<Result<_, _>>()?;
@@ -189,17 +198,19 @@ pub fn tcp_split(o: &SplitOpts) -> Result<SplitRate, String> {
         batch: o.batch,
         calls,
         seconds,
-        keys_per_s: (calls * o.batch as u64) as f64 / seconds.max(1e-9),
+        keys_per_s: keys_per_s(calls, o.batch, seconds),
     })
 }
 
 /// One client: connects to every server thread, waits for the others, then
-/// makes calls for `o.duration`; its calls and the time they took. Its
-/// sockets close when it returns, which ends the server threads.
+/// makes calls (part `p` of `sizes[p]` request and reply bytes) for
+/// `duration`; its calls and the time they took. Its sockets close when it
+/// returns, which ends the server threads.
 fn split_client(
     addrs: &[SocketAddr],
+    sizes: &[(usize, usize)],
     start: &Barrier,
-    o: &SplitOpts,
+    duration: Duration,
 ) -> Result<(u64, f64), String> {
     let mut conns = Vec::with_capacity(addrs.len());
     for a in addrs {
@@ -207,23 +218,17 @@ fn split_client(
         set_up(&s)?;
         conns.push(s);
     }
-    let sizes: Vec<(usize, usize)> = (0..o.parts)
-        .map(|p| {
-            let n = part_keys(o.batch, o.parts, p);
-            (request_bytes(n, o.key_size), reply_bytes(n, o.value_size))
-        })
-        .collect();
     let biggest = sizes.iter().map(|&(q, r)| q.max(r)).max().unwrap_or(0);
     let mut buf = pattern(biggest);
     start.wait();
     let t0 = Instant::now();
     let mut calls = 0u64;
-    while t0.elapsed() < o.duration {
-        for (s, &(req, _)) in conns.iter_mut().zip(&sizes) {
+    while t0.elapsed() < duration {
+        for (s, &(req, _)) in conns.iter_mut().zip(sizes) {
             s.write_all(&buf[..req])
                 .map_err(|e| format!("tcp split: write: {e}"))?;
         }
-        for (s, &(_, reply)) in conns.iter_mut().zip(&sizes) {
+        for (s, &(_, reply)) in conns.iter_mut().zip(sizes) {
             s.read_exact(&mut buf[..reply])
                 .map_err(|e| format!("tcp split: read: {e}"))?;
         }
@@ -253,7 +258,6 @@ fn split_server(
 ) -> Result<(), String> {
     let mut poll = Poll::new().map_err(|e| e.to_string())?;
     let mut all = Vec::with_capacity(conns);
-    listener.set_nonblocking(false).map_err(|e| e.to_string())?;
     for i in 0..conns {
         let (s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
         s.set_nodelay(true).map_err(|e| e.to_string())?;
