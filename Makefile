@@ -6,22 +6,26 @@ BIN := target/release/fabrickv
 BENCH_DIR := bench-results
 DATE := $(shell date +%Y-%m-%d)
 
-.PHONY: all build build-fabric deps venv python test test-rust test-python bench-smoke lint fmt bench compare fuzz clean run
+.PHONY: all build build-fabric fabric-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run
 
 all: build
 
-## The binary without system libraries (tcp, shm, inproc transports).
-build:
+## The binary, with every transport (tcp, shm, inproc and libfabric); it
+## installs libfabric first when it is missing.
+build: fabric-deps
 	$(CARGO) build --release -p fabrickv-cli
 
-## The binary with the libfabric transport too (needs `make deps`).
-build-fabric:
-	$(CARGO) build --release -p fabrickv-cli --features fabric
+## The same binary (the libfabric transport is built in by default).
+build-fabric: build
 
-## Installs system packages the tests and benchmarks use (redis, memcached, iperf3).
-deps:
-	bash scripts/install-deps.sh
+## libfabric and libclang, which the libfabric transport builds against.
+fabric-deps:
 	bash scripts/install-fabric-deps.sh
+
+## Installs system packages the tests and benchmarks use (redis, memcached,
+## iperf3, stress-ng, libfabric).
+deps: fabric-deps
+	bash scripts/install-deps.sh
 
 ## The project's Python environment (.venv) with what the Python tests use.
 venv:
@@ -34,8 +38,22 @@ python: venv
 
 ## Everything: Rust unit, property and integration tests, lint, Python
 ## end-to-end tests, and a tiny run of every benchmark.
-test: deps lint test-rust test-python bench-smoke
+test: deps lint module-check test-rust test-python doc-check bench-smoke
 	@echo "make test: all passed"
+
+## `make test` while stress-ng keeps every core busy: the suite must pass on
+## a loaded machine (tests wait on conditions, never on tight sleeps).
+test-stressed: deps
+	bash scripts/test-stressed.sh
+
+## No import circles between the modules of any crate.
+module-check:
+	python3 scripts/module-cycles.py
+
+## Every example of README.md and docs/ run as written, against servers
+## the script starts on loopback.
+doc-check: build python
+	.venv/bin/python scripts/doc-check.py
 
 test-rust:
 	$(CARGO) test --workspace --all-targets --all-features
@@ -53,7 +71,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## Tiny runs of each benchmark so none rots (not measurements).
-bench-smoke: build-fabric python
+bench-smoke: build python
 	$(BIN) bench kv --duration 0.5 --keys 2000 --json
 	$(BIN) bench kv --duration 0.5 --keys 2000 --get-percent 100 --server-cpus 0 --client-cpus 1 --compare-redis --json
 	$(BIN) bench herd --workers 1,2 --keys-per-partition 2000 --duration 0.3 --json
@@ -80,8 +98,8 @@ bench-smoke: build-fabric python
 	$(BIN) bench rpc --transport fabric --provider shm --duration 0.3 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json
 	$(BIN) bench rpc --transport fabric --provider 'tcp;ofi_rxm' --duration 0.3 --report-every 0 --json
 
-## Real measurements, written to bench-results/ (see README "Benchmarks").
-bench: deps build-fabric
+## Real measurements, written to bench-results/ (see docs/benchmarks.md).
+bench: deps build
 	mkdir -p $(BENCH_DIR)
 	bash scripts/bench-kv.sh | tee $(BENCH_DIR)/$(DATE)-kv.txt
 	bash scripts/bench-rpc.sh | tee $(BENCH_DIR)/$(DATE)-rpc.txt

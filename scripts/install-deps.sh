@@ -9,6 +9,8 @@ command -v redis-benchmark >/dev/null || need+=(redis-tools)
 command -v memcached >/dev/null || need+=(memcached)
 command -v iperf3 >/dev/null || need+=(iperf3)
 command -v taskset >/dev/null || need+=(util-linux)
+command -v stress-ng >/dev/null || need+=(stress-ng)
+command -v ss >/dev/null || need+=(iproute2)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 
 if [ ${#need[@]} -eq 0 ]; then

@@ -79,8 +79,10 @@ fn servers_register_and_clients_read_them() {
 fn a_registration_that_is_not_refreshed_expires() {
     let mc = LocalMemcached::start().expect("memcached");
     let reg = Registry::connect(&mc.url(), "gone").expect("registry");
-    // Published once with a 1 s TTL and never refreshed: a crashed server.
-    reg.publish(1, &desc(0), 1).expect("publish");
+    // Published once and never refreshed: a crashed server. 2 s, not 1:
+    // memcached's once-a-second clock may lapse a 1 s TTL before the read
+    // below on a loaded machine.
+    reg.publish(1, &desc(0), 2).expect("publish");
     assert!(reg.read().expect("read").is_some());
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -96,16 +98,20 @@ fn a_registration_that_is_not_refreshed_expires() {
 #[test]
 fn a_refreshed_registration_outlives_its_ttl() {
     let mc = LocalMemcached::start().expect("memcached");
+    // memcached counts expiry in whole seconds on a clock that ticks once a
+    // second, so a 1 s TTL may lapse almost at once; 3 s leaves the refresh
+    // thread (every 1 s) two seconds of slack on a loaded machine.
+    let ttl_s = 3;
     let _r = Registration::start(
         Registry::connect(&mc.url(), "live").expect("r"),
         1,
         desc(0),
-        1,
+        ttl_s,
     )
     .expect("register");
     let reg = Registry::connect(&mc.url(), "live").expect("registry");
-    // Well past the 1 s TTL: the refresh thread kept it.
-    let until = Instant::now() + Duration::from_millis(2500);
+    // Well past two TTLs: only the refresh thread can have kept it.
+    let until = Instant::now() + Duration::from_secs(u64::from(ttl_s) * 8 / 3);
     while Instant::now() < until {
         let c = reg.read().expect("read").expect("registered");
         assert!(
