@@ -30,10 +30,8 @@ use fabrickv_wire::cache::{
     decode_request, encode_put_reply, encode_status_reply, CacheOp, CacheRequest, GetReplyWriter,
     PutSource, RegionSlice,
 };
-use fabrickv_wire::control::encode_error;
-use fabrickv_wire::FrameKind;
 
-use crate::kv::request_id_of;
+use crate::service::{wire_refusal, Call, Refusal, Service, StatsList};
 
 /// Chunked puts one worker holds open at once (each pins its reserved
 /// space until its last chunk or its deadline).
@@ -56,9 +54,6 @@ pub const CACHE_JOBS_QUEUED_MAX: usize = 1024;
 
 /// Work a gRPC call hands to the worker owning a client's connection.
 pub type Job = Box<dyn FnOnce(&mut dyn WorkerPort) + Send>;
-
-/// A refusal: a stable code and why.
-pub type Refusal = (ErrorCode, String);
 
 fn refusal(e: CacheError) -> Refusal {
     (e.code(), e.to_string())
@@ -251,7 +246,7 @@ impl CacheShared {
     /// Where a placement for `client_id` of `len` bytes goes: `offset` if
     /// given (checked), else the next free place in the client's region,
     /// wrapping to its start (the client consumes values before the
-    /// region comes round, as with the seed's receive buffer).
+    /// region comes round, as the reader of a ring buffer does).
     pub fn place(
         &self,
         client_id: u64,
@@ -420,128 +415,6 @@ impl CacheService {
             jobs,
             chunk_crcs: ChunkCrcs::default(),
         }
-    }
-
-    /// Runs the gRPC transfers queued for this worker.
-    pub fn run_jobs(&mut self, port: &mut dyn WorkerPort) -> usize {
-        let Some(rx) = &self.jobs else { return 0 };
-        let mut n = 0;
-        while let Ok(job) = rx.try_recv() {
-            job(port);
-            n += 1;
-        }
-        n
-    }
-
-    /// Periodic work: drops chunked puts past their deadline; worker 0 also
-    /// runs the store's active expiry and releases silent clients.
-    pub fn sweep(&mut self, now_ms: u64) {
-        let before = self.pending.len();
-        self.pending.retain(|_, p| p.deadline_ms > now_ms);
-        let dropped = before - self.pending.len();
-        if dropped > 0 {
-            self.shared
-                .counters
-                .puts_abandoned
-                .fetch_add(dropped as u64, Ordering::Relaxed);
-        }
-        if self.worker == 0 {
-            self.shared.sweep(now_ms);
-        }
-    }
-
-    /// Handles one `Cache` frame from `conn`; returns true if it was
-    /// refused whole with an ERROR frame.
-    pub fn handle(&mut self, conn: ConnId, msg: &[u8], reply: &mut dyn Reply, now_ms: u64) -> bool {
-        let id = request_id_of(msg);
-        let not_kind = "not a cache frame";
-        let Some(frame) =
-            crate::kv::frame_of_kind(msg, FrameKind::Cache, self.worker, not_kind, reply.buf())
-        else {
-            return true;
-        };
-        let req = match decode_request(&frame) {
-            Ok(r) => r,
-            Err(e) => {
-                encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string());
-                return true;
-            }
-        };
-        let (op, result) = match req {
-            CacheRequest::Put {
-                key,
-                transfer,
-                ttl_ms,
-                total_len,
-                offset,
-                source,
-            } => (
-                CacheOp::Put,
-                self.put(
-                    conn, id, key, transfer, ttl_ms, total_len, offset, source, reply, now_ms,
-                ),
-            ),
-            CacheRequest::Get {
-                key,
-                generation,
-                offset,
-                max_len,
-                dest,
-            } => (
-                CacheOp::Get,
-                self.get(id, key, generation, offset, max_len, dest, reply, now_ms),
-            ),
-            CacheRequest::Delete { key } => {
-                let found = self.shared.store.delete(key, now_ms);
-                (CacheOp::Delete, {
-                    found_status(reply, id, self.worker, CacheOp::Delete, found);
-                    Ok(())
-                })
-            }
-            CacheRequest::Exists { key } => {
-                let found = self.shared.store.exists(key, now_ms);
-                (CacheOp::Exists, {
-                    found_status(reply, id, self.worker, CacheOp::Exists, found);
-                    Ok(())
-                })
-            }
-            CacheRequest::Bind { client_id, region } => {
-                let r = RemoteRegion::decode(&region.region)
-                    .ok_or_else(|| (ErrorCode::Malformed, "bad region".to_string()))
-                    .and_then(|r| {
-                        self.shared.bind(
-                            client_id,
-                            Binding {
-                                worker: self.worker,
-                                conn,
-                                region: r,
-                                len: region.len.min(r.len),
-                            },
-                        )
-                    })
-                    .map(|()| {
-                        encode_status_reply(
-                            reply.buf(),
-                            id,
-                            self.worker,
-                            CacheOp::Bind,
-                            ErrorCode::Ok,
-                        )
-                    });
-                (CacheOp::Bind, r)
-            }
-        };
-        if let Err((code, why)) = result {
-            // One operation failed: the reply says so with its code (the
-            // frame itself was well formed, so it is not refused).
-            if code == ErrorCode::Malformed {
-                encode_error(reply.buf(), id, self.worker, code, &why);
-                return true;
-            }
-            tracing::debug!("cache {op:?} refused: {why}");
-            encode_status_reply(reply.buf(), id, self.worker, op, code);
-        }
-        false
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -803,6 +676,123 @@ impl CacheService {
             }
         }
         Ok(())
+    }
+}
+
+impl Service for CacheService {
+    /// Serves one CACHE frame. An operation that fails is answered with
+    /// its code in the reply (the frame was well formed); only a malformed
+    /// request (a bad region, a broken chunk sequence) refuses the frame.
+    fn handle(&mut self, call: &Call<'_>, reply: &mut dyn Reply) -> Result<(), Refusal> {
+        let (conn, id, now_ms) = (call.conn, call.id(), call.now_ms);
+        let req = decode_request(&call.frame).map_err(wire_refusal)?;
+        let (op, result) = match req {
+            CacheRequest::Put {
+                key,
+                transfer,
+                ttl_ms,
+                total_len,
+                offset,
+                source,
+            } => (
+                CacheOp::Put,
+                self.put(
+                    conn, id, key, transfer, ttl_ms, total_len, offset, source, reply, now_ms,
+                ),
+            ),
+            CacheRequest::Get {
+                key,
+                generation,
+                offset,
+                max_len,
+                dest,
+            } => (
+                CacheOp::Get,
+                self.get(id, key, generation, offset, max_len, dest, reply, now_ms),
+            ),
+            CacheRequest::Delete { key } => {
+                let found = self.shared.store.delete(key, now_ms);
+                (CacheOp::Delete, {
+                    found_status(reply, id, self.worker, CacheOp::Delete, found);
+                    Ok(())
+                })
+            }
+            CacheRequest::Exists { key } => {
+                let found = self.shared.store.exists(key, now_ms);
+                (CacheOp::Exists, {
+                    found_status(reply, id, self.worker, CacheOp::Exists, found);
+                    Ok(())
+                })
+            }
+            CacheRequest::Bind { client_id, region } => {
+                let r = RemoteRegion::decode(&region.region)
+                    .ok_or_else(|| (ErrorCode::Malformed, "bad region".to_string()))
+                    .and_then(|r| {
+                        self.shared.bind(
+                            client_id,
+                            Binding {
+                                worker: self.worker,
+                                conn,
+                                region: r,
+                                len: region.len.min(r.len),
+                            },
+                        )
+                    })
+                    .map(|()| {
+                        encode_status_reply(
+                            reply.buf(),
+                            id,
+                            self.worker,
+                            CacheOp::Bind,
+                            ErrorCode::Ok,
+                        )
+                    });
+                (CacheOp::Bind, r)
+            }
+        };
+        match result {
+            Err((ErrorCode::Malformed, why)) => Err((ErrorCode::Malformed, why)),
+            Err((code, why)) => {
+                // One operation failed: the reply says so with its code (the
+                // frame itself was well formed, so it is not refused).
+                tracing::debug!("cache {op:?} refused: {why}");
+                encode_status_reply(reply.buf(), id, self.worker, op, code);
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// Runs the gRPC transfers queued for this worker.
+    fn run_jobs(&mut self, port: &mut dyn WorkerPort) -> usize {
+        let Some(rx) = &self.jobs else { return 0 };
+        let mut n = 0;
+        while let Ok(job) = rx.try_recv() {
+            job(port);
+            n += 1;
+        }
+        n
+    }
+
+    /// Periodic work: drops chunked puts past their deadline; worker 0 also
+    /// runs the store's active expiry and releases silent clients.
+    fn sweep(&mut self, now_ms: u64) {
+        let before = self.pending.len();
+        self.pending.retain(|_, p| p.deadline_ms > now_ms);
+        let dropped = before - self.pending.len();
+        if dropped > 0 {
+            self.shared
+                .counters
+                .puts_abandoned
+                .fetch_add(dropped as u64, Ordering::Relaxed);
+        }
+        if self.worker == 0 {
+            self.shared.sweep(now_ms);
+        }
+    }
+
+    fn shared_stats(&self, out: &mut StatsList) {
+        out.extend(self.shared.stats_list());
     }
 }
 

@@ -15,8 +15,8 @@
 //! Tables are never dropped: ids are never reused, so a stale id can never
 //! read another table's vectors.
 //!
-//! Sans-I/O like the kv service: [`PsService::handle`] takes the request,
-//! a [`Reply`] and the time.
+//! Sans-I/O like the kv service: [`PsService`]'s [`Service::handle`]
+//! takes the decoded frame, a [`Reply`] and the time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -25,13 +25,13 @@ use fabrickv_engine::{item_bytes, Partition, PartitionConfig, PoolOptions, PutCo
 use fabrickv_transport::{RemoteRegion, Reply};
 use fabrickv_types::limits::PS_TABLES_MAX;
 use fabrickv_types::{ErrorCode, KeyHash};
-use fabrickv_wire::control::encode_error;
 use fabrickv_wire::ps::{
     bitmap_bytes, decode_create, decode_request, encode_list_reply, encode_push_reply,
     encode_table_reply, f32s_from_le, init_vector, key_at, Missing, Optimizer, PsOp, PsRequest,
     PullDest, PullReplyWriter, PushMode, TableDesc, TableSpec,
 };
-use fabrickv_wire::FrameKind;
+
+use crate::service::{wire_refusal, Call, Refusal, Service, StatsList};
 
 /// Shards of the embedding pool per worker: more shards than workers keep
 /// two workers' pushes from meeting on one lock.
@@ -128,9 +128,6 @@ pub struct PsStore {
     create: Mutex<()>,
     counters: Counters,
 }
-
-/// A refusal: the code and the words sent back.
-type Refusal = (ErrorCode, String);
 
 impl PsStore {
     /// A store for a server with `workers` workers; the pool is built by
@@ -365,57 +362,6 @@ impl PsService {
         }
     }
 
-    /// Handles one `Ps` frame; returns true if it was refused with an
-    /// ERROR frame.
-    pub fn handle(&mut self, msg: &[u8], reply: &mut dyn Reply, now_ms: u64) -> bool {
-        let id = crate::kv::request_id_of(msg);
-        let not_kind = "not a PS frame";
-        let Some(frame) =
-            crate::kv::frame_of_kind(msg, FrameKind::Ps, self.worker, not_kind, reply.buf())
-        else {
-            return true;
-        };
-        let req = match decode_request(&frame) {
-            Ok(r) => r,
-            Err(e) => {
-                encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string());
-                return true;
-            }
-        };
-        let result = match req {
-            PsRequest::Create(body) => decode_create(body)
-                .and_then(|spec| self.store.create(&spec))
-                .map(|d| encode_table_reply(reply.buf(), id, self.worker, PsOp::Create, &d)),
-            PsRequest::Open(name) => match self.store.by_name(name) {
-                Some(t) => {
-                    encode_table_reply(reply.buf(), id, self.worker, PsOp::Open, &t.desc());
-                    Ok(())
-                }
-                None => Err((ErrorCode::NoSuchTable, format!("no table named {name:?}"))),
-            },
-            PsRequest::List => {
-                encode_list_reply(reply.buf(), id, self.worker, &self.store.list());
-                Ok(())
-            }
-            PsRequest::Pull { table, keys, dest } => {
-                self.pull(id, table, keys, dest, reply, now_ms)
-            }
-            PsRequest::Push {
-                table,
-                mode,
-                keys,
-                values,
-            } => self.push(id, table, mode, keys, values, reply.buf(), now_ms),
-        };
-        match result {
-            Ok(()) => false,
-            Err((code, why)) => {
-                encode_error(reply.buf(), id, self.worker, code, &why);
-                true
-            }
-        }
-    }
-
     /// Hashes every key of the request once and finds its shard.
     fn prepare(&mut self, table: u32, keys: &[u8], shards: usize) {
         self.keys.clear();
@@ -589,6 +535,45 @@ impl PsService {
         c.push_keys.fetch_add(u64::from(applied), Ordering::Relaxed);
         encode_push_reply(out, id, self.worker, table, status, applied);
         Ok(())
+    }
+}
+
+impl Service for PsService {
+    /// Serves one PS request; every refusal (a bad request, an unknown
+    /// table, a pull that cannot be written) refuses the frame whole.
+    fn handle(&mut self, call: &Call<'_>, reply: &mut dyn Reply) -> Result<(), Refusal> {
+        let id = call.id();
+        let now_ms = call.now_ms;
+        let req = decode_request(&call.frame).map_err(wire_refusal)?;
+        match req {
+            PsRequest::Create(body) => decode_create(body)
+                .and_then(|spec| self.store.create(&spec))
+                .map(|d| encode_table_reply(reply.buf(), id, self.worker, PsOp::Create, &d)),
+            PsRequest::Open(name) => match self.store.by_name(name) {
+                Some(t) => {
+                    encode_table_reply(reply.buf(), id, self.worker, PsOp::Open, &t.desc());
+                    Ok(())
+                }
+                None => Err((ErrorCode::NoSuchTable, format!("no table named {name:?}"))),
+            },
+            PsRequest::List => {
+                encode_list_reply(reply.buf(), id, self.worker, &self.store.list());
+                Ok(())
+            }
+            PsRequest::Pull { table, keys, dest } => {
+                self.pull(id, table, keys, dest, reply, now_ms)
+            }
+            PsRequest::Push {
+                table,
+                mode,
+                keys,
+                values,
+            } => self.push(id, table, mode, keys, values, reply.buf(), now_ms),
+        }
+    }
+
+    fn shared_stats(&self, out: &mut StatsList) {
+        out.extend(self.store.stats_list());
     }
 }
 
