@@ -4,8 +4,10 @@ use std::sync::Arc;
 
 use fabrickv_engine::{Mode as EngineMode, Partition, PartitionConfig};
 
+use super::admin::glob_match;
 use super::*;
 use crate::partitions::Partitions;
+use fabrickv_types::limits::KEY_BYTES_MAX;
 use fabrickv_wire::shard_data::SHARD_DATA_KEY_BYTES_MAX;
 
 fn shared_with(parts: usize, password: Option<&str>) -> RespShared {
