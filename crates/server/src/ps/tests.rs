@@ -8,6 +8,7 @@ use fabrickv_wire::ps::{
     decode_desc, decode_list, decode_reply, encode_create, encode_list, encode_open, encode_pull,
     encode_push, PsReply,
 };
+use fabrickv_wire::ps::{f32s_from_le, init_vector, Missing, Optimizer, TableDesc};
 use fabrickv_wire::{decode_frame, FrameKind};
 
 const NOW: u64 = 1;
