@@ -1,6 +1,7 @@
 //! The cache service without sockets: frames in, replies out.
 
 use super::*;
+use fabrickv_types::limits::CACHE_HEARTBEAT_TIMEOUT_MS;
 use fabrickv_wire::cache::{decode_reply, encode_get, encode_key_op, encode_put_chunk};
 use fabrickv_wire::{decode_frame, FrameKind};
 
