@@ -2,7 +2,7 @@
 //! XX, EX, PX, KEEPTTL and GET), MGET, MSET, DEL, EXISTS and the INCR
 //! family.
 
-use fabrickv_engine::{DeleteResult, GetResult, PutCond, PutResult};
+use fabrickv_engine::{DeleteResult, GetResult, Partition, PutCond, PutResult};
 use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply as resp;
 use fabrickv_types::limits::KEY_BYTES_MAX;
@@ -171,22 +171,27 @@ impl Exec<'_> {
     }
 
     pub(super) fn del(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
-        let now = self.now_ms;
-        let mut n = 0;
-        for i in 1..a.len() {
-            let key = a.get(i);
-            if key.len() > KEY_BYTES_MAX {
-                continue;
-            }
-            let h = KeyHash::of(key);
-            if self.part(h).delete(h, key, now) == DeleteResult::Deleted {
-                n += 1;
-            }
-        }
+        let n = self.count_keys(a, |p, h, key, now| {
+            p.delete(h, key, now) == DeleteResult::Deleted
+        });
         resp::integer(out, n);
     }
 
     pub(super) fn exists(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+        let n = self.count_keys(a, |p, h, key, now| {
+            matches!(p.get(h, key, now), GetResult::Found { .. })
+        });
+        resp::integer(out, n);
+    }
+
+    /// Runs `hit` on each key of arguments 1.. in its partition and counts
+    /// the keys it holds for (DEL's and EXISTS's answer). A key over the
+    /// bound cannot be stored, so it counts as absent.
+    fn count_keys(
+        &mut self,
+        a: Args<'_>,
+        mut hit: impl FnMut(&mut Partition, KeyHash, &[u8], u64) -> bool,
+    ) -> i64 {
         let now = self.now_ms;
         let mut n = 0;
         for i in 1..a.len() {
@@ -195,11 +200,11 @@ impl Exec<'_> {
                 continue;
             }
             let h = KeyHash::of(key);
-            if matches!(self.part(h).get(h, key, now), GetResult::Found { .. }) {
+            if hit(self.part(h), h, key, now) {
                 n += 1;
             }
         }
-        resp::integer(out, n);
+        n
     }
 
     pub(super) fn incr_by(
