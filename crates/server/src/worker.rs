@@ -98,7 +98,10 @@ impl Worker {
     ///
     /// This is the one place every frame passes after it is decoded and
     /// before any service sees it, with its connection and kind at hand:
-    /// a per-connection or per-kind check (authentication) belongs here.
+    /// a per-connection check (has this connection authenticated?) and a
+    /// per-op one (a [`Service`] method saying whether a call is
+    /// administrative) belong between the decode and the `match`, and a
+    /// refusal there is answered and counted like any other.
     #[inline]
     pub fn handle(&mut self, conn: ConnId, msg: &[u8], reply: &mut dyn Reply, now_ms: u64) {
         let Some(frame) = decode_or_refuse(msg, self.id, reply.buf()) else {
