@@ -126,6 +126,14 @@ impl Shards {
         })
     }
 
+    /// Opens `specs` with copy sessions on loopback, for tests that need
+    /// shards (or none) without a whole server.
+    #[cfg(test)]
+    pub(crate) fn open_for_tests(specs: &[ShardSpec]) -> Shards {
+        let copies = CopySources::new(std::net::IpAddr::from([127, 0, 0, 1]));
+        Shards::open(specs, copies).expect("shards open")
+    }
+
     /// The shard named `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<FjallShard>> {
         self.by_name.get(name)

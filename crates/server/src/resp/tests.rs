@@ -395,8 +395,7 @@ fn with_shards() -> (Conn, tempfile::TempDir) {
             path: dir.path().join(n),
         })
         .collect();
-    let copies = fabrickv_copy::source::CopySources::new(std::net::IpAddr::from([127, 0, 0, 1]));
-    let shards = crate::shard::Shards::open(&specs, copies).expect("shards open");
+    let shards = crate::shard::Shards::open_for_tests(&specs);
     (Conn::with(shared_with(1, None).with_shards(&shards)), dir)
 }
 

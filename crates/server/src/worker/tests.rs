@@ -47,8 +47,7 @@ fn worker(id: u16) -> Worker {
         ..CacheConfig::default()
     })
     .expect("cache store");
-    let copies = fabrickv_copy::source::CopySources::new(std::net::IpAddr::from([127, 0, 0, 1]));
-    let shards = Arc::new(Shards::open(&[], copies).expect("no shards"));
+    let shards = Arc::new(Shards::open_for_tests(&[]));
     Worker::new(
         id,
         Services {
