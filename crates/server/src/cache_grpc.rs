@@ -27,8 +27,8 @@ use fabrickv_control::{
 use fabrickv_types::limits::CACHE_HEARTBEAT_TIMEOUT_MS;
 use fabrickv_types::ErrorCode;
 
-use crate::cache::{CacheShared, Refusal};
-use crate::kv::Clock;
+use crate::cache::CacheShared;
+use crate::service::{Clock, Refusal};
 
 /// How often clients are asked to heartbeat: a third of the timeout, so
 /// that two lost heartbeats in a row do not release a live client.

@@ -2,10 +2,14 @@
 //!
 //! Layout:
 //! - [`config`]: what a server is told (flags and TOML), with defaults;
-//! - [`kv`]: the kv service, which turns one native frame into one reply
-//!   against the worker's own engine partition (sans-I/O: bytes in, bytes
-//!   out, time passed in);
-//! - [`worker`]: the run-to-completion loop of one data-path thread;
+//! - [`service`]: what a service is (the [`service::Service`] trait), the
+//!   clock, and how a refused frame is answered;
+//! - [`kv`], [`ps`], [`cache`], [`shard`]: the services, one per frame
+//!   kind, none of which knows another (sans-I/O: a decoded frame in,
+//!   reply bytes out, time passed in);
+//! - [`worker`]: the request layer (decode once, refuse once, dispatch by
+//!   kind, HELLO and STATS) and the run-to-completion loop of one
+//!   data-path thread;
 //! - this file: [`Server::start`], which builds partitions, listens, and
 //!   starts one acceptor thread and one thread per worker.
 //!
@@ -21,6 +25,7 @@ pub mod partitions;
 pub mod ps;
 pub mod resp;
 mod resp_net;
+pub mod service;
 pub mod shard;
 pub mod worker;
 
@@ -180,7 +185,7 @@ impl Server {
         let stop = Arc::new(AtomicBool::new(false));
         let mut wakers = vec![listening.acceptor.waker()];
         let mut threads = Vec::with_capacity(workers + 1);
-        let clock = kv::Clock::new();
+        let clock = service::Clock::new();
         // The RESP front-end binds before any thread starts, so a busy
         // port fails the start cleanly.
         let (resp_addr, resp_wakers, resp_threads) = match &cfg.resp {
@@ -204,11 +209,8 @@ impl Server {
         threads.extend(resp_threads);
         for (id, port) in listening.ports.into_iter().enumerate() {
             wakers.push(port.waker());
-            let service = kv::KvService::new(id as u16, workers as u16, parts.clone(), cfg.mode)
-                .with_ps(ps.clone())
-                .with_cache(cache.clone());
             let services = worker::Services {
-                kv: service,
+                kv: kv::KvService::new(id as u16, workers as u16, parts.clone(), cfg.mode),
                 ps: ps::PsService::new(id as u16, ps.clone()),
                 cache: cache::CacheService::new(
                     id as u16,
@@ -229,7 +231,7 @@ impl Server {
                             tracing::warn!(worker = id, cpu = c, "cannot pin worker to its CPU");
                         }
                     }
-                    worker::run(port, services, clock, &stop)
+                    worker::run(port, worker::Worker::new(id as u16, services), clock, &stop)
                 })
                 .map_err(StartError::Thread)?;
             threads.push(t);
@@ -293,7 +295,7 @@ impl Server {
 fn start_grpc(
     cfg: &ServerConfig,
     cache: &Arc<cache::CacheShared>,
-    clock: kv::Clock,
+    clock: service::Clock,
     data_plane: &str,
 ) -> Result<Option<fabrickv_control::ControlServer>, StartError> {
     let Some(addr) = &cfg.cache.grpc else {

@@ -15,23 +15,35 @@
 //! Tables are never dropped: ids are never reused, so a stale id can never
 //! read another table's vectors.
 //!
-//! Sans-I/O like the kv service: [`PsService::handle`] takes the request,
-//! a [`Reply`] and the time.
+//! Sans-I/O like the kv service: [`PsService`]'s [`Service::handle`]
+//! takes the decoded frame, a [`Reply`] and the time.
+//!
+//! Layout: this file holds the configuration and the per-worker handler
+//! ([`PsService`]); `store` the shared tables and pool ([`PsStore`]);
+//! `pull` the pipelined copy of a pull's vectors; `push` the optimizer
+//! updates of a push.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLockWriteGuard};
 
-use fabrickv_engine::{item_bytes, Partition, PartitionConfig, PoolOptions, PutCond, PutResult};
+use fabrickv_engine::{Partition, PoolOptions};
 use fabrickv_transport::{RemoteRegion, Reply};
-use fabrickv_types::limits::PS_TABLES_MAX;
 use fabrickv_types::{ErrorCode, KeyHash};
-use fabrickv_wire::control::encode_error;
 use fabrickv_wire::ps::{
     bitmap_bytes, decode_create, decode_request, encode_list_reply, encode_push_reply,
-    encode_table_reply, f32s_from_le, init_vector, key_at, Missing, Optimizer, PsOp, PsRequest,
-    PullDest, PullReplyWriter, PushMode, TableDesc, TableSpec,
+    encode_table_reply, key_at, PsOp, PsRequest, PullDest, PullReplyWriter, PushMode, TableSpec,
 };
-use fabrickv_wire::FrameKind;
+
+use crate::service::{wire_refusal, Call, Refusal, Service, StatsList};
+
+use pull::{gather, write_bitmap};
+use push::{apply_gradient, overwrite, Scratch};
+pub use store::PsStore;
+use store::{item_hash, item_key, table_of, write};
+
+mod pull;
+mod push;
+mod store;
 
 /// Shards of the embedding pool per worker: more shards than workers keep
 /// two workers' pushes from meeting on one lock.
@@ -78,262 +90,6 @@ impl Default for PsConfig {
         }
     }
 }
-
-/// One table.
-struct Table {
-    id: u32,
-    spec: TableSpec,
-    items: AtomicU64,
-}
-
-impl Table {
-    fn desc(&self) -> TableDesc {
-        TableDesc {
-            id: self.id,
-            spec: self.spec.clone(),
-            items: self.items.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Bytes of the vector as pulled.
-    fn vector_bytes(&self) -> usize {
-        self.spec.dim as usize * 4
-    }
-
-    /// Bytes of the stored value (vector plus optimizer state).
-    fn state_bytes(&self) -> usize {
-        self.vector_bytes() * self.spec.optimizer.state_per_element()
-    }
-}
-
-/// Counters over all workers.
-#[derive(Debug, Default)]
-struct Counters {
-    pulls: AtomicU64,
-    pull_keys: AtomicU64,
-    pull_misses: AtomicU64,
-    pushes: AtomicU64,
-    push_keys: AtomicU64,
-    one_sided_bytes: AtomicU64,
-}
-
-/// The embedding tables and their pool, shared by every worker.
-pub struct PsStore {
-    cfg: PsConfig,
-    shard_count: usize,
-    shards: OnceLock<Box<[RwLock<Partition>]>>,
-    /// Tables by id - 1.
-    tables: RwLock<Vec<Arc<Table>>>,
-    /// Serialises table creation and pool construction.
-    create: Mutex<()>,
-    counters: Counters,
-}
-
-/// A refusal: the code and the words sent back.
-type Refusal = (ErrorCode, String);
-
-impl PsStore {
-    /// A store for a server with `workers` workers; the pool is built by
-    /// the first table.
-    pub fn new(cfg: PsConfig, workers: usize) -> PsStore {
-        PsStore {
-            cfg,
-            shard_count: (workers * PS_SHARDS_PER_WORKER).max(1),
-            shards: OnceLock::new(),
-            tables: RwLock::new(Vec::new()),
-            create: Mutex::new(()),
-            counters: Counters::default(),
-        }
-    }
-
-    /// Checks the configuration without building anything.
-    pub fn validate(cfg: &PsConfig, workers: usize) -> Result<(), String> {
-        let shards = (workers * PS_SHARDS_PER_WORKER).max(1) as u64;
-        if cfg.pool_bytes / shards < PS_SHARD_POOL_BYTES_MIN {
-            return Err(format!(
-                "embedding pool of {} bytes is below {} bytes per shard ({shards} shards)",
-                cfg.pool_bytes, PS_SHARD_POOL_BYTES_MIN
-            ));
-        }
-        for t in &cfg.tables {
-            t.validate()
-                .map_err(|(_, why)| format!("table {:?}: {why}", t.name))?;
-        }
-        Ok(())
-    }
-
-    /// Creates the configured tables (and so the pool).
-    pub fn create_configured(&self) -> Result<(), String> {
-        for t in self.cfg.tables.clone() {
-            self.create(&t)
-                .map_err(|(c, why)| format!("table {:?}: {c}: {why}", t.name))?;
-        }
-        Ok(())
-    }
-
-    fn shards(&self) -> Option<&[RwLock<Partition>]> {
-        self.shards.get().map(|s| &s[..])
-    }
-
-    /// Builds the pool; called with `create` held.
-    fn build_pool(&self) -> Result<(), Refusal> {
-        if self.shards.get().is_some() {
-            return Ok(());
-        }
-        let per_shard = (self.cfg.pool_bytes / self.shard_count as u64) as usize;
-        let mut shards = Vec::with_capacity(self.shard_count);
-        for _ in 0..self.shard_count {
-            let p = Partition::new(&PartitionConfig {
-                mode: fabrickv_engine::Mode::Store,
-                pool_bytes: per_shard,
-                index_buckets: None,
-                memory: self.cfg.pool,
-            })
-            .map_err(|e| {
-                (
-                    ErrorCode::PoolUnavailable,
-                    format!(
-                        "embedding pool of {} bytes unavailable: {e}",
-                        self.cfg.pool_bytes
-                    ),
-                )
-            })?;
-            shards.push(RwLock::new(p));
-        }
-        tracing::info!(
-            pool = %fabrickv_types::size::format_size(self.cfg.pool_bytes),
-            shards = self.shard_count,
-            options = ?self.cfg.pool,
-            "embedding pool ready"
-        );
-        let _ = self.shards.set(shards.into_boxed_slice());
-        Ok(())
-    }
-
-    /// Creates a table, or returns the existing one if its shape is the same.
-    pub fn create(&self, spec: &TableSpec) -> Result<TableDesc, Refusal> {
-        spec.validate()?;
-        let _guard = self.create.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(t) = self.by_name(&spec.name) {
-            if t.spec == *spec {
-                return Ok(t.desc());
-            }
-            return Err((
-                ErrorCode::TableExists,
-                format!(
-                    "table {:?} exists with dim {}, optimizer {}, lr {}, missing {}, seed {}",
-                    spec.name,
-                    t.spec.dim,
-                    t.spec.optimizer.name(),
-                    t.spec.lr,
-                    t.spec.missing.name(),
-                    t.spec.seed
-                ),
-            ));
-        }
-        if self.read_tables().len() >= PS_TABLES_MAX {
-            return Err((
-                ErrorCode::PoolUnavailable,
-                format!("{PS_TABLES_MAX} tables exist already"),
-            ));
-        }
-        self.build_pool()?;
-        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
-        let t = Arc::new(Table {
-            id: tables.len() as u32 + 1,
-            spec: spec.clone(),
-            items: AtomicU64::new(0),
-        });
-        tables.push(t.clone());
-        tracing::info!(name = %spec.name, id = t.id, dim = spec.dim, "embedding table created");
-        Ok(t.desc())
-    }
-
-    fn read_tables(&self) -> RwLockReadGuard<'_, Vec<Arc<Table>>> {
-        self.tables.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn by_name(&self, name: &str) -> Option<Arc<Table>> {
-        self.read_tables()
-            .iter()
-            .find(|t| t.spec.name == name)
-            .cloned()
-    }
-
-    fn by_id(&self, id: u32) -> Option<Arc<Table>> {
-        let i = (id as usize).checked_sub(1)?;
-        self.read_tables().get(i).cloned()
-    }
-
-    /// Every table.
-    pub fn list(&self) -> Vec<TableDesc> {
-        self.read_tables().iter().map(|t| t.desc()).collect()
-    }
-
-    /// Store-wide counters, for STATS.
-    pub fn stats_list(&self) -> Vec<(&'static str, u64)> {
-        let c = &self.counters;
-        let (items, bytes) = self.shards().map_or((0, 0), |s| {
-            s.iter().fold((0, 0), |(i, b), p| {
-                let st = read(p).stats();
-                (i + st.items, b + st.bytes)
-            })
-        });
-        vec![
-            ("ps_tables", self.read_tables().len() as u64),
-            ("ps_items", items),
-            ("ps_bytes", bytes),
-            (
-                "ps_pool_bytes",
-                if self.shards().is_some() {
-                    self.cfg.pool_bytes
-                } else {
-                    0
-                },
-            ),
-            ("ps_pulls", c.pulls.load(Ordering::Relaxed)),
-            ("ps_pull_keys", c.pull_keys.load(Ordering::Relaxed)),
-            ("ps_pull_misses", c.pull_misses.load(Ordering::Relaxed)),
-            ("ps_pushes", c.pushes.load(Ordering::Relaxed)),
-            ("ps_push_keys", c.push_keys.load(Ordering::Relaxed)),
-            (
-                "ps_one_sided_bytes",
-                c.one_sided_bytes.load(Ordering::Relaxed),
-            ),
-        ]
-    }
-}
-
-fn read(p: &RwLock<Partition>) -> RwLockReadGuard<'_, Partition> {
-    p.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write(p: &RwLock<Partition>) -> RwLockWriteGuard<'_, Partition> {
-    p.write().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The item key of `key` in table `table`.
-#[inline]
-fn item_key(table: u32, key: u64) -> [u8; PS_ITEM_KEY_BYTES] {
-    let mut k = [0u8; PS_ITEM_KEY_BYTES];
-    k[..4].copy_from_slice(&table.to_le_bytes());
-    k[4..].copy_from_slice(&key.to_le_bytes());
-    k
-}
-
-/// The index hash of `key` in table `table`: splitmix64's mix of the two
-/// words, not XXH3 over the 12-byte item key. A pull hashes every key it
-/// is sent before it touches memory, and the mix is a handful of
-/// multiplies with no length handling. Only this service hashes its
-/// items (clients route by their own hash), so the choice is private.
-#[inline]
-fn item_hash(table: u32, key: u64) -> KeyHash {
-    // An odd multiple of the table id: a bijection of `key` per table, so
-    // keys of one table never share a hash.
-    let salt = u64::from(table).wrapping_mul(0xD6E8_FEB8_6659_FD93);
-    KeyHash(fabrickv_wire::ps::splitmix64(key ^ salt))
-}
-
 /// The PS service of one worker: per-worker scratch space over the shared
 /// store.
 pub struct PsService {
@@ -362,57 +118,6 @@ impl PsService {
             staging: Vec::new(),
             scratch: Scratch::default(),
             found: Vec::new(),
-        }
-    }
-
-    /// Handles one `Ps` frame; returns true if it was refused with an
-    /// ERROR frame.
-    pub fn handle(&mut self, msg: &[u8], reply: &mut dyn Reply, now_ms: u64) -> bool {
-        let id = crate::kv::request_id_of(msg);
-        let not_kind = "not a PS frame";
-        let Some(frame) =
-            crate::kv::frame_of_kind(msg, FrameKind::Ps, self.worker, not_kind, reply.buf())
-        else {
-            return true;
-        };
-        let req = match decode_request(&frame) {
-            Ok(r) => r,
-            Err(e) => {
-                encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string());
-                return true;
-            }
-        };
-        let result = match req {
-            PsRequest::Create(body) => decode_create(body)
-                .and_then(|spec| self.store.create(&spec))
-                .map(|d| encode_table_reply(reply.buf(), id, self.worker, PsOp::Create, &d)),
-            PsRequest::Open(name) => match self.store.by_name(name) {
-                Some(t) => {
-                    encode_table_reply(reply.buf(), id, self.worker, PsOp::Open, &t.desc());
-                    Ok(())
-                }
-                None => Err((ErrorCode::NoSuchTable, format!("no table named {name:?}"))),
-            },
-            PsRequest::List => {
-                encode_list_reply(reply.buf(), id, self.worker, &self.store.list());
-                Ok(())
-            }
-            PsRequest::Pull { table, keys, dest } => {
-                self.pull(id, table, keys, dest, reply, now_ms)
-            }
-            PsRequest::Push {
-                table,
-                mode,
-                keys,
-                values,
-            } => self.push(id, table, mode, keys, values, reply.buf(), now_ms),
-        };
-        match result {
-            Ok(()) => false,
-            Err((code, why)) => {
-                encode_error(reply.buf(), id, self.worker, code, &why);
-                true
-            }
         }
     }
 
@@ -592,252 +297,42 @@ impl PsService {
     }
 }
 
-/// Table `id` and the pool's shards.
-fn table_of(store: &PsStore, id: u32) -> Result<(Arc<Table>, &[RwLock<Partition>]), Refusal> {
-    let t = store
-        .by_id(id)
-        .ok_or_else(|| (ErrorCode::NoSuchTable, format!("no table with id {id}")))?;
-    let shards = store.shards().ok_or_else(|| {
-        (
-            ErrorCode::Internal,
-            "a table exists without a pool".to_string(),
-        )
-    })?;
-    Ok((t, shards))
-}
-
-/// How many keys ahead of the copy each prefetch stage runs in [`gather`]:
-/// bucket loads run `2 * PULL_PREFETCH_DISTANCE_KEYS` ahead, item loads
-/// `PULL_PREFETCH_DISTANCE_KEYS` ahead. Far enough that a DRAM miss (about
-/// 100 ns) is over when the copy reaches the key, near enough that the
-/// lines in flight stay in L1 (16 keys x 9 lines of a 512-byte vector fit).
-const PULL_PREFETCH_DISTANCE_KEYS: usize = 6;
-
-/// Cache lines (`BUCKET_BYTES` each) of an item, from its header, that
-/// [`gather`] prefetches; the core's stream prefetcher, started by them,
-/// brings the rest of the value. Prefetching every line of a 512-byte
-/// vector (9 lines) filled the core's miss buffers, so the prefetch
-/// instructions themselves stalled (most of gather's samples in `perf
-/// annotate`): A/B here, pulls of 100 x 512 B from 1 M keys over shm ran
-/// 2-24% faster with 4 lines, in each of 8 interleaved pairs.
-const PULL_PREFETCH_ITEM_LINES: usize = 4;
-
-/// Copies the vectors of `keys` (in request order) into `dest`, sets the
-/// found bits and fills absent keys by the table's policy. Returns the
-/// number of absent keys.
-///
-/// A software pipeline over the keys: while key `i` is copied, the item
-/// (header, key and value, whose size every key of a table shares) of key
-/// `i + D` and the bucket of key `i + 2D` are loading, so the memory system
-/// always has misses in flight and no pass waits for a whole batch.
-fn gather(
-    t: &Table,
-    shards: &[RwLock<Partition>],
-    keys: &[([u8; PS_ITEM_KEY_BYTES], KeyHash)],
-    shard_of: &[u32],
-    dest: &mut [u8],
-    found: &mut [u64],
-    now_ms: u64,
-) -> u64 {
-    const D: usize = PULL_PREFETCH_DISTANCE_KEYS;
-    let vb = t.vector_bytes();
-    let state = t.state_bytes();
-    let span = item_bytes(PS_ITEM_KEY_BYTES, state)
-        .min(PULL_PREFETCH_ITEM_LINES * fabrickv_engine::BUCKET_BYTES);
-    let n = keys.len();
-    // The read lock of every shard the pull touches, taken once, in shard
-    // order: writers hold one lock at a time and never wait while holding
-    // one, so ascending order cannot deadlock.
-    let mut used = vec![false; shards.len()];
-    for &s in shard_of {
-        used[s as usize] = true;
-    }
-    let guards: Vec<Option<RwLockReadGuard<'_, Partition>>> = shards
-        .iter()
-        .zip(&used)
-        .map(|(shard, &u)| u.then(|| read(shard)))
-        .collect();
-    let mut misses = 0;
-    for step in 0..n + 2 * D {
-        if step < n {
-            if let Some(p) = guards[shard_of[step] as usize].as_deref() {
-                p.prefetch(keys[step].1);
+impl Service for PsService {
+    /// Serves one PS request; every refusal (a bad request, an unknown
+    /// table, a pull that cannot be written) refuses the frame whole.
+    fn handle(&mut self, call: &Call<'_>, reply: &mut dyn Reply) -> Result<(), Refusal> {
+        let id = call.id();
+        let now_ms = call.now_ms;
+        let req = decode_request(&call.frame).map_err(wire_refusal)?;
+        match req {
+            PsRequest::Create(body) => decode_create(body)
+                .and_then(|spec| self.store.create(&spec))
+                .map(|d| encode_table_reply(reply.buf(), id, self.worker, PsOp::Create, &d)),
+            PsRequest::Open(name) => match self.store.by_name(name) {
+                Some(t) => {
+                    encode_table_reply(reply.buf(), id, self.worker, PsOp::Open, &t.desc());
+                    Ok(())
+                }
+                None => Err((ErrorCode::NoSuchTable, format!("no table named {name:?}"))),
+            },
+            PsRequest::List => {
+                encode_list_reply(reply.buf(), id, self.worker, &self.store.list());
+                Ok(())
             }
-        }
-        if let Some(i) = step.checked_sub(D).filter(|&i| i < n) {
-            if let Some(p) = guards[shard_of[i] as usize].as_deref() {
-                p.prefetch_item_span(keys[i].1, span);
+            PsRequest::Pull { table, keys, dest } => {
+                self.pull(id, table, keys, dest, reply, now_ms)
             }
-        }
-        let Some(i) = step.checked_sub(2 * D) else {
-            continue;
-        };
-        let (k, h) = &keys[i];
-        let v = guards[shard_of[i] as usize]
-            .as_deref()
-            .and_then(|p| p.peek(*h, k, now_ms))
-            .filter(|v| v.len() == state);
-        let out = &mut dest[i * vb..(i + 1) * vb];
-        match v {
-            Some(v) => {
-                out.copy_from_slice(&v[..vb]);
-                found[i / 64] |= 1 << (i % 64);
-            }
-            None => {
-                misses += 1;
-                fill_missing(t, key_of_slice(k), out);
-            }
+            PsRequest::Push {
+                table,
+                mode,
+                keys,
+                values,
+            } => self.push(id, table, mode, keys, values, reply.buf(), now_ms),
         }
     }
-    misses
-}
 
-/// What a pull returns for an absent key.
-fn fill_missing(t: &Table, key: u64, out: &mut [u8]) {
-    match t.spec.missing {
-        Missing::Zeros => out.fill(0),
-        Missing::Init => {
-            let mut v = vec![0f32; t.spec.dim as usize];
-            init_vector(t.spec.seed, key, &mut v);
-            store_f32s(&v, out);
-        }
-    }
-}
-
-fn write_bitmap(out: &mut [u8], found: &[u64]) {
-    for (o, w) in out.chunks_exact_mut(8).zip(found) {
-        o.copy_from_slice(&w.to_le_bytes());
-    }
-}
-
-fn put_result(r: PutResult) -> Result<(), ErrorCode> {
-    match r {
-        PutResult::Stored => Ok(()),
-        PutResult::InsufficientSpace => Err(ErrorCode::InsufficientSpace),
-        PutResult::TooLarge => Err(ErrorCode::ValueTooLarge),
-        PutResult::ConditionFailed => Err(ErrorCode::Internal),
-    }
-}
-
-/// Writes `state` (f32s) as little-endian bytes over `out`.
-fn store_f32s(state: &[f32], out: &mut [u8]) {
-    for (o, x) in out.chunks_exact_mut(4).zip(state) {
-        o.copy_from_slice(&x.to_le_bytes());
-    }
-}
-
-/// The buffers of a push, kept by the service so that no key allocates.
-#[derive(Debug, Default)]
-struct Scratch {
-    /// The key's state as floats: weights, then Adagrad's accumulator.
-    state: Vec<f32>,
-    /// The key's gradient, decoded.
-    grad: Vec<f32>,
-    /// The state as stored (little-endian bytes), for a new item.
-    bytes: Vec<u8>,
-}
-
-impl Scratch {
-    /// Encodes `state` into `bytes` and stores it as the key's value.
-    fn put_state(&mut self, p: &mut Partition, h: KeyHash, k: &[u8], now_ms: u64) -> PutResult {
-        self.bytes.clear();
-        self.bytes.resize(self.state.len() * 4, 0);
-        store_f32s(&self.state, &mut self.bytes);
-        p.put(h, k, &self.bytes, 0, PutCond::Always, now_ms)
-    }
-}
-
-/// Stores `v` as the key's vector (optimizer state reset).
-fn overwrite(
-    t: &Table,
-    p: &mut Partition,
-    h: KeyHash,
-    k: &[u8],
-    v: &[u8],
-    s: &mut Scratch,
-    now_ms: u64,
-) -> Result<(), ErrorCode> {
-    // The partition's item count tells a new key from a replaced one
-    // without a second lookup.
-    let items_before = p.stats().items;
-    let r = match t.spec.optimizer {
-        Optimizer::Sgd => p.put(h, k, v, 0, PutCond::Always, now_ms),
-        Optimizer::Adagrad => {
-            let dim = t.spec.dim as usize;
-            s.state.clear();
-            s.state.resize(dim * 2, ADAGRAD_INITIAL_ACCUMULATOR);
-            f32s_from_le(v, &mut s.state[..dim]);
-            s.put_state(p, h, k, now_ms)
-        }
-    };
-    put_result(r)?;
-    if p.stats().items > items_before {
-        t.items.fetch_add(1, Ordering::Relaxed);
-    }
-    Ok(())
-}
-
-/// Applies gradient `g` to the key's vector with the table's optimizer; an
-/// absent key starts from the initializer.
-fn apply_gradient(
-    t: &Table,
-    p: &mut Partition,
-    h: KeyHash,
-    k: &[u8],
-    g: &[u8],
-    s: &mut Scratch,
-    now_ms: u64,
-) -> Result<(), ErrorCode> {
-    let dim = t.spec.dim as usize;
-    let lr = t.spec.lr;
-    s.grad.clear();
-    s.grad.resize(dim, 0.0);
-    f32s_from_le(g, &mut s.grad);
-    let state_len = dim * t.spec.optimizer.state_per_element();
-    s.state.clear();
-    s.state.resize(state_len, 0.0);
-    if let Some(bytes) = p.value_mut(h, k, now_ms) {
-        if bytes.len() == state_len * 4 {
-            f32s_from_le(bytes, &mut s.state);
-            step(t.spec.optimizer, lr, &mut s.state, &s.grad);
-            store_f32s(&s.state, bytes);
-            return Ok(());
-        }
-    }
-    init_vector(t.spec.seed, key_of_slice(k), &mut s.state[..dim]);
-    if t.spec.optimizer == Optimizer::Adagrad {
-        s.state[dim..].fill(ADAGRAD_INITIAL_ACCUMULATOR);
-    }
-    step(t.spec.optimizer, lr, &mut s.state, &s.grad);
-    put_result(s.put_state(p, h, k, now_ms))?;
-    t.items.fetch_add(1, Ordering::Relaxed);
-    Ok(())
-}
-
-/// The u64 key inside an item key.
-fn key_of_slice(k: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&k[4..PS_ITEM_KEY_BYTES]);
-    u64::from_le_bytes(b)
-}
-
-/// One optimizer step over `state` (weights, then Adagrad's accumulator).
-#[inline]
-fn step(opt: Optimizer, lr: f32, state: &mut [f32], g: &[f32]) {
-    let dim = g.len();
-    match opt {
-        Optimizer::Sgd => {
-            for (w, gi) in state[..dim].iter_mut().zip(g) {
-                *w -= lr * gi;
-            }
-        }
-        Optimizer::Adagrad => {
-            let (w, acc) = state.split_at_mut(dim);
-            for ((wi, ai), gi) in w.iter_mut().zip(acc.iter_mut()).zip(g) {
-                *ai += gi * gi;
-                *wi -= lr * gi / (ai.sqrt() + ADAGRAD_EPSILON);
-            }
-        }
+    fn shared_stats(&self, out: &mut StatsList) {
+        out.extend(self.store.stats_list());
     }
 }
 

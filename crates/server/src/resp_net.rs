@@ -23,8 +23,8 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use fabrickv_resp::limits::RESP_COMMAND_BYTES_MAX;
 
-use crate::kv::Clock;
 use crate::resp::{RespSession, RespShared};
+use crate::service::Clock;
 
 /// Most RESP connections open at once over all threads (Redis's default
 /// `maxclients` is 10000; FabricKV's native limit is the same as this).

@@ -12,9 +12,9 @@ use fabrickv_storage::{FjallShard, ShardBackend, ShardOptions};
 use fabrickv_transport::Reply;
 use fabrickv_types::limits::{SHARDS_MAX, SHARD_NAME_BYTES_MAX};
 use fabrickv_types::ErrorCode;
-use fabrickv_wire::control::encode_error;
 use fabrickv_wire::shard::{decode_request, encode_refusal, encode_reply, ShardMessage};
-use fabrickv_wire::FrameKind;
+
+use crate::service::{wire_refusal, Call, Refusal, Service};
 
 pub(crate) mod data;
 
@@ -126,6 +126,14 @@ impl Shards {
         })
     }
 
+    /// Opens `specs` with copy sessions on loopback, for tests that need
+    /// shards (or none) without a whole server.
+    #[cfg(test)]
+    pub(crate) fn open_for_tests(specs: &[ShardSpec]) -> Shards {
+        let copies = CopySources::new(std::net::IpAddr::from([127, 0, 0, 1]));
+        Shards::open(specs, copies).expect("shards open")
+    }
+
     /// The shard named `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<FjallShard>> {
         self.by_name.get(name)
@@ -154,38 +162,7 @@ impl ShardService {
         ShardService { worker, shards }
     }
 
-    /// Handles one SHARD frame; returns true when the frame was refused
-    /// whole (counted with the other refusals).
-    pub fn handle(&mut self, msg: &[u8], reply: &mut dyn Reply) -> bool {
-        let id = crate::kv::request_id_of(msg);
-        let not_kind = "not a shard frame";
-        let Some(frame) =
-            crate::kv::frame_of_kind(msg, FrameKind::Shard, self.worker, not_kind, reply.buf())
-        else {
-            return true;
-        };
-        let req = match decode_request(&frame) {
-            Ok(r) => r,
-            Err(e) => {
-                encode_error(reply.buf(), id, self.worker, e.code(), &e.to_string());
-                return true;
-            }
-        };
-        // The op writes its payload straight into the reply; a refused op
-        // takes back what it wrote and answers with its code instead.
-        let start = reply.buf().len();
-        let mut ran = Ok(());
-        encode_reply(reply.buf(), id, self.worker, req.op, ErrorCode::Ok, |b| {
-            ran = self.run(&req, b);
-        });
-        if let Err((code, why)) = ran {
-            reply.buf().truncate(start);
-            encode_refusal(reply.buf(), id, self.worker, req.op, code, &why);
-        }
-        false
-    }
-
-    fn run(&self, req: &ShardMessage<'_>, out: &mut Vec<u8>) -> Result<(), (ErrorCode, String)> {
+    fn run(&self, req: &ShardMessage<'_>, out: &mut Vec<u8>) -> Result<(), Refusal> {
         if req.op.is_copy() {
             let lookup = |name: &str| {
                 self.shards
@@ -201,5 +178,27 @@ impl ShardService {
             )
         })?;
         data::execute(shard.as_ref(), req, out)
+    }
+}
+
+impl Service for ShardService {
+    /// Serves one SHARD frame. Only a frame whose request cannot be read
+    /// is refused whole; an op that fails is answered with a refusal reply
+    /// of its own op.
+    fn handle(&mut self, call: &Call<'_>, reply: &mut dyn Reply) -> Result<(), Refusal> {
+        let id = call.id();
+        let req = decode_request(&call.frame).map_err(wire_refusal)?;
+        // The op writes its payload straight into the reply; a refused op
+        // takes back what it wrote and answers with its code instead.
+        let start = reply.buf().len();
+        let mut ran = Ok(());
+        encode_reply(reply.buf(), id, self.worker, req.op, ErrorCode::Ok, |b| {
+            ran = self.run(&req, b);
+        });
+        if let Err((code, why)) = ran {
+            reply.buf().truncate(start);
+            encode_refusal(reply.buf(), id, self.worker, req.op, code, &why);
+        }
+        Ok(())
     }
 }

@@ -1,5 +1,12 @@
 //! One data-path thread: poll a burst, execute it, flush once, repeat.
 //!
+//! The request layer: [`Worker::handle`] decodes each frame once, refuses
+//! a frame that does not decode (or whose kind no one serves) with one
+//! ERROR frame counted in `frames_refused`, answers HELLO and STATS
+//! itself, and hands every other frame to the service that owns its kind
+//! ([`crate::service`] says what a service is). STATS is assembled here
+//! from each service's counters.
+//!
 //! Idle back-off: after a burst that found nothing the worker keeps polling
 //! for `IDLE_SPIN_US` (a client in a tight request loop is answered without
 //! a wake-up), then blocks in the transport's wait so an idle server uses
@@ -16,17 +23,18 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use fabrickv_transport::WorkerPort;
-
+use fabrickv_transport::{ConnId, PortStats, Reply, WorkerPort};
+use fabrickv_types::ErrorCode;
+use fabrickv_wire::control::{encode_hello_reply, encode_stats_reply};
 use fabrickv_wire::FrameKind;
 
 use crate::cache::CacheService;
-use crate::kv::{Clock, KvService};
+use crate::kv::KvService;
 use crate::ps::PsService;
+use crate::service::{decode_or_refuse, refuse, Call, Clock, Service, StatsList};
 use crate::shard::ShardService;
 
-/// Offset of the kind byte in a frame header.
-const FRAME_KIND_AT: usize = 3;
+pub use crate::kv::SWEEP_BUCKETS_PER_RUN;
 
 /// Most messages handled per burst before replies are flushed. Small on
 /// purpose: a client keeps several frames in flight, and flushing after
@@ -48,58 +56,157 @@ pub const IDLE_WAIT_MS: u64 = 200;
 /// How often the TTL sweep runs, in milliseconds.
 pub const SWEEP_INTERVAL_MS: u64 = 100;
 
-/// Index buckets the TTL sweep visits per run: 1 MiB of index, a fraction
-/// of a millisecond. A 64 MiB partition's index (128 Ki buckets) is swept
-/// in about a second; a 1 GiB one (4 Mi buckets) in about 25 s when busy
-/// and 50 s when idle (runs are then `IDLE_WAIT_MS` apart). Expired items
-/// are never served in between; the sweep only gives their memory back.
-pub const SWEEP_BUCKETS_PER_RUN: usize = 16384;
-
 /// The services a worker dispatches to, by frame kind.
 pub struct Services {
-    /// Key-value frames (and HELLO, STATS).
+    /// Key-value frames (REQUEST).
     pub kv: KvService,
-    /// Embedding-table frames.
+    /// Embedding-table frames (PS).
     pub ps: PsService,
-    /// KV-cache frames, and the gRPC transfers queued to this worker.
+    /// KV-cache frames (CACHE), and the gRPC transfers queued to this worker.
     pub cache: CacheService,
-    /// Persistent-shard frames (data and copy control).
+    /// Persistent-shard frames (SHARD: data and copy control).
     pub shard: ShardService,
 }
 
+/// The request layer of one worker, without I/O: each message in is
+/// decoded once, refused once when it must be, answered here when it
+/// asks about the worker (HELLO, STATS), and otherwise handed to the
+/// service that owns its kind.
+pub struct Worker {
+    /// This worker's id, sent in every reply header.
+    id: u16,
+    /// The services, each held by its type (no virtual call per frame).
+    services: Services,
+    /// Frames refused whole with an ERROR frame, by any service or here.
+    frames_refused: u64,
+    /// The worker port's counters as of the current burst, for STATS.
+    transport: PortStats,
+}
+
+impl Worker {
+    /// The request layer of worker `id` over its services.
+    pub fn new(id: u16, services: Services) -> Worker {
+        Worker {
+            id,
+            services,
+            frames_refused: 0,
+            transport: PortStats::default(),
+        }
+    }
+
+    /// Handles one message from connection `conn`, appending the reply.
+    ///
+    /// This is the one place every frame passes after it is decoded and
+    /// before any service sees it, with its connection and kind at hand:
+    /// a per-connection check (has this connection authenticated?) and a
+    /// per-op one (a [`Service`] method saying whether a call is
+    /// administrative) belong between the decode and the `match`, and a
+    /// refusal there is answered and counted like any other.
+    #[inline]
+    pub fn handle(&mut self, conn: ConnId, msg: &[u8], reply: &mut dyn Reply, now_ms: u64) {
+        let Some(frame) = decode_or_refuse(msg, self.id, reply.buf()) else {
+            self.frames_refused += 1;
+            return;
+        };
+        let call = Call {
+            conn,
+            frame,
+            now_ms,
+        };
+        let s = &mut self.services;
+        let done = match frame.header.kind {
+            FrameKind::Request => s.kv.handle(&call, reply),
+            FrameKind::Ps => s.ps.handle(&call, reply),
+            FrameKind::Cache => s.cache.handle(&call, reply),
+            FrameKind::Shard => s.shard.handle(&call, reply),
+            FrameKind::Hello => {
+                let info = s.kv.server_info();
+                encode_hello_reply(reply.buf(), call.id(), self.id, &info);
+                Ok(())
+            }
+            FrameKind::Stats => {
+                let list = self.stats_list();
+                encode_stats_reply(reply.buf(), call.id(), self.id, &list);
+                Ok(())
+            }
+            other => Err((
+                ErrorCode::UnknownOpcode,
+                format!("{other:?} is not a request"),
+            )),
+        };
+        if let Err(r) = done {
+            self.frames_refused += 1;
+            refuse(reply.buf(), call.id(), self.id, &r);
+        }
+    }
+
+    /// Records the transport's counters, to be reported by STATS.
+    pub fn set_transport_stats(&mut self, s: PortStats) {
+        self.transport = s;
+    }
+
+    /// Runs every service's queued jobs; returns how many ran.
+    pub fn run_jobs(&mut self, port: &mut dyn WorkerPort) -> usize {
+        let s = &mut self.services;
+        s.kv.run_jobs(port) + s.ps.run_jobs(port) + s.cache.run_jobs(port) + s.shard.run_jobs(port)
+    }
+
+    /// Runs every service's periodic work.
+    pub fn sweep(&mut self, now_ms: u64) {
+        let s = &mut self.services;
+        s.kv.sweep(now_ms);
+        s.ps.sweep(now_ms);
+        s.cache.sweep(now_ms);
+        s.shard.sweep(now_ms);
+    }
+
+    /// The counters a STATS reply carries, in the order clients know:
+    /// the kv engine's, the protocol's, the transport's, then (worker 0
+    /// only) the shared stores'.
+    pub fn stats_list(&self) -> StatsList {
+        let s = &self.services;
+        let mut list = StatsList::with_capacity(64);
+        s.kv.engine_stats(&mut list);
+        let kv = s.kv.counters();
+        let t = self.transport;
+        list.extend([
+            ("frames", kv.frames),
+            ("ops", kv.ops),
+            ("frames_refused", self.frames_refused),
+            ("misrouted", kv.misrouted),
+            ("reply_full", kv.reply_full),
+            ("conns_accepted", t.conns_accepted),
+            ("conns_open", t.conns_open),
+            ("conns_closed_framing", t.conns_closed_framing),
+            ("conns_closed_timeout", t.conns_closed_timeout),
+            ("msgs_in", t.msgs_in),
+            ("msgs_out", t.msgs_out),
+            ("backpressure_pauses", t.backpressure_pauses),
+            ("spliced_bytes", t.spliced_bytes),
+        ]);
+        // The embedding and KV-cache stores are shared: worker 0 alone
+        // reports them, so clients that add up workers count them once.
+        if self.id == 0 {
+            s.kv.shared_stats(&mut list);
+            s.ps.shared_stats(&mut list);
+            s.cache.shared_stats(&mut list);
+            s.shard.shared_stats(&mut list);
+        }
+        list
+    }
+}
+
 /// Runs a worker until `stop` is set.
-pub fn run(mut port: Box<dyn WorkerPort>, services: Services, clock: Clock, stop: &AtomicBool) {
-    let Services {
-        mut kv,
-        mut ps,
-        mut cache,
-        mut shard,
-    } = services;
+pub fn run(mut port: Box<dyn WorkerPort>, mut worker: Worker, clock: Clock, stop: &AtomicBool) {
     let mut idle_since: Option<Instant> = None;
     let mut last_sweep = clock.now_ms();
     while !stop.load(Ordering::Acquire) {
         let now = clock.now_ms();
-        // The service reports the transport's counters in STATS replies.
-        kv.set_transport_stats(port.stats());
-        let jobs = cache.run_jobs(port.as_mut());
+        // STATS replies report the transport's counters.
+        worker.set_transport_stats(port.stats());
+        let jobs = worker.run_jobs(port.as_mut());
         let handled = match port.poll(POLL_BURST_MSGS, &mut |conn, msg, reply| {
-            // The kind byte picks the service; each decodes the whole frame.
-            let kind = msg.get(FRAME_KIND_AT).copied();
-            if kind == Some(FrameKind::Ps as u8) {
-                if ps.handle(msg, reply, now) {
-                    kv.count_refused();
-                }
-            } else if kind == Some(FrameKind::Cache as u8) {
-                if cache.handle(conn, msg, reply, now) {
-                    kv.count_refused();
-                }
-            } else if kind == Some(FrameKind::Shard as u8) {
-                if shard.handle(msg, reply) {
-                    kv.count_refused();
-                }
-            } else {
-                kv.handle(msg, reply.buf(), now)
-            }
+            worker.handle(conn, msg, reply, now)
         }) {
             Ok(n) => n + jobs,
             Err(e) => {
@@ -111,8 +218,7 @@ pub fn run(mut port: Box<dyn WorkerPort>, services: Services, clock: Clock, stop
             tracing::error!("worker flush failed: {e}");
         }
         if now.saturating_sub(last_sweep) >= SWEEP_INTERVAL_MS {
-            kv.sweep(now, SWEEP_BUCKETS_PER_RUN);
-            cache.sweep(now);
+            worker.sweep(now);
             last_sweep = now;
         }
         if handled > 0 {
@@ -132,3 +238,6 @@ pub fn run(mut port: Box<dyn WorkerPort>, services: Services, clock: Clock, stop
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -34,14 +34,7 @@ fn server(t: Transport) -> TestServer {
 }
 
 fn client(s: &TestServer) -> CacheClient {
-    CacheClient::connect_with(
-        &s.addr,
-        CacheClientOptions {
-            buffer_bytes: BUFFER_BYTES,
-            timeout: TIMEOUT,
-        },
-    )
-    .expect("cache client connects")
+    common::cache_client(s, BUFFER_BYTES)
 }
 
 /// A value whose every byte depends on `seed` and its position, so a

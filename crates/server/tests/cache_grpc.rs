@@ -7,12 +7,12 @@
 mod common;
 
 use fabrickv_cache::CacheConfig;
-use fabrickv_client::{CacheClient, CacheClientOptions};
+use fabrickv_client::CacheClient;
 use fabrickv_control::{ControlClient, Registration};
 use fabrickv_server::Mode;
 use fabrickv_types::ErrorCode;
 
-use common::{TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+use common::{TestServer, Transport, MEMORY_BYTES};
 
 /// Cache pool of a test server.
 const CACHE_POOL_BYTES: usize = 64 << 20;
@@ -32,14 +32,7 @@ fn server(t: Transport) -> TestServer {
 }
 
 fn data_client(s: &TestServer) -> CacheClient {
-    CacheClient::connect_with(
-        &s.addr,
-        CacheClientOptions {
-            buffer_bytes: BUFFER_BYTES,
-            timeout: TIMEOUT,
-        },
-    )
-    .expect("cache client connects")
+    common::cache_client(s, BUFFER_BYTES)
 }
 
 fn control(s: &TestServer) -> ControlClient {

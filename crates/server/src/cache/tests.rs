@@ -1,8 +1,9 @@
 //! The cache service without sockets: frames in, replies out.
 
 use super::*;
+use fabrickv_types::limits::CACHE_HEARTBEAT_TIMEOUT_MS;
 use fabrickv_wire::cache::{decode_reply, encode_get, encode_key_op, encode_put_chunk};
-use fabrickv_wire::decode_frame;
+use fabrickv_wire::{decode_frame, FrameKind};
 
 const NOW: u64 = 1;
 
@@ -17,7 +18,7 @@ fn service() -> CacheService {
 
 fn call(s: &mut CacheService, conn: ConnId, req: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    s.handle(conn, req, &mut out, NOW);
+    crate::service::serve_one(s, 0, conn, req, &mut out, NOW);
     out
 }
 

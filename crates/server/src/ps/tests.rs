@@ -4,11 +4,12 @@ use super::*;
 use fabrickv_transport::TransportError;
 use fabrickv_types::limits::PS_DIM_MAX;
 use fabrickv_wire::control::decode_error;
-use fabrickv_wire::decode_frame;
 use fabrickv_wire::ps::{
     decode_desc, decode_list, decode_reply, encode_create, encode_list, encode_open, encode_pull,
     encode_push, PsReply,
 };
+use fabrickv_wire::ps::{f32s_from_le, init_vector, Missing, Optimizer, TableDesc};
+use fabrickv_wire::{decode_frame, FrameKind};
 
 const NOW: u64 = 1;
 
@@ -23,8 +24,13 @@ fn store() -> Arc<PsStore> {
 
 fn call(s: &mut PsService, req: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    s.handle(req, &mut out, NOW);
+    serve(s, req, &mut out);
     out
+}
+
+/// Serves `req` as a worker would (decode, handle, refuse).
+fn serve(s: &mut PsService, req: &[u8], reply: &mut dyn Reply) {
+    crate::service::serve_one(s, 0, 0, req, reply, NOW);
 }
 
 fn reply(out: &[u8]) -> PsReply<'_> {
@@ -338,7 +344,7 @@ fn one_sided_pulls_land_in_the_region_and_overruns_write_nothing() {
         };
         let mut req = Vec::new();
         encode_pull(&mut req, 5, 0, t.id, &[2, 3, 1], Some(&dest));
-        s.handle(&req, &mut r, NOW);
+        serve(&mut s, &req, &mut r);
         let rep = reply(&r.buf);
         assert_eq!(rep.rest.len(), bitmap_bytes(3), "no inline values");
         assert_eq!(rep.rest[0], 0b101);
@@ -356,7 +362,7 @@ fn one_sided_pulls_land_in_the_region_and_overruns_write_nothing() {
         let before = r.mem.clone();
         req.clear();
         encode_pull(&mut req, 6, 0, t.id, &[2, 3, 1], Some(&dest));
-        s.handle(&req, &mut r, NOW);
+        serve(&mut s, &req, &mut r);
         assert_eq!(error_code(&r.buf), ErrorCode::Malformed);
         assert_eq!(r.mem, before, "an overrun writes nothing");
     }

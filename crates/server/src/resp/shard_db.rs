@@ -21,7 +21,9 @@ use fabrickv_resp::reply as resp;
 use fabrickv_storage::{FjallShard, ShardBackend, StorageError, Write};
 use fabrickv_wire::shard_data::{SHARD_DATA_KEY_BYTES_MAX, SHARD_DATA_VALUE_BYTES_MAX};
 
-use super::{Args, Cmd, Spec, RESP_REPLY_BYTES_MAX};
+use super::args::{mget_fits, within, Args};
+use super::table::{Cmd, Spec};
+use super::RESP_REPLY_BYTES_MAX;
 use crate::shard::data::{storage_refusal, write};
 
 /// Whether `id` names a command about keys, answered by the database.
@@ -84,11 +86,11 @@ fn storage_error(out: &mut Vec<u8>, e: StorageError) {
 }
 
 fn check_key(key: &[u8], out: &mut Vec<u8>) -> bool {
-    super::within(key, SHARD_DATA_KEY_BYTES_MAX, "shard", "key", out)
+    within(key, SHARD_DATA_KEY_BYTES_MAX, "shard", "key", out)
 }
 
 fn check_value(value: &[u8], out: &mut Vec<u8>) -> bool {
-    super::within(value, SHARD_DATA_VALUE_BYTES_MAX, "shard", "value", out)
+    within(value, SHARD_DATA_VALUE_BYTES_MAX, "shard", "value", out)
 }
 
 /// The value of `key`; `Err(())` once an error reply is written.
@@ -158,7 +160,7 @@ fn mget(shard: &FjallShard, a: Args<'_>, out: &mut Vec<u8>) {
                 return storage_error(out, e);
             }
         }
-        if !super::mget_fits(out, mark) {
+        if !mget_fits(out, mark) {
             return;
         }
     }

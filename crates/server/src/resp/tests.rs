@@ -4,8 +4,10 @@ use std::sync::Arc;
 
 use fabrickv_engine::{Mode as EngineMode, Partition, PartitionConfig};
 
+use super::admin::glob_match;
 use super::*;
 use crate::partitions::Partitions;
+use fabrickv_types::limits::KEY_BYTES_MAX;
 use fabrickv_wire::shard_data::SHARD_DATA_KEY_BYTES_MAX;
 
 fn shared_with(parts: usize, password: Option<&str>) -> RespShared {
@@ -393,8 +395,7 @@ fn with_shards() -> (Conn, tempfile::TempDir) {
             path: dir.path().join(n),
         })
         .collect();
-    let copies = fabrickv_copy::source::CopySources::new(std::net::IpAddr::from([127, 0, 0, 1]));
-    let shards = crate::shard::Shards::open(&specs, copies).expect("shards open");
+    let shards = crate::shard::Shards::open_for_tests(&specs);
     (Conn::with(shared_with(1, None).with_shards(&shards)), dir)
 }
 

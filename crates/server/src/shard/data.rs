@@ -15,6 +15,8 @@ use fabrickv_wire::shard_data::{
     SHARD_DATA_VALUE_BYTES_MAX,
 };
 
+use crate::service::Refusal;
+
 const _: () = assert!(
     SHARD_DATA_KEY_BYTES_MAX == fabrickv_storage::SHARD_KEY_BYTES_MAX,
     "every key a shard stores can be named on the wire, and no other"
@@ -23,9 +25,6 @@ const _: () = assert!(
     SHARD_DATA_VALUE_BYTES_MAX <= fabrickv_storage::SHARD_VALUE_BYTES_MAX,
     "every value the wire carries can be stored"
 );
-
-/// A refusal: the code and the message sent with it.
-pub(crate) type Refusal = (ErrorCode, String);
 
 fn refused(e: DataError) -> Refusal {
     (e.code, e.why.to_string())

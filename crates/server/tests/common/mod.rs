@@ -333,6 +333,19 @@ pub fn parse_reply(msg: &[u8]) -> (u64, u16, Reply) {
     (h.request_id, h.worker, reply)
 }
 
+/// A KV-cache client of `s` with a receive buffer of `buffer_bytes` and
+/// the suite's timeout.
+pub fn cache_client(s: &TestServer, buffer_bytes: usize) -> fabrickv_client::CacheClient {
+    fabrickv_client::CacheClient::connect_with(
+        &s.addr,
+        fabrickv_client::CacheClientOptions {
+            buffer_bytes,
+            timeout: TIMEOUT,
+        },
+    )
+    .expect("cache client connects")
+}
+
 /// What connecting to worker 2 of a two-worker server must give: a
 /// refusal naming the worker asked for and the count the server has.
 pub fn assert_no_worker_2_of_2<T>(connected: Result<T, fabrickv_client::ClientError>) {

@@ -1,0 +1,75 @@
+//! A command's arguments and the bounds checked on them (key and value
+//! sizes, integers, expiry times, the size of a reply).
+
+use fabrickv_resp::reply as resp;
+use fabrickv_resp::{parse_i64, CommandParser};
+use fabrickv_types::limits::{KEY_BYTES_MAX, TTL_MS_MAX};
+
+use super::RESP_REPLY_BYTES_MAX;
+
+/// The arguments of one parsed command.
+#[derive(Clone, Copy)]
+pub(super) struct Args<'a> {
+    /// The parser that found the command; it holds the argument spans.
+    pub(super) parser: &'a CommandParser,
+    /// The command's bytes, which the spans index.
+    pub(super) buf: &'a [u8],
+}
+
+impl<'a> Args<'a> {
+    pub(super) fn len(&self) -> usize {
+        self.parser.argc()
+    }
+
+    pub(super) fn get(&self, i: usize) -> &'a [u8] {
+        self.parser.arg(self.buf, i)
+    }
+}
+
+pub(super) const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
+
+pub(super) fn int_arg(s: &[u8]) -> Result<i64, &'static str> {
+    parse_i64(s).ok_or(NOT_INTEGER)
+}
+
+/// Relative expiry in `unit_ms` units to an absolute engine time, checked
+/// against [`TTL_MS_MAX`].
+pub(super) fn expiry_at(now_ms: u64, amount: i64, unit_ms: u64) -> Option<u64> {
+    let ms = u64::try_from(amount).ok()?.checked_mul(unit_ms)?;
+    (ms > 0 && ms <= TTL_MS_MAX).then(|| now_ms + ms)
+}
+
+pub(super) fn check_key(key: &[u8], out: &mut Vec<u8>) -> bool {
+    within(key, KEY_BYTES_MAX, "FabricKV", "key", out)
+}
+
+/// Whether `bytes` (a `what` of a `whose` store) is at most `max` bytes;
+/// otherwise the error reply that says so is written to `out`.
+pub(super) fn within(bytes: &[u8], max: usize, whose: &str, what: &str, out: &mut Vec<u8>) -> bool {
+    if bytes.len() > max {
+        let n = bytes.len();
+        resp::error(
+            out,
+            &format!("ERR {what} is {n} bytes; {whose} {what}s are at most {max} bytes"),
+        );
+        return false;
+    }
+    true
+}
+
+/// Whether the MGET reply begun at `mark` in `out` is still within
+/// [`RESP_REPLY_BYTES_MAX`]; otherwise it is replaced by the error reply
+/// that says so.
+pub(super) fn mget_fits(out: &mut Vec<u8>, mark: usize) -> bool {
+    if out.len() - mark > RESP_REPLY_BYTES_MAX {
+        out.truncate(mark);
+        resp::error(
+            out,
+            &format!(
+                "ERR MGET reply would exceed {RESP_REPLY_BYTES_MAX} bytes; ask for fewer keys"
+            ),
+        );
+        return false;
+    }
+    true
+}

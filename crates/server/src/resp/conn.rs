@@ -1,0 +1,193 @@
+//! One RESP connection's state (authenticated? which database?) and the
+//! command dispatch that reads and changes it: name lookup, the AUTH
+//! gate, arity, then the command's own code.
+
+use fabrickv_resp::parse_i64;
+use fabrickv_resp::reply as resp;
+
+use super::admin::{command_info, config, info};
+use super::args::{int_arg, Args, NOT_INTEGER};
+use super::exec::Exec;
+use super::table::{lookup, lower, Cmd, COMMAND_NAME_BYTES_MAX};
+use super::{shard_db, RespShared};
+
+/// Longest argument quoted back in an "unknown command" error, in bytes.
+const ERROR_ARG_QUOTE_BYTES_MAX: usize = 128;
+
+/// What a connection's commands can change about it.
+pub(super) struct ConnState {
+    /// Whether AUTH succeeded (or no password is set); until then only
+    /// AUTH and QUIT run.
+    pub(super) authed: bool,
+    /// What CLIENT ID answers.
+    pub(super) id: u64,
+    /// The selected database: 0 the in-memory kv, n the n-th shard.
+    pub(super) db: usize,
+}
+
+impl ConnState {
+    /// A new connection's state: authenticated when no password is set,
+    /// on database 0.
+    pub(super) fn new(shared: &RespShared, id: u64) -> ConnState {
+        ConnState {
+            authed: shared.password.is_none(),
+            id,
+            db: 0,
+        }
+    }
+
+    /// Runs one parsed command: the AUTH gate, lookup and arity, then the
+    /// database (a keyed command on a shard runs there) and the command.
+    pub(super) fn command(&mut self, ex: &mut Exec<'_>, a: Args<'_>, out: &mut Vec<u8>) -> After {
+        let mut name_buf = [0u8; COMMAND_NAME_BYTES_MAX];
+        let name = lower(a.get(0), &mut name_buf);
+        if !self.authed && name != b"auth" && name != b"quit" {
+            resp::error(out, "NOAUTH Authentication required.");
+            return After::Continue;
+        }
+        let argc = a.len();
+        let Some(spec) = lookup(name) else {
+            unknown_command(out, a);
+            return After::Continue;
+        };
+        if (spec.arity >= 0 && argc != spec.arity as usize)
+            || (spec.arity < 0 && argc < spec.arity.unsigned_abs() as usize)
+        {
+            resp::error(
+                out,
+                &format!("ERR wrong number of arguments for '{}' command", spec.name),
+            );
+            return After::Continue;
+        }
+        if self.db != 0 && shard_db::is_keyed(spec.id) {
+            if let Some(shard) = ex.shared.db(self.db) {
+                // A disk sync must not hold up the kv's other clients.
+                ex.held = None;
+                shard_db::command(shard, self.db, spec, a, out);
+                return After::Continue;
+            }
+        }
+        match spec.id {
+            Cmd::Get => ex.get(a.get(1), out),
+            Cmd::Set => ex.set(a, out),
+            Cmd::Mget => ex.mget(a, out),
+            Cmd::Mset => ex.mset(a, out),
+            Cmd::Del => ex.del(a, out),
+            Cmd::Exists => ex.exists(a, out),
+            Cmd::Expire => ex.expire(a, 1000, out),
+            Cmd::Pexpire => ex.expire(a, 1, out),
+            Cmd::Persist => ex.persist(a.get(1), out),
+            Cmd::Ttl => ex.ttl(a.get(1), 1000, out),
+            Cmd::Pttl => ex.ttl(a.get(1), 1, out),
+            Cmd::Incr => ex.incr_by(a.get(1), Ok(1), out),
+            Cmd::Decr => ex.incr_by(a.get(1), Ok(-1), out),
+            Cmd::Incrby => ex.incr_by(a.get(1), int_arg(a.get(2)), out),
+            Cmd::Decrby => ex.incr_by(
+                a.get(1),
+                int_arg(a.get(2)).and_then(|d| d.checked_neg().ok_or(NOT_INTEGER)),
+                out,
+            ),
+            Cmd::Strlen => ex.strlen(a.get(1), out),
+            Cmd::Ping => match argc {
+                1 => resp::simple(out, "PONG"),
+                _ => resp::bulk(out, a.get(1)),
+            },
+            Cmd::Echo => resp::bulk(out, a.get(1)),
+            Cmd::Auth => self.auth(ex.shared, a, out),
+            Cmd::Select => match parse_i64(a.get(1)) {
+                Some(n) if n >= 0 && n as u64 <= ex.shared.dbs.len() as u64 => {
+                    self.db = n as usize;
+                    resp::simple(out, "OK")
+                }
+                Some(_) => resp::error(out, "ERR DB index is out of range"),
+                None => resp::error(out, NOT_INTEGER),
+            },
+            Cmd::Dbsize => resp::integer(out, ex.shared.parts.stats().items as i64),
+            Cmd::Info => info(ex.shared, a, out),
+            Cmd::Config => config(ex.shared, a, out),
+            Cmd::Command => command_info(a, out),
+            Cmd::Client => self.client(a, out),
+            Cmd::Quit => {
+                resp::simple(out, "OK");
+                return After::Close;
+            }
+        }
+        After::Continue
+    }
+
+    pub(super) fn auth(&mut self, shared: &RespShared, a: Args<'_>, out: &mut Vec<u8>) {
+        let Some(password) = &shared.password else {
+            resp::error(
+                out,
+                "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+            );
+            return;
+        };
+        let (user, given) = match a.len() {
+            2 => (&b"default"[..], a.get(1)),
+            3 => (a.get(1), a.get(2)),
+            _ => {
+                resp::error(out, "ERR syntax error");
+                return;
+            }
+        };
+        if user == b"default" && same_secret(given, password) {
+            self.authed = true;
+            resp::simple(out, "OK");
+        } else {
+            resp::error(
+                out,
+                "WRONGPASS invalid username-password pair or user is disabled.",
+            );
+        }
+    }
+
+    pub(super) fn client(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+        let mut sub = [0u8; COMMAND_NAME_BYTES_MAX];
+        match lower(a.get(1), &mut sub) {
+            b"setname" | b"setinfo" => resp::simple(out, "OK"),
+            b"getname" => resp::null_bulk(out),
+            b"id" => resp::integer(out, self.id as i64),
+            _ => resp::error(
+                out,
+                "ERR unknown CLIENT subcommand (FabricKV answers ID, GETNAME, SETNAME, SETINFO)",
+            ),
+        }
+    }
+}
+
+/// Whether the connection goes on after a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum After {
+    Continue,
+    Close,
+}
+
+/// Compares a password without stopping at the first differing byte.
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = given.len() ^ expected.len();
+    for (i, e) in expected.iter().enumerate() {
+        diff |= usize::from(given.get(i).copied().unwrap_or(0) ^ e);
+    }
+    diff == 0
+}
+
+fn unknown_command(out: &mut Vec<u8>, a: Args<'_>) {
+    let mut msg = String::from("ERR unknown command '");
+    quote_arg(&mut msg, a.get(0));
+    msg.push_str("', with args beginning with: ");
+    for i in 1..a.len() {
+        msg.push('\'');
+        quote_arg(&mut msg, a.get(i));
+        msg.push_str("' ");
+        if msg.len() > 4 * ERROR_ARG_QUOTE_BYTES_MAX {
+            break;
+        }
+    }
+    resp::error(out, &msg);
+}
+
+fn quote_arg(msg: &mut String, arg: &[u8]) {
+    let cut = &arg[..arg.len().min(ERROR_ARG_QUOTE_BYTES_MAX)];
+    msg.push_str(&String::from_utf8_lossy(cut));
+}

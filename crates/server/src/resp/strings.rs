@@ -1,0 +1,245 @@
+//! The string commands on the in-memory kv: GET, STRLEN, SET (with NX,
+//! XX, EX, PX, KEEPTTL and GET), MGET, MSET, DEL, EXISTS and the INCR
+//! family.
+
+use fabrickv_engine::{DeleteResult, GetResult, Partition, PutCond, PutResult};
+use fabrickv_resp::parse_i64;
+use fabrickv_resp::reply as resp;
+use fabrickv_types::limits::KEY_BYTES_MAX;
+use fabrickv_types::KeyHash;
+
+use super::args::{check_key, expiry_at, int_arg, mget_fits, Args, NOT_INTEGER};
+use super::exec::{put_error, Exec};
+use super::table::{lower, COMMAND_NAME_BYTES_MAX};
+use super::RESP_PREFETCH_KEYS;
+
+impl Exec<'_> {
+    pub(super) fn get(&mut self, key: &[u8], out: &mut Vec<u8>) {
+        if !check_key(key, out) {
+            return;
+        }
+        let now = self.now_ms;
+        let h = KeyHash::of(key);
+        match self.part(h).get(h, key, now) {
+            GetResult::Found { value, .. } => resp::bulk(out, value),
+            GetResult::NotFound => resp::null_bulk(out),
+        }
+    }
+
+    pub(super) fn strlen(&mut self, key: &[u8], out: &mut Vec<u8>) {
+        if !check_key(key, out) {
+            return;
+        }
+        let now = self.now_ms;
+        let h = KeyHash::of(key);
+        match self.part(h).get(h, key, now) {
+            GetResult::Found { value, .. } => resp::integer(out, value.len() as i64),
+            GetResult::NotFound => resp::integer(out, 0),
+        }
+    }
+
+    pub(super) fn set(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+        let (key, value) = (a.get(1), a.get(2));
+        if !check_key(key, out) {
+            return;
+        }
+        let mut expire: Option<u64> = None;
+        let mut cond = PutCond::Always;
+        let mut keep_ttl = false;
+        let mut get_old = false;
+        let mut i = 3;
+        let mut opt = [0u8; COMMAND_NAME_BYTES_MAX];
+        while i < a.len() {
+            let unit = match lower(a.get(i), &mut opt) {
+                b"nx" if cond == PutCond::Always => {
+                    cond = PutCond::IfAbsent;
+                    None
+                }
+                b"xx" if cond == PutCond::Always => {
+                    cond = PutCond::IfPresent;
+                    None
+                }
+                b"keepttl" if expire.is_none() => {
+                    keep_ttl = true;
+                    None
+                }
+                b"get" => {
+                    get_old = true;
+                    None
+                }
+                b"ex" if expire.is_none() && !keep_ttl && i + 1 < a.len() => Some(1000),
+                b"px" if expire.is_none() && !keep_ttl && i + 1 < a.len() => Some(1),
+                _ => return resp::error(out, "ERR syntax error"),
+            };
+            if let Some(unit) = unit {
+                i += 1;
+                let Ok(n) = int_arg(a.get(i)) else {
+                    return resp::error(out, NOT_INTEGER);
+                };
+                match expiry_at(self.now_ms, n, unit) {
+                    Some(at) => expire = Some(at),
+                    None => return resp::error(out, "ERR invalid expire time in 'set' command"),
+                }
+            }
+            i += 1;
+        }
+        let now = self.now_ms;
+        let h = KeyHash::of(key);
+        let mark = out.len();
+        let p = self.part(h);
+        let mut old_ttl = 0;
+        if get_old || keep_ttl {
+            match p.get(h, key, now) {
+                GetResult::Found {
+                    value: old,
+                    expire_at_ms,
+                } => {
+                    if get_old {
+                        resp::bulk(out, old);
+                    }
+                    old_ttl = expire_at_ms;
+                }
+                GetResult::NotFound if get_old => resp::null_bulk(out),
+                GetResult::NotFound => {}
+            }
+        }
+        let at = match (expire, keep_ttl) {
+            (Some(at), _) => at,
+            (None, true) => old_ttl,
+            (None, false) => 0,
+        };
+        match p.put(h, key, value, at, cond, now) {
+            PutResult::Stored if !get_old => resp::simple(out, "OK"),
+            PutResult::Stored | PutResult::ConditionFailed if get_old => {}
+            PutResult::ConditionFailed => resp::null_bulk(out),
+            r => {
+                out.truncate(mark);
+                put_error(out, r);
+            }
+        }
+    }
+
+    pub(super) fn mget(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+        let mark = out.len();
+        resp::array_header(out, a.len() - 1);
+        let now = self.now_ms;
+        for i in 1..a.len() {
+            if (i - 1).is_multiple_of(RESP_PREFETCH_KEYS) && a.len() > 2 {
+                let end = (i + RESP_PREFETCH_KEYS).min(a.len());
+                let mut hashes = [KeyHash(0); RESP_PREFETCH_KEYS];
+                for (h, j) in hashes.iter_mut().zip(i..end) {
+                    *h = KeyHash::of(a.get(j));
+                }
+                self.prefetch(&hashes[..end - i]);
+            }
+            let key = a.get(i);
+            if key.len() > KEY_BYTES_MAX {
+                resp::null_bulk(out);
+                continue;
+            }
+            let h = KeyHash::of(key);
+            match self.part(h).get(h, key, now) {
+                GetResult::Found { value, .. } => resp::bulk(out, value),
+                GetResult::NotFound => resp::null_bulk(out),
+            }
+            if !mget_fits(out, mark) {
+                return;
+            }
+        }
+    }
+
+    pub(super) fn mset(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+        if a.len().is_multiple_of(2) {
+            return resp::error(out, "ERR wrong number of arguments for 'mset' command");
+        }
+        // Every key checked before any is written, so bad input writes nothing.
+        for i in (1..a.len()).step_by(2) {
+            if !check_key(a.get(i), out) {
+                return;
+            }
+        }
+        let now = self.now_ms;
+        for i in (1..a.len()).step_by(2) {
+            let (key, value) = (a.get(i), a.get(i + 1));
+            let h = KeyHash::of(key);
+            let r = self.part(h).put(h, key, value, 0, PutCond::Always, now);
+            if r != PutResult::Stored {
+                return put_error(out, r);
+            }
+        }
+        resp::simple(out, "OK");
+    }
+
+    pub(super) fn del(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+        let n = self.count_keys(a, |p, h, key, now| {
+            p.delete(h, key, now) == DeleteResult::Deleted
+        });
+        resp::integer(out, n);
+    }
+
+    pub(super) fn exists(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+        let n = self.count_keys(a, |p, h, key, now| {
+            matches!(p.get(h, key, now), GetResult::Found { .. })
+        });
+        resp::integer(out, n);
+    }
+
+    /// Runs `hit` on each key of arguments 1.. in its partition and counts
+    /// the keys it holds for (DEL's and EXISTS's answer). A key over the
+    /// bound cannot be stored, so it counts as absent.
+    fn count_keys(
+        &mut self,
+        a: Args<'_>,
+        mut hit: impl FnMut(&mut Partition, KeyHash, &[u8], u64) -> bool,
+    ) -> i64 {
+        let now = self.now_ms;
+        let mut n = 0;
+        for i in 1..a.len() {
+            let key = a.get(i);
+            if key.len() > KEY_BYTES_MAX {
+                continue;
+            }
+            let h = KeyHash::of(key);
+            if hit(self.part(h), h, key, now) {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    pub(super) fn incr_by(
+        &mut self,
+        key: &[u8],
+        delta: Result<i64, &'static str>,
+        out: &mut Vec<u8>,
+    ) {
+        if !check_key(key, out) {
+            return;
+        }
+        let delta = match delta {
+            Ok(d) => d,
+            Err(e) => return resp::error(out, e),
+        };
+        let now = self.now_ms;
+        let h = KeyHash::of(key);
+        let p = self.part(h);
+        let (current, ttl) = match p.get(h, key, now) {
+            GetResult::Found {
+                value,
+                expire_at_ms,
+            } => match parse_i64(value) {
+                Some(v) => (v, expire_at_ms),
+                None => return resp::error(out, NOT_INTEGER),
+            },
+            GetResult::NotFound => (0, 0),
+        };
+        let Some(next) = current.checked_add(delta) else {
+            return resp::error(out, "ERR increment or decrement would overflow");
+        };
+        let digits = next.to_string();
+        match p.put(h, key, digits.as_bytes(), ttl, PutCond::Always, now) {
+            PutResult::Stored => resp::integer(out, next),
+            r => put_error(out, r),
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The request layer without sockets: messages in, replies out, counters
+//! read back through STATS.
+
+use std::sync::Arc;
+
+use fabrickv_cache::CacheConfig;
+use fabrickv_engine::{Mode as EngineMode, Partition, PartitionConfig, PoolOptions};
+use fabrickv_wire::control::{
+    decode_error, decode_hello_reply, decode_stats_reply, encode_hello, encode_stats_request,
+};
+use fabrickv_wire::ps::encode_open;
+use fabrickv_wire::{decode_frame, RequestBuilder};
+
+use super::*;
+use crate::cache::CacheShared;
+use crate::config::Mode;
+use crate::partitions::Partitions;
+use crate::ps::{PsConfig, PsStore};
+use crate::shard::Shards;
+
+const NOW: u64 = 1;
+
+/// Worker `id` of a server with two workers, with small pools.
+fn worker(id: u16) -> Worker {
+    let parts = (0..2)
+        .map(|_| {
+            Partition::new(&PartitionConfig {
+                mode: EngineMode::Store,
+                pool_bytes: 4 << 20,
+                index_buckets: None,
+                memory: PoolOptions::default(),
+            })
+            .expect("partition")
+        })
+        .collect();
+    let parts = Arc::new(Partitions::new(parts));
+    let ps = Arc::new(PsStore::new(
+        PsConfig {
+            pool_bytes: 8 << 20,
+            pool: PoolOptions::default(),
+            tables: Vec::new(),
+        },
+        2,
+    ));
+    let cache = CacheShared::new(CacheConfig {
+        pool_bytes: 8 << 20,
+        ..CacheConfig::default()
+    })
+    .expect("cache store");
+    let shards = Arc::new(Shards::open_for_tests(&[]));
+    Worker::new(
+        id,
+        Services {
+            kv: KvService::new(id, 2, parts, Mode::Store),
+            ps: PsService::new(id, ps),
+            cache: CacheService::new(id, cache, None),
+            shard: ShardService::new(id, shards),
+        },
+    )
+}
+
+fn call(w: &mut Worker, msg: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    w.handle(1, msg, &mut out, NOW);
+    out
+}
+
+fn stats(w: &mut Worker) -> Vec<(String, u64)> {
+    let mut req = Vec::new();
+    encode_stats_request(&mut req, 9, 0);
+    let out = call(w, &req);
+    decode_stats_reply(&decode_frame(&out).expect("frame")).expect("stats reply")
+}
+
+fn stat(list: &[(String, u64)], name: &str) -> u64 {
+    list.iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("no {name} in STATS"))
+}
+
+fn refusal(out: &[u8]) -> (u64, ErrorCode) {
+    let f = decode_frame(out).expect("frame");
+    assert_eq!(f.header.kind, FrameKind::Error, "expected an ERROR frame");
+    (f.header.request_id, decode_error(&f).expect("error body").0)
+}
+
+#[test]
+fn hello_is_answered_by_the_worker_with_the_server_shape() {
+    let mut w = worker(1);
+    let mut req = Vec::new();
+    encode_hello(&mut req, 7, 1);
+    let out = call(&mut w, &req);
+    let f = decode_frame(&out).expect("frame");
+    assert_eq!((f.header.request_id, f.header.worker), (7, 1));
+    let info = decode_hello_reply(&f).expect("hello reply");
+    assert_eq!((info.workers, info.partitions), (2, 2));
+    assert!(info.store_mode);
+}
+
+#[test]
+fn every_refusal_is_one_error_frame_counted_once() {
+    let mut w = worker(0);
+    // Broken bytes: refused by the decoder, the request id read if present.
+    let mut req = Vec::new();
+    encode_hello(&mut req, 11, 0);
+    req[0] ^= 0xFF;
+    assert_eq!(refusal(&call(&mut w, &req)).0, 11);
+    // A kind a client never sends.
+    let mut req = Vec::new();
+    let mut b = RequestBuilder::new(&mut req, 12, 0);
+    b.get(b"k");
+    b.finish();
+    // The checksum covers the body only, so a changed kind byte still
+    // decodes, and the frame is refused for its kind.
+    req[3] = FrameKind::Response as u8;
+    assert_eq!(refusal(&call(&mut w, &req)), (12, ErrorCode::UnknownOpcode));
+    // A service's refusal (a PS table that does not exist).
+    let mut req = Vec::new();
+    encode_open(&mut req, 13, 0, "absent");
+    assert_eq!(refusal(&call(&mut w, &req)), (13, ErrorCode::NoSuchTable));
+    assert_eq!(stat(&stats(&mut w), "frames_refused"), 3);
+}
+
+#[test]
+fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
+    let mut w = worker(0);
+    let mut req = Vec::new();
+    let mut b = RequestBuilder::new(&mut req, 1, 0);
+    b.get(b"k");
+    b.finish();
+    call(&mut w, &req);
+    let list = stats(&mut w);
+    let names: Vec<&str> = list.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names[..24],
+        [
+            "gets",
+            "hits",
+            "misses",
+            "puts",
+            "deletes",
+            "evictions",
+            "expired",
+            "items",
+            "bytes",
+            "pool_bytes",
+            "index_collisions",
+            "frames",
+            "ops",
+            "frames_refused",
+            "misrouted",
+            "reply_full",
+            "conns_accepted",
+            "conns_open",
+            "conns_closed_framing",
+            "conns_closed_timeout",
+            "msgs_in",
+            "msgs_out",
+            "backpressure_pauses",
+            "spliced_bytes",
+        ]
+    );
+    assert_eq!(names[24], "ps_tables", "the PS store follows, on worker 0");
+    assert!(names.contains(&"cache_entries"));
+    assert_eq!(stat(&list, "frames"), 1);
+    assert_eq!(stat(&list, "ops"), 1);
+    let other = stats(&mut worker(1));
+    assert_eq!(other.len(), 24, "worker 1 reports no shared store");
+}
