@@ -393,7 +393,8 @@ fn with_shards() -> (Conn, tempfile::TempDir) {
             path: dir.path().join(n),
         })
         .collect();
-    let copies = fabrickv_copy::source::CopySources::new(std::net::IpAddr::from([127, 0, 0, 1]));
+    let copies =
+        crate::shard::copy_source::CopySources::new(std::net::IpAddr::from([127, 0, 0, 1]));
     let shards = crate::shard::Shards::open(&specs, copies).expect("shards open");
     (Conn::with(shared_with(1, None).with_shards(&shards)), dir)
 }
