@@ -16,6 +16,9 @@
 //!   the order of a copy's steps ([`copy`]);
 //! - `progress`: the resume state (the progress file) and the preparation
 //!   of the target directory;
+//! - `control`: the STATUS op and what a failed status means;
+//! - `shared`: the state a copy's threads share, and the checked frames a
+//!   receiver hands its writer;
 //! - `streams`: connecting the data streams and watching them;
 //! - `receive`: a stream's receiver, which checks every frame;
 //! - `load`: a stream's writer, which bulk-loads and records durable
@@ -29,10 +32,12 @@ pub mod options;
 pub mod pipe;
 pub mod report;
 
+mod control;
 mod load;
 mod progress;
 mod receive;
 mod session;
+mod shared;
 mod streams;
 mod verify;
 

@@ -13,7 +13,7 @@ use fabrickv_wire::copy::Pairs;
 use crate::error::{err, storage, CopyError};
 use crate::lock;
 use crate::progress::unhex;
-use crate::streams::{Item, Shared};
+use crate::shared::{Item, Shared};
 
 /// A stream's writer: bulk-loads each range's frames, durable every
 /// `durable_every` bytes at a frame boundary and at the range's end.

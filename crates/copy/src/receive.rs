@@ -14,7 +14,7 @@ use fabrickv_wire::copy::{
 
 use crate::error::{err, CopyError};
 use crate::lock;
-use crate::streams::{Item, Shared};
+use crate::shared::{Item, Shared};
 
 /// Where a stream's current range stands, on the receiving side.
 struct Cursor {

@@ -11,17 +11,19 @@ use fabrickv_client::ShardClient;
 use fabrickv_storage::{FjallShard, ShardBackend, ShardOptions};
 use fabrickv_types::{Digest, ErrorCode};
 use fabrickv_wire::copy::{
-    encode_session, CheckpointReply, CheckpointRequest, CopyState, StartRequest, Status,
-    COPY_RANGES_MAX, COPY_STREAMS_MAX,
+    encode_session, CheckpointReply, CheckpointRequest, CopyState, StartRequest, COPY_RANGES_MAX,
+    COPY_STREAMS_MAX,
 };
 use fabrickv_wire::shard::ShardOp;
 
+use crate::control::{source_failed, status};
 use crate::error::{client, err, storage, CopyError};
 use crate::lock;
 use crate::options::{CopyOptions, COPY_SPLIT_POLL_MS, COPY_TARGET_CACHE_BYTES};
 use crate::progress::{claim, hex, prepare, Progress, RangeProgress, PROGRESS_VERSION};
 use crate::report::{CopyReport, Event};
-use crate::streams::{stream, Shared};
+use crate::shared::Shared;
+use crate::streams::stream;
 use crate::verify::verify;
 
 /// Copies `opts.shard` from `opts.from` into `opts.to`, calling `on_event`
@@ -83,20 +85,6 @@ pub fn copy(
         tracing::debug!("END of copy session {}: {e}", cp.session);
     }
     result
-}
-
-pub(crate) fn status(ctl: &mut ShardClient, session: u64) -> Result<Status, CopyError> {
-    let b = ctl
-        .copy_control(ShardOp::CopyStatus, "", |b| encode_session(b, session))
-        .map_err(|e| client("STATUS", e))?;
-    Status::decode(&b).map_err(|e| err(e.code(), e.to_string()))
-}
-
-pub(crate) fn source_failed(st: &Status) -> CopyError {
-    err(
-        st.error,
-        format!("the source reports {}: {}", st.state.name(), st.message),
-    )
 }
 
 fn run_session<S: ShardBackend>(

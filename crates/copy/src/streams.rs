@@ -6,25 +6,24 @@
 
 use std::io::Write as _;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
 use fabrickv_client::ShardClient;
 use fabrickv_storage::ShardBackend;
-use fabrickv_types::{Digest, ErrorCode};
+use fabrickv_types::ErrorCode;
 use fabrickv_wire::copy::{data_host, CheckpointReply, CopyState, Hello, StartRequest};
 
+use crate::control::{source_failed, status};
 use crate::error::{err, CopyError};
 use crate::load::write;
 use crate::lock;
 use crate::options::{CopyOptions, COPY_STATUS_POLL_MS};
-use crate::progress::Progress;
 use crate::receive::receive;
 use crate::report::Event;
-use crate::session::{source_failed, status};
+use crate::shared::{Item, Shared};
 
 /// Frames queued between a stream's receiver and its writer: enough that
 /// the socket is read while the writer loads, few enough that memory stays
@@ -33,56 +32,6 @@ pub const COPY_QUEUE_FRAMES: usize = 4;
 
 /// How often the copy samples its rate and logs a line, in milliseconds.
 pub const COPY_SAMPLE_INTERVAL_MS: u64 = 1_000;
-
-/// State the streams share with the control loop.
-pub(crate) struct Shared {
-    /// The target directory, where the progress file is saved.
-    pub(crate) dir: PathBuf,
-    /// Every range's durable position; each writer saves it after a load.
-    pub(crate) progress: Mutex<Progress>,
-    /// Pairs written by this run, for progress events.
-    pub(crate) pairs: AtomicU64,
-    /// Key and value bytes written by this run, for the rate.
-    pub(crate) bytes: AtomicU64,
-    /// The first failure of any thread: the copy's error.
-    pub(crate) failure: Mutex<Option<CopyError>>,
-    /// Set on the first failure, so every other thread stops.
-    pub(crate) stop: AtomicBool,
-    /// `CopyOptions::durable_every_bytes`, at least 1.
-    pub(crate) durable_every: u64,
-    /// `CopyOptions::keep_cached`.
-    pub(crate) keep_cached: bool,
-}
-
-impl Shared {
-    pub(crate) fn fail(&self, e: CopyError) {
-        let mut f = lock(&self.failure);
-        if f.is_none() {
-            *f = Some(e);
-        }
-        self.stop.store(true, Ordering::Release);
-    }
-
-    pub(crate) fn failed(&self) -> Option<CopyError> {
-        lock(&self.failure).clone()
-    }
-}
-
-/// A checked frame on its way from a receiver to its writer.
-pub(crate) struct Item {
-    /// The range the frame belongs to.
-    pub(crate) range: u32,
-    /// Its sequence number in the range.
-    pub(crate) seq: u64,
-    /// An END_OF_RANGE frame: the range is complete after it.
-    pub(crate) end: bool,
-    /// The range's running digest after the frame, checked.
-    pub(crate) digest: Digest,
-    /// Pairs in the payload.
-    pub(crate) pairs: u64,
-    /// The frame's payload.
-    pub(crate) buf: Vec<u8>,
-}
 
 /// Runs the data streams to the end; returns the rate samples.
 pub(crate) fn stream<S: ShardBackend>(
