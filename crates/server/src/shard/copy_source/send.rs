@@ -340,8 +340,8 @@ fn iterate_range(
         range,
         from,
         to,
-        mut seq,
-        mut digest,
+        seq,
+        digest,
         held,
         done,
     } = job;
@@ -351,65 +351,28 @@ fn iterate_range(
     if done {
         return Ok(());
     }
-    let fresh = |free: &Receiver<Vec<u8>>| {
-        let mut b = free.try_recv().unwrap_or_else(|_| {
-            Vec::with_capacity(COPY_FRAME_PAYLOAD_BYTES + DATA_FRAME_HEADER_BYTES)
-        });
-        b.clear();
-        b.resize(DATA_FRAME_HEADER_BYTES, 0);
-        b
+    let mut frame = Framer {
+        range,
+        seq,
+        digest,
+        buf: Vec::new(),
+        pairs: 0,
+        bytes: 0,
+        tx,
+        free,
     };
-    let mut buf = fresh(free);
-    let (mut pairs, mut bytes) = (0u64, 0u64);
-    let ship = |buf: &mut Vec<u8>,
-                kind: DataFrameKind,
-                pairs: &mut u64,
-                bytes: &mut u64,
-                seq: &mut u64,
-                digest: &Digest|
-     -> Result<(), Refusal> {
-        let h = DataFrameHeader {
-            kind,
-            range,
-            pairs: *pairs as u32,
-            seq: *seq,
-            payload_len: (buf.len() - DATA_FRAME_HEADER_BYTES) as u32,
-            digest: *digest,
-        };
-        buf[..DATA_FRAME_HEADER_BYTES].copy_from_slice(&h.encode());
-        let out = Outgoing {
-            buf: std::mem::replace(buf, fresh(free)),
-            pairs: *pairs,
-            bytes: *bytes,
-            end_of_range: kind == DataFrameKind::EndOfRange,
-        };
-        tx.send(out).map_err(|_| stopped())?;
-        *seq += 1;
-        *pairs = 0;
-        *bytes = 0;
-        Ok(())
-    };
+    frame.reset();
     let mut failed: Option<Refusal> = None;
     let scanned = s
         .snapshot
         .scan_each(bound_ref(&from), bound_ref(&to), &mut |k, v| {
-            put_pair(&mut buf, k, v);
-            digest.add(k, v);
-            pairs += 1;
-            bytes += (k.len() + v.len()) as u64;
-            if buf.len() - DATA_FRAME_HEADER_BYTES >= COPY_FRAME_PAYLOAD_BYTES {
+            frame.push(k, v);
+            if frame.full() {
                 if s.stop.load(Ordering::Acquire) {
                     failed = Some(stopped());
                     return Ok(false);
                 }
-                if let Err(e) = ship(
-                    &mut buf,
-                    DataFrameKind::Data,
-                    &mut pairs,
-                    &mut bytes,
-                    &mut seq,
-                    &digest,
-                ) {
+                if let Err(e) = frame.ship(DataFrameKind::Data) {
                     failed = Some(e);
                     return Ok(false);
                 }
@@ -425,24 +388,81 @@ fn iterate_range(
     if let Some(e) = failed {
         return Err(e);
     }
-    if pairs > 0 {
-        ship(
-            &mut buf,
-            DataFrameKind::Data,
-            &mut pairs,
-            &mut bytes,
-            &mut seq,
-            &digest,
-        )?;
+    if frame.pairs > 0 {
+        frame.ship(DataFrameKind::Data)?;
     }
-    ship(
-        &mut buf,
-        DataFrameKind::EndOfRange,
-        &mut pairs,
-        &mut bytes,
-        &mut seq,
-        &digest,
-    )
+    frame.ship(DataFrameKind::EndOfRange)
+}
+
+/// The frame a range iterator is filling, and where its range stands.
+struct Framer<'q> {
+    /// The range being sent.
+    range: u32,
+    /// The sequence number of the frame being filled.
+    seq: u64,
+    /// The range's running digest, this frame's pairs included.
+    digest: Digest,
+    /// Room for the header, then the pairs packed so far.
+    buf: Vec<u8>,
+    /// Pairs packed in this frame.
+    pairs: u64,
+    /// Their key and value bytes.
+    bytes: u64,
+    /// Where full frames go: the stream's sender.
+    tx: &'q Sender<Outgoing>,
+    /// Buffers the sender is done with, reused so a range allocates none
+    /// after the queue's first few frames.
+    free: &'q Receiver<Vec<u8>>,
+}
+
+impl Framer<'_> {
+    /// Starts a new frame in a recycled (or new) buffer.
+    fn reset(&mut self) {
+        let mut b = self.free.try_recv().unwrap_or_else(|_| {
+            Vec::with_capacity(COPY_FRAME_PAYLOAD_BYTES + DATA_FRAME_HEADER_BYTES)
+        });
+        b.clear();
+        b.resize(DATA_FRAME_HEADER_BYTES, 0);
+        self.buf = b;
+        self.pairs = 0;
+        self.bytes = 0;
+    }
+
+    /// Packs one pair and adds it to the running digest.
+    fn push(&mut self, k: &[u8], v: &[u8]) {
+        put_pair(&mut self.buf, k, v);
+        self.digest.add(k, v);
+        self.pairs += 1;
+        self.bytes += (k.len() + v.len()) as u64;
+    }
+
+    /// Whether the frame holds `COPY_FRAME_PAYLOAD_BYTES` or more.
+    fn full(&self) -> bool {
+        self.buf.len() - DATA_FRAME_HEADER_BYTES >= COPY_FRAME_PAYLOAD_BYTES
+    }
+
+    /// Writes the header, queues the frame for the sender, starts the next.
+    fn ship(&mut self, kind: DataFrameKind) -> Result<(), Refusal> {
+        let h = DataFrameHeader {
+            kind,
+            range: self.range,
+            pairs: self.pairs as u32,
+            seq: self.seq,
+            payload_len: (self.buf.len() - DATA_FRAME_HEADER_BYTES) as u32,
+            digest: self.digest,
+        };
+        self.buf[..DATA_FRAME_HEADER_BYTES].copy_from_slice(&h.encode());
+        let out = Outgoing {
+            buf: std::mem::take(&mut self.buf),
+            pairs: self.pairs,
+            bytes: self.bytes,
+            end_of_range: kind == DataFrameKind::EndOfRange,
+        };
+        self.tx.send(out).map_err(|_| stopped())?;
+        self.seq += 1;
+        self.reset();
+        Ok(())
+    }
 }
 
 fn bound_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
