@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use fabrickv_copy::pipe::raw_pipe;
+use fabrickv_bench::pipe::raw_pipe;
 use fabrickv_copy::{copy, CopyOptions, Event, COPY_PARALLELISM_DEFAULT, COPY_RANGES_DEFAULT};
 use fabrickv_server::shard::ShardSpec;
 use fabrickv_server::{Server, ServerConfig};

@@ -23,13 +23,13 @@
 //! - `receive`: a stream's receiver, which checks every frame;
 //! - `load`: a stream's writer, which bulk-loads and records durable
 //!   positions;
-//! - `verify`: the final scan against the source's digests;
-//! - [`pipe`]: the raw pipe (TCP socket into a file) the copy is measured
-//!   against.
+//! - `verify`: the final scan against the source's digests.
+//!
+//! The copy's benchmark (`bench copy`), its raw-pipe floor and its rate
+//! plot live in `fabrickv-bench`.
 
 pub mod error;
 pub mod options;
-pub mod pipe;
 pub mod report;
 
 mod control;
