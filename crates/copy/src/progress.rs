@@ -216,3 +216,52 @@ pub(crate) fn claim(opts: &CopyOptions) -> Result<(), CopyError> {
     }
     .save(&opts.to)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_digests_round_trip_through_hex() {
+        for key in [&b""[..], b"\x00\xff", b"key"] {
+            assert_eq!(unhex(&hex(key)).expect("hex"), key);
+        }
+        assert!(unhex("abc").is_err(), "odd length");
+        assert!(unhex("zz").is_err(), "not hex");
+        let mut d = Digest::default();
+        d.add(b"", b"the empty key");
+        let mut r = RangeProgress::default();
+        r.set(7, &d, b"\x01k", false);
+        assert_eq!(r.digest().expect("digest"), d);
+        assert_eq!(
+            (r.next_seq, unhex(&r.after).expect("after")),
+            (7, b"\x01k".to_vec())
+        );
+    }
+
+    #[test]
+    fn the_progress_file_round_trips_and_a_torn_one_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(Progress::load(dir.path()).expect("load").is_none());
+        let p = Progress {
+            version: PROGRESS_VERSION,
+            from: "127.0.0.1:7379".into(),
+            shard: "s".into(),
+            boundaries: vec![hex(b"m")],
+            ranges: vec![RangeProgress::default(); 2],
+            complete: false,
+        };
+        p.save(dir.path()).expect("save");
+        let back = Progress::load(dir.path()).expect("load").expect("a file");
+        assert_eq!(back.boundaries().expect("boundaries"), vec![b"m".to_vec()]);
+        assert_eq!(back.ranges, p.ranges);
+        assert!(back.resume_points().expect("points").is_empty());
+        // Ranges that disagree with the boundaries: another layout.
+        let torn = Progress {
+            ranges: vec![RangeProgress::default(); 3],
+            ..p
+        };
+        torn.save(dir.path()).expect("save");
+        assert!(Progress::load(dir.path()).is_err());
+    }
+}
