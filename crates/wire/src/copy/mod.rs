@@ -66,8 +66,8 @@
 //! once per op, a few per copy); data frames and their pairs are decoded
 //! without allocating, and nothing here panics on any input.
 
-mod control;
-mod stream;
+pub mod control;
+pub mod stream;
 #[cfg(test)]
 mod tests;
 
