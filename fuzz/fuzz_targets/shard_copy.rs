@@ -5,13 +5,12 @@
 
 #![no_main]
 
-use fabrickv_copy::proto::{
-    decode_abort, CheckpointRequest, FrameHeader, Hello, Pairs, StartRequest, Status,
-    COPY_FRAME_PAYLOAD_BYTES_MAX, COPY_RANGES_MAX, COPY_STREAMS_MAX, FRAME_HEADER_BYTES,
+use fabrickv_types::limits::{SHARD_KEY_BYTES_MAX, SHARD_NAME_BYTES_MAX, SHARD_VALUE_BYTES_MAX};
+use fabrickv_wire::copy::{
+    decode_abort, CheckpointRequest, DataFrameHeader, Hello, Pairs, StartRequest, Status,
+    COPY_FRAME_PAYLOAD_BYTES_MAX, COPY_RANGES_MAX, COPY_STREAMS_MAX, DATA_FRAME_HEADER_BYTES,
     HELLO_BYTES,
 };
-use fabrickv_storage::{SHARD_KEY_BYTES_MAX, SHARD_VALUE_BYTES_MAX};
-use fabrickv_types::limits::SHARD_NAME_BYTES_MAX;
 use fabrickv_wire::shard_data::{decode_get_reply, decode_keys, decode_pairs};
 use libfuzzer_sys::fuzz_target;
 
@@ -47,10 +46,10 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = decode_abort(data);
     // Data streams.
-    if let Some(h) = data.first_chunk::<FRAME_HEADER_BYTES>() {
-        if let Ok(h) = FrameHeader::decode(h) {
+    if let Some(h) = data.first_chunk::<DATA_FRAME_HEADER_BYTES>() {
+        if let Ok(h) = DataFrameHeader::decode(h) {
             assert!(h.payload_len as usize <= COPY_FRAME_PAYLOAD_BYTES_MAX);
-            assert_eq!(FrameHeader::decode(&h.encode()), Ok(h));
+            assert_eq!(DataFrameHeader::decode(&h.encode()), Ok(h));
         }
     }
     if let Some(h) = data.first_chunk::<HELLO_BYTES>() {

@@ -19,6 +19,10 @@
 //!   rates, redis-server's MGET);
 //! - [`ps_report`]: PetPS's output (its throughput line and markdown
 //!   tables);
+//! - [`pipe`]: the raw pipe (a TCP socket into a file) `bench copy`
+//!   measures the shard copy against;
+//! - [`plot`]: the PNG of a copy's rate over time (`copy --plot`,
+//!   `bench copy --plot`);
 //! - [`cache`]: the KV cache's read benchmark (the seed's phases and
 //!   latency analysis) beside redis-server GET, a raw TCP stream and memcpy.
 //!
@@ -36,6 +40,8 @@ pub mod kv;
 pub mod limits;
 pub mod memcache;
 pub mod peers;
+pub mod pipe;
+pub mod plot;
 pub mod ps;
 pub mod ps_report;
 pub mod report;

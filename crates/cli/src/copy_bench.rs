@@ -9,10 +9,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use fabrickv_copy::pipe::raw_pipe;
-use fabrickv_copy::target::{
-    copy, CopyOptions, Event, COPY_PARALLELISM_DEFAULT, COPY_RANGES_DEFAULT,
-};
+use fabrickv_bench::pipe::raw_pipe;
+use fabrickv_copy::{copy, CopyOptions, Event, COPY_PARALLELISM_DEFAULT, COPY_RANGES_DEFAULT};
 use fabrickv_server::shard::ShardSpec;
 use fabrickv_server::{Server, ServerConfig};
 use fabrickv_storage::gen::GenSpec;
@@ -117,7 +115,7 @@ pub fn run(a: CopyBenchArgs) -> Result<(), String> {
             a.value_size,
             report.mb_per_s()
         );
-        fabrickv_copy::plot::write_rate_png(path, &title, &report.samples)?;
+        fabrickv_bench::plot::write_rate_png(path, &title, &report.samples)?;
         eprintln!("bench copy: plot written to {}", path.display());
     }
 

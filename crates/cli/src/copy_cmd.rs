@@ -6,9 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use fabrickv_copy::target::{
-    copy, CopyOptions, Event, COPY_PARALLELISM_DEFAULT, COPY_RANGES_DEFAULT,
-};
+use fabrickv_copy::{copy, CopyOptions, Event, COPY_PARALLELISM_DEFAULT, COPY_RANGES_DEFAULT};
 use fabrickv_types::size::parse_size;
 
 #[derive(Args)]
@@ -154,7 +152,7 @@ pub fn run(a: CopyArgs) -> Result<ExitCode, String> {
             report.bytes as f64 / 1e9,
             report.mb_per_s()
         );
-        fabrickv_copy::plot::write_rate_png(path, &title, &report.samples)
+        fabrickv_bench::plot::write_rate_png(path, &title, &report.samples)
             .map_err(|e| format!("the copy is DONE, but its plot is not: {e}"))?;
         eprintln!("copy: rate plot written to {}", path.display());
     }

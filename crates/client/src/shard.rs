@@ -250,8 +250,8 @@ impl ShardClient {
     /// Sends one copy control op (`CopyCheckpoint`, `CopyStart`,
     /// `CopyStatus`, `CopyEnd`) whose payload `payload` writes, naming
     /// `shard` (empty for the ops that name a session); returns the
-    /// reply's payload. The payloads are the copy crate's (`fabrickv-copy`
-    /// owns that protocol); this only carries them.
+    /// reply's payload. The payloads are `fabrickv_wire::copy`'s; this
+    /// only carries them.
     pub fn copy_control(
         &mut self,
         op: ShardOp,

@@ -177,7 +177,8 @@ impl Server {
         let parts = Arc::new(partitions::Partitions::new(partitions));
         let ps = Arc::new(ps::PsStore::new(cfg.ps.clone(), workers));
         ps.create_configured().map_err(StartError::Config)?;
-        let copies = fabrickv_copy::source::CopySources::new(fabrickv_copy::data_host(&cfg.listen));
+        let copies =
+            shard::copy_source::CopySources::new(fabrickv_wire::copy::data_host(&cfg.listen));
         let shards = Arc::new(shard::Shards::open(&cfg.shards, copies).map_err(StartError::Shard)?);
         let listening =
             fabrickv_transport::listen(&cfg.listen, workers).map_err(StartError::Transport)?;

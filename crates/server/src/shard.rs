@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use fabrickv_copy::source::CopySources;
 use fabrickv_storage::{FjallShard, ShardBackend, ShardOptions};
 use fabrickv_transport::Reply;
 use fabrickv_types::limits::{SHARDS_MAX, SHARD_NAME_BYTES_MAX};
@@ -16,7 +15,10 @@ use fabrickv_wire::shard::{decode_request, encode_refusal, encode_reply, ShardMe
 
 use crate::service::{wire_refusal, Call, Refusal, Service};
 
+pub mod copy_source;
 pub(crate) mod data;
+
+use copy_source::CopySources;
 
 /// Block cache of a served shard, in bytes: none. fjall puts every value
 /// it reads from a blob file into the cache, so a copy's scan of a whole

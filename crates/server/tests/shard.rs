@@ -285,7 +285,7 @@ fn clients_spread_over_the_workers_and_each_serves_the_shard(t: Transport) {
 /// codes of every misuse; then a whole copy driven by `fabrickv_copy`'s
 /// target through this transport's control connection.
 fn copy_control_states_and_refusals(t: Transport) {
-    use fabrickv_copy::proto::{
+    use fabrickv_wire::copy::{
         encode_session, CheckpointReply, CheckpointRequest, CopyState, StartRequest, Status,
     };
     use fabrickv_wire::shard::ShardOp;
@@ -360,10 +360,10 @@ fn copy_control_states_and_refusals(t: Transport) {
     // the copy's pages dropped as it goes (the default) and kept.
     for keep_cached in [false, true] {
         let to = dir.path().join(format!("copy-{keep_cached}"));
-        let mut opts = fabrickv_copy::target::CopyOptions::new(&s.addr, "s", &to);
+        let mut opts = fabrickv_copy::CopyOptions::new(&s.addr, "s", &to);
         opts.ranges = 4;
         opts.keep_cached = keep_cached;
-        let report = fabrickv_copy::target::copy(&opts, &mut |_| {}).expect("copy");
+        let report = fabrickv_copy::copy(&opts, &mut |_| {}).expect("copy");
         assert!(report.verified);
         assert_eq!(report.pairs, pairs.len() as u64);
         let copy = fabrickv_storage::FjallShard::open(&to, &Default::default()).expect("open copy");

@@ -27,7 +27,7 @@ const DATA_KEYSPACE: &str = "data";
 const BLOBS_DIR: &str = "blobs";
 
 /// Every key is stored behind this byte: fjall refuses the empty key,
-/// which is a valid key of a shard (the seed's copier lost it). One
+/// which is a valid key of a shard (the XDP-Rocks replicator lost it). One
 /// constant byte in front keeps the order of the keys.
 const KEY_TAG: u8 = b'k';
 
@@ -132,67 +132,6 @@ impl FjallShard {
     pub fn path(&self) -> &Path {
         &self.path
     }
-
-    /// Bulk-loads pairs in ascending key order into an empty key range:
-    /// `next` fills the key and value buffers and returns false when there
-    /// are no more. The pairs are written as tables directly, with no
-    /// journal (the seed's import with the write-ahead log off), and are
-    /// visible and durable once this returns; returns how many there were.
-    /// A key not greater than the one before is an error, and nothing of
-    /// the load becomes visible.
-    pub fn load(
-        &self,
-        mut next: impl FnMut(&mut Vec<u8>, &mut Vec<u8>) -> Result<bool>,
-    ) -> Result<u64> {
-        let mut ingest = self.data.start_ingestion()?;
-        let (mut key, mut value, mut last) = (Vec::new(), Vec::new(), Vec::new());
-        let mut tagged = vec![KEY_TAG];
-        let mut n = 0u64;
-        while next(&mut key, &mut value)? {
-            check_write(&Write::Put(&key, &value))?;
-            if n > 0 && last >= key {
-                return Err(StorageError::Engine(
-                    "a bulk load's keys must ascend".to_string(),
-                ));
-            }
-            tagged.truncate(1);
-            tagged.extend_from_slice(&key);
-            ingest.write(tagged.as_slice(), value.as_slice())?;
-            std::mem::swap(&mut last, &mut key);
-            n += 1;
-        }
-        ingest.finish()?;
-        self.db.persist(PersistMode::SyncAll)?;
-        Ok(n)
-    }
-
-    /// Tells the kernel that the pages of the shard's files will not be
-    /// read soon, so it drops the clean ones (dirty ones stay, and their
-    /// writeback starts). A bulk writer calls this after each durable
-    /// load: a copy larger than memory would otherwise fill the page cache
-    /// with pages nobody reads until verification, evicting the pages of
-    /// everything else on the machine (a copy's source included, when it is
-    /// on the same machine), and the verification then reads what is on
-    /// the disk rather than what is cached. A file is advised again only
-    /// when its length has changed since; files gone since the last call
-    /// (compacted away) are forgotten. Advice only: nothing fails.
-    pub fn drop_cached_pages(&self) {
-        if let Ok(mut advised) = self.advised.lock() {
-            let mut now = std::collections::HashMap::new();
-            visit_files(&self.path, &mut |path, meta| {
-                if !meta.is_file() {
-                    return;
-                }
-                if advised.get(&path) == Some(&meta.len()) {
-                    now.insert(path, meta.len());
-                } else if let Ok(f) = std::fs::File::open(&path) {
-                    let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
-                    now.insert(path, meta.len());
-                }
-            });
-            *advised = now;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -258,6 +197,56 @@ impl ShardBackend for FjallShard {
     /// engine's own figure counts the journal's preallocated length.
     fn disk_bytes(&self) -> u64 {
         allocated_bytes(&self.path)
+    }
+
+    /// Writes the pairs as tables directly, with no journal (RocksDB's
+    /// external file ingestion with the write-ahead log off, as the
+    /// XDP-Rocks shards imported), visible and durable once this returns.
+    fn load<F>(&self, mut next: F) -> Result<u64>
+    where
+        F: FnMut(&mut Vec<u8>, &mut Vec<u8>) -> Result<bool>,
+    {
+        let mut ingest = self.data.start_ingestion()?;
+        let (mut key, mut value, mut last) = (Vec::new(), Vec::new(), Vec::new());
+        let mut tagged = vec![KEY_TAG];
+        let mut n = 0u64;
+        while next(&mut key, &mut value)? {
+            check_write(&Write::Put(&key, &value))?;
+            if n > 0 && last >= key {
+                return Err(StorageError::Engine(
+                    "a bulk load's keys must ascend".to_string(),
+                ));
+            }
+            tagged.truncate(1);
+            tagged.extend_from_slice(&key);
+            ingest.write(tagged.as_slice(), value.as_slice())?;
+            std::mem::swap(&mut last, &mut key);
+            n += 1;
+        }
+        ingest.finish()?;
+        self.db.persist(PersistMode::SyncAll)?;
+        Ok(n)
+    }
+
+    /// Advises `DontNeed` on every file of the shard's directory whose
+    /// length changed since the last call (files gone since, compacted
+    /// away, are forgotten); dirty pages stay, and their writeback starts.
+    fn drop_cached_pages(&self) {
+        if let Ok(mut advised) = self.advised.lock() {
+            let mut now = std::collections::HashMap::new();
+            visit_files(&self.path, &mut |path, meta| {
+                if !meta.is_file() {
+                    return;
+                }
+                if advised.get(&path) == Some(&meta.len()) {
+                    now.insert(path, meta.len());
+                } else if let Ok(f) = std::fs::File::open(&path) {
+                    let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
+                    now.insert(path, meta.len());
+                }
+            });
+            *advised = now;
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! Persistent shards: one ordered key-value store per directory, behind a
-//! backend trait so the server, the copier and the tools do not depend on
-//! the engine underneath. The implementation is on fjall 3, an LSM tree
-//! with key-value separation, as the seed's XDP-Rocks shards were on a
-//! RocksDB fork with blob files.
+//! backend trait ([`ShardBackend`]) so the copy source, the copy target
+//! and the tools do not depend on the engine underneath. The persistent
+//! implementation is on fjall 3, an LSM tree with key-value separation, as
+//! the XDP-Rocks shards FabricKV's replace were on a RocksDB fork with blob
+//! files; [`MemShard`] is the in-memory one that tests run the same
+//! conformance suite against (`tests.rs`, `backend_tests!`).
 //!
 //! What a shard promises:
 //! - Writes are atomic per batch, and durable when [`Durability::Sync`]
@@ -10,29 +12,26 @@
 //!   right after loses nothing it acknowledged.
 //! - A [`ShardSnapshot`] is a consistent point-in-time view; writes after
 //!   it are not seen by its scans, however long they run.
-//! - Any byte string is a key, the empty one included (the seed's copier
-//!   dropped empty keys), up to [`SHARD_KEY_BYTES_MAX`].
+//! - Any byte string is a key, the empty one included (the XDP-Rocks
+//!   replicator dropped empty keys), up to [`SHARD_KEY_BYTES_MAX`].
 
 mod blob_scan;
-mod digest;
 mod fjall_shard;
 pub mod gen;
+mod mem_shard;
 
 use std::ops::Bound;
 
-pub use digest::{Digest, PairDigest};
+// The digest and the bounds live in `fabrickv-types`, where the wire
+// codecs (shard data ops, copy streams) reach them without this crate.
+pub use fabrickv_types::digest::{Digest, PairDigest};
+pub use fabrickv_types::limits::{SHARD_KEY_BYTES_MAX, SHARD_VALUE_BYTES_MAX};
 pub use fjall_shard::{FjallShard, ShardOptions};
-
-/// Longest key a shard stores, in bytes (fjall's own limit is 64 KiB; a
-/// key is something a client names, a value is the payload).
-pub const SHARD_KEY_BYTES_MAX: usize = 16 << 10;
-
-/// Largest value a shard stores, in bytes.
-pub const SHARD_VALUE_BYTES_MAX: usize = 64 << 20;
+pub use mem_shard::MemShard;
 
 /// Values of this many bytes or more live in blob files beside the tree
 /// (key-value separation), so compaction moves only keys and pointers;
-/// the seed's threshold.
+/// the XDP-Rocks shards' threshold.
 pub const KV_SEPARATION_BYTES_MIN: u32 = 128;
 
 /// What can go wrong in a shard.
@@ -120,6 +119,25 @@ pub trait ShardBackend: Send + Sync {
 
     /// Bytes the shard takes on disk.
     fn disk_bytes(&self) -> u64;
+
+    /// Bulk-loads pairs in ascending key order into an empty key range:
+    /// `next` fills the key and value buffers and returns false when there
+    /// are no more. Visible and durable once this returns; returns how many
+    /// pairs there were. A key not greater than the one before is an
+    /// error, and nothing of the load becomes visible. Generic, not a
+    /// trait object's method, so a bulk writer's per-pair call is inlined.
+    fn load<F>(&self, next: F) -> Result<u64>
+    where
+        F: FnMut(&mut Vec<u8>, &mut Vec<u8>) -> Result<bool>,
+        Self: Sized;
+
+    /// Tells the backend that what was written so far will not be read
+    /// soon, so the pages caching it may go: a bulk writer calls this after
+    /// each durable load, so that a copy larger than memory does not evict
+    /// everything else the machine caches (and its verification reads the
+    /// disk, not the cache). Advice only: nothing fails, and a backend with
+    /// no page cache of its own does nothing.
+    fn drop_cached_pages(&self) {}
 }
 
 /// A point-in-time view of a shard.

@@ -1,13 +1,95 @@
+//! The storage tests: a conformance suite every [`ShardBackend`] passes
+//! (`backend_tests!` runs each of its tests against [`FjallShard`] and
+//! [`MemShard`]), then the fjall backend's own (reopening, blob files,
+//! page-cache advice).
+
 use std::ops::Bound;
+use std::path::Path;
 
 use crate::gen::GenSpec;
 use crate::{
-    digest_of, Digest, Durability, FjallShard, ShardBackend, ShardOptions, ShardSnapshot,
+    digest_of, Digest, Durability, FjallShard, MemShard, ShardBackend, ShardOptions, ShardSnapshot,
     StorageError, Write, SHARD_KEY_BYTES_MAX,
 };
 
-fn open(dir: &std::path::Path) -> FjallShard {
+fn open(dir: &Path) -> FjallShard {
     FjallShard::open(dir, &ShardOptions::default()).expect("open shard")
+}
+
+/// Runs each named conformance test (a function generic over the backend,
+/// given a way to make an empty shard in a directory) against every
+/// backend, each as a test of its own.
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        mod fjall {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(&|dir| super::open(dir));
+                }
+            )*
+        }
+        mod mem {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(&|_| super::MemShard::new());
+                }
+            )*
+        }
+    };
+}
+
+backend_tests!(
+    a_snapshot_does_not_see_later_writes,
+    an_oversized_key_is_refused_and_nothing_of_its_batch_is_written,
+    a_generated_shard_loads_in_order_and_its_digest_is_the_specs,
+    scan_each_keeps_to_its_bounds_stops_when_told_and_sizes_values,
+);
+
+fn scan_each_keeps_to_its_bounds_stops_when_told_and_sizes_values<S: ShardBackend>(
+    new: &dyn Fn(&Path) -> S,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = new(dir.path());
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..50u8)
+        .map(|i| (vec![b'k', i], vec![i; usize::from(i) * 10]))
+        .chain([(Vec::new(), b"the empty key".to_vec())])
+        .collect();
+    let writes: Vec<Write<'_>> = pairs.iter().map(|(k, v)| Write::Put(k, v)).collect();
+    s.write(&writes, Durability::Sync).expect("write");
+    let snap = s.snapshot();
+    let visit = |from: Bound<&[u8]>, to: Bound<&[u8]>, stop_after: usize| {
+        let mut seen = Vec::new();
+        snap.scan_each(from, to, &mut |k, v| {
+            seen.push((k.to_vec(), v.to_vec()));
+            Ok(seen.len() < stop_after)
+        })
+        .expect("scan_each");
+        seen
+    };
+    let all = visit(Bound::Unbounded, Bound::Unbounded, usize::MAX);
+    assert_eq!(all.len(), pairs.len());
+    assert_eq!(all[0].0, b"".to_vec(), "the empty key sorts first");
+    let mid = visit(
+        Bound::Included(&[b'k', 10][..]),
+        Bound::Excluded(&[b'k', 20][..]),
+        usize::MAX,
+    );
+    assert_eq!(mid.len(), 10);
+    assert_eq!(mid[0], (vec![b'k', 10], vec![10u8; 100]));
+    let scanned: Vec<_> = snap
+        .scan(
+            Bound::Included(&[b'k', 10][..]),
+            Bound::Excluded(&[b'k', 20][..]),
+        )
+        .map(|p| p.expect("pair"))
+        .collect();
+    assert_eq!(scanned, mid, "scan and scan_each agree");
+    assert_eq!(visit(Bound::Unbounded, Bound::Unbounded, 3).len(), 3);
+    assert_eq!(snap.value_size(&[b'k', 7]).expect("size"), Some(70));
+    assert_eq!(snap.value_size(b"absent").expect("size"), None);
+    assert_eq!(digest_of(snap.as_ref()).expect("digest").pairs, 51);
 }
 
 #[test]
@@ -49,10 +131,9 @@ fn writes_survive_reopening_empty_keys_and_blob_values_included() {
     assert_eq!(keys, vec![b"".to_vec(), b"big".to_vec(), b"small".to_vec()]);
 }
 
-#[test]
-fn a_snapshot_does_not_see_later_writes() {
+fn a_snapshot_does_not_see_later_writes<S: ShardBackend>(new: &dyn Fn(&Path) -> S) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = open(dir.path());
+    let s = new(dir.path());
     s.write(
         &[Write::Put(b"a", b"1"), Write::Put(b"b", b"2")],
         Durability::Buffered,
@@ -86,10 +167,11 @@ fn a_snapshot_does_not_see_later_writes() {
     assert_eq!(from_b, vec![b"b".to_vec()]);
 }
 
-#[test]
-fn an_oversized_key_is_refused_and_nothing_of_its_batch_is_written() {
+fn an_oversized_key_is_refused_and_nothing_of_its_batch_is_written<S: ShardBackend>(
+    new: &dyn Fn(&Path) -> S,
+) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = open(dir.path());
+    let s = new(dir.path());
     let long = vec![b'k'; SHARD_KEY_BYTES_MAX + 1];
     let e = s
         .write(
@@ -132,12 +214,13 @@ fn the_digest_ignores_order_and_counts_every_pair() {
     assert_eq!(part1, fwd);
 }
 
-#[test]
-fn a_generated_shard_loads_in_order_and_its_digest_is_the_specs() {
+fn a_generated_shard_loads_in_order_and_its_digest_is_the_specs<S: ShardBackend>(
+    new: &dyn Fn(&Path) -> S,
+) {
     let dir = tempfile::tempdir().expect("tempdir");
     let spec = GenSpec::for_size(2000 * 272, 16, 256, 7);
     assert_eq!(spec.pairs, 2000);
-    let s = open(dir.path());
+    let s = new(dir.path());
     let mut want = Digest::default();
     let mut k = vec![0u8; 16];
     let mut i = 0;
@@ -178,7 +261,7 @@ fn a_generated_shard_loads_in_order_and_its_digest_is_the_specs() {
     }
     // A load refuses keys out of order, and shows none of its pairs.
     let dir2 = tempfile::tempdir().expect("tempdir");
-    let s2 = open(dir2.path());
+    let s2 = new(dir2.path());
     let mut order = [&b"b"[..], b"a"].into_iter();
     let e = s2.load(|key, value| {
         let Some(k) = order.next() else {

@@ -154,3 +154,13 @@ pub const SHARD_NAME_BYTES_MAX: usize = 64;
 
 /// Shards one server serves at once.
 pub const SHARDS_MAX: usize = 64;
+
+/// Longest key a persistent shard stores, in bytes (fjall's own limit is
+/// 64 KiB; a key is something a client names, a value is the payload).
+/// Here rather than in the storage crate because the shard data ops and
+/// the copy streams carry such keys, and their codecs do not depend on
+/// the storage engine.
+pub const SHARD_KEY_BYTES_MAX: usize = 16 << 10;
+
+/// Largest value a persistent shard stores, in bytes.
+pub const SHARD_VALUE_BYTES_MAX: usize = 64 << 20;

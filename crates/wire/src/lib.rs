@@ -14,17 +14,22 @@
 //! - [`shard`]: persistent-shard requests and replies (data operations and
 //!   the copy's control);
 //! - [`shard_data`]: the payloads of the shard data ops (batched GET, PUT,
-//!   DELETE) and of their replies.
+//!   DELETE) and of their replies;
+//! - [`copy`]: the shard copy's control payloads (in SHARD frames) and its
+//!   data streams' hello and frames, shared by the source (the server's
+//!   shard service) and the target (`fabrickv-copy`).
 //!
 //! Everything here is sans-I/O: functions take byte slices and append to
 //! `Vec<u8>`, so the codec is tested and fuzzed without sockets. Decoding
-//! never allocates and never panics on any input; every length is checked
+//! never panics on any input and never allocates on a data path (the
+//! copy's control payloads, a few per copy, decode into owned values); every length is checked
 //! against a bound from [`fabrickv_types::limits`] before it is trusted.
 //! The format is specified in `docs/protocol.md`.
 
 pub mod cache;
 pub mod checksum;
 pub mod control;
+pub mod copy;
 pub mod header;
 pub mod ps;
 pub mod request;

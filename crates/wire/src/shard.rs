@@ -17,7 +17,7 @@
 //! The rest of the body is the op's payload. Data ops (GET, PUT, DELETE)
 //! are specified with their codec in `shard_data` (server and client
 //! share it); the copy's control ops (CHECKPOINT, START, STATUS, END) in
-//! the `fabrickv-copy` crate, which owns the copy protocol. A reply
+//! [`crate::copy`], with the copy's data streams. A reply
 //! repeats the prefix with the op, no name, and its payload; its header
 //! `status` is the op's ErrorCode, and a refused op carries a UTF-8
 //! message as its payload.

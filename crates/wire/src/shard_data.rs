@@ -52,7 +52,9 @@
 
 use std::fmt;
 
-use fabrickv_types::limits::{BATCH_OPS_MAX, FRAME_BODY_BYTES_MAX, SHARD_NAME_BYTES_MAX};
+use fabrickv_types::limits::{
+    BATCH_OPS_MAX, FRAME_BODY_BYTES_MAX, SHARD_KEY_BYTES_MAX, SHARD_NAME_BYTES_MAX,
+};
 use fabrickv_types::ErrorCode;
 
 use crate::shard::{encode_request, ShardOp, SHARD_PREFIX_BYTES};
@@ -62,10 +64,9 @@ use crate::{le_u16, le_u32};
 /// so a shard batch costs the server no more bookkeeping than a kv one.
 pub const SHARD_BATCH_KEYS_MAX: usize = BATCH_OPS_MAX;
 
-/// Longest key a data op carries, in bytes: the shard's own bound
-/// (`fabrickv_storage::SHARD_KEY_BYTES_MAX`, which the server asserts
-/// equal), so every stored key can be named on the wire.
-pub const SHARD_DATA_KEY_BYTES_MAX: usize = 16 << 10;
+/// Longest key a data op carries, in bytes: the shard's own bound, so
+/// every stored key can be named on the wire.
+pub const SHARD_DATA_KEY_BYTES_MAX: usize = SHARD_KEY_BYTES_MAX;
 
 /// Bytes of the batch header every data payload starts with.
 pub const BATCH_HEADER_BYTES: usize = 8;

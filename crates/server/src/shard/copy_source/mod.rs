@@ -1,0 +1,383 @@
+//! The source side of a shard copy: sessions inside the server that
+//! serves the shard, driven by the copy's control ops (SHARD frames) and
+//! feeding its data streams (formats in `fabrickv_wire::copy`).
+//!
+//! CHECKPOINT takes a consistent snapshot of the shard, binds a TCP port
+//! for the data streams, and splits the snapshot into ranges on a thread
+//! of its own (a pass over the keys, seconds on a large shard, which must
+//! not block a worker); the target polls STATUS until the split is ready.
+//! START spawns the session's coordinator: it accepts one connection per
+//! stream, then runs per stream a range iterator (packs pairs of one range
+//! at a time into frames, each with the range's running digest, and ends
+//! the range with an END_OF_RANGE marker) and a sender (writes the frames
+//! to the socket), joined by a bounded queue so reading the disk and
+//! writing the network overlap and memory stays bounded. Ranges are handed
+//! to streams from one queue, so a stream that finishes early takes the
+//! next range. END (or every stream failing) stops it all.
+
+//!
+//! Layout: this file holds the sessions and their control ops; [`split`]
+//! cuts a checkpoint into ranges of about equal bytes; [`send`] runs the
+//! data streams (accepting them, range iterators, senders).
+
+mod send;
+mod split;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use fabrickv_storage::{ShardBackend, ShardSnapshot};
+use fabrickv_types::ErrorCode;
+use fabrickv_wire::copy::{
+    decode_session, CheckpointReply, CheckpointRequest, CopyState, ProtoError, StartRequest, Status,
+};
+use fabrickv_wire::shard::{ShardMessage, ShardOp};
+
+/// Finds a served shard by name.
+pub type ShardLookup<'a> = &'a dyn Fn(&str) -> Option<Arc<dyn ShardBackend>>;
+
+/// Copy sessions one server keeps at once (each holds a snapshot, which
+/// pins the files it reads).
+pub const COPY_SESSIONS_MAX: usize = 16;
+
+/// Key samples taken per range when splitting a checkpoint.
+pub const SAMPLES_PER_RANGE: usize = 32;
+
+/// Frames queued between a stream's range iterator and its sender.
+pub const COPY_QUEUE_FRAMES: usize = 4;
+
+/// How long START waits for every data stream to connect and say hello,
+/// in milliseconds.
+pub const COPY_ACCEPT_TIMEOUT_MS: u64 = 10_000;
+
+/// A data stream whose socket accepts nothing for this long is given up,
+/// in milliseconds (the target stopped reading).
+pub const COPY_SEND_TIMEOUT_MS: u64 = 30_000;
+
+/// A session not started this long after its checkpoint may be dropped
+/// to make room for another, in milliseconds (its target went away
+/// between CHECKPOINT and START, and its snapshot pins files).
+pub const COPY_START_TIMEOUT_MS: u64 = 60_000;
+
+/// How often a session logs its progress, in milliseconds.
+pub const COPY_LOG_INTERVAL_MS: u64 = 1_000;
+
+/// Pairs between two looks at the stop flag while a resumed range's held
+/// prefix is read back, so END stops a long check promptly.
+pub const COPY_CHECK_STOP_EVERY_PAIRS: u64 = 4096;
+
+type Refusal = (ErrorCode, String);
+
+/// Every copy session of one server.
+pub struct CopySources {
+    data_host: IpAddr,
+    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    next_id: AtomicU64,
+}
+
+/// What a session's control ops change, under its lock.
+struct Inner {
+    state: CopyState,
+    error: ErrorCode,
+    message: String,
+    ranges: u32,
+    boundaries: Option<Vec<Vec<u8>>>,
+    pairs_estimate: u64,
+    bytes_estimate: u64,
+    started: bool,
+}
+
+/// One copy: its checkpoint, its ranges, its streams' counters.
+struct Session {
+    id: u64,
+    created: Instant,
+    token: u64,
+    shard: String,
+    snapshot: Arc<dyn ShardSnapshot>,
+    listener: Mutex<Option<TcpListener>>,
+    inner: Mutex<Inner>,
+    pairs_sent: AtomicU64,
+    bytes_sent: AtomicU64,
+    /// Bytes of resumed ranges read back to check what the target holds.
+    bytes_checked: AtomicU64,
+    ranges_done: AtomicU32,
+    stop: AtomicBool,
+}
+
+impl Session {
+    fn status(&self) -> Status {
+        let i = lock(&self.inner);
+        Status {
+            state: i.state,
+            ready: i.boundaries.is_some(),
+            error: i.error,
+            ranges: i.ranges,
+            ranges_done: self.ranges_done.load(Ordering::Relaxed),
+            pairs_sent: self.pairs_sent.load(Ordering::Relaxed),
+            bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
+            pairs_estimate: i.pairs_estimate,
+            bytes_estimate: i.bytes_estimate,
+            message: i.message.clone(),
+            boundaries: i.boundaries.clone().unwrap_or_default(),
+        }
+    }
+
+    /// Moves to ERROR (unless already finished) and stops every stream.
+    fn fail(&self, code: ErrorCode, why: String) {
+        let mut i = lock(&self.inner);
+        if matches!(i.state, CopyState::Idle | CopyState::InProgress) {
+            tracing::warn!(session = self.id, shard = %self.shard, "copy failed: {why}");
+            i.state = CopyState::Error;
+            i.error = code;
+            i.message = why;
+        }
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Whether the session may be dropped to make room: it is over, or
+    /// its target never started it.
+    fn abandoned(&self) -> bool {
+        let i = lock(&self.inner);
+        match i.state {
+            CopyState::InProgress => false,
+            CopyState::Idle => {
+                !i.started && self.created.elapsed() >= Duration::from_millis(COPY_START_TIMEOUT_MS)
+            }
+            CopyState::Done | CopyState::Error | CopyState::Stopped => true,
+        }
+    }
+}
+
+impl CopySources {
+    /// Sessions whose data streams listen on `data_host`.
+    pub fn new(data_host: IpAddr) -> CopySources {
+        CopySources {
+            data_host,
+            sessions: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Where data streams listen.
+    pub fn data_host(&self) -> IpAddr {
+        self.data_host
+    }
+
+    /// Runs one control op; appends the reply payload to `out`.
+    pub fn control(
+        &self,
+        msg: &ShardMessage<'_>,
+        shards: ShardLookup<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Refusal> {
+        let malformed = |e: ProtoError| (e.code(), e.to_string());
+        match msg.op {
+            ShardOp::CopyCheckpoint => {
+                let req = CheckpointRequest::decode(msg.payload).map_err(malformed)?;
+                let shard = shards(msg.name).ok_or_else(|| {
+                    (
+                        ErrorCode::NoSuchShard,
+                        format!("no shard named {:?} is served here", msg.name),
+                    )
+                })?;
+                self.checkpoint(msg.name, shard.as_ref(), &req)?.encode(out);
+                Ok(())
+            }
+            ShardOp::CopyStart => {
+                let req = StartRequest::decode(msg.payload).map_err(malformed)?;
+                let s = self.session(req.session)?;
+                start(&s, req)?;
+                Ok(())
+            }
+            ShardOp::CopyStatus => {
+                let id = decode_session(msg.payload).map_err(malformed)?;
+                self.session(id)?.status().encode(out);
+                Ok(())
+            }
+            ShardOp::CopyEnd => {
+                let id = decode_session(msg.payload).map_err(malformed)?;
+                let s = lock(&self.sessions)
+                    .remove(&id)
+                    .ok_or_else(|| no_session(id))?;
+                {
+                    let mut i = lock(&s.inner);
+                    if matches!(i.state, CopyState::Idle | CopyState::InProgress) {
+                        i.state = CopyState::Stopped;
+                    }
+                }
+                s.stop.store(true, Ordering::Release);
+                tracing::info!(session = id, shard = %s.shard, "copy session ended");
+                s.status().encode(out);
+                Ok(())
+            }
+            op => Err((ErrorCode::UnknownOpcode, format!("{op:?} is not a copy op"))),
+        }
+    }
+
+    fn session(&self, id: u64) -> Result<Arc<Session>, Refusal> {
+        lock(&self.sessions)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| no_session(id))
+    }
+
+    fn checkpoint(
+        &self,
+        name: &str,
+        shard: &dyn ShardBackend,
+        req: &CheckpointRequest<'_>,
+    ) -> Result<CheckpointReply, Refusal> {
+        let mut sessions = lock(&self.sessions);
+        if sessions.len() >= COPY_SESSIONS_MAX {
+            // Sessions their targets never ended or never started make
+            // room first.
+            sessions.retain(|_, s| {
+                let drop = s.abandoned();
+                if drop {
+                    s.stop.store(true, Ordering::Release);
+                }
+                !drop
+            });
+        }
+        if sessions.len() >= COPY_SESSIONS_MAX {
+            return Err((
+                ErrorCode::Unavailable,
+                format!("{COPY_SESSIONS_MAX} copy sessions are open (COPY_SESSIONS_MAX)"),
+            ));
+        }
+        let listener = TcpListener::bind(SocketAddr::new(self.data_host, 0)).map_err(|e| {
+            (
+                ErrorCode::Unavailable,
+                format!("cannot listen for data streams on {}: {e}", self.data_host),
+            )
+        })?;
+        let data_port = listener
+            .local_addr()
+            .map_err(|e| (ErrorCode::Unavailable, e.to_string()))?
+            .port();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let given: Option<Vec<Vec<u8>>> = if req.boundaries.is_empty() && req.ranges > 1 {
+            None
+        } else {
+            Some(req.boundaries.iter().map(|b| b.to_vec()).collect())
+        };
+        let session = Arc::new(Session {
+            id,
+            created: Instant::now(),
+            token: rand::random(),
+            shard: name.to_string(),
+            snapshot: Arc::from(shard.snapshot()),
+            listener: Mutex::new(Some(listener)),
+            inner: Mutex::new(Inner {
+                state: CopyState::Idle,
+                error: ErrorCode::Ok,
+                message: String::new(),
+                ranges: req.ranges,
+                boundaries: None,
+                pairs_estimate: shard.approximate_len(),
+                bytes_estimate: 0,
+                started: false,
+            }),
+            pairs_sent: AtomicU64::new(0),
+            bytes_sent: AtomicU64::new(0),
+            bytes_checked: AtomicU64::new(0),
+            ranges_done: AtomicU32::new(0),
+            stop: AtomicBool::new(false),
+        });
+        let reply = CheckpointReply {
+            session: id,
+            token: session.token,
+            data_port,
+        };
+        let s = session.clone();
+        let wanted = req.ranges;
+        std::thread::Builder::new()
+            .name(format!("fkv-copy-split-{id}"))
+            .spawn(move || split::split(&s, wanted, given))
+            .map_err(|e| {
+                (
+                    ErrorCode::Unavailable,
+                    format!("cannot start a thread: {e}"),
+                )
+            })?;
+        sessions.insert(id, session);
+        tracing::info!(
+            session = id,
+            shard = name,
+            ranges = req.ranges,
+            port = data_port,
+            "copy checkpoint created"
+        );
+        Ok(reply)
+    }
+}
+
+fn no_session(id: u64) -> Refusal {
+    (
+        ErrorCode::NoSuchCopy,
+        format!("no copy session {id} (ended, or the source restarted)"),
+    )
+}
+
+/// START: checks the session and spawns its coordinator.
+fn start(s: &Arc<Session>, req: StartRequest) -> Result<(), Refusal> {
+    if req.token != s.token {
+        return Err((
+            ErrorCode::Malformed,
+            "the token does not match the session's".into(),
+        ));
+    }
+    let boundaries = {
+        let mut i = lock(&s.inner);
+        let Some(b) = i.boundaries.clone() else {
+            return Err((
+                ErrorCode::CopyState,
+                format!(
+                    "session {} is {} and its checkpoint is not split yet",
+                    s.id,
+                    i.state.name()
+                ),
+            ));
+        };
+        if i.started || i.state != CopyState::Idle {
+            return Err((
+                ErrorCode::CopyState,
+                format!("session {} is {}, not IDLE", s.id, i.state.name()),
+            ));
+        }
+        if let Some(p) = req.resume.iter().find(|p| p.range >= i.ranges) {
+            return Err((
+                ErrorCode::Malformed,
+                format!("resume point for range {} of {}", p.range, i.ranges),
+            ));
+        }
+        i.started = true;
+        i.state = CopyState::InProgress;
+        b
+    };
+    let listener = lock(&s.listener).take().ok_or_else(|| {
+        (
+            ErrorCode::CopyState,
+            "the session's data port is gone".to_string(),
+        )
+    })?;
+    let s = s.clone();
+    std::thread::Builder::new()
+        .name(format!("fkv-copy-{}", s.id))
+        .spawn(move || send::coordinate(&s, listener, req, boundaries))
+        .map_err(|e| {
+            (
+                ErrorCode::Unavailable,
+                format!("cannot start a thread: {e}"),
+            )
+        })?;
+    Ok(())
+}
+
+/// Locks `m`; a panicked holder left plain data behind, still usable.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
