@@ -8,7 +8,8 @@ PATH. Fenced blocks run by their language:
 
 - `sh`: every line through bash, in order, in one shell per block
   (`set -e`: a failing line fails the page). A line whose comment says
-  `# prints: TEXT` must print exactly TEXT (its first line of output).
+  `# prints: TEXT` must print exactly TEXT (its first line of output); one
+  whose comment says `# exits N` must exit with status N.
   A `fabrickv serve ...` line (or `make run`) is a server the page runs in
   the foreground: the checker starts it in the background, stops the
   page's previous foreground server first (the user's Ctrl-C), and goes on
@@ -53,6 +54,7 @@ BANNER = "(Ctrl-C to stop)"
 FENCE_RE = re.compile(r"^```(\w*)\s*$")
 MARK_RE = re.compile(r"^<!--\s*doc-check:\s*(\w+)\s*(.*?)\s*-->\s*$")
 PRINTS_RE = re.compile(r"#\s*prints:\s*(.*?)\s*$")
+EXITS_RE = re.compile(r"#\s*exits\s+(\d+)\s*$")
 # IPv4 and bracketed IPv6 literals; only loopback ones may appear in a run.
 ADDR_RE = re.compile(r"\b(\d{1,3}(?:\.\d{1,3}){3})\b|\[([0-9a-fA-F:]+)\]")
 
@@ -108,7 +110,8 @@ class Session:
         self.logs = tempfile.mkdtemp(prefix="fkv-doc-")
         self.env = dict(os.environ)
         self.env["PATH"] = os.pathsep.join(
-            [os.path.join(ROOT, "target", "release"), os.path.join(ROOT, ".venv", "bin"), self.env["PATH"]]
+            [os.path.join(ROOT, "target", "release"), os.path.join(ROOT, ".venv", "bin"),
+             os.path.join(ROOT, ".tools", "bin"), self.env["PATH"]]
         )
         self.env.pop("FABRICKV_SERVER", None)
         # The page's `export`/`unset` lines, replayed in every later shell.
@@ -146,8 +149,7 @@ class Session:
     def shell(self, text, lineno):
         """Runs a sh block line by line in one bash, servers apart."""
         script = ["set -eo pipefail", "cd " + shlex.quote(ROOT)]
-        for i, line in enumerate(text.split("\n")):
-            n = lineno + 1 + i
+        for n, line in logical_lines(text, lineno + 1):
             code = line.split(" #")[0].rstrip() if not line.lstrip().startswith("#") else ""
             if not code.strip():
                 continue
@@ -169,7 +171,14 @@ class Session:
                 self.background.append(self.start(self.exported(cmd), n, banner))
                 continue
             m = PRINTS_RE.search(line)
-            if m:
+            e = EXITS_RE.search(line)
+            if e:
+                want = int(e.group(1))
+                script.append(
+                    f"if {code}; then __rc=0; else __rc=$?; fi; if [ $__rc -ne {want} ]; then "
+                    f"echo \"line {n}: exited $__rc, the page says {want}\" >&2; exit 1; fi"
+                )
+            elif m:
                 want = m.group(1)
                 script.append(
                     f"__got=$({code} | head -n 1); if [ \"$__got\" != {shlex.quote(want)} ]; then "
@@ -229,6 +238,22 @@ class Session:
             if os.path.exists(f):
                 os.remove(f)
         shutil.rmtree(self.logs, ignore_errors=True)
+
+
+def logical_lines(text, first):
+    """(line number, line) of a shell text, `\\`-continued lines joined."""
+    out, held, at = [], "", first
+    for i, line in enumerate(text.split("\n")):
+        if not held:
+            at = first + i
+        if line.endswith("\\"):
+            held += line[:-1] + " "
+            continue
+        out.append((at, held + line))
+        held = ""
+    if held:
+        out.append((at, held))
+    return out
 
 
 def read(path):

@@ -3,6 +3,19 @@
 # Idempotent: does nothing when everything is already there.
 set -euo pipefail
 
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# grpcurl, which docs/grpc.md's examples use (checked by make doc-check),
+# built with the machine's Go into .tools/bin; Debian 12 does not package it.
+if [ ! -x "$root/.tools/bin/grpcurl" ]; then
+    if command -v go >/dev/null; then
+        echo "installing grpcurl into .tools/bin"
+        GOBIN="$root/.tools/bin" GOFLAGS=-mod=mod go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
+    else
+        echo "warning: no Go toolchain: grpcurl (docs/grpc.md) not installed" >&2
+    fi
+fi
+
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-benchmark >/dev/null || need+=(redis-tools)
