@@ -38,8 +38,8 @@ use fabrickv_wire::control::{decode_stats_reply, encode_stats_request, ServerInf
 pub use batch::{BatchOp, Outcome};
 pub use cache::{CacheClient, CacheClientOptions, Placed};
 pub use cluster::{
-    ClusterCache, ClusterClient, ClusterOptions, ClusterPlaced, ClusterPs, ClusterPull,
-    ClusterTable, ClusterTableInfo,
+    ClusterCache, ClusterClient, ClusterOf, ClusterOptions, ClusterPlaced, ClusterPs, ClusterPull,
+    ClusterTable, ClusterTableInfo, PerServer,
 };
 pub use conn::{server_workers, CONN_REQUESTS_IN_FLIGHT_MAX};
 pub use fabrickv_cluster::{Cluster, ServerDesc};

@@ -33,7 +33,6 @@ pub use preload::{
     preload, put_range, verify, VerifyReport, PS_LOAD_BATCH_KEYS, PS_LOAD_WINDOW,
     VERIFY_FAILURES_LISTED,
 };
-pub(crate) use push::PendingPush;
 use slots::SlotAlloc;
 
 use std::collections::HashMap;
