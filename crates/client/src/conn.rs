@@ -158,6 +158,19 @@ pub(crate) fn call_control<T, R>(
     }
 }
 
+/// Registers `len` bytes on `ep` for the server to write one-sided;
+/// `None` where the transport registers no memory (tcp, inproc).
+pub(crate) fn register_if_supported(
+    ep: &mut dyn Endpoint,
+    len: usize,
+) -> Result<Option<fabrickv_transport::RemoteRegion>> {
+    match ep.register(len) {
+        Ok(r) => Ok(Some(r)),
+        Err(fabrickv_transport::TransportError::Unsupported(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A registered region's descriptor as requests carry it (the ps client's
 /// pull destinations, the cache client's GET and PUT slices).
 pub(crate) fn region_bytes(r: &fabrickv_transport::RemoteRegion) -> [u8; 24] {

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use fabrickv_rpc::worker::Turns;
 use fabrickv_rpc::Sessions;
-use fabrickv_transport::{Endpoint, RemoteRegion, TransportError};
+use fabrickv_transport::{Endpoint, RemoteRegion};
 use fabrickv_types::limits::{
     CACHE_BATCH_KEYS_MAX, CACHE_CHUNK_BYTES_MAX, CACHE_KEY_BYTES_MAX, CACHE_VALUE_BYTES_MAX,
     TTL_MS_MAX,
@@ -41,7 +41,7 @@ use fabrickv_wire::cache::{
     RegionSlice,
 };
 
-use crate::conn::{protocol, region_bytes, CONN_REQUESTS_IN_FLIGHT_MAX};
+use crate::conn::{protocol, region_bytes, register_if_supported, CONN_REQUESTS_IN_FLIGHT_MAX};
 use crate::{ClientError, Result, DEFAULT_TIMEOUT};
 use reply::{put_reply, reply_frame, Bad};
 
@@ -180,10 +180,9 @@ impl CacheClient {
         worker: u16,
         opts: CacheClientOptions,
     ) -> Result<CacheClient> {
-        let buffer = match ep.register(opts.buffer_bytes) {
-            Ok(r) => Buffer::Region(r),
-            Err(TransportError::Unsupported(_)) => Buffer::Local(vec![0; opts.buffer_bytes]),
-            Err(e) => return Err(e.into()),
+        let buffer = match register_if_supported(&mut *ep, opts.buffer_bytes)? {
+            Some(r) => Buffer::Region(r),
+            None => Buffer::Local(vec![0; opts.buffer_bytes]),
         };
         Ok(CacheClient {
             sessions: Sessions::one(ep, worker, CONN_REQUESTS_IN_FLIGHT_MAX, opts.timeout),

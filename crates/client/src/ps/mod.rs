@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use fabrickv_rpc::worker::Turns;
 use fabrickv_rpc::{InFlight, Sessions};
-use fabrickv_transport::{Endpoint, RemoteRegion, TransportError};
+use fabrickv_transport::{Endpoint, RemoteRegion};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::ps::{
     bitmap_bytes, decode_desc, decode_list, decode_reply, encode_create, encode_list, encode_open,
@@ -48,7 +48,7 @@ use fabrickv_wire::ps::{
 };
 use fabrickv_wire::{decode_frame, FrameKind};
 
-use crate::conn::{protocol, refusal, CONN_REQUESTS_IN_FLIGHT_MAX};
+use crate::conn::{protocol, refusal, register_if_supported, CONN_REQUESTS_IN_FLIGHT_MAX};
 use crate::{ClientError, Result, DEFAULT_TIMEOUT};
 
 /// Bytes of the receive region a client registers for one-sided pulls
@@ -186,11 +186,8 @@ impl PsClient {
         worker: u16,
         timeout: Duration,
     ) -> Result<PsClient> {
-        let region = match ep.register(PS_REGION_BYTES) {
-            Ok(r) => Some((r, SlotAlloc::new(PS_REGION_BYTES))),
-            Err(TransportError::Unsupported(_)) => None,
-            Err(e) => return Err(e.into()),
-        };
+        let region = register_if_supported(&mut *ep, PS_REGION_BYTES)?
+            .map(|r| (r, SlotAlloc::new(PS_REGION_BYTES)));
         Ok(PsClient {
             sessions: Sessions::one(ep, worker, CONN_REQUESTS_IN_FLIGHT_MAX, timeout),
             region,
