@@ -38,7 +38,8 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::cache::{buffer_bytes_of, copy_out, key_of, out_of, read_error, with_locked};
 use crate::kv::key_slices;
-use crate::ps::{self, Lazy};
+use crate::lazy::Lazy;
+use crate::ps;
 use crate::{error, to_py_err};
 
 /// Adds the cluster classes and the registry functions to the module.
