@@ -346,7 +346,7 @@ impl ClusterTable {
     }
 
     /// Sends a put or a push (`op`) of `keys` and their vectors.
-    fn send(
+    fn send_vectors(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
@@ -401,28 +401,6 @@ impl ClusterTable {
         }
     }
 
-    /// Stores `values` (shape `(len(keys), dim)` or flat) as the keys'
-    /// vectors on their servers, resetting their optimizer state.
-    fn put(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        values: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.send(py, keys, values, "values", ClusterPs::put)
-    }
-
-    /// Applies `grads` (shape `(len(keys), dim)` or flat) with the table's
-    /// optimizer on the keys' servers, atomically per key.
-    fn push(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        grads: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.send(py, keys, grads, "grads", ClusterPs::push)
-    }
-
     /// The table's shape as a dict: name, dim, optimizer, lr, missing,
     /// seed.
     #[getter]
@@ -453,18 +431,11 @@ impl ClusterTable {
     }
 
     fn __repr__(&self) -> String {
-        let s = self.table.spec();
-        format!(
-            "<fabrickv.ClusterTable name={:?} dim={} optimizer={} lr={} missing={} seed={}>",
-            s.name,
-            s.dim,
-            s.optimizer.name(),
-            s.lr,
-            s.missing.name(),
-            s.seed
-        )
+        ps::spec_repr("ClusterTable", self.table.spec(), None)
     }
 }
+
+table_writes!(ClusterTable, ClusterPs, " on their servers");
 
 /// A KV-cache client of a whole cluster: each key goes to the server that
 /// owns it, through a client with its own receive buffer of `buffer_mb`

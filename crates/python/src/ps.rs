@@ -179,6 +179,21 @@ fn desc_dict<'py>(py: Python<'py>, d: &TableDesc) -> PyResult<Bound<'py, PyDict>
     Ok(out)
 }
 
+/// A table's `repr`: the class, the shape and, for a single server's
+/// table, its id there.
+pub(crate) fn spec_repr(class: &str, s: &TableSpec, id: Option<u32>) -> String {
+    let id = id.map_or(String::new(), |i| format!(" id={i}"));
+    format!(
+        "<fabrickv.{class} name={:?}{id} dim={} optimizer={} lr={} missing={} seed={}>",
+        s.name,
+        s.dim,
+        s.optimizer.name(),
+        s.lr,
+        s.missing.name(),
+        s.seed
+    )
+}
+
 /// A table's shape as a dict: name, dim, optimizer, lr, missing, seed.
 pub(crate) fn spec_dict<'py>(py: Python<'py>, s: &TableSpec) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
@@ -520,29 +535,6 @@ impl Table {
         })
     }
 
-    /// Stores `values` (shape `(len(keys), dim)` or flat) as the keys'
-    /// vectors, resetting their optimizer state.
-    fn put(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        values: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.send_vectors(py, keys, values, "values", PsClient::put)
-    }
-
-    /// Applies `grads` (shape `(len(keys), dim)` or flat) with the table's
-    /// optimizer, atomically per key; a key not yet stored starts from the
-    /// table's initializer.
-    fn push(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        grads: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.send_vectors(py, keys, grads, "grads", PsClient::push)
-    }
-
     /// The table's name.
     #[getter]
     fn name(&self) -> &str {
@@ -603,19 +595,11 @@ impl Table {
     }
 
     fn __repr__(&self) -> String {
-        let s = &self.desc.spec;
-        format!(
-            "<fabrickv.Table name={:?} id={} dim={} optimizer={} lr={} missing={} seed={}>",
-            s.name,
-            self.desc.id,
-            s.dim,
-            s.optimizer.name(),
-            s.lr,
-            s.missing.name(),
-            s.seed
-        )
+        spec_repr("Table", &self.desc.spec, Some(self.desc.id))
     }
 }
+
+table_writes!(Table, PsClient, "");
 
 /// Where a `PullHandle` stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
