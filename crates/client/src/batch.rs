@@ -247,8 +247,10 @@ pub(crate) fn post(
 /// The collect phase: reads the replies to `pending` (per connection, in
 /// request order) until `deadline`, scattering each result to its
 /// operation's position in `out`. On an error some replies may still be
-/// in flight on the connections: the client should not be used for
-/// another batch.
+/// in flight on the connections. Those of a batch given up at its
+/// deadline are read and dropped by the next batch (their frames are
+/// tagged with their batch); a connection out of step (a reply out of
+/// order or undecodable) stays so, and a cluster client drops it.
 ///
 /// Each connection is waited on before it is polled: a wait returns at
 /// once when a reply is already in, and over tcp it is the one `recv`
