@@ -10,16 +10,19 @@
 //!
 //! Steps 1-2 ([`post`]) and 3 ([`collect`]) are separate so that the
 //! cluster client can post its parts to every server before it waits on
-//! any of them.
+//! any of them. Request ids, the frames in flight and their order, the
+//! credits and the waits are the request layer's (`fabrickv_rpc::Sessions`,
+//! one session per worker); each frame in flight is tagged with its batch
+//! and its operations' positions ([`FrameTag`]).
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
+use fabrickv_rpc::InFlight;
 use fabrickv_types::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::{ErrorCode, KeyHash};
-use fabrickv_wire::control::decode_error;
 use fabrickv_wire::{decode_frame, FrameKind, PutCondition, RequestBuilder, ResponseIter};
 
+use crate::conn::{protocol, refusal};
 use crate::{Client, ClientError, Result};
 
 /// One operation of a batch.
@@ -83,18 +86,33 @@ impl Outcome {
     }
 }
 
-/// A frame in flight: its id and the positions of its operations.
-struct InFlight {
-    id: u64,
+/// What a frame in flight needs for its reply: the batch it belongs to and
+/// the positions of its operations.
+pub(crate) struct FrameTag {
+    /// The batch's number ([`Pending::batch`]): the reply to a frame of a
+    /// batch given up (timed out) is read and dropped.
+    batch: u64,
+    /// Indices into the whole batch (and its output), so the parts of a
+    /// batch split over several clients (servers) all land in one output
+    /// vector.
     positions: Vec<usize>,
 }
 
-/// The frames of one client's part of a batch that are posted and flushed
-/// but not yet answered, per worker in send order. Positions are indices
-/// into the whole batch (and its output), so the parts of a batch split
-/// over several clients (servers) all land in one output vector.
+impl FrameTag {
+    /// The tag of a control request (STATS), which no batch waits for.
+    pub(crate) fn control() -> FrameTag {
+        FrameTag {
+            batch: u64::MAX,
+            positions: Vec::new(),
+        }
+    }
+}
+
+/// One client's part of a batch that is posted and flushed but not yet
+/// answered: its frames are in the client's sessions, tagged with
+/// `batch`.
 pub(crate) struct Pending {
-    queues: Vec<VecDeque<InFlight>>,
+    batch: u64,
 }
 
 /// Runs a batch; GETs the server could not fit in a reply frame
@@ -109,14 +127,14 @@ pub(crate) fn execute(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome
 pub(crate) fn execute_valid(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
     let mut out: Vec<Option<Outcome>> = vec![None; ops.len()];
     let pending = post(c, ops, 0..ops.len(), None)?;
-    collect(c, pending, Instant::now() + c.timeout, &mut out)?;
+    collect(c, pending, c.sessions.deadline(), &mut out)?;
     loop {
         let again: Vec<usize> = (0..out.len()).filter(|&i| is_reply_full(&out[i])).collect();
         if again.is_empty() {
             return finish(out);
         }
         let pending = post(c, ops, again.into_iter(), None)?;
-        collect(c, pending, Instant::now() + c.timeout, &mut out)?;
+        collect(c, pending, c.sessions.deadline(), &mut out)?;
     }
 }
 
@@ -178,7 +196,7 @@ pub(crate) fn post(
     sel: impl Iterator<Item = usize>,
     hashes: Option<&[KeyHash]>,
 ) -> Result<Pending> {
-    let workers = c.endpoints.len();
+    let workers = c.sessions.len();
     let mut per_worker: Vec<Vec<usize>> = vec![Vec::new(); workers];
     for i in sel {
         let w = match hashes {
@@ -187,14 +205,17 @@ pub(crate) fn post(
         };
         per_worker[usize::from(w)].push(i);
     }
-    let mut queues: Vec<VecDeque<InFlight>> = (0..workers).map(|_| VecDeque::new()).collect();
+    c.batches += 1;
+    let batch = c.batches;
     for (w, idxs) in per_worker.iter().enumerate() {
         let mut at = 0;
         while at < idxs.len() {
-            let id = c.next_request_id();
-            let mut positions = Vec::new();
-            c.endpoints[w].post_with(&mut |buf| {
-                let mut b = RequestBuilder::new(buf, id, w as u16);
+            let tag = FrameTag {
+                batch,
+                positions: Vec::new(),
+            };
+            c.sessions.post_tagging(w, tag, |buf, tag, id, worker| {
+                let mut b = RequestBuilder::new(buf, id, worker);
                 while at < idxs.len() {
                     let op = &ops[idxs[at]];
                     // The first op always goes in: bounds were checked by
@@ -212,28 +233,24 @@ pub(crate) fn post(
                         } => b.put(key, value, ttl_ms, cond),
                         BatchOp::Delete { key } => b.delete(key),
                     };
-                    positions.push(idxs[at]);
+                    tag.positions.push(idxs[at]);
                     at += 1;
                 }
                 b.finish();
             })?;
-            queues[w].push_back(InFlight { id, positions });
         }
     }
-    let timeout = c.timeout;
-    for (w, q) in queues.iter().enumerate() {
-        if !q.is_empty() {
-            c.endpoints[w].flush(timeout)?;
-        }
-    }
-    Ok(Pending { queues })
+    c.sessions.flush()?;
+    Ok(Pending { batch })
 }
 
 /// The collect phase: reads the replies to `pending` (per connection, in
 /// request order) until `deadline`, scattering each result to its
 /// operation's position in `out`. On an error some replies may still be
-/// in flight on the connections: the client should not be used for
-/// another batch.
+/// in flight on the connections. Those of a batch given up at its
+/// deadline are read and dropped by the next batch (their frames are
+/// tagged with their batch); a connection out of step (a reply out of
+/// order or undecodable) stays so, and a cluster client drops it.
 ///
 /// Each connection is waited on before it is polled: a wait returns at
 /// once when a reply is already in, and over tcp it is the one `recv`
@@ -246,24 +263,20 @@ pub(crate) fn post(
 /// three-server cluster's rose by 2-4% (2.19-2.22 against 2.12-2.16).
 pub(crate) fn collect(
     c: &mut Client,
-    mut pending: Pending,
+    pending: Pending,
     deadline: Instant,
     out: &mut [Option<Outcome>],
 ) -> Result<()> {
-    for (w, queue) in pending.queues.iter_mut().enumerate() {
-        let ep = &mut *c.endpoints[w];
-        while !queue.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(ClientError::Timeout);
-            }
-            ep.wait(left)?;
+    for session in c.sessions.all() {
+        while !session.is_idle() {
+            session.wait_until(deadline)?;
             let mut failure: Option<ClientError> = None;
-            ep.poll(queue.len(), &mut |msg| {
+            let max = session.in_flight();
+            session.poll(max, |msg, q| {
                 if failure.is_some() {
                     return;
                 }
-                if let Err(e) = absorb(msg, queue, out) {
+                if let Err(e) = absorb(msg, q, pending.batch, out) {
                     failure = Some(e);
                 }
             })?;
@@ -275,28 +288,28 @@ pub(crate) fn collect(
     Ok(())
 }
 
-/// Applies one reply message to the oldest frame in flight.
-fn absorb(msg: &[u8], queue: &mut VecDeque<InFlight>, out: &mut [Option<Outcome>]) -> Result<()> {
-    let frame = decode_frame(msg).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    let expect = queue
-        .pop_front()
-        .ok_or_else(|| ClientError::Protocol("reply to nothing".into()))?;
-    if frame.header.request_id != expect.id {
-        return Err(ClientError::Protocol(format!(
-            "reply to request {} where {} was next",
-            frame.header.request_id, expect.id
-        )));
+/// Applies one reply message to the oldest frame in flight; a reply to a
+/// frame of an earlier batch (given up) is dropped.
+fn absorb(
+    msg: &[u8],
+    q: &mut InFlight<FrameTag>,
+    batch: u64,
+    out: &mut [Option<Outcome>],
+) -> Result<()> {
+    let frame = decode_frame(msg).map_err(protocol)?;
+    let expect = q.complete(frame.header.request_id)?;
+    if expect.tag.batch != batch {
+        return Ok(());
     }
     match frame.header.kind {
         FrameKind::Response => {
-            let results =
-                ResponseIter::new(&frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
-            if results.len() != expect.positions.len() {
+            let results = ResponseIter::new(&frame).map_err(protocol)?;
+            if results.len() != expect.tag.positions.len() {
                 return Err(ClientError::Protocol(
                     "result count differs from operation count".into(),
                 ));
             }
-            for (r, &pos) in results.zip(&expect.positions) {
+            for (r, &pos) in results.zip(&expect.tag.positions) {
                 out[pos] = Some(Outcome {
                     code: r.code(),
                     value: r.value.to_vec(),
@@ -304,11 +317,7 @@ fn absorb(msg: &[u8], queue: &mut VecDeque<InFlight>, out: &mut [Option<Outcome>
             }
             Ok(())
         }
-        FrameKind::Error => {
-            let (code, message) =
-                decode_error(&frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
-            Err(ClientError::Server { code, message })
-        }
+        FrameKind::Error => Err(refusal(&frame)),
         k => Err(ClientError::Protocol(format!("unexpected {k:?} frame"))),
     }
 }

@@ -8,37 +8,40 @@
 //! matches replies to requests by id. Replies on one connection come back
 //! in request order, which the client checks.
 //!
-//! Layout: this file has the public API; [`batch`] the pipelined executor
-//! every call goes through; [`Kv`] the key-value calls (`get`, `put`,
+//! Layout: this file has the public API and the errors; [`conn`] how
+//! every client connects, over the request layer of `fabrickv-rpc`
+//! (`Sessions`: request ids, requests in flight, credits, deadlines;
+//! `worker`: which worker a key or a client goes to), which the kv, ps,
+//! cache and shard clients all stand on; [`batch`] the pipelined executor
+//! every kv call goes through; [`Kv`] the key-value calls (`get`, `put`,
 //! `mget`, ...) written once over `execute`, for [`Client`] and
-//! [`ClusterClient`] alike.
+//! [`ClusterClient`] alike; [`ps`], [`cache`] and [`shard`] the other
+//! services' clients; [`cluster`] the clients of a whole cluster.
 
 mod batch;
 pub mod cache;
 pub mod cluster;
+mod conn;
 mod kv;
 pub mod ps;
 pub mod shard;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use fabrickv_rpc::{Session, Sessions};
 use fabrickv_transport::{Endpoint, TransportError};
-use fabrickv_types::hash::worker_of_partition;
 use fabrickv_types::{ErrorCode, KeyHash};
-use fabrickv_wire::control::{
-    decode_error, decode_hello_reply, decode_stats_reply, encode_hello, encode_stats_request,
-    ServerInfo,
-};
-use fabrickv_wire::{decode_frame, FrameKind};
+use fabrickv_wire::control::{decode_stats_reply, encode_stats_request, ServerInfo};
 
 pub use batch::{BatchOp, Outcome};
 pub use cache::{CacheClient, CacheClientOptions, Placed};
 pub use cluster::{
-    ClusterCache, ClusterClient, ClusterOptions, ClusterPlaced, ClusterPs, ClusterPull,
-    ClusterTable, ClusterTableInfo,
+    ClusterCache, ClusterClient, ClusterOf, ClusterOptions, ClusterPlaced, ClusterPs, ClusterPull,
+    ClusterTable, ClusterTableInfo, PerServer,
 };
+pub use conn::{server_workers, CONN_REQUESTS_IN_FLIGHT_MAX};
 pub use fabrickv_cluster::{Cluster, ServerDesc};
 pub use fabrickv_wire::ps::{Missing, Optimizer, TableDesc, TableSpec};
 pub use kv::Kv;
@@ -139,12 +142,15 @@ impl From<TransportError> for ClientError {
 /// Result of a client call.
 pub type Result<T> = std::result::Result<T, ClientError>;
 
-/// A connection to a FabricKV server: one endpoint per worker.
+/// A connection to a FabricKV server: one session per worker.
 pub struct Client {
     info: ServerInfo,
-    endpoints: Vec<Box<dyn Endpoint>>,
-    timeout: Duration,
-    next_id: u64,
+    /// One session per worker, by worker: ids, frames in flight (each
+    /// tagged with its batch and its operations' positions), credits.
+    sessions: Sessions<batch::FrameTag>,
+    /// Counts the batches posted, so that the replies to a batch given up
+    /// (timed out) are told from the next one's.
+    batches: u64,
 }
 
 impl Client {
@@ -155,16 +161,18 @@ impl Client {
 
     /// Connects with a timeout for connecting and for each call.
     pub fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<Client> {
-        let (first, info) = connect_hello(addr, timeout)?;
-        let mut endpoints = vec![first];
+        let (first, info) = conn::connect_hello(addr, timeout)?;
+        let mut sessions = vec![Session::new(first, 0)];
         for w in 1..info.workers {
-            endpoints.push(fabrickv_transport::connect(addr, w, timeout)?);
+            sessions.push(Session::new(
+                fabrickv_transport::connect(addr, w, timeout)?,
+                w,
+            ));
         }
         Ok(Client {
             info,
-            endpoints,
-            timeout,
-            next_id: 1,
+            sessions: Sessions::new(sessions, CONN_REQUESTS_IN_FLIGHT_MAX, timeout),
+            batches: 0,
         })
     }
 
@@ -175,7 +183,7 @@ impl Client {
 
     /// The per-call timeout.
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        self.sessions.timeout()
     }
 
     /// The worker that owns `key`.
@@ -187,24 +195,19 @@ impl Client {
     /// The worker that owns a key whose hash is known.
     #[inline]
     pub fn worker_of_hash(&self, hash: KeyHash) -> u16 {
-        worker_of_partition(
-            hash.partition(self.info.partitions),
-            u32::from(self.info.workers),
-        ) as u16
+        fabrickv_rpc::worker::of_hash(hash, self.info.partitions, self.info.workers)
     }
 
     /// A fresh request id.
     #[inline]
     pub fn next_request_id(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        id
+        self.sessions.next_request_id()
     }
 
     /// The raw endpoint bound to `worker`, for load generators that build
     /// their own frames. Replies must be drained before using other calls.
     pub fn endpoint(&mut self, worker: u16) -> &mut dyn Endpoint {
-        &mut *self.endpoints[usize::from(worker)]
+        self.sessions.session(usize::from(worker)).endpoint()
     }
 
     /// Runs any mix of operations, pipelined; one outcome per operation,
@@ -215,16 +218,15 @@ impl Client {
 
     /// Counters of every worker.
     pub fn stats_per_worker(&mut self) -> Result<Vec<Vec<(String, u64)>>> {
-        let timeout = self.timeout;
-        let mut out = Vec::with_capacity(self.endpoints.len());
-        for w in 0..self.endpoints.len() {
-            let id = self.next_request_id();
-            let ep = &mut *self.endpoints[w];
-            ep.post_with(&mut |b| encode_stats_request(b, id, w as u16))?;
-            ep.flush(timeout)?;
-            out.push(recv_control(ep, timeout, |f| {
-                decode_stats_reply(f).map_err(|e| ClientError::Protocol(e.to_string()))
-            })?);
+        let mut out = Vec::with_capacity(self.sessions.len());
+        for w in 0..self.sessions.len() {
+            out.push(conn::call_control(
+                &mut self.sessions,
+                w,
+                batch::FrameTag::control(),
+                encode_stats_request,
+                |f| decode_stats_reply(f).map_err(conn::protocol),
+            )?);
         }
         Ok(out)
     }
@@ -239,78 +241,5 @@ impl Client {
         }
         sum.insert("workers".into(), u64::from(self.info.workers));
         Ok(sum)
-    }
-}
-
-/// Asks the worker at the other end of `ep` for the server's shape and
-/// limits (HELLO).
-fn hello(ep: &mut dyn Endpoint, timeout: Duration) -> Result<ServerInfo> {
-    ep.post_with(&mut |b| encode_hello(b, 0, 0))?;
-    ep.flush(timeout)?;
-    recv_control(ep, timeout, |frame| {
-        decode_hello_reply(frame).map_err(|e| ClientError::Protocol(e.to_string()))
-    })
-}
-
-/// Connects to worker 0 of `addr` and asks the server's shape (HELLO).
-fn connect_hello(addr: &str, timeout: Duration) -> Result<(Box<dyn Endpoint>, ServerInfo)> {
-    let mut ep = fabrickv_transport::connect(addr, 0, timeout)?;
-    let info = hello(&mut *ep, timeout)?;
-    Ok((ep, info))
-}
-
-/// Connects to the worker whose turn `turns` gives: the server's worker
-/// count is asked of worker 0, whose connection is kept when the turn is
-/// its own. Clients of one kind in one process so spread round robin.
-fn connect_in_turn(
-    addr: &str,
-    timeout: Duration,
-    turns: &std::sync::atomic::AtomicUsize,
-) -> Result<(Box<dyn Endpoint>, u16)> {
-    let (first, info) = connect_hello(addr, timeout)?;
-    let turn = turns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let worker = (turn % usize::from(info.workers.max(1))) as u16;
-    if worker == 0 {
-        return Ok((first, 0));
-    }
-    Ok((fabrickv_transport::connect(addr, worker, timeout)?, worker))
-}
-
-/// How many workers the server at `addr` runs (asked of worker 0): what a
-/// caller placing its threads with `connect_worker` (`PsClient`,
-/// `CacheClient`) divides by.
-pub fn server_workers(addr: &str, timeout: Duration) -> Result<u16> {
-    Ok(connect_hello(addr, timeout)?.1.workers)
-}
-
-/// Waits for one control reply on `ep` and decodes it with `f`.
-fn recv_control<T>(
-    ep: &mut dyn Endpoint,
-    timeout: Duration,
-    mut f: impl FnMut(&fabrickv_wire::Frame<'_>) -> Result<T>,
-) -> Result<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let mut got: Option<Result<T>> = None;
-        ep.poll(1, &mut |msg| {
-            got = Some(match decode_frame(msg) {
-                Ok(frame) if frame.header.kind == FrameKind::Error => {
-                    Err(match decode_error(&frame) {
-                        Ok((code, message)) => ClientError::Server { code, message },
-                        Err(e) => ClientError::Protocol(e.to_string()),
-                    })
-                }
-                Ok(frame) => f(&frame),
-                Err(e) => Err(ClientError::Protocol(e.to_string())),
-            });
-        })?;
-        if let Some(r) = got {
-            return r;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(ClientError::Timeout);
-        }
-        ep.wait(left)?;
     }
 }

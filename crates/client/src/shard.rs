@@ -18,14 +18,18 @@
 //! [`ShardClient::get_many`] splits its keys over as many requests as it
 //! takes, and asks again for the keys the server could not fit in a reply
 //! (`REPLY_FULL`).
+//!
+//! Request ids and the requests in flight are the request layer's
+//! (`fabrickv_rpc::Sessions`, one session): a request that timed out stays
+//! there, given up, and its late reply is read and dropped.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use fabrickv_rpc::worker::Turns;
+use fabrickv_rpc::{InFlight, Sessions};
 use fabrickv_transport::Endpoint;
 use fabrickv_types::limits::{FRAME_BODY_BYTES_MAX, SHARD_NAME_BYTES_MAX};
 use fabrickv_types::ErrorCode;
-use fabrickv_wire::control::decode_error;
 use fabrickv_wire::shard::{decode_reply, ShardOp};
 use fabrickv_wire::shard_data::{
     decode_get_reply, encode_delete, encode_get, encode_put, keys_payload_bytes,
@@ -34,28 +38,25 @@ use fabrickv_wire::shard_data::{
 };
 use fabrickv_wire::{decode_frame, FrameKind};
 
+use crate::conn::{refusal, CONN_REQUESTS_IN_FLIGHT_MAX};
 use crate::{ClientError, Result, DEFAULT_TIMEOUT};
 
 /// Shard clients this process has connected so far: the next one talks to
-/// worker `(CLIENTS_CONNECTED + pid) % workers`. The process id offsets
-/// the turn so that processes with one client each spread too.
-static CLIENTS_CONNECTED: AtomicU64 = AtomicU64::new(0);
+/// worker `(turn + pid) % workers`. The process id offsets the turn so
+/// that processes with one client each spread too.
+static TURNS: Turns = Turns::new();
 
 /// A client of the persistent shards of one server.
 pub struct ShardClient {
-    ep: Box<dyn Endpoint>,
-    /// The worker `ep` is connected to (named in every request header).
-    worker: u16,
-    timeout: Duration,
-    next_id: u64,
-    /// Encoding scratch.
-    scratch: Vec<u8>,
+    /// The one session, to the worker the requests run on: request ids,
+    /// the requests in flight (tagged with their op), the timeout.
+    sessions: Sessions<ShardOp>,
 }
 
 impl std::fmt::Debug for ShardClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShardClient")
-            .field("timeout", &self.timeout)
+            .field("timeout", &self.sessions.timeout())
             .finish()
     }
 }
@@ -68,15 +69,9 @@ impl ShardClient {
     /// connects to the worker whose turn it is (staying on worker 0 when
     /// that is the one).
     pub fn connect(addr: &str, timeout: Duration) -> Result<ShardClient> {
-        let (ep, info) = crate::connect_hello(addr, timeout)?;
-        let turn = CLIENTS_CONNECTED
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_add(u64::from(std::process::id()));
-        let worker = (turn % u64::from(info.workers.max(1))) as u16;
-        if worker == 0 {
-            return Ok(ShardClient::on(ep, 0, timeout));
-        }
-        ShardClient::connect_worker(addr, worker, timeout)
+        let pid = std::process::id() as usize;
+        let (ep, worker) = crate::conn::connect_in_turn(addr, timeout, &TURNS, pid)?;
+        Ok(ShardClient::on(ep, worker, timeout))
     }
 
     /// Connects to worker `worker` of the server at `addr`, whatever the
@@ -90,23 +85,19 @@ impl ShardClient {
 
     fn on(ep: Box<dyn Endpoint>, worker: u16, timeout: Duration) -> ShardClient {
         ShardClient {
-            ep,
-            worker,
-            timeout,
-            next_id: 1,
-            scratch: Vec::new(),
+            sessions: Sessions::one(ep, worker, CONN_REQUESTS_IN_FLIGHT_MAX, timeout),
         }
     }
 
     /// The server worker this client's requests run on.
     pub fn worker(&self) -> u16 {
-        self.worker
+        self.sessions.get(0).worker()
     }
 
     /// Bounds each later call by `timeout` (the connect keeps the one it
     /// was given).
     pub fn set_timeout(&mut self, timeout: Duration) {
-        self.timeout = timeout;
+        self.sessions.set_timeout(timeout);
     }
 
     /// Connects with [`DEFAULT_TIMEOUT`].
@@ -147,8 +138,7 @@ impl ShardClient {
                 take += 1;
             }
             let batch: Vec<&[u8]> = pending[..take].iter().map(|&i| keys[i].as_ref()).collect();
-            let worker = self.worker;
-            let payload = self.call(ShardOp::Get, |b, id| {
+            let payload = self.call(ShardOp::Get, |b, id, worker| {
                 encode_get(b, id, worker, shard, &batch)
             })?;
             let results = decode_get_reply(&payload).map_err(protocol)?;
@@ -217,8 +207,7 @@ impl ShardClient {
             }
         }
         check_batch(shard, pairs.len(), pairs_payload_bytes(pairs))?;
-        let worker = self.worker;
-        self.call(ShardOp::Put, |b, id| {
+        self.call(ShardOp::Put, |b, id, worker| {
             encode_put(b, id, worker, shard, pairs)
         })
         .map(drop)
@@ -235,8 +224,7 @@ impl ShardClient {
             check_key(k.as_ref())?;
         }
         check_batch(shard, keys.len(), keys_payload_bytes(keys))?;
-        let worker = self.worker;
-        self.call(ShardOp::Delete, |b, id| {
+        self.call(ShardOp::Delete, |b, id, worker| {
             encode_delete(b, id, worker, shard, keys)
         })
         .map(drop)
@@ -264,58 +252,56 @@ impl ShardClient {
                 format!("{op:?} is not a copy control op"),
             ));
         }
-        let worker = self.worker;
-        self.call(op, |b, id| {
+        self.call(op, |b, id, worker| {
             fabrickv_wire::shard::encode_request(b, id, worker, op, shard, payload)
         })
     }
 
-    /// Sends one request built by `build` and returns its reply's payload
-    /// (status OK), or the server's refusal as an error.
-    fn call(&mut self, op: ShardOp, build: impl FnOnce(&mut Vec<u8>, u64)) -> Result<Vec<u8>> {
-        let req = self.next_id;
-        self.next_id += 1;
-        self.scratch.clear();
-        build(&mut self.scratch, req);
-        self.ep.post(&self.scratch)?;
-        self.ep.flush(self.timeout)?;
-        let deadline = Instant::now() + self.timeout;
+    /// Sends one request built by `build` (given its id and worker) and
+    /// returns its reply's payload (status OK), or the server's refusal as
+    /// an error.
+    fn call(&mut self, op: ShardOp, build: impl FnOnce(&mut Vec<u8>, u64, u16)) -> Result<Vec<u8>> {
+        let mut build = Some(build);
+        let req = self.sessions.post(0, op, |b, id, worker| {
+            if let Some(f) = build.take() {
+                f(b, id, worker);
+            }
+        })?;
+        self.sessions.flush()?;
+        let deadline = self.sessions.deadline();
+        let session = self.sessions.session(0);
         loop {
             let mut got: Option<Result<Option<Vec<u8>>>> = None;
-            self.ep
-                .poll(1, &mut |msg| got = Some(reply_of(msg, req, op)))?;
+            session.poll(1, |msg, q| got = Some(reply_of(msg, req, q)))?;
             match got {
                 // The reply to an earlier request that timed out: skipped.
                 Some(Ok(None)) | None => {}
                 Some(r) => return r.map(Option::unwrap_or_default),
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(ClientError::Timeout);
-            }
-            self.ep.wait(left)?;
+            session.wait_until(deadline)?;
         }
     }
 }
 
-/// Reads the reply to request `req`, an `op`: its payload, or `None`
-/// for the reply to an earlier request.
-fn reply_of(msg: &[u8], req: u64, op: ShardOp) -> Result<Option<Vec<u8>>> {
+/// Reads the reply to request `req`: its payload, or `None` for the reply
+/// to an earlier request (one given up at its deadline).
+fn reply_of(msg: &[u8], req: u64, q: &mut InFlight<ShardOp>) -> Result<Option<Vec<u8>>> {
     let frame = decode_frame(msg).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    if frame.header.request_id < req {
-        return Ok(None);
-    }
-    if frame.header.request_id != req {
+    if frame.header.request_id > req {
         return Err(ClientError::Protocol(format!(
             "reply to request {} while waiting for {req}",
             frame.header.request_id
         )));
     }
+    let Some(sent) = q.complete_after_given_up(frame.header.request_id, drop) else {
+        return Ok(None);
+    };
+    if sent.id != req {
+        return Ok(None);
+    }
+    let op = sent.tag;
     if frame.header.kind == FrameKind::Error {
-        return Err(match decode_error(&frame) {
-            Ok((code, message)) => ClientError::Server { code, message },
-            Err(e) => ClientError::Protocol(e.to_string()),
-        });
+        return Err(refusal(&frame));
     }
     let (code, m) = decode_reply(&frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
     if m.op != op {

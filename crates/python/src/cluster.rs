@@ -5,7 +5,8 @@
 //! Thin wrappers over the Rust cluster clients
 //! ([`ClusterClient`], [`ClusterPs`], [`RustClusterCache`]), which split
 //! each batch by owning server, send every part before awaiting any, and
-//! merge the results in request order. The wrappers follow the
+//! merge the results in request order. All three are connected the same
+//! way, through their common trait [`ClusterOf`] ([`connect_to`]). The wrappers follow the
 //! single-server ones (`kv.rs`, `ps.rs`, `cache.rs`) and share their
 //! helpers: a mutex around each Rust client, every network call and every
 //! wait for a mutex with the GIL released, keys and vectors read in place
@@ -24,8 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fabrickv_client::cluster::{
-    lookup as registry_lookup, ClusterCache as RustClusterCache, ClusterClient, ClusterOptions,
-    ClusterPs, ClusterTable as RustClusterTable,
+    lookup as registry_lookup, ClusterCache as RustClusterCache, ClusterClient, ClusterOf,
+    ClusterOptions, ClusterPs, ClusterTable as RustClusterTable, PerServer,
 };
 use fabrickv_client::{ClientError, Cluster as ClusterMap, Kv};
 use fabrickv_cluster::Registry;
@@ -37,7 +38,8 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::cache::{buffer_bytes_of, copy_out, key_of, out_of, read_error, with_locked};
 use crate::kv::key_slices;
-use crate::ps::{self, Lazy};
+use crate::lazy::Lazy;
+use crate::ps;
 use crate::{error, to_py_err};
 
 /// Adds the cluster classes and the registry functions to the module.
@@ -91,6 +93,17 @@ fn map_of(
         }
     };
     Ok((map, ClusterOptions { transport, timeout }, reg))
+}
+
+/// Connects a cluster client of any kind to `map`, each server's client
+/// with `options`, following `reg` when the map came from a registry.
+fn connect_to<C: ClusterOf>(
+    map: &ClusterMap,
+    opts: &ClusterOptions,
+    reg: Option<Registry>,
+    options: <C::Server as PerServer>::Options,
+) -> fabrickv_client::Result<C> {
+    Ok(C::connect_cluster(map, opts, options)?.following(reg))
 }
 
 /// A server id from Python, checked against the cluster's size.
@@ -174,13 +187,7 @@ impl Cluster {
         let (map, opts, reg) = map_of(py, addrs, config, registry, name, transport, timeout)?;
         let kv_reg = reg.clone();
         let client = py
-            .detach(|| {
-                let c = ClusterClient::connect(&map, opts.clone())?;
-                Ok::<_, ClientError>(match kv_reg {
-                    Some(r) => c.follow(r),
-                    None => c,
-                })
-            })
+            .detach(|| connect_to::<ClusterClient>(&map, &opts, kv_reg, ()))
             .map_err(to_py_err)?;
         let (ps_map, ps_opts) = (map.clone(), opts.clone());
         Ok(Cluster {
@@ -189,11 +196,7 @@ impl Cluster {
             inner: Mutex::new(Some(client)),
             closed: AtomicBool::new(false),
             ps: Arc::new(Lazy::new(Box::new(move || {
-                let c = ClusterPs::connect(&ps_map, ps_opts.clone())?;
-                Ok(match &reg {
-                    Some(r) => c.follow(r.clone()),
-                    None => c,
-                })
+                connect_to::<ClusterPs>(&ps_map, &ps_opts, reg.clone(), ())
             }))),
         })
     }
@@ -233,13 +236,13 @@ impl Cluster {
     /// the next call that needs it).
     fn is_up(&self, py: Python<'_>, id: i64) -> PyResult<bool> {
         let id = server_id(id, self.map.size())?;
-        self.call(py, |c| Ok(c.is_up(id)))
+        self.call(py, |c| Ok(c.server_up(id)))
     }
 
     /// The address used for server `id`, or None if it has none.
     fn addr(&self, py: Python<'_>, id: i64) -> PyResult<Option<String>> {
         let id = server_id(id, self.map.size())?;
-        self.call(py, |c| Ok(c.addr(id).map(str::to_string)))
+        self.call(py, |c| Ok(c.server_addr(id).map(str::to_string)))
     }
 
     /// Creates an embedding table on every server (or opens it where one
@@ -343,7 +346,7 @@ impl ClusterTable {
     }
 
     /// Sends a put or a push (`op`) of `keys` and their vectors.
-    fn send(
+    fn send_vectors(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
@@ -398,28 +401,6 @@ impl ClusterTable {
         }
     }
 
-    /// Stores `values` (shape `(len(keys), dim)` or flat) as the keys'
-    /// vectors on their servers, resetting their optimizer state.
-    fn put(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        values: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.send(py, keys, values, "values", ClusterPs::put)
-    }
-
-    /// Applies `grads` (shape `(len(keys), dim)` or flat) with the table's
-    /// optimizer on the keys' servers, atomically per key.
-    fn push(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        grads: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.send(py, keys, grads, "grads", ClusterPs::push)
-    }
-
     /// The table's shape as a dict: name, dim, optimizer, lr, missing,
     /// seed.
     #[getter]
@@ -450,18 +431,11 @@ impl ClusterTable {
     }
 
     fn __repr__(&self) -> String {
-        let s = self.table.spec();
-        format!(
-            "<fabrickv.ClusterTable name={:?} dim={} optimizer={} lr={} missing={} seed={}>",
-            s.name,
-            s.dim,
-            s.optimizer.name(),
-            s.lr,
-            s.missing.name(),
-            s.seed
-        )
+        ps::spec_repr("ClusterTable", self.table.spec(), None)
     }
 }
+
+table_writes!(ClusterTable, ClusterPs, " on their servers");
 
 /// A KV-cache client of a whole cluster: each key goes to the server that
 /// owns it, through a client with its own receive buffer of `buffer_mb`
@@ -508,7 +482,7 @@ impl ClusterCache {
         self.with_client(py, |c| {
             let s = c.server_of(key);
             let n = py
-                .detach(|| c.client(s).map(|c| c.buffer_len()))
+                .detach(|| c.server_client(s).map(|c| c.buffer_len()))
                 .map_err(to_py_err)?;
             let offset = n - cap.min(n);
             let placed = py
@@ -545,13 +519,7 @@ impl ClusterCache {
         let buffer_bytes = buffer_bytes_of(buffer_mb)?;
         let (map, opts, reg) = map_of(py, addrs, config, registry, name, transport, timeout)?;
         let client = py
-            .detach(|| {
-                let c = RustClusterCache::connect(&map, opts, buffer_bytes)?;
-                Ok::<_, ClientError>(match reg {
-                    Some(r) => c.follow(r),
-                    None => c,
-                })
-            })
+            .detach(|| connect_to::<RustClusterCache>(&map, &opts, reg, buffer_bytes))
             .map_err(to_py_err)?;
         Ok(ClusterCache {
             map,

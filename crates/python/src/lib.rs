@@ -7,8 +7,9 @@
 //! its table methods), [`ps`] the embedding `Table` and its pulls, [`cache`]
 //! the KV-cache `CacheClient` (values into caller-provided buffers),
 //! [`cluster`] the clients of a whole cluster (`Cluster`, `ClusterTable`,
-//! `ClusterCache`) and the registry's `barrier` and `lookup`, and
-//! [`macros`] the methods several of those classes share (closing and
+//! `ClusterCache`) and the registry's `barrier` and `lookup`, [`lazy`]
+//! the embedding connection made on first use that `Client` and `Cluster`
+//! share with their tables, and [`macros`] the methods several of those classes share (closing and
 //! `with`, the kv calls of `Client` and `Cluster`), written once. Each
 //! further file registers its classes from [`fabrickv`] through its own
 //! `register` function.
@@ -22,6 +23,7 @@ mod macros;
 mod cache;
 mod cluster;
 mod kv;
+mod lazy;
 mod ps;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -169,3 +169,42 @@ macro_rules! cache_writes {
         }
     };
 }
+
+/// `put` and `push` of an embedding-table class (`Table`, `ClusterTable`),
+/// written once over the class's `send_vectors(py, keys, values, what,
+/// op)` with `$client::put` and `$client::push`; `$where` ends the first
+/// sentence of each doc.
+macro_rules! table_writes {
+    ($class:ty, $client:ty, $where:literal) => {
+        #[pyo3::pymethods]
+        impl $class {
+            #[doc = concat!(
+                "Stores `values` (shape `(len(keys), dim)` or flat) as the keys' vectors",
+                $where,
+                ", resetting their optimizer state."
+            )]
+            fn put(
+                &self,
+                py: pyo3::Python<'_>,
+                keys: &pyo3::Bound<'_, pyo3::PyAny>,
+                values: &pyo3::Bound<'_, pyo3::PyAny>,
+            ) -> pyo3::PyResult<()> {
+                self.send_vectors(py, keys, values, "values", <$client>::put)
+            }
+
+            #[doc = concat!(
+                "Applies `grads` (shape `(len(keys), dim)` or flat) with the table's optimizer",
+                $where,
+                ", atomically per key; a key not yet stored starts from the table's initializer."
+            )]
+            fn push(
+                &self,
+                py: pyo3::Python<'_>,
+                keys: &pyo3::Bound<'_, pyo3::PyAny>,
+                grads: &pyo3::Bound<'_, pyo3::PyAny>,
+            ) -> pyo3::PyResult<()> {
+                self.send_vectors(py, keys, grads, "grads", <$client>::push)
+            }
+        }
+    };
+}

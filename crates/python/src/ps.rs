@@ -20,7 +20,7 @@
 //! own functions do; another Python thread that writes to those arrays at
 //! the same moment gets what numpy would give it: undefined contents.
 
-use std::sync::{Arc, Mutex, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use fabrickv_client::ps::{PsClient, PullId, Pulled};
@@ -36,111 +36,13 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::{error, failure, raise, Failure};
+use crate::error;
+use crate::lazy::Lazy;
 
 /// Adds `Table` and `PullHandle` to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Table>()?;
     m.add_class::<PullHandle>()
-}
-
-/// Where a lazily made connection stands.
-enum LazyState<C> {
-    /// No call yet: nothing connected, so a key-value user pays for no
-    /// second connection and no receive region.
-    Idle,
-    /// Connected. Boxed: the state is one per client, so the indirection
-    /// costs nothing and keeps `Idle` and `Closed` small.
-    Open(Box<C>),
-    /// The owning client's `close()` ran; no reconnecting.
-    Closed,
-}
-
-/// Makes a lazy connection's client on first use.
-type Connect<C> = Box<dyn Fn() -> fabrickv_client::Result<C> + Send + Sync>;
-
-/// A client made on its first call and shared behind a mutex (Python
-/// threads share it while the Rust client needs `&mut`): the embedding
-/// connection of a `Client` (a [`PsClient`]) or of a `Cluster` (a
-/// `ClusterPs`).
-pub(crate) struct Lazy<C> {
-    connect: Connect<C>,
-    state: Mutex<LazyState<C>>,
-}
-
-impl<C: Send> Lazy<C> {
-    /// A connection made by `connect` when first used.
-    pub(crate) fn new(connect: Connect<C>) -> Lazy<C> {
-        Lazy {
-            connect,
-            state: Mutex::new(LazyState::Idle),
-        }
-    }
-
-    /// Runs `f` on the Rust client with the GIL released, connecting first
-    /// if this is the first call; `before` runs on the client first.
-    pub(crate) fn call<T, F>(
-        &self,
-        py: Python<'_>,
-        before: impl FnOnce(&mut C) + Send,
-        f: F,
-    ) -> PyResult<T>
-    where
-        T: Send,
-        F: FnOnce(&mut C) -> fabrickv_client::Result<T> + Send,
-    {
-        // The lock is taken with the GIL released too: a thread waiting for
-        // another thread's pull must not stop every other Python thread.
-        py.detach(|| -> Result<T, Failure> {
-            let mut guard = self.state.lock().map_err(|_| {
-                (
-                    ErrorCode::Internal,
-                    "an earlier call on this client panicked; open a new client".to_string(),
-                )
-            })?;
-            if matches!(*guard, LazyState::Idle) {
-                // A failed connect leaves the state idle: the next call
-                // tries again, as a fresh client would.
-                let client = (self.connect)().map_err(failure)?;
-                *guard = LazyState::Open(Box::new(client));
-            }
-            let LazyState::Open(client) = &mut *guard else {
-                return Err((ErrorCode::Unavailable, "the client is closed".to_string()));
-            };
-            before(client);
-            f(client).map_err(failure)
-        })
-        .map_err(raise)
-    }
-
-    /// Runs `f` on the client if it is open and free now, without waiting;
-    /// `Err(())` if another thread holds it.
-    fn try_with(&self, f: impl FnOnce(&mut C)) -> Result<(), ()> {
-        match self.state.try_lock() {
-            Ok(mut guard) => {
-                if let LazyState::Open(client) = &mut *guard {
-                    f(client);
-                }
-                Ok(())
-            }
-            Err(TryLockError::WouldBlock) => Err(()),
-            // A client poisoned by a panic refuses every later call; its
-            // pulls die with it.
-            Err(TryLockError::Poisoned(_)) => Ok(()),
-        }
-    }
-
-    /// Drops the connection (waiting, GIL released, for a call in flight
-    /// on another thread); later calls raise `UNAVAILABLE`.
-    pub(crate) fn close(&self, py: Python<'_>) {
-        let old = py.detach(|| {
-            std::mem::replace(
-                &mut *self.state.lock().unwrap_or_else(PoisonError::into_inner),
-                LazyState::Closed,
-            )
-        });
-        drop(old);
-    }
 }
 
 /// One Python `Client`'s embedding connection, shared by its tables and
@@ -275,6 +177,21 @@ fn desc_dict<'py>(py: Python<'py>, d: &TableDesc) -> PyResult<Bound<'py, PyDict>
     out.set_item("id", d.id)?;
     out.set_item("items", d.items)?;
     Ok(out)
+}
+
+/// A table's `repr`: the class, the shape and, for a single server's
+/// table, its id there.
+pub(crate) fn spec_repr(class: &str, s: &TableSpec, id: Option<u32>) -> String {
+    let id = id.map_or(String::new(), |i| format!(" id={i}"));
+    format!(
+        "<fabrickv.{class} name={:?}{id} dim={} optimizer={} lr={} missing={} seed={}>",
+        s.name,
+        s.dim,
+        s.optimizer.name(),
+        s.lr,
+        s.missing.name(),
+        s.seed
+    )
 }
 
 /// A table's shape as a dict: name, dim, optimizer, lr, missing, seed.
@@ -618,29 +535,6 @@ impl Table {
         })
     }
 
-    /// Stores `values` (shape `(len(keys), dim)` or flat) as the keys'
-    /// vectors, resetting their optimizer state.
-    fn put(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        values: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.send_vectors(py, keys, values, "values", PsClient::put)
-    }
-
-    /// Applies `grads` (shape `(len(keys), dim)` or flat) with the table's
-    /// optimizer, atomically per key; a key not yet stored starts from the
-    /// table's initializer.
-    fn push(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        grads: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        self.send_vectors(py, keys, grads, "grads", PsClient::push)
-    }
-
     /// The table's name.
     #[getter]
     fn name(&self) -> &str {
@@ -701,19 +595,11 @@ impl Table {
     }
 
     fn __repr__(&self) -> String {
-        let s = &self.desc.spec;
-        format!(
-            "<fabrickv.Table name={:?} id={} dim={} optimizer={} lr={} missing={} seed={}>",
-            s.name,
-            self.desc.id,
-            s.dim,
-            s.optimizer.name(),
-            s.lr,
-            s.missing.name(),
-            s.seed
-        )
+        spec_repr("Table", &self.desc.spec, Some(self.desc.id))
     }
 }
+
+table_writes!(Table, PsClient, "");
 
 /// Where a `PullHandle` stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,4 +1,5 @@
-//! Client side: sessions, credits, request ids and timeouts.
+//! Client side: the RPC client over [`crate::session`], with per-request
+//! timeouts and reply slots.
 //!
 //! A client holds one session per server thread it talks to. Each session
 //! has `credits` slots: a request takes one when sent and gives it back
@@ -7,26 +8,28 @@
 //! queued with `call_async`, sent together with `flush` (one syscall or
 //! ring publish per session), and completed by `poll`. Responses on one
 //! session arrive in request order; a response whose request already
-//! timed out is dropped.
+//! timed out is dropped. Ids, the queues, credits and waits are the
+//! session layer's, the same the FabricKV clients use.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use fabrickv_transport::{Endpoint, RemoteRegion, TransportError};
+use fabrickv_transport::{RemoteRegion, TransportError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::header::{RpcHeader, RpcStatus, NO_SLOT};
 use crate::server::ReplySlots;
+use crate::session::{Session, Sessions};
 use crate::{RpcError, REQ_TYPES_MAX, REQ_TYPE_SESSION, SESSION_CREDITS_MAX};
 
 /// Which server thread a request goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Affinity {
-    /// Each request to a random server thread (the seed's ThroughputB).
+    /// Each request to a random server thread (the placement eRPC's
+    /// benchmarks call ThroughputB).
     Random,
-    /// Every request to server thread `client_id % server_threads` (the
-    /// seed's ThroughputC): one session, no sharing of server threads
+    /// Every request to server thread `client_id % server_threads`
+    /// (eRPC's ThroughputC): one session, no sharing of server threads
     /// between a client's requests.
     Modulo,
 }
@@ -52,7 +55,8 @@ pub struct RpcClientConfig {
     pub timeout: Duration,
     /// Server thread choice.
     pub affinity: Affinity,
-    /// This client's number, for `Affinity::Modulo` and the random seed.
+    /// This client's number, for `Affinity::Modulo` and for seeding the
+    /// random choice of `Affinity::Random`.
     pub client_id: usize,
     /// Bytes of each reply slot the client offers for out-of-line
     /// responses (one slot per credit, in memory registered with the
@@ -86,24 +90,24 @@ pub struct Completion<'a> {
     pub latency: Duration,
 }
 
+/// What a request in flight needs for its completion (its tag in the
+/// session layer).
 struct Pending {
-    id: u64,
     sent: Instant,
     deadline: Instant,
     /// Reply slot offered with the request, or `NO_SLOT`.
     slot: u16,
 }
 
-struct Session {
-    ep: Box<dyn Endpoint>,
-    in_flight: VecDeque<Pending>,
-    unflushed: bool,
+/// A session's reply slots, for out-of-line responses.
+#[derive(Default)]
+struct Slots {
     /// The registered region holding this session's reply slots.
     region: Option<RemoteRegion>,
     /// Bytes per reply slot.
     slot_bytes: usize,
     /// Reply slots not held by a request in flight.
-    free_slots: Vec<u16>,
+    free: Vec<u16>,
 }
 
 /// An out-of-line response seen during a poll, read from its slot after.
@@ -117,9 +121,14 @@ struct OutOfLine {
 /// Registers a session's reply slots and tells the server about them, with
 /// one blocking session request. A transport without memory registration
 /// leaves the session inline-only.
-fn offer_reply_slots(s: &mut Session, cfg: &RpcClientConfig) -> Result<(), RpcError> {
+fn offer_reply_slots(
+    s: &mut Session<Pending>,
+    slots_of: &mut Slots,
+    cfg: &RpcClientConfig,
+) -> Result<(), RpcError> {
     let slots = cfg.credits.min(usize::from(NO_SLOT));
-    let region = match s.ep.register(slots * cfg.reply_slot_bytes) {
+    let ep = s.endpoint();
+    let region = match ep.register(slots * cfg.reply_slot_bytes) {
         Ok(r) => r,
         Err(TransportError::Unsupported(_)) => return Ok(()),
         Err(e) => return Err(e.into()),
@@ -129,7 +138,7 @@ fn offer_reply_slots(s: &mut Session, cfg: &RpcClientConfig) -> Result<(), RpcEr
         slot_bytes: cfg.reply_slot_bytes,
         slots,
     };
-    s.ep.post_with(&mut |b| {
+    ep.post_with(&mut |b| {
         RpcHeader {
             response: false,
             req_type: REQ_TYPE_SESSION,
@@ -141,25 +150,22 @@ fn offer_reply_slots(s: &mut Session, cfg: &RpcClientConfig) -> Result<(), RpcEr
         .encode(b);
         offer.encode(b);
     })?;
-    s.ep.flush(cfg.timeout)?;
+    ep.flush(cfg.timeout)?;
     let deadline = Instant::now() + cfg.timeout;
     loop {
         let mut answer = None;
-        s.ep.poll(1, &mut |msg| {
+        s.poll(1, |msg, _| {
             answer = RpcHeader::decode(msg).map(|(h, _)| h.status)
         })?;
         match answer {
             Some(RpcStatus::Ok) => break,
             Some(status) => return Err(RpcError::Status(status)),
-            None if Instant::now() >= deadline => return Err(RpcError::Timeout),
-            None => {
-                s.ep.wait(deadline.saturating_duration_since(Instant::now()))?
-            }
+            None => s.wait_until(deadline)?,
         }
     }
-    s.region = Some(region);
-    s.slot_bytes = cfg.reply_slot_bytes;
-    s.free_slots = (0..slots as u16).rev().collect();
+    slots_of.region = Some(region);
+    slots_of.slot_bytes = cfg.reply_slot_bytes;
+    slots_of.free = (0..slots as u16).rev().collect();
     Ok(())
 }
 
@@ -172,10 +178,12 @@ fn release(free: &mut Vec<u16>, slot: u16) {
 
 /// A client of an RPC server.
 pub struct RpcClient {
-    sessions: Vec<Session>,
+    /// The sessions, their ids, queues and credits.
+    sessions: Sessions<Pending>,
+    /// Each session's reply slots, by session.
+    slots: Vec<Slots>,
     cfg: RpcClientConfig,
     rng: SmallRng,
-    next_id: u64,
     /// Responses that arrived after their request had timed out.
     late_responses: u64,
     /// Responses whose payload came one-sided into a reply slot.
@@ -198,31 +206,26 @@ impl RpcClient {
         }
         let targets: Vec<usize> = match cfg.affinity {
             Affinity::Random => (0..server_threads).collect(),
-            Affinity::Modulo => vec![cfg.client_id % server_threads],
+            Affinity::Modulo => vec![crate::worker::modulo(cfg.client_id, server_threads)],
         };
         let mut sessions = Vec::with_capacity(targets.len());
         for t in targets {
             let ep = fabrickv_transport::connect(addr, t as u16, cfg.timeout)?;
-            sessions.push(Session {
-                ep,
-                in_flight: VecDeque::with_capacity(cfg.credits),
-                unflushed: false,
-                region: None,
-                slot_bytes: 0,
-                free_slots: Vec::new(),
-            });
+            sessions.push(Session::new(ep, t as u16));
         }
+        let mut sessions = Sessions::new(sessions, cfg.credits, cfg.timeout);
+        let mut slots: Vec<Slots> = (0..sessions.len()).map(|_| Slots::default()).collect();
         if cfg.reply_slot_bytes > 0 {
-            for s in &mut sessions {
-                offer_reply_slots(s, &cfg)?;
+            for (s, sl) in sessions.all().iter_mut().zip(&mut slots) {
+                offer_reply_slots(s, sl, &cfg)?;
             }
         }
         let rng = SmallRng::seed_from_u64(0xC0FFEE ^ cfg.client_id as u64);
         Ok(RpcClient {
             sessions,
+            slots,
             cfg,
             rng,
-            next_id: 1,
             late_responses: 0,
             out_of_line_responses: 0,
         })
@@ -230,7 +233,7 @@ impl RpcClient {
 
     /// Requests in flight over all sessions.
     pub fn in_flight(&self) -> usize {
-        self.sessions.iter().map(|s| s.in_flight.len()).sum()
+        self.sessions.in_flight()
     }
 
     /// Responses whose payload arrived one-sided in a reply slot.
@@ -241,7 +244,7 @@ impl RpcClient {
     /// Whether every session got reply slots (the transport registers
     /// memory and the server accepted them).
     pub fn has_reply_slots(&self) -> bool {
-        self.sessions.iter().all(|s| s.region.is_some())
+        self.slots.iter().all(|s| s.region.is_some())
     }
 
     /// Responses dropped because their request had already timed out.
@@ -261,15 +264,15 @@ impl RpcClient {
             Affinity::Modulo => 0,
             Affinity::Random => self.rng.gen_range(0..self.sessions.len()),
         };
-        let credits = self.cfg.credits;
-        let session = &mut self.sessions[s];
-        if session.in_flight.len() >= credits {
-            return Err(RpcError::NoCredits);
-        }
-        let id = self.next_id;
-        self.next_id += 1;
-        let slot = session.free_slots.pop().unwrap_or(NO_SLOT);
-        let posted = session.ep.post_with(&mut |b| {
+        let free = &mut self.slots[s].free;
+        let slot = free.pop().unwrap_or(NO_SLOT);
+        let now = Instant::now();
+        let pending = Pending {
+            sent: now,
+            deadline: now + self.cfg.timeout,
+            slot,
+        };
+        let posted = self.sessions.post(s, pending, |b, id, _| {
             RpcHeader {
                 response: false,
                 req_type,
@@ -281,33 +284,15 @@ impl RpcClient {
             .encode(b);
             b.extend_from_slice(payload);
         });
-        if let Err(e) = posted {
-            if slot != NO_SLOT {
-                session.free_slots.push(slot);
-            }
-            return Err(e.into());
+        if posted.is_err() {
+            release(free, slot);
         }
-        let now = Instant::now();
-        session.in_flight.push_back(Pending {
-            id,
-            sent: now,
-            deadline: now + self.cfg.timeout,
-            slot,
-        });
-        session.unflushed = true;
-        Ok(id)
+        posted
     }
 
     /// Sends every queued request.
     pub fn flush(&mut self) -> Result<(), RpcError> {
-        let timeout = self.cfg.timeout;
-        for s in &mut self.sessions {
-            if s.unflushed {
-                s.ep.flush(timeout)?;
-                s.unflushed = false;
-            }
-        }
-        Ok(())
+        self.sessions.flush()
     }
 
     /// Completes every request whose response has arrived or whose
@@ -317,65 +302,59 @@ impl RpcClient {
         let mut late = 0;
         let mut out_of_line: Vec<OutOfLine> = Vec::new();
         let mut ool = 0;
-        for s in &mut self.sessions {
-            if s.in_flight.is_empty() {
+        for (s, sl) in self.sessions.all().iter_mut().zip(&mut self.slots) {
+            if s.is_idle() {
                 continue;
             }
-            let (in_flight, free_slots) = (&mut s.in_flight, &mut s.free_slots);
+            let free_slots = &mut sl.free;
             out_of_line.clear();
-            s.ep.poll(usize::MAX, &mut |msg| {
+            s.poll(usize::MAX, |msg, in_flight| {
                 let Some((h, payload)) = RpcHeader::decode(msg).filter(|(h, _)| h.response) else {
                     late += 1;
                     return;
                 };
                 // Responses come in request order; an older entry still
                 // here was completed by its timeout, never by a response.
-                while in_flight.front().is_some_and(|p| p.id < h.request_id) {
-                    if let Some(p) = in_flight.pop_front() {
-                        release(free_slots, p.slot);
-                    }
+                let Some(p) = in_flight
+                    .complete_after_given_up(h.request_id, |p| release(free_slots, p.tag.slot))
+                else {
+                    late += 1;
+                    return;
+                };
+                let (latency, slot) = (p.tag.sent.elapsed(), p.tag.slot);
+                done += 1;
+                if h.out_of_line && h.slot == slot && payload.len() == 4 {
+                    let len = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]])
+                        as usize;
+                    out_of_line.push(OutOfLine {
+                        id: h.request_id,
+                        slot,
+                        len,
+                        latency,
+                    });
+                    return;
                 }
-                match in_flight.front() {
-                    Some(p) if p.id == h.request_id => {
-                        let (latency, slot) = (p.sent.elapsed(), p.slot);
-                        in_flight.pop_front();
-                        done += 1;
-                        if h.out_of_line && h.slot == slot && payload.len() == 4 {
-                            let len = u32::from_le_bytes([
-                                payload[0], payload[1], payload[2], payload[3],
-                            ]) as usize;
-                            out_of_line.push(OutOfLine {
-                                id: h.request_id,
-                                slot,
-                                len,
-                                latency,
-                            });
-                            return;
-                        }
-                        release(free_slots, slot);
-                        let status = if h.out_of_line {
-                            RpcStatus::Malformed
-                        } else {
-                            h.status
-                        };
-                        on_done(Completion {
-                            request_id: h.request_id,
-                            status,
-                            payload,
-                            latency,
-                        });
-                    }
-                    _ => late += 1,
-                }
+                release(free_slots, slot);
+                let status = if h.out_of_line {
+                    RpcStatus::Malformed
+                } else {
+                    h.status
+                };
+                on_done(Completion {
+                    request_id: h.request_id,
+                    status,
+                    payload,
+                    latency,
+                });
             })?;
             for o in out_of_line.drain(..) {
-                let start = usize::from(o.slot) * s.slot_bytes;
-                let bytes = match s.region {
-                    Some(r) if o.len <= s.slot_bytes => {
-                        s.ep.local_region(&r)
-                            .ok()
-                            .and_then(|b| b.get(start..start + o.len))
-                    }
+                let start = usize::from(o.slot) * sl.slot_bytes;
+                let bytes = match sl.region {
+                    Some(r) if o.len <= sl.slot_bytes => s
+                        .endpoint()
+                        .local_region(&r)
+                        .ok()
+                        .and_then(|b| b.get(start..start + o.len)),
                     _ => None,
                 };
                 let (status, payload) = match bytes {
@@ -388,17 +367,18 @@ impl RpcClient {
                     payload,
                     latency: o.latency,
                 });
-                release(&mut s.free_slots, o.slot);
+                release(&mut sl.free, o.slot);
                 ool += 1;
             }
             let now = Instant::now();
-            while let Some(p) = s.in_flight.front() {
-                if p.deadline > now {
+            let q = s.queue_mut();
+            while let Some(p) = q.front() {
+                if p.tag.deadline > now {
                     break;
                 }
-                let (id, latency, slot) = (p.id, now - p.sent, p.slot);
-                s.in_flight.pop_front();
-                release(&mut s.free_slots, slot);
+                let (id, latency, slot) = (p.id, now - p.tag.sent, p.tag.slot);
+                q.pop();
+                release(&mut sl.free, slot);
                 done += 1;
                 on_done(Completion {
                     request_id: id,
@@ -417,12 +397,14 @@ impl RpcClient {
     pub fn wait(&mut self, timeout: Duration) -> Result<(), RpcError> {
         let oldest = self
             .sessions
+            .all()
             .iter_mut()
-            .filter_map(|s| s.in_flight.front().map(|p| p.deadline).map(|d| (d, s)))
+            .filter_map(|s| s.queue().front().map(|p| p.tag.deadline).map(|d| (d, s)))
             .min_by_key(|(d, _)| *d);
         if let Some((deadline, s)) = oldest {
             let left = deadline.saturating_duration_since(Instant::now());
-            s.ep.wait(timeout.min(left).max(Duration::from_micros(1)))?;
+            s.endpoint()
+                .wait(timeout.min(left).max(Duration::from_micros(1)))?;
         }
         Ok(())
     }

@@ -1,13 +1,20 @@
-//! An RPC layer over the transport contract, in the manner of RDMA RPC
-//! frameworks (eRPC and the seed's framework).
+//! The request layer over the transport contract, in the manner of RDMA
+//! RPC frameworks (eRPC, and the PetPS parameter server's RPC framework).
 //!
 //! Layout:
-//! - [`header`]: the 16-byte header every RPC message carries;
+//! - [`session`]: the connection layer every client of this workspace
+//!   stands on (the kv, ps, cache and shard clients of `fabrickv-client`
+//!   and [`RpcClient`]): sessions bound to one server worker each, request
+//!   ids, requests in flight in request order, credits and deadlines;
+//! - [`worker`]: which server worker a key, a client or a request goes to;
+//! - [`header`]: the 16-byte header every message of [`RpcClient`] and
+//!   [`RpcServer`] carries (the native FabricKV frames of `fabrickv-wire`
+//!   carry their own, and travel through [`session`] all the same);
 //! - [`server`]: a handler table by request type and server threads that
 //!   run handlers to completion, with the batching knobs;
-//! - [`client`]: sessions with bounded requests in flight (credits),
-//!   request ids, per-request timeouts, and client-to-server-thread
-//!   affinity.
+//! - [`client`]: [`RpcClient`], sessions with per-request timeouts, reply
+//!   slots and client-to-server-thread affinity, over [`session`]
+//!   (measured by `fabrickv bench rpc`).
 //!
 //! The transport gives reliable, ordered messages on connections bound to
 //! one server thread; this layer adds request types, matching of replies
@@ -16,13 +23,16 @@
 pub mod client;
 pub mod header;
 pub mod server;
+pub mod session;
 #[cfg(feature = "testsuite")]
 #[allow(clippy::unwrap_used)]
 pub mod testsuite;
+pub mod worker;
 
 pub use client::{Affinity, Completion, RpcClient, RpcClientConfig};
 pub use header::{RpcHeader, RpcStatus, RPC_HEADER_BYTES};
 pub use server::{Handler, Handlers, ReplySlots, RpcServer, ServerKnobs};
+pub use session::{InFlight, Sent, Session, Sessions};
 
 use std::fmt;
 
@@ -51,6 +61,15 @@ pub enum RpcError {
     Status(RpcStatus),
     /// A bad argument (request type out of range, empty config).
     Invalid(String),
+    /// A reply answered a request other than the oldest in flight on its
+    /// connection (`expected`, `None` when none was): the connection is
+    /// out of step.
+    OutOfOrder {
+        /// The request id the reply carried.
+        got: u64,
+        /// The oldest request in flight, if any.
+        expected: Option<u64>,
+    },
 }
 
 impl fmt::Display for RpcError {
@@ -64,6 +83,14 @@ impl fmt::Display for RpcError {
             RpcError::Timeout => write!(f, "request timed out"),
             RpcError::Status(s) => write!(f, "server answered {s:?}"),
             RpcError::Invalid(why) => write!(f, "invalid: {why}"),
+            RpcError::OutOfOrder {
+                got,
+                expected: Some(e),
+            } => write!(f, "reply to request {got} where {e} was next"),
+            RpcError::OutOfOrder {
+                got,
+                expected: None,
+            } => write!(f, "reply to request {got} with none in flight"),
         }
     }
 }

@@ -17,8 +17,8 @@ use fabrickv_cluster::{server_of_key, Cluster, Registry};
 use fabrickv_types::limits::CACHE_BATCH_KEYS_MAX;
 use fabrickv_types::ErrorCode;
 
-use super::{lookup, ClusterOptions, Members};
-use crate::cache::{CacheClient, CacheClientOptions, Placed};
+use super::{cluster_of, lookup, ClusterOf, ClusterOptions, Members};
+use crate::cache::{CacheClient, Placed};
 use crate::{ClientError, Result};
 
 /// A value read into one server's client buffer.
@@ -46,6 +46,14 @@ impl std::fmt::Debug for ClusterCache {
     }
 }
 
+impl From<Members<CacheClient>> for ClusterCache {
+    fn from(m: Members<CacheClient>) -> Self {
+        ClusterCache { m }
+    }
+}
+
+cluster_of!(ClusterCache, CacheClient);
+
 impl ClusterCache {
     /// Connects to every registered server of `cluster` (as
     /// [`super::ClusterClient::connect`] does), each client with a receive
@@ -55,18 +63,7 @@ impl ClusterCache {
         opts: ClusterOptions,
         buffer_bytes: usize,
     ) -> Result<ClusterCache> {
-        let connector = move |addr: &str, timeout: Duration| {
-            CacheClient::connect_with(
-                addr,
-                CacheClientOptions {
-                    buffer_bytes,
-                    timeout,
-                },
-            )
-        };
-        Ok(ClusterCache {
-            m: Members::connect(cluster, &opts, Box::new(connector))?,
-        })
+        ClusterCache::connect_cluster(cluster, &opts, buffer_bytes)
     }
 
     /// Looks the cluster up in the registry and connects to it (as
@@ -83,14 +80,13 @@ impl ClusterCache {
 
     /// Keeps `registry` to find servers that come back elsewhere (as
     /// [`super::ClusterClient::follow`]).
-    pub fn follow(mut self, registry: Registry) -> ClusterCache {
-        self.m.registry = Some(registry);
-        self
+    pub fn follow(self, registry: Registry) -> ClusterCache {
+        self.following(Some(registry))
     }
 
     /// The number of servers, up or down.
     pub fn size(&self) -> u32 {
-        self.m.size()
+        self.servers()
     }
 
     /// The server that owns `key`.
@@ -101,18 +97,12 @@ impl ClusterCache {
 
     /// Whether server `id` is connected now.
     pub fn is_up(&self, id: u32) -> bool {
-        self.m.is_up(id as usize)
+        self.server_up(id)
     }
 
     /// The client of server `id` (connecting if it is down).
     pub fn client(&mut self, id: u32) -> Result<&mut CacheClient> {
-        if id >= self.m.size() {
-            return Err(ClientError::Invalid(
-                ErrorCode::Malformed,
-                format!("server {id} of a {}-server cluster", self.m.size()),
-            ));
-        }
-        self.m.ensure(id as usize)
+        self.server_client(id)
     }
 
     /// The receive buffer of server `id`'s client, where

@@ -16,16 +16,29 @@ use fabrickv_cluster::{server_of_u64, Cluster, Registry};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::ps::{PushMode, TableDesc, TableSpec};
 
-use super::{lookup, ClusterOptions, Members};
-use crate::ps::{PendingPush, PsClient, PullId, Pulled};
+use super::{cluster_of, lookup, ClusterOf, ClusterOptions, Members, PerServer};
+use crate::ps::{PsClient, PullId, Pulled};
 use crate::{ClientError, Result};
 
 /// A server connection of a [`ClusterPs`]: its client and, per table slot
 /// of the cluster client, the table's descriptor on that server once
 /// created or opened there.
-struct PsConn {
+pub struct PsConn {
+    /// The server's client.
     ps: PsClient,
+    /// Per table slot of the cluster client, the table's descriptor here.
     tables: Vec<Option<TableDesc>>,
+}
+
+impl PerServer for PsConn {
+    type Options = ();
+
+    fn connect(addr: &str, timeout: Duration, _: &()) -> Result<PsConn> {
+        Ok(PsConn {
+            ps: PsClient::connect_with_timeout(addr, timeout)?,
+            tables: Vec::new(),
+        })
+    }
 }
 
 /// A table of a [`ClusterPs`]. Only meaningful to the client that made
@@ -109,23 +122,24 @@ impl std::fmt::Debug for ClusterPs {
     }
 }
 
-fn ps_connector(addr: &str, timeout: Duration) -> Result<PsConn> {
-    Ok(PsConn {
-        ps: PsClient::connect_with_timeout(addr, timeout)?,
-        tables: Vec::new(),
-    })
+impl From<Members<PsConn>> for ClusterPs {
+    fn from(m: Members<PsConn>) -> Self {
+        ClusterPs {
+            m,
+            specs: Vec::new(),
+            part_keys: Vec::new(),
+            part_vals: Vec::new(),
+        }
+    }
 }
+
+cluster_of!(ClusterPs, PsConn);
 
 impl ClusterPs {
     /// Connects to every registered server of `cluster` (as
     /// [`super::ClusterClient::connect`] does).
     pub fn connect(cluster: &Cluster, opts: ClusterOptions) -> Result<ClusterPs> {
-        Ok(ClusterPs {
-            m: Members::connect(cluster, &opts, Box::new(ps_connector))?,
-            specs: Vec::new(),
-            part_keys: Vec::new(),
-            part_vals: Vec::new(),
-        })
+        ClusterPs::connect_cluster(cluster, &opts, ())
     }
 
     /// Looks the cluster up in the registry and connects to it (as
@@ -137,14 +151,13 @@ impl ClusterPs {
 
     /// Keeps `registry` to find servers that come back elsewhere (as
     /// [`super::ClusterClient::follow`]).
-    pub fn follow(mut self, registry: Registry) -> ClusterPs {
-        self.m.registry = Some(registry);
-        self
+    pub fn follow(self, registry: Registry) -> ClusterPs {
+        self.following(Some(registry))
     }
 
     /// The number of servers, up or down.
     pub fn size(&self) -> u32 {
-        self.m.size()
+        self.servers()
     }
 
     /// The server that owns `key`.
@@ -155,7 +168,7 @@ impl ClusterPs {
 
     /// Whether server `id` is connected now.
     pub fn is_up(&self, id: u32) -> bool {
-        self.m.is_up(id as usize)
+        self.server_up(id)
     }
 
     /// Creates a table on every server (or opens it where it exists with
@@ -495,32 +508,17 @@ impl ClusterPs {
                 self.table_on(s, t)?;
             }
         }
-        let mut first_err = None;
-        let mut pending: Vec<(usize, PendingPush)> = Vec::new();
-        for (s, k) in part_keys.iter().enumerate() {
-            if k.is_empty() {
-                continue;
-            }
-            let posted = self.m.conn(s).and_then(|c| {
+        let part_vals = &self.part_vals;
+        let with_part = (0..n).filter(|&s| !part_keys[s].is_empty());
+        self.m.post_then_collect(
+            with_part,
+            true,
+            |c, s| {
                 let d = desc(&c.tables, t.slot)?;
-                c.ps.push_post(d, k, &self.part_vals[s], mode)
-            });
-            match posted {
-                Ok(p) => pending.push((s, p)),
-                Err(e) => {
-                    let e = self.m.fail_or_wrap(s, e);
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        let deadline = Instant::now() + self.m.timeout;
-        for (s, p) in pending {
-            if let Err(e) = self.m.conn(s).and_then(|c| c.ps.push_collect(p, deadline)) {
-                let e = self.m.fail_or_wrap(s, e);
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+                c.ps.push_post(d, &part_keys[s], &part_vals[s], mode)
+            },
+            |c, p, deadline| c.ps.push_collect(p, deadline),
+        )
     }
 
     /// Every table any server holds, by name, with its item counts per

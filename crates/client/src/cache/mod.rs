@@ -1,0 +1,497 @@
+//! The KV-cache client: large values with TTL, read into a receive buffer
+//! the client registered with the server.
+//!
+//! A [`CacheClient`] owns one connection to one server worker (any worker
+//! serves any key) and a receive buffer of `buffer_bytes`. Where the
+//! transport registers memory (shm, fabric) the buffer *is* the registered
+//! region: a GET names a slice of it and the server writes the value there
+//! one-sided, after checking that it fits, then replies. Elsewhere (tcp,
+//! inproc) the buffer is local memory and the value travels in chunks of
+//! at most `CACHE_CHUNK_BYTES_MAX`, all requested at once and each tagged
+//! with the value's generation, so a value replaced mid-transfer is
+//! detected and read again instead of being stitched from two versions.
+//!
+//! [`CacheClient::get_at`] places a value at an offset of the buffer (the
+//! "response location" of the KV-cache service this one replaces: where
+//! the caller wants the value put); [`CacheClient::get_into`] reads into
+//! any caller slice; [`CacheClient::get_many_at`] pipelines a batch.
+//!
+//! Layout: this file holds the client, its connection and the calls of
+//! one request each; [`get`] the GETs (one-sided, or inline in chunks);
+//! [`reply`] how replies are decoded and checked, and the sink that lands
+//! inline chunks in place. Request ids, the requests in flight and their
+//! order, the credits and the waits are the request layer's
+//! (`fabrickv_rpc::Sessions`).
+
+mod get;
+mod reply;
+
+use std::time::Duration;
+
+use fabrickv_rpc::worker::Turns;
+use fabrickv_rpc::Sessions;
+use fabrickv_transport::{Endpoint, RemoteRegion};
+use fabrickv_types::limits::{
+    CACHE_BATCH_KEYS_MAX, CACHE_CHUNK_BYTES_MAX, CACHE_KEY_BYTES_MAX, CACHE_VALUE_BYTES_MAX,
+    TTL_MS_MAX,
+};
+use fabrickv_types::ErrorCode;
+use fabrickv_wire::cache::{
+    decode_reply, encode_bind, encode_key_op, encode_put_chunk, encode_put_from_region, CacheOp,
+    RegionSlice,
+};
+
+use crate::conn::{protocol, region_bytes, register_if_supported, CONN_REQUESTS_IN_FLIGHT_MAX};
+use crate::{ClientError, Result, DEFAULT_TIMEOUT};
+use reply::{put_reply, reply_frame, Bad};
+
+/// Default receive buffer of a client, in bytes (64, the `--buffer-mb`
+/// default of the KV-cache service this one replaces).
+pub const CACHE_BUFFER_BYTES_DEFAULT: usize = 64 << 20;
+
+/// Times a GET is retried when its value is replaced between chunks.
+pub const CACHE_GET_RETRIES_MAX: usize = 8;
+
+/// Picks the worker of each new client, round robin over the process.
+static TURNS: Turns = Turns::new();
+
+/// How a client is set up.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheClientOptions {
+    /// Bytes of the receive buffer.
+    pub buffer_bytes: usize,
+    /// Timeout of connecting and of each call.
+    pub timeout: Duration,
+}
+
+impl Default for CacheClientOptions {
+    fn default() -> Self {
+        CacheClientOptions {
+            buffer_bytes: CACHE_BUFFER_BYTES_DEFAULT,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// A value read into the receive buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
+    /// Where it starts in the buffer.
+    pub offset: usize,
+    /// Its length.
+    pub len: usize,
+    /// Its generation (changes whenever the key is written).
+    pub generation: u64,
+    /// Milliseconds until it expires (0 = never).
+    pub expires_in_ms: u64,
+}
+
+/// What a round of chunk replies said.
+struct Chunks {
+    /// (total, generation, expires_in_ms) of the first chunk, if present.
+    seen: Option<(u64, u64, u64)>,
+    /// The chunks came from different versions (or some vanished).
+    torn: bool,
+}
+
+/// The receive buffer.
+enum Buffer {
+    /// Registered with the transport: the server writes into it.
+    Region(RemoteRegion),
+    /// Local memory the client lands inline chunks in.
+    Local(Vec<u8>),
+}
+
+/// A client of the KV-cache service on one server worker.
+pub struct CacheClient {
+    /// The one session, to the client's worker: request ids, the requests
+    /// in flight, credits, the timeout.
+    sessions: Sessions<()>,
+    /// Where values land.
+    buffer: Buffer,
+    /// Bytes of `buffer`.
+    buffer_bytes: usize,
+    /// Numbers the chunked PUTs, so the server tells their chunks apart.
+    next_transfer: u64,
+    /// Receives GET replies taken whole (refusals, misses, chunks that
+    /// do not fit), reused from call to call.
+    whole: Vec<u8>,
+}
+
+impl std::fmt::Debug for CacheClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheClient")
+            .field("worker", &self.worker())
+            .field("one_sided", &self.one_sided())
+            .field("buffer_bytes", &self.buffer_bytes)
+            .finish()
+    }
+}
+
+fn check_key(key: &[u8]) -> Result<()> {
+    if key.is_empty() {
+        return Err(ClientError::Invalid(
+            ErrorCode::Malformed,
+            "empty key".into(),
+        ));
+    }
+    if key.len() > CACHE_KEY_BYTES_MAX {
+        return Err(ClientError::Invalid(
+            ErrorCode::KeyTooLong,
+            format!(
+                "{} bytes exceed CACHE_KEY_BYTES_MAX ({CACHE_KEY_BYTES_MAX})",
+                key.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl CacheClient {
+    /// Connects to the server at `addr` with the default options.
+    pub fn connect(addr: &str) -> Result<CacheClient> {
+        CacheClient::connect_with(addr, CacheClientOptions::default())
+    }
+
+    /// Connects with `opts`. Clients of one process spread over the
+    /// server's workers, round robin.
+    pub fn connect_with(addr: &str, opts: CacheClientOptions) -> Result<CacheClient> {
+        let (ep, worker) = crate::conn::connect_in_turn(addr, opts.timeout, &TURNS, 0)?;
+        CacheClient::on_endpoint(ep, worker, opts)
+    }
+
+    /// Connects to worker `worker`, whatever the turn: a reader thread
+    /// pinned beside a pinned worker (`--worker-cpus`) talks to that
+    /// worker. A worker the server does not have is refused at the
+    /// handshake (`UNAVAILABLE`, with the server's worker count).
+    pub fn connect_worker(
+        addr: &str,
+        worker: u16,
+        opts: CacheClientOptions,
+    ) -> Result<CacheClient> {
+        let ep = fabrickv_transport::connect(addr, worker, opts.timeout)?;
+        CacheClient::on_endpoint(ep, worker, opts)
+    }
+
+    /// A client over an endpoint already connected to `worker`; registers
+    /// the receive buffer where the transport can.
+    pub fn on_endpoint(
+        mut ep: Box<dyn Endpoint>,
+        worker: u16,
+        opts: CacheClientOptions,
+    ) -> Result<CacheClient> {
+        let buffer = match register_if_supported(&mut *ep, opts.buffer_bytes)? {
+            Some(r) => Buffer::Region(r),
+            None => Buffer::Local(vec![0; opts.buffer_bytes]),
+        };
+        Ok(CacheClient {
+            sessions: Sessions::one(ep, worker, CONN_REQUESTS_IN_FLIGHT_MAX, opts.timeout),
+            buffer,
+            buffer_bytes: opts.buffer_bytes,
+            next_transfer: 1,
+            whole: Vec::new(),
+        })
+    }
+
+    /// Whether values land one-sided in a registered region.
+    pub fn one_sided(&self) -> bool {
+        matches!(self.buffer, Buffer::Region(_))
+    }
+
+    /// The server worker this client talks to.
+    pub fn worker(&self) -> u16 {
+        self.sessions.get(0).worker()
+    }
+
+    /// Bytes of the receive buffer.
+    pub fn buffer_len(&self) -> usize {
+        self.buffer_bytes
+    }
+
+    /// The registered region's descriptor, if values land one-sided.
+    pub fn region(&self) -> Option<RemoteRegion> {
+        match self.buffer {
+            Buffer::Region(r) => Some(r),
+            Buffer::Local(_) => None,
+        }
+    }
+
+    /// The receive buffer.
+    pub fn buffer(&mut self) -> Result<&mut [u8]> {
+        match &mut self.buffer {
+            Buffer::Region(r) => {
+                let r = *r;
+                Ok(self.sessions.session(0).endpoint().local_region(&r)?)
+            }
+            Buffer::Local(v) => Ok(v),
+        }
+    }
+
+    /// Posts one message built by `build`, given its id and worker.
+    fn post(&mut self, build: impl FnOnce(&mut Vec<u8>, u64, u16)) -> Result<u64> {
+        let mut build = Some(build);
+        Ok(self.sessions.post(0, (), |b, id, w| {
+            if let Some(f) = build.take() {
+                f(b, id, w);
+            }
+        })?)
+    }
+
+    /// Waits for the replies of the `n` requests in flight (replies come
+    /// back in the order they were posted, which is checked), handing each
+    /// to `on_reply` in place (no copy out of the transport's buffer). A
+    /// reply out of order or undecodable ends the call; an error of one
+    /// reply is returned after the rest are in.
+    fn collect(
+        &mut self,
+        n: usize,
+        mut on_reply: impl FnMut(usize, &fabrickv_wire::Frame<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.sessions.flush()?;
+        let deadline = self.sessions.deadline();
+        let session = self.sessions.session(0);
+        let mut next = 0;
+        let mut first_err: Option<ClientError> = None;
+        let mut fatal: Option<ClientError> = None;
+        while next < n {
+            let got = session.poll(n - next, |m, q| {
+                if fatal.is_some() {
+                    return;
+                }
+                let id = q.front().map(|s| s.id);
+                match reply_frame(m, id) {
+                    Ok(frame) => {
+                        if let Err(e) = on_reply(next, &frame) {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                    Err(Bad::Fatal(e)) => {
+                        fatal = Some(e);
+                        return;
+                    }
+                    Err(Bad::Refused(e)) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                q.pop();
+                next += 1;
+            })?;
+            if let Some(e) = fatal {
+                return Err(e);
+            }
+            if got == 0 {
+                session.wait_until(deadline)?;
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Stores `value` under `key` with a time to live (`None` = forever);
+    /// returns the value's generation.
+    pub fn put(&mut self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<u64> {
+        check_key(key)?;
+        if value.len() > CACHE_VALUE_BYTES_MAX {
+            return Err(ClientError::Invalid(
+                ErrorCode::ValueTooLarge,
+                format!("{} bytes exceed CACHE_VALUE_BYTES_MAX", value.len()),
+            ));
+        }
+        let ttl_ms = match ttl {
+            None => 0,
+            Some(d) => {
+                let ms = d.as_millis().max(1);
+                if ms > u128::from(TTL_MS_MAX) {
+                    return Err(ClientError::Invalid(
+                        ErrorCode::TtlTooLarge,
+                        format!("{ms} ms"),
+                    ));
+                }
+                ms as u64
+            }
+        };
+        let total = value.len() as u64;
+        // A whole value in the registered region: one request, and the
+        // server reads it one-sided.
+        if let Buffer::Region(r) = self.buffer {
+            if value.len() <= self.buffer_bytes && value.len() > CACHE_CHUNK_BYTES_MAX {
+                self.buffer()?[..value.len()].copy_from_slice(value);
+                let src = RegionSlice {
+                    region: region_bytes(&r),
+                    offset: 0,
+                    len: total,
+                };
+                self.post(|b, id, w| encode_put_from_region(b, id, w, key, ttl_ms, &src))?;
+                let mut generation = 0;
+                self.collect(1, |_, f| {
+                    generation = put_reply(f, total)?;
+                    Ok(())
+                })?;
+                return Ok(generation);
+            }
+        }
+        let transfer = self.next_transfer;
+        self.next_transfer += 1;
+        let mut chunks = 0;
+        let mut offset = 0;
+        loop {
+            let end = (offset + CACHE_CHUNK_BYTES_MAX).min(value.len());
+            let chunk = &value[offset..end];
+            self.post(|b, id, w| {
+                encode_put_chunk(b, id, w, key, transfer, ttl_ms, total, offset as u64, chunk)
+            })?;
+            chunks += 1;
+            offset = end;
+            if offset >= value.len() {
+                break;
+            }
+        }
+        let last = chunks - 1;
+        let mut generation = 0;
+        self.collect(chunks, |i, f| {
+            let g = put_reply(f, total)?;
+            if i == last {
+                generation = g;
+            }
+            Ok(())
+        })?;
+        Ok(generation)
+    }
+
+    /// Reads `key` into the receive buffer at `offset`; `None` if absent.
+    /// `BUFFER_TOO_SMALL` if the value does not fit from `offset` on
+    /// (checked by the server before anything is written).
+    pub fn get_at(&mut self, key: &[u8], offset: usize) -> Result<Option<Placed>> {
+        let mut out = self.get_many_at(&[(key, offset)])?;
+        out.pop().unwrap_or(Ok(None))
+    }
+
+    /// Reads each `(key, offset)` into the receive buffer, all requests in
+    /// flight at once; one result per key, in order.
+    pub fn get_many_at(&mut self, items: &[(&[u8], usize)]) -> Result<Vec<Result<Option<Placed>>>> {
+        if items.len() > CACHE_BATCH_KEYS_MAX {
+            return Err(ClientError::Invalid(
+                ErrorCode::BatchTooLarge,
+                format!("{} keys exceed CACHE_BATCH_KEYS_MAX", items.len()),
+            ));
+        }
+        for (k, off) in items {
+            check_key(k)?;
+            if *off > self.buffer_bytes {
+                return Err(ClientError::Invalid(
+                    ErrorCode::BufferTooSmall,
+                    format!("offset {off} is past the {}-byte buffer", self.buffer_bytes),
+                ));
+            }
+        }
+        match self.buffer {
+            Buffer::Region(r) => self.get_many_one_sided(r, items),
+            Buffer::Local(_) => {
+                let mut buf = match std::mem::replace(&mut self.buffer, Buffer::Local(Vec::new())) {
+                    Buffer::Local(v) => v,
+                    Buffer::Region(r) => {
+                        self.buffer = Buffer::Region(r);
+                        return Err(ClientError::Protocol("buffer changed kind".into()));
+                    }
+                };
+                let out = self.get_many_inline(&mut buf, items);
+                self.buffer = Buffer::Local(buf);
+                out
+            }
+        }
+    }
+
+    /// Reads `key` into `dst`; returns the value's length, `None` if
+    /// absent. Over a registered region the value lands there first and is
+    /// copied; use [`CacheClient::get_at`] to read it in place.
+    pub fn get_into(&mut self, key: &[u8], dst: &mut [u8]) -> Result<Option<usize>> {
+        check_key(key)?;
+        match self.buffer {
+            Buffer::Local(_) => Ok(self.get_inline(key, dst, dst.len())?.map(|p| p.len)),
+            Buffer::Region(_) => {
+                let Some(p) = self.get_at(key, 0)? else {
+                    return Ok(None);
+                };
+                if p.len > dst.len() {
+                    return Err(too_small(p.len as u64, dst.len()));
+                }
+                dst[..p.len].copy_from_slice(&self.buffer()?[..p.len]);
+                Ok(Some(p.len))
+            }
+        }
+    }
+
+    /// Reads `key` into a new vector; `None` if absent.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let Some(p) = self.get_at(key, 0)? else {
+            return Ok(None);
+        };
+        Ok(Some(self.buffer()?[p.offset..p.offset + p.len].to_vec()))
+    }
+
+    /// Removes `key`; true if it was there.
+    pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
+        self.key_op(CacheOp::Delete, key)
+    }
+
+    /// Whether `key` is live.
+    pub fn exists(&mut self, key: &[u8]) -> Result<bool> {
+        self.key_op(CacheOp::Exists, key)
+    }
+
+    fn key_op(&mut self, op: CacheOp, key: &[u8]) -> Result<bool> {
+        check_key(key)?;
+        self.post(|b, id, w| encode_key_op(b, id, w, op, key))?;
+        let mut found = false;
+        self.collect(1, |_, f| {
+            let r = decode_reply(f).map_err(protocol)?;
+            found = match r.status {
+                ErrorCode::Ok => true,
+                ErrorCode::NotFound => false,
+                code => {
+                    return Err(ClientError::Server {
+                        code,
+                        message: String::new(),
+                    })
+                }
+            };
+            Ok(())
+        })?;
+        Ok(found)
+    }
+
+    /// Ties the gRPC client id `client_id` (from RegisterClient) to this
+    /// connection's receive buffer, so gRPC Get/Put calls that name the
+    /// client place values in it. Needs a registered region.
+    pub fn bind(&mut self, client_id: u64) -> Result<()> {
+        let Buffer::Region(r) = self.buffer else {
+            return Err(ClientError::Invalid(
+                ErrorCode::Unavailable,
+                "this transport registers no memory; gRPC placements need shm or fabric".into(),
+            ));
+        };
+        let slice = RegionSlice {
+            region: region_bytes(&r),
+            offset: 0,
+            len: self.buffer_bytes as u64,
+        };
+        self.post(|b, id, w| encode_bind(b, id, w, client_id, &slice))?;
+        self.collect(1, |_, f| {
+            let r = decode_reply(f).map_err(protocol)?;
+            match r.status {
+                ErrorCode::Ok => Ok(()),
+                code => Err(ClientError::Server {
+                    code,
+                    message: String::new(),
+                }),
+            }
+        })
+    }
+}
+
+/// `BUFFER_TOO_SMALL`: a value of `total` bytes and `room` bytes for it.
+fn too_small(total: u64, room: usize) -> ClientError {
+    ClientError::Server {
+        code: ErrorCode::BufferTooSmall,
+        message: format!("a {total}-byte value does not fit {room} bytes"),
+    }
+}
