@@ -81,14 +81,7 @@ impl FabricEndpoint {
         })?;
         welcome.name = vec![0; name_len];
         stream.read_exact(&mut welcome.name)?;
-        if welcome.status != 0 {
-            let name =
-                fabrickv_types::ErrorCode::from_u16(welcome.status).map_or("unknown", |c| c.name());
-            return Err(TransportError::Refused(format!(
-                "worker {worker}: {name} (server has {} workers)",
-                welcome.workers
-            )));
-        }
+        fabrickv_transport::handshake::check_answer(worker, welcome.status, welcome.workers)?;
         let peer = node.core.insert(&welcome.name)?;
         Ok(FabricEndpoint {
             node: std::mem::ManuallyDrop::new(node),
@@ -208,10 +201,7 @@ impl FabricEndpoint {
         } else {
             timeout.min(Duration::from_micros(IDLE_SLEEP_US_MAX))
         };
-        let ts = rustix::event::Timespec {
-            tv_sec: timeout.as_secs() as i64,
-            tv_nsec: i64::from(timeout.subsec_nanos()),
-        };
+        let ts = fabrickv_transport::timespec(timeout);
         let cq_fd = self.node.core.wait_fd();
         // SAFETY: the descriptor belongs to the completion queue, which
         // lives as long as self.node, beyond this call.

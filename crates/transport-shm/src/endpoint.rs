@@ -12,12 +12,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use fabrickv_transport::handshake::check_answer;
 use fabrickv_transport::{Endpoint, RemoteRegion, Result, TransportError};
 use fabrickv_types::limits::MESSAGE_BYTES_MAX;
 use rustix::event::{PollFd, PollFlags};
 
-use crate::acceptor::timespec;
-use crate::ctl::{self, decode_handshake, encode_handshake, ControlReader, HANDSHAKE_FDS};
+use crate::ctl::{self, ControlReader, HANDSHAKE_FDS, SHM_HELLO};
 use crate::mem::Mapping;
 use crate::region::{self, Access, LocalRegions, PeerRegions};
 use crate::ring::{fence_seqcst, Dir, Reader, Writer, CONN_SHM_BYTES};
@@ -88,16 +88,12 @@ impl ShmEndpoint {
         let timeout = timeout.max(Duration::from_millis(1));
         sock.set_read_timeout(Some(timeout))?;
         sock.set_write_timeout(Some(timeout))?;
-        sock.write_all(&encode_handshake(worker, 0))?;
+        sock.write_all(&SHM_HELLO.encode(worker, 0))?;
         let (reply, mut fds) = ctl::recv_handshake(sock.as_fd())?;
-        let (status, workers) = decode_handshake(&reply)
+        let (status, workers) = SHM_HELLO
+            .fields(&reply)
             .ok_or_else(|| refused("the peer is not a FabricKV shm server".into()))?;
-        if status != 0 {
-            let code = fabrickv_types::ErrorCode::from_u16(status).map_or("unknown", |c| c.name());
-            return Err(refused(format!(
-                "worker {worker}: {code} (server has {workers} workers)"
-            )));
-        }
+        check_answer(worker, status, workers)?;
         if fds.len() != HANDSHAKE_FDS {
             return Err(refused(format!(
                 "handshake carried {} descriptors, {HANDSHAKE_FDS} expected",
@@ -231,7 +227,7 @@ impl ShmEndpoint {
             PollFd::new(&self.ev_client, PollFlags::IN),
             PollFd::new(&self.sock, PollFlags::IN),
         ];
-        match rustix::event::poll(&mut fds, Some(&timespec(timeout))) {
+        match rustix::event::poll(&mut fds, Some(&fabrickv_transport::timespec(timeout))) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(io::Error::from(e).into()),
         }

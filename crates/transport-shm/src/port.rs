@@ -27,7 +27,6 @@ use fabrickv_transport::{
 use fabrickv_types::limits::{CONN_SEND_QUEUE_BYTES_MAX, MESSAGE_BYTES_MAX};
 use rustix::event::epoll;
 
-use crate::acceptor::timespec;
 use crate::ctl::{self, ControlReader};
 use crate::mem::Mapping;
 use crate::region::{self, Access, LocalRegions, PeerRegions};
@@ -348,7 +347,7 @@ impl ShmPort {
 
     /// One epoll call: wakes, new connections, socket events.
     fn wait_events(&mut self, timeout: Duration) -> Result<()> {
-        let ts = timespec(timeout);
+        let ts = fabrickv_transport::timespec(timeout);
         let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); EVENTS_PER_WAIT];
         let tokens: Vec<u64> = match epoll::wait(&self.epoll, &mut buf, Some(&ts)) {
             Ok((events, _)) => events.iter().map(|e| e.data.u64()).collect(),

@@ -17,6 +17,9 @@
 //!   [`Acceptor`] on the server), errors, and [`listen`]/[`connect`], which
 //!   pick an implementation from the address scheme;
 //! - [`framing`]: sans-I/O length-prefix framing for byte-stream transports;
+//! - [`handshake`]: sans-I/O server side of every transport's connection
+//!   handshake (the bounded, timed table of pending hellos and how a hello
+//!   is judged), and the client's check of the answer;
 //! - [`inproc`]: the in-process mock (channels, for tests);
 //! - [`tcp`]: mio/epoll on the server, blocking sockets on the client.
 
@@ -30,6 +33,7 @@ use std::time::{Duration, Instant};
 #[allow(clippy::unwrap_used)]
 pub mod conformance;
 pub mod framing;
+pub mod handshake;
 pub mod inproc;
 pub mod tcp;
 
@@ -130,6 +134,16 @@ impl Waker {
 impl fmt::Debug for Waker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Waker")
+    }
+}
+
+/// `d` as the timespec that `poll`/`epoll_wait` take (saturating at the
+/// longest one they can express): every transport blocks through one of
+/// them.
+pub fn timespec(d: Duration) -> rustix::event::Timespec {
+    rustix::event::Timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: i64::from(d.subsec_nanos()),
     }
 }
 

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! `status` is an `ErrorCode` (0 = accepted). After it, both directions
-//! carry length-prefixed messages (see [`crate::framing`]).
+//! carry length-prefixed messages (see [`crate::framing`]). The rules of
+//! the handshake live in [`crate::handshake`], shared with shm and fabric.
 //!
 //! Threads: one acceptor thread runs every handshake (bounded in count and
 //! time, so a client that connects and says nothing holds nothing for
@@ -24,39 +25,14 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
+pub use acceptor::{Conclude, TcpAcceptor};
 pub use endpoint::TcpEndpoint;
 pub use port::SPLICE_PART_BYTES_MIN;
 
 use crate::{Listening, Result, TransportError, WorkerPort};
 
 /// Bytes of each handshake message.
-pub const HANDSHAKE_BYTES: usize = 8;
-
-/// First bytes of each handshake message.
-const HANDSHAKE_MAGIC: &[u8; 3] = b"FKV";
-
-/// Handshake version spoken here.
-const HANDSHAKE_VERSION: u8 = 1;
-
-fn encode_handshake(second: u16, third: u16) -> [u8; HANDSHAKE_BYTES] {
-    let mut b = [0u8; HANDSHAKE_BYTES];
-    b[..3].copy_from_slice(HANDSHAKE_MAGIC);
-    b[3] = HANDSHAKE_VERSION;
-    b[4..6].copy_from_slice(&second.to_le_bytes());
-    b[6..8].copy_from_slice(&third.to_le_bytes());
-    b
-}
-
-/// Parses a handshake into its two 16-bit fields.
-fn decode_handshake(b: &[u8; HANDSHAKE_BYTES]) -> Option<(u16, u16)> {
-    if &b[..3] != HANDSHAKE_MAGIC || b[3] != HANDSHAKE_VERSION {
-        return None;
-    }
-    Some((
-        u16::from_le_bytes([b[4], b[5]]),
-        u16::from_le_bytes([b[6], b[7]]),
-    ))
-}
+pub const HANDSHAKE_BYTES: usize = crate::handshake::COMPACT_HELLO_BYTES;
 
 fn resolve(addr: &str) -> Result<SocketAddr> {
     addr.to_socket_addrs()
@@ -79,8 +55,17 @@ pub fn listen(addr: &str, workers: usize) -> Result<Listening> {
         ports.push(Box::new(port));
         handoffs.push(handoff);
     }
-    let acceptor =
-        acceptor::TcpAcceptor::new(mio::net::TcpListener::from_std(listener), handoffs, open)?;
+    let conclude = acceptor::TcpConclude {
+        handoffs,
+        open: open.clone(),
+    };
+    let acceptor = TcpAcceptor::new(
+        mio::net::TcpListener::from_std(listener),
+        acceptor::TCP_HELLO,
+        workers,
+        open,
+        conclude,
+    )?;
     Ok(Listening {
         local_addr: format!("tcp://{local}"),
         acceptor: Box::new(acceptor),
