@@ -11,7 +11,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use fabrickv_transport::framing::{self, Next, PREFIX_BYTES};
-use fabrickv_transport::{Endpoint, RemoteRegion, Result, TransportError};
+use fabrickv_transport::{Capabilities, Endpoint, RemoteRegion, Result, TransportError};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::RecvFlags;
 
@@ -20,7 +20,7 @@ use crate::wire::{
     Flow, Header, Hello, Kind, Outbox, Piece, Reassembly, Welcome, HEADER_BYTES, PACKET_BYTES,
     WELCOME_BYTES, WINDOW_PACKETS,
 };
-use crate::{CLOSE_CHECK_INTERVAL_MS, IDLE_SLEEP_US_MAX, IDLE_SPIN_US, RMA_TIMEOUT_MS};
+use crate::{CLOSE_CHECK_INTERVAL_MS, IDLE_SLEEP_US_MAX, IDLE_SPIN_US};
 
 /// A connection to one worker of a FabricKV server over libfabric.
 pub struct FabricEndpoint {
@@ -362,6 +362,10 @@ impl Endpoint for FabricEndpoint {
         self.block(timeout)
     }
 
+    fn capabilities(&self) -> Capabilities {
+        self.node.core.capabilities()
+    }
+
     fn register(&mut self, len: usize) -> Result<RemoteRegion> {
         let (addr, key) = self.node.core.register_region(len)?;
         Ok(RemoteRegion {
@@ -381,24 +385,10 @@ impl Endpoint for FabricEndpoint {
     }
 
     fn write_remote(&mut self, region: &RemoteRegion, offset: usize, data: &[u8]) -> Result<()> {
-        region.check(offset, data.len())?;
-        self.node.core.write(
-            self.peer,
-            region.addr + offset as u64,
-            region.key,
-            data,
-            Duration::from_millis(RMA_TIMEOUT_MS),
-        )
+        self.node.core.write(self.peer, region, offset, data)
     }
 
     fn read_remote(&mut self, region: &RemoteRegion, offset: usize, out: &mut [u8]) -> Result<()> {
-        region.check(offset, out.len())?;
-        self.node.core.read(
-            self.peer,
-            region.addr + offset as u64,
-            region.key,
-            out,
-            Duration::from_millis(RMA_TIMEOUT_MS),
-        )
+        self.node.core.read(self.peer, region, offset, out)
     }
 }

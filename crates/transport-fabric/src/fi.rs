@@ -20,7 +20,7 @@ use std::os::fd::RawFd;
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use fabrickv_transport::{Result, TransportError};
+use fabrickv_transport::{Capabilities, RemoteRegion, Result, TransportError};
 
 use crate::sys;
 
@@ -839,6 +839,16 @@ impl Core {
         unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), 1) == 0 }
     }
 
+    /// What this endpoint offers: one-sided access if the provider has
+    /// `FI_RMA` (and its staging memory could be registered).
+    pub fn capabilities(&self) -> Capabilities {
+        if self.caps.rma {
+            Capabilities::ONE_SIDED
+        } else {
+            Capabilities::NONE
+        }
+    }
+
     /// Registers `len` zeroed bytes for peers to read and write; returns
     /// (addr, key) as peers must use them.
     pub fn register_region(&mut self, len: usize) -> Result<(u64, u64)> {
@@ -868,23 +878,25 @@ impl Core {
             .map(|r| &mut r.mem[..])
     }
 
-    /// Writes `data` into the peer `dest`'s region at remote address
-    /// `raddr` with key `key`; returns once the provider reports the bytes
-    /// delivered (`FI_DELIVERY_COMPLETE`), progressing the queue meanwhile.
+    /// Writes `data` into `region` of the peer `dest` at `offset` (checked
+    /// against the region first; nothing moves if it overruns); returns
+    /// once the provider reports the bytes delivered
+    /// (`FI_DELIVERY_COMPLETE`), progressing the queue meanwhile, or fails
+    /// after `RMA_TIMEOUT_MS`.
     pub fn write(
         &mut self,
         dest: u64,
-        raddr: u64,
-        key: u64,
+        region: &RemoteRegion,
+        offset: usize,
         data: &[u8],
-        timeout: Duration,
     ) -> Result<()> {
+        region.check(offset, data.len())?;
         self.rma_op(
             dest,
-            raddr,
-            key,
+            region.addr + offset as u64,
+            region.key,
             data.len(),
-            timeout,
+            Duration::from_millis(crate::RMA_TIMEOUT_MS),
             |buf, at| {
                 buf.copy_from_slice(&data[at..at + buf.len()]);
             },
@@ -892,17 +904,26 @@ impl Core {
         )
     }
 
-    /// Reads the peer's region into `out`.
+    /// Reads `region` of the peer `dest` at `offset` into `out`, as
+    /// [`Core::write`] writes.
     pub fn read(
         &mut self,
         dest: u64,
-        raddr: u64,
-        key: u64,
+        region: &RemoteRegion,
+        offset: usize,
         out: &mut [u8],
-        timeout: Duration,
     ) -> Result<()> {
+        region.check(offset, out.len())?;
         let len = out.len();
-        self.rma_op(dest, raddr, key, len, timeout, |_, _| {}, Some(out))
+        self.rma_op(
+            dest,
+            region.addr + offset as u64,
+            region.key,
+            len,
+            Duration::from_millis(crate::RMA_TIMEOUT_MS),
+            |_, _| {},
+            Some(out),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -13,7 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use fabrickv_transport::handshake::check_answer;
-use fabrickv_transport::{Endpoint, RemoteRegion, Result, TransportError};
+use fabrickv_transport::{Capabilities, Endpoint, RemoteRegion, Result, TransportError};
 use fabrickv_types::limits::MESSAGE_BYTES_MAX;
 use rustix::event::{PollFd, PollFlags};
 
@@ -21,7 +21,7 @@ use crate::ctl::{self, ControlReader, HANDSHAKE_FDS, SHM_HELLO};
 use crate::mem::Mapping;
 use crate::region::{self, Access, LocalRegions, PeerRegions};
 use crate::ring::{fence_seqcst, Dir, Reader, Writer, CONN_SHM_BYTES};
-use crate::{socket_addr, CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US};
+use crate::{socket_addr, CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US, SHM_CAPABILITIES};
 
 /// Bytes of a buffered message's length prefix (staged posts, replies
 /// taken during a flush).
@@ -382,6 +382,14 @@ impl Endpoint for ShmEndpoint {
         };
         self.rx.disarm_wait(&self.map);
         r
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // The client's side lends nothing in place: only replies do.
+        Capabilities {
+            remote_view: false,
+            ..SHM_CAPABILITIES
+        }
     }
 
     fn register(&mut self, len: usize) -> Result<RemoteRegion> {

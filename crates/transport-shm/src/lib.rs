@@ -49,7 +49,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fabrickv_transport::{Endpoint, Listening, Result, TransportError, WorkerPort};
+use fabrickv_transport::{Capabilities, Endpoint, Listening, Result, TransportError, WorkerPort};
 
 pub use endpoint::ShmEndpoint;
 pub use region::{PEER_REGIONS_MAX, REGIONS_MAX, REGION_BYTES_MAX};
@@ -78,6 +78,14 @@ pub const CONTROL_CHECK_INTERVAL_US: u64 = 1_000;
 
 const _: () = assert!(SHM_CONNECTIONS_MAX <= fabrickv_types::limits::CONNECTIONS_MAX);
 const _: () = assert!(SOCKET_NAME_PREFIX.len() + NAME_BYTES_MAX <= 107);
+
+/// What every shm connection offers: regions are memfds mapped by the
+/// peer, so both sides read and write them, and a reply can lend the
+/// client's mapped memory in place.
+pub const SHM_CAPABILITIES: Capabilities = Capabilities {
+    remote_view: true,
+    ..Capabilities::ONE_SIDED
+};
 
 /// Makes `shm://NAME` addresses work with `fabrickv_transport::listen` and
 /// `connect`. Idempotent.

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use fabrickv_transport::{
-    ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError, Waker,
-    WorkerPort,
+    Capabilities, ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError,
+    Waker, WorkerPort,
 };
 use fabrickv_types::limits::{CONN_SEND_QUEUE_BYTES_MAX, MESSAGE_BYTES_MAX};
 use rustix::event::epoll;
@@ -31,7 +31,7 @@ use crate::ctl::{self, ControlReader};
 use crate::mem::Mapping;
 use crate::region::{self, Access, LocalRegions, PeerRegions};
 use crate::ring::{fence_seqcst, Dir, Reader, Writer};
-use crate::{CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US};
+use crate::{CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US, SHM_CAPABILITIES};
 
 /// Epoll token of the port's waker eventfd.
 const WAKE: u64 = u64::MAX;
@@ -170,6 +170,10 @@ struct ShmReply<'a> {
 impl Reply for ShmReply<'_> {
     fn buf(&mut self) -> &mut Vec<u8> {
         self.buf
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        SHM_CAPABILITIES
     }
 
     fn write_remote(&mut self, r: &RemoteRegion, offset: usize, data: &[u8]) -> Result<()> {
@@ -577,6 +581,10 @@ impl WorkerPort for ShmPort {
 
     fn stats(&self) -> PortStats {
         self.stats
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        SHM_CAPABILITIES
     }
 
     fn register(&mut self, len: usize) -> Result<RemoteRegion> {

@@ -72,6 +72,12 @@ pub trait Reply {
         self.buf().extend_from_slice(b);
     }
 
+    /// What this reply's connection offers: the one-sided calls below
+    /// work only where it says so.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+    }
+
     /// Writes `data` into a region the requesting peer registered, at
     /// `offset`; in place before the peer receives this reply.
     fn write_remote(&mut self, _region: &RemoteRegion, _offset: usize, _data: &[u8]) -> Result<()> {
@@ -264,6 +270,50 @@ impl RemoteRegion {
     }
 }
 
+/// What a connection offers beyond two-sided messages, so that a caller
+/// chooses its path up front (a client registers a buffer, a server
+/// writes a value one-sided) instead of trying and matching on
+/// [`TransportError::Unsupported`]. The answer holds for the connection's
+/// life; fabric's depends on the provider (`FI_RMA`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Capabilities {
+    /// `register` and `local_region` work: this side can expose memory
+    /// for its peer to read and write one-sided.
+    pub memory_registration: bool,
+    /// `write_remote` works: this side can write a region its peer
+    /// registered.
+    pub one_sided_write: bool,
+    /// `read_remote` works: this side can read a region its peer
+    /// registered.
+    pub one_sided_read: bool,
+    /// [`Reply::remote_mut`] lends the peer's registered memory in place
+    /// (shm maps it), so a handler can build a result there with no copy.
+    pub remote_view: bool,
+}
+
+impl Capabilities {
+    /// Messages only (inproc, tcp).
+    pub const NONE: Capabilities = Capabilities {
+        memory_registration: false,
+        one_sided_write: false,
+        one_sided_read: false,
+        remote_view: false,
+    };
+
+    /// Registration and one-sided reads and writes (fabric with `FI_RMA`).
+    pub const ONE_SIDED: Capabilities = Capabilities {
+        memory_registration: true,
+        one_sided_write: true,
+        one_sided_read: true,
+        remote_view: false,
+    };
+
+    /// True if registration, one-sided write and one-sided read all work.
+    pub fn one_sided(&self) -> bool {
+        self.memory_registration && self.one_sided_write && self.one_sided_read
+    }
+}
+
 /// Longest head [`Endpoint::recv_split`] shows its sink before the sink
 /// says where the rest of the message goes, in bytes. A head is parsed
 /// from the endpoint's own buffer; it is meant for a frame header and a
@@ -382,6 +432,12 @@ pub trait Endpoint: Send {
         }
     }
 
+    /// What this connection offers: the registration and one-sided
+    /// calls below work only where it says so.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+    }
+
     /// Registers `len` zeroed bytes that the peer may read and write
     /// one-sided; send the returned descriptor to the peer in a message.
     fn register(&mut self, _len: usize) -> Result<RemoteRegion> {
@@ -457,6 +513,13 @@ pub trait WorkerPort: Send {
 
     /// This port's counters.
     fn stats(&self) -> PortStats;
+
+    /// What this port's connections offer: the registration and
+    /// one-sided calls below, and those of the replies it hands its
+    /// handler, work only where it says so.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+    }
 
     /// Registers `len` zeroed bytes that the worker's peers may read and
     /// write one-sided (each peer is told the descriptor in a message).
