@@ -18,6 +18,7 @@
 //! owns a [`port::TcpPort`] with its own epoll instance.
 
 mod acceptor;
+mod conn_datapath;
 mod endpoint;
 mod port;
 
@@ -26,8 +27,8 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 pub use acceptor::{Conclude, TcpAcceptor};
+pub use conn_datapath::SPLICE_PART_BYTES_MIN;
 pub use endpoint::TcpEndpoint;
-pub use port::SPLICE_PART_BYTES_MIN;
 
 use crate::{Listening, Result, TransportError, WorkerPort};
 
