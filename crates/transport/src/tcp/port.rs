@@ -6,7 +6,7 @@
 //! buffer; then [`TcpPort::flush`] does one `write` per connection with
 //! output. No allocation once buffers have grown to their working size.
 //!
-//! Bytes a handler hands over with [`Reply::append_shared`] (a leased
+//! Bytes a handler hands over with [`crate::Reply::append_shared`] (a leased
 //! value) are not copied into the send buffer: they are queued at their
 //! place in it and written from their own memory by the same vectored
 //! `write`, then dropped. A shared part of at least
