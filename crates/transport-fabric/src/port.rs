@@ -563,19 +563,11 @@ impl WorkerPort for FabricPort {
     }
 
     fn register(&mut self, len: usize) -> Result<RemoteRegion> {
-        let (addr, key) = self.node.core.register_region(len)?;
-        Ok(RemoteRegion {
-            addr,
-            len: len as u64,
-            key,
-        })
+        self.node.core.register_region(len)
     }
 
     fn local_region(&mut self, region: &RemoteRegion) -> Result<&mut [u8]> {
-        self.node
-            .core
-            .region_mut(region.addr, region.key)
-            .ok_or_else(|| TransportError::BadRegion("not a region this port registered".into()))
+        self.node.core.region_mut(region, "port")
     }
 
     fn write_remote(

@@ -17,9 +17,9 @@ use fabrickv_transport::{Capabilities, Endpoint, RemoteRegion, Result, Transport
 use fabrickv_types::limits::MESSAGE_BYTES_MAX;
 use rustix::event::{PollFd, PollFlags};
 
-use crate::ctl::{self, ControlReader, HANDSHAKE_FDS, SHM_HELLO};
+use crate::ctl::{self, HANDSHAKE_FDS, SHM_HELLO};
 use crate::mem::Mapping;
-use crate::region::{self, Access, LocalRegions, PeerRegions};
+use crate::region::{Access, LocalRegions, PeerLink};
 use crate::ring::{fence_seqcst, Dir, Reader, Writer, CONN_SHM_BYTES};
 use crate::{socket_addr, CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US, SHM_CAPABILITIES};
 
@@ -51,10 +51,9 @@ pub struct ShmEndpoint {
     /// the ring's; `[u32 length][payload]` each, from `received_head`.
     received: Vec<u8>,
     received_head: usize,
-    /// Partial control records from the socket.
-    ctl: ControlReader,
-    /// Regions the server registered.
-    peers: PeerRegions,
+    /// Control records from the socket and the regions the server
+    /// announced in them.
+    peer: PeerLink,
     /// Regions this side registered.
     locals: LocalRegions,
     /// The server is gone (socket end-of-file) or broke the protocol.
@@ -121,8 +120,7 @@ impl ShmEndpoint {
             scratch: Vec::new(),
             received: Vec::new(),
             received_head: 0,
-            ctl: ControlReader::default(),
-            peers: PeerRegions::default(),
+            peer: PeerLink::default(),
             locals: LocalRegions::default(),
             closed: false,
             last_control_check: Instant::now(),
@@ -155,8 +153,7 @@ impl ShmEndpoint {
     /// Reads the socket: regions the server announced, end-of-file.
     fn check_control(&mut self) -> Result<()> {
         self.last_control_check = Instant::now();
-        let peers = &mut self.peers;
-        match self.ctl.drain(self.sock.as_fd(), &mut |a| peers.adopt(a)) {
+        match self.peer.drain(self.sock.as_fd()) {
             Ok(()) => Ok(()),
             Err(TransportError::Closed) => {
                 self.closed = true;
@@ -403,24 +400,12 @@ impl Endpoint for ShmEndpoint {
     }
 
     fn write_remote(&mut self, r: &RemoteRegion, offset: usize, data: &[u8]) -> Result<()> {
-        region::access(
-            &mut self.peers,
-            &mut self.ctl,
-            self.sock.as_fd(),
-            r,
-            offset,
-            Access::Write(data),
-        )
+        self.peer
+            .access(self.sock.as_fd(), r, offset, Access::Write(data))
     }
 
     fn read_remote(&mut self, r: &RemoteRegion, offset: usize, out: &mut [u8]) -> Result<()> {
-        region::access(
-            &mut self.peers,
-            &mut self.ctl,
-            self.sock.as_fd(),
-            r,
-            offset,
-            Access::Read(out),
-        )
+        self.peer
+            .access(self.sock.as_fd(), r, offset, Access::Read(out))
     }
 }

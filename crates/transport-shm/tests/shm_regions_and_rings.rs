@@ -5,28 +5,22 @@
 //! One-sided access every transport offers is checked by the shared
 //! conformance suite (tests/conformance.rs).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use fabrickv_transport::conformance::call;
 use fabrickv_transport::{Endpoint, PortStats, RemoteRegion, TransportError};
 use fabrickv_transport_shm::ShmEndpoint;
+
+mod common;
+use common::unique;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Bytes of the region the server registers.
 const SERVER_REGION_BYTES: usize = 1 << 20;
-
-fn unique(tag: &str) -> String {
-    fabrickv_transport_shm::install();
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 fn pattern(i: usize) -> u8 {
     (i % 251) as u8
@@ -115,21 +109,6 @@ impl RmaServer {
             .expect("running")
             .join()
             .expect("server thread")
-    }
-}
-
-fn call(ep: &mut dyn Endpoint, msg: &[u8]) -> Vec<u8> {
-    ep.post(msg).expect("post");
-    ep.flush(TIMEOUT).expect("flush");
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let mut got = None;
-        ep.poll(1, &mut |m| got = Some(m.to_vec())).expect("poll");
-        if let Some(m) = got {
-            return m;
-        }
-        assert!(Instant::now() < deadline, "no reply");
-        ep.wait(Duration::from_millis(100)).expect("wait");
     }
 }
 

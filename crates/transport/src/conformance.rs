@@ -106,7 +106,9 @@ impl EchoServer {
     }
 }
 
-fn recv_one(ep: &mut dyn Endpoint) -> Vec<u8> {
+/// Waits for the next message on `ep` (a test helper for transports'
+/// own tests too).
+pub fn recv_one(ep: &mut dyn Endpoint) -> Vec<u8> {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let mut got = None;
@@ -332,8 +334,9 @@ impl RegionServer {
     }
 }
 
-/// Sends `msg` and waits for the reply.
-fn call(ep: &mut dyn Endpoint, msg: &[u8]) -> Vec<u8> {
+/// Sends `msg` and waits for the reply (a test helper for transports'
+/// own tests too).
+pub fn call(ep: &mut dyn Endpoint, msg: &[u8]) -> Vec<u8> {
     ep.post(msg).expect("post");
     ep.flush(TIMEOUT).expect("flush");
     recv_one(ep)
@@ -355,6 +358,13 @@ fn is_unsupported<T>(r: crate::Result<T>) -> bool {
 
 fn is_bad_region<T>(r: crate::Result<T>) -> bool {
     matches!(r, Err(TransportError::BadRegion(_)))
+}
+
+/// A client of `s`, if its connection reports one-sided access (the
+/// checks that need it pass trivially elsewhere).
+fn one_sided_client(s: &Server<Vec<u8>>) -> Option<Box<dyn Endpoint>> {
+    let ep = connect(&s.addr, 0, TIMEOUT).expect("connect");
+    ep.capabilities().one_sided().then_some(ep)
 }
 
 /// Conformance check; see the module docs. A transport that reports no
@@ -400,12 +410,10 @@ pub fn capabilities_are_honest(addr: String) {
 /// it are refused before anything moves.
 pub fn one_sided_client_reads_and_writes_the_server_region(addr: String) {
     let s = RegionServer::start(&addr);
-    let mut ep = connect(&s.addr, 0, TIMEOUT).expect("connect");
-    if !ep.capabilities().one_sided() {
-        drop(ep);
+    let Some(mut ep) = one_sided_client(&s) else {
         s.stop();
         return;
-    }
+    };
     let region = RemoteRegion::decode(&call(&mut *ep, b"D")).expect("descriptor");
     assert_eq!(region.len, SERVER_REGION_BYTES as u64);
 
@@ -457,12 +465,10 @@ pub fn one_sided_client_reads_and_writes_the_server_region(addr: String) {
 /// connection lives on.
 pub fn one_sided_reply_write_lands_before_the_reply(addr: String) {
     let s = RegionServer::start(&addr);
-    let mut ep = connect(&s.addr, 0, TIMEOUT).expect("connect");
-    if !ep.capabilities().one_sided() {
-        drop(ep);
+    let Some(mut ep) = one_sided_client(&s) else {
         s.stop();
         return;
-    }
+    };
     let mine = ep.register(CLIENT_REGION_BYTES).expect("register");
     assert_eq!(mine.len, CLIENT_REGION_BYTES as u64);
     assert!(ep

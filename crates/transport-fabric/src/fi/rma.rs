@@ -17,7 +17,7 @@ impl Core {
 
     /// Registers `len` zeroed bytes for peers to read and write; returns
     /// (addr, key) as peers must use them.
-    pub fn register_region(&mut self, len: usize) -> Result<(u64, u64)> {
+    pub fn register_region(&mut self, len: usize) -> Result<RemoteRegion> {
         if !self.caps.rma {
             return Err(TransportError::Unsupported(
                 "one-sided access (this libfabric provider has no FI_RMA)",
@@ -33,15 +33,23 @@ impl Core {
             0
         };
         self.regions.push(Region { mem, mr, key, addr });
-        Ok((addr, key))
+        Ok(RemoteRegion {
+            addr,
+            len: len as u64,
+            key,
+        })
     }
 
-    /// The bytes of a region this node registered.
-    pub fn region_mut(&mut self, addr: u64, key: u64) -> Option<&mut [u8]> {
+    /// The bytes of a region this node registered; `BadRegion` naming
+    /// `owner` ("endpoint", "port") if it registered no such region.
+    pub fn region_mut(&mut self, region: &RemoteRegion, owner: &str) -> Result<&mut [u8]> {
         self.regions
             .iter_mut()
-            .find(|r| r.key == key && r.addr == addr)
+            .find(|r| r.key == region.key && r.addr == region.addr)
             .map(|r| &mut r.mem[..])
+            .ok_or_else(|| {
+                TransportError::BadRegion(format!("not a region this {owner} registered"))
+            })
     }
 
     /// Writes `data` into `region` of the peer `dest` at `offset` (checked
