@@ -21,7 +21,7 @@ use fabrickv_transport::handshake::Verdict;
 use fabrickv_transport::tcp::{Conclude, TcpAcceptor};
 use fabrickv_transport::{Listening, Result, WorkerPort};
 use fabrickv_types::ErrorCode;
-use mio::net::{TcpListener, TcpStream};
+use mio::net::TcpStream;
 
 use crate::port::{FabricPort, Handoff, NewConn};
 use crate::wire::{Hello, HelloWire, Welcome, WINDOW_PACKETS};
@@ -29,10 +29,7 @@ use crate::wire::{Hello, HelloWire, Welcome, WINDOW_PACKETS};
 /// Listens on `host` (`HOST:PORT`, port 0 picks one) with one endpoint of
 /// `provider` per worker.
 pub(crate) fn listen(provider: &str, host: &str, workers: usize) -> Result<Listening> {
-    let sa = crate::resolve(host)?;
-    let listener = std::net::TcpListener::bind(sa)?;
-    listener.set_nonblocking(true)?;
-    let local = listener.local_addr()?;
+    let (listener, local) = fabrickv_transport::tcp::bind(host)?;
     let open = Arc::new(AtomicUsize::new(0));
     let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
     let mut handoffs = Vec::with_capacity(workers);
@@ -47,13 +44,7 @@ pub(crate) fn listen(provider: &str, host: &str, workers: usize) -> Result<Liste
         handoffs,
         open: open.clone(),
     };
-    let acceptor = TcpAcceptor::new(
-        TcpListener::from_std(listener),
-        HelloWire,
-        workers,
-        open,
-        conclude,
-    )?;
+    let acceptor = TcpAcceptor::new(listener, HelloWire, workers, open, conclude)?;
     Ok(Listening {
         local_addr: format!("{}://{provider}/{local}", crate::SCHEME),
         acceptor: Box::new(acceptor),

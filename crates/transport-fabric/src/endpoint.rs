@@ -55,7 +55,7 @@ impl FabricEndpoint {
         worker: u16,
         timeout: Duration,
     ) -> Result<FabricEndpoint> {
-        let sa = crate::resolve(host)?;
+        let sa = fabrickv_transport::tcp::resolve(host)?;
         let mut stream = TcpStream::connect_timeout(&sa, timeout)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(timeout))?;

@@ -131,6 +131,14 @@ impl Waker {
         Waker(Arc::new(f))
     }
 
+    /// Wakes through a mio waker (the tcp port and acceptor, fabric's
+    /// port): each owner polls a mio `Poll` the waker belongs to.
+    pub fn from_mio(w: Arc<mio::Waker>) -> Waker {
+        Waker::new(move || {
+            let _ = w.wake();
+        })
+    }
+
     /// Wakes the owner.
     pub fn wake(&self) {
         (self.0)()

@@ -180,10 +180,7 @@ impl<C: Conclude> Acceptor for TcpAcceptor<C> {
     }
 
     fn waker(&self) -> Waker {
-        let w = self.waker.clone();
-        Waker::new(move || {
-            let _ = w.wake();
-        })
+        Waker::from_mio(self.waker.clone())
     }
 }
 

@@ -35,19 +35,26 @@ use crate::{Listening, Result, TransportError, WorkerPort};
 /// Bytes of each handshake message.
 pub const HANDSHAKE_BYTES: usize = crate::handshake::COMPACT_HELLO_BYTES;
 
-fn resolve(addr: &str) -> Result<SocketAddr> {
+/// The first socket address `addr` (`HOST:PORT`) resolves to.
+pub fn resolve(addr: &str) -> Result<SocketAddr> {
     addr.to_socket_addrs()
         .map_err(|_| TransportError::BadAddress(addr.to_string()))?
         .next()
         .ok_or_else(|| TransportError::BadAddress(addr.to_string()))
 }
 
-/// Listens on `addr` (port 0 picks a free port) for `workers` workers.
-pub fn listen(addr: &str, workers: usize) -> Result<Listening> {
-    let sa = resolve(addr)?;
-    let listener = std::net::TcpListener::bind(sa)?;
+/// A non-blocking listener on `addr` (port 0 picks a free port) and the
+/// address it got, for a [`TcpAcceptor`] (fabric's rendezvous too).
+pub fn bind(addr: &str) -> Result<(mio::net::TcpListener, SocketAddr)> {
+    let listener = std::net::TcpListener::bind(resolve(addr)?)?;
     listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
+    Ok((mio::net::TcpListener::from_std(listener), local))
+}
+
+/// Listens on `addr` (port 0 picks a free port) for `workers` workers.
+pub fn listen(addr: &str, workers: usize) -> Result<Listening> {
+    let (listener, local) = bind(addr)?;
     let open = Arc::new(AtomicUsize::new(0));
     let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
     let mut handoffs = Vec::with_capacity(workers);
@@ -60,13 +67,7 @@ pub fn listen(addr: &str, workers: usize) -> Result<Listening> {
         handoffs,
         open: open.clone(),
     };
-    let acceptor = TcpAcceptor::new(
-        mio::net::TcpListener::from_std(listener),
-        acceptor::TCP_HELLO,
-        workers,
-        open,
-        conclude,
-    )?;
+    let acceptor = TcpAcceptor::new(listener, acceptor::TCP_HELLO, workers, open, conclude)?;
     Ok(Listening {
         local_addr: format!("tcp://{local}"),
         acceptor: Box::new(acceptor),

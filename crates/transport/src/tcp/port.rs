@@ -367,10 +367,7 @@ impl WorkerPort for TcpPort {
     }
 
     fn waker(&self) -> Waker {
-        let w = self.waker.clone();
-        Waker::new(move || {
-            let _ = w.wake();
-        })
+        Waker::from_mio(self.waker.clone())
     }
 
     fn stats(&self) -> PortStats {
