@@ -120,29 +120,18 @@ impl ShmAcceptor {
 
     /// Reads what the handshake has sent and acts on the table's step.
     fn advance(&mut self, slot: usize) {
-        loop {
-            let Some((stream, space)) = self.table.read_space(slot) else {
-                return;
-            };
-            let n = match stream.read(space) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => 0,
-            };
-            match self
-                .table
-                .received(slot, n, self.open.load(Ordering::Acquire))
-            {
-                Step::Read => {}
-                Step::Drop(stream) => {
-                    let _ = epoll::delete(&self.epoll, &stream);
-                    return;
-                }
-                Step::Done(stream, verdict) => {
-                    let _ = epoll::delete(&self.epoll, &stream);
-                    return self.complete(stream, verdict);
-                }
+        let open = &self.open;
+        let step =
+            self.table
+                .read_from(slot, || open.load(Ordering::Acquire), |s, buf| s.read(buf));
+        match step {
+            Step::Read => {}
+            Step::Drop(stream) => {
+                let _ = epoll::delete(&self.epoll, &stream);
+            }
+            Step::Done(stream, verdict) => {
+                let _ = epoll::delete(&self.epoll, &stream);
+                self.complete(stream, verdict);
             }
         }
     }

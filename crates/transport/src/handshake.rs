@@ -359,6 +359,34 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
         Step::Read
     }
 
+    /// Reads `slot`'s socket with `read` (a non-blocking `read(2)` into
+    /// the space given) until it would block or the handshake moves on,
+    /// feeding each read to [`Handshakes::received`] with the count
+    /// `open` gives then. A failed read counts as the peer closing. This
+    /// is the loop every acceptor ran; the reading itself stays theirs.
+    pub fn read_from(
+        &mut self,
+        slot: usize,
+        open: impl Fn() -> usize,
+        mut read: impl FnMut(&mut T, &mut [u8]) -> std::io::Result<usize>,
+    ) -> Step<T, F::Hello> {
+        loop {
+            let Some((io, space)) = self.read_space(slot) else {
+                return Step::Read;
+            };
+            let n = match read(io, space) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Step::Read,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => 0,
+            };
+            match self.received(slot, n, open()) {
+                Step::Read => {}
+                step => return step,
+            }
+        }
+    }
+
     /// Judges the whole hello in `slot` and frees the slot.
     fn decide(&mut self, slot: usize, open: usize) -> Step<T, F::Hello> {
         let Some(p) = self.slots.get_mut(slot).and_then(|p| p.take()) else {
@@ -510,6 +538,50 @@ mod tests {
         assert_eq!(TCP.fields(&TCP.encode(3, 4)), Some((3, 4)));
         let shm = CompactHello { magic: *b"FKS" };
         assert_eq!(shm.fields(&TCP.encode(3, 4)), None);
+    }
+
+    #[test]
+    fn read_from_stops_at_would_block_and_retries_interrupted() {
+        use std::io::{Error, ErrorKind};
+        let mut t = Handshakes::new(TCP, limits(), 2);
+        let (slot, _) = admitted(t.admit(0, Instant::now(), 0));
+        let hello = TCP.encode(1, 0);
+        // Three bytes, an interruption, then nothing more for now.
+        let mut script: Vec<std::io::Result<&[u8]>> = vec![
+            Ok(&hello[..3]),
+            Err(Error::from(ErrorKind::Interrupted)),
+            Err(Error::from(ErrorKind::WouldBlock)),
+        ];
+        script.reverse();
+        let mut read = |_: &mut u32, buf: &mut [u8]| match script.pop() {
+            Some(Ok(b)) => {
+                buf[..b.len()].copy_from_slice(b);
+                Ok(b.len())
+            }
+            Some(Err(e)) => Err(e),
+            None => Ok(0),
+        };
+        assert!(matches!(t.read_from(slot, || 0, &mut read), Step::Read));
+        let rest = &hello[3..];
+        let step = t.read_from(
+            slot,
+            || 0,
+            |_, buf| {
+                buf[..rest.len()].copy_from_slice(rest);
+                Ok(rest.len())
+            },
+        );
+        assert!(matches!(
+            step,
+            Step::Done(0, Verdict::Accept { worker: 1, .. })
+        ));
+        let (slot, _) = admitted(t.admit(5, Instant::now(), 0));
+        let step = t.read_from(
+            slot,
+            || 0,
+            |_, _| Err(Error::from(ErrorKind::ConnectionReset)),
+        );
+        assert!(matches!(step, Step::Drop(5)));
     }
 
     #[test]

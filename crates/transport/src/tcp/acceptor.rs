@@ -125,30 +125,18 @@ impl<C: Conclude> TcpAcceptor<C> {
 
     /// Reads what the handshake has sent and acts on the table's step.
     fn advance(&mut self, slot: usize) {
-        loop {
-            let Some((stream, space)) = self.table.read_space(slot) else {
-                return;
-            };
-            let n = match stream.read(space) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => 0,
-            };
-            match self
-                .table
-                .received(slot, n, self.open.load(Ordering::Acquire))
-            {
-                Step::Read => {}
-                Step::Drop(mut stream) => {
-                    let _ = self.poll.registry().deregister(&mut stream);
-                    return;
-                }
-                Step::Done(mut stream, verdict) => {
-                    let _ = self.poll.registry().deregister(&mut stream);
-                    self.conclude.conclude(stream, verdict, self.table.format());
-                    return;
-                }
+        let open = &self.open;
+        let step =
+            self.table
+                .read_from(slot, || open.load(Ordering::Acquire), |s, buf| s.read(buf));
+        match step {
+            Step::Read => {}
+            Step::Drop(mut stream) => {
+                let _ = self.poll.registry().deregister(&mut stream);
+            }
+            Step::Done(mut stream, verdict) => {
+                let _ = self.poll.registry().deregister(&mut stream);
+                self.conclude.conclude(stream, verdict, self.table.format());
             }
         }
     }
