@@ -13,7 +13,7 @@
 //!   processes have exited or unmapped it, the kernel frees it, so even
 //!   `kill -9` leaks nothing.
 //! - **Data**: two single-producer single-consumer rings in that memory
-//!   ([`ring`]), one per direction. A sender writes records past the
+//!   (`ring`), one per direction. A sender writes records past the
 //!   published tail and publishes a whole burst with one release store at
 //!   flush; a receiver reads records in place (zero copy) and releases
 //!   them with one store per burst.
@@ -26,12 +26,12 @@
 //!   peer is gone (the server drops the connection; the client reports
 //!   `Closed`).
 //! - **One-sided access**: a registered region is a memfd of its own,
-//!   passed over the socket and mapped by the peer ([`region`]).
+//!   passed over the socket and mapped by the peer (`region`).
 //!
-//! Layout: [`mem`] (the only `unsafe`: mappings and atomics in them),
-//! [`ring`] (layout and ring protocol), [`ctl`] (the socket: handshake,
-//! descriptor passing), [`region`], [`acceptor`], [`port`] (server data
-//! path), [`endpoint`] (client data path).
+//! Layout: `mem` (the only `unsafe`: mappings and atomics in them),
+//! `ring` (layout and ring protocol), `ctl` (the socket: handshake,
+//! descriptor passing), `region`, `acceptor`, `port` (server data
+//! path), `endpoint` (client data path).
 
 #![allow(unsafe_code)]
 

@@ -1,7 +1,7 @@
 //! One conformance suite for every transport (feature `conformance`).
 //!
 //! Each check is a function taking the address to listen on; a transport's
-//! test file instantiates all of them with [`conformance_suite!`], giving a
+//! test file instantiates all of them with [`crate::conformance_suite!`], giving a
 //! function that makes a fresh address per test (`tcp://127.0.0.1:0`,
 //! `inproc://unique`, `shm://unique`, ...). Transports from other crates
 //! register their scheme with [`crate::register_scheme`] first.

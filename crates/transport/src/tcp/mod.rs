@@ -15,7 +15,7 @@
 //! Threads: one acceptor thread runs every handshake (bounded in count and
 //! time, so a client that connects and says nothing holds nothing for
 //! long) and hands the socket to its worker over a channel; each worker
-//! owns a [`port::TcpPort`] with its own epoll instance.
+//! owns a `port::TcpPort` with its own epoll instance.
 
 mod acceptor;
 mod conn_datapath;
