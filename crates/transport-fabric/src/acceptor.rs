@@ -8,55 +8,28 @@
 //!
 //! The worker gets the connection (and inserts the client into its
 //! address vector) before the client gets its answer, so the client's
-//! first packet always finds its connection adopted. Handshakes are
-//! bounded in number and time, as in the tcp transport.
+//! first packet always finds its connection adopted. The acceptor thread
+//! is the tcp transport's (`fabrickv_transport::tcp::TcpAcceptor`), with
+//! the same bounded, timed table of handshakes; this file says what an
+//! accepted or refused fabric hello gets.
 
-use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use fabrickv_transport::{Acceptor, Listening, Result, Waker, WorkerPort};
-use fabrickv_types::limits::{CONNECTIONS_MAX, HANDSHAKES_PENDING_MAX, HANDSHAKE_TIMEOUT_MS};
+use fabrickv_transport::handshake::Verdict;
+use fabrickv_transport::tcp::{Conclude, TcpAcceptor};
+use fabrickv_transport::{Listening, Result, WorkerPort};
 use fabrickv_types::ErrorCode;
-use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token};
+use mio::net::TcpStream;
 
 use crate::port::{FabricPort, Handoff, NewConn};
-use crate::wire::{Hello, Welcome, HELLO_BYTES, WINDOW_PACKETS};
-
-const LISTENER: Token = Token(0);
-const WAKER: Token = Token(1);
-const FIRST_PENDING: usize = 2;
-
-/// Readiness events handled per epoll call.
-const EVENTS_PER_POLL: usize = 256;
-
-struct Pending {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    deadline: Instant,
-}
-
-struct FabricAcceptor {
-    listener: TcpListener,
-    poll: Poll,
-    waker: Arc<mio::Waker>,
-    handoffs: Vec<Handoff>,
-    /// The next connection id of each worker (never reused while the
-    /// server runs, so a stale packet cannot reach a newer connection).
-    next_id: Vec<u32>,
-    open: Arc<AtomicUsize>,
-    pending: Vec<Option<Pending>>,
-}
+use crate::wire::{Hello, HelloWire, Welcome, WINDOW_PACKETS};
 
 /// Listens on `host` (`HOST:PORT`, port 0 picks one) with one endpoint of
 /// `provider` per worker.
 pub(crate) fn listen(provider: &str, host: &str, workers: usize) -> Result<Listening> {
-    let sa = crate::resolve(host)?;
-    let listener = std::net::TcpListener::bind(sa)?;
-    listener.set_nonblocking(true)?;
-    let local = listener.local_addr()?;
+    let (listener, local) = fabrickv_transport::tcp::bind(host)?;
     let open = Arc::new(AtomicUsize::new(0));
     let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
     let mut handoffs = Vec::with_capacity(workers);
@@ -66,20 +39,12 @@ pub(crate) fn listen(provider: &str, host: &str, workers: usize) -> Result<Liste
         ports.push(Box::new(port));
         handoffs.push(handoff);
     }
-    let mut listener = TcpListener::from_std(listener);
-    let poll = Poll::new()?;
-    poll.registry()
-        .register(&mut listener, LISTENER, Interest::READABLE)?;
-    let waker = Arc::new(mio::Waker::new(poll.registry(), WAKER)?);
-    let acceptor = FabricAcceptor {
-        listener,
-        poll,
-        waker,
+    let conclude = FabricConclude {
         next_id: vec![1; handoffs.len()],
         handoffs,
-        open,
-        pending: Vec::new(),
+        open: open.clone(),
     };
+    let acceptor = TcpAcceptor::new(listener, HelloWire, workers, open, conclude)?;
     Ok(Listening {
         local_addr: format!("{}://{provider}/{local}", crate::SCHEME),
         acceptor: Box::new(acceptor),
@@ -87,96 +52,20 @@ pub(crate) fn listen(provider: &str, host: &str, workers: usize) -> Result<Liste
     })
 }
 
-impl FabricAcceptor {
-    fn accept_all(&mut self) {
-        loop {
-            match self.listener.accept() {
-                Ok((mut stream, _)) => {
-                    if self.open.load(Ordering::Acquire) >= CONNECTIONS_MAX {
-                        tracing::warn!("refusing a connection: {CONNECTIONS_MAX} connections open");
-                        continue;
-                    }
-                    let live = self.pending.iter().filter(|p| p.is_some()).count();
-                    if live >= HANDSHAKES_PENDING_MAX {
-                        if let Some(oldest) = (0..self.pending.len())
-                            .filter_map(|i| self.pending[i].as_ref().map(|p| (p.deadline, i)))
-                            .min()
-                            .map(|(_, i)| i)
-                        {
-                            self.drop_pending(oldest);
-                        }
-                    }
-                    let _ = stream.set_nodelay(true);
-                    let slot = self
-                        .pending
-                        .iter()
-                        .position(|p| p.is_none())
-                        .unwrap_or_else(|| {
-                            self.pending.push(None);
-                            self.pending.len() - 1
-                        });
-                    if self
-                        .poll
-                        .registry()
-                        .register(&mut stream, Token(FIRST_PENDING + slot), Interest::READABLE)
-                        .is_err()
-                    {
-                        continue;
-                    }
-                    self.pending[slot] = Some(Pending {
-                        stream,
-                        buf: Vec::with_capacity(HELLO_BYTES),
-                        deadline: Instant::now() + Duration::from_millis(HANDSHAKE_TIMEOUT_MS),
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    return;
-                }
-            }
-        }
-    }
+/// The fabric transport's end of a handshake: give the connection an id,
+/// hand it to its worker, then answer with the worker endpoint's name.
+struct FabricConclude {
+    handoffs: Vec<Handoff>,
+    /// The next connection id of each worker (never reused while the
+    /// server runs, so a stale packet cannot reach a newer connection).
+    next_id: Vec<u32>,
+    /// Connections open over all workers.
+    open: Arc<AtomicUsize>,
+}
 
-    fn advance(&mut self, slot: usize) {
-        let Some(p) = self.pending.get_mut(slot).and_then(|p| p.as_mut()) else {
-            return;
-        };
-        loop {
-            let want = if p.buf.len() < HELLO_BYTES {
-                HELLO_BYTES
-            } else {
-                match Hello::total_bytes(&p.buf) {
-                    Some(n) => n,
-                    None => return self.refuse(slot, ErrorCode::UnsupportedVersion, 0),
-                }
-            };
-            if p.buf.len() == want {
-                return self.complete(slot);
-            }
-            let mut chunk = [0u8; 512];
-            let n = (want - p.buf.len()).min(chunk.len());
-            match p.stream.read(&mut chunk[..n]) {
-                Ok(0) => return self.drop_pending(slot),
-                Ok(k) => p.buf.extend_from_slice(&chunk[..k]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return self.drop_pending(slot),
-            }
-        }
-    }
-
-    fn drop_pending(&mut self, slot: usize) {
-        if let Some(mut p) = self.pending[slot].take() {
-            let _ = self.poll.registry().deregister(&mut p.stream);
-        }
-    }
-
-    fn refuse(&mut self, slot: usize, status: ErrorCode, worker: usize) {
-        let Some(mut p) = self.pending[slot].take() else {
-            return;
-        };
-        let _ = self.poll.registry().deregister(&mut p.stream);
+impl FabricConclude {
+    /// Answers a refusal; names `worker`'s endpoint as every answer does.
+    fn refuse(&self, mut stream: TcpStream, status: ErrorCode, worker: usize) {
         let name = self
             .handoffs
             .get(worker)
@@ -189,27 +78,18 @@ impl FabricAcceptor {
             window: 0,
             name,
         };
-        let _ = p.stream.write(&w.encode());
+        let _ = stream.write(&w.encode());
     }
+}
 
-    fn complete(&mut self, slot: usize) {
-        let hello = self.pending[slot]
-            .as_ref()
-            .and_then(|p| Hello::decode(&p.buf));
-        let Some(hello) = hello else {
-            return self.refuse(slot, ErrorCode::UnsupportedVersion, 0);
+impl Conclude for FabricConclude {
+    type Format = HelloWire;
+
+    fn conclude(&mut self, stream: TcpStream, verdict: Verdict<Hello>, _format: &HelloWire) {
+        let (worker, hello) = match verdict {
+            Verdict::Accept { worker, hello } => (worker, hello),
+            Verdict::Refuse { code, worker } => return self.refuse(stream, code, worker),
         };
-        let worker = usize::from(hello.worker);
-        if worker >= self.handoffs.len() {
-            return self.refuse(slot, ErrorCode::NoSuchWorker, 0);
-        }
-        if self.open.load(Ordering::Acquire) >= CONNECTIONS_MAX || hello.window < 4 {
-            return self.refuse(slot, ErrorCode::Unavailable, worker);
-        }
-        let Some(mut p) = self.pending[slot].take() else {
-            return;
-        };
-        let _ = self.poll.registry().deregister(&mut p.stream);
         let id = self.next_id[worker];
         self.next_id[worker] = id.wrapping_add(1).max(1);
         let w = Welcome {
@@ -222,7 +102,7 @@ impl FabricAcceptor {
         // The socket is handed to the worker, which watches it for the
         // client's departure; the answer is written first by our own
         // duplicate of it, after the worker has the connection.
-        let reply_stream = match p.stream.peer_addr().and_then(|_| dup_stream(&p.stream)) {
+        let mut reply_stream = match stream.peer_addr().and_then(|_| dup_stream(&stream)) {
             Ok(s) => s,
             Err(_) => return,
         };
@@ -231,31 +111,14 @@ impl FabricAcceptor {
             id,
             name: hello.name,
             window: hello.window,
-            stream: p.stream,
+            stream,
         };
         if self.handoffs[worker].hand(nc).is_err() {
             self.open.fetch_sub(1, Ordering::AcqRel);
             return;
         }
         // A fresh socket's send buffer is empty: the answer always fits.
-        let mut reply_stream = reply_stream;
         let _ = reply_stream.write_all(&w.encode());
-    }
-
-    fn expire(&mut self, now: Instant) -> Option<Duration> {
-        let mut next: Option<Duration> = None;
-        for slot in 0..self.pending.len() {
-            let Some(deadline) = self.pending[slot].as_ref().map(|p| p.deadline) else {
-                continue;
-            };
-            if deadline <= now {
-                self.drop_pending(slot);
-            } else {
-                let left = deadline - now;
-                next = Some(next.map_or(left, |n| n.min(left)));
-            }
-        }
-        next
     }
 }
 
@@ -264,34 +127,4 @@ fn dup_stream(s: &TcpStream) -> io::Result<std::net::TcpStream> {
     use std::os::fd::AsFd;
     let fd = s.as_fd().try_clone_to_owned()?;
     Ok(std::net::TcpStream::from(fd))
-}
-
-impl Acceptor for FabricAcceptor {
-    fn run(&mut self, stop: &AtomicBool) -> Result<()> {
-        let mut events = Events::with_capacity(EVENTS_PER_POLL);
-        while !stop.load(Ordering::Acquire) {
-            let timeout = self.expire(Instant::now());
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e.into());
-            }
-            for ev in events.iter() {
-                match ev.token() {
-                    LISTENER => self.accept_all(),
-                    WAKER => {}
-                    Token(t) => self.advance(t - FIRST_PENDING),
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn waker(&self) -> Waker {
-        let w = self.waker.clone();
-        Waker::new(move || {
-            let _ = w.wake();
-        })
-    }
 }

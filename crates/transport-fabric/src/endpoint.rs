@@ -11,7 +11,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use fabrickv_transport::framing::{self, Next, PREFIX_BYTES};
-use fabrickv_transport::{Endpoint, RemoteRegion, Result, TransportError};
+use fabrickv_transport::{Capabilities, Endpoint, RemoteRegion, Result, TransportError};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::RecvFlags;
 
@@ -20,7 +20,7 @@ use crate::wire::{
     Flow, Header, Hello, Kind, Outbox, Piece, Reassembly, Welcome, HEADER_BYTES, PACKET_BYTES,
     WELCOME_BYTES, WINDOW_PACKETS,
 };
-use crate::{CLOSE_CHECK_INTERVAL_MS, IDLE_SLEEP_US_MAX, IDLE_SPIN_US, RMA_TIMEOUT_MS};
+use crate::{CLOSE_CHECK_INTERVAL_MS, IDLE_SLEEP_US_MAX, IDLE_SPIN_US};
 
 /// A connection to one worker of a FabricKV server over libfabric.
 pub struct FabricEndpoint {
@@ -55,7 +55,7 @@ impl FabricEndpoint {
         worker: u16,
         timeout: Duration,
     ) -> Result<FabricEndpoint> {
-        let sa = crate::resolve(host)?;
+        let sa = fabrickv_transport::tcp::resolve(host)?;
         let mut stream = TcpStream::connect_timeout(&sa, timeout)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(timeout))?;
@@ -81,14 +81,7 @@ impl FabricEndpoint {
         })?;
         welcome.name = vec![0; name_len];
         stream.read_exact(&mut welcome.name)?;
-        if welcome.status != 0 {
-            let name =
-                fabrickv_types::ErrorCode::from_u16(welcome.status).map_or("unknown", |c| c.name());
-            return Err(TransportError::Refused(format!(
-                "worker {worker}: {name} (server has {} workers)",
-                welcome.workers
-            )));
-        }
+        fabrickv_transport::handshake::check_answer(worker, welcome.status, welcome.workers)?;
         let peer = node.core.insert(&welcome.name)?;
         Ok(FabricEndpoint {
             node: std::mem::ManuallyDrop::new(node),
@@ -208,10 +201,7 @@ impl FabricEndpoint {
         } else {
             timeout.min(Duration::from_micros(IDLE_SLEEP_US_MAX))
         };
-        let ts = rustix::event::Timespec {
-            tv_sec: timeout.as_secs() as i64,
-            tv_nsec: i64::from(timeout.subsec_nanos()),
-        };
+        let ts = fabrickv_transport::timespec(timeout);
         let cq_fd = self.node.core.wait_fd();
         // SAFETY: the descriptor belongs to the completion queue, which
         // lives as long as self.node, beyond this call.
@@ -372,43 +362,23 @@ impl Endpoint for FabricEndpoint {
         self.block(timeout)
     }
 
+    fn capabilities(&self) -> Capabilities {
+        self.node.core.capabilities()
+    }
+
     fn register(&mut self, len: usize) -> Result<RemoteRegion> {
-        let (addr, key) = self.node.core.register_region(len)?;
-        Ok(RemoteRegion {
-            addr,
-            len: len as u64,
-            key,
-        })
+        self.node.core.register_region(len)
     }
 
     fn local_region(&mut self, region: &RemoteRegion) -> Result<&mut [u8]> {
-        self.node
-            .core
-            .region_mut(region.addr, region.key)
-            .ok_or_else(|| {
-                TransportError::BadRegion("not a region this endpoint registered".into())
-            })
+        self.node.core.region_mut(region, "endpoint")
     }
 
     fn write_remote(&mut self, region: &RemoteRegion, offset: usize, data: &[u8]) -> Result<()> {
-        region.check(offset, data.len())?;
-        self.node.core.write(
-            self.peer,
-            region.addr + offset as u64,
-            region.key,
-            data,
-            Duration::from_millis(RMA_TIMEOUT_MS),
-        )
+        self.node.core.write(self.peer, region, offset, data)
     }
 
     fn read_remote(&mut self, region: &RemoteRegion, offset: usize, out: &mut [u8]) -> Result<()> {
-        region.check(offset, out.len())?;
-        self.node.core.read(
-            self.peer,
-            region.addr + offset as u64,
-            region.key,
-            out,
-            Duration::from_millis(RMA_TIMEOUT_MS),
-        )
+        self.node.core.read(self.peer, region, offset, out)
     }
 }

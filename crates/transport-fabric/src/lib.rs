@@ -34,7 +34,6 @@ pub mod raw;
 pub mod sys;
 pub mod wire;
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -93,13 +92,6 @@ pub fn parse(rest: &str) -> Result<(&str, &str)> {
              {SCHEME}://tcp;ofi_rxm/127.0.0.1:7500 or {SCHEME}://shm/127.0.0.1:7500)"
         ))),
     }
-}
-
-fn resolve(addr: &str) -> Result<SocketAddr> {
-    addr.to_socket_addrs()
-        .map_err(|_| TransportError::BadAddress(addr.to_string()))?
-        .next()
-        .ok_or_else(|| TransportError::BadAddress(addr.to_string()))
 }
 
 /// True for providers whose endpoints are named rather than bound to an

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use fabrickv_transport::framing;
 use fabrickv_transport::{
-    ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError, Waker,
-    WorkerPort,
+    Capabilities, ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError,
+    Waker, WorkerPort,
 };
 use fabrickv_types::limits::CONN_SEND_QUEUE_BYTES_MAX;
 use mio::net::TcpStream;
@@ -29,7 +29,7 @@ use crate::fi::{Core, Event, Node};
 use crate::wire::{
     Flow, Header, Kind, Outbox, Piece, Reassembly, HEADER_BYTES, PACKET_BYTES, WINDOW_PACKETS,
 };
-use crate::{CLOSE_CHECK_INTERVAL_MS, IDLE_SLEEP_US_MAX, IDLE_SPIN_US, RMA_TIMEOUT_MS};
+use crate::{CLOSE_CHECK_INTERVAL_MS, IDLE_SLEEP_US_MAX, IDLE_SPIN_US};
 
 const WAKER: Token = Token(usize::MAX);
 const CQ: Token = Token(usize::MAX - 1);
@@ -470,26 +470,16 @@ impl Reply for PortReply<'_> {
         self.out
     }
 
+    fn capabilities(&self) -> Capabilities {
+        self.core.capabilities()
+    }
+
     fn write_remote(&mut self, region: &RemoteRegion, offset: usize, data: &[u8]) -> Result<()> {
-        region.check(offset, data.len())?;
-        self.core.write(
-            self.peer,
-            region.addr + offset as u64,
-            region.key,
-            data,
-            Duration::from_millis(RMA_TIMEOUT_MS),
-        )
+        self.core.write(self.peer, region, offset, data)
     }
 
     fn read_remote(&mut self, region: &RemoteRegion, offset: usize, out: &mut [u8]) -> Result<()> {
-        region.check(offset, out.len())?;
-        self.core.read(
-            self.peer,
-            region.addr + offset as u64,
-            region.key,
-            out,
-            Duration::from_millis(RMA_TIMEOUT_MS),
-        )
+        self.core.read(self.peer, region, offset, out)
     }
 }
 
@@ -558,30 +548,23 @@ impl WorkerPort for FabricPort {
     }
 
     fn waker(&self) -> Waker {
-        let w = self.waker.clone();
-        Waker::new(move || {
-            let _ = w.wake();
-        })
+        Waker::from_mio(self.waker.clone())
     }
 
     fn stats(&self) -> PortStats {
         self.stats
     }
 
+    fn capabilities(&self) -> Capabilities {
+        self.node.core.capabilities()
+    }
+
     fn register(&mut self, len: usize) -> Result<RemoteRegion> {
-        let (addr, key) = self.node.core.register_region(len)?;
-        Ok(RemoteRegion {
-            addr,
-            len: len as u64,
-            key,
-        })
+        self.node.core.register_region(len)
     }
 
     fn local_region(&mut self, region: &RemoteRegion) -> Result<&mut [u8]> {
-        self.node
-            .core
-            .region_mut(region.addr, region.key)
-            .ok_or_else(|| TransportError::BadRegion("not a region this port registered".into()))
+        self.node.core.region_mut(region, "port")
     }
 
     fn write_remote(
@@ -591,15 +574,8 @@ impl WorkerPort for FabricPort {
         offset: usize,
         data: &[u8],
     ) -> Result<()> {
-        region.check(offset, data.len())?;
         let peer = self.peer_of(conn)?;
-        self.node.core.write(
-            peer,
-            region.addr + offset as u64,
-            region.key,
-            data,
-            Duration::from_millis(RMA_TIMEOUT_MS),
-        )
+        self.node.core.write(peer, region, offset, data)
     }
 
     fn read_remote(
@@ -609,15 +585,8 @@ impl WorkerPort for FabricPort {
         offset: usize,
         out: &mut [u8],
     ) -> Result<()> {
-        region.check(offset, out.len())?;
         let peer = self.peer_of(conn)?;
-        self.node.core.read(
-            peer,
-            region.addr + offset as u64,
-            region.key,
-            out,
-            Duration::from_millis(RMA_TIMEOUT_MS),
-        )
+        self.node.core.read(peer, region, offset, out)
     }
 }
 

@@ -20,6 +20,7 @@
 //! `credits` returns receive slots to the peer.
 
 use fabrickv_transport::framing::{self, Next, PREFIX_BYTES};
+use fabrickv_transport::handshake::HelloFormat;
 
 /// Bytes of one packet, header included: the size of each receive slot.
 /// 16 KiB fits the eager buffers of `ofi_rxm` (so no rendezvous protocol
@@ -321,6 +322,41 @@ impl Hello {
             window: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
             name: b[HELLO_BYTES..].to_vec(),
         })
+    }
+}
+
+/// The layout of [`Hello`] for the shared handshake table
+/// (`fabrickv_transport::handshake`): a fixed part, then the client
+/// endpoint's name, whose length the fixed part gives.
+#[derive(Debug, Clone, Copy)]
+pub struct HelloWire;
+
+/// Smallest receive window a client may offer, in packets: the credit
+/// scheme keeps one in reserve and needs room for data besides.
+pub const WINDOW_PACKETS_MIN: u32 = 4;
+
+impl HelloFormat for HelloWire {
+    type Hello = Hello;
+
+    const BYTES_MAX: usize = HELLO_BYTES + crate::fi::NAME_BYTES_MAX;
+
+    fn wanted(&self, got: &[u8]) -> Option<usize> {
+        if got.len() < HELLO_BYTES {
+            return Some(HELLO_BYTES);
+        }
+        Hello::total_bytes(got)
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Option<Hello> {
+        Hello::decode(bytes)
+    }
+
+    fn worker(hello: &Hello) -> u16 {
+        hello.worker
+    }
+
+    fn usable(hello: &Hello) -> bool {
+        hello.window >= WINDOW_PACKETS_MIN
     }
 }
 

@@ -1,19 +1,20 @@
-//! The acceptor thread: accepts unix sockets, runs their handshakes,
-//! creates each connection's shared memory and hands it to its worker.
+//! The acceptor thread: accepts unix sockets, feeds their handshakes to
+//! the shared table (`fabrickv_transport::handshake`), creates each
+//! accepted connection's shared memory and hands it to its worker.
 
 use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use fabrickv_transport::{Acceptor, Result, Waker};
-use fabrickv_types::limits::{HANDSHAKES_PENDING_MAX, HANDSHAKE_TIMEOUT_MS};
+use fabrickv_transport::handshake::{Admission, CompactHello, Handshakes, Limits, Step, Verdict};
+use fabrickv_transport::{timespec, Acceptor, Result, Waker};
 use fabrickv_types::ErrorCode;
 use rustix::event::epoll;
 
-use crate::ctl::{self, decode_handshake, encode_handshake, HANDSHAKE_BYTES};
+use crate::ctl::{self, SHM_HELLO};
 use crate::mem::Mapping;
 use crate::port::{Handoff, NewConn};
 use crate::ring::CONN_SHM_BYTES;
@@ -25,14 +26,6 @@ const WAKER: u64 = u64::MAX - 1;
 /// Most readiness events handled per epoll call.
 const EVENTS_PER_WAIT: usize = 256;
 
-/// A socket whose handshake has not arrived in full.
-struct Pending {
-    stream: UnixStream,
-    buf: [u8; HANDSHAKE_BYTES],
-    got: usize,
-    deadline: Instant,
-}
-
 pub(crate) struct ShmAcceptor {
     listener: UnixListener,
     /// Name given to each connection's memfd (shows in /proc/PID/maps).
@@ -42,7 +35,8 @@ pub(crate) struct ShmAcceptor {
     handoffs: Vec<Handoff>,
     /// Connections open over all workers.
     open: Arc<AtomicUsize>,
-    pending: Vec<Option<Pending>>,
+    /// The handshakes waiting for their hello.
+    table: Handshakes<UnixStream, CompactHello>,
 }
 
 impl ShmAcceptor {
@@ -68,14 +62,15 @@ impl ShmAcceptor {
             epoll::EventFlags::IN,
         )
         .map_err(io::Error::from)?;
+        let limits = Limits::with_conns_max(SHM_CONNECTIONS_MAX);
         Ok(ShmAcceptor {
             listener,
             memfd_name: format!("{SOCKET_NAME_PREFIX}{name}"),
             epoll: ep,
             waker,
+            table: Handshakes::new(SHM_HELLO, limits, handoffs.len()),
             handoffs,
             open,
-            pending: Vec::new(),
         })
     }
 
@@ -83,51 +78,35 @@ impl ShmAcceptor {
         loop {
             match self.listener.accept() {
                 Ok((stream, _)) => {
-                    if self.open.load(Ordering::Acquire) >= SHM_CONNECTIONS_MAX {
-                        tracing::warn!(
-                            "refusing a connection: {SHM_CONNECTIONS_MAX} shm connections open"
-                        );
-                        continue;
-                    }
-                    let live = self.pending.iter().filter(|p| p.is_some()).count();
-                    if live >= HANDSHAKES_PENDING_MAX {
-                        // Sockets that connect and stay silent cannot lock
-                        // out a client that sends its handshake at once.
-                        if let Some(oldest) = (0..self.pending.len())
-                            .filter_map(|i| self.pending[i].as_ref().map(|p| (p.deadline, i)))
-                            .min()
-                            .map(|(_, i)| i)
-                        {
-                            self.drop_pending(oldest);
+                    let open = self.open.load(Ordering::Acquire);
+                    let slot = match self.table.admit(stream, Instant::now(), open) {
+                        Admission::Refused(_) => {
+                            tracing::warn!(
+                                "refusing a connection: {SHM_CONNECTIONS_MAX} shm connections open"
+                            );
+                            continue;
                         }
-                    }
-                    if stream.set_nonblocking(true).is_err() {
+                        Admission::Pending { slot, evicted } => {
+                            if let Some(old) = evicted {
+                                let _ = epoll::delete(&self.epoll, &old);
+                            }
+                            slot
+                        }
+                    };
+                    let Some(stream) = self.table.io_mut(slot) else {
                         continue;
-                    }
-                    let slot = self
-                        .pending
-                        .iter()
-                        .position(|p| p.is_none())
-                        .unwrap_or_else(|| {
-                            self.pending.push(None);
-                            self.pending.len() - 1
-                        });
-                    if epoll::add(
-                        &self.epoll,
-                        &stream,
-                        epoll::EventData::new_u64(slot as u64),
-                        epoll::EventFlags::IN,
-                    )
-                    .is_err()
+                    };
+                    if stream.set_nonblocking(true).is_err()
+                        || epoll::add(
+                            &self.epoll,
+                            &*stream,
+                            epoll::EventData::new_u64(slot as u64),
+                            epoll::EventFlags::IN,
+                        )
+                        .is_err()
                     {
-                        continue;
+                        self.table.remove(slot);
                     }
-                    self.pending[slot] = Some(Pending {
-                        stream,
-                        buf: [0; HANDSHAKE_BYTES],
-                        got: 0,
-                        deadline: Instant::now() + Duration::from_millis(HANDSHAKE_TIMEOUT_MS),
-                    });
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -139,30 +118,21 @@ impl ShmAcceptor {
         }
     }
 
-    /// Reads what the handshake has sent; completes or drops it.
+    /// Reads what the handshake has sent and acts on the table's step.
     fn advance(&mut self, slot: usize) {
-        let Some(p) = self.pending.get_mut(slot).and_then(|p| p.as_mut()) else {
-            return;
-        };
-        loop {
-            match p.stream.read(&mut p.buf[p.got..]) {
-                Ok(0) => return self.drop_pending(slot),
-                Ok(n) => {
-                    p.got += n;
-                    if p.got == HANDSHAKE_BYTES {
-                        return self.complete(slot);
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return self.drop_pending(slot),
+        let open = &self.open;
+        let step =
+            self.table
+                .read_from(slot, || open.load(Ordering::Acquire), |s, buf| s.read(buf));
+        match step {
+            Step::Read => {}
+            Step::Drop(stream) => {
+                let _ = epoll::delete(&self.epoll, &stream);
             }
-        }
-    }
-
-    fn drop_pending(&mut self, slot: usize) {
-        if let Some(p) = self.pending[slot].take() {
-            let _ = epoll::delete(&self.epoll, &p.stream);
+            Step::Done(stream, verdict) => {
+                let _ = epoll::delete(&self.epoll, &stream);
+                self.complete(stream, verdict);
+            }
         }
     }
 
@@ -172,20 +142,14 @@ impl ShmAcceptor {
         Ok((map, memfd, ctl::eventfd()?, ctl::eventfd()?))
     }
 
-    fn complete(&mut self, slot: usize) {
-        let Some(p) = self.pending[slot].take() else {
-            return;
-        };
-        let _ = epoll::delete(&self.epoll, &p.stream);
+    /// Answers a judged hello; on acceptance creates the connection's
+    /// shared memory, passes it with the answer and hands the connection
+    /// to its worker.
+    fn complete(&mut self, stream: UnixStream, verdict: Verdict<u16>) {
         let workers = self.handoffs.len() as u16;
-        let req = decode_handshake(&p.buf);
-        let mut status = match req {
-            None => ErrorCode::UnsupportedVersion,
-            Some((w, _)) if usize::from(w) >= self.handoffs.len() => ErrorCode::NoSuchWorker,
-            Some(_) if self.open.load(Ordering::Acquire) >= SHM_CONNECTIONS_MAX => {
-                ErrorCode::Unavailable
-            }
-            Some(_) => ErrorCode::Ok,
+        let (mut status, worker) = match verdict {
+            Verdict::Accept { worker, .. } => (ErrorCode::Ok, worker),
+            Verdict::Refuse { code, .. } => (code, 0),
         };
         let res = if status == ErrorCode::Ok {
             match self.resources() {
@@ -199,22 +163,21 @@ impl ShmAcceptor {
         } else {
             None
         };
-        let reply = encode_handshake(status.as_u16(), workers);
+        let reply = SHM_HELLO.encode(status.as_u16(), workers);
         let Some((map, memfd, ev_server, ev_client)) = res else {
             // A fresh socket's send buffer is empty, so 8 bytes always fit.
-            let _ = ctl::send_with_fds(p.stream.as_fd(), &reply, &[]);
+            let _ = ctl::send_with_fds(stream.as_fd(), &reply, &[]);
             return;
         };
         let fds = [memfd.as_fd(), ev_server.as_fd(), ev_client.as_fd()];
-        if let Err(e) = ctl::send_with_fds(p.stream.as_fd(), &reply, &fds) {
+        if let Err(e) = ctl::send_with_fds(stream.as_fd(), &reply, &fds) {
             tracing::debug!("handshake reply failed: {e}");
             return;
         }
         drop(memfd);
-        let worker = req.map(|(w, _)| usize::from(w)).unwrap_or(0);
         self.open.fetch_add(1, Ordering::AcqRel);
         let conn = NewConn {
-            sock: p.stream,
+            sock: stream,
             map,
             ev_server,
             ev_client,
@@ -223,38 +186,19 @@ impl ShmAcceptor {
             self.open.fetch_sub(1, Ordering::AcqRel);
         }
     }
-
-    fn expire(&mut self, now: Instant) -> Option<Duration> {
-        let mut next: Option<Duration> = None;
-        for slot in 0..self.pending.len() {
-            let Some(deadline) = self.pending[slot].as_ref().map(|p| p.deadline) else {
-                continue;
-            };
-            if deadline <= now {
-                tracing::debug!("closing a connection that did not finish its handshake in time");
-                self.drop_pending(slot);
-            } else {
-                let left = deadline - now;
-                next = Some(next.map_or(left, |n| n.min(left)));
-            }
-        }
-        next
-    }
-}
-
-/// `d` as a timespec for epoll/poll.
-pub(crate) fn timespec(d: Duration) -> rustix::event::Timespec {
-    rustix::event::Timespec {
-        tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
-        tv_nsec: i64::from(d.subsec_nanos()),
-    }
 }
 
 impl Acceptor for ShmAcceptor {
     fn run(&mut self, stop: &AtomicBool) -> Result<()> {
         let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); EVENTS_PER_WAIT];
         while !stop.load(Ordering::Acquire) {
-            let timeout = self.expire(Instant::now()).map(timespec);
+            let ep = &self.epoll;
+            let timeout = self
+                .table
+                .expire(Instant::now(), |s| {
+                    let _ = epoll::delete(ep, &s);
+                })
+                .map(timespec);
             let tokens: Vec<u64> = match epoll::wait(&self.epoll, &mut buf, timeout.as_ref()) {
                 Ok((events, _)) => events.iter().map(|e| e.data.u64()).collect(),
                 Err(rustix::io::Errno::INTR) => Vec::new(),

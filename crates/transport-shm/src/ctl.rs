@@ -17,20 +17,20 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
+use fabrickv_transport::handshake::CompactHello;
 use fabrickv_transport::{RemoteRegion, Result, TransportError};
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
 
+/// The handshake's layout: the compact hello shared with tcp, under a
+/// magic of its own so a tcp client cannot mistake this server for its
+/// kind.
+pub const SHM_HELLO: CompactHello = CompactHello { magic: *b"FKS" };
+
 /// Bytes of each handshake message.
-pub const HANDSHAKE_BYTES: usize = 8;
-
-/// First bytes of each handshake message.
-const HANDSHAKE_MAGIC: &[u8; 3] = b"FKS";
-
-/// Handshake version spoken here.
-const HANDSHAKE_VERSION: u8 = 1;
+pub const HANDSHAKE_BYTES: usize = fabrickv_transport::handshake::COMPACT_HELLO_BYTES;
 
 /// Descriptors the handshake reply carries.
 pub const HANDSHAKE_FDS: usize = 3;
@@ -47,27 +47,6 @@ const CONTROL_RECORDS_PER_RECV: usize = 8;
 
 /// Most received descriptors held while their record is incomplete.
 const CONTROL_FDS_PENDING_MAX: usize = 16;
-
-/// Encodes a handshake message.
-pub fn encode_handshake(second: u16, third: u16) -> [u8; HANDSHAKE_BYTES] {
-    let mut b = [0u8; HANDSHAKE_BYTES];
-    b[..3].copy_from_slice(HANDSHAKE_MAGIC);
-    b[3] = HANDSHAKE_VERSION;
-    b[4..6].copy_from_slice(&second.to_le_bytes());
-    b[6..8].copy_from_slice(&third.to_le_bytes());
-    b
-}
-
-/// Parses a handshake into its two 16-bit fields.
-pub fn decode_handshake(b: &[u8; HANDSHAKE_BYTES]) -> Option<(u16, u16)> {
-    if &b[..3] != HANDSHAKE_MAGIC || b[3] != HANDSHAKE_VERSION {
-        return None;
-    }
-    Some((
-        u16::from_le_bytes([b[4], b[5]]),
-        u16::from_le_bytes([b[6], b[7]]),
-    ))
-}
 
 /// Encodes the control record that passes `r`.
 pub fn region_record(r: &RemoteRegion) -> [u8; CONTROL_RECORD_BYTES] {

@@ -12,16 +12,16 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use fabrickv_transport::{Endpoint, RemoteRegion, Result, TransportError};
+use fabrickv_transport::handshake::check_answer;
+use fabrickv_transport::{Capabilities, Endpoint, RemoteRegion, Result, TransportError};
 use fabrickv_types::limits::MESSAGE_BYTES_MAX;
 use rustix::event::{PollFd, PollFlags};
 
-use crate::acceptor::timespec;
-use crate::ctl::{self, decode_handshake, encode_handshake, ControlReader, HANDSHAKE_FDS};
+use crate::ctl::{self, HANDSHAKE_FDS, SHM_HELLO};
 use crate::mem::Mapping;
-use crate::region::{self, Access, LocalRegions, PeerRegions};
+use crate::region::{Access, LocalRegions, PeerLink};
 use crate::ring::{fence_seqcst, Dir, Reader, Writer, CONN_SHM_BYTES};
-use crate::{socket_addr, CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US};
+use crate::{socket_addr, CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US, SHM_CAPABILITIES};
 
 /// Bytes of a buffered message's length prefix (staged posts, replies
 /// taken during a flush).
@@ -51,10 +51,9 @@ pub struct ShmEndpoint {
     /// the ring's; `[u32 length][payload]` each, from `received_head`.
     received: Vec<u8>,
     received_head: usize,
-    /// Partial control records from the socket.
-    ctl: ControlReader,
-    /// Regions the server registered.
-    peers: PeerRegions,
+    /// Control records from the socket and the regions the server
+    /// announced in them.
+    peer: PeerLink,
     /// Regions this side registered.
     locals: LocalRegions,
     /// The server is gone (socket end-of-file) or broke the protocol.
@@ -88,16 +87,12 @@ impl ShmEndpoint {
         let timeout = timeout.max(Duration::from_millis(1));
         sock.set_read_timeout(Some(timeout))?;
         sock.set_write_timeout(Some(timeout))?;
-        sock.write_all(&encode_handshake(worker, 0))?;
+        sock.write_all(&SHM_HELLO.encode(worker, 0))?;
         let (reply, mut fds) = ctl::recv_handshake(sock.as_fd())?;
-        let (status, workers) = decode_handshake(&reply)
+        let (status, workers) = SHM_HELLO
+            .fields(&reply)
             .ok_or_else(|| refused("the peer is not a FabricKV shm server".into()))?;
-        if status != 0 {
-            let code = fabrickv_types::ErrorCode::from_u16(status).map_or("unknown", |c| c.name());
-            return Err(refused(format!(
-                "worker {worker}: {code} (server has {workers} workers)"
-            )));
-        }
+        check_answer(worker, status, workers)?;
         if fds.len() != HANDSHAKE_FDS {
             return Err(refused(format!(
                 "handshake carried {} descriptors, {HANDSHAKE_FDS} expected",
@@ -125,8 +120,7 @@ impl ShmEndpoint {
             scratch: Vec::new(),
             received: Vec::new(),
             received_head: 0,
-            ctl: ControlReader::default(),
-            peers: PeerRegions::default(),
+            peer: PeerLink::default(),
             locals: LocalRegions::default(),
             closed: false,
             last_control_check: Instant::now(),
@@ -159,8 +153,7 @@ impl ShmEndpoint {
     /// Reads the socket: regions the server announced, end-of-file.
     fn check_control(&mut self) -> Result<()> {
         self.last_control_check = Instant::now();
-        let peers = &mut self.peers;
-        match self.ctl.drain(self.sock.as_fd(), &mut |a| peers.adopt(a)) {
+        match self.peer.drain(self.sock.as_fd()) {
             Ok(()) => Ok(()),
             Err(TransportError::Closed) => {
                 self.closed = true;
@@ -231,7 +224,7 @@ impl ShmEndpoint {
             PollFd::new(&self.ev_client, PollFlags::IN),
             PollFd::new(&self.sock, PollFlags::IN),
         ];
-        match rustix::event::poll(&mut fds, Some(&timespec(timeout))) {
+        match rustix::event::poll(&mut fds, Some(&fabrickv_transport::timespec(timeout))) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(io::Error::from(e).into()),
         }
@@ -388,6 +381,14 @@ impl Endpoint for ShmEndpoint {
         r
     }
 
+    fn capabilities(&self) -> Capabilities {
+        // The client's side lends nothing in place: only replies do.
+        Capabilities {
+            remote_view: false,
+            ..SHM_CAPABILITIES
+        }
+    }
+
     fn register(&mut self, len: usize) -> Result<RemoteRegion> {
         let r = self.locals.register(len)?;
         ctl::send_with_fds(self.sock.as_fd(), &ctl::region_record(&r.desc), &[r.fd()])?;
@@ -399,24 +400,12 @@ impl Endpoint for ShmEndpoint {
     }
 
     fn write_remote(&mut self, r: &RemoteRegion, offset: usize, data: &[u8]) -> Result<()> {
-        region::access(
-            &mut self.peers,
-            &mut self.ctl,
-            self.sock.as_fd(),
-            r,
-            offset,
-            Access::Write(data),
-        )
+        self.peer
+            .access(self.sock.as_fd(), r, offset, Access::Write(data))
     }
 
     fn read_remote(&mut self, r: &RemoteRegion, offset: usize, out: &mut [u8]) -> Result<()> {
-        region::access(
-            &mut self.peers,
-            &mut self.ctl,
-            self.sock.as_fd(),
-            r,
-            offset,
-            Access::Read(out),
-        )
+        self.peer
+            .access(self.sock.as_fd(), r, offset, Access::Read(out))
     }
 }

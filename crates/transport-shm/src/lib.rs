@@ -13,7 +13,7 @@
 //!   processes have exited or unmapped it, the kernel frees it, so even
 //!   `kill -9` leaks nothing.
 //! - **Data**: two single-producer single-consumer rings in that memory
-//!   ([`ring`]), one per direction. A sender writes records past the
+//!   (`ring`), one per direction. A sender writes records past the
 //!   published tail and publishes a whole burst with one release store at
 //!   flush; a receiver reads records in place (zero copy) and releases
 //!   them with one store per burst.
@@ -26,12 +26,12 @@
 //!   peer is gone (the server drops the connection; the client reports
 //!   `Closed`).
 //! - **One-sided access**: a registered region is a memfd of its own,
-//!   passed over the socket and mapped by the peer ([`region`]).
+//!   passed over the socket and mapped by the peer (`region`).
 //!
-//! Layout: [`mem`] (the only `unsafe`: mappings and atomics in them),
-//! [`ring`] (layout and ring protocol), [`ctl`] (the socket: handshake,
-//! descriptor passing), [`region`], [`acceptor`], [`port`] (server data
-//! path), [`endpoint`] (client data path).
+//! Layout: `mem` (the only `unsafe`: mappings and atomics in them),
+//! `ring` (layout and ring protocol), `ctl` (the socket: handshake,
+//! descriptor passing), `region`, `acceptor`, `port` (server data
+//! path), `endpoint` (client data path).
 
 #![allow(unsafe_code)]
 
@@ -49,7 +49,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fabrickv_transport::{Endpoint, Listening, Result, TransportError, WorkerPort};
+use fabrickv_transport::{Capabilities, Endpoint, Listening, Result, TransportError, WorkerPort};
 
 pub use endpoint::ShmEndpoint;
 pub use region::{PEER_REGIONS_MAX, REGIONS_MAX, REGION_BYTES_MAX};
@@ -78,6 +78,14 @@ pub const CONTROL_CHECK_INTERVAL_US: u64 = 1_000;
 
 const _: () = assert!(SHM_CONNECTIONS_MAX <= fabrickv_types::limits::CONNECTIONS_MAX);
 const _: () = assert!(SOCKET_NAME_PREFIX.len() + NAME_BYTES_MAX <= 107);
+
+/// What every shm connection offers: regions are memfds mapped by the
+/// peer, so both sides read and write them, and a reply can lend the
+/// client's mapped memory in place.
+pub const SHM_CAPABILITIES: Capabilities = Capabilities {
+    remote_view: true,
+    ..Capabilities::ONE_SIDED
+};
 
 /// Makes `shm://NAME` addresses work with `fabrickv_transport::listen` and
 /// `connect`. Idempotent.

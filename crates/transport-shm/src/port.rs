@@ -21,18 +21,17 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use fabrickv_transport::{
-    ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError, Waker,
-    WorkerPort,
+    Capabilities, ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError,
+    Waker, WorkerPort,
 };
 use fabrickv_types::limits::{CONN_SEND_QUEUE_BYTES_MAX, MESSAGE_BYTES_MAX};
 use rustix::event::epoll;
 
-use crate::acceptor::timespec;
-use crate::ctl::{self, ControlReader};
+use crate::ctl;
 use crate::mem::Mapping;
-use crate::region::{self, Access, LocalRegions, PeerRegions};
+use crate::region::{Access, LocalRegions, PeerLink};
 use crate::ring::{fence_seqcst, Dir, Reader, Writer};
-use crate::{CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US};
+use crate::{CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US, SHM_CAPABILITIES};
 
 /// Epoll token of the port's waker eventfd.
 const WAKE: u64 = u64::MAX;
@@ -96,10 +95,9 @@ struct Conn {
     /// sent from `staged_head`.
     staged: Vec<u8>,
     staged_head: usize,
-    /// Partial control records from the socket.
-    ctl: ControlReader,
-    /// Regions the client registered.
-    peers: PeerRegions,
+    /// Control records from the socket and the regions the client
+    /// announced in them.
+    peer: PeerLink,
     /// Listed in the port's `dirty` list.
     dirty: bool,
     /// Not read until its staged replies drain.
@@ -163,8 +161,7 @@ impl Conn {
 /// into regions the requesting client registered.
 struct ShmReply<'a> {
     buf: &'a mut Vec<u8>,
-    peers: &'a mut PeerRegions,
-    ctl: &'a mut ControlReader,
+    peer: &'a mut PeerLink,
     sock: &'a UnixStream,
 }
 
@@ -173,26 +170,18 @@ impl Reply for ShmReply<'_> {
         self.buf
     }
 
+    fn capabilities(&self) -> Capabilities {
+        SHM_CAPABILITIES
+    }
+
     fn write_remote(&mut self, r: &RemoteRegion, offset: usize, data: &[u8]) -> Result<()> {
-        region::access(
-            self.peers,
-            self.ctl,
-            self.sock.as_fd(),
-            r,
-            offset,
-            Access::Write(data),
-        )
+        self.peer
+            .access(self.sock.as_fd(), r, offset, Access::Write(data))
     }
 
     fn read_remote(&mut self, r: &RemoteRegion, offset: usize, out: &mut [u8]) -> Result<()> {
-        region::access(
-            self.peers,
-            self.ctl,
-            self.sock.as_fd(),
-            r,
-            offset,
-            Access::Read(out),
-        )
+        self.peer
+            .access(self.sock.as_fd(), r, offset, Access::Read(out))
     }
 
     fn remote_mut(
@@ -201,7 +190,9 @@ impl Reply for ShmReply<'_> {
         offset: usize,
         len: usize,
     ) -> Result<Option<&mut [u8]>> {
-        region::view_mut(self.peers, self.ctl, self.sock.as_fd(), r, offset, len).map(Some)
+        self.peer
+            .view_mut(self.sock.as_fd(), r, offset, len)
+            .map(Some)
     }
 }
 
@@ -308,8 +299,7 @@ impl ShmPort {
                 tx: Writer::new(Dir::ToClient),
                 staged: Vec::new(),
                 staged_head: 0,
-                ctl: ControlReader::default(),
-                peers: PeerRegions::default(),
+                peer: PeerLink::default(),
                 dirty: false,
                 paused: false,
                 gone: false,
@@ -334,8 +324,7 @@ impl ShmPort {
         let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        let peers = &mut c.peers;
-        match c.ctl.drain(c.sock.as_fd(), &mut |a| peers.adopt(a)) {
+        match c.peer.drain(c.sock.as_fd()) {
             Ok(()) => {}
             Err(TransportError::Closed) => c.gone = true,
             Err(e) => {
@@ -348,7 +337,7 @@ impl ShmPort {
 
     /// One epoll call: wakes, new connections, socket events.
     fn wait_events(&mut self, timeout: Duration) -> Result<()> {
-        let ts = timespec(timeout);
+        let ts = fabrickv_transport::timespec(timeout);
         let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); EVENTS_PER_WAIT];
         let tokens: Vec<u64> = match epoll::wait(&self.epoll, &mut buf, Some(&ts)) {
             Ok((events, _)) => events.iter().map(|e| e.data.u64()).collect(),
@@ -428,8 +417,7 @@ impl ShmPort {
                 let msg = c.map.slice(off, len);
                 let mut reply = ShmReply {
                     buf: scratch,
-                    peers: &mut c.peers,
-                    ctl: &mut c.ctl,
+                    peer: &mut c.peer,
                     sock: &c.sock,
                 };
                 handler(slot as ConnId, msg, &mut reply);
@@ -580,6 +568,10 @@ impl WorkerPort for ShmPort {
         self.stats
     }
 
+    fn capabilities(&self) -> Capabilities {
+        SHM_CAPABILITIES
+    }
+
     fn register(&mut self, len: usize) -> Result<RemoteRegion> {
         let r = self.locals.register(len)?;
         let (desc, rec) = (r.desc, ctl::region_record(&r.desc));
@@ -608,19 +600,7 @@ impl WorkerPort for ShmPort {
         offset: usize,
         data: &[u8],
     ) -> Result<()> {
-        let c = self
-            .conns
-            .get_mut(conn as usize)
-            .and_then(Option::as_mut)
-            .ok_or(TransportError::Closed)?;
-        region::access(
-            &mut c.peers,
-            &mut c.ctl,
-            c.sock.as_fd(),
-            r,
-            offset,
-            Access::Write(data),
-        )
+        self.access(conn, r, offset, Access::Write(data))
     }
 
     fn read_remote(
@@ -630,19 +610,25 @@ impl WorkerPort for ShmPort {
         offset: usize,
         out: &mut [u8],
     ) -> Result<()> {
+        self.access(conn, r, offset, Access::Read(out))
+    }
+}
+
+impl ShmPort {
+    /// Performs `op` on a region the client on `conn` registered.
+    fn access(
+        &mut self,
+        conn: ConnId,
+        r: &RemoteRegion,
+        offset: usize,
+        op: Access<'_>,
+    ) -> Result<()> {
         let c = self
             .conns
             .get_mut(conn as usize)
             .and_then(Option::as_mut)
             .ok_or(TransportError::Closed)?;
-        region::access(
-            &mut c.peers,
-            &mut c.ctl,
-            c.sock.as_fd(),
-            r,
-            offset,
-            Access::Read(out),
-        )
+        c.peer.access(c.sock.as_fd(), r, offset, op)
     }
 }
 

@@ -4,7 +4,7 @@
 //! owner sends the memfd over the connection's unix socket *before* the
 //! descriptor can travel in any message, so by the time a peer acts on a
 //! descriptor the file is already queued on its socket: a peer that meets
-//! an unknown id drains its socket first ([`access`]).
+//! an unknown id drains its socket first ([`PeerLink::access`]).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -115,7 +115,7 @@ struct PeerRegion {
 
 /// The regions the peer of one connection announced.
 #[derive(Default)]
-pub struct PeerRegions {
+struct PeerRegions {
     /// Announced regions by id.
     regions: HashMap<u64, PeerRegion>,
 }
@@ -136,25 +136,9 @@ impl PeerRegions {
         Ok(())
     }
 
-    /// The mapping of `r` after checking key and bounds; `None` if the id
-    /// is unknown.
-    fn find(&self, r: &RemoteRegion, offset: usize, len: usize) -> Result<Option<&Mapping>> {
-        let Some(p) = self.regions.get(&r.addr) else {
-            return Ok(None);
-        };
-        if p.desc.key != r.key {
-            return Err(TransportError::BadRegion(format!(
-                "wrong key for region {}",
-                r.addr
-            )));
-        }
-        p.desc.check(offset, len)?;
-        Ok(Some(&p.map))
-    }
-}
-
-impl PeerRegions {
-    fn find_mut(
+    /// The region `r` names, after checking key and bounds of `len` bytes
+    /// at `offset`; `None` if the id is unknown.
+    fn find(
         &mut self,
         r: &RemoteRegion,
         offset: usize,
@@ -174,27 +158,79 @@ impl PeerRegions {
     }
 }
 
-/// Lends `len` bytes of the peer's region `r` at `offset` (after checking
-/// key and bounds); if `r` is not known yet, first adopts the regions
-/// announced on `sock`.
-pub fn view_mut<'p>(
-    peers: &'p mut PeerRegions,
-    ctl: &mut ControlReader,
-    sock: BorrowedFd<'_>,
-    r: &RemoteRegion,
-    offset: usize,
-    len: usize,
-) -> Result<&'p mut [u8]> {
-    if peers.find(r, offset, len)?.is_none() {
-        match ctl.drain(sock, &mut |a| peers.adopt(a)) {
-            Ok(()) | Err(TransportError::Closed) => {}
-            Err(e) => return Err(e),
-        }
+/// What one side knows of its peer's regions: the control records still
+/// arriving on the connection's socket, and the regions they announced.
+/// Every one-sided access of either side goes through it.
+#[derive(Default)]
+pub struct PeerLink {
+    /// Partial control records from the socket.
+    ctl: ControlReader,
+    /// Regions the peer announced.
+    regions: PeerRegions,
+}
+
+impl PeerLink {
+    /// Adopts every region announced on `sock` so far; `Closed` at
+    /// end-of-file.
+    pub fn drain(&mut self, sock: BorrowedFd<'_>) -> Result<()> {
+        let regions = &mut self.regions;
+        self.ctl.drain(sock, &mut |a| regions.adopt(a))
     }
-    let m = peers.find_mut(r, offset, len)?.ok_or_else(|| {
-        TransportError::BadRegion(format!("the peer registered no region {}", r.addr))
-    })?;
-    Ok(m.range_mut(offset, len))
+
+    /// The mapping of the peer's region `r` after checking key and bounds;
+    /// if `r` is not known yet, first adopts the regions announced on
+    /// `sock`.
+    fn find(
+        &mut self,
+        sock: BorrowedFd<'_>,
+        r: &RemoteRegion,
+        offset: usize,
+        len: usize,
+    ) -> Result<&mut Mapping> {
+        if self.regions.find(r, offset, len)?.is_none() {
+            // End-of-file here is not this call's failure: the region may
+            // be announced before it, and the caller learns of the closure
+            // on its next poll.
+            match self.drain(sock) {
+                Ok(()) | Err(TransportError::Closed) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.regions.find(r, offset, len)?.ok_or_else(|| {
+            TransportError::BadRegion(format!("the peer registered no region {}", r.addr))
+        })
+    }
+
+    /// Lends `len` bytes of the peer's region `r` at `offset`.
+    pub fn view_mut(
+        &mut self,
+        sock: BorrowedFd<'_>,
+        r: &RemoteRegion,
+        offset: usize,
+        len: usize,
+    ) -> Result<&mut [u8]> {
+        Ok(self.find(sock, r, offset, len)?.range_mut(offset, len))
+    }
+
+    /// Performs `op` on the peer's region `r` at `offset`.
+    pub fn access(
+        &mut self,
+        sock: BorrowedFd<'_>,
+        r: &RemoteRegion,
+        offset: usize,
+        op: Access<'_>,
+    ) -> Result<()> {
+        let len = match &op {
+            Access::Write(d) => d.len(),
+            Access::Read(o) => o.len(),
+        };
+        let m = self.find(sock, r, offset, len)?;
+        match op {
+            Access::Write(d) => m.write(offset, d),
+            Access::Read(o) => m.read(offset, o),
+        }
+        Ok(())
+    }
 }
 
 /// A one-sided access.
@@ -203,37 +239,4 @@ pub enum Access<'a> {
     Write(&'a [u8]),
     /// Copy region bytes into this buffer.
     Read(&'a mut [u8]),
-}
-
-/// Performs `op` on the peer's region `r` at `offset`; if `r` is not known
-/// yet, first adopts the regions announced on `sock`.
-pub fn access(
-    peers: &mut PeerRegions,
-    ctl: &mut ControlReader,
-    sock: BorrowedFd<'_>,
-    r: &RemoteRegion,
-    offset: usize,
-    op: Access<'_>,
-) -> Result<()> {
-    let len = match &op {
-        Access::Write(d) => d.len(),
-        Access::Read(o) => o.len(),
-    };
-    if peers.find(r, offset, len)?.is_none() {
-        // End-of-file here is not this call's failure: the region may be
-        // announced before it, and the caller learns of the closure on its
-        // next poll.
-        match ctl.drain(sock, &mut |a| peers.adopt(a)) {
-            Ok(()) | Err(TransportError::Closed) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let m = peers.find(r, offset, len)?.ok_or_else(|| {
-        TransportError::BadRegion(format!("the peer registered no region {}", r.addr))
-    })?;
-    match op {
-        Access::Write(d) => m.write(offset, d),
-        Access::Read(o) => m.read(offset, o),
-    }
-    Ok(())
 }

@@ -8,24 +8,17 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabrickv_transport::{Endpoint, TransportError};
 
+mod common;
+use common::unique;
+
 const TIMEOUT: Duration = Duration::from_secs(10);
 const CHILD_ENV: &str = "FKV_SHM_CHILD";
-
-fn unique(tag: &str) -> String {
-    fabrickv_transport_shm::install();
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 /// Runs an echo server on `shm://name` until killed.
 fn serve_forever(name: &str) -> ! {

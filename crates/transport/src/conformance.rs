@@ -1,62 +1,62 @@
 //! One conformance suite for every transport (feature `conformance`).
 //!
 //! Each check is a function taking the address to listen on; a transport's
-//! test file instantiates all of them with [`conformance_suite!`], giving a
+//! test file instantiates all of them with [`crate::conformance_suite!`], giving a
 //! function that makes a fresh address per test (`tcp://127.0.0.1:0`,
 //! `inproc://unique`, `shm://unique`, ...). Transports from other crates
 //! register their scheme with [`crate::register_scheme`] first.
+//!
+//! The one-sided checks (`one_sided_*`, `reply_*`) run in full on every
+//! transport whose [`Capabilities`] report one-sided access (shm, fabric
+//! with `FI_RMA`); on the others they check that the capabilities are
+//! honest (the calls they deny fail with `Unsupported`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::{connect, listen, Endpoint, PortStats, TransportError, Waker};
+use crate::{
+    connect, listen, Capabilities, Endpoint, MessageHandler, PortStats, RemoteRegion,
+    TransportError, Waker, WorkerPort,
+};
 use fabrickv_types::limits::MESSAGE_BYTES_MAX;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A server whose workers answer each message with `[worker] ++ message`.
-struct EchoServer {
+/// A server running one thread per worker port (each returning a `T`
+/// when stopped) and the acceptor on a thread of its own.
+struct Server<T> {
     addr: String,
     stop: Arc<AtomicBool>,
     wakers: Vec<Waker>,
-    threads: Vec<JoinHandle<PortStats>>,
+    threads: Vec<JoinHandle<T>>,
     acceptor: Option<JoinHandle<()>>,
 }
 
-impl EchoServer {
-    fn start(addr: &str, workers: usize) -> EchoServer {
+impl<T: Send + 'static> Server<T> {
+    /// Listens on `addr` with `workers` ports, each run by
+    /// `worker(index, port, stop)` on its own thread.
+    fn start<W>(addr: &str, workers: usize, worker: W) -> Server<T>
+    where
+        W: Fn(usize, Box<dyn WorkerPort>, &AtomicBool) -> T + Clone + Send + 'static,
+    {
         let l = listen(addr, workers).expect("listen");
         let stop = Arc::new(AtomicBool::new(false));
         let mut wakers = vec![l.acceptor.waker()];
         let mut threads = Vec::new();
-        for (w, mut port) in l.ports.into_iter().enumerate() {
+        for (w, port) in l.ports.into_iter().enumerate() {
             wakers.push(port.waker());
             let stop = stop.clone();
-            threads.push(std::thread::spawn(move || {
-                while !stop.load(Ordering::Acquire) {
-                    let n = port
-                        .poll(64, &mut |_, msg, reply| {
-                            let out = reply.buf();
-                            out.push(w as u8);
-                            out.extend_from_slice(msg);
-                        })
-                        .expect("poll");
-                    port.flush().expect("flush");
-                    if n == 0 {
-                        port.wait(Duration::from_millis(50)).expect("wait");
-                    }
-                }
-                port.stats()
-            }));
+            let worker = worker.clone();
+            threads.push(std::thread::spawn(move || worker(w, port, &stop)));
         }
         let mut acceptor = l.acceptor;
         let s = stop.clone();
         let acceptor = Some(std::thread::spawn(move || {
             acceptor.run(&s).expect("acceptor")
         }));
-        EchoServer {
+        Server {
             addr: l.local_addr,
             stop,
             wakers,
@@ -65,7 +65,8 @@ impl EchoServer {
         }
     }
 
-    fn stop(mut self) -> Vec<PortStats> {
+    /// Stops every thread; returns what each worker returned.
+    fn stop(mut self) -> Vec<T> {
         self.stop.store(true, Ordering::Release);
         for w in &self.wakers {
             w.wake();
@@ -78,7 +79,36 @@ impl EchoServer {
     }
 }
 
-fn recv_one(ep: &mut dyn Endpoint) -> Vec<u8> {
+/// Runs `handler` over `port` until `stop` is set.
+fn serve(port: &mut dyn WorkerPort, stop: &AtomicBool, handler: &mut MessageHandler<'_>) {
+    while !stop.load(Ordering::Acquire) {
+        let n = port.poll(64, handler).expect("poll");
+        port.flush().expect("flush");
+        if n == 0 {
+            port.wait(Duration::from_millis(50)).expect("wait");
+        }
+    }
+}
+
+/// A server whose workers answer each message with `[worker] ++ message`.
+struct EchoServer;
+
+impl EchoServer {
+    fn start(addr: &str, workers: usize) -> Server<PortStats> {
+        Server::start(addr, workers, |w, mut port, stop| {
+            serve(&mut *port, stop, &mut |_, msg, reply| {
+                let out = reply.buf();
+                out.push(w as u8);
+                out.extend_from_slice(msg);
+            });
+            port.stats()
+        })
+    }
+}
+
+/// Waits for the next message on `ep` (a test helper for transports'
+/// own tests too).
+pub fn recv_one(ep: &mut dyn Endpoint) -> Vec<u8> {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let mut got = None;
@@ -241,6 +271,248 @@ pub fn closed_server_is_reported(addr: String) {
     }
 }
 
+/// Bytes of the region a [`RegionServer`] registers: large enough that a
+/// transfer crosses fabric's RMA staging size (256 KiB).
+const SERVER_REGION_BYTES: usize = 1 << 20;
+
+/// Bytes of the region a client registers for the server to write.
+const CLIENT_REGION_BYTES: usize = 600 * 1024;
+
+/// A [`RegionServer`]'s answer to `D` when its port registers nothing.
+const NO_REGION: &[u8] = b"none";
+
+/// The byte at `i` of a [`RegionServer`]'s region before anyone writes.
+fn pattern(i: usize) -> u8 {
+    (i % 251) as u8
+}
+
+/// A one-worker server that registers a region filled with [`pattern`]
+/// (where its port can) and answers:
+/// - `D`: the region's descriptor ([`NO_REGION`] if it has none);
+/// - `W` descriptor(24) offset(u64) data: writes `data` into the client's
+///   region through the reply, then replies `ok`, `BadRegion` or
+///   `err:` and the error.
+///
+/// When stopped, its worker returns the region's bytes.
+struct RegionServer;
+
+impl RegionServer {
+    fn start(addr: &str) -> Server<Vec<u8>> {
+        Server::start(addr, 1, |_, mut port, stop| {
+            let caps = port.capabilities();
+            let region = caps.memory_registration.then(|| {
+                let r = port.register(SERVER_REGION_BYTES).expect("register");
+                let view = port.local_region(&r).expect("own region");
+                for (i, b) in view.iter_mut().enumerate() {
+                    *b = pattern(i);
+                }
+                r
+            });
+            serve(&mut *port, stop, &mut |_, msg, reply| match msg.first() {
+                Some(b'D') => match &region {
+                    Some(r) => r.encode(reply.buf()),
+                    None => reply.buf().extend_from_slice(NO_REGION),
+                },
+                Some(b'W') => {
+                    let r = RemoteRegion::decode(&msg[1..]).expect("descriptor");
+                    let at = 1 + RemoteRegion::ENCODED_BYTES;
+                    let off = u64::from_le_bytes(msg[at..at + 8].try_into().expect("offset"));
+                    let out = match reply.write_remote(&r, off as usize, &msg[at + 8..]) {
+                        Ok(()) => b"ok".to_vec(),
+                        Err(TransportError::BadRegion(_)) => b"BadRegion".to_vec(),
+                        Err(e) => format!("err:{e}").into_bytes(),
+                    };
+                    reply.buf().extend_from_slice(&out);
+                }
+                _ => reply.buf().extend_from_slice(b"?"),
+            });
+            match region {
+                Some(r) => port.local_region(&r).expect("own region").to_vec(),
+                None => Vec::new(),
+            }
+        })
+    }
+}
+
+/// Sends `msg` and waits for the reply (a test helper for transports'
+/// own tests too).
+pub fn call(ep: &mut dyn Endpoint, msg: &[u8]) -> Vec<u8> {
+    ep.post(msg).expect("post");
+    ep.flush(TIMEOUT).expect("flush");
+    recv_one(ep)
+}
+
+/// The request that makes a [`RegionServer`] write `data` at `offset` of
+/// `region`.
+fn write_request(region: &RemoteRegion, offset: u64, data: &[u8]) -> Vec<u8> {
+    let mut m = vec![b'W'];
+    region.encode(&mut m);
+    m.extend_from_slice(&offset.to_le_bytes());
+    m.extend_from_slice(data);
+    m
+}
+
+fn is_unsupported<T>(r: crate::Result<T>) -> bool {
+    matches!(r, Err(TransportError::Unsupported(_)))
+}
+
+fn is_bad_region<T>(r: crate::Result<T>) -> bool {
+    matches!(r, Err(TransportError::BadRegion(_)))
+}
+
+/// A client of `s`, if its connection reports one-sided access (the
+/// checks that need it pass trivially elsewhere).
+fn one_sided_client(s: &Server<Vec<u8>>) -> Option<Box<dyn Endpoint>> {
+    let ep = connect(&s.addr, 0, TIMEOUT).expect("connect");
+    ep.capabilities().one_sided().then_some(ep)
+}
+
+/// Conformance check; see the module docs. A transport that reports no
+/// one-sided access refuses each such call with `Unsupported`, on both
+/// sides; one that reports it has both sides agree.
+pub fn capabilities_are_honest(addr: String) {
+    let s = RegionServer::start(&addr);
+    let mut ep = connect(&s.addr, 0, TIMEOUT).expect("connect");
+    let caps = ep.capabilities();
+    let served = call(&mut *ep, b"D");
+    assert_eq!(
+        served == NO_REGION,
+        !caps.memory_registration,
+        "client and server disagree on registration ({caps:?})"
+    );
+    let some = RemoteRegion {
+        addr: 0,
+        len: 64,
+        key: 0,
+    };
+    if !caps.memory_registration {
+        assert!(is_unsupported(ep.register(64)));
+        assert!(is_unsupported(ep.local_region(&some).map(|_| ())));
+        let reply = call(&mut *ep, &write_request(&some, 0, b"x"));
+        assert!(reply.starts_with(b"err:"), "{reply:?}");
+    }
+    if !caps.one_sided_write {
+        assert!(is_unsupported(ep.write_remote(&some, 0, b"x")));
+    }
+    if !caps.one_sided_read {
+        assert!(is_unsupported(ep.read_remote(&some, 0, &mut [0; 1])));
+    }
+    if caps == Capabilities::NONE {
+        assert!(!caps.one_sided());
+    }
+    drop(ep);
+    s.stop();
+}
+
+/// Conformance check; see the module docs. The client reads the server's
+/// region and writes it; the server sees the writes in its own view; a
+/// client that connects later reaches the same region; accesses outside
+/// it are refused before anything moves.
+pub fn one_sided_client_reads_and_writes_the_server_region(addr: String) {
+    let s = RegionServer::start(&addr);
+    let Some(mut ep) = one_sided_client(&s) else {
+        s.stop();
+        return;
+    };
+    let region = RemoteRegion::decode(&call(&mut *ep, b"D")).expect("descriptor");
+    assert_eq!(region.len, SERVER_REGION_BYTES as u64);
+
+    // Larger than one RMA staging slot (256 KiB on fabric).
+    let mut out = vec![0u8; 300 * 1024];
+    ep.read_remote(&region, 100_000, &mut out).expect("read");
+    assert!(out
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == pattern(100_000 + i)));
+    let data: Vec<u8> = (0..1000u32).map(|i| (i % 7) as u8).collect();
+    ep.write_remote(&region, 1000, &data).expect("write");
+    let mut back = vec![0u8; data.len()];
+    ep.read_remote(&region, 1000, &mut back).expect("read back");
+    assert_eq!(back, data);
+
+    let end = SERVER_REGION_BYTES;
+    assert!(is_bad_region(ep.read_remote(
+        &region,
+        end - 10,
+        &mut [0; 20]
+    )));
+    assert!(is_bad_region(ep.write_remote(&region, end - 2, b"four")));
+    assert!(is_bad_region(ep.write_remote(&region, usize::MAX, b"x")));
+    assert!(is_bad_region(ep.read_remote(
+        &region,
+        usize::MAX,
+        &mut [0; 4]
+    )));
+
+    let mut late = connect(&s.addr, 0, TIMEOUT).expect("connect");
+    assert_eq!(RemoteRegion::decode(&call(&mut *late, b"D")), Some(region));
+    let mut back = [0u8; 5];
+    late.read_remote(&region, 1000, &mut back)
+        .expect("late read");
+    assert_eq!(back, data[..5]);
+
+    drop((ep, late));
+    let seen = s.stop().remove(0);
+    assert_eq!(&seen[1000..2000], &data[..], "the server's view");
+    assert_eq!(seen[999], pattern(999));
+    assert_eq!(seen[2000], pattern(2000));
+}
+
+/// Conformance check; see the module docs. A handler's one-sided write
+/// into the client's region is in place when the reply that announces it
+/// arrives (sizes below and above fabric's RMA staging slot); a write
+/// that overruns the region is refused and moves nothing, and the
+/// connection lives on.
+pub fn one_sided_reply_write_lands_before_the_reply(addr: String) {
+    let s = RegionServer::start(&addr);
+    let Some(mut ep) = one_sided_client(&s) else {
+        s.stop();
+        return;
+    };
+    let mine = ep.register(CLIENT_REGION_BYTES).expect("register");
+    assert_eq!(mine.len, CLIENT_REGION_BYTES as u64);
+    assert!(ep
+        .local_region(&mine)
+        .expect("view")
+        .iter()
+        .all(|&b| b == 0));
+    for round in 0..20u64 {
+        let data = format!("from the server, round {round}");
+        let off = round * 1000;
+        assert_eq!(
+            call(&mut *ep, &write_request(&mine, off, data.as_bytes())),
+            b"ok"
+        );
+        let view = ep.local_region(&mine).expect("view");
+        assert_eq!(
+            &view[off as usize..off as usize + data.len()],
+            data.as_bytes()
+        );
+    }
+    let (off, big) = (32 * 1024, vec![9u8; 300 * 1024]);
+    assert_eq!(call(&mut *ep, &write_request(&mine, off, &big)), b"ok");
+    let view = ep.local_region(&mine).expect("view");
+    assert!(
+        view[off as usize..off as usize + big.len()] == big[..],
+        "a large write is not in place when its reply came"
+    );
+
+    let end = CLIENT_REGION_BYTES as u64;
+    assert_eq!(
+        call(&mut *ep, &write_request(&mine, end - 2, b"xyz")),
+        b"BadRegion"
+    );
+    let view = ep.local_region(&mine).expect("view");
+    assert!(view[end as usize - 2..].iter().all(|&b| b == 0));
+    // The connection still works.
+    assert_eq!(
+        call(&mut *ep, &write_request(&mine, end - 4, b"fits")),
+        b"ok"
+    );
+    drop(ep);
+    s.stop();
+}
+
 /// Instantiates every conformance check as a `#[test]` in a module named
 /// `$module`, each listening on a fresh address from `$addr()`.
 #[macro_export]
@@ -256,6 +528,9 @@ macro_rules! conformance_suite {
                 oversized_and_empty_posts_are_refused,
                 many_clients_at_once,
                 closed_server_is_reported,
+                capabilities_are_honest,
+                one_sided_client_reads_and_writes_the_server_region,
+                one_sided_reply_write_lands_before_the_reply,
             );
         }
     };

@@ -215,11 +215,11 @@ impl InprocEndpoint {
         let tx = workers
             .get(usize::from(worker))
             .ok_or_else(|| {
-                TransportError::Refused(format!(
-                    "worker {worker}: {} (server has {} workers)",
+                crate::handshake::refusal(
+                    worker,
                     fabrickv_types::ErrorCode::NoSuchWorker.name(),
-                    workers.len()
-                ))
+                    workers.len(),
+                )
             })?
             .clone();
         let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);

@@ -14,9 +14,14 @@
 //!
 //! Layout:
 //! - this file: the traits ([`Endpoint`] on the client, [`WorkerPort`] and
-//!   [`Acceptor`] on the server), errors, and [`listen`]/[`connect`], which
-//!   pick an implementation from the address scheme;
+//!   [`Acceptor`] on the server), what a connection can do
+//!   ([`Capabilities`]), and errors;
+//! - `address`: [`listen`]/[`connect`], which pick an implementation from
+//!   the address scheme, and the registry of schemes from other crates;
 //! - [`framing`]: sans-I/O length-prefix framing for byte-stream transports;
+//! - [`handshake`]: sans-I/O server side of every transport's connection
+//!   handshake (the bounded, timed table of pending hellos and how a hello
+//!   is judged), and the client's check of the answer;
 //! - [`inproc`]: the in-process mock (channels, for tests);
 //! - [`tcp`]: mio/epoll on the server, blocking sockets on the client.
 
@@ -26,12 +31,16 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod address;
 #[cfg(feature = "conformance")]
 #[allow(clippy::unwrap_used)]
 pub mod conformance;
 pub mod framing;
+pub mod handshake;
 pub mod inproc;
 pub mod tcp;
+
+pub use address::{connect, listen, register_scheme, Address, ConnectFn, ListenFn};
 
 /// Identifies a connection within one worker port.
 pub type ConnId = u32;
@@ -66,6 +75,12 @@ pub trait Reply {
     fn append_shared(&mut self, bytes: SharedBytes) {
         let b: &[u8] = (*bytes).as_ref();
         self.buf().extend_from_slice(b);
+    }
+
+    /// What this reply's connection offers: the one-sided calls below
+    /// work only where it says so.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
     }
 
     /// Writes `data` into a region the requesting peer registered, at
@@ -121,6 +136,14 @@ impl Waker {
         Waker(Arc::new(f))
     }
 
+    /// Wakes through a mio waker (the tcp port and acceptor, fabric's
+    /// port): each owner polls a mio `Poll` the waker belongs to.
+    pub fn from_mio(w: Arc<mio::Waker>) -> Waker {
+        Waker::new(move || {
+            let _ = w.wake();
+        })
+    }
+
     /// Wakes the owner.
     pub fn wake(&self) {
         (self.0)()
@@ -130,6 +153,16 @@ impl Waker {
 impl fmt::Debug for Waker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Waker")
+    }
+}
+
+/// `d` as the timespec that `poll`/`epoll_wait` take (saturating at the
+/// longest one they can express): every transport blocks through one of
+/// them.
+pub fn timespec(d: Duration) -> rustix::event::Timespec {
+    rustix::event::Timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: i64::from(d.subsec_nanos()),
     }
 }
 
@@ -247,6 +280,50 @@ impl RemoteRegion {
                 self.len
             ))),
         }
+    }
+}
+
+/// What a connection offers beyond two-sided messages, so that a caller
+/// chooses its path up front (a client registers a buffer, a server
+/// writes a value one-sided) instead of trying and matching on
+/// [`TransportError::Unsupported`]. The answer holds for the connection's
+/// life; fabric's depends on the provider (`FI_RMA`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Capabilities {
+    /// `register` and `local_region` work: this side can expose memory
+    /// for its peer to read and write one-sided.
+    pub memory_registration: bool,
+    /// `write_remote` works: this side can write a region its peer
+    /// registered.
+    pub one_sided_write: bool,
+    /// `read_remote` works: this side can read a region its peer
+    /// registered.
+    pub one_sided_read: bool,
+    /// [`Reply::remote_mut`] lends the peer's registered memory in place
+    /// (shm maps it), so a handler can build a result there with no copy.
+    pub remote_view: bool,
+}
+
+impl Capabilities {
+    /// Messages only (inproc, tcp).
+    pub const NONE: Capabilities = Capabilities {
+        memory_registration: false,
+        one_sided_write: false,
+        one_sided_read: false,
+        remote_view: false,
+    };
+
+    /// Registration and one-sided reads and writes (fabric with `FI_RMA`).
+    pub const ONE_SIDED: Capabilities = Capabilities {
+        memory_registration: true,
+        one_sided_write: true,
+        one_sided_read: true,
+        remote_view: false,
+    };
+
+    /// True if registration, one-sided write and one-sided read all work.
+    pub fn one_sided(&self) -> bool {
+        self.memory_registration && self.one_sided_write && self.one_sided_read
     }
 }
 
@@ -368,6 +445,12 @@ pub trait Endpoint: Send {
         }
     }
 
+    /// What this connection offers: the registration and one-sided
+    /// calls below work only where it says so.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+    }
+
     /// Registers `len` zeroed bytes that the peer may read and write
     /// one-sided; send the returned descriptor to the peer in a message.
     fn register(&mut self, _len: usize) -> Result<RemoteRegion> {
@@ -443,6 +526,13 @@ pub trait WorkerPort: Send {
 
     /// This port's counters.
     fn stats(&self) -> PortStats;
+
+    /// What this port's connections offer: the registration and
+    /// one-sided calls below, and those of the replies it hands its
+    /// handler, work only where it says so.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+    }
 
     /// Registers `len` zeroed bytes that the worker's peers may read and
     /// write one-sided (each peer is told the descriptor in a message).
@@ -533,92 +623,6 @@ pub struct Listening {
     pub acceptor: Box<dyn Acceptor>,
     /// One per worker, in worker order.
     pub ports: Vec<Box<dyn WorkerPort>>,
-}
-
-/// A parsed transport address.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Address {
-    /// `tcp://HOST:PORT` or a bare `HOST:PORT`.
-    Tcp(String),
-    /// `inproc://NAME`: same process only.
-    Inproc(String),
-    /// `SCHEME://REST` for a transport registered with [`register_scheme`].
-    Other(String, String),
-}
-
-impl Address {
-    /// Parses an address string.
-    pub fn parse(s: &str) -> Result<Address> {
-        if let Some(rest) = s.strip_prefix("tcp://") {
-            return Ok(Address::Tcp(rest.to_string()));
-        }
-        if let Some(rest) = s.strip_prefix("inproc://") {
-            if rest.is_empty() {
-                return Err(TransportError::BadAddress(s.to_string()));
-            }
-            return Ok(Address::Inproc(rest.to_string()));
-        }
-        if let Some((scheme, rest)) = s.split_once("://") {
-            if !rest.is_empty() && schemes().read().is_ok_and(|m| m.contains_key(scheme)) {
-                return Ok(Address::Other(scheme.to_string(), rest.to_string()));
-            }
-            return Err(TransportError::BadAddress(s.to_string()));
-        }
-        if !s.contains(':') {
-            return Err(TransportError::BadAddress(s.to_string()));
-        }
-        Ok(Address::Tcp(s.to_string()))
-    }
-}
-
-/// How a registered transport listens: the address after `SCHEME://`,
-/// and the number of workers.
-pub type ListenFn = fn(&str, usize) -> Result<Listening>;
-
-/// How a registered transport connects: the address after `SCHEME://`,
-/// the worker, and the timeout.
-pub type ConnectFn = fn(&str, u16, Duration) -> Result<Box<dyn Endpoint>>;
-
-type SchemeMap = std::collections::HashMap<String, (ListenFn, ConnectFn)>;
-
-fn schemes() -> &'static std::sync::RwLock<SchemeMap> {
-    static SCHEMES: std::sync::OnceLock<std::sync::RwLock<SchemeMap>> = std::sync::OnceLock::new();
-    SCHEMES.get_or_init(Default::default)
-}
-
-/// Makes `SCHEME://...` addresses reach a transport from another crate
-/// (shm, fabric): this crate holds the traits, so it cannot depend on
-/// them; they register themselves instead. Registering again replaces.
-pub fn register_scheme(scheme: &str, listen: ListenFn, connect: ConnectFn) {
-    if let Ok(mut m) = schemes().write() {
-        m.insert(scheme.to_string(), (listen, connect));
-    }
-}
-
-fn scheme(name: &str) -> Result<(ListenFn, ConnectFn)> {
-    schemes()
-        .read()
-        .ok()
-        .and_then(|m| m.get(name).copied())
-        .ok_or_else(|| TransportError::BadAddress(format!("{name}://")))
-}
-
-/// Starts listening on `addr` with `workers` worker ports.
-pub fn listen(addr: &str, workers: usize) -> Result<Listening> {
-    match Address::parse(addr)? {
-        Address::Tcp(a) => tcp::listen(&a, workers),
-        Address::Inproc(name) => inproc::listen(&name, workers),
-        Address::Other(s, rest) => (scheme(&s)?.0)(&rest, workers),
-    }
-}
-
-/// Connects to worker `worker` of the server at `addr`.
-pub fn connect(addr: &str, worker: u16, timeout: Duration) -> Result<Box<dyn Endpoint>> {
-    match Address::parse(addr)? {
-        Address::Tcp(a) => Ok(Box::new(tcp::TcpEndpoint::connect(&a, worker, timeout)?)),
-        Address::Inproc(name) => Ok(Box::new(inproc::InprocEndpoint::connect(&name, worker)?)),
-        Address::Other(s, rest) => (scheme(&s)?.1)(&rest, worker, timeout),
-    }
 }
 
 #[cfg(test)]
@@ -733,24 +737,5 @@ mod tests {
             ep.recv_split(SPLIT_HEAD_BYTES_MAX + 1, t, &mut sink),
             Err(TransportError::Unsupported(_))
         ));
-    }
-
-    #[test]
-    fn parses_addresses() {
-        assert_eq!(
-            Address::parse("127.0.0.1:7379").ok(),
-            Some(Address::Tcp("127.0.0.1:7379".into()))
-        );
-        assert_eq!(
-            Address::parse("tcp://[::1]:1").ok(),
-            Some(Address::Tcp("[::1]:1".into()))
-        );
-        assert_eq!(
-            Address::parse("inproc://x").ok(),
-            Some(Address::Inproc("x".into()))
-        );
-        for bad in ["inproc://", "shm://x", "localhost", ""] {
-            assert!(Address::parse(bad).is_err(), "{bad:?}");
-        }
     }
 }

@@ -1,17 +1,20 @@
-//! The acceptor thread: accepts sockets and runs their handshakes.
+//! The acceptor thread of a TCP listener: accepts sockets and feeds their
+//! bytes to a [`Handshakes`] table; what to answer and where the socket
+//! goes is up to a [`Conclude`]. The tcp transport and the fabric
+//! transport's rendezvous both run on it.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use fabrickv_types::limits::{CONNECTIONS_MAX, HANDSHAKES_PENDING_MAX, HANDSHAKE_TIMEOUT_MS};
+use fabrickv_types::limits::CONNECTIONS_MAX;
 use fabrickv_types::ErrorCode;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use super::port::Handoff;
-use super::{decode_handshake, encode_handshake, HANDSHAKE_BYTES};
+use crate::handshake::{Admission, CompactHello, Handshakes, HelloFormat, Limits, Step, Verdict};
 use crate::{Acceptor, Result, Waker};
 
 const LISTENER: Token = Token(0);
@@ -21,27 +24,45 @@ const FIRST_PENDING: usize = 2;
 /// Most readiness events handled per epoll call.
 const EVENTS_PER_POLL: usize = 256;
 
-struct Pending {
-    stream: TcpStream,
-    buf: [u8; HANDSHAKE_BYTES],
-    got: usize,
-    deadline: Instant,
+/// The hello of the tcp transport.
+pub(super) const TCP_HELLO: CompactHello = CompactHello { magic: *b"FKV" };
+
+/// What a transport does with a handshake the table has judged: write the
+/// answer, and on acceptance hand the socket to its worker.
+pub trait Conclude: Send {
+    /// The transport's hello.
+    type Format: HelloFormat + Send;
+
+    /// Answers `verdict` on `stream` (already out of the acceptor's poll)
+    /// and hands the connection over if it is accepted.
+    fn conclude(
+        &mut self,
+        stream: TcpStream,
+        verdict: Verdict<<Self::Format as HelloFormat>::Hello>,
+        format: &Self::Format,
+    );
 }
 
-pub(super) struct TcpAcceptor {
+/// Accepts TCP connections and runs their handshakes; see the module docs.
+pub struct TcpAcceptor<C: Conclude> {
     listener: TcpListener,
     poll: Poll,
     waker: Arc<mio::Waker>,
-    handoffs: Vec<Handoff>,
+    /// Connections open over all workers (the workers count them down).
     open: Arc<AtomicUsize>,
-    pending: Vec<Option<Pending>>,
+    table: Handshakes<TcpStream, C::Format>,
+    conclude: C,
 }
 
-impl TcpAcceptor {
-    pub(super) fn new(
+impl<C: Conclude> TcpAcceptor<C> {
+    /// An acceptor of `listener` for a server of `workers` workers, with
+    /// `open` counting the connections open.
+    pub fn new(
         mut listener: TcpListener,
-        handoffs: Vec<Handoff>,
+        format: C::Format,
+        workers: usize,
         open: Arc<AtomicUsize>,
+        conclude: C,
     ) -> Result<Self> {
         let poll = Poll::new()?;
         poll.registry()
@@ -51,60 +72,47 @@ impl TcpAcceptor {
             listener,
             poll,
             waker,
-            handoffs,
             open,
-            pending: Vec::new(),
+            table: Handshakes::new(format, Limits::with_conns_max(CONNECTIONS_MAX), workers),
+            conclude,
         })
     }
 
     fn accept_all(&mut self) {
         loop {
             match self.listener.accept() {
-                Ok((mut stream, _)) => {
-                    if self.open.load(Ordering::Acquire) >= CONNECTIONS_MAX {
-                        // Over a bound: refuse by closing at once.
-                        tracing::warn!("refusing a connection: {CONNECTIONS_MAX} connections open");
-                        continue;
-                    }
-                    let live = self.pending.iter().filter(|p| p.is_some()).count();
-                    if live >= HANDSHAKES_PENDING_MAX {
-                        // Make room by dropping the handshake that has waited
-                        // longest: sockets that connect and stay silent cannot
-                        // lock out a client that sends its handshake at once.
-                        if let Some(oldest) = (0..self.pending.len())
-                            .filter_map(|i| self.pending[i].as_ref().map(|p| (p.deadline, i)))
-                            .min()
-                            .map(|(_, i)| i)
-                        {
-                            tracing::debug!(
-                                "dropping the oldest pending handshake to admit a new one"
+                Ok((stream, _)) => {
+                    let open = self.open.load(Ordering::Acquire);
+                    let slot = match self.table.admit(stream, Instant::now(), open) {
+                        Admission::Refused(_) => {
+                            // Over a bound: refuse by closing at once.
+                            tracing::warn!(
+                                "refusing a connection: {CONNECTIONS_MAX} connections open"
                             );
-                            self.drop_pending(oldest);
+                            continue;
                         }
-                    }
+                        Admission::Pending { slot, evicted } => {
+                            if let Some(mut old) = evicted {
+                                tracing::debug!(
+                                    "dropping the oldest pending handshake to admit a new one"
+                                );
+                                let _ = self.poll.registry().deregister(&mut old);
+                            }
+                            slot
+                        }
+                    };
+                    let Some(stream) = self.table.io_mut(slot) else {
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
-                    let slot = self
-                        .pending
-                        .iter()
-                        .position(|p| p.is_none())
-                        .unwrap_or_else(|| {
-                            self.pending.push(None);
-                            self.pending.len() - 1
-                        });
                     if self
                         .poll
                         .registry()
-                        .register(&mut stream, Token(FIRST_PENDING + slot), Interest::READABLE)
+                        .register(stream, Token(FIRST_PENDING + slot), Interest::READABLE)
                         .is_err()
                     {
-                        continue;
+                        self.table.remove(slot);
                     }
-                    self.pending[slot] = Some(Pending {
-                        stream,
-                        buf: [0; HANDSHAKE_BYTES],
-                        got: 0,
-                        deadline: Instant::now() + Duration::from_millis(HANDSHAKE_TIMEOUT_MS),
-                    });
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
@@ -115,85 +123,33 @@ impl TcpAcceptor {
         }
     }
 
-    /// Reads what the handshake has sent; completes or drops it.
+    /// Reads what the handshake has sent and acts on the table's step.
     fn advance(&mut self, slot: usize) {
-        let Some(p) = self.pending.get_mut(slot).and_then(|p| p.as_mut()) else {
-            return;
-        };
-        loop {
-            match p.stream.read(&mut p.buf[p.got..]) {
-                Ok(0) => return self.drop_pending(slot),
-                Ok(n) => {
-                    p.got += n;
-                    if p.got == HANDSHAKE_BYTES {
-                        return self.complete(slot);
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return self.drop_pending(slot),
+        let open = &self.open;
+        let step =
+            self.table
+                .read_from(slot, || open.load(Ordering::Acquire), |s, buf| s.read(buf));
+        match step {
+            Step::Read => {}
+            Step::Drop(mut stream) => {
+                let _ = self.poll.registry().deregister(&mut stream);
+            }
+            Step::Done(mut stream, verdict) => {
+                let _ = self.poll.registry().deregister(&mut stream);
+                self.conclude.conclude(stream, verdict, self.table.format());
             }
         }
-    }
-
-    fn drop_pending(&mut self, slot: usize) {
-        if let Some(mut p) = self.pending[slot].take() {
-            let _ = self.poll.registry().deregister(&mut p.stream);
-        }
-    }
-
-    fn complete(&mut self, slot: usize) {
-        let Some(mut p) = self.pending[slot].take() else {
-            return;
-        };
-        let _ = self.poll.registry().deregister(&mut p.stream);
-        let workers = self.handoffs.len() as u16;
-        let status = match decode_handshake(&p.buf) {
-            None => ErrorCode::UnsupportedVersion,
-            Some((w, _)) if usize::from(w) >= self.handoffs.len() => ErrorCode::NoSuchWorker,
-            Some(_) if self.open.load(Ordering::Acquire) >= CONNECTIONS_MAX => {
-                ErrorCode::Unavailable
-            }
-            Some(_) => ErrorCode::Ok,
-        };
-        // A fresh socket's send buffer is empty, so 8 bytes always fit.
-        let _ = p.stream.write(&encode_handshake(status.as_u16(), workers));
-        if status != ErrorCode::Ok {
-            return;
-        }
-        let worker = decode_handshake(&p.buf)
-            .map(|(w, _)| usize::from(w))
-            .unwrap_or(0);
-        self.open.fetch_add(1, Ordering::AcqRel);
-        if let Err(stream) = self.handoffs[worker].hand(p.stream) {
-            self.open.fetch_sub(1, Ordering::AcqRel);
-            drop(stream);
-        }
-    }
-
-    fn expire(&mut self, now: Instant) -> Option<Duration> {
-        let mut next: Option<Duration> = None;
-        for slot in 0..self.pending.len() {
-            let Some(deadline) = self.pending[slot].as_ref().map(|p| p.deadline) else {
-                continue;
-            };
-            if deadline <= now {
-                tracing::debug!("closing a connection that did not finish its handshake in time");
-                self.drop_pending(slot);
-            } else {
-                let left = deadline - now;
-                next = Some(next.map_or(left, |n| n.min(left)));
-            }
-        }
-        next
     }
 }
 
-impl Acceptor for TcpAcceptor {
+impl<C: Conclude> Acceptor for TcpAcceptor<C> {
     fn run(&mut self, stop: &AtomicBool) -> Result<()> {
         let mut events = Events::with_capacity(EVENTS_PER_POLL);
         while !stop.load(Ordering::Acquire) {
-            let timeout = self.expire(Instant::now());
+            let registry = self.poll.registry();
+            let timeout = self.table.expire(Instant::now(), |mut s| {
+                let _ = registry.deregister(&mut s);
+            });
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -212,9 +168,36 @@ impl Acceptor for TcpAcceptor {
     }
 
     fn waker(&self) -> Waker {
-        let w = self.waker.clone();
-        Waker::new(move || {
-            let _ = w.wake();
-        })
+        Waker::from_mio(self.waker.clone())
+    }
+}
+
+/// The tcp transport's end of a handshake: answer, then hand the socket
+/// to its worker's port.
+pub(super) struct TcpConclude {
+    pub(super) handoffs: Vec<Handoff>,
+    pub(super) open: Arc<AtomicUsize>,
+}
+
+impl Conclude for TcpConclude {
+    type Format = CompactHello;
+
+    fn conclude(&mut self, mut stream: TcpStream, verdict: Verdict<u16>, format: &CompactHello) {
+        use std::io::Write;
+        let workers = self.handoffs.len() as u16;
+        let (status, worker) = match verdict {
+            Verdict::Accept { worker, .. } => (ErrorCode::Ok, worker),
+            Verdict::Refuse { code, .. } => (code, 0),
+        };
+        // A fresh socket's send buffer is empty, so 8 bytes always fit.
+        let _ = stream.write(&format.encode(status.as_u16(), workers));
+        if status != ErrorCode::Ok {
+            return;
+        }
+        self.open.fetch_add(1, Ordering::AcqRel);
+        if let Err(stream) = self.handoffs[worker].hand(stream) {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            drop(stream);
+        }
     }
 }

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{RecvFlags, SendFlags};
 
-use super::{decode_handshake, encode_handshake, resolve, HANDSHAKE_BYTES};
+use super::acceptor::TCP_HELLO;
+use super::{resolve, HANDSHAKE_BYTES};
 use crate::framing::{self, Next, PREFIX_BYTES};
 use crate::{check_split_head, Endpoint, Landed, Result, SplitSink, TransportError};
 
@@ -88,17 +89,13 @@ impl TcpEndpoint {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
-        stream.write_all(&encode_handshake(worker, 0))?;
+        stream.write_all(&TCP_HELLO.encode(worker, 0))?;
         let mut reply = [0u8; HANDSHAKE_BYTES];
         stream.read_exact(&mut reply)?;
-        let (status, workers) = decode_handshake(&reply)
+        let (status, workers) = TCP_HELLO
+            .fields(&reply)
             .ok_or_else(|| TransportError::Refused("the peer is not a FabricKV server".into()))?;
-        if status != 0 {
-            let name = fabrickv_types::ErrorCode::from_u16(status).map_or("unknown", |c| c.name());
-            return Err(TransportError::Refused(format!(
-                "worker {worker}: {name} (server has {workers} workers)"
-            )));
-        }
+        crate::handshake::check_answer(worker, status, workers)?;
         Ok(TcpEndpoint {
             stream,
             inbuf: Vec::new(),
@@ -319,10 +316,7 @@ impl Endpoint for TcpEndpoint {
                         return Err(TransportError::Timeout);
                     }
                     let mut fds = [PollFd::new(&self.stream, PollFlags::IN | PollFlags::OUT)];
-                    let ts = rustix::event::Timespec {
-                        tv_sec: left.as_secs() as i64,
-                        tv_nsec: i64::from(left.subsec_nanos()),
-                    };
+                    let ts = crate::timespec(left);
                     match rustix::event::poll(&mut fds, Some(&ts)) {
                         Ok(_) | Err(rustix::io::Errno::INTR) => {}
                         Err(e) => return Err(io::Error::from(e).into()),
@@ -435,7 +429,7 @@ mod tests {
             let (mut s, _) = l.accept().unwrap();
             let mut hs = [0u8; HANDSHAKE_BYTES];
             s.read_exact(&mut hs).unwrap();
-            s.write_all(&encode_handshake(0, 1)).unwrap();
+            s.write_all(&TCP_HELLO.encode(0, 1)).unwrap();
             for (bytes, pause) in script {
                 s.write_all(&bytes).unwrap();
                 std::thread::sleep(pause);

@@ -3,7 +3,10 @@
 //! ([`Node`]), and the registered memory it sends from, receives into and
 //! exposes for one-sided access ([`Slab`], [`Region`]).
 //!
-//! Every call into `sys` lives in this file. The rules that make the rest
+//! Every call into `sys` lives in this module: this file (objects, their
+//! opening and closing), `info` (choosing the provider), `datapath`
+//! (sends, completions, waiting: the hot path) and `rma` (registered
+//! regions and one-sided transfers). The rules that make the rest
 //! of the crate safe:
 //! - all memory handed to the provider (receive slots, send slots, RMA
 //!   staging, exposed regions) and every operation context is owned by the
@@ -13,6 +16,13 @@
 //!   provider a buffer that dies before the operation completes;
 //! - a [`Node`] is used by one thread at a time (`FI_THREAD_DOMAIN`).
 
+mod datapath;
+mod info;
+mod rma;
+
+pub use info::Caps;
+use info::{choose, Info};
+
 use std::collections::VecDeque;
 use std::ffi::{c_void, CStr, CString};
 use std::io;
@@ -20,7 +30,7 @@ use std::os::fd::RawFd;
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use fabrickv_transport::{Result, TransportError};
+use fabrickv_transport::{Capabilities, RemoteRegion, Result, TransportError};
 
 use crate::sys;
 
@@ -98,170 +108,6 @@ fn check(what: &str, ret: i32) -> Result<()> {
     } else {
         Ok(())
     }
-}
-
-/// What the provider offers, read from its `fi_info`.
-#[derive(Debug, Clone)]
-pub struct Caps {
-    /// The provider's name (`tcp;ofi_rxm`, `shm`, ...).
-    pub provider: String,
-    /// One-sided read and write (`FI_RMA`) are available.
-    pub rma: bool,
-    /// Remote addresses are virtual addresses (`FI_MR_VIRT_ADDR`); else
-    /// offsets from the region's start.
-    pub virt_addr: bool,
-    /// Largest send the provider copies at once (`fi_inject`), in bytes.
-    pub inject_bytes: usize,
-    /// Largest message, in bytes.
-    pub max_msg_bytes: usize,
-}
-
-/// A provider's `fi_info`, as chosen by [`Info::get`].
-struct Info {
-    ptr: *mut sys::fi_info,
-}
-
-impl Drop for Info {
-    fn drop(&mut self) {
-        // SAFETY: ptr came from fi_getinfo and is freed once.
-        unsafe { sys::fi_freeinfo(self.ptr) }
-    }
-}
-
-unsafe extern "C" {
-    fn strdup(s: *const std::ffi::c_char) -> *mut std::ffi::c_char;
-    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
-}
-
-/// Closes every retired endpoint when the process exits normally, so that
-/// the `shm` provider unlinks its segments from /dev/shm (it names them
-/// there; without `fi_close` they would outlive the process).
-extern "C" fn close_retired_at_exit() {
-    if let Ok(mut list) = RETIRED.lock() {
-        list.clear();
-    }
-}
-
-impl Info {
-    /// Asks for an RDM endpoint of `provider` with `caps`, bound to the
-    /// source `node` (an IP address, or a unique name for shm) if given.
-    fn get(provider: &str, node: Option<&str>, caps: u64) -> std::result::Result<Info, i32> {
-        let prov = CString::new(provider).map_err(|_| sys::FI_EINVAL as i32)?;
-        let node_c = node
-            .map(CString::new)
-            .transpose()
-            .map_err(|_| sys::FI_EINVAL as i32)?;
-        // SAFETY: fi_allocinfo returns a zeroed fi_info with its attribute
-        // structs allocated, or null.
-        let hints = unsafe { sys::fi_allocinfo() };
-        if hints.is_null() {
-            return Err(sys::FI_ENOMEM as i32);
-        }
-        let mut info: *mut sys::fi_info = ptr::null_mut();
-        // SAFETY: hints and its attribute pointers are valid (allocinfo);
-        // prov_name must be malloc'd because fi_freeinfo frees it.
-        let ret = unsafe {
-            (*hints).caps = caps;
-            (*hints).mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
-            (*(*hints).ep_attr).type_ = sys::fi_ep_type_FI_EP_RDM;
-            (*(*hints).domain_attr).mr_mode = (sys::FI_MR_LOCAL
-                | sys::FI_MR_VIRT_ADDR
-                | sys::FI_MR_ALLOCATED
-                | sys::FI_MR_PROV_KEY) as i32;
-            (*(*hints).domain_attr).threading = sys::fi_threading_FI_THREAD_DOMAIN;
-            (*(*hints).tx_attr).msg_order = u64::from(sys::FI_ORDER_SAS);
-            (*(*hints).rx_attr).msg_order = u64::from(sys::FI_ORDER_SAS);
-            (*(*hints).fabric_attr).prov_name = strdup(prov.as_ptr());
-            let ret = sys::fi_getinfo(
-                API_VERSION,
-                node_c.as_ref().map_or(ptr::null(), |n| n.as_ptr()),
-                ptr::null(),
-                if node_c.is_some() { sys::FI_SOURCE } else { 0 },
-                hints,
-                &mut info,
-            );
-            sys::fi_freeinfo(hints);
-            ret
-        };
-        if ret < 0 || info.is_null() {
-            return Err(if ret < 0 {
-                -ret
-            } else {
-                sys::FI_ENODATA as i32
-            });
-        }
-        Ok(Info { ptr: info })
-    }
-
-    fn caps(&self) -> Caps {
-        // SAFETY: a fi_info from fi_getinfo has valid attribute pointers;
-        // prov_name is a NUL-terminated string or null.
-        unsafe {
-            let i = &*self.ptr;
-            let fab = &*i.fabric_attr;
-            let provider = if fab.prov_name.is_null() {
-                String::new()
-            } else {
-                CStr::from_ptr(fab.prov_name).to_string_lossy().into_owned()
-            };
-            let mr_mode = (*i.domain_attr).mr_mode as u32;
-            Caps {
-                provider,
-                rma: i.caps & u64::from(sys::FI_RMA) != 0,
-                virt_addr: mr_mode & sys::FI_MR_VIRT_ADDR != 0,
-                inject_bytes: (*i.tx_attr).inject_size,
-                max_msg_bytes: (*i.ep_attr).max_msg_size,
-            }
-        }
-    }
-}
-
-/// Chooses the provider's fi_info: messages and RMA if it has both, else
-/// messages only (reported in the log); a clear error if the provider is
-/// not there at all.
-fn choose(provider: &str, node: Option<&str>) -> Result<Info> {
-    let msg = u64::from(sys::FI_MSG);
-    let rma = u64::from(sys::FI_RMA);
-    let tries: [(Option<&str>, u64); 4] = [
-        (node, msg | rma),
-        (node, msg),
-        (None, msg | rma),
-        (None, msg),
-    ];
-    let mut last = sys::FI_ENODATA as i32;
-    for (i, (node, caps)) in tries.iter().enumerate() {
-        if i >= 2 && node.is_none() && tries[0].0.is_none() {
-            break;
-        }
-        match Info::get(provider, *node, *caps) {
-            Ok(info) => {
-                if *caps & rma == 0 {
-                    tracing::warn!(
-                        "libfabric provider {provider:?} offers no FI_RMA with these \
-                         settings: messages only, one-sided access unsupported"
-                    );
-                }
-                if i >= 2 {
-                    tracing::warn!(
-                        "libfabric provider {provider:?} refused source address {:?}; \
-                         letting it choose",
-                        tries[0].0
-                    );
-                }
-                return Ok(info);
-            }
-            Err(e) => last = e,
-        }
-    }
-    Err(TransportError::Io(io::Error::new(
-        io::ErrorKind::NotFound,
-        format!(
-            "libfabric provider {provider:?} is not available for reliable datagram \
-             endpoints (FI_EP_RDM, FI_MSG) on this host: {} (-{last}); list the \
-             providers with `fi_info -l` (Debian package libfabric-bin)",
-            strerror(last)
-        ),
-    )))
 }
 
 /// A completion the owner of a [`Node`] must act on.
@@ -367,6 +213,20 @@ pub struct Core {
 // thread is allowed by that model. Slabs hold only owned memory and
 // handles that belong to the Node.
 unsafe impl Send for Core {}
+
+unsafe extern "C" {
+    fn strdup(s: *const std::ffi::c_char) -> *mut std::ffi::c_char;
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// Closes every retired endpoint when the process exits normally, so that
+/// the `shm` provider unlinks its segments from /dev/shm (it names them
+/// there; without `fi_close` they would outlive the process).
+extern "C" fn close_retired_at_exit() {
+    if let Ok(mut list) = RETIRED.lock() {
+        list.clear();
+    }
+}
 
 /// How long a closed `shm` endpoint is kept open before it is really
 /// closed, in milliseconds.
@@ -675,348 +535,7 @@ impl Core {
         // SAFETY: a is an address this AV returned.
         let _ = unsafe { sys::fi_av_remove(self.av, &mut a, 1, 0) };
     }
-
-    /// Sends `parts` concatenated as one packet to `dest`. Copies into a
-    /// send slot, or lets the provider copy (`fi_inject`) if small enough.
-    /// Returns false if the provider's queue is full (progress and retry).
-    pub fn send(&mut self, dest: u64, parts: &[&[u8]]) -> Result<bool> {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        debug_assert!(len <= self.tx.slot_bytes);
-        if self.use_inject && len <= self.caps.inject_bytes && len <= INJECT_STACK_BYTES {
-            let mut buf = [0u8; INJECT_STACK_BYTES];
-            let mut at = 0;
-            for p in parts {
-                buf[at..at + p.len()].copy_from_slice(p);
-                at += p.len();
-            }
-            // SAFETY: fi_inject copies the buffer before returning.
-            let ret = unsafe { sys::fi_inject(self.ep, buf.as_ptr().cast(), len, dest) };
-            return self.sent(ret, "fi_inject");
-        }
-        let Some(slot) = self.tx_free.pop() else {
-            self.progress()?;
-            return Ok(false);
-        };
-        let buf = self.tx.slot_mut(slot);
-        let mut at = 0;
-        for p in parts {
-            buf[at..at + p.len()].copy_from_slice(p);
-            at += p.len();
-        }
-        let ptr = buf.as_mut_ptr();
-        let ctx: *mut OpCtx = &mut self.tx.ctxs[slot];
-        // SAFETY: the send slot and context are owned by this Node and stay
-        // busy (off the free list) until the completion returns them.
-        let ret = unsafe { sys::fi_send(self.ep, ptr.cast(), len, self.tx.desc, dest, ctx.cast()) };
-        if ret < 0 {
-            self.tx_free.push(slot);
-        } else {
-            self.tx_dest[slot] = dest;
-        }
-        self.sent(ret, "fi_send")
-    }
-
-    fn sent(&mut self, ret: isize, what: &str) -> Result<bool> {
-        if ret == -(sys::FI_EAGAIN as isize) {
-            self.progress()?;
-            return Ok(false);
-        }
-        if ret < 0 {
-            return Err(fail(what, ret as i64));
-        }
-        Ok(true)
-    }
-
-    /// Reads a burst of completions: receives become [`Event`]s, send slots
-    /// return to the free list, RMA slots are marked done. Returns how many
-    /// completions were read.
-    pub fn progress(&mut self) -> Result<usize> {
-        let mut entries = [sys::fi_cq_msg_entry {
-            op_context: ptr::null_mut(),
-            flags: 0,
-            len: 0,
-        }; CQ_BURST];
-        // SAFETY: entries has room for CQ_BURST msg-format entries.
-        let ret = unsafe { sys::fi_cq_read(self.cq, entries.as_mut_ptr().cast(), CQ_BURST) };
-        if ret == -(sys::FI_EAGAIN as isize) {
-            return Ok(0);
-        }
-        if ret == -(sys::FI_EAVAIL as isize) {
-            self.read_error()?;
-            return Ok(1);
-        }
-        if ret < 0 {
-            return Err(fail("fi_cq_read", ret as i64));
-        }
-        for e in &entries[..ret as usize] {
-            // SAFETY: every context we post is an OpCtx owned by this Node.
-            let t = unsafe { (*e.op_context.cast::<OpCtx>()).tag };
-            self.complete(t, e.len, None);
-        }
-        Ok(ret as usize)
-    }
-
-    fn complete(&mut self, t: u64, len: usize, err: Option<i32>) {
-        let (kind, slab, slot) = untag(t);
-        match kind {
-            KIND_RECV => match err {
-                None => self.events.push_back(Event::Recv { slab, slot, len }),
-                Some(e) if e as u32 == sys::FI_ECANCELED => {}
-                Some(e) => {
-                    tracing::warn!("receive failed: {}; reposting", strerror(e));
-                    self.events.push_back(Event::RecvFailed { slab, slot });
-                }
-            },
-            KIND_SEND => {
-                self.tx_free.push(slot);
-                if let Some(err) = err {
-                    let dest = self.tx_dest[slot];
-                    self.events.push_back(Event::SendFailed { dest, err });
-                }
-            }
-            KIND_RMA => {
-                if let Some(b) = self.rma_busy.get_mut(slot) {
-                    *b = false;
-                }
-                if err.is_some() {
-                    self.rma_err = err;
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn read_error(&mut self) -> Result<()> {
-        let mut e = sys::fi_cq_err_entry::default();
-        // SAFETY: e is a valid error entry to fill.
-        let ret = unsafe { sys::fi_cq_readerr(self.cq, &mut e, 0) };
-        if ret < 0 {
-            return Ok(());
-        }
-        let mut text = [0 as std::ffi::c_char; 128];
-        // SAFETY: text is a valid buffer; the call writes a NUL-terminated
-        // string into it or returns a static one.
-        let prov = unsafe {
-            let p = sys::fi_cq_strerror(
-                self.cq,
-                e.prov_errno,
-                e.err_data,
-                text.as_mut_ptr(),
-                text.len(),
-            );
-            if p.is_null() {
-                String::new()
-            } else {
-                CStr::from_ptr(p).to_string_lossy().into_owned()
-            }
-        };
-        if e.err as u32 != sys::FI_ECANCELED {
-            tracing::debug!("completion error: {} (provider: {prov})", strerror(e.err));
-        }
-        if e.op_context.is_null() {
-            return Err(fail("completion", -i64::from(e.err)));
-        }
-        // SAFETY: every context we post is an OpCtx owned by this Node.
-        let t = unsafe { (*e.op_context.cast::<OpCtx>()).tag };
-        self.complete(t, e.len, Some(e.err));
-        Ok(())
-    }
-
-    /// The completion queue's wait descriptor, if the provider has one.
-    pub fn wait_fd(&self) -> Option<RawFd> {
-        self.wait_fd
-    }
-
-    /// True if it is safe to block on [`Node::wait_fd`] now (nothing is
-    /// pending inside the provider).
-    pub fn trywait(&mut self) -> bool {
-        if self.wait_fd.is_none() {
-            return false;
-        }
-        // SAFETY: the fids are live objects of this fabric.
-        let mut fids = [unsafe { &mut (*self.cq).fid as *mut sys::fid }];
-        // SAFETY: as above; fids has one entry.
-        unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), 1) == 0 }
-    }
-
-    /// Registers `len` zeroed bytes for peers to read and write; returns
-    /// (addr, key) as peers must use them.
-    pub fn register_region(&mut self, len: usize) -> Result<(u64, u64)> {
-        if !self.caps.rma {
-            return Err(TransportError::Unsupported(
-                "one-sided access (this libfabric provider has no FI_RMA)",
-            ));
-        }
-        let mut mem = vec![0u8; len.max(1)].into_boxed_slice();
-        let access =
-            u64::from(sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE | sys::FI_READ | sys::FI_WRITE);
-        let (mr, key) = self.register(&mut mem, access)?;
-        let addr = if self.caps.virt_addr {
-            mem.as_ptr() as u64
-        } else {
-            0
-        };
-        self.regions.push(Region { mem, mr, key, addr });
-        Ok((addr, key))
-    }
-
-    /// The bytes of a region this node registered.
-    pub fn region_mut(&mut self, addr: u64, key: u64) -> Option<&mut [u8]> {
-        self.regions
-            .iter_mut()
-            .find(|r| r.key == key && r.addr == addr)
-            .map(|r| &mut r.mem[..])
-    }
-
-    /// Writes `data` into the peer `dest`'s region at remote address
-    /// `raddr` with key `key`; returns once the provider reports the bytes
-    /// delivered (`FI_DELIVERY_COMPLETE`), progressing the queue meanwhile.
-    pub fn write(
-        &mut self,
-        dest: u64,
-        raddr: u64,
-        key: u64,
-        data: &[u8],
-        timeout: Duration,
-    ) -> Result<()> {
-        self.rma_op(
-            dest,
-            raddr,
-            key,
-            data.len(),
-            timeout,
-            |buf, at| {
-                buf.copy_from_slice(&data[at..at + buf.len()]);
-            },
-            None,
-        )
-    }
-
-    /// Reads the peer's region into `out`.
-    pub fn read(
-        &mut self,
-        dest: u64,
-        raddr: u64,
-        key: u64,
-        out: &mut [u8],
-        timeout: Duration,
-    ) -> Result<()> {
-        let len = out.len();
-        self.rma_op(dest, raddr, key, len, timeout, |_, _| {}, Some(out))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn rma_op(
-        &mut self,
-        dest: u64,
-        raddr: u64,
-        key: u64,
-        len: usize,
-        timeout: Duration,
-        fill: impl Fn(&mut [u8], usize),
-        mut read_into: Option<&mut [u8]>,
-    ) -> Result<()> {
-        if !self.caps.rma || self.rma.is_none() {
-            return Err(TransportError::Unsupported(
-                "one-sided access (this libfabric provider has no FI_RMA)",
-            ));
-        }
-        let deadline = Instant::now() + timeout;
-        let mut at = 0;
-        self.rma_err = None;
-        while at < len {
-            let n = (len - at).min(RMA_STAGING_BYTES);
-            // One staging slot at a time keeps the order simple: the piece
-            // completes (delivered) before the next starts.
-            let slot = 0;
-            let Some(stage) = self.rma.as_mut() else {
-                return Err(TransportError::Unsupported("one-sided access"));
-            };
-            fill(&mut stage.slot_mut(slot)[..n], at);
-            let buf = stage.slot_mut(slot).as_mut_ptr();
-            let mut desc = stage.desc;
-            let ctx: *mut OpCtx = &mut stage.ctxs[slot];
-            let iov = sys::iovec {
-                iov_base: buf.cast(),
-                iov_len: n,
-            };
-            let rma_iov = sys::fi_rma_iov {
-                addr: raddr + at as u64,
-                len: n,
-                key,
-            };
-            let msg = sys::fi_msg_rma {
-                msg_iov: &iov,
-                desc: &mut desc,
-                iov_count: 1,
-                addr: dest,
-                rma_iov: &rma_iov,
-                rma_iov_count: 1,
-                context: ctx.cast(),
-                data: 0,
-            };
-            loop {
-                // SAFETY: the staging slot and its context belong to this
-                // Node; we wait below for the completion before reusing them
-                // (or the endpoint is closed first in Drop).
-                let ret = unsafe {
-                    if read_into.is_some() {
-                        sys::fi_readmsg(self.ep, &msg, u64::from(sys::FI_COMPLETION))
-                    } else {
-                        sys::fi_writemsg(
-                            self.ep,
-                            &msg,
-                            u64::from(sys::FI_COMPLETION | sys::FI_DELIVERY_COMPLETE),
-                        )
-                    }
-                };
-                if ret == -(sys::FI_EAGAIN as isize) {
-                    self.progress()?;
-                    if Instant::now() >= deadline {
-                        return Err(TransportError::Timeout);
-                    }
-                    continue;
-                }
-                if ret < 0 {
-                    return Err(fail(
-                        if read_into.is_some() {
-                            "fi_read"
-                        } else {
-                            "fi_write"
-                        },
-                        ret as i64,
-                    ));
-                }
-                break;
-            }
-            self.rma_busy[slot] = true;
-            while self.rma_busy[slot] {
-                self.progress()?;
-                if self.rma_busy[slot] && Instant::now() >= deadline {
-                    // The slot stays busy inside the provider: never reuse
-                    // it (the memory stays owned until the endpoint closes).
-                    self.caps.rma = false;
-                    return Err(TransportError::Timeout);
-                }
-            }
-            if let Some(e) = self.rma_err.take() {
-                return Err(TransportError::BadRegion(format!(
-                    "one-sided {} refused by the provider: {}",
-                    if read_into.is_some() { "read" } else { "write" },
-                    strerror(e)
-                )));
-            }
-            if let (Some(out), Some(stage)) = (read_into.as_deref_mut(), self.rma.as_ref()) {
-                out[at..at + n].copy_from_slice(stage.slot(slot, n));
-            }
-            at += n;
-        }
-        Ok(())
-    }
 }
-
-/// Largest packet sent with `fi_inject` from a stack buffer, in bytes.
-const INJECT_STACK_BYTES: usize = 4096;
 
 impl Drop for Node {
     fn drop(&mut self) {
