@@ -28,6 +28,7 @@
 pub mod baseline;
 pub mod cache;
 pub mod cluster;
+pub mod cmd;
 pub mod compare;
 pub mod cpu;
 pub mod herd;

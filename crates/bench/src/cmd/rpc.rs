@@ -5,11 +5,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use clap::Args;
-use fabrickv_bench::report::{print_table, BenchResult, LatencySummary, SEED_RPC_HEADER};
-use fabrickv_bench::rpc::{echo_server, run_case, RpcOpts};
 use fabrickv_rpc::{Affinity, ServerKnobs};
 
-use crate::bench::cpu_list;
+use super::cpu_list;
+use crate::baseline;
+use crate::report::{print_table, BenchResult, LatencySummary, SEED_RPC_HEADER};
+use crate::rpc::{echo_server, run_case, RpcOpts};
 
 #[derive(Args)]
 pub struct RpcArgs {
@@ -108,7 +109,6 @@ fn listen_addr(transport: &str, provider: &str) -> Result<String, String> {
 
 /// Serves echo RPCs until stdin closes (the parent exits or drops us).
 pub fn serve(a: RpcServerArgs) -> Result<(), String> {
-    crate::install_transports();
     let knobs = ServerKnobs {
         poll_burst: a.poll_burst,
         batched_send: a.batched_send,
@@ -178,7 +178,6 @@ fn spawn_server(a: &RpcArgs, listen: &str, cpus: &str) -> Result<(ChildServer, S
 }
 
 pub fn run(a: RpcArgs) -> Result<(), String> {
-    crate::install_transports();
     let duration = secs(a.duration, "duration")?;
     let listen = listen_addr(&a.transport, &a.provider)?;
     let knobs = ServerKnobs {
@@ -246,7 +245,7 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
     if a.compare {
         let server_cpu = cpu_list(&a.server_cpus)?.first().copied();
         let client_cpu = opts.client_cpus.first().copied();
-        results.extend(crate::compare_rows(
+        results.extend(compare_rows(
             &a.transport,
             &a.provider,
             a.msg_size,
@@ -285,4 +284,77 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The comparison rows of `bench rpc --compare`: physical floors and peers
+/// measured in the same run.
+///
+/// - `tcp-pingpong`: blocking TCP echo of the same size, one in flight;
+/// - `tcp-pingpong-spin`: the same with both sides busy-polling
+///   non-blocking sockets, as FabricKV's threads do;
+/// - `grpc-unary`: tonic unary echo on single-threaded runtimes, with one
+///   call in flight and with `in_flight` calls;
+/// - `libfabric-raw`: plain fi_send/fi_recv ping-pong on the same provider
+///   (builds with the `fabric` feature, for `--transport fabric`).
+#[allow(clippy::too_many_arguments)]
+fn compare_rows(
+    transport: &str,
+    provider: &str,
+    msg_size: usize,
+    duration: Duration,
+    in_flight: usize,
+    server_cpu: Option<usize>,
+    client_cpu: Option<usize>,
+) -> Result<Vec<BenchResult>, String> {
+    let mut rows = vec![
+        baseline::tcp_pingpong(msg_size, duration, server_cpu, client_cpu, false)?,
+        baseline::tcp_pingpong(msg_size, duration, server_cpu, client_cpu, true)?,
+        baseline::grpc_unary(msg_size, duration, 1, server_cpu, client_cpu)?,
+        baseline::grpc_unary(msg_size, duration, in_flight, server_cpu, client_cpu)?,
+    ];
+    if transport == "fabric" {
+        rows.push(raw_fabric_row(provider, msg_size, duration)?);
+    }
+    Ok(rows)
+}
+
+/// The raw libfabric round trip on `provider`, as a result row.
+#[cfg(feature = "fabric")]
+fn raw_fabric_row(
+    provider: &str,
+    msg_size: usize,
+    duration: Duration,
+) -> Result<BenchResult, String> {
+    use crate::report::latency_histogram;
+    // Size the run from a short probe so it lasts about `duration`.
+    let probe = fabrickv_transport_fabric::raw_pingpong(provider, msg_size, 1000)
+        .map_err(|e| e.to_string())?;
+    let per = probe.iter().sum::<Duration>().as_secs_f64() / probe.len().max(1) as f64;
+    let iters = ((duration.as_secs_f64() / per.max(1e-7)) as usize).clamp(1000, 10_000_000);
+    let start = std::time::Instant::now();
+    let samples = fabrickv_transport_fabric::raw_pingpong(provider, msg_size, iters)
+        .map_err(|e| e.to_string())?;
+    let seconds = start.elapsed().as_secs_f64();
+    let mut h = latency_histogram()?;
+    for d in &samples {
+        h.saturating_record(d.as_nanos() as u64);
+    }
+    let s = LatencySummary::from_histogram(&h, samples.iter().sum::<Duration>().as_secs_f64());
+    Ok(s.to_result(
+        &format!("latency {msg_size}B"),
+        "libfabric-raw",
+        h.len(),
+        seconds,
+        0,
+        serde_json::json!({ "provider": provider, "msg_size": msg_size }),
+    ))
+}
+
+#[cfg(not(feature = "fabric"))]
+fn raw_fabric_row(
+    _provider: &str,
+    _msg_size: usize,
+    _duration: Duration,
+) -> Result<BenchResult, String> {
+    Err("this build has no libfabric transport: build with --features fabric".into())
 }
