@@ -23,7 +23,7 @@ use hdrhistogram::Histogram;
 use crate::limits::check::{check_duration, check_range, IO_TIMEOUT, WARMUP};
 use crate::limits::pair::{connect, pattern, run_pair};
 #[cfg(test)]
-use crate::report::SEED_RPC_HEADER;
+use crate::report::RPC_TABLE_HEADER;
 use crate::report::{latency_histogram, BenchResult, LatencySummary};
 
 /// The code generated from `proto/echo.proto`.
@@ -507,7 +507,7 @@ mod tests {
         assert!(s.fast_us <= s.p50_us, "{s:?}");
         assert!(s.p50_us <= s.p99_us, "{s:?}");
         assert!(s.fast_us <= s.ave_us, "{s:?}");
-        assert_eq!(s.row(system).len(), SEED_RPC_HEADER.len());
+        assert_eq!(s.row(system).len(), RPC_TABLE_HEADER.len());
     }
 
     #[test]

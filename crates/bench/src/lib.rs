@@ -1,7 +1,7 @@
 //! The load generators behind `fabrickv bench ...`.
 //!
 //! Layout:
-//! - [`report`]: one result type, printed as the seeds' box tables and as
+//! - [`report`]: one result type, printed as the original benchmarks' box tables and as
 //!   one JSON object per line (`--json`);
 //! - [`keys`]: HERD-style keys (16-byte hashes of integers) and the values
 //!   that go with them, so every read can be checked;
@@ -19,7 +19,7 @@
 //!   rates, redis-server's MGET);
 //! - [`ps_report`]: PetPS's output (its throughput line and markdown
 //!   tables);
-//! - [`cache`]: the KV cache's read benchmark (the seed's phases and
+//! - [`cache`]: the KV cache's read benchmark (the original kv-bench's phases and
 //!   latency analysis) beside redis-server GET, a raw TCP stream and memcpy.
 //!
 //! Benchmarks are not tests: they measure. A small run of each is part of

@@ -106,7 +106,8 @@ struct CacheArgs {
     cache_populate: bool,
 }
 
-/// Default gRPC address of the KV-cache control plane (the seed's).
+/// Default gRPC address of the KV-cache control plane (the original KV
+/// cache service's).
 const DEFAULT_GRPC: &str = "[::1]:50051";
 
 impl CacheArgs {

@@ -34,7 +34,7 @@ impl WriteResult {
 }
 
 /// Writes key `i` of `keys` with its value of `value_size` bytes, one
-/// after the other from this thread, as the seed does.
+/// after the other from this thread, as the original kv-bench does.
 pub fn write_all<S: ValueSink>(
     sink: &mut S,
     keys: &[Vec<u8>],
@@ -111,7 +111,7 @@ fn record(h: &mut Histogram<u64>, d: Duration) {
 }
 
 /// `samples` GETs of random keys, one at a time from this thread, each
-/// checked; their latencies (ns). The seed's latency analysis.
+/// checked; their latencies (ns). The original kv-bench's latency analysis.
 pub fn single_gets<S: ValueSource>(
     src: &mut S,
     keys: &[Vec<u8>],
@@ -150,7 +150,8 @@ pub struct ReadOpts {
     pub depth: usize,
     /// CPUs the reader threads are pinned to, round robin (empty: none).
     pub client_cpus: Vec<usize>,
-    /// Seed of thread 0's warm-up keys (thread `t` uses `seed + t`).
+    /// Random-number seed of thread 0's warm-up keys (thread `t` uses
+    /// `seed + t`).
     pub seed: u64,
 }
 

@@ -1,12 +1,12 @@
 //! The report's figures: the latency statistics and the byte units of the
-//! original kv-bench's output.
+//! original kv-bench's output (the KV cache's benchmark this one follows).
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::limits::check::per_s;
 
-/// The seed's latency statistics of a histogram of nanoseconds, in
+/// The original kv-bench's latency statistics of a histogram of nanoseconds, in
 /// microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct LatencyStats {
@@ -58,7 +58,7 @@ impl LatencyStats {
         per_s(1e6, self.avg_us)
     }
 
-    /// The seed's block: a title line, then one line per figure.
+    /// The original kv-bench's block: a title line, then one line per figure.
     pub fn block(&self) -> String {
         let line = |name: &str, v: f64| format!("  {name:<7}{v:>10.2} µs\n");
         [
@@ -74,7 +74,7 @@ impl LatencyStats {
     }
 }
 
-/// Bytes in the seed's style: `512 B`, `64.00 KB`, `1.00 MB`, `2.50 GB`
+/// Bytes in the original kv-bench's style: `512 B`, `64.00 KB`, `1.00 MB`, `2.50 GB`
 /// (binary units, as `--value-size` is parsed).
 pub fn format_bytes(bytes: f64) -> String {
     const UNITS: [&str; 4] = ["KB", "MB", "GB", "TB"];
@@ -90,7 +90,7 @@ pub fn format_bytes(bytes: f64) -> String {
     format!("{v:.2} {}", UNITS[unit])
 }
 
-/// Bytes per second in MB/s (2^20 bytes), the seed's unit.
+/// Bytes per second in MB/s (2^20 bytes), the original kv-bench's unit.
 pub fn mb_per_s(bytes_per_s: f64) -> f64 {
     bytes_per_s / f64::from(1u32 << 20)
 }

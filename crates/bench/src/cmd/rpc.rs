@@ -9,7 +9,7 @@ use fabrickv_rpc::{Affinity, ServerKnobs};
 
 use super::cpu_list;
 use crate::baseline;
-use crate::report::{print_table, BenchResult, LatencySummary, SEED_RPC_HEADER};
+use crate::report::{print_table, BenchResult, LatencySummary, RPC_TABLE_HEADER};
 use crate::rpc::{echo_server, run_case, RpcOpts};
 
 #[derive(Args)]
@@ -277,7 +277,7 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
             s.row(&name)
         })
         .collect();
-    print_table(&SEED_RPC_HEADER, &rows);
+    print_table(&RPC_TABLE_HEADER, &rows);
     if a.json {
         for r in &results {
             println!("{}", r.json());
