@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use fabrickv_client::{CacheClient, CacheClientOptions};
 
-use crate::peers::{self, Child};
+use crate::peers::{self, ServerProcess};
 
 /// Smallest cache pool given to a started server, bytes: the server's
 /// fixed costs stay small next to it even for a handful of keys.
@@ -27,13 +27,8 @@ pub fn pool_bytes_for(num_keys: u64, value_size: usize) -> u64 {
         .max(POOL_BYTES_MIN)
 }
 
-/// A FabricKV server started for the benchmark; killed when dropped.
-pub struct CacheServer {
-    /// The child process.
-    pub child: Child,
-    /// Its data-plane address.
-    pub addr: String,
-}
+/// A FabricKV server started for the cache benchmark.
+pub type CacheServer = ServerProcess;
 
 /// Starts `fabrickv serve` (this binary) on loopback with `transport`
 /// (tcp, shm, or fabric with `provider`), pinned to `cpus` (worker i to

@@ -35,17 +35,8 @@ pub struct RpcArgs {
     /// random (each request to a random server thread) or modulo (client id % server threads).
     #[arg(long, default_value = "modulo")]
     affinity: Affinity,
-    /// Messages a server thread takes per poll (batched receive); 1 disables batching.
-    #[arg(long, default_value_t = 64)]
-    poll_burst: usize,
-    /// Flush the responses of a poll burst together (doorbell batching).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    batched_send: bool,
-    /// Largest response payload sent inline in the message (bytes); larger
-    /// ones are written one-sided into a reply slot the client registered
-    /// (shm, fabric). Unset: always inline.
-    #[arg(long)]
-    inline_max: Option<usize>,
+    #[command(flatten)]
+    knobs: KnobArgs,
     /// Seconds per run.
     #[arg(long, default_value_t = 5.0)]
     duration: f64,
@@ -74,14 +65,54 @@ pub struct RpcServerArgs {
     /// Address to listen on, with its scheme.
     #[arg(long)]
     listen: String,
+    /// Server threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    #[command(flatten)]
+    knobs: KnobArgs,
+}
+
+/// The echo server's knobs, given to `bench rpc` and passed on to the
+/// `bench rpc-server` child it starts.
+#[derive(Args, Clone, Copy)]
+pub struct KnobArgs {
+    /// Messages a server thread takes per poll (batched receive); 1 disables batching.
     #[arg(long, default_value_t = 64)]
     poll_burst: usize,
+    /// Flush the responses of a poll burst together (doorbell batching).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     batched_send: bool,
+    /// Largest response payload sent inline in the message (bytes); larger
+    /// ones are written one-sided into a reply slot the client registered
+    /// (shm, fabric). Unset: always inline.
     #[arg(long)]
     inline_max: Option<usize>,
+}
+
+impl KnobArgs {
+    /// The server knobs these flags set.
+    fn knobs(self) -> ServerKnobs {
+        ServerKnobs {
+            poll_burst: self.poll_burst,
+            batched_send: self.batched_send,
+            inline_max: self.inline_max.unwrap_or(usize::MAX),
+            ..Default::default()
+        }
+    }
+
+    /// The flags that give a `bench rpc-server` child these knobs.
+    fn child_args(self) -> Vec<String> {
+        let mut v = vec![
+            "--poll-burst".to_string(),
+            self.poll_burst.to_string(),
+            "--batched-send".to_string(),
+            self.batched_send.to_string(),
+        ];
+        if let Some(n) = self.inline_max {
+            v.extend(["--inline-max".to_string(), n.to_string()]);
+        }
+        v
+    }
 }
 
 fn secs(v: f64, what: &str) -> Result<Duration, String> {
@@ -109,12 +140,7 @@ fn listen_addr(transport: &str, provider: &str) -> Result<String, String> {
 
 /// Serves echo RPCs until stdin closes (the parent exits or drops us).
 pub fn serve(a: RpcServerArgs) -> Result<(), String> {
-    let knobs = ServerKnobs {
-        poll_burst: a.poll_burst,
-        batched_send: a.batched_send,
-        inline_max: a.inline_max.unwrap_or(usize::MAX),
-        ..Default::default()
-    };
+    let knobs = a.knobs.knobs();
     let server = echo_server(&a.listen, a.threads, knobs)?;
     println!("listening {}", server.addr());
     let mut sink = Vec::new();
@@ -149,17 +175,7 @@ fn spawn_server(a: &RpcArgs, listen: &str, cpus: &str) -> Result<(ChildServer, S
             "--threads",
             &a.server_threads.to_string(),
         ])
-        .args([
-            "--poll-burst",
-            &a.poll_burst.to_string(),
-            "--batched-send",
-            &a.batched_send.to_string(),
-        ])
-        .args(
-            a.inline_max
-                .map(|n| vec!["--inline-max".to_string(), n.to_string()])
-                .unwrap_or_default(),
-        )
+        .args(a.knobs.child_args())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -180,12 +196,7 @@ fn spawn_server(a: &RpcArgs, listen: &str, cpus: &str) -> Result<(ChildServer, S
 pub fn run(a: RpcArgs) -> Result<(), String> {
     let duration = secs(a.duration, "duration")?;
     let listen = listen_addr(&a.transport, &a.provider)?;
-    let knobs = ServerKnobs {
-        poll_burst: a.poll_burst,
-        batched_send: a.batched_send,
-        inline_max: a.inline_max.unwrap_or(usize::MAX),
-        ..Default::default()
-    };
+    let knobs = a.knobs.knobs();
     let client_cpus = cpu_list(&a.client_cpus)?;
     // This thread stays unpinned: the comparison rows start threads that
     // inherit its affinity and must not all land on one CPU.
@@ -211,7 +222,7 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
         report_every: secs(a.report_every, "report-every")?,
         client_cpus,
         // With an inline bound, offer a slot that holds a whole response.
-        reply_slot_bytes: if a.inline_max.is_some() {
+        reply_slot_bytes: if a.knobs.inline_max.is_some() {
             a.msg_size.next_multiple_of(64)
         } else {
             0
@@ -219,9 +230,9 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
         labels: serde_json::json!({
             "transport": a.transport,
             "provider": if a.transport == "fabric" { a.provider.clone() } else { String::new() },
-            "poll_burst": a.poll_burst,
-            "batched_send": a.batched_send,
-            "inline_max": a.inline_max,
+            "poll_burst": a.knobs.poll_burst,
+            "batched_send": a.knobs.batched_send,
+            "inline_max": a.knobs.inline_max,
         }),
     };
     let mut results: Vec<BenchResult> = Vec::new();

@@ -265,6 +265,7 @@ fn parse_info_field(info: &str, field: &str) -> Option<u64> {
 mod tests {
     use super::*;
     use crate::limits::check::testing::sane;
+    use crate::peers::on_path;
 
     #[test]
     fn redis_mget_refuses_out_of_bounds_arguments() {
@@ -283,12 +284,6 @@ mod tests {
         assert_eq!(parse_info_field(info, "keyspace_misses"), Some(0));
         assert_eq!(parse_info_field(info, "other"), None);
         assert_eq!(parse_info_field(info, "keyspace"), None);
-    }
-
-    /// Whether `program` is an executable file on `PATH`.
-    fn on_path(program: &str) -> bool {
-        std::env::var_os("PATH")
-            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
     }
 
     #[test]
