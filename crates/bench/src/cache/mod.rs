@@ -10,7 +10,7 @@
 //! for FabricKV and Redis alike.
 //!
 //! The phases are generic over a [`ValueSink`] (writes) and a
-//! [`ValueSource`] (reads): [`CacheClient`] implements both over FabricKV's
+//! [`ValueSource`] (reads): [`CacheClient`](fabrickv_client::CacheClient) implements both over FabricKV's
 //! native data plane, [`RespClient`] over the Redis protocol, so the two
 //! systems are measured by the same loops.
 //!

@@ -1,6 +1,6 @@
 //! Two ends of a raw TCP measurement on loopback, each on its own pinned
-//! thread ([`run_pair`]), their sockets set up alike, and the clock that
-//! marks the measured interval after the warm-up ([`Clock`]).
+//! thread (`run_pair`), their sockets set up alike, and the clock that
+//! marks the measured interval after the warm-up (`Clock`).
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! `fabrickv bench cache`: the original kv-bench's KV-cache read benchmark
 //! (write the keys, warm up, read them with several threads, time single
 //! GETs) in its output format, plus the latency of the GETs under load
-//! and, with `--compare` ([`compare`]), the same reads from redis-server
+//! and, with `--compare` (`compare`), the same reads from redis-server
 //! and the physical limits the targets are stated against, all in
 //! one run.
 
