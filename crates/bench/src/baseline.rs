@@ -9,7 +9,7 @@
 //!   FabricKV's ops/s at least 10x this row's).
 //!
 //! Every round trip is recorded in a histogram (ns); [`LatencySummary`] turns
-//! one into the seed's columns (ops/s, fast, ave, p50, p99), and each
+//! one into the original RPC benchmark's columns (ops/s, fast, ave, p50, p99), and each
 //! [`BenchResult`] carries `fast_us` and `ave_us` in its `params`.
 
 use std::io::{Read, Write};
@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
+use crate::limits::check::{check_duration, check_range, IO_TIMEOUT, WARMUP};
+use crate::limits::pair::{connect, pattern, run_pair};
 #[cfg(test)]
-use crate::report::SEED_RPC_HEADER;
+use crate::report::RPC_TABLE_HEADER;
 use crate::report::{latency_histogram, BenchResult, LatencySummary};
 
 /// The code generated from `proto/echo.proto`.
@@ -39,13 +41,6 @@ use echo_proto::Msg;
 pub const MAX_MSG_SIZE_BYTES: usize = 1 << 20;
 /// Most concurrent calls `grpc_unary` keeps in flight.
 pub const MAX_IN_FLIGHT: usize = 1024;
-/// Longest measured interval a baseline accepts.
-pub const MAX_DURATION: Duration = Duration::from_secs(3600);
-/// Unmeasured run before each measurement (connections, allocator, caches).
-pub const WARMUP: Duration = Duration::from_millis(100);
-/// How long a blocking read or write, a connect, or a server start may take
-/// before the baseline gives up with an error instead of hanging.
-pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bytes at the start of each request that carry its sequence number, so a
 /// stale or mixed-up reply is counted in `wrong_values`.
 const STAMP_BYTES: usize = 8;
@@ -66,28 +61,14 @@ fn check_args(msg_size: usize, duration: Duration, in_flight: usize) -> Result<(
             "message size {msg_size} B is outside 1..={MAX_MSG_SIZE_BYTES} B"
         ));
     }
-    if in_flight == 0 || in_flight > MAX_IN_FLIGHT {
-        return Err(format!(
-            "in-flight {in_flight} is outside 1..={MAX_IN_FLIGHT}"
-        ));
-    }
-    if duration.is_zero() || duration > MAX_DURATION {
-        return Err(format!(
-            "duration {duration:?} is outside (0, {MAX_DURATION:?}]"
-        ));
-    }
-    Ok(())
+    check_range("in-flight", in_flight, MAX_IN_FLIGHT)?;
+    check_duration(duration)
 }
 
 /// Writes `seq` into the first bytes of `buf` (as many as fit).
 fn stamp(buf: &mut [u8], seq: u64) {
     let n = buf.len().min(STAMP_BYTES);
     buf[..n].copy_from_slice(&seq.to_le_bytes()[..n]);
-}
-
-/// A request payload of `msg_size` bytes: a fixed pattern, stamped per call.
-fn payload_template(msg_size: usize) -> Vec<u8> {
-    (0..msg_size).map(|i| (i % 251) as u8).collect()
 }
 
 fn params(
@@ -127,7 +108,7 @@ pub fn tcp_pingpong(
     spin: bool,
 ) -> Result<BenchResult, String> {
     check_args(msg_size, duration, 1)?;
-    let ((), m) = crate::limits::run_pair(
+    let ((), m) = run_pair(
         "tcp-pingpong",
         server_cpu,
         client_cpu,
@@ -162,23 +143,10 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8], spin: bool) -> std::io::Result<(
     if !spin {
         return s.read_exact(buf);
     }
-    let deadline = Instant::now() + IO_TIMEOUT;
-    let mut at = 0;
-    while at < buf.len() {
-        match s.read(&mut buf[at..]) {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => at += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() > deadline {
-                    return Err(std::io::ErrorKind::TimedOut.into());
-                }
-                std::hint::spin_loop();
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    let len = buf.len();
+    spin_all(len, std::io::ErrorKind::UnexpectedEof, |at| {
+        s.read(&mut buf[at..])
+    })
 }
 
 /// Writes all of `buf`; with `spin`, busy-polling a non-blocking socket.
@@ -186,10 +154,25 @@ fn write_full(s: &mut TcpStream, buf: &[u8], spin: bool) -> std::io::Result<()> 
     if !spin {
         return s.write_all(buf);
     }
+    spin_all(buf.len(), std::io::ErrorKind::WriteZero, |at| {
+        s.write(&buf[at..])
+    })
+}
+
+/// Moves `len` bytes with `op` (a read or write of the rest, given the
+/// bytes done so far) on a non-blocking socket, busy-polling while it
+/// would block, giving up after `IO_TIMEOUT`; an `op` that moves nothing
+/// fails with `zero` (the peer closed).
+fn spin_all(
+    len: usize,
+    zero: std::io::ErrorKind,
+    mut op: impl FnMut(usize) -> std::io::Result<usize>,
+) -> std::io::Result<()> {
     let deadline = Instant::now() + IO_TIMEOUT;
     let mut at = 0;
-    while at < buf.len() {
-        match s.write(&buf[at..]) {
+    while at < len {
+        match op(at) {
+            Ok(0) => return Err(zero.into()),
             Ok(n) => at += n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() > deadline {
@@ -225,15 +208,9 @@ fn tcp_client(
     duration: Duration,
     spin: bool,
 ) -> Result<Measured, String> {
-    let mut s =
-        TcpStream::connect_timeout(&addr, IO_TIMEOUT).map_err(|e| format!("connect: {e}"))?;
-    s.set_nodelay(true).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(IO_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(IO_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+    let mut s = connect(addr)?;
     s.set_nonblocking(spin).map_err(|e| e.to_string())?;
-    let mut req = payload_template(msg_size);
+    let mut req = pattern(msg_size);
     let mut resp = vec![0u8; msg_size];
     let mut seq = 0u64;
     let mut run = |span: Duration| -> Result<Measured, String> {
@@ -473,7 +450,7 @@ async fn grpc_phase(
         tasks.spawn(async move {
             let mut hist = latency_histogram()?;
             let mut wrong = 0u64;
-            let mut expected = payload_template(msg_size);
+            let mut expected = pattern(msg_size);
             // Distinct sequence numbers across workers.
             let mut seq = (worker as u64) << 40;
             while Instant::now() < deadline {
@@ -530,7 +507,7 @@ mod tests {
         assert!(s.fast_us <= s.p50_us, "{s:?}");
         assert!(s.p50_us <= s.p99_us, "{s:?}");
         assert!(s.fast_us <= s.ave_us, "{s:?}");
-        assert_eq!(s.row(system).len(), SEED_RPC_HEADER.len());
+        assert_eq!(s.row(system).len(), RPC_TABLE_HEADER.len());
     }
 
     #[test]

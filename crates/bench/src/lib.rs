@@ -1,8 +1,10 @@
-//! The load generators behind `fabrickv bench ...`.
+//! Every benchmark behind `fabrickv bench ...`: the subcommands' flags
+//! and runs ([`cmd`]; the binary only parses and calls them), the load
+//! generators, and the peers and limits measured beside FabricKV.
 //!
 //! Layout:
-//! - [`report`]: one result type, printed as the seeds' box tables and as
-//!   one JSON object per line (`--json`);
+//! - [`report`]: one result type, printed as the original benchmarks' box
+//!   tables and as one JSON object per line (`--json`);
 //! - [`keys`]: HERD-style keys (16-byte hashes of integers) and the values
 //!   that go with them, so every read can be checked;
 //! - [`kv`]: the GET/PUT mix against FabricKV's native protocol;
@@ -14,17 +16,27 @@
 //! - [`cpu`]: a server process's CPU time from `/proc`, for CPU-seconds;
 //! - [`compare`]: FabricKV (RESP, native tcp and shm) beside redis-server
 //!   and memcached on the same workloads, with server CPU-seconds;
-//! - [`limits`]: the bounds `bench ps` is judged against, measured in the
-//!   same run (memcpy bandwidth, raw TCP request/response and stream
-//!   rates, redis-server's MGET);
+//! - [`limits`]: the bounds `bench ps` and `bench cache` are judged
+//!   against, measured in the same run (memcpy bandwidth, raw TCP
+//!   request/response and stream rates, redis-server's MGET), and what
+//!   they share with [`baseline`] and [`split`] (`limits::check`,
+//!   `limits::pair`);
+//! - [`ps`]: PetPS's embedding pulls (load, checked pulls, a started
+//!   server);
 //! - [`ps_report`]: PetPS's output (its throughput line and markdown
 //!   tables);
+//! - [`cache`]: the KV cache's read benchmark (the original kv-bench's
+//!   phases and latency analysis) beside redis-server GET, a raw TCP
+//!   stream and memcpy;
+//! - [`baseline`]: the raw TCP ping-pong and gRPC rows of `bench rpc
+//!   --compare`; [`rpc`]: the echo RPC load itself;
+//! - [`cluster`], [`split`]: what sharding costs, and its raw TCP ceiling;
+//! - [`cmd`]: one module per `fabrickv bench` subcommand, and the client
+//!   process sweeps of `--clients`;
 //! - [`pipe`]: the raw pipe (a TCP socket into a file) `bench copy`
 //!   measures the shard copy against;
 //! - [`plot`]: the PNG of a copy's rate over time (`copy --plot`,
-//!   `bench copy --plot`);
-//! - [`cache`]: the KV cache's read benchmark (the seed's phases and
-//!   latency analysis) beside redis-server GET, a raw TCP stream and memcpy.
+//!   `bench copy --plot`).
 //!
 //! Benchmarks are not tests: they measure. A small run of each is part of
 //! `make test` only so that none of them rots.
@@ -32,6 +44,7 @@
 pub mod baseline;
 pub mod cache;
 pub mod cluster;
+pub mod cmd;
 pub mod compare;
 pub mod cpu;
 pub mod herd;

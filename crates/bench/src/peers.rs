@@ -32,6 +32,22 @@ impl Drop for Child {
     }
 }
 
+/// A FabricKV server started for a benchmark (`fabrickv serve` as a
+/// child process); killed when dropped.
+pub struct ServerProcess {
+    /// The child process.
+    pub child: Child,
+    /// Its data-plane address.
+    pub addr: String,
+}
+
+/// Whether `program` is an executable file on `PATH`: tests that need a
+/// peer (redis-server, memcached) skip where it is not installed.
+pub fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+}
+
 /// A free loopback port (bound then released).
 pub fn free_port() -> Result<u16, String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
@@ -257,12 +273,6 @@ mod tests {
         assert_eq!(rows[0].rps, 1234567.5);
         assert!((rows[0].p50_us - 279.0).abs() < 1e-9);
         assert!((rows[0].p99_us - 711.0).abs() < 1e-9);
-    }
-
-    /// Whether `program` is an executable file on `PATH`.
-    fn on_path(program: &str) -> bool {
-        std::env::var_os("PATH")
-            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
     }
 
     #[test]

@@ -22,7 +22,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 
-use crate::peers::{self, Child};
+use crate::peers;
 
 /// Name of the table the benchmark loads.
 pub const BENCH_TABLE: &str = "bench";
@@ -373,13 +373,8 @@ pub fn run_load_gated(
     Ok(result)
 }
 
-/// A FabricKV server started for the benchmark.
-pub struct PsServer {
-    /// The child process.
-    pub child: Child,
-    /// Its address.
-    pub addr: String,
-}
+/// A FabricKV server started for the ps benchmark.
+pub type PsServer = peers::ServerProcess;
 
 /// Starts `fabrickv serve` (this binary) pinned to `cpus` (worker i to
 /// the i-th CPU of the list, round robin), listening on

@@ -217,9 +217,9 @@ mod tests {
     }
 
     #[test]
-    fn matrix_matches_the_seed() {
+    fn matrix_matches_petps() {
         // Lines copied from PetPS's guide (single client matrix).
-        let seed = "\
+        let petps = "\
 | thread_num | batch_read_count | Mreq/s | Mkv/s | status |
 |---|---|---|---|---|
 | 1 | 1 | 0.2373 | 0.2373 | PASS |
@@ -231,14 +231,14 @@ mod tests {
             row(1, 100, 0.02769, 2.769),
             row(8, 50, 0.26721, 13.36036),
         ];
-        assert_eq!(matrix_table(&rows), seed);
+        assert_eq!(matrix_table(&rows), petps);
         assert_eq!(matrix_table(&[]), MATRIX_HEADER);
     }
 
     #[test]
-    fn clients_table_matches_the_seed() {
+    fn clients_table_matches_petps() {
         // Lines copied from PetPS's guide (multi-client, medium scale).
-        let seed = "\
+        let petps = "\
 | clients | Mreq/s sum | Mkv/s sum | status |
 |---|---|---|---|
 | 2 | 0.0002 | 0.0160 | PASS |
@@ -260,7 +260,7 @@ mod tests {
                 start_skew_ms: 0.0,
             },
         ];
-        assert_eq!(clients_table(&rows), seed);
+        assert_eq!(clients_table(&rows), petps);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `fabrickv bench rpc`: echo RPCs over any transport, reported in the
-//! seed's table (name, ops/s, fast, ave, p50, p99) every few seconds and
+//! original RPC benchmark's table (name, ops/s, fast, ave, p50, p99) every few seconds and
 //! at the end, for a latency run (one request in flight) and a throughput
 //! run (many client threads, many requests in flight each).
 
@@ -13,7 +13,9 @@ use fabrickv_rpc::{
 };
 use hdrhistogram::Histogram;
 
-use crate::report::{latency_histogram, print_table, BenchResult, LatencySummary, SEED_RPC_HEADER};
+use crate::report::{
+    latency_histogram, print_table, BenchResult, LatencySummary, RPC_TABLE_HEADER,
+};
 
 /// The echo request type the benchmark server registers.
 pub const ECHO: u16 = 1;
@@ -117,7 +119,7 @@ pub fn run_case(
             last = Instant::now();
             drop(h);
             print_table(
-                &SEED_RPC_HEADER,
+                &RPC_TABLE_HEADER,
                 &[s.row(&format!("{name} @{:.0}s", start.elapsed().as_secs_f64()))],
             );
         }

@@ -30,8 +30,8 @@ use mio::net::TcpStream as MioStream;
 use mio::{Events, Interest, Poll, Token};
 use serde::Serialize;
 
-use crate::baseline::IO_TIMEOUT;
-use crate::limits::{check_duration, check_range, json_line, pattern, per_s, set_up};
+use crate::limits::check::{check_duration, check_range, json_line, per_s, IO_TIMEOUT};
+use crate::limits::pair::{pattern, set_up};
 
 /// Most server threads (parts of a call) [`tcp_split`] runs.
 pub const SPLIT_PARTS_MAX: usize = 64;

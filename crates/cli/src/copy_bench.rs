@@ -1,7 +1,7 @@
-//! `fabrickv bench copy`: the seed's replicator benchmark. A shard of
+//! `fabrickv bench copy`: the original replicator's benchmark. A shard of
 //! `--size` bytes (16-byte keys, uncompressible values) is copied from a
 //! server in this process to a directory beside it, and the rate is put
-//! next to the seed's (110 MB/s at 256-byte values, 80 MB/s at 128) and
+//! next to the original replicator's (110 MB/s at 256-byte values, 80 MB/s at 128) and
 //! next to the raw pipe: the same bytes through a plain TCP socket into a
 //! file on the same disk, measured in the same run.
 
@@ -16,10 +16,10 @@ use fabrickv_server::{Server, ServerConfig};
 use fabrickv_storage::gen::GenSpec;
 use fabrickv_types::size::parse_size;
 
-/// The seed's copy rate at 256-byte values, in MB/s.
+/// The original replicator's copy rate at 256-byte values, in MB/s.
 pub const SEED_MB_PER_S_256: f64 = 110.0;
 
-/// The seed's copy rate at 128-byte values, in MB/s.
+/// The original replicator's copy rate at 128-byte values, in MB/s.
 pub const SEED_MB_PER_S_128: f64 = 80.0;
 
 #[derive(Args)]
@@ -27,7 +27,7 @@ pub struct CopyBenchArgs {
     /// Bytes of keys and values in the shard, e.g. 10GB.
     #[arg(long, default_value = "10GB")]
     size: String,
-    /// Bytes of every value (the seed measured 128 and 256).
+    /// Bytes of every value (the original replicator was measured at 128 and 256).
     #[arg(long, default_value_t = 256)]
     value_size: usize,
     /// Bytes of every key.

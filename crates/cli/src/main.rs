@@ -4,15 +4,10 @@
 //! keys) is not there; 2 any other failure, with the reason on stderr.
 
 mod bench;
-mod cache_bench;
-mod clients;
-mod cluster_bench;
 mod cluster_cmd;
 mod copy_bench;
 mod copy_cmd;
-mod ps_bench;
 mod ps_cmd;
-mod rpc_bench;
 mod shard_cmd;
 
 use std::io::Write;
@@ -111,7 +106,8 @@ struct CacheArgs {
     cache_populate: bool,
 }
 
-/// Default gRPC address of the KV-cache control plane (the seed's).
+/// Default gRPC address of the KV-cache control plane (the original KV
+/// cache service's).
 const DEFAULT_GRPC: &str = "[::1]:50051";
 
 impl CacheArgs {
@@ -550,80 +546,6 @@ pub fn install_transports() {
     fabrickv_transport_shm::install();
     #[cfg(feature = "fabric")]
     fabrickv_transport_fabric::install();
-}
-
-/// The comparison rows of `bench rpc --compare`: physical floors and peers
-/// measured in the same run.
-///
-/// - `tcp-pingpong`: blocking TCP echo of the same size, one in flight;
-/// - `tcp-pingpong-spin`: the same with both sides busy-polling
-///   non-blocking sockets, as FabricKV's threads do;
-/// - `grpc-unary`: tonic unary echo on single-threaded runtimes, with one
-///   call in flight and with `in_flight` calls;
-/// - `libfabric-raw`: plain fi_send/fi_recv ping-pong on the same provider
-///   (builds with the `fabric` feature, for `--transport fabric`).
-#[allow(clippy::too_many_arguments)]
-pub fn compare_rows(
-    transport: &str,
-    provider: &str,
-    msg_size: usize,
-    duration: Duration,
-    in_flight: usize,
-    server_cpu: Option<usize>,
-    client_cpu: Option<usize>,
-) -> Result<Vec<fabrickv_bench::report::BenchResult>, String> {
-    use fabrickv_bench::baseline;
-    let mut rows = vec![
-        baseline::tcp_pingpong(msg_size, duration, server_cpu, client_cpu, false)?,
-        baseline::tcp_pingpong(msg_size, duration, server_cpu, client_cpu, true)?,
-        baseline::grpc_unary(msg_size, duration, 1, server_cpu, client_cpu)?,
-        baseline::grpc_unary(msg_size, duration, in_flight, server_cpu, client_cpu)?,
-    ];
-    if transport == "fabric" {
-        rows.push(raw_fabric_row(provider, msg_size, duration)?);
-    }
-    Ok(rows)
-}
-
-/// The raw libfabric round trip on `provider`, as a result row.
-#[cfg(feature = "fabric")]
-fn raw_fabric_row(
-    provider: &str,
-    msg_size: usize,
-    duration: Duration,
-) -> Result<fabrickv_bench::report::BenchResult, String> {
-    use fabrickv_bench::report::{latency_histogram, LatencySummary};
-    // Size the run from a short probe so it lasts about `duration`.
-    let probe = fabrickv_transport_fabric::raw_pingpong(provider, msg_size, 1000)
-        .map_err(|e| e.to_string())?;
-    let per = probe.iter().sum::<Duration>().as_secs_f64() / probe.len().max(1) as f64;
-    let iters = ((duration.as_secs_f64() / per.max(1e-7)) as usize).clamp(1000, 10_000_000);
-    let start = std::time::Instant::now();
-    let samples = fabrickv_transport_fabric::raw_pingpong(provider, msg_size, iters)
-        .map_err(|e| e.to_string())?;
-    let seconds = start.elapsed().as_secs_f64();
-    let mut h = latency_histogram()?;
-    for d in &samples {
-        h.saturating_record(d.as_nanos() as u64);
-    }
-    let s = LatencySummary::from_histogram(&h, samples.iter().sum::<Duration>().as_secs_f64());
-    Ok(s.to_result(
-        &format!("latency {msg_size}B"),
-        "libfabric-raw",
-        h.len(),
-        seconds,
-        0,
-        serde_json::json!({ "provider": provider, "msg_size": msg_size }),
-    ))
-}
-
-#[cfg(not(feature = "fabric"))]
-fn raw_fabric_row(
-    _provider: &str,
-    _msg_size: usize,
-    _duration: Duration,
-) -> Result<fabrickv_bench::report::BenchResult, String> {
-    Err("this build has no libfabric transport: build with --features fabric".into())
 }
 
 /// Puts `signals` back to their default action before we register ours.

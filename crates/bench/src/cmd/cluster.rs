@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use fabrickv_bench::cluster::{self, ClusterOpts};
+use crate::cluster::{self, ClusterOpts};
 
 /// Flags of `fabrickv bench cluster`.
 #[derive(clap::Args)]

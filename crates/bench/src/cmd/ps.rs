@@ -5,12 +5,14 @@
 
 use std::time::Duration;
 
-use crate::clients::{Sweep, SweepArgs};
 use clap::Args;
-use fabrickv_bench::ps::{self as bench_ps, KeyDist, LoadOpts, LoadResult};
-use fabrickv_bench::ps_report::{self, ClientsRow, MatrixRow, Status};
-use fabrickv_bench::{limits, median_by, ratio};
 use fabrickv_wire::ps::{bitmap_bytes, PS_PREFIX_BYTES, PULL_DEST_BYTES, PULL_FIXED_BYTES};
+
+use super::sweep::{check_counts, child_args, Sweep, SweepArgs};
+use super::{cpu_list, duration_of};
+use crate::ps::{self as bench_ps, KeyDist, LoadOpts, LoadResult};
+use crate::ps_report::{self, ClientsRow, MatrixRow, Status};
+use crate::{limits, median_by, ratio};
 
 /// Thread counts of the matrix (PetPS's sweep).
 pub const MATRIX_THREADS: [usize; 4] = [1, 2, 4, 8];
@@ -99,10 +101,6 @@ pub struct PsArgs {
     sweep: SweepArgs,
 }
 
-fn cpus(s: &Option<String>) -> Result<Vec<usize>, String> {
-    crate::bench::cpu_list(s)
-}
-
 impl PsArgs {
     fn dim(&self) -> Result<u32, String> {
         if self.value_size == 0 || !self.value_size.is_multiple_of(4) {
@@ -126,9 +124,7 @@ impl PsArgs {
     }
 
     fn load_opts(&self, threads: usize, batch: usize) -> Result<LoadOpts, String> {
-        if !(self.duration.is_finite() && self.duration > 0.0) {
-            return Err("--duration must be a positive number of seconds".into());
-        }
+        let duration = duration_of(self.duration)?;
         Ok(LoadOpts {
             threads,
             batch,
@@ -136,9 +132,9 @@ impl PsArgs {
             key_space: self.key_space()?,
             dim: self.dim()?,
             dist: KeyDist::parse(&self.dist)?,
-            duration: Duration::from_secs_f64(self.duration),
+            duration,
             report_every: (!self.sweep.child).then_some(Duration::from_secs(1)),
-            client_cpus: cpus(&self.client_cpus)?,
+            client_cpus: cpu_list(&self.client_cpus)?,
             verify: self.verify == "full",
         })
     }
@@ -260,13 +256,13 @@ fn check_rows<'a>(rows: impl IntoIterator<Item = &'a Status>) -> Result<(), Stri
 /// Runs N client processes of this binary against one server, released
 /// together by a barrier, and sums their figures.
 fn run_clients(a: &PsArgs) -> Result<(), String> {
-    crate::clients::check_counts(&a.clients)?;
+    check_counts(&a.clients)?;
     // The children's flags, checked once here rather than failing in each.
     a.load_opts(a.thread_num, a.batch_read_count)?;
     let (addr, _server) = server_for(a, &a.transport)?;
     load(a, &addr)?;
     let sweep = Sweep::start(&a.sweep, "ps")?;
-    let args = crate::clients::child_args(
+    let args = child_args(
         &["bench", "ps", "--server", &addr, "--no-load"],
         &[
             ("--thread-num", a.thread_num.to_string()),
@@ -419,9 +415,9 @@ fn run_compare(a: &PsArgs) -> Result<(), String> {
     }
     let dur = Duration::from_secs_f64(a.duration);
     let vb = a.dim()? as usize * 4;
-    let client_cpus = cpus(&a.client_cpus)?;
+    let client_cpus = cpu_list(&a.client_cpus)?;
     let client_cpu = client_cpus.first().copied();
-    let (server_cpu, raw_client_cpu) = limits::limit_cpus(&cpus(&a.server_cpus)?, &client_cpus);
+    let (server_cpu, raw_client_cpu) = limits::limit_cpus(&cpu_list(&a.server_cpus)?, &client_cpus);
     let n = COMPARE_BATCH;
     let (req_b, resp_b) = pull_wire_bytes(n, vb, false);
     let mut ro = limits::RedisMgetOpts::new(n, vb, a.key_space()?.min(1_000_000), dur);

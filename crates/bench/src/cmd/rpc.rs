@@ -5,11 +5,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use clap::Args;
-use fabrickv_bench::report::{print_table, BenchResult, LatencySummary, SEED_RPC_HEADER};
-use fabrickv_bench::rpc::{echo_server, run_case, RpcOpts};
 use fabrickv_rpc::{Affinity, ServerKnobs};
 
-use crate::bench::cpu_list;
+use super::cpu_list;
+use crate::baseline;
+use crate::report::{print_table, BenchResult, LatencySummary, RPC_TABLE_HEADER};
+use crate::rpc::{echo_server, run_case, RpcOpts};
 
 #[derive(Args)]
 pub struct RpcArgs {
@@ -34,17 +35,8 @@ pub struct RpcArgs {
     /// random (each request to a random server thread) or modulo (client id % server threads).
     #[arg(long, default_value = "modulo")]
     affinity: Affinity,
-    /// Messages a server thread takes per poll (batched receive); 1 disables batching.
-    #[arg(long, default_value_t = 64)]
-    poll_burst: usize,
-    /// Flush the responses of a poll burst together (doorbell batching).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    batched_send: bool,
-    /// Largest response payload sent inline in the message (bytes); larger
-    /// ones are written one-sided into a reply slot the client registered
-    /// (shm, fabric). Unset: always inline.
-    #[arg(long)]
-    inline_max: Option<usize>,
+    #[command(flatten)]
+    knobs: KnobArgs,
     /// Seconds per run.
     #[arg(long, default_value_t = 5.0)]
     duration: f64,
@@ -73,14 +65,54 @@ pub struct RpcServerArgs {
     /// Address to listen on, with its scheme.
     #[arg(long)]
     listen: String,
+    /// Server threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    #[command(flatten)]
+    knobs: KnobArgs,
+}
+
+/// The echo server's knobs, given to `bench rpc` and passed on to the
+/// `bench rpc-server` child it starts.
+#[derive(Args, Clone, Copy)]
+pub struct KnobArgs {
+    /// Messages a server thread takes per poll (batched receive); 1 disables batching.
     #[arg(long, default_value_t = 64)]
     poll_burst: usize,
+    /// Flush the responses of a poll burst together (doorbell batching).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     batched_send: bool,
+    /// Largest response payload sent inline in the message (bytes); larger
+    /// ones are written one-sided into a reply slot the client registered
+    /// (shm, fabric). Unset: always inline.
     #[arg(long)]
     inline_max: Option<usize>,
+}
+
+impl KnobArgs {
+    /// The server knobs these flags set.
+    fn knobs(self) -> ServerKnobs {
+        ServerKnobs {
+            poll_burst: self.poll_burst,
+            batched_send: self.batched_send,
+            inline_max: self.inline_max.unwrap_or(usize::MAX),
+            ..Default::default()
+        }
+    }
+
+    /// The flags that give a `bench rpc-server` child these knobs.
+    fn child_args(self) -> Vec<String> {
+        let mut v = vec![
+            "--poll-burst".to_string(),
+            self.poll_burst.to_string(),
+            "--batched-send".to_string(),
+            self.batched_send.to_string(),
+        ];
+        if let Some(n) = self.inline_max {
+            v.extend(["--inline-max".to_string(), n.to_string()]);
+        }
+        v
+    }
 }
 
 fn secs(v: f64, what: &str) -> Result<Duration, String> {
@@ -108,13 +140,7 @@ fn listen_addr(transport: &str, provider: &str) -> Result<String, String> {
 
 /// Serves echo RPCs until stdin closes (the parent exits or drops us).
 pub fn serve(a: RpcServerArgs) -> Result<(), String> {
-    crate::install_transports();
-    let knobs = ServerKnobs {
-        poll_burst: a.poll_burst,
-        batched_send: a.batched_send,
-        inline_max: a.inline_max.unwrap_or(usize::MAX),
-        ..Default::default()
-    };
+    let knobs = a.knobs.knobs();
     let server = echo_server(&a.listen, a.threads, knobs)?;
     println!("listening {}", server.addr());
     let mut sink = Vec::new();
@@ -149,17 +175,7 @@ fn spawn_server(a: &RpcArgs, listen: &str, cpus: &str) -> Result<(ChildServer, S
             "--threads",
             &a.server_threads.to_string(),
         ])
-        .args([
-            "--poll-burst",
-            &a.poll_burst.to_string(),
-            "--batched-send",
-            &a.batched_send.to_string(),
-        ])
-        .args(
-            a.inline_max
-                .map(|n| vec!["--inline-max".to_string(), n.to_string()])
-                .unwrap_or_default(),
-        )
+        .args(a.knobs.child_args())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -178,15 +194,9 @@ fn spawn_server(a: &RpcArgs, listen: &str, cpus: &str) -> Result<(ChildServer, S
 }
 
 pub fn run(a: RpcArgs) -> Result<(), String> {
-    crate::install_transports();
     let duration = secs(a.duration, "duration")?;
     let listen = listen_addr(&a.transport, &a.provider)?;
-    let knobs = ServerKnobs {
-        poll_burst: a.poll_burst,
-        batched_send: a.batched_send,
-        inline_max: a.inline_max.unwrap_or(usize::MAX),
-        ..Default::default()
-    };
+    let knobs = a.knobs.knobs();
     let client_cpus = cpu_list(&a.client_cpus)?;
     // This thread stays unpinned: the comparison rows start threads that
     // inherit its affinity and must not all land on one CPU.
@@ -212,7 +222,7 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
         report_every: secs(a.report_every, "report-every")?,
         client_cpus,
         // With an inline bound, offer a slot that holds a whole response.
-        reply_slot_bytes: if a.inline_max.is_some() {
+        reply_slot_bytes: if a.knobs.inline_max.is_some() {
             a.msg_size.next_multiple_of(64)
         } else {
             0
@@ -220,9 +230,9 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
         labels: serde_json::json!({
             "transport": a.transport,
             "provider": if a.transport == "fabric" { a.provider.clone() } else { String::new() },
-            "poll_burst": a.poll_burst,
-            "batched_send": a.batched_send,
-            "inline_max": a.inline_max,
+            "poll_burst": a.knobs.poll_burst,
+            "batched_send": a.knobs.batched_send,
+            "inline_max": a.knobs.inline_max,
         }),
     };
     let mut results: Vec<BenchResult> = Vec::new();
@@ -246,7 +256,7 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
     if a.compare {
         let server_cpu = cpu_list(&a.server_cpus)?.first().copied();
         let client_cpu = opts.client_cpus.first().copied();
-        results.extend(crate::compare_rows(
+        results.extend(compare_rows(
             &a.transport,
             &a.provider,
             a.msg_size,
@@ -278,11 +288,84 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
             s.row(&name)
         })
         .collect();
-    print_table(&SEED_RPC_HEADER, &rows);
+    print_table(&RPC_TABLE_HEADER, &rows);
     if a.json {
         for r in &results {
             println!("{}", r.json());
         }
     }
     Ok(())
+}
+
+/// The comparison rows of `bench rpc --compare`: physical floors and peers
+/// measured in the same run.
+///
+/// - `tcp-pingpong`: blocking TCP echo of the same size, one in flight;
+/// - `tcp-pingpong-spin`: the same with both sides busy-polling
+///   non-blocking sockets, as FabricKV's threads do;
+/// - `grpc-unary`: tonic unary echo on single-threaded runtimes, with one
+///   call in flight and with `in_flight` calls;
+/// - `libfabric-raw`: plain fi_send/fi_recv ping-pong on the same provider
+///   (builds with the `fabric` feature, for `--transport fabric`).
+#[allow(clippy::too_many_arguments)]
+fn compare_rows(
+    transport: &str,
+    provider: &str,
+    msg_size: usize,
+    duration: Duration,
+    in_flight: usize,
+    server_cpu: Option<usize>,
+    client_cpu: Option<usize>,
+) -> Result<Vec<BenchResult>, String> {
+    let mut rows = vec![
+        baseline::tcp_pingpong(msg_size, duration, server_cpu, client_cpu, false)?,
+        baseline::tcp_pingpong(msg_size, duration, server_cpu, client_cpu, true)?,
+        baseline::grpc_unary(msg_size, duration, 1, server_cpu, client_cpu)?,
+        baseline::grpc_unary(msg_size, duration, in_flight, server_cpu, client_cpu)?,
+    ];
+    if transport == "fabric" {
+        rows.push(raw_fabric_row(provider, msg_size, duration)?);
+    }
+    Ok(rows)
+}
+
+/// The raw libfabric round trip on `provider`, as a result row.
+#[cfg(feature = "fabric")]
+fn raw_fabric_row(
+    provider: &str,
+    msg_size: usize,
+    duration: Duration,
+) -> Result<BenchResult, String> {
+    use crate::report::latency_histogram;
+    // Size the run from a short probe so it lasts about `duration`.
+    let probe = fabrickv_transport_fabric::raw_pingpong(provider, msg_size, 1000)
+        .map_err(|e| e.to_string())?;
+    let per = probe.iter().sum::<Duration>().as_secs_f64() / probe.len().max(1) as f64;
+    let iters = ((duration.as_secs_f64() / per.max(1e-7)) as usize).clamp(1000, 10_000_000);
+    let start = std::time::Instant::now();
+    let samples = fabrickv_transport_fabric::raw_pingpong(provider, msg_size, iters)
+        .map_err(|e| e.to_string())?;
+    let seconds = start.elapsed().as_secs_f64();
+    let mut h = latency_histogram()?;
+    for d in &samples {
+        h.saturating_record(d.as_nanos() as u64);
+    }
+    let s = LatencySummary::from_histogram(&h, samples.iter().sum::<Duration>().as_secs_f64());
+    Ok(s.to_result(
+        &format!("latency {msg_size}B"),
+        "libfabric-raw",
+        h.len(),
+        seconds,
+        0,
+        serde_json::json!({ "provider": provider, "msg_size": msg_size }),
+    ))
+}
+
+#[cfg(not(feature = "fabric"))]
+fn raw_fabric_row(
+    _provider: &str,
+    _msg_size: usize,
+    _duration: Duration,
+) -> Result<BenchResult, String> {
+    Err("this build has no libfabric transport: build with --features fabric".into())
 }
