@@ -6,7 +6,8 @@
 //! n to n+1 servers moves only 1/(n+1) of the keys. Clients learn the
 //! servers' addresses either from a static file ([`Cluster::from_toml`], the
 //! default) or from a memcached registry ([`registry`]) where each server
-//! publishes its descriptor, as the seeds exchange their queue-pair details.
+//! publishes its descriptor, as PetPS's processes exchange their RDMA
+//! queue-pair details.
 //! The registry also holds named barriers.
 
 pub mod local;

@@ -146,7 +146,8 @@ pub struct ReadOpts {
     pub passes: u32,
     /// GETs each reader keeps in flight in the measured phase: its slice
     /// is read in batches of this many keys, all requests sent before the
-    /// first reply is read (1: one GET at a time, as the seed).
+    /// first reply is read (1: one GET at a time, as the original kv-bench
+    /// of the KV-cache server does).
     pub depth: usize,
     /// CPUs the reader threads are pinned to, round robin (empty: none).
     pub client_cpus: Vec<usize>,
