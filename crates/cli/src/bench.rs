@@ -17,7 +17,7 @@ pub enum BenchCommand {
     /// The KV cache's read benchmark: write, warm up, N-thread checked reads, GET latency; --compare with Redis GET, raw TCP, memcpy.
     Cache(cmd::cache::CacheArgs),
     /// The original replicator's shard copy: a generated shard copied from a server in this process, MB/s beside the original's and the raw pipe (TCP into a file).
-    Copy(crate::copy_bench::CopyBenchArgs),
+    Copy(cmd::copy::CopyBenchArgs),
     /// What sharding costs: kv throughput and multi-get latency on N servers beside one server on the same cores, and the time a client takes to join through the registry.
     Cluster(cmd::cluster::ClusterBenchArgs),
     /// Echo RPCs over a transport: the original RPC benchmark's table (ops/s, fast, ave, p50, p99).
@@ -36,7 +36,7 @@ pub fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::Ps(a) => cmd::ps::run(a),
         BenchCommand::Cache(a) => cmd::cache::run(a),
         BenchCommand::Rpc(a) => cmd::rpc::run(a),
-        BenchCommand::Copy(a) => crate::copy_bench::run(a),
+        BenchCommand::Copy(a) => cmd::copy::run(a),
         BenchCommand::Cluster(a) => cmd::cluster::run(&a),
         BenchCommand::RpcServer(a) => cmd::rpc::serve(a),
     }

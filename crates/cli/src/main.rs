@@ -5,7 +5,6 @@
 
 mod bench;
 mod cluster_cmd;
-mod copy_bench;
 mod copy_cmd;
 mod ps_cmd;
 mod shard_cmd;

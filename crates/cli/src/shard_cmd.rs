@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Subcommand;
-use fabrickv_storage::gen::{GenSpec, GEN_KEY_BYTES_MIN};
+use fabrickv_storage::gen::{self, GenSpec, GEN_KEY_BYTES_MIN};
 use fabrickv_storage::{
     digest_of, FjallShard, ShardBackend, ShardOptions, SHARD_KEY_BYTES_MAX, SHARD_VALUE_BYTES_MAX,
 };
@@ -122,8 +122,8 @@ pub fn run(cmd: ShardCommand) -> Result<ExitCode, String> {
 }
 
 /// Writes a new shard of about `size` bytes at `path` (which must be new
-/// or empty) and prints what it made; `shard gen` and `bench copy`.
-pub fn generate(
+/// or empty) with a progress bar, and prints what it made.
+fn generate(
     path: &std::path::Path,
     size: u64,
     key_size: usize,
@@ -131,49 +131,14 @@ pub fn generate(
     seed: u64,
     quiet: bool,
 ) -> Result<(), String> {
-    let nonempty = std::fs::read_dir(path)
-        .map(|mut d| d.next().is_some())
-        .unwrap_or(false);
-    if nonempty {
-        return Err(format!(
-            "{} is not empty: shard gen makes a new shard",
-            path.display()
-        ));
-    }
     let spec = GenSpec::for_size(size, key_size, value_size, seed);
-    let shard = FjallShard::open(path, &ShardOptions::default())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let per = (key_size + value_size) as u64;
-    let pb = bar(spec.pairs * per, "shard gen", quiet);
-    let started = Instant::now();
-    let mut i = 0u64;
-    let n = shard
-        .load(|key, value| {
-            if i == spec.pairs {
-                return Ok(false);
-            }
-            key.resize(key_size, 0);
-            value.resize(value_size, 0);
-            spec.key(i, key);
-            spec.value(i, value);
-            i += 1;
-            if i.is_multiple_of(4096) {
-                pb.set_position(i * per);
-            }
-            Ok(true)
-        })
-        .map_err(|e| format!("writing {}: {e}", path.display()))?;
-    pb.finish_and_clear();
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "shard gen: {} pairs ({} B keys, {} B values, seed {seed}), {:.1} MB in {secs:.1} s ({:.1} MB/s), {:.1} MB on disk at {}",
-        n,
-        key_size,
-        value_size,
-        (n * per) as f64 / 1e6,
-        (n * per) as f64 / 1e6 / secs.max(1e-9),
-        shard.disk_bytes() as f64 / 1e6,
-        path.display()
+    let pb = bar(
+        spec.pairs * (key_size + value_size) as u64,
+        "shard gen",
+        quiet,
     );
+    let made = gen::generate(path, &spec, &mut |bytes| pb.set_position(bytes));
+    pb.finish_and_clear();
+    println!("shard gen: {}", made.map_err(|e| e.to_string())?);
     Ok(())
 }

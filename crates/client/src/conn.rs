@@ -159,16 +159,18 @@ pub(crate) fn call_control<T, R>(
 }
 
 /// Registers `len` bytes on `ep` for the server to write one-sided;
-/// `None` where the transport registers no memory (tcp, inproc).
+/// `None` where the connection's capabilities say it registers no memory
+/// (tcp, inproc, fabric without `FI_RMA`), so the caller falls back to a
+/// local buffer. A registration that the capabilities promise but that
+/// fails is an error, not a fallback.
 pub(crate) fn register_if_supported(
     ep: &mut dyn Endpoint,
     len: usize,
 ) -> Result<Option<fabrickv_transport::RemoteRegion>> {
-    match ep.register(len) {
-        Ok(r) => Ok(Some(r)),
-        Err(fabrickv_transport::TransportError::Unsupported(_)) => Ok(None),
-        Err(e) => Err(e.into()),
+    if !ep.capabilities().memory_registration {
+        return Ok(None);
     }
+    Ok(Some(ep.register(len)?))
 }
 
 /// A registered region's descriptor as requests carry it (the ps client's

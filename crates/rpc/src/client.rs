@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use fabrickv_transport::{RemoteRegion, TransportError};
+use fabrickv_transport::RemoteRegion;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -128,11 +128,10 @@ fn offer_reply_slots(
 ) -> Result<(), RpcError> {
     let slots = cfg.credits.min(usize::from(NO_SLOT));
     let ep = s.endpoint();
-    let region = match ep.register(slots * cfg.reply_slot_bytes) {
-        Ok(r) => r,
-        Err(TransportError::Unsupported(_)) => return Ok(()),
-        Err(e) => return Err(e.into()),
-    };
+    if !ep.capabilities().memory_registration {
+        return Ok(());
+    }
+    let region = ep.register(slots * cfg.reply_slot_bytes)?;
     let offer = ReplySlots {
         region,
         slot_bytes: cfg.reply_slot_bytes,

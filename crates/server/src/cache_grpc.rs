@@ -24,6 +24,7 @@ use fabrickv_control::{
     BackendError, Bytes, CacheBackend, ControlServer, Fetched, Placed, Registered, Registration,
     StatsSnapshot,
 };
+use fabrickv_transport::TransportError;
 use fabrickv_types::limits::CACHE_HEARTBEAT_TIMEOUT_MS;
 use fabrickv_types::ErrorCode;
 
@@ -71,14 +72,30 @@ fn expires_in(expires_at_ms: u64, now_ms: u64) -> u64 {
 }
 
 /// A transfer the owning worker's transport refused (the client's region
-/// descriptor was bad, or the connection closed under it).
-fn transfer_failed(what: &str, e: fabrickv_transport::TransportError) -> Refusal {
+/// descriptor was bad, or the connection closed under it). A transport
+/// without one-sided access never gets this far: [`require_one_sided`]
+/// refuses first.
+fn transfer_failed(what: &str, e: TransportError) -> Refusal {
     let code = match e {
-        fabrickv_transport::TransportError::Closed => ErrorCode::NoSuchClient,
-        fabrickv_transport::TransportError::Unsupported(_) => ErrorCode::Unavailable,
+        TransportError::Closed => ErrorCode::NoSuchClient,
         _ => ErrorCode::Malformed,
     };
     (code, format!("{what} the client's buffer failed: {e}"))
+}
+
+/// Refuses a transfer up front, as unavailable, where the owning worker's
+/// transport has no one-sided `access` (`capable` false: a client that
+/// sent a region descriptor over tcp). The message is the one the failed
+/// transfer used to give, so clients see no change.
+fn require_one_sided(capable: bool, what: &str, access: &'static str) -> Result<(), Refusal> {
+    if capable {
+        return Ok(());
+    }
+    let e = TransportError::Unsupported(access);
+    Err((
+        ErrorCode::Unavailable,
+        format!("{what} the client's buffer failed: {e}"),
+    ))
 }
 
 impl CacheBackend for GrpcBackend {
@@ -113,6 +130,11 @@ impl CacheBackend for GrpcBackend {
             .shared
             .run_on_worker(&b, move |port| {
                 let mut slot = slot;
+                require_one_sided(
+                    port.capabilities().one_sided_read,
+                    "reading",
+                    "one-sided read",
+                )?;
                 port.read_remote(b.conn, &b.region, at as usize, slot.bytes_mut())
                     .map_err(|e| transfer_failed("reading", e))?;
                 Ok(slot)
@@ -162,6 +184,11 @@ impl CacheBackend for GrpcBackend {
         };
         self.shared
             .run_on_worker(&b, move |port| {
+                require_one_sided(
+                    port.capabilities().one_sided_write,
+                    "writing",
+                    "one-sided write",
+                )?;
                 port.write_remote(b.conn, &b.region, at as usize, &lease)
                     .map_err(|e| transfer_failed("writing", e))
             })

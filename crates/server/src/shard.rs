@@ -95,19 +95,22 @@ impl ShardSpec {
 }
 
 /// The shards a server serves, opened at start, and their copy sessions.
-pub struct Shards {
-    by_name: HashMap<String, Arc<FjallShard>>,
+/// Generic over the storage backend (fjall on disk by default) so that the
+/// data ops reach it through [`ShardBackend`] with static calls; only a
+/// copy session, which holds its shard for the copy's life, sees it as
+/// `dyn ShardBackend`.
+pub struct Shards<S: ShardBackend = FjallShard> {
+    by_name: HashMap<String, Arc<S>>,
     /// In the order given on the command line (RESP's `SELECT n` picks
     /// `order[n - 1]`).
     order: Vec<String>,
     copies: CopySources,
 }
 
-impl Shards {
+impl Shards<FjallShard> {
     /// Opens (creating when missing) every shard of `specs`.
     pub fn open(specs: &[ShardSpec], copies: CopySources) -> Result<Shards, String> {
-        let mut by_name = HashMap::new();
-        let mut order = Vec::new();
+        let mut opened = Vec::with_capacity(specs.len());
         for s in specs {
             let shard = FjallShard::open(
                 &s.path,
@@ -118,14 +121,9 @@ impl Shards {
             )
             .map_err(|e| format!("shard {:?} at {}: {e}", s.name, s.path.display()))?;
             tracing::info!(shard = %s.name, path = %s.path.display(), pairs = shard.approximate_len(), "serving shard");
-            by_name.insert(s.name.clone(), Arc::new(shard));
-            order.push(s.name.clone());
+            opened.push((s.name.clone(), Arc::new(shard)));
         }
-        Ok(Shards {
-            by_name,
-            order,
-            copies,
-        })
+        Ok(Shards::with_backends(opened, copies))
     }
 
     /// Opens `specs` with copy sessions on loopback, for tests that need
@@ -135,9 +133,22 @@ impl Shards {
         let copies = CopySources::new(std::net::IpAddr::from([127, 0, 0, 1]));
         Shards::open(specs, copies).expect("shards open")
     }
+}
+
+impl<S: ShardBackend> Shards<S> {
+    /// Serves `shards` (name and backend, in the order `SELECT n` counts
+    /// them), already open; names are assumed checked and unique.
+    pub fn with_backends(shards: Vec<(String, Arc<S>)>, copies: CopySources) -> Shards<S> {
+        let order = shards.iter().map(|(n, _)| n.clone()).collect();
+        Shards {
+            by_name: shards.into_iter().collect(),
+            order,
+            copies,
+        }
+    }
 
     /// The shard named `name`.
-    pub fn get(&self, name: &str) -> Option<&Arc<FjallShard>> {
+    pub fn get(&self, name: &str) -> Option<&Arc<S>> {
         self.by_name.get(name)
     }
 
@@ -153,14 +164,14 @@ impl Shards {
 }
 
 /// The SHARD frame handler of one worker.
-pub struct ShardService {
+pub struct ShardService<S: ShardBackend = FjallShard> {
     worker: u16,
-    shards: Arc<Shards>,
+    shards: Arc<Shards<S>>,
 }
 
-impl ShardService {
+impl<S: ShardBackend + 'static> ShardService<S> {
     /// A handler for worker `worker`.
-    pub fn new(worker: u16, shards: Arc<Shards>) -> ShardService {
+    pub fn new(worker: u16, shards: Arc<Shards<S>>) -> ShardService<S> {
         ShardService { worker, shards }
     }
 
@@ -183,7 +194,7 @@ impl ShardService {
     }
 }
 
-impl Service for ShardService {
+impl<S: ShardBackend + 'static> Service for ShardService<S> {
     /// Serves one SHARD frame. Only a frame whose request cannot be read
     /// is refused whole; an op that fails is answered with a refusal reply
     /// of its own op.

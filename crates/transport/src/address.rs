@@ -66,6 +66,28 @@ pub fn register_scheme(scheme: &str, listen: ListenFn, connect: ConnectFn) {
     }
 }
 
+/// Ends a bad address's message with the schemes an address may name
+/// besides `tcp://`: `inproc://NAME`, then those registered when the
+/// error is shown, in name order (what this process can reach, whatever
+/// the build's features), e.g. ", inproc://NAME or a registered scheme
+/// (fabric://, shm://)".
+pub(crate) fn write_registered_schemes(f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    let mut names: Vec<String> = schemes()
+        .read()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    if names.is_empty() {
+        return write!(f, " or inproc://NAME");
+    }
+    names.sort_unstable();
+    write!(f, ", inproc://NAME or a registered scheme (")?;
+    for (i, n) in names.iter().enumerate() {
+        let sep = if i == 0 { "" } else { ", " };
+        write!(f, "{sep}{n}://")?;
+    }
+    write!(f, ")")
+}
+
 fn scheme(name: &str) -> Result<(ListenFn, ConnectFn)> {
     schemes()
         .read()
@@ -113,5 +135,27 @@ mod tests {
         for bad in ["inproc://", "shm://x", "localhost", ""] {
             assert!(Address::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// The bad-address message names the schemes registered when it is
+    /// shown, not a list fixed at build time.
+    #[test]
+    fn bad_address_names_the_registered_schemes() {
+        fn no_listen(_: &str, _: usize) -> Result<Listening> {
+            Err(TransportError::Unsupported("listening in this test"))
+        }
+        fn no_connect(_: &str, _: u16, _: Duration) -> Result<Box<dyn Endpoint>> {
+            Err(TransportError::Unsupported("connecting in this test"))
+        }
+        register_scheme("registry-test", no_listen, no_connect);
+        let shown = TransportError::BadAddress("nowhere".into()).to_string();
+        assert!(
+            shown.starts_with(
+                "bad address \"nowhere\": expected HOST:PORT, tcp://HOST:PORT, inproc://NAME or a registered scheme ("
+            ),
+            "{shown}"
+        );
+        assert!(shown.contains("registry-test://"), "{shown}");
+        assert!(shown.ends_with(')'), "{shown}");
     }
 }

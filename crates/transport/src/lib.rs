@@ -195,10 +195,10 @@ pub enum TransportError {
 impl fmt::Display for TransportError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            TransportError::BadAddress(a) => write!(
-                f,
-                "bad address {a:?}: expected HOST:PORT, tcp://HOST:PORT, inproc://NAME or a scheme this build has (shm://, fabric://)"
-            ),
+            TransportError::BadAddress(a) => {
+                write!(f, "bad address {a:?}: expected HOST:PORT, tcp://HOST:PORT")
+                    .and_then(|()| address::write_registered_schemes(f))
+            }
             TransportError::Io(e) => write!(f, "{e}"),
             TransportError::Closed => write!(f, "connection closed by peer"),
             TransportError::Refused(why) => write!(f, "connection refused: {why}"),

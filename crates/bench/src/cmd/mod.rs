@@ -3,7 +3,7 @@
 //! its run: starting servers and peers, sweeps of client processes,
 //! printing the tables and JSON lines.
 //!
-//! - [`kv`], [`herd`], [`compare`], [`ps`], [`cache`], [`rpc`],
+//! - [`kv`], [`herd`], [`compare`], [`ps`], [`cache`], [`copy`], [`rpc`],
 //!   [`cluster`]: one per subcommand of the same name;
 //! - [`sweep`]: the client processes of `bench ps --clients` and `bench
 //!   herd --clients`, released together at a registry barrier.
@@ -16,6 +16,7 @@ use std::time::Duration;
 pub mod cache;
 pub mod cluster;
 pub mod compare;
+pub mod copy;
 pub mod herd;
 pub mod kv;
 pub mod ps;

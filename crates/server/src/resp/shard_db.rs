@@ -18,7 +18,7 @@
 use std::collections::HashSet;
 
 use fabrickv_resp::reply as resp;
-use fabrickv_storage::{FjallShard, ShardBackend, StorageError, Write};
+use fabrickv_storage::{ShardBackend, StorageError, Write};
 use fabrickv_wire::shard_data::{SHARD_DATA_KEY_BYTES_MAX, SHARD_DATA_VALUE_BYTES_MAX};
 
 use super::args::{mget_fits, within, Args};
@@ -50,8 +50,15 @@ pub(super) fn is_keyed(id: Cmd) -> bool {
     )
 }
 
-/// Runs keyed command `spec` on `shard`, database `db`.
-pub(super) fn command(shard: &FjallShard, db: usize, spec: &Spec, a: Args<'_>, out: &mut Vec<u8>) {
+/// Runs keyed command `spec` on `shard`, database `db`. Generic over the
+/// backend, so that MGET's and MSET's per-key calls are static.
+pub(super) fn command<S: ShardBackend + ?Sized>(
+    shard: &S,
+    db: usize,
+    spec: &Spec,
+    a: Args<'_>,
+    out: &mut Vec<u8>,
+) {
     let name = spec.name;
     match spec.id {
         Cmd::Get => get(shard, a.get(1), out),
@@ -94,11 +101,15 @@ fn check_value(value: &[u8], out: &mut Vec<u8>) -> bool {
 }
 
 /// The value of `key`; `Err(())` once an error reply is written.
-fn read(shard: &FjallShard, key: &[u8], out: &mut Vec<u8>) -> Result<Option<Vec<u8>>, ()> {
+fn read<S: ShardBackend + ?Sized>(
+    shard: &S,
+    key: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<Option<Vec<u8>>, ()> {
     shard.get(key).map_err(|e| storage_error(out, e))
 }
 
-fn get(shard: &FjallShard, key: &[u8], out: &mut Vec<u8>) {
+fn get<S: ShardBackend + ?Sized>(shard: &S, key: &[u8], out: &mut Vec<u8>) {
     if !check_key(key, out) {
         return;
     }
@@ -116,7 +127,7 @@ fn get(shard: &FjallShard, key: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-fn strlen(shard: &FjallShard, key: &[u8], out: &mut Vec<u8>) {
+fn strlen<S: ShardBackend + ?Sized>(shard: &S, key: &[u8], out: &mut Vec<u8>) {
     if !check_key(key, out) {
         return;
     }
@@ -126,7 +137,7 @@ fn strlen(shard: &FjallShard, key: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-fn set(shard: &FjallShard, db: usize, a: Args<'_>, out: &mut Vec<u8>) {
+fn set<S: ShardBackend + ?Sized>(shard: &S, db: usize, a: Args<'_>, out: &mut Vec<u8>) {
     if a.len() > 3 {
         return resp::error(
             out,
@@ -143,7 +154,7 @@ fn set(shard: &FjallShard, db: usize, a: Args<'_>, out: &mut Vec<u8>) {
     }
 }
 
-fn mget(shard: &FjallShard, a: Args<'_>, out: &mut Vec<u8>) {
+fn mget<S: ShardBackend + ?Sized>(shard: &S, a: Args<'_>, out: &mut Vec<u8>) {
     let mark = out.len();
     resp::array_header(out, a.len() - 1);
     for i in 1..a.len() {
@@ -166,7 +177,7 @@ fn mget(shard: &FjallShard, a: Args<'_>, out: &mut Vec<u8>) {
     }
 }
 
-fn mset(shard: &FjallShard, a: Args<'_>, out: &mut Vec<u8>) {
+fn mset<S: ShardBackend + ?Sized>(shard: &S, a: Args<'_>, out: &mut Vec<u8>) {
     if a.len().is_multiple_of(2) {
         return resp::error(out, "ERR wrong number of arguments for 'mset' command");
     }
@@ -185,7 +196,7 @@ fn mset(shard: &FjallShard, a: Args<'_>, out: &mut Vec<u8>) {
     }
 }
 
-fn del(shard: &FjallShard, a: Args<'_>, out: &mut Vec<u8>) {
+fn del<S: ShardBackend + ?Sized>(shard: &S, a: Args<'_>, out: &mut Vec<u8>) {
     let mut seen = HashSet::new();
     let mut writes = Vec::with_capacity(a.len() - 1);
     let mut present = 0;
@@ -214,7 +225,7 @@ fn del(shard: &FjallShard, a: Args<'_>, out: &mut Vec<u8>) {
     }
 }
 
-fn exists(shard: &FjallShard, a: Args<'_>, out: &mut Vec<u8>) {
+fn exists<S: ShardBackend + ?Sized>(shard: &S, a: Args<'_>, out: &mut Vec<u8>) {
     let mut n = 0;
     for i in 1..a.len() {
         let key = a.get(i);
