@@ -270,21 +270,8 @@ pub(crate) struct CacheClient {
     closed: AtomicBool,
 }
 
-impl CacheClient {
-    /// Runs `f` with the Rust client locked and the GIL held; `f` releases
-    /// the GIL itself around its network calls. The lock is waited for
-    /// with the GIL released, so a thread waiting for another's read does
-    /// not stop every Python thread.
-    fn with_client<R>(
-        &self,
-        py: Python<'_>,
-        f: impl FnOnce(&mut RustCacheClient) -> PyResult<R>,
-    ) -> PyResult<R> {
-        with_locked(py, &self.inner, f)
-    }
-}
-
 closable_client!(CacheClient);
+addr_and_timeout!(CacheClient);
 cache_writes!(CacheClient, "");
 
 #[pymethods]
@@ -336,7 +323,7 @@ impl CacheClient {
             .iter()
             .map(Value::as_slice)
             .collect::<PyResult<_>>()?;
-        self.with_client(py, |c| {
+        with_locked(py, &self.inner, |c| {
             py.detach(|| {
                 let mut generations = Vec::with_capacity(keys.len());
                 for (i, (key, value)) in keys.iter().zip(&values).enumerate() {
@@ -360,7 +347,7 @@ impl CacheClient {
         key: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let key = key_of(key)?;
-        self.with_client(py, |c| {
+        with_locked(py, &self.inner, |c| {
             let n = c.buffer_len();
             let placed = py
                 .detach(|| c.get_at(key, 0))
@@ -388,7 +375,7 @@ impl CacheClient {
         let key = key_of(key)?;
         let out = out_of(out)?;
         let cap = out.len();
-        self.with_client(py, |c| {
+        with_locked(py, &self.inner, |c| {
             let n = c.buffer_len();
             let offset = end_offset(n, cap);
             let placed = py
@@ -428,7 +415,7 @@ impl CacheClient {
         let outs: Vec<Bound<'_, PyArray1<u8>>> =
             outs.iter().map(out_of).collect::<PyResult<_>>()?;
         let caps: Vec<usize> = outs.iter().map(|o| o.len()).collect();
-        self.with_client(py, |c| {
+        with_locked(py, &self.inner, |c| {
             let n = c.buffer_len();
             let mut lengths = Vec::with_capacity(keys.len());
             let mut start = 0;
@@ -497,18 +484,6 @@ impl CacheClient {
     #[getter]
     fn buffer_size(&self) -> usize {
         self.buffer_bytes
-    }
-
-    /// The address this client connected to.
-    #[getter]
-    fn addr(&self) -> &str {
-        &self.addr
-    }
-
-    /// The per-call timeout in seconds.
-    #[getter]
-    fn timeout(&self) -> f64 {
-        self.timeout.as_secs_f64()
     }
 
     /// Closes the connection and frees the receive buffer; later calls

@@ -36,6 +36,28 @@ macro_rules! closable_client {
     };
 }
 
+/// The `addr` and `timeout` getters of a single-server client class: the
+/// class keeps `addr: String` and `timeout: Duration` as given, so that
+/// reading them needs neither the lock nor the network.
+macro_rules! addr_and_timeout {
+    ($class:ty) => {
+        #[pyo3::pymethods]
+        impl $class {
+            /// The address this client connected to.
+            #[getter]
+            fn addr(&self) -> &str {
+                &self.addr
+            }
+
+            /// The per-call timeout in seconds.
+            #[getter]
+            fn timeout(&self) -> f64 {
+                self.timeout.as_secs_f64()
+            }
+        }
+    };
+}
+
 /// The single-key and batched kv calls of a key-value client class
 /// (`get`, `put`, `delete`, `mget`, `mput`): the class has `call(&self,
 /// py, f)`, which runs `f` on its Rust client with the GIL released, and
@@ -111,8 +133,8 @@ macro_rules! kv_calls {
 }
 
 /// `put`, `delete` and `exists` of a KV-cache client class: the class has
-/// `with_client(&self, py, f)`, which runs `f` on its locked Rust client
-/// (`f` releases the GIL for the network call), and that client has the
+/// `inner: Mutex<Option<C>>`, whose client `crate::cache::with_locked`
+/// lends to `f` (`f` releases the GIL for the network call), and `C` has the
 /// calls of `fabrickv_client::CacheClient` by the same names.
 /// `$put_where` finishes `put`'s doc: where the value goes.
 macro_rules! cache_writes {
@@ -137,7 +159,7 @@ macro_rules! cache_writes {
                 let value = crate::cache::Value::of(value)?;
                 let value = value.as_slice()?;
                 let ttl = crate::ttl_of(ttl)?;
-                self.with_client(py, |c| {
+                crate::cache::with_locked(py, &self.inner, |c| {
                     py.detach(|| c.put(key, value, ttl))
                         .map_err(crate::to_py_err)
                 })
@@ -150,7 +172,7 @@ macro_rules! cache_writes {
                 key: &pyo3::Bound<'_, pyo3::PyAny>,
             ) -> pyo3::PyResult<bool> {
                 let key = crate::cache::key_of(key)?;
-                self.with_client(py, |c| {
+                crate::cache::with_locked(py, &self.inner, |c| {
                     py.detach(|| c.delete(key)).map_err(crate::to_py_err)
                 })
             }
@@ -162,7 +184,7 @@ macro_rules! cache_writes {
                 key: &pyo3::Bound<'_, pyo3::PyAny>,
             ) -> pyo3::PyResult<bool> {
                 let key = crate::cache::key_of(key)?;
-                self.with_client(py, |c| {
+                crate::cache::with_locked(py, &self.inner, |c| {
                     py.detach(|| c.exists(key)).map_err(crate::to_py_err)
                 })
             }
@@ -170,12 +192,62 @@ macro_rules! cache_writes {
     };
 }
 
+/// `create_table` of a class that hands out embedding tables (`Client`,
+/// `Cluster`): checks the arguments into a table spec
+/// (`crate::ps::spec_of`) and hands it to the class's own
+/// `create_table_of(&self, py, &spec)`, which returns a `$table`; `$doc`
+/// is the method's doc.
+macro_rules! create_table {
+    ($class:ty, $table:ty, $doc:literal) => {
+        #[pyo3::pymethods]
+        impl $class {
+            #[doc = $doc]
+            #[pyo3(signature = (name, dim, optimizer = "sgd", lr = 0.01, missing = "zeros", seed = 0))]
+            #[allow(clippy::too_many_arguments)]
+            fn create_table(
+                &self,
+                py: pyo3::Python<'_>,
+                name: &str,
+                dim: i64,
+                optimizer: &str,
+                lr: f64,
+                missing: &str,
+                seed: u64,
+            ) -> pyo3::PyResult<$table> {
+                let spec = crate::ps::spec_of(name, dim, optimizer, lr, missing, seed)?;
+                self.create_table_of(py, &spec)
+            }
+        }
+    };
+}
+
 /// `put` and `push` of an embedding-table class (`Table`, `ClusterTable`),
-/// written once over the class's `send_vectors(py, keys, values, what,
-/// op)` with `$client::put` and `$client::push`; `$where` ends the first
-/// sentence of each doc.
+/// written once: the class has `conn` (whose `call(py, f)` runs `f` on the
+/// `$client` with the GIL released), its handle of the table in field
+/// `$handle` (of type `$handle_ty`, as `$client::put` and `$client::push`
+/// take it) and `dim_usize()`; `$where` ends the first sentence of each
+/// doc.
 macro_rules! table_writes {
-    ($class:ty, $client:ty, $where:literal) => {
+    ($class:ty, $client:ty, $handle:ident: $handle_ty:ty, $where:literal) => {
+        impl $class {
+            /// Reads `keys` and `len(keys) x dim` floats (`what` names them
+            /// in errors) and hands both to `op` (overwrite or gradient
+            /// push), with the GIL released.
+            fn send_vectors(
+                &self,
+                py: pyo3::Python<'_>,
+                keys: &pyo3::Bound<'_, pyo3::PyAny>,
+                values: &pyo3::Bound<'_, pyo3::PyAny>,
+                what: &str,
+                op: fn(&mut $client, &$handle_ty, &[u64], &[f32]) -> fabrickv_client::Result<()>,
+            ) -> pyo3::PyResult<()> {
+                let table = &self.$handle;
+                crate::ps::with_vectors(keys, values, what, self.dim_usize(), |keys, values| {
+                    self.conn.call(py, |c| op(c, table, keys, values))
+                })
+            }
+        }
+
         #[pyo3::pymethods]
         impl $class {
             #[doc = concat!(
