@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use fabrickv_transport::handshake::{Admission, CompactHello, Handshakes, Limits, Step, Verdict};
+use fabrickv_transport::handshake::{CompactHello, Handshakes, Limits, Step, Verdict};
 use fabrickv_transport::{timespec, Acceptor, Result, Waker};
 use fabrickv_types::ErrorCode;
 use rustix::event::epoll;
@@ -79,20 +79,15 @@ impl ShmAcceptor {
             match self.listener.accept() {
                 Ok((stream, _)) => {
                     let open = self.open.load(Ordering::Acquire);
-                    let slot = match self.table.admit(stream, Instant::now(), open) {
-                        Admission::Refused(_) => {
-                            tracing::warn!(
-                                "refusing a connection: {SHM_CONNECTIONS_MAX} shm connections open"
-                            );
-                            continue;
-                        }
-                        Admission::Pending { slot, evicted } => {
-                            if let Some(old) = evicted {
-                                let _ = epoll::delete(&self.epoll, &old);
-                            }
-                            slot
-                        }
+                    let admitted =
+                        self.table
+                            .admit_or_close(stream, Instant::now(), open, "shm connections");
+                    let Some((slot, evicted)) = admitted else {
+                        continue;
                     };
+                    if let Some(old) = evicted {
+                        let _ = epoll::delete(&self.epoll, &old);
+                    }
                     let Some(stream) = self.table.io_mut(slot) else {
                         continue;
                     };
@@ -147,10 +142,7 @@ impl ShmAcceptor {
     /// to its worker.
     fn complete(&mut self, stream: UnixStream, verdict: Verdict<u16>) {
         let workers = self.handoffs.len() as u16;
-        let (mut status, worker) = match verdict {
-            Verdict::Accept { worker, .. } => (ErrorCode::Ok, worker),
-            Verdict::Refuse { code, .. } => (code, 0),
-        };
+        let (mut status, worker) = verdict.answer();
         let res = if status == ErrorCode::Ok {
             match self.resources() {
                 Ok(r) => Some(r),

@@ -229,6 +229,18 @@ pub enum Verdict<H> {
     },
 }
 
+impl<H> Verdict<H> {
+    /// The status to answer and the worker to hand the connection to (0
+    /// on a refusal, which hands it to none), as the acceptors that
+    /// answer with a [`CompactHello`] (tcp, shm) send them.
+    pub fn answer(&self) -> (ErrorCode, usize) {
+        match *self {
+            Verdict::Accept { worker, .. } => (ErrorCode::Ok, worker),
+            Verdict::Refuse { code, .. } => (code, 0),
+        }
+    }
+}
+
 /// What the acceptor does after feeding bytes to [`Handshakes::received`].
 #[derive(Debug)]
 pub enum Step<T, H> {
@@ -307,6 +319,36 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
             stage: Stage::Hello,
         });
         Admission::Pending { slot, evicted }
+    }
+
+    /// [`Handshakes::admit`] as the acceptors use it: a socket refused
+    /// because `open` connections are open is closed at once, with a
+    /// warning that counts them as `what` ("connections", "shm
+    /// connections"); `None` then. Otherwise the socket's slot and the
+    /// socket of the handshake evicted for it, which the caller
+    /// deregisters (dropping it closes it).
+    pub fn admit_or_close(
+        &mut self,
+        io: T,
+        now: Instant,
+        open: usize,
+        what: &str,
+    ) -> Option<(usize, Option<T>)> {
+        match self.admit(io, now, open) {
+            Admission::Refused(_) => {
+                tracing::warn!(
+                    "refusing a connection: {} {what} open",
+                    self.limits.conns_max
+                );
+                None
+            }
+            Admission::Pending { slot, evicted } => {
+                if evicted.is_some() {
+                    tracing::debug!("dropping the oldest pending handshake to admit a new one");
+                }
+                Some((slot, evicted))
+            }
+        }
     }
 
     /// The socket pending in `slot`, to register or read.

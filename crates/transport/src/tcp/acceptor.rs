@@ -14,7 +14,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use super::port::Handoff;
-use crate::handshake::{Admission, CompactHello, Handshakes, HelloFormat, Limits, Step, Verdict};
+use crate::handshake::{CompactHello, Handshakes, HelloFormat, Limits, Step, Verdict};
 use crate::{Acceptor, Result, Waker};
 
 const LISTENER: Token = Token(0);
@@ -83,24 +83,16 @@ impl<C: Conclude> TcpAcceptor<C> {
             match self.listener.accept() {
                 Ok((stream, _)) => {
                     let open = self.open.load(Ordering::Acquire);
-                    let slot = match self.table.admit(stream, Instant::now(), open) {
-                        Admission::Refused(_) => {
-                            // Over a bound: refuse by closing at once.
-                            tracing::warn!(
-                                "refusing a connection: {CONNECTIONS_MAX} connections open"
-                            );
-                            continue;
-                        }
-                        Admission::Pending { slot, evicted } => {
-                            if let Some(mut old) = evicted {
-                                tracing::debug!(
-                                    "dropping the oldest pending handshake to admit a new one"
-                                );
-                                let _ = self.poll.registry().deregister(&mut old);
-                            }
-                            slot
-                        }
+                    // Over a bound: refuse by closing at once.
+                    let admitted =
+                        self.table
+                            .admit_or_close(stream, Instant::now(), open, "connections");
+                    let Some((slot, evicted)) = admitted else {
+                        continue;
                     };
+                    if let Some(mut old) = evicted {
+                        let _ = self.poll.registry().deregister(&mut old);
+                    }
                     let Some(stream) = self.table.io_mut(slot) else {
                         continue;
                     };
@@ -185,10 +177,7 @@ impl Conclude for TcpConclude {
     fn conclude(&mut self, mut stream: TcpStream, verdict: Verdict<u16>, format: &CompactHello) {
         use std::io::Write;
         let workers = self.handoffs.len() as u16;
-        let (status, worker) = match verdict {
-            Verdict::Accept { worker, .. } => (ErrorCode::Ok, worker),
-            Verdict::Refuse { code, .. } => (code, 0),
-        };
+        let (status, worker) = verdict.answer();
         // A fresh socket's send buffer is empty, so 8 bytes always fit.
         let _ = stream.write(&format.encode(status.as_u16(), workers));
         if status != ErrorCode::Ok {
