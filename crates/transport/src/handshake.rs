@@ -324,16 +324,18 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
     /// [`Handshakes::admit`] as the acceptors use it: a socket refused
     /// because `open` connections are open is closed at once, with a
     /// warning that counts them as `what` ("connections", "shm
-    /// connections"); `None` then. Otherwise the socket's slot and the
-    /// socket of the handshake evicted for it, which the caller
-    /// deregisters (dropping it closes it).
+    /// connections"); `None` then. Otherwise the handshake evicted for it
+    /// (if any) goes to `unregister`, to take it off the acceptor's poller
+    /// (it closes when `unregister` returns), and the new socket's slot
+    /// and the socket itself come back, to register under that slot.
     pub fn admit_or_close(
         &mut self,
         io: T,
         now: Instant,
         open: usize,
         what: &str,
-    ) -> Option<(usize, Option<T>)> {
+        unregister: impl FnOnce(&mut T),
+    ) -> Option<(usize, &mut T)> {
         match self.admit(io, now, open) {
             Admission::Refused(_) => {
                 tracing::warn!(
@@ -343,10 +345,11 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
                 None
             }
             Admission::Pending { slot, evicted } => {
-                if evicted.is_some() {
+                if let Some(mut old) = evicted {
                     tracing::debug!("dropping the oldest pending handshake to admit a new one");
+                    unregister(&mut old);
                 }
-                Some((slot, evicted))
+                Some((slot, self.io_mut(slot)?))
             }
         }
     }
@@ -479,6 +482,33 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
             }
         }
         next
+    }
+}
+
+impl<T: std::io::Read, F: HelloFormat> Handshakes<T, F> {
+    /// What a socket acceptor (tcp, shm) does when `slot`'s socket is
+    /// readable: reads it ([`Handshakes::read_from`] with `Read::read`),
+    /// hands a socket that is done with (closed by the peer, failed, or
+    /// judged) to `unregister` to take it off the acceptor's poller, and
+    /// returns a judged one with its verdict, to answer. A dropped socket
+    /// closes when `unregister` returns.
+    pub fn readable(
+        &mut self,
+        slot: usize,
+        open: impl Fn() -> usize,
+        mut unregister: impl FnMut(&mut T),
+    ) -> Option<(T, Verdict<F::Hello>)> {
+        match self.read_from(slot, open, |io, buf| io.read(buf)) {
+            Step::Read => None,
+            Step::Drop(mut io) => {
+                unregister(&mut io);
+                None
+            }
+            Step::Done(mut io, verdict) => {
+                unregister(&mut io);
+                Some((io, verdict))
+            }
+        }
     }
 }
 
