@@ -193,8 +193,8 @@ macro_rules! cache_writes {
 }
 
 /// `create_table` of a class that hands out embedding tables (`Client`,
-/// `Cluster`): checks the arguments into a table spec
-/// (`crate::ps::spec_of`) and hands it to the class's own
+/// `Cluster`): checks the arguments into a table spec (`crate::ps::dim_of`
+/// and the others) and hands it to the class's own
 /// `create_table_of(&self, py, &spec)`, which returns a `$table`; `$doc`
 /// is the method's doc.
 macro_rules! create_table {
@@ -214,7 +214,15 @@ macro_rules! create_table {
                 missing: &str,
                 seed: u64,
             ) -> pyo3::PyResult<$table> {
-                let spec = crate::ps::spec_of(name, dim, optimizer, lr, missing, seed)?;
+                // Checked in this order: dim, optimizer, missing, lr.
+                let spec = fabrickv_wire::ps::TableSpec {
+                    name: name.to_string(),
+                    dim: crate::ps::dim_of(dim)?,
+                    optimizer: crate::ps::optimizer_of(optimizer)?,
+                    missing: crate::ps::missing_of(missing)?,
+                    lr: crate::ps::lr_of(lr)?,
+                    seed,
+                };
                 self.create_table_of(py, &spec)
             }
         }

@@ -109,40 +109,43 @@ impl PsConn {
     }
 }
 
-/// A table's shape from `create_table`'s arguments, checked.
-pub(crate) fn spec_of(
-    name: &str,
-    dim: i64,
-    optimizer: &str,
-    lr: f64,
-    missing: &str,
-    seed: u64,
-) -> PyResult<TableSpec> {
-    let dim = u32::try_from(dim)
-        .map_err(|_| PyValueError::new_err(format!("dim must be a positive integer, not {dim}")))?;
-    let optimizer = Optimizer::parse(optimizer).ok_or_else(|| {
+// `create_table`'s arguments, each checked on its own (the method is
+// written once, in `create_table!`, which builds the `TableSpec` from
+// these in this order: dim, optimizer, missing, lr).
+
+/// A table's `dim` from Python: a positive integer that fits u32.
+pub(crate) fn dim_of(dim: i64) -> PyResult<u32> {
+    u32::try_from(dim)
+        .map_err(|_| PyValueError::new_err(format!("dim must be a positive integer, not {dim}")))
+}
+
+/// A table's optimizer from its name.
+pub(crate) fn optimizer_of(optimizer: &str) -> PyResult<Optimizer> {
+    Optimizer::parse(optimizer).ok_or_else(|| {
         PyValueError::new_err(format!(
             "unknown optimizer {optimizer:?}: expected \"sgd\" or \"adagrad\""
         ))
-    })?;
-    let missing = Missing::parse(missing).ok_or_else(|| {
+    })
+}
+
+/// A table's missing-key policy from its name.
+pub(crate) fn missing_of(missing: &str) -> PyResult<Missing> {
+    Missing::parse(missing).ok_or_else(|| {
         PyValueError::new_err(format!(
             "unknown missing-key policy {missing:?}: expected \"zeros\" or \"init\""
         ))
-    })?;
+    })
+}
+
+/// A table's learning rate: finite and not negative, as the server keeps
+/// it (float32).
+pub(crate) fn lr_of(lr: f64) -> PyResult<f32> {
     if !lr.is_finite() || lr < 0.0 {
         return Err(PyValueError::new_err(format!(
             "lr must be a finite number >= 0, not {lr}"
         )));
     }
-    Ok(TableSpec {
-        name: name.to_string(),
-        dim,
-        optimizer,
-        missing,
-        lr: lr as f32,
-        seed,
-    })
+    Ok(lr as f32)
 }
 
 /// `Client.create_table(...)`: creates a table, or opens it if one of that
