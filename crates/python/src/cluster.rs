@@ -37,7 +37,7 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use crate::cache::{buffer_bytes_of, copy_out, key_of, out_of, read_error, with_locked};
+use crate::cache::{buffer_bytes_of, end_offset, key_of, read_error, with_locked};
 use crate::kv::key_slices;
 use crate::lazy::Lazy;
 use crate::ps;
@@ -174,7 +174,12 @@ kv_calls!(
     "each server's keys travel to it at once, all servers in parallel.",
     "On an error the values of other servers (and around a refused one) may be stored."
 );
-closable_client!(Cluster);
+closable_client!(
+    Cluster,
+    "Closes every connection (the tables' too); later calls raise \
+     `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.",
+    also = ps
+);
 create_table!(
     Cluster,
     ClusterTable,
@@ -301,13 +306,6 @@ impl Cluster {
         self.opts.timeout.as_secs_f64()
     }
 
-    /// Closes every connection (the tables' too); later calls raise
-    /// `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
-    fn close(&self, py: Python<'_>) {
-        self.ps.close(py);
-        crate::close_slot(py, &self.inner, &self.closed);
-    }
-
     fn __len__(&self) -> usize {
         self.map.servers.len()
     }
@@ -318,7 +316,7 @@ impl Cluster {
             self.map.name,
             self.map.size(),
             self.opts.timeout.as_secs_f64(),
-            if self.closed() { " closed" } else { "" }
+            self.closed_mark()
         )
     }
 }
@@ -452,7 +450,7 @@ impl ClusterCache {
             let n = py
                 .detach(|| c.server_client(s).map(|c| c.buffer_len()))
                 .map_err(to_py_err)?;
-            let offset = n - cap.min(n);
+            let offset = end_offset(n, cap);
             let placed = py
                 .detach(|| c.get_at(key, offset))
                 .map_err(|e| read_error("", e, cap, n))?;
@@ -465,7 +463,19 @@ impl ClusterCache {
     }
 }
 
-closable_client!(ClusterCache);
+cache_reads!(
+    ClusterCache,
+    "The value of `key` as bytes, or None if it is absent or expired.",
+    "Reads the value of `key` into `out` (any writable C-contiguous \
+     buffer), from its first byte on; returns its length, or None if the \
+     key is absent (`out` untouched). A value larger than `out` raises \
+     `fabrickv.Error` with code `BUFFER_TOO_SMALL`, `out` untouched."
+);
+closable_client!(
+    ClusterCache,
+    "Closes the connections and frees the receive buffers; later calls \
+     raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless."
+);
 cache_writes!(ClusterCache, " on its server");
 
 #[pymethods]
@@ -497,35 +507,6 @@ impl ClusterCache {
         })
     }
 
-    /// The value of `key` as bytes, or None if it is absent or expired.
-    fn get<'py>(
-        &self,
-        py: Python<'py>,
-        key: &Bound<'py, PyAny>,
-    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let key = key_of(key)?;
-        self.read(py, key, usize::MAX, |v| Ok(PyBytes::new(py, v)))
-    }
-
-    /// Reads the value of `key` into `out` (any writable C-contiguous
-    /// buffer), from its first byte on; returns its length, or None if the
-    /// key is absent (`out` untouched). A value larger than `out` raises
-    /// `fabrickv.Error` with code `BUFFER_TOO_SMALL`, `out` untouched.
-    fn get_into(
-        &self,
-        py: Python<'_>,
-        key: &Bound<'_, PyAny>,
-        out: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<usize>> {
-        let key = key_of(key)?;
-        let out = out_of(out)?;
-        let cap = numpy::PyUntypedArrayMethods::len(&out);
-        self.read(py, key, cap, |v| {
-            copy_out(&out, v)?;
-            Ok(v.len())
-        })
-    }
-
     /// The server that owns `key`.
     fn server_of(&self, key: &Bound<'_, PyAny>) -> PyResult<u32> {
         Ok(fabrickv_cluster::server_of_key(
@@ -546,19 +527,13 @@ impl ClusterCache {
         self.buffer_bytes
     }
 
-    /// Closes the connections and frees the receive buffers; later calls
-    /// raise `fabrickv.Error` (`UNAVAILABLE`).
-    fn close(&self, py: Python<'_>) {
-        crate::close_slot(py, &self.inner, &self.closed);
-    }
-
     fn __repr__(&self) -> String {
         format!(
             "<fabrickv.ClusterCache name={:?} servers={} buffer_size={}{}>",
             self.map.name,
             self.map.size(),
             self.buffer_bytes,
-            if self.closed() { " closed" } else { "" }
+            self.closed_mark()
         )
     }
 }

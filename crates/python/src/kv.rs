@@ -131,7 +131,12 @@ kv_calls!(
     "the keys travel pipelined to every worker at once.",
     "On an error the values before and after the refused one may have been stored."
 );
-closable_client!(Client);
+closable_client!(
+    Client,
+    "Closes the connections (the embedding tables' too); later calls \
+     raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.",
+    also = ps
+);
 create_table!(
     Client,
     Table,
@@ -197,20 +202,13 @@ impl Client {
         ps::list_tables(py, &self.ps)
     }
 
-    /// Closes the connections (the embedding tables' too); later calls
-    /// raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
-    fn close(&self, py: Python<'_>) {
-        self.ps.close(py);
-        crate::close_slot(py, &self.inner, &self.closed);
-    }
-
     fn __repr__(&self) -> String {
         format!(
             "<fabrickv.Client addr={:?} workers={} timeout={}s{}>",
             self.addr,
             self.info.workers,
             self.timeout.as_secs_f64(),
-            if self.closed() { " closed" } else { "" }
+            self.closed_mark()
         )
     }
 }

@@ -4,13 +4,33 @@
 //! given (PyO3's `multiple-pymethods`), so a class's own block keeps only
 //! what differs.
 
-/// `closed`, `__enter__` and `__exit__` of a client class: the class has a
-/// `closed: AtomicBool` set by its own `close(&self, py)`, which `__exit__`
-/// calls.
+/// `close`, `closed`, `__enter__` and `__exit__` of a client class: the
+/// class has `inner: Mutex<Option<C>>` (its Rust client) and `closed:
+/// AtomicBool`, both closed by `close` through `crate::close_slot`; with
+/// `also = $lazy`, `close` first closes the embedding connection in field
+/// `$lazy`. `$close_doc` is `close`'s doc. `__exit__` calls `close`.
 macro_rules! closable_client {
-    ($class:ty) => {
+    ($class:ty, $close_doc:literal $(, also = $lazy:ident)?) => {
+        impl $class {
+            /// `" closed"` once `close()` has run, else `""`: the end of
+            /// the class's `repr`.
+            fn closed_mark(&self) -> &'static str {
+                if self.closed() {
+                    " closed"
+                } else {
+                    ""
+                }
+            }
+        }
+
         #[pyo3::pymethods]
         impl $class {
+            #[doc = $close_doc]
+            fn close(&self, py: pyo3::Python<'_>) {
+                $(self.$lazy.close(py);)?
+                crate::close_slot(py, &self.inner, &self.closed);
+            }
+
             /// True once `close()` has run.
             #[getter]
             fn closed(&self) -> bool {
@@ -127,6 +147,45 @@ macro_rules! kv_calls {
                 let pairs = crate::kv::pairs_of(items, values)?;
                 let slices = crate::kv::pair_slices(&pairs);
                 self.call(py, |c| c.mput(&slices, ttl))
+            }
+        }
+    };
+}
+
+/// `get` and `get_into` of a KV-cache client class: the class has
+/// `read(&self, py, key, cap, take)`, which reads `key` for an output of
+/// `cap` bytes and hands the value's bytes to `take` (None if absent).
+/// `$get_doc` and `$get_into_doc` are the two methods' docs.
+macro_rules! cache_reads {
+    ($class:ty, $get_doc:literal, $get_into_doc:literal) => {
+        #[pyo3::pymethods]
+        impl $class {
+            #[doc = $get_doc]
+            fn get<'py>(
+                &self,
+                py: pyo3::Python<'py>,
+                key: &pyo3::Bound<'py, pyo3::PyAny>,
+            ) -> pyo3::PyResult<Option<pyo3::Bound<'py, pyo3::types::PyBytes>>> {
+                let key = crate::cache::key_of(key)?;
+                self.read(py, key, usize::MAX, |v| {
+                    Ok(pyo3::types::PyBytes::new(py, v))
+                })
+            }
+
+            #[doc = $get_into_doc]
+            fn get_into(
+                &self,
+                py: pyo3::Python<'_>,
+                key: &pyo3::Bound<'_, pyo3::PyAny>,
+                out: &pyo3::Bound<'_, pyo3::PyAny>,
+            ) -> pyo3::PyResult<Option<usize>> {
+                let key = crate::cache::key_of(key)?;
+                let out = crate::cache::out_of(out)?;
+                let cap = numpy::PyUntypedArrayMethods::len(&out);
+                self.read(py, key, cap, |v| {
+                    crate::cache::copy_out(&out, v)?;
+                    Ok(v.len())
+                })
             }
         }
     };
