@@ -31,7 +31,7 @@ impl<S: Storage> Core<S> {
 
 #[cfg(test)]
 mod tests {
-    use crate::testutil::{both_modes, h, small};
+    use crate::testutil::{assert_found, both_modes, h, small};
     use crate::{DeleteResult, GetResult, Mode, PutCond, PutResult};
 
     #[test]
@@ -50,13 +50,7 @@ mod tests {
             assert_eq!(p.delete(h(b"a"), b"a", 0), DeleteResult::Deleted);
             assert_eq!(p.delete(h(b"a"), b"a", 0), DeleteResult::NotFound);
             assert_eq!(p.get(h(b"a"), b"a", 0), GetResult::NotFound);
-            assert_eq!(
-                p.get(h(b"b"), b"b", 0),
-                GetResult::Found {
-                    value: b"22",
-                    expire_at_ms: 0
-                }
-            );
+            assert_found(&mut p, b"b", 0, b"22", 0);
             let s = p.stats();
             assert_eq!((s.deletes, s.items, s.bytes), (1, 1, 3));
             p.check();

@@ -27,7 +27,7 @@ impl<S: Storage> Core<S> {
 
 #[cfg(test)]
 mod tests {
-    use crate::testutil::{both_modes, h, small};
+    use crate::testutil::{assert_found, both_modes, h, small};
     use crate::{GetResult, PutCond, PutResult};
 
     #[test]
@@ -40,22 +40,10 @@ mod tests {
                 PutResult::Stored
             );
             assert!(p.set_expiry(h(b"a"), b"a", 10, 0));
-            assert_eq!(
-                p.get(h(b"a"), b"a", 5),
-                GetResult::Found {
-                    value: b"v",
-                    expire_at_ms: 10
-                }
-            );
+            assert_found(&mut p, b"a", 5, b"v", 10);
             // PERSIST before the deadline keeps the item forever.
             assert!(p.set_expiry(h(b"a"), b"a", 0, 5));
-            assert_eq!(
-                p.get(h(b"a"), b"a", 1000),
-                GetResult::Found {
-                    value: b"v",
-                    expire_at_ms: 0
-                }
-            );
+            assert_found(&mut p, b"a", 1000, b"v", 0);
             // An expiry time in the past makes it expire now.
             assert!(p.set_expiry(h(b"a"), b"a", 1000, 1000));
             assert_eq!(p.get(h(b"a"), b"a", 1000), GetResult::NotFound);

@@ -73,7 +73,7 @@ impl<S: Storage> Core<S> {
 
 #[cfg(test)]
 mod tests {
-    use crate::testutil::{both_modes, h, small};
+    use crate::testutil::{assert_found, both_modes, h, small};
     use crate::{GetResult, PutCond, PutResult};
 
     #[test]
@@ -89,20 +89,8 @@ mod tests {
                 p.put(h(b"b"), b"b", b"", 42, PutCond::Always, 0),
                 PutResult::Stored
             );
-            assert_eq!(
-                p.get(h(b"a"), b"a", 1),
-                GetResult::Found {
-                    value: b"one",
-                    expire_at_ms: 0
-                }
-            );
-            assert_eq!(
-                p.get(h(b"b"), b"b", 1),
-                GetResult::Found {
-                    value: b"",
-                    expire_at_ms: 42
-                }
-            );
+            assert_found(&mut p, b"a", 1, b"one", 0);
+            assert_found(&mut p, b"b", 1, b"", 42);
             let s = p.stats();
             assert_eq!((s.gets, s.hits, s.misses), (3, 2, 1));
         }

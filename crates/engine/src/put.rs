@@ -63,6 +63,28 @@ impl<S: Storage> Core<S> {
         }
     }
 
+    /// Writes the item (`hash`, `key`, `value`, `expire_at_ms`) at `pos`
+    /// of the pool. Always inlined: each PUT path compiles to the direct
+    /// `item::write` it had, with no call added.
+    #[inline(always)]
+    fn write_item(
+        &mut self,
+        pos: usize,
+        hash: KeyHash,
+        key: &[u8],
+        value: &[u8],
+        expire_at_ms: u64,
+    ) {
+        item::write(
+            self.storage.pool_mut(),
+            pos,
+            hash.0,
+            key,
+            value,
+            expire_at_ms,
+        );
+    }
+
     /// Counts a stored item.
     fn count_stored(&mut self, key: &[u8], value: &[u8]) {
         self.stats.puts += 1;
@@ -87,14 +109,7 @@ impl Core<Log> {
         }
         let size = item::item_bytes(key.len(), value.len());
         let (logical, pos) = self.log_append(size, now_ms);
-        item::write(
-            self.storage.pool_mut(),
-            pos,
-            hash.0,
-            key,
-            value,
-            expire_at_ms,
-        );
+        self.write_item(pos, hash, key, value, expire_at_ms);
         let entry = pack(hash.tag(), logical & OFFSET_MASK);
 
         // Appending may have overwritten the old copy, so look again.
@@ -159,28 +174,14 @@ impl Core<Slab> {
             Some(old) if self.storage.class_of(old.pos) == class => {
                 // Same chunk size: overwrite in place. Nothing can fail
                 // half-way, and no reader holds a borrow of the old value.
-                item::write(
-                    self.storage.pool_mut(),
-                    old.pos,
-                    hash.0,
-                    key,
-                    value,
-                    expire_at_ms,
-                );
+                self.write_item(old.pos, hash, key, value, expire_at_ms);
                 self.stats.bytes -= old.header.kv_bytes();
             }
             Some(old) => {
                 let Some(pos) = self.storage.alloc(class) else {
                     return PutResult::InsufficientSpace;
                 };
-                item::write(
-                    self.storage.pool_mut(),
-                    pos,
-                    hash.0,
-                    key,
-                    value,
-                    expire_at_ms,
-                );
+                self.write_item(pos, hash, key, value, expire_at_ms);
                 self.index.set(old.at, pack(hash.tag(), pos as u64));
                 self.storage.free(old.pos);
                 self.stats.bytes -= old.header.kv_bytes();
@@ -193,14 +194,7 @@ impl Core<Slab> {
                 let Some(pos) = self.storage.alloc(class) else {
                     return PutResult::InsufficientSpace;
                 };
-                item::write(
-                    self.storage.pool_mut(),
-                    pos,
-                    hash.0,
-                    key,
-                    value,
-                    expire_at_ms,
-                );
+                self.write_item(pos, hash, key, value, expire_at_ms);
                 if self
                     .index
                     .insert(main, pack(hash.tag(), pos as u64))
@@ -223,7 +217,7 @@ impl Core<Slab> {
 mod tests {
     use fabrickv_types::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX};
 
-    use crate::testutil::{both_modes, h, sized, small};
+    use crate::testutil::{assert_found, both_modes, h, sized, small};
     use crate::{GetResult, Mode, PutCond, PutResult, PAGES_PER_POOL_MIN, PAGE_BYTES_MAX};
 
     #[test]
@@ -239,24 +233,12 @@ mod tests {
                 p.put(h(b"k"), b"k", &long, 0, PutCond::Always, 0),
                 PutResult::Stored
             );
-            assert_eq!(
-                p.get(h(b"k"), b"k", 0),
-                GetResult::Found {
-                    value: &long,
-                    expire_at_ms: 0
-                }
-            );
+            assert_found(&mut p, b"k", 0, &long, 0);
             assert_eq!(
                 p.put(h(b"k"), b"k", b"xy", 5, PutCond::Always, 0),
                 PutResult::Stored
             );
-            assert_eq!(
-                p.get(h(b"k"), b"k", 0),
-                GetResult::Found {
-                    value: b"xy",
-                    expire_at_ms: 5
-                }
-            );
+            assert_found(&mut p, b"k", 0, b"xy", 5);
             let s = p.stats();
             assert_eq!((s.puts, s.items, s.bytes), (3, 1, 3));
             p.check();
@@ -281,24 +263,12 @@ mod tests {
                 p.put(h(k), k, b"2", 0, PutCond::IfAbsent, 0),
                 PutResult::ConditionFailed
             );
-            assert_eq!(
-                p.get(h(k), k, 0),
-                GetResult::Found {
-                    value: b"1",
-                    expire_at_ms: 10
-                }
-            );
+            assert_found(&mut p, k, 0, b"1", 10);
             assert_eq!(
                 p.put(h(k), k, b"3", 10, PutCond::IfPresent, 0),
                 PutResult::Stored
             );
-            assert_eq!(
-                p.get(h(k), k, 0),
-                GetResult::Found {
-                    value: b"3",
-                    expire_at_ms: 10
-                }
-            );
+            assert_found(&mut p, k, 0, b"3", 10);
             // Once expired the key is absent for both conditions.
             assert_eq!(
                 p.put(h(k), k, b"4", 0, PutCond::IfPresent, 10),
@@ -308,13 +278,7 @@ mod tests {
                 p.put(h(k), k, b"5", 0, PutCond::IfAbsent, 10),
                 PutResult::Stored
             );
-            assert_eq!(
-                p.get(h(k), k, 10),
-                GetResult::Found {
-                    value: b"5",
-                    expire_at_ms: 0
-                }
-            );
+            assert_found(&mut p, k, 10, b"5", 0);
             let s = p.stats();
             assert_eq!((s.items, s.expired, s.puts), (1, 1, 3));
             p.check();
@@ -391,13 +355,7 @@ mod tests {
             p.put(h(b"keep"), b"keep", &big, 0, PutCond::Always, 0),
             PutResult::InsufficientSpace
         );
-        assert_eq!(
-            p.get(h(b"keep"), b"keep", 0),
-            GetResult::Found {
-                value: &small_v,
-                expire_at_ms: 0
-            }
-        );
+        assert_found(&mut p, b"keep", 0, &small_v, 0);
         let after = p.stats();
         assert_eq!(
             (after.items, after.bytes, after.puts),
@@ -409,13 +367,7 @@ mod tests {
             p.put(h(b"keep"), b"keep", &same_class, 0, PutCond::Always, 0),
             PutResult::Stored
         );
-        assert_eq!(
-            p.get(h(b"keep"), b"keep", 0),
-            GetResult::Found {
-                value: &same_class,
-                expire_at_ms: 0
-            }
-        );
+        assert_found(&mut p, b"keep", 0, &same_class, 0);
         p.check();
     }
 
@@ -431,13 +383,7 @@ mod tests {
                 PutResult::Stored,
                 "round {i}"
             );
-            assert_eq!(
-                p.get(h(b"k"), b"k", 0),
-                GetResult::Found {
-                    value: &v,
-                    expire_at_ms: 0
-                }
-            );
+            assert_found(&mut p, b"k", 0, &v, 0);
         }
         assert_eq!(p.stats().items, 1);
         p.check();

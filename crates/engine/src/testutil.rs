@@ -2,7 +2,7 @@
 
 use fabrickv_types::KeyHash;
 
-use crate::{Mode, Partition, PartitionConfig};
+use crate::{GetResult, Mode, Partition, PartitionConfig};
 
 /// Both modes, for tests that must hold in each.
 pub fn both_modes() -> [Mode; 2] {
@@ -28,4 +28,17 @@ pub fn sized(mode: Mode, pool_bytes: usize, index_buckets: Option<usize>) -> Par
         memory: Default::default(),
     })
     .expect("valid config")
+}
+
+/// Asserts that `key` reads, at `now_ms`, as `value` expiring at
+/// `expire_at_ms`.
+#[track_caller]
+pub fn assert_found(p: &mut Partition, key: &[u8], now_ms: u64, value: &[u8], expire_at_ms: u64) {
+    assert_eq!(
+        p.get(h(key), key, now_ms),
+        GetResult::Found {
+            value,
+            expire_at_ms
+        }
+    );
 }

@@ -38,7 +38,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use fabrickv_client::cache::{CacheClient as RustCacheClient, CacheClientOptions, Placed};
+use fabrickv_client::cache::{CacheClient as RustCacheClient, CacheClientOptions};
 use fabrickv_client::ClientError;
 use fabrickv_types::limits::{CACHE_BATCH_KEYS_MAX, CACHE_CLIENT_BUFFER_BYTES_MAX};
 use fabrickv_types::ErrorCode;
@@ -178,7 +178,7 @@ fn too_small(message: String) -> PyErr {
 /// server checks the value against is exactly the output's size and a
 /// value too large is refused before it is sent (the whole buffer if the
 /// output is larger than it).
-fn end_offset(buffer_len: usize, cap: usize) -> usize {
+pub(crate) fn end_offset(buffer_len: usize, cap: usize) -> usize {
     buffer_len - cap.min(buffer_len)
 }
 
@@ -271,20 +271,49 @@ pub(crate) struct CacheClient {
 }
 
 impl CacheClient {
-    /// Runs `f` with the Rust client locked and the GIL held; `f` releases
-    /// the GIL itself around its network calls. The lock is waited for
-    /// with the GIL released, so a thread waiting for another's read does
-    /// not stop every Python thread.
-    fn with_client<R>(
+    /// Reads `key` into the receive buffer, placed for an output of `cap`
+    /// bytes (see [`end_offset`]), and hands the value's bytes to `take`
+    /// with the GIL held and the client locked; None if absent.
+    fn read<R>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut RustCacheClient) -> PyResult<R>,
-    ) -> PyResult<R> {
-        with_locked(py, &self.inner, f)
+        key: &[u8],
+        cap: usize,
+        take: impl FnOnce(&[u8]) -> PyResult<R>,
+    ) -> PyResult<Option<R>> {
+        with_locked(py, &self.inner, |c| {
+            let n = c.buffer_len();
+            let offset = end_offset(n, cap);
+            let placed = py
+                .detach(|| c.get_at(key, offset))
+                .map_err(|e| read_error("", e, cap, n))?;
+            let Some(p) = placed else {
+                return Ok(None);
+            };
+            let buf = c.buffer().map_err(to_py_err)?;
+            take(&buf[p.offset..p.offset + p.len]).map(Some)
+        })
     }
 }
 
-closable_client!(CacheClient);
+cache_reads!(
+    CacheClient,
+    "The value of `key` as bytes, or None if it is absent or expired. \
+     `fabrickv.Error` with code `BUFFER_TOO_SMALL` if it is larger than \
+     the receive buffer.",
+    "Reads the value of `key` into `out` (any writable C-contiguous \
+     buffer: bytearray, numpy array of any dtype, memoryview), from its \
+     first byte on; returns the value's length in bytes, or None if the \
+     key is absent (`out` untouched). A value larger than `out` raises \
+     `fabrickv.Error` with code `BUFFER_TOO_SMALL` and leaves `out` \
+     untouched: the server checks the size before sending anything."
+);
+closable_client!(
+    CacheClient,
+    "Closes the connection and frees the receive buffer; later calls \
+     raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless."
+);
+addr_and_timeout!(CacheClient);
 cache_writes!(CacheClient, "");
 
 #[pymethods]
@@ -336,7 +365,7 @@ impl CacheClient {
             .iter()
             .map(Value::as_slice)
             .collect::<PyResult<_>>()?;
-        self.with_client(py, |c| {
+        with_locked(py, &self.inner, |c| {
             py.detach(|| {
                 let mut generations = Vec::with_capacity(keys.len());
                 for (i, (key, value)) in keys.iter().zip(&values).enumerate() {
@@ -348,58 +377,6 @@ impl CacheClient {
                 Ok(generations)
             })
             .map_err(|(i, e)| error(e.code(), format!("put_many item {i}: {e}")))
-        })
-    }
-
-    /// The value of `key` as bytes, or None if it is absent or expired.
-    /// `fabrickv.Error` with code `BUFFER_TOO_SMALL` if it is larger than
-    /// the receive buffer.
-    fn get<'py>(
-        &self,
-        py: Python<'py>,
-        key: &Bound<'py, PyAny>,
-    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let key = key_of(key)?;
-        self.with_client(py, |c| {
-            let n = c.buffer_len();
-            let placed = py
-                .detach(|| c.get_at(key, 0))
-                .map_err(|e| read_error("", e, usize::MAX, n))?;
-            let Some(Placed { offset, len, .. }) = placed else {
-                return Ok(None);
-            };
-            let buf = c.buffer().map_err(to_py_err)?;
-            Ok(Some(PyBytes::new(py, &buf[offset..offset + len])))
-        })
-    }
-
-    /// Reads the value of `key` into `out` (any writable C-contiguous
-    /// buffer: bytearray, numpy array of any dtype, memoryview), from its
-    /// first byte on; returns the value's length in bytes, or None if the
-    /// key is absent (`out` untouched). A value larger than `out` raises
-    /// `fabrickv.Error` with code `BUFFER_TOO_SMALL` and leaves `out`
-    /// untouched: the server checks the size before sending anything.
-    fn get_into(
-        &self,
-        py: Python<'_>,
-        key: &Bound<'_, PyAny>,
-        out: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<usize>> {
-        let key = key_of(key)?;
-        let out = out_of(out)?;
-        let cap = out.len();
-        self.with_client(py, |c| {
-            let n = c.buffer_len();
-            let offset = end_offset(n, cap);
-            let placed = py
-                .detach(|| c.get_at(key, offset))
-                .map_err(|e| read_error("", e, cap, n))?;
-            let Some(p) = placed else {
-                return Ok(None);
-            };
-            let buf = c.buffer().map_err(to_py_err)?;
-            copy_out(&out, &buf[p.offset..p.offset + p.len])?;
-            Ok(Some(p.len))
         })
     }
 
@@ -428,7 +405,7 @@ impl CacheClient {
         let outs: Vec<Bound<'_, PyArray1<u8>>> =
             outs.iter().map(out_of).collect::<PyResult<_>>()?;
         let caps: Vec<usize> = outs.iter().map(|o| o.len()).collect();
-        self.with_client(py, |c| {
+        with_locked(py, &self.inner, |c| {
             let n = c.buffer_len();
             let mut lengths = Vec::with_capacity(keys.len());
             let mut start = 0;
@@ -499,24 +476,6 @@ impl CacheClient {
         self.buffer_bytes
     }
 
-    /// The address this client connected to.
-    #[getter]
-    fn addr(&self) -> &str {
-        &self.addr
-    }
-
-    /// The per-call timeout in seconds.
-    #[getter]
-    fn timeout(&self) -> f64 {
-        self.timeout.as_secs_f64()
-    }
-
-    /// Closes the connection and frees the receive buffer; later calls
-    /// raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
-    fn close(&self, py: Python<'_>) {
-        crate::close_slot(py, &self.inner, &self.closed);
-    }
-
     fn __repr__(&self) -> String {
         format!(
             "<fabrickv.CacheClient addr={:?} buffer_size={} one_sided={} timeout={}s{}>",
@@ -524,7 +483,7 @@ impl CacheClient {
             self.buffer_bytes,
             if self.one_sided { "True" } else { "False" },
             self.timeout.as_secs_f64(),
-            if self.closed() { " closed" } else { "" }
+            self.closed_mark()
         )
     }
 }

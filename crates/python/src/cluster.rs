@@ -31,12 +31,13 @@ use fabrickv_client::cluster::{
 use fabrickv_client::{ClientError, Cluster as ClusterMap, Kv};
 use fabrickv_cluster::Registry;
 use fabrickv_types::ErrorCode;
+use fabrickv_wire::ps::TableSpec;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use crate::cache::{buffer_bytes_of, copy_out, key_of, out_of, read_error, with_locked};
+use crate::cache::{buffer_bytes_of, end_offset, key_of, read_error, with_locked};
 use crate::kv::key_slices;
 use crate::lazy::Lazy;
 use crate::ps;
@@ -154,6 +155,12 @@ impl Cluster {
         crate::call_locked(py, &self.inner, f)
     }
 
+    /// `create_table`'s work once its arguments are checked.
+    fn create_table_of(&self, py: Python<'_>, spec: &TableSpec) -> PyResult<ClusterTable> {
+        let t = self.ps.call(py, |c| c.create_table(spec))?;
+        Ok(self.table_of(t))
+    }
+
     fn table_of(&self, t: RustClusterTable) -> ClusterTable {
         ClusterTable {
             conn: Arc::clone(&self.ps),
@@ -167,7 +174,19 @@ kv_calls!(
     "each server's keys travel to it at once, all servers in parallel.",
     "On an error the values of other servers (and around a refused one) may be stored."
 );
-closable_client!(Cluster);
+closable_client!(
+    Cluster,
+    "Closes every connection (the tables' too); later calls raise \
+     `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.",
+    also = ps
+);
+create_table!(
+    Cluster,
+    ClusterTable,
+    "Creates an embedding table on every server (or opens it where one \
+     of that name exists with the same shape); arguments as \
+     `Client.create_table`. A server down now gets it when first needed."
+);
 
 #[pymethods]
 impl Cluster {
@@ -245,31 +264,11 @@ impl Cluster {
         self.call(py, |c| Ok(c.server_addr(id).map(str::to_string)))
     }
 
-    /// Creates an embedding table on every server (or opens it where one
-    /// of that name exists with the same shape); arguments as
-    /// `Client.create_table`. A server down now gets it when first needed.
-    #[pyo3(signature = (name, dim, optimizer = "sgd", lr = 0.01, missing = "zeros", seed = 0))]
-    #[allow(clippy::too_many_arguments)]
-    fn create_table(
-        &self,
-        py: Python<'_>,
-        name: &str,
-        dim: i64,
-        optimizer: &str,
-        lr: f64,
-        missing: &str,
-        seed: u64,
-    ) -> PyResult<ClusterTable> {
-        let spec = ps::spec_of(name, dim, optimizer, lr, missing, seed)?;
-        let t = self.ps.call(py, |_| {}, |c| c.create_table(&spec))?;
-        Ok(self.table_of(t))
-    }
-
     /// Opens the existing table `name` (its shape read from the first
     /// server that answers); `fabrickv.Error` with code `NO_SUCH_TABLE` if
     /// there is none.
     fn table(&self, py: Python<'_>, name: &str) -> PyResult<ClusterTable> {
-        let t = self.ps.call(py, |_| {}, |c| c.open_table(name))?;
+        let t = self.ps.call(py, |c| c.open_table(name))?;
         Ok(self.table_of(t))
     }
 
@@ -277,7 +276,7 @@ impl Cluster {
     /// missing, seed, items (over the servers that answered) and
     /// items_per_server (None where down or without the table).
     fn tables<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        let tables = self.ps.call(py, |_| {}, |c| c.tables())?;
+        let tables = self.ps.call(py, |c| c.tables())?;
         tables
             .iter()
             .map(|t| {
@@ -307,13 +306,6 @@ impl Cluster {
         self.opts.timeout.as_secs_f64()
     }
 
-    /// Closes every connection (the tables' too); later calls raise
-    /// `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
-    fn close(&self, py: Python<'_>) {
-        self.ps.close(py);
-        crate::close_slot(py, &self.inner, &self.closed);
-    }
-
     fn __len__(&self) -> usize {
         self.map.servers.len()
     }
@@ -324,7 +316,7 @@ impl Cluster {
             self.map.name,
             self.map.size(),
             self.opts.timeout.as_secs_f64(),
-            if self.closed() { " closed" } else { "" }
+            self.closed_mark()
         )
     }
 }
@@ -343,21 +335,6 @@ pub(crate) struct ClusterTable {
 impl ClusterTable {
     fn dim_usize(&self) -> usize {
         self.table.dim() as usize
-    }
-
-    /// Sends a put or a push (`op`) of `keys` and their vectors.
-    fn send_vectors(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        values: &Bound<'_, PyAny>,
-        what: &str,
-        op: fn(&mut ClusterPs, &RustClusterTable, &[u64], &[f32]) -> fabrickv_client::Result<()>,
-    ) -> PyResult<()> {
-        let t = &self.table;
-        ps::with_vectors(keys, values, what, self.dim_usize(), |keys, values| {
-            self.conn.call(py, |_| {}, |c| op(c, t, keys, values))
-        })
     }
 }
 
@@ -388,8 +365,7 @@ impl ClusterTable {
                 .map_err(|e| PyValueError::new_err(format!("out: {e}")))?;
             let t = &self.table;
             let found = found.as_deref_mut();
-            self.conn
-                .call(py, |_| {}, |c| c.pull_into(t, keys, dst, found))?;
+            self.conn.call(py, |c| c.pull_into(t, keys, dst, found))?;
         }
         let values = values.into_any();
         match found {
@@ -422,7 +398,7 @@ impl ClusterTable {
 
     /// Keys stored now, over the servers that answer.
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        let tables = self.conn.call(py, |_| {}, |c| c.tables())?;
+        let tables = self.conn.call(py, |c| c.tables())?;
         let items = tables
             .iter()
             .find(|t| t.spec.name == self.table.name())
@@ -435,7 +411,7 @@ impl ClusterTable {
     }
 }
 
-table_writes!(ClusterTable, ClusterPs, " on their servers");
+table_writes!(ClusterTable, ClusterPs, table: RustClusterTable, " on their servers");
 
 /// A KV-cache client of a whole cluster: each key goes to the server that
 /// owns it, through a client with its own receive buffer of `buffer_mb`
@@ -459,16 +435,6 @@ pub(crate) struct ClusterCache {
 }
 
 impl ClusterCache {
-    /// Runs `f` with the Rust client locked and the GIL held (see
-    /// [`with_locked`]).
-    fn with_client<R>(
-        &self,
-        py: Python<'_>,
-        f: impl FnOnce(&mut RustClusterCache) -> PyResult<R>,
-    ) -> PyResult<R> {
-        with_locked(py, &self.inner, f)
-    }
-
     /// Reads `key` into the receive buffer of its server's client, placed
     /// for an output of `cap` bytes (at the buffer's end), and hands the
     /// value's bytes to `take` with the GIL held; None if absent.
@@ -479,12 +445,12 @@ impl ClusterCache {
         cap: usize,
         take: impl FnOnce(&[u8]) -> PyResult<R>,
     ) -> PyResult<Option<R>> {
-        self.with_client(py, |c| {
+        with_locked(py, &self.inner, |c| {
             let s = c.server_of(key);
             let n = py
                 .detach(|| c.server_client(s).map(|c| c.buffer_len()))
                 .map_err(to_py_err)?;
-            let offset = n - cap.min(n);
+            let offset = end_offset(n, cap);
             let placed = py
                 .detach(|| c.get_at(key, offset))
                 .map_err(|e| read_error("", e, cap, n))?;
@@ -497,7 +463,19 @@ impl ClusterCache {
     }
 }
 
-closable_client!(ClusterCache);
+cache_reads!(
+    ClusterCache,
+    "The value of `key` as bytes, or None if it is absent or expired.",
+    "Reads the value of `key` into `out` (any writable C-contiguous \
+     buffer), from its first byte on; returns its length, or None if the \
+     key is absent (`out` untouched). A value larger than `out` raises \
+     `fabrickv.Error` with code `BUFFER_TOO_SMALL`, `out` untouched."
+);
+closable_client!(
+    ClusterCache,
+    "Closes the connections and frees the receive buffers; later calls \
+     raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless."
+);
 cache_writes!(ClusterCache, " on its server");
 
 #[pymethods]
@@ -529,35 +507,6 @@ impl ClusterCache {
         })
     }
 
-    /// The value of `key` as bytes, or None if it is absent or expired.
-    fn get<'py>(
-        &self,
-        py: Python<'py>,
-        key: &Bound<'py, PyAny>,
-    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let key = key_of(key)?;
-        self.read(py, key, usize::MAX, |v| Ok(PyBytes::new(py, v)))
-    }
-
-    /// Reads the value of `key` into `out` (any writable C-contiguous
-    /// buffer), from its first byte on; returns its length, or None if the
-    /// key is absent (`out` untouched). A value larger than `out` raises
-    /// `fabrickv.Error` with code `BUFFER_TOO_SMALL`, `out` untouched.
-    fn get_into(
-        &self,
-        py: Python<'_>,
-        key: &Bound<'_, PyAny>,
-        out: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<usize>> {
-        let key = key_of(key)?;
-        let out = out_of(out)?;
-        let cap = numpy::PyUntypedArrayMethods::len(&out);
-        self.read(py, key, cap, |v| {
-            copy_out(&out, v)?;
-            Ok(v.len())
-        })
-    }
-
     /// The server that owns `key`.
     fn server_of(&self, key: &Bound<'_, PyAny>) -> PyResult<u32> {
         Ok(fabrickv_cluster::server_of_key(
@@ -578,19 +527,13 @@ impl ClusterCache {
         self.buffer_bytes
     }
 
-    /// Closes the connections and frees the receive buffers; later calls
-    /// raise `fabrickv.Error` (`UNAVAILABLE`).
-    fn close(&self, py: Python<'_>) {
-        crate::close_slot(py, &self.inner, &self.closed);
-    }
-
     fn __repr__(&self) -> String {
         format!(
             "<fabrickv.ClusterCache name={:?} servers={} buffer_size={}{}>",
             self.map.name,
             self.map.size(),
             self.buffer_bytes,
-            if self.closed() { " closed" } else { "" }
+            self.closed_mark()
         )
     }
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use fabrickv_client::{Client as RustClient, Kv};
 use fabrickv_wire::control::ServerInfo;
+use fabrickv_wire::ps::TableSpec;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -56,6 +57,11 @@ pub(crate) struct Client {
 }
 
 impl Client {
+    /// `create_table`'s work once its arguments are checked.
+    fn create_table_of(&self, py: Python<'_>, spec: &TableSpec) -> PyResult<Table> {
+        ps::create_table(py, &self.ps, spec)
+    }
+
     /// Runs `f` on the Rust client with the GIL released.
     fn call<T, F>(&self, py: Python<'_>, f: F) -> PyResult<T>
     where
@@ -125,7 +131,22 @@ kv_calls!(
     "the keys travel pipelined to every worker at once.",
     "On an error the values before and after the refused one may have been stored."
 );
-closable_client!(Client);
+closable_client!(
+    Client,
+    "Closes the connections (the embedding tables' too); later calls \
+     raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.",
+    also = ps
+);
+create_table!(
+    Client,
+    Table,
+    "Creates an embedding table of `dim` float32 per key (or opens the \
+     table of that name if it exists with the same shape). `optimizer` \
+     is \"sgd\" or \"adagrad\", `lr` its learning rate, `missing` what pulls \
+     of absent keys return (\"zeros\" or \"init\", the deterministic \
+     initializer seeded by `seed`)."
+);
+addr_and_timeout!(Client);
 
 #[pymethods]
 impl Client {
@@ -169,27 +190,6 @@ impl Client {
         Ok(d)
     }
 
-    /// Creates an embedding table of `dim` float32 per key (or opens the
-    /// table of that name if it exists with the same shape). `optimizer`
-    /// is "sgd" or "adagrad", `lr` its learning rate, `missing` what pulls
-    /// of absent keys return ("zeros" or "init", the deterministic
-    /// initializer seeded by `seed`).
-    #[pyo3(signature = (name, dim, optimizer = "sgd", lr = 0.01, missing = "zeros", seed = 0))]
-    #[allow(clippy::too_many_arguments)]
-    fn create_table(
-        &self,
-        py: Python<'_>,
-        name: &str,
-        dim: i64,
-        optimizer: &str,
-        lr: f64,
-        missing: &str,
-        seed: u64,
-    ) -> PyResult<Table> {
-        let spec = ps::spec_of(name, dim, optimizer, lr, missing, seed)?;
-        ps::create_table(py, &self.ps, &spec)
-    }
-
     /// Opens the existing table `name`; `fabrickv.Error` with code
     /// `NO_SUCH_TABLE` if there is none.
     fn table(&self, py: Python<'_>, name: &str) -> PyResult<Table> {
@@ -202,32 +202,13 @@ impl Client {
         ps::list_tables(py, &self.ps)
     }
 
-    /// Closes the connections (the embedding tables' too); later calls
-    /// raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless.
-    fn close(&self, py: Python<'_>) {
-        self.ps.close(py);
-        crate::close_slot(py, &self.inner, &self.closed);
-    }
-
-    /// The address this client connected to.
-    #[getter]
-    fn addr(&self) -> &str {
-        &self.addr
-    }
-
-    /// The per-call timeout in seconds.
-    #[getter]
-    fn timeout(&self) -> f64 {
-        self.timeout.as_secs_f64()
-    }
-
     fn __repr__(&self) -> String {
         format!(
             "<fabrickv.Client addr={:?} workers={} timeout={}s{}>",
             self.addr,
             self.info.workers,
             self.timeout.as_secs_f64(),
-            if self.closed() { " closed" } else { "" }
+            self.closed_mark()
         )
     }
 }

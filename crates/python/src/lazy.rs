@@ -44,8 +44,18 @@ impl<C: Send> Lazy<C> {
     }
 
     /// Runs `f` on the Rust client with the GIL released, connecting first
-    /// if this is the first call; `before` runs on the client first.
-    pub(crate) fn call<T, F>(
+    /// if this is the first call.
+    pub(crate) fn call<T, F>(&self, py: Python<'_>, f: F) -> PyResult<T>
+    where
+        T: Send,
+        F: FnOnce(&mut C) -> fabrickv_client::Result<T> + Send,
+    {
+        self.call_after(py, |_| {}, f)
+    }
+
+    /// As [`Lazy::call`], with `before` run on the client first (under the
+    /// same lock).
+    pub(crate) fn call_after<T, F>(
         &self,
         py: Python<'_>,
         before: impl FnOnce(&mut C) + Send,

@@ -10,7 +10,8 @@
 //! `ClusterCache`) and the registry's `barrier` and `lookup`, [`lazy`]
 //! the embedding connection made on first use that `Client` and `Cluster`
 //! share with their tables, and [`macros`] the methods several of those classes share (closing and
-//! `with`, the kv calls of `Client` and `Cluster`), written once. Each
+//! `with`, `addr` and `timeout`, the kv calls of `Client` and `Cluster`,
+//! their `create_table`, the cache writes, the table writes), written once. Each
 //! further file registers its classes from [`fabrickv`] through its own
 //! `register` function.
 //!

@@ -4,13 +4,33 @@
 //! given (PyO3's `multiple-pymethods`), so a class's own block keeps only
 //! what differs.
 
-/// `closed`, `__enter__` and `__exit__` of a client class: the class has a
-/// `closed: AtomicBool` set by its own `close(&self, py)`, which `__exit__`
-/// calls.
+/// `close`, `closed`, `__enter__` and `__exit__` of a client class: the
+/// class has `inner: Mutex<Option<C>>` (its Rust client) and `closed:
+/// AtomicBool`, both closed by `close` through `crate::close_slot`; with
+/// `also = $lazy`, `close` first closes the embedding connection in field
+/// `$lazy`. `$close_doc` is `close`'s doc. `__exit__` calls `close`.
 macro_rules! closable_client {
-    ($class:ty) => {
+    ($class:ty, $close_doc:literal $(, also = $lazy:ident)?) => {
+        impl $class {
+            /// `" closed"` once `close()` has run, else `""`: the end of
+            /// the class's `repr`.
+            fn closed_mark(&self) -> &'static str {
+                if self.closed() {
+                    " closed"
+                } else {
+                    ""
+                }
+            }
+        }
+
         #[pyo3::pymethods]
         impl $class {
+            #[doc = $close_doc]
+            fn close(&self, py: pyo3::Python<'_>) {
+                $(self.$lazy.close(py);)?
+                crate::close_slot(py, &self.inner, &self.closed);
+            }
+
             /// True once `close()` has run.
             #[getter]
             fn closed(&self) -> bool {
@@ -31,6 +51,28 @@ macro_rules! closable_client {
             ) -> bool {
                 self.close(py);
                 false
+            }
+        }
+    };
+}
+
+/// The `addr` and `timeout` getters of a single-server client class: the
+/// class keeps `addr: String` and `timeout: Duration` as given, so that
+/// reading them needs neither the lock nor the network.
+macro_rules! addr_and_timeout {
+    ($class:ty) => {
+        #[pyo3::pymethods]
+        impl $class {
+            /// The address this client connected to.
+            #[getter]
+            fn addr(&self) -> &str {
+                &self.addr
+            }
+
+            /// The per-call timeout in seconds.
+            #[getter]
+            fn timeout(&self) -> f64 {
+                self.timeout.as_secs_f64()
             }
         }
     };
@@ -110,9 +152,48 @@ macro_rules! kv_calls {
     };
 }
 
+/// `get` and `get_into` of a KV-cache client class: the class has
+/// `read(&self, py, key, cap, take)`, which reads `key` for an output of
+/// `cap` bytes and hands the value's bytes to `take` (None if absent).
+/// `$get_doc` and `$get_into_doc` are the two methods' docs.
+macro_rules! cache_reads {
+    ($class:ty, $get_doc:literal, $get_into_doc:literal) => {
+        #[pyo3::pymethods]
+        impl $class {
+            #[doc = $get_doc]
+            fn get<'py>(
+                &self,
+                py: pyo3::Python<'py>,
+                key: &pyo3::Bound<'py, pyo3::PyAny>,
+            ) -> pyo3::PyResult<Option<pyo3::Bound<'py, pyo3::types::PyBytes>>> {
+                let key = crate::cache::key_of(key)?;
+                self.read(py, key, usize::MAX, |v| {
+                    Ok(pyo3::types::PyBytes::new(py, v))
+                })
+            }
+
+            #[doc = $get_into_doc]
+            fn get_into(
+                &self,
+                py: pyo3::Python<'_>,
+                key: &pyo3::Bound<'_, pyo3::PyAny>,
+                out: &pyo3::Bound<'_, pyo3::PyAny>,
+            ) -> pyo3::PyResult<Option<usize>> {
+                let key = crate::cache::key_of(key)?;
+                let out = crate::cache::out_of(out)?;
+                let cap = numpy::PyUntypedArrayMethods::len(&out);
+                self.read(py, key, cap, |v| {
+                    crate::cache::copy_out(&out, v)?;
+                    Ok(v.len())
+                })
+            }
+        }
+    };
+}
+
 /// `put`, `delete` and `exists` of a KV-cache client class: the class has
-/// `with_client(&self, py, f)`, which runs `f` on its locked Rust client
-/// (`f` releases the GIL for the network call), and that client has the
+/// `inner: Mutex<Option<C>>`, whose client `crate::cache::with_locked`
+/// lends to `f` (`f` releases the GIL for the network call), and `C` has the
 /// calls of `fabrickv_client::CacheClient` by the same names.
 /// `$put_where` finishes `put`'s doc: where the value goes.
 macro_rules! cache_writes {
@@ -137,7 +218,7 @@ macro_rules! cache_writes {
                 let value = crate::cache::Value::of(value)?;
                 let value = value.as_slice()?;
                 let ttl = crate::ttl_of(ttl)?;
-                self.with_client(py, |c| {
+                crate::cache::with_locked(py, &self.inner, |c| {
                     py.detach(|| c.put(key, value, ttl))
                         .map_err(crate::to_py_err)
                 })
@@ -150,7 +231,7 @@ macro_rules! cache_writes {
                 key: &pyo3::Bound<'_, pyo3::PyAny>,
             ) -> pyo3::PyResult<bool> {
                 let key = crate::cache::key_of(key)?;
-                self.with_client(py, |c| {
+                crate::cache::with_locked(py, &self.inner, |c| {
                     py.detach(|| c.delete(key)).map_err(crate::to_py_err)
                 })
             }
@@ -162,7 +243,7 @@ macro_rules! cache_writes {
                 key: &pyo3::Bound<'_, pyo3::PyAny>,
             ) -> pyo3::PyResult<bool> {
                 let key = crate::cache::key_of(key)?;
-                self.with_client(py, |c| {
+                crate::cache::with_locked(py, &self.inner, |c| {
                     py.detach(|| c.exists(key)).map_err(crate::to_py_err)
                 })
             }
@@ -170,12 +251,70 @@ macro_rules! cache_writes {
     };
 }
 
+/// `create_table` of a class that hands out embedding tables (`Client`,
+/// `Cluster`): checks the arguments into a table spec (`crate::ps::dim_of`
+/// and the others) and hands it to the class's own
+/// `create_table_of(&self, py, &spec)`, which returns a `$table`; `$doc`
+/// is the method's doc.
+macro_rules! create_table {
+    ($class:ty, $table:ty, $doc:literal) => {
+        #[pyo3::pymethods]
+        impl $class {
+            #[doc = $doc]
+            #[pyo3(signature = (name, dim, optimizer = "sgd", lr = 0.01, missing = "zeros", seed = 0))]
+            #[allow(clippy::too_many_arguments)]
+            fn create_table(
+                &self,
+                py: pyo3::Python<'_>,
+                name: &str,
+                dim: i64,
+                optimizer: &str,
+                lr: f64,
+                missing: &str,
+                seed: u64,
+            ) -> pyo3::PyResult<$table> {
+                // Checked in this order: dim, optimizer, missing, lr.
+                let spec = fabrickv_wire::ps::TableSpec {
+                    name: name.to_string(),
+                    dim: crate::ps::dim_of(dim)?,
+                    optimizer: crate::ps::optimizer_of(optimizer)?,
+                    missing: crate::ps::missing_of(missing)?,
+                    lr: crate::ps::lr_of(lr)?,
+                    seed,
+                };
+                self.create_table_of(py, &spec)
+            }
+        }
+    };
+}
+
 /// `put` and `push` of an embedding-table class (`Table`, `ClusterTable`),
-/// written once over the class's `send_vectors(py, keys, values, what,
-/// op)` with `$client::put` and `$client::push`; `$where` ends the first
-/// sentence of each doc.
+/// written once: the class has `conn` (whose `call(py, f)` runs `f` on the
+/// `$client` with the GIL released), its handle of the table in field
+/// `$handle` (of type `$handle_ty`, as `$client::put` and `$client::push`
+/// take it) and `dim_usize()`; `$where` ends the first sentence of each
+/// doc.
 macro_rules! table_writes {
-    ($class:ty, $client:ty, $where:literal) => {
+    ($class:ty, $client:ty, $handle:ident: $handle_ty:ty, $where:literal) => {
+        impl $class {
+            /// Reads `keys` and `len(keys) x dim` floats (`what` names them
+            /// in errors) and hands both to `op` (overwrite or gradient
+            /// push), with the GIL released.
+            fn send_vectors(
+                &self,
+                py: pyo3::Python<'_>,
+                keys: &pyo3::Bound<'_, pyo3::PyAny>,
+                values: &pyo3::Bound<'_, pyo3::PyAny>,
+                what: &str,
+                op: fn(&mut $client, &$handle_ty, &[u64], &[f32]) -> fabrickv_client::Result<()>,
+            ) -> pyo3::PyResult<()> {
+                let table = &self.$handle;
+                crate::ps::with_vectors(keys, values, what, self.dim_usize(), |keys, values| {
+                    self.conn.call(py, |c| op(c, table, keys, values))
+                })
+            }
+        }
+
         #[pyo3::pymethods]
         impl $class {
             #[doc = concat!(

@@ -72,7 +72,7 @@ impl PsConn {
 
     /// Runs `f` on the Rust client with the GIL released, connecting first
     /// if this is the first call.
-    fn call<T, F>(&self, py: Python<'_>, f: F) -> PyResult<T>
+    pub(crate) fn call<T, F>(&self, py: Python<'_>, f: F) -> PyResult<T>
     where
         T: Send,
         F: FnOnce(&mut PsClient) -> fabrickv_client::Result<T> + Send,
@@ -85,7 +85,7 @@ impl PsConn {
                 let _ = client.cancel(id);
             }
         };
-        self.lazy.call(py, before, f)
+        self.lazy.call_after(py, before, f)
     }
 
     /// Cancels pull `id` of a handle being dropped, without waiting: now if
@@ -109,40 +109,43 @@ impl PsConn {
     }
 }
 
-/// A table's shape from `create_table`'s arguments, checked.
-pub(crate) fn spec_of(
-    name: &str,
-    dim: i64,
-    optimizer: &str,
-    lr: f64,
-    missing: &str,
-    seed: u64,
-) -> PyResult<TableSpec> {
-    let dim = u32::try_from(dim)
-        .map_err(|_| PyValueError::new_err(format!("dim must be a positive integer, not {dim}")))?;
-    let optimizer = Optimizer::parse(optimizer).ok_or_else(|| {
+// `create_table`'s arguments, each checked on its own (the method is
+// written once, in `create_table!`, which builds the `TableSpec` from
+// these in this order: dim, optimizer, missing, lr).
+
+/// A table's `dim` from Python: a positive integer that fits u32.
+pub(crate) fn dim_of(dim: i64) -> PyResult<u32> {
+    u32::try_from(dim)
+        .map_err(|_| PyValueError::new_err(format!("dim must be a positive integer, not {dim}")))
+}
+
+/// A table's optimizer from its name.
+pub(crate) fn optimizer_of(optimizer: &str) -> PyResult<Optimizer> {
+    Optimizer::parse(optimizer).ok_or_else(|| {
         PyValueError::new_err(format!(
             "unknown optimizer {optimizer:?}: expected \"sgd\" or \"adagrad\""
         ))
-    })?;
-    let missing = Missing::parse(missing).ok_or_else(|| {
+    })
+}
+
+/// A table's missing-key policy from its name.
+pub(crate) fn missing_of(missing: &str) -> PyResult<Missing> {
+    Missing::parse(missing).ok_or_else(|| {
         PyValueError::new_err(format!(
             "unknown missing-key policy {missing:?}: expected \"zeros\" or \"init\""
         ))
-    })?;
+    })
+}
+
+/// A table's learning rate: finite and not negative, as the server keeps
+/// it (float32).
+pub(crate) fn lr_of(lr: f64) -> PyResult<f32> {
     if !lr.is_finite() || lr < 0.0 {
         return Err(PyValueError::new_err(format!(
             "lr must be a finite number >= 0, not {lr}"
         )));
     }
-    Ok(TableSpec {
-        name: name.to_string(),
-        dim,
-        optimizer,
-        missing,
-        lr: lr as f32,
-        seed,
-    })
+    Ok(lr as f32)
 }
 
 /// `Client.create_table(...)`: creates a table, or opens it if one of that
@@ -211,6 +214,37 @@ pub(crate) fn numpy_module(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     py.import(intern!(py, "numpy"))
 }
 
+/// `a` borrowed read-only as it is, if its memory is one contiguous slice
+/// and no other call is writing to it; `None` sends the caller to numpy's
+/// conversion instead.
+fn borrowed_as_is<'py, T: numpy::Element, D: numpy::ndarray::Dimension>(
+    a: &Bound<'py, numpy::PyArray<T, D>>,
+) -> Option<numpy::PyReadonlyArray<'py, T, D>> {
+    let r = a.try_readonly().ok()?;
+    r.as_slice().is_ok().then_some(r)
+}
+
+/// `numpy.asarray(obj)`, with the `numpy` module for the steps after it.
+fn asarray<'py>(obj: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyModule>, Bound<'py, PyAny>)> {
+    let py = obj.py();
+    let np = numpy_module(py)?;
+    let arr = np.call_method1(intern!(py, "asarray"), (obj,))?;
+    Ok((np, arr))
+}
+
+/// `arr` as a C-contiguous, aligned array of numpy type `dtype` (named
+/// as numpy names it), converted by `numpy.require` if it is not one yet,
+/// and borrowed read-only.
+fn required<'py, T: numpy::Element, D: numpy::ndarray::Dimension>(
+    np: &Bound<'py, PyModule>,
+    arr: Bound<'py, PyAny>,
+    dtype: &Bound<'py, pyo3::types::PyString>,
+) -> PyResult<numpy::PyReadonlyArray<'py, T, D>> {
+    let arr = np.call_method1(intern!(np.py(), "require"), (arr, np.getattr(dtype)?, "CA"))?;
+    let a = arr.cast_into::<numpy::PyArray<T, D>>()?;
+    Ok(a.try_readonly()?)
+}
+
 /// `(2, 3)` for a shape, as numpy prints it.
 fn shape_text(shape: &[usize]) -> String {
     match shape {
@@ -229,16 +263,13 @@ fn shape_text(shape: &[usize]) -> String {
 pub(crate) fn keys_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray1<'py, u64>> {
     if let Ok(a) = obj.cast::<PyArray1<u64>>() {
         if a.is_c_contiguous() {
-            if let Ok(r) = a.try_readonly() {
-                if r.as_slice().is_ok() {
-                    return Ok(r);
-                }
+            if let Some(r) = borrowed_as_is(a) {
+                return Ok(r);
             }
         }
     }
     let py = obj.py();
-    let np = numpy_module(py)?;
-    let arr = np.call_method1(intern!(py, "asarray"), (obj,))?;
+    let (np, arr) = asarray(obj)?;
     let shape: Vec<usize> = arr.getattr(intern!(py, "shape"))?.extract()?;
     if shape.len() != 1 {
         return Err(PyValueError::new_err(format!(
@@ -303,13 +334,7 @@ pub(crate) fn keys_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray1
             )))
         }
     };
-    let arr = np.call_method(
-        intern!(py, "require"),
-        (arr, np.getattr(intern!(py, "uint64"))?, "CA"),
-        None,
-    )?;
-    let a = arr.cast_into::<PyArray1<u64>>()?;
-    Ok(a.try_readonly()?)
+    required(&np, arr, intern!(py, "uint64"))
 }
 
 /// Refuses (ValueError) a `shape` other than `(n, dim)` or `(n * dim,)`
@@ -387,16 +412,13 @@ fn floats_of<'py>(
     if let Ok(a) = obj.cast::<PyArrayDyn<f32>>() {
         if a.is_c_contiguous() {
             check(a.shape())?;
-            if let Ok(r) = a.try_readonly() {
-                if r.as_slice().is_ok() {
-                    return Ok(r);
-                }
+            if let Some(r) = borrowed_as_is(a) {
+                return Ok(r);
             }
         }
     }
     let py = obj.py();
-    let np = numpy_module(py)?;
-    let arr = np.call_method1(intern!(py, "asarray"), (obj,))?;
+    let (np, arr) = asarray(obj)?;
     let dtype = arr.getattr(intern!(py, "dtype"))?;
     let kind: String = dtype.getattr(intern!(py, "kind"))?.extract()?;
     if !matches!(kind.as_str(), "f" | "i" | "u") {
@@ -406,12 +428,7 @@ fn floats_of<'py>(
     }
     let shape: Vec<usize> = arr.getattr(intern!(py, "shape"))?.extract()?;
     check(&shape)?;
-    let arr = np.call_method1(
-        intern!(py, "require"),
-        (arr, np.getattr(intern!(py, "float32"))?, "CA"),
-    )?;
-    let a = arr.cast_into::<PyArrayDyn<f32>>()?;
-    Ok(a.try_readonly()?)
+    required(&np, arr, intern!(py, "float32"))
 }
 
 /// A borrowed array's elements; the helpers above only return arrays for
@@ -472,23 +489,6 @@ impl Table {
 
     fn dim_usize(&self) -> usize {
         self.desc.spec.dim as usize
-    }
-
-    /// Reads `keys` and `len(keys) x dim` floats (`what` names them in
-    /// errors) and hands both to `op` (overwrite or gradient push), with
-    /// the GIL released.
-    fn send_vectors(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        values: &Bound<'_, PyAny>,
-        what: &str,
-        op: fn(&mut PsClient, &TableDesc, &[u64], &[f32]) -> fabrickv_client::Result<()>,
-    ) -> PyResult<()> {
-        let desc = &self.desc;
-        with_vectors(keys, values, what, self.dim_usize(), |keys, values| {
-            self.conn.call(py, |c| op(c, desc, keys, values))
-        })
     }
 }
 
@@ -599,7 +599,7 @@ impl Table {
     }
 }
 
-table_writes!(Table, PsClient, "");
+table_writes!(Table, PsClient, desc: TableDesc, "");
 
 /// Where a `PullHandle` stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,16 +4,12 @@
 
 use proptest::prelude::*;
 
-use crate::{reply, CommandParser, Parse, RESP_COMMAND_BYTES_MAX};
+use crate::{reply, tests, CommandParser, Parse, RESP_COMMAND_BYTES_MAX};
 
+/// The multibulk encoding of owned `args` (see [`tests::multibulk`]).
 fn multibulk(args: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
+    let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    tests::multibulk(&args)
 }
 
 fn args_strategy() -> impl Strategy<Value = Vec<Vec<u8>>> {

@@ -103,9 +103,7 @@ pub fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
 /// straight out of the store), followed by its own `\r\n`.
 #[inline]
 pub fn bulk_header(out: &mut Vec<u8>, len: usize) {
-    out.push(b'$');
-    write_u64(out, len as u64);
-    out.extend_from_slice(b"\r\n");
+    length_line(out, b'$', len);
 }
 
 /// `$-1\r\n`: the RESP2 nil, e.g. GET of a missing key.
@@ -117,7 +115,14 @@ pub fn null_bulk(out: &mut Vec<u8>) {
 /// `*<len>\r\n`; the `len` elements follow as further replies.
 #[inline]
 pub fn array_header(out: &mut Vec<u8>, len: usize) {
-    out.push(b'*');
+    length_line(out, b'*', len);
+}
+
+/// `<kind><len>\r\n`: the line that opens a bulk string (`$`) or an
+/// array (`*`).
+#[inline]
+fn length_line(out: &mut Vec<u8>, kind: u8, len: usize) {
+    out.push(kind);
     write_u64(out, len as u64);
     out.extend_from_slice(b"\r\n");
 }

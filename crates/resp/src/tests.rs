@@ -55,7 +55,9 @@ fn fails(buf: &[u8], e: ProtocolError) {
     );
 }
 
-fn multibulk(args: &[&[u8]]) -> Vec<u8> {
+/// `args` as a client sends them: a multibulk of bulk strings, built with
+/// `format!` rather than the crate's own encoder, so the tests check it.
+pub(crate) fn multibulk(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
         out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());

@@ -151,6 +151,11 @@ impl PsService {
         self.found.clear();
         self.found.resize(bitmap_bytes(n) / 8, 0);
         let total = n * vb;
+        // The one gather of this pull, into whichever memory `dest` picks.
+        let (item_keys, shard_of) = (&self.keys, &self.shard_of);
+        let gather_into = |dest: &mut [u8], found: &mut [u64]| {
+            gather(&t, shards, item_keys, shard_of, dest, found, now_ms)
+        };
         let misses;
         match dest {
             None => {
@@ -158,15 +163,7 @@ impl PsService {
                 let (w, bitmap_at) = PullReplyWriter::begin(out, id, self.worker, table, n);
                 let values_at = out.len();
                 out.resize(values_at + total, 0);
-                misses = gather(
-                    &t,
-                    shards,
-                    &self.keys,
-                    &self.shard_of,
-                    &mut out[values_at..],
-                    &mut self.found,
-                    now_ms,
-                );
+                misses = gather_into(&mut out[values_at..], &mut self.found);
                 write_bitmap(&mut out[bitmap_at..], &self.found);
                 w.finish(out);
             }
@@ -190,28 +187,12 @@ impl PsService {
                     .map_err(one_sided)?
                 {
                     Some(view) => {
-                        misses = gather(
-                            &t,
-                            shards,
-                            &self.keys,
-                            &self.shard_of,
-                            view,
-                            &mut self.found,
-                            now_ms,
-                        );
+                        misses = gather_into(view, &mut self.found);
                     }
                     None => {
                         self.staging.clear();
                         self.staging.resize(total, 0);
-                        misses = gather(
-                            &t,
-                            shards,
-                            &self.keys,
-                            &self.shard_of,
-                            &mut self.staging,
-                            &mut self.found,
-                            now_ms,
-                        );
+                        misses = gather_into(&mut self.staging, &mut self.found);
                         reply
                             .write_remote(&region, offset, &self.staging)
                             .map_err(one_sided)?;

@@ -4,12 +4,14 @@
 //! value that does not fit the named slice is refused before any byte is
 //! written, and the gRPC control plane places values in a bound buffer.
 
+mod common;
+
 use std::time::Duration;
 
 use fabrickv_cache::CacheConfig;
 use fabrickv_client::{CacheClient, CacheClientOptions};
 use fabrickv_control::{ControlClient, Registration};
-use fabrickv_server::{Mode, Server, ServerConfig, ServerHandle};
+use fabrickv_server::{Server, ServerHandle};
 use fabrickv_types::limits::CACHE_CHUNK_BYTES_MAX;
 use fabrickv_types::ErrorCode;
 
@@ -17,15 +19,7 @@ use fabrickv_types::ErrorCode;
 const BUFFER_BYTES: usize = 8 << 20;
 
 fn serve(provider: &str) -> ServerHandle {
-    fabrickv_transport_fabric::install();
-    let mut cfg = ServerConfig {
-        listen: format!("fabric://{provider}/127.0.0.1:0"),
-        workers: Some(2),
-        mode: Mode::Store,
-        memory_bytes: 64 << 20,
-        log_level: "warn".into(),
-        ..ServerConfig::default()
-    };
+    let mut cfg = common::fabric_config(provider);
     cfg.cache.store = CacheConfig {
         pool_bytes: 64 << 20,
         ..CacheConfig::default()

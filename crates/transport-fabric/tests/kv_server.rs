@@ -2,22 +2,15 @@
 //! client relies on (put, get, multi-get across workers, delete, TTL
 //! refusal codes) works on each provider.
 
+mod common;
+
 use std::time::Duration;
 
 use fabrickv_client::{Client, Kv};
-use fabrickv_server::{Mode, Server, ServerConfig};
+use fabrickv_server::Server;
 
 fn serve(provider: &str) -> fabrickv_server::ServerHandle {
-    fabrickv_transport_fabric::install();
-    Server::start(&ServerConfig {
-        listen: format!("fabric://{provider}/127.0.0.1:0"),
-        workers: Some(2),
-        mode: Mode::Store,
-        memory_bytes: 64 << 20,
-        log_level: "warn".into(),
-        ..ServerConfig::default()
-    })
-    .expect("server starts on fabric")
+    Server::start(&common::fabric_config(provider)).expect("server starts on fabric")
 }
 
 fn kv_round_trips(provider: &str) {

@@ -2,14 +2,14 @@
 //! the shared table (`fabrickv_transport::handshake`), creates each
 //! accepted connection's shared memory and hands it to its worker.
 
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use fabrickv_transport::handshake::{Admission, CompactHello, Handshakes, Limits, Step, Verdict};
+use fabrickv_transport::handshake::{CompactHello, Handshakes, Limits, Verdict};
 use fabrickv_transport::{timespec, Acceptor, Result, Waker};
 use fabrickv_types::ErrorCode;
 use rustix::event::epoll;
@@ -79,26 +79,21 @@ impl ShmAcceptor {
             match self.listener.accept() {
                 Ok((stream, _)) => {
                     let open = self.open.load(Ordering::Acquire);
-                    let slot = match self.table.admit(stream, Instant::now(), open) {
-                        Admission::Refused(_) => {
-                            tracing::warn!(
-                                "refusing a connection: {SHM_CONNECTIONS_MAX} shm connections open"
-                            );
-                            continue;
-                        }
-                        Admission::Pending { slot, evicted } => {
-                            if let Some(old) = evicted {
-                                let _ = epoll::delete(&self.epoll, &old);
-                            }
-                            slot
-                        }
+                    let ep = &self.epoll;
+                    let unregister = |old: &mut UnixStream| {
+                        let _ = epoll::delete(ep, &*old);
                     };
-                    let Some(stream) = self.table.io_mut(slot) else {
+                    let now = Instant::now();
+                    let what = "shm connections";
+                    let admitted = self
+                        .table
+                        .admit_or_close(stream, now, open, what, unregister);
+                    let Some((slot, stream)) = admitted else {
                         continue;
                     };
                     if stream.set_nonblocking(true).is_err()
                         || epoll::add(
-                            &self.epoll,
+                            ep,
                             &*stream,
                             epoll::EventData::new_u64(slot as u64),
                             epoll::EventFlags::IN,
@@ -120,19 +115,16 @@ impl ShmAcceptor {
 
     /// Reads what the handshake has sent and acts on the table's step.
     fn advance(&mut self, slot: usize) {
-        let open = &self.open;
-        let step =
-            self.table
-                .read_from(slot, || open.load(Ordering::Acquire), |s, buf| s.read(buf));
-        match step {
-            Step::Read => {}
-            Step::Drop(stream) => {
-                let _ = epoll::delete(&self.epoll, &stream);
-            }
-            Step::Done(stream, verdict) => {
-                let _ = epoll::delete(&self.epoll, &stream);
-                self.complete(stream, verdict);
-            }
+        let (open, ep) = (&self.open, &self.epoll);
+        let judged = self.table.readable(
+            slot,
+            || open.load(Ordering::Acquire),
+            |s| {
+                let _ = epoll::delete(ep, &*s);
+            },
+        );
+        if let Some((stream, verdict)) = judged {
+            self.complete(stream, verdict);
         }
     }
 
@@ -147,10 +139,7 @@ impl ShmAcceptor {
     /// to its worker.
     fn complete(&mut self, stream: UnixStream, verdict: Verdict<u16>) {
         let workers = self.handoffs.len() as u16;
-        let (mut status, worker) = match verdict {
-            Verdict::Accept { worker, .. } => (ErrorCode::Ok, worker),
-            Verdict::Refuse { code, .. } => (code, 0),
-        };
+        let (mut status, worker) = verdict.answer();
         let res = if status == ErrorCode::Ok {
             match self.resources() {
                 Ok(r) => Some(r),

@@ -229,6 +229,18 @@ pub enum Verdict<H> {
     },
 }
 
+impl<H> Verdict<H> {
+    /// The status to answer and the worker to hand the connection to (0
+    /// on a refusal, which hands it to none), as the acceptors that
+    /// answer with a [`CompactHello`] (tcp, shm) send them.
+    pub fn answer(&self) -> (ErrorCode, usize) {
+        match *self {
+            Verdict::Accept { worker, .. } => (ErrorCode::Ok, worker),
+            Verdict::Refuse { code, .. } => (code, 0),
+        }
+    }
+}
+
 /// What the acceptor does after feeding bytes to [`Handshakes::received`].
 #[derive(Debug)]
 pub enum Step<T, H> {
@@ -307,6 +319,39 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
             stage: Stage::Hello,
         });
         Admission::Pending { slot, evicted }
+    }
+
+    /// [`Handshakes::admit`] as the acceptors use it: a socket refused
+    /// because `open` connections are open is closed at once, with a
+    /// warning that counts them as `what` ("connections", "shm
+    /// connections"); `None` then. Otherwise the handshake evicted for it
+    /// (if any) goes to `unregister`, to take it off the acceptor's poller
+    /// (it closes when `unregister` returns), and the new socket's slot
+    /// and the socket itself come back, to register under that slot.
+    pub fn admit_or_close(
+        &mut self,
+        io: T,
+        now: Instant,
+        open: usize,
+        what: &str,
+        unregister: impl FnOnce(&mut T),
+    ) -> Option<(usize, &mut T)> {
+        match self.admit(io, now, open) {
+            Admission::Refused(_) => {
+                tracing::warn!(
+                    "refusing a connection: {} {what} open",
+                    self.limits.conns_max
+                );
+                None
+            }
+            Admission::Pending { slot, evicted } => {
+                if let Some(mut old) = evicted {
+                    tracing::debug!("dropping the oldest pending handshake to admit a new one");
+                    unregister(&mut old);
+                }
+                Some((slot, self.io_mut(slot)?))
+            }
+        }
     }
 
     /// The socket pending in `slot`, to register or read.
@@ -437,6 +482,33 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
             }
         }
         next
+    }
+}
+
+impl<T: std::io::Read, F: HelloFormat> Handshakes<T, F> {
+    /// What a socket acceptor (tcp, shm) does when `slot`'s socket is
+    /// readable: reads it ([`Handshakes::read_from`] with `Read::read`),
+    /// hands a socket that is done with (closed by the peer, failed, or
+    /// judged) to `unregister` to take it off the acceptor's poller, and
+    /// returns a judged one with its verdict, to answer. A dropped socket
+    /// closes when `unregister` returns.
+    pub fn readable(
+        &mut self,
+        slot: usize,
+        open: impl Fn() -> usize,
+        mut unregister: impl FnMut(&mut T),
+    ) -> Option<(T, Verdict<F::Hello>)> {
+        match self.read_from(slot, open, |io, buf| io.read(buf)) {
+            Step::Read => None,
+            Step::Drop(mut io) => {
+                unregister(&mut io);
+                None
+            }
+            Step::Done(mut io, verdict) => {
+                unregister(&mut io);
+                Some((io, verdict))
+            }
+        }
     }
 }
 

@@ -237,6 +237,44 @@ pub(crate) fn finish_frame(out: &mut [u8], start: usize, op_count: u16) {
     out[start + 20..start + 24].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// The methods the request and response builders share, written once:
+/// `new` (a frame of `$kind` started at the end of `out`), `len`,
+/// `is_empty`, `body_bytes` and `finish`, over the builder's
+/// [`FrameWriter`] in field `w`. `$new_doc` is `new`'s doc; `$entries`
+/// and `$entry` name what the body holds ("Operations", "operation").
+macro_rules! frame_builder {
+    ($builder:ident, $kind:expr, $new_doc:literal, $entries:literal, $entry:literal) => {
+        impl<'b> $builder<'b> {
+            #[doc = $new_doc]
+            pub fn new(out: &'b mut Vec<u8>, request_id: u64, worker: u16) -> $builder<'b> {
+                $builder {
+                    w: FrameWriter::new(out, $kind, request_id, worker),
+                }
+            }
+
+            #[doc = concat!($entries, " added so far.")]
+            pub fn len(&self) -> usize {
+                self.w.len()
+            }
+
+            #[doc = concat!("True if no ", $entry, " was added.")]
+            pub fn is_empty(&self) -> bool {
+                self.w.len() == 0
+            }
+
+            /// Body bytes written so far.
+            pub fn body_bytes(&self) -> usize {
+                self.w.body_bytes()
+            }
+
+            /// Patches the header; the frame is complete in the buffer.
+            pub fn finish(self) {
+                self.w.finish();
+            }
+        }
+    };
+}
+
 /// A frame being appended to a buffer: where it starts and how many
 /// entries (operations or results) its body holds. The request and
 /// response builders are this plus their entry encodings.
@@ -272,6 +310,73 @@ impl<'b> FrameWriter<'b> {
 
     pub(crate) fn finish(self) {
         finish_frame(self.out, self.start, self.count);
+    }
+}
+
+/// The entries of a frame body not yet read: the reading side of
+/// [`FrameWriter`]. The request and response iterators are this plus
+/// their entry decodings (`split`: one entry off the front of a body, and
+/// the bytes after it), passed in at each call as a generic, so that each
+/// call is inlined with its decoding and compiles as the hand-written
+/// loop did: no call through a pointer per entry.
+#[derive(Debug, Clone)]
+pub(crate) struct Entries<'a> {
+    /// The body from the next entry on.
+    rest: &'a [u8],
+    /// Entries not yet returned.
+    left: u16,
+}
+
+impl<'a> Entries<'a> {
+    /// Checks that `frame` is of `kind` (else `Malformed(not_kind)`), that
+    /// its body splits into exactly `op_count` entries (each split's own
+    /// error otherwise) and that no bytes follow the last one (else
+    /// `Malformed(trailing)`).
+    #[inline]
+    pub(crate) fn checked<T>(
+        frame: &Frame<'a>,
+        kind: FrameKind,
+        not_kind: &'static str,
+        trailing: &'static str,
+        split: impl Fn(&'a [u8]) -> Result<(T, &'a [u8]), WireError>,
+    ) -> Result<Entries<'a>, WireError> {
+        if frame.header.kind != kind {
+            return Err(WireError::Malformed(not_kind));
+        }
+        let mut rest = frame.body;
+        for _ in 0..frame.header.op_count {
+            rest = split(rest)?.1;
+        }
+        if !rest.is_empty() {
+            return Err(WireError::Malformed(trailing));
+        }
+        Ok(Entries {
+            rest: frame.body,
+            left: frame.header.op_count,
+        })
+    }
+
+    /// The next entry, `None` after the last. The structure was checked
+    /// in [`Entries::checked`], so `split` cannot fail here; stop rather
+    /// than panic if it somehow does.
+    #[inline]
+    pub(crate) fn next<T>(
+        &mut self,
+        split: impl FnOnce(&'a [u8]) -> Result<(T, &'a [u8]), WireError>,
+    ) -> Option<T> {
+        if self.left == 0 {
+            return None;
+        }
+        let (entry, rest) = split(self.rest).ok()?;
+        self.rest = rest;
+        self.left -= 1;
+        Some(entry)
+    }
+
+    /// Entries not yet returned.
+    #[inline]
+    pub(crate) fn remaining(&self) -> usize {
+        usize::from(self.left)
     }
 }
 

@@ -30,6 +30,7 @@ pub mod cache;
 pub mod checksum;
 pub mod control;
 pub mod copy;
+#[macro_use]
 pub mod header;
 pub mod ps;
 pub mod request;

@@ -21,7 +21,7 @@
 use fabrickv_types::limits::{KEY_BYTES_MAX, OP_HEADER_BYTES, TTL_MS_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 
-use crate::header::{Frame, FrameKind, FrameWriter, WireError};
+use crate::header::{Entries, Frame, FrameKind, FrameWriter, WireError};
 use crate::{le_u16, le_u32, le_u64};
 
 /// What an operation does.
@@ -109,8 +109,7 @@ impl<'a> Op<'a> {
 /// Iterates the operations of a structurally valid request frame.
 #[derive(Debug, Clone)]
 pub struct RequestIter<'a> {
-    rest: &'a [u8],
-    left: u16,
+    entries: Entries<'a>,
 }
 
 impl<'a> RequestIter<'a> {
@@ -119,26 +118,19 @@ impl<'a> RequestIter<'a> {
     /// if any length overruns the body, if the count is wrong, or if bytes
     /// are left over.
     pub fn new(frame: &Frame<'a>) -> Result<RequestIter<'a>, WireError> {
-        if frame.header.kind != FrameKind::Request {
-            return Err(WireError::Malformed("not a request frame"));
-        }
-        let mut rest = frame.body;
-        for _ in 0..frame.header.op_count {
-            let (_, tail) = split_op(rest)?;
-            rest = tail;
-        }
-        if !rest.is_empty() {
-            return Err(WireError::Malformed("bytes after the last operation"));
-        }
-        Ok(RequestIter {
-            rest: frame.body,
-            left: frame.header.op_count,
-        })
+        let entries = Entries::checked(
+            frame,
+            FrameKind::Request,
+            "not a request frame",
+            "bytes after the last operation",
+            split_op,
+        )?;
+        Ok(RequestIter { entries })
     }
 
     /// Operations not yet returned.
     pub fn remaining(&self) -> usize {
-        usize::from(self.left)
+        self.entries.remaining()
     }
 }
 
@@ -172,15 +164,7 @@ impl<'a> Iterator for RequestIter<'a> {
     type Item = Op<'a>;
 
     fn next(&mut self) -> Option<Op<'a>> {
-        if self.left == 0 {
-            return None;
-        }
-        // The structure was verified in `new`, so this cannot fail; stop
-        // rather than panic if it somehow does.
-        let (op, rest) = split_op(self.rest).ok()?;
-        self.rest = rest;
-        self.left -= 1;
-        Some(op)
+        self.entries.next(split_op)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -198,29 +182,15 @@ pub struct RequestBuilder<'b> {
     w: FrameWriter<'b>,
 }
 
+frame_builder!(
+    RequestBuilder,
+    FrameKind::Request,
+    "Starts a request frame for `worker` at the end of `out`.",
+    "Operations",
+    "operation"
+);
+
 impl<'b> RequestBuilder<'b> {
-    /// Starts a request frame for `worker` at the end of `out`.
-    pub fn new(out: &'b mut Vec<u8>, request_id: u64, worker: u16) -> RequestBuilder<'b> {
-        RequestBuilder {
-            w: FrameWriter::new(out, FrameKind::Request, request_id, worker),
-        }
-    }
-
-    /// Operations added so far.
-    pub fn len(&self) -> usize {
-        self.w.len()
-    }
-
-    /// True if no operation was added.
-    pub fn is_empty(&self) -> bool {
-        self.w.len() == 0
-    }
-
-    /// Body bytes written so far.
-    pub fn body_bytes(&self) -> usize {
-        self.w.body_bytes()
-    }
-
     /// Whether one more operation with these lengths stays within
     /// `BATCH_OPS_MAX` and `FRAME_BODY_BYTES_MAX`.
     pub fn fits(&self, key_len: usize, value_len: usize) -> bool {
@@ -273,11 +243,6 @@ impl<'b> RequestBuilder<'b> {
         ttl_ms: u64,
     ) -> &mut Self {
         self.op(opcode, flags, key, value, ttl_ms)
-    }
-
-    /// Patches the header; the frame is complete in the buffer.
-    pub fn finish(self) {
-        self.w.finish();
     }
 }
 

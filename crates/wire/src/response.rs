@@ -11,7 +11,7 @@
 use fabrickv_types::limits::{RESULT_HEADER_BYTES, VALUE_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 
-use crate::header::{Frame, FrameKind, FrameWriter, WireError};
+use crate::header::{Entries, Frame, FrameKind, FrameWriter, WireError};
 use crate::{le_u16, le_u32};
 
 /// One operation's result, borrowing the value from the frame.
@@ -34,8 +34,7 @@ impl OpResult<'_> {
 /// Iterates the results of a structurally valid response frame.
 #[derive(Debug, Clone)]
 pub struct ResponseIter<'a> {
-    rest: &'a [u8],
-    left: u16,
+    entries: Entries<'a>,
 }
 
 fn split_result(b: &[u8]) -> Result<(OpResult<'_>, &[u8]), WireError> {
@@ -62,20 +61,14 @@ fn split_result(b: &[u8]) -> Result<(OpResult<'_>, &[u8]), WireError> {
 impl<'a> ResponseIter<'a> {
     /// Checks the structure of a response body and iterates its results.
     pub fn new(frame: &Frame<'a>) -> Result<ResponseIter<'a>, WireError> {
-        if frame.header.kind != FrameKind::Response {
-            return Err(WireError::Malformed("not a response frame"));
-        }
-        let mut rest = frame.body;
-        for _ in 0..frame.header.op_count {
-            rest = split_result(rest)?.1;
-        }
-        if !rest.is_empty() {
-            return Err(WireError::Malformed("bytes after the last result"));
-        }
-        Ok(ResponseIter {
-            rest: frame.body,
-            left: frame.header.op_count,
-        })
+        let entries = Entries::checked(
+            frame,
+            FrameKind::Response,
+            "not a response frame",
+            "bytes after the last result",
+            split_result,
+        )?;
+        Ok(ResponseIter { entries })
     }
 }
 
@@ -83,17 +76,12 @@ impl<'a> Iterator for ResponseIter<'a> {
     type Item = OpResult<'a>;
 
     fn next(&mut self) -> Option<OpResult<'a>> {
-        if self.left == 0 {
-            return None;
-        }
-        let (r, rest) = split_result(self.rest).ok()?;
-        self.rest = rest;
-        self.left -= 1;
-        Some(r)
+        self.entries.next(split_result)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (usize::from(self.left), Some(usize::from(self.left)))
+        let left = self.entries.remaining();
+        (left, Some(left))
     }
 }
 
@@ -103,29 +91,15 @@ pub struct ResponseBuilder<'b> {
     w: FrameWriter<'b>,
 }
 
+frame_builder!(
+    ResponseBuilder,
+    FrameKind::Response,
+    "Starts a response to `request_id` from `worker` at the end of `out`.",
+    "Results",
+    "result"
+);
+
 impl<'b> ResponseBuilder<'b> {
-    /// Starts a response to `request_id` from `worker` at the end of `out`.
-    pub fn new(out: &'b mut Vec<u8>, request_id: u64, worker: u16) -> ResponseBuilder<'b> {
-        ResponseBuilder {
-            w: FrameWriter::new(out, FrameKind::Response, request_id, worker),
-        }
-    }
-
-    /// Results added so far.
-    pub fn len(&self) -> usize {
-        self.w.len()
-    }
-
-    /// True if no result was added.
-    pub fn is_empty(&self) -> bool {
-        self.w.len() == 0
-    }
-
-    /// Body bytes written so far.
-    pub fn body_bytes(&self) -> usize {
-        self.w.body_bytes()
-    }
-
     /// Whether a result carrying `value_len` bytes fits while leaving room
     /// for `results_after` more empty results within `FRAME_BODY_BYTES_MAX`.
     pub fn fits(&self, value_len: usize, results_after: usize) -> bool {
@@ -143,11 +117,6 @@ impl<'b> ResponseBuilder<'b> {
         self.w.out.extend_from_slice(value);
         self.w.entry_done();
         self
-    }
-
-    /// Patches the header; the frame is complete in the buffer.
-    pub fn finish(self) {
-        self.w.finish();
     }
 }
 

@@ -85,12 +85,28 @@ pub struct ShardMessage<'a> {
     pub payload: &'a [u8],
 }
 
-fn put_prefix(out: &mut Vec<u8>, op: ShardOp, name: &str) {
+/// Appends one whole shard frame (request or reply): the header, the
+/// prefix naming `op` and `name`, and the payload `payload` writes; the
+/// header's checksum and length are filled in last.
+#[allow(clippy::too_many_arguments)]
+fn encode_frame(
+    out: &mut Vec<u8>,
+    kind: FrameKind,
+    request_id: u64,
+    worker: u16,
+    status: u16,
+    op: ShardOp,
+    name: &str,
+    payload: impl FnOnce(&mut Vec<u8>),
+) {
+    let start = FrameHeader::begin(out, kind, request_id, worker, status);
     out.push(op as u8);
     out.push(0);
     out.extend_from_slice(&(name.len() as u16).to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(name.as_bytes());
+    payload(out);
+    finish_frame(out, start, 0);
 }
 
 /// Appends a shard request whose payload `payload` writes; the name must
@@ -103,13 +119,12 @@ pub fn encode_request(
     name: &str,
     payload: impl FnOnce(&mut Vec<u8>),
 ) {
-    let start = FrameHeader::begin(out, FrameKind::Shard, request_id, worker, 0);
-    put_prefix(out, op, name);
-    payload(out);
-    finish_frame(out, start, 0);
+    let kind = FrameKind::Shard;
+    encode_frame(out, kind, request_id, worker, 0, op, name, payload);
 }
 
 /// Appends a shard reply with `status` and the payload `payload` writes.
+/// A reply names no shard: the request it answers did.
 pub fn encode_reply(
     out: &mut Vec<u8>,
     request_id: u64,
@@ -118,16 +133,8 @@ pub fn encode_reply(
     status: ErrorCode,
     payload: impl FnOnce(&mut Vec<u8>),
 ) {
-    let start = FrameHeader::begin(
-        out,
-        FrameKind::ShardReply,
-        request_id,
-        worker,
-        status.as_u16(),
-    );
-    put_prefix(out, op, "");
-    payload(out);
-    finish_frame(out, start, 0);
+    let (kind, status) = (FrameKind::ShardReply, status.as_u16());
+    encode_frame(out, kind, request_id, worker, status, op, "", payload);
 }
 
 /// Appends a reply refusing `op` with `code` and a message.

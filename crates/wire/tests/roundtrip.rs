@@ -40,19 +40,24 @@ fn cond(c: u8) -> PutCondition {
     }
 }
 
+/// Appends one request frame holding `ops`, in order.
+fn write_request(buf: &mut Vec<u8>, id: u64, worker: u16, ops: &[TestOp]) {
+    let mut b = RequestBuilder::new(buf, id, worker);
+    for op in ops {
+        match op {
+            TestOp::Get(k) => b.get(k),
+            TestOp::Put(k, v, t, c) => b.put(k, v, *t, cond(*c)),
+            TestOp::Delete(k) => b.delete(k),
+        };
+    }
+    b.finish();
+}
+
 proptest! {
     #[test]
     fn request_batches_round_trip(ops in prop::collection::vec(test_op(), 0..64), id in any::<u64>(), worker in any::<u16>()) {
         let mut buf = vec![0xEE; 3]; // frames may start mid-buffer
-        let mut b = RequestBuilder::new(&mut buf, id, worker);
-        for op in &ops {
-            match op {
-                TestOp::Get(k) => b.get(k),
-                TestOp::Put(k, v, t, c) => b.put(k, v, *t, cond(*c)),
-                TestOp::Delete(k) => b.delete(k),
-            };
-        }
-        b.finish();
+        write_request(&mut buf, id, worker, &ops);
         let f = decode_frame(&buf[3..]).expect("builder output decodes");
         prop_assert_eq!(f.header.request_id, id);
         prop_assert_eq!(f.header.worker, worker);
@@ -99,15 +104,7 @@ proptest! {
     #[test]
     fn corrupting_a_valid_frame_never_panics(ops in prop::collection::vec(test_op(), 1..8), flips in prop::collection::vec((any::<usize>(), any::<u8>()), 1..6)) {
         let mut buf = Vec::new();
-        let mut b = RequestBuilder::new(&mut buf, 1, 0);
-        for op in &ops {
-            match op {
-                TestOp::Get(k) => b.get(k),
-                TestOp::Put(k, v, t, c) => b.put(k, v, *t, cond(*c)),
-                TestOp::Delete(k) => b.delete(k),
-            };
-        }
-        b.finish();
+        write_request(&mut buf, 1, 0, &ops);
         for (at, x) in flips {
             let i = at % buf.len();
             buf[i] ^= x | 1;

@@ -3,7 +3,7 @@
 //! goes is up to a [`Conclude`]. The tcp transport and the fabric
 //! transport's rendezvous both run on it.
 
-use std::io::{self, Read};
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,7 +14,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use super::port::Handoff;
-use crate::handshake::{Admission, CompactHello, Handshakes, HelloFormat, Limits, Step, Verdict};
+use crate::handshake::{CompactHello, Handshakes, HelloFormat, Limits, Verdict};
 use crate::{Acceptor, Result, Waker};
 
 const LISTENER: Token = Token(0);
@@ -83,32 +83,22 @@ impl<C: Conclude> TcpAcceptor<C> {
             match self.listener.accept() {
                 Ok((stream, _)) => {
                     let open = self.open.load(Ordering::Acquire);
-                    let slot = match self.table.admit(stream, Instant::now(), open) {
-                        Admission::Refused(_) => {
-                            // Over a bound: refuse by closing at once.
-                            tracing::warn!(
-                                "refusing a connection: {CONNECTIONS_MAX} connections open"
-                            );
-                            continue;
-                        }
-                        Admission::Pending { slot, evicted } => {
-                            if let Some(mut old) = evicted {
-                                tracing::debug!(
-                                    "dropping the oldest pending handshake to admit a new one"
-                                );
-                                let _ = self.poll.registry().deregister(&mut old);
-                            }
-                            slot
-                        }
+                    let registry = self.poll.registry();
+                    let unregister = |old: &mut TcpStream| {
+                        let _ = registry.deregister(old);
                     };
-                    let Some(stream) = self.table.io_mut(slot) else {
+                    // Over a bound: refuse by closing at once.
+                    let now = Instant::now();
+                    let admitted =
+                        self.table
+                            .admit_or_close(stream, now, open, "connections", unregister);
+                    let Some((slot, stream)) = admitted else {
                         continue;
                     };
                     let _ = stream.set_nodelay(true);
-                    if self
-                        .poll
-                        .registry()
-                        .register(stream, Token(FIRST_PENDING + slot), Interest::READABLE)
+                    let token = Token(FIRST_PENDING + slot);
+                    if registry
+                        .register(stream, token, Interest::READABLE)
                         .is_err()
                     {
                         self.table.remove(slot);
@@ -125,19 +115,16 @@ impl<C: Conclude> TcpAcceptor<C> {
 
     /// Reads what the handshake has sent and acts on the table's step.
     fn advance(&mut self, slot: usize) {
-        let open = &self.open;
-        let step =
-            self.table
-                .read_from(slot, || open.load(Ordering::Acquire), |s, buf| s.read(buf));
-        match step {
-            Step::Read => {}
-            Step::Drop(mut stream) => {
-                let _ = self.poll.registry().deregister(&mut stream);
-            }
-            Step::Done(mut stream, verdict) => {
-                let _ = self.poll.registry().deregister(&mut stream);
-                self.conclude.conclude(stream, verdict, self.table.format());
-            }
+        let (open, registry) = (&self.open, self.poll.registry());
+        let judged = self.table.readable(
+            slot,
+            || open.load(Ordering::Acquire),
+            |s| {
+                let _ = registry.deregister(s);
+            },
+        );
+        if let Some((stream, verdict)) = judged {
+            self.conclude.conclude(stream, verdict, self.table.format());
         }
     }
 }
@@ -185,10 +172,7 @@ impl Conclude for TcpConclude {
     fn conclude(&mut self, mut stream: TcpStream, verdict: Verdict<u16>, format: &CompactHello) {
         use std::io::Write;
         let workers = self.handoffs.len() as u16;
-        let (status, worker) = match verdict {
-            Verdict::Accept { worker, .. } => (ErrorCode::Ok, worker),
-            Verdict::Refuse { code, .. } => (code, 0),
-        };
+        let (status, worker) = verdict.answer();
         // A fresh socket's send buffer is empty, so 8 bytes always fit.
         let _ = stream.write(&format.encode(status.as_u16(), workers));
         if status != ErrorCode::Ok {
