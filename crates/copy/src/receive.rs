@@ -12,7 +12,7 @@ use fabrickv_wire::copy::{
     decode_abort, DataFrameHeader, DataFrameKind, Pairs, DATA_FRAME_HEADER_BYTES,
 };
 
-use crate::error::{err, CopyError};
+use crate::error::{err, printable, CopyError};
 use crate::lock;
 use crate::shared::{Item, Shared};
 
@@ -55,7 +55,10 @@ pub(crate) fn receive(
         }
         if h.kind == DataFrameKind::Abort {
             let (code, why) = decode_abort(&buf);
-            return Err(err(code, format!("the source aborted: {why}")));
+            return Err(err(
+                code,
+                format!("the source aborted: {}", printable(&why)),
+            ));
         }
         let c = match &mut cur {
             Some(c) if c.range == h.range => c,

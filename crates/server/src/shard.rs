@@ -40,14 +40,28 @@ pub struct ShardSpec {
 impl FromStr for ShardSpec {
     type Err = String;
 
-    /// Parses `NAME=PATH`.
+    /// Parses `NAME=PATH`. A relative PATH is resolved against the current
+    /// directory now, so the shard the server opens (and logs) is the one
+    /// the operator meant, whatever directory the process moves to. A
+    /// second `=` is refused: `a=b=/p` more likely means a mistyped flag
+    /// than a directory named `b=`.
     fn from_str(s: &str) -> Result<ShardSpec, String> {
         let (name, path) = s
             .split_once('=')
             .ok_or_else(|| format!("shard {s:?} is not NAME=PATH"))?;
+        if path.contains('=') {
+            return Err(format!(
+                "shard {s:?} is ambiguous: NAME=PATH takes one '=' (rename a directory whose name has '=')"
+            ));
+        }
+        if path.is_empty() {
+            return Err(format!("shard {name:?} has an empty path"));
+        }
+        let path = std::path::absolute(path)
+            .map_err(|e| format!("shard {name:?}: cannot resolve {path:?}: {e}"))?;
         let spec = ShardSpec {
             name: name.to_string(),
-            path: PathBuf::from(path),
+            path,
         };
         spec.validate()?;
         Ok(spec)
@@ -69,6 +83,12 @@ impl ShardSpec {
         }
         if self.path.as_os_str().is_empty() {
             return Err(format!("shard {n:?} has an empty path"));
+        }
+        if self.path.exists() && !self.path.is_dir() {
+            return Err(format!(
+                "shard {n:?}: {} exists and is not a directory",
+                self.path.display()
+            ));
         }
         Ok(())
     }
@@ -213,5 +233,43 @@ impl<S: ShardBackend + 'static> Service for ShardService<S> {
             encode_refusal(reply.buf(), id, self.worker, req.op, code, &why);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod spec_tests {
+    use super::ShardSpec;
+
+    #[test]
+    fn a_relative_shard_path_is_resolved_against_the_current_directory() {
+        let spec: ShardSpec = "users=data/users".parse().unwrap();
+        assert!(spec.path.is_absolute(), "{}", spec.path.display());
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(spec.path, cwd.join("data/users"));
+        let abs: ShardSpec = "users=/srv/users".parse().unwrap();
+        assert_eq!(abs.path, std::path::PathBuf::from("/srv/users"));
+    }
+
+    #[test]
+    fn a_second_equals_sign_is_refused_as_ambiguous() {
+        let err = "a=b=/p".parse::<ShardSpec>().unwrap_err();
+        assert!(err.contains("ambiguous"), "{err}");
+        assert!("a="
+            .parse::<ShardSpec>()
+            .unwrap_err()
+            .contains("empty path"));
+        assert!("noequals".parse::<ShardSpec>().is_err());
+    }
+
+    #[test]
+    fn a_shard_path_that_is_a_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let err = format!("s={}", file.display())
+            .parse::<ShardSpec>()
+            .unwrap_err();
+        assert!(err.contains("not a directory"), "{err}");
     }
 }
