@@ -92,7 +92,7 @@ def blocks(path):
 def check_addresses(page, text, lineno):
     for m in ADDR_RE.finditer(text):
         v4, v6 = m.group(1), m.group(2)
-        if v4 and not (v4.startswith("127.") or v4 == "0.0.0.0"):
+        if v4 and not v4.startswith("127."):
             raise Failure(f"{page}:{lineno}: {v4} is not loopback; examples that run use loopback")
         if v6 and v6 not in ("::1",):
             raise Failure(f"{page}:{lineno}: [{v6}] is not loopback")
@@ -124,11 +124,11 @@ class Session:
 
     def start(self, cmd, lineno, banner):
         log = self.log("server")
-        out = open(log, "w")
-        p = subprocess.Popen(
-            ["bash", "-c", cmd], cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(log, "w") as out:
+            p = subprocess.Popen(
+                ["bash", "-c", self.exported(cmd)], cwd=ROOT, env=self.env, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
         deadline = time.monotonic() + READY_DEADLINE_S
         while time.monotonic() < deadline:
             if p.poll() is not None:
@@ -148,7 +148,10 @@ class Session:
 
     def shell(self, text, lineno):
         """Runs a sh block line by line in one bash, servers apart."""
-        script = ["set -eo pipefail", "cd " + shlex.quote(ROOT)]
+        # The lines gathered for the next shell, and the page's exports as
+        # they stood when it began (an `unset` later in the block must not
+        # run before the lines that still need the variable).
+        pending, since = [], list(self.exports)
         for n, line in logical_lines(text, lineno + 1):
             code = line.split(" #")[0].rstrip() if not line.lstrip().startswith("#") else ""
             if not code.strip():
@@ -158,44 +161,47 @@ class Session:
                 # The run doing this check is `make test`; it does not recurse.
                 print(f"  {os.path.relpath(self.page, ROOT)}:{n}: `{code}` is this run itself")
                 continue
-            if re.match(r"^(fabrickv serve\b|make run\b)", code) and not code.endswith("&"):
-                self.flush(script, n)
-                script = ["set -eo pipefail", "cd " + shlex.quote(ROOT)] + self.exports
-                self.serve(code, n)
-                continue
-            if code.endswith("&"):
-                self.flush(script, n)
-                script = ["set -eo pipefail", "cd " + shlex.quote(ROOT)] + self.exports
-                cmd = code[:-1].strip()
-                banner = cmd.startswith("fabrickv serve")
-                self.background.append(self.start(self.exported(cmd), n, banner))
+            background = code.endswith("&")
+            if background or re.match(r"^(fabrickv serve\b|make run\b)", code):
+                self.flush(pending, since, n)
+                pending, since = [], list(self.exports)
+                if background:
+                    cmd = code[:-1].strip()
+                    self.background.append(self.start(cmd, n, cmd.startswith("fabrickv serve")))
+                else:
+                    self.serve(code, n)
                 continue
             m = PRINTS_RE.search(line)
             e = EXITS_RE.search(line)
             if e:
                 want = int(e.group(1))
-                script.append(
+                pending.append(
                     f"if {code}; then __rc=0; else __rc=$?; fi; if [ $__rc -ne {want} ]; then "
                     f"echo \"line {n}: exited $__rc, the page says {want}\" >&2; exit 1; fi"
                 )
             elif m:
                 want = m.group(1)
-                script.append(
+                pending.append(
                     f"__got=$({code} | head -n 1); if [ \"$__got\" != {shlex.quote(want)} ]; then "
                     f"echo \"line {n}: printed $(printf %q \"$__got\"), the page says {shlex.quote(want)}\" >&2; exit 1; fi"
                 )
             else:
-                script.append(code)
+                pending.append(code)
             if re.match(r"^(export|unset)\b", code):
                 self.exports.append(code)
-        self.flush(script, lineno)
+        self.flush(pending, since, lineno)
 
     def exported(self, cmd):
-        return "; ".join(self.exports + [cmd]) if self.exports else cmd
+        """`cmd` after the page's exports, as a shell that ran them would;
+        exec'd, so that the process waited on and stopped is the command
+        itself, not a shell around it."""
+        return "; ".join(self.exports + ["exec " + cmd])
 
-    def flush(self, script, lineno):
-        if len(script) <= 2 + len(self.exports):
+    def flush(self, pending, exports, lineno):
+        """Runs the gathered lines, if any, after `exports`, in one bash."""
+        if not pending:
             return
+        script = ["set -eo pipefail", "cd " + shlex.quote(ROOT), *exports, *pending]
         self.run(["bash", "-c", "\n".join(script)], lineno, "sh")
 
     def run(self, argv, lineno, what):
