@@ -65,6 +65,8 @@ pub fn grpc_code(code: ErrorCode) -> Code {
         ErrorCode::NoSuchCopy => Code::NotFound,
         ErrorCode::CopyState => Code::FailedPrecondition,
         ErrorCode::SourceChanged => Code::FailedPrecondition,
+        ErrorCode::AuthRequired | ErrorCode::AuthFailed => Code::Unauthenticated,
+        ErrorCode::PeerNotAllowed => Code::PermissionDenied,
         // A code added to fabrickv-types after this table was written: the
         // metadata still names it exactly; the gRPC code just says so.
         _ => Code::Unknown,

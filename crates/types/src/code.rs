@@ -86,11 +86,20 @@ pub enum ErrorCode {
     /// earlier run, among the pairs the target already holds: continuing
     /// would mix two points in time, so the copy must start over.
     SourceChanged = 31,
+    /// The server requires the cluster secret and the client offered
+    /// none (it has no `--auth-token-file` or `FABRICKV_AUTH_TOKEN`).
+    AuthRequired = 32,
+    /// The client's proof of the cluster secret was wrong: the two sides
+    /// hold different secrets.
+    AuthFailed = 33,
+    /// The peer is not allowed in whatever it proves: a shared-memory
+    /// client running as another user than the server (or its allow-list).
+    PeerNotAllowed = 34,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order; used by tests and documentation.
-    pub const ALL: [ErrorCode; 32] = [
+    pub const ALL: [ErrorCode; 35] = [
         ErrorCode::Ok,
         ErrorCode::NotFound,
         ErrorCode::InsufficientSpace,
@@ -123,6 +132,9 @@ impl ErrorCode {
         ErrorCode::NoSuchCopy,
         ErrorCode::CopyState,
         ErrorCode::SourceChanged,
+        ErrorCode::AuthRequired,
+        ErrorCode::AuthFailed,
+        ErrorCode::PeerNotAllowed,
     ];
 
     /// The code as it travels on the wire.
@@ -170,6 +182,9 @@ impl ErrorCode {
             ErrorCode::NoSuchCopy => "NO_SUCH_COPY",
             ErrorCode::CopyState => "COPY_STATE",
             ErrorCode::SourceChanged => "SOURCE_CHANGED",
+            ErrorCode::AuthRequired => "AUTH_REQUIRED",
+            ErrorCode::AuthFailed => "AUTH_FAILED",
+            ErrorCode::PeerNotAllowed => "PEER_NOT_ALLOWED",
         }
     }
 }
