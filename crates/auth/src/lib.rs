@@ -77,6 +77,14 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// Equal when both hold the same bytes (compared in constant time); a
+/// configuration compares its secret this way.
+impl PartialEq for Secret {
+    fn eq(&self, other: &Secret) -> bool {
+        self.matches(&other.bytes)
+    }
+}
+
 type HmacSha256 = Hmac<Sha256>;
 
 impl Secret {
@@ -328,10 +336,22 @@ mod tests {
 
     #[test]
     fn loopback_hosts() {
-        for h in ["127.0.0.1:1", "127.9.9.9:6379", "[::1]:50051", "localhost:1", "::1"] {
+        for h in [
+            "127.0.0.1:1",
+            "127.9.9.9:6379",
+            "[::1]:50051",
+            "localhost:1",
+            "::1",
+        ] {
             assert!(is_loopback_addr(h), "{h}");
         }
-        for h in ["0.0.0.0:1", "[::]:1", "10.0.0.1:1", "example.com:1", "192.168.1.1"] {
+        for h in [
+            "0.0.0.0:1",
+            "[::]:1",
+            "10.0.0.1:1",
+            "example.com:1",
+            "192.168.1.1",
+        ] {
             assert!(!is_loopback_addr(h), "{h}");
         }
     }

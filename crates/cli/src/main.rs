@@ -25,6 +25,17 @@ use fabrickv_types::size::parse_size;
     about = "FabricKV: a partitioned in-memory key-value system"
 )]
 struct Cli {
+    /// File holding the cluster secret (chmod 600). A server asks every
+    /// client for it; a client proves it. Without this flag the secret
+    /// comes from FABRICKV_AUTH_TOKEN, or none is used. Never pass the
+    /// secret itself on a command line: any user can read it there.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "FABRICKV_AUTH_TOKEN_FILE"
+    )]
+    auth_token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -188,6 +199,11 @@ enum Command {
         dram: DramArgs,
         #[command(flatten)]
         cache: CacheArgs,
+        /// Listen beyond loopback without a secret: anyone who reaches a
+        /// port can read and write everything. Only for a network that is
+        /// itself trusted.
+        #[arg(long)]
+        insecure: bool,
         #[command(flatten)]
         cluster: cluster_cmd::ServeClusterArgs,
     },
@@ -279,7 +295,17 @@ enum Command {
 fn main() -> ExitCode {
     install_transports();
     let cli = Cli::parse();
-    match run(cli.command) {
+    let secret = match fabrickv_auth::Secret::resolve(cli.auth_token_file.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fabrickv: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Every connection this process opens (a client command's, or a
+    // server's own to its peers) proves this secret.
+    fabrickv_auth::set_client_secret(secret.clone());
+    match run(cli.command, secret) {
         Ok(code) => code,
         Err(msg) => {
             eprintln!("fabrickv: error: {msg}");
@@ -341,7 +367,7 @@ fn connect(s: &ServerArg) -> Result<Client, String> {
         .map_err(|e| format!("cannot connect to {}: {e}", s.server))
 }
 
-fn run(cmd: Command) -> Result<ExitCode, String> {
+fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, String> {
     match cmd {
         Command::Serve {
             config,
@@ -359,6 +385,7 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             shards,
             dram,
             cache,
+            insecure,
             cluster,
         } => {
             let mut cfg = match config {
@@ -403,6 +430,11 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             }
             dram.apply(&mut cfg.ps)?;
             cache.apply(&mut cfg.cache)?;
+            // The flag or environment wins over the file's auth_token_file.
+            if secret.is_some() {
+                cfg.auth = secret;
+            }
+            cfg.insecure |= insecure;
             init_logging(&cfg.log_level);
             serve(&cfg, &cluster)?;
             Ok(ExitCode::SUCCESS)

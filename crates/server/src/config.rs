@@ -94,6 +94,13 @@ pub struct ServerConfig {
     pub cache: crate::cache::CacheSettings,
     /// Persistent shards to serve (`--shard NAME=PATH`).
     pub shards: Vec<crate::shard::ShardSpec>,
+    /// The cluster secret every front end asks of its clients; `None`
+    /// lets every client in, which [`ServerConfig::validate`] allows only
+    /// on loopback or with `insecure`.
+    pub auth: Option<fabrickv_auth::Secret>,
+    /// Serve beyond loopback without a secret (`--insecure`): the
+    /// operator says the network itself is trusted.
+    pub insecure: bool,
 }
 
 impl Default for ServerConfig {
@@ -110,6 +117,8 @@ impl Default for ServerConfig {
             ps: crate::ps::PsConfig::default(),
             cache: crate::cache::CacheSettings::default(),
             shards: Vec::new(),
+            auth: None,
+            insecure: false,
         }
     }
 }
@@ -137,6 +146,10 @@ struct FileConfig {
     dram_hugepages: Option<bool>,
     /// Persistent shards served, as `NAME=PATH`.
     shards: Option<Vec<String>>,
+    /// A file that holds the cluster secret (never the secret itself: a
+    /// configuration file is shared and copied more than a secret should).
+    auth_token_file: Option<std::path::PathBuf>,
+    insecure: Option<bool>,
 }
 
 impl ServerConfig {
@@ -178,6 +191,10 @@ impl ServerConfig {
         for spec in f.shards.unwrap_or_default() {
             c.shards.push(spec.parse()?);
         }
+        if let Some(path) = f.auth_token_file {
+            c.auth = Some(fabrickv_auth::Secret::from_file(&path).map_err(|e| e.to_string())?);
+        }
+        c.insecure = f.insecure.unwrap_or(false);
         Ok(c)
     }
 
@@ -214,7 +231,53 @@ impl ServerConfig {
             }
         }
         crate::shard::ShardSpec::validate_all(&self.shards)?;
+        self.validate_exposure()?;
         crate::ps::PsStore::validate(&self.ps, self.workers())
+    }
+
+    /// The TCP addresses this configuration listens on, each with the
+    /// front end it serves: the native listener (tcp, or the rendezvous
+    /// of fabric), RESP, and the gRPC control plane. shm and inproc reach
+    /// only this host and are left out.
+    pub fn tcp_listeners(&self) -> Vec<(&'static str, &str)> {
+        let mut out = Vec::new();
+        let native = match self.listen.split_once("://") {
+            None => Some(self.listen.as_str()),
+            Some(("tcp", rest)) => Some(rest),
+            // fabric://PROVIDER/HOST:PORT: the rendezvous listens on HOST.
+            Some(("fabric", rest)) => rest.rsplit_once('/').map(|(_, host)| host),
+            Some(_) => None,
+        };
+        out.extend(native.map(|a| ("the native listener", a)));
+        out.extend(self.resp.as_deref().map(|a| ("the RESP front end", a)));
+        out.extend(
+            self.cache
+                .grpc
+                .as_deref()
+                .map(|a| ("the gRPC control plane", a)),
+        );
+        out
+    }
+
+    /// A listener beyond loopback needs a secret, or `insecure`: anyone
+    /// who can reach the port could otherwise read and write everything.
+    fn validate_exposure(&self) -> Result<(), String> {
+        if self.auth.is_some() || self.insecure {
+            return Ok(());
+        }
+        match self
+            .tcp_listeners()
+            .into_iter()
+            .find(|(_, a)| !fabrickv_auth::is_loopback_addr(a))
+        {
+            Some((what, addr)) => Err(format!(
+                "{what} would listen on {addr}, beyond this host, with no secret: \
+                 write a secret to a file only you can read and pass --auth-token-file FILE \
+                 (or set {}), or pass --insecure to let anyone who reaches the port in",
+                fabrickv_auth::ENV_TOKEN
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Every CPU of `worker_cpus` must be one this process may run on
@@ -312,5 +375,75 @@ mod tests {
         assert!(c.validate().is_ok());
         c.resp_password = Some(String::new());
         assert!(c.validate().is_err(), "an empty password is refused");
+    }
+
+    #[test]
+    fn a_listener_beyond_loopback_needs_a_secret_or_insecure() {
+        let open = |listen: &str, resp: Option<&str>, grpc: Option<&str>| {
+            let mut c = ServerConfig {
+                listen: listen.to_string(),
+                resp: resp.map(str::to_string),
+                ..ServerConfig::default()
+            };
+            c.cache.grpc = grpc.map(str::to_string);
+            c
+        };
+        for (listen, resp, grpc) in [
+            ("127.0.0.1:0", None, None),
+            ("tcp://[::1]:0", Some("127.0.0.1:0"), Some("[::1]:50051")),
+            ("fabric://shm/127.0.0.1:0", None, None),
+            ("shm://name", None, None),
+        ] {
+            let c = open(listen, resp, grpc);
+            assert!(c.validate().is_ok(), "{listen} {resp:?} {grpc:?}");
+        }
+        for (listen, resp, grpc, named) in [
+            ("0.0.0.0:7379", None, None, "native listener"),
+            (
+                "fabric://tcp;ofi_rxm/10.0.0.1:7",
+                None,
+                None,
+                "native listener",
+            ),
+            ("127.0.0.1:0", Some("0.0.0.0:7380"), None, "RESP"),
+            ("127.0.0.1:0", None, Some("[::]:50051"), "gRPC"),
+        ] {
+            let mut c = open(listen, resp, grpc);
+            let e = c.validate().expect_err("exposed without a secret");
+            assert!(
+                e.contains(named) && e.contains("--auth-token-file") && e.contains("--insecure"),
+                "{e}"
+            );
+            c.insecure = true;
+            assert!(c.validate().is_ok(), "--insecure lets it start");
+            c.insecure = false;
+            c.auth =
+                Some(fabrickv_auth::Secret::from_bytes(b"0123456789abcdef", "t").expect("secret"));
+            assert!(c.validate().is_ok(), "a secret lets it start");
+        }
+    }
+
+    #[test]
+    fn toml_names_a_secret_file_never_the_secret() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("token");
+        std::fs::write(&path, "a long enough secret\n").expect("write");
+        let c = ServerConfig::from_toml(&format!(
+            "listen = \"0.0.0.0:0\"\nauth_token_file = {:?}\n",
+            path.display().to_string()
+        ))
+        .expect("valid");
+        assert!(c
+            .auth
+            .as_ref()
+            .is_some_and(|s| s.matches(b"a long enough secret")));
+        assert!(c.validate().is_ok());
+        assert!(
+            ServerConfig::from_toml("auth_token = \"x\"").is_err(),
+            "no inline secret"
+        );
+        let e = ServerConfig::from_toml("auth_token_file = \"/nonexistent/token\"")
+            .expect_err("missing");
+        assert!(e.contains("/nonexistent/token"), "{e}");
     }
 }
