@@ -204,6 +204,10 @@ enum Command {
         /// itself trusted.
         #[arg(long)]
         insecure: bool,
+        /// Let processes of this user (uid) connect over shm too
+        /// (repeatable); by default only the server's own user may.
+        #[arg(long = "shm-allow-uid", value_name = "UID")]
+        shm_allow_uids: Vec<u32>,
         #[command(flatten)]
         cluster: cluster_cmd::ServeClusterArgs,
     },
@@ -386,6 +390,7 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             dram,
             cache,
             insecure,
+            shm_allow_uids,
             cluster,
         } => {
             let mut cfg = match config {
@@ -435,6 +440,7 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
                 cfg.auth = secret;
             }
             cfg.insecure |= insecure;
+            cfg.shm_allow_uids.extend(shm_allow_uids);
             init_logging(&cfg.log_level);
             serve(&cfg, &cluster)?;
             Ok(ExitCode::SUCCESS)

@@ -134,6 +134,8 @@ impl From<TransportError> for ClientError {
     fn from(e: TransportError) -> Self {
         match e {
             TransportError::Timeout => ClientError::Timeout,
+            // The server's stable code, as every other refusal carries it.
+            TransportError::Denied(code, message) => ClientError::Server { code, message },
             e => ClientError::Transport(e),
         }
     }

@@ -101,6 +101,9 @@ pub struct ServerConfig {
     /// Serve beyond loopback without a secret (`--insecure`): the
     /// operator says the network itself is trusted.
     pub insecure: bool,
+    /// shm: users (uids) besides the server's own whose processes may
+    /// connect (`--shm-allow-uid`).
+    pub shm_allow_uids: Vec<u32>,
 }
 
 impl Default for ServerConfig {
@@ -119,6 +122,7 @@ impl Default for ServerConfig {
             shards: Vec::new(),
             auth: None,
             insecure: false,
+            shm_allow_uids: Vec::new(),
         }
     }
 }
@@ -150,6 +154,7 @@ struct FileConfig {
     /// configuration file is shared and copied more than a secret should).
     auth_token_file: Option<std::path::PathBuf>,
     insecure: Option<bool>,
+    shm_allow_uids: Option<Vec<u32>>,
 }
 
 impl ServerConfig {
@@ -195,6 +200,7 @@ impl ServerConfig {
             c.auth = Some(fabrickv_auth::Secret::from_file(&path).map_err(|e| e.to_string())?);
         }
         c.insecure = f.insecure.unwrap_or(false);
+        c.shm_allow_uids = f.shm_allow_uids.unwrap_or_default();
         Ok(c)
     }
 

@@ -180,8 +180,13 @@ impl Server {
         let copies =
             shard::copy_source::CopySources::new(fabrickv_wire::copy::data_host(&cfg.listen));
         let shards = Arc::new(shard::Shards::open(&cfg.shards, copies).map_err(StartError::Shard)?);
+        let listen = fabrickv_transport::ListenOptions {
+            workers,
+            secret: cfg.auth.clone(),
+            shm_allow_uids: cfg.shm_allow_uids.clone(),
+        };
         let listening =
-            fabrickv_transport::listen(&cfg.listen, workers).map_err(StartError::Transport)?;
+            fabrickv_transport::listen_with(&cfg.listen, &listen).map_err(StartError::Transport)?;
         let cache = cache::CacheShared::new(cfg.cache.store.clone()).map_err(StartError::Config)?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut wakers = vec![listening.acceptor.waker()];

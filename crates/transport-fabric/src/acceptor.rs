@@ -28,7 +28,12 @@ use crate::wire::{Hello, HelloWire, Welcome, WINDOW_PACKETS};
 
 /// Listens on `host` (`HOST:PORT`, port 0 picks one) with one endpoint of
 /// `provider` per worker.
-pub(crate) fn listen(provider: &str, host: &str, workers: usize) -> Result<Listening> {
+pub(crate) fn listen(
+    provider: &str,
+    host: &str,
+    opts: &fabrickv_transport::ListenOptions,
+) -> Result<Listening> {
+    let workers = opts.workers;
     let (listener, local) = fabrickv_transport::tcp::bind(host)?;
     let open = Arc::new(AtomicUsize::new(0));
     let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
@@ -44,7 +49,8 @@ pub(crate) fn listen(provider: &str, host: &str, workers: usize) -> Result<Liste
         handoffs,
         open: open.clone(),
     };
-    let acceptor = TcpAcceptor::new(listener, HelloWire, workers, open, conclude)?;
+    let acceptor = TcpAcceptor::new(listener, HelloWire, workers, open, conclude)?
+        .with_secret(opts.secret.clone());
     Ok(Listening {
         local_addr: format!("{}://{provider}/{local}", crate::SCHEME),
         acceptor: Box::new(acceptor),

@@ -55,6 +55,23 @@ impl FabricEndpoint {
         worker: u16,
         timeout: Duration,
     ) -> Result<FabricEndpoint> {
+        Self::connect_with(
+            provider,
+            host,
+            worker,
+            &fabrickv_transport::Dial::new(timeout)?,
+        )
+    }
+
+    /// As [`FabricEndpoint::connect`], as `dial` says (its timeout, and
+    /// the secret to prove if the server asks for one in the rendezvous).
+    pub fn connect_with(
+        provider: &str,
+        host: &str,
+        worker: u16,
+        dial: &fabrickv_transport::Dial,
+    ) -> Result<FabricEndpoint> {
+        let timeout = dial.timeout;
         let sa = fabrickv_transport::tcp::resolve(host)?;
         let mut stream = TcpStream::connect_timeout(&sa, timeout)?;
         stream.set_nodelay(true)?;
@@ -75,7 +92,16 @@ impl FabricEndpoint {
         };
         stream.write_all(&hello.encode())?;
         let mut fixed = [0u8; WELCOME_BYTES];
-        stream.read_exact(&mut fixed)?;
+        // The first bytes are a challenge or the start of the welcome.
+        let head = fabrickv_transport::handshake::CHALLENGE_HEAD_BYTES;
+        stream.read_exact(&mut fixed[..head])?;
+        let proved = fabrickv_transport::handshake::answer_challenge(
+            &fixed[..head],
+            &mut stream,
+            dial.secret.as_ref(),
+        )?;
+        let from = if proved { 0 } else { head };
+        stream.read_exact(&mut fixed[from..])?;
         let (mut welcome, name_len) = Welcome::decode_fixed(&fixed).ok_or_else(|| {
             TransportError::Refused("the peer is not a FabricKV fabric server".into())
         })?;

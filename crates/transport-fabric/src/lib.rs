@@ -35,7 +35,6 @@ pub mod sys;
 pub mod wire;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use fabrickv_transport::{Endpoint, Listening, Result, TransportError};
 
@@ -71,15 +70,19 @@ pub fn install() {
     fabrickv_transport::register_scheme(SCHEME, listen_scheme, connect_scheme);
 }
 
-fn listen_scheme(rest: &str, workers: usize) -> Result<Listening> {
+fn listen_scheme(rest: &str, opts: &fabrickv_transport::ListenOptions) -> Result<Listening> {
     let (provider, host) = parse(rest)?;
-    acceptor::listen(provider, host, workers)
+    acceptor::listen(provider, host, opts)
 }
 
-fn connect_scheme(rest: &str, worker: u16, timeout: Duration) -> Result<Box<dyn Endpoint>> {
+fn connect_scheme(
+    rest: &str,
+    worker: u16,
+    dial: &fabrickv_transport::Dial,
+) -> Result<Box<dyn Endpoint>> {
     let (provider, host) = parse(rest)?;
-    Ok(Box::new(FabricEndpoint::connect(
-        provider, host, worker, timeout,
+    Ok(Box::new(FabricEndpoint::connect_with(
+        provider, host, worker, dial,
     )?))
 }
 

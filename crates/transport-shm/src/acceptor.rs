@@ -35,8 +35,11 @@ pub(crate) struct ShmAcceptor {
     handoffs: Vec<Handoff>,
     /// Connections open over all workers.
     open: Arc<AtomicUsize>,
-    /// The handshakes waiting for their hello.
+    /// The handshakes waiting for their hello (and proof).
     table: Handshakes<UnixStream, CompactHello>,
+    /// Users whose processes may connect: the server's own, then those
+    /// the operator allowed.
+    allowed_uids: Vec<u32>,
 }
 
 impl ShmAcceptor {
@@ -45,6 +48,7 @@ impl ShmAcceptor {
         name: &str,
         handoffs: Vec<Handoff>,
         open: Arc<AtomicUsize>,
+        opts: &fabrickv_transport::ListenOptions,
     ) -> Result<Self> {
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(io::Error::from)?;
         let waker = Arc::new(ctl::eventfd()?);
@@ -68,9 +72,13 @@ impl ShmAcceptor {
             memfd_name: format!("{SOCKET_NAME_PREFIX}{name}"),
             epoll: ep,
             waker,
-            table: Handshakes::new(SHM_HELLO, limits, handoffs.len()),
+            table: Handshakes::new(SHM_HELLO, limits, handoffs.len())
+                .with_secret(opts.secret.clone()),
             handoffs,
             open,
+            allowed_uids: std::iter::once(rustix::process::getuid().as_raw())
+                .chain(opts.shm_allow_uids.iter().copied())
+                .collect(),
         })
     }
 
@@ -128,6 +136,28 @@ impl ShmAcceptor {
         }
     }
 
+    /// Whether the process at the other end runs as an allowed user, as
+    /// the kernel says (`SO_PEERCRED`, fixed at connect, so a peer cannot
+    /// lie about it): shared memory is as open as the server's own pages,
+    /// so another user is let in only when the operator says so.
+    fn peer_allowed(&self, stream: &UnixStream) -> bool {
+        match rustix::net::sockopt::socket_peercred(stream) {
+            Ok(cred) if self.allowed_uids.contains(&cred.uid.as_raw()) => true,
+            Ok(cred) => {
+                tracing::warn!(
+                    "refusing an shm client of uid {} (pid {}): not the server's user nor allowed",
+                    cred.uid.as_raw(),
+                    cred.pid.as_raw_nonzero()
+                );
+                false
+            }
+            Err(e) => {
+                tracing::warn!("refusing an shm client whose credentials cannot be read: {e}");
+                false
+            }
+        }
+    }
+
     /// The shared memory and eventfds of a new connection.
     fn resources(&self) -> io::Result<(Mapping, OwnedFd, OwnedFd, OwnedFd)> {
         let (map, memfd) = Mapping::create(&self.memfd_name, CONN_SHM_BYTES)?;
@@ -140,6 +170,9 @@ impl ShmAcceptor {
     fn complete(&mut self, stream: UnixStream, verdict: Verdict<u16>) {
         let workers = self.handoffs.len() as u16;
         let (mut status, worker) = verdict.answer();
+        if status == ErrorCode::Ok && !self.peer_allowed(&stream) {
+            status = ErrorCode::PeerNotAllowed;
+        }
         let res = if status == ErrorCode::Ok {
             match self.resources() {
                 Ok(r) => Some(r),

@@ -75,8 +75,20 @@ fn next_framed(buf: &[u8], head: usize) -> Option<(usize, usize)> {
 }
 
 impl ShmEndpoint {
-    /// Connects to worker `worker` of the server at `shm://name`.
+    /// Connects to worker `worker` of the server at `shm://name`, proving
+    /// the process's client secret if the server asks.
     pub fn connect(name: &str, worker: u16, timeout: Duration) -> Result<ShmEndpoint> {
+        Self::connect_with(name, worker, &fabrickv_transport::Dial::new(timeout)?)
+    }
+
+    /// Connects to worker `worker` of the server at `shm://name` as
+    /// `dial` says.
+    pub fn connect_with(
+        name: &str,
+        worker: u16,
+        dial: &fabrickv_transport::Dial,
+    ) -> Result<ShmEndpoint> {
+        let timeout = dial.timeout;
         let addr = socket_addr(name)?;
         let mut sock = UnixStream::connect_addr(&addr).map_err(|e| match e.kind() {
             io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound => {
@@ -88,7 +100,11 @@ impl ShmEndpoint {
         sock.set_read_timeout(Some(timeout))?;
         sock.set_write_timeout(Some(timeout))?;
         sock.write_all(&SHM_HELLO.encode(worker, 0))?;
-        let (reply, mut fds) = ctl::recv_handshake(sock.as_fd())?;
+        let (mut reply, mut fds) = ctl::recv_handshake(sock.as_fd())?;
+        if fabrickv_transport::handshake::answer_challenge(&reply, &mut sock, dial.secret.as_ref())?
+        {
+            (reply, fds) = ctl::recv_handshake(sock.as_fd())?;
+        }
         let (status, workers) = SHM_HELLO
             .fields(&reply)
             .ok_or_else(|| refused("the peer is not a FabricKV shm server".into()))?;

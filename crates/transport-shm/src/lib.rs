@@ -47,7 +47,6 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
-use std::time::Duration;
 
 use fabrickv_transport::{Capabilities, Endpoint, Listening, Result, TransportError, WorkerPort};
 
@@ -90,7 +89,7 @@ pub const SHM_CAPABILITIES: Capabilities = Capabilities {
 /// Makes `shm://NAME` addresses work with `fabrickv_transport::listen` and
 /// `connect`. Idempotent.
 pub fn install() {
-    fabrickv_transport::register_scheme("shm", listen, connect);
+    fabrickv_transport::register_scheme("shm", listen_with, connect);
 }
 
 /// The abstract socket address for `shm://name`.
@@ -103,8 +102,15 @@ fn socket_addr(name: &str) -> Result<SocketAddr> {
         .map_err(|_| TransportError::BadAddress(format!("shm://{name}")))
 }
 
-/// Listens on `shm://name` with `workers` worker ports.
+/// Listens on `shm://name` with `workers` worker ports, for processes of
+/// the server's user, with no secret.
 pub fn listen(name: &str, workers: usize) -> Result<Listening> {
+    listen_with(name, &fabrickv_transport::ListenOptions::workers(workers))
+}
+
+/// Listens on `shm://name` as `opts` say.
+pub fn listen_with(name: &str, opts: &fabrickv_transport::ListenOptions) -> Result<Listening> {
+    let workers = opts.workers;
     let addr = socket_addr(name)?;
     let listener = UnixListener::bind_addr(&addr).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
@@ -122,7 +128,7 @@ pub fn listen(name: &str, workers: usize) -> Result<Listening> {
         ports.push(Box::new(port));
         handoffs.push(handoff);
     }
-    let acceptor = acceptor::ShmAcceptor::new(listener, name, handoffs, open)?;
+    let acceptor = acceptor::ShmAcceptor::new(listener, name, handoffs, open, opts)?;
     Ok(Listening {
         local_addr: format!("shm://{name}"),
         acceptor: Box::new(acceptor),
@@ -131,6 +137,10 @@ pub fn listen(name: &str, workers: usize) -> Result<Listening> {
 }
 
 /// Connects to worker `worker` of the server at `shm://name`.
-pub fn connect(name: &str, worker: u16, timeout: Duration) -> Result<Box<dyn Endpoint>> {
-    Ok(Box::new(ShmEndpoint::connect(name, worker, timeout)?))
+pub fn connect(
+    name: &str,
+    worker: u16,
+    dial: &fabrickv_transport::Dial,
+) -> Result<Box<dyn Endpoint>> {
+    Ok(Box::new(ShmEndpoint::connect_with(name, worker, dial)?))
 }

@@ -42,13 +42,57 @@ impl Address {
     }
 }
 
+/// How a server listens, whatever the transport.
+#[derive(Debug, Clone, Default)]
+pub struct ListenOptions {
+    /// Worker ports to open.
+    pub workers: usize,
+    /// The cluster secret each client must prove in its handshake
+    /// (`None`: every client that reaches the listener is let in).
+    pub secret: Option<fabrickv_auth::Secret>,
+    /// shm only: users (uids) besides the server's own whose processes
+    /// may connect; the peer's uid comes from the kernel (`SO_PEERCRED`).
+    pub shm_allow_uids: Vec<u32>,
+}
+
+impl ListenOptions {
+    /// `workers` ports, no secret, the server's own user only.
+    pub fn workers(workers: usize) -> ListenOptions {
+        ListenOptions {
+            workers,
+            ..ListenOptions::default()
+        }
+    }
+}
+
+/// How a client connects, whatever the transport.
+#[derive(Debug, Clone)]
+pub struct Dial {
+    /// Longest each blocking step of the connect may take.
+    pub timeout: Duration,
+    /// The cluster secret to prove if the server asks for one.
+    pub secret: Option<fabrickv_auth::Secret>,
+}
+
+impl Dial {
+    /// A dial with `timeout` and the process's client secret
+    /// ([`fabrickv_auth::client_secret`]: the CLI's `--auth-token-file`,
+    /// else `FABRICKV_AUTH_TOKEN` or `FABRICKV_AUTH_TOKEN_FILE`).
+    pub fn new(timeout: Duration) -> Result<Dial> {
+        let secret = fabrickv_auth::client_secret().map_err(|e| {
+            TransportError::Denied(fabrickv_types::ErrorCode::AuthRequired, e.to_string())
+        })?;
+        Ok(Dial { timeout, secret })
+    }
+}
+
 /// How a registered transport listens: the address after `SCHEME://`,
-/// and the number of workers.
-pub type ListenFn = fn(&str, usize) -> Result<Listening>;
+/// and the options.
+pub type ListenFn = fn(&str, &ListenOptions) -> Result<Listening>;
 
 /// How a registered transport connects: the address after `SCHEME://`,
-/// the worker, and the timeout.
-pub type ConnectFn = fn(&str, u16, Duration) -> Result<Box<dyn Endpoint>>;
+/// the worker, and the dial.
+pub type ConnectFn = fn(&str, u16, &Dial) -> Result<Box<dyn Endpoint>>;
 
 type SchemeMap = std::collections::HashMap<String, (ListenFn, ConnectFn)>;
 
@@ -96,21 +140,34 @@ fn scheme(name: &str) -> Result<(ListenFn, ConnectFn)> {
         .ok_or_else(|| TransportError::BadAddress(format!("{name}://")))
 }
 
-/// Starts listening on `addr` with `workers` worker ports.
+/// Starts listening on `addr` with `workers` worker ports, letting in
+/// every client that reaches it.
 pub fn listen(addr: &str, workers: usize) -> Result<Listening> {
+    listen_with(addr, &ListenOptions::workers(workers))
+}
+
+/// Starts listening on `addr` as `opts` say. `inproc://` is reached only
+/// from this process and asks for no secret.
+pub fn listen_with(addr: &str, opts: &ListenOptions) -> Result<Listening> {
     match Address::parse(addr)? {
-        Address::Tcp(a) => tcp::listen(&a, workers),
-        Address::Inproc(name) => inproc::listen(&name, workers),
-        Address::Other(s, rest) => (scheme(&s)?.0)(&rest, workers),
+        Address::Tcp(a) => tcp::listen_with(&a, opts),
+        Address::Inproc(name) => inproc::listen(&name, opts.workers),
+        Address::Other(s, rest) => (scheme(&s)?.0)(&rest, opts),
     }
 }
 
-/// Connects to worker `worker` of the server at `addr`.
+/// Connects to worker `worker` of the server at `addr`, proving the
+/// process's client secret if the server asks ([`Dial::new`]).
 pub fn connect(addr: &str, worker: u16, timeout: Duration) -> Result<Box<dyn Endpoint>> {
+    connect_with(addr, worker, &Dial::new(timeout)?)
+}
+
+/// Connects to worker `worker` of the server at `addr` as `dial` says.
+pub fn connect_with(addr: &str, worker: u16, dial: &Dial) -> Result<Box<dyn Endpoint>> {
     match Address::parse(addr)? {
-        Address::Tcp(a) => Ok(Box::new(tcp::TcpEndpoint::connect(&a, worker, timeout)?)),
+        Address::Tcp(a) => Ok(Box::new(tcp::TcpEndpoint::connect_with(&a, worker, dial)?)),
         Address::Inproc(name) => Ok(Box::new(inproc::InprocEndpoint::connect(&name, worker)?)),
-        Address::Other(s, rest) => (scheme(&s)?.1)(&rest, worker, timeout),
+        Address::Other(s, rest) => (scheme(&s)?.1)(&rest, worker, dial),
     }
 }
 
@@ -141,10 +198,10 @@ mod tests {
     /// shown, not a list fixed at build time.
     #[test]
     fn bad_address_names_the_registered_schemes() {
-        fn no_listen(_: &str, _: usize) -> Result<Listening> {
+        fn no_listen(_: &str, _: &ListenOptions) -> Result<Listening> {
             Err(TransportError::Unsupported("listening in this test"))
         }
-        fn no_connect(_: &str, _: u16, _: Duration) -> Result<Box<dyn Endpoint>> {
+        fn no_connect(_: &str, _: u16, _: &Dial) -> Result<Box<dyn Endpoint>> {
             Err(TransportError::Unsupported("connecting in this test"))
         }
         register_scheme("registry-test", no_listen, no_connect);

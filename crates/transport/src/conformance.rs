@@ -17,8 +17,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::{
-    connect, listen, Capabilities, Endpoint, MessageHandler, PortStats, RemoteRegion,
-    TransportError, Waker, WorkerPort,
+    connect, connect_with, listen_with, Capabilities, Dial, Endpoint, ListenOptions,
+    MessageHandler, PortStats, RemoteRegion, TransportError, Waker, WorkerPort,
 };
 use fabrickv_types::limits::MESSAGE_BYTES_MAX;
 
@@ -41,7 +41,15 @@ impl<T: Send + 'static> Server<T> {
     where
         W: Fn(usize, Box<dyn WorkerPort>, &AtomicBool) -> T + Clone + Send + 'static,
     {
-        let l = listen(addr, workers).expect("listen");
+        Server::start_with(addr, &ListenOptions::workers(workers), worker)
+    }
+
+    /// As [`Server::start`], listening as `opts` say.
+    fn start_with<W>(addr: &str, opts: &ListenOptions, worker: W) -> Server<T>
+    where
+        W: Fn(usize, Box<dyn WorkerPort>, &AtomicBool) -> T + Clone + Send + 'static,
+    {
+        let l = listen_with(addr, opts).expect("listen");
         let stop = Arc::new(AtomicBool::new(false));
         let mut wakers = vec![l.acceptor.waker()];
         let mut threads = Vec::new();
@@ -95,7 +103,11 @@ struct EchoServer;
 
 impl EchoServer {
     fn start(addr: &str, workers: usize) -> Server<PortStats> {
-        Server::start(addr, workers, |w, mut port, stop| {
+        EchoServer::start_with(addr, &ListenOptions::workers(workers))
+    }
+
+    fn start_with(addr: &str, opts: &ListenOptions) -> Server<PortStats> {
+        Server::start_with(addr, opts, |w, mut port, stop| {
             serve(&mut *port, stop, &mut |_, msg, reply| {
                 let out = reply.buf();
                 out.push(w as u8);
@@ -132,6 +144,74 @@ pub fn round_trip(addr: String) {
     let stats = s.stop();
     assert_eq!(stats[0].msgs_in, 1);
     assert_eq!(stats[0].msgs_out, 1);
+}
+
+/// Conformance check: a server with a secret lets in only a client that
+/// proves it, and says why it refuses the others with a stable code
+/// before reading anything of theirs. `inproc://` is reached only from
+/// the server's own process and asks for no secret.
+pub fn secret_is_proved_in_the_handshake(addr: String) {
+    let secret = |s: &str| fabrickv_auth::Secret::from_bytes(s.as_bytes(), "test").ok();
+    let opts = ListenOptions {
+        secret: secret("the cluster secret of this test"),
+        ..ListenOptions::workers(2)
+    };
+    let s = EchoServer::start_with(&addr, &opts);
+    let dial = |secret| Dial {
+        timeout: TIMEOUT,
+        secret,
+    };
+    for worker in 0..2u16 {
+        let mut ep = connect_with(&s.addr, worker, &dial(opts.secret.clone())).expect("connect");
+        ep.post(b"ping").expect("post");
+        ep.flush(TIMEOUT).expect("flush");
+        assert_eq!(recv_one(&mut *ep), [&[worker as u8][..], b"ping"].concat());
+    }
+    let refusals = [
+        (
+            None,
+            fabrickv_types::ErrorCode::AuthRequired,
+            "--auth-token-file",
+        ),
+        (
+            secret("another secret, same length!!!"),
+            fabrickv_types::ErrorCode::AuthFailed,
+            "different secrets",
+        ),
+    ];
+    for (offered, code, words) in refusals {
+        match connect_with(&s.addr, 1, &dial(offered)) {
+            Err(TransportError::Denied(c, why)) => {
+                assert_eq!(c, code, "{why}");
+                assert!(why.contains(words), "{why}");
+            }
+            Err(e) => panic!("expected {code}, got {e}"),
+            Ok(_) if s.addr.starts_with("inproc://") => {}
+            Ok(_) => panic!("a client without the secret got in"),
+        }
+    }
+    // A client with a secret still reaches a server that asks for none.
+    let open = EchoServer::start(&addr_like(&addr), 1);
+    let mut ep = connect_with(&open.addr, 0, &dial(opts.secret.clone())).expect("connect");
+    ep.post(b"x").expect("post");
+    ep.flush(TIMEOUT).expect("flush");
+    assert_eq!(recv_one(&mut *ep), b"\0x");
+    drop(ep);
+    open.stop();
+    let stats = s.stop();
+    let served: u64 = stats.iter().map(|st| st.msgs_in).sum();
+    assert_eq!(served, 2, "only the two proved connections were read");
+}
+
+/// A second address of the kind of `addr` (a fresh name for named
+/// transports, port 0 for the others).
+fn addr_like(addr: &str) -> String {
+    match addr.rsplit_once("://") {
+        Some((scheme, rest)) if !rest.contains(':') => {
+            format!("{scheme}://{rest}-second")
+        }
+        _ => addr.to_string(),
+    }
 }
 
 /// Conformance check; see the module docs.
@@ -521,6 +601,7 @@ macro_rules! conformance_suite {
         mod $module {
             $crate::conformance_suite!(@tests $addr;
                 round_trip,
+                secret_is_proved_in_the_handshake,
                 pipelined_messages_keep_order,
                 connections_bind_to_their_worker,
                 unknown_worker_is_refused,

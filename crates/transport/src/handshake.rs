@@ -22,24 +22,111 @@
 //! each pending socket as an opaque `T` so that one table is the only
 //! record of what is pending, but never reads or writes it.
 //!
-//! Each pending handshake is in a [`Stage`]. Today there is one,
-//! [`Stage::Hello`]. A later challenge-response step (the server sends a
-//! nonce, the client answers with an HMAC over it, the server accepts or
-//! refuses with a stable code) goes here, once for every transport: a
-//! second stage entered after a good hello, a [`Step`] that tells the
-//! acceptor to send the challenge and keep reading, and the verdict given
-//! when the proof arrives.
+//! Each pending handshake is in a [`Stage`]. A server without a secret
+//! judges the hello ([`Stage::Hello`]) and is done. A server with one
+//! (`fabrickv_auth::Secret`) goes on, for every transport alike, to
+//! [`Stage::Proof`]: after a hello it would accept, it sends a
+//! [`Challenge`] (a fresh random nonce), and the client must answer with
+//! HMAC-SHA256(secret, nonce) before the transport's own answer is
+//! written. The secret never crosses the wire, a recorded proof is worth
+//! nothing for the next nonce, and a client that fails is refused with
+//! `AUTH_FAILED` before any request of it is read. The table writes the
+//! challenge itself ([`Handshakes::readable`]), so acceptors are the same
+//! with and without a secret.
+//!
+//! ```text
+//! client -> server:  hello (the transport's)
+//! server -> client:  "FKC" version(u8=1) status(u16=AUTH_REQUIRED) reserved(u16) nonce(32)
+//! client -> server:  proof(32)
+//! server -> client:  answer (the transport's), status OK or AUTH_FAILED
+//! ```
 
 use std::time::{Duration, Instant};
 
+use fabrickv_auth::{Secret, NONCE_BYTES, PROOF_BYTES};
 use fabrickv_types::ErrorCode;
 
 use crate::{Result, TransportError};
 
+/// What a handshake proof is an HMAC of, besides the nonce: it names the
+/// use, so that a proof made here is worth nothing anywhere else the
+/// secret is used.
+pub const PROOF_CONTEXT: &[u8] = b"fabrickv handshake v1";
+
+/// First bytes of a [`Challenge`]: told apart from every transport's
+/// answer ("FKV", "FKS", "FKVF") by the third byte.
+const CHALLENGE_MAGIC: [u8; 3] = *b"FKC";
+
+/// Version of the challenge message.
+const CHALLENGE_VERSION: u8 = 1;
+
+/// Bytes of the challenge before its nonce: as many as a compact answer,
+/// so that a client reading one of those first can tell which came.
+pub const CHALLENGE_HEAD_BYTES: usize = 8;
+
+/// Bytes of a whole [`Challenge`].
+pub const CHALLENGE_BYTES: usize = CHALLENGE_HEAD_BYTES + NONCE_BYTES;
+
+/// The server's challenge to prove the cluster secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Challenge {
+    /// The random nonce the proof must cover.
+    pub nonce: [u8; NONCE_BYTES],
+}
+
+impl Challenge {
+    /// The message on the wire.
+    pub fn encode(&self) -> [u8; CHALLENGE_BYTES] {
+        let mut b = [0u8; CHALLENGE_BYTES];
+        b[..3].copy_from_slice(&CHALLENGE_MAGIC);
+        b[3] = CHALLENGE_VERSION;
+        b[4..6].copy_from_slice(&ErrorCode::AuthRequired.as_u16().to_le_bytes());
+        b[CHALLENGE_HEAD_BYTES..].copy_from_slice(&self.nonce);
+        b
+    }
+
+    /// Whether the first [`CHALLENGE_HEAD_BYTES`] a client read start a
+    /// challenge (rather than the transport's answer).
+    pub fn is_head(head: &[u8]) -> bool {
+        head.len() >= CHALLENGE_HEAD_BYTES
+            && head[..3] == CHALLENGE_MAGIC
+            && head[3] == CHALLENGE_VERSION
+    }
+}
+
+/// The client's side of the challenge: if `head` (the first
+/// [`CHALLENGE_HEAD_BYTES`] the server sent) starts a challenge, reads
+/// its nonce from `stream` and answers with the proof of `secret`;
+/// returns whether it did, in which case the transport's answer is still
+/// to be read. A challenge to a client without a secret is refused here
+/// with `AUTH_REQUIRED` and a message saying where a secret comes from.
+pub fn answer_challenge(
+    head: &[u8],
+    stream: &mut (impl std::io::Read + std::io::Write),
+    secret: Option<&Secret>,
+) -> Result<bool> {
+    if !Challenge::is_head(head) {
+        return Ok(false);
+    }
+    let Some(secret) = secret else {
+        return Err(TransportError::Denied(
+            ErrorCode::AuthRequired,
+            format!(
+                "the server requires the cluster secret: pass --auth-token-file FILE or set {}",
+                fabrickv_auth::ENV_TOKEN
+            ),
+        ));
+    };
+    let mut nonce = [0u8; NONCE_BYTES];
+    stream.read_exact(&mut nonce)?;
+    stream.write_all(&secret.proof(PROOF_CONTEXT, &nonce))?;
+    Ok(true)
+}
+
 /// How one transport's hello is laid out on the wire.
 pub trait HelloFormat {
     /// The parsed hello.
-    type Hello;
+    type Hello: Send;
 
     /// Longest hello, in bytes: bounds each pending handshake's buffer.
     const BYTES_MAX: usize;
@@ -135,6 +222,23 @@ pub fn check_answer(worker: u16, status: u16, workers: u16) -> Result<()> {
     if status == ErrorCode::Ok.as_u16() {
         return Ok(());
     }
+    match ErrorCode::from_u16(status) {
+        Some(code @ ErrorCode::AuthFailed) => {
+            return Err(TransportError::Denied(
+                code,
+                "the server refused this client's proof of the cluster secret: \
+                 the two hold different secrets"
+                    .into(),
+            ))
+        }
+        Some(code @ ErrorCode::PeerNotAllowed) => {
+            return Err(TransportError::Denied(
+                code,
+                "the server does not admit this user to its shared memory".into(),
+            ))
+        }
+        _ => {}
+    }
     let name = ErrorCode::from_u16(status).map_or("unknown", |c| c.name());
     Err(refusal(worker, name, usize::from(workers)))
 }
@@ -177,10 +281,12 @@ impl Limits {
 pub enum Stage {
     /// Reading the client's hello.
     Hello,
+    /// The hello was good and a challenge went out: reading the proof.
+    Proof,
 }
 
 /// One handshake waiting for bytes.
-struct Pending<T> {
+struct Pending<T, H> {
     /// The acceptor's socket, held here so the table is the one record of
     /// what is pending.
     io: T,
@@ -192,6 +298,9 @@ struct Pending<T> {
     deadline: Instant,
     /// What the table waits for.
     stage: Stage,
+    /// In [`Stage::Proof`]: the worker and hello a good proof earns, and
+    /// the nonce it must cover.
+    proving: Option<(usize, H, [u8; NONCE_BYTES])>,
 }
 
 /// What [`Handshakes::admit`] did with a new socket.
@@ -251,6 +360,9 @@ pub enum Step<T, H> {
     /// The handshake is over (the slot is free): answer as `verdict`
     /// says, then hand over or close.
     Done(T, Verdict<H>),
+    /// Write this challenge to the socket, then keep reading (for the
+    /// proof).
+    Challenge([u8; CHALLENGE_BYTES]),
 }
 
 /// The table of pending handshakes of one acceptor; see the module docs.
@@ -261,7 +373,9 @@ pub struct Handshakes<T, F: HelloFormat> {
     workers: usize,
     /// Pending handshakes by slot (`None`: free); never longer than
     /// `limits.pending_max`.
-    slots: Vec<Option<Pending<T>>>,
+    slots: Vec<Option<Pending<T, F::Hello>>>,
+    /// The cluster secret each client must prove; `None`: no challenge.
+    secret: Option<Secret>,
 }
 
 impl<T, F: HelloFormat> Handshakes<T, F> {
@@ -273,7 +387,14 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
             limits,
             workers,
             slots: Vec::new(),
+            secret: None,
         }
+    }
+
+    /// Asks every client to prove `secret` (none: no challenge).
+    pub fn with_secret(mut self, secret: Option<Secret>) -> Self {
+        self.secret = secret;
+        self
     }
 
     /// The hello format, for encoding answers.
@@ -317,6 +438,7 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
             got: 0,
             deadline: now + self.limits.timeout,
             stage: Stage::Hello,
+            proving: None,
         });
         Admission::Pending { slot, evicted }
     }
@@ -386,6 +508,13 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
             return self.remove(slot).map_or(Step::Read, Step::Drop);
         }
         p.got = (p.got + n).min(p.buf.len());
+        if p.stage == Stage::Proof {
+            return if p.got == p.buf.len() {
+                self.verify(slot, open)
+            } else {
+                Step::Read
+            };
+        }
         while p.got == p.buf.len() {
             match self.format.wanted(&p.buf) {
                 Some(want) if want > p.got && want <= F::BYTES_MAX => p.buf.resize(want, 0),
@@ -433,8 +562,34 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
     }
 
     /// Judges the whole hello in `slot` and frees the slot.
-    fn decide(&mut self, slot: usize, open: usize) -> Step<T, F::Hello> {
+    /// Judges a proof: the held verdict if it answers the nonce (and
+    /// there is still room), else `AUTH_FAILED`.
+    fn verify(&mut self, slot: usize, open: usize) -> Step<T, F::Hello> {
         let Some(p) = self.slots.get_mut(slot).and_then(|p| p.take()) else {
+            return Step::Read;
+        };
+        let (Some((worker, hello, nonce)), Some(secret)) = (p.proving, self.secret.as_ref()) else {
+            return Step::Drop(p.io);
+        };
+        let verdict = if !secret.verify_proof(PROOF_CONTEXT, &nonce, &p.buf) {
+            tracing::debug!("refusing a connection whose proof of the secret is wrong");
+            Verdict::Refuse {
+                code: ErrorCode::AuthFailed,
+                worker,
+            }
+        } else if open >= self.limits.conns_max {
+            Verdict::Refuse {
+                code: ErrorCode::Unavailable,
+                worker,
+            }
+        } else {
+            Verdict::Accept { worker, hello }
+        };
+        Step::Done(p.io, verdict)
+    }
+
+    fn decide(&mut self, slot: usize, open: usize) -> Step<T, F::Hello> {
+        let Some(mut p) = self.slots.get_mut(slot).and_then(|p| p.take()) else {
             return Step::Read;
         };
         let verdict = match self.format.decode(&p.buf) {
@@ -454,6 +609,17 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
                         code: ErrorCode::Unavailable,
                         worker,
                     }
+                } else if self.secret.is_some() {
+                    // A hello this server would accept: now the proof.
+                    let challenge = Challenge {
+                        nonce: fabrickv_auth::nonce(),
+                    };
+                    p.stage = Stage::Proof;
+                    p.buf = vec![0; PROOF_BYTES];
+                    p.got = 0;
+                    p.proving = Some((worker, h, challenge.nonce));
+                    self.slots[slot] = Some(p);
+                    return Step::Challenge(challenge.encode());
                 } else {
                     Verdict::Accept { worker, hello: h }
                 }
@@ -485,28 +651,44 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
     }
 }
 
-impl<T: std::io::Read, F: HelloFormat> Handshakes<T, F> {
+impl<T: std::io::Read + std::io::Write, F: HelloFormat> Handshakes<T, F> {
     /// What a socket acceptor (tcp, shm) does when `slot`'s socket is
     /// readable: reads it ([`Handshakes::read_from`] with `Read::read`),
     /// hands a socket that is done with (closed by the peer, failed, or
     /// judged) to `unregister` to take it off the acceptor's poller, and
     /// returns a judged one with its verdict, to answer. A dropped socket
-    /// closes when `unregister` returns.
+    /// closes when `unregister` returns. A challenge is written here and
+    /// reading goes on: a fresh socket's send buffer always has room for
+    /// its [`CHALLENGE_BYTES`], so a write that does not take it all means
+    /// a broken peer, which is dropped.
     pub fn readable(
         &mut self,
         slot: usize,
         open: impl Fn() -> usize,
         mut unregister: impl FnMut(&mut T),
     ) -> Option<(T, Verdict<F::Hello>)> {
-        match self.read_from(slot, open, |io, buf| io.read(buf)) {
-            Step::Read => None,
-            Step::Drop(mut io) => {
-                unregister(&mut io);
-                None
-            }
-            Step::Done(mut io, verdict) => {
-                unregister(&mut io);
-                Some((io, verdict))
+        loop {
+            match self.read_from(slot, &open, |io, buf| io.read(buf)) {
+                Step::Read => return None,
+                Step::Drop(mut io) => {
+                    unregister(&mut io);
+                    return None;
+                }
+                Step::Done(mut io, verdict) => {
+                    unregister(&mut io);
+                    return Some((io, verdict));
+                }
+                Step::Challenge(bytes) => {
+                    let sent = self
+                        .io_mut(slot)
+                        .map(|io| io.write(&bytes).is_ok_and(|n| n == bytes.len()));
+                    if sent == Some(false) {
+                        if let Some(mut io) = self.remove(slot) {
+                            unregister(&mut io);
+                        }
+                        return None;
+                    }
+                }
             }
         }
     }
@@ -762,5 +944,75 @@ mod tests {
             ),
             s => panic!("{s:?}"),
         }
+    }
+
+    #[test]
+    fn with_a_secret_a_good_hello_is_challenged_and_only_a_proof_admits() {
+        let secret = Secret::from_bytes(b"sixteen or more bytes", "test").unwrap();
+        let other = Secret::from_bytes(b"sixteen or more bytez", "test").unwrap();
+        let mut t = Handshakes::new(TCP, limits(), 2).with_secret(Some(secret.clone()));
+        let now = Instant::now();
+        let mut nonces = Vec::new();
+        for (io, prover, chunk) in [(1u32, &secret, 32), (2, &other, 32), (3, &secret, 5)] {
+            let (slot, _) = admitted(t.admit(io, now, 0));
+            let challenge = match feed(&mut t, slot, &TCP.encode(1, 0), 8, 0) {
+                Step::Challenge(c) => c,
+                s => panic!("{s:?}"),
+            };
+            assert!(Challenge::is_head(&challenge));
+            assert_eq!(t.stage(slot), Some(Stage::Proof));
+            let nonce: [u8; NONCE_BYTES] = challenge[CHALLENGE_HEAD_BYTES..].try_into().unwrap();
+            nonces.push(nonce);
+            let proof = prover.proof(PROOF_CONTEXT, &nonce);
+            match (io, feed(&mut t, slot, &proof, chunk, 0)) {
+                (1 | 3, Step::Done(got, Verdict::Accept { worker: 1, .. })) => assert_eq!(got, io),
+                (2, Step::Done(2, v)) => assert_eq!(
+                    v,
+                    Verdict::Refuse {
+                        code: ErrorCode::AuthFailed,
+                        worker: 1
+                    }
+                ),
+                (_, s) => panic!("{io}: {s:?}"),
+            }
+        }
+        nonces.dedup();
+        assert_eq!(nonces.len(), 3, "every challenge has its own nonce");
+        // A hello that would be refused is refused at once, unchallenged.
+        let (slot, _) = admitted(t.admit(4, now, 0));
+        assert!(matches!(
+            feed(&mut t, slot, &TCP.encode(9, 0), 8, 0),
+            Step::Done(
+                4,
+                Verdict::Refuse {
+                    code: ErrorCode::NoSuchWorker,
+                    ..
+                }
+            )
+        ));
+        assert_eq!(t.pending(), 0);
+    }
+
+    #[test]
+    fn a_client_answers_a_challenge_only_with_a_secret() {
+        let secret = Secret::from_bytes(b"sixteen or more bytes", "test").unwrap();
+        let c = Challenge {
+            nonce: [7; NONCE_BYTES],
+        }
+        .encode();
+        // Not a challenge: the transport's answer, left to its reader.
+        let mut io = std::io::Cursor::new(Vec::new());
+        assert!(!answer_challenge(&TCP.encode(0, 1), &mut io, Some(&secret)).unwrap());
+        let mut io = std::io::Cursor::new(c[CHALLENGE_HEAD_BYTES..].to_vec());
+        match answer_challenge(&c[..CHALLENGE_HEAD_BYTES], &mut io, None) {
+            Err(TransportError::Denied(ErrorCode::AuthRequired, why)) => {
+                assert!(why.contains("FABRICKV_AUTH_TOKEN"), "{why}")
+            }
+            r => panic!("{r:?}"),
+        }
+        let mut io = std::io::Cursor::new(c[CHALLENGE_HEAD_BYTES..].to_vec());
+        assert!(answer_challenge(&c[..CHALLENGE_HEAD_BYTES], &mut io, Some(&secret)).unwrap());
+        let written = &io.get_ref()[NONCE_BYTES..];
+        assert!(secret.verify_proof(PROOF_CONTEXT, &[7; NONCE_BYTES], written));
     }
 }

@@ -40,7 +40,10 @@ pub mod handshake;
 pub mod inproc;
 pub mod tcp;
 
-pub use address::{connect, listen, register_scheme, Address, ConnectFn, ListenFn};
+pub use address::{
+    connect, connect_with, listen, listen_with, register_scheme, Address, ConnectFn, Dial,
+    ListenFn, ListenOptions,
+};
 
 /// Identifies a connection within one worker port.
 pub type ConnId = u32;
@@ -190,6 +193,9 @@ pub enum TransportError {
     /// A one-sided access names a region this connection does not know, or
     /// falls outside it; nothing was read or written.
     BadRegion(String),
+    /// The server refused this client's authentication (`AUTH_REQUIRED`,
+    /// `AUTH_FAILED`, `PEER_NOT_ALLOWED`), with what to do about it.
+    Denied(fabrickv_types::ErrorCode, String),
 }
 
 impl fmt::Display for TransportError {
@@ -213,6 +219,7 @@ impl fmt::Display for TransportError {
                 write!(f, "{what} is not supported by this transport")
             }
             TransportError::BadRegion(why) => write!(f, "bad one-sided access: {why}"),
+            TransportError::Denied(code, why) => write!(f, "{why} ({})", code.name()),
         }
     }
 }

@@ -78,6 +78,12 @@ impl<C: Conclude> TcpAcceptor<C> {
         })
     }
 
+    /// Asks every client to prove `secret` in its handshake.
+    pub fn with_secret(mut self, secret: Option<fabrickv_auth::Secret>) -> Self {
+        self.table = self.table.with_secret(secret);
+        self
+    }
+
     fn accept_all(&mut self) {
         loop {
             match self.listener.accept() {

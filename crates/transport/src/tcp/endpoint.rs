@@ -82,8 +82,15 @@ fn corrupt(len: u32) -> TransportError {
 }
 
 impl TcpEndpoint {
-    /// Connects and binds the connection to `worker`.
+    /// Connects and binds the connection to `worker`, proving the
+    /// process's client secret if the server asks (`Dial::new`).
     pub fn connect(addr: &str, worker: u16, timeout: Duration) -> Result<TcpEndpoint> {
+        Self::connect_with(addr, worker, &crate::Dial::new(timeout)?)
+    }
+
+    /// Connects as `dial` says and binds the connection to `worker`.
+    pub fn connect_with(addr: &str, worker: u16, dial: &crate::Dial) -> Result<TcpEndpoint> {
+        let timeout = dial.timeout;
         let sa = resolve(addr)?;
         let mut stream = TcpStream::connect_timeout(&sa, timeout)?;
         stream.set_nodelay(true)?;
@@ -92,6 +99,9 @@ impl TcpEndpoint {
         stream.write_all(&TCP_HELLO.encode(worker, 0))?;
         let mut reply = [0u8; HANDSHAKE_BYTES];
         stream.read_exact(&mut reply)?;
+        if crate::handshake::answer_challenge(&reply, &mut stream, dial.secret.as_ref())? {
+            stream.read_exact(&mut reply)?;
+        }
         let (status, workers) = TCP_HELLO
             .fields(&reply)
             .ok_or_else(|| TransportError::Refused("the peer is not a FabricKV server".into()))?;

@@ -52,8 +52,15 @@ pub fn bind(addr: &str) -> Result<(mio::net::TcpListener, SocketAddr)> {
     Ok((mio::net::TcpListener::from_std(listener), local))
 }
 
-/// Listens on `addr` (port 0 picks a free port) for `workers` workers.
+/// Listens on `addr` (port 0 picks a free port) for `workers` workers,
+/// letting in every client.
 pub fn listen(addr: &str, workers: usize) -> Result<Listening> {
+    listen_with(addr, &crate::ListenOptions::workers(workers))
+}
+
+/// Listens on `addr` (port 0 picks a free port) as `opts` say.
+pub fn listen_with(addr: &str, opts: &crate::ListenOptions) -> Result<Listening> {
+    let workers = opts.workers;
     let (listener, local) = bind(addr)?;
     let open = Arc::new(AtomicUsize::new(0));
     let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
@@ -67,7 +74,8 @@ pub fn listen(addr: &str, workers: usize) -> Result<Listening> {
         handoffs,
         open: open.clone(),
     };
-    let acceptor = TcpAcceptor::new(listener, acceptor::TCP_HELLO, workers, open, conclude)?;
+    let acceptor = TcpAcceptor::new(listener, acceptor::TCP_HELLO, workers, open, conclude)?
+        .with_secret(opts.secret.clone());
     Ok(Listening {
         local_addr: format!("tcp://{local}"),
         acceptor: Box::new(acceptor),
