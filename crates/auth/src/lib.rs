@@ -232,6 +232,13 @@ pub fn set_client_secret(secret: Option<Secret>) {
     }
 }
 
+/// Forgets what [`set_client_secret`] set: the environment decides again.
+pub fn clear_client_secret() {
+    if let Ok(mut s) = client_override().write() {
+        *s = None;
+    }
+}
+
 /// The secret a client connection offers when its caller gave none: the
 /// one [`set_client_secret`] set, else [`Secret::resolve`] of the
 /// environment (read at each call, so a variable set later counts).

@@ -28,6 +28,25 @@ const CLUSTER: &str = "nt";
 const TTL_S: &str = "2";
 /// How long any one step may take before the test counts it as hung.
 const STEP: Duration = Duration::from_secs(20);
+/// The cluster secret: servers listen beyond loopback (on the namespaces'
+/// addresses), so they need one, and every client proves it.
+const SECRET: &str = "the secret of the netns cluster";
+
+/// `program` on host `i`, holding the cluster secret.
+fn on(net: &Net, i: usize, program: &str) -> Command {
+    let mut c = net.command(i, program);
+    c.env("FABRICKV_AUTH_TOKEN", SECRET);
+    c
+}
+
+/// Runs `program ARGS` on host `i`, holding the cluster secret.
+fn run_on(net: &Net, i: usize, program: &str, args: &[&str]) -> Output {
+    on(net, i, program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run a command in a namespace")
+}
 
 fn net_or_skip(hosts: usize) -> Option<Net> {
     match Net::new(hosts) {
@@ -74,8 +93,7 @@ fn start_memcached(net: &mut Net) {
 /// its banner (printed once it listens and is registered). Returns the
 /// index of its child in `net`.
 fn start_server(net: &mut Net, i: usize, transport: &str) -> usize {
-    let mut child = net
-        .command(i, BIN)
+    let mut child = on(net, i, BIN)
         .args(["serve", "--listen", &server_addr(net, i, transport)])
         .args(["--workers", "1", "--memory", "64MB", "--grpc", "off"])
         .args(["--cache-memory", "64MB", "--dram-pool-gb", "0.0625"])
@@ -115,7 +133,7 @@ fn client(net: &Net, args: &[&str]) -> Output {
     let reg = registry(net);
     let mut all: Vec<&str> = args.to_vec();
     all.extend_from_slice(&["--registry", &reg, "--cluster", CLUSTER]);
-    net.run(CLIENT, BIN, &all)
+    run_on(net, CLIENT, BIN, &all)
 }
 
 fn ok(out: &Output, what: &str) -> String {
@@ -138,7 +156,8 @@ fn value_of(k: &str) -> String {
 
 /// The item count of server `i`, asked directly (not through the cluster).
 fn items_on(net: &Net, i: usize, transport: &str) -> u64 {
-    let out = net.run(
+    let out = run_on(
+        net,
         CLIENT,
         BIN,
         &["stats", "--server", &server_addr(net, i, transport)],
@@ -174,6 +193,12 @@ fn cluster_across_hosts(transport: &str) {
             "server {i} missing from:\n{shown}"
         );
     }
+    // From another host, a client without the secret is refused.
+    let addr = server_addr(&net, 0, transport);
+    let out = net.run(CLIENT, BIN, &["get", "k", "--server", &addr]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("AUTH_REQUIRED"), "{e}");
 
     // Writes and reads across the cluster, in request order.
     let ks = keys(60);
@@ -220,7 +245,10 @@ fn cluster_across_hosts(transport: &str) {
         file.to_str().expect("utf-8 path"),
     ];
     args.extend(ks.iter().map(String::as_str));
-    let got = ok(&net.run(CLIENT, BIN, &args), "mget from the static file");
+    let got = ok(
+        &run_on(&net, CLIENT, BIN, &args),
+        "mget from the static file",
+    );
     assert_eq!(got.lines().count(), ks.len());
     let _ = std::fs::remove_file(&file);
 
@@ -228,7 +256,7 @@ fn cluster_across_hosts(transport: &str) {
     let reg = registry(&net);
     let waiters: Vec<_> = (0..SERVERS)
         .map(|i| {
-            net.command(i, BIN)
+            on(&net, i, BIN)
                 .args(["barrier", "go", "--count", "3", "--timeout", "20"])
                 .args(["--registry", &reg, "--cluster", CLUSTER])
                 .stdout(Stdio::piped())
@@ -249,8 +277,7 @@ fn cluster_across_hosts(transport: &str) {
     // Embedding tables and the KV cache across the hosts, from a client
     // process on the client host running this test binary's `ps_and_cache`.
     let me = std::env::current_exe().expect("test binary");
-    let out = net
-        .command(CLIENT, me.to_str().expect("utf-8 path"))
+    let out = on(&net, CLIENT, me.to_str().expect("utf-8 path"))
         .args([
             "--exact",
             "ps_and_cache_on_a_client_host",

@@ -146,6 +146,29 @@ pub(crate) fn ttl_of(ttl: Option<f64>) -> PyResult<Option<Duration>> {
 /// (with a stable `.code`) for every failed call.
 //
 // The module's init: the exception, then each file's classes.
+/// Makes every connection this process opens from now on prove the
+/// cluster secret held in the file at `path` (chmod 600), as the CLI's
+/// `--auth-token-file` does; `None` goes back to the environment
+/// (`FABRICKV_AUTH_TOKEN`, or the file `FABRICKV_AUTH_TOKEN_FILE` names),
+/// which is what a process uses when it never calls this. The secret
+/// itself is never an argument: it would sit in scripts and histories.
+#[pyfunction]
+#[pyo3(signature = (path))]
+fn set_auth_token_file(path: Option<std::path::PathBuf>) -> PyResult<()> {
+    let secret = match path {
+        Some(p) => Some(
+            fabrickv_auth::Secret::from_file(&p)
+                .map_err(|e| error(ErrorCode::AuthRequired, e.to_string()))?,
+        ),
+        None => {
+            fabrickv_auth::clear_client_secret();
+            return Ok(());
+        }
+    };
+    fabrickv_auth::set_client_secret(secret);
+    Ok(())
+}
+
 #[pymodule]
 fn fabrickv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     fabrickv_transport_shm::install();
@@ -159,6 +182,7 @@ fn fabrickv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ps::register(m)?;
     cache::register(m)?;
     cluster::register(m)?;
+    m.add_function(wrap_pyfunction!(set_auth_token_file, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
