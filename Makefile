@@ -97,6 +97,7 @@ bench-smoke: build python
 	$(BIN) bench rpc --transport shm --duration 0.3 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json
 	$(BIN) bench rpc --transport fabric --provider shm --duration 0.3 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json
 	$(BIN) bench rpc --transport fabric --provider 'tcp;ofi_rxm' --duration 0.3 --report-every 0 --json
+	$(BIN) bench auth --rounds 2 --connects 10 --gets 200 --json
 
 ## Real measurements, written to bench-results/ (see docs/benchmarks.md).
 bench: deps build
@@ -108,6 +109,7 @@ bench: deps build
 	bash scripts/bench-ps.sh | tee $(BENCH_DIR)/$(DATE)-ps.txt
 	bash scripts/bench-cache.sh | tee $(BENCH_DIR)/$(DATE)-cache.txt
 	bash scripts/bench-cluster.sh | tee $(BENCH_DIR)/$(DATE)-cluster.txt
+	bash scripts/bench-auth.sh | tee $(BENCH_DIR)/$(DATE)-auth.txt
 	bash scripts/bench-copy.sh
 
 ## FabricKV beside redis-server and memcached (see scripts/bench-compare.sh).

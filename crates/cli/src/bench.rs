@@ -22,6 +22,8 @@ pub enum BenchCommand {
     Cluster(cmd::cluster::ClusterBenchArgs),
     /// Echo RPCs over a transport: the original RPC benchmark's table (ops/s, fast, ave, p50, p99).
     Rpc(cmd::rpc::RpcArgs),
+    /// What the cluster secret costs: connect + first GET and GETs on a long-lived connection, with and without a secret (tcp, shm).
+    Auth(cmd::auth::AuthArgs),
     /// The echo server `bench rpc` starts as a pinned child process.
     #[command(hide = true)]
     RpcServer(cmd::rpc::RpcServerArgs),
@@ -39,5 +41,6 @@ pub fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::Copy(a) => cmd::copy::run(a),
         BenchCommand::Cluster(a) => cmd::cluster::run(&a),
         BenchCommand::RpcServer(a) => cmd::rpc::serve(a),
+        BenchCommand::Auth(a) => cmd::auth::run(a),
     }
 }

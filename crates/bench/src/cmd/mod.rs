@@ -3,6 +3,7 @@
 //! its run: starting servers and peers, sweeps of client processes,
 //! printing the tables and JSON lines.
 //!
+//! - [`auth`]: what the cluster secret costs a connection and a GET;
 //! - [`kv`], [`herd`], [`compare`], [`ps`], [`cache`], [`copy`], [`rpc`],
 //!   [`cluster`]: one per subcommand of the same name;
 //! - [`sweep`]: the client processes of `bench ps --clients` and `bench
@@ -13,6 +14,7 @@
 
 use std::time::Duration;
 
+pub mod auth;
 pub mod cache;
 pub mod cluster;
 pub mod compare;
