@@ -155,6 +155,41 @@ fn tcp_copy_is_identical_to_its_source() {
     copy_is_identical(tcp);
 }
 
+/// The copy's control connection authenticates like any native client:
+/// without the source's secret it is refused before anything is copied.
+#[test]
+fn a_copy_from_a_server_with_a_secret_needs_the_secret() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    gen(&src, "1MB", 256);
+    let token = dir.path().join("token");
+    std::fs::write(&token, "the secret of the copy test\n").expect("token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let token = token.to_str().expect("utf-8").to_string();
+    let shard = format!("s={}", src.display());
+    let served = common::serve_with(
+        &tcp(),
+        1,
+        &["--shard", &shard, "--auth-token-file", &token, "--grpc", "off"],
+    );
+    let out = copy_cmd(&served.addr, &dst, &[])
+        .env_remove("FABRICKV_AUTH_TOKEN")
+        .env_remove("FABRICKV_AUTH_TOKEN_FILE")
+        .output()
+        .expect("run copy");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("AUTH_REQUIRED"), "{e}");
+    let dst2 = dir.path().join("dst2");
+    let out = copy_cmd(&served.addr, &dst2, &["--auth-token-file", &token])
+        .output()
+        .expect("run copy");
+    assert_eq!(result_of(&out)["state"], "DONE");
+    stop(served);
+    assert_eq!(checksum(&src), checksum(&dst2), "source and copy differ");
+}
+
 #[test]
 fn shm_copy_is_identical_to_its_source() {
     copy_is_identical(shm);
