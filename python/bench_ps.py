@@ -74,7 +74,7 @@ class Server:
             listen = f"shm://fkv-benchps-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         else:
             raise SystemExit(f"unknown transport {transport!r} (tcp, shm)")
-        cmd = [str(binary), "serve", "--listen", listen, "--workers", "1",
+        cmd = [str(binary), "serve", "--listen", listen, "--workers", "1", "--grpc", "off",
                "--log-level", "warn", *PS_POOL_ARGS]
         if shutil.which("taskset"):
             cmd = ["taskset", "-c", str(SERVER_CPU), *cmd]

@@ -43,12 +43,18 @@ class Server:
     `native` is the address native clients connect to, as the banner
     prints it (`tcp://127.0.0.1:PORT` or `shm://NAME`)."""
 
-    def __init__(self, *extra, listen="127.0.0.1:0", workers=2):
+    def __init__(self, *extra, listen="127.0.0.1:0", workers=2, env=None):
         if not BIN.exists():
             pytest.fail(f"{BIN} is missing: run `make build` first")
+        # The gRPC control plane's default address must bind or the server
+        # refuses to start; tests start many servers, so theirs is off
+        # unless a test names one.
+        grpc = () if "--grpc" in extra else ("--grpc", "off")
         self.proc = subprocess.Popen(
             [str(BIN), "serve", "--listen", listen, "--resp", "127.0.0.1:0",
-             "--workers", str(workers), "--memory", "64MB", "--log-level", "warn", *extra],
+             "--workers", str(workers), "--memory", "64MB", "--log-level", "warn",
+             *grpc, *extra],
+            env={**os.environ, **(env or {})},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -89,7 +95,9 @@ def server():
 
 @pytest.fixture(scope="module")
 def auth_server():
-    s = Server("--resp-password", "s3cret pass")
+    # The password comes from the environment, never the command line
+    # (where every user of the host could read it).
+    s = Server(env={"FABRICKV_RESP_PASSWORD": "s3cret pass"})
     yield s
     s.stop()
 

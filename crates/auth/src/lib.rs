@@ -183,6 +183,13 @@ impl Secret {
         self.hmac(context, &[msg]).verify_slice(mac).is_ok()
     }
 
+    /// The secret itself, for the one place a protocol can carry nothing
+    /// else: the bearer token a gRPC client sends (HTTP/2 metadata has no
+    /// challenge). Everything else proves or MACs the secret instead.
+    pub fn token_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// Whether `offered` is the secret itself, in time that depends on
     /// neither's contents nor on where they first differ: both are run
     /// through one HMAC and the digests compared in constant time.

@@ -222,8 +222,18 @@ pub fn run(opts: &CompareOpts) -> Result<Vec<Row>, String> {
 fn fabrickv_command(opts: &CompareOpts) -> Result<std::process::Command, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = pinned(Some(&opts.server_cpus), &exe.to_string_lossy());
-    cmd.args(["serve", "--workers", "1", "--log-level", "warn", "--memory"])
-        .arg(memory_for(opts).to_string());
+    // No gRPC: the default address may be another server's, and a taken
+    // address is a start-up error.
+    cmd.args([
+        "serve",
+        "--workers",
+        "1",
+        "--log-level",
+        "warn",
+        "--grpc",
+        "off",
+    ])
+    .args(["--memory", &memory_for(opts).to_string()]);
     Ok(cmd)
 }
 

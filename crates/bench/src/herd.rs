@@ -379,7 +379,10 @@ impl HerdServer {
             "--workers",
             &workers.to_string(),
         ])
-        .args(["--memory", &memory.to_string(), "--log-level", "warn"]);
+        .args(["--memory", &memory.to_string(), "--log-level", "warn"])
+        // The benchmark needs no gRPC, and the default address may be
+        // another server's (a taken address is a start-up error).
+        .args(["--grpc", "off"]);
         // Ready when a client completes its handshake (any transport).
         let ready = || Client::connect_with_timeout(&listen, Duration::from_secs(1)).is_ok();
         let c = spawn_until(cmd, "fabrickv", ready)?;

@@ -154,7 +154,9 @@ pub fn spawn_fabrickv(
         "--workers",
         &workers.to_string(),
     ]);
-    cmd.args(["--memory", memory, "--log-level", "warn"]);
+    // No gRPC: the default address may be another server's, and a taken
+    // address is a start-up error.
+    cmd.args(["--memory", memory, "--log-level", "warn", "--grpc", "off"]);
     let c = spawn_server(cmd, "fabrickv", port)?;
     Ok((c, format!("127.0.0.1:{port}")))
 }

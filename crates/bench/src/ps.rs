@@ -393,7 +393,9 @@ pub fn spawn_server(
         key_space * (u64::from(dim) * 4 + POOL_OVERHEAD_PER_KEY_BYTES) * 5 / 4 + POOL_SLACK_BYTES;
     let gb = pool as f64 / (1u64 << 30) as f64;
     let mut cmd = peers::fabrickv_serve(cpus, &addr, workers)?;
-    cmd.args(["--memory", "64MB", "--log-level", "warn"])
+    // No gRPC: the default address may be another server's, and a taken
+    // address is a start-up error.
+    cmd.args(["--memory", "64MB", "--log-level", "warn", "--grpc", "off"])
         .args(["--dram-pool-gb", &format!("{gb:.4}")]);
     let probe = addr.clone();
     let child = peers::spawn_until(cmd, "fabrickv", || {

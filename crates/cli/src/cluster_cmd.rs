@@ -32,9 +32,15 @@ pub struct ServeClusterArgs {
 }
 
 impl ServeClusterArgs {
-    /// Registers the started server, if `--registry` was given. The
-    /// registration lasts as long as the returned value.
-    pub fn register(&self, handle: &ServerHandle) -> Result<Option<Registration>, String> {
+    /// Registers the started server, if `--registry` was given, its
+    /// entries MACed with the server's cluster secret `secret` (so that
+    /// clients holding it can tell them from forgeries). The registration
+    /// lasts as long as the returned value.
+    pub fn register(
+        &self,
+        handle: &ServerHandle,
+        secret: Option<fabrickv_auth::Secret>,
+    ) -> Result<Option<Registration>, String> {
         let Some(url) = &self.registry else {
             if self.id.is_some() || self.cluster_size.is_some() {
                 return Err("--id and --cluster-size need --registry".into());
@@ -52,7 +58,9 @@ impl ServeClusterArgs {
             workers: handle.workers() as u32,
             pid: std::process::id(),
         };
-        let registry = Registry::connect(url, &self.cluster).map_err(|e| e.to_string())?;
+        let registry = Registry::connect(url, &self.cluster)
+            .map_err(|e| e.to_string())?
+            .with_secret(secret);
         let r = Registration::start(registry, size, desc, self.registry_ttl)
             .map_err(|e| format!("cannot register: {e}"))?;
         eprintln!(

@@ -94,8 +94,9 @@ impl DramArgs {
 #[derive(clap::Args)]
 struct CacheArgs {
     /// gRPC control plane of the KV cache: an address, or `off`. The
-    /// default is taken only if free (another server may hold it); an
-    /// address given here must bind.
+    /// address, the default one too, must bind: a server whose address
+    /// another process holds refuses to start (run several servers on one
+    /// host with `--grpc off` or a port each).
     #[arg(long, env = "FABRICKV_GRPC", value_name = "ADDR")]
     grpc: Option<String>,
     /// KV-cache pool size, e.g. 1GB (default) or 512MB.
@@ -124,12 +125,8 @@ impl CacheArgs {
     fn apply(self, c: &mut fabrickv_server::cache::CacheSettings) -> Result<(), String> {
         match self.grpc.as_deref() {
             Some("off") => c.grpc = None,
-            Some(a) => {
-                c.grpc = Some(a.to_string());
-                c.grpc_required = true;
-            }
-            None if c.grpc.is_none() && !c.grpc_required => c.grpc = Some(DEFAULT_GRPC.to_string()),
-            None => {}
+            Some(a) => c.grpc = Some(a.to_string()),
+            None => c.grpc = Some(DEFAULT_GRPC.to_string()),
         }
         if let Some(v) = self.cache_memory {
             c.store.pool_bytes = parse_size(&v).map_err(|e| e.to_string())? as usize;
@@ -183,9 +180,12 @@ enum Command {
         /// 127.0.0.1:7380 (off by default; 7380 is the documented port).
         #[arg(long, value_name = "ADDR")]
         resp: Option<String>,
-        /// Password RESP clients must AUTH with (Redis's requirepass).
-        #[arg(long, env = "FABRICKV_RESP_PASSWORD", hide_env_values = true)]
-        resp_password: Option<String>,
+        /// A file holding the password RESP clients must AUTH with
+        /// (Redis's requirepass; FABRICKV_RESP_PASSWORD holds it instead).
+        /// Without one, AUTH takes the cluster secret. Never the password
+        /// itself on the command line, where every user can read it.
+        #[arg(long, value_name = "FILE")]
+        resp_password_file: Option<std::path::PathBuf>,
         /// Embedding tables to create at start:
         /// NAME:DIM[:optimizer=sgd|adagrad][:lr=F][:missing=zeros|init][:seed=N].
         #[arg(long = "table", value_name = "SPEC")]
@@ -384,7 +384,7 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             memory,
             log_level,
             resp,
-            resp_password,
+            resp_password_file,
             tables,
             shards,
             dram,
@@ -424,8 +424,12 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             if resp.is_some() {
                 cfg.resp = resp;
             }
-            if resp_password.is_some() {
-                cfg.resp_password = resp_password;
+            // The flag, then the environment, win over the file's
+            // resp_password_file.
+            if let Some(path) = &resp_password_file {
+                cfg.resp_password = Some(fabrickv_server::config::read_resp_password(path)?);
+            } else if let Ok(p) = std::env::var(fabrickv_server::config::ENV_RESP_PASSWORD) {
+                cfg.resp_password = Some(p);
             }
             for t in &tables {
                 cfg.ps.tables.push(fabrickv_client::TableSpec::parse(t)?);
@@ -613,7 +617,7 @@ fn serve(cfg: &ServerConfig, cluster: &cluster_cmd::ServeClusterArgs) -> Result<
     let handle = Server::start(cfg).map_err(|e| e.to_string())?;
     // Registered before the banner, so that whoever waits for the banner
     // finds the server in the registry too.
-    let registration = cluster.register(&handle)?;
+    let registration = cluster.register(&handle, cfg.auth.clone())?;
     // Its own line, before the banner that scripts wait for, so that the
     // banner's format does not depend on whether gRPC is on.
     if let Some(g) = handle.grpc_addr() {

@@ -306,3 +306,27 @@ fn shard_gen_is_deterministic_and_checksum_tells_shards_apart() {
     assert_eq!(out.status.code(), Some(2));
     assert!(!none.exists());
 }
+
+/// The RESP password never comes from the command line (every user of
+/// the host can read a process's arguments): the old flag is gone, and
+/// the file flag reports a file it cannot read.
+#[test]
+fn the_resp_password_comes_from_a_file_or_the_environment_only() {
+    let out = run(&["serve", "--grpc", "off", "--resp-password", "hunter2"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--resp-password"), "{err}");
+    let out = run(&[
+        "serve",
+        "--grpc",
+        "off",
+        "--resp-password-file",
+        "/nonexistent/fabrickv-resp-password",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot read the RESP password file /nonexistent/fabrickv-resp-password"),
+        "{err}"
+    );
+}

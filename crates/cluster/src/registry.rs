@@ -10,12 +10,22 @@
 //! A server's keys expire [`REGISTRATION_TTL_S`] seconds after its last
 //! refresh, so a server that dies without deregistering disappears on its
 //! own; a live one rewrites them every third of that.
+//!
+//! Anyone who reaches memcached can write there, so with a cluster secret
+//! the `size` and `server/ID` values carry a MAC: `VALUE\nmac:HEX`, where
+//! HEX is [`Secret::mac`] under [`REGISTRY_MAC_CONTEXT`] of the key, a 0
+//! byte and the value. A reader holding the secret ignores (and logs) a
+//! value whose MAC is wrong or missing, as if the key were absent; one
+//! without the secret reads the value and ignores the MAC. Whatever is
+//! stored under one server's key (junk, a forgery) costs only that slot:
+//! the other servers are read as usual.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use fabrickv_auth::Secret;
 use memcache::MemcacheError;
 
 use crate::{check_name, Cluster, ServerDesc, CLUSTER_SERVERS_MAX};
@@ -43,6 +53,15 @@ pub const REGISTRY_IO_TIMEOUT_MS: u64 = 2_000;
 /// Largest descriptor a server may publish, in bytes (memcached's default
 /// item limit is 1 MiB; descriptors are a few hundred bytes).
 pub const DESC_BYTES_MAX: usize = 64 * 1024;
+
+/// What a registry MAC is made for, so that a MAC made with the cluster
+/// secret for anything else (a handshake, another version's entries)
+/// never passes as one.
+pub const REGISTRY_MAC_CONTEXT: &[u8] = b"fabrickv registry v1";
+
+/// What separates a value from its MAC in memcached (neither JSON from
+/// serde_json nor a number holds a line break).
+const MAC_SEPARATOR: &str = "\nmac:";
 
 /// Why a registry operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +102,9 @@ pub struct Registry {
     addr: String,
     cluster: String,
     mc: memcache::Client,
+    /// The cluster secret: MACs what this handle writes and checks what
+    /// it reads; `None` writes bare values and trusts what it reads.
+    secret: Option<Secret>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -90,12 +112,16 @@ impl std::fmt::Debug for Registry {
         f.debug_struct("Registry")
             .field("addr", &self.addr)
             .field("cluster", &self.cluster)
+            .field("authenticated", &self.secret.is_some())
             .finish()
     }
 }
 
 impl Registry {
-    /// Connects to `memcached://HOST:PORT` for cluster `cluster`.
+    /// Connects to `memcached://HOST:PORT` for cluster `cluster`, with the
+    /// process's cluster secret ([`fabrickv_auth::client_secret`]: the
+    /// CLI's `--auth-token-file` or the environment), if any; a server
+    /// sets its own with [`Registry::with_secret`].
     pub fn connect(url: &str, cluster: &str) -> Result<Registry, RegistryError> {
         check_name("cluster", cluster).map_err(RegistryError::Invalid)?;
         let hostport = url
@@ -118,11 +144,77 @@ impl Registry {
                 addr: url.to_string(),
                 source,
             })?;
+        let secret =
+            fabrickv_auth::client_secret().map_err(|e| RegistryError::Invalid(e.to_string()))?;
         Ok(Registry {
             addr: url.to_string(),
             cluster: cluster.to_string(),
             mc,
+            secret,
         })
+    }
+
+    /// The same registry, MACing and checking its entries with `secret`
+    /// (`None`: neither) instead of the process's.
+    pub fn with_secret(mut self, secret: Option<Secret>) -> Registry {
+        self.secret = secret;
+        self
+    }
+
+    /// `value` as stored under `key`: with its MAC when there is a secret.
+    fn seal(&self, key: &str, value: &str) -> String {
+        match &self.secret {
+            None => value.to_string(),
+            Some(s) => {
+                let mac = s.mac(REGISTRY_MAC_CONTEXT, &mac_input(key, value));
+                let mut out = String::with_capacity(value.len() + MAC_SEPARATOR.len() + 64);
+                out.push_str(value);
+                out.push_str(MAC_SEPARATOR);
+                for b in mac {
+                    out.push_str(&format!("{b:02x}"));
+                }
+                out
+            }
+        }
+    }
+
+    /// The value stored under `key`, if it is one to trust: its MAC checks
+    /// out (with a secret), and it is text. Otherwise the reason is logged
+    /// (never the secret, nor the junk itself beyond its length) and the
+    /// key counts as absent.
+    fn open<'a>(&self, key: &str, raw: &'a [u8]) -> Option<&'a str> {
+        let Ok(text) = std::str::from_utf8(raw) else {
+            tracing::warn!(
+                "registry {}: key {key} holds {} bytes that are not text; ignored",
+                self.addr,
+                raw.len()
+            );
+            return None;
+        };
+        let (value, mac) = match text.split_once(MAC_SEPARATOR) {
+            Some((v, m)) => (v, Some(m)),
+            None => (text, None),
+        };
+        let Some(secret) = &self.secret else {
+            return Some(value);
+        };
+        let ok = mac
+            .and_then(parse_hex_mac)
+            .is_some_and(|m| secret.verify_mac(REGISTRY_MAC_CONTEXT, &mac_input(key, value), &m));
+        if !ok {
+            tracing::warn!(
+                "registry {}: key {key} {} a MAC made with this cluster's secret; ignored \
+                 (written by a server with another secret, or forged)",
+                self.addr,
+                if mac.is_some() {
+                    "does not carry"
+                } else {
+                    "carries no"
+                },
+            );
+            return None;
+        }
+        Some(value)
     }
 
     /// The cluster this registry handle reads and writes.
@@ -145,19 +237,28 @@ impl Registry {
         self.mc.get::<String>(key).map_err(|e| self.mc_err(e))
     }
 
-    /// The cluster size servers published, if any has.
+    /// The cluster size servers published, if any has. A size that is not
+    /// one (junk, or a MAC that fails) counts as none published, so that
+    /// a server starting next overwrites it instead of refusing to start.
     pub fn size(&self) -> Result<Option<u32>, RegistryError> {
         let key = self.key("size");
-        match self.get_string(&key)? {
-            None => Ok(None),
-            Some(s) => match s.trim().parse::<u32>() {
-                Ok(n) if (1..=CLUSTER_SERVERS_MAX).contains(&n) => Ok(Some(n)),
-                _ => Err(RegistryError::Corrupt {
-                    addr: self.addr.clone(),
-                    key,
-                    why: format!("{s:?} is not a cluster size"),
-                }),
-            },
+        let raw = self.mc.get::<Vec<u8>>(&key).map_err(|e| self.mc_err(e))?;
+        let Some(raw) = raw else {
+            return Ok(None);
+        };
+        let Some(s) = self.open(&key, &raw) else {
+            return Ok(None);
+        };
+        match s.trim().parse::<u32>() {
+            Ok(n) if (1..=CLUSTER_SERVERS_MAX).contains(&n) => Ok(Some(n)),
+            _ => {
+                tracing::warn!(
+                    "registry {}: key {key} holds {} bytes that are not a cluster size; ignored",
+                    self.addr,
+                    s.len()
+                );
+                Ok(None)
+            }
         }
     }
 
@@ -187,15 +288,17 @@ impl Registry {
                 json.len()
             )));
         }
-        self.mc
-            .set(&self.key("size"), size.to_string().as_str(), ttl_s)
-            .map_err(|e| self.mc_err(e))?;
+        let size_key = self.key("size");
         self.mc
             .set(
-                &self.key(&format!("server/{}", desc.id)),
-                json.as_str(),
+                &size_key,
+                self.seal(&size_key, &size.to_string()).as_str(),
                 ttl_s,
             )
+            .map_err(|e| self.mc_err(e))?;
+        let key = self.key(&format!("server/{}", desc.id));
+        self.mc
+            .set(&key, self.seal(&key, &json).as_str(), ttl_s)
             .map_err(|e| self.mc_err(e))
     }
 
@@ -208,7 +311,9 @@ impl Registry {
     }
 
     /// Reads the cluster as registered now: `None` if no server has
-    /// published a size; servers not registered are `None` slots.
+    /// published a size; servers not registered are `None` slots, and so
+    /// are those whose entry cannot be trusted or read (logged): one bad
+    /// entry must not hide the live servers beside it.
     pub fn read(&self) -> Result<Option<Cluster>, RegistryError> {
         let Some(size) = self.size()? else {
             return Ok(None);
@@ -217,13 +322,17 @@ impl Registry {
             .map(|i| self.key(&format!("server/{i}")))
             .collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let mut found = self.mc.gets::<String>(&refs).map_err(|e| self.mc_err(e))?;
+        // As bytes: a value that is not UTF-8 would fail the whole
+        // multi-get if read as text.
+        let mut found = self.mc.gets::<Vec<u8>>(&refs).map_err(|e| self.mc_err(e))?;
         let mut servers = Vec::with_capacity(size as usize);
         for (i, key) in keys.iter().enumerate() {
-            servers.push(match found.remove(key) {
-                None => None,
-                Some(json) => Some(self.parse_desc(key, i as u32, &json)?),
-            });
+            servers.push(found.remove(key).and_then(|raw| {
+                let json = self.open(key, &raw)?;
+                self.parse_desc(key, i as u32, json)
+                    .map_err(|e| tracing::warn!("{e}; ignored"))
+                    .ok()
+            }));
         }
         Ok(Some(Cluster {
             name: self.cluster.clone(),
@@ -231,12 +340,15 @@ impl Registry {
         }))
     }
 
-    /// Reads one server's descriptor: `None` if it is not registered.
+    /// Reads one server's descriptor: `None` if it is not registered or
+    /// its entry fails its MAC (logged); an entry that passes but is not a
+    /// descriptor is an error.
     pub fn server(&self, id: u32) -> Result<Option<ServerDesc>, RegistryError> {
         let key = self.key(&format!("server/{id}"));
-        match self.get_string(&key)? {
+        let raw = self.mc.get::<Vec<u8>>(&key).map_err(|e| self.mc_err(e))?;
+        match raw.as_deref().and_then(|r| self.open(&key, r)) {
             None => Ok(None),
-            Some(json) => self.parse_desc(&key, id, &json).map(Some),
+            Some(json) => self.parse_desc(&key, id, json).map(Some),
         }
     }
 
@@ -330,6 +442,30 @@ impl Registry {
         }
         Ok(me)
     }
+}
+
+/// What a registry MAC covers: the key, a 0 byte (neither holds one) and
+/// the value, so that a valid entry copied under another key fails.
+fn mac_input(key: &str, value: &str) -> Vec<u8> {
+    let mut m = Vec::with_capacity(key.len() + 1 + value.len());
+    m.extend_from_slice(key.as_bytes());
+    m.push(0);
+    m.extend_from_slice(value.as_bytes());
+    m
+}
+
+/// A MAC written as lower-case hex, or `None` if it is not one.
+fn parse_hex_mac(hex: &str) -> Option<[u8; fabrickv_auth::MAC_BYTES]> {
+    let hex = hex.as_bytes();
+    if hex.len() != 2 * fabrickv_auth::MAC_BYTES {
+        return None;
+    }
+    let mut mac = [0u8; fabrickv_auth::MAC_BYTES];
+    for (b, pair) in mac.iter_mut().zip(hex.chunks_exact(2)) {
+        let s = std::str::from_utf8(pair).ok()?;
+        *b = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(mac)
 }
 
 /// A server's live registration: refreshes its descriptor every third of

@@ -172,3 +172,96 @@ fn an_unreachable_registry_is_a_clear_error() {
     assert!(e.to_string().contains(&url), "{e}");
     assert!(Registry::connect("redis://h:1", "x").is_err());
 }
+
+/// Writes `value` under `key` of memcached at `url`, as anyone who can
+/// reach memcached could.
+fn raw_set(url: &str, key: &str, value: &[u8]) {
+    let hostport = url.strip_prefix("memcached://").expect("memcached url");
+    let mc = memcache::Client::connect(format!("memcache://{hostport}?protocol=ascii"))
+        .expect("raw memcached client");
+    mc.set(key, value, 60).expect("raw set");
+}
+
+fn secret(text: &str) -> fabrickv_auth::Secret {
+    fabrickv_auth::Secret::from_bytes(text.as_bytes(), "test").expect("secret")
+}
+
+/// Junk under one server's key (not JSON, not even text) used to fail the
+/// whole cluster read, hiding the live servers beside it: now that slot
+/// reads as missing and the others are found.
+#[test]
+fn a_junk_entry_does_not_hide_the_other_servers() {
+    let mc = LocalMemcached::start().expect("memcached");
+    let reg = Registry::connect(&mc.url(), "junk")
+        .expect("registry")
+        .with_secret(None);
+    reg.publish(3, &desc(0), 60).expect("publish 0");
+    reg.publish(3, &desc(2), 60).expect("publish 2");
+    raw_set(&mc.url(), "fabrickv/junk/server/1", b"\xff\xfe not json");
+    let c = reg.lookup(Duration::ZERO, false).expect("lookup succeeds");
+    assert_eq!(c.servers[0].as_ref(), Some(&desc(0)));
+    assert_eq!(c.servers[2].as_ref(), Some(&desc(2)));
+    assert_eq!(c.missing(), vec![1]);
+    raw_set(&mc.url(), "fabrickv/junk/server/1", b"{\"id\": 7}");
+    let c = reg.lookup(Duration::ZERO, false).expect("lookup succeeds");
+    assert_eq!(c.missing(), vec![1]);
+    // A junk size reads as none published, and the next publish fixes it.
+    raw_set(&mc.url(), "fabrickv/junk/size", b"lots");
+    assert!(reg.read().expect("read").is_none());
+    reg.publish(3, &desc(0), 60).expect("publish over junk");
+    assert_eq!(reg.size().expect("size"), Some(3));
+}
+
+/// With a cluster secret, entries carry a MAC: a reader with the secret
+/// ignores a forged entry (valid JSON without a MAC, or with one made
+/// under another secret, or copied from another key) and reads the rest.
+#[test]
+fn forged_entries_are_ignored_by_a_reader_with_the_secret() {
+    let mc = LocalMemcached::start().expect("memcached");
+    let good = secret("registry-test-secret-0123");
+    let reg = Registry::connect(&mc.url(), "mac")
+        .expect("registry")
+        .with_secret(Some(good.clone()));
+    reg.publish(3, &desc(0), 60).expect("publish 0");
+    // A forgery with no MAC, pointing server 1 at an attacker's address.
+    let mut forged = desc(1);
+    forged.addrs = vec!["tcp://127.0.0.1:6666".into()];
+    let json = serde_json::to_string(&forged).expect("json");
+    raw_set(&mc.url(), "fabrickv/mac/server/1", json.as_bytes());
+    // Another with a MAC made under another secret.
+    Registry::connect(&mc.url(), "mac")
+        .expect("registry")
+        .with_secret(Some(secret("another-secret-0123456")))
+        .publish(3, &desc(2), 60)
+        .expect("publish 2 with the wrong secret");
+    // That rewrote the size too, which the reader now ignores (as if no
+    // size were published) until a server of its own refreshes it.
+    assert!(reg.read().expect("read").is_none());
+    reg.publish(3, &desc(0), 60).expect("server 0 refreshes");
+    let c = reg.lookup(Duration::ZERO, false).expect("lookup succeeds");
+    assert_eq!(c.servers[0].as_ref(), Some(&desc(0)));
+    assert_eq!(c.missing(), vec![1, 2], "both forgeries are ignored");
+    assert_eq!(reg.server(1).expect("server 1"), None);
+
+    // A valid entry copied under another server's key fails too: the MAC
+    // covers the key.
+    let hostport = mc.url().replace("memcached://", "memcache://");
+    let raw = memcache::Client::connect(format!("{hostport}?protocol=ascii")).expect("raw");
+    let sealed: Vec<u8> = raw
+        .get("fabrickv/mac/server/0")
+        .expect("get")
+        .expect("server 0 is there");
+    assert!(String::from_utf8_lossy(&sealed).contains("\nmac:"));
+    raw.set("fabrickv/mac/server/2", sealed.as_slice(), 60)
+        .expect("copy");
+    assert_eq!(
+        reg.lookup(Duration::ZERO, false).expect("lookup").missing(),
+        vec![1, 2]
+    );
+
+    // A reader without the secret reads the entries, MAC or not.
+    let open = Registry::connect(&mc.url(), "mac")
+        .expect("registry")
+        .with_secret(None);
+    assert_eq!(open.server(0).expect("server 0"), Some(desc(0)));
+}

@@ -9,10 +9,14 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use fabrickv_auth::Secret;
 use fabrickv_types::ErrorCode;
 use prost::bytes::Bytes;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
+
+use crate::auth::BearerToken;
 
 use crate::backend::{Fetched, Placed, Registered, Registration, StatsSnapshot};
 use crate::pb::{self, get_request, get_response, put_request};
@@ -95,13 +99,17 @@ impl ControlError {
     }
 }
 
-/// Timeouts of a [`ControlClient`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Timeouts and credentials of a [`ControlClient`].
+#[derive(Debug, Clone, PartialEq)]
 pub struct ClientOptions {
     /// Longest wait for the connection to be established.
     pub connect_timeout: Duration,
     /// Longest wait for any one call, transfer included.
     pub request_timeout: Duration,
+    /// The cluster secret every call offers as its bearer token; `None`
+    /// offers the process's ([`fabrickv_auth::client_secret`]: what the
+    /// CLI's `--auth-token-file` or the environment set), if any.
+    pub secret: Option<Secret>,
 }
 
 impl Default for ClientOptions {
@@ -109,9 +117,14 @@ impl Default for ClientOptions {
         ClientOptions {
             connect_timeout: CONNECT_TIMEOUT,
             request_timeout: REQUEST_TIMEOUT,
+            secret: None,
         }
     }
 }
+
+/// The channel a connected client calls through: every call gets the
+/// bearer token of the cluster secret on its way out.
+pub type AuthChannel = InterceptedService<Channel, BearerToken>;
 
 /// Where a value to store comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,7 +195,20 @@ pub enum Got {
 pub async fn connect_async(
     target: &str,
     options: &ClientOptions,
-) -> Result<KvCacheClient<Channel>, ControlError> {
+) -> Result<KvCacheClient<AuthChannel>, ControlError> {
+    let secret = match &options.secret {
+        Some(s) => Some(s.clone()),
+        None => fabrickv_auth::client_secret().map_err(|e| ControlError {
+            code: ErrorCode::AuthRequired,
+            grpc_code: Code::Unauthenticated,
+            message: e.to_string(),
+        })?,
+    };
+    let token = BearerToken::new(secret.as_ref()).map_err(|message| ControlError {
+        code: ErrorCode::AuthFailed,
+        grpc_code: Code::Unauthenticated,
+        message,
+    })?;
     let uri = if target.contains("://") {
         target.to_owned()
     } else {
@@ -198,7 +224,7 @@ pub async fn connect_async(
         .connect()
         .await
         .map_err(|e| ControlError::transport(&e))?;
-    Ok(KvCacheClient::new(channel)
+    Ok(KvCacheClient::with_interceptor(channel, token)
         .max_decoding_message_size(GRPC_MESSAGE_BYTES_MAX)
         .max_encoding_message_size(GRPC_MESSAGE_BYTES_MAX))
 }
@@ -212,7 +238,7 @@ pub async fn connect_async(
 #[derive(Debug)]
 pub struct ControlClient {
     runtime: tokio::runtime::Runtime,
-    inner: KvCacheClient<Channel>,
+    inner: KvCacheClient<AuthChannel>,
 }
 
 impl ControlClient {
@@ -247,7 +273,7 @@ impl ControlClient {
     /// Runs one call to completion on the client's runtime.
     fn call<T, F, Fut>(&self, f: F) -> Result<T, ControlError>
     where
-        F: FnOnce(KvCacheClient<Channel>) -> Fut,
+        F: FnOnce(KvCacheClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         self.runtime

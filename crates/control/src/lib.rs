@@ -8,6 +8,8 @@
 //! no data-plane transport carry values inline in the gRPC messages instead.
 //!
 //! Layout:
+//! - [`auth`]: the cluster secret as a bearer token, checked on every
+//!   call by the server and added to every call by the client.
 //! - [`backend`]: the [`CacheBackend`] trait the server calls; the store
 //!   itself lives elsewhere and implements it.
 //! - [`status`]: how FabricKV's stable [`ErrorCode`]s travel in gRPC statuses.
@@ -26,6 +28,7 @@ use std::time::Duration;
 
 use fabrickv_types::limits::{CACHE_BATCH_KEYS_MAX, CACHE_KEY_BYTES_MAX, CACHE_VALUE_BYTES_MAX};
 
+pub mod auth;
 pub mod backend;
 pub mod client;
 pub mod server;
@@ -54,8 +57,8 @@ pub use backend::{
     BackendError, CacheBackend, Fetched, Placed, Registered, Registration, StatsSnapshot,
 };
 pub use client::{
-    connect_async, ClientOptions, ControlClient, ControlError, GetDest, GetItem, Got, PutItem,
-    PutSource,
+    connect_async, AuthChannel, ClientOptions, ControlClient, ControlError, GetDest, GetItem, Got,
+    PutItem, PutSource,
 };
 pub use pb::kv_cache_client::KvCacheClient;
 pub use pb::kv_cache_server::{KvCache, KvCacheServer};

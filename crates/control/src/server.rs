@@ -14,11 +14,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use fabrickv_auth::Secret;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tonic::transport::server::{Router, TcpIncoming};
+use tonic::service::InterceptorLayer;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
+use crate::auth::BearerCheck;
 use crate::backend::CacheBackend;
 use crate::pb;
 use crate::service::CacheService;
@@ -57,46 +60,49 @@ pub enum ServeError {
     Panicked,
 }
 
-/// The gRPC server with the `KvCache` service and server reflection (v1 and
-/// v1alpha, since grpcurl and older tools ask for either).
-fn router(backend: Arc<dyn CacheBackend>) -> Result<Router, ServeError> {
+/// Serves the control plane on `addr` until `shutdown` completes, on the
+/// caller's tokio runtime. With `auth`, every call must carry it as a
+/// bearer token ([`crate::auth`]).
+pub async fn serve(
+    addr: SocketAddr,
+    backend: Arc<dyn CacheBackend>,
+    auth: Option<Secret>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let listener = TcpListener::bind(addr).await?;
+    serve_with_listener(listener, backend, auth, shutdown).await
+}
+
+/// Serves the control plane on an already bound listener until `shutdown`
+/// completes. Binding first lets the caller learn the port (when it asked
+/// for port 0) before anyone connects.
+///
+/// The server has the `KvCache` service and server reflection (v1 and
+/// v1alpha, since grpcurl and older tools ask for either), all behind one
+/// [`BearerCheck`] of `auth`: a layer, not a per-service interceptor, so
+/// that no service added later can be left open by mistake.
+pub async fn serve_with_listener(
+    listener: TcpListener,
+    backend: Arc<dyn CacheBackend>,
+    auth: Option<Secret>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    // Control messages are small and latency-bound; Nagle would hold them.
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    Ok(Server::builder()
+    Server::builder()
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
         .max_concurrent_streams(STREAMS_PER_CONNECTION_MAX)
+        .layer(InterceptorLayer::new(BearerCheck::new(auth)))
         .add_service(CacheService::new(backend).into_server())
         .add_service(reflection_v1)
-        .add_service(reflection_v1alpha))
-}
-
-/// Serves the control plane on `addr` until `shutdown` completes, on the
-/// caller's tokio runtime.
-pub async fn serve(
-    addr: SocketAddr,
-    backend: Arc<dyn CacheBackend>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ServeError> {
-    let listener = TcpListener::bind(addr).await?;
-    serve_with_listener(listener, backend, shutdown).await
-}
-
-/// Serves the control plane on an already bound listener until `shutdown`
-/// completes. Binding first lets the caller learn the port (when it asked
-/// for port 0) before anyone connects.
-pub async fn serve_with_listener(
-    listener: TcpListener,
-    backend: Arc<dyn CacheBackend>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ServeError> {
-    // Control messages are small and latency-bound; Nagle would hold them.
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    router(backend)?
+        .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())
@@ -116,8 +122,13 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Binds `addr` (port 0 picks a free port) and starts serving `backend`
-    /// on a new thread named `fabrickv-grpc`.
-    pub fn start(addr: SocketAddr, backend: Arc<dyn CacheBackend>) -> Result<Self, ServeError> {
+    /// on a new thread named `fabrickv-grpc`; with `auth`, to callers that
+    /// send it as a bearer token only.
+    pub fn start(
+        addr: SocketAddr,
+        backend: Arc<dyn CacheBackend>,
+        auth: Option<Secret>,
+    ) -> Result<Self, ServeError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .max_blocking_threads(BLOCKING_THREADS_MAX)
@@ -135,7 +146,7 @@ impl ControlServer {
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("fabrickv-grpc".into())
-            .spawn(move || run(runtime, listener, backend, stop_rx))?;
+            .spawn(move || run(runtime, listener, backend, auth, stop_rx))?;
         tracing::info!(%addr, "gRPC control plane listening");
         Ok(ControlServer {
             addr,
@@ -181,6 +192,7 @@ fn run(
     runtime: tokio::runtime::Runtime,
     listener: TcpListener,
     backend: Arc<dyn CacheBackend>,
+    auth: Option<Secret>,
     stop: oneshot::Receiver<()>,
 ) -> Result<(), ServeError> {
     let (stopping_tx, stopping_rx) = oneshot::channel::<()>();
@@ -190,7 +202,7 @@ fn run(
             let _ = stop.await;
             let _ = stopping_tx.send(());
         };
-        let serving = serve_with_listener(listener, backend, signal);
+        let serving = serve_with_listener(listener, backend, auth, signal);
         let grace = async move {
             if stopping_rx.await.is_ok() {
                 tokio::time::sleep(SHUTDOWN_GRACE).await;

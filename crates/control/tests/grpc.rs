@@ -235,8 +235,8 @@ struct Harness {
 
 fn start() -> Harness {
     let fake = Arc::new(Fake::default());
-    let server =
-        ControlServer::start(loopback_any_port(), fake.clone()).expect("server starts on loopback");
+    let server = ControlServer::start(loopback_any_port(), fake.clone(), None)
+        .expect("server starts on loopback");
     assert_ne!(server.local_addr().port(), 0, "the bound port is reported");
     let client = ControlClient::connect(&server.local_addr().to_string()).expect("client connects");
     Harness {
@@ -761,7 +761,7 @@ fn shutdown_releases_the_port_and_clients_see_unavailable() {
     let e = h.client.get_inline(b"k").expect_err("server is gone");
     assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
     // The port is free again: a new server can take it.
-    let again = ControlServer::start(addr, h.fake).expect("rebind the same port");
+    let again = ControlServer::start(addr, h.fake, None).expect("rebind the same port");
     drop(again);
 }
 
@@ -782,4 +782,84 @@ fn handles_can_be_shared_across_threads() {
     fn shareable<T: Send + Sync>() {}
     shareable::<ControlClient>();
     shareable::<ControlServer>();
+}
+
+/// A cluster secret for the authentication tests (printable, so that it
+/// can travel as a bearer token).
+fn test_secret(text: &str) -> fabrickv_auth::Secret {
+    fabrickv_auth::Secret::from_bytes(text.as_bytes(), "test").expect("secret")
+}
+
+fn client_with(addr: SocketAddr, secret: Option<fabrickv_auth::Secret>) -> ControlClient {
+    let options = ClientOptions {
+        secret,
+        ..ClientOptions::default()
+    };
+    ControlClient::connect_with(&addr.to_string(), &options).expect("client connects")
+}
+
+#[test]
+fn a_secret_guards_every_call_and_the_right_bearer_passes() {
+    let secret = test_secret("grpc-test-secret-0123456789");
+    let fake = Arc::new(Fake::default());
+    let server = ControlServer::start(loopback_any_port(), fake, Some(secret.clone()))
+        .expect("server starts");
+    let addr = server.local_addr();
+
+    // No environment secret is set in tests: the call carries none.
+    let anonymous = client_with(addr, None);
+    let e = anonymous.put(b"k", &b"v"[..], 0).expect_err("no bearer");
+    assert_eq!(e.code, ErrorCode::AuthRequired, "{e}");
+    assert_eq!(e.grpc_code, Code::Unauthenticated);
+    let e = anonymous.stats().expect_err("no bearer");
+    assert_eq!(e.code, ErrorCode::AuthRequired, "{e}");
+
+    let wrong = client_with(addr, Some(test_secret("not-the-secret-0123456789")));
+    let e = wrong.put(b"k", &b"v"[..], 0).expect_err("wrong bearer");
+    assert_eq!(e.code, ErrorCode::AuthFailed, "{e}");
+    assert_eq!(e.grpc_code, Code::Unauthenticated);
+
+    let right = client_with(addr, Some(secret));
+    right.put(b"k", &b"v"[..], 0).expect("put with the secret");
+    let got = right.get_inline(b"k").expect("get").expect("found");
+    assert_eq!(&got.value[..], b"v");
+}
+
+#[test]
+fn reflection_is_guarded_too() {
+    use tonic::codegen::tokio_stream;
+    use tonic_reflection::pb::v1;
+
+    let fake = Arc::new(Fake::default());
+    let secret = test_secret("grpc-test-secret-0123456789");
+    let server = ControlServer::start(loopback_any_port(), fake, Some(secret)).expect("starts");
+    let uri = format!("http://{}", server.local_addr());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let status = runtime.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(uri)
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        let mut client = v1::server_reflection_client::ServerReflectionClient::new(channel);
+        let request = v1::ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            )),
+        };
+        client
+            .server_reflection_info(tokio_stream::once(request))
+            .await
+            .expect_err("reflection without a bearer is refused")
+    });
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert_eq!(
+        fabrickv_control::status::code_of(&status),
+        ErrorCode::AuthRequired
+    );
+    assert!(status.message().starts_with("AUTH_REQUIRED"), "{status:?}");
 }

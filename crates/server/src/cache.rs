@@ -61,12 +61,11 @@ fn refusal(e: CacheError) -> Refusal {
 pub struct CacheSettings {
     /// The store: pool size, eviction, watermarks.
     pub store: CacheConfig,
-    /// gRPC control-plane address; `None` = no gRPC.
+    /// gRPC control-plane address; `None` = no gRPC. An address that
+    /// cannot be bound stops the server at start, the default one too:
+    /// a server that started beside a process holding its address would
+    /// leave that process answering the clients of the documented address.
     pub grpc: Option<String>,
-    /// Whether a failure to bind `grpc` stops the server (an address given
-    /// on purpose) or is logged (the default address, which another server
-    /// on this host may hold).
-    pub grpc_required: bool,
 }
 
 /// A chunked put under way.

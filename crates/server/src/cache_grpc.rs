@@ -254,13 +254,15 @@ impl CacheBackend for GrpcBackend {
 }
 
 /// Starts the gRPC control plane on `addr` (port 0 picks one) over the
-/// cache in `shared`.
+/// cache in `shared`; with `auth`, every call must carry the cluster
+/// secret as its bearer token.
 pub fn start(
     addr: SocketAddr,
     shared: Arc<CacheShared>,
     clock: Clock,
     data_plane: Vec<String>,
+    auth: Option<fabrickv_auth::Secret>,
 ) -> Result<ControlServer, fabrickv_control::ServeError> {
     let backend = GrpcBackend::new(shared, clock, data_plane);
-    ControlServer::start(addr, Arc::new(backend))
+    ControlServer::start(addr, Arc::new(backend), auth)
 }

@@ -23,6 +23,31 @@ pub const DEFAULT_RESP_PORT: u16 = 7380;
 /// Longest RESP password accepted in a configuration, in bytes.
 pub const RESP_PASSWORD_BYTES_MAX: usize = 512;
 
+/// The environment variable that holds the RESP password itself (the
+/// other way to give it than `--resp-password-file`; never a flag value,
+/// which every user of the host can read in `/proc/PID/cmdline`).
+pub const ENV_RESP_PASSWORD: &str = "FABRICKV_RESP_PASSWORD";
+
+/// Reads the RESP password from `path`: the file's text, less one trailing
+/// line end (as `echo` leaves it).
+pub fn read_resp_password(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            // One more byte than allowed, and a line end, tell a password
+            // over the bound from one at it.
+            f.take(RESP_PASSWORD_BYTES_MAX as u64 + 3)
+                .read_to_string(&mut text)
+        })
+        .map_err(|e| format!("cannot read the RESP password file {}: {e}", path.display()))?;
+    if let Some(rest) = text.strip_suffix('\n') {
+        let rest = rest.strip_suffix('\r').unwrap_or(rest);
+        text.truncate(rest.len());
+    }
+    Ok(text)
+}
+
 /// Default engine memory over all workers, in bytes (1 GiB). Pages are
 /// touched only as data arrives, so an idle server uses little of it.
 pub const DEFAULT_MEMORY_BYTES: u64 = 1 << 30;
@@ -139,7 +164,9 @@ struct FileConfig {
     memory: Option<String>,
     log_level: Option<String>,
     resp: Option<String>,
-    resp_password: Option<String>,
+    /// A file that holds the RESP password (never the password itself,
+    /// for the same reason as `auth_token_file`).
+    resp_password_file: Option<std::path::PathBuf>,
     /// Embedding tables created at start, as `NAME:DIM[:KEY=VALUE...]`.
     tables: Option<Vec<String>>,
     /// Embedding pool size (`4GB`).
@@ -181,7 +208,9 @@ impl ServerConfig {
             c.log_level = v;
         }
         c.resp = f.resp;
-        c.resp_password = f.resp_password;
+        if let Some(path) = f.resp_password_file {
+            c.resp_password = Some(read_resp_password(&path)?);
+        }
         for t in f.tables.unwrap_or_default() {
             c.ps.tables.push(fabrickv_wire::ps::TableSpec::parse(&t)?);
         }
@@ -318,9 +347,13 @@ mod tests {
 
     #[test]
     fn toml_overrides_defaults() {
-        let c = ServerConfig::from_toml(
-            "listen = \"127.0.0.1:9000\"\nworkers = 3\nmode = \"cache\"\nmemory = \"64MB\"\nresp = \"127.0.0.1:7380\"\nresp_password = \"pw\"\n",
-        )
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pw = dir.path().join("resp-password");
+        std::fs::write(&pw, "pw\n").expect("write password");
+        let c = ServerConfig::from_toml(&format!(
+            "listen = \"127.0.0.1:9000\"\nworkers = 3\nmode = \"cache\"\nmemory = \"64MB\"\nresp = \"127.0.0.1:7380\"\nresp_password_file = {:?}\n",
+            pw.display().to_string()
+        ))
         .expect("valid config");
         assert_eq!(c.listen, "127.0.0.1:9000");
         assert_eq!(c.workers(), 3);
@@ -330,6 +363,12 @@ mod tests {
         assert_eq!(c.resp.as_deref(), Some("127.0.0.1:7380"));
         assert_eq!(c.resp_password.as_deref(), Some("pw"));
         assert_eq!(ServerConfig::default().resp, None, "RESP is off by default");
+    }
+
+    #[test]
+    fn the_resp_password_is_never_written_in_the_config_itself() {
+        let e = ServerConfig::from_toml("resp_password = \"pw\"\n").expect_err("refused");
+        assert!(e.contains("resp_password"), "{e}");
     }
 
     #[test]

@@ -204,6 +204,7 @@ impl Server {
                         cfg.memory_bytes,
                         port,
                     )
+                    .with_secret(cfg.auth.clone())
                     .with_shards(&shards)
                 };
                 let fe = resp_net::start(addr, workers, shared, clock, stop.clone())
@@ -295,9 +296,9 @@ impl Server {
 }
 
 /// Starts the KV cache's gRPC control plane when the configuration asks
-/// for it. A default address that cannot be bound (another server on this
-/// host holds it, or IPv6 is off) is logged and skipped; an address given
-/// on purpose must bind.
+/// for it. An address that cannot be bound, the default one included, is
+/// a start-up error naming it: another process holding it would otherwise
+/// answer this server's gRPC clients.
 fn start_grpc(
     cfg: &ServerConfig,
     cache: &Arc<cache::CacheShared>,
@@ -310,12 +311,9 @@ fn start_grpc(
     let sock: std::net::SocketAddr = addr
         .parse()
         .map_err(|e| StartError::Config(format!("gRPC address {addr:?} is not HOST:PORT: {e}")))?;
-    match cache_grpc::start(sock, cache.clone(), clock, vec![data_plane.to_string()]) {
+    let data_plane = vec![data_plane.to_string()];
+    match cache_grpc::start(sock, cache.clone(), clock, data_plane, cfg.auth.clone()) {
         Ok(g) => Ok(Some(g)),
-        Err(e) if !cfg.cache.grpc_required => {
-            tracing::warn!("gRPC control plane off: cannot serve on {addr}: {e}");
-            Ok(None)
-        }
         Err(e) => Err(StartError::Grpc(addr.clone(), e.to_string())),
     }
 }

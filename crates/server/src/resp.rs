@@ -61,6 +61,28 @@ pub const RESP_OUTPUT_SOFT_BYTES: usize = 256 << 10;
 /// more is refused rather than buffered.
 pub const RESP_REPLY_BYTES_MAX: usize = 32 << 20;
 
+/// Delay before the reply to a connection's first failed AUTH, in
+/// milliseconds; each further failure on the connection doubles it (up to
+/// [`RESP_AUTH_DELAY_MAX_MS`]). A guesser on one connection gets at most
+/// a few tries a second instead of the hundred thousand a pipeline allows.
+pub const RESP_AUTH_DELAY_BASE_MS: u64 = 100;
+
+/// Longest delay a failed AUTH costs its connection, in milliseconds:
+/// bounded so that an honest client with a stale password is not shut out
+/// for long once it is fixed (it reconnects and starts again from the base).
+pub const RESP_AUTH_DELAY_MAX_MS: u64 = 5_000;
+
+/// The delay of a connection's `failures`-th failed AUTH (from 1):
+/// `RESP_AUTH_DELAY_BASE_MS * 2^(failures-1)`, at most
+/// [`RESP_AUTH_DELAY_MAX_MS`].
+pub fn auth_delay_ms(failures: u32) -> u64 {
+    let doublings = failures.saturating_sub(1).min(u64::BITS - 1);
+    RESP_AUTH_DELAY_BASE_MS
+        .checked_shl(doublings)
+        .unwrap_or(u64::MAX)
+        .min(RESP_AUTH_DELAY_MAX_MS)
+}
+
 /// Commands (or MGET keys) looked ahead per prefetch round: their index
 /// buckets, then their items, are asked of memory before the first of them
 /// executes, so a pipeline's cache misses overlap (MICA's prefetch pass).
@@ -79,12 +101,21 @@ pub struct RespCounters {
     pub commands: AtomicU64,
     /// Connections closed for a protocol error.
     pub protocol_errors: AtomicU64,
+    /// AUTH attempts refused (a wrong password or secret), as Redis's ACL
+    /// log counts them (`acl_access_denied_auth` in INFO): a climbing
+    /// count is someone guessing.
+    pub auth_failures: AtomicU64,
 }
 
 /// What every RESP connection of a server shares.
 pub struct RespShared {
     parts: Arc<Partitions>,
+    /// The RESP password (Redis's `requirepass`); when set, only it opens
+    /// a connection.
     password: Option<Vec<u8>>,
+    /// The cluster secret, which opens a connection when no separate RESP
+    /// password is set (one secret for every front end).
+    secret: Option<fabrickv_auth::Secret>,
     mode: Mode,
     pool_bytes: u64,
     port: u16,
@@ -107,12 +138,35 @@ impl RespShared {
         RespShared {
             parts,
             password: password.map(|p| p.as_bytes().to_vec()),
+            secret: None,
             mode,
             pool_bytes,
             port,
             started: Instant::now(),
             dbs: Vec::new(),
             counters: RespCounters::default(),
+        }
+    }
+
+    /// Asks AUTH for the cluster secret `secret` (unless a RESP password
+    /// is set, which then is the only one AUTH accepts).
+    pub fn with_secret(mut self, secret: Option<fabrickv_auth::Secret>) -> RespShared {
+        self.secret = secret;
+        self
+    }
+
+    /// Whether a connection must AUTH before any other command.
+    fn auth_required(&self) -> bool {
+        self.password.is_some() || self.secret.is_some()
+    }
+
+    /// Whether `given` opens a connection: the RESP password when one is
+    /// set, else the cluster secret; compared in constant time.
+    fn auth_accepts(&self, given: &[u8]) -> bool {
+        match (&self.password, &self.secret) {
+            (Some(p), _) => conn::same_secret(given, p),
+            (None, Some(s)) => s.matches(given),
+            (None, None) => false,
         }
     }
 
@@ -143,6 +197,11 @@ pub struct Processed {
     /// The connection must be closed once the replies are written (QUIT, or
     /// a protocol error after which the stream cannot be trusted).
     pub close: bool,
+    /// A failed AUTH: the replies in `out` must not be sent, nor any more
+    /// command run, before this time (engine milliseconds). The socket
+    /// loop parks the connection instead of sleeping, so its other
+    /// connections are served meanwhile.
+    pub hold_until_ms: Option<u64>,
 }
 
 /// One RESP connection's protocol state.
@@ -183,6 +242,7 @@ impl RespSession {
             consumed: 0,
             need: 0,
             close: false,
+            hold_until_ms: None,
         };
         let mut until_prefetch = 0;
         while done.consumed < input.len() && out.len() < RESP_OUTPUT_SOFT_BYTES {
@@ -211,9 +271,16 @@ impl RespSession {
                         parser: &self.parser,
                         buf: cmd,
                     };
-                    if self.state.command(&mut ex, args, out) == After::Close {
-                        done.close = true;
-                        break;
+                    match self.state.command(&mut ex, args, out) {
+                        After::Continue => {}
+                        After::Close => {
+                            done.close = true;
+                            break;
+                        }
+                        After::Hold { delay_ms } => {
+                            done.hold_until_ms = Some(now_ms + delay_ms);
+                            break;
+                        }
                     }
                 }
                 Err(e) => {

@@ -10,6 +10,11 @@
 //! being served, it does not make the server buffer without bound). The
 //! loop blocks in epoll when idle: no spinning, so the CPU it uses is the
 //! CPU the commands cost.
+//!
+//! A connection whose AUTH failed is parked, not slept on: its reply stays
+//! in its buffer and its input unread until a deadline the session set
+//! (see `RESP_AUTH_DELAY_BASE_MS`), while the loop serves its other
+//! connections and wakes by that deadline to send the reply.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -99,6 +104,7 @@ pub(crate) fn start(
                         listener,
                         conns: Vec::new(),
                         free: Vec::new(),
+                        held: Vec::new(),
                         shared,
                         clock,
                         next_id: t as u64 + 1,
@@ -134,6 +140,9 @@ struct Conn {
     eof: bool,
     /// Close once the output is written.
     closing: bool,
+    /// Nothing is written or executed before this time (engine ms; 0:
+    /// not held): the delay a failed AUTH costs.
+    held_until_ms: u64,
 }
 
 struct Loop {
@@ -141,6 +150,10 @@ struct Loop {
     listener: TcpListener,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
+    /// Parked connections, (deadline in engine ms, index): each is driven
+    /// again once its deadline passes. An entry may outlive its
+    /// connection; driving whatever holds the index then is harmless.
+    held: Vec<(u64, usize)>,
     shared: Arc<RespShared>,
     clock: Clock,
     next_id: u64,
@@ -150,6 +163,8 @@ struct Loop {
 enum Drive {
     Keep,
     Close,
+    /// Parked until this time (engine ms) by a failed AUTH.
+    Held(u64),
 }
 
 impl Loop {
@@ -159,21 +174,26 @@ impl Loop {
         let mut last_event = Instant::now();
         let spin = Duration::from_micros(RESP_IDLE_SPIN_US);
         while !stop.load(Ordering::Acquire) {
-            let timeout = if last_event.elapsed() < spin {
+            let mut timeout = if last_event.elapsed() < spin {
                 Duration::ZERO
             } else {
                 Duration::from_millis(POLL_TIMEOUT_MS)
             };
+            if let Some(first) = self.held.iter().map(|&(at, _)| at).min() {
+                let wait = first.saturating_sub(self.clock.now_ms());
+                timeout = timeout.min(Duration::from_millis(wait));
+            }
             match self.poll.poll(&mut events, Some(timeout)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
-            if events.is_empty() {
+            ready.clear();
+            self.take_released(&mut ready);
+            if events.is_empty() && ready.is_empty() {
                 continue;
             }
             last_event = Instant::now();
-            ready.clear();
             let mut accept = false;
             for ev in events.iter() {
                 match ev.token() {
@@ -207,8 +227,10 @@ impl Loop {
                 let Some(Some(c)) = self.conns.get_mut(i) else {
                     continue;
                 };
-                if let Drive::Close = drive(c, &self.shared, now) {
-                    self.close(i);
+                match drive(c, &self.shared, now) {
+                    Drive::Keep => {}
+                    Drive::Close => self.close(i),
+                    Drive::Held(until) => self.park(i, until),
                 }
             }
         }
@@ -218,6 +240,35 @@ impl Loop {
             }
         }
         Ok(())
+    }
+
+    /// Parks connection `i` until `until` (once, however many events it
+    /// gets meanwhile: its input is left unread, so they stop coming).
+    fn park(&mut self, i: usize, until: u64) {
+        if !self.held.contains(&(until, i)) {
+            self.held.push((until, i));
+        }
+    }
+
+    /// Moves the parked connections whose deadline has passed to `ready`.
+    fn take_released(&mut self, ready: &mut Vec<usize>) {
+        if self.held.is_empty() {
+            return;
+        }
+        let now = self.clock.now_ms();
+        self.held.retain(|&(until, i)| {
+            if until > now {
+                return true;
+            }
+            ready.push(i);
+            false
+        });
+        for &i in ready.iter() {
+            // Input that arrived while parked was left unread.
+            if let Some(Some(c)) = self.conns.get_mut(i) {
+                c.drained = false;
+            }
+        }
     }
 
     fn accept_all(&mut self) {
@@ -270,12 +321,15 @@ impl Loop {
                 drained: false,
                 eof: false,
                 closing: false,
+                held_until_ms: 0,
             });
             // Data may have arrived before registration; drive it now.
             let now = self.clock.now_ms();
             if let Some(Some(conn)) = self.conns.get_mut(i) {
-                if let Drive::Close = drive(conn, &self.shared, now) {
-                    self.close(i);
+                match drive(conn, &self.shared, now) {
+                    Drive::Keep => {}
+                    Drive::Close => self.close(i),
+                    Drive::Held(until) => self.park(i, until),
                 }
             }
         }
@@ -311,6 +365,10 @@ fn drive(c: &mut Conn, shared: &RespShared, now_ms: u64) -> Drive {
     loop {
         // 1. Execute what is buffered (bounded by the output soft limit).
         let more_buffered = c.execute(shared, now_ms);
+        // A failed AUTH parks the connection, its reply unsent.
+        if c.held_until_ms > now_ms {
+            return Drive::Held(c.held_until_ms);
+        }
         // 2. Write the replies.
         while c.out_pos < c.out.len() {
             match c.stream.write(&c.out[c.out_pos..]) {
@@ -347,7 +405,7 @@ impl Conn {
     /// Runs the buffered commands; returns true when it stopped for output
     /// room with whole commands possibly left.
     fn execute(&mut self, shared: &RespShared, now_ms: u64) -> bool {
-        if self.closing || self.end - self.start < self.need.max(1) {
+        if self.closing || self.held_until_ms > now_ms || self.end - self.start < self.need.max(1) {
             return false;
         }
         let p = self.session.process(
@@ -359,6 +417,10 @@ impl Conn {
         self.start += p.consumed;
         self.need = p.need;
         self.closing |= p.close;
+        if let Some(until) = p.hold_until_ms {
+            self.held_until_ms = until;
+            return false;
+        }
         !p.close && p.need == 0 && self.start < self.end
     }
 

@@ -27,7 +27,6 @@ fn server(t: Transport) -> TestServer {
             ..CacheConfig::default()
         };
         c.cache.grpc = Some("127.0.0.1:0".to_string());
-        c.cache.grpc_required = true;
     })
 }
 
@@ -187,3 +186,63 @@ transport_tests!(
     grpc_places_values_in_a_bound_buffer,
     unknown_clients_are_refused,
 );
+
+/// Fault 7 of the attack run: a gRPC address another process holds must
+/// stop the server at start (it used to log a warning and start without
+/// gRPC, so clients of that address talked to the squatter), whether the
+/// address was given on purpose or is the default.
+#[test]
+fn a_held_grpc_address_is_a_start_up_error() {
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("squat a port");
+    let held = squatter.local_addr().expect("addr").to_string();
+    let cfg = fabrickv_server::ServerConfig {
+        listen: "127.0.0.1:0".to_string(),
+        workers: Some(1),
+        memory_bytes: MEMORY_BYTES,
+        log_level: "warn".to_string(),
+        cache: fabrickv_server::cache::CacheSettings {
+            store: CacheConfig {
+                pool_bytes: CACHE_POOL_BYTES,
+                ..CacheConfig::default()
+            },
+            grpc: Some(held.clone()),
+        },
+        ..fabrickv_server::ServerConfig::default()
+    };
+    let msg = match fabrickv_server::Server::start(&cfg) {
+        Ok(_) => panic!("the server started beside the process holding {held}"),
+        Err(e) => e.to_string(),
+    };
+    assert!(msg.contains(&held), "the error names the address: {msg}");
+    drop(squatter);
+}
+
+/// With a cluster secret, the server's gRPC control plane refuses calls
+/// without it (AUTH_REQUIRED) or with another (AUTH_FAILED) and serves
+/// calls that carry it.
+#[test]
+fn grpc_needs_the_servers_secret() {
+    let secret = fabrickv_auth::Secret::from_bytes(b"server-grpc-secret-0123456789", "test")
+        .expect("secret");
+    let s = TestServer::start_with(Transport::Tcp, 1, Mode::Store, MEMORY_BYTES, |c| {
+        c.cache.grpc = Some("127.0.0.1:0".to_string());
+        c.auth = Some(secret.clone());
+    });
+    let with = |secret| {
+        let options = fabrickv_control::ClientOptions {
+            secret,
+            ..fabrickv_control::ClientOptions::default()
+        };
+        ControlClient::connect_with(&s.grpc_addr(), &options).expect("connects")
+    };
+    let e = with(None).put(b"k", &b"v"[..], 0).expect_err("no secret");
+    assert_eq!(e.code, ErrorCode::AuthRequired, "{e}");
+    let other = fabrickv_auth::Secret::from_bytes(b"another-secret-0123456789", "t").expect("s");
+    let e = with(Some(other))
+        .put(b"k", &b"v"[..], 0)
+        .expect_err("wrong secret");
+    assert_eq!(e.code, ErrorCode::AuthFailed, "{e}");
+    with(Some(secret))
+        .put(b"k", &b"v"[..], 0)
+        .expect("the secret works");
+}

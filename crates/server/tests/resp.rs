@@ -290,6 +290,106 @@ fn password_is_enforced(t: Transport) {
     s.shutdown();
 }
 
+/// Each failed AUTH on a connection makes its reply wait longer (so one
+/// connection's guesses slow to a few a second), and the wait parks only
+/// that connection: another one on the same RESP thread (one worker, so
+/// one thread) is served meanwhile.
+#[test]
+fn failed_auth_replies_come_later_each_time_and_others_are_served() {
+    use fabrickv_server::resp::{RESP_AUTH_DELAY_BASE_MS, RESP_AUTH_DELAY_MAX_MS};
+    use std::time::Instant;
+
+    // The n-th failure's delay as documented (not as the server computes
+    // it, so that a server that stopped delaying fails here).
+    let auth_delay_ms = |n: u32| (RESP_AUTH_DELAY_BASE_MS << (n - 1)).min(RESP_AUTH_DELAY_MAX_MS);
+    const { assert!(RESP_AUTH_DELAY_BASE_MS >= 50, "a delay a guesser feels") };
+
+    let s = TestServer::start_with(Transport::Tcp, 1, Mode::Store, MEMORY_BYTES, |c| {
+        c.resp = Some("127.0.0.1:0".into());
+        c.resp_password = Some("hunter2".into());
+    });
+    let mut guesser = Resp::connect(&s);
+    // Replies come after at most the longest delay; leave room for load.
+    guesser
+        .w
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    for n in 1..=4u32 {
+        let sent = Instant::now();
+        assert!(guesser.call(&["AUTH", "guess"]).starts_with("-WRONGPASS"));
+        let took = sent.elapsed();
+        // Lower bounds only (a loaded machine adds, never subtracts); the
+        // engine clock counts whole milliseconds, hence the 2 ms.
+        let floor = Duration::from_millis(auth_delay_ms(n).saturating_sub(2));
+        assert!(
+            took >= floor,
+            "failure {n} answered after {took:?}, before {floor:?}"
+        );
+    }
+    // The fifth guess parks the guesser for the longest wait yet; another
+    // connection is served before the guesser hears back.
+    let sent = Instant::now();
+    guesser.send(&[b"AUTH", b"guess"]);
+    let mut other = Resp::connect(&s);
+    assert_eq!(other.call(&["AUTH", "hunter2"]), "+OK");
+    assert_eq!(other.call(&["SET", "k", "v"]), "+OK");
+    assert_eq!(other.call(&["GET", "k"]), "$v");
+    let mut info = String::new();
+    other.send(&[b"INFO", b"stats"]);
+    let reply = other.reply();
+    info.push_str(&reply);
+    assert!(info.contains("acl_access_denied_auth:"), "{info}");
+    let served_other = sent.elapsed();
+    assert!(guesser.reply().starts_with("-WRONGPASS"));
+    let took = sent.elapsed();
+    assert!(
+        took >= Duration::from_millis(auth_delay_ms(5).saturating_sub(2)),
+        "{took:?}"
+    );
+    assert!(
+        served_other < took,
+        "the other connection ({served_other:?}) waited for the guesser ({took:?})"
+    );
+    // The right password still works after the guesses.
+    assert_eq!(guesser.call(&["AUTH", "hunter2"]), "+OK");
+    assert_eq!(guesser.call(&["GET", "k"]), "$v");
+    s.shutdown();
+}
+
+/// With a cluster secret and no RESP password, AUTH takes the secret and
+/// nothing else runs before it.
+#[test]
+fn auth_takes_the_cluster_secret() {
+    let secret =
+        fabrickv_auth::Secret::from_bytes(b"resp-cluster-secret-0123", "test").expect("secret");
+    let s = TestServer::start_with(Transport::Tcp, 1, Mode::Store, MEMORY_BYTES, |c| {
+        c.resp = Some("127.0.0.1:0".into());
+        c.auth = Some(secret);
+    });
+    let mut c = Resp::connect(&s);
+    assert_eq!(c.call(&["PING"]), "-NOAUTH Authentication required.");
+    assert_eq!(
+        c.call(&["AUTH", "default", "resp-cluster-secret-0123"]),
+        "+OK"
+    );
+    assert_eq!(c.call(&["PING"]), "+PONG");
+    s.shutdown();
+}
+
+/// Fault 10: the empty key is refused over RESP as the native protocol
+/// refuses it, so what one front end stores the other can read.
+#[test]
+fn the_empty_key_is_refused_over_resp() {
+    let s = server(Transport::Tcp, None);
+    let mut c = Resp::connect(&s);
+    assert!(c.call(&["SET", "", "v"]).starts_with("-ERR empty key"));
+    assert!(c.call(&["GET", ""]).starts_with("-ERR empty key"));
+    assert_eq!(c.call(&["DBSIZE"]), ":0");
+    let e = s.client().get(b"").expect_err("natively refused");
+    assert_eq!(e.code(), fabrickv_types::ErrorCode::KeyTooLong, "{e}");
+    s.shutdown();
+}
+
 fn ttl_expires_without_access(t: Transport) {
     let s = server(t, None);
     let mut c = Resp::connect(&s);

@@ -25,7 +25,6 @@ fn serve(provider: &str) -> ServerHandle {
         ..CacheConfig::default()
     };
     cfg.cache.grpc = Some("127.0.0.1:0".into());
-    cfg.cache.grpc_required = true;
     Server::start(&cfg).expect("server starts on fabric")
 }
 

@@ -43,6 +43,14 @@ pub fn serve_with(listen: &str, workers: u32, extra: &[&str]) -> Served {
     let mut child = Command::new(BIN)
         .args(["serve", "--listen", listen, "--workers", &workers])
         .args(["--memory", "64MB", "--log-level", "warn"])
+        // The gRPC default address must bind or the server refuses to
+        // start; tests run servers side by side, so theirs is off unless
+        // a test names one.
+        .args(if extra.contains(&"--grpc") {
+            &[][..]
+        } else {
+            &["--grpc", "off"][..]
+        })
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

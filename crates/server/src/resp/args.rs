@@ -39,8 +39,27 @@ pub(super) fn expiry_at(now_ms: u64, amount: i64, unit_ms: u64) -> Option<u64> {
     (ms > 0 && ms <= TTL_MS_MAX).then(|| now_ms + ms)
 }
 
+/// Whether `key` is a key the in-memory kv can hold: 1 to
+/// [`KEY_BYTES_MAX`] bytes, the native protocol's rule (which answers
+/// both an empty and a long key with `KEY_TOO_LONG`), so that a key one
+/// front end stores is one the other can read. Otherwise the error reply
+/// that says so is written to `out`.
 pub(super) fn check_key(key: &[u8], out: &mut Vec<u8>) -> bool {
+    if key.is_empty() {
+        resp::error(
+            out,
+            &format!("ERR empty key; FabricKV keys are 1 to {KEY_BYTES_MAX} bytes"),
+        );
+        return false;
+    }
     within(key, KEY_BYTES_MAX, "FabricKV", "key", out)
+}
+
+/// Whether `key` could be stored at all (see [`check_key`]); the commands
+/// over many keys (MGET, DEL, EXISTS) treat one that could not as absent,
+/// as they do a key over the bound.
+pub(super) fn storable_key(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= KEY_BYTES_MAX
 }
 
 /// Whether `bytes` (a `what` of a `whose` store) is at most `max` bytes;

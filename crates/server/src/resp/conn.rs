@@ -16,9 +16,12 @@ const ERROR_ARG_QUOTE_BYTES_MAX: usize = 128;
 
 /// What a connection's commands can change about it.
 pub(super) struct ConnState {
-    /// Whether AUTH succeeded (or no password is set); until then only
-    /// AUTH and QUIT run.
+    /// Whether AUTH succeeded (or no password or secret is set); until
+    /// then only AUTH and QUIT run.
     pub(super) authed: bool,
+    /// Failed AUTHs on this connection: each makes the next reply wait
+    /// longer ([`super::auth_delay_ms`]).
+    pub(super) auth_failures: u32,
     /// What CLIENT ID answers.
     pub(super) id: u64,
     /// The selected database: 0 the in-memory kv, n the n-th shard.
@@ -30,7 +33,8 @@ impl ConnState {
     /// on database 0.
     pub(super) fn new(shared: &RespShared, id: u64) -> ConnState {
         ConnState {
-            authed: shared.password.is_none(),
+            authed: !shared.auth_required(),
+            auth_failures: 0,
             id,
             db: 0,
         }
@@ -93,7 +97,7 @@ impl ConnState {
                 _ => resp::bulk(out, a.get(1)),
             },
             Cmd::Echo => resp::bulk(out, a.get(1)),
-            Cmd::Auth => self.auth(ex.shared, a, out),
+            Cmd::Auth => return self.auth(ex.shared, a, out),
             Cmd::Select => match parse_i64(a.get(1)) {
                 Some(n) if n >= 0 && n as u64 <= ex.shared.dbs.len() as u64 => {
                     self.db = n as usize;
@@ -115,30 +119,43 @@ impl ConnState {
         After::Continue
     }
 
-    pub(super) fn auth(&mut self, shared: &RespShared, a: Args<'_>, out: &mut Vec<u8>) {
-        let Some(password) = &shared.password else {
+    /// AUTH [default] PASSWORD: the RESP password if one is set, else the
+    /// cluster secret. A wrong one is counted and holds the connection's
+    /// replies for a delay that doubles with each failure on it.
+    pub(super) fn auth(&mut self, shared: &RespShared, a: Args<'_>, out: &mut Vec<u8>) -> After {
+        if !shared.auth_required() {
             resp::error(
                 out,
                 "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
             );
-            return;
-        };
+            return After::Continue;
+        }
         let (user, given) = match a.len() {
             2 => (&b"default"[..], a.get(1)),
             3 => (a.get(1), a.get(2)),
             _ => {
                 resp::error(out, "ERR syntax error");
-                return;
+                return After::Continue;
             }
         };
-        if user == b"default" && same_secret(given, password) {
+        // Both checks run whatever the user, so the time says nothing.
+        let accepted = shared.auth_accepts(given);
+        if user == b"default" && accepted {
             self.authed = true;
             resp::simple(out, "OK");
-        } else {
-            resp::error(
-                out,
-                "WRONGPASS invalid username-password pair or user is disabled.",
-            );
+            return After::Continue;
+        }
+        resp::error(
+            out,
+            "WRONGPASS invalid username-password pair or user is disabled.",
+        );
+        shared
+            .counters
+            .auth_failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.auth_failures = self.auth_failures.saturating_add(1);
+        After::Hold {
+            delay_ms: super::auth_delay_ms(self.auth_failures),
         }
     }
 
@@ -161,10 +178,15 @@ impl ConnState {
 pub(super) enum After {
     Continue,
     Close,
+    /// Send nothing more, and run nothing more, for `delay_ms` (a failed
+    /// AUTH).
+    Hold {
+        delay_ms: u64,
+    },
 }
 
 /// Compares a password without stopping at the first differing byte.
-fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+pub(super) fn same_secret(given: &[u8], expected: &[u8]) -> bool {
     let mut diff = given.len() ^ expected.len();
     for (i, e) in expected.iter().enumerate() {
         diff |= usize::from(given.get(i).copied().unwrap_or(0) ^ e);

@@ -5,10 +5,9 @@
 use fabrickv_engine::{DeleteResult, GetResult, Partition, PutCond, PutResult};
 use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply as resp;
-use fabrickv_types::limits::KEY_BYTES_MAX;
 use fabrickv_types::KeyHash;
 
-use super::args::{check_key, expiry_at, int_arg, mget_fits, Args, NOT_INTEGER};
+use super::args::{check_key, expiry_at, int_arg, mget_fits, storable_key, Args, NOT_INTEGER};
 use super::exec::{put_error, Exec};
 use super::table::{lower, COMMAND_NAME_BYTES_MAX};
 use super::RESP_PREFETCH_KEYS;
@@ -133,7 +132,7 @@ impl Exec<'_> {
                 self.prefetch(&hashes[..end - i]);
             }
             let key = a.get(i);
-            if key.len() > KEY_BYTES_MAX {
+            if !storable_key(key) {
                 resp::null_bulk(out);
                 continue;
             }
@@ -196,7 +195,7 @@ impl Exec<'_> {
         let mut n = 0;
         for i in 1..a.len() {
             let key = a.get(i);
-            if key.len() > KEY_BYTES_MAX {
+            if !storable_key(key) {
                 continue;
             }
             let h = KeyHash::of(key);

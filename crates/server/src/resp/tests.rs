@@ -525,3 +525,93 @@ fn without_shards_only_db_0_exists() {
         "*2\r\n$9\r\ndatabases\r\n$1\r\n1\r\n"
     );
 }
+
+fn cluster_secret() -> fabrickv_auth::Secret {
+    fabrickv_auth::Secret::from_bytes(b"resp-cluster-secret-0123", "test").expect("secret")
+}
+
+#[test]
+fn auth_takes_the_cluster_secret_when_no_password_is_set() {
+    let mut c = Conn::with(shared_with(1, None).with_secret(Some(cluster_secret())));
+    assert_eq!(c.run(&["GET", "k"]), "-NOAUTH Authentication required.\r\n");
+    assert_eq!(
+        c.run(&["AUTH", "resp-cluster-secret-0124"]),
+        "-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+    );
+    assert_eq!(
+        c.run(&["AUTH", "default", "resp-cluster-secret-0123"]),
+        "+OK\r\n"
+    );
+    assert_eq!(c.run(&["PING"]), "+PONG\r\n");
+    let mut c = Conn::with(shared_with(1, None).with_secret(Some(cluster_secret())));
+    assert_eq!(c.run(&["AUTH", "resp-cluster-secret-0123"]), "+OK\r\n");
+}
+
+#[test]
+fn a_separate_resp_password_is_the_only_one_auth_takes() {
+    let shared = shared_with(1, Some("s3cret")).with_secret(Some(cluster_secret()));
+    let mut c = Conn::with(shared);
+    assert_eq!(
+        c.run(&["AUTH", "resp-cluster-secret-0123"]),
+        "-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+    );
+    assert_eq!(c.run(&["AUTH", "s3cret"]), "+OK\r\n");
+}
+
+#[test]
+fn each_failed_auth_holds_the_connection_longer_and_is_counted() {
+    let mut c = Conn::with(shared_with(1, Some("s3cret")));
+    let mut delays = Vec::new();
+    for _ in 0..8 {
+        let mut out = Vec::new();
+        let p = c
+            .session
+            .process(&c.shared, &cmd(&[b"AUTH", b"nope"]), &mut out, c.now_ms);
+        let until = p.hold_until_ms.expect("a failed AUTH holds the connection");
+        delays.push(until - c.now_ms);
+    }
+    assert_eq!(delays[0], crate::resp::RESP_AUTH_DELAY_BASE_MS);
+    assert!(delays.windows(2).all(|w| w[1] >= w[0]), "{delays:?}");
+    assert_eq!(delays[1], 2 * delays[0]);
+    assert_eq!(
+        *delays.last().expect("delays"),
+        crate::resp::RESP_AUTH_DELAY_MAX_MS
+    );
+    // Commands after a failed AUTH in the same read wait for the hold.
+    let mut out = Vec::new();
+    let mut input = cmd(&[b"AUTH", b"nope"]);
+    input.extend(cmd(&[b"PING"]));
+    let p = c.session.process(&c.shared, &input, &mut out, c.now_ms);
+    assert!(p.hold_until_ms.is_some());
+    assert!(p.consumed < input.len(), "PING is left for after the hold");
+    assert_eq!(c.run(&["AUTH", "s3cret"]), "+OK\r\n");
+    let info = c.run(&["INFO", "stats"]);
+    assert!(info.contains("acl_access_denied_auth:9\r\n"), "{info}");
+}
+
+/// Fault 10 of the attack run: the in-memory kv took the empty key over
+/// RESP while the native protocol refuses it (`KEY_TOO_LONG`); one rule
+/// for both now.
+#[test]
+fn the_empty_key_is_refused_as_natively() {
+    let mut c = Conn::new(1);
+    let refused = format!("-ERR empty key; FabricKV keys are 1 to {KEY_BYTES_MAX} bytes\r\n");
+    for args in [
+        &["SET", "", "v"][..],
+        &["GET", ""],
+        &["INCR", ""],
+        &["STRLEN", ""],
+        &["EXPIRE", "", "10"],
+        &["TTL", ""],
+        &["PERSIST", ""],
+        &["MSET", "a", "1", "", "2"],
+    ] {
+        assert_eq!(c.run(args), refused, "{args:?}");
+    }
+    // Commands over many keys treat it as a key that cannot exist, as
+    // they do a key over the bound.
+    assert_eq!(c.run(&["MGET", ""]), "*1\r\n$-1\r\n");
+    assert_eq!(c.run(&["EXISTS", ""]), ":0\r\n");
+    assert_eq!(c.run(&["DEL", ""]), ":0\r\n");
+    assert_eq!(c.run(&["DBSIZE"]), ":0\r\n");
+}
