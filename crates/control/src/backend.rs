@@ -59,16 +59,25 @@ pub trait CacheBackend: Send + Sync + 'static {
     /// Tells whether a live value is stored under `key`.
     fn exists(&self, key: &[u8]) -> Result<bool, BackendError>;
 
-    /// Registers a client (or replaces the registration with the same id)
-    /// and assigns an id when [`Registration::client_id`] is 0.
-    fn register(&self, registration: Registration) -> Result<Registered, BackendError>;
+    /// Registers a client for `caller` (or replaces the registration with
+    /// the same id) and assigns an id when [`Registration::client_id`] is
+    /// 0. A backend may refuse a caller that holds too many registrations,
+    /// and a registration that `caller` does not own (then as
+    /// [`ErrorCode::NoSuchClient`], as an unknown id).
+    fn register(
+        &self,
+        caller: &Caller,
+        registration: Registration,
+    ) -> Result<Registered, BackendError>;
 
     /// Renews `client_id`'s registration; returns the milliseconds until it
-    /// lapses. An unknown or lapsed client is [`ErrorCode::NoSuchClient`].
-    fn heartbeat(&self, client_id: u64) -> Result<u64, BackendError>;
+    /// lapses. An unknown or lapsed client, or one `caller` may not act
+    /// for, is [`ErrorCode::NoSuchClient`].
+    fn heartbeat(&self, caller: &Caller, client_id: u64) -> Result<u64, BackendError>;
 
-    /// Releases `client_id`'s registration; returns whether it existed.
-    fn unregister(&self, client_id: u64) -> Result<bool, BackendError>;
+    /// Releases `client_id`'s registration; returns whether it existed
+    /// (and `caller` could act for it).
+    fn unregister(&self, caller: &Caller, client_id: u64) -> Result<bool, BackendError>;
 
     /// The store's counters, read without failing (a stats call is how an
     /// operator finds out what is wrong, so it must not itself error).
@@ -117,6 +126,15 @@ pub struct Placed {
     pub length: u64,
     /// Milliseconds until the entry expires; 0 when it has no ttl.
     pub expires_in_ms: u64,
+}
+
+/// Who made a control-plane call, so that a backend can bind a client's
+/// registration to the one who made it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Caller {
+    /// The address of the gRPC connection's peer; `None` for a call that
+    /// came from no socket (in-process tests).
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 /// A client announcing itself (the RegisterClient request).

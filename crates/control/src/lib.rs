@@ -54,7 +54,7 @@ pub mod pb {
 }
 
 pub use backend::{
-    BackendError, CacheBackend, Fetched, Placed, Registered, Registration, StatsSnapshot,
+    BackendError, CacheBackend, Caller, Fetched, Placed, Registered, Registration, StatsSnapshot,
 };
 pub use client::{
     connect_async, AuthChannel, ClientOptions, ControlClient, ControlError, GetDest, GetItem, Got,

@@ -17,7 +17,7 @@ use fabrickv_types::ErrorCode;
 use prost::bytes::Bytes;
 use tonic::{Request, Response, Status};
 
-use crate::backend::{BackendError, CacheBackend, Registration};
+use crate::backend::{BackendError, CacheBackend, Caller, Registration};
 use crate::pb::{self, get_request, get_response, put_request};
 use crate::status::{item_err, item_ok, to_status};
 
@@ -385,6 +385,7 @@ impl pb::kv_cache_server::KvCache for CacheService {
         &self,
         request: Request<pb::RegisterClientRequest>,
     ) -> Result<Response<pb::RegisterClientResponse>, Status> {
+        let caller = caller_of(&request);
         let req = request.into_inner();
         if req.addresses.len() > REGISTER_ADDRESSES_MAX {
             return Err(to_status(
@@ -413,7 +414,9 @@ impl pb::kv_cache_server::KvCache for CacheService {
             addresses: req.addresses,
             receive_buffer_bytes: req.receive_buffer_bytes,
         };
-        let r = self.blocking(move |b| b.register(registration)).await??;
+        let r = self
+            .blocking(move |b| b.register(&caller, registration))
+            .await??;
         Ok(Response::new(pb::RegisterClientResponse {
             client_id: r.client_id,
             heartbeat_interval_ms: r.heartbeat_interval_ms,
@@ -426,8 +429,11 @@ impl pb::kv_cache_server::KvCache for CacheService {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let caller = caller_of(&request);
         let client_id = request.into_inner().client_id;
-        let expires_in_ms = self.blocking(move |b| b.heartbeat(client_id)).await??;
+        let expires_in_ms = self
+            .blocking(move |b| b.heartbeat(&caller, client_id))
+            .await??;
         Ok(Response::new(pb::HeartbeatResponse {
             ok: true,
             expires_in_ms,
@@ -438,8 +444,11 @@ impl pb::kv_cache_server::KvCache for CacheService {
         &self,
         request: Request<pb::UnregisterClientRequest>,
     ) -> Result<Response<pb::UnregisterClientResponse>, Status> {
+        let caller = caller_of(&request);
         let client_id = request.into_inner().client_id;
-        let released = self.blocking(move |b| b.unregister(client_id)).await??;
+        let released = self
+            .blocking(move |b| b.unregister(&caller, client_id))
+            .await??;
         Ok(Response::new(pb::UnregisterClientResponse { released }))
     }
 
@@ -452,6 +461,13 @@ impl pb::kv_cache_server::KvCache for CacheService {
             counters: snapshot.counters.into_iter().collect::<HashMap<_, _>>(),
             fragmentation: snapshot.fragmentation,
         }))
+    }
+}
+
+/// Who sent `request`: its connection's peer address.
+fn caller_of<T>(request: &Request<T>) -> Caller {
+    Caller {
+        peer: request.remote_addr(),
     }
 }
 

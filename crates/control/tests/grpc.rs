@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use fabrickv_control::pb::kv_cache_server::KvCache;
 use fabrickv_control::{
-    connect_async, pb, BackendError, Bytes, CacheBackend, CacheService, ClientOptions,
+    connect_async, pb, BackendError, Bytes, CacheBackend, CacheService, Caller, ClientOptions,
     ControlClient, ControlServer, Fetched, GetDest, GetItem, Got, Placed, PutItem, PutSource,
     Registered, Registration, StatsSnapshot,
 };
@@ -175,7 +175,7 @@ impl CacheBackend for Fake {
         Ok(self.state().values.get(key).is_some_and(live))
     }
 
-    fn register(&self, r: Registration) -> Result<Registered, BackendError> {
+    fn register(&self, _caller: &Caller, r: Registration) -> Result<Registered, BackendError> {
         let mut state = self.state();
         let client_id = if r.client_id == 0 {
             state.next_client_id += 1;
@@ -193,7 +193,7 @@ impl CacheBackend for Fake {
         })
     }
 
-    fn heartbeat(&self, client_id: u64) -> Result<u64, BackendError> {
+    fn heartbeat(&self, _caller: &Caller, client_id: u64) -> Result<u64, BackendError> {
         if self.state().clients.contains_key(&client_id) {
             Ok(CACHE_HEARTBEAT_TIMEOUT_MS)
         } else {
@@ -201,7 +201,7 @@ impl CacheBackend for Fake {
         }
     }
 
-    fn unregister(&self, client_id: u64) -> Result<bool, BackendError> {
+    fn unregister(&self, _caller: &Caller, client_id: u64) -> Result<bool, BackendError> {
         Ok(self.state().clients.remove(&client_id).is_some())
     }
 

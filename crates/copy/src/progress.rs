@@ -121,7 +121,16 @@ impl Progress {
         let io = |e: std::io::Error| err(ErrorCode::StorageFailed, format!("progress file: {e}"));
         let tmp = dir.join(format!("{COPY_PROGRESS_FILE}.tmp"));
         let text = serde_json::to_vec(self).map_err(|e| err(ErrorCode::Internal, e.to_string()))?;
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        let mut f = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(fabrickv_storage::SHARD_FILE_MODE)
+                .open(&tmp)
+                .map_err(io)?
+        };
         f.write_all(&text).map_err(io)?;
         f.sync_all().map_err(io)?;
         std::fs::rename(&tmp, Self::path(dir)).map_err(io)?;
@@ -164,7 +173,7 @@ pub(crate) fn prepare(opts: &CopyOptions) -> Result<Option<Progress>, CopyError>
         Err(e) => return Err(io(e)),
     };
     if empty {
-        std::fs::create_dir_all(dir).map_err(io)?;
+        fabrickv_storage::create_private_dir(dir).map_err(io)?;
         return Ok(None);
     }
     let progress = Progress::load(dir)?;
@@ -198,7 +207,7 @@ pub(crate) fn prepare(opts: &CopyOptions) -> Result<Option<Progress>, CopyError>
         );
     }
     std::fs::remove_dir_all(dir).map_err(io)?;
-    std::fs::create_dir_all(dir).map_err(io)?;
+    fabrickv_storage::create_private_dir(dir).map_err(io)?;
     Ok(None)
 }
 

@@ -204,6 +204,14 @@ fn run_session<S: ShardBackend>(
         p.complete = true;
         p.save(&opts.to)?;
     }
+    // fjall made its files with the process's umask; the target is its
+    // owner's only, as a shard the server creates is.
+    fabrickv_storage::restrict_to_owner(&opts.to).map_err(|e| {
+        err(
+            ErrorCode::StorageFailed,
+            format!("restricting {}: {e}", opts.to.display()),
+        )
+    })?;
     Ok(CopyReport {
         pairs: expected.pairs,
         bytes: expected.bytes,

@@ -36,8 +36,9 @@ use crate::service::{wire_refusal, Call, Refusal, Service, StatsList};
 use get::ChunkCrcs;
 pub use get::{CACHE_CHUNK_CRCS_MAX, CACHE_SHARED_CHUNK_BYTES_MIN};
 pub use shared::{
-    Binding, CacheCounters, CacheShared, ClientRecord, Job, CACHE_EXPIRE_PER_SWEEP,
-    CACHE_JOBS_QUEUED_MAX, CACHE_JOB_TIMEOUT_MS,
+    Binding, CacheCounters, CacheShared, ClientRecord, Job, CACHE_CLIENTS_PER_CONN_MAX,
+    CACHE_CLIENTS_PER_HOST_MAX, CACHE_EXPIRE_PER_SWEEP, CACHE_JOBS_QUEUED_MAX,
+    CACHE_JOB_TIMEOUT_MS,
 };
 
 mod get;

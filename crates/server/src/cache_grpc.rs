@@ -21,8 +21,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use fabrickv_control::{
-    BackendError, Bytes, CacheBackend, ControlServer, Fetched, Placed, Registered, Registration,
-    StatsSnapshot,
+    BackendError, Bytes, CacheBackend, Caller, ControlServer, Fetched, Placed, Registered,
+    Registration, StatsSnapshot,
 };
 use fabrickv_transport::TransportError;
 use fabrickv_types::limits::CACHE_HEARTBEAT_TIMEOUT_MS;
@@ -212,10 +212,11 @@ impl CacheBackend for GrpcBackend {
         Ok(self.shared.store().exists(key, self.clock.now_ms()))
     }
 
-    fn register(&self, r: Registration) -> Result<Registered, BackendError> {
+    fn register(&self, caller: &Caller, r: Registration) -> Result<Registered, BackendError> {
         let client_id = self
             .shared
             .register(
+                caller.peer,
                 r.client_id,
                 r.addresses,
                 r.receive_buffer_bytes,
@@ -230,14 +231,14 @@ impl CacheBackend for GrpcBackend {
         })
     }
 
-    fn heartbeat(&self, client_id: u64) -> Result<u64, BackendError> {
+    fn heartbeat(&self, caller: &Caller, client_id: u64) -> Result<u64, BackendError> {
         self.shared
-            .heartbeat(client_id, self.clock.now_ms())
+            .heartbeat(caller.peer, client_id, self.clock.now_ms())
             .map_err(backend_error)
     }
 
-    fn unregister(&self, client_id: u64) -> Result<bool, BackendError> {
-        Ok(self.shared.unregister(client_id))
+    fn unregister(&self, caller: &Caller, client_id: u64) -> Result<bool, BackendError> {
+        Ok(self.shared.unregister(caller.peer, client_id))
     }
 
     fn stats(&self) -> StatsSnapshot {

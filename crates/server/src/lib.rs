@@ -176,6 +176,16 @@ impl Server {
         }
         let parts = Arc::new(partitions::Partitions::new(partitions));
         let ps = Arc::new(ps::PsStore::new(cfg.ps.clone(), workers));
+        if let Err(why) = ps.check_budget() {
+            // Said now rather than at the first CREATE, which would be
+            // refused with POOL_UNAVAILABLE (a configured table fails the
+            // start just below).
+            tracing::warn!(
+                "the embedding pool ({}) cannot be built: {why}; creating a PS table will be \
+                 refused with POOL_UNAVAILABLE",
+                fabrickv_types::size::format_size(cfg.ps.pool_bytes)
+            );
+        }
         ps.create_configured().map_err(StartError::Config)?;
         let copies =
             shard::copy_source::CopySources::new(fabrickv_wire::copy::data_host(&cfg.listen));

@@ -36,11 +36,13 @@ use fabrickv_wire::ps::{
 
 use crate::service::{wire_refusal, Call, Refusal, Service, StatsList};
 
+pub use budget::{MemoryBudget, CAP_IPC_LOCK_BIT, PS_POOL_AVAILABLE_PERCENT_MAX};
 use pull::{gather, write_bitmap};
 use push::{apply_gradient, overwrite, Scratch};
 pub use store::PsStore;
 use store::{item_hash, item_key, table_of, write};
 
+mod budget;
 mod pull;
 mod push;
 mod store;

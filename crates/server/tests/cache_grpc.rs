@@ -181,7 +181,41 @@ fn unknown_clients_are_refused(t: Transport) {
     s.shutdown();
 }
 
+/// Regression (issue 28 fault 5), over real gRPC connections: ids are
+/// not sequential, and a second connection can neither heartbeat nor
+/// unregister the first's registration (it is told the id is unknown).
+fn a_registration_belongs_to_the_connection_that_made_it(t: Transport) {
+    let s = server(t);
+    let first = control(&s);
+    let second = control(&s);
+    let a = register(&first, &s);
+    let b = register(&first, &s);
+    assert!(a.abs_diff(b) > 1 << 20, "ids {a} and {b} are neighbours");
+    let e = second.heartbeat(a).expect_err("not its registration");
+    assert_eq!(e.code, ErrorCode::NoSuchClient, "{e}");
+    assert!(!second.unregister(a).expect("unregister"));
+    let e = second
+        .register(Registration {
+            client_id: a,
+            ..Registration::default()
+        })
+        .map(|r| r.client_id);
+    assert!(
+        e.is_ok(),
+        "a reconnect from the same host takes its id over"
+    );
+    assert!(
+        first.heartbeat(a).is_err(),
+        "and the old connection lets go"
+    );
+    assert!(second.heartbeat(a).expect("heartbeat") > 0);
+    assert!(first.heartbeat(b).expect("heartbeat") > 0);
+    assert!(first.unregister(b).expect("unregister"));
+    s.shutdown();
+}
+
 transport_tests!(
+    a_registration_belongs_to_the_connection_that_made_it,
     grpc_and_data_plane_share_one_store,
     grpc_places_values_in_a_bound_buffer,
     unknown_clients_are_refused,

@@ -34,6 +34,22 @@ fn client(s: &TestServer) -> ShardClient {
     ShardClient::connect(&s.addr, TIMEOUT).expect("shard client connects")
 }
 
+/// Regression (issue 28): the shard a server creates for `--shard` and
+/// a copy's target were group and world readable (0755 directories under
+/// the usual umask). Asserts `path` is its owner's only: the directory
+/// 0700 and no directory under it open to group or others.
+fn assert_owner_only(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).expect("stat").permissions().mode() & 0o7777;
+    assert_eq!(mode, fabrickv_storage::SHARD_DIR_MODE, "{}", path.display());
+    assert_eq!(
+        fabrickv_storage::dirs_open_to_others(path).expect("walk"),
+        Vec::<std::path::PathBuf>::new(),
+        "{}",
+        path.display()
+    );
+}
+
 /// The code of a refused call.
 fn code_of<T: std::fmt::Debug>(r: Result<T, ClientError>) -> ErrorCode {
     r.expect_err("the call is refused").code()
@@ -291,7 +307,14 @@ fn copy_control_states_and_refusals(t: Transport) {
     use fabrickv_wire::shard::ShardOp;
 
     let dir = tempfile::tempdir().expect("tempdir");
+    // A parent others may enter, as /srv or /var/lib are.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
     let s = server(t, dir.path());
+    assert_owner_only(&dir.path().join("s"));
     let mut c = client(&s);
     let pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..300u32)
         .map(|i| (format!("k{i:04}").into_bytes(), value_of(i.into(), 200)))
@@ -366,6 +389,7 @@ fn copy_control_states_and_refusals(t: Transport) {
         let report = fabrickv_copy::copy(&opts, &mut |_| {}).expect("copy");
         assert!(report.verified);
         assert_eq!(report.pairs, pairs.len() as u64);
+        assert_owner_only(&to);
         let copy = fabrickv_storage::FjallShard::open(&to, &Default::default()).expect("open copy");
         for (k, v) in &pairs {
             use fabrickv_storage::ShardBackend;

@@ -54,6 +54,96 @@ fn user_key(stored: &[u8]) -> Result<&[u8]> {
 /// would only hold what is not read again.
 pub const SHARD_CACHE_BYTES_DEFAULT: u64 = 64 << 20;
 
+/// Permission bits of a shard's directory: its owner's only, as a
+/// database keeps its data directory. fjall creates its files with the
+/// process's umask (usually group and world readable); inside a directory
+/// of these bits no other user can reach them, whatever their own bits.
+pub const SHARD_DIR_MODE: u32 = 0o700;
+
+/// Permission bits of the files in a shard made here: read and write for
+/// the owner only.
+pub const SHARD_FILE_MODE: u32 = 0o600;
+
+/// The group and other permission bits, which a shard's tree never keeps.
+const GROUP_OTHER_BITS: u32 = 0o077;
+
+/// Creates the directory `path` for a new shard, owner-only
+/// ([`SHARD_DIR_MODE`]); missing parents are created as `mkdir -p` would
+/// (they are not the shard's to restrict). An existing directory is made
+/// owner-only too: it is about to hold a shard.
+pub fn create_private_dir(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(SHARD_DIR_MODE).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && path.is_dir() => {}
+        Err(e) => return Err(e),
+    }
+    // The umask may have taken bits off the mode asked for (never added
+    // any); an existing directory has whatever it had.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SHARD_DIR_MODE))
+}
+
+/// Takes the group and other bits off every directory and file under
+/// `path` (and `path` itself), so that what fjall created with the
+/// process's umask is its owner's only. Links are not followed.
+pub fn restrict_to_owner(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut todo = vec![path.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&p)?;
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & GROUP_OTHER_BITS != 0 {
+            std::fs::set_permissions(
+                &p,
+                std::fs::Permissions::from_mode(mode & !GROUP_OTHER_BITS),
+            )?;
+        }
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&p)? {
+                todo.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The directories under `path` (itself included) that group or others
+/// may enter or list, for tests and for the warning about an existing
+/// shard that is open to other users. Links are not followed.
+pub fn dirs_open_to_others(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut open = Vec::new();
+    let mut todo = vec![path.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&p)?;
+        if !meta.is_dir() {
+            continue;
+        }
+        if meta.permissions().mode() & GROUP_OTHER_BITS != 0 {
+            open.push(p.clone());
+        }
+        for entry in std::fs::read_dir(&p)? {
+            todo.push(entry?.path());
+        }
+    }
+    Ok(open)
+}
+
+/// Whether `path` is missing or an empty directory: a shard made there
+/// is a new one.
+fn is_new(path: &Path) -> bool {
+    match std::fs::read_dir(path) {
+        Ok(mut d) => d.next().is_none(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
 /// How a shard is opened.
 #[derive(Debug, Clone)]
 pub struct ShardOptions {
@@ -91,9 +181,16 @@ fn keyspace_options() -> KeyspaceCreateOptions {
 }
 
 impl FjallShard {
-    /// Opens the shard in `path` (creating it when `opts.create`).
+    /// Opens the shard in `path` (creating it when `opts.create`). A new
+    /// shard (no directory, or an empty one) is its owner's only: the
+    /// directory [`SHARD_DIR_MODE`], and what fjall creates in it at
+    /// opening stripped of group and other bits.
     pub fn open(path: impl AsRef<Path>, opts: &ShardOptions) -> Result<FjallShard> {
         let path = path.as_ref().to_path_buf();
+        let io = |what: &str, source| StorageError::Io {
+            what: format!("{what} {}", path.display()),
+            source,
+        };
         match std::fs::metadata(&path) {
             Ok(m) if !m.is_dir() => {
                 return Err(StorageError::NotAShard(format!(
@@ -116,10 +213,29 @@ impl FjallShard {
                 })
             }
         }
+        let new = opts.create && is_new(&path);
+        if new {
+            create_private_dir(&path).map_err(|e| io("creating", e))?;
+        }
         let db = Database::builder(&path)
             .cache_size(opts.cache_bytes)
             .open()?;
         let data = db.keyspace(DATA_KEYSPACE, keyspace_options)?;
+        if new {
+            restrict_to_owner(&path).map_err(|e| io("restricting", e))?;
+        } else if let Ok(m) = std::fs::metadata(&path) {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = m.permissions().mode() & 0o777;
+            if mode & GROUP_OTHER_BITS != 0 {
+                // An existing shard's bits are its operator's choice (a
+                // backup user may read it); said, not changed.
+                tracing::warn!(
+                    "shard directory {} is open to other users (mode {mode:o}); \
+                     `chmod {SHARD_DIR_MODE:o}` it unless that is meant",
+                    path.display()
+                );
+            }
+        }
         Ok(FjallShard {
             db,
             data,

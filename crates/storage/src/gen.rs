@@ -193,11 +193,22 @@ pub fn generate(
             path: path.to_path_buf(),
             source,
         })?;
+    let disk_bytes = shard.disk_bytes();
+    // Closed first (fjall writes on closing), then what fjall wrote got
+    // the process's umask: a shard is its owner's only.
+    drop(shard);
+    crate::restrict_to_owner(path).map_err(|source| GenError::Write {
+        path: path.to_path_buf(),
+        source: StorageError::Io {
+            what: format!("restricting {}", path.display()),
+            source,
+        },
+    })?;
     Ok(Generated {
         spec: *spec,
         pairs,
         secs: started.elapsed().as_secs_f64(),
-        disk_bytes: shard.disk_bytes(),
+        disk_bytes,
         path: path.to_path_buf(),
     })
 }

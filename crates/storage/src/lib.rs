@@ -26,7 +26,10 @@ use std::ops::Bound;
 // codecs (shard data ops, copy streams) reach them without this crate.
 pub use fabrickv_types::digest::{Digest, PairDigest};
 pub use fabrickv_types::limits::{SHARD_KEY_BYTES_MAX, SHARD_VALUE_BYTES_MAX};
-pub use fjall_shard::{FjallShard, ShardOptions};
+pub use fjall_shard::{
+    create_private_dir, dirs_open_to_others, restrict_to_owner, FjallShard, ShardOptions,
+    SHARD_DIR_MODE, SHARD_FILE_MODE,
+};
 pub use mem_shard::MemShard;
 
 /// Values of this many bytes or more live in blob files beside the tree

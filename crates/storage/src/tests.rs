@@ -277,6 +277,69 @@ fn a_generated_shard_loads_in_order_and_its_digest_is_the_specs<S: ShardBackend>
     assert_eq!(s2.get(b"b").expect("get"), None);
 }
 
+/// The permission bits of `path`.
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).expect("stat").permissions().mode() & 0o7777
+}
+
+/// Regression (issue 28): a new shard's directory and the directories
+/// fjall made in it were group and world readable (0755 under the usual
+/// umask), so any user of the host could read every pair.
+#[test]
+fn a_new_shard_is_its_owners_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A parent others may enter, as /srv or /var/lib are.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod parent");
+    for path in [dir.path().join("new"), dir.path().join("a/b/nested")] {
+        let s = open(&path);
+        s.write(&[Write::Put(b"k", b"v")], Durability::Sync)
+            .expect("write");
+        assert_eq!(mode_of(&path), crate::SHARD_DIR_MODE, "{}", path.display());
+        assert_eq!(
+            crate::dirs_open_to_others(&path).expect("walk"),
+            Vec::<std::path::PathBuf>::new()
+        );
+    }
+    // An existing empty directory given for a new shard is made private.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    drop(open(&empty));
+    assert_eq!(mode_of(&empty), crate::SHARD_DIR_MODE);
+    // The parents are not the shard's: left as mkdir -p makes them.
+    assert_eq!(mode_of(dir.path()), 0o755);
+}
+
+/// Regression (issue 28): `shard gen` left its files and directories
+/// readable by every user.
+#[test]
+fn a_generated_shard_is_its_owners_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("g");
+    let spec = GenSpec::for_size(64 << 10, 8, 100, 1);
+    crate::gen::generate(&path, &spec, &mut |_| {}).expect("generate");
+    assert_eq!(mode_of(&path), crate::SHARD_DIR_MODE);
+    let mut todo = vec![path.clone()];
+    let mut files = 0;
+    while let Some(p) = todo.pop() {
+        let mode = mode_of(&p);
+        assert_eq!(mode & 0o077, 0, "{} has mode {mode:o}", p.display());
+        if p.is_dir() {
+            todo.extend(
+                std::fs::read_dir(&p)
+                    .expect("ls")
+                    .map(|e| e.expect("entry").path()),
+            );
+        } else {
+            files += 1;
+        }
+    }
+    assert!(files > 0, "the walk saw the shard's files");
+}
+
 #[test]
 fn opening_a_file_or_a_missing_shard_without_create_is_an_error() {
     let dir = tempfile::tempdir().expect("tempdir");

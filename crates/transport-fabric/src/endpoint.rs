@@ -214,7 +214,12 @@ impl FabricEndpoint {
     fn mark_closed(&mut self) {
         if !self.closed {
             self.closed = true;
-            self.node.core.remove(self.peer);
+            // Not while a send to it is in flight: the shm provider would
+            // unmap the server's region under that send's completion
+            // (issue 28 fault 3); the whole endpoint is closed on drop.
+            if !self.node.core.sending_to(self.peer) {
+                self.node.core.remove(self.peer);
+            }
             let _ = self.stream.shutdown(std::net::Shutdown::Both);
         }
     }

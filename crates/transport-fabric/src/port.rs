@@ -111,6 +111,11 @@ pub(crate) struct FabricPort {
     dirty: Vec<usize>,
     /// Receive slots posted in the pool.
     slots: usize,
+    /// Addresses of closed connections still in the address vector
+    /// because a send to them has not completed (see [`FabricPort::close`]);
+    /// removed once it has. At most [`PORT_SEND_SLOTS`] long, since each
+    /// holds a busy send slot.
+    unmapping: Vec<u64>,
     open: Arc<AtomicUsize>,
     stats: PortStats,
     last_check: Instant,
@@ -146,6 +151,7 @@ impl FabricPort {
             ready: Vec::new(),
             dirty: Vec::new(),
             slots: 0,
+            unmapping: Vec::new(),
             open,
             stats: PortStats::default(),
             last_check: Instant::now(),
@@ -218,7 +224,17 @@ impl FabricPort {
         for h in c.held.drain(..) {
             let _ = self.node.post_recv(h.slab, h.slot);
         }
-        self.node.core.remove(c.addr);
+        // A peer with a send still in flight stays in the address vector
+        // until the send completes: the shm provider unmaps a removed
+        // peer's region, and the completion of a send to it (the peer's
+        // answer, read in a later progress call) locks that region. A
+        // client that closes right after a reply larger than the inject
+        // size made the worker fault there (issue 28 fault 3).
+        if self.node.core.sending_to(c.addr) {
+            self.unmapping.push(c.addr);
+        } else {
+            self.node.core.remove(c.addr);
+        }
         self.by_id.remove(&c.id);
         self.free.push(slot);
         self.open.fetch_sub(1, Ordering::AcqRel);
@@ -229,6 +245,16 @@ impl FabricPort {
     fn progress(&mut self) -> Result<()> {
         if self.node.core.progress()? > 0 {
             self.last_active = Instant::now();
+        }
+        if !self.unmapping.is_empty() {
+            let core = &mut self.node.core;
+            self.unmapping.retain(|&addr| {
+                let busy = core.sending_to(addr);
+                if !busy {
+                    core.remove(addr);
+                }
+                busy
+            });
         }
         while let Some(ev) = self.node.core.events.pop_front() {
             match ev {

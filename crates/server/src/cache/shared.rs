@@ -4,6 +4,7 @@
 //! worker owning the client's connection), and the counters STATS reports.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -29,6 +30,20 @@ pub const CACHE_JOB_TIMEOUT_MS: u64 = 5_000;
 /// Jobs queued to one worker before gRPC callers are told to back off.
 pub const CACHE_JOBS_QUEUED_MAX: usize = 1024;
 
+/// Registrations one gRPC connection (one peer address and port) may
+/// hold at once: a client process needs one per data-plane connection it
+/// binds, so a few dozen is ample, and a caller registering in a loop
+/// stops here instead of filling the table.
+pub const CACHE_CLIENTS_PER_CONN_MAX: usize = 64;
+
+/// Registrations all the connections of one host (peer IP address) may
+/// hold at once: a quarter of the table, so that no one host, however
+/// many connections it opens, locks the others out.
+pub const CACHE_CLIENTS_PER_HOST_MAX: usize = CACHE_CLIENTS_MAX / 4;
+
+const _: () = assert!(CACHE_CLIENTS_PER_CONN_MAX <= CACHE_CLIENTS_PER_HOST_MAX);
+const _: () = assert!(CACHE_CLIENTS_PER_HOST_MAX < CACHE_CLIENTS_MAX);
+
 /// Work a gRPC call hands to the worker owning a client's connection.
 pub type Job = Box<dyn FnOnce(&mut dyn WorkerPort) + Send>;
 /// A client registered over gRPC.
@@ -44,6 +59,11 @@ pub struct ClientRecord {
     pub bound: Option<Binding>,
     /// Where the next server-chosen placement goes in its region.
     pub next_offset: u64,
+    /// The gRPC connection that registered it (`None`: a caller with no
+    /// socket, in-process): only that connection may heartbeat or
+    /// unregister it, and a reconnect from the same host may take it over
+    /// by registering again with its id.
+    pub owner: Option<SocketAddr>,
 }
 
 /// A client's data-plane connection and registered region.
@@ -80,7 +100,6 @@ pub struct CacheCounters {
 pub struct CacheShared {
     store: CacheStore,
     clients: Mutex<HashMap<u64, ClientRecord>>,
-    next_client: AtomicU64,
     jobs: Mutex<Vec<(Sender<Job>, Waker)>>,
     /// Counters.
     pub counters: CacheCounters,
@@ -93,7 +112,6 @@ impl CacheShared {
         Ok(Arc::new(CacheShared {
             store,
             clients: Mutex::new(HashMap::new()),
-            next_client: AtomicU64::new(1),
             jobs: Mutex::new(Vec::new()),
             counters: CacheCounters::default(),
         }))
@@ -115,9 +133,24 @@ impl CacheShared {
         lock(&self.clients)
     }
 
-    /// Registers a client (id 0: the server picks one); returns its id.
+    /// Registers a client for the connection `owner` (id 0: the server
+    /// picks one); returns its id.
+    ///
+    /// Ids are random (never sequential), so that one client's id cannot
+    /// be guessed from another's: before, ids 2, 3, 4, ... let any caller
+    /// heartbeat, unregister or take over the others' registrations. A
+    /// non-zero id renews a registration `owner` holds, or moves it to a
+    /// new connection of the same host (a reconnect presenting its id); an
+    /// id registered elsewhere or not at all is refused as
+    /// [`ErrorCode::NoSuchClient`], the same answer, so that ids do not
+    /// leak. One connection holds at most [`CACHE_CLIENTS_PER_CONN_MAX`]
+    /// registrations and one host [`CACHE_CLIENTS_PER_HOST_MAX`]
+    /// ([`ErrorCode::Unavailable`] beyond), so that no caller can fill
+    /// the table (4,095 registrations from one caller used to lock every
+    /// new client out).
     pub fn register(
         &self,
+        owner: Option<SocketAddr>,
         client_id: u64,
         addresses: Vec<String>,
         buffer_bytes: u64,
@@ -130,46 +163,95 @@ impl CacheShared {
             ));
         }
         let mut clients = self.clients();
-        let id = if client_id == 0 {
-            loop {
-                let id = self.next_client.fetch_add(1, Ordering::Relaxed);
-                if !clients.contains_key(&id) {
-                    break id;
-                }
+        let renewing = client_id != 0;
+        if renewing {
+            let held = clients
+                .get(&client_id)
+                .is_some_and(|c| same_host(c.owner, owner));
+            if !held {
+                return Err(no_client(client_id));
             }
-        } else {
-            client_id
-        };
-        if !clients.contains_key(&id) && clients.len() >= CACHE_CLIENTS_MAX {
+        }
+        // What this connection and host hold, the renewed registration
+        // not counted (it is replaced, not added).
+        let (mut on_conn, mut on_host) = (0, 0);
+        for (id, c) in clients.iter() {
+            if *id != client_id && same_host(c.owner, owner) {
+                on_host += 1;
+                on_conn += usize::from(c.owner == owner);
+            }
+        }
+        if on_conn >= CACHE_CLIENTS_PER_CONN_MAX {
+            return Err((
+                ErrorCode::Unavailable,
+                format!(
+                    "this connection holds {CACHE_CLIENTS_PER_CONN_MAX} registrations already; \
+                     unregister one first"
+                ),
+            ));
+        }
+        if on_host >= CACHE_CLIENTS_PER_HOST_MAX {
+            return Err((
+                ErrorCode::Unavailable,
+                format!("this host holds {CACHE_CLIENTS_PER_HOST_MAX} registrations already"),
+            ));
+        }
+        if !renewing && clients.len() >= CACHE_CLIENTS_MAX {
             return Err((
                 ErrorCode::Unavailable,
                 format!("{CACHE_CLIENTS_MAX} clients are registered already"),
             ));
         }
+        let id = if renewing {
+            client_id
+        } else {
+            loop {
+                let id = fabrickv_auth::random_u64();
+                if id != 0 && !clients.contains_key(&id) {
+                    break id;
+                }
+            }
+        };
         let rec = ClientRecord {
             addresses,
             buffer_bytes,
             expires_at_ms: now_ms + CACHE_HEARTBEAT_TIMEOUT_MS,
             bound: None,
             next_offset: 0,
+            owner,
         };
         clients.insert(id, rec);
         Ok(id)
     }
 
-    /// Extends a client's registration; returns ms until it lapses.
-    pub fn heartbeat(&self, client_id: u64, now_ms: u64) -> Result<u64, Refusal> {
+    /// Extends a client's registration; returns ms until it lapses. Only
+    /// the connection that registered it may; to any other the id is
+    /// unknown.
+    pub fn heartbeat(
+        &self,
+        owner: Option<SocketAddr>,
+        client_id: u64,
+        now_ms: u64,
+    ) -> Result<u64, Refusal> {
         let mut clients = self.clients();
         let c = clients
             .get_mut(&client_id)
+            .filter(|c| c.owner == owner)
             .ok_or_else(|| no_client(client_id))?;
         c.expires_at_ms = now_ms + CACHE_HEARTBEAT_TIMEOUT_MS;
         Ok(CACHE_HEARTBEAT_TIMEOUT_MS)
     }
 
-    /// Releases a client; false if it was not registered.
-    pub fn unregister(&self, client_id: u64) -> bool {
-        self.clients().remove(&client_id).is_some()
+    /// Releases a client; false if it was not registered, or not by the
+    /// connection `owner` (the same answer, so that ids do not leak).
+    pub fn unregister(&self, owner: Option<SocketAddr>, client_id: u64) -> bool {
+        let mut clients = self.clients();
+        if clients.get(&client_id).is_some_and(|c| c.owner == owner) {
+            clients.remove(&client_id);
+            true
+        } else {
+            false
+        }
     }
 
     /// Number of registered clients.
@@ -316,6 +398,12 @@ impl CacheShared {
             ("cache_puts_abandoned", load(&c.puts_abandoned)),
         ]
     }
+}
+
+/// Whether two connections are on one host (both in-process counts as
+/// one).
+fn same_host(a: Option<SocketAddr>, b: Option<SocketAddr>) -> bool {
+    a.map(|a| a.ip()) == b.map(|b| b.ip())
 }
 
 fn no_client(id: u64) -> Refusal {

@@ -1,7 +1,7 @@
 //! The cache service without sockets: frames in, replies out.
 
 use super::*;
-use fabrickv_types::limits::CACHE_HEARTBEAT_TIMEOUT_MS;
+use fabrickv_types::limits::{CACHE_CLIENTS_MAX, CACHE_HEARTBEAT_TIMEOUT_MS};
 use fabrickv_wire::cache::{decode_reply, encode_get, encode_key_op, encode_put_chunk};
 use fabrickv_wire::{decode_frame, FrameKind};
 
@@ -85,10 +85,10 @@ fn registrations_lapse_without_heartbeats() {
     let s = service();
     let id = s
         .shared
-        .register(0, vec!["a".into()], 1 << 20, NOW)
+        .register(None, 0, vec!["a".into()], 1 << 20, NOW)
         .expect("register");
     assert_eq!(
-        s.shared.heartbeat(id, NOW + 1000),
+        s.shared.heartbeat(None, id, NOW + 1000),
         Ok(CACHE_HEARTBEAT_TIMEOUT_MS)
     );
     s.shared.sweep(NOW + 1000 + CACHE_HEARTBEAT_TIMEOUT_MS - 1);
@@ -96,7 +96,140 @@ fn registrations_lapse_without_heartbeats() {
     s.shared.sweep(NOW + 1000 + CACHE_HEARTBEAT_TIMEOUT_MS);
     assert_eq!(s.shared.client_count(), 0);
     assert_eq!(
-        s.shared.heartbeat(id, NOW).map_err(|e| e.0),
+        s.shared.heartbeat(None, id, NOW).map_err(|e| e.0),
         Err(ErrorCode::NoSuchClient)
     );
+}
+
+/// A gRPC connection from `host` (a.b.c.d) and `port`.
+fn peer(host: [u8; 4], port: u16) -> Option<std::net::SocketAddr> {
+    Some(std::net::SocketAddr::from((host, port)))
+}
+
+/// Regression (issue 28 fault 5): client ids were 2, 3, 4, ..., so any
+/// caller could name the others' registrations.
+#[test]
+fn client_ids_are_random_not_sequential() {
+    const IDS: usize = 64;
+    let s = service();
+    let mut ids: Vec<u64> = (0..IDS)
+        .map(|_| {
+            s.shared
+                .register(None, 0, Vec::new(), 0, NOW)
+                .expect("register")
+        })
+        .collect();
+    assert!(ids.iter().all(|&id| id != 0));
+    // Spread over the whole 64-bit space: a counter stays tiny.
+    assert!(ids.iter().any(|&id| id > 1 << 40), "{ids:?}");
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), IDS, "no id given twice");
+    let neighbours = ids.windows(2).filter(|w| w[1] - w[0] < 1 << 20).count();
+    assert_eq!(neighbours, 0, "ids close to one another: {ids:?}");
+}
+
+/// Regression (issue 28 fault 5): any caller could heartbeat, unregister
+/// or re-register another client's registration.
+#[test]
+fn only_the_registering_connection_may_heartbeat_or_unregister() {
+    let s = service();
+    let sh = &s.shared;
+    let a = peer([127, 0, 0, 1], 40_001);
+    let b = peer([127, 0, 0, 1], 40_002);
+    let far = peer([10, 0, 0, 2], 40_001);
+    let id = sh.register(a, 0, Vec::new(), 0, NOW).expect("register");
+    let unknown = id ^ 1;
+    // Another connection sees the id as unknown: the same code as an id
+    // never given, so that ids do not leak.
+    for other in [b, far, None] {
+        assert_eq!(
+            sh.heartbeat(other, id, NOW).map_err(|e| e.0),
+            Err(ErrorCode::NoSuchClient)
+        );
+        assert_eq!(
+            sh.heartbeat(other, unknown, NOW).map_err(|e| e.0),
+            Err(ErrorCode::NoSuchClient)
+        );
+        assert!(!sh.unregister(other, id));
+        assert!(!sh.unregister(other, unknown));
+    }
+    // Another host cannot take it over by registering its id, nor can
+    // anyone register an id the server did not give.
+    assert_eq!(
+        sh.register(far, id, Vec::new(), 0, NOW).map_err(|e| e.0),
+        Err(ErrorCode::NoSuchClient)
+    );
+    assert_eq!(
+        sh.register(a, unknown, Vec::new(), 0, NOW).map_err(|e| e.0),
+        Err(ErrorCode::NoSuchClient)
+    );
+    assert_eq!(sh.heartbeat(a, id, NOW), Ok(CACHE_HEARTBEAT_TIMEOUT_MS));
+    // The owner renews it in place.
+    assert_eq!(sh.register(a, id, Vec::new(), 0, NOW), Ok(id));
+    // A reconnect from the same host (a new port) presenting the id takes
+    // it over; the old connection no longer may act for it.
+    assert_eq!(sh.register(b, id, Vec::new(), 0, NOW), Ok(id));
+    assert_eq!(
+        sh.heartbeat(a, id, NOW).map_err(|e| e.0),
+        Err(ErrorCode::NoSuchClient)
+    );
+    assert_eq!(sh.heartbeat(b, id, NOW), Ok(CACHE_HEARTBEAT_TIMEOUT_MS));
+    assert_eq!(sh.client_count(), 1);
+    assert!(sh.unregister(b, id));
+    assert_eq!(sh.client_count(), 0);
+}
+
+/// Regression (issue 28 fault 5): 4,095 registrations from one caller
+/// filled the table, and every new client was refused until they lapsed.
+#[test]
+fn one_connection_is_stopped_at_its_bound_while_another_still_registers() {
+    let s = service();
+    let sh = &s.shared;
+    let greedy = peer([127, 0, 0, 1], 40_001);
+    let mut mine = Vec::new();
+    let refused = loop {
+        match sh.register(greedy, 0, Vec::new(), 0, NOW) {
+            Ok(id) => mine.push(id),
+            Err(e) => break e,
+        }
+        assert!(mine.len() <= CACHE_CLIENTS_PER_CONN_MAX, "no bound");
+    };
+    assert_eq!(mine.len(), CACHE_CLIENTS_PER_CONN_MAX);
+    assert_eq!(refused.0, ErrorCode::Unavailable, "{}", refused.1);
+    // Another connection, of the same host or another, still registers.
+    let other = peer([127, 0, 0, 1], 40_002);
+    assert!(sh.register(other, 0, Vec::new(), 0, NOW).is_ok());
+    assert!(sh
+        .register(peer([10, 0, 0, 2], 1), 0, Vec::new(), 0, NOW)
+        .is_ok());
+    // Renewing one of its own is not a new registration.
+    assert_eq!(
+        sh.register(greedy, mine[0], Vec::new(), 0, NOW),
+        Ok(mine[0])
+    );
+    // Once it lets one go, it may register again.
+    assert!(sh.unregister(greedy, mine[0]));
+    assert!(sh.register(greedy, 0, Vec::new(), 0, NOW).is_ok());
+
+    // However many connections one host opens, it holds a quarter of the
+    // table at most; another host still registers.
+    let host = [10, 0, 0, 9];
+    let mut held = 0;
+    'ports: for port in 1.. {
+        for _ in 0..CACHE_CLIENTS_PER_CONN_MAX {
+            match sh.register(peer(host, port), 0, Vec::new(), 0, NOW) {
+                Ok(_) => held += 1,
+                Err(e) => {
+                    assert_eq!(e.0, ErrorCode::Unavailable);
+                    break 'ports;
+                }
+            }
+        }
+    }
+    assert_eq!(held, CACHE_CLIENTS_PER_HOST_MAX);
+    assert!(sh.client_count() < CACHE_CLIENTS_MAX);
+    assert!(sh
+        .register(peer([10, 0, 0, 3], 1), 0, Vec::new(), 0, NOW)
+        .is_ok());
 }

@@ -10,7 +10,9 @@ use fabrickv_types::limits::PS_TABLES_MAX;
 use fabrickv_types::{ErrorCode, KeyHash};
 use fabrickv_wire::ps::{TableDesc, TableSpec};
 
-use super::{PsConfig, PS_ITEM_KEY_BYTES, PS_SHARDS_PER_WORKER, PS_SHARD_POOL_BYTES_MIN};
+use super::{
+    MemoryBudget, PsConfig, PS_ITEM_KEY_BYTES, PS_SHARDS_PER_WORKER, PS_SHARD_POOL_BYTES_MIN,
+};
 use crate::service::Refusal;
 
 /// One table.
@@ -70,6 +72,9 @@ pub struct PsStore {
     tables: RwLock<Vec<Arc<Table>>>,
     /// Serialises table creation and pool construction.
     create: Mutex<()>,
+    /// What the process may lock and the host has free, read when the
+    /// pool is about to be built (tests give their own).
+    budget: fn() -> MemoryBudget,
     /// What the handlers of every worker count.
     pub(super) counters: Counters,
 }
@@ -84,8 +89,23 @@ impl PsStore {
             shards: OnceLock::new(),
             tables: RwLock::new(Vec::new()),
             create: Mutex::new(()),
+            budget: MemoryBudget::of_this_process,
             counters: Counters::default(),
         }
+    }
+
+    /// The same store, reading its memory budget from `budget`.
+    #[cfg(test)]
+    pub(super) fn with_budget(mut self, budget: fn() -> MemoryBudget) -> PsStore {
+        self.budget = budget;
+        self
+    }
+
+    /// Whether the configured pool fits what this process may lock and
+    /// the host has free now; the server says so at start-up, since a
+    /// pool that does not fit refuses every CREATE.
+    pub fn check_budget(&self) -> Result<(), String> {
+        (self.budget)().check(self.cfg.pool_bytes, &self.cfg.pool)
     }
 
     /// Checks the configuration without building anything.
@@ -123,6 +143,18 @@ impl PsStore {
         if self.shards.get().is_some() {
             return Ok(());
         }
+        // Before a page is touched: one CREATE from any client builds the
+        // pool, and a pool that cannot be locked or held must cost nothing
+        // to refuse (issue 28 fault 4).
+        self.check_budget().map_err(|why| {
+            (
+                ErrorCode::PoolUnavailable,
+                format!(
+                    "embedding pool of {} unavailable: {why}",
+                    fabrickv_types::size::format_size(self.cfg.pool_bytes)
+                ),
+            )
+        })?;
         let per_shard = (self.cfg.pool_bytes / self.shard_count as u64) as usize;
         let mut shards = Vec::with_capacity(self.shard_count);
         for _ in 0..self.shard_count {

@@ -410,6 +410,65 @@ fn the_pool_is_built_by_the_first_table_with_a_clear_error_when_it_cannot_be() {
     }
 }
 
+/// This process's resident memory (`VmRSS`), in bytes.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// Regression (issue 28 fault 4): one CREATE built, zeroed and locked the
+/// whole pool before anything asked whether the process could lock it; as
+/// root (no RLIMIT_MEMLOCK) the server's RSS went from 86 MB to 1.4 GB.
+/// A pool beyond what may be locked is now refused before a page is
+/// touched.
+#[test]
+fn a_pool_beyond_the_lock_limit_is_refused_before_it_is_built() {
+    const POOL_BYTES: u64 = 256 << 20;
+    /// RSS the refusal may cost (allocator noise), far below the pool.
+    const RSS_GROWTH_BYTES_MAX: u64 = 16 << 20;
+    let cfg = PsConfig {
+        pool_bytes: POOL_BYTES,
+        pool: PoolOptions {
+            hugepages: false,
+            populate: true,
+            lock: true,
+            zero: true,
+        },
+        tables: Vec::new(),
+    };
+    let tight = || MemoryBudget {
+        lock_limit_bytes: Some(64 << 10),
+        locked_bytes: 0,
+        available_bytes: None,
+    };
+    let st = Arc::new(PsStore::new(cfg, 1).with_budget(tight));
+    assert!(st.check_budget().is_err(), "said at start-up");
+    let before = rss_bytes();
+    let (code, why) = st
+        .create(&TableSpec::new("t", 4))
+        .expect_err("a pool beyond RLIMIT_MEMLOCK");
+    let grown = rss_bytes().saturating_sub(before);
+    assert_eq!(code, ErrorCode::PoolUnavailable);
+    assert!(why.contains("RLIMIT_MEMLOCK"), "{why}");
+    assert!(grown < RSS_GROWTH_BYTES_MAX, "RSS grew by {grown} bytes");
+    assert!(st.shards().is_none() && st.list().is_empty());
+    // Through the service, as a client's CREATE frame.
+    let mut svc = PsService::new(0, st.clone());
+    let mut req = Vec::new();
+    encode_create(&mut req, 1, 0, &TableSpec::new("t2", 4));
+    assert_eq!(
+        error_code(&call(&mut svc, &req)),
+        ErrorCode::PoolUnavailable
+    );
+    assert!(rss_bytes().saturating_sub(before) < RSS_GROWTH_BYTES_MAX);
+}
+
 /// Pulls spanning every shard and pushes to the same keys, from four
 /// threads at once: every pull finishes (the shard read locks a pull holds
 /// cannot deadlock against writers) and no pulled vector is torn, since a

@@ -101,8 +101,8 @@ impl Core {
             },
             KIND_SEND => {
                 self.tx_free.push(slot);
+                let dest = std::mem::replace(&mut self.tx_dest[slot], ADDR_UNSPEC);
                 if let Some(err) = err {
-                    let dest = self.tx_dest[slot];
                     self.events.push_back(Event::SendFailed { dest, err });
                 }
             }
@@ -152,6 +152,14 @@ impl Core {
         let t = unsafe { (*e.op_context.cast::<OpCtx>()).tag };
         self.complete(t, e.len, Some(e.err));
         Ok(())
+    }
+
+    /// Whether a send to `dest` from a send slot has not completed yet.
+    /// The provider still holds its peer then: the `shm` provider takes
+    /// the peer region's lock when the peer's answer to the send comes
+    /// back, so `dest` must stay in the address vector until then.
+    pub fn sending_to(&self, dest: u64) -> bool {
+        self.tx_dest.contains(&dest)
     }
 
     /// The completion queue's wait descriptor, if the provider has one.

@@ -192,7 +192,9 @@ pub struct Core {
     /// Send slots and the free list over them.
     tx: Slab,
     tx_free: Vec<usize>,
-    /// Where each busy send slot is going, to name the peer on failure.
+    /// Where each busy send slot is going (`ADDR_UNSPEC` when idle), to
+    /// name the peer on failure and to keep a peer with sends in flight in
+    /// the address vector.
     tx_dest: Vec<u64>,
     /// RMA staging slots; `rma_busy[i]` until the operation completes.
     rma: Option<Slab>,
@@ -529,7 +531,11 @@ impl Core {
         Ok(addr)
     }
 
-    /// Removes a peer from the address vector.
+    /// Removes a peer from the address vector. The caller makes sure no
+    /// send to it is outstanding ([`Core::sending_to`]): the `shm`
+    /// provider unmaps the peer's region here, and an outstanding send's
+    /// completion would then lock memory that is gone (SIGSEGV in
+    /// `pthread_spin_trylock`, issue 28 fault 3).
     pub fn remove(&mut self, addr: u64) {
         let mut a = addr;
         // SAFETY: a is an address this AV returned.
