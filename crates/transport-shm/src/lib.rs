@@ -51,7 +51,7 @@ use std::time::Duration;
 
 use fabrickv_transport::{Capabilities, Endpoint, Listening, Result, TransportError, WorkerPort};
 
-pub use endpoint::ShmEndpoint;
+pub use endpoint::{Scribbler, ShmEndpoint};
 pub use region::{PEER_REGIONS_MAX, REGIONS_MAX, REGION_BYTES_MAX};
 pub use ring::{CONN_SHM_BYTES, HEADER_BYTES, RECORD_HEADER_BYTES, RING_BYTES};
 

@@ -8,9 +8,18 @@
 //! one store and wakes the client only if it said it sleeps. No syscall
 //! and no allocation on that path once buffers have their working size.
 //!
+//! Each request is copied out of the ring into the port's own buffer
+//! before the handler sees it: the client can write its ring at any time,
+//! so bytes a decoder checked in place could change before they are used
+//! (a shard name checked as UTF-8, then formatted, once panicked a worker).
+//! A copy is what every service can trust, whatever it parses.
+//!
 //! A client that does not read its replies fills its ring; later replies
 //! wait in a staging buffer of at most `CONN_SEND_QUEUE_BYTES_MAX` bytes,
 //! and at that bound the port stops reading the connection's requests.
+//! Its socket is watched all the same: when the client closes or dies, its
+//! staged replies are dropped and the connection is reaped, however full
+//! its rings are.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -30,7 +39,7 @@ use rustix::event::epoll;
 use crate::ctl;
 use crate::mem::Mapping;
 use crate::region::{Access, LocalRegions, PeerLink};
-use crate::ring::{fence_seqcst, Dir, Reader, Writer};
+use crate::ring::{fence_seqcst, record_bytes, Dir, Reader, Writer, RING_BYTES};
 use crate::{CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US, SHM_CAPABILITIES};
 
 /// Epoll token of the port's waker eventfd.
@@ -104,9 +113,27 @@ struct Conn {
     paused: bool,
     /// The client is gone: handle what it published, then close.
     gone: bool,
+    /// Request bytes still handled after the client went: at most one
+    /// ring's worth, so a process that still maps the memory cannot keep a
+    /// closed connection open by publishing more.
+    gone_left: usize,
 }
 
 impl Conn {
+    /// The client closed its socket or died: nothing will read replies
+    /// any more, so drop the staged ones, and read again if the port had
+    /// stopped reading for them; what the client published is still
+    /// handled (its writes happen), then the connection closes.
+    fn peer_gone(&mut self) {
+        if !self.gone {
+            self.gone = true;
+            self.gone_left = RING_BYTES;
+            self.staged.clear();
+            self.staged_head = 0;
+            self.paused = false;
+        }
+    }
+
     fn staged_bytes(&self) -> usize {
         self.staged.len() - self.staged_head
     }
@@ -213,6 +240,9 @@ pub(crate) struct ShmPort {
     locals: LocalRegions,
     /// The reply buffer lent to each handler call.
     scratch: Vec<u8>,
+    /// The request handed to each handler call, copied out of the ring
+    /// (only ever grown, to at most `MESSAGE_BYTES_MAX`).
+    request: Vec<u8>,
     last_control_check: Instant,
 }
 
@@ -251,6 +281,7 @@ impl ShmPort {
             stats: PortStats::default(),
             locals: LocalRegions::default(),
             scratch: Vec::new(),
+            request: Vec::new(),
             last_control_check: Instant::now(),
         };
         Ok((port, Handoff { tx, wake }))
@@ -303,6 +334,7 @@ impl ShmPort {
                 dirty: false,
                 paused: false,
                 gone: false,
+                gone_left: 0,
             });
             self.stats.conns_accepted += 1;
             self.stats.conns_open += 1;
@@ -326,7 +358,7 @@ impl ShmPort {
         };
         match c.peer.drain(c.sock.as_fd()) {
             Ok(()) => {}
-            Err(TransportError::Closed) => c.gone = true,
+            Err(TransportError::Closed) => c.peer_gone(),
             Err(e) => {
                 tracing::debug!("closing a connection with a bad control stream: {e}");
                 self.stats.conns_closed_framing += 1;
@@ -385,6 +417,7 @@ impl ShmPort {
         let ShmPort {
             conns,
             scratch,
+            request,
             stats,
             dirty,
             ..
@@ -413,8 +446,12 @@ impl ShmPort {
                 }
             };
             scratch.clear();
+            if request.len() < len {
+                request.resize(len, 0);
+            }
+            let msg = &mut request[..len];
+            c.map.read(off, msg);
             {
-                let msg = c.map.slice(off, len);
                 let mut reply = ShmReply {
                     buf: scratch,
                     peer: &mut c.peer,
@@ -424,7 +461,13 @@ impl ShmPort {
             }
             c.rx.advance(len);
             handled += 1;
-            if scratch.len() > MESSAGE_BYTES_MAX {
+            if c.gone {
+                // Nobody reads replies any more.
+                c.gone_left = c.gone_left.saturating_sub(record_bytes(len));
+                if c.gone_left == 0 {
+                    break;
+                }
+            } else if scratch.len() > MESSAGE_BYTES_MAX {
                 tracing::error!("dropping an oversized reply of {} bytes", scratch.len());
             } else if !scratch.is_empty() {
                 if c.push_reply(scratch).is_err() {
@@ -447,7 +490,7 @@ impl ShmPort {
             c.rx.release(&c.map);
             Self::mark_dirty(dirty, c, slot);
         }
-        if broken || (c.gone && empty) {
+        if broken || (c.gone && (empty || c.gone_left == 0)) {
             self.close(slot);
         }
         handled
