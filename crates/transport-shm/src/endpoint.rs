@@ -65,6 +65,9 @@ pub struct ShmEndpoint {
     workers: u16,
 }
 
+/// Where the request ring's head word lives in the header page.
+const REQUEST_HEAD_OFFSET: usize = 0;
+
 /// Flips bytes in a connection's request ring; see
 /// [`ShmEndpoint::scribbler`].
 #[doc(hidden)]
@@ -80,9 +83,18 @@ impl Scribbler {
         let at = at % RING_BYTES;
         let word = HEADER_BYTES + at / 4 * 4;
         let shift = (at % 4) * 8;
+        self.map.u32_at(word).fetch_xor(
+            u32::from(mask) << shift,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Bytes of the request ring the server has released so far (its
+    /// head): the records it reads next start there.
+    pub fn consumed(&self) -> usize {
         self.map
-            .u32_at(word)
-            .fetch_xor(u32::from(mask) << shift, std::sync::atomic::Ordering::Relaxed);
+            .u64_at(REQUEST_HEAD_OFFSET)
+            .load(std::sync::atomic::Ordering::Acquire) as usize
     }
 }
 

@@ -17,9 +17,12 @@
 //! A client that does not read its replies fills its ring; later replies
 //! wait in a staging buffer of at most `CONN_SEND_QUEUE_BYTES_MAX` bytes,
 //! and at that bound the port stops reading the connection's requests.
-//! Its socket is watched all the same: when the client closes or dies, its
-//! staged replies are dropped and the connection is reaped, however full
-//! its rings are.
+//! Its socket is watched all the same: when the client closes or dies,
+//! the connection is reaped at once, however full its rings are, with the
+//! replies it will never read and the requests it published but will
+//! never learn the outcome of. (Handling those first let a client that
+//! opened connections, filled their rings and closed them hold slots of
+//! `SHM_CONNECTIONS_MAX` while the port worked through 4 MiB each.)
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -39,7 +42,7 @@ use rustix::event::epoll;
 use crate::ctl;
 use crate::mem::Mapping;
 use crate::region::{Access, LocalRegions, PeerLink};
-use crate::ring::{fence_seqcst, record_bytes, Dir, Reader, Writer, RING_BYTES};
+use crate::ring::{fence_seqcst, Dir, Reader, Writer};
 use crate::{CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US, SHM_CAPABILITIES};
 
 /// Epoll token of the port's waker eventfd.
@@ -111,29 +114,9 @@ struct Conn {
     dirty: bool,
     /// Not read until its staged replies drain.
     paused: bool,
-    /// The client is gone: handle what it published, then close.
-    gone: bool,
-    /// Request bytes still handled after the client went: at most one
-    /// ring's worth, so a process that still maps the memory cannot keep a
-    /// closed connection open by publishing more.
-    gone_left: usize,
 }
 
 impl Conn {
-    /// The client closed its socket or died: nothing will read replies
-    /// any more, so drop the staged ones, and read again if the port had
-    /// stopped reading for them; what the client published is still
-    /// handled (its writes happen), then the connection closes.
-    fn peer_gone(&mut self) {
-        if !self.gone {
-            self.gone = true;
-            self.gone_left = RING_BYTES;
-            self.staged.clear();
-            self.staged_head = 0;
-            self.paused = false;
-        }
-    }
-
     fn staged_bytes(&self) -> usize {
         self.staged.len() - self.staged_head
     }
@@ -333,8 +316,6 @@ impl ShmPort {
                 peer: PeerLink::default(),
                 dirty: false,
                 paused: false,
-                gone: false,
-                gone_left: 0,
             });
             self.stats.conns_accepted += 1;
             self.stats.conns_open += 1;
@@ -351,14 +332,15 @@ impl ShmPort {
         }
     }
 
-    /// Reads a connection's socket: adopts announced regions, notes EOF.
+    /// Reads a connection's socket: adopts announced regions; closes the
+    /// connection at end-of-file, whatever its rings hold.
     fn read_control(&mut self, slot: usize) {
         let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
         match c.peer.drain(c.sock.as_fd()) {
             Ok(()) => {}
-            Err(TransportError::Closed) => c.peer_gone(),
+            Err(TransportError::Closed) => self.close(slot),
             Err(e) => {
                 tracing::debug!("closing a connection with a bad control stream: {e}");
                 self.stats.conns_closed_framing += 1;
@@ -399,8 +381,7 @@ impl ShmPort {
     fn has_work(&self) -> bool {
         !self.incoming.is_empty()
             || self.conns.iter().flatten().any(|c| {
-                c.gone
-                    || (!c.paused && c.rx.has_data(&c.map))
+                (!c.paused && c.rx.has_data(&c.map))
                     || (c.staged_bytes() > 0 && c.tx.head_moved(&c.map))
             })
     }
@@ -430,14 +411,10 @@ impl ShmPort {
         }
         let mut handled = 0;
         let mut broken = false;
-        let mut empty = false;
         while handled < budget {
             let (off, len) = match c.rx.peek(&c.map) {
                 Ok(Some(m)) => m,
-                Ok(None) => {
-                    empty = true;
-                    break;
-                }
+                Ok(None) => break,
                 Err(e) => {
                     tracing::debug!("closing a connection with a corrupt ring: {}", e.0);
                     stats.conns_closed_framing += 1;
@@ -461,13 +438,7 @@ impl ShmPort {
             }
             c.rx.advance(len);
             handled += 1;
-            if c.gone {
-                // Nobody reads replies any more.
-                c.gone_left = c.gone_left.saturating_sub(record_bytes(len));
-                if c.gone_left == 0 {
-                    break;
-                }
-            } else if scratch.len() > MESSAGE_BYTES_MAX {
+            if scratch.len() > MESSAGE_BYTES_MAX {
                 tracing::error!("dropping an oversized reply of {} bytes", scratch.len());
             } else if !scratch.is_empty() {
                 if c.push_reply(scratch).is_err() {
@@ -490,7 +461,7 @@ impl ShmPort {
             c.rx.release(&c.map);
             Self::mark_dirty(dirty, c, slot);
         }
-        if broken || (c.gone && (empty || c.gone_left == 0)) {
+        if broken {
             self.close(slot);
         }
         handled
