@@ -172,6 +172,11 @@ enum Command {
         /// 127.0.0.1:7380 (off by default; 7380 is the documented port).
         #[arg(long, value_name = "ADDR")]
         resp: Option<String>,
+        /// Close a native (tcp, shm) connection silent this many seconds
+        /// with no request in flight; 0 never does [default: 300]. RESP
+        /// connections have no idle timeout.
+        #[arg(long, value_name = "SECS")]
+        idle_timeout: Option<u64>,
         /// Password RESP clients must AUTH with (Redis's requirepass).
         #[arg(long, env = "FABRICKV_RESP_PASSWORD", hide_env_values = true)]
         resp_password: Option<String>,
@@ -354,6 +359,7 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             memory,
             log_level,
             resp,
+            idle_timeout,
             resp_password,
             tables,
             shards,
@@ -394,6 +400,9 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             }
             if resp_password.is_some() {
                 cfg.resp_password = resp_password;
+            }
+            if let Some(v) = idle_timeout {
+                cfg.idle_timeout_secs = v;
             }
             for t in &tables {
                 cfg.ps.tables.push(fabrickv_client::TableSpec::parse(t)?);

@@ -62,6 +62,16 @@ impl std::str::FromStr for Mode {
     }
 }
 
+/// How long a native connection (tcp, shm) may sit silent with nothing in
+/// flight before the server closes it, in seconds, unless configured: long
+/// enough for any client between bursts (and a client reconnects on its
+/// next call), short enough that idle sockets cannot hold every slot of
+/// `CONNECTIONS_MAX` for long.
+pub const NATIVE_IDLE_TIMEOUT_SECS: u64 = 300;
+
+/// Longest idle timeout accepted, in seconds (30 days); 0 turns it off.
+pub const IDLE_TIMEOUT_SECS_MAX: u64 = 30 * 24 * 3600;
+
 /// Everything a server needs to start.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -94,6 +104,10 @@ pub struct ServerConfig {
     pub cache: crate::cache::CacheSettings,
     /// Persistent shards to serve (`--shard NAME=PATH`).
     pub shards: Vec<crate::shard::ShardSpec>,
+    /// Seconds a native connection may stay silent with nothing in flight
+    /// before it is closed (`--idle-timeout`); 0 keeps idle connections.
+    /// The RESP front end has no idle timeout (Redis's `timeout 0`).
+    pub idle_timeout_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -110,6 +124,7 @@ impl Default for ServerConfig {
             ps: crate::ps::PsConfig::default(),
             cache: crate::cache::CacheSettings::default(),
             shards: Vec::new(),
+            idle_timeout_secs: NATIVE_IDLE_TIMEOUT_SECS,
         }
     }
 }
@@ -137,6 +152,8 @@ struct FileConfig {
     dram_hugepages: Option<bool>,
     /// Persistent shards served, as `NAME=PATH`.
     shards: Option<Vec<String>>,
+    /// Seconds before a silent native connection is closed; 0 is never.
+    idle_timeout: Option<u64>,
 }
 
 impl ServerConfig {
@@ -178,7 +195,15 @@ impl ServerConfig {
         for spec in f.shards.unwrap_or_default() {
             c.shards.push(spec.parse()?);
         }
+        if let Some(v) = f.idle_timeout {
+            c.idle_timeout_secs = v;
+        }
         Ok(c)
+    }
+
+    /// The native ports' idle timeout; `None` when turned off.
+    pub fn idle_timeout(&self) -> Option<std::time::Duration> {
+        (self.idle_timeout_secs > 0).then(|| std::time::Duration::from_secs(self.idle_timeout_secs))
     }
 
     /// Workers to run: the configured count, or one per core.
@@ -212,6 +237,12 @@ impl ServerConfig {
                     p.len()
                 ));
             }
+        }
+        if self.idle_timeout_secs > IDLE_TIMEOUT_SECS_MAX {
+            return Err(format!(
+                "idle timeout must be 0 (off) or 1..={IDLE_TIMEOUT_SECS_MAX} seconds, not {}",
+                self.idle_timeout_secs
+            ));
         }
         crate::shard::ShardSpec::validate_all(&self.shards)?;
         crate::ps::PsStore::validate(&self.ps, self.workers())
@@ -312,5 +343,21 @@ mod tests {
         assert!(c.validate().is_ok());
         c.resp_password = Some(String::new());
         assert!(c.validate().is_err(), "an empty password is refused");
+    }
+
+    #[test]
+    fn idle_timeout_defaults_on_reads_from_toml_and_is_bounded() {
+        let c = ServerConfig::default();
+        assert_eq!(
+            c.idle_timeout(),
+            Some(std::time::Duration::from_secs(NATIVE_IDLE_TIMEOUT_SECS))
+        );
+        let off = ServerConfig::from_toml("idle_timeout = 0").expect("toml");
+        assert_eq!(off.idle_timeout(), None);
+        assert!(off.validate().is_ok());
+        let mut c = ServerConfig::from_toml("idle_timeout = 7").expect("toml");
+        assert_eq!(c.idle_timeout_secs, 7);
+        c.idle_timeout_secs = IDLE_TIMEOUT_SECS_MAX + 1;
+        assert!(c.validate().expect_err("too long").contains("idle timeout"));
     }
 }

@@ -208,7 +208,8 @@ impl Server {
             None => (None, Vec::new(), Vec::new()),
         };
         threads.extend(resp_threads);
-        for (id, port) in listening.ports.into_iter().enumerate() {
+        for (id, mut port) in listening.ports.into_iter().enumerate() {
+            port.set_idle_timeout(cfg.idle_timeout());
             wakers.push(port.waker());
             let services = worker::Services {
                 kv: kv::KvService::new(id as u16, workers as u16, parts.clone(), cfg.mode),

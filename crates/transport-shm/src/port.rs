@@ -51,6 +51,10 @@ const WAKE: u64 = u64::MAX;
 /// Most readiness events handled per epoll call.
 const EVENTS_PER_WAIT: usize = 256;
 
+/// How often the port looks for idle connections, in milliseconds: the
+/// idle timeout is enforced to within this.
+const IDLE_CHECK_INTERVAL_MS: u64 = 500;
+
 /// Bytes of a staged reply's length prefix.
 const STAGED_PREFIX_BYTES: usize = 4;
 
@@ -114,6 +118,11 @@ struct Conn {
     dirty: bool,
     /// Not read until its staged replies drain.
     paused: bool,
+    /// Requests arrived since the port's last idle check.
+    active: bool,
+    /// When the port's idle check last found requests arrived (or the
+    /// connection opened).
+    active_at: Instant,
 }
 
 impl Conn {
@@ -227,6 +236,9 @@ pub(crate) struct ShmPort {
     /// (only ever grown, to at most `MESSAGE_BYTES_MAX`).
     request: Vec<u8>,
     last_control_check: Instant,
+    /// Connections silent this long with nothing in flight are closed.
+    idle_timeout: Option<Duration>,
+    last_idle_check: Instant,
 }
 
 /// Epoll tokens of a connection slot: its eventfd and its socket.
@@ -266,6 +278,8 @@ impl ShmPort {
             scratch: Vec::new(),
             request: Vec::new(),
             last_control_check: Instant::now(),
+            idle_timeout: None,
+            last_idle_check: Instant::now(),
         };
         Ok((port, Handoff { tx, wake }))
     }
@@ -316,6 +330,8 @@ impl ShmPort {
                 peer: PeerLink::default(),
                 dirty: false,
                 paused: false,
+                active: false,
+                active_at: Instant::now(),
             });
             self.stats.conns_accepted += 1;
             self.stats.conns_open += 1;
@@ -375,6 +391,34 @@ impl ShmPort {
             self.adopt();
         }
         Ok(())
+    }
+
+    /// Closes connections idle past the timeout, at most once per
+    /// `IDLE_CHECK_INTERVAL_MS`. A connection with a request in its ring
+    /// or replies staged has something in flight and is not idle.
+    fn check_idle(&mut self, now: Instant) {
+        let Some(idle) = self.idle_timeout else {
+            return;
+        };
+        if now.duration_since(self.last_idle_check) < Duration::from_millis(IDLE_CHECK_INTERVAL_MS)
+        {
+            return;
+        }
+        self.last_idle_check = now;
+        for slot in 0..self.conns.len() {
+            let Some(c) = self.conns[slot].as_mut() else {
+                continue;
+            };
+            if std::mem::take(&mut c.active) {
+                c.active_at = now;
+            }
+            let in_flight = c.rx.has_data(&c.map) || c.staged_bytes() > 0;
+            if !in_flight && now.duration_since(c.active_at) >= idle {
+                tracing::debug!("closing a connection idle for {idle:?}");
+                self.stats.conns_closed_timeout += 1;
+                self.close(slot);
+            }
+        }
     }
 
     /// Whether `poll` would find something to do now.
@@ -456,6 +500,7 @@ impl ShmPort {
         }
         stats.msgs_in += handled as u64;
         if handled > 0 {
+            c.active = true;
             // Free the requests now: a client waiting for room resumes
             // after the fence and flag check in `flush`.
             c.rx.release(&c.map);
@@ -475,6 +520,7 @@ impl WorkerPort for ShmPort {
         }
         if self.last_control_check.elapsed() >= Duration::from_micros(CONTROL_CHECK_INTERVAL_US) {
             self.wait_events(Duration::ZERO)?;
+            self.check_idle(Instant::now());
         }
         let n = self.conns.len();
         if n == 0 {
@@ -570,7 +616,12 @@ impl WorkerPort for ShmPort {
             c.tx.disarm_wait(&c.map);
         }
         self.wake.woken.store(false, Ordering::Relaxed);
+        self.check_idle(Instant::now());
         r
+    }
+
+    fn set_idle_timeout(&mut self, timeout: Option<Duration>) {
+        self.idle_timeout = timeout;
     }
 
     fn waker(&self) -> Waker {

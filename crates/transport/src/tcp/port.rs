@@ -73,6 +73,8 @@ pub(crate) struct TcpPort {
     open: Arc<AtomicUsize>,
     stats: PortStats,
     last_stall_check: Instant,
+    /// Connections silent this long with nothing in flight are closed.
+    idle_timeout: Option<Duration>,
 }
 
 impl TcpPort {
@@ -92,6 +94,7 @@ impl TcpPort {
             open,
             stats: PortStats::default(),
             last_stall_check: Instant::now(),
+            idle_timeout: None,
         };
         Ok((port, Handoff { tx, waker }))
     }
@@ -170,6 +173,18 @@ impl TcpPort {
         self.last_stall_check = now;
         let limit = Duration::from_millis(PARTIAL_MESSAGE_TIMEOUT_MS);
         for slot in 0..self.conns.len() {
+            if let (Some(c), Some(idle)) = (self.conns[slot].as_mut(), self.idle_timeout) {
+                if std::mem::take(&mut c.active) {
+                    c.active_at = now;
+                }
+                let in_flight = c.in_head != c.in_tail || c.pending() > 0;
+                if !in_flight && now.duration_since(c.active_at) >= idle {
+                    tracing::debug!("closing a connection idle for {idle:?}");
+                    self.stats.conns_closed_timeout += 1;
+                    self.close(slot);
+                    continue;
+                }
+            }
             let stalled = self.conns[slot]
                 .as_ref()
                 .and_then(|c| c.partial_since)
@@ -212,6 +227,7 @@ impl TcpPort {
                 Ok(0) => closed = true,
                 Ok(n) => {
                     c.in_tail = len + n;
+                    c.active = true;
                     // A short read drained the socket: the next byte brings a new edge.
                     c.readable = n == READ_CHUNK_BYTES || c.read_closed;
                 }
@@ -364,6 +380,10 @@ impl WorkerPort for TcpPort {
         }
         self.check_stalls(Instant::now());
         Ok(())
+    }
+
+    fn set_idle_timeout(&mut self, timeout: Option<Duration>) {
+        self.idle_timeout = timeout;
     }
 
     fn waker(&self) -> Waker {
