@@ -115,14 +115,21 @@ pub fn listen(name: &str, workers: usize) -> Result<Listening> {
     })?;
     listener.set_nonblocking(true)?;
     let open = Arc::new(AtomicUsize::new(0));
-    let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
+    let mut shm_ports = Vec::with_capacity(workers);
     let mut handoffs = Vec::with_capacity(workers);
     for _ in 0..workers {
         let (port, handoff) = port::ShmPort::new(open.clone())?;
-        ports.push(Box::new(port));
+        shm_ports.push(port);
         handoffs.push(handoff);
     }
-    let acceptor = acceptor::ShmAcceptor::new(listener, name, handoffs, open)?;
+    let board =
+        fabrickv_transport::idle::IdleBoard::new(shm_ports.iter().map(WorkerPort::waker).collect());
+    let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
+    for (i, mut port) in shm_ports.into_iter().enumerate() {
+        port.set_idle_board(board.clone(), i);
+        ports.push(Box::new(port));
+    }
+    let acceptor = acceptor::ShmAcceptor::new(listener, name, handoffs, open, board)?;
     Ok(Listening {
         local_addr: format!("shm://{name}"),
         acceptor: Box::new(acceptor),

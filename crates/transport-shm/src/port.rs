@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
+use fabrickv_transport::idle::IdleBoard;
 use fabrickv_transport::{
     Capabilities, ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError,
     Waker, WorkerPort,
@@ -239,6 +240,9 @@ pub(crate) struct ShmPort {
     /// Connections silent this long with nothing in flight are closed.
     idle_timeout: Option<Duration>,
     last_idle_check: Instant,
+    /// Where this port (the index) reports its longest-idle connection
+    /// and takes evictions at the connection cap.
+    idle_board: Option<(Arc<IdleBoard>, usize)>,
 }
 
 /// Epoll tokens of a connection slot: its eventfd and its socket.
@@ -280,6 +284,7 @@ impl ShmPort {
             last_control_check: Instant::now(),
             idle_timeout: None,
             last_idle_check: Instant::now(),
+            idle_board: None,
         };
         Ok((port, Handoff { tx, wake }))
     }
@@ -393,13 +398,42 @@ impl ShmPort {
         Ok(())
     }
 
-    /// Closes connections idle past the timeout, at most once per
-    /// `IDLE_CHECK_INTERVAL_MS`. A connection with a request in its ring
-    /// or replies staged has something in flight and is not idle.
-    fn check_idle(&mut self, now: Instant) {
-        let Some(idle) = self.idle_timeout else {
+    /// Reports to, and takes evictions from, `board` as port `index`.
+    pub(crate) fn set_idle_board(&mut self, board: Arc<IdleBoard>, index: usize) {
+        self.idle_board = Some((board, index));
+    }
+
+    /// When `c` last saw a request, if it has nothing in flight (no
+    /// request in its ring, no reply staged).
+    fn idle_since(c: &Conn) -> Option<Instant> {
+        let in_flight = c.active || c.rx.has_data(&c.map) || c.staged_bytes() > 0;
+        (!in_flight).then_some(c.active_at)
+    }
+
+    /// Closes the longest-idle connections the acceptor asked for.
+    fn evict_idle(&mut self) {
+        let Some((board, me)) = self.idle_board.clone() else {
             return;
         };
+        for _ in 0..board.take_evictions(me) {
+            let oldest = (0..self.conns.len())
+                .filter_map(|s| Some((s, Self::idle_since(self.conns[s].as_ref()?)?)))
+                .min_by_key(|&(_, t)| t);
+            if let Some((slot, _)) = oldest {
+                tracing::debug!("closing the longest-idle connection for a new one");
+                self.stats.conns_closed_timeout += 1;
+                self.close(slot);
+            }
+            board.evicted();
+        }
+    }
+
+    /// Closes connections idle past the timeout and reports the
+    /// longest-idle one, at most once per `IDLE_CHECK_INTERVAL_MS`.
+    fn check_idle(&mut self, now: Instant) {
+        if self.idle_timeout.is_none() && self.idle_board.is_none() {
+            return;
+        }
         if now.duration_since(self.last_idle_check) < Duration::from_millis(IDLE_CHECK_INTERVAL_MS)
         {
             return;
@@ -412,12 +446,23 @@ impl ShmPort {
             if std::mem::take(&mut c.active) {
                 c.active_at = now;
             }
-            let in_flight = c.rx.has_data(&c.map) || c.staged_bytes() > 0;
-            if !in_flight && now.duration_since(c.active_at) >= idle {
-                tracing::debug!("closing a connection idle for {idle:?}");
-                self.stats.conns_closed_timeout += 1;
-                self.close(slot);
+            let idle_for = Self::idle_since(c).map(|t| now.duration_since(t));
+            if let (Some(idle), Some(d)) = (self.idle_timeout, idle_for) {
+                if d >= idle {
+                    tracing::debug!("closing a connection idle for {idle:?}");
+                    self.stats.conns_closed_timeout += 1;
+                    self.close(slot);
+                }
             }
+        }
+        if let Some((board, me)) = &self.idle_board {
+            let oldest = self
+                .conns
+                .iter()
+                .flatten()
+                .filter_map(Self::idle_since)
+                .min();
+            board.report(*me, oldest);
         }
     }
 
@@ -521,6 +566,7 @@ impl WorkerPort for ShmPort {
         if self.last_control_check.elapsed() >= Duration::from_micros(CONTROL_CHECK_INTERVAL_US) {
             self.wait_events(Duration::ZERO)?;
             self.check_idle(Instant::now());
+            self.evict_idle();
         }
         let n = self.conns.len();
         if n == 0 {
@@ -617,6 +663,7 @@ impl WorkerPort for ShmPort {
         }
         self.wake.woken.store(false, Ordering::Relaxed);
         self.check_idle(Instant::now());
+        self.evict_idle();
         r
     }
 

@@ -37,6 +37,7 @@ mod address;
 pub mod conformance;
 pub mod framing;
 pub mod handshake;
+pub mod idle;
 pub mod inproc;
 pub mod tcp;
 

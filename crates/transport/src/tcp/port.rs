@@ -34,6 +34,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::conn_datapath::{Conn, ConnReply, READ_CHUNK_BYTES};
 use crate::framing::{self, Next, PREFIX_BYTES};
+use crate::idle::IdleBoard;
 use crate::{ConnId, MessageHandler, PortStats, Result, TransportError, Waker, WorkerPort};
 
 const WAKER: Token = Token(usize::MAX);
@@ -75,6 +76,9 @@ pub(crate) struct TcpPort {
     last_stall_check: Instant,
     /// Connections silent this long with nothing in flight are closed.
     idle_timeout: Option<Duration>,
+    /// Where this port (the index) reports its longest-idle connection
+    /// and takes evictions at the connection cap.
+    idle_board: Option<(Arc<IdleBoard>, usize)>,
 }
 
 impl TcpPort {
@@ -95,6 +99,7 @@ impl TcpPort {
             stats: PortStats::default(),
             last_stall_check: Instant::now(),
             idle_timeout: None,
+            idle_board: None,
         };
         Ok((port, Handoff { tx, waker }))
     }
@@ -164,6 +169,35 @@ impl TcpPort {
         }
     }
 
+    /// Reports to, and takes evictions from, `board` as port `index`.
+    pub(super) fn set_idle_board(&mut self, board: Arc<IdleBoard>, index: usize) {
+        self.idle_board = Some((board, index));
+    }
+
+    /// When `c` last saw bytes, if it has nothing in flight.
+    fn idle_since(c: &Conn) -> Option<Instant> {
+        let in_flight = c.active || c.in_head != c.in_tail || c.pending() > 0;
+        (!in_flight).then_some(c.active_at)
+    }
+
+    /// Closes the longest-idle connections the acceptor asked for.
+    fn evict_idle(&mut self) {
+        let Some((board, me)) = self.idle_board.clone() else {
+            return;
+        };
+        for _ in 0..board.take_evictions(me) {
+            let oldest = (0..self.conns.len())
+                .filter_map(|s| Some((s, Self::idle_since(self.conns[s].as_ref()?)?)))
+                .min_by_key(|&(_, t)| t);
+            if let Some((slot, _)) = oldest {
+                tracing::debug!("closing the longest-idle connection for a new one");
+                self.stats.conns_closed_timeout += 1;
+                self.close(slot);
+            }
+            board.evicted();
+        }
+    }
+
     fn check_stalls(&mut self, now: Instant) {
         if now.duration_since(self.last_stall_check)
             < Duration::from_millis(STALL_CHECK_INTERVAL_MS)
@@ -173,16 +207,18 @@ impl TcpPort {
         self.last_stall_check = now;
         let limit = Duration::from_millis(PARTIAL_MESSAGE_TIMEOUT_MS);
         for slot in 0..self.conns.len() {
-            if let (Some(c), Some(idle)) = (self.conns[slot].as_mut(), self.idle_timeout) {
+            if let Some(c) = self.conns[slot].as_mut() {
                 if std::mem::take(&mut c.active) {
                     c.active_at = now;
                 }
-                let in_flight = c.in_head != c.in_tail || c.pending() > 0;
-                if !in_flight && now.duration_since(c.active_at) >= idle {
-                    tracing::debug!("closing a connection idle for {idle:?}");
-                    self.stats.conns_closed_timeout += 1;
-                    self.close(slot);
-                    continue;
+                let idle_for = Self::idle_since(c).map(|t| now.duration_since(t));
+                if let (Some(idle), Some(d)) = (self.idle_timeout, idle_for) {
+                    if d >= idle {
+                        tracing::debug!("closing a connection idle for {idle:?}");
+                        self.stats.conns_closed_timeout += 1;
+                        self.close(slot);
+                        continue;
+                    }
                 }
             }
             let stalled = self.conns[slot]
@@ -194,6 +230,15 @@ impl TcpPort {
                 self.stats.conns_closed_timeout += 1;
                 self.close(slot);
             }
+        }
+        if let Some((board, me)) = &self.idle_board {
+            let oldest = self
+                .conns
+                .iter()
+                .flatten()
+                .filter_map(Self::idle_since)
+                .min();
+            board.report(*me, oldest);
         }
     }
 
@@ -337,6 +382,7 @@ impl WorkerPort for TcpPort {
         ready.append(&mut self.ready);
         self.ready = ready;
         self.check_stalls(Instant::now());
+        self.evict_idle();
         Ok(handled)
     }
 
@@ -379,6 +425,7 @@ impl WorkerPort for TcpPort {
             Err(e) => return Err(e.into()),
         }
         self.check_stalls(Instant::now());
+        self.evict_idle();
         Ok(())
     }
 
