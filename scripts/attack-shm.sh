@@ -2,7 +2,7 @@
 # The shm attacks of issue 28 (faults 1 and 2) against a real server, with
 # the server's fds, RSS, CPU and liveness before and after each attack;
 # each attack gets a fresh server.
-# Usage: scripts/attack-shm.sh FABRICKV_BINARY ATTACK_BINARY
+# Usage: [ONLY=idle] [IDLE_ARGS='--idle-timeout 3'] scripts/attack-shm.sh FABRICKV_BINARY ATTACK_BINARY
 set -u
 BIN=$1; ATTACK=$2
 LOG=$(mktemp)
@@ -22,6 +22,7 @@ stop() {
   grep -m1 panicked "$LOG"
   kill $PID; wait $PID 2>/dev/null
 }
+if [ "${ONLY:-all}" != idle ]; then
 start dead
 measure "idle server"
 timeout 300 "$ATTACK" dead "$NAME" 1 300
@@ -37,3 +38,20 @@ measure "after 10 s of flipped SHARD GETs"
 sleep 10
 measure "10 s later"
 stop
+fi
+# Fault 6: idle native connections at the cap (tcp: CONNECTIONS_MAX 4,096;
+# shm: SHM_CONNECTIONS_MAX 256). IDLE_ARGS passes e.g. --idle-timeout 3.
+for t in tcp shm; do
+  PORT=$((20000 + $$ % 20000))
+  if [ $t = tcp ]; then ADDR=tcp://127.0.0.1:$PORT; N=4200; else ADDR=shm://attack-$$-idle; N=300; fi
+  "$BIN" serve --listen "$ADDR" --workers 2 --memory 256MB --grpc off --log-level warn ${IDLE_ARGS:-} >"$LOG" 2>&1 &
+  PID=$!
+  for _ in $(seq 100); do "$ATTACK" probe-addr "$ADDR" >/dev/null 2>&1 && break; sleep 0.1; done
+  measure "$t idle server"
+  timeout 300 "$ATTACK" idle "$ADDR" $N 10 &
+  A=$!
+  sleep 6
+  measure "$t while $N idle connections are held"
+  wait $A
+  stop
+done

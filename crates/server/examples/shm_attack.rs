@@ -9,6 +9,10 @@
 //! - `flip NAME SECS`: SHARD GETs naming a 64-byte non-ASCII shard while
 //!   a second thread flips a name byte in the request ring; then checks
 //!   that every worker still answers.
+//! - `idle ADDR CONNS SECS` (fault 6, any native address): opens CONNS
+//!   connections that never send a request, then every second for SECS
+//!   seconds tries a fresh client (connect and one PUT), counting refusals,
+//!   and reports how many of the idle ones the server has closed.
 //!
 //! Prints one line per finding; run with `cargo run -p fabrickv-server
 //! --example shm_attack -- MODE ...`.
@@ -197,6 +201,50 @@ fn flip(name: &str, secs: u64) {
     );
 }
 
+fn idle(addr: &str, conns: usize, secs: u64) {
+    let workers = Client::connect_with_timeout(addr, TIMEOUT)
+        .expect("connect")
+        .info()
+        .workers;
+    let mut held = Vec::new();
+    let mut refused_idle = 0;
+    for i in 0..conns {
+        match fabrickv_transport::connect(addr, (i % workers as usize) as u16, TIMEOUT) {
+            Ok(ep) => held.push(ep),
+            Err(_) => refused_idle += 1,
+        }
+    }
+    println!(
+        "idle: {} connections held, {refused_idle} refused",
+        held.len()
+    );
+    let (mut ok, mut refused) = (0, 0);
+    let mut first_refusal = None;
+    for s in 0..secs {
+        std::thread::sleep(Duration::from_secs(1));
+        let got_in = Client::connect_with_timeout(addr, TIMEOUT)
+            .and_then(|mut c| c.put(format!("fresh-{s}").as_bytes(), b"v"));
+        match got_in {
+            Ok(()) => ok += 1,
+            Err(e) => {
+                refused += 1;
+                first_refusal.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    let mut closed = 0;
+    for ep in &mut held {
+        if ep.poll(usize::MAX, &mut |_| {}).is_err() {
+            closed += 1;
+        }
+    }
+    println!(
+        "idle: fresh clients over {secs} s: {ok} served, {refused} refused (first: {}); idle connections closed by the server: {closed} of {}",
+        first_refusal.unwrap_or_default(),
+        held.len()
+    );
+}
+
 fn main() {
     fabrickv_transport_shm::install();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -205,6 +253,11 @@ fn main() {
     match arg(0) {
         "dead" => dead(arg(1), num(2, 2) as usize, num(3, 256) as usize),
         "flip" => flip(arg(1), num(2, 10)),
+        "idle" => idle(arg(1), num(2, 4096) as usize, num(3, 10)),
+        // Exits 0 once the server at a full address accepts a client.
+        "probe-addr" => std::process::exit(i32::from(
+            Client::connect_with_timeout(arg(1), TIMEOUT).is_err(),
+        )),
         // Exits 0 once the server accepts a connection.
         "probe" => std::process::exit(i32::from(ShmEndpoint::connect(arg(1), 0, TIMEOUT).is_err())),
         _ => eprintln!("usage: shm_attack dead NAME [ROUNDS CONNS] | flip NAME [SECS]"),

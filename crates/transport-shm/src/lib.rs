@@ -15,16 +15,17 @@
 //! - **Data**: two single-producer single-consumer rings in that memory
 //!   (`ring`), one per direction. A sender writes records past the
 //!   published tail and publishes a whole burst with one release store at
-//!   flush; a receiver reads records in place (zero copy) and releases
-//!   them with one store per burst.
+//!   flush; a receiver reads records (the client in place; the server
+//!   copies each request out first, since the client may rewrite it) and
+//!   releases them with one store per burst.
 //! - **Idle back-off**: a receiver spins for `IDLE_SPIN_US`, then sets a
 //!   wait flag in shared memory and blocks on its eventfd (the server on
 //!   one epoll over all its connections). A sender checks the flag after
 //!   publishing (store, full fence, load) and writes the eventfd only when
 //!   it is set, so the busy path makes no syscall.
 //! - **Liveness**: the unix socket stays open; end-of-file on it means the
-//!   peer is gone (the server drops the connection; the client reports
-//!   `Closed`).
+//!   peer is gone (the server drops the connection at once, however full
+//!   its rings; the client reports `Closed`).
 //! - **One-sided access**: a registered region is a memfd of its own,
 //!   passed over the socket and mapped by the peer (`region`).
 //!
