@@ -243,6 +243,8 @@ pub(crate) struct ShmPort {
     /// Where this port (the index) reports its longest-idle connection
     /// and takes evictions at the connection cap.
     idle_board: Option<(Arc<IdleBoard>, usize)>,
+    /// The last report to the board named an idle connection.
+    reported_idle: bool,
 }
 
 /// Epoll tokens of a connection slot: its eventfd and its socket.
@@ -285,6 +287,7 @@ impl ShmPort {
             idle_timeout: None,
             last_idle_check: Instant::now(),
             idle_board: None,
+            reported_idle: false,
         };
         Ok((port, Handoff { tx, wake }))
     }
@@ -340,6 +343,14 @@ impl ShmPort {
             });
             self.stats.conns_accepted += 1;
             self.stats.conns_open += 1;
+            // A burst of connections up to the cap must not wait for the
+            // next idle check before one of them can make way.
+            if let Some((board, me)) = &self.idle_board {
+                if !self.reported_idle {
+                    board.report(*me, Some(Instant::now()));
+                    self.reported_idle = true;
+                }
+            }
         }
     }
 
@@ -463,6 +474,7 @@ impl ShmPort {
                 .filter_map(Self::idle_since)
                 .min();
             board.report(*me, oldest);
+            self.reported_idle = oldest.is_some();
         }
     }
 

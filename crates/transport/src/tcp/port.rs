@@ -79,6 +79,8 @@ pub(crate) struct TcpPort {
     /// Where this port (the index) reports its longest-idle connection
     /// and takes evictions at the connection cap.
     idle_board: Option<(Arc<IdleBoard>, usize)>,
+    /// The last report to the board named an idle connection.
+    reported_idle: bool,
 }
 
 impl TcpPort {
@@ -100,6 +102,7 @@ impl TcpPort {
             last_stall_check: Instant::now(),
             idle_timeout: None,
             idle_board: None,
+            reported_idle: false,
         };
         Ok((port, Handoff { tx, waker }))
     }
@@ -128,6 +131,14 @@ impl TcpPort {
             self.ready.push(slot);
             self.stats.conns_accepted += 1;
             self.stats.conns_open += 1;
+            // A burst of connections up to the cap must not wait for the
+            // next idle check before one of them can make way.
+            if let Some((board, me)) = &self.idle_board {
+                if !self.reported_idle {
+                    board.report(*me, Some(Instant::now()));
+                    self.reported_idle = true;
+                }
+            }
         }
     }
 
@@ -239,6 +250,7 @@ impl TcpPort {
                 .filter_map(Self::idle_since)
                 .min();
             board.report(*me, oldest);
+            self.reported_idle = oldest.is_some();
         }
     }
 
