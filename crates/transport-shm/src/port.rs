@@ -423,10 +423,15 @@ impl ShmPort {
 
     /// Closes the longest-idle connections the acceptor asked for.
     fn evict_idle(&mut self) {
-        let Some((board, me)) = self.idle_board.clone() else {
+        // One load on the hot path; the board is cloned only to evict.
+        let asked = match &self.idle_board {
+            Some((board, me)) => board.take_evictions(*me),
+            None => return,
+        };
+        let Some((board, _)) = self.idle_board.clone().filter(|_| asked > 0) else {
             return;
         };
-        for _ in 0..board.take_evictions(me) {
+        for _ in 0..asked {
             let oldest = (0..self.conns.len())
                 .filter_map(|s| Some((s, Self::idle_since(self.conns[s].as_ref()?)?)))
                 .min_by_key(|&(_, t)| t);
