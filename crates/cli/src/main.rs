@@ -172,11 +172,14 @@ enum Command {
         /// 127.0.0.1:7380 (off by default; 7380 is the documented port).
         #[arg(long, value_name = "ADDR")]
         resp: Option<String>,
-        /// Close a native (tcp, shm) connection silent this many seconds
-        /// with no request in flight; 0 never does [default: 300]. RESP
-        /// connections have no idle timeout.
+        /// Close a native (tcp, shm, fabric) connection silent this many
+        /// seconds with no request in flight; 0 never does [default: 300].
         #[arg(long, value_name = "SECS")]
         idle_timeout: Option<u64>,
+        /// Close a RESP connection silent this many seconds with no
+        /// command pending, as Redis's `timeout`; 0 never does [default: 0].
+        #[arg(long, value_name = "SECS")]
+        resp_idle_timeout: Option<u64>,
         /// Password RESP clients must AUTH with (Redis's requirepass).
         #[arg(long, env = "FABRICKV_RESP_PASSWORD", hide_env_values = true)]
         resp_password: Option<String>,
@@ -360,6 +363,7 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             log_level,
             resp,
             idle_timeout,
+            resp_idle_timeout,
             resp_password,
             tables,
             shards,
@@ -403,6 +407,9 @@ fn run(cmd: Command) -> Result<ExitCode, String> {
             }
             if let Some(v) = idle_timeout {
                 cfg.idle_timeout_secs = v;
+            }
+            if let Some(v) = resp_idle_timeout {
+                cfg.resp_idle_timeout_secs = v;
             }
             for t in &tables {
                 cfg.ps.tables.push(fabrickv_client::TableSpec::parse(t)?);

@@ -106,8 +106,12 @@ pub struct ServerConfig {
     pub shards: Vec<crate::shard::ShardSpec>,
     /// Seconds a native connection may stay silent with nothing in flight
     /// before it is closed (`--idle-timeout`); 0 keeps idle connections.
-    /// The RESP front end has no idle timeout (Redis's `timeout 0`).
+    /// The RESP front end has its own, [`ServerConfig::resp_idle_timeout_secs`].
     pub idle_timeout_secs: u64,
+    /// Seconds a RESP connection may stay silent with no command pending
+    /// before it is closed (`--resp-idle-timeout`, Redis's `timeout`);
+    /// 0, the default as in Redis, keeps idle connections.
+    pub resp_idle_timeout_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -125,6 +129,7 @@ impl Default for ServerConfig {
             cache: crate::cache::CacheSettings::default(),
             shards: Vec::new(),
             idle_timeout_secs: NATIVE_IDLE_TIMEOUT_SECS,
+            resp_idle_timeout_secs: 0,
         }
     }
 }
@@ -154,6 +159,8 @@ struct FileConfig {
     shards: Option<Vec<String>>,
     /// Seconds before a silent native connection is closed; 0 is never.
     idle_timeout: Option<u64>,
+    /// Seconds before a silent RESP connection is closed; 0 is never.
+    resp_idle_timeout: Option<u64>,
 }
 
 impl ServerConfig {
@@ -198,12 +205,21 @@ impl ServerConfig {
         if let Some(v) = f.idle_timeout {
             c.idle_timeout_secs = v;
         }
+        if let Some(v) = f.resp_idle_timeout {
+            c.resp_idle_timeout_secs = v;
+        }
         Ok(c)
     }
 
     /// The native ports' idle timeout; `None` when turned off.
     pub fn idle_timeout(&self) -> Option<std::time::Duration> {
         (self.idle_timeout_secs > 0).then(|| std::time::Duration::from_secs(self.idle_timeout_secs))
+    }
+
+    /// The RESP front end's idle timeout; `None` when turned off.
+    pub fn resp_idle_timeout(&self) -> Option<std::time::Duration> {
+        (self.resp_idle_timeout_secs > 0)
+            .then(|| std::time::Duration::from_secs(self.resp_idle_timeout_secs))
     }
 
     /// Workers to run: the configured count, or one per core.
@@ -238,11 +254,15 @@ impl ServerConfig {
                 ));
             }
         }
-        if self.idle_timeout_secs > IDLE_TIMEOUT_SECS_MAX {
-            return Err(format!(
-                "idle timeout must be 0 (off) or 1..={IDLE_TIMEOUT_SECS_MAX} seconds, not {}",
-                self.idle_timeout_secs
-            ));
+        for (what, secs) in [
+            ("idle timeout", self.idle_timeout_secs),
+            ("resp idle timeout", self.resp_idle_timeout_secs),
+        ] {
+            if secs > IDLE_TIMEOUT_SECS_MAX {
+                return Err(format!(
+                    "{what} must be 0 (off) or 1..={IDLE_TIMEOUT_SECS_MAX} seconds, not {secs}"
+                ));
+            }
         }
         crate::shard::ShardSpec::validate_all(&self.shards)?;
         crate::ps::PsStore::validate(&self.ps, self.workers())
@@ -357,6 +377,15 @@ mod tests {
         assert!(off.validate().is_ok());
         let mut c = ServerConfig::from_toml("idle_timeout = 7").expect("toml");
         assert_eq!(c.idle_timeout_secs, 7);
+        assert_eq!(c.resp_idle_timeout(), None, "RESP: off by default");
+        let r = ServerConfig::from_toml("resp_idle_timeout = 9").expect("toml");
+        assert_eq!(
+            r.resp_idle_timeout(),
+            Some(std::time::Duration::from_secs(9))
+        );
+        c.resp_idle_timeout_secs = IDLE_TIMEOUT_SECS_MAX + 1;
+        assert!(c.validate().expect_err("too long").contains("resp idle"));
+        c.resp_idle_timeout_secs = 0;
         c.idle_timeout_secs = IDLE_TIMEOUT_SECS_MAX + 1;
         assert!(c.validate().expect_err("too long").contains("idle timeout"));
     }

@@ -201,7 +201,8 @@ impl Server {
                     )
                     .with_shards(&shards)
                 };
-                let fe = resp_net::start(addr, workers, shared, clock, stop.clone())
+                let idle = cfg.resp_idle_timeout();
+                let fe = resp_net::start(addr, workers, shared, clock, idle, stop.clone())
                     .map_err(|e| StartError::Resp(addr.clone(), e))?;
                 (Some(fe.addr.to_string()), fe.wakers, fe.threads)
             }
