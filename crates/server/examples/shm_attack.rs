@@ -245,6 +245,46 @@ fn idle(addr: &str, conns: usize, secs: u64) {
     );
 }
 
+/// Whether a fresh RESP client at `addr` gets `+PONG` for a PING.
+fn resp_ping(addr: &str) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    c.write_all(b"PING\r\n").map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 64];
+    let n = c.read(&mut buf).map_err(|e| e.to_string())?;
+    match &buf[..n] {
+        b"+PONG\r\n" => Ok(()),
+        other => Err(String::from_utf8_lossy(other).trim().to_string()),
+    }
+}
+
+/// `resp-idle ADDR CONNS SECS`: the `idle` attack on the RESP front end.
+fn resp_idle(addr: &str, conns: usize, secs: u64) {
+    let held: Vec<_> = (0..conns)
+        .filter_map(|_| std::net::TcpStream::connect(addr).ok())
+        .collect();
+    println!("resp-idle: {} sockets held", held.len());
+    let (mut ok, mut refused) = (0, 0);
+    let mut first_refusal = None;
+    for _ in 0..secs {
+        std::thread::sleep(Duration::from_secs(1));
+        match resp_ping(addr) {
+            Ok(()) => ok += 1,
+            Err(e) => {
+                refused += 1;
+                first_refusal.get_or_insert(e);
+            }
+        }
+    }
+    println!(
+        "resp-idle: fresh clients over {secs} s: {ok} served, {refused} refused (first: {})",
+        first_refusal.unwrap_or_default()
+    );
+    drop(held);
+}
+
 fn main() {
     fabrickv_transport_shm::install();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -254,6 +294,7 @@ fn main() {
         "dead" => dead(arg(1), num(2, 2) as usize, num(3, 256) as usize),
         "flip" => flip(arg(1), num(2, 10)),
         "idle" => idle(arg(1), num(2, 4096) as usize, num(3, 10)),
+        "resp-idle" => resp_idle(arg(1), num(2, 4096) as usize, num(3, 10)),
         // Exits 0 once the server at a full address accepts a client.
         "probe-addr" => std::process::exit(i32::from(
             Client::connect_with_timeout(arg(1), TIMEOUT).is_err(),
