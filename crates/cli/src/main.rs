@@ -186,6 +186,14 @@ enum Command {
         /// itself on the command line, where every user can read it.
         #[arg(long, value_name = "FILE")]
         resp_password_file: Option<std::path::PathBuf>,
+        /// Close a native (tcp, shm, fabric) connection silent this many
+        /// seconds with no request in flight; 0 never does [default: 300].
+        #[arg(long, value_name = "SECS")]
+        idle_timeout: Option<u64>,
+        /// Close a RESP connection silent this many seconds with no
+        /// command pending, as Redis's `timeout`; 0 never does [default: 0].
+        #[arg(long, value_name = "SECS")]
+        resp_idle_timeout: Option<u64>,
         /// Embedding tables to create at start:
         /// NAME:DIM[:optimizer=sgd|adagrad][:lr=F][:missing=zeros|init][:seed=N].
         #[arg(long = "table", value_name = "SPEC")]
@@ -385,6 +393,8 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             log_level,
             resp,
             resp_password_file,
+            idle_timeout,
+            resp_idle_timeout,
             tables,
             shards,
             dram,
@@ -430,6 +440,12 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
                 cfg.resp_password = Some(fabrickv_server::config::read_resp_password(path)?);
             } else if let Ok(p) = std::env::var(fabrickv_server::config::ENV_RESP_PASSWORD) {
                 cfg.resp_password = Some(p);
+            }
+            if let Some(v) = idle_timeout {
+                cfg.idle_timeout_secs = v;
+            }
+            if let Some(v) = resp_idle_timeout {
+                cfg.resp_idle_timeout_secs = v;
             }
             for t in &tables {
                 cfg.ps.tables.push(fabrickv_client::TableSpec::parse(t)?);

@@ -171,7 +171,14 @@ fn a_copy_from_a_server_with_a_secret_needs_the_secret() {
     let served = common::serve_with(
         &tcp(),
         1,
-        &["--shard", &shard, "--auth-token-file", &token, "--grpc", "off"],
+        &[
+            "--shard",
+            &shard,
+            "--auth-token-file",
+            &token,
+            "--grpc",
+            "off",
+        ],
     );
     let out = copy_cmd(&served.addr, &dst, &[])
         .env_remove("FABRICKV_AUTH_TOKEN")

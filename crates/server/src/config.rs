@@ -87,6 +87,16 @@ impl std::str::FromStr for Mode {
     }
 }
 
+/// How long a native connection (tcp, shm) may sit silent with nothing in
+/// flight before the server closes it, in seconds, unless configured: long
+/// enough for any client between bursts (and a client reconnects on its
+/// next call), short enough that idle sockets cannot hold every slot of
+/// `CONNECTIONS_MAX` for long.
+pub const NATIVE_IDLE_TIMEOUT_SECS: u64 = 300;
+
+/// Longest idle timeout accepted, in seconds (30 days); 0 turns it off.
+pub const IDLE_TIMEOUT_SECS_MAX: u64 = 30 * 24 * 3600;
+
 /// Everything a server needs to start.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -129,6 +139,14 @@ pub struct ServerConfig {
     /// shm: users (uids) besides the server's own whose processes may
     /// connect (`--shm-allow-uid`).
     pub shm_allow_uids: Vec<u32>,
+    /// Seconds a native connection may stay silent with nothing in flight
+    /// before it is closed (`--idle-timeout`); 0 keeps idle connections.
+    /// The RESP front end has its own, [`ServerConfig::resp_idle_timeout_secs`].
+    pub idle_timeout_secs: u64,
+    /// Seconds a RESP connection may stay silent with no command pending
+    /// before it is closed (`--resp-idle-timeout`, Redis's `timeout`);
+    /// 0, the default as in Redis, keeps idle connections.
+    pub resp_idle_timeout_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -148,6 +166,8 @@ impl Default for ServerConfig {
             auth: None,
             insecure: false,
             shm_allow_uids: Vec::new(),
+            idle_timeout_secs: NATIVE_IDLE_TIMEOUT_SECS,
+            resp_idle_timeout_secs: 0,
         }
     }
 }
@@ -182,6 +202,10 @@ struct FileConfig {
     auth_token_file: Option<std::path::PathBuf>,
     insecure: Option<bool>,
     shm_allow_uids: Option<Vec<u32>>,
+    /// Seconds before a silent native connection is closed; 0 is never.
+    idle_timeout: Option<u64>,
+    /// Seconds before a silent RESP connection is closed; 0 is never.
+    resp_idle_timeout: Option<u64>,
 }
 
 impl ServerConfig {
@@ -230,7 +254,24 @@ impl ServerConfig {
         }
         c.insecure = f.insecure.unwrap_or(false);
         c.shm_allow_uids = f.shm_allow_uids.unwrap_or_default();
+        if let Some(v) = f.idle_timeout {
+            c.idle_timeout_secs = v;
+        }
+        if let Some(v) = f.resp_idle_timeout {
+            c.resp_idle_timeout_secs = v;
+        }
         Ok(c)
+    }
+
+    /// The native ports' idle timeout; `None` when turned off.
+    pub fn idle_timeout(&self) -> Option<std::time::Duration> {
+        (self.idle_timeout_secs > 0).then(|| std::time::Duration::from_secs(self.idle_timeout_secs))
+    }
+
+    /// The RESP front end's idle timeout; `None` when turned off.
+    pub fn resp_idle_timeout(&self) -> Option<std::time::Duration> {
+        (self.resp_idle_timeout_secs > 0)
+            .then(|| std::time::Duration::from_secs(self.resp_idle_timeout_secs))
     }
 
     /// Workers to run: the configured count, or one per core.
@@ -262,6 +303,16 @@ impl ServerConfig {
                 return Err(format!(
                     "resp password must be 1..={RESP_PASSWORD_BYTES_MAX} bytes, not {}",
                     p.len()
+                ));
+            }
+        }
+        for (what, secs) in [
+            ("idle timeout", self.idle_timeout_secs),
+            ("resp idle timeout", self.resp_idle_timeout_secs),
+        ] {
+            if secs > IDLE_TIMEOUT_SECS_MAX {
+                return Err(format!(
+                    "{what} must be 0 (off) or 1..={IDLE_TIMEOUT_SECS_MAX} seconds, not {secs}"
                 ));
             }
         }
@@ -490,5 +541,30 @@ mod tests {
         let e = ServerConfig::from_toml("auth_token_file = \"/nonexistent/token\"")
             .expect_err("missing");
         assert!(e.contains("/nonexistent/token"), "{e}");
+    }
+
+    #[test]
+    fn idle_timeout_defaults_on_reads_from_toml_and_is_bounded() {
+        let c = ServerConfig::default();
+        assert_eq!(
+            c.idle_timeout(),
+            Some(std::time::Duration::from_secs(NATIVE_IDLE_TIMEOUT_SECS))
+        );
+        let off = ServerConfig::from_toml("idle_timeout = 0").expect("toml");
+        assert_eq!(off.idle_timeout(), None);
+        assert!(off.validate().is_ok());
+        let mut c = ServerConfig::from_toml("idle_timeout = 7").expect("toml");
+        assert_eq!(c.idle_timeout_secs, 7);
+        assert_eq!(c.resp_idle_timeout(), None, "RESP: off by default");
+        let r = ServerConfig::from_toml("resp_idle_timeout = 9").expect("toml");
+        assert_eq!(
+            r.resp_idle_timeout(),
+            Some(std::time::Duration::from_secs(9))
+        );
+        c.resp_idle_timeout_secs = IDLE_TIMEOUT_SECS_MAX + 1;
+        assert!(c.validate().expect_err("too long").contains("resp idle"));
+        c.resp_idle_timeout_secs = 0;
+        c.idle_timeout_secs = IDLE_TIMEOUT_SECS_MAX + 1;
+        assert!(c.validate().expect_err("too long").contains("idle timeout"));
     }
 }

@@ -217,14 +217,16 @@ impl Server {
                     .with_secret(cfg.auth.clone())
                     .with_shards(&shards)
                 };
-                let fe = resp_net::start(addr, workers, shared, clock, stop.clone())
+                let idle = cfg.resp_idle_timeout();
+                let fe = resp_net::start(addr, workers, shared, clock, idle, stop.clone())
                     .map_err(|e| StartError::Resp(addr.clone(), e))?;
                 (Some(fe.addr.to_string()), fe.wakers, fe.threads)
             }
             None => (None, Vec::new(), Vec::new()),
         };
         threads.extend(resp_threads);
-        for (id, port) in listening.ports.into_iter().enumerate() {
+        for (id, mut port) in listening.ports.into_iter().enumerate() {
+            port.set_idle_timeout(cfg.idle_timeout());
             wakers.push(port.waker());
             let services = worker::Services {
                 kv: kv::KvService::new(id as u16, workers as u16, parts.clone(), cfg.mode),

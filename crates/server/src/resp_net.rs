@@ -53,6 +53,10 @@ pub const RESP_IDLE_BUFFER_BYTES_MAX: usize = 64 << 10;
 /// the sending CPU pays). An idle server blocks after this long.
 pub const RESP_IDLE_SPIN_US: u64 = 50;
 
+/// How often a loop looks for idle connections, in milliseconds: the idle
+/// timeout is enforced to within this (and `POLL_TIMEOUT_MS`).
+const IDLE_CHECK_INTERVAL_MS: u64 = 500;
+
 /// Most events taken per epoll wait.
 const EVENTS_PER_POLL: usize = 256;
 
@@ -78,6 +82,7 @@ pub(crate) fn start(
     threads: usize,
     shared: impl FnOnce(u16) -> RespShared,
     clock: Clock,
+    idle_timeout: Option<Duration>,
     stop: Arc<AtomicBool>,
 ) -> io::Result<RespFrontEnd> {
     let std_listener = std::net::TcpListener::bind(addr)?;
@@ -109,6 +114,8 @@ pub(crate) fn start(
                         clock,
                         next_id: t as u64 + 1,
                         id_step: threads as u64,
+                        idle_timeout_ms: idle_timeout.map_or(0, |d| d.as_millis() as u64),
+                        last_idle_check_ms: 0,
                     };
                     if let Err(e) = lp.run(&stop) {
                         tracing::error!("resp loop stopped: {e}");
@@ -143,6 +150,8 @@ struct Conn {
     /// Nothing is written or executed before this time (engine ms; 0:
     /// not held): the delay a failed AUTH costs.
     held_until_ms: u64,
+    /// When the client last sent something (the loop's clock, in ms).
+    active_ms: u64,
 }
 
 struct Loop {
@@ -158,6 +167,10 @@ struct Loop {
     clock: Clock,
     next_id: u64,
     id_step: u64,
+    /// Connections silent this long with no command pending are closed,
+    /// in milliseconds; 0 keeps them.
+    idle_timeout_ms: u64,
+    last_idle_check_ms: u64,
 }
 
 enum Drive {
@@ -190,6 +203,7 @@ impl Loop {
             }
             ready.clear();
             self.take_released(&mut ready);
+            self.close_idle();
             if events.is_empty() && ready.is_empty() {
                 continue;
             }
@@ -204,6 +218,7 @@ impl Loop {
                         if let Some(Some(c)) = self.conns.get_mut(i) {
                             if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                                 c.drained = false;
+                                c.active_ms = self.clock.now_ms();
                             }
                             ready.push(i);
                         }
@@ -322,6 +337,7 @@ impl Loop {
                 eof: false,
                 closing: false,
                 held_until_ms: 0,
+                active_ms: self.clock.now_ms(),
             });
             // Data may have arrived before registration; drive it now.
             let now = self.clock.now_ms();
@@ -331,6 +347,32 @@ impl Loop {
                     Drive::Close => self.close(i),
                     Drive::Held(until) => self.park(i, until),
                 }
+            }
+        }
+    }
+
+    /// Closes connections silent past the idle timeout with no command
+    /// pending, at most once per `IDLE_CHECK_INTERVAL_MS`.
+    fn close_idle(&mut self) {
+        if self.idle_timeout_ms == 0 {
+            return;
+        }
+        let now = self.clock.now_ms();
+        if now.saturating_sub(self.last_idle_check_ms) < IDLE_CHECK_INTERVAL_MS {
+            return;
+        }
+        self.last_idle_check_ms = now;
+        for i in 0..self.conns.len() {
+            let idle = self.conns[i].as_ref().is_some_and(|c| {
+                let pending = c.start != c.end || c.out_pos < c.out.len();
+                !pending && now.saturating_sub(c.active_ms) >= self.idle_timeout_ms
+            });
+            if idle {
+                tracing::debug!(
+                    "closing a RESP connection idle for {} ms",
+                    self.idle_timeout_ms
+                );
+                self.close(i);
             }
         }
     }

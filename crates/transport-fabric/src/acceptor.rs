@@ -18,8 +18,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use fabrickv_transport::handshake::Verdict;
+use fabrickv_transport::idle::IdleBoard;
 use fabrickv_transport::tcp::{Conclude, TcpAcceptor};
 use fabrickv_transport::{Listening, Result, WorkerPort};
+use fabrickv_types::limits::CONNECTIONS_MAX;
 use fabrickv_types::ErrorCode;
 use mio::net::TcpStream;
 
@@ -36,21 +38,29 @@ pub(crate) fn listen(
     let workers = opts.workers;
     let (listener, local) = fabrickv_transport::tcp::bind(host)?;
     let open = Arc::new(AtomicUsize::new(0));
-    let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
+    let mut fabric_ports = Vec::with_capacity(workers);
     let mut handoffs = Vec::with_capacity(workers);
     for _ in 0..workers {
         let node = crate::source_node(provider, local.ip());
         let (port, handoff) = FabricPort::new(provider, &node, open.clone())?;
-        ports.push(Box::new(port));
+        fabric_ports.push(port);
         handoffs.push(handoff);
+    }
+    let board = IdleBoard::new(fabric_ports.iter().map(WorkerPort::waker).collect());
+    let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
+    for (i, mut port) in fabric_ports.into_iter().enumerate() {
+        port.set_idle_board(board.clone(), i);
+        ports.push(Box::new(port));
     }
     let conclude = FabricConclude {
         next_id: vec![1; handoffs.len()],
         handoffs,
         open: open.clone(),
+        idle: board.clone(),
     };
     let acceptor = TcpAcceptor::new(listener, HelloWire, workers, open, conclude)?
-        .with_secret(opts.secret.clone());
+        .with_secret(opts.secret.clone())
+        .with_idle_board(board);
     Ok(Listening {
         local_addr: format!("{}://{provider}/{local}", crate::SCHEME),
         acceptor: Box::new(acceptor),
@@ -67,6 +77,8 @@ struct FabricConclude {
     next_id: Vec<u32>,
     /// Connections open over all workers.
     open: Arc<AtomicUsize>,
+    /// At the cap, the longest-idle connection makes way for an accepted one.
+    idle: Arc<IdleBoard>,
 }
 
 impl FabricConclude {
@@ -112,7 +124,8 @@ impl Conclude for FabricConclude {
             Ok(s) => s,
             Err(_) => return,
         };
-        self.open.fetch_add(1, Ordering::AcqRel);
+        let open = self.open.fetch_add(1, Ordering::AcqRel);
+        self.idle.make_room(open + 1, CONNECTIONS_MAX + 1);
         let nc = NewConn {
             id,
             name: hello.name,

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use fabrickv_transport::framing;
+use fabrickv_transport::idle::IdleBoard;
 use fabrickv_transport::{
     Capabilities, ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError,
     Waker, WorkerPort,
@@ -30,6 +31,10 @@ use crate::wire::{
     Flow, Header, Kind, Outbox, Piece, Reassembly, HEADER_BYTES, PACKET_BYTES, WINDOW_PACKETS,
 };
 use crate::{CLOSE_CHECK_INTERVAL_MS, IDLE_SLEEP_US_MAX, IDLE_SPIN_US};
+
+/// How often the port looks for idle connections, in milliseconds: the
+/// idle timeout is enforced to within this.
+const IDLE_CHECK_INTERVAL_MS: u64 = 500;
 
 const WAKER: Token = Token(usize::MAX);
 const CQ: Token = Token(usize::MAX - 1);
@@ -92,6 +97,11 @@ struct Conn {
     dirty: bool,
     /// Paused because the client is not taking its replies.
     paused: bool,
+    /// Requests arrived since the port's last idle check.
+    active: bool,
+    /// When the port's idle check last found requests arrived (or the
+    /// connection opened).
+    active_at: Instant,
 }
 
 /// One worker's port.
@@ -122,6 +132,14 @@ pub(crate) struct FabricPort {
     /// When the port last saw a completion: an idle wait spins only
     /// within `IDLE_SPIN_US` of it, then blocks.
     last_active: Instant,
+    /// Connections silent this long with nothing in flight are closed.
+    idle_timeout: Option<Duration>,
+    last_idle_check: Instant,
+    /// Where this port (the index) reports its longest-idle connection
+    /// and takes evictions at the connection cap.
+    idle_board: Option<(Arc<IdleBoard>, usize)>,
+    /// The last report to the board named an idle connection.
+    reported_idle: bool,
 }
 
 impl FabricPort {
@@ -156,6 +174,10 @@ impl FabricPort {
             stats: PortStats::default(),
             last_check: Instant::now(),
             last_active: Instant::now(),
+            idle_timeout: None,
+            last_idle_check: Instant::now(),
+            idle_board: None,
+            reported_idle: false,
         };
         Ok((port, Handoff { tx, waker, name }))
     }
@@ -209,10 +231,20 @@ impl FabricPort {
                 queued: false,
                 dirty: false,
                 paused: false,
+                active: false,
+                active_at: Instant::now(),
             });
             self.by_id.insert(nc.id, slot);
             self.stats.conns_accepted += 1;
             self.stats.conns_open += 1;
+            // A burst of connections up to the cap must not wait for the
+            // next idle check before one of them can make way.
+            if let Some((board, me)) = &self.idle_board {
+                if !self.reported_idle {
+                    board.report(*me, Some(Instant::now()));
+                    self.reported_idle = true;
+                }
+            }
         }
     }
 
@@ -239,6 +271,80 @@ impl FabricPort {
         self.free.push(slot);
         self.open.fetch_sub(1, Ordering::AcqRel);
         self.stats.conns_open -= 1;
+    }
+
+    /// Reports to, and takes evictions from, `board` as port `index`.
+    pub(crate) fn set_idle_board(&mut self, board: Arc<IdleBoard>, index: usize) {
+        self.idle_board = Some((board, index));
+    }
+
+    /// When `c` last saw a request, if it has nothing in flight (no
+    /// packet held, no reply waiting).
+    fn idle_since(c: &Conn) -> Option<Instant> {
+        let in_flight = c.active || !c.held.is_empty() || c.out.pending() > 0;
+        (!in_flight).then_some(c.active_at)
+    }
+
+    /// Closes the longest-idle connections the acceptor asked for.
+    fn evict_idle(&mut self) {
+        // One load on the hot path; the board is cloned only to evict.
+        let asked = match &self.idle_board {
+            Some((board, me)) => board.take_evictions(*me),
+            None => return,
+        };
+        let Some((board, _)) = self.idle_board.clone().filter(|_| asked > 0) else {
+            return;
+        };
+        for _ in 0..asked {
+            let oldest = (0..self.conns.len())
+                .filter_map(|s| Some((s, Self::idle_since(self.conns[s].as_ref()?)?)))
+                .min_by_key(|&(_, t)| t);
+            if let Some((slot, _)) = oldest {
+                tracing::debug!("closing the longest-idle connection for a new one");
+                self.stats.conns_closed_timeout += 1;
+                self.close(slot);
+            }
+            board.evicted();
+        }
+    }
+
+    /// Closes connections idle past the timeout and reports the
+    /// longest-idle one, at most once per `IDLE_CHECK_INTERVAL_MS`.
+    fn check_idle(&mut self, now: Instant) {
+        if self.idle_timeout.is_none() && self.idle_board.is_none() {
+            return;
+        }
+        if now.duration_since(self.last_idle_check) < Duration::from_millis(IDLE_CHECK_INTERVAL_MS)
+        {
+            return;
+        }
+        self.last_idle_check = now;
+        for slot in 0..self.conns.len() {
+            let Some(c) = self.conns[slot].as_mut() else {
+                continue;
+            };
+            if std::mem::take(&mut c.active) {
+                c.active_at = now;
+            }
+            let idle_for = Self::idle_since(c).map(|t| now.duration_since(t));
+            if let (Some(idle), Some(d)) = (self.idle_timeout, idle_for) {
+                if d >= idle {
+                    tracing::debug!("closing a connection idle for {idle:?}");
+                    self.stats.conns_closed_timeout += 1;
+                    self.close(slot);
+                }
+            }
+        }
+        if let Some((board, me)) = &self.idle_board {
+            let oldest = self
+                .conns
+                .iter()
+                .flatten()
+                .filter_map(Self::idle_since)
+                .min();
+            board.report(*me, oldest);
+            self.reported_idle = oldest.is_some();
+        }
     }
 
     /// Reads a burst of completions and sorts them onto connections.
@@ -383,6 +489,9 @@ impl FabricPort {
             }
         }
         self.stats.msgs_in += handled as u64;
+        if handled > 0 {
+            c.active = true;
+        }
         if corrupt {
             self.stats.conns_closed_framing += 1;
             self.close(s);
@@ -526,6 +635,8 @@ impl WorkerPort for FabricPort {
         {
             self.check_sockets(Some(Duration::ZERO))?;
         }
+        self.check_idle(Instant::now());
+        self.evict_idle();
         Ok(handled)
     }
 
@@ -570,7 +681,13 @@ impl WorkerPort for FabricPort {
             timeout.min(Duration::from_micros(IDLE_SLEEP_US_MAX))
         };
         self.check_sockets(Some(timeout))?;
+        self.check_idle(Instant::now());
+        self.evict_idle();
         self.progress()
+    }
+
+    fn set_idle_timeout(&mut self, timeout: Option<Duration>) {
+        self.idle_timeout = timeout;
     }
 
     fn waker(&self) -> Waker {

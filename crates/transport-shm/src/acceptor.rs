@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fabrickv_transport::handshake::{CompactHello, Handshakes, Limits, Verdict};
+use fabrickv_transport::idle::IdleBoard;
 use fabrickv_transport::{timespec, Acceptor, Result, Waker};
 use fabrickv_types::ErrorCode;
 use rustix::event::epoll;
@@ -40,6 +41,8 @@ pub(crate) struct ShmAcceptor {
     /// Users whose processes may connect: the server's own, then those
     /// the operator allowed.
     allowed_uids: Vec<u32>,
+    /// At the cap, asks the longest-idle connection to make way.
+    idle: Arc<IdleBoard>,
 }
 
 impl ShmAcceptor {
@@ -48,6 +51,7 @@ impl ShmAcceptor {
         name: &str,
         handoffs: Vec<Handoff>,
         open: Arc<AtomicUsize>,
+        idle: Arc<IdleBoard>,
         opts: &fabrickv_transport::ListenOptions,
     ) -> Result<Self> {
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(io::Error::from)?;
@@ -79,6 +83,7 @@ impl ShmAcceptor {
             allowed_uids: std::iter::once(rustix::process::getuid().as_raw())
                 .chain(opts.shm_allow_uids.iter().copied())
                 .collect(),
+            idle,
         })
     }
 
@@ -86,7 +91,9 @@ impl ShmAcceptor {
         loop {
             match self.listener.accept() {
                 Ok((stream, _)) => {
-                    let open = self.open.load(Ordering::Acquire);
+                    let open = self
+                        .idle
+                        .fits(self.open.load(Ordering::Acquire), SHM_CONNECTIONS_MAX);
                     let ep = &self.epoll;
                     let unregister = |old: &mut UnixStream| {
                         let _ = epoll::delete(ep, &*old);
@@ -123,10 +130,10 @@ impl ShmAcceptor {
 
     /// Reads what the handshake has sent and acts on the table's step.
     fn advance(&mut self, slot: usize) {
-        let (open, ep) = (&self.open, &self.epoll);
+        let (open, ep, idle) = (&self.open, &self.epoll, &self.idle);
         let judged = self.table.readable(
             slot,
-            || open.load(Ordering::Acquire),
+            || idle.fits(open.load(Ordering::Acquire), SHM_CONNECTIONS_MAX),
             |s| {
                 let _ = epoll::delete(ep, &*s);
             },
@@ -197,7 +204,9 @@ impl ShmAcceptor {
             return;
         }
         drop(memfd);
-        self.open.fetch_add(1, Ordering::AcqRel);
+        let open = self.open.fetch_add(1, Ordering::AcqRel);
+        // Past the cap only because an idle connection makes way.
+        self.idle.make_room(open + 1, SHM_CONNECTIONS_MAX + 1);
         let conn = NewConn {
             sock: stream,
             map,

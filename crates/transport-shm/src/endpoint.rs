@@ -10,6 +10,7 @@
 use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabrickv_transport::handshake::check_answer;
@@ -20,7 +21,7 @@ use rustix::event::{PollFd, PollFlags};
 use crate::ctl::{self, HANDSHAKE_FDS, SHM_HELLO};
 use crate::mem::Mapping;
 use crate::region::{Access, LocalRegions, PeerLink};
-use crate::ring::{fence_seqcst, Dir, Reader, Writer, CONN_SHM_BYTES};
+use crate::ring::{fence_seqcst, Dir, Reader, Writer, CONN_SHM_BYTES, HEADER_BYTES, RING_BYTES};
 use crate::{socket_addr, CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US, SHM_CAPABILITIES};
 
 /// Bytes of a buffered message's length prefix (staged posts, replies
@@ -31,8 +32,9 @@ const PREFIX_BYTES: usize = 4;
 pub struct ShmEndpoint {
     /// Liveness and control socket (non-blocking).
     sock: UnixStream,
-    /// The connection's shared memory.
-    map: Mapping,
+    /// The connection's shared memory (shared with a [`Scribbler`] in
+    /// tests of a hostile peer).
+    map: Arc<Mapping>,
     /// The server sleeps on this one.
     ev_server: OwnedFd,
     /// This side sleeps on this one.
@@ -61,6 +63,39 @@ pub struct ShmEndpoint {
     last_control_check: Instant,
     /// Workers the server reported in its handshake.
     workers: u16,
+}
+
+/// Where the request ring's head word lives in the header page.
+const REQUEST_HEAD_OFFSET: usize = 0;
+
+/// Flips bytes in a connection's request ring; see
+/// [`ShmEndpoint::scribbler`].
+#[doc(hidden)]
+pub struct Scribbler {
+    map: Arc<Mapping>,
+}
+
+impl Scribbler {
+    /// XORs `mask` into the request ring's data byte at `at` (taken modulo
+    /// the ring's size), atomically, so the flip is a plain race on
+    /// shared memory as between two processes.
+    pub fn flip(&self, at: usize, mask: u8) {
+        let at = at % RING_BYTES;
+        let word = HEADER_BYTES + at / 4 * 4;
+        let shift = (at % 4) * 8;
+        self.map.u32_at(word).fetch_xor(
+            u32::from(mask) << shift,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Bytes of the request ring the server has released so far (its
+    /// head): the records it reads next start there.
+    pub fn consumed(&self) -> usize {
+        self.map
+            .u64_at(REQUEST_HEAD_OFFSET)
+            .load(std::sync::atomic::Ordering::Acquire) as usize
+    }
 }
 
 fn refused(why: String) -> TransportError {
@@ -121,6 +156,7 @@ impl ShmEndpoint {
             return Err(refused("handshake without shared memory".into()));
         };
         let map = Mapping::open(memfd.as_fd(), CONN_SHM_BYTES)
+            .map(Arc::new)
             .map_err(|e| refused(format!("unusable shared memory: {e}")))?;
         drop(memfd);
         sock.set_nonblocking(true)?;
@@ -157,6 +193,31 @@ impl ShmEndpoint {
         fence_seqcst();
         if self.tx.take_consumer_wait(&self.map) {
             ctl::signal(&self.ev_server);
+        }
+    }
+
+    /// A handle that flips bytes of this connection's request ring from
+    /// any thread, as a hostile peer sharing the memory would, while the
+    /// server reads it; for tests of the server.
+    #[doc(hidden)]
+    pub fn scribbler(&self) -> Scribbler {
+        Scribbler {
+            map: self.map.clone(),
+        }
+    }
+
+    /// Posts `msg` into the request ring and publishes it if it fits,
+    /// never reading a reply (a client that stopped consuming); returns
+    /// whether it fit. For tests of the server.
+    #[doc(hidden)]
+    pub fn post_unread(&mut self, msg: &[u8]) -> Result<bool> {
+        match self.tx.try_push(&self.map, msg) {
+            Ok(true) => {
+                self.publish();
+                Ok(true)
+            }
+            Ok(false) => Ok(false),
+            Err(e) => Err(self.corrupt(e.0)),
         }
     }
 

@@ -15,16 +15,17 @@
 //! - **Data**: two single-producer single-consumer rings in that memory
 //!   (`ring`), one per direction. A sender writes records past the
 //!   published tail and publishes a whole burst with one release store at
-//!   flush; a receiver reads records in place (zero copy) and releases
-//!   them with one store per burst.
+//!   flush; a receiver reads records (the client in place; the server
+//!   copies each request out first, since the client may rewrite it) and
+//!   releases them with one store per burst.
 //! - **Idle back-off**: a receiver spins for `IDLE_SPIN_US`, then sets a
 //!   wait flag in shared memory and blocks on its eventfd (the server on
 //!   one epoll over all its connections). A sender checks the flag after
 //!   publishing (store, full fence, load) and writes the eventfd only when
 //!   it is set, so the busy path makes no syscall.
 //! - **Liveness**: the unix socket stays open; end-of-file on it means the
-//!   peer is gone (the server drops the connection; the client reports
-//!   `Closed`).
+//!   peer is gone (the server drops the connection at once, however full
+//!   its rings; the client reports `Closed`).
 //! - **One-sided access**: a registered region is a memfd of its own,
 //!   passed over the socket and mapped by the peer (`region`).
 //!
@@ -50,7 +51,7 @@ use std::sync::Arc;
 
 use fabrickv_transport::{Capabilities, Endpoint, Listening, Result, TransportError, WorkerPort};
 
-pub use endpoint::ShmEndpoint;
+pub use endpoint::{Scribbler, ShmEndpoint};
 pub use region::{PEER_REGIONS_MAX, REGIONS_MAX, REGION_BYTES_MAX};
 pub use ring::{CONN_SHM_BYTES, HEADER_BYTES, RECORD_HEADER_BYTES, RING_BYTES};
 
@@ -121,14 +122,21 @@ pub fn listen_with(name: &str, opts: &fabrickv_transport::ListenOptions) -> Resu
     })?;
     listener.set_nonblocking(true)?;
     let open = Arc::new(AtomicUsize::new(0));
-    let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
+    let mut shm_ports = Vec::with_capacity(workers);
     let mut handoffs = Vec::with_capacity(workers);
     for _ in 0..workers {
         let (port, handoff) = port::ShmPort::new(open.clone())?;
-        ports.push(Box::new(port));
+        shm_ports.push(port);
         handoffs.push(handoff);
     }
-    let acceptor = acceptor::ShmAcceptor::new(listener, name, handoffs, open, opts)?;
+    let board =
+        fabrickv_transport::idle::IdleBoard::new(shm_ports.iter().map(WorkerPort::waker).collect());
+    let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
+    for (i, mut port) in shm_ports.into_iter().enumerate() {
+        port.set_idle_board(board.clone(), i);
+        ports.push(Box::new(port));
+    }
+    let acceptor = acceptor::ShmAcceptor::new(listener, name, handoffs, open, board, opts)?;
     Ok(Listening {
         local_addr: format!("shm://{name}"),
         acceptor: Box::new(acceptor),

@@ -8,9 +8,21 @@
 //! one store and wakes the client only if it said it sleeps. No syscall
 //! and no allocation on that path once buffers have their working size.
 //!
+//! Each request is copied out of the ring into the port's own buffer
+//! before the handler sees it: the client can write its ring at any time,
+//! so bytes a decoder checked in place could change before they are used
+//! (a shard name checked as UTF-8, then formatted, once panicked a worker).
+//! A copy is what every service can trust, whatever it parses.
+//!
 //! A client that does not read its replies fills its ring; later replies
 //! wait in a staging buffer of at most `CONN_SEND_QUEUE_BYTES_MAX` bytes,
 //! and at that bound the port stops reading the connection's requests.
+//! Its socket is watched all the same: when the client closes or dies,
+//! the connection is reaped at once, however full its rings are, with the
+//! replies it will never read and the requests it published but will
+//! never learn the outcome of. (Handling those first let a client that
+//! opened connections, filled their rings and closed them hold slots of
+//! `SHM_CONNECTIONS_MAX` while the port worked through 4 MiB each.)
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -20,6 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
+use fabrickv_transport::idle::IdleBoard;
 use fabrickv_transport::{
     Capabilities, ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError,
     Waker, WorkerPort,
@@ -38,6 +51,10 @@ const WAKE: u64 = u64::MAX;
 
 /// Most readiness events handled per epoll call.
 const EVENTS_PER_WAIT: usize = 256;
+
+/// How often the port looks for idle connections, in milliseconds: the
+/// idle timeout is enforced to within this.
+const IDLE_CHECK_INTERVAL_MS: u64 = 500;
 
 /// Bytes of a staged reply's length prefix.
 const STAGED_PREFIX_BYTES: usize = 4;
@@ -102,8 +119,11 @@ struct Conn {
     dirty: bool,
     /// Not read until its staged replies drain.
     paused: bool,
-    /// The client is gone: handle what it published, then close.
-    gone: bool,
+    /// Requests arrived since the port's last idle check.
+    active: bool,
+    /// When the port's idle check last found requests arrived (or the
+    /// connection opened).
+    active_at: Instant,
 }
 
 impl Conn {
@@ -213,7 +233,18 @@ pub(crate) struct ShmPort {
     locals: LocalRegions,
     /// The reply buffer lent to each handler call.
     scratch: Vec<u8>,
+    /// The request handed to each handler call, copied out of the ring
+    /// (only ever grown, to at most `MESSAGE_BYTES_MAX`).
+    request: Vec<u8>,
     last_control_check: Instant,
+    /// Connections silent this long with nothing in flight are closed.
+    idle_timeout: Option<Duration>,
+    last_idle_check: Instant,
+    /// Where this port (the index) reports its longest-idle connection
+    /// and takes evictions at the connection cap.
+    idle_board: Option<(Arc<IdleBoard>, usize)>,
+    /// The last report to the board named an idle connection.
+    reported_idle: bool,
 }
 
 /// Epoll tokens of a connection slot: its eventfd and its socket.
@@ -251,7 +282,12 @@ impl ShmPort {
             stats: PortStats::default(),
             locals: LocalRegions::default(),
             scratch: Vec::new(),
+            request: Vec::new(),
             last_control_check: Instant::now(),
+            idle_timeout: None,
+            last_idle_check: Instant::now(),
+            idle_board: None,
+            reported_idle: false,
         };
         Ok((port, Handoff { tx, wake }))
     }
@@ -302,10 +338,19 @@ impl ShmPort {
                 peer: PeerLink::default(),
                 dirty: false,
                 paused: false,
-                gone: false,
+                active: false,
+                active_at: Instant::now(),
             });
             self.stats.conns_accepted += 1;
             self.stats.conns_open += 1;
+            // A burst of connections up to the cap must not wait for the
+            // next idle check before one of them can make way.
+            if let Some((board, me)) = &self.idle_board {
+                if !self.reported_idle {
+                    board.report(*me, Some(Instant::now()));
+                    self.reported_idle = true;
+                }
+            }
         }
     }
 
@@ -319,14 +364,15 @@ impl ShmPort {
         }
     }
 
-    /// Reads a connection's socket: adopts announced regions, notes EOF.
+    /// Reads a connection's socket: adopts announced regions; closes the
+    /// connection at end-of-file, whatever its rings hold.
     fn read_control(&mut self, slot: usize) {
         let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
         match c.peer.drain(c.sock.as_fd()) {
             Ok(()) => {}
-            Err(TransportError::Closed) => c.gone = true,
+            Err(TransportError::Closed) => self.close(slot),
             Err(e) => {
                 tracing::debug!("closing a connection with a bad control stream: {e}");
                 self.stats.conns_closed_framing += 1;
@@ -363,12 +409,85 @@ impl ShmPort {
         Ok(())
     }
 
+    /// Reports to, and takes evictions from, `board` as port `index`.
+    pub(crate) fn set_idle_board(&mut self, board: Arc<IdleBoard>, index: usize) {
+        self.idle_board = Some((board, index));
+    }
+
+    /// When `c` last saw a request, if it has nothing in flight (no
+    /// request in its ring, no reply staged).
+    fn idle_since(c: &Conn) -> Option<Instant> {
+        let in_flight = c.active || c.rx.has_data(&c.map) || c.staged_bytes() > 0;
+        (!in_flight).then_some(c.active_at)
+    }
+
+    /// Closes the longest-idle connections the acceptor asked for.
+    fn evict_idle(&mut self) {
+        // One load on the hot path; the board is cloned only to evict.
+        let asked = match &self.idle_board {
+            Some((board, me)) => board.take_evictions(*me),
+            None => return,
+        };
+        let Some((board, _)) = self.idle_board.clone().filter(|_| asked > 0) else {
+            return;
+        };
+        for _ in 0..asked {
+            let oldest = (0..self.conns.len())
+                .filter_map(|s| Some((s, Self::idle_since(self.conns[s].as_ref()?)?)))
+                .min_by_key(|&(_, t)| t);
+            if let Some((slot, _)) = oldest {
+                tracing::debug!("closing the longest-idle connection for a new one");
+                self.stats.conns_closed_timeout += 1;
+                self.close(slot);
+            }
+            board.evicted();
+        }
+    }
+
+    /// Closes connections idle past the timeout and reports the
+    /// longest-idle one, at most once per `IDLE_CHECK_INTERVAL_MS`.
+    fn check_idle(&mut self, now: Instant) {
+        if self.idle_timeout.is_none() && self.idle_board.is_none() {
+            return;
+        }
+        if now.duration_since(self.last_idle_check) < Duration::from_millis(IDLE_CHECK_INTERVAL_MS)
+        {
+            return;
+        }
+        self.last_idle_check = now;
+        for slot in 0..self.conns.len() {
+            let Some(c) = self.conns[slot].as_mut() else {
+                continue;
+            };
+            if std::mem::take(&mut c.active) {
+                c.active_at = now;
+            }
+            let idle_for = Self::idle_since(c).map(|t| now.duration_since(t));
+            if let (Some(idle), Some(d)) = (self.idle_timeout, idle_for) {
+                if d >= idle {
+                    tracing::debug!("closing a connection idle for {idle:?}");
+                    self.stats.conns_closed_timeout += 1;
+                    self.close(slot);
+                }
+            }
+        }
+        if let Some((board, me)) = &self.idle_board {
+            let oldest = self
+                .conns
+                .iter()
+                .flatten()
+                .filter_map(Self::idle_since)
+                .min();
+            board.report(*me, oldest);
+            self.reported_idle = oldest.is_some();
+        }
+    }
+
     /// Whether `poll` would find something to do now.
     fn has_work(&self) -> bool {
         !self.incoming.is_empty()
             || self.conns.iter().flatten().any(|c| {
-                c.gone
-                    || (!c.paused && c.rx.has_data(&c.map))
+                (!c.paused && c.rx.has_data(&c.map))
                     || (c.staged_bytes() > 0 && c.tx.head_moved(&c.map))
             })
     }
@@ -385,6 +504,7 @@ impl ShmPort {
         let ShmPort {
             conns,
             scratch,
+            request,
             stats,
             dirty,
             ..
@@ -397,14 +517,10 @@ impl ShmPort {
         }
         let mut handled = 0;
         let mut broken = false;
-        let mut empty = false;
         while handled < budget {
             let (off, len) = match c.rx.peek(&c.map) {
                 Ok(Some(m)) => m,
-                Ok(None) => {
-                    empty = true;
-                    break;
-                }
+                Ok(None) => break,
                 Err(e) => {
                     tracing::debug!("closing a connection with a corrupt ring: {}", e.0);
                     stats.conns_closed_framing += 1;
@@ -413,8 +529,12 @@ impl ShmPort {
                 }
             };
             scratch.clear();
+            if request.len() < len {
+                request.resize(len, 0);
+            }
+            let msg = &mut request[..len];
+            c.map.read(off, msg);
             {
-                let msg = c.map.slice(off, len);
                 let mut reply = ShmReply {
                     buf: scratch,
                     peer: &mut c.peer,
@@ -442,12 +562,13 @@ impl ShmPort {
         }
         stats.msgs_in += handled as u64;
         if handled > 0 {
+            c.active = true;
             // Free the requests now: a client waiting for room resumes
             // after the fence and flag check in `flush`.
             c.rx.release(&c.map);
             Self::mark_dirty(dirty, c, slot);
         }
-        if broken || (c.gone && empty) {
+        if broken {
             self.close(slot);
         }
         handled
@@ -461,6 +582,8 @@ impl WorkerPort for ShmPort {
         }
         if self.last_control_check.elapsed() >= Duration::from_micros(CONTROL_CHECK_INTERVAL_US) {
             self.wait_events(Duration::ZERO)?;
+            self.check_idle(Instant::now());
+            self.evict_idle();
         }
         let n = self.conns.len();
         if n == 0 {
@@ -556,7 +679,13 @@ impl WorkerPort for ShmPort {
             c.tx.disarm_wait(&c.map);
         }
         self.wake.woken.store(false, Ordering::Relaxed);
+        self.check_idle(Instant::now());
+        self.evict_idle();
         r
+    }
+
+    fn set_idle_timeout(&mut self, timeout: Option<Duration>) {
+        self.idle_timeout = timeout;
     }
 
     fn waker(&self) -> Waker {

@@ -37,6 +37,7 @@ mod address;
 pub mod conformance;
 pub mod framing;
 pub mod handshake;
+pub mod idle;
 pub mod inproc;
 pub mod tcp;
 
@@ -530,6 +531,14 @@ pub trait WorkerPort: Send {
 
     /// A handle that interrupts [`WorkerPort::wait`] from another thread.
     fn waker(&self) -> Waker;
+
+    /// Closes each connection that has sent nothing for `timeout` and has
+    /// nothing in flight (no request buffered or being handled, no reply
+    /// waiting to be sent), counted in `conns_closed_timeout`; `None`, the
+    /// default, keeps idle connections open. Without it a few thousand
+    /// idle connections hold every slot of `CONNECTIONS_MAX` for good.
+    /// Ports that do not implement it keep every connection.
+    fn set_idle_timeout(&mut self, _timeout: Option<Duration>) {}
 
     /// This port's counters.
     fn stats(&self) -> PortStats;

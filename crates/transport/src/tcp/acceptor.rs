@@ -15,6 +15,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::port::Handoff;
 use crate::handshake::{CompactHello, Handshakes, HelloFormat, Limits, Verdict};
+use crate::idle::IdleBoard;
 use crate::{Acceptor, Result, Waker};
 
 const LISTENER: Token = Token(0);
@@ -52,6 +53,8 @@ pub struct TcpAcceptor<C: Conclude> {
     open: Arc<AtomicUsize>,
     table: Handshakes<TcpStream, C::Format>,
     conclude: C,
+    /// At the cap, asks the longest-idle connection to make way.
+    idle: Option<Arc<IdleBoard>>,
 }
 
 impl<C: Conclude> TcpAcceptor<C> {
@@ -75,6 +78,7 @@ impl<C: Conclude> TcpAcceptor<C> {
             open,
             table: Handshakes::new(format, Limits::with_conns_max(CONNECTIONS_MAX), workers),
             conclude,
+            idle: None,
         })
     }
 
@@ -84,11 +88,22 @@ impl<C: Conclude> TcpAcceptor<C> {
         self
     }
 
+    /// At the connection cap, judges a newcomer as fitting while a port
+    /// reporting to `board` has an idle connection (its `Conclude` then
+    /// asks for that one to close: `IdleBoard::make_room`).
+    pub fn with_idle_board(mut self, board: Arc<IdleBoard>) -> Self {
+        self.idle = Some(board);
+        self
+    }
+
     fn accept_all(&mut self) {
         loop {
             match self.listener.accept() {
                 Ok((stream, _)) => {
-                    let open = self.open.load(Ordering::Acquire);
+                    let mut open = self.open.load(Ordering::Acquire);
+                    if let Some(b) = &self.idle {
+                        open = b.fits(open, CONNECTIONS_MAX);
+                    }
                     let registry = self.poll.registry();
                     let unregister = |old: &mut TcpStream| {
                         let _ = registry.deregister(old);
@@ -121,10 +136,13 @@ impl<C: Conclude> TcpAcceptor<C> {
 
     /// Reads what the handshake has sent and acts on the table's step.
     fn advance(&mut self, slot: usize) {
-        let (open, registry) = (&self.open, self.poll.registry());
+        let (open, registry, idle) = (&self.open, self.poll.registry(), &self.idle);
         let judged = self.table.readable(
             slot,
-            || open.load(Ordering::Acquire),
+            || {
+                let n = open.load(Ordering::Acquire);
+                idle.as_ref().map_or(n, |b| b.fits(n, CONNECTIONS_MAX))
+            },
             |s| {
                 let _ = registry.deregister(s);
             },
@@ -170,6 +188,8 @@ impl<C: Conclude> Acceptor for TcpAcceptor<C> {
 pub(super) struct TcpConclude {
     pub(super) handoffs: Vec<Handoff>,
     pub(super) open: Arc<AtomicUsize>,
+    /// At the cap, the longest-idle connection makes way for an accepted one.
+    pub(super) idle: Arc<IdleBoard>,
 }
 
 impl Conclude for TcpConclude {
@@ -184,7 +204,8 @@ impl Conclude for TcpConclude {
         if status != ErrorCode::Ok {
             return;
         }
-        self.open.fetch_add(1, Ordering::AcqRel);
+        let open = self.open.fetch_add(1, Ordering::AcqRel);
+        self.idle.make_room(open + 1, CONNECTIONS_MAX + 1);
         if let Err(stream) = self.handoffs[worker].hand(stream) {
             self.open.fetch_sub(1, Ordering::AcqRel);
             drop(stream);

@@ -75,6 +75,11 @@ pub(super) struct Conn {
     pub(super) paused: bool,
     /// When a partial message first sat in `inbuf`.
     pub(super) partial_since: Option<Instant>,
+    /// Bytes arrived since the port's last idle check.
+    pub(super) active: bool,
+    /// When the port's idle check last found bytes arrived (or the
+    /// connection opened).
+    pub(super) active_at: Instant,
     /// The pipe large shared parts are spliced through.
     pipe: SplicePipe,
     /// Bytes of the queue, from what is written on, in the pipe and not
@@ -166,6 +171,8 @@ impl Conn {
             queued: true,
             paused: false,
             partial_since: None,
+            active: false,
+            active_at: Instant::now(),
             pipe: SplicePipe::Untried,
             piped: 0,
             spliced: 0,

@@ -63,19 +63,27 @@ pub fn listen_with(addr: &str, opts: &crate::ListenOptions) -> Result<Listening>
     let workers = opts.workers;
     let (listener, local) = bind(addr)?;
     let open = Arc::new(AtomicUsize::new(0));
-    let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
+    let mut tcp_ports = Vec::with_capacity(workers);
     let mut handoffs = Vec::with_capacity(workers);
     for _ in 0..workers {
         let (port, handoff) = port::TcpPort::new(open.clone())?;
-        ports.push(Box::new(port));
+        tcp_ports.push(port);
         handoffs.push(handoff);
+    }
+    let board = crate::idle::IdleBoard::new(tcp_ports.iter().map(|p| p.waker()).collect());
+    let mut ports: Vec<Box<dyn WorkerPort>> = Vec::with_capacity(workers);
+    for (i, mut port) in tcp_ports.into_iter().enumerate() {
+        port.set_idle_board(board.clone(), i);
+        ports.push(Box::new(port));
     }
     let conclude = acceptor::TcpConclude {
         handoffs,
         open: open.clone(),
+        idle: board.clone(),
     };
     let acceptor = TcpAcceptor::new(listener, acceptor::TCP_HELLO, workers, open, conclude)?
-        .with_secret(opts.secret.clone());
+        .with_secret(opts.secret.clone())
+        .with_idle_board(board);
     Ok(Listening {
         local_addr: format!("tcp://{local}"),
         acceptor: Box::new(acceptor),

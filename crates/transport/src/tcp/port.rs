@@ -34,6 +34,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::conn_datapath::{Conn, ConnReply, READ_CHUNK_BYTES};
 use crate::framing::{self, Next, PREFIX_BYTES};
+use crate::idle::IdleBoard;
 use crate::{ConnId, MessageHandler, PortStats, Result, TransportError, Waker, WorkerPort};
 
 const WAKER: Token = Token(usize::MAX);
@@ -73,6 +74,13 @@ pub(crate) struct TcpPort {
     open: Arc<AtomicUsize>,
     stats: PortStats,
     last_stall_check: Instant,
+    /// Connections silent this long with nothing in flight are closed.
+    idle_timeout: Option<Duration>,
+    /// Where this port (the index) reports its longest-idle connection
+    /// and takes evictions at the connection cap.
+    idle_board: Option<(Arc<IdleBoard>, usize)>,
+    /// The last report to the board named an idle connection.
+    reported_idle: bool,
 }
 
 impl TcpPort {
@@ -92,6 +100,9 @@ impl TcpPort {
             open,
             stats: PortStats::default(),
             last_stall_check: Instant::now(),
+            idle_timeout: None,
+            idle_board: None,
+            reported_idle: false,
         };
         Ok((port, Handoff { tx, waker }))
     }
@@ -120,6 +131,14 @@ impl TcpPort {
             self.ready.push(slot);
             self.stats.conns_accepted += 1;
             self.stats.conns_open += 1;
+            // A burst of connections up to the cap must not wait for the
+            // next idle check before one of them can make way.
+            if let Some((board, me)) = &self.idle_board {
+                if !self.reported_idle {
+                    board.report(*me, Some(Instant::now()));
+                    self.reported_idle = true;
+                }
+            }
         }
     }
 
@@ -161,6 +180,40 @@ impl TcpPort {
         }
     }
 
+    /// Reports to, and takes evictions from, `board` as port `index`.
+    pub(super) fn set_idle_board(&mut self, board: Arc<IdleBoard>, index: usize) {
+        self.idle_board = Some((board, index));
+    }
+
+    /// When `c` last saw bytes, if it has nothing in flight.
+    fn idle_since(c: &Conn) -> Option<Instant> {
+        let in_flight = c.active || c.in_head != c.in_tail || c.pending() > 0;
+        (!in_flight).then_some(c.active_at)
+    }
+
+    /// Closes the longest-idle connections the acceptor asked for.
+    fn evict_idle(&mut self) {
+        // One load on the hot path; the board is cloned only to evict.
+        let asked = match &self.idle_board {
+            Some((board, me)) => board.take_evictions(*me),
+            None => return,
+        };
+        let Some((board, _)) = self.idle_board.clone().filter(|_| asked > 0) else {
+            return;
+        };
+        for _ in 0..asked {
+            let oldest = (0..self.conns.len())
+                .filter_map(|s| Some((s, Self::idle_since(self.conns[s].as_ref()?)?)))
+                .min_by_key(|&(_, t)| t);
+            if let Some((slot, _)) = oldest {
+                tracing::debug!("closing the longest-idle connection for a new one");
+                self.stats.conns_closed_timeout += 1;
+                self.close(slot);
+            }
+            board.evicted();
+        }
+    }
+
     fn check_stalls(&mut self, now: Instant) {
         if now.duration_since(self.last_stall_check)
             < Duration::from_millis(STALL_CHECK_INTERVAL_MS)
@@ -170,6 +223,20 @@ impl TcpPort {
         self.last_stall_check = now;
         let limit = Duration::from_millis(PARTIAL_MESSAGE_TIMEOUT_MS);
         for slot in 0..self.conns.len() {
+            if let Some(c) = self.conns[slot].as_mut() {
+                if std::mem::take(&mut c.active) {
+                    c.active_at = now;
+                }
+                let idle_for = Self::idle_since(c).map(|t| now.duration_since(t));
+                if let (Some(idle), Some(d)) = (self.idle_timeout, idle_for) {
+                    if d >= idle {
+                        tracing::debug!("closing a connection idle for {idle:?}");
+                        self.stats.conns_closed_timeout += 1;
+                        self.close(slot);
+                        continue;
+                    }
+                }
+            }
             let stalled = self.conns[slot]
                 .as_ref()
                 .and_then(|c| c.partial_since)
@@ -179,6 +246,16 @@ impl TcpPort {
                 self.stats.conns_closed_timeout += 1;
                 self.close(slot);
             }
+        }
+        if let Some((board, me)) = &self.idle_board {
+            let oldest = self
+                .conns
+                .iter()
+                .flatten()
+                .filter_map(Self::idle_since)
+                .min();
+            board.report(*me, oldest);
+            self.reported_idle = oldest.is_some();
         }
     }
 
@@ -212,6 +289,7 @@ impl TcpPort {
                 Ok(0) => closed = true,
                 Ok(n) => {
                     c.in_tail = len + n;
+                    c.active = true;
                     // A short read drained the socket: the next byte brings a new edge.
                     c.readable = n == READ_CHUNK_BYTES || c.read_closed;
                 }
@@ -321,6 +399,7 @@ impl WorkerPort for TcpPort {
         ready.append(&mut self.ready);
         self.ready = ready;
         self.check_stalls(Instant::now());
+        self.evict_idle();
         Ok(handled)
     }
 
@@ -363,7 +442,12 @@ impl WorkerPort for TcpPort {
             Err(e) => return Err(e.into()),
         }
         self.check_stalls(Instant::now());
+        self.evict_idle();
         Ok(())
+    }
+
+    fn set_idle_timeout(&mut self, timeout: Option<Duration>) {
+        self.idle_timeout = timeout;
     }
 
     fn waker(&self) -> Waker {
