@@ -97,6 +97,8 @@ pub struct RespCounters {
     pub connected: AtomicU64,
     /// Connections refused because too many were open.
     pub rejected: AtomicU64,
+    /// Idle connections closed to make room for a newcomer at the cap.
+    pub evicted_idle: AtomicU64,
     /// Commands executed (including those answered with an error).
     pub commands: AtomicU64,
     /// Connections closed for a protocol error.
@@ -213,6 +215,12 @@ pub struct RespSession {
 }
 
 impl RespSession {
+    /// Whether the connection has authenticated (or needs not): at the
+    /// connection cap, one that has not is closed first.
+    pub fn authenticated(&self) -> bool {
+        self.state.authed
+    }
+
     /// A new connection; `id` is what CLIENT ID answers.
     pub fn new(shared: &RespShared, id: u64) -> RespSession {
         RespSession {

@@ -27,6 +27,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use fabrickv_resp::limits::RESP_COMMAND_BYTES_MAX;
+use fabrickv_transport::idle::IdleBoard;
 
 use crate::resp::{RespSession, RespShared};
 use crate::service::Clock;
@@ -56,6 +57,15 @@ pub const RESP_IDLE_SPIN_US: u64 = 50;
 /// How often a loop looks for idle connections, in milliseconds: the idle
 /// timeout is enforced to within this (and `POLL_TIMEOUT_MS`).
 const IDLE_CHECK_INTERVAL_MS: u64 = 500;
+
+/// Least time a RESP connection must have been silent, with nothing
+/// pending, before a newcomer at the connection cap may close it, in ms:
+/// a client in the middle of its work is never the one to go, while
+/// sockets opened and left silent (to fill the cap) make way.
+pub const RESP_EVICT_IDLE_MIN_MS: u64 = 1_000;
+
+/// How often a loop tells the board about its idle connections, in ms.
+const IDLE_REPORT_INTERVAL_MS: u64 = 100;
 
 /// Most events taken per epoll wait.
 const EVENTS_PER_POLL: usize = 256;
@@ -91,15 +101,27 @@ pub(crate) fn start(
     let shared = Arc::new(shared(local.port()));
     let mut wakers = Vec::with_capacity(threads);
     let mut handles = Vec::with_capacity(threads);
-    for t in 0..threads {
+    let mut polls = Vec::with_capacity(threads);
+    for _ in 0..threads {
         let poll = Poll::new()?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        wakers.push(Arc::new(Waker::new(poll.registry(), WAKER)?));
+        polls.push(poll);
+    }
+    // Taken before the board, so it reads as the oldest idle time there is.
+    let first = Instant::now();
+    let board = IdleBoard::new(
+        wakers
+            .iter()
+            .map(|w| fabrickv_transport::Waker::from_mio(w.clone()))
+            .collect(),
+    );
+    for (t, poll) in polls.into_iter().enumerate() {
         let mut listener = TcpListener::from_std(std_listener.try_clone()?);
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let shared = shared.clone();
         let stop = stop.clone();
-        wakers.push(waker);
+        let board = board.clone();
         handles.push(
             std::thread::Builder::new()
                 .name(format!("fkv-resp-{t}"))
@@ -116,6 +138,10 @@ pub(crate) fn start(
                         id_step: threads as u64,
                         idle_timeout_ms: idle_timeout.map_or(0, |d| d.as_millis() as u64),
                         last_idle_check_ms: 0,
+                        board,
+                        port: t,
+                        first,
+                        last_report_ms: 0,
                     };
                     if let Err(e) = lp.run(&stop) {
                         tracing::error!("resp loop stopped: {e}");
@@ -171,6 +197,15 @@ struct Loop {
     /// in milliseconds; 0 keeps them.
     idle_timeout_ms: u64,
     last_idle_check_ms: u64,
+    /// Where every loop says since when its most evictable connection has
+    /// been idle, and asks another loop to close one at the cap.
+    board: Arc<IdleBoard>,
+    /// This loop's place on the board.
+    port: usize,
+    /// Reported for a loop holding a silent unauthenticated connection:
+    /// older than any real idle time, so such connections go first.
+    first: Instant,
+    last_report_ms: u64,
 }
 
 enum Drive {
@@ -204,6 +239,7 @@ impl Loop {
             ready.clear();
             self.take_released(&mut ready);
             self.close_idle();
+            self.serve_board();
             if events.is_empty() && ready.is_empty() {
                 continue;
             }
@@ -300,13 +336,17 @@ impl Loop {
             };
             let c = &self.shared.counters;
             c.connections_received.fetch_add(1, Ordering::Relaxed);
-            if c.connected.fetch_add(1, Ordering::AcqRel) as usize >= RESP_CONNECTIONS_MAX {
-                c.connected.fetch_sub(1, Ordering::AcqRel);
+            // At the cap a newcomer fits while some loop holds a silent
+            // connection (it is asked to close it below).
+            let open = c.connected.load(Ordering::Acquire) as usize;
+            if self.board.fits(open, RESP_CONNECTIONS_MAX) >= RESP_CONNECTIONS_MAX {
                 c.rejected.fetch_add(1, Ordering::Relaxed);
                 // Best effort, as Redis does; the socket is closed either way.
                 let _ = stream.write(b"-ERR max number of clients reached\r\n");
                 continue;
             }
+            let open = c.connected.fetch_add(1, Ordering::AcqRel) as usize;
+            self.board.make_room(open, RESP_CONNECTIONS_MAX);
             let _ = stream.set_nodelay(true);
             let i = self.free.pop().unwrap_or_else(|| {
                 self.conns.push(None);
@@ -349,6 +389,57 @@ impl Loop {
                 }
             }
         }
+    }
+
+    /// The connection of this loop to close for a newcomer at the cap:
+    /// silent at least [`RESP_EVICT_IDLE_MIN_MS`] with nothing pending,
+    /// one that never authenticated before one that did, then the one
+    /// silent longest.
+    fn evictable(&self) -> Option<(usize, bool, u64)> {
+        let now = self.clock.now_ms();
+        self.conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.as_ref().map(|c| (i, c)))
+            .filter(|(_, c)| {
+                let pending = c.start != c.end || c.out_pos < c.out.len();
+                !pending && now.saturating_sub(c.active_ms) >= RESP_EVICT_IDLE_MIN_MS
+            })
+            .map(|(i, c)| (i, c.session.authenticated(), c.active_ms))
+            .min_by_key(|&(_, authed, active)| (authed, active))
+    }
+
+    /// Closes what other loops' newcomers asked room for, then tells the
+    /// board (at most every [`IDLE_REPORT_INTERVAL_MS`]) since when this
+    /// loop's most evictable connection has been silent, a silent
+    /// unauthenticated one reading as older than any.
+    fn serve_board(&mut self) {
+        for _ in 0..self.board.take_evictions(self.port) {
+            if let Some((i, _, _)) = self.evictable() {
+                tracing::debug!("closing the longest-idle RESP connection for a newcomer");
+                self.close(i);
+                self.shared
+                    .counters
+                    .evicted_idle
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            self.board.evicted();
+            self.last_report_ms = 0;
+        }
+        let now = self.clock.now_ms();
+        if now.saturating_sub(self.last_report_ms) < IDLE_REPORT_INTERVAL_MS {
+            return;
+        }
+        self.last_report_ms = now;
+        let since = self.evictable().map(|(_, authed, active)| {
+            if authed {
+                let silent = Duration::from_millis(now.saturating_sub(active));
+                Instant::now().checked_sub(silent).unwrap_or(self.first)
+            } else {
+                self.first
+            }
+        });
+        self.board.report(self.port, since);
     }
 
     /// Closes connections silent past the idle timeout with no command

@@ -89,3 +89,76 @@ fn resp_connections_have_no_idle_timeout_by_default() {
     ping(&mut silent);
     s.shutdown();
 }
+
+/// At the connection cap a newcomer gets in by closing a connection that
+/// has been silent the longest, one that never authenticated before one
+/// that did; a silent authenticated client keeps its connection.
+#[test]
+fn at_the_cap_a_silent_unauthenticated_connection_makes_way() {
+    use fabrickv_server::{RESP_CONNECTIONS_MAX, RESP_EVICT_IDLE_MIN_MS};
+    const SECRET: &str = "the-secret-of-the-resp-cap-test";
+    let s = TestServer::start_with(Transport::Tcp, 2, Mode::Store, MEMORY_BYTES, |c| {
+        c.resp = Some("127.0.0.1:0".into());
+        c.auth = fabrickv_auth::Secret::from_bytes(SECRET.as_bytes(), "test").ok();
+    });
+    let auth = |c: &mut TcpStream| {
+        c.write_all(format!("AUTH {SECRET}\r\n").as_bytes())
+            .expect("send");
+        let mut buf = [0u8; 5];
+        c.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        c.read_exact(&mut buf).expect("reply");
+        assert_eq!(&buf, b"+OK\r\n");
+    };
+    let mut kept = connect(&s);
+    auth(&mut kept);
+    let silent: Vec<TcpStream> = (1..RESP_CONNECTIONS_MAX).map(|_| connect(&s)).collect();
+    for c in &silent {
+        c.set_nonblocking(true).expect("nonblocking");
+    }
+    // Once all of them, the authenticated one too, have been silent long
+    // enough to be closed, a newcomer gets in; the server must close an
+    // unauthenticated one for it. Until then newcomers are refused.
+    let deadline = Instant::now() + CLOSE_WITHIN;
+    let mut newcomers = Vec::new();
+    while newcomers.len() < 4 {
+        let mut c = connect(&s);
+        c.write_all(format!("AUTH {SECRET}\r\n").as_bytes())
+            .expect("send");
+        c.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut first = [0u8; 1];
+        c.read_exact(&mut first).expect("a reply");
+        if first[0] == b'+' {
+            let mut rest = [0u8; 4];
+            c.read_exact(&mut rest).expect("reply");
+            assert_eq!(&rest, b"OK\r\n");
+            ping(&mut c);
+            newcomers.push(c);
+        } else {
+            assert!(
+                Instant::now() < deadline,
+                "newcomers still refused at the cap"
+            );
+            std::thread::sleep(Duration::from_millis(RESP_EVICT_IDLE_MIN_MS / 10));
+        }
+    }
+    ping(&mut kept);
+    // A closed socket reads end-of-file (or a reset); an open one has
+    // nothing to read.
+    let is_closed = |mut c: &TcpStream| match c.read(&mut [0u8; 16]) {
+        Ok(0) => true,
+        Ok(_) => panic!("a silent connection was sent something"),
+        Err(e) => e.kind() != ErrorKind::WouldBlock,
+    };
+    let deadline = Instant::now() + CLOSE_WITHIN;
+    let mut gone = 0;
+    while gone < 4 {
+        gone = silent.iter().filter(|c| is_closed(c)).count();
+        assert!(
+            Instant::now() < deadline,
+            "{gone} of 4 evicted connections seen closed"
+        );
+    }
+    assert_eq!(gone, 4, "more connections were closed than newcomers came");
+}

@@ -67,7 +67,7 @@ pub(super) fn info(shared: &RespShared, a: Args<'_>, out: &mut Vec<u8>) {
     add(
         b"stats",
         format!(
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_error_replies_protocol:{}\r\nacl_access_denied_auth:{}\r\n",
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_error_replies_protocol:{}\r\nacl_access_denied_auth:{}\r\nevicted_idle_clients:{}\r\n",
             c.connections_received.load(Ordering::Relaxed),
             c.commands.load(Ordering::Relaxed),
             c.rejected.load(Ordering::Relaxed),
@@ -77,6 +77,7 @@ pub(super) fn info(shared: &RespShared, a: Args<'_>, out: &mut Vec<u8>) {
             e.misses,
             c.protocol_errors.load(Ordering::Relaxed),
             c.auth_failures.load(Ordering::Relaxed),
+            c.evicted_idle.load(Ordering::Relaxed),
         ),
     );
     let mut keyspace = format!("# Keyspace\r\ndb0:keys={}\r\n", e.items);
