@@ -93,21 +93,32 @@ pub fn restrict_to_owner(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let mut todo = vec![path.to_path_buf()];
     while let Some(p) = todo.pop() {
-        let meta = std::fs::symlink_metadata(&p)?;
-        if meta.file_type().is_symlink() {
-            continue;
-        }
-        let mode = meta.permissions().mode() & 0o7777;
-        if mode & GROUP_OTHER_BITS != 0 {
-            std::fs::set_permissions(
-                &p,
-                std::fs::Permissions::from_mode(mode & !GROUP_OTHER_BITS),
-            )?;
-        }
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&p)? {
-                todo.push(entry?.path());
+        // A file below the root may go between its listing and its turn
+        // here (fjall's background work replaces journals and tables):
+        // what is gone needs no restricting.
+        let below = p != path;
+        let r = (|| -> std::io::Result<()> {
+            let meta = std::fs::symlink_metadata(&p)?;
+            if meta.file_type().is_symlink() {
+                return Ok(());
             }
+            let mode = meta.permissions().mode() & 0o7777;
+            if mode & GROUP_OTHER_BITS != 0 {
+                std::fs::set_permissions(
+                    &p,
+                    std::fs::Permissions::from_mode(mode & !GROUP_OTHER_BITS),
+                )?;
+            }
+            if meta.is_dir() {
+                for entry in std::fs::read_dir(&p)? {
+                    todo.push(entry?.path());
+                }
+            }
+            Ok(())
+        })();
+        match r {
+            Err(e) if below && e.kind() == std::io::ErrorKind::NotFound => {}
+            r => r?,
         }
     }
     Ok(())
@@ -121,15 +132,24 @@ pub fn dirs_open_to_others(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut open = Vec::new();
     let mut todo = vec![path.to_path_buf()];
     while let Some(p) = todo.pop() {
-        let meta = std::fs::symlink_metadata(&p)?;
-        if !meta.is_dir() {
-            continue;
-        }
-        if meta.permissions().mode() & GROUP_OTHER_BITS != 0 {
-            open.push(p.clone());
-        }
-        for entry in std::fs::read_dir(&p)? {
-            todo.push(entry?.path());
+        // As in `restrict_to_owner`: what went meanwhile is not open.
+        let below = p != path;
+        let r = (|| -> std::io::Result<()> {
+            let meta = std::fs::symlink_metadata(&p)?;
+            if !meta.is_dir() {
+                return Ok(());
+            }
+            if meta.permissions().mode() & GROUP_OTHER_BITS != 0 {
+                open.push(p.clone());
+            }
+            for entry in std::fs::read_dir(&p)? {
+                todo.push(entry?.path());
+            }
+            Ok(())
+        })();
+        match r {
+            Err(e) if below && e.kind() == std::io::ErrorKind::NotFound => {}
+            r => r?,
         }
     }
     Ok(open)
