@@ -187,7 +187,7 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         resp_password_file: Option<std::path::PathBuf>,
         /// Close a native (tcp, shm, fabric) connection silent this many
-        /// seconds with no request in flight; 0 never does [default: 300].
+        /// seconds with no request in flight; 0 never does [default: 0].
         #[arg(long, value_name = "SECS")]
         idle_timeout: Option<u64>,
         /// Close a RESP connection silent this many seconds with no

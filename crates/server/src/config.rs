@@ -87,12 +87,15 @@ impl std::str::FromStr for Mode {
     }
 }
 
-/// How long a native connection (tcp, shm) may sit silent with nothing in
-/// flight before the server closes it, in seconds, unless configured: long
-/// enough for any client between bursts (and a client reconnects on its
-/// next call), short enough that idle sockets cannot hold every slot of
-/// `CONNECTIONS_MAX` for long.
-pub const NATIVE_IDLE_TIMEOUT_SECS: u64 = 300;
+/// How long a native connection (tcp, shm, fabric) may sit silent with
+/// nothing in flight before the server closes it, in seconds, unless
+/// configured; 0 is never. Off by default, as Redis's and memcached's: the
+/// FabricKV clients (Rust, Python, CLI) hold their connections for life
+/// and do not yet dial again after the server closed an idle one, so a
+/// default timeout would break every client idle that long. Idle sockets
+/// cannot lock clients out without one: at `CONNECTIONS_MAX` the
+/// longest-idle connection makes way for a newcomer.
+pub const NATIVE_IDLE_TIMEOUT_SECS: u64 = 0;
 
 /// Longest idle timeout accepted, in seconds (30 days); 0 turns it off.
 pub const IDLE_TIMEOUT_SECS_MAX: u64 = 30 * 24 * 3600;
@@ -546,10 +549,7 @@ mod tests {
     #[test]
     fn idle_timeout_defaults_on_reads_from_toml_and_is_bounded() {
         let c = ServerConfig::default();
-        assert_eq!(
-            c.idle_timeout(),
-            Some(std::time::Duration::from_secs(NATIVE_IDLE_TIMEOUT_SECS))
-        );
+        assert_eq!(c.idle_timeout(), None, "off by default");
         let off = ServerConfig::from_toml("idle_timeout = 0").expect("toml");
         assert_eq!(off.idle_timeout(), None);
         assert!(off.validate().is_ok());
