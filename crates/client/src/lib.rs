@@ -164,12 +164,18 @@ impl Client {
     /// Connects with a timeout for connecting and for each call.
     pub fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<Client> {
         let (first, info) = conn::connect_hello(addr, timeout)?;
+        let dial = fabrickv_transport::Dial::new(timeout)?;
         let mut sessions = vec![Session::new(first, 0)];
         for w in 1..info.workers {
             sessions.push(Session::new(
-                fabrickv_transport::connect(addr, w, timeout)?,
+                fabrickv_transport::connect_with(addr, w, &dial)?,
                 w,
             ));
+        }
+        // A connection the server closed while quiet (its idle timeout)
+        // is dialled again before the next request.
+        for s in &mut sessions {
+            s.set_redial(addr, dial.clone());
         }
         Ok(Client {
             info,

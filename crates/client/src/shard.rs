@@ -71,7 +71,12 @@ impl ShardClient {
     pub fn connect(addr: &str, timeout: Duration) -> Result<ShardClient> {
         let pid = std::process::id() as usize;
         let (ep, worker) = crate::conn::connect_in_turn(addr, timeout, &TURNS, pid)?;
-        Ok(ShardClient::on(ep, worker, timeout))
+        let mut c = ShardClient::on(ep, worker, timeout);
+        // A connection the server closed while quiet is dialled again.
+        c.sessions
+            .session(0)
+            .set_redial(addr, fabrickv_transport::Dial::new(timeout)?);
+        Ok(c)
     }
 
     /// Connects to worker `worker` of the server at `addr`, whatever the
@@ -79,8 +84,12 @@ impl ShardClient {
     /// server does not have is refused at the handshake (`UNAVAILABLE`,
     /// with the server's worker count in the message).
     pub fn connect_worker(addr: &str, worker: u16, timeout: Duration) -> Result<ShardClient> {
-        let ep = fabrickv_transport::connect(addr, worker, timeout)?;
-        Ok(ShardClient::on(ep, worker, timeout))
+        let dial = fabrickv_transport::Dial::new(timeout)?;
+        let ep = fabrickv_transport::connect_with(addr, worker, &dial)?;
+        let mut c = ShardClient::on(ep, worker, timeout);
+        // A connection the server closed while quiet is dialled again.
+        c.sessions.session(0).set_redial(addr, dial);
+        Ok(c)
     }
 
     fn on(ep: Box<dyn Endpoint>, worker: u16, timeout: Duration) -> ShardClient {

@@ -33,7 +33,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use fabrickv_transport::Endpoint;
+use fabrickv_transport::{Dial, Endpoint};
 
 use crate::RpcError;
 
@@ -127,7 +127,19 @@ pub struct Session<T> {
     q: InFlight<T>,
     /// Messages posted since the last flush.
     unflushed: bool,
+    /// Where and how to dial this session's worker again when the server
+    /// has closed a quiet connection (an idle timeout, an eviction at its
+    /// connection cap); `None`: never.
+    redial: Option<(String, Dial)>,
+    /// When the last request went out with nothing else in flight.
+    last_post: Instant,
 }
+
+/// How long a session must have sent nothing before its next request
+/// first checks that the server has not closed the connection, in ms: a
+/// busy session never pays the check; a quiet one pays a few system
+/// calls once.
+pub const REDIAL_CHECK_AFTER_MS: u64 = 1_000;
 
 impl<T> std::fmt::Debug for Session<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -146,7 +158,39 @@ impl<T> Session<T> {
             worker,
             q: InFlight(VecDeque::new()),
             unflushed: false,
+            redial: None,
+            last_post: Instant::now(),
         }
+    }
+
+    /// Lets the session dial `addr` again as `dial` says when the server
+    /// closed the connection while it was quiet (nothing in flight, so no
+    /// request is lost or sent twice).
+    /// (Not for a connection with registered memory regions: a new
+    /// connection would not have them.)
+    pub fn set_redial(&mut self, addr: &str, dial: Dial) {
+        self.redial = Some((addr.to_string(), dial));
+    }
+
+    /// Before a request on a quiet session: if the server has closed the
+    /// connection meanwhile, dials its worker again.
+    fn redial_if_closed(&mut self) -> Result<(), RpcError> {
+        let Some((addr, dial)) = &self.redial else {
+            return Ok(());
+        };
+        if !self.q.is_empty()
+            || self.last_post.elapsed() < Duration::from_millis(REDIAL_CHECK_AFTER_MS)
+            || !self.ep.peer_closed()
+        {
+            return Ok(());
+        }
+        tracing::debug!(
+            "{addr} closed a quiet connection; dialling worker {} again",
+            self.worker
+        );
+        self.ep = fabrickv_transport::connect_with(addr, self.worker, dial)?;
+        self.unflushed = false;
+        Ok(())
     }
 
     /// The worker this session talks to.
@@ -383,6 +427,10 @@ impl<T> Sessions<T> {
         let session = &mut self.sessions[s];
         if session.q.len() >= credits {
             return Err(RpcError::NoCredits);
+        }
+        if session.q.is_empty() && session.redial.is_some() {
+            session.redial_if_closed()?;
+            session.last_post = Instant::now();
         }
         let worker = session.worker;
         session

@@ -89,10 +89,11 @@ impl std::str::FromStr for Mode {
 
 /// How long a native connection (tcp, shm, fabric) may sit silent with
 /// nothing in flight before the server closes it, in seconds, unless
-/// configured; 0 is never. Off by default, as Redis's and memcached's: the
-/// FabricKV clients (Rust, Python, CLI) hold their connections for life
-/// and do not yet dial again after the server closed an idle one, so a
-/// default timeout would break every client idle that long. Idle sockets
+/// configured; 0 is never. Off by default, as Redis's and memcached's:
+/// the kv and shard clients dial again before their next request when the
+/// server closed a quiet connection, but the PS and KV-cache clients hold
+/// memory registered with their connection and do not yet, so a default
+/// timeout would break every such client idle that long. Idle sockets
 /// cannot lock clients out without one: at `CONNECTIONS_MAX` the
 /// longest-idle connection makes way for a newcomer.
 pub const NATIVE_IDLE_TIMEOUT_SECS: u64 = 0;

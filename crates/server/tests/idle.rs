@@ -108,6 +108,10 @@ mod tcp {
     fn idle_timeout_0_keeps_silent_connections() {
         super::idle_timeout_0_keeps_silent_connections(Transport::Tcp)
     }
+    #[test]
+    fn a_client_closed_as_idle_dials_again() {
+        super::a_client_closed_as_idle_dials_again(Transport::Tcp)
+    }
 }
 
 mod shm {
@@ -125,4 +129,38 @@ mod shm {
     fn idle_timeout_0_keeps_silent_connections() {
         super::idle_timeout_0_keeps_silent_connections(Transport::Shm)
     }
+    #[test]
+    fn a_client_closed_as_idle_dials_again() {
+        super::a_client_closed_as_idle_dials_again(Transport::Shm)
+    }
+}
+
+/// A client whose connection the server closed as idle dials again before
+/// its next request: the caller sees no error and nothing is lost.
+fn a_client_closed_as_idle_dials_again(t: Transport) {
+    let s = server(t);
+    let mut c = Client::connect_with_timeout(&s.addr, TIMEOUT).expect("connect");
+    c.put(b"k", b"v").expect("put");
+    // Silent endpoints opened after the client's last request: once the
+    // server has closed the second, opened after the first was closed
+    // (so after the client's activity was last noted, which the server
+    // does at its idle checks), it has closed the client's connections.
+    let start = Instant::now();
+    for _ in 0..2 {
+        let mut later = s.endpoint(1);
+        while !closed(&mut *later) {
+            assert!(
+                start.elapsed() < CLOSE_WITHIN,
+                "the silent connection stayed"
+            );
+        }
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            c.get(b"k").expect("a client closed as idle dials again"),
+            Some(b"v".to_vec())
+        );
+    }
+    c.put(b"k2", b"v2").expect("put after the redial");
+    s.shutdown();
 }

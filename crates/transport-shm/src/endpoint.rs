@@ -321,6 +321,14 @@ impl ShmEndpoint {
 }
 
 impl Endpoint for ShmEndpoint {
+    fn peer_closed(&mut self) -> bool {
+        // The server's end of the unix socket closes with the connection.
+        if !self.closed && self.check_control().is_err() {
+            return true;
+        }
+        self.closed && !self.has_received() && !self.rx.has_data(&self.map)
+    }
+
     fn post_with(&mut self, build: &mut dyn FnMut(&mut Vec<u8>)) -> Result<()> {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();

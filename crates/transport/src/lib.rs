@@ -422,6 +422,16 @@ pub trait Endpoint: Send {
     /// is not a promise that [`Endpoint::poll`] will find a message.
     fn wait(&mut self, timeout: Duration) -> Result<()>;
 
+    /// Whether the server has already closed this connection, as far as
+    /// can be seen without consuming anything (a received end-of-file).
+    /// A client asks before it sends on a connection that has been quiet,
+    /// so that one the server closed as idle is dialled again before a
+    /// request goes into it, never after. `false` where a transport
+    /// cannot tell.
+    fn peer_closed(&mut self) -> bool {
+        false
+    }
+
     /// Receives the next message, waiting at most `timeout`, and hands it
     /// to `sink`: its first `head_bytes` bytes (at most
     /// [`SPLIT_HEAD_BYTES_MAX`]) to [`SplitSink::tail`], the rest into

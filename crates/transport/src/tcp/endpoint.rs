@@ -299,6 +299,23 @@ impl TcpEndpoint {
 }
 
 impl Endpoint for TcpEndpoint {
+    fn peer_closed(&mut self) -> bool {
+        if !self.buffered().is_empty() || self.discard > 0 {
+            return false;
+        }
+        // Peek without blocking: end-of-file or a reset means closed.
+        if self.stream.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let closed = match self.stream.peek(&mut [0u8; 1]) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !transient(&e),
+        };
+        let _ = self.stream.set_nonblocking(false);
+        closed
+    }
+
     fn post_with(&mut self, build: &mut dyn FnMut(&mut Vec<u8>)) -> Result<()> {
         let at = framing::begin(&mut self.out);
         build(&mut self.out);
