@@ -91,37 +91,13 @@ pub fn create_private_dir(path: &Path) -> std::io::Result<()> {
 /// process's umask is its owner's only. Links are not followed.
 pub fn restrict_to_owner(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    let mut todo = vec![path.to_path_buf()];
-    while let Some(p) = todo.pop() {
-        // A file below the root may go between its listing and its turn
-        // here (fjall's background work replaces journals and tables):
-        // what is gone needs no restricting.
-        let below = p != path;
-        let r = (|| -> std::io::Result<()> {
-            let meta = std::fs::symlink_metadata(&p)?;
-            if meta.file_type().is_symlink() {
-                return Ok(());
-            }
-            let mode = meta.permissions().mode() & 0o7777;
-            if mode & GROUP_OTHER_BITS != 0 {
-                std::fs::set_permissions(
-                    &p,
-                    std::fs::Permissions::from_mode(mode & !GROUP_OTHER_BITS),
-                )?;
-            }
-            if meta.is_dir() {
-                for entry in std::fs::read_dir(&p)? {
-                    todo.push(entry?.path());
-                }
-            }
-            Ok(())
-        })();
-        match r {
-            Err(e) if below && e.kind() == std::io::ErrorKind::NotFound => {}
-            r => r?,
+    walk(path, |p, meta| {
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & GROUP_OTHER_BITS != 0 {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode & !GROUP_OTHER_BITS))?;
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// The directories under `path` (itself included) that group or others
@@ -130,29 +106,44 @@ pub fn restrict_to_owner(path: &Path) -> std::io::Result<()> {
 pub fn dirs_open_to_others(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     use std::os::unix::fs::PermissionsExt;
     let mut open = Vec::new();
+    walk(path, |p, meta| {
+        if meta.is_dir() && meta.permissions().mode() & GROUP_OTHER_BITS != 0 {
+            open.push(p.to_path_buf());
+        }
+        Ok(())
+    })?;
+    Ok(open)
+}
+
+/// Calls `visit` on `path` and on everything below it, links neither
+/// followed nor visited. What goes below the root between its listing
+/// and its turn (fjall's background work replaces journals and tables)
+/// is skipped: it needs nothing any more.
+fn walk(
+    path: &Path,
+    mut visit: impl FnMut(&Path, &std::fs::Metadata) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let mut todo = vec![path.to_path_buf()];
     while let Some(p) = todo.pop() {
-        // As in `restrict_to_owner`: what went meanwhile is not open.
-        let below = p != path;
         let r = (|| -> std::io::Result<()> {
             let meta = std::fs::symlink_metadata(&p)?;
-            if !meta.is_dir() {
+            if meta.file_type().is_symlink() {
                 return Ok(());
             }
-            if meta.permissions().mode() & GROUP_OTHER_BITS != 0 {
-                open.push(p.clone());
-            }
-            for entry in std::fs::read_dir(&p)? {
-                todo.push(entry?.path());
+            visit(&p, &meta)?;
+            if meta.is_dir() {
+                for entry in std::fs::read_dir(&p)? {
+                    todo.push(entry?.path());
+                }
             }
             Ok(())
         })();
         match r {
-            Err(e) if below && e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if p != path && e.kind() == std::io::ErrorKind::NotFound => {}
             r => r?,
         }
     }
-    Ok(open)
+    Ok(())
 }
 
 /// Whether `path` is missing or an empty directory: a shard made there

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use fabrickv_transport::idle::IdleBoard;
+use fabrickv_transport::idle::{IdleBoard, IdleConns};
 use fabrickv_transport::{
     Capabilities, ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError,
     Waker, WorkerPort,
@@ -421,29 +421,6 @@ impl ShmPort {
         (!in_flight).then_some(c.active_at)
     }
 
-    /// Closes the longest-idle connections the acceptor asked for.
-    fn evict_idle(&mut self) {
-        // One load on the hot path; the board is cloned only to evict.
-        let asked = match &self.idle_board {
-            Some((board, me)) => board.take_evictions(*me),
-            None => return,
-        };
-        let Some((board, _)) = self.idle_board.clone().filter(|_| asked > 0) else {
-            return;
-        };
-        for _ in 0..asked {
-            let oldest = (0..self.conns.len())
-                .filter_map(|s| Some((s, Self::idle_since(self.conns[s].as_ref()?)?)))
-                .min_by_key(|&(_, t)| t);
-            if let Some((slot, _)) = oldest {
-                tracing::debug!("closing the longest-idle connection for a new one");
-                self.stats.conns_closed_timeout += 1;
-                self.close(slot);
-            }
-            board.evicted();
-        }
-    }
-
     /// Closes connections idle past the timeout and reports the
     /// longest-idle one, at most once per `IDLE_CHECK_INTERVAL_MS`.
     fn check_idle(&mut self, now: Instant) {
@@ -455,32 +432,8 @@ impl ShmPort {
             return;
         }
         self.last_idle_check = now;
-        for slot in 0..self.conns.len() {
-            let Some(c) = self.conns[slot].as_mut() else {
-                continue;
-            };
-            if std::mem::take(&mut c.active) {
-                c.active_at = now;
-            }
-            let idle_for = Self::idle_since(c).map(|t| now.duration_since(t));
-            if let (Some(idle), Some(d)) = (self.idle_timeout, idle_for) {
-                if d >= idle {
-                    tracing::debug!("closing a connection idle for {idle:?}");
-                    self.stats.conns_closed_timeout += 1;
-                    self.close(slot);
-                }
-            }
-        }
-        if let Some((board, me)) = &self.idle_board {
-            let oldest = self
-                .conns
-                .iter()
-                .flatten()
-                .filter_map(Self::idle_since)
-                .min();
-            board.report(*me, oldest);
-            self.reported_idle = oldest.is_some();
-        }
+        self.close_idle_past(now, self.idle_timeout);
+        self.reported_idle = self.report_idle();
     }
 
     /// Whether `poll` would find something to do now.
@@ -572,6 +525,33 @@ impl ShmPort {
             self.close(slot);
         }
         handled
+    }
+}
+
+impl IdleConns for ShmPort {
+    fn idle_board(&self) -> Option<&(Arc<IdleBoard>, usize)> {
+        self.idle_board.as_ref()
+    }
+
+    fn slots(&self) -> usize {
+        self.conns.len()
+    }
+
+    fn slot_idle_since(&self, slot: usize) -> Option<Instant> {
+        Self::idle_since(self.conns.get(slot)?.as_ref()?)
+    }
+
+    fn close_for_idleness(&mut self, slot: usize) {
+        self.stats.conns_closed_timeout += 1;
+        self.close(slot);
+    }
+
+    fn note_activity(&mut self, slot: usize, now: Instant) {
+        if let Some(c) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) {
+            if std::mem::take(&mut c.active) {
+                c.active_at = now;
+            }
+        }
     }
 }
 

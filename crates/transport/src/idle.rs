@@ -122,6 +122,80 @@ impl IdleBoard {
     }
 }
 
+/// The connections of one worker port as the idle rules see them: what
+/// the tcp, shm and fabric ports each say about their own connections,
+/// so that making way at the cap and reporting to the board are written
+/// once.
+pub trait IdleConns {
+    /// The board this port reports to, and its place there.
+    fn idle_board(&self) -> Option<&(Arc<IdleBoard>, usize)>;
+
+    /// Connection slots, empty ones included.
+    fn slots(&self) -> usize;
+
+    /// When the connection in `slot` last saw a request, if it has
+    /// nothing in flight; `None` for an empty slot or a busy connection.
+    fn slot_idle_since(&self, slot: usize) -> Option<Instant>;
+
+    /// Closes the connection in `slot` for its idleness (and counts it).
+    fn close_for_idleness(&mut self, slot: usize);
+
+    /// Moves the connection in `slot`'s last activity to `now` if it saw
+    /// a request since the last check.
+    fn note_activity(&mut self, slot: usize, now: Instant);
+
+    /// At an idle check (`now`): notes each connection's activity and
+    /// closes those silent `timeout` or longer with nothing in flight.
+    fn close_idle_past(&mut self, now: Instant, timeout: Option<std::time::Duration>) {
+        for slot in 0..self.slots() {
+            self.note_activity(slot, now);
+            let idle_for = self.slot_idle_since(slot).map(|t| now.duration_since(t));
+            if let (Some(idle), Some(d)) = (timeout, idle_for) {
+                if d >= idle {
+                    tracing::debug!("closing a connection idle for {idle:?}");
+                    self.close_for_idleness(slot);
+                }
+            }
+        }
+    }
+
+    /// Closes the longest-idle connections the acceptor asked for, one per
+    /// eviction asked; an eviction with nothing idle to close is declined.
+    fn evict_idle(&mut self) {
+        // One load on the hot path; the board is cloned only to evict.
+        let asked = match self.idle_board() {
+            Some((board, me)) => board.take_evictions(*me),
+            None => return,
+        };
+        let Some((board, _)) = self.idle_board().cloned().filter(|_| asked > 0) else {
+            return;
+        };
+        for _ in 0..asked {
+            let oldest = (0..self.slots())
+                .filter_map(|s| Some((s, self.slot_idle_since(s)?)))
+                .min_by_key(|&(_, t)| t);
+            if let Some((slot, _)) = oldest {
+                tracing::debug!("closing the longest-idle connection for a new one");
+                self.close_for_idleness(slot);
+            }
+            board.evicted();
+        }
+    }
+
+    /// Tells the board since when this port's longest-idle connection has
+    /// been silent (or that it has none); returns whether it has one.
+    fn report_idle(&self) -> bool {
+        let Some((board, me)) = self.idle_board() else {
+            return false;
+        };
+        let oldest = (0..self.slots())
+            .filter_map(|s| self.slot_idle_since(s))
+            .min();
+        board.report(*me, oldest);
+        oldest.is_some()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

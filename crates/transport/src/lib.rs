@@ -35,6 +35,8 @@ mod address;
 #[cfg(feature = "conformance")]
 #[allow(clippy::unwrap_used)]
 pub mod conformance;
+#[cfg(feature = "conformance")]
+pub mod conformance_evict;
 pub mod framing;
 pub mod handshake;
 pub mod idle;

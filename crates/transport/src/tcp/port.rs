@@ -34,7 +34,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::conn_datapath::{Conn, ConnReply, READ_CHUNK_BYTES};
 use crate::framing::{self, Next, PREFIX_BYTES};
-use crate::idle::IdleBoard;
+use crate::idle::{IdleBoard, IdleConns};
 use crate::{ConnId, MessageHandler, PortStats, Result, TransportError, Waker, WorkerPort};
 
 const WAKER: Token = Token(usize::MAX);
@@ -191,29 +191,6 @@ impl TcpPort {
         (!in_flight).then_some(c.active_at)
     }
 
-    /// Closes the longest-idle connections the acceptor asked for.
-    fn evict_idle(&mut self) {
-        // One load on the hot path; the board is cloned only to evict.
-        let asked = match &self.idle_board {
-            Some((board, me)) => board.take_evictions(*me),
-            None => return,
-        };
-        let Some((board, _)) = self.idle_board.clone().filter(|_| asked > 0) else {
-            return;
-        };
-        for _ in 0..asked {
-            let oldest = (0..self.conns.len())
-                .filter_map(|s| Some((s, Self::idle_since(self.conns[s].as_ref()?)?)))
-                .min_by_key(|&(_, t)| t);
-            if let Some((slot, _)) = oldest {
-                tracing::debug!("closing the longest-idle connection for a new one");
-                self.stats.conns_closed_timeout += 1;
-                self.close(slot);
-            }
-            board.evicted();
-        }
-    }
-
     fn check_stalls(&mut self, now: Instant) {
         if now.duration_since(self.last_stall_check)
             < Duration::from_millis(STALL_CHECK_INTERVAL_MS)
@@ -222,21 +199,8 @@ impl TcpPort {
         }
         self.last_stall_check = now;
         let limit = Duration::from_millis(PARTIAL_MESSAGE_TIMEOUT_MS);
+        self.close_idle_past(now, self.idle_timeout);
         for slot in 0..self.conns.len() {
-            if let Some(c) = self.conns[slot].as_mut() {
-                if std::mem::take(&mut c.active) {
-                    c.active_at = now;
-                }
-                let idle_for = Self::idle_since(c).map(|t| now.duration_since(t));
-                if let (Some(idle), Some(d)) = (self.idle_timeout, idle_for) {
-                    if d >= idle {
-                        tracing::debug!("closing a connection idle for {idle:?}");
-                        self.stats.conns_closed_timeout += 1;
-                        self.close(slot);
-                        continue;
-                    }
-                }
-            }
             let stalled = self.conns[slot]
                 .as_ref()
                 .and_then(|c| c.partial_since)
@@ -247,16 +211,7 @@ impl TcpPort {
                 self.close(slot);
             }
         }
-        if let Some((board, me)) = &self.idle_board {
-            let oldest = self
-                .conns
-                .iter()
-                .flatten()
-                .filter_map(Self::idle_since)
-                .min();
-            board.report(*me, oldest);
-            self.reported_idle = oldest.is_some();
-        }
+        self.reported_idle = self.report_idle();
     }
 
     /// Reads and handles one connection; returns messages handled and
@@ -381,6 +336,33 @@ impl TcpPort {
         let again = !c.paused && (c.readable || whole_message_left);
         c.queued = again;
         (handled, again)
+    }
+}
+
+impl IdleConns for TcpPort {
+    fn idle_board(&self) -> Option<&(Arc<IdleBoard>, usize)> {
+        self.idle_board.as_ref()
+    }
+
+    fn slots(&self) -> usize {
+        self.conns.len()
+    }
+
+    fn slot_idle_since(&self, slot: usize) -> Option<Instant> {
+        Self::idle_since(self.conns.get(slot)?.as_ref()?)
+    }
+
+    fn close_for_idleness(&mut self, slot: usize) {
+        self.stats.conns_closed_timeout += 1;
+        self.close(slot);
+    }
+
+    fn note_activity(&mut self, slot: usize, now: Instant) {
+        if let Some(c) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) {
+            if std::mem::take(&mut c.active) {
+                c.active_at = now;
+            }
+        }
     }
 }
 
