@@ -437,9 +437,9 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             // The flag, then the environment, win over the file's
             // resp_password_file.
             if let Some(path) = &resp_password_file {
-                cfg.resp_password = Some(fabrickv_server::config::read_resp_password(path)?);
+                cfg.resp_password = Some(fabrickv_server::config::read_resp_password(path)?.into());
             } else if let Ok(p) = std::env::var(fabrickv_server::config::ENV_RESP_PASSWORD) {
-                cfg.resp_password = Some(p);
+                cfg.resp_password = Some(p.into());
             }
             if let Some(v) = idle_timeout {
                 cfg.idle_timeout_secs = v;

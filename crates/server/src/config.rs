@@ -28,6 +28,37 @@ pub const RESP_PASSWORD_BYTES_MAX: usize = 512;
 /// which every user of the host can read in `/proc/PID/cmdline`).
 pub const ENV_RESP_PASSWORD: &str = "FABRICKV_RESP_PASSWORD";
 
+/// A RESP password: its `Debug` never shows it, so a configuration can
+/// be logged whole.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RespPassword(String);
+
+impl std::fmt::Debug for RespPassword {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RespPassword(<redacted>)")
+    }
+}
+
+impl std::ops::Deref for RespPassword {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for RespPassword {
+    fn from(s: String) -> RespPassword {
+        RespPassword(s)
+    }
+}
+
+impl From<&str> for RespPassword {
+    fn from(s: &str) -> RespPassword {
+        RespPassword(s.to_string())
+    }
+}
+
 /// Reads the RESP password from `path`: the file's text, less one trailing
 /// line end (as `echo` leaves it).
 pub fn read_resp_password(path: &std::path::Path) -> Result<String, String> {
@@ -125,8 +156,9 @@ pub struct ServerConfig {
     /// TCP); `None` leaves it off.
     pub resp: Option<String>,
     /// Password RESP clients must give with AUTH before any other command
-    /// (Redis's `requirepass`); `None` lets every client in.
-    pub resp_password: Option<String>,
+    /// (Redis's `requirepass`); `None` lets every client in (or, with a
+    /// cluster secret, asks for that).
+    pub resp_password: Option<RespPassword>,
     /// The embedding parameter server: pool size, DRAM knobs, tables.
     pub ps: crate::ps::PsConfig,
     /// The KV-cache service: pool, eviction, gRPC control plane.
@@ -237,7 +269,7 @@ impl ServerConfig {
         }
         c.resp = f.resp;
         if let Some(path) = f.resp_password_file {
-            c.resp_password = Some(read_resp_password(&path)?);
+            c.resp_password = Some(read_resp_password(&path)?.into());
         }
         for t in f.tables.unwrap_or_default() {
             c.ps.tables.push(fabrickv_wire::ps::TableSpec::parse(&t)?);
@@ -473,7 +505,7 @@ mod tests {
             .contains("per worker"));
         c.memory_bytes = 64 << 20;
         assert!(c.validate().is_ok());
-        c.resp_password = Some(String::new());
+        c.resp_password = Some(String::new().into());
         assert!(c.validate().is_err(), "an empty password is refused");
     }
 
@@ -567,5 +599,20 @@ mod tests {
         c.resp_idle_timeout_secs = 0;
         c.idle_timeout_secs = IDLE_TIMEOUT_SECS_MAX + 1;
         assert!(c.validate().expect_err("too long").contains("idle timeout"));
+    }
+
+    #[test]
+    fn a_config_logged_whole_shows_no_password() {
+        let c = ServerConfig {
+            resp_password: Some("hunter2-the-password".into()),
+            auth: fabrickv_auth::Secret::from_bytes(b"the cluster secret here", "t").ok(),
+            ..ServerConfig::default()
+        };
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("cluster secret"),
+            "{shown}"
+        );
+        assert_eq!(c.resp_password.as_deref(), Some("hunter2-the-password"));
     }
 }

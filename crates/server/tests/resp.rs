@@ -18,7 +18,7 @@ use fabrickv_server::Mode;
 fn server(t: Transport, password: Option<&str>) -> TestServer {
     TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, |c| {
         c.resp = Some("127.0.0.1:0".into());
-        c.resp_password = password.map(str::to_string);
+        c.resp_password = password.map(Into::into);
     })
 }
 
