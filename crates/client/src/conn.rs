@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use fabrickv_rpc::worker::Turns;
 use fabrickv_rpc::{RpcError, Sessions};
-use fabrickv_transport::Endpoint;
+use fabrickv_transport::{Dial, Endpoint};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::control::{decode_error, decode_hello_reply, encode_hello, ServerInfo};
 use fabrickv_wire::{decode_frame, Frame, FrameKind};
@@ -82,13 +82,11 @@ fn hello(ep: &mut dyn Endpoint, timeout: Duration) -> Result<ServerInfo> {
     }
 }
 
-/// Connects to worker 0 of `addr` and asks the server's shape (HELLO).
-pub(crate) fn connect_hello(
-    addr: &str,
-    timeout: Duration,
-) -> Result<(Box<dyn Endpoint>, ServerInfo)> {
-    let mut ep = fabrickv_transport::connect(addr, 0, timeout)?;
-    let info = hello(&mut *ep, timeout)?;
+/// Connects to worker 0 of `addr` as `dial` says and asks the server's
+/// shape (HELLO).
+pub(crate) fn connect_hello(addr: &str, dial: &Dial) -> Result<(Box<dyn Endpoint>, ServerInfo)> {
+    let mut ep = fabrickv_transport::connect_with(addr, 0, dial)?;
+    let info = hello(&mut *ep, dial.timeout)?;
     Ok((ep, info))
 }
 
@@ -98,23 +96,26 @@ pub(crate) fn connect_hello(
 /// one process so spread round robin.
 pub(crate) fn connect_in_turn(
     addr: &str,
-    timeout: Duration,
+    dial: &Dial,
     turns: &Turns,
     offset: usize,
 ) -> Result<(Box<dyn Endpoint>, u16)> {
-    let (first, info) = connect_hello(addr, timeout)?;
+    let (first, info) = connect_hello(addr, dial)?;
     let worker = turns.next_offset(info.workers, offset);
     if worker == 0 {
         return Ok((first, 0));
     }
-    Ok((fabrickv_transport::connect(addr, worker, timeout)?, worker))
+    Ok((
+        fabrickv_transport::connect_with(addr, worker, dial)?,
+        worker,
+    ))
 }
 
 /// How many workers the server at `addr` runs (asked of worker 0): what a
 /// caller placing its threads with `connect_worker` (`PsClient`,
 /// `CacheClient`) divides by.
 pub fn server_workers(addr: &str, timeout: Duration) -> Result<u16> {
-    Ok(connect_hello(addr, timeout)?.1.workers)
+    Ok(connect_hello(addr, &Dial::new(timeout)?)?.1.workers)
 }
 
 /// Decodes a control reply with `f`, or the server's refusal.

@@ -163,8 +163,8 @@ impl Client {
 
     /// Connects with a timeout for connecting and for each call.
     pub fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<Client> {
-        let (first, info) = conn::connect_hello(addr, timeout)?;
         let dial = fabrickv_transport::Dial::new(timeout)?;
+        let (first, info) = conn::connect_hello(addr, &dial)?;
         let mut sessions = vec![Session::new(first, 0)];
         for w in 1..info.workers {
             sessions.push(Session::new(

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use fabrickv_rpc::worker::Turns;
 use fabrickv_rpc::{InFlight, Sessions};
-use fabrickv_transport::Endpoint;
+use fabrickv_transport::{Dial, Endpoint};
 use fabrickv_types::limits::{FRAME_BODY_BYTES_MAX, SHARD_NAME_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::shard::{decode_reply, ShardOp};
@@ -70,13 +70,9 @@ impl ShardClient {
     /// that is the one).
     pub fn connect(addr: &str, timeout: Duration) -> Result<ShardClient> {
         let pid = std::process::id() as usize;
-        let (ep, worker) = crate::conn::connect_in_turn(addr, timeout, &TURNS, pid)?;
-        let mut c = ShardClient::on(ep, worker, timeout);
-        // A connection the server closed while quiet is dialled again.
-        c.sessions
-            .session(0)
-            .set_redial(addr, fabrickv_transport::Dial::new(timeout)?);
-        Ok(c)
+        let dial = Dial::new(timeout)?;
+        let (ep, worker) = crate::conn::connect_in_turn(addr, &dial, &TURNS, pid)?;
+        Ok(ShardClient::on(ep, worker, addr, dial))
     }
 
     /// Connects to worker `worker` of the server at `addr`, whatever the
@@ -84,18 +80,17 @@ impl ShardClient {
     /// server does not have is refused at the handshake (`UNAVAILABLE`,
     /// with the server's worker count in the message).
     pub fn connect_worker(addr: &str, worker: u16, timeout: Duration) -> Result<ShardClient> {
-        let dial = fabrickv_transport::Dial::new(timeout)?;
+        let dial = Dial::new(timeout)?;
         let ep = fabrickv_transport::connect_with(addr, worker, &dial)?;
-        let mut c = ShardClient::on(ep, worker, timeout);
-        // A connection the server closed while quiet is dialled again.
-        c.sessions.session(0).set_redial(addr, dial);
-        Ok(c)
+        Ok(ShardClient::on(ep, worker, addr, dial))
     }
 
-    fn on(ep: Box<dyn Endpoint>, worker: u16, timeout: Duration) -> ShardClient {
-        ShardClient {
-            sessions: Sessions::one(ep, worker, CONN_REQUESTS_IN_FLIGHT_MAX, timeout),
-        }
+    /// A client over `ep`, connected to `worker` of `addr` as `dial`
+    /// said; a connection the server closed while quiet is dialled again.
+    fn on(ep: Box<dyn Endpoint>, worker: u16, addr: &str, dial: Dial) -> ShardClient {
+        let mut sessions = Sessions::one(ep, worker, CONN_REQUESTS_IN_FLIGHT_MAX, dial.timeout);
+        sessions.session(0).set_redial(addr, dial);
+        ShardClient { sessions }
     }
 
     /// The server worker this client's requests run on.

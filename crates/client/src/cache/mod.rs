@@ -156,7 +156,12 @@ impl CacheClient {
     /// Connects with `opts`. Clients of one process spread over the
     /// server's workers, round robin.
     pub fn connect_with(addr: &str, opts: CacheClientOptions) -> Result<CacheClient> {
-        let (ep, worker) = crate::conn::connect_in_turn(addr, opts.timeout, &TURNS, 0)?;
+        let (ep, worker) = crate::conn::connect_in_turn(
+            addr,
+            &fabrickv_transport::Dial::new(opts.timeout)?,
+            &TURNS,
+            0,
+        )?;
         CacheClient::on_endpoint(ep, worker, opts)
     }
 

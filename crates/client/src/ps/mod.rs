@@ -164,7 +164,12 @@ impl PsClient {
     /// Connects with a timeout for connecting and for each call. Clients of
     /// one process spread over the server's workers, round robin.
     pub fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<PsClient> {
-        let (ep, worker) = crate::conn::connect_in_turn(addr, timeout, &TURNS, 0)?;
+        let (ep, worker) = crate::conn::connect_in_turn(
+            addr,
+            &fabrickv_transport::Dial::new(timeout)?,
+            &TURNS,
+            0,
+        )?;
         PsClient::on_endpoint(ep, worker, timeout)
     }
 
