@@ -415,15 +415,18 @@ impl Loop {
     /// unauthenticated one reading as older than any.
     fn serve_board(&mut self) {
         for _ in 0..self.board.take_evictions(self.port) {
-            if let Some((i, _, _)) = self.evictable() {
-                tracing::debug!("closing the longest-idle RESP connection for a newcomer");
-                self.close(i);
-                self.shared
-                    .counters
-                    .evicted_idle
-                    .fetch_add(1, Ordering::Relaxed);
+            match self.evictable() {
+                Some((i, _, _)) => {
+                    tracing::debug!("closing the longest-idle RESP connection for a newcomer");
+                    self.board.evicted();
+                    self.close(i);
+                    self.shared
+                        .counters
+                        .evicted_idle
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                None => self.board.declined(self.port),
             }
-            self.board.evicted();
             self.last_report_ms = 0;
         }
         let now = self.clock.now_ms();

@@ -113,12 +113,34 @@ impl IdleBoard {
         }
     }
 
-    /// One eviction is done (its connection closed, so `open` fell) or
-    /// declined.
+    /// One eviction is about to be done: call it *before* closing the
+    /// connection. Until the close lowers `open`, the victim is still
+    /// counted there, so a newcomer judged in between sees one connection
+    /// too many (and asks for an eviction it does need) instead of the
+    /// victim taken off twice, once from `open` and once from `pending`,
+    /// which would let it in over the cap.
     pub fn evicted(&self) {
         let _ = self
             .pending
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Port `port` was asked for an eviction but holds nothing idle (its
+    /// report was older than its last eviction). Its report is cleared and
+    /// the eviction passes to the port now holding the longest-idle
+    /// connection; only when no port has one is it dropped, so a stale
+    /// report does not let a newcomer in over the cap while another port
+    /// could have made way. Each call clears one report, so passing it on
+    /// ends.
+    pub fn declined(&self, port: usize) {
+        self.report(port, None);
+        match self.oldest() {
+            Some(next) => {
+                self.ports[next].evictions.fetch_add(1, Ordering::AcqRel);
+                self.ports[next].waker.wake();
+            }
+            None => self.evicted(),
+        }
     }
 }
 
@@ -167,18 +189,21 @@ pub trait IdleConns {
             Some((board, me)) => board.take_evictions(*me),
             None => return,
         };
-        let Some((board, _)) = self.idle_board().cloned().filter(|_| asked > 0) else {
+        let Some((board, me)) = self.idle_board().cloned().filter(|_| asked > 0) else {
             return;
         };
         for _ in 0..asked {
             let oldest = (0..self.slots())
                 .filter_map(|s| Some((s, self.slot_idle_since(s)?)))
                 .min_by_key(|&(_, t)| t);
-            if let Some((slot, _)) = oldest {
-                tracing::debug!("closing the longest-idle connection for a new one");
-                self.close_for_idleness(slot);
+            match oldest {
+                Some((slot, _)) => {
+                    tracing::debug!("closing the longest-idle connection for a new one");
+                    board.evicted();
+                    self.close_for_idleness(slot);
+                }
+                None => board.declined(me),
             }
-            board.evicted();
         }
     }
 
@@ -231,5 +256,22 @@ mod tests {
         board.report(0, None);
         board.report(1, None);
         assert_eq!(board.fits(5, 5), 5, "no idle connection left");
+    }
+
+    #[test]
+    fn a_declined_eviction_passes_to_the_next_idle_port_or_is_dropped() {
+        let board = IdleBoard::new(vec![Waker::new(|| {}), Waker::new(|| {})]);
+        let now = Instant::now();
+        board.report(0, Some(now));
+        board.report(1, Some(now + Duration::from_millis(10)));
+        board.make_room(5, 5);
+        assert_eq!(board.take_evictions(0), 1, "the oldest port is asked");
+        board.declined(0);
+        assert_eq!(board.take_evictions(0), 0, "not asked again");
+        assert_eq!(board.take_evictions(1), 1, "passed to the other port");
+        assert_eq!(board.fits(5, 5), 4, "still under way: counts as room");
+        board.declined(1);
+        assert_eq!(board.take_evictions(0) + board.take_evictions(1), 0);
+        assert_eq!(board.fits(6, 5), 6, "dropped: nothing idle anywhere");
     }
 }
