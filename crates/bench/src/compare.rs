@@ -27,6 +27,7 @@ use crate::cpu::CpuMeter;
 use crate::keys::{check_value, fill_value};
 use crate::kv::{self, KvOpts};
 use crate::memcache::{self, key_of, McOp, McOpts};
+use crate::paced::{self, PacedOpts};
 use crate::peers::{self, free_port, pinned, spawn_server, spawn_until, Child};
 use crate::report::{print_table, BenchResult};
 
@@ -42,6 +43,9 @@ const CALIBRATION_REQUESTS: u64 = 20_000;
 
 /// Largest request count given to redis-benchmark.
 const REDIS_BENCHMARK_REQUESTS_MAX: u64 = 500_000_000;
+
+/// The paced case has its own generator and runs on RESP servers only.
+const PACED_ONLY_RESP: &str = "the paced case runs on RESP servers, with its own generator";
 
 /// A system under comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +106,10 @@ pub enum Workload {
     Set(usize),
     /// Multi-gets of this many keys, one outstanding per connection.
     Mget(usize),
+    /// GETs offered at a fixed rate (per second) that leaves the server
+    /// partly idle: its CPU per operation when not saturated
+    /// ([`crate::paced`]).
+    Paced(u64),
 }
 
 impl Workload {
@@ -111,6 +119,7 @@ impl Workload {
             Workload::Get(p) => format!("GET P{p}"),
             Workload::Set(p) => format!("SET P{p}"),
             Workload::Mget(n) => format!("MGET {n}"),
+            Workload::Paced(_) => "GET paced".into(),
         }
     }
 
@@ -143,6 +152,10 @@ pub struct CompareOpts {
     pub conns: usize,
     /// Measured time per case.
     pub duration: Duration,
+    /// GETs per second of the paced case on RESP servers: `Some(0.0)`
+    /// for half of Redis's GET P1 rate measured in the same run (or of
+    /// the server's own when Redis is not run), `None` for no paced case.
+    pub paced_rate: Option<f64>,
 }
 
 impl CompareOpts {
@@ -194,7 +207,7 @@ pub fn run(opts: &CompareOpts) -> Result<Vec<Row>, String> {
         let mut r = match system {
             System::Redis => {
                 let (server, port) = peers::spawn_redis(Some(&opts.server_cpus))?;
-                resp_system(system, &server, port, opts)?
+                resp_system(system, &server, port, opts, &rows)?
             }
             System::FabricResp => {
                 let port = free_port()?;
@@ -202,7 +215,7 @@ pub fn run(opts: &CompareOpts) -> Result<Vec<Row>, String> {
                 cmd.args(["--listen", "127.0.0.1:0", "--resp"])
                     .arg(format!("127.0.0.1:{port}"));
                 let server = spawn_server(cmd, "fabrickv", port)?;
-                resp_system(system, &server, port, opts)?
+                resp_system(system, &server, port, opts, &rows)?
             }
             System::Memcached => memcached_system(opts)?,
             System::FabricTcp => {
@@ -254,11 +267,14 @@ where
     Ok((r, meter.elapsed_cpu_s()?))
 }
 
+/// Every workload on one RESP server (`before`: the rows of the systems
+/// measured earlier in the run, where the paced case finds Redis's rate).
 fn resp_system(
     system: System,
     server: &Child,
     port: u16,
     opts: &CompareOpts,
+    before: &[Row],
 ) -> Result<Vec<Row>, String> {
     resp_preload(port, opts.keys, opts.value_size)?;
     let mut rows = Vec::new();
@@ -270,6 +286,39 @@ fn resp_system(
             result,
             server_cpu_s: cpu,
         });
+    }
+    if let Some(rate) = opts.paced_rate {
+        let get_p1 = |rows: &[Row], s: System| {
+            rows.iter()
+                .find(|r| r.system == s && r.workload == Workload::Get(1))
+                .map(|r| r.result.ops_per_s)
+        };
+        let rate = if rate > 0.0 {
+            Some(rate)
+        } else {
+            get_p1(before, System::Redis)
+                .or_else(|| get_p1(&rows, system))
+                .map(|r| r / 2.0)
+        };
+        if let Some(rate) = rate {
+            let po = PacedOpts {
+                port,
+                rate,
+                keys: opts.keys,
+                value_size: opts.value_size,
+                duration: opts.duration,
+            };
+            let (mut result, cpu) = measure(server.pid(), || paced::run(&po))?;
+            result.case = "GET paced".into();
+            result.system = system.name().into();
+            result.params["server_busy"] = (cpu / result.seconds.max(1e-9)).into();
+            rows.push(Row {
+                workload: Workload::Paced(rate as u64),
+                system,
+                result,
+                server_cpu_s: cpu,
+            });
+        }
     }
     Ok(rows)
 }
@@ -296,6 +345,7 @@ fn redis_benchmark_case(
             args.extend(["-P".into(), "1".into(), "MGET".into()]);
             args.extend((0..n).map(|_| "key:__rand_int__".to_string()));
         }
+        Workload::Paced(_) => return Err(PACED_ONLY_RESP.into()),
     }
     let cpu = opts.client_cpu.to_string();
     let with_n = |n: u64| {
@@ -344,6 +394,7 @@ fn memcached_system(opts: &CompareOpts) -> Result<Vec<Row>, String> {
             Workload::Get(p) => (McOp::Get, p),
             Workload::Set(p) => (McOp::Set, p),
             Workload::Mget(n) => (McOp::MultiGet(n), 1),
+            Workload::Paced(_) => return Err(PACED_ONLY_RESP.into()),
         };
         let mo = McOpts {
             addr: addr.clone(),
@@ -396,6 +447,7 @@ fn native_system(system: System, addr: &str, opts: &CompareOpts) -> Result<Vec<R
             Workload::Get(p) => (p, 100),
             Workload::Set(p) => (p, 0),
             Workload::Mget(n) => (n, 100),
+            Workload::Paced(_) => return Err(PACED_ONLY_RESP.into()),
         };
         let o = KvOpts {
             batch,
@@ -537,18 +589,26 @@ pub fn print(opts: &CompareOpts, rows: &[Row]) {
         "x redis/CPU",
     ];
     let mut table = Vec::new();
-    for w in opts.workloads() {
+    // In the order first measured; a paced case is one row per system
+    // whatever rate each was offered.
+    let mut cases: Vec<String> = Vec::new();
+    for r in rows {
+        if !cases.contains(&r.workload.name()) {
+            cases.push(r.workload.name());
+        }
+    }
+    for w in cases {
         let redis = rows
             .iter()
-            .find(|r| r.workload == w && r.system == System::Redis);
-        for r in rows.iter().filter(|r| r.workload == w) {
+            .find(|r| r.workload.name() == w && r.system == System::Redis);
+        for r in rows.iter().filter(|r| r.workload.name() == w) {
             let vs = |f: fn(&Row) -> f64| {
                 redis.map_or("-".to_string(), |b| {
                     format!("{:.2}", f(r) / f(b).max(1e-12))
                 })
             };
             table.push(vec![
-                w.name(),
+                w.clone(),
                 r.system.name().to_string(),
                 format!("{:.3}", r.result.ops_per_s / 1e6),
                 format!("{:.1}us", r.result.p50_us),
@@ -571,7 +631,7 @@ pub fn json(rows: &[Row], r: &Row) -> String {
     result.params["ops_per_cpu_s"] = r.ops_per_cpu_s().into();
     if let Some(b) = rows
         .iter()
-        .find(|b| b.workload == r.workload && b.system == System::Redis)
+        .find(|b| b.workload.name() == r.workload.name() && b.system == System::Redis)
     {
         result.params["vs_redis_throughput"] = (r.result.ops_per_s / b.result.ops_per_s).into();
         result.params["vs_redis_per_cpu"] = (r.ops_per_cpu_s() / b.ops_per_cpu_s()).into();

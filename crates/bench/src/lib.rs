@@ -52,6 +52,7 @@ pub mod keys;
 pub mod kv;
 pub mod limits;
 pub mod memcache;
+pub mod paced;
 pub mod peers;
 pub mod pipe;
 pub mod plot;

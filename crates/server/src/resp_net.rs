@@ -28,6 +28,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use fabrickv_resp::limits::RESP_COMMAND_BYTES_MAX;
 use fabrickv_transport::idle::IdleBoard;
+use fabrickv_transport::spin::SpinPolicy;
 
 use crate::resp::{RespSession, RespShared};
 use crate::service::Clock;
@@ -47,11 +48,13 @@ pub const RESP_INPUT_BYTES_MAX: usize = RESP_COMMAND_BYTES_MAX + RESP_READ_CHUNK
 /// large value does not pin memory to an idle connection.
 pub const RESP_IDLE_BUFFER_BYTES_MAX: usize = 64 << 10;
 
-/// How long a loop keeps polling without blocking after its last event,
-/// in microseconds. A busy client's next request usually arrives within
-/// it, and finding it by polling spares the client the cost of waking this
-/// thread (an inter-processor interrupt, dear on a virtual machine, which
-/// the sending CPU pays). An idle server blocks after this long.
+/// How long a busy loop keeps polling without blocking after its last
+/// event, in microseconds. A busy client's next request usually arrives
+/// within it, and finding it by polling spares the client the cost of
+/// waking this thread (an inter-processor interrupt, dear on a virtual
+/// machine, which the sending CPU pays). Only a loop near saturation polls
+/// (see [`fabrickv_transport::spin`]); one at half load blocks at once, as
+/// Redis does, so its CPU per operation is not spent polling.
 pub const RESP_IDLE_SPIN_US: u64 = 50;
 
 /// How often a loop looks for idle connections, in milliseconds: the idle
@@ -220,9 +223,9 @@ impl Loop {
         let mut events = Events::with_capacity(EVENTS_PER_POLL);
         let mut ready: Vec<usize> = Vec::with_capacity(EVENTS_PER_POLL);
         let mut last_event = Instant::now();
-        let spin = Duration::from_micros(RESP_IDLE_SPIN_US);
+        let mut spin = SpinPolicy::new(Duration::from_micros(RESP_IDLE_SPIN_US));
         while !stop.load(Ordering::Acquire) {
-            let mut timeout = if last_event.elapsed() < spin {
+            let mut timeout = if spin.poll_now(last_event.elapsed()) {
                 Duration::ZERO
             } else {
                 Duration::from_millis(POLL_TIMEOUT_MS)
@@ -284,6 +287,7 @@ impl Loop {
                     Drive::Held(until) => self.park(i, until),
                 }
             }
+            spin.busy(last_event, Instant::now());
         }
         for i in 0..self.conns.len() {
             if self.conns[i].is_some() {

@@ -39,6 +39,11 @@ pub struct CompareArgs {
     /// Measured seconds per case.
     #[arg(long, default_value_t = 5.0)]
     duration: f64,
+    /// GETs per second offered in the paced case (RESP servers): the CPU
+    /// each server spends per operation when not saturated. 0: half of
+    /// Redis's GET P1 rate measured in the same run; negative: no paced case.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    paced_rate: f64,
     /// Print one JSON object per result as well as the table.
     #[arg(long)]
     json: bool,
@@ -61,6 +66,7 @@ pub fn run(a: CompareArgs) -> Result<(), String> {
         mget: a.mget,
         conns: a.conns,
         duration,
+        paced_rate: (a.paced_rate >= 0.0).then_some(a.paced_rate),
     };
     let rows = compare::run(&opts)?;
     compare::print(&opts, &rows);
