@@ -49,9 +49,13 @@ mod args;
 mod conn;
 mod exec;
 mod expiry;
+mod glob;
+mod keyspace;
 mod shard_db;
 mod strings;
+mod strings2;
 mod table;
+mod txn;
 
 /// Reply bytes a connection may have waiting before it stops executing
 /// commands until the client reads them (backpressure), in bytes.
@@ -188,6 +192,13 @@ impl RespShared {
     }
 }
 
+/// The wall clock as Unix milliseconds (0 if it reads before 1970).
+fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// What one call to [`RespSession::process`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Processed {
@@ -245,6 +256,9 @@ impl RespSession {
             shared,
             held: None,
             now_ms,
+            unix_ms: unix_now_ms(),
+            many: Vec::new(),
+            in_exec: false,
         };
         let mut done = Processed {
             consumed: 0,
