@@ -93,3 +93,71 @@ impl<S: Storage> Core<S> {
         self.versions.get(hash)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::testutil::{both_modes, h, small};
+    use crate::{PutCond, PutResult};
+
+    #[test]
+    fn scan_visits_every_live_key_once_and_flush_empties() {
+        for mode in both_modes() {
+            let mut p = small(mode);
+            for i in 0..100u32 {
+                let k = i.to_le_bytes();
+                let exp = if i < 10 { 5 } else { 0 };
+                assert_eq!(
+                    p.put(h(&k), &k, b"v", exp, PutCond::Always, 0),
+                    PutResult::Stored
+                );
+            }
+            let mut seen = Vec::new();
+            for b in 0..=p.index_buckets() {
+                p.scan_bucket(b, 5, &mut |k, v, _| {
+                    assert_eq!(v, b"v");
+                    seen.push(k.to_vec());
+                });
+            }
+            seen.sort();
+            seen.dedup();
+            assert_eq!(seen.len(), 90, "expired keys are skipped");
+            assert_eq!(p.flush(5), 90);
+            assert_eq!(p.stats().items, 0);
+            p.check();
+        }
+    }
+
+    #[test]
+    fn every_change_moves_the_key_version() {
+        for mode in both_modes() {
+            let mut p = small(mode);
+            let k = b"watched";
+            let mut last = p.key_version(h(k));
+            let mut moved = |p: &crate::Partition, what: &str| {
+                let v = p.key_version(h(k));
+                assert_ne!(v, last, "{what} moves the version");
+                last = v;
+            };
+            assert_eq!(
+                p.put(h(k), k, b"1", 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            moved(&p, "put");
+            assert!(p.set_expiry(h(k), k, 10, 0));
+            moved(&p, "expire");
+            let _ = p.get(h(k), k, 10);
+            moved(&p, "expiry reclaimed");
+            assert_eq!(
+                p.put(h(k), k, b"2", 0, PutCond::Always, 10),
+                PutResult::Stored
+            );
+            moved(&p, "put again");
+            let _ = p.delete(h(k), k, 10);
+            moved(&p, "delete");
+            let other = b"other";
+            let before = p.key_version(h(k));
+            let _ = p.get(h(other), other, 10);
+            assert_eq!(p.key_version(h(k)), before, "a read changes nothing");
+        }
+    }
+}
