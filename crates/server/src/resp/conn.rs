@@ -129,7 +129,11 @@ impl ConnState {
                 None => resp::error(out, NOT_INTEGER),
             },
             Cmd::Dbsize => resp::integer(out, ex.items() as i64),
-            Cmd::Info => info(ex.shared, a, out),
+            Cmd::Info => {
+                // INFO locks every partition in turn for its counters.
+                ex.held = None;
+                info(ex.shared, a, out)
+            }
             Cmd::Config => config(ex.shared, a, out),
             Cmd::Command => command_info(a, out),
             Cmd::Client => self.client(a, out),

@@ -630,3 +630,14 @@ fn a_reader_never_sees_half_an_exec() {
         reader.join().expect("reader");
     });
 }
+
+#[test]
+fn info_and_dbsize_after_a_write_in_one_pipeline() {
+    let mut c = Conn::new(2);
+    let mut input = cmd(&[b"SET", b"k", b"v"]);
+    input.extend_from_slice(&cmd(&[b"INFO", b"keyspace"]));
+    input.extend_from_slice(&cmd(&[b"SET", b"k2", b"v"]));
+    input.extend_from_slice(&cmd(&[b"DBSIZE"]));
+    let (r, _) = c.feed(&input);
+    assert!(r.ends_with(":2\r\n"), "{r}");
+}
