@@ -201,13 +201,39 @@ impl ConnState {
 }
 
 /// Whether `id` is one of the commands that only the in-memory kv
-/// (database 0) answers: those added beside the first ones, other than
-/// the transaction commands.
+/// (database 0) answers; on a shard database they are refused.
 fn kv_only(id: Cmd) -> bool {
-    !matches!(
+    matches!(
         id,
-        Cmd::Multi | Cmd::Exec | Cmd::Discard | Cmd::Watch | Cmd::Unwatch
-    ) && (id as usize) > (Cmd::Quit as usize)
+        Cmd::Flushdb
+            | Cmd::Flushall
+            | Cmd::Setex
+            | Cmd::Psetex
+            | Cmd::Setnx
+            | Cmd::Msetnx
+            | Cmd::Getex
+            | Cmd::Getdel
+            | Cmd::Getset
+            | Cmd::Append
+            | Cmd::Getrange
+            | Cmd::Substr
+            | Cmd::Setrange
+            | Cmd::Incrbyfloat
+            | Cmd::Lcs
+            | Cmd::Expireat
+            | Cmd::Pexpireat
+            | Cmd::Expiretime
+            | Cmd::Pexpiretime
+            | Cmd::Touch
+            | Cmd::Unlink
+            | Cmd::Type
+            | Cmd::Rename
+            | Cmd::Renamenx
+            | Cmd::Copy
+            | Cmd::Keys
+            | Cmd::Scan
+            | Cmd::Randomkey
+    )
 }
 
 /// Whether the connection goes on after a command.
