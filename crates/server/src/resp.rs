@@ -59,6 +59,7 @@ mod strings;
 mod strings2;
 mod table;
 mod txn;
+mod txn_state;
 
 /// Reply bytes a connection may have waiting before it stops executing
 /// commands until the client reads them (backpressure), in bytes.

@@ -9,7 +9,7 @@ use super::admin::{command_info, config, info};
 use super::args::{int_arg, Args, NOT_INTEGER};
 use super::exec::Exec;
 use super::table::{lookup, lower, Cmd, COMMAND_NAME_BYTES_MAX};
-use super::txn::{Txn, Watched};
+use super::txn_state::{Txn, Watched};
 use super::{shard_db, RespShared};
 
 /// Longest argument quoted back in an "unknown command" error, in bytes.

@@ -27,6 +27,7 @@ use super::args::{storable_key, Args};
 use super::conn::{After, ConnState};
 use super::exec::Exec;
 use super::table::{Cmd, Spec};
+use super::txn_state::{Txn, Watched};
 
 /// Most commands one transaction may queue; one more discards it.
 pub(super) const TXN_QUEUED_COMMANDS_MAX: usize = 100_000;
@@ -37,26 +38,6 @@ pub(super) const TXN_QUEUED_BYTES_MAX: usize = 64 << 20;
 
 /// Most keys one connection may watch at once; more are refused.
 pub(super) const WATCHED_KEYS_MAX: usize = 10_000;
-
-/// A transaction being queued.
-#[derive(Default)]
-pub(super) struct Txn {
-    /// The queued commands' bytes, one after another, as received.
-    queued: Vec<u8>,
-    /// How many commands `queued` holds.
-    count: usize,
-    /// A queue-time error was answered: EXEC must refuse.
-    dirty: bool,
-}
-
-/// A watched key as WATCH saw it.
-pub(super) struct Watched {
-    part: usize,
-    hash: KeyHash,
-    version: u64,
-    /// The key's expiry time then (engine ms; 0 none or absent).
-    expire_at_ms: u64,
-}
 
 impl ConnState {
     /// Marks the open transaction (if any) as failed at queue time.
@@ -158,7 +139,8 @@ impl ConnState {
             let hash = KeyHash::of(key);
             let part = ex.shared.parts.index_of(hash);
             let p = ex.part_at(part);
-            let version = p.key_version(hash);
+            // Looked up first: a lookup that reclaims an expired copy
+            // bumps the counter, and the watch starts after that.
             let expire_at_ms = if storable_key(key) {
                 match p.get(hash, key, now) {
                     GetResult::Found { expire_at_ms, .. } => expire_at_ms,
@@ -167,9 +149,7 @@ impl ConnState {
             } else {
                 0
             };
-            // A lookup that reclaimed an expired copy bumped the counter:
-            // read it again so the key's own watch starts after that.
-            let version = version.max(p.key_version(hash));
+            let version = p.key_version(hash);
             self.watched.push(Watched {
                 part,
                 hash,
