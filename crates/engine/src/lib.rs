@@ -19,6 +19,8 @@
 //!   operations.
 //! - `get`, `put`, `delete`, `expire`, `sweep`: one file per operation,
 //!   each returning a small result enum.
+//! - `scan`: walking one main bucket's chain (SCAN, KEYS) and FLUSHDB.
+//! - `watch`: the per-partition modification counters behind WATCH.
 //! - `stats`: the counters.
 //!
 //! [`Partition`] itself only validates its configuration and dispatches to

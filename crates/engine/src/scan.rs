@@ -160,4 +160,29 @@ mod tests {
             assert_eq!(p.key_version(h(k)), before, "a read changes nothing");
         }
     }
+
+    #[test]
+    fn an_eviction_moves_the_key_version() {
+        let mut p = small(crate::Mode::Cache);
+        let k = b"first";
+        assert_eq!(
+            p.put(h(k), k, b"v", 0, PutCond::Always, 0),
+            PutResult::Stored
+        );
+        let before = p.key_version(h(k));
+        // Write until the log comes round over the first item.
+        let big = vec![7u8; 4000];
+        for i in 0..10_000u32 {
+            let key = i.to_le_bytes();
+            assert_eq!(
+                p.put(h(&key), &key, &big, 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            if p.stats().evictions > 0 && p.get(h(k), k, 0) == crate::GetResult::NotFound {
+                break;
+            }
+        }
+        assert_eq!(p.get(h(k), k, 0), crate::GetResult::NotFound, "evicted");
+        assert_ne!(p.key_version(h(k)), before);
+    }
 }
