@@ -96,11 +96,12 @@ impl<'a> Exec<'a> {
             }
         }
         let count = want.iter().filter(|&&w| w).count();
-        self.held = None;
         self.many.clear();
         if count <= 1 {
+            // One partition: the ordinary lock, kept across the run.
             return;
         }
+        self.held = None;
         self.many.resize_with(n, || None);
         for (i, w) in want.iter().enumerate() {
             if *w {
@@ -109,15 +110,25 @@ impl<'a> Exec<'a> {
         }
     }
 
-    /// [`Exec::lock_many`] for the partitions of `keys`.
-    pub(super) fn lock_keys<'k>(&mut self, keys: impl Iterator<Item = &'k [u8]>) {
+    /// [`Exec::lock_many`] for the partitions of `keys`; keys of one
+    /// partition (the common case) allocate nothing and keep the lock the
+    /// run holds.
+    pub(super) fn lock_keys<'k>(&mut self, keys: impl Iterator<Item = &'k [u8]> + Clone) {
         if self.in_exec {
             return;
         }
-        let parts: Vec<usize> = keys
-            .map(|k| self.shared.parts.index_of(KeyHash::of(k)))
-            .collect();
-        self.lock_many(&parts);
+        let parts = &self.shared.parts;
+        let mut first = None;
+        let spread = keys.clone().any(|k| {
+            let i = parts.index_of(KeyHash::of(k));
+            *first.get_or_insert(i) != i
+        });
+        if !spread {
+            self.many.clear();
+            return;
+        }
+        let all: Vec<usize> = keys.map(|k| parts.index_of(KeyHash::of(k))).collect();
+        self.lock_many(&all);
     }
 
     /// Releases what [`Exec::lock_many`] took (not while EXEC runs).
