@@ -17,6 +17,7 @@ impl<S: Storage> Core<S> {
     ) -> bool {
         match self.find_live(hash, key, now_ms) {
             Some(hit) => {
+                self.versions.bump(hash);
                 item::set_expire(self.storage.pool_mut(), hit.pos, expire_at_ms);
                 true
             }

@@ -64,6 +64,8 @@ impl<S: Storage> Core<S> {
         now_ms: u64,
     ) -> Option<&mut [u8]> {
         let hit = self.find_live(hash, key, now_ms)?;
+        // The caller writes through the slice: a change for WATCH.
+        self.versions.bump(hash);
         let at = hit.pos + item::ITEM_HEADER_BYTES + usize::from(hit.header.key_len);
         self.storage
             .pool_mut()

@@ -19,6 +19,8 @@
 //!   operations.
 //! - `get`, `put`, `delete`, `expire`, `sweep`: one file per operation,
 //!   each returning a small result enum.
+//! - `scan`: walking one main bucket's chain (SCAN, KEYS) and FLUSHDB.
+//! - `watch`: the per-partition modification counters behind WATCH.
 //! - `stats`: the counters.
 //!
 //! [`Partition`] itself only validates its configuration and dispatches to
@@ -38,8 +40,10 @@ mod log;
 mod partition;
 mod pool;
 mod put;
+mod scan;
 mod stats;
 mod sweep;
+mod watch;
 
 #[cfg(test)]
 mod tests;
@@ -60,7 +64,9 @@ pub use index::{
 pub use item::{is_expired, item_bytes, ITEM_ALIGN_BYTES, ITEM_BYTES_MAX, ITEM_HEADER_BYTES};
 pub use pool::{PoolError, PoolMemory, PoolOptions, HUGE_PAGE_SHIFT};
 pub use put::{PutCond, PutResult};
+pub use scan::ScanVisit;
 pub use stats::PartitionStats;
+pub use watch::WATCH_VERSION_SLOTS;
 
 use alloc::Slab;
 use index::Index;
@@ -354,6 +360,27 @@ impl Partition {
     /// the expired items there. Returns how many it reclaimed.
     pub fn sweep(&mut self, now_ms: u64, max_buckets: usize) -> usize {
         dispatch!(&mut self.inner, core => core.sweep(now_ms, max_buckets))
+    }
+
+    /// Calls `f(key, value, expire_at_ms)` for every item live at `now_ms`
+    /// in main bucket `main` and its overflow chain (SCAN's step; nothing
+    /// when `main` is not below [`Partition::index_buckets`]). Items never
+    /// move between main buckets, so visiting each once sees every key
+    /// present throughout.
+    pub fn scan_bucket(&self, main: usize, now_ms: u64, f: &mut ScanVisit<'_>) {
+        dispatch!(&self.inner, core => core.scan_bucket(main, now_ms, f))
+    }
+
+    /// Removes every item (FLUSHDB); returns how many were live.
+    pub fn flush(&mut self, now_ms: u64) -> usize {
+        dispatch!(&mut self.inner, core => core.flush(now_ms))
+    }
+
+    /// The modification counter of the key of `hash` (WATCH): any change
+    /// to the key since an earlier reading changes it (see
+    /// [`WATCH_VERSION_SLOTS`] for the keys that share one).
+    pub fn key_version(&self, hash: KeyHash) -> u64 {
+        dispatch!(&self.inner, core => core.key_version(hash))
     }
 
     /// The partition's counters.

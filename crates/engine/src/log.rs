@@ -215,7 +215,10 @@ impl Core<Log> {
         let entry = pack(hash.tag(), gone.logical & OFFSET_MASK);
         let main = self.index.main_bucket(hash);
         match self.index.find_entry(main, entry) {
-            Some(at) => self.index.set(at, 0),
+            Some(at) => {
+                self.versions.bump(hash);
+                self.index.set(at, 0);
+            }
             None => debug_assert!(false, "live log item is not indexed"),
         }
         self.stats.items -= 1;

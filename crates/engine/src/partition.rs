@@ -10,6 +10,7 @@ use fabrickv_types::KeyHash;
 use crate::index::{offset_of, tag_of, Index, SlotRef, ITEM_SLOTS_PER_BUCKET};
 use crate::item::{self, Header};
 use crate::stats::PartitionStats;
+use crate::watch::Versions;
 
 /// Where items live: maps index offsets to pool positions and takes back
 /// the space of items that leave the index.
@@ -48,6 +49,8 @@ pub(crate) struct Core<S> {
     pub stats: PartitionStats,
     /// Next main bucket the background sweep visits.
     pub sweep_cursor: usize,
+    /// Modification counters by key hash (WATCH); every change bumps one.
+    pub versions: Versions,
 }
 
 impl<S: Storage> Core<S> {
@@ -61,6 +64,7 @@ impl<S: Storage> Core<S> {
                 ..PartitionStats::default()
             },
             sweep_cursor: 0,
+            versions: Versions::new(),
         }
     }
 
@@ -139,6 +143,7 @@ impl<S: Storage> Core<S> {
     /// Removes an indexed item: clears its slot, gives its space back and
     /// updates `items` and `bytes`. The caller counts the cause.
     pub fn unlink(&mut self, hit: &Hit) {
+        self.versions.bump(KeyHash(hit.header.hash));
         self.index.set(hit.at, 0);
         self.index
             .compact(self.index.main_bucket(KeyHash(hit.header.hash)));

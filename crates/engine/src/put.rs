@@ -127,6 +127,7 @@ impl Core<Log> {
             }
         };
         self.index.set(at, entry);
+        self.versions.bump(hash);
         self.count_stored(key, value);
         PutResult::Stored
     }
@@ -207,6 +208,7 @@ impl Core<Slab> {
                 self.stats.items += 1;
             }
         }
+        self.versions.bump(hash);
         self.stats.puts += 1;
         self.stats.bytes += (key.len() + value.len()) as u64;
         PutResult::Stored

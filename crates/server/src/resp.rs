@@ -12,8 +12,10 @@
 //! A RESP client does not steer keys, so each command takes the lock of the
 //! partition owning its key; a pipelined run of commands on one partition
 //! keeps it for the run (see [`crate::partitions`]). Commands on one key
-//! (SET NX/XX, INCR, EXPIRE) are atomic; MSET and DEL over several keys
-//! are atomic per key, not across keys (unlike Redis).
+//! (SET NX/XX, INCR, EXPIRE) are atomic; a command over keys of several
+//! partitions (MGET, MSET, MSETNX, DEL, RENAME, COPY) takes all their
+//! locks at once, in ascending order, and EXEC takes every partition's,
+//! so these are atomic across partitions as in Redis (see `txn`).
 //!
 //! Database 0 (the default) is the in-memory kv; `SELECT n` for n in
 //! 1..=shards makes the n-th persistent shard (`--shard`, in the order
@@ -24,9 +26,10 @@
 //! this file holds the shared state and the session's parse loop;
 //! `conn` the connection's state and the dispatch of one command; `table`
 //! the command table; `args` a command's arguments and their bounds;
-//! `exec` the partition lock a run of commands holds; `strings` and
-//! `expiry` the kv's commands; `admin` INFO, CONFIG and COMMAND;
-//! `shard_db` the commands on a persistent shard.
+//! `exec` the partition locks a run of commands holds; `strings`,
+//! `strings2`, `expiry` and `keyspace` the kv's commands; `glob` Redis's
+//! patterns; `txn` MULTI, EXEC and WATCH; `admin` INFO, CONFIG and
+//! COMMAND; `shard_db` the commands on a persistent shard.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -49,9 +52,14 @@ mod args;
 mod conn;
 mod exec;
 mod expiry;
+mod glob;
+mod keyspace;
 mod shard_db;
 mod strings;
+mod strings2;
 mod table;
+mod txn;
+mod txn_state;
 
 /// Reply bytes a connection may have waiting before it stops executing
 /// commands until the client reads them (backpressure), in bytes.
@@ -188,6 +196,13 @@ impl RespShared {
     }
 }
 
+/// The wall clock as Unix milliseconds (0 if it reads before 1970).
+fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// What one call to [`RespSession::process`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Processed {
@@ -245,6 +260,9 @@ impl RespSession {
             shared,
             held: None,
             now_ms,
+            unix_ms: unix_now_ms(),
+            many: Vec::new(),
+            in_exec: false,
         };
         let mut done = Processed {
             consumed: 0,

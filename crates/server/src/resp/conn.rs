@@ -9,6 +9,7 @@ use super::admin::{command_info, config, info};
 use super::args::{int_arg, Args, NOT_INTEGER};
 use super::exec::Exec;
 use super::table::{lookup, lower, Cmd, COMMAND_NAME_BYTES_MAX};
+use super::txn_state::{Txn, Watched};
 use super::{shard_db, RespShared};
 
 /// Longest argument quoted back in an "unknown command" error, in bytes.
@@ -26,6 +27,10 @@ pub(super) struct ConnState {
     pub(super) id: u64,
     /// The selected database: 0 the in-memory kv, n the n-th shard.
     pub(super) db: usize,
+    /// The transaction being queued, after MULTI.
+    pub(super) multi: Option<Txn>,
+    /// The keys WATCH recorded, until EXEC, DISCARD or UNWATCH.
+    pub(super) watched: Vec<Watched>,
 }
 
 impl ConnState {
@@ -37,6 +42,8 @@ impl ConnState {
             auth_failures: 0,
             id,
             db: 0,
+            multi: None,
+            watched: Vec::new(),
         }
     }
 
@@ -51,15 +58,30 @@ impl ConnState {
         }
         let argc = a.len();
         let Some(spec) = lookup(name) else {
+            self.txn_error();
             unknown_command(out, a);
             return After::Continue;
         };
         if (spec.arity >= 0 && argc != spec.arity as usize)
             || (spec.arity < 0 && argc < spec.arity.unsigned_abs() as usize)
         {
+            self.txn_error();
             resp::error(
                 out,
                 &format!("ERR wrong number of arguments for '{}' command", spec.name),
+            );
+            return After::Continue;
+        }
+        if let Some(after) = self.txn_gate(ex, spec, a, out) {
+            return after;
+        }
+        if self.db != 0 && kv_only(spec.id) {
+            resp::error(
+                out,
+                &format!(
+                    "ERR {} is not supported on a persistent shard database; SELECT 0 first",
+                    spec.name.to_uppercase()
+                ),
             );
             return After::Continue;
         }
@@ -106,8 +128,12 @@ impl ConnState {
                 Some(_) => resp::error(out, "ERR DB index is out of range"),
                 None => resp::error(out, NOT_INTEGER),
             },
-            Cmd::Dbsize => resp::integer(out, ex.shared.parts.stats().items as i64),
-            Cmd::Info => info(ex.shared, a, out),
+            Cmd::Dbsize => resp::integer(out, ex.items() as i64),
+            Cmd::Info => {
+                // INFO locks every partition in turn for its counters.
+                ex.held = None;
+                info(ex.shared, a, out)
+            }
             Cmd::Config => config(ex.shared, a, out),
             Cmd::Command => command_info(a, out),
             Cmd::Client => self.client(a, out),
@@ -115,6 +141,7 @@ impl ConnState {
                 resp::simple(out, "OK");
                 return After::Close;
             }
+            id => ex.more(id, a, out),
         }
         After::Continue
     }
@@ -171,6 +198,42 @@ impl ConnState {
             ),
         }
     }
+}
+
+/// Whether `id` is one of the commands that only the in-memory kv
+/// (database 0) answers; on a shard database they are refused.
+fn kv_only(id: Cmd) -> bool {
+    matches!(
+        id,
+        Cmd::Flushdb
+            | Cmd::Flushall
+            | Cmd::Setex
+            | Cmd::Psetex
+            | Cmd::Setnx
+            | Cmd::Msetnx
+            | Cmd::Getex
+            | Cmd::Getdel
+            | Cmd::Getset
+            | Cmd::Append
+            | Cmd::Getrange
+            | Cmd::Substr
+            | Cmd::Setrange
+            | Cmd::Incrbyfloat
+            | Cmd::Lcs
+            | Cmd::Expireat
+            | Cmd::Pexpireat
+            | Cmd::Expiretime
+            | Cmd::Pexpiretime
+            | Cmd::Touch
+            | Cmd::Unlink
+            | Cmd::Type
+            | Cmd::Rename
+            | Cmd::Renamenx
+            | Cmd::Copy
+            | Cmd::Keys
+            | Cmd::Scan
+            | Cmd::Randomkey
+    )
 }
 
 /// Whether the connection goes on after a command.

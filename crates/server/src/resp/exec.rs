@@ -32,6 +32,15 @@ pub(super) struct Exec<'a> {
     pub(super) held: Option<(usize, MutexGuard<'a, Partition>)>,
     /// The time of the whole `process` call, in engine milliseconds.
     pub(super) now_ms: u64,
+    /// The same instant as Unix time in milliseconds (EXPIREAT, EXPIRETIME).
+    pub(super) unix_ms: u64,
+    /// Several partitions locked at once (guard `i` is partition `i`'s),
+    /// taken in ascending order: a command over keys of several partitions,
+    /// or EXEC (every partition). Empty otherwise.
+    pub(super) many: Vec<Option<MutexGuard<'a, Partition>>>,
+    /// EXEC is running: every partition is locked in `many` until it ends,
+    /// so the commands it runs neither take nor release locks.
+    pub(super) in_exec: bool,
 }
 
 impl<'a> Exec<'a> {
@@ -39,6 +48,27 @@ impl<'a> Exec<'a> {
     /// when it is the same partition; never holding two).
     pub(super) fn part(&mut self, hash: KeyHash) -> &mut Partition {
         let i = self.shared.parts.index_of(hash);
+        self.part_at(i)
+    }
+
+    /// Partition `i`, locked (see [`Exec::part`]); while several are held
+    /// in `many`, the one there.
+    pub(super) fn part_at(&mut self, i: usize) -> &mut Partition {
+        if !self.many.is_empty() {
+            if !matches!(self.many.get(i), Some(Some(_))) {
+                // Never taken out of order: a command locks every partition
+                // it touches up front. Should one be missed, every lock is
+                // retaken in order rather than risk a deadlock.
+                debug_assert!(false, "partition {i} used without its lock");
+                let all: Vec<usize> = (0..self.shared.parts.len()).collect();
+                self.many.clear();
+                self.lock_many(&all);
+            }
+            match self.many.get_mut(i) {
+                Some(Some(g)) => return g,
+                _ => unreachable!("every partition was just locked"),
+            }
+        }
         if self.held.as_ref().is_none_or(|(h, _)| *h != i) {
             self.held = None;
             self.held = Some((i, self.shared.parts.lock(i)));
@@ -47,6 +77,89 @@ impl<'a> Exec<'a> {
             Some((_, g)) => g,
             None => unreachable!("a lock was just taken"),
         }
+    }
+
+    /// Locks the partitions `parts` (any order, duplicates allowed) all at
+    /// once, in ascending order, dropping any lock held before: a command
+    /// over keys of several partitions runs with all of them held, so no
+    /// other client sees it half done. One partition alone takes the
+    /// ordinary single lock. Nothing changes while EXEC holds them all.
+    pub(super) fn lock_many(&mut self, parts: &[usize]) {
+        if self.in_exec {
+            return;
+        }
+        let n = self.shared.parts.len();
+        let mut want = vec![false; n];
+        for &p in parts {
+            if let Some(w) = want.get_mut(p) {
+                *w = true;
+            }
+        }
+        let count = want.iter().filter(|&&w| w).count();
+        self.many.clear();
+        if count <= 1 {
+            // One partition: the ordinary lock, kept across the run.
+            return;
+        }
+        self.held = None;
+        self.many.resize_with(n, || None);
+        for (i, w) in want.iter().enumerate() {
+            if *w {
+                self.many[i] = Some(self.shared.parts.lock(i));
+            }
+        }
+    }
+
+    /// [`Exec::lock_many`] for the partitions of `keys`; keys of one
+    /// partition (the common case) allocate nothing and keep the lock the
+    /// run holds.
+    pub(super) fn lock_keys<'k>(&mut self, keys: impl Iterator<Item = &'k [u8]> + Clone) {
+        if self.in_exec {
+            return;
+        }
+        let parts = &self.shared.parts;
+        let mut first = None;
+        let spread = keys.clone().any(|k| {
+            let i = parts.index_of(KeyHash::of(k));
+            *first.get_or_insert(i) != i
+        });
+        if !spread {
+            self.many.clear();
+            return;
+        }
+        let all: Vec<usize> = keys.map(|k| parts.index_of(KeyHash::of(k))).collect();
+        self.lock_many(&all);
+    }
+
+    /// Releases what [`Exec::lock_many`] took (not while EXEC runs).
+    pub(super) fn unlock_many(&mut self) {
+        if !self.in_exec {
+            self.many.clear();
+        }
+    }
+
+    /// Locks every partition, in ascending order, for EXEC.
+    pub(super) fn lock_all(&mut self) {
+        let all: Vec<usize> = (0..self.shared.parts.len()).collect();
+        self.held = None;
+        self.many.clear();
+        self.many.resize_with(all.len(), || None);
+        for i in all {
+            self.many[i] = Some(self.shared.parts.lock(i));
+        }
+    }
+
+    /// Items stored, summed over the partitions (DBSIZE), through the
+    /// locks this context holds.
+    pub(super) fn items(&mut self) -> u64 {
+        (0..self.shared.parts.len())
+            .map(|i| self.part_at(i).stats().items)
+            .sum()
+    }
+
+    /// An engine time as Unix milliseconds.
+    pub(super) fn to_unix_ms(&self, engine_ms: u64) -> i64 {
+        (self.unix_ms as i64).saturating_add(engine_ms as i64 - self.now_ms as i64)
     }
 
     /// Both prefetch stages for a run of keys: every bucket, then every

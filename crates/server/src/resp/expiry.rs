@@ -1,72 +1,135 @@
-//! The expiry commands on the in-memory kv: EXPIRE and PEXPIRE (with
-//! NX, XX, GT and LT), PERSIST, TTL and PTTL.
+//! The expiry commands on the in-memory kv: EXPIRE, PEXPIRE, EXPIREAT
+//! and PEXPIREAT (with NX, XX, GT and LT), EXPIRETIME, PEXPIRETIME,
+//! PERSIST, TTL and PTTL.
 
 use fabrickv_engine::{DeleteResult, GetResult};
 use fabrickv_resp::reply as resp;
 use fabrickv_types::KeyHash;
 
-use super::args::{check_key, expiry_at, int_arg, Args, NOT_INTEGER};
+use fabrickv_types::limits::TTL_MS_MAX;
+
+use super::args::{check_key, int_arg, Args, NOT_INTEGER};
 use super::exec::Exec;
 use super::table::{lower, COMMAND_NAME_BYTES_MAX};
 
 impl Exec<'_> {
     /// EXPIRE and PEXPIRE (`unit_ms` 1000 or 1), with NX, XX, GT and LT.
     pub(super) fn expire(&mut self, a: Args<'_>, unit_ms: u64, out: &mut Vec<u8>) {
-        let key = a.get(1);
-        if !check_key(key, out) {
-            return;
+        let name = if unit_ms == 1 { "pexpire" } else { "expire" };
+        self.expire_cmd(a, unit_ms, false, name, out);
+    }
+
+    /// EXPIRE, PEXPIRE, EXPIREAT and PEXPIREAT key time [NX|XX|GT|LT ...],
+    /// as Redis's `expireGenericCommand`: the flags are checked first,
+    /// then the time (in Unix milliseconds, overflow refused with the
+    /// command's `name`), then the key; a time already past deletes it.
+    /// FabricKV also refuses an expiry further ahead than `TTL_MS_MAX`.
+    pub(super) fn expire_cmd(
+        &mut self,
+        a: Args<'_>,
+        unit_ms: u64,
+        absolute: bool,
+        name: &str,
+        out: &mut Vec<u8>,
+    ) {
+        let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+        let mut flag = [0u8; COMMAND_NAME_BYTES_MAX];
+        for i in 3..a.len() {
+            match lower(a.get(i), &mut flag) {
+                b"nx" => nx = true,
+                b"xx" => xx = true,
+                b"gt" => gt = true,
+                b"lt" => lt = true,
+                _ => {
+                    return resp::error(
+                        out,
+                        &format!(
+                            "ERR Unsupported option {}",
+                            String::from_utf8_lossy(a.get(i))
+                        ),
+                    )
+                }
+            }
+        }
+        if nx && (xx || gt || lt) {
+            return resp::error(
+                out,
+                "ERR NX and XX, GT or LT options at the same time are not compatible",
+            );
+        }
+        if gt && lt {
+            return resp::error(
+                out,
+                "ERR GT and LT options at the same time are not compatible",
+            );
         }
         let Ok(n) = int_arg(a.get(2)) else {
             return resp::error(out, NOT_INTEGER);
         };
-        let mut flag = [0u8; COMMAND_NAME_BYTES_MAX];
-        let flag = match a.len() {
-            3 => &b""[..],
-            4 => lower(a.get(3), &mut flag),
-            _ => return resp::error(out, "ERR syntax error"),
-        };
-        if !matches!(flag, b"" | b"nx" | b"xx" | b"gt" | b"lt") {
-            return resp::error(
-                out,
-                &format!(
-                    "ERR Unsupported option {}",
-                    String::from_utf8_lossy(a.get(3))
-                ),
-            );
+        let invalid = format!("ERR invalid expire time in '{name}' command");
+        let unit = unit_ms as i64;
+        if n > i64::MAX / unit || n < i64::MIN / unit {
+            return resp::error(out, &invalid);
+        }
+        let base = if absolute { 0 } else { self.unix_ms as i64 };
+        let rel = n * unit;
+        if rel > i64::MAX - base {
+            return resp::error(out, &invalid);
+        }
+        // The new expiry, in Unix milliseconds.
+        let when = rel + base;
+        let unix_now = self.unix_ms as i64;
+        let expired = when <= unix_now;
+        if !expired && (when - unix_now) as u64 > TTL_MS_MAX {
+            return resp::error(out, &invalid);
+        }
+        let key = a.get(1);
+        if !check_key(key, out) {
+            return;
         }
         let now = self.now_ms;
         let h = KeyHash::of(key);
-        // A time in the past deletes the key, as in Redis.
-        let at = if n <= 0 {
-            None
-        } else {
-            match expiry_at(now, n, unit_ms) {
-                Some(at) => Some(at),
-                None => return resp::error(out, "ERR invalid expire time in 'expire' command"),
-            }
-        };
-        let p = self.part(h);
-        let current = match p.get(h, key, now) {
-            GetResult::Found { expire_at_ms, .. } => expire_at_ms,
+        let current = match self.part(h).get(h, key, now) {
+            GetResult::Found {
+                expire_at_ms: 0, ..
+            } => None,
+            GetResult::Found { expire_at_ms, .. } => Some(self.to_unix_ms(expire_at_ms)),
             GetResult::NotFound => return resp::integer(out, 0),
         };
-        // No TTL counts as an infinite one for GT and LT.
-        let new = at.unwrap_or(now);
-        let allowed = match flag {
-            b"nx" => current == 0,
-            b"xx" => current != 0,
-            b"gt" => current != 0 && new > current,
-            b"lt" => current == 0 || new < current,
-            _ => true,
-        };
-        if !allowed {
+        // No expiry counts as an infinite one for GT and LT.
+        let refused = (nx && current.is_some())
+            || (xx && current.is_none())
+            || (gt && current.is_none_or(|c| when <= c))
+            || (lt && current.is_some_and(|c| when >= c));
+        if refused {
             return resp::integer(out, 0);
         }
-        let applied = match at {
-            Some(at) => p.set_expiry(h, key, at, now),
-            None => p.delete(h, key, now) == DeleteResult::Deleted,
+        let p = self.part(h);
+        let applied = if expired {
+            p.delete(h, key, now) == DeleteResult::Deleted
+        } else {
+            p.set_expiry(h, key, now + (when - unix_now) as u64, now)
         };
         resp::integer(out, i64::from(applied));
+    }
+
+    /// EXPIRETIME and PEXPIRETIME: -2 absent, -1 no expiry, else the Unix
+    /// time it expires at (seconds rounded, or milliseconds).
+    pub(super) fn expiretime(&mut self, key: &[u8], ms: bool, out: &mut Vec<u8>) {
+        if !check_key(key, out) {
+            return;
+        }
+        let now = self.now_ms;
+        let h = KeyHash::of(key);
+        let at = match self.part(h).get(h, key, now) {
+            GetResult::NotFound => return resp::integer(out, -2),
+            GetResult::Found {
+                expire_at_ms: 0, ..
+            } => return resp::integer(out, -1),
+            GetResult::Found { expire_at_ms, .. } => expire_at_ms,
+        };
+        let unix = self.to_unix_ms(at).max(0);
+        resp::integer(out, if ms { unix } else { (unix + 500) / 1000 });
     }
 
     pub(super) fn persist(&mut self, key: &[u8], out: &mut Vec<u8>) {

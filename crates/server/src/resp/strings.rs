@@ -66,16 +66,23 @@ impl Exec<'_> {
                     get_old = true;
                     None
                 }
-                b"ex" if expire.is_none() && !keep_ttl && i + 1 < a.len() => Some(1000),
-                b"px" if expire.is_none() && !keep_ttl && i + 1 < a.len() => Some(1),
+                b"ex" if expire.is_none() && !keep_ttl && i + 1 < a.len() => Some((1000, false)),
+                b"px" if expire.is_none() && !keep_ttl && i + 1 < a.len() => Some((1, false)),
+                b"exat" if expire.is_none() && !keep_ttl && i + 1 < a.len() => Some((1000, true)),
+                b"pxat" if expire.is_none() && !keep_ttl && i + 1 < a.len() => Some((1, true)),
                 _ => return resp::error(out, "ERR syntax error"),
             };
-            if let Some(unit) = unit {
+            if let Some((unit, absolute)) = unit {
                 i += 1;
                 let Ok(n) = int_arg(a.get(i)) else {
                     return resp::error(out, NOT_INTEGER);
                 };
-                match expiry_at(self.now_ms, n, unit) {
+                let at = if absolute {
+                    self.unix_expiry_at(n, unit)
+                } else {
+                    expiry_at(self.now_ms, n, unit)
+                };
+                match at {
                     Some(at) => expire = Some(at),
                     None => return resp::error(out, "ERR invalid expire time in 'set' command"),
                 }
@@ -118,7 +125,15 @@ impl Exec<'_> {
         }
     }
 
+    /// MGET with every key's partition locked together, so that it never
+    /// sees half of a write over several partitions (MSET, EXEC).
     pub(super) fn mget(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+        self.lock_keys((1..a.len()).map(|i| a.get(i)));
+        self.mget_locked(a, out);
+        self.unlock_many();
+    }
+
+    fn mget_locked(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
         let mark = out.len();
         resp::array_header(out, a.len() - 1);
         let now = self.now_ms;
@@ -158,15 +173,22 @@ impl Exec<'_> {
             }
         }
         let now = self.now_ms;
+        self.lock_keys((1..a.len()).step_by(2).map(|i| a.get(i)));
+        let mut refused = None;
         for i in (1..a.len()).step_by(2) {
             let (key, value) = (a.get(i), a.get(i + 1));
             let h = KeyHash::of(key);
             let r = self.part(h).put(h, key, value, 0, PutCond::Always, now);
             if r != PutResult::Stored {
-                return put_error(out, r);
+                refused = Some(r);
+                break;
             }
         }
-        resp::simple(out, "OK");
+        self.unlock_many();
+        match refused {
+            Some(r) => put_error(out, r),
+            None => resp::simple(out, "OK"),
+        }
     }
 
     pub(super) fn del(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
@@ -183,7 +205,8 @@ impl Exec<'_> {
         resp::integer(out, n);
     }
 
-    /// Runs `hit` on each key of arguments 1.. in its partition and counts
+    /// Runs `hit` on each key of arguments 1.., every key's partition
+    /// locked together, and counts
     /// the keys it holds for (DEL's and EXISTS's answer). A key over the
     /// bound cannot be stored, so it counts as absent.
     fn count_keys(
@@ -191,6 +214,7 @@ impl Exec<'_> {
         a: Args<'_>,
         mut hit: impl FnMut(&mut Partition, KeyHash, &[u8], u64) -> bool,
     ) -> i64 {
+        self.lock_keys((1..a.len()).map(|i| a.get(i)));
         let now = self.now_ms;
         let mut n = 0;
         for i in 1..a.len() {
@@ -203,6 +227,7 @@ impl Exec<'_> {
                 n += 1;
             }
         }
+        self.unlock_many();
         n
     }
 

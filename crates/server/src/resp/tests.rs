@@ -615,3 +615,5 @@ fn the_empty_key_is_refused_as_natively() {
     assert_eq!(c.run(&["DEL", ""]), ":0\r\n");
     assert_eq!(c.run(&["DBSIZE"]), ":0\r\n");
 }
+
+mod cmds;

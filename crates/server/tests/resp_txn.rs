@@ -1,0 +1,188 @@
+//! Transactions and the keyspace commands over real sockets: MULTI/EXEC
+//! pipelined as clients send them, WATCH aborted by a native-protocol
+//! writer, an EXEC no concurrent MGET sees half of, and SCAN.
+
+#[allow(unused_macros)]
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::{TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+use fabrickv_client::Kv;
+use fabrickv_server::Mode;
+
+fn server() -> TestServer {
+    TestServer::start_with(Transport::Tcp, 2, Mode::Store, MEMORY_BYTES, |c| {
+        c.resp = Some("127.0.0.1:0".into());
+    })
+}
+
+/// A blocking RESP connection.
+struct Resp {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl Resp {
+    fn connect(s: &TestServer) -> Resp {
+        let w = TcpStream::connect(s.resp_addr()).expect("connects");
+        w.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+        w.set_nodelay(true).expect("nodelay");
+        let r = BufReader::new(w.try_clone().expect("clone"));
+        Resp { w, r }
+    }
+
+    fn send(&mut self, args: &[&str]) {
+        let mut v = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            v.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+        self.w.write_all(&v).expect("writes");
+    }
+
+    /// One reply as text: `+OK`, `:1`, `$v`, `nil`, `-ERR ...`, `[a,b]`.
+    fn reply(&mut self) -> String {
+        let mut line = Vec::new();
+        self.r.read_until(b'\n', &mut line).expect("reads a reply");
+        assert!(line.ends_with(b"\r\n"), "reply line {line:?}");
+        line.truncate(line.len() - 2);
+        let text = String::from_utf8_lossy(&line[1..]).into_owned();
+        match line.first() {
+            Some(b'+') | Some(b'-') | Some(b':') => String::from_utf8_lossy(&line).into_owned(),
+            Some(b'$') | Some(b'*') if text == "-1" => "nil".into(),
+            Some(b'$') => {
+                let n: usize = text.parse().expect("bulk length");
+                let mut v = vec![0; n + 2];
+                self.r.read_exact(&mut v).expect("bulk body");
+                v.truncate(n);
+                format!("${}", String::from_utf8_lossy(&v))
+            }
+            Some(b'*') => {
+                let n: usize = text.parse().expect("array length");
+                let items: Vec<String> = (0..n).map(|_| self.reply()).collect();
+                format!("[{}]", items.join(","))
+            }
+            _ => panic!("not a RESP reply: {line:?}"),
+        }
+    }
+
+    fn call(&mut self, args: &[&str]) -> String {
+        self.send(args);
+        self.reply()
+    }
+}
+
+#[test]
+fn pipelined_transaction_and_watch_against_a_native_writer() {
+    let s = server();
+    let mut c = Resp::connect(&s);
+    // As redis-py's pipeline sends it: everything in one write.
+    for a in [
+        &["MULTI"][..],
+        &["SET", "a", "1"],
+        &["INCRBY", "a", "41"],
+        &["MGET", "a", "b"],
+        &["EXEC"],
+    ] {
+        c.send(a);
+    }
+    assert_eq!(c.reply(), "+OK");
+    for _ in 0..3 {
+        assert_eq!(c.reply(), "+QUEUED");
+    }
+    assert_eq!(c.reply(), "[+OK,:42,[$42,nil]]");
+    // A native write to a watched key aborts the transaction.
+    let mut native = s.client();
+    assert_eq!(c.call(&["WATCH", "a"]), "+OK");
+    native.put(b"a", b"native").expect("put");
+    assert_eq!(c.call(&["MULTI"]), "+OK");
+    assert_eq!(c.call(&["SET", "a", "resp"]), "+QUEUED");
+    assert_eq!(c.call(&["EXEC"]), "nil");
+    assert_eq!(c.call(&["GET", "a"]), "$native");
+    // Untouched: it runs.
+    assert_eq!(c.call(&["WATCH", "a"]), "+OK");
+    assert_eq!(c.call(&["MULTI"]), "+OK");
+    assert_eq!(c.call(&["SET", "a", "resp"]), "+QUEUED");
+    assert_eq!(c.call(&["EXEC"]), "[+OK]");
+    assert_eq!(native.get(b"a").expect("get"), Some(b"resp".to_vec()));
+    s.shutdown();
+}
+
+#[test]
+fn a_concurrent_mget_never_sees_half_an_exec() {
+    let s = server();
+    let keys: Vec<String> = (1..=50).map(|i| format!("a{i}")).collect();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let mut r = Resp::connect(&s);
+            let mut mget = vec!["MGET"];
+            mget.extend(keys.iter().map(String::as_str));
+            let mut reads = 0;
+            while !stop.load(Ordering::Relaxed) || reads < 50 {
+                let got = r.call(&mget);
+                let values: Vec<&str> = got
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .split(',')
+                    .collect();
+                assert_eq!(values.len(), 50);
+                assert!(values.iter().all(|v| *v == values[0]), "torn: {got}");
+                reads += 1;
+            }
+        });
+        let mut w = Resp::connect(&s);
+        for gen in 0..200 {
+            let g = gen.to_string();
+            w.send(&["MULTI"]);
+            for k in &keys {
+                w.send(&["SET", k, &g]);
+            }
+            w.send(&["EXEC"]);
+            assert_eq!(w.reply(), "+OK");
+            for _ in &keys {
+                assert_eq!(w.reply(), "+QUEUED");
+            }
+            assert!(w.reply().starts_with("[+OK"));
+        }
+        stop.store(true, Ordering::Relaxed);
+        reader.join().expect("reader");
+    });
+    s.shutdown();
+}
+
+#[test]
+fn scan_keys_rename_copy_over_a_socket() {
+    let s = server();
+    let mut c = Resp::connect(&s);
+    for i in 0..300 {
+        assert_eq!(c.call(&["SET", &format!("k{i}"), "v"]), "+OK");
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut cursor = "0".to_string();
+    loop {
+        c.send(&["SCAN", &cursor, "COUNT", "25"]);
+        let mut line = String::new();
+        c.r.read_line(&mut line).expect("array");
+        assert_eq!(line, "*2\r\n");
+        cursor = c.reply().trim_start_matches('$').to_string();
+        let keys = c.reply();
+        for k in keys.trim_matches(|ch| ch == '[' || ch == ']').split(',') {
+            if !k.is_empty() {
+                seen.insert(k.trim_start_matches('$').to_string());
+            }
+        }
+        if cursor == "0" {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), 300);
+    assert_eq!(c.call(&["RENAME", "k1", "renamed"]), "+OK");
+    assert_eq!(c.call(&["COPY", "renamed", "copied"]), ":1");
+    assert_eq!(c.call(&["KEYS", "*ed"]).len(), "[$renamed,$copied]".len());
+    assert_eq!(c.call(&["FLUSHDB"]), "+OK");
+    assert_eq!(c.call(&["DBSIZE"]), ":0");
+    s.shutdown();
+}
