@@ -358,7 +358,8 @@ fn config_info_command_client() {
     );
     assert_eq!(c.run(&["CONFIG", "GET", "nothing*"]), "*0\r\n");
     let many = c.run(&["CONFIG", "GET", "*max*"]);
-    assert!(many.starts_with("*4\r\n"), "{many:?}");
+    // maxmemory, maxmemory-policy and maxclients.
+    assert!(many.starts_with("*6\r\n"), "{many:?}");
     let stars = format!("{}x", "*".repeat(5000));
     assert_eq!(c.run(&["CONFIG", "GET", &stars]), "*0\r\n");
     assert!(c.run(&["CONFIG", "SET", "save", ""]).starts_with("-ERR"));
@@ -370,7 +371,9 @@ fn config_info_command_client() {
     assert!(ks.contains("db0:keys=1") && !ks.contains("redis_version"));
     assert_eq!(c.run(&["CLIENT", "SETNAME", "x"]), "+OK\r\n");
     assert_eq!(c.run(&["CLIENT", "ID"]), ":1\r\n");
-    assert_eq!(c.run(&["COMMAND", "DOCS"]), "*0\r\n");
+    assert!(c
+        .run(&["COMMAND", "DOCS"])
+        .starts_with(&format!("*{}\r\n", 2 * table::COMMANDS.len())));
 }
 
 #[test]
