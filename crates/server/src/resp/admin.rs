@@ -60,6 +60,7 @@ impl Wanted {
         for i in 1..a.len().min(1 + INFO_SECTIONS_MAX) {
             let name = a.get(i).to_ascii_lowercase();
             match name.as_slice() {
+                // FabricKV has no modules, so `everything` is `all`.
                 b"all" | b"everything" => w.all = true,
                 b"default" => w.default = true,
                 _ => w.names.push(name),
@@ -69,7 +70,7 @@ impl Wanted {
     }
 
     fn wants(&self, section: &str) -> bool {
-        (self.all && section != "modules")
+        self.all
             || (self.default && DEFAULT_SECTIONS.contains(&section))
             || self.names.iter().any(|n| n == section.as_bytes())
     }
