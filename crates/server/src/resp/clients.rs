@@ -369,7 +369,12 @@ fn kill(reg: &ClientRegistry, me: &ClientEntry, a: Args<'_>, out: &mut Reply<'_>
         // The old form: one address, answered OK or an error, and the
         // caller may name itself.
         let addr = a.get(2);
-        match reg.snapshot().iter().find(|e| e.addr.as_bytes() == addr) {
+        // One already killed (its loop has yet to close it) is gone.
+        match reg
+            .snapshot()
+            .iter()
+            .find(|e| !e.killed() && e.addr.as_bytes() == addr)
+        {
             Some(e) => {
                 e.kill();
                 resp::simple(out, "OK")
@@ -430,7 +435,8 @@ fn kill(reg: &ClientRegistry, me: &ClientEntry, a: Args<'_>, out: &mut Reply<'_>
     let now_ms = me.active_ms.load(Ordering::Relaxed);
     let mut killed = 0;
     for e in reg.snapshot() {
-        let matches = f.id.is_none_or(|id| e.id == id)
+        let matches = !e.killed()
+            && f.id.is_none_or(|id| e.id == id)
             && f.addr.as_ref().is_none_or(|x| e.addr.as_bytes() == x)
             && f.laddr.as_ref().is_none_or(|x| e.laddr.as_bytes() == x)
             && f.normal.unwrap_or(true)
