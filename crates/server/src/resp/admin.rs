@@ -9,6 +9,7 @@ use fabrickv_resp::reply::{self as resp, Reply};
 use fabrickv_storage::ShardBackend;
 
 use super::args::Args;
+use super::clients::help;
 use super::table::{key_positions, lookup, lower, Spec, COMMANDS, COMMAND_NAME_BYTES_MAX};
 use super::{RespShared, REDIS_VERSION};
 use crate::config::Mode;
@@ -220,8 +221,40 @@ const FIXED: &[&str] = &[
     "requirepass",
 ];
 
+/// CONFIG HELP.
+const CONFIG_HELP: &[&str] = &[
+    "CONFIG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "GET <pattern> [<pattern> ...]",
+    "    The settings whose names match a glob pattern, with their values.",
+    "SET <parameter> <value> [<parameter> <value> ...]",
+    "    Change settings while the server runs (only 'timeout' can be).",
+    "RESETSTAT",
+    "    Zero INFO's counters, commandstats and errorstats.",
+    "HELP",
+    "    This text.",
+];
+
+/// COMMAND HELP.
+const COMMAND_HELP: &[&str] = &[
+    "COMMAND <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "(no subcommand)",
+    "    Every command's details.",
+    "COUNT",
+    "    How many commands there are.",
+    "LIST",
+    "    Every command's name.",
+    "INFO [<command-name> ...]",
+    "    The details of the commands named (or of all).",
+    "DOCS [<command-name> ...]",
+    "    The documentation of the commands named (or of all).",
+    "GETKEYS <full-command>",
+    "    The keys of a full command.",
+    "HELP",
+    "    This text.",
+];
+
 /// CONFIG GET pattern... | SET parameter value [parameter value ...] |
-/// RESETSTAT.
+/// RESETSTAT | HELP.
 pub(super) fn config(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
     let mut sub = [0u8; COMMAND_NAME_BYTES_MAX];
     match lower(a.get(1), &mut sub) {
@@ -239,6 +272,7 @@ pub(super) fn config(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
             shared.reset_stats();
             resp::simple(out, "OK")
         }
+        b"help" if a.len() == 2 => help(out, CONFIG_HELP),
         b"resetstat" => resp::error(
             out,
             "ERR wrong number of arguments for 'config|resetstat' command",
@@ -378,6 +412,7 @@ pub(super) fn command_info(a: Args<'_>, out: &mut Reply<'_>) {
             }
         }
         b"getkeys" if a.len() >= 3 => getkeys(a, out),
+        b"help" if a.len() == 2 => help(out, COMMAND_HELP),
         b"getkeys" => resp::error(
             out,
             "ERR wrong number of arguments for 'command|getkeys' command",

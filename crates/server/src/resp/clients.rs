@@ -218,7 +218,37 @@ const SUBCOMMANDS: &[(&str, i32)] = &[
     ("setinfo", 4),
     ("no-evict", 3),
     ("no-touch", 3),
+    ("help", 2),
 ];
+
+/// CLIENT HELP.
+const CLIENT_HELP: &[&str] = &[
+    "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "ID",
+    "    The id of this connection.",
+    "GETNAME | SETNAME <name>",
+    "    Read or set this connection's name (printable, no spaces).",
+    "INFO",
+    "    This connection, as a CLIENT LIST line.",
+    "LIST [TYPE normal] [ID <id> ...]",
+    "    Every connection, one line each.",
+    "KILL <ip:port> | KILL [ID <id>] [ADDR <ip:port>] [LADDR <ip:port>] [USER default] [TYPE normal] [MAXAGE <s>] [SKIPME yes|no]",
+    "    Close the connections that match.",
+    "SETINFO LIB-NAME|LIB-VER <value>",
+    "    Record the client library's name or version.",
+    "NO-EVICT on|off | NO-TOUCH on|off",
+    "    Accepted; FabricKV changes nothing for them.",
+    "HELP",
+    "    This text.",
+];
+
+/// Writes a HELP reply: one status line per entry.
+pub(super) fn help(out: &mut Reply<'_>, lines: &[&str]) {
+    resp::array_header(out, lines.len());
+    for l in lines {
+        resp::simple(out, l);
+    }
+}
 
 /// CLIENT ID | GETNAME | SETNAME | INFO | LIST | KILL | SETINFO |
 /// NO-EVICT | NO-TOUCH.
@@ -299,6 +329,7 @@ pub(super) fn client(
             out.verbatim_text(s.as_bytes());
         }
         "list" => list(reg, a, now_ms, out),
+        "help" => help(out, CLIENT_HELP),
         _ => kill(reg, me, a, out),
     }
 }

@@ -854,6 +854,17 @@ fn client_registry_lists_names_and_kills() {
         "-ERR Unrecognized option 'color'\r\n"
     );
     assert_eq!(run(&mut a, &["CLIENT", "NO-EVICT", "on"]).0, "+OK\r\n");
+    for help in [
+        &["CLIENT", "HELP"][..],
+        &["CONFIG", "HELP"],
+        &["COMMAND", "HELP"],
+    ] {
+        let text = run(&mut a, help).0;
+        assert!(
+            text.starts_with('*') && text.contains("+HELP\r\n"),
+            "{text}"
+        );
+    }
     assert_eq!(run(&mut a, &["CLIENT", "NO-TOUCH", "off"]).0, "+OK\r\n");
     assert_eq!(
         run(&mut a, &["CLIENT", "NOPE"]).0,
