@@ -55,7 +55,9 @@ mod stats;
 mod strings;
 mod table;
 
-pub use clients::{ClientPeer, ClientRegistry, KillNotify, RESP_CLIENTS_MAX};
+pub use clients::{
+    ClientPeer, ClientRegistry, KillNotify, RESP_CLIENTS_MAX, RESP_CLIENT_NAME_BYTES_MAX,
+};
 pub use stats::RESP_ERROR_CODES_MAX;
 
 /// The Redis version the front end says it is (INFO, HELLO): the

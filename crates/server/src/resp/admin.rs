@@ -10,6 +10,7 @@ use fabrickv_storage::ShardBackend;
 
 use super::args::Args;
 use super::clients::help;
+use super::conn::quoted;
 use super::table::{key_positions, lookup, lower, Spec, COMMANDS, COMMAND_NAME_BYTES_MAX};
 use super::{RespShared, REDIS_VERSION};
 use crate::config::Mode;
@@ -279,7 +280,7 @@ pub(super) fn config(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
         ),
         _ => {
             let arg = a.get(1);
-            let shown = String::from_utf8_lossy(&arg[..arg.len().min(128)]).into_owned();
+            let shown = quoted(arg);
             resp::error(
                 out,
                 &format!("ERR unknown subcommand '{shown}'. Try CONFIG HELP."),
@@ -321,7 +322,7 @@ fn config_set(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
     let mut timeout_ms = None;
     for i in (2..a.len()).step_by(2) {
         let name = a.get(i).to_ascii_lowercase();
-        let shown = String::from_utf8_lossy(&name[..name.len().min(128)]).into_owned();
+        let shown = quoted(&name);
         let fail = |out: &mut Reply<'_>, why: &str| {
             resp::error(
                 out,
@@ -419,7 +420,7 @@ pub(super) fn command_info(a: Args<'_>, out: &mut Reply<'_>) {
         ),
         _ => {
             let arg = a.get(1);
-            let shown = String::from_utf8_lossy(&arg[..arg.len().min(128)]).into_owned();
+            let shown = quoted(arg);
             resp::error(
                 out,
                 &format!("ERR unknown subcommand or wrong number of arguments for '{shown}'. Try COMMAND HELP."),

@@ -18,11 +18,17 @@ use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply::{self as resp, Proto, Reply};
 
 use super::args::Args;
+use super::conn::quoted;
 use super::table::{lower, COMMANDS, COMMAND_NAME_BYTES_MAX};
 
 /// Most connections the registry lists at once: the RESP connection cap,
 /// so every open connection fits.
 pub const RESP_CLIENTS_MAX: usize = fabrickv_types::limits::CONNECTIONS_MAX;
+
+/// Longest client name, library name or library version, in bytes. Redis
+/// sets none; this one keeps what the registry holds bounded (three of
+/// them for each of [`RESP_CLIENTS_MAX`] connections: 12 MiB at most).
+pub const RESP_CLIENT_NAME_BYTES_MAX: usize = 1024;
 
 /// How a kill reaches the socket loop that owns a connection: a flag that
 /// says "one of yours was killed", and the loop's waker.
@@ -121,6 +127,9 @@ impl ClientEntry {
         if !valid_name(name) {
             return Err("ERR Client names cannot contain spaces, newlines or special characters.");
         }
+        if name.len() > RESP_CLIENT_NAME_BYTES_MAX {
+            return Err(NAME_TOO_LONG);
+        }
         self.names().name = String::from_utf8_lossy(name).into_owned();
         Ok(())
     }
@@ -150,6 +159,14 @@ impl ClientEntry {
         );
     }
 }
+
+/// The error for a name or library info past [`RESP_CLIENT_NAME_BYTES_MAX`].
+const NAME_TOO_LONG: &str = "ERR client names and library info are at most 1024 bytes";
+
+const _: () = assert!(
+    RESP_CLIENT_NAME_BYTES_MAX == 1024,
+    "NAME_TOO_LONG says 1024"
+);
 
 /// Redis's rule for client names and library info: printable ASCII
 /// without spaces (`!` to `~`).
@@ -262,7 +279,7 @@ pub(super) fn client(
     let mut buf = [0u8; COMMAND_NAME_BYTES_MAX];
     let sub = lower(a.get(1), &mut buf);
     let Some(&(name, arity)) = SUBCOMMANDS.iter().find(|(n, _)| n.as_bytes() == sub) else {
-        let shown = String::from_utf8_lossy(&a.get(1)[..a.get(1).len().min(128)]).into_owned();
+        let shown = quoted(a.get(1));
         return resp::error(
             out,
             &format!("ERR unknown subcommand '{shown}'. Try CLIENT HELP."),
@@ -295,8 +312,7 @@ pub(super) fn client(
                 b"lib-name" => "lib-name",
                 b"lib-ver" => "lib-ver",
                 _ => {
-                    let shown =
-                        String::from_utf8_lossy(&a.get(2)[..a.get(2).len().min(128)]).into_owned();
+                    let shown = quoted(a.get(2));
                     return resp::error(out, &format!("ERR Unrecognized option '{shown}'"));
                 }
             };
@@ -305,6 +321,9 @@ pub(super) fn client(
                     out,
                     &format!("ERR {which} cannot contain spaces, newlines or special characters."),
                 );
+            }
+            if value.len() > RESP_CLIENT_NAME_BYTES_MAX {
+                return resp::error(out, NAME_TOO_LONG);
             }
             let v = String::from_utf8_lossy(value).into_owned();
             let mut names = me.names();
@@ -348,7 +367,7 @@ fn list(reg: &ClientRegistry, a: Args<'_>, now_ms: u64, out: &mut Reply<'_>) {
                     b"normal" => normal_only = true,
                     b"master" | b"replica" | b"slave" | b"pubsub" => normal_only = false,
                     _ => {
-                        let shown = String::from_utf8_lossy(a.get(i + 1)).into_owned();
+                        let shown = quoted(a.get(i + 1));
                         return resp::error(out, &format!("ERR Unknown client type '{shown}'"));
                     }
                 }
@@ -433,7 +452,7 @@ fn kill(reg: &ClientRegistry, me: &ClientEntry, a: Args<'_>, out: &mut Reply<'_>
             b"laddr" => f.laddr = Some(value.to_vec()),
             b"user" => {
                 if value != b"default" {
-                    let shown = String::from_utf8_lossy(value).into_owned();
+                    let shown = quoted(value);
                     return resp::error(out, &format!("ERR No such user '{shown}'"));
                 }
             }
@@ -443,7 +462,7 @@ fn kill(reg: &ClientRegistry, me: &ClientEntry, a: Args<'_>, out: &mut Reply<'_>
                     b"normal" => true,
                     b"master" | b"replica" | b"slave" | b"pubsub" => false,
                     _ => {
-                        let shown = String::from_utf8_lossy(value).into_owned();
+                        let shown = quoted(value);
                         return resp::error(out, &format!("ERR Unknown client type '{shown}'"));
                     }
                 });

@@ -265,7 +265,7 @@ impl ConnState {
                 }
                 _ => {
                     let opt = a.get(next);
-                    let shown = String::from_utf8_lossy(&opt[..opt.len().min(128)]).into_owned();
+                    let shown = quoted(opt);
                     resp::error(out, &format!("ERR Syntax error in HELLO option '{shown}'"));
                     return After::Continue;
                 }
@@ -357,6 +357,14 @@ fn unknown_command(out: &mut Vec<u8>, a: Args<'_>) {
         }
     }
     resp::error(out, &msg);
+}
+
+/// An argument quoted back in an error, cut at
+/// [`ERROR_ARG_QUOTE_BYTES_MAX`] bytes.
+pub(super) fn quoted(arg: &[u8]) -> String {
+    let mut s = String::new();
+    quote_arg(&mut s, arg);
+    s
 }
 
 fn quote_arg(msg: &mut String, arg: &[u8]) {

@@ -853,6 +853,16 @@ fn client_registry_lists_names_and_kills() {
         run(&mut a, &["CLIENT", "SETINFO", "color", "x"]).0,
         "-ERR Unrecognized option 'color'\r\n"
     );
+    let long = "n".repeat(crate::resp::RESP_CLIENT_NAME_BYTES_MAX + 1);
+    for args in [
+        &["CLIENT", "SETNAME", &long][..],
+        &["CLIENT", "SETINFO", "LIB-NAME", &long],
+    ] {
+        assert_eq!(
+            run(&mut a, args).0,
+            "-ERR client names and library info are at most 1024 bytes\r\n"
+        );
+    }
     assert_eq!(run(&mut a, &["CLIENT", "NO-EVICT", "on"]).0, "+OK\r\n");
     for help in [
         &["CLIENT", "HELP"][..],
