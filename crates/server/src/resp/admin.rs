@@ -382,7 +382,8 @@ pub(super) fn command_info(a: Args<'_>, out: &mut Reply<'_>) {
                 let mut buf = [0u8; COMMAND_NAME_BYTES_MAX];
                 match lookup(lower(a.get(i), &mut buf)) {
                     Some(spec) => write_info(spec, out),
-                    None => out.null_array(),
+                    // Redis's null: `$-1` in RESP2, `_` in RESP3.
+                    None => out.null(),
                 }
             }
         }

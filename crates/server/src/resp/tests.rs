@@ -771,7 +771,7 @@ $9\r\nfind_keys\r\n*4\r\n$4\r\ntype\r\n$5\r\nrange\r\n$4\r\nspec\r\n\
     assert_eq!(c.run(&["COMMAND", "INFO", "get"]), format!("*1\r\n{get}"));
     assert_eq!(
         c.run(&["COMMAND", "INFO", "nosuch", "GET"]),
-        format!("*2\r\n*-1\r\n{get}")
+        format!("*2\r\n$-1\r\n{get}")
     );
     let n = table::COMMANDS.len();
     assert_eq!(c.run(&["COMMAND", "COUNT"]), format!(":{n}\r\n"));
