@@ -32,6 +32,12 @@ pub enum ProtocolError {
     /// multibulk counts holds for inline commands too, so the server can
     /// rely on it whatever the client's framing.
     TooManyInlineArgs,
+    /// A `*N` header above `RESP_UNAUTH_ARGS_MAX` from a connection that
+    /// must authenticate first.
+    UnauthenticatedMultibulkLength,
+    /// A `$L` header above `RESP_UNAUTH_BULK_BYTES_MAX` from a connection
+    /// that must authenticate first.
+    UnauthenticatedBulkLength,
 }
 
 impl ProtocolError {
@@ -80,6 +86,8 @@ impl fmt::Display for ProtocolError {
             Self::TooManyInlineArgs => {
                 write!(f, "more than {RESP_ARGS_MAX} arguments in inline request")
             }
+            Self::UnauthenticatedMultibulkLength => f.write_str("unauthenticated multibulk length"),
+            Self::UnauthenticatedBulkLength => f.write_str("unauthenticated bulk length"),
         }
     }
 }
@@ -124,6 +132,14 @@ mod tests {
             (
                 ProtocolError::TooManyInlineArgs,
                 "Protocol error: more than 2049 arguments in inline request",
+            ),
+            (
+                ProtocolError::UnauthenticatedMultibulkLength,
+                "Protocol error: unauthenticated multibulk length",
+            ),
+            (
+                ProtocolError::UnauthenticatedBulkLength,
+                "Protocol error: unauthenticated bulk length",
             ),
         ];
         for (e, text) in cases {

@@ -50,3 +50,4 @@ pub use args::{eq_ignore_case, lowercase, parse_i64};
 pub use error::ProtocolError;
 pub use limits::*;
 pub use parser::{CommandParser, Parse};
+pub use reply::{Proto, Reply};

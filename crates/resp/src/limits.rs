@@ -31,3 +31,13 @@ pub const RESP_LENGTH_DIGITS_MAX: usize = 20;
 /// Fewest bytes a multibulk argument can take on the wire (`$0\r\n\r\n`).
 /// The `need` hint counts this for every argument not yet seen.
 pub const RESP_BULK_WIRE_BYTES_MIN: usize = 6;
+
+/// Most arguments in one command from a connection that has not yet
+/// authenticated when a password is required (Redis's bound, so AUTH,
+/// HELLO with AUTH and SETNAME, and QUIT fit): a larger `*N` is refused
+/// as soon as its header is read.
+pub const RESP_UNAUTH_ARGS_MAX: usize = 10;
+
+/// Largest bulk argument from a connection that has not yet authenticated
+/// when a password is required, in bytes (Redis's bound).
+pub const RESP_UNAUTH_BULK_BYTES_MAX: usize = 16 * 1024;

@@ -4,7 +4,8 @@
 use crate::error::ProtocolError;
 use crate::limits::{
     RESP_ARGS_MAX, RESP_BULK_BYTES_MAX, RESP_BULK_WIRE_BYTES_MIN, RESP_COMMAND_BYTES_MAX,
-    RESP_INLINE_BYTES_MAX, RESP_LENGTH_DIGITS_MAX,
+    RESP_INLINE_BYTES_MAX, RESP_LENGTH_DIGITS_MAX, RESP_UNAUTH_ARGS_MAX,
+    RESP_UNAUTH_BULK_BYTES_MAX,
 };
 
 /// Marks a span whose start is an offset into the parser's scratch buffer
@@ -51,6 +52,10 @@ pub struct CommandParser {
     spans: Vec<(u32, u32)>,
     /// Unescaped quoted inline arguments.
     scratch: Vec<u8>,
+    /// The connection must authenticate before anything else: multibulk
+    /// counts and bulk lengths are held to Redis's smaller bounds for it
+    /// ([`RESP_UNAUTH_ARGS_MAX`], [`RESP_UNAUTH_BULK_BYTES_MAX`]).
+    unauthenticated: bool,
 }
 
 /// A length header read from the buffer.
@@ -92,6 +97,21 @@ impl HeaderKind {
             Self::Bulk => RESP_BULK_BYTES_MAX as u64,
         }
     }
+
+    /// The bound for a connection that has not authenticated, and the
+    /// error past it.
+    fn unauth(self) -> (u64, ProtocolError) {
+        match self {
+            Self::Count => (
+                RESP_UNAUTH_ARGS_MAX as u64,
+                ProtocolError::UnauthenticatedMultibulkLength,
+            ),
+            Self::Bulk => (
+                RESP_UNAUTH_BULK_BYTES_MAX as u64,
+                ProtocolError::UnauthenticatedBulkLength,
+            ),
+        }
+    }
 }
 
 /// Reads the `*N` or `$L` line whose type byte is at `at`.
@@ -101,7 +121,10 @@ impl HeaderKind {
 /// once rather than after its CRLF, which a hostile client may never send.
 /// The number follows `parse_i64`'s rules: no `+`, no spaces, no leading
 /// zeros, no `-0`.
-fn header(buf: &[u8], at: usize, kind: HeaderKind) -> Result<Header, ProtocolError> {
+///
+/// With `unauth`, a number past the unauthenticated bound is refused with
+/// its own error as soon as it has grown past it.
+fn header(buf: &[u8], at: usize, kind: HeaderKind, unauth: bool) -> Result<Header, ProtocolError> {
     let first = at + 1;
     let mut neg = false;
     let mut digits = 0usize;
@@ -148,6 +171,12 @@ fn header(buf: &[u8], at: usize, kind: HeaderKind) -> Result<Header, ProtocolErr
             };
             if mag > bound {
                 return Err(kind.invalid());
+            }
+            if unauth && !neg {
+                let (max, err) = kind.unauth();
+                if mag > max {
+                    return Err(err);
+                }
             }
             digits += 1;
         } else {
@@ -201,6 +230,13 @@ impl CommandParser {
         Self::default()
     }
 
+    /// Holds the commands parsed from now on to the bounds of a connection
+    /// that must still authenticate (`true`), or lifts them (`false`).
+    #[inline]
+    pub fn set_unauthenticated(&mut self, unauthenticated: bool) {
+        self.unauthenticated = unauthenticated;
+    }
+
     /// Parses one command at the start of `buf`.
     ///
     /// A buffer starting with `*` is a multibulk command (what redis-cli,
@@ -251,7 +287,7 @@ impl CommandParser {
     }
 
     fn parse_multibulk(&mut self, buf: &[u8]) -> Result<Parse, ProtocolError> {
-        let (count, mut pos) = match header(buf, 0, HeaderKind::Count)? {
+        let (count, mut pos) = match header(buf, 0, HeaderKind::Count, self.unauthenticated)? {
             Header::Partial { end, value } => {
                 return incomplete(end + value * RESP_BULK_WIRE_BYTES_MIN)
             }
@@ -271,7 +307,7 @@ impl CommandParser {
             if b != b'$' {
                 return Err(ProtocolError::ExpectedDollar(b));
             }
-            let (len, start) = match header(buf, pos, HeaderKind::Bulk)? {
+            let (len, start) = match header(buf, pos, HeaderKind::Bulk, self.unauthenticated)? {
                 Header::Partial { end, value } => return incomplete(end + value + 2 + later),
                 Header::Done { value, end } => (value as usize, end),
             };

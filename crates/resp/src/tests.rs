@@ -419,3 +419,45 @@ fn parser_state_does_not_leak_between_commands() {
     assert!(p.parse(b"*x").is_err());
     assert_eq!(p.argc(), 0);
 }
+
+#[test]
+fn unauthenticated_bounds_refuse_at_the_header() {
+    let mut p = CommandParser::new();
+    p.set_unauthenticated(true);
+    // A count past the bound is refused without waiting for its arguments.
+    assert_eq!(
+        p.parse(b"*100\r\n"),
+        Err(ProtocolError::UnauthenticatedMultibulkLength)
+    );
+    // Even before its line ends.
+    assert_eq!(
+        p.parse(b"*11"),
+        Err(ProtocolError::UnauthenticatedMultibulkLength)
+    );
+    assert_eq!(
+        p.parse(b"*1\r\n$16385\r\n"),
+        Err(ProtocolError::UnauthenticatedBulkLength)
+    );
+    // At the bounds a command still parses.
+    let mut ten = b"*10\r\n".to_vec();
+    for _ in 0..10 {
+        ten.extend_from_slice(b"$1\r\na\r\n");
+    }
+    assert!(matches!(p.parse(&ten), Ok(Parse::Complete { .. })));
+    assert!(matches!(
+        p.parse(b"*1\r\n$16384\r\n"),
+        Ok(Parse::Incomplete { .. })
+    ));
+    // A malformed header is still malformed.
+    assert_eq!(
+        p.parse(b"*x\r\n"),
+        Err(ProtocolError::InvalidMultibulkLength)
+    );
+    // Once authenticated, the general bounds apply again.
+    p.set_unauthenticated(false);
+    assert!(matches!(p.parse(b"*100\r\n"), Ok(Parse::Incomplete { .. })));
+    assert!(matches!(
+        p.parse(b"*1\r\n$16385\r\n"),
+        Ok(Parse::Incomplete { .. })
+    ));
+}

@@ -32,10 +32,10 @@
 //! COMMAND; `shard_db` the commands on a persistent shard.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use fabrickv_resp::{CommandParser, Parse};
+use fabrickv_resp::{CommandParser, Parse, Reply};
 use fabrickv_storage::FjallShard;
 use fabrickv_types::KeyHash;
 
@@ -49,17 +49,28 @@ use exec::Exec;
 
 mod admin;
 mod args;
+mod clients;
 mod conn;
 mod exec;
 mod expiry;
 mod glob;
 mod keyspace;
 mod shard_db;
+mod stats;
 mod strings;
 mod strings2;
 mod table;
 mod txn;
 mod txn_state;
+
+pub use clients::{
+    ClientPeer, ClientRegistry, KillNotify, RESP_CLIENTS_MAX, RESP_CLIENT_NAME_BYTES_MAX,
+};
+pub use stats::RESP_ERROR_CODES_MAX;
+
+/// The Redis version the front end says it is (INFO, HELLO): the
+/// release whose commands and replies it follows.
+pub const REDIS_VERSION: &str = "7.2.0";
 
 /// Reply bytes a connection may have waiting before it stops executing
 /// commands until the client reads them (backpressure), in bytes.
@@ -117,6 +128,33 @@ pub struct RespCounters {
     pub auth_failures: AtomicU64,
 }
 
+impl RespCounters {
+    /// CONFIG RESETSTAT: the counters of events back to zero (not those
+    /// of state, such as the connections open now).
+    fn reset(&self) {
+        for c in [
+            &self.connections_received,
+            &self.rejected,
+            &self.evicted_idle,
+            &self.commands,
+            &self.protocol_errors,
+            &self.auth_failures,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The engine's event counters as INFO last reset them (CONFIG
+/// RESETSTAT): INFO shows what has happened since.
+#[derive(Debug, Default, Clone, Copy)]
+struct EngineBase {
+    hits: u64,
+    misses: u64,
+    expired: u64,
+    evictions: u64,
+}
+
 /// What every RESP connection of a server shares.
 pub struct RespShared {
     parts: Arc<Partitions>,
@@ -134,6 +172,16 @@ pub struct RespShared {
     dbs: Vec<Arc<FjallShard>>,
     /// Counters reported by INFO.
     pub counters: RespCounters,
+    /// Per-command and per-error counters (INFO commandstats, errorstats).
+    stats: stats::CommandStats,
+    /// The engine's counters at the last CONFIG RESETSTAT.
+    engine_base: Mutex<EngineBase>,
+    /// Every live connection, for CLIENT LIST and CLIENT KILL.
+    pub clients: Arc<ClientRegistry>,
+    /// Connections silent this long with nothing pending are closed, in
+    /// milliseconds; 0 keeps them. Redis's `timeout` (in seconds there),
+    /// which CONFIG SET changes while the server runs.
+    pub idle_timeout_ms: AtomicU64,
 }
 
 impl RespShared {
@@ -155,7 +203,25 @@ impl RespShared {
             started: Instant::now(),
             dbs: Vec::new(),
             counters: RespCounters::default(),
+            stats: stats::CommandStats::default(),
+            engine_base: Mutex::new(EngineBase::default()),
+            clients: Arc::new(ClientRegistry::default()),
+            idle_timeout_ms: AtomicU64::new(0),
         }
+    }
+
+    /// CONFIG RESETSTAT: INFO's event counters, commandstats and
+    /// errorstats start again from zero.
+    fn reset_stats(&self) {
+        self.counters.reset();
+        self.stats.reset();
+        let e = self.parts.stats();
+        *self.engine_base.lock().unwrap_or_else(|p| p.into_inner()) = EngineBase {
+            hits: e.hits,
+            misses: e.misses,
+            expired: e.expired,
+            evictions: e.evictions,
+        };
     }
 
     /// Asks AUTH for the cluster secret `secret` (unless a RESP password
@@ -227,6 +293,8 @@ pub struct RespSession {
     /// A second parser for the prefetch pass, so the first keeps its spans.
     lookahead: CommandParser,
     state: ConnState,
+    /// Command counts not yet added to the server's.
+    stats: stats::LocalStats,
 }
 
 impl RespSession {
@@ -238,11 +306,23 @@ impl RespSession {
 
     /// A new connection; `id` is what CLIENT ID answers.
     pub fn new(shared: &RespShared, id: u64) -> RespSession {
+        Self::connected(shared, id, ClientPeer::default())
+    }
+
+    /// A new connection from `peer`, listed in the server's client
+    /// registry until it is dropped.
+    pub fn connected(shared: &RespShared, id: u64, peer: ClientPeer) -> RespSession {
         RespSession {
             parser: CommandParser::new(),
             lookahead: CommandParser::new(),
-            state: ConnState::new(shared, id),
+            state: ConnState::new(shared, id, peer),
+            stats: stats::LocalStats::default(),
         }
+    }
+
+    /// Whether CLIENT KILL closed this connection.
+    pub fn killed(&self) -> bool {
+        self.state.entry.killed()
     }
 
     /// Executes the complete commands at the start of `input`, appending
@@ -270,8 +350,18 @@ impl RespSession {
             close: false,
             hold_until_ms: None,
         };
+        if self.killed() {
+            done.close = true;
+            return done;
+        }
+        self.state.entry.active_ms.store(now_ms, Ordering::Relaxed);
+        let mut out = Reply::new(out, self.state.proto);
         let mut until_prefetch = 0;
+        // Two clock reads per call, not per command: the call's time is
+        // shared out evenly among the commands it ran (see `stats`).
+        let started = Instant::now();
         while done.consumed < input.len() && out.len() < RESP_OUTPUT_SOFT_BYTES {
+            self.parser.set_unauthenticated(!self.state.authed);
             let rest = &input[done.consumed..];
             if until_prefetch == 0 {
                 // Prefetching helps the in-memory kv only.
@@ -297,7 +387,23 @@ impl RespSession {
                         parser: &self.parser,
                         buf: cmd,
                     };
-                    match self.state.command(&mut ex, args, out) {
+                    let mark = out.len();
+                    let after = self.state.command(&mut ex, args, &mut out);
+                    let failed = out.get(mark) == Some(&b'-');
+                    if failed {
+                        shared.stats.error(out.get(mark + 1..).unwrap_or_default());
+                    }
+                    if let Some(index) = self.state.last {
+                        let outcome = if self.state.rejected {
+                            stats::Outcome::Rejected
+                        } else if failed {
+                            stats::Outcome::Failed
+                        } else {
+                            stats::Outcome::Ok
+                        };
+                        self.stats.record(index, outcome);
+                    }
+                    match after {
                         After::Continue => {}
                         After::Close => {
                             done.close = true;
@@ -310,7 +416,9 @@ impl RespSession {
                     }
                 }
                 Err(e) => {
-                    e.write_reply(out);
+                    let mark = out.len();
+                    e.write_reply(&mut out);
+                    shared.stats.error(out.get(mark + 1..).unwrap_or_default());
                     shared
                         .counters
                         .protocol_errors
@@ -320,6 +428,8 @@ impl RespSession {
                 }
             }
         }
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        shared.stats.flush(&mut self.stats, nanos);
         done
     }
 

@@ -18,6 +18,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -30,7 +31,7 @@ use fabrickv_resp::limits::RESP_COMMAND_BYTES_MAX;
 use fabrickv_transport::idle::IdleBoard;
 use fabrickv_transport::spin::SpinPolicy;
 
-use crate::resp::{RespSession, RespShared};
+use crate::resp::{ClientPeer, KillNotify, RespSession, RespShared};
 use crate::service::Clock;
 
 /// Most RESP connections open at once over all threads (Redis's default
@@ -101,7 +102,12 @@ pub(crate) fn start(
     let std_listener = std::net::TcpListener::bind(addr)?;
     std_listener.set_nonblocking(true)?;
     let local = std_listener.local_addr()?;
-    let shared = Arc::new(shared(local.port()));
+    let shared = shared(local.port());
+    shared.idle_timeout_ms.store(
+        idle_timeout.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        Ordering::Relaxed,
+    );
+    let shared = Arc::new(shared);
     let mut wakers = Vec::with_capacity(threads);
     let mut handles = Vec::with_capacity(threads);
     let mut polls = Vec::with_capacity(threads);
@@ -125,6 +131,10 @@ pub(crate) fn start(
         let shared = shared.clone();
         let stop = stop.clone();
         let board = board.clone();
+        let kill = KillNotify {
+            pending: Arc::new(AtomicBool::new(false)),
+            waker: wakers[t].clone(),
+        };
         handles.push(
             std::thread::Builder::new()
                 .name(format!("fkv-resp-{t}"))
@@ -139,8 +149,8 @@ pub(crate) fn start(
                         clock,
                         next_id: t as u64 + 1,
                         id_step: threads as u64,
-                        idle_timeout_ms: idle_timeout.map_or(0, |d| d.as_millis() as u64),
                         last_idle_check_ms: 0,
+                        kill,
                         board,
                         port: t,
                         first,
@@ -196,10 +206,9 @@ struct Loop {
     clock: Clock,
     next_id: u64,
     id_step: u64,
-    /// Connections silent this long with no command pending are closed,
-    /// in milliseconds; 0 keeps them.
-    idle_timeout_ms: u64,
     last_idle_check_ms: u64,
+    /// How CLIENT KILL tells this loop one of its connections was killed.
+    kill: KillNotify,
     /// Where every loop says since when its most evictable connection has
     /// been idle, and asks another loop to close one at the cap.
     board: Arc<IdleBoard>,
@@ -241,6 +250,7 @@ impl Loop {
             }
             ready.clear();
             self.take_released(&mut ready);
+            self.close_killed();
             self.close_idle();
             self.serve_board();
             if events.is_empty() && ready.is_empty() {
@@ -368,9 +378,22 @@ impl Loop {
             }
             let id = self.next_id;
             self.next_id += self.id_step;
+            let peer = ClientPeer {
+                addr: stream
+                    .peer_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
+                laddr: stream
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
+                fd: i64::from(stream.as_raw_fd()),
+                now_ms: self.clock.now_ms(),
+                kill: Some(self.kill.clone()),
+            };
             self.conns[i] = Some(Conn {
                 stream,
-                session: RespSession::new(&self.shared, id),
+                session: RespSession::connected(&self.shared, id, peer),
                 input: vec![0; RESP_READ_CHUNK_BYTES],
                 start: 0,
                 end: 0,
@@ -449,10 +472,25 @@ impl Loop {
         self.board.report(self.port, since);
     }
 
-    /// Closes connections silent past the idle timeout with no command
-    /// pending, at most once per `IDLE_CHECK_INTERVAL_MS`.
+    /// Closes the connections CLIENT KILL named, once told some were.
+    fn close_killed(&mut self) {
+        if !self.kill.pending.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        for i in 0..self.conns.len() {
+            if self.conns[i].as_ref().is_some_and(|c| c.session.killed()) {
+                tracing::debug!("closing a RESP connection CLIENT KILL named");
+                self.close(i);
+            }
+        }
+    }
+
+    /// Closes connections silent past the idle timeout (CONFIG SET
+    /// timeout changes it live) with no command pending, at most once per
+    /// `IDLE_CHECK_INTERVAL_MS`.
     fn close_idle(&mut self) {
-        if self.idle_timeout_ms == 0 {
+        let idle_timeout_ms = self.shared.idle_timeout_ms.load(Ordering::Relaxed);
+        if idle_timeout_ms == 0 {
             return;
         }
         let now = self.clock.now_ms();
@@ -463,13 +501,10 @@ impl Loop {
         for i in 0..self.conns.len() {
             let idle = self.conns[i].as_ref().is_some_and(|c| {
                 let pending = c.start != c.end || c.out_pos < c.out.len();
-                !pending && now.saturating_sub(c.active_ms) >= self.idle_timeout_ms
+                !pending && now.saturating_sub(c.active_ms) >= idle_timeout_ms
             });
             if idle {
-                tracing::debug!(
-                    "closing a RESP connection idle for {} ms",
-                    self.idle_timeout_ms
-                );
+                tracing::debug!("closing a RESP connection idle for {idle_timeout_ms} ms");
                 self.close(i);
             }
         }

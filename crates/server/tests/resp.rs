@@ -390,6 +390,47 @@ fn the_empty_key_is_refused_over_resp() {
     s.shutdown();
 }
 
+/// CLIENT KILL from one connection closes another at once, on whichever
+/// RESP thread serves it (two workers, so possibly the other thread), and
+/// CLIENT LIST shows the victim's address and name until then.
+#[test]
+fn client_kill_closes_another_connection_at_once() {
+    use std::time::Instant;
+    let s = server(Transport::Tcp, None);
+    let mut victim = Resp::connect(&s);
+    assert_eq!(victim.call(&["CLIENT", "SETNAME", "victim"]), "+OK");
+    let id = victim.call(&["CLIENT", "ID"]);
+    let id = id.trim_start_matches(':').to_string();
+    let mut killer = Resp::connect(&s);
+    let list = killer.call(&["CLIENT", "LIST"]);
+    let addr = victim.w.local_addr().expect("addr").to_string();
+    assert!(
+        list.contains(&format!("id={id} addr={addr} ")) && list.contains(" name=victim "),
+        "{list}"
+    );
+    let start = Instant::now();
+    assert_eq!(killer.call(&["CLIENT", "KILL", "ID", &id]), ":1");
+    assert!(victim.closed(), "the killed connection is closed");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    // The old form, by address, answers OK once and then finds nobody.
+    let other = Resp::connect(&s);
+    let other_addr = other.w.local_addr().expect("addr").to_string();
+    wait_for("the new connection to be listed", TIMEOUT, || {
+        killer.call(&["CLIENT", "LIST"]).contains(&other_addr)
+    });
+    assert_eq!(killer.call(&["CLIENT", "KILL", &other_addr]), "+OK");
+    assert_eq!(
+        killer.call(&["CLIENT", "KILL", &other_addr]),
+        "-ERR No such client"
+    );
+    assert_eq!(killer.call(&["PING"]), "+PONG");
+    s.shutdown();
+}
+
 fn ttl_expires_without_access(t: Transport) {
     let s = server(t, None);
     let mut c = Resp::connect(&s);

@@ -2,13 +2,17 @@
 //! command dispatch that reads and changes it: name lookup, the AUTH
 //! gate, arity, then the command's own code.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
 use fabrickv_resp::parse_i64;
-use fabrickv_resp::reply as resp;
+use fabrickv_resp::reply::{self as resp, Proto, Reply};
 
 use super::admin::{command_info, config, info};
 use super::args::{int_arg, Args, NOT_INTEGER};
+use super::clients::{self, ClientEntry, ClientPeer, ClientRegistry};
 use super::exec::Exec;
-use super::table::{lookup, lower, Cmd, COMMAND_NAME_BYTES_MAX};
+use super::table::{lookup_index, lower, Cmd, COMMANDS, COMMAND_NAME_BYTES_MAX};
 use super::txn_state::{Txn, Watched};
 use super::{shard_db, RespShared};
 
@@ -31,12 +35,33 @@ pub(super) struct ConnState {
     pub(super) multi: Option<Txn>,
     /// The keys WATCH recorded, until EXEC, DISCARD or UNWATCH.
     pub(super) watched: Vec<Watched>,
+    /// The protocol its replies are written in (HELLO changes it).
+    pub(super) proto: Proto,
+    /// What CLIENT LIST shows of it; listed in `registry` while it lives.
+    pub(super) entry: Arc<ClientEntry>,
+    registry: Arc<ClientRegistry>,
+    /// The table index of the last command looked up (None: unknown).
+    pub(super) last: Option<usize>,
+    /// The last command was refused before it ran (arity, NOAUTH).
+    pub(super) rejected: bool,
+}
+
+impl Drop for ConnState {
+    fn drop(&mut self) {
+        self.registry.remove(self.entry.id);
+    }
 }
 
 impl ConnState {
     /// A new connection's state: authenticated when no password is set,
     /// on database 0.
-    pub(super) fn new(shared: &RespShared, id: u64) -> ConnState {
+    pub(super) fn new(shared: &RespShared, id: u64, peer: ClientPeer) -> ConnState {
+        let entry = Arc::new(ClientEntry::new(id, peer));
+        // A connection past the registry's bound still works; it is only
+        // missing from CLIENT LIST and out of CLIENT KILL's reach.
+        if !shared.clients.add(entry.clone()) {
+            tracing::debug!("client registry full: connection {id} is not listed");
+        }
         ConnState {
             authed: !shared.auth_required(),
             auth_failures: 0,
@@ -44,28 +69,43 @@ impl ConnState {
             db: 0,
             multi: None,
             watched: Vec::new(),
+            proto: Proto::Resp2,
+            entry,
+            registry: shared.clients.clone(),
+            last: None,
+            rejected: false,
         }
     }
 
     /// Runs one parsed command: the AUTH gate, lookup and arity, then the
     /// database (a keyed command on a shard runs there) and the command.
-    pub(super) fn command(&mut self, ex: &mut Exec<'_>, a: Args<'_>, out: &mut Vec<u8>) -> After {
+    pub(super) fn command(&mut self, ex: &mut Exec<'_>, a: Args<'_>, out: &mut Reply<'_>) -> After {
         let mut name_buf = [0u8; COMMAND_NAME_BYTES_MAX];
         let name = lower(a.get(0), &mut name_buf);
-        if !self.authed && name != b"auth" && name != b"quit" {
+        self.last = lookup_index(name);
+        self.rejected = false;
+        if let Some(i) = self.last {
+            self.entry.last_cmd.store(i + 1, Ordering::Relaxed);
+        }
+        if !self.authed && name != b"auth" && name != b"quit" && name != b"hello" {
+            self.rejected = true;
             resp::error(out, "NOAUTH Authentication required.");
             return After::Continue;
         }
         let argc = a.len();
-        let Some(spec) = lookup(name) else {
+        let Some(spec) = self.last.and_then(|i| COMMANDS.get(i)) else {
             self.txn_error();
             unknown_command(out, a);
             return After::Continue;
         };
-        if (spec.arity >= 0 && argc != spec.arity as usize)
+        // PING takes at most one argument, though its arity is -1.
+        let ping_extra = matches!(spec.id, Cmd::Ping) && argc > 2;
+        if ping_extra
+            || (spec.arity >= 0 && argc != spec.arity as usize)
             || (spec.arity < 0 && argc < spec.arity.unsigned_abs() as usize)
         {
             self.txn_error();
+            self.rejected = true;
             resp::error(
                 out,
                 &format!("ERR wrong number of arguments for '{}' command", spec.name),
@@ -123,6 +163,7 @@ impl ConnState {
             Cmd::Select => match parse_i64(a.get(1)) {
                 Some(n) if n >= 0 && n as u64 <= ex.shared.dbs.len() as u64 => {
                     self.db = n as usize;
+                    self.entry.db.store(n as u64, Ordering::Relaxed);
                     resp::simple(out, "OK")
                 }
                 Some(_) => resp::error(out, "ERR DB index is out of range"),
@@ -136,7 +177,14 @@ impl ConnState {
             }
             Cmd::Config => config(ex.shared, a, out),
             Cmd::Command => command_info(a, out),
-            Cmd::Client => self.client(a, out),
+            Cmd::Client => {
+                clients::client(&self.registry, &self.entry, a, ex.now_ms, out);
+                // CLIENT KILL ... SKIPME no may have named this connection.
+                if self.entry.killed() {
+                    return After::Close;
+                }
+            }
+            Cmd::Hello => return self.hello(ex.shared, a, out),
             Cmd::Quit => {
                 resp::simple(out, "OK");
                 return After::Close;
@@ -149,7 +197,7 @@ impl ConnState {
     /// AUTH [default] PASSWORD: the RESP password if one is set, else the
     /// cluster secret. A wrong one is counted and holds the connection's
     /// replies for a delay that doubles with each failure on it.
-    pub(super) fn auth(&mut self, shared: &RespShared, a: Args<'_>, out: &mut Vec<u8>) -> After {
+    pub(super) fn auth(&mut self, shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) -> After {
         if !shared.auth_required() {
             resp::error(
                 out,
@@ -165,12 +213,30 @@ impl ConnState {
                 return After::Continue;
             }
         };
+        match self.check_password(shared, user, given, out) {
+            Ok(()) => {
+                resp::simple(out, "OK");
+                After::Continue
+            }
+            Err(hold) => hold,
+        }
+    }
+
+    /// The AUTH check that AUTH and HELLO ... AUTH share: on success the
+    /// connection is authenticated and nothing is written; on failure the
+    /// WRONGPASS reply is written, counted, and the delay returned.
+    fn check_password(
+        &mut self,
+        shared: &RespShared,
+        user: &[u8],
+        given: &[u8],
+        out: &mut Reply<'_>,
+    ) -> Result<(), After> {
         // Both checks run whatever the user, so the time says nothing.
         let accepted = shared.auth_accepts(given);
         if user == b"default" && accepted {
             self.authed = true;
-            resp::simple(out, "OK");
-            return After::Continue;
+            return Ok(());
         }
         resp::error(
             out,
@@ -181,22 +247,106 @@ impl ConnState {
             .auth_failures
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.auth_failures = self.auth_failures.saturating_add(1);
-        After::Hold {
+        Err(After::Hold {
             delay_ms: super::auth_delay_ms(self.auth_failures),
-        }
+        })
     }
 
-    pub(super) fn client(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
-        let mut sub = [0u8; COMMAND_NAME_BYTES_MAX];
-        match lower(a.get(1), &mut sub) {
-            b"setname" | b"setinfo" => resp::simple(out, "OK"),
-            b"getname" => resp::null_bulk(out),
-            b"id" => resp::integer(out, self.id as i64),
-            _ => resp::error(
-                out,
-                "ERR unknown CLIENT subcommand (FabricKV answers ID, GETNAME, SETNAME, SETINFO)",
-            ),
+    /// HELLO [protover [AUTH username password] [SETNAME clientname]]:
+    /// authenticates (as AUTH does), names the connection, switches its
+    /// protocol, and answers with what the server is, as Redis does.
+    fn hello(&mut self, shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) -> After {
+        let mut proto = None;
+        let mut next = 1;
+        if a.len() >= 2 {
+            match parse_i64(a.get(1)) {
+                Some(2) => proto = Some(Proto::Resp2),
+                Some(3) => proto = Some(Proto::Resp3),
+                Some(_) => {
+                    resp::error(out, "NOPROTO unsupported protocol version");
+                    return After::Continue;
+                }
+                None => {
+                    resp::error(
+                        out,
+                        "ERR Protocol version is not an integer or out of range",
+                    );
+                    return After::Continue;
+                }
+            }
+            next = 2;
         }
+        let mut auth = None;
+        let mut name = None;
+        while next < a.len() {
+            let more = a.len() - 1 - next;
+            let mut buf = [0u8; COMMAND_NAME_BYTES_MAX];
+            match lower(a.get(next), &mut buf) {
+                b"auth" if more >= 2 => {
+                    auth = Some((a.get(next + 1), a.get(next + 2)));
+                    next += 3;
+                }
+                b"setname" if more >= 1 => {
+                    name = Some(a.get(next + 1));
+                    next += 2;
+                }
+                _ => {
+                    let opt = a.get(next);
+                    let shown = quoted(opt);
+                    resp::error(out, &format!("ERR Syntax error in HELLO option '{shown}'"));
+                    return After::Continue;
+                }
+            }
+        }
+        if let Some((user, pass)) = auth {
+            // With no password set every connection is open already, and
+            // Redis's passwordless default user takes any password.
+            if shared.auth_required() {
+                if let Err(hold) = self.check_password(shared, user, pass, out) {
+                    return hold;
+                }
+            } else if user != b"default" {
+                resp::error(
+                    out,
+                    "WRONGPASS invalid username-password pair or user is disabled.",
+                );
+                return After::Continue;
+            }
+        }
+        if !self.authed {
+            resp::error(
+                out,
+                "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
+            );
+            return After::Continue;
+        }
+        if let Some(name) = name {
+            if let Err(e) = self.entry.set_name(name) {
+                resp::error(out, e);
+                return After::Continue;
+            }
+        }
+        if let Some(p) = proto {
+            self.proto = p;
+            self.entry.set_proto(p);
+            out.set_proto(p);
+        }
+        out.map_header(7);
+        resp::bulk(out, b"server");
+        resp::bulk(out, b"redis");
+        resp::bulk(out, b"version");
+        resp::bulk(out, super::REDIS_VERSION.as_bytes());
+        resp::bulk(out, b"proto");
+        resp::integer(out, self.proto.version());
+        resp::bulk(out, b"id");
+        resp::integer(out, self.id as i64);
+        resp::bulk(out, b"mode");
+        resp::bulk(out, b"standalone");
+        resp::bulk(out, b"role");
+        resp::bulk(out, b"master");
+        resp::bulk(out, b"modules");
+        resp::array_header(out, 0);
+        After::Continue
     }
 }
 
@@ -270,6 +420,14 @@ fn unknown_command(out: &mut Vec<u8>, a: Args<'_>) {
         }
     }
     resp::error(out, &msg);
+}
+
+/// An argument quoted back in an error, cut at
+/// [`ERROR_ARG_QUOTE_BYTES_MAX`] bytes.
+pub(super) fn quoted(arg: &[u8]) -> String {
+    let mut s = String::new();
+    quote_arg(&mut s, arg);
+    s
 }
 
 fn quote_arg(msg: &mut String, arg: &[u8]) {

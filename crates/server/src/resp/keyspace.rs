@@ -11,6 +11,7 @@
 
 use fabrickv_engine::{GetResult, PutCond, PutResult};
 use fabrickv_resp::reply as resp;
+use fabrickv_resp::reply::Reply;
 use fabrickv_types::KeyHash;
 
 use super::args::{check_key, storable_key, Args, NOT_INTEGER};
@@ -42,7 +43,7 @@ const CURSOR_BUCKET_BITS: u32 = 32;
 
 impl Exec<'_> {
     /// The commands added beside the first ones (see `conn`).
-    pub(super) fn more(&mut self, id: Cmd, a: Args<'_>, out: &mut Vec<u8>) {
+    pub(super) fn more(&mut self, id: Cmd, a: Args<'_>, out: &mut Reply<'_>) {
         match id {
             Cmd::Flushdb => self.flush(a, false, out),
             Cmd::Flushall => self.flush(a, true, out),
@@ -354,7 +355,7 @@ impl Exec<'_> {
     }
 
     /// RANDOMKEY: a key from a random bucket onwards, or null when empty.
-    fn randomkey(&mut self, out: &mut Vec<u8>) {
+    fn randomkey(&mut self, out: &mut Reply<'_>) {
         let n = self.shared.parts.len();
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -373,7 +374,7 @@ impl Exec<'_> {
             let b0 = ((r >> 32) as usize) % buckets;
             for j in 0..buckets {
                 if walked >= RANDOMKEY_BUCKETS_MAX {
-                    return resp::null_bulk(out);
+                    return out.null();
                 }
                 walked += 1;
                 let mut keys: Vec<Vec<u8>> = Vec::new();
@@ -386,6 +387,6 @@ impl Exec<'_> {
                 }
             }
         }
-        resp::null_bulk(out)
+        out.null()
     }
 }

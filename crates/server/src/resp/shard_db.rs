@@ -17,7 +17,7 @@
 
 use std::collections::HashSet;
 
-use fabrickv_resp::reply as resp;
+use fabrickv_resp::reply::{self as resp, Reply};
 use fabrickv_storage::{ShardBackend, StorageError, Write};
 use fabrickv_wire::shard_data::{SHARD_DATA_KEY_BYTES_MAX, SHARD_DATA_VALUE_BYTES_MAX};
 
@@ -57,7 +57,7 @@ pub(super) fn command<S: ShardBackend + ?Sized>(
     db: usize,
     spec: &Spec,
     a: Args<'_>,
-    out: &mut Vec<u8>,
+    out: &mut Reply<'_>,
 ) {
     let name = spec.name;
     match spec.id {
@@ -109,7 +109,7 @@ fn read<S: ShardBackend + ?Sized>(
     shard.get(key).map_err(|e| storage_error(out, e))
 }
 
-fn get<S: ShardBackend + ?Sized>(shard: &S, key: &[u8], out: &mut Vec<u8>) {
+fn get<S: ShardBackend + ?Sized>(shard: &S, key: &[u8], out: &mut Reply<'_>) {
     if !check_key(key, out) {
         return;
     }
@@ -122,7 +122,7 @@ fn get<S: ShardBackend + ?Sized>(shard: &S, key: &[u8], out: &mut Vec<u8>) {
             ),
         ),
         Ok(Some(v)) => resp::bulk(out, &v),
-        Ok(None) => resp::null_bulk(out),
+        Ok(None) => out.null(),
         Err(()) => {}
     }
 }
@@ -154,18 +154,18 @@ fn set<S: ShardBackend + ?Sized>(shard: &S, db: usize, a: Args<'_>, out: &mut Ve
     }
 }
 
-fn mget<S: ShardBackend + ?Sized>(shard: &S, a: Args<'_>, out: &mut Vec<u8>) {
+fn mget<S: ShardBackend + ?Sized>(shard: &S, a: Args<'_>, out: &mut Reply<'_>) {
     let mark = out.len();
     resp::array_header(out, a.len() - 1);
     for i in 1..a.len() {
         let key = a.get(i);
         if key.len() > SHARD_DATA_KEY_BYTES_MAX {
-            resp::null_bulk(out);
+            out.null();
             continue;
         }
         match shard.get(key) {
             Ok(Some(v)) => resp::bulk(out, &v),
-            Ok(None) => resp::null_bulk(out),
+            Ok(None) => out.null(),
             Err(e) => {
                 out.truncate(mark);
                 return storage_error(out, e);

@@ -4,7 +4,7 @@
 
 use fabrickv_engine::{DeleteResult, GetResult, Partition, PutCond, PutResult};
 use fabrickv_resp::parse_i64;
-use fabrickv_resp::reply as resp;
+use fabrickv_resp::reply::{self as resp, Reply};
 use fabrickv_types::KeyHash;
 
 use super::args::{check_key, expiry_at, int_arg, mget_fits, storable_key, Args, NOT_INTEGER};
@@ -13,7 +13,7 @@ use super::table::{lower, COMMAND_NAME_BYTES_MAX};
 use super::RESP_PREFETCH_KEYS;
 
 impl Exec<'_> {
-    pub(super) fn get(&mut self, key: &[u8], out: &mut Vec<u8>) {
+    pub(super) fn get(&mut self, key: &[u8], out: &mut Reply<'_>) {
         if !check_key(key, out) {
             return;
         }
@@ -21,7 +21,7 @@ impl Exec<'_> {
         let h = KeyHash::of(key);
         match self.part(h).get(h, key, now) {
             GetResult::Found { value, .. } => resp::bulk(out, value),
-            GetResult::NotFound => resp::null_bulk(out),
+            GetResult::NotFound => out.null(),
         }
     }
 
@@ -37,7 +37,7 @@ impl Exec<'_> {
         }
     }
 
-    pub(super) fn set(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+    pub(super) fn set(&mut self, a: Args<'_>, out: &mut Reply<'_>) {
         let (key, value) = (a.get(1), a.get(2));
         if !check_key(key, out) {
             return;
@@ -105,7 +105,7 @@ impl Exec<'_> {
                     }
                     old_ttl = expire_at_ms;
                 }
-                GetResult::NotFound if get_old => resp::null_bulk(out),
+                GetResult::NotFound if get_old => out.null(),
                 GetResult::NotFound => {}
             }
         }
@@ -117,7 +117,7 @@ impl Exec<'_> {
         match p.put(h, key, value, at, cond, now) {
             PutResult::Stored if !get_old => resp::simple(out, "OK"),
             PutResult::Stored | PutResult::ConditionFailed if get_old => {}
-            PutResult::ConditionFailed => resp::null_bulk(out),
+            PutResult::ConditionFailed => out.null(),
             r => {
                 out.truncate(mark);
                 put_error(out, r);
@@ -127,13 +127,13 @@ impl Exec<'_> {
 
     /// MGET with every key's partition locked together, so that it never
     /// sees half of a write over several partitions (MSET, EXEC).
-    pub(super) fn mget(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+    pub(super) fn mget(&mut self, a: Args<'_>, out: &mut Reply<'_>) {
         self.lock_keys((1..a.len()).map(|i| a.get(i)));
         self.mget_locked(a, out);
         self.unlock_many();
     }
 
-    fn mget_locked(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+    fn mget_locked(&mut self, a: Args<'_>, out: &mut Reply<'_>) {
         let mark = out.len();
         resp::array_header(out, a.len() - 1);
         let now = self.now_ms;
@@ -148,13 +148,13 @@ impl Exec<'_> {
             }
             let key = a.get(i);
             if !storable_key(key) {
-                resp::null_bulk(out);
+                out.null();
                 continue;
             }
             let h = KeyHash::of(key);
             match self.part(h).get(h, key, now) {
                 GetResult::Found { value, .. } => resp::bulk(out, value),
-                GetResult::NotFound => resp::null_bulk(out),
+                GetResult::NotFound => out.null(),
             }
             if !mget_fits(out, mark) {
                 return;

@@ -4,6 +4,7 @@
 
 use fabrickv_engine::{GetResult, PutCond, PutResult};
 use fabrickv_resp::reply as resp;
+use fabrickv_resp::reply::Reply;
 use fabrickv_types::limits::{TTL_MS_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::KeyHash;
 
@@ -146,7 +147,7 @@ impl Exec<'_> {
     }
 
     /// GETEX key [EX s | PX ms | EXAT t | PXAT t | PERSIST].
-    pub(super) fn getex(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+    pub(super) fn getex(&mut self, a: Args<'_>, out: &mut Reply<'_>) {
         let key = a.get(1);
         if !check_key(key, out) {
             return;
@@ -185,7 +186,7 @@ impl Exec<'_> {
         let p = self.part(h);
         match p.get(h, key, now) {
             GetResult::Found { value, .. } => resp::bulk(out, value),
-            GetResult::NotFound => return resp::null_bulk(out),
+            GetResult::NotFound => return out.null(),
         }
         match change {
             Some(at) if at != 0 && at <= now => {
@@ -199,7 +200,7 @@ impl Exec<'_> {
     }
 
     /// GETDEL key: the value, and the key deleted.
-    pub(super) fn getdel(&mut self, key: &[u8], out: &mut Vec<u8>) {
+    pub(super) fn getdel(&mut self, key: &[u8], out: &mut Reply<'_>) {
         if !check_key(key, out) {
             return;
         }
@@ -208,13 +209,13 @@ impl Exec<'_> {
         let p = self.part(h);
         match p.get(h, key, now) {
             GetResult::Found { value, .. } => resp::bulk(out, value),
-            GetResult::NotFound => return resp::null_bulk(out),
+            GetResult::NotFound => return out.null(),
         }
         let _ = p.delete(h, key, now);
     }
 
     /// GETSET key value: SET key value GET (the expiry is dropped).
-    pub(super) fn getset(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+    pub(super) fn getset(&mut self, a: Args<'_>, out: &mut Reply<'_>) {
         let key = a.get(1);
         if !check_key(key, out) {
             return;
@@ -225,7 +226,7 @@ impl Exec<'_> {
         let p = self.part(h);
         match p.get(h, key, now) {
             GetResult::Found { value, .. } => resp::bulk(out, value),
-            GetResult::NotFound => resp::null_bulk(out),
+            GetResult::NotFound => out.null(),
         }
         let r = p.put(h, key, a.get(2), 0, PutCond::Always, now);
         if r != PutResult::Stored {

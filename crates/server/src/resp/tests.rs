@@ -358,7 +358,8 @@ fn config_info_command_client() {
     );
     assert_eq!(c.run(&["CONFIG", "GET", "nothing*"]), "*0\r\n");
     let many = c.run(&["CONFIG", "GET", "*max*"]);
-    assert!(many.starts_with("*4\r\n"), "{many:?}");
+    // maxmemory, maxmemory-policy and maxclients.
+    assert!(many.starts_with("*6\r\n"), "{many:?}");
     let stars = format!("{}x", "*".repeat(5000));
     assert_eq!(c.run(&["CONFIG", "GET", &stars]), "*0\r\n");
     assert!(c.run(&["CONFIG", "SET", "save", ""]).starts_with("-ERR"));
@@ -370,7 +371,9 @@ fn config_info_command_client() {
     assert!(ks.contains("db0:keys=1") && !ks.contains("redis_version"));
     assert_eq!(c.run(&["CLIENT", "SETNAME", "x"]), "+OK\r\n");
     assert_eq!(c.run(&["CLIENT", "ID"]), ":1\r\n");
-    assert_eq!(c.run(&["COMMAND", "DOCS"]), "*0\r\n");
+    assert!(c
+        .run(&["COMMAND", "DOCS"])
+        .starts_with(&format!("*{}\r\n", 2 * table::COMMANDS.len())));
 }
 
 #[test]
@@ -617,3 +620,417 @@ fn the_empty_key_is_refused_as_natively() {
 }
 
 mod cmds;
+
+/// The `$len` bulk of `s`, for building expected replies.
+fn b(s: &str) -> String {
+    format!("${}\r\n{s}\r\n", s.len())
+}
+
+fn hello_map(proto: i64, id: u64, resp3: bool) -> String {
+    let head = if resp3 { "%7\r\n" } else { "*14\r\n" };
+    format!(
+        "{head}{}{}{}{}{}:{proto}\r\n{}:{id}\r\n{}{}{}{}{}*0\r\n",
+        b("server"),
+        b("redis"),
+        b("version"),
+        b(crate::resp::REDIS_VERSION),
+        b("proto"),
+        b("id"),
+        b("mode"),
+        b("standalone"),
+        b("role"),
+        b("master"),
+        b("modules"),
+    )
+}
+
+#[test]
+fn hello_switches_the_protocol_and_resp3_replies_follow() {
+    let mut c = Conn::new(1);
+    // HELLO alone answers in the current protocol and keeps it.
+    assert_eq!(c.run(&["HELLO"]), hello_map(2, 1, false));
+    assert_eq!(c.run(&["HELLO", "2"]), hello_map(2, 1, false));
+    assert_eq!(
+        c.run(&["HELLO", "4"]),
+        "-NOPROTO unsupported protocol version\r\n"
+    );
+    assert_eq!(
+        c.run(&["HELLO", "x"]),
+        "-ERR Protocol version is not an integer or out of range\r\n"
+    );
+    assert_eq!(
+        c.run(&["HELLO", "3", "BOGUS"]),
+        "-ERR Syntax error in HELLO option 'BOGUS'\r\n"
+    );
+    // Still RESP2 after the errors.
+    assert_eq!(c.run(&["GET", "nope"]), "$-1\r\n");
+    assert_eq!(c.run(&["HELLO", "3"]), hello_map(3, 1, true));
+    // RESP3: null, maps, verbatim strings.
+    assert_eq!(c.run(&["GET", "nope"]), "_\r\n");
+    c.run(&["SET", "a", "1"]);
+    assert_eq!(c.run(&["MGET", "a", "nope"]), "*2\r\n$1\r\n1\r\n_\r\n");
+    assert_eq!(c.run(&["SET", "a", "2", "NX"]), "_\r\n");
+    assert_eq!(
+        c.run(&["CONFIG", "GET", "appendonly"]),
+        "%1\r\n$10\r\nappendonly\r\n$2\r\nno\r\n"
+    );
+    let info = c.run(&["INFO", "keyspace"]);
+    assert!(info.starts_with('='), "{info:?}");
+    assert!(info.contains("\r\ntxt:# Keyspace\r\n"), "{info:?}");
+    let me = c.run(&["CLIENT", "INFO"]);
+    assert!(me.starts_with('=') && me.contains("txt:id=1 "), "{me:?}");
+    assert!(me.contains(" resp=3 "), "{me:?}");
+    assert_eq!(c.run(&["CLIENT", "GETNAME"]), "_\r\n");
+    // Back to RESP2, with a name.
+    assert_eq!(
+        c.run(&["HELLO", "2", "SETNAME", "back"]),
+        hello_map(2, 1, false)
+    );
+    assert_eq!(c.run(&["CLIENT", "GETNAME"]), "$4\r\nback\r\n");
+    assert_eq!(c.run(&["GET", "nope"]), "$-1\r\n");
+}
+
+#[test]
+fn hello_authenticates_like_auth() {
+    let mut c = Conn::with(shared_with(1, Some("s3cret")));
+    let noauth = "-NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time\r\n";
+    assert_eq!(c.run(&["HELLO", "3"]), noauth);
+    assert_eq!(c.run(&["HELLO"]), noauth);
+    // A wrong password is WRONGPASS, counted and held like AUTH's.
+    let mut out = Vec::new();
+    let p = c.session.process(
+        &c.shared,
+        &cmd(&[b"HELLO", b"3", b"AUTH", b"default", b"nope"]),
+        &mut out,
+        c.now_ms,
+    );
+    assert_eq!(
+        out,
+        b"-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+    );
+    assert_eq!(
+        p.hold_until_ms,
+        Some(c.now_ms + crate::resp::RESP_AUTH_DELAY_BASE_MS)
+    );
+    assert_eq!(c.run(&["GET", "k"]), "-NOAUTH Authentication required.\r\n");
+    assert_eq!(
+        c.run(&["HELLO", "3", "AUTH", "default", "s3cret", "SETNAME", "py"]),
+        hello_map(3, 1, true)
+    );
+    assert_eq!(c.run(&["GET", "k"]), "_\r\n");
+    assert_eq!(c.run(&["CLIENT", "GETNAME"]), "$2\r\npy\r\n");
+    let stats = c.run(&["INFO", "stats"]);
+    assert!(stats.contains("acl_access_denied_auth:1\r\n"), "{stats}");
+}
+
+#[test]
+fn behaviour_fixes_match_redis() {
+    let mut c = Conn::new(1);
+    assert_eq!(
+        c.run(&["PING", "x", "y", "z"]),
+        "-ERR wrong number of arguments for 'ping' command\r\n"
+    );
+    assert_eq!(
+        c.run(&["CLIENT", "SETNAME", "foo bar"]),
+        "-ERR Client names cannot contain spaces, newlines or special characters.\r\n"
+    );
+    assert_eq!(
+        c.run(&["CLIENT", "SETNAME", "a\nb"]),
+        "-ERR Client names cannot contain spaces, newlines or special characters.\r\n"
+    );
+    let mut p = Conn::with(shared_with(1, Some("pw")));
+    assert_eq!(p.run(&["AUTH", "a", "b", "c"]), "-ERR syntax error\r\n");
+    // An unauthenticated client announcing 100 arguments is refused at
+    // once, before they arrive, and closed.
+    let (reply, close) = p.feed(b"*100\r\n");
+    assert_eq!(
+        reply,
+        "-ERR Protocol error: unauthenticated multibulk length\r\n"
+    );
+    assert!(close);
+    let mut p = Conn::with(shared_with(1, Some("pw")));
+    let (reply, close) = p.feed(b"*2\r\n$4\r\nAUTH\r\n$20000\r\n");
+    assert_eq!(
+        reply,
+        "-ERR Protocol error: unauthenticated bulk length\r\n"
+    );
+    assert!(close);
+    // Once authenticated, the same header just waits for its arguments.
+    let mut p = Conn::with(shared_with(1, Some("pw")));
+    assert_eq!(p.run(&["AUTH", "pw"]), "+OK\r\n");
+    assert_eq!(p.feed(b"*100\r\n"), (String::new(), false));
+}
+
+#[test]
+fn command_info_describes_get_as_redis_does() {
+    let mut c = Conn::new(1);
+    let get = "*10\r\n$3\r\nget\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n\
+*3\r\n+@read\r\n+@string\r\n+@fast\r\n*0\r\n\
+*1\r\n*6\r\n$5\r\nflags\r\n*2\r\n+RO\r\n+access\r\n\
+$12\r\nbegin_search\r\n*4\r\n$4\r\ntype\r\n$5\r\nindex\r\n$4\r\nspec\r\n*2\r\n$5\r\nindex\r\n:1\r\n\
+$9\r\nfind_keys\r\n*4\r\n$4\r\ntype\r\n$5\r\nrange\r\n$4\r\nspec\r\n\
+*6\r\n$7\r\nlastkey\r\n:0\r\n$7\r\nkeystep\r\n:1\r\n$5\r\nlimit\r\n:0\r\n*0\r\n";
+    assert_eq!(c.run(&["COMMAND", "INFO", "get"]), format!("*1\r\n{get}"));
+    assert_eq!(
+        c.run(&["COMMAND", "INFO", "nosuch", "GET"]),
+        format!("*2\r\n$-1\r\n{get}")
+    );
+    let n = table::COMMANDS.len();
+    assert_eq!(c.run(&["COMMAND", "COUNT"]), format!(":{n}\r\n"));
+    let list = c.run(&["COMMAND", "LIST"]);
+    assert!(
+        list.starts_with(&format!("*{n}\r\n$3\r\nget\r\n")),
+        "{list}"
+    );
+    assert!(c.run(&["COMMAND"]).starts_with(&format!("*{n}\r\n*10\r\n")));
+    assert_eq!(
+        c.run(&["COMMAND", "GETKEYS", "MSET", "a", "1", "b", "2"]),
+        "*2\r\n$1\r\na\r\n$1\r\nb\r\n"
+    );
+    assert_eq!(
+        c.run(&["COMMAND", "GETKEYS", "get", "k"]),
+        "*1\r\n$1\r\nk\r\n"
+    );
+    assert_eq!(
+        c.run(&["COMMAND", "GETKEYS", "DEL", "a", "b", "c"]),
+        "*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n"
+    );
+    assert_eq!(
+        c.run(&["COMMAND", "GETKEYS", "ping"]),
+        "-ERR The command has no key arguments\r\n"
+    );
+    assert_eq!(
+        c.run(&["COMMAND", "GETKEYS", "nosuch", "x"]),
+        "-ERR Invalid command specified\r\n"
+    );
+    assert_eq!(
+        c.run(&["COMMAND", "GETKEYS", "get"]),
+        "-ERR Invalid number of arguments specified for command\r\n"
+    );
+    let docs = c.run(&["COMMAND", "DOCS", "get"]);
+    assert!(
+        docs.starts_with("*2\r\n$3\r\nget\r\n*8\r\n$7\r\nsummary\r\n"),
+        "{docs}"
+    );
+    // Every table entry's key positions agree with its key spec.
+    for spec in table::COMMANDS {
+        assert_eq!(
+            spec.first_key > 0,
+            !spec.key_specs.is_empty(),
+            "{}",
+            spec.name
+        );
+        if let Some(first) = spec.key_specs.first() {
+            assert_eq!(first.index, spec.first_key, "{}", spec.name);
+        }
+        for ks in spec.key_specs {
+            assert!(ks.index >= spec.first_key, "{}", spec.name);
+            assert_eq!(ks.keystep, spec.step, "{}", spec.name);
+        }
+    }
+}
+
+#[test]
+fn client_registry_lists_names_and_kills() {
+    let shared = shared_with(1, None);
+    let mut a = RespSession::new(&shared, 1);
+    let mut b = RespSession::new(&shared, 2);
+    let run = |s: &mut RespSession, args: &[&str]| {
+        let a: Vec<&[u8]> = args.iter().map(|s| s.as_bytes()).collect();
+        let mut out = Vec::new();
+        let p = s.process(&shared, &cmd(&a), &mut out, 5_000);
+        (String::from_utf8_lossy(&out).into_owned(), p.close)
+    };
+    assert_eq!(run(&mut a, &["CLIENT", "SETNAME", "alpha"]).0, "+OK\r\n");
+    assert_eq!(
+        run(&mut a, &["CLIENT", "SETINFO", "LIB-NAME", "redis-py"]).0,
+        "+OK\r\n"
+    );
+    assert_eq!(
+        run(&mut a, &["CLIENT", "SETINFO", "lib-ver", "8.0.0"]).0,
+        "+OK\r\n"
+    );
+    assert_eq!(
+        run(&mut a, &["CLIENT", "SETINFO", "lib-ver", "8 0"]).0,
+        "-ERR lib-ver cannot contain spaces, newlines or special characters.\r\n"
+    );
+    assert_eq!(
+        run(&mut a, &["CLIENT", "SETINFO", "color", "x"]).0,
+        "-ERR Unrecognized option 'color'\r\n"
+    );
+    let long = "n".repeat(crate::resp::RESP_CLIENT_NAME_BYTES_MAX + 1);
+    for args in [
+        &["CLIENT", "SETNAME", &long][..],
+        &["CLIENT", "SETINFO", "LIB-NAME", &long],
+    ] {
+        assert_eq!(
+            run(&mut a, args).0,
+            "-ERR client names and library info are at most 1024 bytes\r\n"
+        );
+    }
+    assert_eq!(run(&mut a, &["CLIENT", "NO-EVICT", "on"]).0, "+OK\r\n");
+    for help in [
+        &["CLIENT", "HELP"][..],
+        &["CONFIG", "HELP"],
+        &["COMMAND", "HELP"],
+    ] {
+        let text = run(&mut a, help).0;
+        assert!(
+            text.starts_with('*') && text.contains("+HELP\r\n"),
+            "{text}"
+        );
+    }
+    assert_eq!(run(&mut a, &["CLIENT", "NO-TOUCH", "off"]).0, "+OK\r\n");
+    assert_eq!(
+        run(&mut a, &["CLIENT", "NOPE"]).0,
+        "-ERR unknown subcommand 'NOPE'. Try CLIENT HELP.\r\n"
+    );
+    assert_eq!(
+        run(&mut a, &["CLIENT", "SETNAME"]).0,
+        "-ERR wrong number of arguments for 'client|setname' command\r\n"
+    );
+    let (list, _) = run(&mut b, &["CLIENT", "LIST"]);
+    let lines: Vec<&str> = list.lines().collect();
+    // The bulk header, a line per client, and the bulk's CRLF.
+    assert_eq!(lines.len(), 4, "{list:?}");
+    assert!(
+        lines[1].starts_with("id=1 addr= laddr= fd=0 name=alpha age=5 idle=0 flags=N db=0 "),
+        "{list:?}"
+    );
+    assert!(lines[1].contains(" cmd=client "), "{list:?}");
+    assert!(
+        lines[1].ends_with(" resp=2 lib-name=redis-py lib-ver=8.0.0"),
+        "{list:?}"
+    );
+    assert!(lines[2].starts_with("id=2 "), "{list:?}");
+    let (one, _) = run(&mut b, &["CLIENT", "LIST", "ID", "2"]);
+    assert_eq!(one.lines().count(), 3, "{one:?}");
+    // SKIPME defaults to yes: B cannot kill itself by id unless it says so.
+    assert_eq!(
+        run(&mut b, &["CLIENT", "KILL", "ID", "2"]),
+        (":0\r\n".into(), false)
+    );
+    assert_eq!(
+        run(&mut b, &["CLIENT", "KILL", "ID", "1"]),
+        (":1\r\n".into(), false)
+    );
+    assert!(a.killed());
+    // A killed session closes at its next turn without running anything.
+    assert_eq!(run(&mut a, &["PING"]), (String::new(), true));
+    assert_eq!(
+        run(&mut b, &["CLIENT", "KILL", "1.2.3.4:5"]).0,
+        "-ERR No such client\r\n"
+    );
+    assert_eq!(
+        run(&mut b, &["CLIENT", "KILL", "ID", "x"]).0,
+        "-ERR client-id should be greater than 0\r\n"
+    );
+    assert_eq!(
+        run(&mut b, &["CLIENT", "KILL", "USER", "bob"]).0,
+        "-ERR No such user 'bob'\r\n"
+    );
+    assert_eq!(
+        run(&mut b, &["CLIENT", "KILL", "ID", "1", "SKIPME"]).0,
+        "-ERR syntax error\r\n"
+    );
+    // Killing itself with SKIPME no: the reply, then the close.
+    assert_eq!(
+        run(&mut b, &["CLIENT", "KILL", "ID", "2", "SKIPME", "no"]),
+        (":1\r\n".into(), true)
+    );
+    // A dropped session leaves the registry.
+    drop(a);
+    assert_eq!(shared.clients.len(), 1);
+    drop(b);
+    assert!(shared.clients.is_empty());
+}
+
+#[test]
+fn config_set_and_resetstat() {
+    let mut c = Conn::new(1);
+    assert_eq!(c.run(&["CONFIG", "SET", "timeout", "30"]), "+OK\r\n");
+    assert_eq!(
+        c.run(&["CONFIG", "GET", "timeout"]),
+        "*2\r\n$7\r\ntimeout\r\n$2\r\n30\r\n"
+    );
+    assert_eq!(c.shared.idle_timeout_ms.load(Ordering::Relaxed), 30_000);
+    assert_eq!(
+        c.run(&["CONFIG", "SET", "timeout", "x"]),
+        "-ERR CONFIG SET failed (possibly related to argument 'timeout') - argument couldn't be parsed into an integer\r\n"
+    );
+    assert_eq!(
+        c.run(&["CONFIG", "SET", "maxclients", "5"]),
+        "-ERR CONFIG SET failed (possibly related to argument 'maxclients') - can't set immutable config\r\n"
+    );
+    assert_eq!(
+        c.run(&["CONFIG", "SET", "requirepass", "x"]),
+        "-ERR CONFIG SET failed (possibly related to argument 'requirepass') - can't set immutable config\r\n"
+    );
+    assert_eq!(
+        c.run(&["CONFIG", "SET", "x", "1"]),
+        "-ERR CONFIG SET failed (possibly related to argument 'x') - Unsupported CONFIG parameter: x\r\n"
+    );
+    // Nothing is applied when one pair fails.
+    assert!(c
+        .run(&["CONFIG", "SET", "timeout", "0", "x", "1"])
+        .starts_with("-ERR CONFIG SET failed"));
+    assert_eq!(c.shared.idle_timeout_ms.load(Ordering::Relaxed), 30_000);
+    assert_eq!(
+        c.run(&["CONFIG", "SET", "timeout"]),
+        "-ERR wrong number of arguments for 'config|set' command\r\n"
+    );
+    // Counters for INFO.
+    c.run(&["SET", "k", "v"]);
+    c.run(&["GET", "k"]);
+    c.run(&["GET", "k"]);
+    c.run(&["GET"]);
+    c.run(&["INCR", "k"]);
+    c.run(&["NOSUCH"]);
+    let stats = c.run(&["INFO", "commandstats", "errorstats"]);
+    assert!(stats.contains("cmdstat_get:calls=2,usec="), "{stats}");
+    assert!(
+        stats.contains(",rejected_calls=1,failed_calls=0\r\n"),
+        "{stats}"
+    );
+    assert!(
+        stats.contains("cmdstat_incr:calls=1,") && stats.contains("failed_calls=1\r\n"),
+        "{stats}"
+    );
+    assert!(stats.contains("errorstat_ERR:count="), "{stats}");
+    assert!(!stats.contains("# Server"), "{stats}");
+    assert_eq!(c.run(&["CONFIG", "RESETSTAT"]), "+OK\r\n");
+    let after = c.run(&["INFO", "commandstats", "stats"]);
+    assert!(!after.contains("cmdstat_get"), "{after}");
+    assert!(after.contains("keyspace_hits:0\r\n"), "{after}");
+    assert!(after.contains("total_error_replies:0\r\n"), "{after}");
+}
+
+#[test]
+fn info_sections_follow_redis() {
+    let mut c = Conn::new(1);
+    let default = c.run(&["INFO"]);
+    for s in [
+        "# Server",
+        "# Clients",
+        "# Memory",
+        "# Persistence",
+        "# Stats",
+        "# Replication",
+        "# CPU",
+        "# Errorstats",
+        "# Cluster",
+        "# Keyspace",
+    ] {
+        assert!(default.contains(s), "{s} in {default}");
+    }
+    assert!(!default.contains("# Commandstats"));
+    assert!(default.contains("role:master\r\nconnected_slaves:0\r\n"));
+    assert!(default.contains("db0:keys=0,expires=0,avg_ttl=0\r\n"));
+    assert!(default.contains("used_cpu_sys:") && default.contains("used_cpu_user:"));
+    assert!(c.run(&["INFO", "all"]).contains("# Commandstats"));
+    assert!(c.run(&["INFO", "everything"]).contains("# Modules"));
+    let two = c.run(&["INFO", "SERVER", "replication"]);
+    assert!(two.contains("# Server") && two.contains("# Replication"));
+    assert!(!two.contains("# Clients"));
+    assert!(c.run(&["INFO", "default"]).contains("# Keyspace"));
+}

@@ -20,6 +20,7 @@
 
 use fabrickv_engine::GetResult;
 use fabrickv_resp::reply as resp;
+use fabrickv_resp::reply::Reply;
 use fabrickv_resp::{CommandParser, Parse};
 use fabrickv_types::KeyHash;
 
@@ -54,7 +55,7 @@ impl ConnState {
         ex: &mut Exec<'_>,
         spec: &Spec,
         a: Args<'_>,
-        out: &mut Vec<u8>,
+        out: &mut Reply<'_>,
     ) -> Option<After> {
         match spec.id {
             Cmd::Multi => {
@@ -162,7 +163,7 @@ impl ConnState {
 
     /// EXEC: the queued commands with every partition locked, or a null
     /// array when a watched key changed, or EXECABORT.
-    fn exec(&mut self, ex: &mut Exec<'_>, out: &mut Vec<u8>) {
+    fn exec(&mut self, ex: &mut Exec<'_>, out: &mut Reply<'_>) {
         let Some(t) = self.multi.take() else {
             return resp::error(out, "ERR EXEC without MULTI");
         };
@@ -181,7 +182,7 @@ impl ConnState {
             p.key_version(w.hash) != w.version || (w.expire_at_ms != 0 && w.expire_at_ms <= now)
         });
         if changed {
-            resp::null_array(out);
+            out.null_array();
         } else {
             resp::array_header(out, t.count);
             let mut parser = CommandParser::new();
