@@ -164,15 +164,17 @@ impl Server {
         cfg.validate().map_err(StartError::Config)?;
         let workers = cfg.workers();
         let per_worker = (cfg.memory_bytes / workers as u64) as usize;
+        let large_per_worker = cfg.large_memory_bytes.unwrap_or(cfg.memory_bytes) / workers as u64;
         let mut partitions = Vec::with_capacity(workers);
         for _ in 0..workers {
-            let p = Partition::new(&PartitionConfig {
+            let mut p = Partition::new(&PartitionConfig {
                 mode: cfg.mode.into(),
                 pool_bytes: per_worker,
                 index_buckets: None,
                 memory: fabrickv_engine::PoolOptions::default(),
             })
             .map_err(StartError::Engine)?;
+            p.set_large_bytes_max(large_per_worker);
             partitions.push(p);
         }
         let parts = Arc::new(partitions::Partitions::new(partitions));

@@ -60,8 +60,13 @@ pub(super) fn info(shared: &RespShared, a: Args<'_>, out: &mut Vec<u8>) {
     add(
         b"memory",
         format!(
-            "# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:{policy}\r\n",
-            e.bytes, shared.pool_bytes
+            "# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:{policy}\r\nlarge_values:{}\r\nlarge_values_bytes:{}\r\nlarge_values_maxbytes:{}\r\nlarge_receiving_bytes:{}\r\n",
+            e.bytes,
+            shared.pool_bytes,
+            e.large_values,
+            e.large_bytes,
+            e.large_bytes_max,
+            shared.large_receiving_bytes()
         ),
     );
     add(
