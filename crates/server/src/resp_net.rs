@@ -46,6 +46,12 @@ pub const RESP_READ_CHUNK_BYTES: usize = 16 << 10;
 /// into it but into its own buffer (see [`LargeIn`]).
 pub const RESP_INPUT_BYTES_MAX: usize = RESP_COMMAND_BYTES_MAX + RESP_READ_CHUNK_BYTES;
 
+/// How long a connection may stay silent in the middle of a large value
+/// before it is closed, in milliseconds (as the native protocol's
+/// `PARTIAL_MESSAGE_TIMEOUT_MS`): a client cannot hold its share of
+/// `RESP_LARGE_RECEIVING_BYTES_MAX` by sending nothing.
+pub const RESP_LARGE_STALL_MS: u64 = fabrickv_types::limits::PARTIAL_MESSAGE_TIMEOUT_MS;
+
 /// Bytes of the empty bulk header `$0\r\n` that stands in the input
 /// buffer for a large bulk received on its own.
 const EMPTY_BULK_HEADER: &[u8] = b"$0\r\n";
@@ -481,24 +487,30 @@ impl Loop {
     }
 
     /// Closes connections silent past the idle timeout with no command
-    /// pending, at most once per `IDLE_CHECK_INTERVAL_MS`.
+    /// pending, and those silent for [`RESP_LARGE_STALL_MS`] in the middle
+    /// of a large value (which hold a share of the server's receiving
+    /// bound), at most once per `IDLE_CHECK_INTERVAL_MS`.
     fn close_idle(&mut self) {
-        if self.idle_timeout_ms == 0 {
-            return;
-        }
         let now = self.clock.now_ms();
         if now.saturating_sub(self.last_idle_check_ms) < IDLE_CHECK_INTERVAL_MS {
             return;
         }
         self.last_idle_check_ms = now;
         for i in 0..self.conns.len() {
-            let idle = self.conns[i].as_ref().is_some_and(|c| {
-                !c.pending() && now.saturating_sub(c.active_ms) >= self.idle_timeout_ms
-            });
-            if idle {
+            let Some(c) = self.conns[i].as_ref() else {
+                continue;
+            };
+            let silent = now.saturating_sub(c.active_ms);
+            let idle = self.idle_timeout_ms != 0 && !c.pending() && silent >= self.idle_timeout_ms;
+            let stalled = c.large_in.is_some() && silent >= RESP_LARGE_STALL_MS;
+            if idle || stalled {
                 tracing::debug!(
-                    "closing a RESP connection idle for {} ms",
-                    self.idle_timeout_ms
+                    "closing a RESP connection silent for {silent} ms{}",
+                    if stalled {
+                        " in the middle of a large value"
+                    } else {
+                        ""
+                    }
                 );
                 self.close(i);
             }
