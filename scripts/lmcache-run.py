@@ -91,8 +91,9 @@ def main():
     info = r.info("memory")
     stats = r.info("stats")
     gib = a.chunks * size / (1 << 30)
-    print(f"chunks: {a.chunks} x {a.chunk_mb} MiB = {gib:.1f} GiB, mode {a.mode}, "
-          f"large-memory {a.large_memory}, workers {a.workers}")
+    where = (f"mode {a.mode}, large-memory {a.large_memory}, workers {a.workers}"
+             if proc is not None else f"the server on port {port}")
+    print(f"chunks: {a.chunks} x {a.chunk_mb} MiB = {gib:.1f} GiB, {where}")
     print(f"SET    : {a.chunks} chunks in {set_s:.2f} s = "
           f"{a.chunks * size / set_s / 1e9:.2f} GB/s ({a.chunks / set_s:.1f} chunks/s)")
     print(f"EXISTS : {a.chunks} keys in {exists_s:.3f} s; {len(held)} chunks held, "
@@ -100,10 +101,15 @@ def main():
     print(f"GET    : {len(held)} chunks in {get_s:.2f} s = "
           f"{len(held) * size / get_s / 1e9:.2f} GB/s, every byte checked, "
           f"{wrong} wrong")
-    print(f"server : large_values={info['large_values']} "
-          f"large_values_bytes={info['large_values_bytes']} "
-          f"large_values_maxbytes={info['large_values_maxbytes']} "
-          f"large_receiving_bytes={info['large_receiving_bytes']}")
+    if "large_values" in info:
+        print(f"server : large_values={info['large_values']} "
+              f"large_values_bytes={info['large_values_bytes']} "
+              f"large_values_maxbytes={info['large_values_maxbytes']} "
+              f"large_receiving_bytes={info['large_receiving_bytes']}")
+    else:
+        # Another server (redis-server, --port): its own memory line.
+        print(f"server : used_memory={info.get('used_memory')} "
+              f"maxmemory={info.get('maxmemory')}")
     print(json.dumps({"bench": "lmcache-run", "chunks": a.chunks,
                       "chunk_bytes": size, "mode": a.mode,
                       "set_gb_per_s": a.chunks * size / set_s / 1e9,

@@ -16,8 +16,8 @@ from conftest import Server
 
 MIB = 1 << 20
 CHUNK_BYTES = 16 * MIB
-# Chunks of the short run: 384 MiB in all.
-CHUNKS = 24
+# Chunks of the short run: 512 MiB in all.
+CHUNKS = 32
 PREFIX = "vllm@model@1@0"
 
 
