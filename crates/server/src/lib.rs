@@ -38,7 +38,7 @@ use fabrickv_engine::{EngineError, Partition, PartitionConfig};
 use fabrickv_transport::{TransportError, Waker};
 
 pub use config::{Mode, ServerConfig, DEFAULT_LISTEN, DEFAULT_PORT};
-pub use resp_net::{RESP_CONNECTIONS_MAX, RESP_EVICT_IDLE_MIN_MS};
+pub use resp_net::{RESP_CONNECTIONS_MAX, RESP_EVICT_IDLE_MIN_MS, RESP_LARGE_STALL_MS};
 
 /// Why a server did not start.
 #[derive(Debug)]

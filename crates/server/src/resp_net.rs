@@ -779,7 +779,7 @@ impl Conn {
                 }
                 front => {
                     let upto = front.map_or(self.out.len(), |r| r.at);
-                    let k = n.min(upto - self.out_pos);
+                    let k = n.min(upto.saturating_sub(self.out_pos));
                     self.out_pos += k;
                     n -= k;
                     if k == 0 {

@@ -332,3 +332,28 @@ fn a_native_get_of_a_large_value_is_value_too_large_not_a_resend_loop() {
     assert_eq!(native.get(b"small").expect("get"), Some(b"v".to_vec()));
     s.shutdown();
 }
+
+#[test]
+fn a_client_silent_in_the_middle_of_a_large_value_is_closed() {
+    let s = server(Mode::Store, 256 << 20);
+    let mut watch = Resp::connect(&s);
+    let mut c = Resp::connect(&s);
+    let head = format!("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n${}\r\n", 16 * MIB);
+    c.w.write_all(head.as_bytes()).expect("writes");
+    c.w.write_all(&value(MIB, 11)).expect("writes part of it");
+    wait_for(
+        "the value is being received",
+        Duration::from_secs(10),
+        || watch.info("large_receiving_bytes") == (16 * MIB) as u64,
+    );
+    // Then nothing more: closed after RESP_LARGE_STALL_MS, its share of
+    // the receiving bound given back.
+    let stall = Duration::from_millis(fabrickv_server::RESP_LARGE_STALL_MS);
+    wait_for("the stalled value is given back", stall * 3, || {
+        watch.info("large_receiving_bytes") == 0
+    });
+    let mut rest = Vec::new();
+    let _ = c.r.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "closed without a reply");
+    s.shutdown();
+}
