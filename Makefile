@@ -78,6 +78,7 @@ bench-smoke: build python
 	$(BIN) bench herd --transport shm --workers 1 --keys-per-partition 2000 --duration 0.3 --server-cpus 0 --client-cpus 1 --json
 	$(BIN) bench herd --clients 2 --keys-per-partition 2000 --duration 0.3 --json
 	$(BIN) bench compare --keys 2000 --duration 0.3 --depths 1,16 --mget 10 --json
+	$(BIN) bench bigvalue --value-size 4MB --requests 3 --rounds 1 --json
 	$(BIN) bench ps --key-space-m 0.002 --duration 0.3 --json
 	$(BIN) bench ps --transport shm --matrix --key-space-m 0.002 --duration 0.1 --server-cpus 0 --client-cpus 1 --json
 	$(BIN) bench ps --clients 2 --key-space-m 0.002 --duration 0.3 --json

@@ -24,6 +24,8 @@ pub enum BenchCommand {
     Rpc(cmd::rpc::RpcArgs),
     /// What the cluster secret costs: connect + first GET and GETs on a long-lived connection, with and without a secret (tcp, shm).
     Auth(cmd::auth::AuthArgs),
+    /// GET/SET of one large value (16 MiB) over RESP beside a raw TCP stream of the same bytes and redis-server: GB/s, p50/p99, ratios.
+    Bigvalue(cmd::bigvalue::BigValueArgs),
     /// The echo server `bench rpc` starts as a pinned child process.
     #[command(hide = true)]
     RpcServer(cmd::rpc::RpcServerArgs),
@@ -42,5 +44,6 @@ pub fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::Cluster(a) => cmd::cluster::run(&a),
         BenchCommand::RpcServer(a) => cmd::rpc::serve(a),
         BenchCommand::Auth(a) => cmd::auth::run(a),
+        BenchCommand::Bigvalue(a) => cmd::bigvalue::run(a),
     }
 }

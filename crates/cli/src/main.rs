@@ -143,6 +143,8 @@ impl CacheArgs {
     }
 }
 
+// Parsed once at start; the size of the serve variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Runs a server (defaults: 127.0.0.1:7379, one worker per core, store mode, 1GB).
@@ -173,6 +175,11 @@ enum Command {
         /// Engine memory over all workers, e.g. 512MB or 4GB.
         #[arg(long)]
         memory: Option<String>,
+        /// Budget of values over 1 MiB (up to 512 MiB each, set over RESP),
+        /// kept outside the engine's pools, over all workers, e.g. 8GB.
+        /// Default: as much as --memory.
+        #[arg(long, value_name = "SIZE")]
+        large_memory: Option<String>,
         /// Log level: error, warn, info, debug, trace.
         #[arg(long)]
         log_level: Option<String>,
@@ -390,6 +397,7 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             worker_cpus,
             mode,
             memory,
+            large_memory,
             log_level,
             resp,
             resp_password_file,
@@ -427,6 +435,9 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             }
             if let Some(v) = memory {
                 cfg.memory_bytes = parse_size(&v).map_err(|e| e.to_string())?;
+            }
+            if let Some(v) = large_memory {
+                cfg.large_memory_bytes = Some(parse_size(&v).map_err(|e| e.to_string())?);
             }
             if let Some(v) = log_level {
                 cfg.log_level = v;

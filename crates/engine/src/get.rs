@@ -3,6 +3,7 @@
 use fabrickv_types::KeyHash;
 
 use crate::item;
+use crate::large::{self, ValueRef};
 use crate::partition::{Core, Storage};
 
 /// Outcome of a GET.
@@ -21,21 +22,52 @@ pub enum GetResult<'a> {
     NotFound,
 }
 
+/// Outcome of a GET that tells inline values from large ones
+/// ([`crate::Partition::get_ref`]), so that a caller can keep a large
+/// value by reference instead of copying it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum GetRefResult<'a> {
+    /// The key is stored and live.
+    Found {
+        /// The value: borrowed from the pool, or a large value.
+        value: ValueRef<'a>,
+        /// Absolute expiry time in milliseconds; 0 means no TTL.
+        expire_at_ms: u64,
+    },
+    /// The key is absent, evicted or expired.
+    NotFound,
+}
+
 impl<S: Storage> Core<S> {
     /// Looks `key` up; an expired item met on the way is reclaimed.
     pub(crate) fn get(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> GetResult<'_> {
+        match self.get_ref(hash, key, now_ms) {
+            GetRefResult::Found {
+                value,
+                expire_at_ms,
+            } => GetResult::Found {
+                value: value.bytes(),
+                expire_at_ms,
+            },
+            GetRefResult::NotFound => GetResult::NotFound,
+        }
+    }
+
+    /// [`Core::get`], telling a large value from an inline one.
+    pub(crate) fn get_ref(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> GetRefResult<'_> {
         self.stats.gets += 1;
         match self.find_live(hash, key, now_ms) {
             Some(hit) => {
                 self.stats.hits += 1;
-                GetResult::Found {
-                    value: item::value(self.storage.pool(), hit.pos, &hit.header),
+                GetRefResult::Found {
+                    value: self.value_of(hit.pos, &hit.header),
                     expire_at_ms: hit.header.expire_at_ms,
                 }
             }
             None => {
                 self.stats.misses += 1;
-                GetResult::NotFound
+                GetRefResult::NotFound
             }
         }
     }
@@ -51,7 +83,7 @@ impl<S: Storage> Core<S> {
         if hit.header.is_expired(now_ms) {
             return None;
         }
-        Some(item::value(self.storage.pool(), hit.pos, &hit.header))
+        Some(self.value_of(hit.pos, &hit.header).bytes())
     }
 
     /// The live value of `key`, writable in place (an embedding update
@@ -66,6 +98,11 @@ impl<S: Storage> Core<S> {
         let hit = self.find_live(hash, key, now_ms)?;
         // The caller writes through the slice: a change for WATCH.
         self.versions.bump(hash);
+        if hit.header.is_large() {
+            // Writable only while no reader holds a clone of it.
+            let slot = large::slot_of(item::value(self.storage.pool(), hit.pos, &hit.header));
+            return self.large.get_mut(slot)?.get_mut();
+        }
         let at = hit.pos + item::ITEM_HEADER_BYTES + usize::from(hit.header.key_len);
         self.storage
             .pool_mut()

@@ -7,7 +7,7 @@
 //!      8     8  expire_at_ms (u64 LE, 0 = no TTL)
 //!     16     4  value length in bytes (u32 LE)
 //!     20     1  key length in bytes
-//!     21     1  flags (DEAD, PADDING)
+//!     21     1  flags (DEAD, PADDING, LARGE)
 //!     22     2  reserved, zero
 //!     24     .  key bytes, then value bytes, then zero padding up to
 //!               ITEM_ALIGN_BYTES
@@ -44,6 +44,10 @@ pub(crate) const FLAG_DEAD: u8 = 1;
 /// Flag: this record is not an item but filler up to the end of the log,
 /// written so that no item ever wraps around the end of the pool.
 pub(crate) const FLAG_PADDING: u8 = 2;
+
+/// Flag: the item is the stub of a large value (see `large`): its 8-byte
+/// inline value names the value's slot in the partition's large table.
+pub(crate) const FLAG_LARGE: u8 = 4;
 
 const _: () = assert!(ITEM_ALIGN_BYTES.is_power_of_two());
 const _: () = assert!(align_down(ITEM_HEADER_BYTES) == ITEM_HEADER_BYTES);
@@ -108,6 +112,12 @@ impl Header {
     #[inline]
     pub fn item_bytes(&self) -> usize {
         item_bytes(usize::from(self.key_len), self.value_len as usize)
+    }
+
+    /// Whether the item is the stub of a large value.
+    #[inline]
+    pub fn is_large(&self) -> bool {
+        self.flags & FLAG_LARGE != 0
     }
 
     /// Whether the item is expired at `now_ms`.

@@ -4,7 +4,8 @@
 //! locks and no atomics. It does no I/O and reads no clock: every operation
 //! takes the current time as `now_ms`, so tests drive it with simulated
 //! time. After [`Partition::new`] the hot path (get, put, delete,
-//! set_expiry, sweep) never allocates.
+//! set_expiry, sweep) never allocates for values up to 1 MiB; a large value
+//! (see `large`) is its own allocation, made by the caller.
 //!
 //! Layout, one concern per file (as MICA's `ltable_impl/`):
 //! - `index`: the bucketized hash index: cache-line buckets
@@ -15,6 +16,8 @@
 //!   the counters exact by walking what it overwrites.
 //! - `alloc`: store-mode storage, a slab allocator with size classes,
 //!   pages and per-class free lists.
+//! - `large`: values over 1 MiB (up to 512 MiB), each one reference-counted
+//!   heap buffer named by a small stub item, with their own budget.
 //! - `partition`: the mode-generic core (lookup, unlink) shared by the
 //!   operations.
 //! - `get`, `put`, `delete`, `expire`, `sweep`: one file per operation,
@@ -36,6 +39,7 @@ mod expire;
 mod get;
 mod index;
 mod item;
+mod large;
 mod log;
 mod partition;
 mod pool;
@@ -55,13 +59,14 @@ pub use alloc::{
     SIZE_CLASS_BYTES_MIN, SIZE_CLASS_GROWTH_DEN, SIZE_CLASS_GROWTH_NUM,
 };
 pub use delete::DeleteResult;
-pub use get::GetResult;
+pub use get::{GetRefResult, GetResult};
 pub use index::{
     default_index_buckets, ASSUMED_ITEM_BYTES, BUCKET_BYTES, INDEX_BUCKETS_MAX, INDEX_BUCKETS_MIN,
     ITEM_SLOTS_PER_BUCKET, OFFSET_BITS, OVERFLOW_BUCKETS_DIVISOR, OVERFLOW_BUCKETS_MIN,
     SLOTS_PER_BUCKET,
 };
 pub use item::{is_expired, item_bytes, ITEM_ALIGN_BYTES, ITEM_BYTES_MAX, ITEM_HEADER_BYTES};
+pub use large::{LargeValue, ValueRef, LARGE_VALUE_BYTES_MAX, LARGE_VALUE_BYTES_MIN};
 pub use pool::{PoolError, PoolMemory, PoolOptions, HUGE_PAGE_SHIFT};
 pub use put::{PutCond, PutResult};
 pub use scan::ScanVisit;
@@ -333,7 +338,53 @@ impl Partition {
         cond: PutCond,
         now_ms: u64,
     ) -> PutResult {
-        dispatch!(&mut self.inner, core => core.put(hash, key, value, expire_at_ms, cond, now_ms))
+        if value.len() >= LARGE_VALUE_BYTES_MIN {
+            if value.len() > LARGE_VALUE_BYTES_MAX {
+                return PutResult::TooLarge;
+            }
+            let large = LargeValue::copy_from(value);
+            return self.put_large(hash, key, large, expire_at_ms, cond, now_ms);
+        }
+        dispatch!(&mut self.inner, core => core.put(hash, key, value, None, expire_at_ms, cond, now_ms))
+    }
+
+    /// Stores `value` under `key` if `cond` holds, taking the buffer
+    /// without copying it when it is a large value (at least
+    /// [`LARGE_VALUE_BYTES_MIN`] bytes); a shorter one is copied into the
+    /// pool as [`Partition::put`] does. A large value counts against the
+    /// large budget ([`Partition::set_large_bytes_max`]): cache mode evicts
+    /// the oldest large values to make room, store mode answers
+    /// `InsufficientSpace`; one longer than the whole budget or than
+    /// [`LARGE_VALUE_BYTES_MAX`] is `TooLarge`.
+    pub fn put_large(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        value: LargeValue,
+        expire_at_ms: u64,
+        cond: PutCond,
+        now_ms: u64,
+    ) -> PutResult {
+        if value.len() < LARGE_VALUE_BYTES_MIN {
+            return dispatch!(&mut self.inner, core => core.put(hash, key, &value, None, expire_at_ms, cond, now_ms));
+        }
+        let large = Some(value);
+        dispatch!(&mut self.inner, core => core.put(hash, key, &[], large, expire_at_ms, cond, now_ms))
+    }
+
+    /// Looks `key` up like [`Partition::get`], telling a large value (a
+    /// reference the caller may clone and keep past its lock) from one
+    /// borrowed from the pool.
+    #[inline]
+    pub fn get_ref(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> GetRefResult<'_> {
+        dispatch!(&mut self.inner, core => core.get_ref(hash, key, now_ms))
+    }
+
+    /// Sets the budget of large values, in bytes (by default the pool's
+    /// size). Values already held stay; the next large PUT sees the new
+    /// budget.
+    pub fn set_large_bytes_max(&mut self, bytes: u64) {
+        dispatch!(&mut self.inner, core => core.large.bytes_max = bytes)
     }
 
     /// Removes `key`.
@@ -385,7 +436,12 @@ impl Partition {
 
     /// The partition's counters.
     pub fn stats(&self) -> PartitionStats {
-        dispatch!(&self.inner, core => core.stats)
+        dispatch!(&self.inner, core => PartitionStats {
+            large_values: core.large.count,
+            large_bytes: core.large.bytes,
+            large_bytes_max: core.large.bytes_max,
+            ..core.stats
+        })
     }
 
     /// The largest value this partition can ever hold next to a key of
@@ -416,7 +472,7 @@ impl Partition {
                 .storage
                 .window()
                 .iter()
-                .filter(|(_, h)| h.flags == 0)
+                .filter(|(_, h)| h.flags & !item::FLAG_LARGE == 0)
                 .count();
             assert_eq!(
                 live as u64, items,

@@ -43,6 +43,9 @@ pub(crate) struct Log {
 pub(crate) struct Overwritten {
     /// The item's logical offset.
     logical: u64,
+    /// The item's position in the pool (still readable: the head has not
+    /// written over it yet).
+    pos: usize,
     /// The item's header.
     header: Header,
 }
@@ -106,7 +109,11 @@ impl Log {
         if header.flags & FLAG_DEAD != 0 {
             return None;
         }
-        Some(Overwritten { logical, header })
+        Some(Overwritten {
+            logical,
+            pos: at,
+            header,
+        })
     }
 
     /// Fills the rest of the pool with padding; the caller made room.
@@ -221,8 +228,7 @@ impl Core<Log> {
             }
             None => debug_assert!(false, "live log item is not indexed"),
         }
-        self.stats.items -= 1;
-        self.stats.bytes -= gone.header.kv_bytes();
+        self.uncount(gone.pos, &gone.header);
         if gone.header.is_expired(now_ms) {
             self.stats.expired += 1;
         } else {

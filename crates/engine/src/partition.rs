@@ -9,6 +9,7 @@ use fabrickv_types::KeyHash;
 
 use crate::index::{offset_of, tag_of, Index, SlotRef, ITEM_SLOTS_PER_BUCKET};
 use crate::item::{self, Header};
+use crate::large::{self, LargeTable, ValueRef};
 use crate::stats::PartitionStats;
 use crate::watch::Versions;
 
@@ -51,6 +52,8 @@ pub(crate) struct Core<S> {
     pub sweep_cursor: usize,
     /// Modification counters by key hash (WATCH); every change bumps one.
     pub versions: Versions,
+    /// The large values the index's stub items name.
+    pub large: LargeTable,
 }
 
 impl<S: Storage> Core<S> {
@@ -65,6 +68,53 @@ impl<S: Storage> Core<S> {
             },
             sweep_cursor: 0,
             versions: Versions::new(),
+            large: LargeTable::new(pool_bytes as u64),
+        }
+    }
+
+    /// The value of the item at `pos` with this header: inline in the
+    /// pool, or the large value its stub names.
+    #[inline]
+    pub fn value_of(&self, pos: usize, header: &Header) -> ValueRef<'_> {
+        let inline = item::value(self.storage.pool(), pos, header);
+        if header.is_large() {
+            if let Some(v) = self.large.get(large::slot_of(inline)) {
+                return ValueRef::Large(v);
+            }
+            debug_assert!(false, "stub names an empty large slot");
+            return ValueRef::Inline(&[]);
+        }
+        ValueRef::Inline(inline)
+    }
+
+    /// Key plus value bytes of the item at `pos` (the large value's length
+    /// for a stub), as `stats.bytes` counts them.
+    #[inline]
+    pub fn counted_bytes(&self, pos: usize, header: &Header) -> u64 {
+        if header.is_large() {
+            let inline = item::value(self.storage.pool(), pos, header);
+            u64::from(header.key_len) + self.large.len_of(large::slot_of(inline))
+        } else {
+            header.kv_bytes()
+        }
+    }
+
+    /// Takes an item that leaves the index out of `bytes` and `items`,
+    /// dropping its large value if it has one. Its storage is the
+    /// caller's to give back.
+    pub fn uncount(&mut self, pos: usize, header: &Header) {
+        self.stats.items -= 1;
+        self.drop_value(pos, header);
+    }
+
+    /// Takes the value of the item at `pos` out of `bytes` (its key too)
+    /// and drops its large value if it has one; the item stays counted.
+    pub fn drop_value(&mut self, pos: usize, header: &Header) {
+        self.stats.bytes -= self.counted_bytes(pos, header);
+        if header.is_large() {
+            let inline = item::value(self.storage.pool(), pos, header);
+            let slot = large::slot_of(inline);
+            self.large.remove(slot);
         }
     }
 
@@ -147,9 +197,8 @@ impl<S: Storage> Core<S> {
         self.index.set(hit.at, 0);
         self.index
             .compact(self.index.main_bucket(KeyHash(hit.header.hash)));
+        self.uncount(hit.pos, &hit.header);
         self.storage.release(hit.pos);
-        self.stats.items -= 1;
-        self.stats.bytes -= hit.header.kv_bytes();
     }
 
     /// Whether an item of these lengths fits this partition at all.
@@ -180,14 +229,26 @@ impl<S: Storage> Core<S> {
                 .resolve(offset_of(e))
                 .expect("indexed item is live");
             let h = item::read_header(pool, pos);
-            assert_eq!(h.flags, 0, "indexed item is flagged");
+            assert_eq!(h.flags & !item::FLAG_LARGE, 0, "indexed item is flagged");
             assert_eq!(
                 KeyHash(h.hash).tag(),
                 tag_of(e),
                 "slot tag matches item hash"
             );
             items += 1;
-            bytes += h.kv_bytes();
+            bytes += self.counted_bytes(pos, &h);
+        }
+        if items > 0 || self.large.count > 0 {
+            let stubs = self
+                .index
+                .all_entries()
+                .into_iter()
+                .filter(|&(_, e)| {
+                    let pos = self.storage.resolve(offset_of(e)).expect("live");
+                    item::read_header(pool, pos).is_large()
+                })
+                .count();
+            assert_eq!(stubs as u64, self.large.count, "one stub per large value");
         }
         (items, bytes)
     }

@@ -11,6 +11,7 @@ use fabrickv_types::KeyHash;
 use crate::alloc::Slab;
 use crate::index::{offset_of, pack, SlotRef, ITEM_SLOTS_PER_BUCKET, OFFSET_MASK};
 use crate::item;
+use crate::large::{self, LargeValue, LARGE_STUB_BYTES};
 use crate::log::Log;
 use crate::partition::{Core, Hit, Storage};
 
@@ -48,11 +49,17 @@ impl<S: Storage> Core<S> {
         hash: KeyHash,
         key: &[u8],
         value: &[u8],
+        large: Option<&LargeValue>,
         cond: PutCond,
         now_ms: u64,
     ) -> Result<Option<Hit>, PutResult> {
         if !self.fits(key.len(), value.len()) {
             return Err(PutResult::TooLarge);
+        }
+        if let Some(v) = large {
+            if v.len() > large::LARGE_VALUE_BYTES_MAX || v.len() as u64 > self.large.bytes_max {
+                return Err(PutResult::TooLarge);
+            }
         }
         let existing = self.find_live(hash, key, now_ms);
         match (cond, existing.is_some()) {
@@ -66,6 +73,10 @@ impl<S: Storage> Core<S> {
     /// Writes the item (`hash`, `key`, `value`, `expire_at_ms`) at `pos`
     /// of the pool. Always inlined: each PUT path compiles to the direct
     /// `item::write` it had, with no call added.
+    ///
+    /// With `large`, the large value goes into the partition's table and
+    /// the item written is its stub (`value` is then ignored). Returns
+    /// the value bytes `stats.bytes` counts for it.
     #[inline(always)]
     fn write_item(
         &mut self,
@@ -73,43 +84,73 @@ impl<S: Storage> Core<S> {
         hash: KeyHash,
         key: &[u8],
         value: &[u8],
+        large: Option<LargeValue>,
         expire_at_ms: u64,
-    ) {
-        item::write(
-            self.storage.pool_mut(),
-            pos,
-            hash.0,
-            key,
-            value,
-            expire_at_ms,
-        );
+    ) -> usize {
+        match large {
+            None => {
+                item::write(
+                    self.storage.pool_mut(),
+                    pos,
+                    hash.0,
+                    key,
+                    value,
+                    expire_at_ms,
+                );
+                value.len()
+            }
+            Some(v) => {
+                let len = v.len();
+                let stub = large::stub(self.large.insert(v, hash.0, key));
+                let pool = self.storage.pool_mut();
+                item::write(pool, pos, hash.0, key, &stub, expire_at_ms);
+                item::add_flags(pool, pos, item::FLAG_LARGE);
+                len
+            }
+        }
     }
 
-    /// Counts a stored item.
-    fn count_stored(&mut self, key: &[u8], value: &[u8]) {
+    /// Counts a stored item of `kv_bytes` key and value bytes.
+    fn count_stored(&mut self, kv_bytes: usize) {
         self.stats.puts += 1;
         self.stats.items += 1;
-        self.stats.bytes += (key.len() + value.len()) as u64;
+        self.stats.bytes += kv_bytes as u64;
     }
 }
 
 impl Core<Log> {
     /// Cache-mode PUT: append to the log, then point the index at it.
+    ///
+    /// With `large`, `value` is ignored and a stub goes into the log; the
+    /// oldest large values are evicted first while the large budget has
+    /// no room for it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn put(
         &mut self,
         hash: KeyHash,
         key: &[u8],
         value: &[u8],
+        large: Option<LargeValue>,
         expire_at_ms: u64,
         cond: PutCond,
         now_ms: u64,
     ) -> PutResult {
-        if let Err(refused) = self.put_precheck(hash, key, value, cond, now_ms) {
+        let inline: &[u8] = if large.is_some() {
+            &[0; LARGE_STUB_BYTES]
+        } else {
+            value
+        };
+        if let Err(refused) = self.put_precheck(hash, key, inline, large.as_ref(), cond, now_ms) {
             return refused;
         }
-        let size = item::item_bytes(key.len(), value.len());
+        if let Some(v) = &large {
+            if !self.evict_large_for(v.len() as u64, now_ms) {
+                return PutResult::InsufficientSpace;
+            }
+        }
+        let size = item::item_bytes(key.len(), inline.len());
         let (logical, pos) = self.log_append(size, now_ms);
-        self.write_item(pos, hash, key, value, expire_at_ms);
+        let value_len = self.write_item(pos, hash, key, inline, large, expire_at_ms);
         let entry = pack(hash.tag(), logical & OFFSET_MASK);
 
         // Appending may have overwritten the old copy, so look again.
@@ -128,8 +169,42 @@ impl Core<Log> {
         };
         self.index.set(at, entry);
         self.versions.bump(hash);
-        self.count_stored(key, value);
+        self.count_stored(key.len() + value_len);
         PutResult::Stored
+    }
+
+    /// Evicts the oldest large values until `len` more bytes fit the
+    /// large budget. False if they cannot (nothing left to evict).
+    fn evict_large_for(&mut self, len: u64, now_ms: u64) -> bool {
+        while self.large.bytes + len > self.large.bytes_max {
+            let Some((slot, hash, key)) = self.large.oldest() else {
+                return false;
+            };
+            let hash = KeyHash(hash);
+            match self.find(hash, &key) {
+                Some(hit)
+                    if hit.header.is_large()
+                        && large::slot_of(item::value(
+                            self.storage.pool(),
+                            hit.pos,
+                            &hit.header,
+                        )) == slot =>
+                {
+                    self.unlink(&hit);
+                    if hit.header.is_expired(now_ms) {
+                        self.stats.expired += 1;
+                    } else {
+                        self.stats.evictions += 1;
+                    }
+                }
+                _ => {
+                    // Not reachable: a held value always has its stub.
+                    debug_assert!(false, "large value without its stub");
+                    self.large.remove(slot);
+                }
+            }
+        }
+        true
     }
 
     /// Frees the slot of `main` whose item is oldest in the log (the next
@@ -154,38 +229,60 @@ impl Core<Log> {
 
 impl Core<Slab> {
     /// Store-mode PUT: allocate first, so that a full store changes nothing.
+    ///
+    /// With `large`, `value` is ignored and a stub takes a chunk; a large
+    /// budget without room for it (after the key's old large value, if
+    /// any, leaves) answers `InsufficientSpace` with nothing changed.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn put(
         &mut self,
         hash: KeyHash,
         key: &[u8],
         value: &[u8],
+        large: Option<LargeValue>,
         expire_at_ms: u64,
         cond: PutCond,
         now_ms: u64,
     ) -> PutResult {
-        let existing = match self.put_precheck(hash, key, value, cond, now_ms) {
+        let inline: &[u8] = if large.is_some() {
+            &[0; LARGE_STUB_BYTES]
+        } else {
+            value
+        };
+        let existing = match self.put_precheck(hash, key, inline, large.as_ref(), cond, now_ms) {
             Ok(existing) => existing,
             Err(refused) => return refused,
         };
-        let size = item::item_bytes(key.len(), value.len());
+        if let Some(v) = &large {
+            let leaving = existing
+                .filter(|old| old.header.is_large())
+                .map_or(0, |old| {
+                    self.counted_bytes(old.pos, &old.header) - u64::from(old.header.key_len)
+                });
+            if self.large.bytes - leaving + v.len() as u64 > self.large.bytes_max {
+                return PutResult::InsufficientSpace;
+            }
+        }
+        let size = item::item_bytes(key.len(), inline.len());
         let Some(class) = self.storage.class_for(size) else {
             return PutResult::TooLarge;
         };
-        match existing {
+        let value_len = match existing {
             Some(old) if self.storage.class_of(old.pos) == class => {
                 // Same chunk size: overwrite in place. Nothing can fail
                 // half-way, and no reader holds a borrow of the old value.
-                self.write_item(old.pos, hash, key, value, expire_at_ms);
-                self.stats.bytes -= old.header.kv_bytes();
+                self.drop_value(old.pos, &old.header);
+                self.write_item(old.pos, hash, key, inline, large, expire_at_ms)
             }
             Some(old) => {
                 let Some(pos) = self.storage.alloc(class) else {
                     return PutResult::InsufficientSpace;
                 };
-                self.write_item(pos, hash, key, value, expire_at_ms);
+                self.drop_value(old.pos, &old.header);
+                let n = self.write_item(pos, hash, key, inline, large, expire_at_ms);
                 self.index.set(old.at, pack(hash.tag(), pos as u64));
                 self.storage.free(old.pos);
-                self.stats.bytes -= old.header.kv_bytes();
+                n
             }
             None => {
                 let main = self.index.main_bucket(hash);
@@ -195,22 +292,26 @@ impl Core<Slab> {
                 let Some(pos) = self.storage.alloc(class) else {
                     return PutResult::InsufficientSpace;
                 };
-                self.write_item(pos, hash, key, value, expire_at_ms);
+                let n = self.write_item(pos, hash, key, inline, large, expire_at_ms);
                 if self
                     .index
                     .insert(main, pack(hash.tag(), pos as u64))
                     .is_none()
                 {
                     debug_assert!(false, "can_insert promised a slot");
+                    let header = item::read_header(self.storage.pool(), pos);
+                    self.stats.bytes += (key.len() + n) as u64;
+                    self.drop_value(pos, &header);
                     self.storage.free(pos);
                     return PutResult::InsufficientSpace;
                 }
                 self.stats.items += 1;
+                n
             }
-        }
+        };
         self.versions.bump(hash);
         self.stats.puts += 1;
-        self.stats.bytes += (key.len() + value.len()) as u64;
+        self.stats.bytes += (key.len() + value_len) as u64;
         PutResult::Stored
     }
 }

@@ -33,6 +33,13 @@ pub struct PartitionStats {
     /// Cache mode: items dropped from the index because their bucket was
     /// full (MICA's lossy index). Always 0 in store mode.
     pub index_collisions: u64,
+    /// Large values (over 1 MiB, outside the pool) stored now; each is
+    /// also one of `items`.
+    pub large_values: u64,
+    /// Bytes of the large values stored now (also counted in `bytes`).
+    pub large_bytes: u64,
+    /// The budget of `large_bytes`, in bytes.
+    pub large_bytes_max: u64,
 }
 
 impl PartitionStats {
@@ -49,6 +56,9 @@ impl PartitionStats {
         self.bytes += other.bytes;
         self.pool_bytes += other.pool_bytes;
         self.index_collisions += other.index_collisions;
+        self.large_values += other.large_values;
+        self.large_bytes += other.large_bytes;
+        self.large_bytes_max += other.large_bytes_max;
     }
 
     /// Share of GETs that missed, in 0.0..=1.0 (0.0 before any GET).

@@ -49,5 +49,5 @@ mod tests;
 pub use args::{eq_ignore_case, lowercase, parse_i64};
 pub use error::ProtocolError;
 pub use limits::*;
-pub use parser::{CommandParser, Parse};
+pub use parser::{CommandParser, Parse, ParseLarge};
 pub use reply::{Proto, Reply};

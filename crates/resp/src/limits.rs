@@ -5,10 +5,20 @@
 //! before it waits for the bytes it announces, so a client can neither make
 //! the server buffer without end nor make it hold a command it would refuse.
 
-/// Largest bulk argument, in bytes: a 1 MiB value (the native protocol's
-/// `VALUE_BYTES_MAX`) plus slack, so that a maximal value still fits when a
-/// client wraps it in a few bytes of its own.
-pub const RESP_BULK_BYTES_MAX: usize = (1 << 20) + 1024;
+/// Largest bulk argument, in bytes: 512 MiB, Redis's `proto-max-bulk-len`.
+/// A bulk this long is never buffered with its command: a parser that
+/// takes large bulks ([`crate::CommandParser::parse_large`]) hands any bulk
+/// of [`RESP_LARGE_BULK_BYTES_MIN`] bytes or more to its caller to receive
+/// into the value's own buffer, and a plain parser refuses a command over
+/// [`RESP_COMMAND_BYTES_MAX`].
+pub const RESP_BULK_BYTES_MAX: usize = 512 << 20;
+
+/// Shortest bulk that [`crate::CommandParser::parse_large`] hands to its
+/// caller instead of waiting for it in the receive buffer, in bytes: one
+/// more than the 1 MiB a value inline in the engine's pool holds (the
+/// engine keeps longer values as separate large objects, so the buffer the
+/// bulk is read into becomes the stored value).
+pub const RESP_LARGE_BULK_BYTES_MIN: usize = (1 << 20) + 1;
 
 /// Most arguments in one command: the name plus 1024 key-value pairs, the
 /// largest MSET the front-end accepts.
@@ -18,9 +28,10 @@ pub const RESP_ARGS_MAX: usize = 1 + 2 * 1024;
 /// (Redis's `PROTO_INLINE_MAX_SIZE`).
 pub const RESP_INLINE_BYTES_MAX: usize = 64 * 1024;
 
-/// Most bytes one command may take on the wire, headers included. The
-/// per-argument and per-count bounds alone would allow about 2 GiB; this is
-/// what keeps a connection's receive buffer small.
+/// Most bytes one command may take in the receive buffer, headers
+/// included (a large bulk received into a buffer of its own does not
+/// count). The per-argument and per-count bounds alone would allow far
+/// more; this is what keeps a connection's receive buffer small.
 pub const RESP_COMMAND_BYTES_MAX: usize = 8 << 20;
 
 /// Most characters (sign and digits) in the number of a `*N` or `$N`
@@ -41,3 +52,6 @@ pub const RESP_UNAUTH_ARGS_MAX: usize = 10;
 /// Largest bulk argument from a connection that has not yet authenticated
 /// when a password is required, in bytes (Redis's bound).
 pub const RESP_UNAUTH_BULK_BYTES_MAX: usize = 16 * 1024;
+
+const _: () = assert!(RESP_LARGE_BULK_BYTES_MIN < RESP_COMMAND_BYTES_MAX);
+const _: () = assert!(RESP_LARGE_BULK_BYTES_MIN <= RESP_BULK_BYTES_MAX);

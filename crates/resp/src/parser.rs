@@ -4,7 +4,7 @@
 use crate::error::ProtocolError;
 use crate::limits::{
     RESP_ARGS_MAX, RESP_BULK_BYTES_MAX, RESP_BULK_WIRE_BYTES_MIN, RESP_COMMAND_BYTES_MAX,
-    RESP_INLINE_BYTES_MAX, RESP_LENGTH_DIGITS_MAX, RESP_UNAUTH_ARGS_MAX,
+    RESP_INLINE_BYTES_MAX, RESP_LARGE_BULK_BYTES_MIN, RESP_LENGTH_DIGITS_MAX, RESP_UNAUTH_ARGS_MAX,
     RESP_UNAUTH_BULK_BYTES_MAX,
 };
 
@@ -35,6 +35,33 @@ pub enum Parse {
     Complete {
         /// Bytes to drop from the front of the buffer.
         consumed: usize,
+    },
+}
+
+/// What the front of the buffer holds, for a parser that takes large bulks
+/// ([`CommandParser::parse_large`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParseLarge {
+    /// As [`CommandParser::parse`] answers.
+    Parse(Parse),
+    /// The command's argument `arg` is a bulk of `len` bytes, at least
+    /// [`RESP_LARGE_BULK_BYTES_MIN`]: its `$len` header starts at
+    /// `header_at` and its payload at `data_at` (both offsets into the
+    /// buffer). The caller receives the payload into a buffer of its own,
+    /// replaces the header in its buffer with the empty bulk's header
+    /// `$0\r\n` (shorter, so it fits in place) followed by whatever came
+    /// after the payload (its CRLF first), and parses again: the command
+    /// then completes with an empty argument `arg`, which the caller
+    /// stands the received value in for. No arguments are available.
+    LargeBulk {
+        /// Offset of the bulk's `$`.
+        header_at: usize,
+        /// Offset of the bulk's first payload byte.
+        data_at: usize,
+        /// Payload bytes announced.
+        len: usize,
+        /// Index of the argument (0 is the command's name).
+        arg: usize,
     },
 }
 
@@ -244,14 +271,30 @@ impl CommandParser {
     /// inline command line (telnet, `nc`). On `Incomplete` or an error no
     /// arguments are available.
     pub fn parse(&mut self, buf: &[u8]) -> Result<Parse, ProtocolError> {
+        match self.parse_any(buf, false)? {
+            ParseLarge::Parse(p) => Ok(p),
+            // Not produced when large bulks are not asked for.
+            ParseLarge::LargeBulk { .. } => Err(ProtocolError::CommandTooBig),
+        }
+    }
+
+    /// [`CommandParser::parse`], except that a multibulk argument of
+    /// [`RESP_LARGE_BULK_BYTES_MIN`] bytes or more (up to
+    /// [`RESP_BULK_BYTES_MAX`]) is not waited for in `buf` but handed to
+    /// the caller as soon as its header is read ([`ParseLarge::LargeBulk`]).
+    pub fn parse_large(&mut self, buf: &[u8]) -> Result<ParseLarge, ProtocolError> {
+        self.parse_any(buf, true)
+    }
+
+    fn parse_any(&mut self, buf: &[u8], large: bool) -> Result<ParseLarge, ProtocolError> {
         self.spans.clear();
         self.scratch.clear();
         let result = match buf.first() {
-            None => Ok(Parse::Incomplete { need: 1 }),
-            Some(b'*') => self.parse_multibulk(buf),
-            Some(_) => self.parse_inline(buf),
+            None => Ok(ParseLarge::Parse(Parse::Incomplete { need: 1 })),
+            Some(b'*') => self.parse_multibulk(buf, large),
+            Some(_) => self.parse_inline(buf).map(ParseLarge::Parse),
         };
-        if !matches!(result, Ok(Parse::Complete { .. })) {
+        if !matches!(result, Ok(ParseLarge::Parse(Parse::Complete { .. }))) {
             self.spans.clear();
         }
         result
@@ -286,7 +329,8 @@ impl CommandParser {
         (0..self.argc()).map(move |i| self.arg(buf, i))
     }
 
-    fn parse_multibulk(&mut self, buf: &[u8]) -> Result<Parse, ProtocolError> {
+    fn parse_multibulk(&mut self, buf: &[u8], large: bool) -> Result<ParseLarge, ProtocolError> {
+        let incomplete = |need| incomplete(need).map(ParseLarge::Parse);
         let (count, mut pos) = match header(buf, 0, HeaderKind::Count, self.unauthenticated)? {
             Header::Partial { end, value } => {
                 return incomplete(end + value * RESP_BULK_WIRE_BYTES_MIN)
@@ -295,7 +339,7 @@ impl CommandParser {
         };
         if count <= 0 {
             // Redis reads `*0` and `*-1` as an empty command and moves on.
-            return Ok(Parse::Complete { consumed: pos });
+            return Ok(ParseLarge::Parse(Parse::Complete { consumed: pos }));
         }
         let count = count as usize;
         for k in 0..count {
@@ -308,9 +352,22 @@ impl CommandParser {
                 return Err(ProtocolError::ExpectedDollar(b));
             }
             let (len, start) = match header(buf, pos, HeaderKind::Bulk, self.unauthenticated)? {
+                // A large bulk needs only its header here.
+                Header::Partial { end, value } if large && value >= RESP_LARGE_BULK_BYTES_MIN => {
+                    return incomplete(end)
+                }
                 Header::Partial { end, value } => return incomplete(end + value + 2 + later),
                 Header::Done { value, end } => (value as usize, end),
             };
+            if large && len >= RESP_LARGE_BULK_BYTES_MIN {
+                self.spans.clear();
+                return Ok(ParseLarge::LargeBulk {
+                    header_at: pos,
+                    data_at: start,
+                    len,
+                    arg: k,
+                });
+            }
             let payload_end = start + len;
             let need = payload_end + 2 + later;
             if need > RESP_COMMAND_BYTES_MAX {
@@ -324,7 +381,7 @@ impl CommandParser {
             self.spans.push((start as u32, len as u32));
             pos = payload_end + 2;
         }
-        Ok(Parse::Complete { consumed: pos })
+        Ok(ParseLarge::Parse(Parse::Complete { consumed: pos }))
     }
 
     fn parse_inline(&mut self, buf: &[u8]) -> Result<Parse, ProtocolError> {

@@ -2,8 +2,9 @@
 //! and the `need` hint on hand-computed cases.
 
 use crate::{
-    CommandParser, Parse, ProtocolError, RESP_ARGS_MAX, RESP_BULK_BYTES_MAX,
-    RESP_COMMAND_BYTES_MAX, RESP_INLINE_BYTES_MAX, RESP_LENGTH_DIGITS_MAX,
+    CommandParser, Parse, ParseLarge, ProtocolError, RESP_ARGS_MAX, RESP_BULK_BYTES_MAX,
+    RESP_COMMAND_BYTES_MAX, RESP_INLINE_BYTES_MAX, RESP_LARGE_BULK_BYTES_MIN,
+    RESP_LENGTH_DIGITS_MAX,
 };
 
 type Outcome = Result<(Vec<Vec<u8>>, usize), Result<usize, ProtocolError>>;
@@ -241,12 +242,76 @@ fn bulk_length_errors() {
 
 #[test]
 fn bulk_length_bound() {
+    // A plain parser buffers whole commands: a bulk at the bound is a
+    // command over the buffer's bound.
     let at = format!("*1\r\n${RESP_BULK_BYTES_MAX}\r\n");
-    need(at.as_bytes(), at.len() + RESP_BULK_BYTES_MAX + 2);
-    let value = vec![7u8; RESP_BULK_BYTES_MAX];
-    complete(&multibulk(&[&value]), &[&value]);
+    fails(at.as_bytes(), ProtocolError::CommandTooBig);
     let past = format!("*1\r\n${}", RESP_BULK_BYTES_MAX + 1);
     fails(past.as_bytes(), ProtocolError::InvalidBulkLength);
+    // One that takes large bulks hands it over at its header.
+    let mut p = CommandParser::new();
+    assert_eq!(
+        p.parse_large(at.as_bytes()),
+        Ok(ParseLarge::LargeBulk {
+            header_at: 4,
+            data_at: at.len(),
+            len: RESP_BULK_BYTES_MAX,
+            arg: 0
+        })
+    );
+    assert_eq!(
+        p.parse_large(past.as_bytes()),
+        Err(ProtocolError::InvalidBulkLength)
+    );
+    assert_eq!(
+        ProtocolError::InvalidBulkLength.to_string(),
+        "Protocol error: invalid bulk length"
+    );
+}
+
+#[test]
+fn large_bulks_are_handed_over_and_resume_as_empty_arguments() {
+    let mut p = CommandParser::new();
+    let head = format!("*4\r\n$3\r\nSET\r\n$1\r\nk\r\n${RESP_LARGE_BULK_BYTES_MIN}\r\n");
+    // Waits for the header only, not for the payload.
+    assert_eq!(
+        p.parse_large(&head.as_bytes()[..head.len() - 1]),
+        Ok(ParseLarge::Parse(Parse::Incomplete { need: head.len() }))
+    );
+    let mut buf = head.clone().into_bytes();
+    buf.extend_from_slice(b"abc");
+    let header_at = head.find("$1048577").expect("header");
+    assert_eq!(
+        p.parse_large(&buf),
+        Ok(ParseLarge::LargeBulk {
+            header_at,
+            data_at: head.len(),
+            len: RESP_LARGE_BULK_BYTES_MIN,
+            arg: 2
+        })
+    );
+    assert_eq!(p.argc(), 0);
+    // The caller received the payload elsewhere and left `$0\r\n` plus
+    // what followed the payload.
+    let mut resumed = buf[..header_at].to_vec();
+    resumed.extend_from_slice(b"$0\r\n\r\n$2\r\nNX\r\n");
+    assert_eq!(
+        p.parse_large(&resumed),
+        Ok(ParseLarge::Parse(Parse::Complete {
+            consumed: resumed.len()
+        }))
+    );
+    let args: Vec<&[u8]> = p.args(&resumed).collect();
+    assert_eq!(args, [&b"SET"[..], b"k", b"", b"NX"]);
+    // A bulk just under the threshold is buffered as before.
+    let value = vec![1u8; RESP_LARGE_BULK_BYTES_MIN - 1];
+    let wire = multibulk(&[b"SET", b"k", &value]);
+    assert_eq!(
+        p.parse_large(&wire),
+        Ok(ParseLarge::Parse(Parse::Complete {
+            consumed: wire.len()
+        }))
+    );
 }
 
 #[test]
@@ -298,7 +363,7 @@ fn command_size_bound() {
     fails(&past[..cut], ProtocolError::CommandTooBig);
     // And when the unseen arguments alone cannot fit.
     let mut big = format!("*{RESP_ARGS_MAX}\r\n").into_bytes();
-    let value = vec![0u8; RESP_BULK_BYTES_MAX];
+    let value = vec![0u8; RESP_COMMAND_BYTES_MAX / 8];
     for _ in 0..8 {
         big.extend_from_slice(&multibulk(&[&value])[4..]);
     }

@@ -149,6 +149,11 @@ pub struct ServerConfig {
     pub mode: Mode,
     /// Engine memory over all workers, in bytes.
     pub memory_bytes: u64,
+    /// Budget of large values (over 1 MiB, kept outside the engine's
+    /// pools, see `fabrickv_engine::LargeValue`) over all workers, in
+    /// bytes, split evenly like `memory_bytes` (`--large-memory`); `None`
+    /// gives them as much as `memory_bytes` again.
+    pub large_memory_bytes: Option<u64>,
     /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a
     /// `tracing` directive).
     pub log_level: String,
@@ -193,6 +198,7 @@ impl Default for ServerConfig {
             worker_cpus: Vec::new(),
             mode: Mode::Store,
             memory_bytes: DEFAULT_MEMORY_BYTES,
+            large_memory_bytes: None,
             log_level: "info".to_string(),
             resp: None,
             resp_password: None,
@@ -218,6 +224,8 @@ struct FileConfig {
     worker_cpus: Option<String>,
     mode: Option<Mode>,
     memory: Option<String>,
+    /// Budget of values over 1 MiB (`4GB`).
+    large_memory: Option<String>,
     log_level: Option<String>,
     resp: Option<String>,
     /// A file that holds the RESP password (never the password itself,
@@ -263,6 +271,9 @@ impl ServerConfig {
         }
         if let Some(v) = f.memory {
             c.memory_bytes = parse_size(&v).map_err(|e| e.to_string())?;
+        }
+        if let Some(v) = f.large_memory {
+            c.large_memory_bytes = Some(parse_size(&v).map_err(|e| e.to_string())?);
         }
         if let Some(v) = f.log_level {
             c.log_level = v;

@@ -133,6 +133,14 @@ impl KvService {
                     GetResult::Found { value, .. } if rb.fits(value.len(), after) => {
                         rb.result(ErrorCode::Ok, value)
                     }
+                    // A large value (set over RESP) never fits a native
+                    // frame: say so rather than ReplyFull, which asks for a
+                    // resend that could never succeed.
+                    GetResult::Found { value, .. }
+                        if value.len() > fabrickv_types::limits::VALUE_BYTES_MAX =>
+                    {
+                        rb.result(ErrorCode::ValueTooLarge, &[])
+                    }
                     GetResult::Found { .. } => {
                         self.counters.reply_full += 1;
                         rb.result(ErrorCode::ReplyFull, &[])

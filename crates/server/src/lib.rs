@@ -38,7 +38,7 @@ use fabrickv_engine::{EngineError, Partition, PartitionConfig};
 use fabrickv_transport::{TransportError, Waker};
 
 pub use config::{Mode, ServerConfig, DEFAULT_LISTEN, DEFAULT_PORT};
-pub use resp_net::{RESP_CONNECTIONS_MAX, RESP_EVICT_IDLE_MIN_MS};
+pub use resp_net::{RESP_CONNECTIONS_MAX, RESP_EVICT_IDLE_MIN_MS, RESP_LARGE_STALL_MS};
 
 /// Why a server did not start.
 #[derive(Debug)]
@@ -164,15 +164,17 @@ impl Server {
         cfg.validate().map_err(StartError::Config)?;
         let workers = cfg.workers();
         let per_worker = (cfg.memory_bytes / workers as u64) as usize;
+        let large_per_worker = cfg.large_memory_bytes.unwrap_or(cfg.memory_bytes) / workers as u64;
         let mut partitions = Vec::with_capacity(workers);
         for _ in 0..workers {
-            let p = Partition::new(&PartitionConfig {
+            let mut p = Partition::new(&PartitionConfig {
                 mode: cfg.mode.into(),
                 pool_bytes: per_worker,
                 index_buckets: None,
                 memory: fabrickv_engine::PoolOptions::default(),
             })
             .map_err(StartError::Engine)?;
+            p.set_large_bytes_max(large_per_worker);
             partitions.push(p);
         }
         let parts = Arc::new(partitions::Partitions::new(partitions));

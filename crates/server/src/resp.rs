@@ -31,11 +31,13 @@
 //! patterns; `txn` MULTI, EXEC and WATCH; `admin` INFO, CONFIG and
 //! COMMAND; `shard_db` the commands on a persistent shard.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use fabrickv_resp::{CommandParser, Parse, Reply};
+use fabrickv_engine::LargeValue;
+use fabrickv_resp::{CommandParser, Parse, ParseLarge, Reply};
 use fabrickv_storage::FjallShard;
 use fabrickv_types::KeyHash;
 
@@ -46,6 +48,7 @@ use crate::shard::Shards;
 use args::Args;
 use conn::{After, ConnState};
 use exec::Exec;
+use fabrickv_resp::reply as resp;
 
 mod admin;
 mod args;
@@ -76,9 +79,33 @@ pub const REDIS_VERSION: &str = "7.2.0";
 /// commands until the client reads them (backpressure), in bytes.
 pub const RESP_OUTPUT_SOFT_BYTES: usize = 256 << 10;
 
-/// Largest reply to one command, in bytes: an MGET whose values add up to
-/// more is refused rather than buffered.
+/// Largest reply to one command, in bytes copied into the output buffer:
+/// an MGET whose inline values (1 MiB at most each) add up to more is
+/// refused rather than buffered. Large values in a reply are not copied
+/// but referenced ([`LargeReply`]), so they do not count here; a reply
+/// refers to at most [`RESP_REPLY_LARGE_VALUES_MAX`] of them.
 pub const RESP_REPLY_BYTES_MAX: usize = 32 << 20;
+
+/// Most large values one reply refers to: one per key of the longest MGET
+/// the parser accepts. The values are the store's own buffers (a reference
+/// each), so a reply pins at most this many buffers, and only until it is
+/// written.
+pub const RESP_REPLY_LARGE_VALUES_MAX: usize = fabrickv_resp::RESP_ARGS_MAX;
+
+/// Most bytes of large values being received at once over every RESP
+/// connection of a server, in bytes (1 GiB: two maximal values, or 64
+/// LMCache chunks of 16 MiB). Each connection receives at most one large
+/// value at a time, into the value's final buffer; a value that would take
+/// the total over this is read and dropped, and its command answered with
+/// an error, rather than buffered.
+pub const RESP_LARGE_RECEIVING_BYTES_MAX: usize = 1 << 30;
+
+const _: () = assert!(
+    fabrickv_resp::RESP_LARGE_BULK_BYTES_MIN == fabrickv_engine::LARGE_VALUE_BYTES_MIN,
+    "a bulk received on its own is exactly a value the engine keeps as a large object"
+);
+const _: () = assert!(fabrickv_resp::RESP_BULK_BYTES_MAX == fabrickv_engine::LARGE_VALUE_BYTES_MAX);
+const _: () = assert!(RESP_LARGE_RECEIVING_BYTES_MAX >= fabrickv_resp::RESP_BULK_BYTES_MAX);
 
 /// Delay before the reply to a connection's first failed AUTH, in
 /// milliseconds; each further failure on the connection doubles it (up to
@@ -182,6 +209,77 @@ pub struct RespShared {
     /// milliseconds; 0 keeps them. Redis's `timeout` (in seconds there),
     /// which CONFIG SET changes while the server runs.
     pub idle_timeout_ms: AtomicU64,
+    /// Bytes of large values being received now, over every connection
+    /// (at most [`RESP_LARGE_RECEIVING_BYTES_MAX`]).
+    large_receiving: Arc<AtomicUsize>,
+}
+
+/// A share of [`RESP_LARGE_RECEIVING_BYTES_MAX`] held while a large value
+/// is received and until its command runs; given back when dropped (a
+/// client that disconnects halfway included).
+pub(crate) struct Receiving {
+    total: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// A large value in a reply: its bytes go to the socket right after the
+/// first `at` bytes of the connection's output buffer, straight from the
+/// store's buffer (no copy).
+pub(crate) struct LargeReply {
+    pub(crate) at: usize,
+    pub(crate) value: LargeValue,
+}
+
+/// The large values the replies in a connection's output buffer refer to,
+/// in order.
+#[derive(Default)]
+pub(crate) struct LargeReplies {
+    pub(crate) queue: VecDeque<LargeReply>,
+    /// Sum of the queued values' lengths, in bytes.
+    pub(crate) bytes: usize,
+}
+
+impl LargeReplies {
+    /// Queues `value` to follow the first `at` bytes of the output.
+    pub(crate) fn push(&mut self, at: usize, value: LargeValue) {
+        self.bytes += value.len();
+        self.queue.push_back(LargeReply { at, value });
+    }
+
+    /// Drops the first queued value (written out).
+    pub(crate) fn pop(&mut self) {
+        if let Some(r) = self.queue.pop_front() {
+            self.bytes -= r.value.len();
+        }
+    }
+}
+
+/// Where [`RespSession::process`] stopped at a large bulk, in offsets into
+/// the input it was given (see [`ParseLarge::LargeBulk`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LargeBulkAt {
+    /// Offset of the bulk's `$`.
+    pub header_at: usize,
+    /// Offset of its first payload byte.
+    pub data_at: usize,
+    /// Payload bytes.
+    pub len: usize,
+    /// Argument index in its command.
+    pub arg: usize,
+}
+
+/// A received large argument waiting for its command to complete.
+struct LargeArg {
+    arg: usize,
+    /// The value, or the error reply its command gets instead of running.
+    value: Result<LargeValue, String>,
+    _receiving: Option<Receiving>,
 }
 
 impl RespShared {
@@ -207,6 +305,7 @@ impl RespShared {
             engine_base: Mutex::new(EngineBase::default()),
             clients: Arc::new(ClientRegistry::default()),
             idle_timeout_ms: AtomicU64::new(0),
+            large_receiving: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -222,6 +321,34 @@ impl RespShared {
             expired: e.expired,
             evictions: e.evictions,
         };
+    }
+
+    /// Reserves `bytes` of [`RESP_LARGE_RECEIVING_BYTES_MAX`] for a large
+    /// value about to be received; `None` when that would pass the bound.
+    pub(crate) fn reserve_large(&self, bytes: usize) -> Option<Receiving> {
+        let total = &self.large_receiving;
+        let mut now = total.load(Ordering::Acquire);
+        loop {
+            let next = now.checked_add(bytes)?;
+            if next > RESP_LARGE_RECEIVING_BYTES_MAX {
+                return None;
+            }
+            match total.compare_exchange_weak(now, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    return Some(Receiving {
+                        total: total.clone(),
+                        bytes,
+                    })
+                }
+                Err(seen) => now = seen,
+            }
+        }
+    }
+
+    /// Bytes of large values being received now (INFO's
+    /// `large_receiving_bytes`).
+    pub fn large_receiving_bytes(&self) -> usize {
+        self.large_receiving.load(Ordering::Acquire)
     }
 
     /// Asks AUTH for the cluster secret `secret` (unless a RESP password
@@ -285,6 +412,10 @@ pub struct Processed {
     /// loop parks the connection instead of sleeping, so its other
     /// connections are served meanwhile.
     pub hold_until_ms: Option<u64>,
+    /// Parsing stopped at a large bulk (offsets into `input`, past
+    /// `consumed`): the caller receives it into its own buffer, hands it
+    /// over with [`RespSession::large_received`], and calls again.
+    pub large: Option<LargeBulkAt>,
 }
 
 /// One RESP connection's protocol state.
@@ -295,6 +426,10 @@ pub struct RespSession {
     state: ConnState,
     /// Command counts not yet added to the server's.
     stats: stats::LocalStats,
+    /// A large argument received for the command being parsed.
+    large_in: Option<LargeArg>,
+    /// The large values the buffered replies refer to.
+    pub(crate) large_out: LargeReplies,
 }
 
 impl RespSession {
@@ -317,12 +452,38 @@ impl RespSession {
             lookahead: CommandParser::new(),
             state: ConnState::new(shared, id, peer),
             stats: stats::LocalStats::default(),
+            large_in: None,
+            large_out: LargeReplies::default(),
         }
     }
 
     /// Whether CLIENT KILL closed this connection.
     pub fn killed(&self) -> bool {
         self.state.entry.killed()
+    }
+
+    /// Whether a large bulk announced by `process` may be received into a
+    /// buffer of its own: the connection must be authenticated, so that
+    /// no one makes the server allocate before AUTH.
+    pub(crate) fn takes_large(&self) -> bool {
+        self.state.authed
+    }
+
+    /// Hands over the large argument `arg` that `process` stopped at: its
+    /// value, or the error reply its command is to get instead of running
+    /// (the value was refused and its bytes dropped). `receiving` is held
+    /// until the command runs.
+    pub(crate) fn large_received(
+        &mut self,
+        arg: usize,
+        value: Result<LargeValue, String>,
+        receiving: Option<Receiving>,
+    ) {
+        self.large_in = Some(LargeArg {
+            arg,
+            value,
+            _receiving: receiving,
+        });
     }
 
     /// Executes the complete commands at the start of `input`, appending
@@ -343,12 +504,15 @@ impl RespSession {
             unix_ms: unix_now_ms(),
             many: Vec::new(),
             in_exec: false,
+            large_arg: None,
+            large_out: std::mem::take(&mut self.large_out),
         };
         let mut done = Processed {
             consumed: 0,
             need: 0,
             close: false,
             hold_until_ms: None,
+            large: None,
         };
         if self.killed() {
             done.close = true;
@@ -360,7 +524,8 @@ impl RespSession {
         // Two clock reads per call, not per command: the call's time is
         // shared out evenly among the commands it ran (see `stats`).
         let started = Instant::now();
-        while done.consumed < input.len() && out.len() < RESP_OUTPUT_SOFT_BYTES {
+        while done.consumed < input.len() && out.len() + ex.large_out.bytes < RESP_OUTPUT_SOFT_BYTES
+        {
             self.parser.set_unauthenticated(!self.state.authed);
             let rest = &input[done.consumed..];
             if until_prefetch == 0 {
@@ -371,15 +536,46 @@ impl RespSession {
                 until_prefetch = RESP_PREFETCH_KEYS;
             }
             until_prefetch -= 1;
-            match self.parser.parse(rest) {
-                Ok(Parse::Incomplete { need }) => {
+            match self.parser.parse_large(rest) {
+                Ok(ParseLarge::Parse(Parse::Incomplete { need })) => {
                     done.need = need;
                     break;
                 }
-                Ok(Parse::Complete { consumed }) => {
+                Ok(ParseLarge::LargeBulk {
+                    header_at,
+                    data_at,
+                    len,
+                    arg,
+                }) => {
+                    if self.large_in.is_some() {
+                        // The one this connection holds is for this
+                        // command: a second would be two at once.
+                        self.large_in = None;
+                        resp::error(
+                            &mut out,
+                            "ERR Protocol error: one bulk argument over 1 MiB per command",
+                        );
+                        shared
+                            .counters
+                            .protocol_errors
+                            .fetch_add(1, Ordering::Relaxed);
+                        done.close = true;
+                        break;
+                    }
+                    let at = done.consumed;
+                    done.large = Some(LargeBulkAt {
+                        header_at: at + header_at,
+                        data_at: at + data_at,
+                        len,
+                        arg,
+                    });
+                    break;
+                }
+                Ok(ParseLarge::Parse(Parse::Complete { consumed })) => {
                     let cmd = &rest[..consumed];
                     done.consumed += consumed;
                     if self.parser.argc() == 0 {
+                        self.large_in = None;
                         continue;
                     }
                     shared.counters.commands.fetch_add(1, Ordering::Relaxed);
@@ -387,8 +583,23 @@ impl RespSession {
                         parser: &self.parser,
                         buf: cmd,
                     };
+                    if let Some(large) = self.large_in.take() {
+                        if let Some(refusal) = refuse_large(&self.state, args, &large) {
+                            // Queued in MULTI, it makes EXEC abort.
+                            self.state.txn_error();
+                            resp::error(&mut out, &refusal);
+                            continue;
+                        }
+                        ex.large_arg = large.value.ok();
+                    }
                     let mark = out.len();
                     let after = self.state.command(&mut ex, args, &mut out);
+                    if ex.large_arg.take().is_some() {
+                        // The command did not take the value: it must not
+                        // go on as if it had an empty one.
+                        out.truncate(mark);
+                        resp::error(&mut out, LARGE_NOT_TAKEN);
+                    }
                     let failed = out.get(mark) == Some(&b'-');
                     if failed {
                         shared.stats.error(out.get(mark + 1..).unwrap_or_default());
@@ -430,6 +641,7 @@ impl RespSession {
         }
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         shared.stats.flush(&mut self.stats, nanos);
+        self.large_out = ex.large_out;
         done
     }
 
@@ -457,6 +669,30 @@ impl RespSession {
             ex.prefetch(&hashes[..n]);
         }
     }
+}
+
+/// The reply to a command whose large argument it could not take.
+const LARGE_NOT_TAKEN: &str =
+    "ERR values over 1 MiB are taken only by SET key value [options] on database 0";
+
+/// Why a command with a received large argument may not run (the error
+/// reply), or `None` when it may: only SET takes one, as its value, on
+/// the in-memory kv (database 0), from an authenticated connection.
+fn refuse_large(state: &ConnState, a: Args<'_>, large: &LargeArg) -> Option<String> {
+    if let Err(e) = &large.value {
+        return Some(e.clone());
+    }
+    if !state.authed {
+        return Some("NOAUTH Authentication required.".into());
+    }
+    if state.multi.is_some() {
+        return Some("ERR values over 1 MiB cannot be queued in a transaction".into());
+    }
+    let is_set = fabrickv_resp::eq_ignore_case(a.get(0), b"set");
+    if !is_set || large.arg != 2 || state.db != 0 {
+        return Some(LARGE_NOT_TAKEN.into());
+    }
+    None
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 //! (see `RESP_AUTH_DELAY_BASE_MS`), while the loop serves its other
 //! connections and wakes by that deadline to send the reply.
 
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,7 +31,9 @@ use fabrickv_resp::limits::RESP_COMMAND_BYTES_MAX;
 use fabrickv_transport::idle::IdleBoard;
 use fabrickv_transport::spin::SpinPolicy;
 
-use crate::resp::{ClientPeer, KillNotify, RespSession, RespShared};
+use fabrickv_engine::LargeValue;
+
+use crate::resp::{ClientPeer, KillNotify, LargeBulkAt, Receiving, RespSession, RespShared};
 use crate::service::Clock;
 
 /// Most RESP connections open at once over all threads (Redis's default
@@ -42,8 +44,23 @@ pub const RESP_CONNECTIONS_MAX: usize = fabrickv_types::limits::CONNECTIONS_MAX;
 pub const RESP_READ_CHUNK_BYTES: usize = 16 << 10;
 
 /// Largest input buffer of one connection, in bytes: one command at the
-/// parser's bound plus a read's worth.
+/// parser's bound plus a read's worth. A value over 1 MiB is not read
+/// into it but into its own buffer (see [`LargeIn`]).
 pub const RESP_INPUT_BYTES_MAX: usize = RESP_COMMAND_BYTES_MAX + RESP_READ_CHUNK_BYTES;
+
+/// How long a connection may stay silent in the middle of a large value
+/// before it is closed, in milliseconds (as the native protocol's
+/// `PARTIAL_MESSAGE_TIMEOUT_MS`): a client cannot hold its share of
+/// `RESP_LARGE_RECEIVING_BYTES_MAX` by sending nothing.
+pub const RESP_LARGE_STALL_MS: u64 = fabrickv_types::limits::PARTIAL_MESSAGE_TIMEOUT_MS;
+
+/// Bytes of the empty bulk header `$0\r\n` that stands in the input
+/// buffer for a large bulk received on its own.
+const EMPTY_BULK_HEADER: &[u8] = b"$0\r\n";
+
+/// Most slices one `writev` of replies takes: output bytes, a large
+/// value, output bytes, a large value.
+const WRITE_SLICES_MAX: usize = 4;
 
 /// A buffer grown past this is given back once empty, in bytes, so one
 /// large value does not pin memory to an idle connection.
@@ -191,6 +208,29 @@ struct Conn {
     held_until_ms: u64,
     /// When the client last sent something (the loop's clock, in ms).
     active_ms: u64,
+    /// The large bulk being received, if any (one per connection).
+    large_in: Option<LargeIn>,
+    /// Bytes of the first queued large reply already written.
+    large_pos: usize,
+}
+
+/// A large bulk being received straight from the socket into the value's
+/// final buffer, which then becomes the stored value without a copy.
+struct LargeIn {
+    /// The value's buffer (exactly its length, lazily zeroed by the
+    /// allocator), or `None` when the value was refused and its bytes are
+    /// read and dropped.
+    buf: Option<Vec<u8>>,
+    /// Bytes received so far.
+    filled: usize,
+    /// Bytes announced.
+    len: usize,
+    /// The argument's index in its command.
+    arg: usize,
+    /// The error reply a refused value's command gets.
+    refusal: String,
+    /// This value's share of the server's receiving bound.
+    receiving: Option<Receiving>,
 }
 
 struct Loop {
@@ -405,6 +445,8 @@ impl Loop {
                 closing: false,
                 held_until_ms: 0,
                 active_ms: self.clock.now_ms(),
+                large_in: None,
+                large_pos: 0,
             });
             // Data may have arrived before registration; drive it now.
             let now = self.clock.now_ms();
@@ -429,8 +471,7 @@ impl Loop {
             .enumerate()
             .filter_map(|(i, c)| c.as_ref().map(|c| (i, c)))
             .filter(|(_, c)| {
-                let pending = c.start != c.end || c.out_pos < c.out.len();
-                !pending && now.saturating_sub(c.active_ms) >= RESP_EVICT_IDLE_MIN_MS
+                !c.pending() && now.saturating_sub(c.active_ms) >= RESP_EVICT_IDLE_MIN_MS
             })
             .map(|(i, c)| (i, c.session.authenticated(), c.active_ms))
             .min_by_key(|&(_, authed, active)| (authed, active))
@@ -486,25 +527,33 @@ impl Loop {
     }
 
     /// Closes connections silent past the idle timeout (CONFIG SET
-    /// timeout changes it live) with no command pending, at most once per
+    /// timeout changes it live) with no command pending, and those silent
+    /// for [`RESP_LARGE_STALL_MS`] in the middle of a large value (which
+    /// hold a share of the server's receiving bound), at most once per
     /// `IDLE_CHECK_INTERVAL_MS`.
     fn close_idle(&mut self) {
         let idle_timeout_ms = self.shared.idle_timeout_ms.load(Ordering::Relaxed);
-        if idle_timeout_ms == 0 {
-            return;
-        }
         let now = self.clock.now_ms();
         if now.saturating_sub(self.last_idle_check_ms) < IDLE_CHECK_INTERVAL_MS {
             return;
         }
         self.last_idle_check_ms = now;
         for i in 0..self.conns.len() {
-            let idle = self.conns[i].as_ref().is_some_and(|c| {
-                let pending = c.start != c.end || c.out_pos < c.out.len();
-                !pending && now.saturating_sub(c.active_ms) >= idle_timeout_ms
-            });
-            if idle {
-                tracing::debug!("closing a RESP connection idle for {idle_timeout_ms} ms");
+            let Some(c) = self.conns[i].as_ref() else {
+                continue;
+            };
+            let silent = now.saturating_sub(c.active_ms);
+            let idle = idle_timeout_ms != 0 && !c.pending() && silent >= idle_timeout_ms;
+            let stalled = c.large_in.is_some() && silent >= RESP_LARGE_STALL_MS;
+            if idle || stalled {
+                tracing::debug!(
+                    "closing a RESP connection silent for {silent} ms{}",
+                    if stalled {
+                        " in the middle of a large value"
+                    } else {
+                        ""
+                    }
+                );
                 self.close(i);
             }
         }
@@ -525,7 +574,16 @@ impl Loop {
 /// The first half of a wake-up: reads and executes what one read brings,
 /// leaving the replies for [`drive`] to write.
 fn fill(c: &mut Conn, shared: &RespShared, now_ms: u64) {
-    if c.closing || c.eof || c.drained || c.out_pos < c.out.len() || !make_room(c) {
+    if c.closing || c.eof || c.drained || c.output_pending() {
+        return;
+    }
+    if c.large_in.is_some() {
+        if c.read_large(shared).is_ok() && c.large_in.is_none() {
+            c.execute(shared, now_ms);
+        }
+        return;
+    }
+    if !make_room(c) {
         return;
     }
     // An error is left for drive, which meets it again and closes.
@@ -545,10 +603,10 @@ fn drive(c: &mut Conn, shared: &RespShared, now_ms: u64) -> Drive {
             return Drive::Held(c.held_until_ms);
         }
         // 2. Write the replies.
-        while c.out_pos < c.out.len() {
-            match c.stream.write(&c.out[c.out_pos..]) {
+        while c.output_pending() {
+            match c.write_some() {
                 Ok(0) => return Drive::Close,
-                Ok(n) => c.out_pos += n,
+                Ok(n) => c.advance_out(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Drive::Keep,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => return Drive::Close,
@@ -566,6 +624,12 @@ fn drive(c: &mut Conn, shared: &RespShared, now_ms: u64) -> Drive {
             return Drive::Keep;
         }
         // 3. Read more.
+        if c.large_in.is_some() {
+            if c.read_large(shared).is_err() {
+                return Drive::Close;
+            }
+            continue;
+        }
         if !make_room(c) {
             // A command over every bound: the parser refuses it before this.
             return Drive::Close;
@@ -580,9 +644,14 @@ impl Conn {
     /// Runs the buffered commands; returns true when it stopped for output
     /// room with whole commands possibly left.
     fn execute(&mut self, shared: &RespShared, now_ms: u64) -> bool {
-        if self.closing || self.held_until_ms > now_ms || self.end - self.start < self.need.max(1) {
+        if self.closing
+            || self.large_in.is_some()
+            || self.held_until_ms > now_ms
+            || self.end - self.start < self.need.max(1)
+        {
             return false;
         }
+        let base = self.start;
         let p = self.session.process(
             shared,
             &self.input[self.start..self.end],
@@ -596,7 +665,172 @@ impl Conn {
             self.held_until_ms = until;
             return false;
         }
+        if let (Some(at), false) = (p.large, p.close) {
+            self.begin_large(shared, base, at);
+            // Parse again at once if the whole value was already here.
+            return self.large_in.is_none();
+        }
         !p.close && p.need == 0 && self.start < self.end
+    }
+
+    /// Whether anything is pending: unparsed input, a large value being
+    /// received, or replies not yet written.
+    fn pending(&self) -> bool {
+        self.start != self.end || self.large_in.is_some() || self.output_pending()
+    }
+
+    /// Whether replies are waiting to be written.
+    fn output_pending(&self) -> bool {
+        self.out_pos < self.out.len() || !self.session.large_out.queue.is_empty()
+    }
+
+    /// Starts receiving the large bulk `at` (offsets from `base` in the
+    /// input): reserves its bytes of the server's bound and allocates its
+    /// buffer (or, refused, arranges to drop its bytes), moves what of it
+    /// is already buffered there, and leaves `$0\r\n` in its place in the
+    /// input, which the bulk's own CRLF will complete.
+    fn begin_large(&mut self, shared: &RespShared, base: usize, at: LargeBulkAt) {
+        let header = base + at.header_at;
+        let data = base + at.data_at;
+        let (buf, refusal, receiving) = if !self.session.takes_large() {
+            (None, "NOAUTH Authentication required.".to_string(), None)
+        } else {
+            match shared.reserve_large(at.len) {
+                Some(r) => (Some(vec![0u8; at.len]), String::new(), Some(r)),
+                None => (
+                    None,
+                    format!(
+                        "ERR large values being received exceed {} bytes; retry later",
+                        crate::resp::RESP_LARGE_RECEIVING_BYTES_MAX
+                    ),
+                    None,
+                ),
+            }
+        };
+        let here = (self.end - data).min(at.len);
+        let mut large = LargeIn {
+            buf,
+            filled: here,
+            len: at.len,
+            arg: at.arg,
+            refusal,
+            receiving,
+        };
+        if let Some(b) = large.buf.as_mut() {
+            b[..here].copy_from_slice(&self.input[data..data + here]);
+        }
+        let after = data + here;
+        let stub_end = header + EMPTY_BULK_HEADER.len();
+        self.input[header..stub_end].copy_from_slice(EMPTY_BULK_HEADER);
+        self.input.copy_within(after..self.end, stub_end);
+        self.end = stub_end + (self.end - after);
+        self.need = 0;
+        self.large_in = Some(large);
+        self.finish_large_if_done();
+    }
+
+    /// Reads more of the large bulk being received, straight into its
+    /// buffer (or into a scratch buffer, dropped, when refused).
+    fn read_large(&mut self, _shared: &RespShared) -> io::Result<()> {
+        let Some(large) = self.large_in.as_mut() else {
+            return Ok(());
+        };
+        let mut sink = [0u8; RESP_READ_CHUNK_BYTES];
+        let left = large.len - large.filled;
+        let dst: &mut [u8] = match large.buf.as_mut() {
+            Some(b) => &mut b[large.filled..],
+            None => &mut sink[..left.min(RESP_READ_CHUNK_BYTES)],
+        };
+        let offered = dst.len();
+        match self.stream.read(dst) {
+            Ok(0) => self.eof = true,
+            Ok(n) => {
+                large.filled += n;
+                self.drained = n < offered;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.drained = true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        self.finish_large_if_done();
+        Ok(())
+    }
+
+    /// Hands a fully received large bulk to the session.
+    fn finish_large_if_done(&mut self) {
+        if self.large_in.as_ref().is_some_and(|l| l.filled == l.len) {
+            if let Some(l) = self.large_in.take() {
+                let value = match l.buf {
+                    Some(b) => Ok(LargeValue::from_boxed(b.into_boxed_slice())),
+                    None => Err(l.refusal),
+                };
+                self.session.large_received(l.arg, value, l.receiving);
+            }
+        }
+    }
+
+    /// Writes as much of the pending replies as the socket takes, in one
+    /// `writev`: output bytes up to the next large value, the value from
+    /// the store's own buffer, and so on.
+    fn write_some(&mut self) -> io::Result<usize> {
+        let mut slices: [IoSlice<'_>; WRITE_SLICES_MAX] = [IoSlice::new(&[]); WRITE_SLICES_MAX];
+        let mut n = 0;
+        let mut pos = self.out_pos;
+        let mut skip = self.large_pos;
+        let mut values = 0;
+        for r in self.session.large_out.queue.iter() {
+            if n + 2 > WRITE_SLICES_MAX {
+                break;
+            }
+            values += 1;
+            if r.at > pos {
+                slices[n] = IoSlice::new(&self.out[pos..r.at]);
+                n += 1;
+            }
+            slices[n] = IoSlice::new(&r.value[skip..]);
+            n += 1;
+            pos = r.at;
+            skip = 0;
+        }
+        // The output after the last value, once every value is in.
+        if n < WRITE_SLICES_MAX
+            && pos < self.out.len()
+            && values == self.session.large_out.queue.len()
+        {
+            slices[n] = IoSlice::new(&self.out[pos..]);
+            n += 1;
+        }
+        self.stream.write_vectored(&slices[..n])
+    }
+
+    /// Counts `n` more reply bytes written (see [`Conn::write_some`]).
+    fn advance_out(&mut self, mut n: usize) {
+        while n > 0 {
+            let q = &mut self.session.large_out;
+            match q.queue.front() {
+                Some(r) if r.at == self.out_pos => {
+                    let left = r.value.len() - self.large_pos;
+                    if n >= left {
+                        n -= left;
+                        self.large_pos = 0;
+                        q.pop();
+                    } else {
+                        self.large_pos += n;
+                        n = 0;
+                    }
+                }
+                front => {
+                    let upto = front.map_or(self.out.len(), |r| r.at);
+                    let k = n.min(upto.saturating_sub(self.out_pos));
+                    self.out_pos += k;
+                    n -= k;
+                    if k == 0 {
+                        debug_assert!(false, "wrote past the replies");
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     /// One read into the room [`make_room`] made: records EOF, and whether
@@ -620,6 +854,7 @@ impl Conn {
 fn reset_out(c: &mut Conn) {
     c.out.clear();
     c.out_pos = 0;
+    c.large_pos = 0;
     if c.out.capacity() > RESP_IDLE_BUFFER_BYTES_MAX {
         c.out = Vec::new();
     }

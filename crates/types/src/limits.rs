@@ -16,6 +16,13 @@ pub const HERD_KEY_BYTES: usize = 16;
 /// cache service, which moves them one-sided.
 pub const VALUE_BYTES_MAX: usize = 1 << 20;
 
+/// Largest value the in-memory kv holds, in bytes (512 MiB, Redis's
+/// `proto-max-bulk-len`). Values over [`VALUE_BYTES_MAX`] are kept by the
+/// engine as separately allocated large objects and travel only over RESP
+/// (where the connection reads them straight into their final buffer); the
+/// native frames still carry at most [`VALUE_BYTES_MAX`].
+pub const LARGE_VALUE_BYTES_MAX: usize = 512 << 20;
+
 /// Most operations one native frame may carry.
 pub const BATCH_OPS_MAX: usize = 512;
 

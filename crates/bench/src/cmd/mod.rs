@@ -4,6 +4,8 @@
 //! printing the tables and JSON lines.
 //!
 //! - [`auth`]: what the cluster secret costs a connection and a GET;
+//! - [`bigvalue`]: GET and SET of one large value (16 MiB) over RESP
+//!   beside a raw TCP stream and redis-server;
 //! - [`kv`], [`herd`], [`compare`], [`ps`], [`cache`], [`copy`], [`rpc`],
 //!   [`cluster`]: one per subcommand of the same name;
 //! - [`sweep`]: the client processes of `bench ps --clients` and `bench
@@ -15,6 +17,7 @@
 use std::time::Duration;
 
 pub mod auth;
+pub mod bigvalue;
 pub mod cache;
 pub mod cluster;
 pub mod compare;

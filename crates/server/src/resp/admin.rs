@@ -134,10 +134,14 @@ pub(super) fn info(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
     section("memory", &mut s, &|s| {
         let _ = write!(
             s,
-            "# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:{}\r\n",
+            "# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:{}\r\nlarge_values:{}\r\nlarge_values_bytes:{}\r\nlarge_values_maxbytes:{}\r\nlarge_receiving_bytes:{}\r\n",
             e.bytes,
             shared.pool_bytes,
-            eviction_policy(shared.mode)
+            eviction_policy(shared.mode),
+            e.large_values,
+            e.large_bytes,
+            e.large_bytes_max,
+            shared.large_receiving_bytes()
         );
     });
     section("persistence", &mut s, &|s| {

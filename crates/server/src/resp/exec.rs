@@ -4,11 +4,11 @@
 
 use std::sync::MutexGuard;
 
-use fabrickv_engine::{Partition, PutResult};
+use fabrickv_engine::{LargeValue, Partition, PutResult, ValueRef};
 use fabrickv_resp::reply as resp;
 use fabrickv_types::KeyHash;
 
-use super::RespShared;
+use super::{LargeReplies, RespShared};
 
 /// The reply to a write the engine refused (`OOM` when the store is full,
 /// as Redis says it).
@@ -41,6 +41,11 @@ pub(super) struct Exec<'a> {
     /// EXEC is running: every partition is locked in `many` until it ends,
     /// so the commands it runs neither take nor release locks.
     pub(super) in_exec: bool,
+    /// The large value received for the running command's argument (only
+    /// SET's value), for the command to take.
+    pub(super) large_arg: Option<LargeValue>,
+    /// The large values the replies written so far refer to.
+    pub(super) large_out: LargeReplies,
 }
 
 impl<'a> Exec<'a> {
@@ -110,6 +115,22 @@ impl<'a> Exec<'a> {
         }
     }
 
+    /// Writes `value` as a bulk reply: an inline value is copied into
+    /// `out`; a large one is referenced, its header and CRLF in `out` and
+    /// its bytes queued to be written from the store's own buffer.
+    pub(super) fn bulk_value(&mut self, out: &mut Vec<u8>, value: ValueRef<'_>) {
+        match value {
+            ValueRef::Inline(v) => resp::bulk(out, v),
+            ValueRef::Large(v) => {
+                out.push(b'$');
+                out.extend_from_slice(v.len().to_string().as_bytes());
+                out.extend_from_slice(b"\r\n");
+                self.large_out.push(out.len(), v.clone());
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+
     /// [`Exec::lock_many`] for the partitions of `keys`; keys of one
     /// partition (the common case) allocate nothing and keep the lock the
     /// run holds.
@@ -160,6 +181,16 @@ impl<'a> Exec<'a> {
     /// An engine time as Unix milliseconds.
     pub(super) fn to_unix_ms(&self, engine_ms: u64) -> i64 {
         (self.unix_ms as i64).saturating_add(engine_ms as i64 - self.now_ms as i64)
+    }
+
+    /// Forgets the large values referred to past byte `mark` of the
+    /// output (a reply cut back to `mark`).
+    pub(super) fn drop_large_after(&mut self, mark: usize) {
+        while self.large_out.queue.back().is_some_and(|r| r.at > mark) {
+            if let Some(r) = self.large_out.queue.pop_back() {
+                self.large_out.bytes -= r.value.len();
+            }
+        }
     }
 
     /// Both prefetch stages for a run of keys: every bucket, then every

@@ -2,7 +2,9 @@
 //! XX, EX, PX, KEEPTTL and GET), MGET, MSET, DEL, EXISTS and the INCR
 //! family.
 
-use fabrickv_engine::{DeleteResult, GetResult, Partition, PutCond, PutResult};
+use fabrickv_engine::{
+    DeleteResult, GetRefResult, GetResult, Partition, PutCond, PutResult, ValueRef,
+};
 use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply::{self as resp, Reply};
 use fabrickv_types::KeyHash;
@@ -19,10 +21,24 @@ impl Exec<'_> {
         }
         let now = self.now_ms;
         let h = KeyHash::of(key);
-        match self.part(h).get(h, key, now) {
-            GetResult::Found { value, .. } => resp::bulk(out, value),
-            GetResult::NotFound => out.null(),
-        }
+        self.bulk_reply(h, key, now, out);
+    }
+
+    /// The bulk reply of GET and MGET for one key: a large value is
+    /// referenced, not copied.
+    fn bulk_reply(&mut self, h: KeyHash, key: &[u8], now: u64, out: &mut Reply<'_>) {
+        let large = match self.part(h).get_ref(h, key, now) {
+            GetRefResult::Found {
+                value: ValueRef::Inline(v),
+                ..
+            } => return resp::bulk(out, v),
+            GetRefResult::Found {
+                value: ValueRef::Large(v),
+                ..
+            } => v.clone(),
+            GetRefResult::NotFound => return out.null(),
+        };
+        self.bulk_value(out, ValueRef::Large(&large));
     }
 
     pub(super) fn strlen(&mut self, key: &[u8], out: &mut Vec<u8>) {
@@ -39,6 +55,9 @@ impl Exec<'_> {
 
     pub(super) fn set(&mut self, a: Args<'_>, out: &mut Reply<'_>) {
         let (key, value) = (a.get(1), a.get(2));
+        // A value over 1 MiB was received into its own buffer, which the
+        // store takes as it is.
+        let large = self.large_arg.take();
         if !check_key(key, out) {
             return;
         }
@@ -92,21 +111,33 @@ impl Exec<'_> {
         let now = self.now_ms;
         let h = KeyHash::of(key);
         let mark = out.len();
-        let p = self.part(h);
         let mut old_ttl = 0;
         if get_old || keep_ttl {
-            match p.get(h, key, now) {
-                GetResult::Found {
-                    value: old,
+            let old = match self.part(h).get_ref(h, key, now) {
+                GetRefResult::Found {
+                    value: ValueRef::Large(old),
+                    expire_at_ms,
+                } => Some((Some(old.clone()), expire_at_ms)),
+                GetRefResult::Found {
+                    value: ValueRef::Inline(old),
                     expire_at_ms,
                 } => {
                     if get_old {
                         resp::bulk(out, old);
                     }
+                    Some((None, expire_at_ms))
+                }
+                GetRefResult::NotFound => None,
+            };
+            match old {
+                Some((large_old, expire_at_ms)) => {
+                    if let (true, Some(v)) = (get_old, large_old) {
+                        self.bulk_value(out, ValueRef::Large(&v));
+                    }
                     old_ttl = expire_at_ms;
                 }
-                GetResult::NotFound if get_old => out.null(),
-                GetResult::NotFound => {}
+                None if get_old => out.null(),
+                None => {}
             }
         }
         let at = match (expire, keep_ttl) {
@@ -114,12 +145,18 @@ impl Exec<'_> {
             (None, true) => old_ttl,
             (None, false) => 0,
         };
-        match p.put(h, key, value, at, cond, now) {
+        let p = self.part(h);
+        let stored = match large {
+            Some(v) => p.put_large(h, key, v, at, cond, now),
+            None => p.put(h, key, value, at, cond, now),
+        };
+        match stored {
             PutResult::Stored if !get_old => resp::simple(out, "OK"),
             PutResult::Stored | PutResult::ConditionFailed if get_old => {}
             PutResult::ConditionFailed => out.null(),
             r => {
                 out.truncate(mark);
+                self.drop_large_after(mark);
                 put_error(out, r);
             }
         }
@@ -152,11 +189,9 @@ impl Exec<'_> {
                 continue;
             }
             let h = KeyHash::of(key);
-            match self.part(h).get(h, key, now) {
-                GetResult::Found { value, .. } => resp::bulk(out, value),
-                GetResult::NotFound => out.null(),
-            }
+            self.bulk_reply(h, key, now, out);
             if !mget_fits(out, mark) {
+                self.drop_large_after(mark);
                 return;
             }
         }
