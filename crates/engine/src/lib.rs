@@ -51,13 +51,16 @@ pub use alloc::{
     SIZE_CLASS_BYTES_MIN, SIZE_CLASS_GROWTH_DEN, SIZE_CLASS_GROWTH_NUM,
 };
 pub use delete::DeleteResult;
-pub use get::GetResult;
+pub use get::{GetResult, ItemView};
 pub use index::{
     default_index_buckets, ASSUMED_ITEM_BYTES, BUCKET_BYTES, INDEX_BUCKETS_MAX, INDEX_BUCKETS_MIN,
     ITEM_SLOTS_PER_BUCKET, OFFSET_BITS, OVERFLOW_BUCKETS_DIVISOR, OVERFLOW_BUCKETS_MIN,
     SLOTS_PER_BUCKET,
 };
-pub use item::{is_expired, item_bytes, ITEM_ALIGN_BYTES, ITEM_BYTES_MAX, ITEM_HEADER_BYTES};
+pub use item::{
+    is_expired, item_bytes, ItemMeta, ITEM_ALIGN_BYTES, ITEM_BYTES_MAX, ITEM_HEADER_BYTES,
+    ITEM_META_BYTES,
+};
 pub use pool::{PoolError, PoolMemory, PoolOptions, HUGE_PAGE_SHIFT};
 pub use put::{PutCond, PutResult};
 pub use stats::PartitionStats;
@@ -327,7 +330,32 @@ impl Partition {
         cond: PutCond,
         now_ms: u64,
     ) -> PutResult {
-        dispatch!(&mut self.inner, core => core.put(hash, key, value, expire_at_ms, cond, now_ms))
+        dispatch!(&mut self.inner, core => core.put(hash, key, value, expire_at_ms, cond, now_ms, None))
+    }
+
+    /// [`Partition::put`] of an item that carries `meta` (a memcached
+    /// client's CAS value and flags), read back by [`Partition::get_item`].
+    /// The item takes [`ITEM_META_BYTES`] more of the pool.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn put_with_meta(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        value: &[u8],
+        expire_at_ms: u64,
+        cond: PutCond,
+        now_ms: u64,
+        meta: ItemMeta,
+    ) -> PutResult {
+        dispatch!(&mut self.inner, core => core.put(hash, key, value, expire_at_ms, cond, now_ms, Some(meta)))
+    }
+
+    /// [`Partition::get`] that also returns the item's meta (`None` for
+    /// an item stored without one); counts as a GET.
+    #[inline]
+    pub fn get_item(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> Option<ItemView<'_>> {
+        dispatch!(&mut self.inner, core => core.get_item(hash, key, now_ms))
     }
 
     /// Removes `key`.
@@ -389,7 +417,7 @@ impl Partition {
                 .storage
                 .window()
                 .iter()
-                .filter(|(_, h)| h.flags == 0)
+                .filter(|(_, h)| h.is_live_record())
                 .count();
             assert_eq!(
                 live as u64, items,

@@ -50,8 +50,9 @@ impl<S: Storage> Core<S> {
         value: &[u8],
         cond: PutCond,
         now_ms: u64,
+        meta: bool,
     ) -> Result<Option<Hit>, PutResult> {
-        if !self.fits(key.len(), value.len()) {
+        if !self.fits(key.len(), value.len(), meta) {
             return Err(PutResult::TooLarge);
         }
         let existing = self.find_live(hash, key, now_ms);
@@ -74,6 +75,7 @@ impl<S: Storage> Core<S> {
         key: &[u8],
         value: &[u8],
         expire_at_ms: u64,
+        meta: Option<item::ItemMeta>,
     ) {
         item::write(
             self.storage.pool_mut(),
@@ -82,6 +84,7 @@ impl<S: Storage> Core<S> {
             key,
             value,
             expire_at_ms,
+            meta,
         );
     }
 
@@ -95,6 +98,7 @@ impl<S: Storage> Core<S> {
 
 impl Core<Log> {
     /// Cache-mode PUT: append to the log, then point the index at it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn put(
         &mut self,
         hash: KeyHash,
@@ -103,13 +107,14 @@ impl Core<Log> {
         expire_at_ms: u64,
         cond: PutCond,
         now_ms: u64,
+        meta: Option<item::ItemMeta>,
     ) -> PutResult {
-        if let Err(refused) = self.put_precheck(hash, key, value, cond, now_ms) {
+        if let Err(refused) = self.put_precheck(hash, key, value, cond, now_ms, meta.is_some()) {
             return refused;
         }
-        let size = item::item_bytes(key.len(), value.len());
+        let size = item::item_bytes_with(key.len(), value.len(), meta.is_some());
         let (logical, pos) = self.log_append(size, now_ms);
-        self.write_item(pos, hash, key, value, expire_at_ms);
+        self.write_item(pos, hash, key, value, expire_at_ms, meta);
         let entry = pack(hash.tag(), logical & OFFSET_MASK);
 
         // Appending may have overwritten the old copy, so look again.
@@ -153,6 +158,7 @@ impl Core<Log> {
 
 impl Core<Slab> {
     /// Store-mode PUT: allocate first, so that a full store changes nothing.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn put(
         &mut self,
         hash: KeyHash,
@@ -161,12 +167,13 @@ impl Core<Slab> {
         expire_at_ms: u64,
         cond: PutCond,
         now_ms: u64,
+        meta: Option<item::ItemMeta>,
     ) -> PutResult {
-        let existing = match self.put_precheck(hash, key, value, cond, now_ms) {
+        let existing = match self.put_precheck(hash, key, value, cond, now_ms, meta.is_some()) {
             Ok(existing) => existing,
             Err(refused) => return refused,
         };
-        let size = item::item_bytes(key.len(), value.len());
+        let size = item::item_bytes_with(key.len(), value.len(), meta.is_some());
         let Some(class) = self.storage.class_for(size) else {
             return PutResult::TooLarge;
         };
@@ -174,14 +181,14 @@ impl Core<Slab> {
             Some(old) if self.storage.class_of(old.pos) == class => {
                 // Same chunk size: overwrite in place. Nothing can fail
                 // half-way, and no reader holds a borrow of the old value.
-                self.write_item(old.pos, hash, key, value, expire_at_ms);
+                self.write_item(old.pos, hash, key, value, expire_at_ms, meta);
                 self.stats.bytes -= old.header.kv_bytes();
             }
             Some(old) => {
                 let Some(pos) = self.storage.alloc(class) else {
                     return PutResult::InsufficientSpace;
                 };
-                self.write_item(pos, hash, key, value, expire_at_ms);
+                self.write_item(pos, hash, key, value, expire_at_ms, meta);
                 self.index.set(old.at, pack(hash.tag(), pos as u64));
                 self.storage.free(old.pos);
                 self.stats.bytes -= old.header.kv_bytes();
@@ -194,7 +201,7 @@ impl Core<Slab> {
                 let Some(pos) = self.storage.alloc(class) else {
                     return PutResult::InsufficientSpace;
                 };
-                self.write_item(pos, hash, key, value, expire_at_ms);
+                self.write_item(pos, hash, key, value, expire_at_ms, meta);
                 if self
                     .index
                     .insert(main, pack(hash.tag(), pos as u64))
@@ -387,6 +394,68 @@ mod tests {
         }
         assert_eq!(p.stats().items, 1);
         p.check();
+    }
+
+    #[test]
+    fn meta_is_stored_replaced_and_survives_expiry_changes() {
+        use crate::ItemMeta;
+        for mode in both_modes() {
+            let mut p = small(mode);
+            let m = ItemMeta {
+                cas: 7,
+                client_flags: u32::MAX,
+            };
+            assert_eq!(
+                p.put_with_meta(h(b"k"), b"k", b"v1", 0, PutCond::Always, 0, m),
+                PutResult::Stored
+            );
+            let it = p.get_item(h(b"k"), b"k", 0).expect("found");
+            assert_eq!((it.value, it.meta), (&b"v1"[..], Some(m)));
+            assert!(p.set_expiry(h(b"k"), b"k", 50, 0));
+            let it = p.get_item(h(b"k"), b"k", 0).expect("found");
+            assert_eq!((it.expire_at_ms, it.meta), (50, Some(m)));
+            // A plain put (RESP, native kv) drops the meta.
+            assert_eq!(
+                p.put(h(b"k"), b"k", b"v2", 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            assert_eq!(p.get_item(h(b"k"), b"k", 0).expect("found").meta, None);
+            assert_found(&mut p, b"k", 0, b"v2", 0);
+            let s = p.stats();
+            assert_eq!((s.items, s.bytes), (1, 3));
+            p.check();
+        }
+    }
+
+    #[test]
+    fn meta_items_wrap_the_cache_log_and_fill_the_store() {
+        use crate::ItemMeta;
+        for mode in both_modes() {
+            let mut p = sized(mode, 64 << 10, None);
+            for i in 0..5000u32 {
+                let k = i.to_le_bytes();
+                let v = vec![i as u8; (i % 300) as usize];
+                let m = ItemMeta {
+                    cas: u64::from(i) + 1,
+                    client_flags: i,
+                };
+                let r = if i % 3 == 0 {
+                    p.put(h(&k), &k, &v, 0, PutCond::Always, 0)
+                } else {
+                    p.put_with_meta(h(&k), &k, &v, 0, PutCond::Always, 0, m)
+                };
+                match r {
+                    PutResult::Stored => {
+                        let it = p.get_item(h(&k), &k, 0).expect("just stored");
+                        assert_eq!(it.value, &v[..]);
+                        assert_eq!(it.meta, (i % 3 != 0).then_some(m));
+                    }
+                    PutResult::InsufficientSpace if mode == Mode::Store => {}
+                    other => panic!("{mode:?} {i}: {other:?}"),
+                }
+            }
+            p.check();
+        }
     }
 
     #[test]
