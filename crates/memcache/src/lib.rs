@@ -604,10 +604,14 @@ fn simple<'a>(name: &[u8], t: &[&'a [u8]]) -> Command<'a> {
             },
             _ => refuse(ERROR),
         },
-        b"version" if t.is_empty() => Command::Version,
+        // memcached answers `version` whatever follows it.
+        b"version" => Command::Version,
         b"verbosity" => match t {
-            [_] => Command::Verbosity { noreply: false },
-            [_, b"noreply"] => Command::Verbosity { noreply: true },
+            [b"noreply"] => Command::Verbosity { noreply: true },
+            [n] | [n, b"noreply"] if parse_u64(n).is_some() => Command::Verbosity {
+                noreply: t.len() == 2,
+            },
+            [_] | [_, b"noreply"] => refuse(BAD_FORMAT),
             _ => refuse(ERROR),
         },
         b"stats" => match t {

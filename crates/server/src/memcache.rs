@@ -45,6 +45,12 @@ pub const MC_OUTPUT_SOFT_BYTES: usize = 256 << 10;
 /// (memcached's words) instead of being buffered.
 pub const MC_REPLY_BYTES_MAX: usize = 32 << 20;
 
+/// What `version` answers (and `stats` reports): the memcached release
+/// whose protocol this front end speaks, then FabricKV's own version.
+/// Clients and tools (memcapable) read the leading memcached version to
+/// tell which commands a server has, so it comes first.
+pub const MC_VERSION: &str = concat!("1.6.0-fabrickv-", env!("CARGO_PKG_VERSION"));
+
 /// Counters shared by every memcache connection of a server (`stats`).
 #[derive(Debug, Default)]
 pub struct McCounters {

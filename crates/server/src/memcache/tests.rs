@@ -262,7 +262,7 @@ fn stats_use_memcached_names() {
     assert!(st.ends_with("END\r\n"));
     assert_eq!(
         run(&sh, &mut s, "version\r\n", 1),
-        format!("VERSION {}\r\n", env!("CARGO_PKG_VERSION"))
+        format!("VERSION {MC_VERSION}\r\n")
     );
     assert_eq!(run(&sh, &mut s, "verbosity 1\r\n", 1), "OK\r\n");
     let mut out = Vec::new();

@@ -129,7 +129,7 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, cmd: Command<'_>, out: &mut 
         }
         Command::Version => {
             out.extend_from_slice(b"VERSION ");
-            line(out, env!("CARGO_PKG_VERSION"));
+            line(out, super::MC_VERSION);
         }
         Command::Verbosity { noreply } => reply(out, noreply, "OK"),
         Command::Stats { group } => stats(sh, group, out),
@@ -226,7 +226,7 @@ fn stats(sh: &McShared, group: Option<&[u8]>, out: &mut Vec<u8>) {
     stat(out, "pid", std::process::id());
     stat(out, "uptime", sh.started.elapsed().as_secs());
     stat(out, "time", unix);
-    stat(out, "version", env!("CARGO_PKG_VERSION"));
+    stat(out, "version", super::MC_VERSION);
     stat(out, "pointer_size", usize::BITS);
     stat(out, "curr_connections", get(&c.connected));
     stat(out, "total_connections", get(&c.connections_received));
