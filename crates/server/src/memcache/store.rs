@@ -4,7 +4,7 @@
 use std::sync::MutexGuard;
 
 use fabrickv_engine::{ItemMeta, ItemView, Partition, PutCond, PutResult};
-use fabrickv_memcache::{deadline_ms, StoreMode};
+use fabrickv_memcache::{deadline_ms, StoreMode, MC_RELATIVE_EXPTIME_SECS_MAX};
 use fabrickv_types::KeyHash;
 
 use super::{unix_now_ms, McShared};
@@ -23,7 +23,13 @@ pub(super) enum Expiry {
 impl Expiry {
     /// memcached's reading of an exptime at `now_ms`.
     pub fn of(exptime: i64, now_ms: u64) -> Expiry {
-        match deadline_ms(exptime, now_ms, unix_now_ms()) {
+        // The wall clock is read only for an absolute time.
+        let unix = if exptime > MC_RELATIVE_EXPTIME_SECS_MAX {
+            unix_now_ms()
+        } else {
+            0
+        };
+        match deadline_ms(exptime, now_ms, unix) {
             None => Expiry::Never,
             Some(0) => Expiry::Gone,
             Some(t) => Expiry::At(t),
@@ -187,6 +193,13 @@ pub(super) struct StoreReq<'a> {
 /// Runs a storage command.
 pub(super) fn store(sh: &McShared, scratch: &mut Vec<u8>, r: &StoreReq<'_>, now: u64) -> Outcome {
     let mut k = sh.lock(r.key);
+    // A plain set needs not look first.
+    if r.mode == StoreMode::Set && r.compare.is_none() {
+        return match k.write(sh, r.data, r.flags, Expiry::of(r.exptime, now), now) {
+            Ok(cas) => Outcome::Stored(cas),
+            Err(o) => o,
+        };
+    }
     let joins = matches!(r.mode, StoreMode::Append | StoreMode::Prepend);
     scratch.clear();
     let cur = k.read(sh, now, |i, v| {
