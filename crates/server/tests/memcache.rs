@@ -225,3 +225,28 @@ fn memcapable_ascii_checks_pass() {
     assert!(text.contains("[pass]"), "memcapable ran no check: {text}");
     h.shutdown();
 }
+
+#[test]
+fn idle_connections_are_closed_after_the_timeout() {
+    let cfg = ServerConfig {
+        listen: "127.0.0.1:0".into(),
+        workers: Some(1),
+        memory_bytes: 64 << 20,
+        log_level: "warn".into(),
+        memcache: Some("127.0.0.1:0".into()),
+        memcache_idle_timeout_secs: 1,
+        ..ServerConfig::default()
+    };
+    let h = Server::start(&cfg).expect("server starts");
+    let mut c = Mc::connect(&h);
+    assert_eq!(c.ask("mn\r\n"), "MN");
+    let t = std::time::Instant::now();
+    let mut rest = Vec::new();
+    assert_eq!(c.r.read_to_end(&mut rest).expect("closed by the server"), 0);
+    assert!(
+        t.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+    h.shutdown();
+}
