@@ -250,3 +250,54 @@ fn idle_connections_are_closed_after_the_timeout() {
     );
     h.shutdown();
 }
+
+/// At `MC_CONNECTIONS_MAX` a newcomer is refused until some connection has
+/// been silent `MC_EVICT_IDLE_MIN_MS`; then the longest-silent one makes
+/// way for it, one closed per newcomer.
+#[test]
+fn at_the_cap_a_silent_connection_makes_way() {
+    use fabrickv_server::{MC_CONNECTIONS_MAX, MC_EVICT_IDLE_MIN_MS};
+    use std::time::Instant;
+    let h = server(Mode::Store);
+    let addr = h.memcache_addr().expect("on").to_string();
+    let connect = || {
+        let c = TcpStream::connect(&addr).expect("connects");
+        c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+        c
+    };
+    let silent: Vec<TcpStream> = (0..MC_CONNECTIONS_MAX).map(|_| connect()).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut newcomers = Vec::new();
+    while newcomers.len() < 4 {
+        let mut c = connect();
+        c.write_all(b"mn\r\n").expect("send");
+        let mut reply = [0u8; 4];
+        match c.read_exact(&mut reply) {
+            Ok(()) if &reply == b"MN\r\n" => newcomers.push(c),
+            _ => {
+                assert!(
+                    Instant::now() < deadline,
+                    "newcomers still refused at the cap"
+                );
+                std::thread::sleep(Duration::from_millis(MC_EVICT_IDLE_MIN_MS / 10));
+            }
+        }
+    }
+    for c in &silent {
+        c.set_nonblocking(true).expect("nonblocking");
+    }
+    let is_closed = |mut c: &TcpStream| match c.read(&mut [0u8; 16]) {
+        Ok(0) => true,
+        Ok(_) => panic!("a silent connection was sent something"),
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut gone = 0;
+    while gone < 4 {
+        gone = silent.iter().filter(|c| is_closed(c)).count();
+        assert!(Instant::now() < deadline, "{gone} of 4 evicted seen closed");
+    }
+    assert_eq!(gone, 4, "more connections closed than newcomers came");
+    drop(silent);
+    h.shutdown();
+}
