@@ -45,11 +45,11 @@ pub const MC_INPUT_BYTES_MAX: usize = MC_COMMAND_BYTES_MAX + MC_READ_CHUNK_BYTES
 pub const MC_IDLE_BUFFER_BYTES_MAX: usize = 64 << 10;
 
 /// How long a loop keeps polling without blocking after its last event,
-/// in microseconds. A busy client's next request usually arrives within
-/// it, and finding it by polling spares the client the cost of waking this
-/// thread (an inter-processor interrupt, dear on a virtual machine, which
-/// the sending CPU pays). An idle server blocks after this long.
-pub const MC_IDLE_SPIN_US: u64 = 50;
+/// in microseconds (RESP's loop spins 50). Each poll is an `epoll_wait`
+/// system call, so spinning costs server CPU whenever the client is the
+/// slower side; the memcache loop blocks at once, as memcached does, since
+/// its figure of merit is operations per server CPU-second.
+pub const MC_IDLE_SPIN_US: u64 = 0;
 
 /// How often a loop looks for idle connections, in milliseconds: the idle
 /// timeout is enforced to within this (and `POLL_TIMEOUT_MS`).
