@@ -187,6 +187,15 @@ fn large_values_in_pieces_and_oversized_ones_refused() {
     assert_eq!(c.ask("get big\r\n"), format!("VALUE big 0 {n}"));
     assert_eq!(c.bytes(n), v);
     assert_eq!(c.line(), "END");
+    // The largest value the engine takes fits with its CAS and flags.
+    let max = fabrickv_memcache::MC_VALUE_BYTES_MAX;
+    c.send(format!("set max 1 0 {max}\r\n").as_bytes());
+    c.send(&vec![b'm'; max]);
+    c.send(b"\r\n");
+    assert_eq!(c.line(), "STORED");
+    assert_eq!(c.ask("get max\r\n"), format!("VALUE max 1 {max}"));
+    assert_eq!(c.bytes(max), vec![b'm'; max]);
+    assert_eq!(c.line(), "END");
     let too = fabrickv_memcache::MC_VALUE_BYTES_MAX + 1;
     c.send(format!("set huge 0 0 {too}\r\n").as_bytes());
     assert_eq!(c.line(), "SERVER_ERROR object too large for cache");
