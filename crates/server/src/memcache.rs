@@ -223,6 +223,8 @@ impl McSession {
             need: 0,
             close: false,
         };
+        // Counted once per call, not per command: one atomic add.
+        let mut commands = 0;
         while done.consumed < input.len() && out.len() < MC_OUTPUT_SOFT_BYTES {
             if self.swallow > 0 {
                 let n = self.swallow.min(input.len() - done.consumed);
@@ -237,13 +239,16 @@ impl McSession {
                 }
                 Parse::Complete { consumed, cmd } => {
                     done.consumed += consumed;
-                    sh.counters.commands.fetch_add(1, Ordering::Relaxed);
+                    commands += 1;
                     if self.command(sh, cmd, out, now_ms) == After::Close {
                         done.close = true;
                         break;
                     }
                 }
             }
+        }
+        if commands > 0 {
+            sh.counters.commands.fetch_add(commands, Ordering::Relaxed);
         }
         done
     }

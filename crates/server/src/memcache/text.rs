@@ -265,5 +265,6 @@ fn stats(sh: &McShared, group: Option<&[u8]>, out: &mut Vec<u8>) {
         },
     );
     stat(out, "fabrickv_evicted_idle", get(&c.evicted_idle));
+    stat(out, "fabrickv_commands", get(&c.commands));
     line(out, "END");
 }
