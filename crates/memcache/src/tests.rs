@@ -191,3 +191,63 @@ fn base64_round_trips() {
     assert_eq!(base64_decode(b"Zm9", &mut out), None);
     assert_eq!(base64_decode(b"Z!9v", &mut out), None);
 }
+
+/// The fuzz target's invariants over random and mutated input (a cheap
+/// stand-in for `fuzz/fuzz_targets/memcache_parse.rs` in every test run).
+#[test]
+fn random_input_never_panics_and_keeps_the_bounds() {
+    let seeds: [&[u8]; 8] = [
+        b"set k 1 2 3\r\nabc\r\n",
+        b"get a b c\r\n",
+        b"gats 10 a\r\n",
+        b"cas k 0 0 1 9 noreply\r\nx\r\n",
+        b"ms k 2 T1 F2 C3 MA q O1 b\r\nhi\r\n",
+        b"mg k v c f s t k O1 q T5\r\n",
+        b"ma k N0 J1 D2 MD v\r\n",
+        b"incr k 18446744073709551615\r\nflush_all 1 noreply\r\n",
+    ];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..20_000 {
+        let mut buf: Vec<u8> = seeds[round % seeds.len()].to_vec();
+        for _ in 0..(next() % 6) {
+            let at = (next() as usize) % (buf.len() + 1);
+            match next() % 4 {
+                0 => buf.insert(at, next() as u8),
+                1 if at < buf.len() => buf[at] = b" \r\n0-9vMN"[(next() % 9) as usize],
+                2 if at < buf.len() => {
+                    buf.remove(at);
+                }
+                _ => buf.truncate(at),
+            }
+        }
+        let mut rest = &buf[..];
+        while !rest.is_empty() {
+            match parse(rest) {
+                Parse::Incomplete { need } => {
+                    assert!(need > rest.len() && need <= MC_COMMAND_BYTES_MAX + 2);
+                    break;
+                }
+                Parse::Complete { consumed, cmd } => {
+                    assert!(consumed >= 1 && consumed <= rest.len(), "{buf:?}");
+                    match cmd {
+                        Command::Store { key, data, .. } => {
+                            assert!(key.len() <= MC_KEY_BYTES_MAX);
+                            assert!(data.len() <= MC_VALUE_BYTES_MAX);
+                        }
+                        Command::Get { keys: k, .. } => {
+                            assert!(keys(k).all(|k| k.len() <= MC_KEY_BYTES_MAX))
+                        }
+                        _ => {}
+                    }
+                    rest = &rest[consumed..];
+                }
+            }
+        }
+    }
+}
