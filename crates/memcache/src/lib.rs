@@ -256,6 +256,8 @@ pub struct MetaFlags<'a> {
     pub client_flags: Option<u32>,
     /// `C`: CAS value to compare.
     pub compare_cas: Option<u64>,
+    /// `E`: the CAS value to give the item written (`ms`, `ma`).
+    pub new_cas: Option<u64>,
     /// `M`: mode character.
     pub mode: Option<u8>,
     /// `N`: vivify on miss with this TTL (`ma`).
@@ -722,6 +724,7 @@ fn meta_flags(kind: MetaKind, raw: &[u8]) -> Result<MetaFlags<'_>, &'static str>
                 f.compare_cas = Some(parse_u64(arg).ok_or(INVALID_FLAG)?)
             }
             (Set | Arith, b'M') if arg.len() == 1 => f.mode = Some(arg[0]),
+            (Set | Arith, b'E') => f.new_cas = Some(parse_u64(arg).ok_or(INVALID_FLAG)?),
             (Arith, b'N') => f.vivify = Some(parse_i64(arg).ok_or(INVALID_FLAG)?),
             (Arith, b'J') => f.initial = Some(parse_u64(arg).ok_or(INVALID_FLAG)?),
             (Arith, b'D') => f.delta = Some(parse_u64(arg).ok_or(INVALID_FLAG)?),

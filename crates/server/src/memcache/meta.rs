@@ -1,5 +1,6 @@
 //! The meta commands: `mg`, `ms`, `md`, `ma` (`mn` is answered by the
-//! session). Return flags (`O`, `k`, `b`, `c`, `f`, `s`, `t`) are echoed
+//! session). `E` on `ms` and `ma` gives the written item the caller's CAS
+//! value instead of a fresh one. Return flags (`O`, `k`, `b`, `c`, `f`, `s`, `t`) are echoed
 //! in the order the request gave them. Quiet mode (`q`) hides `EN` for
 //! `mg`, `HD` for `ms`, and `HD` and `NF` for `md` and `ma`.
 
@@ -144,6 +145,7 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, m: &Meta<'_>, out: &mut Vec<
                 flags: m.flags.client_flags.unwrap_or(0),
                 exptime: m.flags.ttl.unwrap_or(0),
                 compare: m.flags.compare_cas,
+                new_cas: m.flags.new_cas,
             };
             let o = store::store(sh, &mut s.scratch, &req, now);
             let code = match o {
@@ -192,6 +194,7 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, m: &Meta<'_>, out: &mut Vec<
                 incr,
                 delta: m.flags.delta.unwrap_or(1),
                 compare: m.flags.compare_cas,
+                new_cas: m.flags.new_cas,
                 vivify: m.flags.vivify.map(|t| (m.flags.initial.unwrap_or(0), t)),
             };
             match store::arith(sh, &req, now) {

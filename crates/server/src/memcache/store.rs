@@ -112,16 +112,18 @@ impl Locked<'_> {
         None
     }
 
-    /// Writes `value` with a fresh CAS; returns it, or the refusal.
+    /// Writes `value` with a fresh CAS (or `given`); returns it, or the
+    /// refusal.
     pub fn write(
         &mut self,
         sh: &McShared,
         value: &[u8],
         flags: u32,
         exp: Expiry,
+        given: Option<u64>,
         now: u64,
     ) -> Result<u64, Outcome> {
-        let cas = sh.new_cas();
+        let cas = given.unwrap_or_else(|| sh.new_cas());
         if exp == Expiry::Gone {
             let _ = self.p.delete(self.hash, self.key, now);
             return Ok(cas);
@@ -188,6 +190,8 @@ pub(super) struct StoreReq<'a> {
     pub exptime: i64,
     /// CAS to compare (`cas`, `ms C`).
     pub compare: Option<u64>,
+    /// CAS to give the new item instead of a fresh one (`ms E`).
+    pub new_cas: Option<u64>,
 }
 
 /// Runs a storage command.
@@ -195,7 +199,14 @@ pub(super) fn store(sh: &McShared, scratch: &mut Vec<u8>, r: &StoreReq<'_>, now:
     let mut k = sh.lock(r.key);
     // A plain set needs not look first.
     if r.mode == StoreMode::Set && r.compare.is_none() {
-        return match k.write(sh, r.data, r.flags, Expiry::of(r.exptime, now), now) {
+        return match k.write(
+            sh,
+            r.data,
+            r.flags,
+            Expiry::of(r.exptime, now),
+            r.new_cas,
+            now,
+        ) {
             Ok(cas) => Outcome::Stored(cas),
             Err(o) => o,
         };
@@ -234,9 +245,16 @@ pub(super) fn store(sh: &McShared, scratch: &mut Vec<u8>, r: &StoreReq<'_>, now:
             } else {
                 Expiry::At(i.expire_at_ms)
             };
-            k.write(sh, scratch, i.flags, exp, now)
+            k.write(sh, scratch, i.flags, exp, r.new_cas, now)
         }
-        _ => k.write(sh, r.data, r.flags, Expiry::of(r.exptime, now), now),
+        _ => k.write(
+            sh,
+            r.data,
+            r.flags,
+            Expiry::of(r.exptime, now),
+            r.new_cas,
+            now,
+        ),
     };
     if scratch.capacity() > super::MC_OUTPUT_SOFT_BYTES {
         *scratch = Vec::new();
@@ -264,6 +282,8 @@ pub(super) struct ArithReq<'a> {
     pub incr: bool,
     pub delta: u64,
     pub compare: Option<u64>,
+    /// CAS to give the new item instead of a fresh one (`ma E`).
+    pub new_cas: Option<u64>,
     /// Create a missing key with this value and expiry (`ma N J`).
     pub vivify: Option<(u64, i64)>,
 }
@@ -287,7 +307,7 @@ pub(super) fn arith(sh: &McShared, r: &ArithReq<'_>, now: u64) -> Arith {
             let mut digits = Vec::new();
             super::push_u64(&mut digits, initial);
             let exp = Expiry::of(exptime, now);
-            return match k.write(sh, &digits, 0, exp, now) {
+            return match k.write(sh, &digits, 0, exp, r.new_cas, now) {
                 Ok(cas) => Arith::Value(
                     initial,
                     Info {
@@ -319,7 +339,7 @@ pub(super) fn arith(sh: &McShared, r: &ArithReq<'_>, now: u64) -> Arith {
     } else {
         Expiry::At(i.expire_at_ms)
     };
-    match k.write(sh, &digits, i.flags, exp, now) {
+    match k.write(sh, &digits, i.flags, exp, r.new_cas, now) {
         Ok(cas) => Arith::Value(v, Info { cas, ..i }),
         Err(o) => Arith::Failed(o),
     }

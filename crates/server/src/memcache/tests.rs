@@ -205,6 +205,12 @@ fn meta_commands() {
         "VA 2\r\n15\r\nVA 1\r\n0\r\n"
     );
     assert_eq!(r(&mut s, "mg k h\r\n"), "CLIENT_ERROR invalid flag\r\n");
+    // E gives the written item the caller's CAS.
+    assert_eq!(
+        r(&mut s, "ms e 1 E777777\r\nx\r\nmg e c\r\n"),
+        "HD\r\nHD c777777\r\n"
+    );
+    assert_eq!(r(&mut s, "ms e 1 C777777\r\ny\r\n"), "HD\r\n");
     // base64 keys: "Zm9v" is "foo".
     assert_eq!(
         r(&mut s, "ms Zm9v 1 b\r\nz\r\nget foo\r\n"),

@@ -36,6 +36,7 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, cmd: Command<'_>, out: &mut 
                 flags,
                 exptime,
                 compare: (mode == StoreMode::Cas).then_some(cas_unique),
+                new_cas: None,
             };
             let o = store::store(sh, &mut s.scratch, &req, now);
             if mode == StoreMode::Cas {
@@ -76,6 +77,7 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, cmd: Command<'_>, out: &mut 
                 incr,
                 delta,
                 compare: None,
+                new_cas: None,
                 vivify: None,
             };
             let r = store::arith(sh, &req, now);
