@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The peer comparison of the HERD issue: redis-server 7, memcached 1.6 and
-# FabricKV (RESP front-end, native tcp, native shm), each server pinned to
-# CPU 0 and its load generator to CPU 1, on GET/SET at pipeline depths
-# 1, 16 and 64 and MGET of 10 and 100 keys (16-byte keys, 32-byte values),
-# with server CPU-seconds per million operations. Called by `make compare`.
+# FabricKV (RESP front-end, memcache front end, native tcp, native shm),
+# each server pinned to CPU 0 and its load generator to CPU 1 (memcached,
+# started with -t 1, and the memcache front end meet the same generator),
+# on GET/SET at pipeline depths 1, 16 and 64 and MGET of 10 and 100 keys
+# (16-byte keys, 32-byte values), with server CPU-seconds per million
+# operations. Called by `make compare`.
 set -euo pipefail
 BIN=${BIN:-target/release/fabrickv}
 DURATION=${DURATION:-5}

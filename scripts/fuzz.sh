@@ -39,9 +39,11 @@ cargo "+$toolchain" fuzz build
 
 failed=()
 for t in "${targets[@]}"; do
-    # RESP targets get RESP tokens; the rest speak the native protocol.
+    # RESP and memcache targets get their tokens; the rest speak the
+    # native protocol.
     case "$t" in
         resp*) dict="$root/fuzz/dicts/resp.dict" ;;
+        memcache*) dict="$root/fuzz/dicts/memcache.dict" ;;
         *) dict="$root/fuzz/dicts/native.dict" ;;
     esac
     echo "== fuzz $t for ${seconds}s"

@@ -20,6 +20,9 @@ need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-benchmark >/dev/null || need+=(redis-tools)
 command -v memcached >/dev/null || need+=(memcached)
+# memcapable (Debian: memccapable) and memcslap, which check and load the
+# memcache front end.
+{ command -v memcapable || command -v memccapable; } >/dev/null || need+=(libmemcached-tools)
 command -v iperf3 >/dev/null || need+=(iperf3)
 command -v taskset >/dev/null || need+=(util-linux)
 command -v stress-ng >/dev/null || need+=(stress-ng)

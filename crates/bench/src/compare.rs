@@ -11,7 +11,9 @@
 //!
 //! Who drives what: redis-benchmark loads every RESP server (Redis and
 //! FabricKV's RESP front-end) with the same arguments; memcached is loaded
-//! by FabricKV's memcached text-protocol generator ([`crate::memcache`]);
+//! by FabricKV's memcached text-protocol generator ([`crate::memcache`]),
+//! and so is FabricKV's memcache front end (`--memcache`), so that the two
+//! meet the same load;
 //! FabricKV's native protocol (tcp, shm) by its own generator
 //! ([`crate::kv`]), a pipeline depth P being frames of P operations. Before
 //! measuring, every key is stored and read back through each server's own
@@ -56,6 +58,8 @@ pub enum System {
     Memcached,
     /// FabricKV's RESP front-end, loaded by redis-benchmark.
     FabricResp,
+    /// FabricKV's memcache front end, loaded by the memcached generator.
+    FabricMemcache,
     /// FabricKV's native protocol over tcp.
     FabricTcp,
     /// FabricKV's native protocol over shared memory.
@@ -64,10 +68,11 @@ pub enum System {
 
 impl System {
     /// Every system, in table order.
-    pub const ALL: [System; 5] = [
+    pub const ALL: [System; 6] = [
         System::Redis,
         System::Memcached,
         System::FabricResp,
+        System::FabricMemcache,
         System::FabricTcp,
         System::FabricShm,
     ];
@@ -78,6 +83,7 @@ impl System {
             System::Redis => "redis",
             System::Memcached => "memcached",
             System::FabricResp => "fabrickv-resp",
+            System::FabricMemcache => "fabrickv-memcache",
             System::FabricTcp => "fabrickv-tcp",
             System::FabricShm => "fabrickv-shm",
         }
@@ -217,7 +223,18 @@ pub fn run(opts: &CompareOpts) -> Result<Vec<Row>, String> {
                 let server = spawn_server(cmd, "fabrickv", port)?;
                 resp_system(system, &server, port, opts, &rows)?
             }
-            System::Memcached => memcached_system(opts)?,
+            System::Memcached => {
+                let (server, port) = peers::spawn_memcached(Some(&opts.server_cpus))?;
+                memcache_system(System::Memcached, &server, port, opts)?
+            }
+            System::FabricMemcache => {
+                let port = free_port()?;
+                let mut cmd = fabrickv_command(opts)?;
+                cmd.args(["--listen", "127.0.0.1:0", "--memcache"])
+                    .arg(format!("127.0.0.1:{port}"));
+                let server = spawn_server(cmd, "fabrickv", port)?;
+                memcache_system(System::FabricMemcache, &server, port, opts)?
+            }
             System::FabricTcp => {
                 let addr = format!("127.0.0.1:{}", free_port()?);
                 native_system(system, &addr, opts)?
@@ -384,8 +401,14 @@ fn redis_benchmark_case(
     })
 }
 
-fn memcached_system(opts: &CompareOpts) -> Result<Vec<Row>, String> {
-    let (server, port) = peers::spawn_memcached(Some(&opts.server_cpus))?;
+/// Loads a memcached-protocol server (memcached itself, or FabricKV's
+/// memcache front end) with the memcached generator.
+fn memcache_system(
+    system: System,
+    server: &Child,
+    port: u16,
+    opts: &CompareOpts,
+) -> Result<Vec<Row>, String> {
     let addr = format!("127.0.0.1:{port}");
     memcache::preload(&addr, opts.keys, opts.value_size)?;
     let mut rows = Vec::new();
@@ -408,10 +431,11 @@ fn memcached_system(opts: &CompareOpts) -> Result<Vec<Row>, String> {
         };
         let (mut result, cpu) = measure(server.pid(), || memcache::run(&mo))?;
         result.case = w.name();
+        result.system = system.name().into();
         result.params["latency"] = "per request".into();
         rows.push(Row {
             workload: w,
-            system: System::Memcached,
+            system,
             result,
             server_cpu_s: cpu,
         });
@@ -560,7 +584,7 @@ fn read_bulk(r: &mut impl BufRead) -> Result<Option<Vec<u8>>, String> {
 }
 
 /// Prints the comparison table: one row per workload and system, with
-/// ratios against Redis on the same workload.
+/// ratios against Redis and against memcached on the same workload.
 pub fn print(opts: &CompareOpts, rows: &[Row]) {
     println!(
         "compare: {}-byte keys, {}-byte values, {} keys preloaded, {} connections; servers pinned to CPU {}, load generators to CPU {}; {:.1} s per case",
@@ -573,7 +597,7 @@ pub fn print(opts: &CompareOpts, rows: &[Row]) {
         opts.duration.as_secs_f64()
     );
     println!(
-        "load: redis-benchmark for redis and fabrickv-resp; FabricKV's memcached text-protocol generator for memcached; FabricKV's native generator for fabrickv-tcp/shm (P = operations per frame, {} frames in flight)",
+        "load: redis-benchmark for redis and fabrickv-resp; FabricKV's memcached text-protocol generator for memcached and fabrickv-memcache; FabricKV's native generator for fabrickv-tcp/shm (P = operations per frame, {} frames in flight)",
         opts.conns
     );
     println!("Mops counts keys (an MGET of 10 is 10); latency is per request as each tool measures it; CPU is the server process's user+system time during the run");
@@ -587,6 +611,8 @@ pub fn print(opts: &CompareOpts, rows: &[Row]) {
         "Mops/CPU-s",
         "x redis",
         "x redis/CPU",
+        "x memcached",
+        "x mc/CPU",
     ];
     let mut table = Vec::new();
     // In the order first measured; a paced case is one row per system
@@ -601,12 +627,17 @@ pub fn print(opts: &CompareOpts, rows: &[Row]) {
         let redis = rows
             .iter()
             .find(|r| r.workload.name() == w && r.system == System::Redis);
+        let memcached = rows
+            .iter()
+            .find(|r| r.workload.name() == w && r.system == System::Memcached);
         for r in rows.iter().filter(|r| r.workload.name() == w) {
-            let vs = |f: fn(&Row) -> f64| {
-                redis.map_or("-".to_string(), |b| {
+            let against = |base: Option<&Row>, f: fn(&Row) -> f64| {
+                base.map_or("-".to_string(), |b| {
                     format!("{:.2}", f(r) / f(b).max(1e-12))
                 })
             };
+            let vs = |f: fn(&Row) -> f64| against(redis, f);
+            let vs_mc = |f: fn(&Row) -> f64| against(memcached, f);
             table.push(vec![
                 w.clone(),
                 r.system.name().to_string(),
@@ -617,6 +648,8 @@ pub fn print(opts: &CompareOpts, rows: &[Row]) {
                 format!("{:.3}", r.ops_per_cpu_s() / 1e6),
                 vs(|x| x.result.ops_per_s),
                 vs(Row::ops_per_cpu_s),
+                vs_mc(|x| x.result.ops_per_s),
+                vs_mc(Row::ops_per_cpu_s),
             ]);
         }
     }
@@ -635,6 +668,13 @@ pub fn json(rows: &[Row], r: &Row) -> String {
     {
         result.params["vs_redis_throughput"] = (r.result.ops_per_s / b.result.ops_per_s).into();
         result.params["vs_redis_per_cpu"] = (r.ops_per_cpu_s() / b.ops_per_cpu_s()).into();
+    }
+    if let Some(b) = rows
+        .iter()
+        .find(|b| b.workload.name() == r.workload.name() && b.system == System::Memcached)
+    {
+        result.params["vs_memcached_throughput"] = (r.result.ops_per_s / b.result.ops_per_s).into();
+        result.params["vs_memcached_per_cpu"] = (r.ops_per_cpu_s() / b.ops_per_cpu_s()).into();
     }
     result.json()
 }

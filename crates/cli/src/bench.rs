@@ -10,7 +10,7 @@ pub enum BenchCommand {
     Kv(cmd::kv::KvArgs),
     /// HERD's workload and table: Cores x Batched / Non-batched Mops, per-worker lines.
     Herd(cmd::herd::HerdArgs),
-    /// FabricKV (RESP, native tcp, shm) beside redis-server and memcached: Mops, p50/p99, server CPU-s per Mop.
+    /// FabricKV (RESP, memcache, native tcp, shm) beside redis-server and memcached: Mops, p50/p99, server CPU-s per Mop.
     Compare(cmd::compare::CompareArgs),
     /// PetPS's embedding pulls: throughput lines, thread x batch matrix, multi-client sums, --compare with Redis/raw TCP/memcpy.
     Ps(cmd::ps::PsArgs),

@@ -201,6 +201,16 @@ enum Command {
         /// command pending, as Redis's `timeout`; 0 never does [default: 0].
         #[arg(long, value_name = "SECS")]
         resp_idle_timeout: Option<u64>,
+        /// Also serve memcached's text and meta protocol on this TCP
+        /// address, e.g. 127.0.0.1:11211 (off by default). It has no
+        /// authentication: beyond loopback it needs --insecure, secret or
+        /// not (see docs/memcache.md).
+        #[arg(long, value_name = "ADDR")]
+        memcache: Option<String>,
+        /// Close a memcache connection silent this many seconds with no
+        /// command pending; 0 never does [default: 0].
+        #[arg(long, value_name = "SECS")]
+        memcache_idle_timeout: Option<u64>,
         /// Embedding tables to create at start:
         /// NAME:DIM[:optimizer=sgd|adagrad][:lr=F][:missing=zeros|init][:seed=N].
         #[arg(long = "table", value_name = "SPEC")]
@@ -403,6 +413,8 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             resp_password_file,
             idle_timeout,
             resp_idle_timeout,
+            memcache,
+            memcache_idle_timeout,
             tables,
             shards,
             dram,
@@ -457,6 +469,12 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             }
             if let Some(v) = resp_idle_timeout {
                 cfg.resp_idle_timeout_secs = v;
+            }
+            if memcache.is_some() {
+                cfg.memcache = memcache;
+            }
+            if let Some(v) = memcache_idle_timeout {
+                cfg.memcache_idle_timeout_secs = v;
             }
             for t in &tables {
                 cfg.ps.tables.push(fabrickv_client::TableSpec::parse(t)?);
@@ -649,6 +667,9 @@ fn serve(cfg: &ServerConfig, cluster: &cluster_cmd::ServeClusterArgs) -> Result<
     // banner's format does not depend on whether gRPC is on.
     if let Some(g) = handle.grpc_addr() {
         eprintln!("fabrickv: gRPC (fabrickv.cache.v1.KvCache) on {g}");
+    }
+    if let Some(m) = handle.memcache_addr() {
+        eprintln!("fabrickv: memcache on {m}");
     }
     match handle.resp_addr() {
         Some(r) => eprintln!(

@@ -39,7 +39,44 @@ pub enum GetRefResult<'a> {
     NotFound,
 }
 
+/// A live item as [`crate::Partition::get_item`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemView<'a> {
+    /// The value, borrowed from the pool.
+    pub value: &'a [u8],
+    /// Absolute expiry time in milliseconds; 0 means no TTL.
+    pub expire_at_ms: u64,
+    /// The CAS value and client flags, if the item was stored with them.
+    pub meta: Option<item::ItemMeta>,
+}
+
 impl<S: Storage> Core<S> {
+    /// [`Core::get`] with the item's meta.
+    pub(crate) fn get_item(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        now_ms: u64,
+    ) -> Option<ItemView<'_>> {
+        self.stats.gets += 1;
+        match self.find_live(hash, key, now_ms) {
+            Some(hit) => {
+                self.stats.hits += 1;
+                let pool = self.storage.pool();
+                Some(ItemView {
+                    // A large value's bytes, not its stub's.
+                    value: self.value_of(hit.pos, &hit.header).bytes(),
+                    expire_at_ms: hit.header.expire_at_ms,
+                    meta: item::meta(pool, hit.pos, &hit.header),
+                })
+            }
+            None => {
+                self.stats.misses += 1;
+                None
+            }
+        }
+    }
+
     /// Looks `key` up; an expired item met on the way is reclaimed.
     pub(crate) fn get(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> GetResult<'_> {
         match self.get_ref(hash, key, now_ms) {

@@ -7,11 +7,18 @@
 //!      8     8  expire_at_ms (u64 LE, 0 = no TTL)
 //!     16     4  value length in bytes (u32 LE)
 //!     20     1  key length in bytes
-//!     21     1  flags (DEAD, PADDING, LARGE)
+//!     21     1  flags (DEAD, PADDING, LARGE, META)
 //!     22     2  reserved, zero
 //!     24     .  key bytes, then value bytes, then zero padding up to
 //!               ITEM_ALIGN_BYTES
+//!      .    16  only with FLAG_META: the item's meta (see below)
 //! ```
+//!
+//! An item written with [`ItemMeta`] (the memcached front end's CAS value
+//! and 32-bit client flags) carries [`ITEM_META_BYTES`] more after its
+//! padded key and value: CAS (u64 LE), client flags (u32 LE), 4 zero
+//! bytes. Items written without it (the native kv, RESP) have the layout
+//! and size they always had.
 //!
 //! Every item starts at a multiple of [`ITEM_ALIGN_BYTES`] in the pool, so
 //! headers never straddle a cache line more than they must and the log walk
@@ -29,6 +36,10 @@ pub const ITEM_HEADER_BYTES: usize = 24;
 /// Largest item any partition could hold, in bytes: a maximal key and a
 /// maximal value with their header, rounded up to the alignment.
 pub const ITEM_BYTES_MAX: usize = item_bytes(KEY_BYTES_MAX, VALUE_BYTES_MAX);
+
+/// Bytes an item's [`ItemMeta`] adds to it, when it has one: CAS (8),
+/// client flags (4) and 4 bytes of padding, a multiple of the alignment.
+pub const ITEM_META_BYTES: usize = 16;
 
 const HASH_AT: usize = 0;
 const EXPIRE_AT: usize = 8;
@@ -49,9 +60,24 @@ pub(crate) const FLAG_PADDING: u8 = 2;
 /// inline value names the value's slot in the partition's large table.
 pub(crate) const FLAG_LARGE: u8 = 4;
 
+/// Flag: the item carries [`ITEM_META_BYTES`] of [`ItemMeta`] after its
+/// padded key and value. Not a state: live items may have it.
+pub(crate) const FLAG_META: u8 = 8;
+
+/// What a memcached client stores beside a value: the item's CAS value
+/// (unique per write, given by the caller) and its opaque client flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ItemMeta {
+    /// The compare-and-swap value of this version of the item.
+    pub cas: u64,
+    /// The client's 32-bit flags, returned as stored.
+    pub client_flags: u32,
+}
+
 const _: () = assert!(ITEM_ALIGN_BYTES.is_power_of_two());
 const _: () = assert!(align_down(ITEM_HEADER_BYTES) == ITEM_HEADER_BYTES);
 const _: () = assert!(FLAGS_AT < ITEM_HEADER_BYTES);
+const _: () = assert!(align_down(ITEM_META_BYTES) == ITEM_META_BYTES);
 const _: () = assert!(
     KEY_BYTES_MAX <= u8::MAX as usize,
     "key length is kept in one byte"
@@ -78,6 +104,13 @@ pub(crate) const fn align_down(n: usize) -> usize {
 #[inline]
 pub const fn item_bytes(key_len: usize, value_len: usize) -> usize {
     align_up(ITEM_HEADER_BYTES + key_len + value_len)
+}
+
+/// Bytes one item with this key and value takes in the pool when it
+/// carries an [`ItemMeta`] (`meta`) or not.
+#[inline]
+pub const fn item_bytes_with(key_len: usize, value_len: usize, meta: bool) -> usize {
+    item_bytes(key_len, value_len) + if meta { ITEM_META_BYTES } else { 0 }
 }
 
 /// Whether an item with this expiry time is expired at `now_ms`.
@@ -111,7 +144,17 @@ impl Header {
     /// Bytes the item occupies in the pool.
     #[inline]
     pub fn item_bytes(&self) -> usize {
-        item_bytes(usize::from(self.key_len), self.value_len as usize)
+        item_bytes_with(
+            usize::from(self.key_len),
+            self.value_len as usize,
+            self.flags & FLAG_META != 0,
+        )
+    }
+
+    /// Whether these flags mark a live item (not dead, not padding).
+    #[cfg(test)]
+    pub fn is_live_record(&self) -> bool {
+        self.flags & !(FLAG_META | FLAG_LARGE) == 0
     }
 
     /// Whether the item is the stub of a large value.
@@ -165,6 +208,7 @@ pub(crate) fn write(
     key: &[u8],
     value: &[u8],
     expire_at_ms: u64,
+    meta: Option<ItemMeta>,
 ) {
     debug_assert!(key.len() <= KEY_BYTES_MAX && value.len() <= VALUE_BYTES_MAX);
     let h = &mut pool[pos..pos + ITEM_HEADER_BYTES];
@@ -172,12 +216,33 @@ pub(crate) fn write(
     write_u64(h, EXPIRE_AT, expire_at_ms);
     h[VALUE_LEN_AT..VALUE_LEN_AT + 4].copy_from_slice(&(value.len() as u32).to_le_bytes());
     h[KEY_LEN_AT] = key.len() as u8;
-    h[FLAGS_AT] = 0;
+    h[FLAGS_AT] = if meta.is_some() { FLAG_META } else { 0 };
     h[FLAGS_AT + 1..].fill(0);
     let key_at = pos + ITEM_HEADER_BYTES;
     let value_at = key_at + key.len();
     pool[key_at..value_at].copy_from_slice(key);
     pool[value_at..value_at + value.len()].copy_from_slice(value);
+    if let Some(m) = meta {
+        let at = pos + item_bytes(key.len(), value.len());
+        write_u64(pool, at, m.cas);
+        pool[at + 8..at + 12].copy_from_slice(&m.client_flags.to_le_bytes());
+        pool[at + 12..at + ITEM_META_BYTES].fill(0);
+    }
+}
+
+/// The meta of the item at `pos`, if it carries one.
+#[inline]
+pub(crate) fn meta(pool: &[u8], pos: usize, h: &Header) -> Option<ItemMeta> {
+    if h.flags & FLAG_META == 0 {
+        return None;
+    }
+    let at = pos + item_bytes(usize::from(h.key_len), h.value_len as usize);
+    let mut f = [0u8; 4];
+    f.copy_from_slice(&pool[at + 8..at + 12]);
+    Some(ItemMeta {
+        cas: read_u64(pool, at),
+        client_flags: u32::from_le_bytes(f),
+    })
 }
 
 /// Writes a padding record at `pos` (the caller has checked that a whole
@@ -221,7 +286,7 @@ mod tests {
     #[test]
     fn item_round_trips() {
         let mut pool = vec![0u8; 256];
-        write(&mut pool, 8, 0xdead_beef, b"key", b"value!", 77);
+        write(&mut pool, 8, 0xdead_beef, b"key", b"value!", 77, None);
         let h = read_header(&pool, 8);
         assert_eq!(h.hash, 0xdead_beef);
         assert_eq!(h.expire_at_ms, 77);
@@ -235,6 +300,26 @@ mod tests {
         let h = read_header(&pool, 8);
         assert_eq!((h.expire_at_ms, h.flags), (5, FLAG_DEAD));
         assert_eq!(value(&pool, 8, &h), b"value!");
+    }
+
+    #[test]
+    fn meta_round_trips_after_the_value() {
+        let mut pool = vec![0xffu8; 256];
+        let m = ItemMeta {
+            cas: 0x0102_0304_0506_0708,
+            client_flags: 0xdead_beef,
+        };
+        write(&mut pool, 8, 1, b"key", b"value!", 0, Some(m));
+        let h = read_header(&pool, 8);
+        assert_eq!(h.flags, FLAG_META);
+        assert!(h.is_live_record());
+        assert_eq!(h.item_bytes(), 40 + ITEM_META_BYTES);
+        assert_eq!(value(&pool, 8, &h), b"value!");
+        assert_eq!(meta(&pool, 8, &h), Some(m));
+        write(&mut pool, 8, 1, b"key", b"value!", 0, None);
+        let h = read_header(&pool, 8);
+        assert_eq!((h.flags, h.item_bytes()), (0, 40));
+        assert_eq!(meta(&pool, 8, &h), None);
     }
 
     #[test]

@@ -59,13 +59,16 @@ pub use alloc::{
     SIZE_CLASS_BYTES_MIN, SIZE_CLASS_GROWTH_DEN, SIZE_CLASS_GROWTH_NUM,
 };
 pub use delete::DeleteResult;
-pub use get::{GetRefResult, GetResult};
+pub use get::{GetRefResult, GetResult, ItemView};
 pub use index::{
     default_index_buckets, ASSUMED_ITEM_BYTES, BUCKET_BYTES, INDEX_BUCKETS_MAX, INDEX_BUCKETS_MIN,
     ITEM_SLOTS_PER_BUCKET, OFFSET_BITS, OVERFLOW_BUCKETS_DIVISOR, OVERFLOW_BUCKETS_MIN,
     SLOTS_PER_BUCKET,
 };
-pub use item::{is_expired, item_bytes, ITEM_ALIGN_BYTES, ITEM_BYTES_MAX, ITEM_HEADER_BYTES};
+pub use item::{
+    is_expired, item_bytes, ItemMeta, ITEM_ALIGN_BYTES, ITEM_BYTES_MAX, ITEM_HEADER_BYTES,
+    ITEM_META_BYTES,
+};
 pub use large::{LargeValue, ValueRef, LARGE_VALUE_BYTES_MAX, LARGE_VALUE_BYTES_MIN};
 pub use pool::{PoolError, PoolMemory, PoolOptions, HUGE_PAGE_SHIFT};
 pub use put::{PutCond, PutResult};
@@ -345,7 +348,7 @@ impl Partition {
             let large = LargeValue::copy_from(value);
             return self.put_large(hash, key, large, expire_at_ms, cond, now_ms);
         }
-        dispatch!(&mut self.inner, core => core.put(hash, key, value, None, expire_at_ms, cond, now_ms))
+        dispatch!(&mut self.inner, core => core.put(hash, key, value, None, expire_at_ms, cond, now_ms, None))
     }
 
     /// Stores `value` under `key` if `cond` holds, taking the buffer
@@ -366,10 +369,10 @@ impl Partition {
         now_ms: u64,
     ) -> PutResult {
         if value.len() < LARGE_VALUE_BYTES_MIN {
-            return dispatch!(&mut self.inner, core => core.put(hash, key, &value, None, expire_at_ms, cond, now_ms));
+            return dispatch!(&mut self.inner, core => core.put(hash, key, &value, None, expire_at_ms, cond, now_ms, None));
         }
         let large = Some(value);
-        dispatch!(&mut self.inner, core => core.put(hash, key, &[], large, expire_at_ms, cond, now_ms))
+        dispatch!(&mut self.inner, core => core.put(hash, key, &[], large, expire_at_ms, cond, now_ms, None))
     }
 
     /// Looks `key` up like [`Partition::get`], telling a large value (a
@@ -385,6 +388,31 @@ impl Partition {
     /// budget.
     pub fn set_large_bytes_max(&mut self, bytes: u64) {
         dispatch!(&mut self.inner, core => core.large.bytes_max = bytes)
+    }
+
+    /// [`Partition::put`] of an item that carries `meta` (a memcached
+    /// client's CAS value and flags), read back by [`Partition::get_item`].
+    /// The item takes [`ITEM_META_BYTES`] more of the pool.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn put_with_meta(
+        &mut self,
+        hash: KeyHash,
+        key: &[u8],
+        value: &[u8],
+        expire_at_ms: u64,
+        cond: PutCond,
+        now_ms: u64,
+        meta: ItemMeta,
+    ) -> PutResult {
+        dispatch!(&mut self.inner, core => core.put(hash, key, value, None, expire_at_ms, cond, now_ms, Some(meta)))
+    }
+
+    /// [`Partition::get`] that also returns the item's meta (`None` for
+    /// an item stored without one); counts as a GET.
+    #[inline]
+    pub fn get_item(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> Option<ItemView<'_>> {
+        dispatch!(&mut self.inner, core => core.get_item(hash, key, now_ms))
     }
 
     /// Removes `key`.
@@ -472,7 +500,7 @@ impl Partition {
                 .storage
                 .window()
                 .iter()
-                .filter(|(_, h)| h.flags & !item::FLAG_LARGE == 0)
+                .filter(|(_, h)| h.is_live_record())
                 .count();
             assert_eq!(
                 live as u64, items,

@@ -201,12 +201,13 @@ impl<S: Storage> Core<S> {
         self.storage.release(hit.pos);
     }
 
-    /// Whether an item of these lengths fits this partition at all.
+    /// Whether an item of these lengths (with an [`item::ItemMeta`] when
+    /// `meta`) fits this partition at all.
     #[inline]
-    pub fn fits(&self, key_len: usize, value_len: usize) -> bool {
+    pub fn fits(&self, key_len: usize, value_len: usize, meta: bool) -> bool {
         key_len <= fabrickv_types::limits::KEY_BYTES_MAX
             && value_len <= fabrickv_types::limits::VALUE_BYTES_MAX
-            && item::item_bytes(key_len, value_len) <= self.storage.max_item_bytes()
+            && item::item_bytes_with(key_len, value_len, meta) <= self.storage.max_item_bytes()
     }
 
     /// Largest value that fits next to a maximal key.
@@ -229,7 +230,7 @@ impl<S: Storage> Core<S> {
                 .resolve(offset_of(e))
                 .expect("indexed item is live");
             let h = item::read_header(pool, pos);
-            assert_eq!(h.flags & !item::FLAG_LARGE, 0, "indexed item is flagged");
+            assert!(h.is_live_record(), "indexed item is flagged");
             assert_eq!(
                 KeyHash(h.hash).tag(),
                 tag_of(e),

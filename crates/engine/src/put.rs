@@ -52,8 +52,9 @@ impl<S: Storage> Core<S> {
         large: Option<&LargeValue>,
         cond: PutCond,
         now_ms: u64,
+        meta: bool,
     ) -> Result<Option<Hit>, PutResult> {
-        if !self.fits(key.len(), value.len()) {
+        if !self.fits(key.len(), value.len(), meta) {
             return Err(PutResult::TooLarge);
         }
         if let Some(v) = large {
@@ -86,6 +87,7 @@ impl<S: Storage> Core<S> {
         value: &[u8],
         large: Option<LargeValue>,
         expire_at_ms: u64,
+        meta: Option<item::ItemMeta>,
     ) -> usize {
         match large {
             None => {
@@ -96,6 +98,7 @@ impl<S: Storage> Core<S> {
                     key,
                     value,
                     expire_at_ms,
+                    meta,
                 );
                 value.len()
             }
@@ -103,7 +106,7 @@ impl<S: Storage> Core<S> {
                 let len = v.len();
                 let stub = large::stub(self.large.insert(v, hash.0, key));
                 let pool = self.storage.pool_mut();
-                item::write(pool, pos, hash.0, key, &stub, expire_at_ms);
+                item::write(pool, pos, hash.0, key, &stub, expire_at_ms, None);
                 item::add_flags(pool, pos, item::FLAG_LARGE);
                 len
             }
@@ -134,13 +137,24 @@ impl Core<Log> {
         expire_at_ms: u64,
         cond: PutCond,
         now_ms: u64,
+        meta: Option<item::ItemMeta>,
     ) -> PutResult {
+        // A large value's stub carries no meta (memcached values stay small).
+        let meta = if large.is_some() { None } else { meta };
         let inline: &[u8] = if large.is_some() {
             &[0; LARGE_STUB_BYTES]
         } else {
             value
         };
-        if let Err(refused) = self.put_precheck(hash, key, inline, large.as_ref(), cond, now_ms) {
+        if let Err(refused) = self.put_precheck(
+            hash,
+            key,
+            inline,
+            large.as_ref(),
+            cond,
+            now_ms,
+            meta.is_some(),
+        ) {
             return refused;
         }
         if let Some(v) = &large {
@@ -148,9 +162,9 @@ impl Core<Log> {
                 return PutResult::InsufficientSpace;
             }
         }
-        let size = item::item_bytes(key.len(), inline.len());
+        let size = item::item_bytes_with(key.len(), inline.len(), meta.is_some());
         let (logical, pos) = self.log_append(size, now_ms);
-        let value_len = self.write_item(pos, hash, key, inline, large, expire_at_ms);
+        let value_len = self.write_item(pos, hash, key, inline, large, expire_at_ms, meta);
         let entry = pack(hash.tag(), logical & OFFSET_MASK);
 
         // Appending may have overwritten the old copy, so look again.
@@ -243,13 +257,23 @@ impl Core<Slab> {
         expire_at_ms: u64,
         cond: PutCond,
         now_ms: u64,
+        meta: Option<item::ItemMeta>,
     ) -> PutResult {
+        let meta = if large.is_some() { None } else { meta };
         let inline: &[u8] = if large.is_some() {
             &[0; LARGE_STUB_BYTES]
         } else {
             value
         };
-        let existing = match self.put_precheck(hash, key, inline, large.as_ref(), cond, now_ms) {
+        let existing = match self.put_precheck(
+            hash,
+            key,
+            inline,
+            large.as_ref(),
+            cond,
+            now_ms,
+            meta.is_some(),
+        ) {
             Ok(existing) => existing,
             Err(refused) => return refused,
         };
@@ -263,7 +287,7 @@ impl Core<Slab> {
                 return PutResult::InsufficientSpace;
             }
         }
-        let size = item::item_bytes(key.len(), inline.len());
+        let size = item::item_bytes_with(key.len(), inline.len(), meta.is_some());
         let Some(class) = self.storage.class_for(size) else {
             return PutResult::TooLarge;
         };
@@ -272,14 +296,14 @@ impl Core<Slab> {
                 // Same chunk size: overwrite in place. Nothing can fail
                 // half-way, and no reader holds a borrow of the old value.
                 self.drop_value(old.pos, &old.header);
-                self.write_item(old.pos, hash, key, inline, large, expire_at_ms)
+                self.write_item(old.pos, hash, key, inline, large, expire_at_ms, meta)
             }
             Some(old) => {
                 let Some(pos) = self.storage.alloc(class) else {
                     return PutResult::InsufficientSpace;
                 };
                 self.drop_value(old.pos, &old.header);
-                let n = self.write_item(pos, hash, key, inline, large, expire_at_ms);
+                let n = self.write_item(pos, hash, key, inline, large, expire_at_ms, meta);
                 self.index.set(old.at, pack(hash.tag(), pos as u64));
                 self.storage.free(old.pos);
                 n
@@ -292,7 +316,7 @@ impl Core<Slab> {
                 let Some(pos) = self.storage.alloc(class) else {
                     return PutResult::InsufficientSpace;
                 };
-                let n = self.write_item(pos, hash, key, inline, large, expire_at_ms);
+                let n = self.write_item(pos, hash, key, inline, large, expire_at_ms, meta);
                 if self
                     .index
                     .insert(main, pack(hash.tag(), pos as u64))
@@ -490,6 +514,68 @@ mod tests {
         }
         assert_eq!(p.stats().items, 1);
         p.check();
+    }
+
+    #[test]
+    fn meta_is_stored_replaced_and_survives_expiry_changes() {
+        use crate::ItemMeta;
+        for mode in both_modes() {
+            let mut p = small(mode);
+            let m = ItemMeta {
+                cas: 7,
+                client_flags: u32::MAX,
+            };
+            assert_eq!(
+                p.put_with_meta(h(b"k"), b"k", b"v1", 0, PutCond::Always, 0, m),
+                PutResult::Stored
+            );
+            let it = p.get_item(h(b"k"), b"k", 0).expect("found");
+            assert_eq!((it.value, it.meta), (&b"v1"[..], Some(m)));
+            assert!(p.set_expiry(h(b"k"), b"k", 50, 0));
+            let it = p.get_item(h(b"k"), b"k", 0).expect("found");
+            assert_eq!((it.expire_at_ms, it.meta), (50, Some(m)));
+            // A plain put (RESP, native kv) drops the meta.
+            assert_eq!(
+                p.put(h(b"k"), b"k", b"v2", 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            assert_eq!(p.get_item(h(b"k"), b"k", 0).expect("found").meta, None);
+            assert_found(&mut p, b"k", 0, b"v2", 0);
+            let s = p.stats();
+            assert_eq!((s.items, s.bytes), (1, 3));
+            p.check();
+        }
+    }
+
+    #[test]
+    fn meta_items_wrap_the_cache_log_and_fill_the_store() {
+        use crate::ItemMeta;
+        for mode in both_modes() {
+            let mut p = sized(mode, 64 << 10, None);
+            for i in 0..5000u32 {
+                let k = i.to_le_bytes();
+                let v = vec![i as u8; (i % 300) as usize];
+                let m = ItemMeta {
+                    cas: u64::from(i) + 1,
+                    client_flags: i,
+                };
+                let r = if i % 3 == 0 {
+                    p.put(h(&k), &k, &v, 0, PutCond::Always, 0)
+                } else {
+                    p.put_with_meta(h(&k), &k, &v, 0, PutCond::Always, 0, m)
+                };
+                match r {
+                    PutResult::Stored => {
+                        let it = p.get_item(h(&k), &k, 0).expect("just stored");
+                        assert_eq!(it.value, &v[..]);
+                        assert_eq!(it.meta, (i % 3 != 0).then_some(m));
+                    }
+                    PutResult::InsufficientSpace if mode == Mode::Store => {}
+                    other => panic!("{mode:?} {i}: {other:?}"),
+                }
+            }
+            p.check();
+        }
     }
 
     #[test]

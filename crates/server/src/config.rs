@@ -188,6 +188,15 @@ pub struct ServerConfig {
     /// before it is closed (`--resp-idle-timeout`, Redis's `timeout`);
     /// 0, the default as in Redis, keeps idle connections.
     pub resp_idle_timeout_secs: u64,
+    /// Where the memcached-compatible front end listens (`HOST:PORT`,
+    /// TCP); `None` leaves it off. memcached's text protocol has no
+    /// authentication, so beyond loopback it needs `insecure` even when a
+    /// cluster secret is set (see `validate`).
+    pub memcache: Option<String>,
+    /// Seconds a memcache connection may stay silent with no command
+    /// pending before it is closed (`--memcache-idle-timeout`,
+    /// memcached's `idle_timeout`); 0, the default, keeps them.
+    pub memcache_idle_timeout_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -210,6 +219,8 @@ impl Default for ServerConfig {
             shm_allow_uids: Vec::new(),
             idle_timeout_secs: NATIVE_IDLE_TIMEOUT_SECS,
             resp_idle_timeout_secs: 0,
+            memcache: None,
+            memcache_idle_timeout_secs: 0,
         }
     }
 }
@@ -250,6 +261,10 @@ struct FileConfig {
     idle_timeout: Option<u64>,
     /// Seconds before a silent RESP connection is closed; 0 is never.
     resp_idle_timeout: Option<u64>,
+    /// Where the memcache front end listens.
+    memcache: Option<String>,
+    /// Seconds before a silent memcache connection is closed; 0 is never.
+    memcache_idle_timeout: Option<u64>,
 }
 
 impl ServerConfig {
@@ -307,6 +322,10 @@ impl ServerConfig {
         if let Some(v) = f.resp_idle_timeout {
             c.resp_idle_timeout_secs = v;
         }
+        c.memcache = f.memcache;
+        if let Some(v) = f.memcache_idle_timeout {
+            c.memcache_idle_timeout_secs = v;
+        }
         Ok(c)
     }
 
@@ -319,6 +338,12 @@ impl ServerConfig {
     pub fn resp_idle_timeout(&self) -> Option<std::time::Duration> {
         (self.resp_idle_timeout_secs > 0)
             .then(|| std::time::Duration::from_secs(self.resp_idle_timeout_secs))
+    }
+
+    /// The memcache front end's idle timeout; `None` when turned off.
+    pub fn memcache_idle_timeout(&self) -> Option<std::time::Duration> {
+        (self.memcache_idle_timeout_secs > 0)
+            .then(|| std::time::Duration::from_secs(self.memcache_idle_timeout_secs))
     }
 
     /// Workers to run: the configured count, or one per core.
@@ -356,6 +381,7 @@ impl ServerConfig {
         for (what, secs) in [
             ("idle timeout", self.idle_timeout_secs),
             ("resp idle timeout", self.resp_idle_timeout_secs),
+            ("memcache idle timeout", self.memcache_idle_timeout_secs),
         ] {
             if secs > IDLE_TIMEOUT_SECS_MAX {
                 return Err(format!(
@@ -384,6 +410,11 @@ impl ServerConfig {
         out.extend(native.map(|a| ("the native listener", a)));
         out.extend(self.resp.as_deref().map(|a| ("the RESP front end", a)));
         out.extend(
+            self.memcache
+                .as_deref()
+                .map(|a| ("the memcache front end", a)),
+        );
+        out.extend(
             self.cache
                 .grpc
                 .as_deref()
@@ -395,6 +426,16 @@ impl ServerConfig {
     /// A listener beyond loopback needs a secret, or `insecure`: anyone
     /// who can reach the port could otherwise read and write everything.
     fn validate_exposure(&self) -> Result<(), String> {
+        // memcached's text protocol has no AUTH: a secret cannot guard it.
+        if let Some(addr) = &self.memcache {
+            if !self.insecure && !fabrickv_auth::is_loopback_addr(addr) {
+                return Err(format!(
+                    "the memcache front end would listen on {addr}, beyond this host; \
+                     memcached's protocol has no authentication, so no secret can guard it: \
+                     listen on loopback, or pass --insecure to let anyone who reaches the port in"
+                ));
+            }
+        }
         if self.auth.is_some() || self.insecure {
             return Ok(());
         }
@@ -588,6 +629,31 @@ mod tests {
         let e = ServerConfig::from_toml("auth_token_file = \"/nonexistent/token\"")
             .expect_err("missing");
         assert!(e.contains("/nonexistent/token"), "{e}");
+    }
+
+    #[test]
+    fn memcache_is_off_by_default_and_stays_on_loopback_without_insecure() {
+        assert_eq!(ServerConfig::default().memcache, None);
+        let mut c =
+            ServerConfig::from_toml("memcache = \"127.0.0.1:11211\"\nmemcache_idle_timeout = 9\n")
+                .expect("toml");
+        assert_eq!(c.memcache.as_deref(), Some("127.0.0.1:11211"));
+        assert_eq!(
+            c.memcache_idle_timeout(),
+            Some(std::time::Duration::from_secs(9))
+        );
+        assert!(c.validate().is_ok());
+        c.memcache = Some("0.0.0.0:11211".into());
+        let e = c.validate().expect_err("refused beyond loopback");
+        assert!(e.contains("memcache") && e.contains("--insecure"), "{e}");
+        // A secret does not help: the protocol cannot ask for it.
+        c.auth = Some(
+            fabrickv_auth::Secret::from_bytes(b"0123456789abcdef0123456789abcdef", "test")
+                .expect("secret"),
+        );
+        assert!(c.validate().is_err());
+        c.insecure = true;
+        assert!(c.validate().is_ok());
     }
 
     #[test]

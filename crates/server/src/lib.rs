@@ -21,6 +21,8 @@ pub mod cache;
 pub mod cache_grpc;
 pub mod config;
 pub mod kv;
+pub mod memcache;
+mod memcache_net;
 pub mod partitions;
 pub mod ps;
 pub mod resp;
@@ -38,6 +40,7 @@ use fabrickv_engine::{EngineError, Partition, PartitionConfig};
 use fabrickv_transport::{TransportError, Waker};
 
 pub use config::{Mode, ServerConfig, DEFAULT_LISTEN, DEFAULT_PORT};
+pub use memcache_net::{MC_CONNECTIONS_MAX, MC_EVICT_IDLE_MIN_MS};
 pub use resp_net::{RESP_CONNECTIONS_MAX, RESP_EVICT_IDLE_MIN_MS, RESP_LARGE_STALL_MS};
 
 /// Why a server did not start.
@@ -54,6 +57,8 @@ pub enum StartError {
     Thread(std::io::Error),
     /// The RESP front-end could not listen on the address.
     Resp(String, std::io::Error),
+    /// The memcache front end could not listen on the address.
+    Memcache(String, std::io::Error),
     /// The gRPC control plane could not start on the address.
     Grpc(String, String),
     /// A persistent shard could not be opened.
@@ -68,6 +73,9 @@ impl fmt::Display for StartError {
             StartError::Transport(e) => write!(f, "cannot listen: {e}"),
             StartError::Thread(e) => write!(f, "cannot start a thread: {e}"),
             StartError::Resp(addr, e) => write!(f, "cannot listen for RESP on {addr}: {e}"),
+            StartError::Memcache(addr, e) => {
+                write!(f, "cannot listen for memcache on {addr}: {e}")
+            }
             StartError::Grpc(addr, e) => write!(f, "cannot serve gRPC on {addr}: {e}"),
             StartError::Shard(e) => write!(f, "cannot open {e}"),
         }
@@ -82,6 +90,7 @@ pub struct ServerHandle {
     workers: usize,
     resp_addr: Option<String>,
     resp_wakers: Vec<Arc<mio::Waker>>,
+    memcache_addr: Option<String>,
     grpc: Option<fabrickv_control::ControlServer>,
     stop: Arc<AtomicBool>,
     wakers: Vec<Waker>,
@@ -102,6 +111,11 @@ impl ServerHandle {
     /// Where the RESP front-end listens, when it is on.
     pub fn resp_addr(&self) -> Option<&str> {
         self.resp_addr.as_deref()
+    }
+
+    /// Where the memcache front end listens, when it is on.
+    pub fn memcache_addr(&self) -> Option<&str> {
+        self.memcache_addr.as_deref()
     }
 
     /// Where the gRPC control plane listens, when it is on.
@@ -207,7 +221,7 @@ impl Server {
         let clock = service::Clock::new();
         // The RESP front-end binds before any thread starts, so a busy
         // port fails the start cleanly.
-        let (resp_addr, resp_wakers, resp_threads) = match &cfg.resp {
+        let (resp_addr, mut resp_wakers, resp_threads) = match &cfg.resp {
             Some(addr) => {
                 let shared = |port| {
                     resp::RespShared::new(
@@ -228,6 +242,35 @@ impl Server {
             None => (None, Vec::new(), Vec::new()),
         };
         threads.extend(resp_threads);
+        // The memcache front end, likewise before the workers; its wakers
+        // join RESP's (both are mio wakers woken on stop).
+        let memcache_addr = match &cfg.memcache {
+            Some(addr) => {
+                let shared = |_port| {
+                    memcache::McShared::new(parts.clone(), cfg.mode, cfg.memory_bytes, workers)
+                };
+                let idle = cfg.memcache_idle_timeout();
+                let fe = memcache_net::start(addr, workers, shared, clock, idle, stop.clone())
+                    .map_err(|e| StartError::Memcache(addr.clone(), e));
+                let fe = match fe {
+                    Ok(fe) => fe,
+                    Err(e) => {
+                        stop.store(true, Ordering::Release);
+                        for w in &resp_wakers {
+                            let _ = w.wake();
+                        }
+                        for t in threads {
+                            let _ = t.join();
+                        }
+                        return Err(e);
+                    }
+                };
+                resp_wakers.extend(fe.wakers);
+                threads.extend(fe.threads);
+                Some(fe.addr.to_string())
+            }
+            None => None,
+        };
         for (id, mut port) in listening.ports.into_iter().enumerate() {
             port.set_idle_timeout(cfg.idle_timeout());
             wakers.push(port.waker());
@@ -280,6 +323,9 @@ impl Server {
         if let Some(a) = &resp_addr {
             tracing::info!(addr = %a, "fabrickv serving RESP (Redis protocol)");
         }
+        if let Some(a) = &memcache_addr {
+            tracing::info!(addr = %a, "fabrickv serving memcache (memcached text protocol)");
+        }
         let grpc = match start_grpc(cfg, &cache, clock, &listening.local_addr) {
             Ok(g) => g,
             Err(e) => {
@@ -301,6 +347,7 @@ impl Server {
             addr: listening.local_addr,
             workers,
             resp_addr,
+            memcache_addr,
             grpc,
             resp_wakers,
             stop,

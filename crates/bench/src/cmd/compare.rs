@@ -1,4 +1,4 @@
-//! `fabrickv bench compare`: FabricKV (RESP, native tcp, shm) beside
+//! `fabrickv bench compare`: FabricKV (RESP, memcache, native tcp, shm) beside
 //! redis-server and memcached on the same workloads.
 
 use clap::Args;
@@ -8,11 +8,12 @@ use crate::compare::{self, CompareOpts, System};
 
 #[derive(Args)]
 pub struct CompareArgs {
-    /// Systems to run: redis, memcached, fabrickv-resp, fabrickv-tcp, fabrickv-shm.
+    /// Systems to run: redis, memcached, fabrickv-resp, fabrickv-memcache,
+    /// fabrickv-tcp, fabrickv-shm.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "redis,memcached,fabrickv-resp,fabrickv-tcp,fabrickv-shm"
+        default_value = "redis,memcached,fabrickv-resp,fabrickv-memcache,fabrickv-tcp,fabrickv-shm"
     )]
     systems: Vec<String>,
     /// CPUs every server is pinned to.

@@ -1,0 +1,298 @@
+//! The memcached-compatible front end's commands, sans-I/O.
+//!
+//! [`McSession::process`] takes the bytes a connection has buffered and the
+//! time, executes every complete command against the server's partitions
+//! (the keyspace of RESP's database 0 and of the native kv), and appends
+//! the replies; the socket loop in `memcache_net` only moves bytes. The
+//! parser is `fabrickv_memcache` (its bounds are the line, key and value
+//! limits); this module adds the reply bounds below.
+//!
+//! Items written here carry their CAS value and 32-bit client flags in
+//! the engine item's meta ([`fabrickv_engine::ItemMeta`]); an item written
+//! by RESP or the native protocol has none and reads as flags 0, CAS 0.
+//! Every command on one key takes its partition's lock once, so `cas`,
+//! `add`, `append`, `incr` and the meta commands are atomic per key.
+//!
+//! `flush_all` invalidates, without walking memory, every item stored
+//! through this front end before it (an item whose CAS is older than the
+//! flush's mark is treated as absent and deleted when next met); items
+//! without a CAS (written by RESP or the native kv) are left alone.
+//!
+//! Layout: this file holds the shared state and the parse loop; `store`
+//! the operations on one key (get, store, arith, touch, delete) shared by
+//! both dialects; `text` the classic commands and `stats`; `meta` the meta
+//! commands (`mg`, `ms`, `md`, `ma`, `mn`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use fabrickv_memcache::{self as mc, Command, Parse};
+
+use crate::config::Mode;
+use crate::partitions::Partitions;
+
+mod meta;
+mod store;
+mod text;
+
+/// Reply bytes a connection may have waiting before it stops executing
+/// commands until the client reads them (backpressure), in bytes.
+pub const MC_OUTPUT_SOFT_BYTES: usize = 256 << 10;
+
+/// Largest reply to one retrieval, in bytes: a `get` of many large values
+/// past this is answered `SERVER_ERROR out of memory writing get response`
+/// (memcached's words) instead of being buffered.
+pub const MC_REPLY_BYTES_MAX: usize = 32 << 20;
+
+/// What `version` answers (and `stats` reports): the memcached release
+/// whose protocol this front end speaks, then FabricKV's own version.
+/// Clients and tools (memcapable) read the leading memcached version to
+/// tell which commands a server has, so it comes first.
+pub const MC_VERSION: &str = concat!("1.6.0-fabrickv-", env!("CARGO_PKG_VERSION"));
+
+/// Counters shared by every memcache connection of a server (`stats`).
+#[derive(Debug, Default)]
+pub struct McCounters {
+    /// Connections accepted since start.
+    pub connections_received: AtomicU64,
+    /// Connections open now.
+    pub connected: AtomicU64,
+    /// Connections refused because too many were open.
+    pub rejected: AtomicU64,
+    /// Idle connections closed to make room for a newcomer at the cap.
+    pub evicted_idle: AtomicU64,
+    /// Commands executed, refusals included.
+    pub commands: AtomicU64,
+    /// Keys asked for by retrievals (`cmd_get`).
+    pub cmd_get: AtomicU64,
+    /// Storage commands (`cmd_set`).
+    pub cmd_set: AtomicU64,
+    /// `flush_all`s.
+    pub cmd_flush: AtomicU64,
+    /// Touches (`touch`, `gat`).
+    pub cmd_touch: AtomicU64,
+    /// Retrieved keys found.
+    pub get_hits: AtomicU64,
+    /// Retrieved keys missing.
+    pub get_misses: AtomicU64,
+    /// Deletes of a present key.
+    pub delete_hits: AtomicU64,
+    /// Deletes of a missing key.
+    pub delete_misses: AtomicU64,
+    /// incr of a present key.
+    pub incr_hits: AtomicU64,
+    /// incr of a missing key.
+    pub incr_misses: AtomicU64,
+    /// decr of a present key.
+    pub decr_hits: AtomicU64,
+    /// decr of a missing key.
+    pub decr_misses: AtomicU64,
+    /// cas that stored.
+    pub cas_hits: AtomicU64,
+    /// cas of a missing key.
+    pub cas_misses: AtomicU64,
+    /// cas refused for a changed item.
+    pub cas_badval: AtomicU64,
+    /// Touches of a present key.
+    pub touch_hits: AtomicU64,
+    /// Touches of a missing key.
+    pub touch_misses: AtomicU64,
+}
+
+/// What every memcache connection of a server shares.
+pub struct McShared {
+    parts: Arc<Partitions>,
+    mode: Mode,
+    pool_bytes: u64,
+    threads: usize,
+    started: Instant,
+    /// The next CAS value to give (never 0: 0 is "no CAS" in the protocol).
+    next_cas: AtomicU64,
+    /// Items whose CAS is below this are flushed (0: no flush yet).
+    flush_below_cas: AtomicU64,
+    /// A delayed `flush_all` takes effect at this engine time (0: none).
+    flush_at_ms: AtomicU64,
+    /// Counters reported by `stats`.
+    pub counters: McCounters,
+}
+
+impl McShared {
+    /// State for a front end over `parts` served by `threads` loops.
+    pub fn new(parts: Arc<Partitions>, mode: Mode, pool_bytes: u64, threads: usize) -> McShared {
+        McShared {
+            parts,
+            mode,
+            pool_bytes,
+            threads,
+            started: Instant::now(),
+            next_cas: AtomicU64::new(1),
+            flush_below_cas: AtomicU64::new(0),
+            flush_at_ms: AtomicU64::new(0),
+            counters: McCounters::default(),
+        }
+    }
+
+    /// A fresh CAS value.
+    fn new_cas(&self) -> u64 {
+        self.next_cas.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Invalidates every item stored before now.
+    fn flush_now(&self) {
+        let mark = self.next_cas.fetch_add(1, Ordering::Relaxed) + 1;
+        self.flush_below_cas.fetch_max(mark, Ordering::Relaxed);
+    }
+
+    /// Applies a delayed flush whose time has come.
+    fn apply_due_flush(&self, now_ms: u64) {
+        let at = self.flush_at_ms.load(Ordering::Relaxed);
+        if at != 0
+            && at <= now_ms
+            && self
+                .flush_at_ms
+                .compare_exchange(at, 0, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.flush_now();
+        }
+    }
+
+    /// Whether an item with this CAS was flushed.
+    #[inline]
+    fn flushed(&self, cas: u64) -> bool {
+        cas != 0 && cas < self.flush_below_cas.load(Ordering::Relaxed)
+    }
+}
+
+/// The wall clock, in unix milliseconds (for absolute expiry times).
+fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What one call to [`McSession::process`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Processed {
+    /// Input bytes consumed.
+    pub consumed: usize,
+    /// Least number of unconsumed bytes before another command can be
+    /// parsed (0: parse again as soon as anything arrives).
+    pub need: usize,
+    /// Close the connection once the replies are written.
+    pub close: bool,
+}
+
+/// One memcache connection's protocol state.
+#[derive(Default)]
+pub struct McSession {
+    /// Bytes still to discard: the data of a storage command refused for
+    /// its size, thrown away as it arrives instead of buffered.
+    swallow: usize,
+    /// Scratch for values built from a stored one (append, incr).
+    scratch: Vec<u8>,
+}
+
+/// What a command leaves the connection to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum After {
+    Continue,
+    Close,
+}
+
+impl McSession {
+    /// A new connection.
+    pub fn new() -> McSession {
+        McSession::default()
+    }
+
+    /// Executes the complete commands at the start of `input`, appending
+    /// their replies to `out`; stops early when `out` holds
+    /// [`MC_OUTPUT_SOFT_BYTES`] or more, so the caller writes first.
+    pub fn process(
+        &mut self,
+        sh: &McShared,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        now_ms: u64,
+    ) -> Processed {
+        sh.apply_due_flush(now_ms);
+        let mut done = Processed {
+            consumed: 0,
+            need: 0,
+            close: false,
+        };
+        // Counted once per call, not per command: one atomic add.
+        let mut commands = 0;
+        while done.consumed < input.len() && out.len() < MC_OUTPUT_SOFT_BYTES {
+            if self.swallow > 0 {
+                let n = self.swallow.min(input.len() - done.consumed);
+                self.swallow -= n;
+                done.consumed += n;
+                continue;
+            }
+            match mc::parse(&input[done.consumed..]) {
+                Parse::Incomplete { need } => {
+                    done.need = need;
+                    break;
+                }
+                Parse::Complete { consumed, cmd } => {
+                    done.consumed += consumed;
+                    commands += 1;
+                    if self.command(sh, cmd, out, now_ms) == After::Close {
+                        done.close = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if commands > 0 {
+            sh.counters.commands.fetch_add(commands, Ordering::Relaxed);
+        }
+        done
+    }
+
+    fn command(&mut self, sh: &McShared, cmd: Command<'_>, out: &mut Vec<u8>, now: u64) -> After {
+        match cmd {
+            Command::Refused(r) => {
+                self.swallow = r.swallow;
+                if !r.noreply {
+                    line(out, r.reply);
+                }
+                if r.close {
+                    return After::Close;
+                }
+            }
+            Command::Quit => return After::Close,
+            Command::Meta(m) => meta::run(self, sh, &m, out, now),
+            Command::MetaNoop => out.extend_from_slice(b"MN\r\n"),
+            other => text::run(self, sh, other, out, now),
+        }
+        After::Continue
+    }
+}
+
+/// Appends `s` and CRLF.
+fn line(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(s.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the decimal digits of `v`.
+fn push_u64(out: &mut Vec<u8>, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+#[cfg(test)]
+mod tests;

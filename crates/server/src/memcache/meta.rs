@@ -1,0 +1,243 @@
+//! The meta commands: `mg`, `ms`, `md`, `ma` (`mn` is answered by the
+//! session). `E` on `ms` and `ma` gives the written item the caller's CAS
+//! value instead of a fresh one. Return flags (`O`, `k`, `b`, `c`, `f`, `s`, `t`) are echoed
+//! in the order the request gave them. Quiet mode (`q`) hides `EN` for
+//! `mg`, `HD` for `ms`, and `HD` and `NF` for `md` and `ma`.
+
+use std::sync::atomic::Ordering;
+
+use fabrickv_memcache::{self as mc, Meta, MetaKind, StoreMode, MC_BASE64_KEY_BYTES_MAX};
+
+use super::store::{self, ttl_secs, Arith, ArithReq, Expiry, Info, Outcome, StoreReq};
+use super::{line, push_u64, McSession, McShared};
+
+/// What a return flag reports.
+#[derive(Default, Clone, Copy)]
+struct Report {
+    info: Option<Info>,
+    size: Option<usize>,
+}
+
+/// Appends the return flags the request asked for, in its order.
+fn flags(out: &mut Vec<u8>, m: &Meta<'_>, r: Report, now: u64) {
+    for tok in mc::keys(m.flags.raw) {
+        let arg = &tok[1..];
+        match tok[0] {
+            b'O' => {
+                out.extend_from_slice(b" O");
+                out.extend_from_slice(arg);
+            }
+            b'k' => {
+                out.extend_from_slice(b" k");
+                out.extend_from_slice(m.key);
+            }
+            b'b' if m.flags.raw.split(|&b| b == b' ').any(|t| t == b"k") => {
+                out.extend_from_slice(b" b")
+            }
+            b'c' | b'f' | b't' => {
+                if let Some(i) = r.info {
+                    out.push(b' ');
+                    out.push(tok[0]);
+                    match tok[0] {
+                        b'c' => push_u64(out, i.cas),
+                        b'f' => push_u64(out, u64::from(i.flags)),
+                        _ => match ttl_secs(i.expire_at_ms, now) {
+                            -1 => out.extend_from_slice(b"-1"),
+                            t => push_u64(out, t as u64),
+                        },
+                    }
+                }
+            }
+            b's' => {
+                if let Some(s) = r.size {
+                    out.extend_from_slice(b" s");
+                    push_u64(out, s as u64);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Writes a status line (`HD`, `EN`, ...) with the return flags.
+fn status(out: &mut Vec<u8>, code: &str, m: &Meta<'_>, r: Report, now: u64) {
+    out.extend_from_slice(code.as_bytes());
+    flags(out, m, r, now);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Runs a meta command.
+pub(super) fn run(s: &mut McSession, sh: &McShared, m: &Meta<'_>, out: &mut Vec<u8>, now: u64) {
+    let mut buf = [0u8; MC_BASE64_KEY_BYTES_MAX];
+    let key = if m.flags.base64 {
+        match mc::base64_decode(m.key, &mut buf) {
+            Some(n) if n > 0 => &buf[..n],
+            _ => {
+                line(out, mc::BAD_FORMAT);
+                return;
+            }
+        }
+    } else {
+        m.key
+    };
+    if key.len() > mc::MC_KEY_BYTES_MAX || (!m.flags.base64 && !mc::key_ok(key)) {
+        line(out, mc::BAD_FORMAT);
+        return;
+    }
+    let q = m.flags.quiet;
+    let c = &sh.counters;
+    match m.kind {
+        MetaKind::Get => {
+            c.cmd_get.fetch_add(1, Ordering::Relaxed);
+            let mut k = sh.lock(key);
+            let new_exp = m.flags.ttl.map(|t| Expiry::of(t, now));
+            let hit = k.read(sh, now, |mut i, v| {
+                if let Some(e) = new_exp {
+                    i.expire_at_ms = match e {
+                        Expiry::At(t) => t,
+                        _ => 0,
+                    };
+                }
+                let r = Report {
+                    info: Some(i),
+                    size: Some(v.len()),
+                };
+                if m.flags.value {
+                    out.extend_from_slice(b"VA ");
+                    push_u64(out, v.len() as u64);
+                    flags(out, m, r, now);
+                    out.extend_from_slice(b"\r\n");
+                    out.extend_from_slice(v);
+                    out.extend_from_slice(b"\r\n");
+                } else {
+                    status(out, "HD", m, r, now);
+                }
+            });
+            match hit {
+                Some(()) => {
+                    c.get_hits.fetch_add(1, Ordering::Relaxed);
+                    if let Some(e) = new_exp {
+                        c.cmd_touch.fetch_add(1, Ordering::Relaxed);
+                        k.touch(sh, e, now);
+                    }
+                }
+                None => {
+                    c.get_misses.fetch_add(1, Ordering::Relaxed);
+                    if !q {
+                        status(out, "EN", m, Report::default(), now);
+                    }
+                }
+            }
+        }
+        MetaKind::Set => {
+            c.cmd_set.fetch_add(1, Ordering::Relaxed);
+            let mode = match m.flags.mode.map(|b| b.to_ascii_uppercase()) {
+                None | Some(b'S') => StoreMode::Set,
+                Some(b'E') => StoreMode::Add,
+                Some(b'A') => StoreMode::Append,
+                Some(b'P') => StoreMode::Prepend,
+                _ => StoreMode::Replace,
+            };
+            let req = StoreReq {
+                key,
+                data: m.data,
+                mode,
+                flags: m.flags.client_flags.unwrap_or(0),
+                exptime: m.flags.ttl.unwrap_or(0),
+                compare: m.flags.compare_cas,
+                new_cas: m.flags.new_cas,
+            };
+            let o = store::store(sh, &mut s.scratch, &req, now);
+            let code = match o {
+                Outcome::Stored(cas) => {
+                    if !q {
+                        let info = Info {
+                            cas,
+                            flags: req.flags,
+                            expire_at_ms: 0,
+                        };
+                        let r = Report {
+                            info: Some(info),
+                            size: None,
+                        };
+                        status(out, "HD", m, r, now);
+                    }
+                    return;
+                }
+                Outcome::NotStored => "NS",
+                Outcome::Exists => "EX",
+                Outcome::NotFound => "NF",
+                Outcome::TooLarge => return line(out, mc::TOO_LARGE),
+                Outcome::NoMemory => return line(out, mc::NO_MEMORY),
+            };
+            status(out, code, m, Report::default(), now);
+        }
+        MetaKind::Delete => match store::delete(sh, key, m.flags.compare_cas, now) {
+            Outcome::Stored(_) => {
+                c.delete_hits.fetch_add(1, Ordering::Relaxed);
+                if !q {
+                    status(out, "HD", m, Report::default(), now);
+                }
+            }
+            Outcome::Exists => status(out, "EX", m, Report::default(), now),
+            _ => {
+                c.delete_misses.fetch_add(1, Ordering::Relaxed);
+                if !q {
+                    status(out, "NF", m, Report::default(), now);
+                }
+            }
+        },
+        MetaKind::Arith => {
+            let incr = !matches!(m.flags.mode, Some(b'D' | b'd' | b'-'));
+            let req = ArithReq {
+                key,
+                incr,
+                delta: m.flags.delta.unwrap_or(1),
+                compare: m.flags.compare_cas,
+                new_cas: m.flags.new_cas,
+                vivify: m.flags.vivify.map(|t| (m.flags.initial.unwrap_or(0), t)),
+            };
+            match store::arith(sh, &req, now) {
+                Arith::Value(v, mut i) => {
+                    if incr { &c.incr_hits } else { &c.decr_hits }.fetch_add(1, Ordering::Relaxed);
+                    if let Some(t) = m.flags.ttl {
+                        let e = Expiry::of(t, now);
+                        sh.lock(key).touch(sh, e, now);
+                        i.expire_at_ms = match e {
+                            Expiry::At(t) => t,
+                            _ => 0,
+                        };
+                    }
+                    let mut digits = Vec::with_capacity(20);
+                    push_u64(&mut digits, v);
+                    let r = Report {
+                        info: Some(i),
+                        size: Some(digits.len()),
+                    };
+                    if m.flags.value {
+                        out.extend_from_slice(b"VA ");
+                        push_u64(out, digits.len() as u64);
+                        flags(out, m, r, now);
+                        out.extend_from_slice(b"\r\n");
+                        out.extend_from_slice(&digits);
+                        out.extend_from_slice(b"\r\n");
+                    } else if !q {
+                        status(out, "HD", m, r, now);
+                    }
+                }
+                Arith::NotFound => {
+                    if incr { &c.incr_misses } else { &c.decr_misses }
+                        .fetch_add(1, Ordering::Relaxed);
+                    if !q {
+                        status(out, "NF", m, Report::default(), now);
+                    }
+                }
+                Arith::Exists => status(out, "EX", m, Report::default(), now),
+                Arith::NonNumeric => line(out, mc::NON_NUMERIC),
+                Arith::Failed(Outcome::NotStored) => status(out, "NS", m, Report::default(), now),
+                Arith::Failed(Outcome::TooLarge) => line(out, mc::TOO_LARGE),
+                Arith::Failed(_) => line(out, mc::NO_MEMORY),
+            }
+        }
+    }
+}

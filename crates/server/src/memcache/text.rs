@@ -1,0 +1,272 @@
+//! The classic text commands, and `stats`.
+
+use std::sync::atomic::Ordering;
+
+use fabrickv_memcache::{self as mc, Command, StoreMode};
+
+use super::store::{self, Arith, Expiry, Outcome, StoreReq};
+use super::{line, push_u64, McSession, McShared, MC_REPLY_BYTES_MAX};
+
+/// Runs a text command (anything but a meta command, a refusal or quit).
+pub(super) fn run(s: &mut McSession, sh: &McShared, cmd: Command<'_>, out: &mut Vec<u8>, now: u64) {
+    let c = &sh.counters;
+    match cmd {
+        Command::Get { keys, cas } => retrieve(sh, keys, cas, None, out, now),
+        Command::Gat { exptime, keys, cas } => {
+            retrieve(sh, keys, cas, Some(Expiry::of(exptime, now)), out, now)
+        }
+        Command::Store {
+            mode,
+            key,
+            flags,
+            exptime,
+            data,
+            cas_unique,
+            noreply,
+        } => {
+            c.cmd_set.fetch_add(1, Ordering::Relaxed);
+            if !mc::key_ok(key) {
+                reply(out, noreply, mc::BAD_FORMAT);
+                return;
+            }
+            let req = StoreReq {
+                key,
+                data,
+                mode,
+                flags,
+                exptime,
+                compare: (mode == StoreMode::Cas).then_some(cas_unique),
+                new_cas: None,
+            };
+            let o = store::store(sh, &mut s.scratch, &req, now);
+            if mode == StoreMode::Cas {
+                match o {
+                    Outcome::Stored(_) => &c.cas_hits,
+                    Outcome::NotFound => &c.cas_misses,
+                    _ => &c.cas_badval,
+                }
+                .fetch_add(1, Ordering::Relaxed);
+            }
+            let text = match o {
+                Outcome::Stored(_) => "STORED",
+                Outcome::NotStored => "NOT_STORED",
+                Outcome::Exists => "EXISTS",
+                Outcome::NotFound => "NOT_FOUND",
+                Outcome::TooLarge => mc::TOO_LARGE,
+                Outcome::NoMemory => mc::NO_MEMORY,
+            };
+            reply(out, noreply, text);
+        }
+        Command::Delete { key, noreply } => {
+            let o = store::delete(sh, key, None, now);
+            let (counter, text) = match o {
+                Outcome::Stored(_) => (&c.delete_hits, "DELETED"),
+                _ => (&c.delete_misses, "NOT_FOUND"),
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            reply(out, noreply, text);
+        }
+        Command::Arith {
+            incr,
+            key,
+            delta,
+            noreply,
+        } => {
+            let req = store::ArithReq {
+                key,
+                incr,
+                delta,
+                compare: None,
+                new_cas: None,
+                vivify: None,
+            };
+            let r = store::arith(sh, &req, now);
+            let (hits, misses) = if incr {
+                (&c.incr_hits, &c.incr_misses)
+            } else {
+                (&c.decr_hits, &c.decr_misses)
+            };
+            match r {
+                Arith::Value(v, _) => {
+                    hits.fetch_add(1, Ordering::Relaxed);
+                    if !noreply {
+                        push_u64(out, v);
+                        out.extend_from_slice(b"\r\n");
+                    }
+                }
+                Arith::NotFound | Arith::Exists => {
+                    misses.fetch_add(1, Ordering::Relaxed);
+                    reply(out, noreply, "NOT_FOUND");
+                }
+                Arith::NonNumeric => reply(out, noreply, mc::NON_NUMERIC),
+                Arith::Failed(Outcome::TooLarge) => reply(out, noreply, mc::TOO_LARGE),
+                Arith::Failed(_) => reply(out, noreply, mc::NO_MEMORY),
+            }
+        }
+        Command::Touch {
+            key,
+            exptime,
+            noreply,
+        } => {
+            c.cmd_touch.fetch_add(1, Ordering::Relaxed);
+            let mut k = sh.lock(key);
+            if k.touch(sh, Expiry::of(exptime, now), now) {
+                c.touch_hits.fetch_add(1, Ordering::Relaxed);
+                reply(out, noreply, "TOUCHED");
+            } else {
+                c.touch_misses.fetch_add(1, Ordering::Relaxed);
+                reply(out, noreply, "NOT_FOUND");
+            }
+        }
+        Command::FlushAll { delay, noreply } => {
+            c.cmd_flush.fetch_add(1, Ordering::Relaxed);
+            match Expiry::of(delay, now) {
+                Expiry::At(at) => sh.flush_at_ms.store(at, Ordering::Relaxed),
+                _ => {
+                    sh.flush_at_ms.store(0, Ordering::Relaxed);
+                    sh.flush_now();
+                }
+            }
+            reply(out, noreply, "OK");
+        }
+        Command::Version => {
+            out.extend_from_slice(b"VERSION ");
+            line(out, super::MC_VERSION);
+        }
+        Command::Verbosity { noreply } => reply(out, noreply, "OK"),
+        Command::Stats { group } => stats(sh, group, out),
+        // Dispatched elsewhere.
+        Command::Quit | Command::Meta(_) | Command::MetaNoop | Command::Refused(_) => {}
+    }
+}
+
+fn reply(out: &mut Vec<u8>, noreply: bool, text: &str) {
+    if !noreply {
+        line(out, text);
+    }
+}
+
+/// `get`, `gets`, `gat`, `gats`: one `VALUE` block per live key, then END.
+fn retrieve(
+    sh: &McShared,
+    keys: &[u8],
+    with_cas: bool,
+    touch: Option<Expiry>,
+    out: &mut Vec<u8>,
+    now: u64,
+) {
+    let c = &sh.counters;
+    let start = out.len();
+    for key in mc::keys(keys) {
+        c.cmd_get.fetch_add(1, Ordering::Relaxed);
+        let mut k = sh.lock(key);
+        let hit = k.read(sh, now, |i, v| {
+            out.extend_from_slice(b"VALUE ");
+            out.extend_from_slice(key);
+            out.push(b' ');
+            push_u64(out, u64::from(i.flags));
+            out.push(b' ');
+            push_u64(out, v.len() as u64);
+            if with_cas {
+                out.push(b' ');
+                push_u64(out, i.cas);
+            }
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(v);
+            out.extend_from_slice(b"\r\n");
+        });
+        if hit.is_some() {
+            c.get_hits.fetch_add(1, Ordering::Relaxed);
+            if let Some(exp) = touch {
+                c.cmd_touch.fetch_add(1, Ordering::Relaxed);
+                c.touch_hits.fetch_add(1, Ordering::Relaxed);
+                k.touch(sh, exp, now);
+            }
+        } else {
+            c.get_misses.fetch_add(1, Ordering::Relaxed);
+            if touch.is_some() {
+                c.cmd_touch.fetch_add(1, Ordering::Relaxed);
+                c.touch_misses.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        drop(k);
+        if out.len() - start > MC_REPLY_BYTES_MAX {
+            out.truncate(start);
+            line(out, "SERVER_ERROR out of memory writing get response");
+            return;
+        }
+    }
+    out.extend_from_slice(b"END\r\n");
+}
+
+fn stat(out: &mut Vec<u8>, name: &str, v: impl std::fmt::Display) {
+    use std::io::Write;
+    let _ = write!(out, "STAT {name} {v}\r\n");
+}
+
+/// `stats`: memcached's general statistics under memcached's names.
+fn stats(sh: &McShared, group: Option<&[u8]>, out: &mut Vec<u8>) {
+    match group {
+        None => {}
+        Some(b"reset") => {
+            line(out, "RESET");
+            return;
+        }
+        Some(b"settings" | b"items" | b"slabs" | b"sizes" | b"conns") => {
+            line(out, "END");
+            return;
+        }
+        Some(_) => {
+            line(out, "ERROR");
+            return;
+        }
+    }
+    let c = &sh.counters;
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let e = sh.parts.stats();
+    let unix = super::unix_now_ms() / 1000;
+    stat(out, "pid", std::process::id());
+    stat(out, "uptime", sh.started.elapsed().as_secs());
+    stat(out, "time", unix);
+    stat(out, "version", super::MC_VERSION);
+    stat(out, "pointer_size", usize::BITS);
+    stat(out, "curr_connections", get(&c.connected));
+    stat(out, "total_connections", get(&c.connections_received));
+    stat(out, "rejected_connections", get(&c.rejected));
+    stat(out, "cmd_get", get(&c.cmd_get));
+    stat(out, "cmd_set", get(&c.cmd_set));
+    stat(out, "cmd_flush", get(&c.cmd_flush));
+    stat(out, "cmd_touch", get(&c.cmd_touch));
+    stat(out, "get_hits", get(&c.get_hits));
+    stat(out, "get_misses", get(&c.get_misses));
+    stat(out, "get_expired", e.expired);
+    stat(out, "delete_misses", get(&c.delete_misses));
+    stat(out, "delete_hits", get(&c.delete_hits));
+    stat(out, "incr_misses", get(&c.incr_misses));
+    stat(out, "incr_hits", get(&c.incr_hits));
+    stat(out, "decr_misses", get(&c.decr_misses));
+    stat(out, "decr_hits", get(&c.decr_hits));
+    stat(out, "cas_misses", get(&c.cas_misses));
+    stat(out, "cas_hits", get(&c.cas_hits));
+    stat(out, "cas_badval", get(&c.cas_badval));
+    stat(out, "touch_hits", get(&c.touch_hits));
+    stat(out, "touch_misses", get(&c.touch_misses));
+    stat(out, "threads", sh.threads);
+    stat(out, "curr_items", e.items);
+    stat(out, "total_items", e.puts);
+    stat(out, "bytes", e.bytes);
+    stat(out, "limit_maxbytes", sh.pool_bytes);
+    stat(out, "evictions", e.evictions + e.index_collisions);
+    stat(out, "reclaimed", e.expired);
+    stat(
+        out,
+        "fabrickv_mode",
+        match sh.mode {
+            crate::config::Mode::Cache => "cache",
+            crate::config::Mode::Store => "store",
+        },
+    );
+    stat(out, "fabrickv_evicted_idle", get(&c.evicted_idle));
+    stat(out, "fabrickv_commands", get(&c.commands));
+    line(out, "END");
+}

@@ -1,0 +1,53 @@
+//! Arbitrary bytes as a memcache receive buffer: the parser must walk it
+//! command by command without panicking, every answer must agree with the
+//! bytes and the bounds, and cutting the buffer short must only ever ask
+//! for more (never give a different command).
+
+#![no_main]
+
+use fabrickv_memcache::{
+    keys, parse, Command, Parse, MC_COMMAND_BYTES_MAX, MC_KEYS_LINE_BYTES_MAX, MC_KEY_BYTES_MAX,
+    MC_VALUE_BYTES_MAX,
+};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let mut rest = data;
+    while !rest.is_empty() {
+        match parse(rest) {
+            Parse::Incomplete { need } => {
+                assert!(need > rest.len(), "asked for no more than it has");
+                assert!(need <= MC_COMMAND_BYTES_MAX + 2, "need past every bound");
+                break;
+            }
+            Parse::Complete { consumed, cmd } => {
+                assert!(consumed >= 1 && consumed <= rest.len());
+                check(&cmd);
+                // A prefix that ends before the command must not parse
+                // as something else that is complete.
+                if consumed > 1 {
+                    if let Parse::Complete { consumed: c2, .. } = parse(&rest[..consumed - 1]) {
+                        assert!(c2 < consumed, "a prefix took more than the whole");
+                    }
+                }
+                rest = &rest[consumed..];
+            }
+        }
+    }
+});
+
+fn check(cmd: &Command<'_>) {
+    match cmd {
+        Command::Get { keys: k, .. } | Command::Gat { keys: k, .. } => {
+            assert!(k.len() <= MC_KEYS_LINE_BYTES_MAX);
+            assert!(keys(k).all(|k| k.len() <= MC_KEY_BYTES_MAX));
+        }
+        Command::Store { key, data, .. } => {
+            assert!(key.len() <= MC_KEY_BYTES_MAX);
+            assert!(data.len() <= MC_VALUE_BYTES_MAX);
+        }
+        Command::Meta(m) => assert!(m.data.len() <= MC_VALUE_BYTES_MAX),
+        Command::Refused(r) => assert!(r.swallow <= MC_VALUE_BYTES_MAX + 2 || r.reply.starts_with("SERVER_ERROR")),
+        _ => {}
+    }
+}
