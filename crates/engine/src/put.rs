@@ -44,6 +44,7 @@ pub enum PutResult {
 impl<S: Storage> Core<S> {
     /// The checks common to both modes. Returns the live item with this
     /// key if the PUT may go on, or the result to give if it may not.
+    #[allow(clippy::too_many_arguments)]
     fn put_precheck(
         &mut self,
         hash: KeyHash,
@@ -78,6 +79,7 @@ impl<S: Storage> Core<S> {
     /// With `large`, the large value goes into the partition's table and
     /// the item written is its stub (`value` is then ignored). Returns
     /// the value bytes `stats.bytes` counts for it.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn write_item(
         &mut self,
