@@ -308,10 +308,15 @@ fn an_unauthenticated_client_allocates_nothing() {
     });
     let mut c = Resp::connect(&s);
     let v = value(4 * MIB, 8);
-    assert_eq!(
-        c.call(&[b"SET", b"k", &v]),
-        "-NOAUTH Authentication required."
-    );
+    // As Redis: a bulk over 16 KiB before AUTH is refused at its header
+    // and the connection closed, before any of the value is taken.
+    let head = format!("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n${}\r\n", v.len());
+    c.w.write_all(head.as_bytes()).expect("writes");
+    assert_eq!(c.line(), "-ERR Protocol error: unauthenticated bulk length");
+    let mut rest = Vec::new();
+    let _ = c.r.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "closed after the error");
+    let mut c = Resp::connect(&s);
     assert_eq!(c.call(&[b"AUTH", b"pw"]), "+OK");
     assert_eq!(c.call(&[b"SET", b"k", &v]), "+OK");
     s.shutdown();
