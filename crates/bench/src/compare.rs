@@ -318,6 +318,9 @@ fn resp_system(
                 .map(|r| r / 2.0)
         };
         if let Some(rate) = rate {
+            // The SET cases wrote redis-benchmark's values: store the
+            // checkable ones again so every paced reply is checked.
+            resp_preload(port, opts.keys, opts.value_size)?;
             let po = PacedOpts {
                 port,
                 rate,

@@ -29,7 +29,6 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use fabrickv_resp::limits::RESP_COMMAND_BYTES_MAX;
 use fabrickv_transport::idle::IdleBoard;
-use fabrickv_transport::spin::SpinPolicy;
 
 use fabrickv_engine::LargeValue;
 
@@ -65,15 +64,6 @@ const WRITE_SLICES_MAX: usize = 4;
 /// A buffer grown past this is given back once empty, in bytes, so one
 /// large value does not pin memory to an idle connection.
 pub const RESP_IDLE_BUFFER_BYTES_MAX: usize = 64 << 10;
-
-/// How long a busy loop keeps polling without blocking after its last
-/// event, in microseconds. A busy client's next request usually arrives
-/// within it, and finding it by polling spares the client the cost of
-/// waking this thread (an inter-processor interrupt, dear on a virtual
-/// machine, which the sending CPU pays). Only a loop near saturation polls
-/// (see [`fabrickv_transport::spin`]); one at half load blocks at once, as
-/// Redis does, so its CPU per operation is not spent polling.
-pub const RESP_IDLE_SPIN_US: u64 = 50;
 
 /// How often a loop looks for idle connections, in milliseconds: the idle
 /// timeout is enforced to within this (and `POLL_TIMEOUT_MS`).
@@ -271,14 +261,13 @@ impl Loop {
     fn run(&mut self, stop: &AtomicBool) -> io::Result<()> {
         let mut events = Events::with_capacity(EVENTS_PER_POLL);
         let mut ready: Vec<usize> = Vec::with_capacity(EVENTS_PER_POLL);
-        let mut last_event = Instant::now();
-        let mut spin = SpinPolicy::new(Duration::from_micros(RESP_IDLE_SPIN_US));
+        // Blocks at once when there is nothing to do, as Redis does:
+        // polling on for a few tens of microseconds after each event (tried
+        // here, always and only when busy) cost more server CPU per
+        // operation at every load `bench compare` measures, pipelined or
+        // not, and won no throughput that held up between runs.
         while !stop.load(Ordering::Acquire) {
-            let mut timeout = if spin.poll_now(last_event.elapsed()) {
-                Duration::ZERO
-            } else {
-                Duration::from_millis(POLL_TIMEOUT_MS)
-            };
+            let mut timeout = Duration::from_millis(POLL_TIMEOUT_MS);
             if let Some(first) = self.held.iter().map(|&(at, _)| at).min() {
                 let wait = first.saturating_sub(self.clock.now_ms());
                 timeout = timeout.min(Duration::from_millis(wait));
@@ -296,7 +285,6 @@ impl Loop {
             if events.is_empty() && ready.is_empty() {
                 continue;
             }
-            last_event = Instant::now();
             let mut accept = false;
             for ev in events.iter() {
                 match ev.token() {
@@ -337,7 +325,6 @@ impl Loop {
                     Drive::Held(until) => self.park(i, until),
                 }
             }
-            spin.busy(last_event, Instant::now());
         }
         for i in 0..self.conns.len() {
             if self.conns[i].is_some() {

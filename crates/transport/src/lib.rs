@@ -41,7 +41,6 @@ pub mod framing;
 pub mod handshake;
 pub mod idle;
 pub mod inproc;
-pub mod spin;
 pub mod tcp;
 
 pub use address::{
