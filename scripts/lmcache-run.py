@@ -78,6 +78,13 @@ def main():
     held = [i for i, key in enumerate(keys) if r.exists(f"{key}:kv_bytes")]
     exists_s = time.monotonic() - t
 
+    # LMCache lists what a server holds with SCAN MATCH: every chunk held
+    # (present for the whole scan) must come back.
+    t = time.monotonic()
+    scanned = set(k.decode() for k in r.scan_iter(match="vllm@model@1@0:*:kv_bytes", count=1000))
+    scan_s = time.monotonic() - t
+    missing = sum(1 for i in held if f"{keys[i]}:kv_bytes" not in scanned)
+
     t = time.monotonic()
     wrong = 0
     for i in held:
@@ -98,6 +105,8 @@ def main():
           f"{a.chunks * size / set_s / 1e9:.2f} GB/s ({a.chunks / set_s:.1f} chunks/s)")
     print(f"EXISTS : {a.chunks} keys in {exists_s:.3f} s; {len(held)} chunks held, "
           f"{stats.get('evicted_keys', 0)} evicted")
+    print(f"SCAN   : MATCH *:kv_bytes in {scan_s:.3f} s returned {len(scanned)} keys; "
+          f"{missing} held chunks missing")
     print(f"GET    : {len(held)} chunks in {get_s:.2f} s = "
           f"{len(held) * size / get_s / 1e9:.2f} GB/s, every byte checked, "
           f"{wrong} wrong")
@@ -114,12 +123,12 @@ def main():
                       "chunk_bytes": size, "mode": a.mode,
                       "set_gb_per_s": a.chunks * size / set_s / 1e9,
                       "get_gb_per_s": len(held) * size / get_s / 1e9 if get_s else 0,
-                      "held": len(held), "wrong": wrong}))
+                      "held": len(held), "scan_missing": missing, "wrong": wrong}))
     r.close()
     if proc is not None:
         proc.terminate()
         proc.wait(timeout=10)
-    return 1 if wrong else 0
+    return 1 if wrong or missing else 0
 
 
 if __name__ == "__main__":
