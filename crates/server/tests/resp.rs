@@ -7,11 +7,10 @@
 #[macro_use]
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, Read, Write};
 use std::time::Duration;
 
-use common::{wait_for, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+use common::{encode, wait_for, Resp, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
 use fabrickv_client::Kv;
 use fabrickv_server::Mode;
 
@@ -20,75 +19,6 @@ fn server(t: Transport, password: Option<&str>) -> TestServer {
         c.resp = Some("127.0.0.1:0".into());
         c.resp_password = password.map(Into::into);
     })
-}
-
-/// A blocking RESP connection with a reader for replies.
-struct Resp {
-    w: TcpStream,
-    r: BufReader<TcpStream>,
-}
-
-impl Resp {
-    fn connect(s: &TestServer) -> Resp {
-        let w = TcpStream::connect(s.resp_addr()).expect("connects");
-        w.set_read_timeout(Some(TIMEOUT)).expect("timeout");
-        w.set_nodelay(true).expect("nodelay");
-        let r = BufReader::new(w.try_clone().expect("clone"));
-        Resp { w, r }
-    }
-
-    fn send(&mut self, args: &[&[u8]]) {
-        self.w.write_all(&encode(args)).expect("writes");
-    }
-
-    /// One reply, rendered as text (`+OK`, `:1`, `$v`, `nil`, `-ERR ...`,
-    /// or `[a,b]` for arrays).
-    fn reply(&mut self) -> String {
-        let mut line = Vec::new();
-        self.r.read_until(b'\n', &mut line).expect("reads a reply");
-        assert!(line.ends_with(b"\r\n"), "reply line {line:?}");
-        line.truncate(line.len() - 2);
-        let text = String::from_utf8_lossy(&line[1..]).into_owned();
-        match line.first() {
-            Some(b'+') | Some(b'-') | Some(b':') => String::from_utf8_lossy(&line).into_owned(),
-            Some(b'$') if text == "-1" => "nil".into(),
-            Some(b'$') => {
-                let n: usize = text.parse().expect("bulk length");
-                let mut v = vec![0; n + 2];
-                self.r.read_exact(&mut v).expect("bulk body");
-                v.truncate(n);
-                format!("${}", String::from_utf8_lossy(&v))
-            }
-            Some(b'*') => {
-                let n: usize = text.parse().expect("array length");
-                let items: Vec<String> = (0..n).map(|_| self.reply()).collect();
-                format!("[{}]", items.join(","))
-            }
-            _ => panic!("not a RESP reply: {line:?}"),
-        }
-    }
-
-    fn call(&mut self, args: &[&str]) -> String {
-        let a: Vec<&[u8]> = args.iter().map(|s| s.as_bytes()).collect();
-        self.send(&a);
-        self.reply()
-    }
-
-    /// Whether the server closed the connection (EOF within the timeout).
-    fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.r.read(&mut b), Ok(0))
-    }
-}
-
-fn encode(args: &[&[u8]]) -> Vec<u8> {
-    let mut v = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        v.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        v.extend_from_slice(a);
-        v.extend_from_slice(b"\r\n");
-    }
-    v
 }
 
 fn pipelined_commands_in_one_write(t: Transport) {

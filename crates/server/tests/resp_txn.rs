@@ -5,11 +5,10 @@
 #[allow(unused_macros)]
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+use common::{Resp, TestServer, Transport, MEMORY_BYTES};
 use fabrickv_client::Kv;
 use fabrickv_server::Mode;
 
@@ -17,61 +16,6 @@ fn server() -> TestServer {
     TestServer::start_with(Transport::Tcp, 2, Mode::Store, MEMORY_BYTES, |c| {
         c.resp = Some("127.0.0.1:0".into());
     })
-}
-
-/// A blocking RESP connection.
-struct Resp {
-    w: TcpStream,
-    r: BufReader<TcpStream>,
-}
-
-impl Resp {
-    fn connect(s: &TestServer) -> Resp {
-        let w = TcpStream::connect(s.resp_addr()).expect("connects");
-        w.set_read_timeout(Some(TIMEOUT)).expect("timeout");
-        w.set_nodelay(true).expect("nodelay");
-        let r = BufReader::new(w.try_clone().expect("clone"));
-        Resp { w, r }
-    }
-
-    fn send(&mut self, args: &[&str]) {
-        let mut v = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            v.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
-        }
-        self.w.write_all(&v).expect("writes");
-    }
-
-    /// One reply as text: `+OK`, `:1`, `$v`, `nil`, `-ERR ...`, `[a,b]`.
-    fn reply(&mut self) -> String {
-        let mut line = Vec::new();
-        self.r.read_until(b'\n', &mut line).expect("reads a reply");
-        assert!(line.ends_with(b"\r\n"), "reply line {line:?}");
-        line.truncate(line.len() - 2);
-        let text = String::from_utf8_lossy(&line[1..]).into_owned();
-        match line.first() {
-            Some(b'+') | Some(b'-') | Some(b':') => String::from_utf8_lossy(&line).into_owned(),
-            Some(b'$') | Some(b'*') if text == "-1" => "nil".into(),
-            Some(b'$') => {
-                let n: usize = text.parse().expect("bulk length");
-                let mut v = vec![0; n + 2];
-                self.r.read_exact(&mut v).expect("bulk body");
-                v.truncate(n);
-                format!("${}", String::from_utf8_lossy(&v))
-            }
-            Some(b'*') => {
-                let n: usize = text.parse().expect("array length");
-                let items: Vec<String> = (0..n).map(|_| self.reply()).collect();
-                format!("[{}]", items.join(","))
-            }
-            _ => panic!("not a RESP reply: {line:?}"),
-        }
-    }
-
-    fn call(&mut self, args: &[&str]) -> String {
-        self.send(args);
-        self.reply()
-    }
 }
 
 #[test]
@@ -86,7 +30,7 @@ fn pipelined_transaction_and_watch_against_a_native_writer() {
         &["MGET", "a", "b"],
         &["EXEC"],
     ] {
-        c.send(a);
+        c.send_str(a);
     }
     assert_eq!(c.reply(), "+OK");
     for _ in 0..3 {
@@ -136,11 +80,11 @@ fn a_concurrent_mget_never_sees_half_an_exec() {
         let mut w = Resp::connect(&s);
         for gen in 0..200 {
             let g = gen.to_string();
-            w.send(&["MULTI"]);
+            w.send_str(&["MULTI"]);
             for k in &keys {
-                w.send(&["SET", k, &g]);
+                w.send_str(&["SET", k, &g]);
             }
-            w.send(&["EXEC"]);
+            w.send_str(&["EXEC"]);
             assert_eq!(w.reply(), "+OK");
             for _ in &keys {
                 assert_eq!(w.reply(), "+QUEUED");
@@ -163,7 +107,7 @@ fn scan_keys_rename_copy_over_a_socket() {
     let mut seen = std::collections::HashSet::new();
     let mut cursor = "0".to_string();
     loop {
-        c.send(&["SCAN", &cursor, "COUNT", "25"]);
+        c.send_str(&["SCAN", &cursor, "COUNT", "25"]);
         let mut line = String::new();
         c.r.read_line(&mut line).expect("array");
         assert_eq!(line, "*2\r\n");

@@ -358,3 +358,81 @@ pub fn assert_no_worker_2_of_2<T>(connected: Result<T, fabrickv_client::ClientEr
         "unclear refusal: {refused}"
     );
 }
+
+/// A blocking RESP connection with a reader for replies.
+pub struct Resp {
+    pub w: std::net::TcpStream,
+    pub r: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl Resp {
+    pub fn connect(s: &TestServer) -> Resp {
+        let w = std::net::TcpStream::connect(s.resp_addr()).expect("connects");
+        w.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+        w.set_nodelay(true).expect("nodelay");
+        let r = std::io::BufReader::new(w.try_clone().expect("clone"));
+        Resp { w, r }
+    }
+
+    pub fn send(&mut self, args: &[&[u8]]) {
+        use std::io::Write;
+        self.w.write_all(&encode(args)).expect("writes");
+    }
+
+    /// [`Resp::send`] of text arguments.
+    pub fn send_str(&mut self, args: &[&str]) {
+        let a: Vec<&[u8]> = args.iter().map(|s| s.as_bytes()).collect();
+        self.send(&a);
+    }
+
+    /// One reply, rendered as text (`+OK`, `:1`, `$v`, `nil`, `-ERR ...`,
+    /// or `[a,b]` for arrays).
+    pub fn reply(&mut self) -> String {
+        use std::io::{BufRead, Read};
+        let mut line = Vec::new();
+        self.r.read_until(b'\n', &mut line).expect("reads a reply");
+        assert!(line.ends_with(b"\r\n"), "reply line {line:?}");
+        line.truncate(line.len() - 2);
+        let text = String::from_utf8_lossy(&line[1..]).into_owned();
+        match line.first() {
+            Some(b'+') | Some(b'-') | Some(b':') => String::from_utf8_lossy(&line).into_owned(),
+            Some(b'$') | Some(b'*') if text == "-1" => "nil".into(),
+            Some(b'$') => {
+                let n: usize = text.parse().expect("bulk length");
+                let mut v = vec![0; n + 2];
+                self.r.read_exact(&mut v).expect("bulk body");
+                v.truncate(n);
+                format!("${}", String::from_utf8_lossy(&v))
+            }
+            Some(b'*') => {
+                let n: usize = text.parse().expect("array length");
+                let items: Vec<String> = (0..n).map(|_| self.reply()).collect();
+                format!("[{}]", items.join(","))
+            }
+            _ => panic!("not a RESP reply: {line:?}"),
+        }
+    }
+
+    pub fn call(&mut self, args: &[&str]) -> String {
+        self.send_str(args);
+        self.reply()
+    }
+
+    /// Whether the server closed the connection (EOF within the timeout).
+    pub fn closed(&mut self) -> bool {
+        use std::io::Read;
+        let mut b = [0u8; 1];
+        matches!(self.r.read(&mut b), Ok(0))
+    }
+}
+
+/// A command as a RESP array of bulk strings.
+pub fn encode(args: &[&[u8]]) -> Vec<u8> {
+    let mut v = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        v.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        v.extend_from_slice(a);
+        v.extend_from_slice(b"\r\n");
+    }
+    v
+}
