@@ -29,6 +29,7 @@ pub mod resp;
 mod resp_net;
 pub mod service;
 pub mod shard;
+mod text_net;
 pub mod worker;
 
 use std::fmt;
@@ -38,6 +39,10 @@ use std::thread::JoinHandle;
 
 use fabrickv_engine::{EngineError, Partition, PartitionConfig};
 use fabrickv_transport::{TransportError, Waker};
+
+use memcache::McSession;
+use resp_net::RespConn;
+use text_net::start as front_end;
 
 pub use config::{Mode, ServerConfig, DEFAULT_LISTEN, DEFAULT_PORT};
 pub use memcache_net::{MC_CONNECTIONS_MAX, MC_EVICT_IDLE_MIN_MS};
@@ -235,7 +240,7 @@ impl Server {
                     .with_shards(&shards)
                 };
                 let idle = cfg.resp_idle_timeout();
-                let fe = resp_net::start(addr, workers, shared, clock, idle, stop.clone())
+                let fe = front_end::<RespConn>(addr, workers, shared, clock, idle, stop.clone())
                     .map_err(|e| StartError::Resp(addr.clone(), e))?;
                 (Some(fe.addr.to_string()), fe.wakers, fe.threads)
             }
@@ -250,7 +255,7 @@ impl Server {
                     memcache::McShared::new(parts.clone(), cfg.mode, cfg.memory_bytes, workers)
                 };
                 let idle = cfg.memcache_idle_timeout();
-                let fe = memcache_net::start(addr, workers, shared, clock, idle, stop.clone())
+                let fe = front_end::<McSession>(addr, workers, shared, clock, idle, stop.clone())
                     .map_err(|e| StartError::Memcache(addr.clone(), e));
                 let fe = match fe {
                     Ok(fe) => fe,
