@@ -13,9 +13,13 @@ use fabrickv_server::{Mode, Server, ServerConfig, ServerHandle};
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 fn server(mode: Mode) -> ServerHandle {
+    server_with_workers(mode, 2)
+}
+
+fn server_with_workers(mode: Mode, workers: usize) -> ServerHandle {
     let cfg = ServerConfig {
         listen: "127.0.0.1:0".into(),
-        workers: Some(2),
+        workers: Some(workers),
         mode,
         memory_bytes: 64 << 20,
         log_level: "warn".into(),
@@ -267,7 +271,11 @@ fn idle_connections_are_closed_after_the_timeout() {
 fn at_the_cap_a_silent_connection_makes_way() {
     use fabrickv_server::{MC_CONNECTIONS_MAX, MC_EVICT_IDLE_MIN_MS};
     use std::time::Instant;
-    let h = server(Mode::Store);
+    // One loop thread takes connections in the order they arrive, so no
+    // newcomer is counted before a silent connection opened ahead of it
+    // (with two, one thread's newcomer can beat the other's last silent
+    // connection to the count, and that one is refused at the cap).
+    let h = server_with_workers(Mode::Store, 1);
     let addr = h.memcache_addr().expect("on").to_string();
     let connect = || {
         let c = TcpStream::connect(&addr).expect("connects");
