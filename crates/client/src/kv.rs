@@ -149,12 +149,17 @@ impl Kv for crate::ClusterClient {
     }
 }
 
+/// PUT_CHUNK or GET_CHUNK pieces of one value in flight at once (4 MiB):
+/// the client sends the next while the server copies the last.
+pub const LARGE_CHUNKS_IN_FLIGHT: usize = 4;
+
 /// Transfer ids of this process's PUT_CHUNK transfers: a connection holds
 /// one transfer at a time, so ids only have to differ from the previous.
 static NEXT_TRANSFER: AtomicU64 = AtomicU64::new(1);
 
 /// Stores a value over `VALUE_BYTES_MAX` as PUT_CHUNK pieces of at most
-/// `LARGE_CHUNK_BYTES_MAX`, in order, one round trip each; the server
+/// `LARGE_CHUNK_BYTES_MAX`, in order, [`LARGE_CHUNKS_IN_FLIGHT`] per round
+/// trip; the server
 /// stores it (TTL and condition apply then) when the last piece is in.
 fn put_large<K: Kv + ?Sized>(
     kv: &mut K,
@@ -174,8 +179,10 @@ fn put_large<K: Kv + ?Sized>(
     }
     let transfer = NEXT_TRANSFER.fetch_add(1, Ordering::Relaxed);
     let total = value.len() as u64;
-    for (i, piece) in value.chunks(LARGE_CHUNK_BYTES_MAX).enumerate() {
-        let op = BatchOp::PutChunk {
+    let ops: Vec<_> = value
+        .chunks(LARGE_CHUNK_BYTES_MAX)
+        .enumerate()
+        .map(|(i, piece)| BatchOp::PutChunk {
             key,
             transfer,
             total,
@@ -183,18 +190,22 @@ fn put_large<K: Kv + ?Sized>(
             bytes: piece,
             ttl_ms,
             cond,
-        };
-        match kv.execute(&[op])?.pop() {
-            Some(Outcome {
-                code: ErrorCode::Ok,
-                ..
-            }) => {}
-            Some(Outcome {
-                code: ErrorCode::ConditionFailed,
-                ..
-            }) => return Ok(false),
-            Some(o) => return Err(o.into_error()),
-            None => return Err(ClientError::Protocol("missing result".into())),
+        })
+        .collect();
+    // A window of pieces in flight at once; a worker runs one
+    // connection's frames in order, so they arrive in order.
+    for window in ops.chunks(LARGE_CHUNKS_IN_FLIGHT) {
+        let outcomes = kv.execute(window)?;
+        if outcomes.len() != window.len() {
+            return Err(ClientError::Protocol("missing result".into()));
+        }
+        // The first refusal explains the rest (later pieces of a dropped
+        // transfer answer NO_SUCH_TRANSFER).
+        if let Some(o) = outcomes.into_iter().find(|o| o.code != ErrorCode::Ok) {
+            return match o.code {
+                ErrorCode::ConditionFailed => Ok(false),
+                _ => Err(o.into_error()),
+            };
         }
     }
     Ok(true)
@@ -220,24 +231,33 @@ fn get_large<K: Kv + ?Sized>(kv: &mut K, key: &[u8], head: &[u8]) -> Result<Vec<
     let total = total as usize;
     let mut value = Vec::with_capacity(total);
     while value.len() < total {
-        let len = (total - value.len()).min(LARGE_CHUNK_BYTES_MAX);
-        let op = BatchOp::GetChunk {
-            key,
-            tag,
-            offset: value.len() as u64,
-            len: len as u32,
-        };
-        match kv.execute(&[op])?.pop() {
-            Some(o) if o.code == ErrorCode::Ok && o.value.len() == len => {
-                value.extend_from_slice(&o.value)
+        let ops: Vec<_> = (0..LARGE_CHUNKS_IN_FLIGHT)
+            .map(|i| value.len() + i * LARGE_CHUNK_BYTES_MAX)
+            .take_while(|&at| at < total)
+            .map(|at| BatchOp::GetChunk {
+                key,
+                tag,
+                offset: at as u64,
+                len: (total - at).min(LARGE_CHUNK_BYTES_MAX) as u32,
+            })
+            .collect();
+        let outcomes = kv.execute(&ops)?;
+        if outcomes.len() != ops.len() {
+            return Err(ClientError::Protocol("missing result".into()));
+        }
+        for (o, op) in outcomes.into_iter().zip(&ops) {
+            let BatchOp::GetChunk { len, .. } = *op else {
+                continue;
+            };
+            if o.code != ErrorCode::Ok {
+                return Err(o.into_error());
             }
-            Some(o) if o.code == ErrorCode::Ok => {
+            if o.value.len() != len as usize {
                 return Err(ClientError::Protocol(
                     "GET_CHUNK of the wrong length".into(),
-                ))
+                ));
             }
-            Some(o) => return Err(o.into_error()),
-            None => return Err(ClientError::Protocol("missing result".into())),
+            value.extend_from_slice(&o.value);
         }
     }
     Ok(value)

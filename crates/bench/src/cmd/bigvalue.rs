@@ -8,7 +8,7 @@
 //!   final buffer;
 //! - **fabrickv-tcp**: the same server's native kv listener over tcp, with
 //!   the Rust client (`Kv::get`/`put`): the value travels as PUT_CHUNK /
-//!   GET_CHUNK pieces of 1 MiB, one round trip each, and the GET's bytes
+//!   GET_CHUNK pieces of 1 MiB, four in flight at once, and the GET's bytes
 //!   are copied once more into the caller's buffer;
 //! - **raw-tcp**: a thread of this process that, per request byte, writes
 //!   the value with one `write_all` (GET) or reads it into a buffer and
