@@ -18,7 +18,7 @@ pub const VALUE_BYTES_MAX: usize = 1 << 20;
 
 /// Largest value the in-memory kv holds, in bytes (512 MiB, Redis's
 /// `proto-max-bulk-len`). Values over [`VALUE_BYTES_MAX`] are kept by the
-/// engine as separately allocated large objects and travel only over RESP
+/// engine as separately allocated large objects and travel over RESP
 /// (where the connection reads them straight into their final buffer) and
 /// over the native protocol as chunks of at most [`LARGE_CHUNK_BYTES_MAX`]
 /// (PUT_CHUNK / GET_CHUNK operations, one frame each).
