@@ -71,10 +71,24 @@ fn check_message(msg: &[u8]) {
             match op.check() {
                 Ok((code, _cond)) => {
                     assert!(!op.key.is_empty() && op.key.len() <= KEY_BYTES_MAX);
-                    assert!(op.value.len() <= VALUE_BYTES_MAX);
                     assert!(op.ttl_ms <= TTL_MS_MAX);
-                    if code != OpCode::Put {
-                        assert!(op.value.is_empty() && op.ttl_ms == 0 && op.flags == 0);
+                    match code {
+                        OpCode::Put => assert!(op.value.len() <= VALUE_BYTES_MAX),
+                        OpCode::PutChunk => {
+                            // The chunk lies within a large value's bounds.
+                            let c = op.put_chunk().expect("checked");
+                            assert!(!c.bytes.is_empty() && c.bytes.len() <= VALUE_BYTES_MAX);
+                            assert!(c.total as usize > VALUE_BYTES_MAX);
+                            assert!(c.offset + c.bytes.len() as u64 <= c.total);
+                        }
+                        OpCode::GetChunk => {
+                            let c = op.get_chunk().expect("checked");
+                            assert!(c.len >= 1 && c.len as usize <= VALUE_BYTES_MAX);
+                            assert!(op.ttl_ms == 0 && op.flags == 0);
+                        }
+                        OpCode::Get | OpCode::Delete => {
+                            assert!(op.value.is_empty() && op.ttl_ms == 0 && op.flags == 0)
+                        }
                     }
                     // What the server does next: steer the key.
                     for parts in [1u32, 3, 4, 255] {

@@ -18,9 +18,12 @@
 use std::time::Instant;
 
 use fabrickv_rpc::InFlight;
-use fabrickv_types::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX};
+use fabrickv_types::limits::{KEY_BYTES_MAX, LARGE_CHUNK_BYTES_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::{ErrorCode, KeyHash};
-use fabrickv_wire::{decode_frame, FrameKind, PutCondition, RequestBuilder, ResponseIter};
+use fabrickv_wire::{
+    decode_frame, FrameKind, PutCondition, RequestBuilder, ResponseIter, GET_CHUNK_HEAD_BYTES,
+    PUT_CHUNK_HEAD_BYTES,
+};
 
 use crate::conn::{protocol, refusal};
 use crate::{Client, ClientError, Result};
@@ -49,20 +52,65 @@ pub enum BatchOp<'a> {
         /// The key.
         key: &'a [u8],
     },
+    /// One piece of a large value's store ([`crate::Kv::put_with`] sends
+    /// a value over `VALUE_BYTES_MAX` as these, in order).
+    PutChunk {
+        /// The key.
+        key: &'a [u8],
+        /// The transfer the piece belongs to.
+        transfer: u64,
+        /// Length of the whole value, in bytes.
+        total: u64,
+        /// Where the piece starts.
+        offset: u64,
+        /// The piece (at most `LARGE_CHUNK_BYTES_MAX` bytes).
+        bytes: &'a [u8],
+        /// Time-to-live in milliseconds, 0 = none.
+        ttl_ms: u64,
+        /// When to apply.
+        cond: PutCondition,
+    },
+    /// One piece of a value a GET answered `LARGE_VALUE` for.
+    GetChunk {
+        /// The key.
+        key: &'a [u8],
+        /// The pin tag of that answer.
+        tag: u64,
+        /// Where the piece starts.
+        offset: u64,
+        /// Length of the piece, in bytes.
+        len: u32,
+    },
 }
 
 impl BatchOp<'_> {
     /// The key the operation addresses.
     pub fn key(&self) -> &[u8] {
         match self {
-            BatchOp::Get { key } | BatchOp::Put { key, .. } | BatchOp::Delete { key } => key,
+            BatchOp::Get { key }
+            | BatchOp::Put { key, .. }
+            | BatchOp::Delete { key }
+            | BatchOp::PutChunk { key, .. }
+            | BatchOp::GetChunk { key, .. } => key,
         }
     }
 
+    /// Bytes of the operation's value section on the wire.
     fn value_len(&self) -> usize {
         match self {
             BatchOp::Put { value, .. } => value.len(),
+            BatchOp::PutChunk { bytes, .. } => PUT_CHUNK_HEAD_BYTES + bytes.len(),
+            BatchOp::GetChunk { .. } => GET_CHUNK_HEAD_BYTES,
             _ => 0,
+        }
+    }
+
+    /// Bytes of value the operation carries, checked against its bound.
+    fn payload(&self) -> (usize, usize) {
+        match self {
+            BatchOp::Put { value, .. } => (value.len(), VALUE_BYTES_MAX),
+            BatchOp::PutChunk { bytes, .. } => (bytes.len(), LARGE_CHUNK_BYTES_MAX),
+            _ => (0, 0),
         }
     }
 }
@@ -171,13 +219,11 @@ pub(crate) fn validate(ops: &[BatchOp<'_>]) -> Result<()> {
                 ),
             ));
         }
-        if op.value_len() > VALUE_BYTES_MAX {
+        let (len, max) = op.payload();
+        if len > max {
             return Err(ClientError::Invalid(
                 ErrorCode::ValueTooLarge,
-                format!(
-                    "value of {} bytes exceeds {VALUE_BYTES_MAX}",
-                    op.value_len()
-                ),
+                format!("value of {len} bytes exceeds {max}"),
             ));
         }
     }
@@ -232,6 +278,21 @@ pub(crate) fn post(
                             cond,
                         } => b.put(key, value, ttl_ms, cond),
                         BatchOp::Delete { key } => b.delete(key),
+                        BatchOp::PutChunk {
+                            key,
+                            transfer,
+                            total,
+                            offset,
+                            bytes,
+                            ttl_ms,
+                            cond,
+                        } => b.put_chunk(key, transfer, total, offset, bytes, ttl_ms, cond),
+                        BatchOp::GetChunk {
+                            key,
+                            tag,
+                            offset,
+                            len,
+                        } => b.get_chunk(key, tag, offset, len),
                     };
                     tag.positions.push(idxs[at]);
                     at += 1;

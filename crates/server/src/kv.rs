@@ -6,10 +6,14 @@
 //! the ERROR frame), and an operation that breaks a bound gets its own
 //! error result while the rest of its batch runs.
 
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fabrickv_engine::{DeleteResult, GetResult, PutCond, PutResult};
-use fabrickv_transport::Reply;
+use fabrickv_engine::{
+    DeleteResult, GetRefResult, LargeValue, PutCond, PutResult, ValueRef, LARGE_VALUE_BYTES_MAX,
+};
+use fabrickv_transport::{ConnId, Reply};
 use fabrickv_types::hash::worker_of_partition;
 use fabrickv_types::limits::{BATCH_OPS_MAX, KEY_BYTES_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::{ErrorCode, KeyHash};
@@ -26,6 +30,74 @@ use crate::service::{wire_refusal, Call, Refusal, Service, StatsList};
 /// and 50 s when idle (runs are then `IDLE_WAIT_MS` apart). Expired items
 /// are never served in between; the sweep only gives their memory back.
 pub const SWEEP_BUCKETS_PER_RUN: usize = 16384;
+
+/// Most bytes of large values being received at once over every native
+/// connection of a server, in bytes (1 GiB: two maximal values). Each
+/// connection receives at most one value at a time (PUT_CHUNK), into the
+/// value's final buffer, allocated at its first chunk; a first chunk that
+/// would take the total over this is answered `RECEIVING_FULL`.
+pub const KV_LARGE_RECEIVING_BYTES_MAX: usize = 1 << 30;
+
+/// How long a connection's PUT_CHUNK transfer or GET_CHUNK pin may sit
+/// untouched before the sweep frees it, in milliseconds. The service is
+/// not told when a connection closes, so this is how the buffer of a
+/// client that dropped mid-transfer (and the pin of one that stopped
+/// reading) is given back.
+pub const KV_LARGE_IDLE_MS: u64 = 5_000;
+
+const _: () = assert!(KV_LARGE_RECEIVING_BYTES_MAX >= LARGE_VALUE_BYTES_MAX);
+
+/// A share of the server's [`KV_LARGE_RECEIVING_BYTES_MAX`], given back
+/// when dropped (on every path: stored, refused, replaced, swept).
+struct Reservation {
+    parts: Arc<Partitions>,
+    bytes: usize,
+}
+
+impl Reservation {
+    fn take(parts: &Arc<Partitions>, bytes: usize) -> Option<Reservation> {
+        parts
+            .kv_large_receiving
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                cur.checked_add(bytes)
+                    .filter(|&n| n <= KV_LARGE_RECEIVING_BYTES_MAX)
+            })
+            .ok()?;
+        Some(Reservation {
+            parts: Arc::clone(parts),
+            bytes,
+        })
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.parts
+            .kv_large_receiving
+            .fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// A large value being received on one connection.
+struct Receiving {
+    key: Box<[u8]>,
+    transfer: u64,
+    /// The value's final buffer, `total` bytes.
+    buf: Box<[u8]>,
+    /// Bytes received so far (the next chunk's offset).
+    at: usize,
+    last_ms: u64,
+    _share: Reservation,
+}
+
+/// A large value one connection is reading with GET_CHUNK: a reference to
+/// the stored buffer, so a PUT or DELETE of the key meanwhile does not
+/// change what the reader gets (it reads the value as it was at its GET).
+struct Pinned {
+    tag: u64,
+    value: LargeValue,
+    last_ms: u64,
+}
 
 /// Counters of the kv service of one worker. STATS reports them beside
 /// the worker's own `frames_refused` (see [`crate::worker`]).
@@ -50,6 +122,14 @@ pub struct KvService {
     counters: KvCounters,
     /// The key hashes of the frame being executed (kept to reuse its memory).
     hashes: Vec<KeyHash>,
+    /// The PUT_CHUNK transfer of each connection that has one (at most
+    /// one per connection; idle ones are swept).
+    receiving: HashMap<ConnId, Receiving>,
+    /// The value each connection reads with GET_CHUNK (at most one per
+    /// connection; idle ones are swept).
+    pinned: HashMap<ConnId, Pinned>,
+    /// The next pin tag (unique per worker, never reused).
+    next_tag: u64,
 }
 
 impl KvService {
@@ -62,6 +142,9 @@ impl KvService {
             mode,
             counters: KvCounters::default(),
             hashes: Vec::with_capacity(BATCH_OPS_MAX),
+            receiving: HashMap::new(),
+            pinned: HashMap::new(),
+            next_tag: 1,
         }
     }
 
@@ -91,7 +174,21 @@ impl KvService {
         }
     }
 
-    fn execute(&mut self, ops: RequestIter<'_>, id: u64, out: &mut Vec<u8>, now_ms: u64) {
+    /// Frees the transfers and pins idle for over [`KV_LARGE_IDLE_MS`].
+    pub fn sweep_large(&mut self, now_ms: u64) {
+        let live = |last: u64| now_ms.saturating_sub(last) <= KV_LARGE_IDLE_MS;
+        self.receiving.retain(|_, r| live(r.last_ms));
+        self.pinned.retain(|_, p| live(p.last_ms));
+    }
+
+    fn execute(
+        &mut self,
+        conn: ConnId,
+        ops: RequestIter<'_>,
+        id: u64,
+        out: &mut Vec<u8>,
+        now_ms: u64,
+    ) {
         self.counters.frames += 1;
         let partitions = u32::from(self.workers);
         // Uncontended: only RESP threads ever take another worker's lock.
@@ -129,24 +226,87 @@ impl KvService {
                 continue;
             }
             match code {
-                OpCode::Get => match partition.get(hash, op.key, now_ms) {
-                    GetResult::Found { value, .. } if rb.fits(value.len(), after) => {
-                        rb.result(ErrorCode::Ok, value)
+                OpCode::Get => match partition.get_ref(hash, op.key, now_ms) {
+                    GetRefResult::Found {
+                        value: ValueRef::Large(v),
+                        ..
+                    } => {
+                        // Too large for any frame: pin it for this
+                        // connection's GET_CHUNKs and answer its length.
+                        if !rb.fits(fabrickv_wire::LARGE_RESULT_BYTES, after) {
+                            self.counters.reply_full += 1;
+                            rb.result(ErrorCode::ReplyFull, &[]);
+                            continue;
+                        }
+                        let tag = self.next_tag;
+                        self.next_tag += 1;
+                        let mut r = [0u8; fabrickv_wire::LARGE_RESULT_BYTES];
+                        r[..8].copy_from_slice(&(v.len() as u64).to_le_bytes());
+                        r[8..].copy_from_slice(&tag.to_le_bytes());
+                        self.pinned.insert(
+                            conn,
+                            Pinned {
+                                tag,
+                                value: v.clone(),
+                                last_ms: now_ms,
+                            },
+                        );
+                        rb.result(ErrorCode::LargeValue, &r)
                     }
-                    // A large value (set over RESP) never fits a native
-                    // frame: say so rather than ReplyFull, which asks for a
-                    // resend that could never succeed.
-                    GetResult::Found { value, .. }
-                        if value.len() > fabrickv_types::limits::VALUE_BYTES_MAX =>
-                    {
-                        rb.result(ErrorCode::ValueTooLarge, &[])
+                    GetRefResult::Found { value, .. } if rb.fits(value.bytes().len(), after) => {
+                        rb.result(ErrorCode::Ok, value.bytes())
                     }
-                    GetResult::Found { .. } => {
+                    GetRefResult::Found { .. } => {
                         self.counters.reply_full += 1;
                         rb.result(ErrorCode::ReplyFull, &[])
                     }
-                    GetResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
+                    GetRefResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
                 },
+                OpCode::GetChunk => {
+                    // `check` passed, so the fields parse.
+                    let Ok(c) = op.get_chunk() else {
+                        rb.result(ErrorCode::Malformed, &[]);
+                        continue;
+                    };
+                    let pin = match self.pinned.get_mut(&conn) {
+                        Some(p) if p.tag == c.tag => p,
+                        _ => {
+                            rb.result(ErrorCode::NoSuchTransfer, &[]);
+                            continue;
+                        }
+                    };
+                    let bytes = pin.value.as_slice();
+                    let end = c.offset + u64::from(c.len);
+                    if end > bytes.len() as u64 {
+                        rb.result(ErrorCode::Malformed, &[]);
+                        continue;
+                    }
+                    if !rb.fits(c.len as usize, after) {
+                        self.counters.reply_full += 1;
+                        rb.result(ErrorCode::ReplyFull, &[]);
+                        continue;
+                    }
+                    pin.last_ms = now_ms;
+                    rb.result(ErrorCode::Ok, &bytes[c.offset as usize..end as usize]);
+                    // The last piece read unpins the value.
+                    if end == bytes.len() as u64 {
+                        self.pinned.remove(&conn);
+                    }
+                    &mut rb
+                }
+                OpCode::PutChunk => {
+                    let code = put_chunk(
+                        &mut self.receiving,
+                        &self.parts,
+                        conn,
+                        &op,
+                        hash,
+                        cond,
+                        now_ms,
+                        &mut partition,
+                    );
+                    rb.result(code, &[])
+                }
                 OpCode::Put => {
                     let expire_at = if op.ttl_ms == 0 {
                         0
@@ -196,16 +356,101 @@ impl KvService {
     }
 }
 
+/// One PUT_CHUNK: a piece at offset 0 starts a transfer (replacing the
+/// connection's earlier one), a piece elsewhere continues the
+/// connection's transfer exactly where it stopped, and the last piece
+/// stores the value (no copy: the buffer becomes the large object).
+#[allow(clippy::too_many_arguments)]
+fn put_chunk(
+    receiving: &mut HashMap<ConnId, Receiving>,
+    parts: &Arc<Partitions>,
+    conn: ConnId,
+    op: &fabrickv_wire::Op<'_>,
+    hash: KeyHash,
+    cond: PutCondition,
+    now_ms: u64,
+    partition: &mut fabrickv_engine::Partition,
+) -> ErrorCode {
+    let Ok(c) = op.put_chunk() else {
+        return ErrorCode::Malformed;
+    };
+    // `check` bounded total to LARGE_VALUE_BYTES_MAX, so it fits usize.
+    let total = c.total as usize;
+    if c.offset == 0 {
+        // Give the old transfer's share back before taking a new one.
+        receiving.remove(&conn);
+        let Some(share) = Reservation::take(parts, total) else {
+            return ErrorCode::ReceivingFull;
+        };
+        receiving.insert(
+            conn,
+            Receiving {
+                key: op.key.into(),
+                transfer: c.transfer,
+                buf: vec![0u8; total].into_boxed_slice(),
+                at: 0,
+                last_ms: now_ms,
+                _share: share,
+            },
+        );
+    }
+    let Some(r) = receiving.get_mut(&conn) else {
+        return ErrorCode::NoSuchTransfer;
+    };
+    if r.transfer != c.transfer {
+        return ErrorCode::NoSuchTransfer;
+    }
+    if c.offset != r.at as u64 || r.buf.len() != total || *r.key != *op.key {
+        receiving.remove(&conn);
+        return ErrorCode::ChunkOutOfOrder;
+    }
+    let end = r.at + c.bytes.len();
+    r.buf[r.at..end].copy_from_slice(c.bytes);
+    r.at = end;
+    r.last_ms = now_ms;
+    if end < total {
+        return ErrorCode::Ok;
+    }
+    let Some(r) = receiving.remove(&conn) else {
+        return ErrorCode::Internal;
+    };
+    let expire_at = if op.ttl_ms == 0 {
+        0
+    } else {
+        now_ms + op.ttl_ms
+    };
+    let cond = match cond {
+        PutCondition::Always => PutCond::Always,
+        PutCondition::IfAbsent => PutCond::IfAbsent,
+        PutCondition::IfPresent => PutCond::IfPresent,
+    };
+    let value = LargeValue::from_boxed(r.buf);
+    match partition.put_large(hash, op.key, value, expire_at, cond, now_ms) {
+        PutResult::Stored => ErrorCode::Ok,
+        PutResult::InsufficientSpace => ErrorCode::InsufficientSpace,
+        PutResult::TooLarge => ErrorCode::ValueTooLarge,
+        PutResult::ConditionFailed => ErrorCode::ConditionFailed,
+    }
+}
+
 impl Service for KvService {
     /// Executes one REQUEST frame (the worker sends it no other kind).
     #[inline]
     fn handle(&mut self, call: &Call<'_>, reply: &mut dyn Reply) -> Result<(), Refusal> {
         let ops = RequestIter::new(&call.frame).map_err(wire_refusal)?;
-        self.execute(ops, call.id(), reply.buf(), call.now_ms);
+        self.execute(call.conn, ops, call.id(), reply.buf(), call.now_ms);
         Ok(())
+    }
+
+    fn shared_stats(&self, out: &mut StatsList) {
+        out.push((
+            "kv_large_receiving_bytes",
+            self.parts.kv_large_receiving.load(Ordering::Acquire) as u64,
+        ));
     }
 
     fn sweep(&mut self, now_ms: u64) {
         self.sweep_buckets(now_ms, SWEEP_BUCKETS_PER_RUN);
+        self.sweep_large(now_ms);
     }
 }

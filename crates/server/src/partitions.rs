@@ -9,6 +9,7 @@
 //! takes it once). An uncontended lock costs a few tens of nanoseconds per
 //! batch, against a batch's microseconds.
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Mutex, MutexGuard};
 
 use fabrickv_engine::{Partition, PartitionStats};
@@ -17,6 +18,10 @@ use fabrickv_types::KeyHash;
 /// Every partition of one server.
 pub struct Partitions {
     parts: Box<[Mutex<Partition>]>,
+    /// Bytes of large values being received over native connections (the
+    /// kv service's PUT_CHUNK transfers), over every worker; bounded by
+    /// `crate::kv::KV_LARGE_RECEIVING_BYTES_MAX`.
+    pub kv_large_receiving: AtomicUsize,
 }
 
 impl Partitions {
@@ -24,6 +29,7 @@ impl Partitions {
     pub fn new(parts: Vec<Partition>) -> Partitions {
         Partitions {
             parts: parts.into_iter().map(Mutex::new).collect(),
+            kv_large_receiving: AtomicUsize::new(0),
         }
     }
 

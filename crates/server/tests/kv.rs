@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use fabrickv_client::{BatchOp, Client, Kv};
 use fabrickv_server::Mode;
-use fabrickv_types::limits::{KEY_BYTES_MAX, TTL_MS_MAX, VALUE_BYTES_MAX};
+use fabrickv_types::limits::{KEY_BYTES_MAX, LARGE_VALUE_BYTES_MAX, TTL_MS_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::PutCondition;
 
@@ -173,9 +173,13 @@ fn values_of_zero_and_max_bytes(t: Transport) {
     assert!(c.get(&long_key).expect("get") == Some(big.clone()));
     assert!(c.get(b"b").expect("get") == Some(value_of(8, max)));
 
+    // One byte over a frame's value travels in chunks, as a large value.
+    let over = value_of(9, max + 1);
+    c.put(b"c", &over).expect("one byte over a frame's value");
+    assert!(c.get(b"c").expect("get") == Some(over));
     let err = c
-        .put(&long_key, &vec![1u8; max + 1])
-        .expect_err("one byte over the maximum");
+        .put(&long_key, &vec![0u8; LARGE_VALUE_BYTES_MAX + 1])
+        .expect_err("one byte over the largest value");
     assert_eq!(err.code(), ErrorCode::ValueTooLarge, "{err}");
     assert!(
         c.get(&long_key).expect("get") == Some(big),

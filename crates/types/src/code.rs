@@ -95,11 +95,25 @@ pub enum ErrorCode {
     /// The peer is not allowed in whatever it proves: a shared-memory
     /// client running as another user than the server (or its allow-list).
     PeerNotAllowed = 34,
+    /// A native GET found a value too large for one frame (over
+    /// `VALUE_BYTES_MAX`): the result carries its total length and a pin
+    /// tag, and the client reads it with GET_CHUNK operations.
+    LargeValue = 35,
+    /// A chunk named a transfer (PUT_CHUNK) or a pinned value (GET_CHUNK)
+    /// this connection does not have: never started, finished, replaced by
+    /// a newer one, or freed after idling.
+    NoSuchTransfer = 36,
+    /// A PUT_CHUNK did not start where the transfer's previous chunk ended
+    /// (or named another key or total); the transfer is dropped.
+    ChunkOutOfOrder = 37,
+    /// Receiving the value would take the server's bytes of large values
+    /// being received over its bound; try again later.
+    ReceivingFull = 38,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order; used by tests and documentation.
-    pub const ALL: [ErrorCode; 35] = [
+    pub const ALL: [ErrorCode; 39] = [
         ErrorCode::Ok,
         ErrorCode::NotFound,
         ErrorCode::InsufficientSpace,
@@ -135,6 +149,10 @@ impl ErrorCode {
         ErrorCode::AuthRequired,
         ErrorCode::AuthFailed,
         ErrorCode::PeerNotAllowed,
+        ErrorCode::LargeValue,
+        ErrorCode::NoSuchTransfer,
+        ErrorCode::ChunkOutOfOrder,
+        ErrorCode::ReceivingFull,
     ];
 
     /// The code as it travels on the wire.
@@ -185,6 +203,10 @@ impl ErrorCode {
             ErrorCode::AuthRequired => "AUTH_REQUIRED",
             ErrorCode::AuthFailed => "AUTH_FAILED",
             ErrorCode::PeerNotAllowed => "PEER_NOT_ALLOWED",
+            ErrorCode::LargeValue => "LARGE_VALUE",
+            ErrorCode::NoSuchTransfer => "NO_SUCH_TRANSFER",
+            ErrorCode::ChunkOutOfOrder => "CHUNK_OUT_OF_ORDER",
+            ErrorCode::ReceivingFull => "RECEIVING_FULL",
         }
     }
 }

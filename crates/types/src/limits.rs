@@ -18,10 +18,15 @@ pub const VALUE_BYTES_MAX: usize = 1 << 20;
 
 /// Largest value the in-memory kv holds, in bytes (512 MiB, Redis's
 /// `proto-max-bulk-len`). Values over [`VALUE_BYTES_MAX`] are kept by the
-/// engine as separately allocated large objects and travel only over RESP
-/// (where the connection reads them straight into their final buffer); the
-/// native frames still carry at most [`VALUE_BYTES_MAX`].
+/// engine as separately allocated large objects and travel over RESP
+/// (where the connection reads them straight into their final buffer) and
+/// over the native protocol as chunks of at most [`LARGE_CHUNK_BYTES_MAX`]
+/// (PUT_CHUNK / GET_CHUNK operations, one frame each).
 pub const LARGE_VALUE_BYTES_MAX: usize = 512 << 20;
+
+/// Most value bytes one native PUT_CHUNK or GET_CHUNK operation carries,
+/// in bytes (a frame's worth: 1 MiB).
+pub const LARGE_CHUNK_BYTES_MAX: usize = VALUE_BYTES_MAX;
 
 /// Most operations one native frame may carry.
 pub const BATCH_OPS_MAX: usize = 512;

@@ -39,7 +39,10 @@ pub mod shard;
 pub mod shard_data;
 
 pub use header::{decode_frame, Frame, FrameHeader, FrameKind, WireError, MAGIC, VERSION};
-pub use request::{Op, OpCode, PutCondition, RequestBuilder, RequestIter};
+pub use request::{
+    GetChunk, Op, OpCode, PutChunk, PutCondition, RequestBuilder, RequestIter,
+    GET_CHUNK_HEAD_BYTES, LARGE_RESULT_BYTES, PUT_CHUNK_HEAD_BYTES,
+};
 pub use response::{OpResult, ResponseBuilder, ResponseIter};
 
 /// Reads a little-endian u16 at `at`; callers have checked the length.

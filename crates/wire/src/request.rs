@@ -18,7 +18,10 @@
 //! TTL, opcode) are checked per operation: a bad operation gets its own
 //! error result and its neighbours still run.
 
-use fabrickv_types::limits::{KEY_BYTES_MAX, OP_HEADER_BYTES, TTL_MS_MAX, VALUE_BYTES_MAX};
+use fabrickv_types::limits::{
+    KEY_BYTES_MAX, LARGE_CHUNK_BYTES_MAX, LARGE_VALUE_BYTES_MAX, OP_HEADER_BYTES, TTL_MS_MAX,
+    VALUE_BYTES_MAX,
+};
 use fabrickv_types::ErrorCode;
 
 use crate::header::{Entries, Frame, FrameKind, FrameWriter, WireError};
@@ -34,6 +37,50 @@ pub enum OpCode {
     Put = 2,
     /// Remove a key.
     Delete = 3,
+    /// One piece of a large value's store; its value section is
+    /// [`PUT_CHUNK_HEAD_BYTES`] of head (transfer id, total, offset) and
+    /// then the piece's bytes.
+    PutChunk = 4,
+    /// Read one piece of a value pinned by a GET that answered
+    /// `LARGE_VALUE`; its value section is [`GET_CHUNK_HEAD_BYTES`]
+    /// (pin tag, offset, length).
+    GetChunk = 5,
+}
+
+/// Head of a PUT_CHUNK's value section, in bytes: transfer id (u64),
+/// total length of the value (u64), offset of this piece (u64).
+pub const PUT_CHUNK_HEAD_BYTES: usize = 24;
+
+/// Value section of a GET_CHUNK, in bytes: pin tag (u64), offset (u64),
+/// length (u32).
+pub const GET_CHUNK_HEAD_BYTES: usize = 20;
+
+/// Value section of a `LARGE_VALUE` GET result, in bytes: total length
+/// (u64), pin tag (u64).
+pub const LARGE_RESULT_BYTES: usize = 16;
+
+/// A PUT_CHUNK's head and piece, as read from its value section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutChunk<'a> {
+    /// The transfer this piece belongs to (chosen by the client).
+    pub transfer: u64,
+    /// Length of the whole value, in bytes.
+    pub total: u64,
+    /// Where this piece starts in the value.
+    pub offset: u64,
+    /// The piece.
+    pub bytes: &'a [u8],
+}
+
+/// A GET_CHUNK's fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GetChunk {
+    /// The pin tag of the `LARGE_VALUE` result it reads from.
+    pub tag: u64,
+    /// Where the piece starts.
+    pub offset: u64,
+    /// Length of the piece, in bytes.
+    pub len: u32,
 }
 
 impl OpCode {
@@ -43,6 +90,8 @@ impl OpCode {
             1 => Some(OpCode::Get),
             2 => Some(OpCode::Put),
             3 => Some(OpCode::Delete),
+            4 => Some(OpCode::PutChunk),
+            5 => Some(OpCode::GetChunk),
             _ => None,
         }
     }
@@ -91,18 +140,73 @@ impl<'a> Op<'a> {
         if self.key.is_empty() || self.key.len() > KEY_BYTES_MAX {
             return Err(ErrorCode::KeyTooLong);
         }
-        if self.value.len() > VALUE_BYTES_MAX {
-            return Err(ErrorCode::ValueTooLarge);
-        }
         if self.ttl_ms > TTL_MS_MAX {
             return Err(ErrorCode::TtlTooLarge);
         }
-        if code != OpCode::Put
-            && (!self.value.is_empty() || self.ttl_ms != 0 || cond != PutCondition::Always)
-        {
+        match code {
+            OpCode::Put if self.value.len() > VALUE_BYTES_MAX => Err(ErrorCode::ValueTooLarge),
+            OpCode::Put => Ok((code, cond)),
+            OpCode::PutChunk => self.put_chunk().map(|_| (code, cond)),
+            OpCode::GetChunk if self.ttl_ms != 0 || cond != PutCondition::Always => {
+                Err(ErrorCode::Malformed)
+            }
+            OpCode::GetChunk => self.get_chunk().map(|_| (code, cond)),
+            OpCode::Get | OpCode::Delete
+                if !self.value.is_empty() || self.ttl_ms != 0 || cond != PutCondition::Always =>
+            {
+                Err(ErrorCode::Malformed)
+            }
+            OpCode::Get | OpCode::Delete => Ok((code, cond)),
+        }
+    }
+
+    /// The head and piece of a PUT_CHUNK, checked: a piece of 1 to
+    /// `LARGE_CHUNK_BYTES_MAX` bytes, lying within a total that only a
+    /// large value has (over `VALUE_BYTES_MAX`, at most
+    /// `LARGE_VALUE_BYTES_MAX`).
+    pub fn put_chunk(&self) -> Result<PutChunk<'a>, ErrorCode> {
+        let v = self.value;
+        if v.len() <= PUT_CHUNK_HEAD_BYTES {
             return Err(ErrorCode::Malformed);
         }
-        Ok((code, cond))
+        let c = PutChunk {
+            transfer: le_u64(v, 0),
+            total: le_u64(v, 8),
+            offset: le_u64(v, 16),
+            bytes: &v[PUT_CHUNK_HEAD_BYTES..],
+        };
+        if c.bytes.len() > LARGE_CHUNK_BYTES_MAX
+            || c.total > LARGE_VALUE_BYTES_MAX as u64
+            || c.total <= VALUE_BYTES_MAX as u64
+        {
+            return Err(ErrorCode::ValueTooLarge);
+        }
+        match c.offset.checked_add(c.bytes.len() as u64) {
+            Some(end) if end <= c.total => Ok(c),
+            _ => Err(ErrorCode::Malformed),
+        }
+    }
+
+    /// The fields of a GET_CHUNK, checked: exactly its head, a length of
+    /// 1 to `LARGE_CHUNK_BYTES_MAX` bytes, no overflow (whether the piece
+    /// lies within the value is the server's check).
+    pub fn get_chunk(&self) -> Result<GetChunk, ErrorCode> {
+        let v = self.value;
+        if v.len() != GET_CHUNK_HEAD_BYTES {
+            return Err(ErrorCode::Malformed);
+        }
+        let c = GetChunk {
+            tag: le_u64(v, 0),
+            offset: le_u64(v, 8),
+            len: le_u32(v, 16),
+        };
+        if c.len == 0 || c.len as usize > LARGE_CHUNK_BYTES_MAX {
+            return Err(ErrorCode::Malformed);
+        }
+        if c.offset.checked_add(u64::from(c.len)).is_none() {
+            return Err(ErrorCode::Malformed);
+        }
+        Ok(c)
     }
 }
 
@@ -228,6 +332,45 @@ impl<'b> RequestBuilder<'b> {
         )
     }
 
+    /// Adds a PUT_CHUNK: piece `bytes` at `offset` of a value of `total`
+    /// bytes, in transfer `transfer`; TTL and condition apply when the
+    /// last piece stores the value.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_chunk(
+        &mut self,
+        key: &[u8],
+        transfer: u64,
+        total: u64,
+        offset: u64,
+        bytes: &[u8],
+        ttl_ms: u64,
+        cond: PutCondition,
+    ) -> &mut Self {
+        let o = &mut *self.w.out;
+        o.push(OpCode::PutChunk as u8);
+        o.push(cond as u8 & FLAG_COND_MASK);
+        o.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        o.extend_from_slice(&((PUT_CHUNK_HEAD_BYTES + bytes.len()) as u32).to_le_bytes());
+        o.extend_from_slice(&ttl_ms.to_le_bytes());
+        o.extend_from_slice(key);
+        o.extend_from_slice(&transfer.to_le_bytes());
+        o.extend_from_slice(&total.to_le_bytes());
+        o.extend_from_slice(&offset.to_le_bytes());
+        o.extend_from_slice(bytes);
+        self.w.entry_done();
+        self
+    }
+
+    /// Adds a GET_CHUNK of `len` bytes at `offset` of the value pinned
+    /// under `tag`.
+    pub fn get_chunk(&mut self, key: &[u8], tag: u64, offset: u64, len: u32) -> &mut Self {
+        let mut v = [0u8; GET_CHUNK_HEAD_BYTES];
+        v[0..8].copy_from_slice(&tag.to_le_bytes());
+        v[8..16].copy_from_slice(&offset.to_le_bytes());
+        v[16..20].copy_from_slice(&len.to_le_bytes());
+        self.op(OpCode::GetChunk as u8, 0, key, &v, 0)
+    }
+
     /// Adds a DELETE.
     pub fn delete(&mut self, key: &[u8]) -> &mut Self {
         self.op(OpCode::Delete as u8, 0, key, &[], 0)
@@ -327,5 +470,173 @@ mod tests {
         bad[6] = 1;
         let f = decode_frame(&bad).expect("header");
         assert!(RequestIter::new(&f).is_err());
+    }
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::*;
+    use crate::decode_frame;
+
+    fn one_op(build: impl FnOnce(&mut RequestBuilder<'_>)) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let mut b = RequestBuilder::new(&mut buf, 1, 0);
+        build(&mut b);
+        b.finish();
+        buf
+    }
+
+    fn check_of(buf: &[u8]) -> (Op<'_>, Result<(OpCode, PutCondition), ErrorCode>) {
+        let f = decode_frame(buf).expect("frame");
+        let op = RequestIter::new(&f).expect("structure").next().expect("op");
+        (op, op.check())
+    }
+
+    #[test]
+    fn put_chunk_round_trips() {
+        let total = (VALUE_BYTES_MAX + 10) as u64;
+        let buf = one_op(|b| {
+            b.put_chunk(b"k", 77, total, 5, b"abc", 9, PutCondition::IfAbsent);
+        });
+        let (op, check) = check_of(&buf);
+        assert_eq!(check, Ok((OpCode::PutChunk, PutCondition::IfAbsent)));
+        assert_eq!(op.ttl_ms, 9);
+        let c = op.put_chunk().expect("chunk");
+        assert_eq!(
+            (c.transfer, c.total, c.offset, c.bytes),
+            (77, total, 5, &b"abc"[..])
+        );
+    }
+
+    #[test]
+    fn get_chunk_round_trips() {
+        let buf = one_op(|b| {
+            b.get_chunk(b"k", 3, 1 << 20, 4096);
+        });
+        let (op, check) = check_of(&buf);
+        assert_eq!(check, Ok((OpCode::GetChunk, PutCondition::Always)));
+        assert_eq!(
+            op.get_chunk(),
+            Ok(GetChunk {
+                tag: 3,
+                offset: 1 << 20,
+                len: 4096
+            })
+        );
+    }
+
+    #[test]
+    fn malformed_chunks_are_refused() {
+        let big = (VALUE_BYTES_MAX + 1) as u64;
+        let cases: Vec<(Vec<u8>, ErrorCode)> = vec![
+            // A total a frame could carry is not a large value.
+            (
+                one_op(|b| {
+                    b.put_chunk(
+                        b"k",
+                        1,
+                        VALUE_BYTES_MAX as u64,
+                        0,
+                        b"x",
+                        0,
+                        PutCondition::Always,
+                    );
+                }),
+                ErrorCode::ValueTooLarge,
+            ),
+            // Over the largest value.
+            (
+                one_op(|b| {
+                    b.put_chunk(
+                        b"k",
+                        1,
+                        (LARGE_VALUE_BYTES_MAX + 1) as u64,
+                        0,
+                        b"x",
+                        0,
+                        PutCondition::Always,
+                    );
+                }),
+                ErrorCode::ValueTooLarge,
+            ),
+            // A piece past the end, and one whose end overflows.
+            (
+                one_op(|b| {
+                    b.put_chunk(b"k", 1, big, big, b"x", 0, PutCondition::Always);
+                }),
+                ErrorCode::Malformed,
+            ),
+            (
+                one_op(|b| {
+                    b.put_chunk(b"k", 1, big, u64::MAX, b"x", 0, PutCondition::Always);
+                }),
+                ErrorCode::Malformed,
+            ),
+            // An empty piece (head only) and a short head.
+            (
+                one_op(|b| {
+                    b.put_chunk(b"k", 1, big, 0, b"", 0, PutCondition::Always);
+                }),
+                ErrorCode::Malformed,
+            ),
+            (
+                one_op(|b| {
+                    b.raw(OpCode::PutChunk as u8, 0, b"k", &[0; 10], 0);
+                }),
+                ErrorCode::Malformed,
+            ),
+            // GET_CHUNK: zero or too long a length, wrong head size, a TTL,
+            // flags, an end that overflows.
+            (
+                one_op(|b| {
+                    b.get_chunk(b"k", 1, 0, 0);
+                }),
+                ErrorCode::Malformed,
+            ),
+            (
+                one_op(|b| {
+                    b.get_chunk(b"k", 1, 0, LARGE_CHUNK_BYTES_MAX as u32 + 1);
+                }),
+                ErrorCode::Malformed,
+            ),
+            (
+                one_op(|b| {
+                    b.get_chunk(b"k", 1, u64::MAX, 1);
+                }),
+                ErrorCode::Malformed,
+            ),
+            (
+                one_op(|b| {
+                    b.raw(OpCode::GetChunk as u8, 0, b"k", &[0; 21], 0);
+                }),
+                ErrorCode::Malformed,
+            ),
+            (
+                one_op(|b| {
+                    let mut v = [0u8; GET_CHUNK_HEAD_BYTES];
+                    v[16] = 1;
+                    b.raw(OpCode::GetChunk as u8, 0, b"k", &v, 5);
+                }),
+                ErrorCode::Malformed,
+            ),
+            (
+                one_op(|b| {
+                    let mut v = [0u8; GET_CHUNK_HEAD_BYTES];
+                    v[16] = 1;
+                    b.raw(OpCode::GetChunk as u8, 1, b"k", &v, 0);
+                }),
+                ErrorCode::Malformed,
+            ),
+            // A GET with a value stays malformed.
+            (
+                one_op(|b| {
+                    b.raw(OpCode::Get as u8, 0, b"k", b"v", 0);
+                }),
+                ErrorCode::Malformed,
+            ),
+        ];
+        for (i, (buf, want)) in cases.iter().enumerate() {
+            assert_eq!(check_of(buf).1.map(|_| ()), Err(*want), "case {i}");
+        }
     }
 }

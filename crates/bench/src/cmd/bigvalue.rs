@@ -1,11 +1,15 @@
 //! `fabrickv bench bigvalue`: GET (and SET) of one large value (16 MiB by
 //! default, LMCache's chunk size) over RESP, beside the same bytes over a
-//! raw TCP stream and redis-server, in the same run.
+//! raw TCP stream, the native kv protocol and redis-server, in the same run.
 //!
 //! - **fabrickv**: `fabrickv serve --resp` (this binary, a child process,
 //!   under `taskset` with `--server-cpus`); its GET writes the value from
 //!   the store's own buffer, its SET reads the socket into the value's
 //!   final buffer;
+//! - **fabrickv-tcp**: the same server's native kv listener over tcp, with
+//!   the Rust client (`Kv::get`/`put`): the value travels as PUT_CHUNK /
+//!   GET_CHUNK pieces of 1 MiB, four in flight at once, and the GET's bytes
+//!   are copied once more into the caller's buffer;
 //! - **raw-tcp**: a thread of this process that, per request byte, writes
 //!   the value with one `write_all` (GET) or reads it into a buffer and
 //!   answers one byte (SET): the ceiling of one loopback stream;
@@ -62,7 +66,41 @@ const IO_TIMEOUT: Duration = Duration::from_secs(60);
 const VALUE_BYTES_MAX: usize = 512 << 20;
 
 /// The systems measured, in the order of the table.
-const SYSTEMS: [&str; 3] = ["raw-tcp", "fabrickv", "redis"];
+const SYSTEMS: [&str; 4] = ["raw-tcp", "fabrickv", "fabrickv-tcp", "redis"];
+
+/// One system's connection: a byte stream (raw TCP, RESP) or the native
+/// kv client over tcp (values over 1 MiB travel as PUT_CHUNK / GET_CHUNK).
+enum Sys {
+    Stream(Conn),
+    Native(fabrickv_client::Client),
+}
+
+impl Sys {
+    fn get(&mut self, buf: &mut [u8]) -> Result<(), String> {
+        match self {
+            Sys::Stream(c) => c.get(buf),
+            Sys::Native(c) => {
+                let v = fabrickv_client::Kv::get(c, b"chunk")
+                    .map_err(|e| e.to_string())?
+                    .ok_or("GET found nothing")?;
+                if v.len() != buf.len() {
+                    return Err(format!("GET read {} bytes", v.len()));
+                }
+                buf.copy_from_slice(&v);
+                Ok(())
+            }
+        }
+    }
+
+    fn set(&mut self, value: &[u8]) -> Result<(), String> {
+        match self {
+            Sys::Stream(c) => c.set(value),
+            Sys::Native(c) => {
+                fabrickv_client::Kv::put(c, b"chunk", value).map_err(|e| e.to_string())
+            }
+        }
+    }
+}
 
 /// A value of `len` bytes whose bytes depend on their position.
 fn value_of(len: usize) -> Vec<u8> {
@@ -226,7 +264,9 @@ pub fn run(a: BigValueArgs) -> Result<(), String> {
     let raw = RawServer::start(value.clone())?;
     let cpus = a.server_cpus.as_deref();
     let fkv_port = peers::free_port()?;
-    let mut cmd = peers::fabrickv_serve(cpus, "127.0.0.1:0", 1)?;
+    let native_port = peers::free_port()?;
+    let native_addr = format!("tcp://127.0.0.1:{native_port}");
+    let mut cmd = peers::fabrickv_serve(cpus, &native_addr, 1)?;
     let memory = format!("{}", 64 << 20);
     let large = format!("{}", 2 * len + (64 << 20));
     cmd.args(["--resp", &format!("127.0.0.1:{fkv_port}")]);
@@ -238,12 +278,15 @@ pub fn run(a: BigValueArgs) -> Result<(), String> {
     } else {
         Some(peers::spawn_redis(cpus)?)
     };
-    let mut systems: Vec<(&str, Conn)> = vec![
-        ("raw-tcp", Conn::connect(raw.port, true)?),
-        ("fabrickv", Conn::connect(fkv_port, false)?),
+    let native = fabrickv_client::Client::connect_with_timeout(&native_addr, IO_TIMEOUT)
+        .map_err(|e| format!("connecting to {native_addr}: {e}"))?;
+    let mut systems: Vec<(&str, Sys)> = vec![
+        ("raw-tcp", Sys::Stream(Conn::connect(raw.port, true)?)),
+        ("fabrickv", Sys::Stream(Conn::connect(fkv_port, false)?)),
+        ("fabrickv-tcp", Sys::Native(native)),
     ];
     if let Some((_, port)) = &redis {
-        systems.push(("redis", Conn::connect(*port, false)?));
+        systems.push(("redis", Sys::Stream(Conn::connect(*port, false)?)));
     }
     // Store the value once (also a warm-up of each path).
     let mut buf = vec![0u8; len];

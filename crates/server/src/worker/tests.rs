@@ -161,7 +161,11 @@ fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
             "spliced_bytes",
         ]
     );
-    assert_eq!(names[24], "ps_tables", "the PS store follows, on worker 0");
+    assert_eq!(
+        names[24], "kv_large_receiving_bytes",
+        "the native large values being received follow, on worker 0"
+    );
+    assert_eq!(names[25], "ps_tables", "the PS store follows, on worker 0");
     assert!(names.contains(&"cache_entries"));
     assert_eq!(stat(&list, "frames"), 1);
     assert_eq!(stat(&list, "ops"), 1);

@@ -1,0 +1,252 @@
+//! Values over 1 MiB (up to 512 MiB) over the native kv protocol: the
+//! client sends them as PUT_CHUNK pieces and reads them with GET_CHUNK,
+//! every frame within `FRAME_BYTES_MAX`, over every transport; the same
+//! keyspace as RESP's large values; the receiving bound and a client
+//! leaving halfway.
+
+#[macro_use]
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{parse_reply, recv_n, request, stat, wait_for, Reply, TestServer, Transport, TIMEOUT};
+use fabrickv_client::Kv;
+use fabrickv_server::Mode;
+use fabrickv_types::limits::{LARGE_VALUE_BYTES_MAX, VALUE_BYTES_MAX};
+use fabrickv_types::ErrorCode;
+use fabrickv_wire::PutCondition;
+
+const MIB: usize = 1 << 20;
+
+fn server(t: Transport, resp: bool) -> TestServer {
+    TestServer::start_with(t, 2, Mode::Store, 32 << 20, |c| {
+        if resp {
+            c.resp = Some("127.0.0.1:0".into());
+        }
+        c.large_memory_bytes = Some(1 << 30);
+    })
+}
+
+/// A value of `len` bytes that names `seed` and each byte's position.
+fn value(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3] ^ seed)
+        .collect()
+}
+
+fn large_values_round_trip(t: Transport) {
+    let s = server(t, false);
+    let mut c = s.client();
+    for (i, len) in [VALUE_BYTES_MAX + 1, 16 * MIB, 100 * MIB]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("big-{i}").into_bytes();
+        let v = value(len, i as u8 + 1);
+        c.put(&key, &v).expect("put");
+        let got = c.get(&key).expect("get").expect("present");
+        assert_eq!(got.len(), len);
+        assert!(got == v, "value {i} ({len} bytes) differs");
+    }
+    // Overwrite a large value with a small one and back.
+    c.put(b"big-0", b"small").expect("put");
+    assert_eq!(
+        c.get(b"big-0").expect("get").as_deref(),
+        Some(&b"small"[..])
+    );
+    // mget mixes inline and large values.
+    let got = c.mget(&[&b"big-0"[..], b"big-1", b"absent"]).expect("mget");
+    assert_eq!(got[0].as_deref(), Some(&b"small"[..]));
+    assert!(got[1].as_deref() == Some(&value(16 * MIB, 2)[..]));
+    assert_eq!(got[2], None);
+    // Conditions and the largest bound.
+    assert!(!c
+        .put_with(b"big-1", &value(2 * MIB, 9), None, PutCondition::IfAbsent)
+        .expect("put NX"));
+    let over = vec![0u8; LARGE_VALUE_BYTES_MAX + 1];
+    let e = c.put(b"over", &over).expect_err("over 512 MiB");
+    assert_eq!(e.code(), ErrorCode::ValueTooLarge);
+    assert_eq!(stat(&mut c, "kv_large_receiving_bytes"), 0);
+    s.shutdown();
+}
+
+transport_tests!(large_values_round_trip);
+
+struct Resp {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl Resp {
+    fn connect(s: &TestServer) -> Resp {
+        let w = TcpStream::connect(s.resp_addr()).expect("connects");
+        w.set_read_timeout(Some(TIMEOUT * 4)).expect("timeout");
+        let r = BufReader::with_capacity(1 << 20, w.try_clone().expect("clone"));
+        Resp { w, r }
+    }
+
+    fn send(&mut self, args: &[&[u8]]) {
+        let mut v = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            v.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            v.extend_from_slice(a);
+            v.extend_from_slice(b"\r\n");
+        }
+        self.w.write_all(&v).expect("writes");
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.r.read_line(&mut l).expect("reads");
+        l
+    }
+
+    fn bulk(&mut self) -> Vec<u8> {
+        let head = self.line();
+        let n: usize = head
+            .strip_prefix('$')
+            .and_then(|n| n.trim_end().parse().ok())
+            .unwrap_or_else(|| panic!("expected a bulk, got {head:?}"));
+        let mut v = vec![0u8; n + 2];
+        self.r.read_exact(&mut v).expect("reads the bulk");
+        v.truncate(n);
+        v
+    }
+}
+
+#[test]
+fn resp_and_native_share_large_values() {
+    let s = server(Transport::Tcp, true);
+    let mut c = s.client();
+    let mut r = Resp::connect(&s);
+    let a = value(16 * MIB, 7);
+    r.send(&[b"SET", b"from-resp", &a]);
+    assert_eq!(r.line(), "+OK\r\n");
+    assert!(c.get(b"from-resp").expect("get").as_deref() == Some(&a[..]));
+    let b = value(3 * MIB + 5, 8);
+    c.put(b"from-native", &b).expect("put");
+    r.send(&[b"GET", b"from-native"]);
+    assert!(r.bulk() == b);
+    s.shutdown();
+}
+
+/// Sends one request of one operation to `key`'s worker on `ep`; returns
+/// that operation's result.
+fn one(
+    ep: &mut dyn fabrickv_transport::Endpoint,
+    worker: u16,
+    build: impl FnOnce(&mut fabrickv_wire::RequestBuilder<'_>),
+) -> (ErrorCode, Vec<u8>) {
+    let msg = request(1, worker, build);
+    ep.post(&msg).expect("post");
+    ep.flush(TIMEOUT).expect("flush");
+    let reply = recv_n(ep, 1).pop().expect("reply");
+    match parse_reply(&reply).2 {
+        Reply::Results(mut r) => r.pop().expect("one result"),
+        Reply::Refused(code) => panic!("refused whole: {code:?}"),
+    }
+}
+
+#[test]
+fn chunks_out_of_order_or_stale_are_refused() {
+    let s = server(Transport::Tcp, false);
+    let mut c = s.client();
+    let w = c.worker_of(b"k");
+    let mut ep = s.endpoint(w);
+    let total = (2 * MIB) as u64;
+    let piece = vec![1u8; 1000];
+    let put = |ep: &mut dyn fabrickv_transport::Endpoint, transfer, offset| {
+        one(ep, w, |b| {
+            b.put_chunk(
+                b"k",
+                transfer,
+                total,
+                offset,
+                &piece,
+                0,
+                PutCondition::Always,
+            );
+        })
+        .0
+    };
+    assert_eq!(put(&mut *ep, 5, 1000), ErrorCode::NoSuchTransfer);
+    assert_eq!(put(&mut *ep, 5, 0), ErrorCode::Ok);
+    assert_eq!(put(&mut *ep, 6, 1000), ErrorCode::NoSuchTransfer);
+    assert_eq!(put(&mut *ep, 5, 3000), ErrorCode::ChunkOutOfOrder);
+    // The transfer is gone after an out-of-order piece.
+    assert_eq!(put(&mut *ep, 5, 1000), ErrorCode::NoSuchTransfer);
+    assert_eq!(stat(&mut c, "kv_large_receiving_bytes"), 0);
+    // A GET_CHUNK of no pinned value.
+    let (code, _) = one(&mut *ep, w, |b| {
+        b.get_chunk(b"k", 42, 0, 10);
+    });
+    assert_eq!(code, ErrorCode::NoSuchTransfer);
+    s.shutdown();
+}
+
+#[test]
+fn a_reader_keeps_the_value_of_its_get() {
+    let s = server(Transport::Tcp, false);
+    let mut c = s.client();
+    let old = value(2 * MIB, 1);
+    c.put(b"k", &old).expect("put");
+    let w = c.worker_of(b"k");
+    let mut ep = s.endpoint(w);
+    let (code, head) = one(&mut *ep, w, |b| {
+        b.get(b"k");
+    });
+    assert_eq!(code, ErrorCode::LargeValue);
+    assert_eq!(&head[..8], &(old.len() as u64).to_le_bytes());
+    let tag = u64::from_le_bytes(head[8..16].try_into().expect("tag"));
+    // Replaced and then deleted under the reader.
+    c.put(b"k", &value(2 * MIB, 2)).expect("put");
+    assert!(c.delete(b"k").expect("delete"));
+    let (code, piece) = one(&mut *ep, w, |b| {
+        b.get_chunk(b"k", tag, 5, 1000);
+    });
+    assert_eq!(code, ErrorCode::Ok);
+    assert_eq!(piece, &old[5..1005]);
+    // Past the end.
+    let (code, _) = one(&mut *ep, w, |b| {
+        b.get_chunk(b"k", tag, (2 * MIB - 10) as u64, 11);
+    });
+    assert_eq!(code, ErrorCode::Malformed);
+    s.shutdown();
+}
+
+#[test]
+fn receiving_is_bounded_and_a_client_leaving_gives_its_share_back() {
+    let s = server(Transport::Tcp, false);
+    let mut c = s.client();
+    let w = c.worker_of(b"k");
+    let total = LARGE_VALUE_BYTES_MAX as u64;
+    let start = |ep: &mut dyn fabrickv_transport::Endpoint| {
+        one(ep, w, |b| {
+            b.put_chunk(b"k", 1, total, 0, b"x", 0, PutCondition::Always);
+        })
+        .0
+    };
+    // Two maximal values fill the 1 GiB bound; a third is refused.
+    let mut a = s.endpoint(w);
+    let mut b = s.endpoint(w);
+    let mut d = s.endpoint(w);
+    assert_eq!(start(&mut *a), ErrorCode::Ok);
+    assert_eq!(start(&mut *b), ErrorCode::Ok);
+    assert_eq!(start(&mut *d), ErrorCode::ReceivingFull);
+    assert_eq!(
+        stat(&mut c, "kv_large_receiving_bytes"),
+        2 * LARGE_VALUE_BYTES_MAX as u64
+    );
+    // Both leave mid-transfer: their buffers are freed once idle.
+    drop(a);
+    drop(b);
+    wait_for(
+        "the receiving bytes to be given back",
+        Duration::from_secs(15),
+        || stat(&mut c, "kv_large_receiving_bytes") == 0,
+    );
+    assert_eq!(start(&mut *d), ErrorCode::Ok);
+    s.shutdown();
+}
