@@ -8,9 +8,8 @@ use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply::{self as resp, Reply};
 use fabrickv_storage::ShardBackend;
 
-use super::args::Args;
+use super::args::{quoted, Args};
 use super::clients::help;
-use super::conn::quoted;
 use super::table::{key_positions, lookup, lower, Spec, COMMANDS, COMMAND_NAME_BYTES_MAX};
 use super::{RespShared, REDIS_VERSION};
 use crate::config::Mode;

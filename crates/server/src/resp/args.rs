@@ -92,3 +92,19 @@ pub(super) fn mget_fits(out: &mut Vec<u8>, mark: usize) -> bool {
     }
     true
 }
+
+/// Longest argument quoted back in an "unknown command" error, in bytes.
+pub(super) const ERROR_ARG_QUOTE_BYTES_MAX: usize = 128;
+
+/// An argument quoted back in an error, cut at
+/// [`ERROR_ARG_QUOTE_BYTES_MAX`] bytes.
+pub(super) fn quoted(arg: &[u8]) -> String {
+    let mut s = String::new();
+    quote_arg(&mut s, arg);
+    s
+}
+
+pub(super) fn quote_arg(msg: &mut String, arg: &[u8]) {
+    let cut = &arg[..arg.len().min(ERROR_ARG_QUOTE_BYTES_MAX)];
+    msg.push_str(&String::from_utf8_lossy(cut));
+}

@@ -17,8 +17,7 @@ use std::sync::{Arc, Mutex};
 use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply::{self as resp, Proto, Reply};
 
-use super::args::Args;
-use super::conn::quoted;
+use super::args::{quoted, Args};
 use super::table::{lower, COMMANDS, COMMAND_NAME_BYTES_MAX};
 
 /// Most connections the registry lists at once: the RESP connection cap,

@@ -9,15 +9,12 @@ use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply::{self as resp, Proto, Reply};
 
 use super::admin::{command_info, config, info};
-use super::args::{int_arg, Args, NOT_INTEGER};
+use super::args::{int_arg, quote_arg, quoted, Args, ERROR_ARG_QUOTE_BYTES_MAX, NOT_INTEGER};
 use super::clients::{self, ClientEntry, ClientPeer, ClientRegistry};
 use super::exec::Exec;
 use super::table::{lookup_index, lower, Cmd, COMMANDS, COMMAND_NAME_BYTES_MAX};
 use super::txn_state::{Txn, Watched};
 use super::{shard_db, RespShared};
-
-/// Longest argument quoted back in an "unknown command" error, in bytes.
-const ERROR_ARG_QUOTE_BYTES_MAX: usize = 128;
 
 /// What a connection's commands can change about it.
 pub(super) struct ConnState {
@@ -420,17 +417,4 @@ fn unknown_command(out: &mut Vec<u8>, a: Args<'_>) {
         }
     }
     resp::error(out, &msg);
-}
-
-/// An argument quoted back in an error, cut at
-/// [`ERROR_ARG_QUOTE_BYTES_MAX`] bytes.
-pub(super) fn quoted(arg: &[u8]) -> String {
-    let mut s = String::new();
-    quote_arg(&mut s, arg);
-    s
-}
-
-fn quote_arg(msg: &mut String, arg: &[u8]) {
-    let cut = &arg[..arg.len().min(ERROR_ARG_QUOTE_BYTES_MAX)];
-    msg.push_str(&String::from_utf8_lossy(cut));
 }
