@@ -67,6 +67,11 @@ pub fn grpc_code(code: ErrorCode) -> Code {
         ErrorCode::SourceChanged => Code::FailedPrecondition,
         ErrorCode::AuthRequired | ErrorCode::AuthFailed => Code::Unauthenticated,
         ErrorCode::PeerNotAllowed => Code::PermissionDenied,
+        // The value is there but larger than one reply: read it in chunks.
+        ErrorCode::LargeValue => Code::OutOfRange,
+        ErrorCode::NoSuchTransfer => Code::FailedPrecondition,
+        ErrorCode::ChunkOutOfOrder => Code::Aborted,
+        ErrorCode::ReceivingFull => Code::ResourceExhausted,
         // A code added to fabrickv-types after this table was written: the
         // metadata still names it exactly; the gRPC code just says so.
         _ => Code::Unknown,
