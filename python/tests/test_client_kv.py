@@ -24,6 +24,8 @@ except ImportError as e:  # a missing build fails the run, never skips it
 
 # The engine's bound on a value (VALUE_BYTES_MAX), which a server reports.
 VALUE_BYTES_MAX = 1 << 20
+# The largest value at all (Redis's 512 MiB), carried in chunks.
+LARGE_VALUE_BYTES_MAX = 512 << 20
 
 # How long a condition that should come true soon may take before the test
 # fails; generous, as the machine may be busy.
@@ -111,14 +113,18 @@ def test_put_replaces_the_value(client, key):
     assert client.get(key("k")) == b"second, longer than the first"
 
 
-def test_value_over_the_limit_is_refused_with_its_code(client, key):
+def test_values_over_one_frame_round_trip_and_over_the_limit_are_refused(client, key):
+    # Over VALUE_BYTES_MAX a value travels in chunks, every byte kept.
+    big = bytes(range(256)) * (4 * VALUE_BYTES_MAX // 256) + b"tail"
+    client.put(key("big"), big)
+    assert client.get(key("big")) == big
     with pytest.raises(fabrickv.Error) as e:
-        client.put(key("big"), b"x" * (VALUE_BYTES_MAX + 1))
+        client.put(key("huge"), b"x" * (LARGE_VALUE_BYTES_MAX + 1))
     assert e.value.code == "VALUE_TOO_LARGE"
     assert "VALUE_TOO_LARGE" in str(e.value)
     assert isinstance(e.value, Exception)
     # Refused means not stored, and the connection is still good.
-    assert client.get(key("big")) is None
+    assert client.get(key("huge")) is None
     client.put(key("after"), b"ok")
     assert client.get(key("after")) == b"ok"
 
