@@ -280,7 +280,10 @@ where
     F: FnOnce() -> Result<BenchResult, String>,
 {
     let meter = CpuMeter::start(pid)?;
-    let r = f()?;
+    let mut r = f()?;
+    if let Some(share) = meter.kernel_share()? {
+        r.params["server_kernel_share"] = share.into();
+    }
     Ok((r, meter.elapsed_cpu_s()?))
 }
 
@@ -603,7 +606,7 @@ pub fn print(opts: &CompareOpts, rows: &[Row]) {
         "load: redis-benchmark for redis and fabrickv-resp; FabricKV's memcached text-protocol generator for memcached and fabrickv-memcache; FabricKV's native generator for fabrickv-tcp/shm (P = operations per frame, {} frames in flight)",
         opts.conns
     );
-    println!("Mops counts keys (an MGET of 10 is 10); latency is per request as each tool measures it; CPU is the server process's user+system time during the run");
+    println!("Mops counts keys (an MGET of 10 is 10); latency is per request as each tool measures it; CPU is the server process's user+system time during the run; kernel is the system time's share of it");
     let header = [
         "workload",
         "system",
@@ -612,6 +615,7 @@ pub fn print(opts: &CompareOpts, rows: &[Row]) {
         "p99",
         "srv CPU-s/Mop",
         "Mops/CPU-s",
+        "kernel",
         "x redis",
         "x redis/CPU",
         "x memcached",
@@ -649,6 +653,9 @@ pub fn print(opts: &CompareOpts, rows: &[Row]) {
                 format!("{:.1}us", r.result.p99_us),
                 format!("{:.3}", r.cpu_s_per_mop()),
                 format!("{:.3}", r.ops_per_cpu_s() / 1e6),
+                r.result.params["server_kernel_share"]
+                    .as_f64()
+                    .map_or("-".to_string(), |k| format!("{:.0}%", k * 100.0)),
                 vs(|x| x.result.ops_per_s),
                 vs(Row::ops_per_cpu_s),
                 vs_mc(|x| x.result.ops_per_s),

@@ -70,17 +70,34 @@ fn parse_schedstat(text: &str) -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
-/// utime + stime, in ticks, from a `/proc/PID/stat` line. The command name
-/// (field 2) is in parentheses and may itself hold spaces and `)`, so the
-/// fields are counted from the last `)`: after it come state (field 3) ...
-/// utime (field 14) and stime (field 15).
+/// utime + stime, in ticks, from a `/proc/PID/stat` line.
 fn parse_stat_ticks(text: &str) -> Option<u64> {
+    let (utime, stime) = parse_stat_split(text)?;
+    Some(utime.saturating_add(stime))
+}
+
+/// utime and stime, in ticks, from a `/proc/PID/stat` line. The command
+/// name (field 2) is in parentheses and may itself hold spaces and `)`, so
+/// the fields are counted from the last `)`: after it come state (field
+/// 3) ... utime (field 14) and stime (field 15).
+fn parse_stat_split(text: &str) -> Option<(u64, u64)> {
     let rest = &text[text.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime.saturating_add(stime))
+    Some((utime, stime))
 }
+
+/// utime and stime of `pid` (every thread, exited ones included), in ticks.
+fn stat_split(pid: u32) -> Result<(u64, u64), String> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    parse_stat_split(&text).ok_or_else(|| format!("unexpected {path}: {text:?}"))
+}
+
+/// Fewest ticks of CPU an interval must hold before [`CpuMeter::kernel_share`]
+/// reports a share: below it the 10 ms tick makes the split too coarse.
+pub const KERNEL_SHARE_TICKS_MIN: u64 = 20;
 
 /// CPU time a process spends from a starting point on, for reporting a
 /// server's CPU-seconds over a measured interval.
@@ -92,6 +109,8 @@ pub struct CpuMeter {
     pub start_ns: u64,
     /// When the meter started, for [`CpuMeter::utilization`].
     pub started: Instant,
+    /// utime and stime at the start, in ticks, for [`CpuMeter::kernel_share`].
+    pub start_split: (u64, u64),
 }
 
 impl CpuMeter {
@@ -101,6 +120,7 @@ impl CpuMeter {
             pid,
             start_ns: process_cpu_ns(pid)?,
             started: Instant::now(),
+            start_split: stat_split(pid)?,
         })
     }
 
@@ -110,6 +130,20 @@ impl CpuMeter {
     pub fn elapsed_cpu_s(&self) -> Result<f64, String> {
         let now = process_cpu_ns(self.pid)?;
         Ok(now.saturating_sub(self.start_ns) as f64 / 1e9)
+    }
+
+    /// The part of the CPU time since the start spent in the kernel
+    /// (system time: socket calls, the TCP stack, waking up), from 0 to 1;
+    /// `None` when the interval holds under [`KERNEL_SHARE_TICKS_MIN`]
+    /// ticks. It says how much of a server's cost its own code can change:
+    /// two servers with the same kernel path per operation differ at most
+    /// by their user-space time.
+    pub fn kernel_share(&self) -> Result<Option<f64>, String> {
+        let (user, system) = stat_split(self.pid)?;
+        let user = user.saturating_sub(self.start_split.0);
+        let system = system.saturating_sub(self.start_split.1);
+        let total = user + system;
+        Ok((total >= KERNEL_SHARE_TICKS_MIN).then(|| system as f64 / total as f64))
     }
 
     /// CPU-seconds used per wall second since the start (1.0: one core
@@ -142,6 +176,7 @@ mod tests {
         // A command name holding spaces and a parenthesis.
         let stat = "42 (a b) c) R 1 42 42 0 -1 4194304 2841 6552 9 2 53 7 3 1 20 0 1 0";
         assert_eq!(parse_stat_ticks(stat), Some(60));
+        assert_eq!(parse_stat_split(stat), Some((53, 7)));
         assert_eq!(parse_stat_ticks("42 (x) R 1"), None);
     }
 
