@@ -49,8 +49,10 @@ pub struct SlabsArgs {
     /// phase's keys are deleted before the second.
     #[arg(long, default_value = "64,4096,512")]
     sizes: String,
-    /// How long a refused write is retried before its phase ends, in ms.
-    #[arg(long, default_value_t = 10_000)]
+    /// How long a refused write is retried before its phase ends, in ms:
+    /// memcached's automove frees a page only after a class has stayed
+    /// too free over its window (about 30 s), so 10 s is too short for it.
+    #[arg(long, default_value_t = 60_000)]
     retry_ms: u64,
     /// Seed of the choice of keys deleted.
     #[arg(long, default_value_t = 1)]
