@@ -25,7 +25,8 @@
 //!   their index slots rewritten. Bounded work: one page per write. So a
 //!   write is refused only while the pool's free bytes are less than its
 //!   chunk plus [`REFUSAL_SLACK_PAGES_PER_CLASS`] pages per other class
-//!   holding pages;
+//!   holding pages (the index, whose chains and overflow pool can fill,
+//!   and the large-value budget refuse apart from this);
 //! - the background sweep empties, when no page is free, at most
 //!   [`AUTOMOVE_PAGES_PER_SWEEP`] page of a class holding at least
 //!   [`AUTOMOVE_FREE_PAGES_MIN`] pages' worth of free chunks, so that a

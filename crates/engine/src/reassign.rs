@@ -416,4 +416,56 @@ mod tests {
         }
         p.check();
     }
+
+    #[test]
+    fn random_shifting_sizes_match_a_model() {
+        let mut p = sized(Mode::Store, 256 << 10, None);
+        let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
+        let mut rng = Rng(0xfab);
+        let sizes = [8usize, 60, 200, 1000, 3000, 9000];
+        let mut refused = 0;
+        for step in 0..40_000u64 {
+            // The favoured sizes shift every 5,000 steps.
+            let phase = (step / 5_000) as usize;
+            let r = rng.next();
+            let size = sizes[(phase + (r % 3) as usize) % sizes.len()];
+            let id = (r >> 8) % 3_000;
+            let k = key_of(id);
+            match (r >> 40) % 10 {
+                0..=2 => {
+                    let gone = p.delete(h(&k), &k, 0) == crate::DeleteResult::Deleted;
+                    assert_eq!(gone, model.remove(&id).is_some());
+                }
+                3 => {
+                    p.sweep(0, 4);
+                }
+                _ => {
+                    let v = value_of(step, size);
+                    match p.put(h(&k), &k, &v, 0, PutCond::Always, 0) {
+                        PutResult::Stored => {
+                            model.insert(id, v);
+                        }
+                        PutResult::InsufficientSpace => {
+                            refused += 1;
+                            let free = p.stats().slab_free_bytes;
+                            let bound = p.refusal_bound_bytes(k.len(), size);
+                            assert!(free < bound, "refused with {free} free (bound {bound})");
+                        }
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+            }
+            if step % 2_000 == 0 {
+                p.check();
+            }
+        }
+        assert!(refused > 0, "the pool filled");
+        assert!(p.stats().slab_items_relocated > 0);
+        for (id, v) in &model {
+            let k = key_of(*id);
+            crate::testutil::assert_found(&mut p, &k, 0, v, 0);
+        }
+        assert_eq!(p.stats().items, model.len() as u64);
+        p.check();
+    }
 }
