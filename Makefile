@@ -99,6 +99,7 @@ bench-smoke: build python
 	$(BIN) bench rpc --transport fabric --provider shm --duration 0.3 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json
 	$(BIN) bench rpc --transport fabric --provider 'tcp;ofi_rxm' --duration 0.3 --report-every 0 --json
 	$(BIN) bench auth --rounds 2 --connects 10 --gets 200 --json
+	$(BIN) bench slabs --memory 8MB --retry-ms 200 --json
 
 ## Real measurements, written to bench-results/ (see docs/benchmarks.md).
 bench: deps build
@@ -111,6 +112,7 @@ bench: deps build
 	bash scripts/bench-cache.sh | tee $(BENCH_DIR)/$(DATE)-cache.txt
 	bash scripts/bench-cluster.sh | tee $(BENCH_DIR)/$(DATE)-cluster.txt
 	bash scripts/bench-auth.sh | tee $(BENCH_DIR)/$(DATE)-auth.txt
+	$(BIN) bench slabs --memory 64MB --retry-ms 60000 --json | tee $(BENCH_DIR)/$(DATE)-slabs.txt
 	bash scripts/bench-copy.sh
 
 ## FabricKV beside redis-server and memcached (see scripts/bench-compare.sh).

@@ -26,6 +26,8 @@ pub enum BenchCommand {
     Auth(cmd::auth::AuthArgs),
     /// GET/SET of one large value (16 MiB) over RESP beside a raw TCP stream of the same bytes and redis-server: GB/s, p50/p99, ratios.
     Bigvalue(cmd::bigvalue::BigValueArgs),
+    /// Store mode when value sizes shift (64 B fill, delete half, 4 KiB, 512 B until refused) beside memcached -M with slab_automove=1: value bytes kept, refusals, free memory at each refusal.
+    Slabs(cmd::slabs::SlabsArgs),
     /// The echo server `bench rpc` starts as a pinned child process.
     #[command(hide = true)]
     RpcServer(cmd::rpc::RpcServerArgs),
@@ -45,5 +47,6 @@ pub fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::RpcServer(a) => cmd::rpc::serve(a),
         BenchCommand::Auth(a) => cmd::auth::run(a),
         BenchCommand::Bigvalue(a) => cmd::bigvalue::run(a),
+        BenchCommand::Slabs(a) => cmd::slabs::run(a),
     }
 }

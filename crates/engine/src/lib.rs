@@ -15,7 +15,9 @@
 //! - `log`: cache-mode storage, a circular log that evicts FIFO and keeps
 //!   the counters exact by walking what it overwrites.
 //! - `alloc`: store-mode storage, a slab allocator with size classes,
-//!   pages and per-class free lists.
+//!   pages and per-page free lists; pages move between classes.
+//! - `reassign`: store mode's emptying of a page for another class
+//!   (relocating its items), on a write's demand or in the sweep.
 //! - `large`: values over 1 MiB (up to 512 MiB), each one reference-counted
 //!   heap buffer named by a small stub item, with their own budget.
 //! - `partition`: the mode-generic core (lookup, unlink) shared by the
@@ -44,6 +46,7 @@ mod log;
 mod partition;
 mod pool;
 mod put;
+mod reassign;
 mod scan;
 mod stats;
 mod sweep;
@@ -55,7 +58,8 @@ mod tests;
 mod testutil;
 
 pub use alloc::{
-    page_bytes_for_pool, PAGES_PER_POOL_MIN, PAGE_BYTES_MAX, PAGE_BYTES_MIN, SIZE_CLASSES_MAX,
+    page_bytes_for_pool, AUTOMOVE_FREE_PAGES_MIN, AUTOMOVE_PAGES_PER_SWEEP, PAGES_PER_POOL_MIN,
+    PAGE_BYTES_MAX, PAGE_BYTES_MIN, REFUSAL_SLACK_PAGES_PER_CLASS, SIZE_CLASSES_MAX,
     SIZE_CLASS_BYTES_MIN, SIZE_CLASS_GROWTH_DEN, SIZE_CLASS_GROWTH_NUM,
 };
 pub use delete::DeleteResult;
@@ -437,8 +441,24 @@ impl Partition {
     /// Background TTL sweep: visits the next `max_buckets` main buckets
     /// (the cursor wraps; at most every bucket once per call) and reclaims
     /// the expired items there. Returns how many it reclaimed.
+    ///
+    /// In store mode it then runs the background page mover: when no page
+    /// is free, it empties at most [`AUTOMOVE_PAGES_PER_SWEEP`] page of a
+    /// class holding [`AUTOMOVE_FREE_PAGES_MIN`] pages' worth of free
+    /// chunks (counted in `slab_pages_moved` once another class takes it).
     pub fn sweep(&mut self, now_ms: u64, max_buckets: usize) -> usize {
-        dispatch!(&mut self.inner, core => core.sweep(now_ms, max_buckets))
+        match &mut self.inner {
+            Inner::Cache(core) => core.sweep(now_ms, max_buckets),
+            Inner::Store(core) => {
+                let reclaimed = core.sweep(now_ms, max_buckets);
+                for _ in 0..AUTOMOVE_PAGES_PER_SWEEP {
+                    if !core.automove() {
+                        break;
+                    }
+                }
+                reclaimed
+            }
+        }
     }
 
     /// Calls `f(key, value, expire_at_ms)` for every item live at `now_ms`
@@ -464,12 +484,21 @@ impl Partition {
 
     /// The partition's counters.
     pub fn stats(&self) -> PartitionStats {
-        dispatch!(&self.inner, core => PartitionStats {
+        let s = dispatch!(&self.inner, core => PartitionStats {
             large_values: core.large.count,
             large_bytes: core.large.bytes,
             large_bytes_max: core.large.bytes_max,
             ..core.stats
-        })
+        });
+        match &self.inner {
+            Inner::Cache(_) => s,
+            Inner::Store(core) => PartitionStats {
+                slab_pages_moved: core.storage.pages_moved(),
+                slab_items_relocated: core.storage.items_relocated(),
+                slab_free_bytes: core.storage.free_bytes(),
+                ..s
+            },
+        }
     }
 
     /// The largest value this partition can ever hold next to a key of
@@ -495,6 +524,9 @@ impl Partition {
             (items, bytes),
             "counters match a recount"
         );
+        if let Inner::Store(core) = &self.inner {
+            core.storage.check();
+        }
         if let Inner::Cache(core) = &self.inner {
             let live = core
                 .storage
@@ -506,6 +538,38 @@ impl Partition {
                 live as u64, items,
                 "live log records are exactly the indexed items"
             );
+        }
+    }
+
+    /// Store mode: the most free bytes ([`PartitionStats::slab_free_bytes`])
+    /// a refused write of an item of these lengths may leave: its chunk
+    /// plus [`REFUSAL_SLACK_PAGES_PER_CLASS`] pages per other class
+    /// holding pages.
+    #[cfg(test)]
+    pub(crate) fn refusal_bound_bytes(&self, key_len: usize, value_len: usize) -> u64 {
+        let Inner::Store(core) = &self.inner else {
+            return 0;
+        };
+        let s = &core.storage;
+        let Some(class) = s.class_for(item_bytes(key_len, value_len)) else {
+            return 0;
+        };
+        let others = s.classes_with_pages().filter(|&c| c != class).count();
+        (s.chunk_bytes(class) + others * REFUSAL_SLACK_PAGES_PER_CLASS * s.page_bytes()) as u64
+    }
+
+    /// Where the item of `key` is in the pool, if it is indexed.
+    #[cfg(test)]
+    pub(crate) fn position_of(&self, key: &[u8]) -> Option<usize> {
+        dispatch!(&self.inner, core => core.find(KeyHash::of(key), key).map(|hit| hit.pos))
+    }
+
+    /// Store mode: the page size, in bytes.
+    #[cfg(test)]
+    pub(crate) fn page_bytes(&self) -> usize {
+        match &self.inner {
+            Inner::Store(core) => core.storage.page_bytes(),
+            Inner::Cache(_) => 0,
         }
     }
 

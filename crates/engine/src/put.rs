@@ -301,7 +301,18 @@ impl Core<Slab> {
                 self.write_item(old.pos, hash, key, inline, large, expire_at_ms, meta)
             }
             Some(old) => {
-                let Some(pos) = self.storage.alloc(class) else {
+                let vacated = self.storage.pages_vacated();
+                let Some(pos) = self.alloc_chunk(class) else {
+                    return PutResult::InsufficientSpace;
+                };
+                // Emptying a page for this chunk may have moved the old item.
+                let old = if self.storage.pages_vacated() == vacated {
+                    old
+                } else if let Some(moved) = self.find(hash, key) {
+                    moved
+                } else {
+                    debug_assert!(false, "relocation keeps every item");
+                    self.storage.free(pos);
                     return PutResult::InsufficientSpace;
                 };
                 self.drop_value(old.pos, &old.header);
@@ -315,7 +326,7 @@ impl Core<Slab> {
                 if !self.index.can_insert(main) {
                     return PutResult::InsufficientSpace;
                 }
-                let Some(pos) = self.storage.alloc(class) else {
+                let Some(pos) = self.alloc_chunk(class) else {
                     return PutResult::InsufficientSpace;
                 };
                 let n = self.write_item(pos, hash, key, inline, large, expire_at_ms, meta);

@@ -40,6 +40,19 @@ pub struct PartitionStats {
     pub large_bytes: u64,
     /// The budget of `large_bytes`, in bytes.
     pub large_bytes_max: u64,
+    /// Store mode: pages of the pool given to a size class other than the
+    /// one that last held them (emptied by their last delete or by
+    /// relocating their items). Always 0 in cache mode.
+    pub slab_pages_moved: u64,
+    /// Store mode: items copied to another chunk of their class so that
+    /// their page could go to another class. Always 0 in cache mode.
+    pub slab_items_relocated: u64,
+    /// Store mode: bytes of the pool free for new items (free chunks of
+    /// every class and pages no class holds), in bytes. A write is refused
+    /// only while this is below its chunk plus
+    /// `REFUSAL_SLACK_PAGES_PER_CLASS` pages per other class holding pages.
+    /// Always 0 in cache mode, whose log reuses its oldest bytes.
+    pub slab_free_bytes: u64,
 }
 
 impl PartitionStats {
@@ -59,6 +72,9 @@ impl PartitionStats {
         self.large_values += other.large_values;
         self.large_bytes += other.large_bytes;
         self.large_bytes_max += other.large_bytes_max;
+        self.slab_pages_moved += other.slab_pages_moved;
+        self.slab_items_relocated += other.slab_items_relocated;
+        self.slab_free_bytes += other.slab_free_bytes;
     }
 
     /// Share of GETs that missed, in 0.0..=1.0 (0.0 before any GET).

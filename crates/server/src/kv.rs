@@ -352,6 +352,9 @@ impl KvService {
             ("bytes", e.bytes),
             ("pool_bytes", e.pool_bytes),
             ("index_collisions", e.index_collisions),
+            ("slab_pages_moved", e.slab_pages_moved),
+            ("slab_items_relocated", e.slab_items_relocated),
+            ("slab_free_bytes", e.slab_free_bytes),
         ]);
     }
 }

@@ -8,6 +8,9 @@
 //!   beside a raw TCP stream and redis-server;
 //! - [`kv`], [`herd`], [`compare`], [`ps`], [`cache`], [`copy`], [`rpc`],
 //!   [`cluster`]: one per subcommand of the same name;
+//! - [`slabs`]: store mode when value sizes shift (fill, delete half,
+//!   write other sizes until refused) beside memcached with
+//!   `slab_automove=1`, over memcached's text protocol;
 //! - [`sweep`]: the client processes of `bench ps --clients` and `bench
 //!   herd --clients`, released together at a registry barrier.
 //!
@@ -26,6 +29,7 @@ pub mod herd;
 pub mod kv;
 pub mod ps;
 pub mod rpc;
+pub mod slabs;
 pub mod sweep;
 
 /// The CPUs of a `--server-cpus` or `--client-cpus` flag (taskset

@@ -258,6 +258,11 @@ fn stats(sh: &McShared, group: Option<&[u8]>, out: &mut Vec<u8>) {
     stat(out, "limit_maxbytes", sh.pool_bytes);
     stat(out, "evictions", e.evictions + e.index_collisions);
     stat(out, "reclaimed", e.expired);
+    // memcached's names for pages moved between slab classes and items
+    // moved off a page so that it could go (store mode; 0 in cache mode).
+    stat(out, "slabs_moved", e.slab_pages_moved);
+    stat(out, "slab_reassign_rescues", e.slab_items_relocated);
+    stat(out, "fabrickv_slab_free_bytes", e.slab_free_bytes);
     stat(
         out,
         "fabrickv_mode",

@@ -133,7 +133,7 @@ fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
     let list = stats(&mut w);
     let names: Vec<&str> = list.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
-        names[..24],
+        names[..27],
         [
             "gets",
             "hits",
@@ -146,6 +146,9 @@ fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
             "bytes",
             "pool_bytes",
             "index_collisions",
+            "slab_pages_moved",
+            "slab_items_relocated",
+            "slab_free_bytes",
             "frames",
             "ops",
             "frames_refused",
@@ -162,13 +165,13 @@ fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
         ]
     );
     assert_eq!(
-        names[24], "kv_large_receiving_bytes",
+        names[27], "kv_large_receiving_bytes",
         "the native large values being received follow, on worker 0"
     );
-    assert_eq!(names[25], "ps_tables", "the PS store follows, on worker 0");
+    assert_eq!(names[28], "ps_tables", "the PS store follows, on worker 0");
     assert!(names.contains(&"cache_entries"));
     assert_eq!(stat(&list, "frames"), 1);
     assert_eq!(stat(&list, "ops"), 1);
     let other = stats(&mut worker(1));
-    assert_eq!(other.len(), 24, "worker 1 reports no shared store");
+    assert_eq!(other.len(), 27, "worker 1 reports no shared store");
 }
