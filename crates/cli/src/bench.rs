@@ -26,6 +26,8 @@ pub enum BenchCommand {
     Auth(cmd::auth::AuthArgs),
     /// GET/SET of one large value (16 MiB) over RESP beside a raw TCP stream of the same bytes and redis-server: GB/s, p50/p99, ratios.
     Bigvalue(cmd::bigvalue::BigValueArgs),
+    /// The client's CPU per key of a 96-key batched read: mget (a Vec per value) beside mget_into (the caller's buffer), and their ratio.
+    Mget(cmd::mget::MgetArgs),
     /// The echo server `bench rpc` starts as a pinned child process.
     #[command(hide = true)]
     RpcServer(cmd::rpc::RpcServerArgs),
@@ -45,5 +47,6 @@ pub fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::RpcServer(a) => cmd::rpc::serve(a),
         BenchCommand::Auth(a) => cmd::auth::run(a),
         BenchCommand::Bigvalue(a) => cmd::bigvalue::run(a),
+        BenchCommand::Mget(a) => cmd::mget::run(a),
     }
 }

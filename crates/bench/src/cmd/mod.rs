@@ -8,6 +8,8 @@
 //!   beside a raw TCP stream and redis-server;
 //! - [`kv`], [`herd`], [`compare`], [`ps`], [`cache`], [`copy`], [`rpc`],
 //!   [`cluster`]: one per subcommand of the same name;
+//! - [`mget`]: the client's CPU per key of a batched read, `mget`
+//!   beside `mget_into` (values decoded into the caller's buffer);
 //! - [`sweep`]: the client processes of `bench ps --clients` and `bench
 //!   herd --clients`, released together at a registry barrier.
 //!
@@ -24,6 +26,7 @@ pub mod compare;
 pub mod copy;
 pub mod herd;
 pub mod kv;
+pub mod mget;
 pub mod ps;
 pub mod rpc;
 pub mod sweep;
