@@ -189,7 +189,7 @@ impl Sink for MgetBuf {
                 return Ok(());
             }
             code => {
-                if self.refused.map_or(true, |(p, _)| pos < p) {
+                if !matches!(self.refused, Some((p, _)) if p <= pos) {
                     self.refused = Some((pos, code));
                 }
             }

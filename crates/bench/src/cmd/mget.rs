@@ -4,21 +4,27 @@
 //!
 //! A server in this process with one worker pinned to `--server-cpu`;
 //! the calling thread pinned to `--client-cpu`. Each round times a run of
-//! calls of each API in turn (which goes first alternates), reading the
+//! calls of each API in turn (which goes first rotates), reading the
 //! calling thread's CPU time (`/proc/thread-self/schedstat`) before and
 //! after, so that only the client's work is counted, not the server's nor
 //! the time spent waiting for it. Before each run every key group is read
 //! once, unmeasured, and checked against what was stored.
 //!
+//! A third API, `mget-before`, is the body `mget` had before (an
+//! `Outcome` with its own `Vec` per key, from `execute`), so the saving is
+//! measured against today's and yesterday's `mget` in the same run.
+//!
 //! Printed as a table of CPU ns per key (median of the rounds, and the
-//! range), keys per second of wall time, and the ratio mget_into/mget;
-//! with `--json`, one JSON line per API and one for the ratio.
+//! range), keys per second of wall time, and the ratios mget_into/mget
+//! and mget_into/mget-before; with `--json`, one JSON line per API and one
+//! per ratio.
 
 use std::time::Instant;
 
 use clap::Args;
-use fabrickv_client::{Client, Kv, MgetBuf};
+use fabrickv_client::{BatchOp, Client, Kv, MgetBuf};
 use fabrickv_server::{Mode, Server, ServerConfig};
+use fabrickv_types::ErrorCode;
 
 use crate::cpu::thread_cpu_ns;
 use crate::report::{print_table, BenchResult};
@@ -55,8 +61,11 @@ pub struct MgetArgs {
     json: bool,
 }
 
-/// The two APIs measured.
-const APIS: [&str; 2] = ["mget", "mget_into"];
+/// The APIs measured: `mget` and `mget_into` as they are, and
+/// `mget-before`, the body `mget` had before `mget_into` (`execute`, one
+/// `Outcome` with its own `Vec` per key, then a `Vec` of those values),
+/// so that the saving is measured against it in the same run too.
+const APIS: [&str; 3] = ["mget", "mget_into", "mget-before"];
 
 /// What one API cost in one round.
 #[derive(Debug, Clone, Copy)]
@@ -100,6 +109,23 @@ fn check(c: &mut Client, a: &MgetArgs, groups: &[Vec<Vec<u8>>], buf: &mut MgetBu
     wrong
 }
 
+/// `mget` as it was before `mget_into` (for values up to
+/// `VALUE_BYTES_MAX`, all the benchmark stores): `execute` makes one
+/// `Outcome`, with its own `Vec`, per key.
+fn mget_before(c: &mut Client, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, String> {
+    let ops: Vec<_> = keys.iter().map(|k| BatchOp::Get { key: k }).collect();
+    let outcomes = c.execute(&ops).map_err(|e| e.to_string())?;
+    let mut values = Vec::with_capacity(outcomes.len());
+    for o in outcomes {
+        values.push(match o.code {
+            ErrorCode::Ok => Some(o.value),
+            ErrorCode::NotFound => None,
+            code => return Err(format!("mget-before: {code}")),
+        });
+    }
+    Ok(values)
+}
+
 /// `calls` calls of one API, cycling through the groups.
 fn timed(
     c: &mut Client,
@@ -114,12 +140,19 @@ fn timed(
     let cpu = thread_cpu_ns()?;
     for i in 0..calls {
         let keys = &groups[i % groups.len()];
-        if api == "mget" {
-            let v = c.mget(keys).map_err(|e| e.to_string())?;
-            bytes += v.iter().flatten().map(Vec::len).sum::<usize>();
-        } else {
-            c.mget_into(keys, buf).map_err(|e| e.to_string())?;
-            bytes += buf.data().len();
+        match api {
+            "mget" => {
+                let v = c.mget(keys).map_err(|e| e.to_string())?;
+                bytes += v.iter().flatten().map(Vec::len).sum::<usize>();
+            }
+            "mget_into" => {
+                c.mget_into(keys, buf).map_err(|e| e.to_string())?;
+                bytes += buf.data().len();
+            }
+            _ => {
+                let v = mget_before(c, keys)?;
+                bytes += v.iter().flatten().map(Vec::len).sum::<usize>();
+            }
         }
     }
     let cpu_ns = thread_cpu_ns()?.saturating_sub(cpu);
@@ -132,6 +165,53 @@ fn timed(
         cpu_ns_per_key: cpu_ns as f64 / keys.max(1.0),
         keys_per_s: keys / seconds.max(1e-9),
     })
+}
+
+/// What [`measure`] found: each API's runs, the ratios mget_into/mget and
+/// mget_into/mget-before of each round, and how many values read back wrong.
+type Measured = ([Vec<Run>; 3], Vec<[f64; 2]>, u64);
+
+/// Connects to `addr`, stores every group, then runs the rounds.
+fn measure(a: &MgetArgs, addr: &str) -> Result<Measured, String> {
+    let mut c = Client::connect(addr).map_err(|e| e.to_string())?;
+    let groups: Vec<Vec<Vec<u8>>> = (0..a.groups)
+        .map(|g| {
+            (0..a.keys)
+                .map(|k| format!("bench:mget:{g}:{k}").into_bytes())
+                .collect()
+        })
+        .collect();
+    for (g, keys) in groups.iter().enumerate() {
+        let items: Vec<(&[u8], Vec<u8>)> = keys
+            .iter()
+            .enumerate()
+            .map(|(k, key)| (&key[..], value(a, g, k)))
+            .collect();
+        c.mput(&items, None).map_err(|e| e.to_string())?;
+    }
+    let mut buf = MgetBuf::new();
+    let mut runs: [Vec<Run>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    let mut round_ratios = Vec::new();
+    let mut wrong = 0;
+    for r in 0..a.rounds {
+        // Alternate which goes first, so neither always runs warm.
+        let mut order = [0, 1, 2];
+        order.rotate_left(r % 3);
+        let mut this = [None, None, None];
+        for i in order {
+            wrong += check(&mut c, a, &groups, &mut buf);
+            let run = timed(&mut c, APIS[i], a.calls, &groups, &mut buf)?;
+            this[i] = Some(run);
+            runs[i].push(run);
+        }
+        if let [Some(old), Some(new), Some(before)] = this {
+            round_ratios.push([
+                new.cpu_ns_per_key / old.cpu_ns_per_key.max(1e-9),
+                new.cpu_ns_per_key / before.cpu_ns_per_key.max(1e-9),
+            ]);
+        }
+    }
+    Ok((runs, round_ratios, wrong))
 }
 
 /// The median and the range of some values.
@@ -150,7 +230,6 @@ pub fn run(a: MgetArgs) -> Result<(), String> {
             "--rounds, --calls, --keys, --groups and --value-size must be at least 1".into(),
         );
     }
-    crate::pin_current_thread(a.client_cpu);
     let mut rows = Vec::new();
     let mut results = Vec::new();
     let mut ratios = Vec::new();
@@ -165,43 +244,23 @@ pub fn run(a: MgetArgs) -> Result<(), String> {
             ..ServerConfig::default()
         })
         .map_err(|e| e.to_string())?;
-        let mut c = Client::connect(handle.addr()).map_err(|e| e.to_string())?;
-        let groups: Vec<Vec<Vec<u8>>> = (0..a.groups)
-            .map(|g| {
-                (0..a.keys)
-                    .map(|k| format!("bench:mget:{g}:{k}").into_bytes())
-                    .collect()
+        // The client runs on a thread of its own, pinned: the server's
+        // threads (started from this one) keep their own affinity.
+        let addr = handle.addr().to_string();
+        let measured = std::thread::scope(|s| {
+            s.spawn(|| {
+                crate::pin_current_thread(a.client_cpu);
+                measure(&a, &addr)
             })
-            .collect();
-        for (g, keys) in groups.iter().enumerate() {
-            let items: Vec<(&[u8], Vec<u8>)> = keys
-                .iter()
-                .enumerate()
-                .map(|(k, key)| (&key[..], value(&a, g, k)))
-                .collect();
-            c.mput(&items, None).map_err(|e| e.to_string())?;
-        }
-        let mut buf = MgetBuf::new();
-        let mut runs: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
-        let mut round_ratios = Vec::new();
-        let mut wrong = 0;
-        for r in 0..a.rounds {
-            let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
-            let mut this = [None, None];
-            for i in order {
-                wrong += check(&mut c, &a, &groups, &mut buf);
-                let run = timed(&mut c, APIS[i], a.calls, &groups, &mut buf)?;
-                this[i] = Some(run);
-                runs[i].push(run);
-            }
-            if let [Some(old), Some(new)] = this {
-                round_ratios.push(new.cpu_ns_per_key / old.cpu_ns_per_key.max(1e-9));
-            }
-        }
+            .join()
+        });
+        handle.shutdown();
+        let (runs, round_ratios, wrong) =
+            measured.map_err(|_| format!("{transport}: the client thread panicked"))??;
         if wrong != 0 {
             return Err(format!("{transport}: {wrong} values read back wrong"));
         }
-        let mut medians = [0.0; 2];
+        let mut medians = [0.0; 3];
         for (i, api) in APIS.iter().enumerate() {
             let (cpu, lo, hi) = median_min_max(runs[i].iter().map(|r| r.cpu_ns_per_key).collect());
             let (kps, _, _) = median_min_max(runs[i].iter().map(|r| r.keys_per_s).collect());
@@ -239,26 +298,27 @@ pub fn run(a: MgetArgs) -> Result<(), String> {
                 }),
             });
         }
-        let ratio = medians[1] / medians[0].max(1e-9);
-        let (_, rlo, rhi) = median_min_max(round_ratios.clone());
-        rows.push(vec![
-            transport.to_string(),
-            "mget_into/mget".into(),
-            format!("{ratio:.3}x"),
-            format!("{rlo:.3}-{rhi:.3}x"),
-            String::new(),
-        ]);
-        ratios.push(serde_json::json!({
-            "bench": "mget",
-            "case": format!("ratio {transport} k{}", a.keys),
-            "transport": transport,
-            "keys_per_call": a.keys,
-            "value_bytes": a.value_size,
-            "ratio_cpu_per_key": ratio,
-            "ratio_per_round": round_ratios,
-        }));
-        drop(c);
-        handle.shutdown();
+        for (j, vs) in [(0, "mget"), (2, "mget-before")] {
+            let ratio = medians[1] / medians[j].max(1e-9);
+            let per_round: Vec<f64> = round_ratios.iter().map(|r| r[j / 2]).collect();
+            let (_, rlo, rhi) = median_min_max(per_round.clone());
+            rows.push(vec![
+                transport.to_string(),
+                format!("mget_into/{vs}"),
+                format!("{ratio:.3}x"),
+                format!("{rlo:.3}-{rhi:.3}x"),
+                String::new(),
+            ]);
+            ratios.push(serde_json::json!({
+                "bench": "mget",
+                "case": format!("ratio mget_into/{vs} {transport} k{}", a.keys),
+                "transport": transport,
+                "keys_per_call": a.keys,
+                "value_bytes": a.value_size,
+                "ratio_cpu_per_key": ratio,
+                "ratio_per_round": per_round,
+            }));
+        }
     }
     print_table(
         &[
