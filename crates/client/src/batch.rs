@@ -6,7 +6,9 @@
 //!    frame is posted before any reply is awaited, and each connection is
 //!    flushed once.
 //! 3. Replies are read per connection in request order and their results
-//!    scattered back to the operations' positions.
+//!    landed at the operations' positions in a [`Sink`]: [`Outcomes`] (one
+//!    `Outcome` each, for [`execute`]) or the caller's `MgetBuf` (values
+//!    copied straight from the reply frames, for `Kv::mget_into`).
 //!
 //! Steps 1-2 ([`post`]) and 3 ([`collect`]) are separate so that the
 //! cluster client can post its parts to every server before it waits on
@@ -233,7 +235,7 @@ pub(crate) fn execute(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome
 }
 
 /// [`execute`] of a batch [`validate`] has passed.
-pub(crate) fn execute_valid(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
+fn execute_valid(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
     let mut out = Outcomes::new(ops.len());
     run_valid(c, ops, &mut out, &mut Vec::new())?;
     out.finish()

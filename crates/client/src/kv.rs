@@ -1,6 +1,8 @@
 //! The key-value calls every kv client offers ([`Kv`]), written once over
-//! its `execute`: a [`crate::Client`] runs them on one server, a
-//! [`crate::ClusterClient`] splits them across a cluster.
+//! its `execute` (and `execute_into`, which lands GET values in the
+//! caller's [`MgetBuf`]): a [`crate::Client`] runs them on one server, a
+//! [`crate::ClusterClient`] splits them across a cluster. `get` and `mget`
+//! are `mget_into`, so reads have one decode path.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
