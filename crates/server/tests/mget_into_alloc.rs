@@ -16,9 +16,10 @@ mod common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use fabrickv_client::{Client, Kv, MgetBuf};
+use fabrickv_client::{Client, ClusterClient, ClusterOptions, Kv, MgetBuf};
+use fabrickv_cluster::Cluster;
 
-use common::{keys_of_worker, value_of, TestServer, Transport};
+use common::{keys_of_worker, value_of, TestServer, Transport, TIMEOUT};
 
 /// The system allocator, counting the allocations of threads that asked.
 struct Counting;
@@ -137,4 +138,71 @@ fn a_warm_mget_into_allocates_nothing_per_key(t: Transport) {
     s.shutdown();
 }
 
-transport_tests!(a_warm_mget_into_allocates_nothing_per_key);
+/// Most allocations a warm call on a two-server cluster may make,
+/// whatever its key count (the keys' hashes, the split by server, and
+/// each server's part as on one server).
+const CLUSTER_CALL_ALLOCS_MAX: u64 = 32;
+
+fn a_warm_cluster_mget_into_allocates_nothing_per_key(t: Transport) {
+    let ss = [TestServer::default_on(t), TestServer::default_on(t)];
+    let cluster = Cluster::of_addrs("it", &[ss[0].addr.as_str(), ss[1].addr.as_str()])
+        .expect("a valid cluster");
+    let opts = ClusterOptions {
+        transport: None,
+        timeout: TIMEOUT,
+    };
+    let mut c = ClusterClient::connect(&cluster, opts).expect("cluster client connects");
+    // 24 keys for each (server, worker) pair, and 2 of them for the small
+    // call: both calls post one frame to each worker of each server.
+    let mut by_pair: [Vec<Vec<u8>>; 4] = Default::default();
+    for i in 0u64.. {
+        if by_pair.iter().all(|p| p.len() == 24) {
+            break;
+        }
+        let k = format!("calloc-{i}").into_bytes();
+        let s = c.server_of(&k);
+        let w = c.server(s).expect("server").worker_of(&k);
+        let p = &mut by_pair[(s * 2) as usize + usize::from(w)];
+        if p.len() < 24 {
+            p.push(k);
+        }
+    }
+    let keys: Vec<Vec<u8>> = by_pair.concat();
+    let small: Vec<Vec<u8>> = by_pair.iter().flat_map(|p| p[..2].to_vec()).collect();
+    for (i, k) in keys.iter().enumerate() {
+        c.put(k, &value_of(i as u64, i * 13 % 300)).expect("put");
+    }
+    let mut buf = MgetBuf::new();
+    let mut call = |keys: &[Vec<u8>], buf: &mut MgetBuf| {
+        allocations(|| c.mget_into(keys, buf).expect("mget_into"))
+    };
+    for _ in 0..4 {
+        call(&keys, &mut buf);
+        call(&small, &mut buf);
+    }
+    let many = (0..5)
+        .map(|_| call(&keys, &mut buf))
+        .min()
+        .unwrap_or(u64::MAX);
+    for (i, _) in keys.iter().enumerate() {
+        assert_eq!(buf.get(i), Some(&value_of(i as u64, i * 13 % 300)[..]));
+    }
+    let few = (0..5).map(|_| call(&small, &mut buf)).min().unwrap_or(0);
+    eprintln!("{t:?}: a warm cluster mget_into took {many} allocations for 96 keys, {few} for 8");
+    assert!(
+        many <= few,
+        "96 keys took {many} allocations, 8 keys {few}: some grow with the keys"
+    );
+    assert!(
+        many <= CLUSTER_CALL_ALLOCS_MAX,
+        "a warm 96-key cluster call took {many} allocations"
+    );
+    for s in ss {
+        s.shutdown();
+    }
+}
+
+transport_tests!(
+    a_warm_mget_into_allocates_nothing_per_key,
+    a_warm_cluster_mget_into_allocates_nothing_per_key,
+);
