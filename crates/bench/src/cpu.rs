@@ -34,6 +34,22 @@ pub fn process_cpu_ns(pid: u32) -> Result<u64, String> {
     }
 }
 
+/// CPU time (user + system) the calling thread has spent so far, in
+/// nanoseconds: the first field of `/proc/thread-self/schedstat`, or
+/// utime + stime of `/proc/thread-self/stat` (to the tick) without it.
+/// `bench mget` reads it around a run of calls, so that only the client's
+/// own work is counted, not the server's nor the waits.
+pub fn thread_cpu_ns() -> Result<u64, String> {
+    let path = "/proc/thread-self/schedstat";
+    if let Ok(text) = std::fs::read_to_string(path) {
+        return parse_schedstat(&text).ok_or_else(|| format!("unexpected {path}: {text:?}"));
+    }
+    let path = "/proc/thread-self/stat";
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let ticks = parse_stat_ticks(&text).ok_or_else(|| format!("unexpected {path}: {text:?}"))?;
+    Ok(ticks.saturating_mul(1_000_000_000 / CLK_TCK))
+}
+
 /// The sum of the first schedstat field over the threads of `pid`; `None`
 /// when no thread has a readable schedstat (a kernel without it).
 fn schedstat_ns(pid: u32) -> Result<Option<u64>, String> {

@@ -28,6 +28,8 @@ pub enum BenchCommand {
     Bigvalue(cmd::bigvalue::BigValueArgs),
     /// Store mode when value sizes shift (64 B fill, delete half, 4 KiB, 512 B until refused) beside memcached -M with slab_automove=1: value bytes kept, refusals, free memory at each refusal.
     Slabs(cmd::slabs::SlabsArgs),
+    /// The client's CPU per key of a 96-key batched read: mget (a Vec per value) beside mget_into (the caller's buffer), and their ratio.
+    Mget(cmd::mget::MgetArgs),
     /// The echo server `bench rpc` starts as a pinned child process.
     #[command(hide = true)]
     RpcServer(cmd::rpc::RpcServerArgs),
@@ -48,5 +50,6 @@ pub fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::Auth(a) => cmd::auth::run(a),
         BenchCommand::Bigvalue(a) => cmd::bigvalue::run(a),
         BenchCommand::Slabs(a) => cmd::slabs::run(a),
+        BenchCommand::Mget(a) => cmd::mget::run(a),
     }
 }

@@ -249,4 +249,15 @@ impl Kv for Conn {
             Conn::Many(c) => c.execute(ops),
         }
     }
+
+    fn execute_into(
+        &mut self,
+        ops: &[fabrickv_client::BatchOp<'_>],
+        buf: &mut fabrickv_client::MgetBuf,
+    ) -> fabrickv_client::Result<()> {
+        match self {
+            Conn::One(c) => c.execute_into(ops, buf),
+            Conn::Many(c) => c.execute_into(ops, buf),
+        }
+    }
 }

@@ -1,15 +1,19 @@
 //! The key-value calls every kv client offers ([`Kv`]), written once over
-//! its `execute`: a [`crate::Client`] runs them on one server, a
-//! [`crate::ClusterClient`] splits them across a cluster.
+//! its `execute` (and `execute_into`, which lands GET values in the
+//! caller's [`MgetBuf`]): a [`crate::Client`] runs them on one server, a
+//! [`crate::ClusterClient`] splits them across a cluster. `get` and `mget`
+//! are `mget_into`, so reads have one decode path.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use fabrickv_types::limits::{LARGE_CHUNK_BYTES_MAX, LARGE_VALUE_BYTES_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::ErrorCode;
-use fabrickv_wire::{PutCondition, LARGE_RESULT_BYTES};
+use fabrickv_wire::PutCondition;
 
-use crate::{BatchOp, ClientError, Outcome, Result};
+use crate::batch::Sink;
+use crate::mget::{large_head, Large};
+use crate::{BatchOp, ClientError, MgetBuf, Outcome, Result};
 
 /// Reads, writes and deletes of keys, over a client's batch executor.
 ///
@@ -76,23 +80,57 @@ pub trait Kv {
 
     /// Reads many keys, all in flight at once; results in order. A value
     /// over `VALUE_BYTES_MAX` (answered `LARGE_VALUE`) is then read on its
-    /// own, in GET_CHUNK pieces.
+    /// own, in GET_CHUNK pieces. [`Kv::mget_into`] with a fresh buffer.
     fn mget<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut buf = MgetBuf::new();
+        self.mget_into(keys, &mut buf)?;
+        Ok(buf.into_vecs())
+    }
+
+    /// [`Kv::mget`] into the caller's buffer: the values are copied from
+    /// the reply frames straight into `buf` (cleared first, its allocation
+    /// kept), so a call allocates per frame and never per key, and nothing
+    /// at all for values once `buf` has grown to the workload. Values over
+    /// `VALUE_BYTES_MAX` are read in GET_CHUNK pieces into `buf` too.
+    ///
+    /// Fails as `mget` does: with the code of the first key (in `keys`'
+    /// order) the server refused. After an error `buf`'s contents are
+    /// unspecified.
+    fn mget_into<K: AsRef<[u8]>>(&mut self, keys: &[K], buf: &mut MgetBuf) -> Result<()> {
         let ops: Vec<_> = keys
             .iter()
             .map(|k| BatchOp::Get { key: k.as_ref() })
             .collect();
-        let outcomes = self.execute(&ops)?;
-        let mut values = Vec::with_capacity(outcomes.len());
-        for (o, k) in outcomes.into_iter().zip(keys) {
-            values.push(match o.code {
-                ErrorCode::Ok => Some(o.value),
-                ErrorCode::NotFound => None,
-                ErrorCode::LargeValue => Some(get_large(self, k.as_ref(), &o.value)?),
-                _ => return Err(o.into_error()),
-            });
+        buf.start(keys.len());
+        self.execute_into(&ops, buf)?;
+        let refused = buf.finish_batch()?;
+        // Large values in key order, up to the first refused key, as
+        // `mget` always read them: a failure there is the call's error.
+        let stop = refused.map_or(usize::MAX, |(pos, _)| pos);
+        let mut i = 0;
+        while let Some(l) = buf.large(i).filter(|l| l.pos < stop) {
+            read_large(self, keys[l.pos].as_ref(), l, buf)?;
+            i += 1;
         }
-        Ok(values)
+        match refused {
+            Some((_, code)) => Err(ClientError::Server {
+                code,
+                message: String::new(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a batch of GETs, landing each result in `buf` (by position).
+    /// `Client` and `ClusterClient` decode the reply frames straight into
+    /// it; this default (for other implementors) lands `execute`'s
+    /// outcomes.
+    #[doc(hidden)]
+    fn execute_into(&mut self, ops: &[BatchOp<'_>], buf: &mut MgetBuf) -> Result<()> {
+        for (pos, o) in self.execute(ops)?.into_iter().enumerate() {
+            buf.land(pos, o.code, &o.value)?;
+        }
+        Ok(())
     }
 
     /// Stores many values, all in flight at once; fails on the first
@@ -141,11 +179,26 @@ impl Kv for crate::Client {
     fn execute(&mut self, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
         crate::batch::execute(self, ops)
     }
+
+    fn execute_into(&mut self, ops: &[BatchOp<'_>], buf: &mut MgetBuf) -> Result<()> {
+        crate::batch::validate(ops)?;
+        let mut again = std::mem::take(&mut buf.again);
+        let r = crate::batch::run_valid(self, ops, buf, &mut again);
+        buf.again = again;
+        r
+    }
 }
 
 impl Kv for crate::ClusterClient {
     fn execute(&mut self, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
         crate::ClusterClient::execute(self, ops)
+    }
+
+    fn execute_into(&mut self, ops: &[BatchOp<'_>], buf: &mut MgetBuf) -> Result<()> {
+        let mut again = std::mem::take(&mut buf.again);
+        let r = self.run(ops, buf, &mut again);
+        buf.again = again;
+        r
     }
 }
 
@@ -211,29 +264,64 @@ fn put_large<K: Kv + ?Sized>(
     Ok(true)
 }
 
-/// Reads the value a GET answered `LARGE_VALUE` for (`head`: its total
-/// length and pin tag) in GET_CHUNK pieces, into one buffer.
-fn get_large<K: Kv + ?Sized>(kv: &mut K, key: &[u8], head: &[u8]) -> Result<Vec<u8>> {
-    if head.len() != LARGE_RESULT_BYTES {
-        return Err(ClientError::Protocol("bad LARGE_VALUE result".into()));
+/// Reads the large value of key `l.pos` into `buf`. A connection pins one
+/// value at a time, so of two keys answered `LARGE_VALUE` on one
+/// connection in one batch only the later is still pinned: the earlier's
+/// GET_CHUNK is answered `NO_SUCH_TRANSFER`, and the key is read again
+/// on its own (a fresh GET, and its pin) once.
+fn read_large<K: Kv + ?Sized>(kv: &mut K, key: &[u8], l: Large, buf: &mut MgetBuf) -> Result<()> {
+    let start = buf.data().len();
+    match get_large_into(kv, key, l.total, l.tag, buf.data_mut()) {
+        Ok(()) => {
+            buf.set_span(l.pos, start);
+            Ok(())
+        }
+        Err(e) if e.code() == ErrorCode::NoSuchTransfer => {
+            buf.data_mut().truncate(start);
+            let o = kv
+                .execute(&[BatchOp::Get { key }])?
+                .pop()
+                .ok_or_else(|| ClientError::Protocol("missing result".into()))?;
+            match o.code {
+                ErrorCode::Ok => {
+                    buf.data_mut().extend_from_slice(&o.value);
+                    buf.set_span(l.pos, start);
+                }
+                ErrorCode::NotFound => buf.clear_span(l.pos),
+                ErrorCode::LargeValue => {
+                    let again = large_head(l.pos, &o.value)?;
+                    get_large_into(kv, key, again.total, again.tag, buf.data_mut())?;
+                    buf.set_span(l.pos, start);
+                }
+                _ => return Err(o.into_error()),
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
-    let le = |b: &[u8]| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(b);
-        u64::from_le_bytes(w)
-    };
-    let (total, tag) = (le(&head[..8]), le(&head[8..]));
-    if total > LARGE_VALUE_BYTES_MAX as u64 {
-        return Err(ClientError::Protocol(format!(
-            "LARGE_VALUE of {total} bytes exceeds {LARGE_VALUE_BYTES_MAX}"
-        )));
-    }
-    let total = total as usize;
-    let mut value = Vec::with_capacity(total);
-    while value.len() < total {
+}
+
+/// Reads the value a GET answered `LARGE_VALUE` for (`total` bytes long,
+/// pinned under `tag`) in GET_CHUNK pieces, appending it to `value`.
+fn get_large_into<K: Kv + ?Sized>(
+    kv: &mut K,
+    key: &[u8],
+    total: usize,
+    tag: u64,
+    value: &mut Vec<u8>,
+) -> Result<()> {
+    let start = value.len();
+    value.reserve(total);
+    // The server unpins the value once its last piece is read, so the
+    // last piece never shares a round with others: a short last piece
+    // fits the reply frame beside the first where the pieces between are
+    // answered REPLY_FULL, and reading it would unpin them.
+    let last = total.saturating_sub(1) / LARGE_CHUNK_BYTES_MAX * LARGE_CHUNK_BYTES_MAX;
+    while value.len() - start < total {
+        let from = value.len() - start;
         let ops: Vec<_> = (0..LARGE_CHUNKS_IN_FLIGHT)
-            .map(|i| value.len() + i * LARGE_CHUNK_BYTES_MAX)
-            .take_while(|&at| at < total)
+            .map(|i| from + i * LARGE_CHUNK_BYTES_MAX)
+            .take_while(|&at| at < total && (at < last || at == from))
             .map(|at| BatchOp::GetChunk {
                 key,
                 tag,
@@ -260,7 +348,7 @@ fn get_large<K: Kv + ?Sized>(kv: &mut K, key: &[u8], head: &[u8]) -> Result<Vec<
             value.extend_from_slice(&o.value);
         }
     }
-    Ok(value)
+    Ok(())
 }
 
 /// A TTL in wire milliseconds: at least 1 ms (0 means none), saturating

@@ -15,7 +15,8 @@
 //! cache and shard clients all stand on; [`batch`] the pipelined executor
 //! every kv call goes through; [`Kv`] the key-value calls (`get`, `put`,
 //! `mget`, ...) written once over `execute`, for [`Client`] and
-//! [`ClusterClient`] alike; [`ps`], [`cache`] and [`shard`] the other
+//! [`ClusterClient`] alike; [`MgetBuf`] the caller's buffer that
+//! `mget_into` decodes values into, with no allocation per key; [`ps`], [`cache`] and [`shard`] the other
 //! services' clients; [`cluster`] the clients of a whole cluster.
 
 mod batch;
@@ -23,6 +24,7 @@ pub mod cache;
 pub mod cluster;
 mod conn;
 mod kv;
+mod mget;
 pub mod ps;
 pub mod shard;
 
@@ -45,6 +47,7 @@ pub use conn::{server_workers, CONN_REQUESTS_IN_FLIGHT_MAX};
 pub use fabrickv_cluster::{Cluster, ServerDesc};
 pub use fabrickv_wire::ps::{Missing, Optimizer, TableDesc, TableSpec};
 pub use kv::Kv;
+pub use mget::MgetBuf;
 pub use ps::{PsClient, PullId, Pulled};
 pub use shard::ShardClient;
 

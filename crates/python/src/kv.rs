@@ -72,15 +72,14 @@ impl Client {
     }
 }
 
-/// The values of an `mget` as Python sees them: bytes, None when absent.
-pub(crate) fn values_to_py(
-    py: Python<'_>,
-    values: Vec<Option<Vec<u8>>>,
-) -> Vec<Option<Bound<'_, PyBytes>>> {
-    values
-        .into_iter()
-        .map(|v| v.map(|v| PyBytes::new(py, &v)))
-        .collect()
+/// The values of an `mget` as Python sees them: bytes, None when absent,
+/// each made straight from the buffer the client decoded them into (no
+/// `Vec` per value on the way).
+pub(crate) fn buf_to_py<'py>(
+    py: Python<'py>,
+    buf: &fabrickv_client::MgetBuf,
+) -> Vec<Option<Bound<'py, PyBytes>>> {
+    buf.iter().map(|v| v.map(|v| PyBytes::new(py, v))).collect()
 }
 
 /// The pairs of an `mput`: `[(key, value), ...]`, `{key: value}`, or

@@ -126,8 +126,9 @@ macro_rules! kv_calls {
                 keys: Vec<pyo3::Bound<'py, pyo3::types::PyBytes>>,
             ) -> pyo3::PyResult<Vec<Option<pyo3::Bound<'py, pyo3::types::PyBytes>>>> {
                 let slices = crate::kv::key_slices(&keys);
-                let values = self.call(py, |c| c.mget(&slices))?;
-                Ok(crate::kv::values_to_py(py, values))
+                let mut buf = fabrickv_client::MgetBuf::new();
+                self.call(py, |c| c.mget_into(&slices, &mut buf))?;
+                Ok(crate::kv::buf_to_py(py, &buf))
             }
 
             #[doc = concat!(

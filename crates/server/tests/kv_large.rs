@@ -72,7 +72,39 @@ fn large_values_round_trip(t: Transport) {
     s.shutdown();
 }
 
-transport_tests!(large_values_round_trip);
+/// Regression: a value whose last GET_CHUNK piece is short (3 MiB + 5
+/// bytes) came back `NO_SUCH_TRANSFER`. The pieces in flight shared a
+/// reply frame; the pieces between the first and the last were answered
+/// `REPLY_FULL`, the short last one fitted and was read, which unpins the
+/// value, so the pieces sent again found nothing. The client now reads
+/// the last piece in a round of its own.
+fn a_short_last_piece_does_not_unpin_the_rest(t: Transport) {
+    let s = server(t, false);
+    let mut c = s.client();
+    for (i, len) in [3 * MIB + 5, 2 * MIB + 1, 5 * MIB - 1]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("short-tail-{i}").into_bytes();
+        let v = value(len, i as u8 + 40);
+        c.put(&key, &v).expect("put");
+        let got = c.get(&key).expect("get").expect("present");
+        assert!(got == v, "value {i} ({len} bytes) differs");
+    }
+    // Two keys answered LARGE_VALUE on one connection in one batch: only
+    // the later is still pinned, so the earlier is read again on its own.
+    let keys: [&[u8]; 3] = [b"short-tail-0", b"short-tail-0", b"short-tail-1"];
+    let got = c.mget(&keys).expect("mget");
+    assert!(got[0].as_deref() == Some(&value(3 * MIB + 5, 40)[..]));
+    assert!(got[1] == got[0]);
+    assert!(got[2].as_deref() == Some(&value(2 * MIB + 1, 41)[..]));
+    s.shutdown();
+}
+
+transport_tests!(
+    large_values_round_trip,
+    a_short_last_piece_does_not_unpin_the_rest
+);
 
 struct Resp {
     w: TcpStream,

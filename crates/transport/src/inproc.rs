@@ -193,6 +193,10 @@ impl WorkerPort for InprocPort {
     }
 }
 
+/// Most bytes an [`InprocEndpoint`] reserves for a message before building
+/// it (64 KiB): larger messages grow as they are built.
+pub const MESSAGE_RESERVE_BYTES_MAX: usize = 64 << 10;
+
 /// The client side of an in-process connection.
 pub struct InprocEndpoint {
     id: ConnId,
@@ -201,6 +205,12 @@ pub struct InprocEndpoint {
     queued: Vec<Vec<u8>>,
     received: std::collections::VecDeque<Vec<u8>>,
     closed: bool,
+    /// The largest message posted so far, up to
+    /// [`MESSAGE_RESERVE_BYTES_MAX`]: each message (handed over to the
+    /// server, so never reused) is allocated at that size, once, rather
+    /// than grown by doubling as it is built, so a warm client allocates
+    /// once per frame whatever the frame holds.
+    msg_bytes_hint: usize,
 }
 
 impl InprocEndpoint {
@@ -233,6 +243,7 @@ impl InprocEndpoint {
             queued: Vec::new(),
             received: std::collections::VecDeque::new(),
             closed: false,
+            msg_bytes_hint: 0,
         })
     }
 
@@ -259,11 +270,14 @@ impl InprocEndpoint {
 
 impl Endpoint for InprocEndpoint {
     fn post_with(&mut self, build: &mut dyn FnMut(&mut Vec<u8>)) -> Result<()> {
-        let mut msg = Vec::new();
+        let mut msg = Vec::with_capacity(self.msg_bytes_hint);
         build(&mut msg);
         if msg.is_empty() || msg.len() > MESSAGE_BYTES_MAX {
             return Err(TransportError::MessageTooLarge(msg.len()));
         }
+        self.msg_bytes_hint = self
+            .msg_bytes_hint
+            .max(msg.len().min(MESSAGE_RESERVE_BYTES_MAX));
         self.queued.push(msg);
         Ok(())
     }

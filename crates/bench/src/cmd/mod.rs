@@ -11,6 +11,8 @@
 //! - [`slabs`]: store mode when value sizes shift (fill, delete half,
 //!   write other sizes until refused) beside memcached with
 //!   `slab_automove=1`, over memcached's text protocol;
+//! - [`mget`]: the client's CPU per key of a batched read, `mget`
+//!   beside `mget_into` (values decoded into the caller's buffer);
 //! - [`sweep`]: the client processes of `bench ps --clients` and `bench
 //!   herd --clients`, released together at a registry barrier.
 //!
@@ -27,6 +29,7 @@ pub mod compare;
 pub mod copy;
 pub mod herd;
 pub mod kv;
+pub mod mget;
 pub mod ps;
 pub mod rpc;
 pub mod slabs;

@@ -166,41 +166,60 @@ impl ClusterClient {
     /// anything; a server failing mid-batch fails it (the parts already
     /// applied elsewhere stay applied).
     pub fn execute(&mut self, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
+        let mut out = batch::Outcomes::new(ops.len());
+        self.run(ops, &mut out, &mut Vec::new())?;
+        out.finish()
+    }
+
+    /// [`ClusterClient::execute`], landing every result in `sink`
+    /// (`again`: scratch for the operations sent again). Allocates per
+    /// server and per frame, never per operation.
+    pub(crate) fn run<S: batch::Sink>(
+        &mut self,
+        ops: &[BatchOp<'_>],
+        sink: &mut S,
+        again: &mut Vec<usize>,
+    ) -> Result<()> {
         batch::validate(ops)?;
         let n = self.m.size();
         if n == 1 {
             // One server: the plain client's path, with no split.
             let c = self.m.ensure(0)?;
-            return batch::execute_valid(c, ops).map_err(|e| self.m.fail(0, e));
+            return batch::run_valid(c, ops, sink, again).map_err(|e| self.m.fail(0, e));
         }
         // Each key is hashed once: the hash picks the server here and the
         // worker inside it.
         let hashes: Vec<KeyHash> = ops.iter().map(|o| KeyHash::of(o.key())).collect();
-        let mut parts: Vec<Vec<usize>> = vec![Vec::new(); n as usize];
+        let mut counts = vec![0usize; n as usize];
+        for h in &hashes {
+            counts[server_of_hash(h.0, n) as usize] += 1;
+        }
+        let mut parts: Vec<Vec<usize>> = counts.iter().map(|&k| Vec::with_capacity(k)).collect();
         for (i, h) in hashes.iter().enumerate() {
             parts[server_of_hash(h.0, n) as usize].push(i);
         }
-        let mut out: Vec<Option<Outcome>> = vec![None; ops.len()];
         loop {
-            self.round(ops, &parts, &hashes, &mut out)?;
+            self.round(ops, &parts, &hashes, sink)?;
             // GETs that did not fit their reply frame go again.
-            for p in &mut parts {
-                p.retain(|&i| batch::is_reply_full(&out[i]));
+            sink.reply_full(again);
+            if again.is_empty() {
+                return Ok(());
             }
-            if parts.iter().all(Vec::is_empty) {
-                return batch::finish(out);
+            parts.iter_mut().for_each(Vec::clear);
+            for &i in again.iter() {
+                parts[server_of_hash(hashes[i].0, n) as usize].push(i);
             }
         }
     }
 
     /// One round of a split batch: connect every server with a part,
     /// post every part, then collect every part by one deadline.
-    fn round(
+    fn round<S: batch::Sink>(
         &mut self,
         ops: &[BatchOp<'_>],
         parts: &[Vec<usize>],
         hashes: &[KeyHash],
-        out: &mut [Option<Outcome>],
+        out: &mut S,
     ) -> Result<()> {
         for (s, p) in parts.iter().enumerate() {
             if !p.is_empty() {
