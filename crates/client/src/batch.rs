@@ -1,6 +1,8 @@
 //! The pipelined executor behind every client call.
 //!
-//! 1. Each operation goes to the worker that owns its key.
+//! 1. Each operation goes to the worker the partition table names for its
+//!    key's partition; a reply with the WRONG_WORKER hint marks the table
+//!    stale, and the next call fetches it first.
 //! 2. Per worker, operations are packed into frames of at most
 //!    `BATCH_OPS_MAX` operations and `FRAME_BODY_BYTES_MAX` bytes; every
 //!    frame is posted before any reply is awaited, and each connection is
@@ -168,7 +170,28 @@ pub(crate) struct Pending {
 /// Each round makes progress: the first GET of a frame always fits.
 pub(crate) fn execute(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
     validate(ops)?;
+    refresh_if_stale(c, ops);
     execute_valid(c, ops)
+}
+
+/// Fetches the partition table again when a reply said it moved on, with
+/// nothing in flight. Never before a batch of large-value pieces: a
+/// transfer's pieces must all reach the connection that holds it, and its
+/// batches run back to back (the refresh waits for the next other call).
+/// A refresh that fails leaves the old table, which still works: the
+/// server serves a partition on any worker.
+fn refresh_if_stale(c: &mut Client, ops: &[BatchOp<'_>]) {
+    if !c.table_stale
+        || c.sessions.in_flight() > 0
+        || ops
+            .iter()
+            .any(|op| matches!(op, BatchOp::PutChunk { .. } | BatchOp::GetChunk { .. }))
+    {
+        return;
+    }
+    if let Err(e) = c.refresh_table() {
+        tracing::debug!("partition table refresh failed: {e}");
+    }
 }
 
 /// [`execute`] of a batch [`validate`] has passed.
@@ -243,13 +266,20 @@ pub(crate) fn post(
     hashes: Option<&[KeyHash]>,
 ) -> Result<Pending> {
     let workers = c.sessions.len();
-    let mut per_worker: Vec<Vec<usize>> = vec![Vec::new(); workers];
+    let mut per_worker: Vec<Vec<(u32, usize)>> = vec![Vec::new(); workers];
     for i in sel {
-        let w = match hashes {
-            Some(h) => c.worker_of_hash(h[i]),
-            None => c.worker_of(ops[i].key()),
+        let h = match hashes {
+            Some(h) => h[i],
+            None => KeyHash::of(ops[i].key()),
         };
-        per_worker[usize::from(w)].push(i);
+        let p = h.partition(c.info.partitions);
+        per_worker[usize::from(c.owners[p as usize])].push((p, i));
+    }
+    // Each worker's operations in partition order (stable: operations on
+    // one key keep theirs), so the server takes each partition's lock
+    // once per frame.
+    for idxs in &mut per_worker {
+        idxs.sort_by_key(|&(p, _)| p);
     }
     c.batches += 1;
     let batch = c.batches;
@@ -263,7 +293,7 @@ pub(crate) fn post(
             c.sessions.post_tagging(w, tag, |buf, tag, id, worker| {
                 let mut b = RequestBuilder::new(buf, id, worker);
                 while at < idxs.len() {
-                    let op = &ops[idxs[at]];
+                    let op = &ops[idxs[at].1];
                     // The first op always goes in: bounds were checked by
                     // `validate`, so one op always fits an empty frame.
                     if !b.is_empty() && !b.fits(op.key().len(), op.value_len()) {
@@ -294,7 +324,7 @@ pub(crate) fn post(
                             len,
                         } => b.get_chunk(key, tag, offset, len),
                     };
-                    tag.positions.push(idxs[at]);
+                    tag.positions.push(idxs[at].1);
                     at += 1;
                 }
                 b.finish();
@@ -328,6 +358,7 @@ pub(crate) fn collect(
     deadline: Instant,
     out: &mut [Option<Outcome>],
 ) -> Result<()> {
+    let mut stale = false;
     for session in c.sessions.all() {
         while !session.is_idle() {
             session.wait_until(deadline)?;
@@ -337,7 +368,7 @@ pub(crate) fn collect(
                 if failure.is_some() {
                     return;
                 }
-                if let Err(e) = absorb(msg, q, pending.batch, out) {
+                if let Err(e) = absorb(msg, q, pending.batch, out, &mut stale) {
                     failure = Some(e);
                 }
             })?;
@@ -346,19 +377,28 @@ pub(crate) fn collect(
             }
         }
     }
+    c.table_stale |= stale;
     Ok(())
 }
 
 /// Applies one reply message to the oldest frame in flight; a reply to a
 /// frame of an earlier batch (given up) is dropped.
+/// A RESPONSE whose status is WRONG_WORKER sets `stale`: its results
+/// stand, but the worker does not own some partition it served.
 fn absorb(
     msg: &[u8],
     q: &mut InFlight<FrameTag>,
     batch: u64,
     out: &mut [Option<Outcome>],
+    stale: &mut bool,
 ) -> Result<()> {
     let frame = decode_frame(msg).map_err(protocol)?;
     let expect = q.complete(frame.header.request_id)?;
+    if frame.header.kind == FrameKind::Response
+        && frame.header.status == ErrorCode::WrongWorker.as_u16()
+    {
+        *stale = true;
+    }
     if expect.tag.batch != batch {
         return Ok(());
     }

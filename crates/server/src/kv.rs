@@ -14,7 +14,6 @@ use fabrickv_engine::{
     DeleteResult, GetRefResult, LargeValue, PutCond, PutResult, ValueRef, LARGE_VALUE_BYTES_MAX,
 };
 use fabrickv_transport::{ConnId, Reply};
-use fabrickv_types::hash::worker_of_partition;
 use fabrickv_types::limits::{BATCH_OPS_MAX, KEY_BYTES_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::{ErrorCode, KeyHash};
 use fabrickv_wire::control::ServerInfo;
@@ -107,13 +106,16 @@ pub struct KvCounters {
     pub frames: u64,
     /// Operations executed (or answered with a per-op error).
     pub ops: u64,
-    /// Operations answered WRONG_WORKER (client steered to the wrong thread).
+    /// Operations for a partition this worker does not own (a client's
+    /// table was stale): executed all the same, under the partition's
+    /// lock, and the reply carries the WRONG_WORKER hint.
     pub misrouted: u64,
     /// GETs answered REPLY_FULL because their frame's reply had no room.
     pub reply_full: u64,
 }
 
-/// The kv service of one worker, serving its own partition.
+/// The kv service of one worker: it serves the partitions the table gives
+/// it uncontended, and any other under that partition's lock.
 pub struct KvService {
     id: u16,
     workers: u16,
@@ -122,6 +124,11 @@ pub struct KvService {
     counters: KvCounters,
     /// The key hashes of the frame being executed (kept to reuse its memory).
     hashes: Vec<KeyHash>,
+    /// The partition of each key of the frame being executed, likewise.
+    indexes: Vec<u32>,
+    /// The partition the sweep visits next (it walks the partitions this
+    /// worker owns, one per run).
+    sweep_next: usize,
     /// The PUT_CHUNK transfer of each connection that has one (at most
     /// one per connection; idle ones are swept).
     receiving: HashMap<ConnId, Receiving>,
@@ -133,7 +140,7 @@ pub struct KvService {
 }
 
 impl KvService {
-    /// The service of worker `id` out of `workers`, which owns partition `id`.
+    /// The service of worker `id` out of `workers`.
     pub fn new(id: u16, workers: u16, parts: Arc<Partitions>, mode: Mode) -> KvService {
         KvService {
             id,
@@ -142,6 +149,8 @@ impl KvService {
             mode,
             counters: KvCounters::default(),
             hashes: Vec::with_capacity(BATCH_OPS_MAX),
+            indexes: Vec::with_capacity(BATCH_OPS_MAX),
+            sweep_next: 0,
             receiving: HashMap::new(),
             pinned: HashMap::new(),
             next_tag: 1,
@@ -154,22 +163,32 @@ impl KvService {
     }
 
     /// Background work when idle: reclaims expired items in up to
-    /// `buckets` index buckets; returns how many items it reclaimed.
+    /// `buckets` index buckets of the next partition this worker owns
+    /// (each owned partition in turn); returns how many items it
+    /// reclaimed. A partition owned by no one is never left unswept for
+    /// long: every partition has an owner.
     pub fn sweep_buckets(&mut self, now_ms: u64, buckets: usize) -> usize {
-        self.parts.lock(usize::from(self.id)).sweep(now_ms, buckets)
+        let n = self.parts.len();
+        for k in 0..n {
+            let i = (self.sweep_next + k) % n;
+            if self.parts.owner(i) == self.id {
+                self.sweep_next = (i + 1) % n;
+                return self.parts.lock(i).sweep(now_ms, buckets);
+            }
+        }
+        0
     }
 
     /// The shape a HELLO reply announces: workers, partitions and limits,
-    /// the value bound lowered to what this worker's partition can hold.
+    /// the value bound lowered to what a partition can hold (all are the
+    /// same size).
     pub fn server_info(&self) -> ServerInfo {
         ServerInfo {
             workers: self.workers,
-            partitions: u32::from(self.workers),
+            partitions: self.parts.len() as u32,
             store_mode: self.mode == Mode::Store,
             key_bytes_max: KEY_BYTES_MAX as u32,
-            value_bytes_max: VALUE_BYTES_MAX
-                .min(self.parts.lock(usize::from(self.id)).max_item_value_bytes())
-                as u32,
+            value_bytes_max: VALUE_BYTES_MAX.min(self.parts.lock(0).max_item_value_bytes()) as u32,
             batch_ops_max: BATCH_OPS_MAX as u32,
         }
     }
@@ -190,156 +209,202 @@ impl KvService {
         now_ms: u64,
     ) {
         self.counters.frames += 1;
-        let partitions = u32::from(self.workers);
-        // Uncontended: only RESP threads ever take another worker's lock.
-        let mut partition = self.parts.lock(usize::from(self.id));
-        // Prefetch passes: every key's bucket, then every item those buckets
-        // name, before the first lookup, so the batch's misses overlap.
-        // Each key is hashed once, here; execution reuses the hash.
+        // Each key is hashed once, here, and its partition found; execution
+        // reuses both.
         self.hashes.clear();
         self.hashes
             .extend(ops.clone().map(|op| KeyHash::of(op.key)));
-        for &h in &self.hashes {
-            partition.prefetch(h);
-        }
-        for &h in &self.hashes {
-            partition.prefetch_item(h);
-        }
+        self.indexes.clear();
+        let parts = &self.parts;
+        self.indexes
+            .extend(self.hashes.iter().map(|&h| parts.index_of(h) as u32));
         let mut rb = ResponseBuilder::new(out, id, self.id);
         let total = ops.len();
-        for (op, &hash) in ops.zip(&self.hashes) {
-            // Results still to come after this one, each at least a header.
-            let after = total - rb.len() - 1;
-            self.counters.ops += 1;
-            let (code, cond) = match op.check() {
-                Ok(c) => c,
-                Err(e) => {
-                    rb.result(e, &[]);
-                    continue;
-                }
-            };
-            if worker_of_partition(hash.partition(partitions), u32::from(self.workers))
-                != u32::from(self.id)
-            {
-                self.counters.misrouted += 1;
-                rb.result(ErrorCode::WrongWorker, &[]);
-                continue;
+        let mut ops = ops;
+        let mut hint = false;
+        let mut start = 0;
+        // One run of consecutive operations on one partition at a time,
+        // under that partition's lock (never two held: no lock order to
+        // keep with the RESP threads). The client sorts each frame's
+        // operations by partition, so a frame has one run per partition.
+        while start < total {
+            let p = self.indexes[start];
+            let end = start
+                + self.indexes[start..]
+                    .iter()
+                    .take_while(|&&q| q == p)
+                    .count();
+            let run = &self.hashes[start..end];
+            // Uncontended unless the partition moved or a RESP thread is
+            // on it: the table decides who serves a partition without
+            // contention, the lock that it is served correctly.
+            let mut partition = self.parts.lock(p as usize);
+            let misrouted = self.parts.owner(p as usize) != self.id;
+            // Prefetch passes: every key's bucket, then every item those
+            // buckets name, before the first lookup, so the run's misses
+            // overlap.
+            for &h in run {
+                partition.prefetch(h);
             }
-            match code {
-                OpCode::Get => match partition.get_ref(hash, op.key, now_ms) {
-                    GetRefResult::Found {
-                        value: ValueRef::Large(v),
-                        ..
-                    } => {
-                        // Too large for any frame: pin it for this
-                        // connection's GET_CHUNKs and answer its length.
-                        if !rb.fits(fabrickv_wire::LARGE_RESULT_BYTES, after) {
+            for &h in run {
+                partition.prefetch_item(h);
+            }
+            for k in start..end {
+                let Some(op) = ops.next() else {
+                    break;
+                };
+                let hash = self.hashes[k];
+                // Results still to come after this one, each at least a header.
+                let after = total - rb.len() - 1;
+                self.counters.ops += 1;
+                let (code, cond) = match op.check() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        rb.result(e, &[]);
+                        continue;
+                    }
+                };
+                match code {
+                    OpCode::Get => match partition.get_ref(hash, op.key, now_ms) {
+                        GetRefResult::Found {
+                            value: ValueRef::Large(v),
+                            ..
+                        } => {
+                            // Too large for any frame: pin it for this
+                            // connection's GET_CHUNKs and answer its length.
+                            if !rb.fits(fabrickv_wire::LARGE_RESULT_BYTES, after) {
+                                self.counters.reply_full += 1;
+                                rb.result(ErrorCode::ReplyFull, &[]);
+                                continue;
+                            }
+                            let tag = self.next_tag;
+                            self.next_tag += 1;
+                            let mut r = [0u8; fabrickv_wire::LARGE_RESULT_BYTES];
+                            r[..8].copy_from_slice(&(v.len() as u64).to_le_bytes());
+                            r[8..].copy_from_slice(&tag.to_le_bytes());
+                            self.pinned.insert(
+                                conn,
+                                Pinned {
+                                    tag,
+                                    value: v.clone(),
+                                    last_ms: now_ms,
+                                },
+                            );
+                            rb.result(ErrorCode::LargeValue, &r)
+                        }
+                        GetRefResult::Found { value, .. }
+                            if rb.fits(value.bytes().len(), after) =>
+                        {
+                            rb.result(ErrorCode::Ok, value.bytes())
+                        }
+                        GetRefResult::Found { .. } => {
+                            self.counters.reply_full += 1;
+                            rb.result(ErrorCode::ReplyFull, &[])
+                        }
+                        GetRefResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
+                    },
+                    OpCode::GetChunk => {
+                        // `check` passed, so the fields parse.
+                        let Ok(c) = op.get_chunk() else {
+                            rb.result(ErrorCode::Malformed, &[]);
+                            continue;
+                        };
+                        let pin = match self.pinned.get_mut(&conn) {
+                            Some(p) if p.tag == c.tag => p,
+                            _ => {
+                                rb.result(ErrorCode::NoSuchTransfer, &[]);
+                                continue;
+                            }
+                        };
+                        let bytes = pin.value.as_slice();
+                        let end = c.offset + u64::from(c.len);
+                        if end > bytes.len() as u64 {
+                            rb.result(ErrorCode::Malformed, &[]);
+                            continue;
+                        }
+                        if !rb.fits(c.len as usize, after) {
                             self.counters.reply_full += 1;
                             rb.result(ErrorCode::ReplyFull, &[]);
                             continue;
                         }
-                        let tag = self.next_tag;
-                        self.next_tag += 1;
-                        let mut r = [0u8; fabrickv_wire::LARGE_RESULT_BYTES];
-                        r[..8].copy_from_slice(&(v.len() as u64).to_le_bytes());
-                        r[8..].copy_from_slice(&tag.to_le_bytes());
-                        self.pinned.insert(
-                            conn,
-                            Pinned {
-                                tag,
-                                value: v.clone(),
-                                last_ms: now_ms,
-                            },
-                        );
-                        rb.result(ErrorCode::LargeValue, &r)
-                    }
-                    GetRefResult::Found { value, .. } if rb.fits(value.bytes().len(), after) => {
-                        rb.result(ErrorCode::Ok, value.bytes())
-                    }
-                    GetRefResult::Found { .. } => {
-                        self.counters.reply_full += 1;
-                        rb.result(ErrorCode::ReplyFull, &[])
-                    }
-                    GetRefResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
-                },
-                OpCode::GetChunk => {
-                    // `check` passed, so the fields parse.
-                    let Ok(c) = op.get_chunk() else {
-                        rb.result(ErrorCode::Malformed, &[]);
-                        continue;
-                    };
-                    let pin = match self.pinned.get_mut(&conn) {
-                        Some(p) if p.tag == c.tag => p,
-                        _ => {
-                            rb.result(ErrorCode::NoSuchTransfer, &[]);
-                            continue;
+                        pin.last_ms = now_ms;
+                        rb.result(ErrorCode::Ok, &bytes[c.offset as usize..end as usize]);
+                        // The last piece read unpins the value.
+                        if end == bytes.len() as u64 {
+                            self.pinned.remove(&conn);
                         }
-                    };
-                    let bytes = pin.value.as_slice();
-                    let end = c.offset + u64::from(c.len);
-                    if end > bytes.len() as u64 {
-                        rb.result(ErrorCode::Malformed, &[]);
-                        continue;
+                        &mut rb
                     }
-                    if !rb.fits(c.len as usize, after) {
-                        self.counters.reply_full += 1;
-                        rb.result(ErrorCode::ReplyFull, &[]);
-                        continue;
+                    OpCode::PutChunk => {
+                        let code = put_chunk(
+                            &mut self.receiving,
+                            &self.parts,
+                            conn,
+                            &op,
+                            hash,
+                            cond,
+                            now_ms,
+                            &mut partition,
+                        );
+                        rb.result(code, &[])
                     }
-                    pin.last_ms = now_ms;
-                    rb.result(ErrorCode::Ok, &bytes[c.offset as usize..end as usize]);
-                    // The last piece read unpins the value.
-                    if end == bytes.len() as u64 {
-                        self.pinned.remove(&conn);
+                    OpCode::Put => {
+                        let expire_at = if op.ttl_ms == 0 {
+                            0
+                        } else {
+                            now_ms + op.ttl_ms
+                        };
+                        let cond = match cond {
+                            PutCondition::Always => PutCond::Always,
+                            PutCondition::IfAbsent => PutCond::IfAbsent,
+                            PutCondition::IfPresent => PutCond::IfPresent,
+                        };
+                        let code =
+                            match partition.put(hash, op.key, op.value, expire_at, cond, now_ms) {
+                                PutResult::Stored => ErrorCode::Ok,
+                                PutResult::InsufficientSpace => ErrorCode::InsufficientSpace,
+                                PutResult::TooLarge => ErrorCode::ValueTooLarge,
+                                PutResult::ConditionFailed => ErrorCode::ConditionFailed,
+                            };
+                        rb.result(code, &[])
                     }
-                    &mut rb
-                }
-                OpCode::PutChunk => {
-                    let code = put_chunk(
-                        &mut self.receiving,
-                        &self.parts,
-                        conn,
-                        &op,
-                        hash,
-                        cond,
-                        now_ms,
-                        &mut partition,
-                    );
-                    rb.result(code, &[])
-                }
-                OpCode::Put => {
-                    let expire_at = if op.ttl_ms == 0 {
-                        0
-                    } else {
-                        now_ms + op.ttl_ms
-                    };
-                    let cond = match cond {
-                        PutCondition::Always => PutCond::Always,
-                        PutCondition::IfAbsent => PutCond::IfAbsent,
-                        PutCondition::IfPresent => PutCond::IfPresent,
-                    };
-                    let code = match partition.put(hash, op.key, op.value, expire_at, cond, now_ms)
-                    {
-                        PutResult::Stored => ErrorCode::Ok,
-                        PutResult::InsufficientSpace => ErrorCode::InsufficientSpace,
-                        PutResult::TooLarge => ErrorCode::ValueTooLarge,
-                        PutResult::ConditionFailed => ErrorCode::ConditionFailed,
-                    };
-                    rb.result(code, &[])
-                }
-                OpCode::Delete => match partition.delete(hash, op.key, now_ms) {
-                    DeleteResult::Deleted => rb.result(ErrorCode::Ok, &[]),
-                    DeleteResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
-                },
-            };
+                    OpCode::Delete => match partition.delete(hash, op.key, now_ms) {
+                        DeleteResult::Deleted => rb.result(ErrorCode::Ok, &[]),
+                        DeleteResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
+                    },
+                };
+            }
+            drop(partition);
+            let n = (end - start) as u64;
+            if misrouted {
+                self.counters.misrouted += n;
+                hint = true;
+            }
+            self.parts
+                .count(p as usize, n, if misrouted { n } else { 0 });
+            start = end;
+        }
+        if hint {
+            // Every result stands; the client's table is stale.
+            rb.set_status(ErrorCode::WrongWorker);
         }
         rb.finish();
     }
 
-    /// The engine counters of this worker's partition, appended to a
-    /// STATS reply first.
+    /// The partitions (shared with every worker and front end).
+    pub fn partitions(&self) -> &Arc<Partitions> {
+        &self.parts
+    }
+
+    /// The engine counters of the partitions this worker owns now,
+    /// appended to a STATS reply first.
     pub fn engine_stats(&self, out: &mut StatsList) {
-        let e = self.parts.lock(usize::from(self.id)).stats();
+        let mut e = fabrickv_engine::PartitionStats::default();
+        for i in 0..self.parts.len() {
+            if self.parts.owner(i) == self.id {
+                e.add(&self.parts.lock(i).stats());
+            }
+        }
         out.extend([
             ("gets", e.gets),
             ("hits", e.hits),
@@ -447,6 +512,18 @@ impl Service for KvService {
             "kv_large_receiving_bytes",
             self.parts.kv_large_receiving.load(Ordering::Acquire) as u64,
         ));
+        let t = self.parts.table();
+        out.push(("partitions", t.owners.len() as u64));
+        out.push(("partitions_epoch", t.epoch));
+        // Per partition, up to STATS_PARTITIONS_MAX of them (a STATS reply
+        // holds BATCH_OPS_MAX entries); the PARTITIONS reply has them all.
+        for (i, names) in crate::partitions::STAT_NAMES.iter().enumerate() {
+            if i >= t.owners.len() {
+                break;
+            }
+            out.push((names.0, t.ops[i]));
+            out.push((names.1, t.misrouted[i]));
+        }
     }
 
     fn sweep(&mut self, now_ms: u64) {

@@ -8,6 +8,7 @@
 //!   beside a raw TCP stream and redis-server;
 //! - [`kv`], [`herd`], [`compare`], [`ps`], [`cache`], [`copy`], [`rpc`],
 //!   [`cluster`]: one per subcommand of the same name;
+//! - [`partition_move`]: `bench partition-move`;
 //! - [`sweep`]: the client processes of `bench ps --clients` and `bench
 //!   herd --clients`, released together at a registry barrier.
 //!
@@ -24,6 +25,7 @@ pub mod compare;
 pub mod copy;
 pub mod herd;
 pub mod kv;
+pub mod partition_move;
 pub mod ps;
 pub mod rpc;
 pub mod sweep;
