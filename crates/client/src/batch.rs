@@ -266,20 +266,13 @@ pub(crate) fn post(
     hashes: Option<&[KeyHash]>,
 ) -> Result<Pending> {
     let workers = c.sessions.len();
-    let mut per_worker: Vec<Vec<(u32, usize)>> = vec![Vec::new(); workers];
+    let mut per_worker: Vec<Vec<usize>> = vec![Vec::new(); workers];
     for i in sel {
         let h = match hashes {
             Some(h) => h[i],
             None => KeyHash::of(ops[i].key()),
         };
-        let p = h.partition(c.info.partitions);
-        per_worker[usize::from(c.owners[p as usize])].push((p, i));
-    }
-    // Each worker's operations in partition order (stable: operations on
-    // one key keep theirs), so the server takes each partition's lock
-    // once per frame.
-    for idxs in &mut per_worker {
-        idxs.sort_by_key(|&(p, _)| p);
+        per_worker[usize::from(c.worker_of_hash(h))].push(i);
     }
     c.batches += 1;
     let batch = c.batches;
@@ -293,7 +286,7 @@ pub(crate) fn post(
             c.sessions.post_tagging(w, tag, |buf, tag, id, worker| {
                 let mut b = RequestBuilder::new(buf, id, worker);
                 while at < idxs.len() {
-                    let op = &ops[idxs[at].1];
+                    let op = &ops[idxs[at]];
                     // The first op always goes in: bounds were checked by
                     // `validate`, so one op always fits an empty frame.
                     if !b.is_empty() && !b.fits(op.key().len(), op.value_len()) {
@@ -324,7 +317,7 @@ pub(crate) fn post(
                             len,
                         } => b.get_chunk(key, tag, offset, len),
                     };
-                    tag.positions.push(idxs[at].1);
+                    tag.positions.push(idxs[at]);
                     at += 1;
                 }
                 b.finish();

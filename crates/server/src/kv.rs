@@ -8,10 +8,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use fabrickv_engine::{
-    DeleteResult, GetRefResult, LargeValue, PutCond, PutResult, ValueRef, LARGE_VALUE_BYTES_MAX,
+    DeleteResult, GetRefResult, LargeValue, Partition, PutCond, PutResult, ValueRef,
+    LARGE_VALUE_BYTES_MAX,
 };
 use fabrickv_transport::{ConnId, Reply};
 use fabrickv_types::limits::{BATCH_OPS_MAX, KEY_BYTES_MAX, VALUE_BYTES_MAX};
@@ -114,21 +115,10 @@ pub struct KvCounters {
     pub reply_full: u64,
 }
 
-/// The kv service of one worker: it serves the partitions the table gives
-/// it uncontended, and any other under that partition's lock.
-pub struct KvService {
-    id: u16,
-    workers: u16,
-    parts: Arc<Partitions>,
-    mode: Mode,
+/// What executing an operation changes besides its partition: the
+/// service's counters and its connections' large-value transfers.
+struct OpState {
     counters: KvCounters,
-    /// The key hashes of the frame being executed (kept to reuse its memory).
-    hashes: Vec<KeyHash>,
-    /// The partition of each key of the frame being executed, likewise.
-    indexes: Vec<u32>,
-    /// The partition the sweep visits next (it walks the partitions this
-    /// worker owns, one per run).
-    sweep_next: usize,
     /// The PUT_CHUNK transfer of each connection that has one (at most
     /// one per connection; idle ones are swept).
     receiving: HashMap<ConnId, Receiving>,
@@ -139,6 +129,30 @@ pub struct KvService {
     next_tag: u64,
 }
 
+/// Most partitions the kv service locks at once for one frame: a frame's
+/// operations run in groups over at most this many partitions (one group,
+/// unless the frame spreads wider), each group's locks held together so
+/// that all its keys are prefetched before the first lookup.
+pub const FRAME_LOCKS_MAX: usize = 8;
+
+/// The kv service of one worker: it serves the partitions the table gives
+/// it uncontended, and any other under that partition's lock.
+pub struct KvService {
+    id: u16,
+    workers: u16,
+    parts: Arc<Partitions>,
+    mode: Mode,
+    /// Counters and per-connection transfers.
+    st: OpState,
+    /// The key hashes of the frame being executed (kept to reuse its memory).
+    hashes: Vec<KeyHash>,
+    /// The partition of each key of the frame being executed, likewise.
+    indexes: Vec<u32>,
+    /// The partition the sweep visits next (it walks the partitions this
+    /// worker owns, one per run).
+    sweep_next: usize,
+}
+
 impl KvService {
     /// The service of worker `id` out of `workers`.
     pub fn new(id: u16, workers: u16, parts: Arc<Partitions>, mode: Mode) -> KvService {
@@ -147,19 +161,21 @@ impl KvService {
             workers,
             parts,
             mode,
-            counters: KvCounters::default(),
+            st: OpState {
+                counters: KvCounters::default(),
+                receiving: HashMap::new(),
+                pinned: HashMap::new(),
+                next_tag: 1,
+            },
             hashes: Vec::with_capacity(BATCH_OPS_MAX),
             indexes: Vec::with_capacity(BATCH_OPS_MAX),
             sweep_next: 0,
-            receiving: HashMap::new(),
-            pinned: HashMap::new(),
-            next_tag: 1,
         }
     }
 
     /// This service's counters.
     pub fn counters(&self) -> KvCounters {
-        self.counters
+        self.st.counters
     }
 
     /// Background work when idle: reclaims expired items in up to
@@ -196,8 +212,8 @@ impl KvService {
     /// Frees the transfers and pins idle for over [`KV_LARGE_IDLE_MS`].
     pub fn sweep_large(&mut self, now_ms: u64) {
         let live = |last: u64| now_ms.saturating_sub(last) <= KV_LARGE_IDLE_MS;
-        self.receiving.retain(|_, r| live(r.last_ms));
-        self.pinned.retain(|_, p| live(p.last_ms));
+        self.st.receiving.retain(|_, r| live(r.last_ms));
+        self.st.pinned.retain(|_, p| live(p.last_ms));
     }
 
     fn execute(
@@ -208,7 +224,7 @@ impl KvService {
         out: &mut Vec<u8>,
         now_ms: u64,
     ) {
-        self.counters.frames += 1;
+        self.st.counters.frames += 1;
         // Each key is hashed once, here, and its partition found; execution
         // reuses both.
         self.hashes.clear();
@@ -223,165 +239,84 @@ impl KvService {
         let mut ops = ops;
         let mut hint = false;
         let mut start = 0;
-        // One run of consecutive operations on one partition at a time,
-        // under that partition's lock (never two held: no lock order to
-        // keep with the RESP threads). The client sorts each frame's
-        // operations by partition, so a frame has one run per partition.
         while start < total {
-            let p = self.indexes[start];
-            let end = start
-                + self.indexes[start..]
-                    .iter()
-                    .take_while(|&&q| q == p)
-                    .count();
-            let run = &self.hashes[start..end];
-            // Uncontended unless the partition moved or a RESP thread is
-            // on it: the table decides who serves a partition without
-            // contention, the lock that it is served correctly.
-            let mut partition = self.parts.lock(p as usize);
-            let misrouted = self.parts.owner(p as usize) != self.id;
-            // Prefetch passes: every key's bucket, then every item those
-            // buckets name, before the first lookup, so the run's misses
-            // overlap.
-            for &h in run {
-                partition.prefetch(h);
+            // A group: the operations from `start` on, over at most
+            // FRAME_LOCKS_MAX partitions (the whole frame, unless it
+            // spreads wider).
+            let mut set = [0u32; FRAME_LOCKS_MAX];
+            let mut n = 0;
+            let mut end = start;
+            while end < total {
+                let p = self.indexes[end];
+                if !set[..n].contains(&p) {
+                    if n == FRAME_LOCKS_MAX {
+                        break;
+                    }
+                    set[n] = p;
+                    n += 1;
+                }
+                end += 1;
             }
-            for &h in run {
-                partition.prefetch_item(h);
+            set[..n].sort_unstable();
+            let set = &set[..n];
+            let slot_of = |p: u32| set.iter().position(|&q| q == p).unwrap_or(0);
+            // The group's partitions are locked in ascending order, as
+            // RESP's multi-key commands lock theirs, so no two threads
+            // wait for each other. Uncontended unless a partition moved or
+            // a RESP or memcache thread is on it: the table decides who
+            // serves a partition without contention, the lock that it is
+            // served correctly.
+            let mut guards: [Option<MutexGuard<'_, Partition>>; FRAME_LOCKS_MAX] =
+                Default::default();
+            let mut misrouted = [false; FRAME_LOCKS_MAX];
+            let mut counts = [0u64; FRAME_LOCKS_MAX];
+            for (k, &p) in set.iter().enumerate() {
+                guards[k] = Some(self.parts.lock(p as usize));
+                misrouted[k] = self.parts.owner(p as usize) != self.id;
+            }
+            // Prefetch passes: every key's bucket, then every item those
+            // buckets name, before the first lookup, so the group's misses
+            // overlap (MICA's prefetch).
+            for k in start..end {
+                if let Some(g) = &guards[slot_of(self.indexes[k])] {
+                    g.prefetch(self.hashes[k]);
+                }
+            }
+            for k in start..end {
+                if let Some(g) = &guards[slot_of(self.indexes[k])] {
+                    g.prefetch_item(self.hashes[k]);
+                }
             }
             for k in start..end {
                 let Some(op) = ops.next() else {
                     break;
                 };
-                let hash = self.hashes[k];
+                let slot = slot_of(self.indexes[k]);
+                let Some(partition) = guards[slot].as_deref_mut() else {
+                    break;
+                };
+                counts[slot] += 1;
                 // Results still to come after this one, each at least a header.
                 let after = total - rb.len() - 1;
-                self.counters.ops += 1;
-                let (code, cond) = match op.check() {
-                    Ok(c) => c,
-                    Err(e) => {
-                        rb.result(e, &[]);
-                        continue;
-                    }
-                };
-                match code {
-                    OpCode::Get => match partition.get_ref(hash, op.key, now_ms) {
-                        GetRefResult::Found {
-                            value: ValueRef::Large(v),
-                            ..
-                        } => {
-                            // Too large for any frame: pin it for this
-                            // connection's GET_CHUNKs and answer its length.
-                            if !rb.fits(fabrickv_wire::LARGE_RESULT_BYTES, after) {
-                                self.counters.reply_full += 1;
-                                rb.result(ErrorCode::ReplyFull, &[]);
-                                continue;
-                            }
-                            let tag = self.next_tag;
-                            self.next_tag += 1;
-                            let mut r = [0u8; fabrickv_wire::LARGE_RESULT_BYTES];
-                            r[..8].copy_from_slice(&(v.len() as u64).to_le_bytes());
-                            r[8..].copy_from_slice(&tag.to_le_bytes());
-                            self.pinned.insert(
-                                conn,
-                                Pinned {
-                                    tag,
-                                    value: v.clone(),
-                                    last_ms: now_ms,
-                                },
-                            );
-                            rb.result(ErrorCode::LargeValue, &r)
-                        }
-                        GetRefResult::Found { value, .. }
-                            if rb.fits(value.bytes().len(), after) =>
-                        {
-                            rb.result(ErrorCode::Ok, value.bytes())
-                        }
-                        GetRefResult::Found { .. } => {
-                            self.counters.reply_full += 1;
-                            rb.result(ErrorCode::ReplyFull, &[])
-                        }
-                        GetRefResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
-                    },
-                    OpCode::GetChunk => {
-                        // `check` passed, so the fields parse.
-                        let Ok(c) = op.get_chunk() else {
-                            rb.result(ErrorCode::Malformed, &[]);
-                            continue;
-                        };
-                        let pin = match self.pinned.get_mut(&conn) {
-                            Some(p) if p.tag == c.tag => p,
-                            _ => {
-                                rb.result(ErrorCode::NoSuchTransfer, &[]);
-                                continue;
-                            }
-                        };
-                        let bytes = pin.value.as_slice();
-                        let end = c.offset + u64::from(c.len);
-                        if end > bytes.len() as u64 {
-                            rb.result(ErrorCode::Malformed, &[]);
-                            continue;
-                        }
-                        if !rb.fits(c.len as usize, after) {
-                            self.counters.reply_full += 1;
-                            rb.result(ErrorCode::ReplyFull, &[]);
-                            continue;
-                        }
-                        pin.last_ms = now_ms;
-                        rb.result(ErrorCode::Ok, &bytes[c.offset as usize..end as usize]);
-                        // The last piece read unpins the value.
-                        if end == bytes.len() as u64 {
-                            self.pinned.remove(&conn);
-                        }
-                        &mut rb
-                    }
-                    OpCode::PutChunk => {
-                        let code = put_chunk(
-                            &mut self.receiving,
-                            &self.parts,
-                            conn,
-                            &op,
-                            hash,
-                            cond,
-                            now_ms,
-                            &mut partition,
-                        );
-                        rb.result(code, &[])
-                    }
-                    OpCode::Put => {
-                        let expire_at = if op.ttl_ms == 0 {
-                            0
-                        } else {
-                            now_ms + op.ttl_ms
-                        };
-                        let cond = match cond {
-                            PutCondition::Always => PutCond::Always,
-                            PutCondition::IfAbsent => PutCond::IfAbsent,
-                            PutCondition::IfPresent => PutCond::IfPresent,
-                        };
-                        let code =
-                            match partition.put(hash, op.key, op.value, expire_at, cond, now_ms) {
-                                PutResult::Stored => ErrorCode::Ok,
-                                PutResult::InsufficientSpace => ErrorCode::InsufficientSpace,
-                                PutResult::TooLarge => ErrorCode::ValueTooLarge,
-                                PutResult::ConditionFailed => ErrorCode::ConditionFailed,
-                            };
-                        rb.result(code, &[])
-                    }
-                    OpCode::Delete => match partition.delete(hash, op.key, now_ms) {
-                        DeleteResult::Deleted => rb.result(ErrorCode::Ok, &[]),
-                        DeleteResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
-                    },
-                };
+                execute_op(
+                    &mut self.st,
+                    &self.parts,
+                    partition,
+                    conn,
+                    &op,
+                    self.hashes[k],
+                    after,
+                    &mut rb,
+                    now_ms,
+                );
             }
-            drop(partition);
-            let n = (end - start) as u64;
-            if misrouted {
-                self.counters.misrouted += n;
-                hint = true;
+            drop(guards);
+            for (k, &p) in set.iter().enumerate() {
+                let m = if misrouted[k] { counts[k] } else { 0 };
+                self.st.counters.misrouted += m;
+                hint |= m > 0;
+                self.parts.count(p as usize, counts[k], m);
             }
-            self.parts
-                .count(p as usize, n, if misrouted { n } else { 0 });
             start = end;
         }
         if hint {
@@ -421,6 +356,137 @@ impl KvService {
     }
 }
 
+/// Checks and executes one operation on its (locked) partition, appending
+/// its result.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn execute_op(
+    st: &mut OpState,
+    parts: &Arc<Partitions>,
+    partition: &mut Partition,
+    conn: ConnId,
+    op: &fabrickv_wire::Op<'_>,
+    hash: KeyHash,
+    after: usize,
+    rb: &mut ResponseBuilder<'_>,
+    now_ms: u64,
+) {
+    st.counters.ops += 1;
+    let (code, cond) = match op.check() {
+        Ok(c) => c,
+        Err(e) => {
+            rb.result(e, &[]);
+            return;
+        }
+    };
+    match code {
+        OpCode::Get => match partition.get_ref(hash, op.key, now_ms) {
+            GetRefResult::Found {
+                value: ValueRef::Large(v),
+                ..
+            } => {
+                // Too large for any frame: pin it for this
+                // connection's GET_CHUNKs and answer its length.
+                if !rb.fits(fabrickv_wire::LARGE_RESULT_BYTES, after) {
+                    st.counters.reply_full += 1;
+                    rb.result(ErrorCode::ReplyFull, &[]);
+                    return;
+                }
+                let tag = st.next_tag;
+                st.next_tag += 1;
+                let mut r = [0u8; fabrickv_wire::LARGE_RESULT_BYTES];
+                r[..8].copy_from_slice(&(v.len() as u64).to_le_bytes());
+                r[8..].copy_from_slice(&tag.to_le_bytes());
+                st.pinned.insert(
+                    conn,
+                    Pinned {
+                        tag,
+                        value: v.clone(),
+                        last_ms: now_ms,
+                    },
+                );
+                rb.result(ErrorCode::LargeValue, &r)
+            }
+            GetRefResult::Found { value, .. } if rb.fits(value.bytes().len(), after) => {
+                rb.result(ErrorCode::Ok, value.bytes())
+            }
+            GetRefResult::Found { .. } => {
+                st.counters.reply_full += 1;
+                rb.result(ErrorCode::ReplyFull, &[])
+            }
+            GetRefResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
+        },
+        OpCode::GetChunk => {
+            // `check` passed, so the fields parse.
+            let Ok(c) = op.get_chunk() else {
+                rb.result(ErrorCode::Malformed, &[]);
+                return;
+            };
+            let pin = match st.pinned.get_mut(&conn) {
+                Some(p) if p.tag == c.tag => p,
+                _ => {
+                    rb.result(ErrorCode::NoSuchTransfer, &[]);
+                    return;
+                }
+            };
+            let bytes = pin.value.as_slice();
+            let end = c.offset + u64::from(c.len);
+            if end > bytes.len() as u64 {
+                rb.result(ErrorCode::Malformed, &[]);
+                return;
+            }
+            if !rb.fits(c.len as usize, after) {
+                st.counters.reply_full += 1;
+                rb.result(ErrorCode::ReplyFull, &[]);
+                return;
+            }
+            pin.last_ms = now_ms;
+            rb.result(ErrorCode::Ok, &bytes[c.offset as usize..end as usize]);
+            // The last piece read unpins the value.
+            if end == bytes.len() as u64 {
+                st.pinned.remove(&conn);
+            }
+            &mut *rb
+        }
+        OpCode::PutChunk => {
+            let code = put_chunk(
+                &mut st.receiving,
+                parts,
+                conn,
+                op,
+                hash,
+                cond,
+                now_ms,
+                partition,
+            );
+            rb.result(code, &[])
+        }
+        OpCode::Put => {
+            let expire_at = if op.ttl_ms == 0 {
+                0
+            } else {
+                now_ms + op.ttl_ms
+            };
+            let cond = match cond {
+                PutCondition::Always => PutCond::Always,
+                PutCondition::IfAbsent => PutCond::IfAbsent,
+                PutCondition::IfPresent => PutCond::IfPresent,
+            };
+            let code = match partition.put(hash, op.key, op.value, expire_at, cond, now_ms) {
+                PutResult::Stored => ErrorCode::Ok,
+                PutResult::InsufficientSpace => ErrorCode::InsufficientSpace,
+                PutResult::TooLarge => ErrorCode::ValueTooLarge,
+                PutResult::ConditionFailed => ErrorCode::ConditionFailed,
+            };
+            rb.result(code, &[])
+        }
+        OpCode::Delete => match partition.delete(hash, op.key, now_ms) {
+            DeleteResult::Deleted => rb.result(ErrorCode::Ok, &[]),
+            DeleteResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
+        },
+    };
+}
+
 /// One PUT_CHUNK: a piece at offset 0 starts a transfer (replacing the
 /// connection's earlier one), a piece elsewhere continues the
 /// connection's transfer exactly where it stopped, and the last piece
@@ -434,7 +500,7 @@ fn put_chunk(
     hash: KeyHash,
     cond: PutCondition,
     now_ms: u64,
-    partition: &mut fabrickv_engine::Partition,
+    partition: &mut Partition,
 ) -> ErrorCode {
     let Ok(c) = op.put_chunk() else {
         return ErrorCode::Malformed;

@@ -23,8 +23,8 @@
 //! The lock is also there for the front-ends that cannot steer: a RESP or
 //! memcache client sends any key on any connection, and its thread takes
 //! the owning partition's lock for the commands that touch it. An
-//! uncontended lock costs a few tens of nanoseconds per run of operations
-//! on one partition, against a batch's microseconds.
+//! uncontended lock costs a few tens of nanoseconds per partition a frame
+//! touches, against a batch's microseconds.
 
 use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};

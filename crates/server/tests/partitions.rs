@@ -232,6 +232,28 @@ fn partitions_move_back_and_forth_under_load(t: Transport) {
     s.shutdown();
 }
 
+fn a_frame_over_more_partitions_than_it_locks_at_once(t: Transport) {
+    // 32 partitions, so a frame of hundreds of keys spans more than
+    // FRAME_LOCKS_MAX (8) and runs in groups.
+    const KEYS: usize = 1_500;
+    let s = TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, |c| {
+        c.partitions = Some(32);
+    });
+    let mut c = s.client();
+    let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
+    let values: Vec<Vec<u8>> = (0..KEYS).map(|i| value_of(i as u64, 1 + i % 50)).collect();
+    let pairs: Vec<(&Vec<u8>, &Vec<u8>)> = keys.iter().zip(&values).collect();
+    c.mput(&pairs, None).expect("mput");
+    let got = c.mget(&keys).expect("mget");
+    for (i, g) in got.into_iter().enumerate() {
+        assert_eq!(g.as_ref(), Some(&values[i]), "key {i}");
+    }
+    let table = c.partition_table().expect("table");
+    assert_eq!(table.ops.iter().sum::<u64>(), 2 * KEYS as u64);
+    assert_eq!(stat(&mut c, "misrouted"), 0);
+    s.shutdown();
+}
+
 fn moves_to_no_such_worker_or_partition_are_refused(t: Transport) {
     let s = server(t, 2);
     let mut c = s.client();
@@ -254,4 +276,5 @@ transport_tests!(
     a_key_maps_to_the_same_partition_whatever_the_workers,
     partitions_move_back_and_forth_under_load,
     moves_to_no_such_worker_or_partition_are_refused,
+    a_frame_over_more_partitions_than_it_locks_at_once,
 );
