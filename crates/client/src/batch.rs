@@ -180,7 +180,7 @@ pub(crate) fn execute(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome
 /// batches run back to back (the refresh waits for the next other call).
 /// A refresh that fails leaves the old table, which still works: the
 /// server serves a partition on any worker.
-fn refresh_if_stale(c: &mut Client, ops: &[BatchOp<'_>]) {
+pub(crate) fn refresh_if_stale(c: &mut Client, ops: &[BatchOp<'_>]) {
     if !c.table_stale
         || c.sessions.in_flight() > 0
         || ops
