@@ -124,7 +124,7 @@ fn read_your_writes(
             "thread {th} key {i}: a read sees the last acknowledged write"
         );
         ops += 2;
-        if round % 16 == 0 {
+        if round.is_multiple_of(16) {
             let all: Vec<Vec<u8>> = (0..keys).map(key).collect();
             let got = c.mget(&all).expect("mget while partitions move");
             assert_eq!(got, last, "thread {th}: every key as last written");
