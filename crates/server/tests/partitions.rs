@@ -254,6 +254,32 @@ fn a_frame_over_more_partitions_than_it_locks_at_once(t: Transport) {
     s.shutdown();
 }
 
+fn a_move_through_the_server_handle_reaches_a_client_by_the_hint(t: Transport) {
+    let s = server(t, 2);
+    let mut c = s.client();
+    let k = key(7);
+    let p = c.partition_of(&k);
+    let old = c.worker_of(&k);
+    c.put(&k, b"before").expect("put");
+    // The Rust API a test or an embedding program moves partitions with.
+    let epoch = s.partitions().move_partition(p, 1 - old).expect("move");
+    assert_eq!(epoch, 1);
+    assert_eq!(c.worker_of(&k), old, "the client has not heard yet");
+    assert!(!c.table_is_stale());
+    // Sent to the old owner, served there, and the reply hints.
+    assert_eq!(c.get(&k).expect("get").as_deref(), Some(&b"before"[..]));
+    assert!(c.table_is_stale());
+    assert_eq!(stat(&mut c, "misrouted"), 1);
+    // The next call fetches the table first, then goes to the new owner.
+    c.put(&k, b"after").expect("put");
+    assert_eq!((c.table_epoch(), c.worker_of(&k)), (1, 1 - old));
+    assert_eq!(c.get(&k).expect("get").as_deref(), Some(&b"after"[..]));
+    assert_eq!(stat(&mut c, "misrouted"), 1, "nothing misrouted since");
+    let t = c.partition_table().expect("table");
+    assert_eq!((t.misrouted[p as usize], t.ops[p as usize]), (1, 4));
+    s.shutdown();
+}
+
 fn moves_to_no_such_worker_or_partition_are_refused(t: Transport) {
     let s = server(t, 2);
     let mut c = s.client();
@@ -277,4 +303,5 @@ transport_tests!(
     partitions_move_back_and_forth_under_load,
     moves_to_no_such_worker_or_partition_are_refused,
     a_frame_over_more_partitions_than_it_locks_at_once,
+    a_move_through_the_server_handle_reaches_a_client_by_the_hint,
 );
