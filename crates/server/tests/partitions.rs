@@ -280,6 +280,49 @@ fn a_move_through_the_server_handle_reaches_a_client_by_the_hint(t: Transport) {
     s.shutdown();
 }
 
+fn large_values_travel_whole_while_their_partition_moves(t: Transport) {
+    // A large value goes in pieces that must all reach the connection that
+    // holds the transfer: the client does not refresh its table between
+    // them, and the old owner serves them under the partition's lock.
+    const ROUNDS: u64 = 6;
+    let s = TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, |c| {
+        c.partitions = Some(PARTITIONS);
+        c.large_memory_bytes = Some(256 << 20);
+    });
+    let mut c = s.client();
+    let k = key(3);
+    let p = c.partition_of(&k);
+    let stop = Arc::new(AtomicBool::new(false));
+    let moves = Arc::new(AtomicU64::new(0));
+    let parts = s.partitions().clone();
+    let mover = {
+        let (stop, moves) = (stop.clone(), moves.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                let to = 1 - parts.owner(p as usize);
+                parts.move_partition(p, to).expect("move");
+                moves.fetch_add(1, Ordering::Release);
+                // Paces the moves (a few per transfer); no assertion waits on it.
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    for round in 0..ROUNDS {
+        let v = value_of(round, 3 << 20);
+        c.put(&k, &v)
+            .expect("a large put while its partition moves");
+        let got = c.get(&k).expect("a large get while its partition moves");
+        assert!(
+            got.as_ref() == Some(&v),
+            "round {round}: the value read whole"
+        );
+    }
+    stop.store(true, Ordering::Release);
+    mover.join().expect("mover");
+    assert!(moves.load(Ordering::Acquire) > 0);
+    s.shutdown();
+}
+
 fn moves_to_no_such_worker_or_partition_are_refused(t: Transport) {
     let s = server(t, 2);
     let mut c = s.client();
@@ -304,4 +347,5 @@ transport_tests!(
     moves_to_no_such_worker_or_partition_are_refused,
     a_frame_over_more_partitions_than_it_locks_at_once,
     a_move_through_the_server_handle_reaches_a_client_by_the_hint,
+    large_values_travel_whole_while_their_partition_moves,
 );
