@@ -310,13 +310,15 @@ impl KvService {
                     now_ms,
                 );
             }
-            drop(guards);
             for (k, &p) in set.iter().enumerate() {
                 let m = if misrouted[k] { counts[k] } else { 0 };
                 self.st.counters.misrouted += m;
                 hint |= m > 0;
-                self.parts.count(p as usize, counts[k], m);
+                if let Some(g) = &guards[k] {
+                    self.parts.count(p as usize, g, counts[k], m);
+                }
             }
+            drop(guards);
             start = end;
         }
         if hint {

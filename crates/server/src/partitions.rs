@@ -157,13 +157,19 @@ impl Partitions {
     }
 
     /// Counts `ops` native operations executed on partition `i`, of which
-    /// `misrouted` by a worker not owning it.
+    /// `misrouted` by a worker not owning it. The caller holds partition
+    /// `i`'s lock (`_held`), so no other writer races: a plain load and
+    /// store, not a locked read-modify-write, per partition per frame.
     #[inline]
-    pub fn count(&self, i: usize, ops: u64, misrouted: u64) {
+    pub fn count(&self, i: usize, _held: &Partition, ops: u64, misrouted: u64) {
         let s = &self.slots[i];
-        s.ops.fetch_add(ops, Ordering::Relaxed);
+        s.ops
+            .store(s.ops.load(Ordering::Relaxed) + ops, Ordering::Relaxed);
         if misrouted > 0 {
-            s.misrouted.fetch_add(misrouted, Ordering::Relaxed);
+            s.misrouted.store(
+                s.misrouted.load(Ordering::Relaxed) + misrouted,
+                Ordering::Relaxed,
+            );
         }
     }
 
@@ -333,7 +339,7 @@ mod tests {
         assert_eq!(p.move_partition(8, 0), Err(MoveError::NoSuchPartition));
         assert_eq!(p.move_partition(0, 2), Err(MoveError::NoSuchWorker));
         assert_eq!((p.owned_by(0), p.owned_by(1)), (5, 3));
-        p.count(3, 10, 4);
+        p.count(3, &p.lock(3), 10, 4);
         let t = p.table();
         assert_eq!((t.epoch, t.ops[3], t.misrouted[3]), (1, 10, 4));
     }
