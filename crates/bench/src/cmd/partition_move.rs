@@ -48,6 +48,11 @@ pub struct PartitionMoveArgs {
     /// Milliseconds of a latency window.
     #[arg(long, default_value_t = 100)]
     window_ms: u64,
+    /// Runs of the three phases, each on a fresh server; the verdict is
+    /// the median of the runs' p99 ratios (a shared machine's noise moves
+    /// one run's p99 by several times).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Also print every window's p50 and p99.
     #[arg(long)]
     windows: bool,
@@ -81,19 +86,66 @@ pub fn run(a: PartitionMoveArgs) -> Result<(), String> {
         move_every: Duration::from_millis(a.move_every_ms),
         window: Duration::from_millis(a.window_ms),
     };
-    let r = partmove::run(&o)?;
-    print!("{}", partmove::table(&o, &r));
-    if a.windows {
-        print!("{}", partmove::windows_table(&r));
+    if a.rounds == 0 {
+        return Err("--rounds must be at least 1".into());
     }
-    if a.json {
-        for p in &r.phases {
-            println!("{}", p.json());
+    let mut reports = Vec::with_capacity(a.rounds);
+    for round in 1..=a.rounds {
+        let r = partmove::run(&o)?;
+        if a.rounds > 1 {
+            println!("round {round} of {}", a.rounds);
         }
-        println!("{}", partmove::summary_json(&r));
+        print!("{}", partmove::table(&o, &r));
+        if a.windows {
+            print!("{}", partmove::windows_table(&r));
+        }
+        if a.json {
+            for p in &r.phases {
+                let mut p = p.clone();
+                p.params["round"] = round.into();
+                println!("{}", p.json());
+            }
+            println!("{}", partmove::summary_json(&r));
+        }
+        reports.push(r);
     }
-    if r.errors > 0 {
-        return Err(format!("clients saw {} errors", r.errors));
+    let errors: u64 = reports.iter().map(|r| r.errors).sum();
+    if a.rounds > 1 {
+        let ratios: Vec<f64> = reports.iter().map(|r| r.p99_ratio()).collect();
+        let noise: Vec<f64> = reports.iter().map(|r| r.p99_noise_ratio()).collect();
+        let ops: Vec<f64> = reports
+            .iter()
+            .map(|r| r.phases.iter().map(|p| p.ops_per_s).sum::<f64>() / 3.0)
+            .collect();
+        let (ratio, noise_ratio, rate) = (
+            partmove::median(ratios.clone()),
+            partmove::median(noise),
+            partmove::median(ops),
+        );
+        println!(
+            "{} rounds: errors {errors}; median p99 moving / before {ratio:.2}x (rounds: {}); \
+             median p99 after / before (noise) {noise_ratio:.2}x; median {:.2} Mops/s",
+            a.rounds,
+            ratios
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            rate / 1e6
+        );
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "bench": "partition-move", "case": "median", "rounds": a.rounds,
+                    "errors": errors, "p99_ratio": ratio, "p99_noise_ratio": noise_ratio,
+                    "ops_per_s": rate, "p99_ratios": ratios,
+                })
+            );
+        }
+    }
+    if errors > 0 {
+        return Err(format!("clients saw {errors} errors"));
     }
     Ok(())
 }
