@@ -75,6 +75,7 @@ bench-smoke: build python
 	$(BIN) bench kv --duration 0.5 --keys 2000 --json
 	$(BIN) bench kv --duration 0.5 --keys 2000 --get-percent 100 --server-cpus 0 --client-cpus 1 --compare-redis --json
 	$(BIN) bench herd --workers 1,2 --keys-per-partition 2000 --duration 0.3 --json
+	$(BIN) bench partition-move --keys 2000 --steady 0.3 --moving 0.3 --json
 	$(BIN) bench herd --transport shm --workers 1 --keys-per-partition 2000 --duration 0.3 --server-cpus 0 --client-cpus 1 --json
 	$(BIN) bench herd --clients 2 --keys-per-partition 2000 --duration 0.3 --json
 	$(BIN) bench compare --keys 2000 --duration 0.3 --depths 1,16 --mget 10 --json

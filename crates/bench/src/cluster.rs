@@ -114,7 +114,7 @@ fn start_servers(
 ) -> Result<Vec<ServerHandle>, String> {
     let item = o.key_size + o.value_size + 64;
     let total = ((o.keys as usize * item * 3) as u64).max(CLUSTER_MEMORY_BYTES_MIN);
-    let least = workers as u64 * fabrickv_server::config::MEMORY_PER_WORKER_BYTES_MIN;
+    let least = workers as u64 * fabrickv_server::config::MEMORY_PER_PARTITION_BYTES_MIN;
     let memory = (total / n as u64).max(least);
     (0..n)
         .map(|i| {

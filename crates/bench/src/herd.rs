@@ -28,7 +28,8 @@ use crate::report::BenchResult;
 pub struct HerdOpts {
     /// Worker counts to measure, one table row each (HERD's "Cores").
     pub workers: Vec<usize>,
-    /// Keys in each worker's partition (HERD_NUM_KEYS).
+    /// Keys per worker (HERD_NUM_KEYS, a HERD worker's partition; the
+    /// server spreads them over its own partitions).
     pub keys_per_partition: u64,
     /// Value size in bytes (HERD_VALUE_SIZE); keys are 16 bytes.
     pub value_size: usize,

@@ -9,6 +9,8 @@
 //!   that go with them, so every read can be checked;
 //! - [`kv`]: the GET/PUT mix against FabricKV's native protocol;
 //! - [`herd`]: HERD's workload and Cores x Batched/Non-batched table;
+//! - [`partmove`]: partitions moved between workers under load: latency
+//!   per window and phase, errors seen by clients;
 //! - [`peers`]: starting and driving peers (redis-server, redis-benchmark)
 //!   in the same run, pinned to the same cores, for ratios;
 //! - [`memcache`]: a memcached text-protocol load generator shaped like
@@ -53,6 +55,7 @@ pub mod kv;
 pub mod limits;
 pub mod memcache;
 pub mod paced;
+pub mod partmove;
 pub mod peers;
 pub mod pipe;
 pub mod plot;

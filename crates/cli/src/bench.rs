@@ -8,6 +8,8 @@ use fabrickv_bench::cmd;
 pub enum BenchCommand {
     /// GET/PUT mix over the native protocol (Mops, p50, p99), optionally beside Redis.
     Kv(cmd::kv::KvArgs),
+    /// Partitions moved between workers under load: p50/p99 per 100 ms window before, during and after the moves, errors seen by clients, throughput.
+    PartitionMove(cmd::partition_move::PartitionMoveArgs),
     /// HERD's workload and table: Cores x Batched / Non-batched Mops, per-worker lines.
     Herd(cmd::herd::HerdArgs),
     /// FabricKV (RESP, memcache, native tcp, shm) beside redis-server and memcached: Mops, p50/p99, server CPU-s per Mop.
@@ -40,6 +42,7 @@ pub fn run(which: BenchCommand) -> Result<(), String> {
     match which {
         BenchCommand::Kv(a) => cmd::kv::run(a),
         BenchCommand::Herd(a) => cmd::herd::run(a),
+        BenchCommand::PartitionMove(a) => cmd::partition_move::run(a),
         BenchCommand::Compare(a) => cmd::compare::run(a),
         BenchCommand::Ps(a) => cmd::ps::run(a),
         BenchCommand::Cache(a) => cmd::cache::run(a),

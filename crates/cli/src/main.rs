@@ -6,6 +6,7 @@
 mod bench;
 mod cluster_cmd;
 mod copy_cmd;
+mod partitions_cmd;
 mod ps_cmd;
 mod shard_cmd;
 
@@ -165,6 +166,11 @@ enum Command {
         /// Data-path worker threads (default: one per core).
         #[arg(long)]
         workers: Option<usize>,
+        /// Engine partitions, each with its share of --memory; keys map to
+        /// partitions, partitions to workers by a table that can change
+        /// at run time (default: 4 per worker, fewer if memory is short).
+        #[arg(long)]
+        partitions: Option<usize>,
         /// Pin worker i to the i-th CPU of this list (taskset syntax, e.g.
         /// 0-3; round robin when workers outnumber it). Unpinned by default.
         #[arg(long, value_name = "LIST", env = "FABRICKV_WORKER_CPUS")]
@@ -293,6 +299,12 @@ enum Command {
         #[command(flatten)]
         cluster: cluster_cmd::ClusterSource,
     },
+    /// The partition table: show which worker serves each partition, or
+    /// move one to another worker while the server serves.
+    Partitions {
+        #[command(subcommand)]
+        which: partitions_cmd::PartitionsCommand,
+    },
     /// Embedding tables: create, list, preload (and check), pull.
     Ps {
         #[command(subcommand)]
@@ -404,6 +416,7 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             transport,
             provider,
             workers,
+            partitions,
             worker_cpus,
             mode,
             memory,
@@ -438,6 +451,9 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             cfg.listen = with_scheme(&transport, &provider, &cfg.listen)?;
             if workers.is_some() {
                 cfg.workers = workers;
+            }
+            if partitions.is_some() {
+                cfg.partitions = partitions;
             }
             if let Some(v) = worker_cpus {
                 cfg.worker_cpus = fabrickv_types::cpus::parse_cpu_list(&v)?;
@@ -600,6 +616,7 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             cluster_cmd::Conn::open(&server, &cluster)?.print_stats()?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Partitions { which } => partitions_cmd::run(which),
         Command::Ps { which } => ps_cmd::run(which),
         Command::Shard { which } => shard_cmd::run(which),
         Command::Copy(args) => {

@@ -68,6 +68,50 @@ fn client_commands_print_values_and_exit_codes() {
 }
 
 #[test]
+fn partitions_show_and_move_while_serving() {
+    let s = serve(&["--partitions", "8"]);
+    assert!(cli(&s, &["put", "k", "v"]).status.success());
+    let out = cli(&s, &["partitions", "show"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("epoch 0  workers 2  partitions 8\n"),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 10, "{text}");
+
+    let out = cli(
+        &s,
+        &["partitions", "move", "--partition", "3", "--worker", "0"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("epoch 1 "), "{text}");
+    let row: Vec<&str> = text
+        .lines()
+        .nth(5)
+        .expect("partition 3")
+        .split_whitespace()
+        .collect();
+    assert_eq!(&row[..2], ["3", "0"], "partition 3 is worker 0's: {text}");
+
+    let out = cli(
+        &s,
+        &["partitions", "move", "--partition", "3", "--worker", "2"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NO_SUCH_WORKER"));
+    assert_eq!(cli(&s, &["get", "k"]).stdout, b"v", "data stays put");
+    let stats = String::from_utf8_lossy(&cli(&s, &["stats"]).stdout).to_string();
+    assert!(stats.contains("partitions_owned: 8"), "{stats}");
+}
+
+#[test]
 fn ttl_expires_keys() {
     let s = serve(&[]);
     assert!(cli(&s, &["put", "short", "v", "--ttl", "0.2"])

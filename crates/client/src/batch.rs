@@ -1,6 +1,8 @@
 //! The pipelined executor behind every client call.
 //!
-//! 1. Each operation goes to the worker that owns its key.
+//! 1. Each operation goes to the worker the partition table names for its
+//!    key's partition; a reply with the WRONG_WORKER hint marks the table
+//!    stale, and the next call fetches it first.
 //! 2. Per worker, operations are packed into frames of at most
 //!    `BATCH_OPS_MAX` operations and `FRAME_BODY_BYTES_MAX` bytes; every
 //!    frame is posted before any reply is awaited, and each connection is
@@ -231,7 +233,28 @@ impl Sink for Outcomes {
 /// Each round makes progress: the first GET of a frame always fits.
 pub(crate) fn execute(c: &mut Client, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
     validate(ops)?;
+    refresh_if_stale(c, ops);
     execute_valid(c, ops)
+}
+
+/// Fetches the partition table again when a reply said it moved on, with
+/// nothing in flight. Never before a batch of large-value pieces: a
+/// transfer's pieces must all reach the connection that holds it, and its
+/// batches run back to back (the refresh waits for the next other call).
+/// A refresh that fails leaves the old table, which still works: the
+/// server serves a partition on any worker.
+pub(crate) fn refresh_if_stale(c: &mut Client, ops: &[BatchOp<'_>]) {
+    if !c.table_stale
+        || c.sessions.in_flight() > 0
+        || ops
+            .iter()
+            .any(|op| matches!(op, BatchOp::PutChunk { .. } | BatchOp::GetChunk { .. }))
+    {
+        return;
+    }
+    if let Err(e) = c.refresh_table() {
+        tracing::debug!("partition table refresh failed: {e}");
+    }
 }
 
 /// [`execute`] of a batch [`validate`] has passed.
@@ -304,11 +327,11 @@ pub(crate) fn post(
     let workers = c.sessions.len();
     let tagged: Vec<(usize, usize)> = sel
         .map(|i| {
-            let w = match hashes {
-                Some(h) => c.worker_of_hash(h[i]),
-                None => c.worker_of(ops[i].key()),
+            let hash = match hashes {
+                Some(h) => h[i],
+                None => KeyHash::of(ops[i].key()),
             };
-            (usize::from(w), i)
+            (usize::from(c.worker_of_hash(hash)), i)
         })
         .collect();
     // `ends[w]`: first where worker w's positions start, then where they end.
@@ -405,6 +428,7 @@ pub(crate) fn collect<S: Sink>(
     deadline: Instant,
     out: &mut S,
 ) -> Result<()> {
+    let mut stale = false;
     for session in c.sessions.all() {
         while !session.is_idle() {
             session.wait_until(deadline)?;
@@ -414,7 +438,7 @@ pub(crate) fn collect<S: Sink>(
                 if failure.is_some() {
                     return;
                 }
-                if let Err(e) = absorb(msg, q, pending.batch, out) {
+                if let Err(e) = absorb(msg, q, pending.batch, out, &mut stale) {
                     failure = Some(e);
                 }
             })?;
@@ -423,14 +447,28 @@ pub(crate) fn collect<S: Sink>(
             }
         }
     }
+    c.table_stale |= stale;
     Ok(())
 }
 
 /// Applies one reply message to the oldest frame in flight; a reply to a
 /// frame of an earlier batch (given up) is dropped.
-fn absorb<S: Sink>(msg: &[u8], q: &mut InFlight<FrameTag>, batch: u64, out: &mut S) -> Result<()> {
+/// A RESPONSE whose status is WRONG_WORKER sets `stale`: its results
+/// stand, but the worker does not own some partition it served.
+fn absorb<S: Sink>(
+    msg: &[u8],
+    q: &mut InFlight<FrameTag>,
+    batch: u64,
+    out: &mut S,
+    stale: &mut bool,
+) -> Result<()> {
     let frame = decode_frame(msg).map_err(protocol)?;
     let expect = q.complete(frame.header.request_id)?;
+    if frame.header.kind == FrameKind::Response
+        && frame.header.status == ErrorCode::WrongWorker.as_u16()
+    {
+        *stale = true;
+    }
     if expect.tag.batch != batch {
         return Ok(());
     }

@@ -182,6 +182,7 @@ impl Kv for crate::Client {
 
     fn execute_into(&mut self, ops: &[BatchOp<'_>], buf: &mut MgetBuf) -> Result<()> {
         crate::batch::validate(ops)?;
+        crate::batch::refresh_if_stale(self, ops);
         let mut again = std::mem::take(&mut buf.again);
         let r = crate::batch::run_valid(self, ops, buf, &mut again);
         buf.again = again;

@@ -1,8 +1,10 @@
 //! The FabricKV Rust client.
 //!
 //! A [`Client`] opens one connection per server worker (learning the
-//! worker count from a HELLO), hashes each key to the worker that owns it
-//! (client-side steering, as in MICA), packs operations into frames of up
+//! worker and partition counts from a HELLO and the partition table from
+//! a PARTITIONS request), hashes each key to its partition and sends it
+//! to the worker the table names (client-side steering, as in MICA;
+//! [`Client::refresh_table`] when a reply says the table moved on), packs operations into frames of up
 //! to `BATCH_OPS_MAX`, posts every frame of a call before waiting for any
 //! reply (pipelining: many frames in flight on each connection), and
 //! matches replies to requests by id. Replies on one connection come back
@@ -35,7 +37,10 @@ use std::time::Duration;
 use fabrickv_rpc::{Session, Sessions};
 use fabrickv_transport::{Endpoint, TransportError};
 use fabrickv_types::{ErrorCode, KeyHash};
-use fabrickv_wire::control::{decode_stats_reply, encode_stats_request, ServerInfo};
+use fabrickv_wire::control::{
+    decode_partitions_reply, decode_stats_reply, encode_partitions_request, encode_stats_request,
+    PartitionMove, ServerInfo,
+};
 
 pub use batch::{BatchOp, Outcome};
 pub use cache::{CacheClient, CacheClientOptions, Placed};
@@ -45,6 +50,7 @@ pub use cluster::{
 };
 pub use conn::{server_workers, CONN_REQUESTS_IN_FLIGHT_MAX};
 pub use fabrickv_cluster::{Cluster, ServerDesc};
+pub use fabrickv_wire::control::PartitionTable;
 pub use fabrickv_wire::ps::{Missing, Optimizer, TableDesc, TableSpec};
 pub use kv::Kv;
 pub use mget::MgetBuf;
@@ -156,6 +162,16 @@ pub struct Client {
     /// Counts the batches posted, so that the replies to a batch given up
     /// (timed out) are told from the next one's.
     batches: u64,
+    /// The worker serving each partition, by partition: the server's
+    /// partition table as last fetched.
+    owners: Vec<u16>,
+    /// The epoch of that table.
+    epoch: u64,
+    /// A reply carried the WRONG_WORKER hint since the table was fetched:
+    /// the next call fetches it again first.
+    table_stale: bool,
+    /// Tables fetched since connecting (the first at connect).
+    refreshes: u64,
 }
 
 impl Client {
@@ -180,11 +196,87 @@ impl Client {
         for s in &mut sessions {
             s.set_redial(addr, dial.clone());
         }
-        Ok(Client {
+        let mut c = Client {
             info,
             sessions: Sessions::new(sessions, CONN_REQUESTS_IN_FLIGHT_MAX, timeout),
             batches: 0,
-        })
+            owners: Vec::new(),
+            epoch: 0,
+            table_stale: false,
+            refreshes: 0,
+        };
+        c.refresh_table()?;
+        Ok(c)
+    }
+
+    /// Asks worker 0 for the partition table (and, with `mv`, to move a
+    /// partition first), and steers by it from now on.
+    fn call_partitions(&mut self, mv: Option<PartitionMove>) -> Result<PartitionTable> {
+        let t = conn::call_control(
+            &mut self.sessions,
+            0,
+            batch::FrameTag::control(),
+            |b, id, w| encode_partitions_request(b, id, w, mv),
+            |f| decode_partitions_reply(f).map_err(conn::protocol),
+        )?;
+        if t.owners.len() != self.info.partitions as usize
+            || t.workers != self.info.workers
+            || t.owners
+                .iter()
+                .any(|&w| usize::from(w) >= self.sessions.len())
+        {
+            return Err(ClientError::Protocol(
+                "the partition table does not match the server's shape".into(),
+            ));
+        }
+        self.owners.clone_from(&t.owners);
+        self.epoch = t.epoch;
+        self.table_stale = false;
+        self.refreshes += 1;
+        Ok(t)
+    }
+
+    /// Fetches the partition table again (what a call does by itself
+    /// after a reply said the table moved on); returns its epoch. Every
+    /// frame of earlier calls must have been answered.
+    pub fn refresh_table(&mut self) -> Result<u64> {
+        self.call_partitions(None)?;
+        Ok(self.epoch)
+    }
+
+    /// The server's partition table now, with each partition's counters
+    /// (ops and misrouted); the client steers by it from now on.
+    pub fn partition_table(&mut self) -> Result<PartitionTable> {
+        self.call_partitions(None)
+    }
+
+    /// Moves `partition` to `worker` on the server (an administrative
+    /// call: the connection proved the server's secret), and steers by
+    /// the new table. Other clients learn of it from their next reply
+    /// from the old owner.
+    pub fn move_partition(&mut self, partition: u32, worker: u16) -> Result<PartitionTable> {
+        self.call_partitions(Some(PartitionMove { partition, worker }))
+    }
+
+    /// The epoch of the table this client steers by.
+    pub fn table_epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Whether a reply said the table moved on since it was fetched.
+    pub fn table_is_stale(&self) -> bool {
+        self.table_stale
+    }
+
+    /// How many times the table was fetched (once at connect).
+    pub fn table_refreshes(&self) -> u64 {
+        self.refreshes
+    }
+
+    /// The partition that owns `key`.
+    #[inline]
+    pub fn partition_of(&self, key: &[u8]) -> u32 {
+        KeyHash::of(key).partition(self.info.partitions)
     }
 
     /// The server's shape and limits.
@@ -197,16 +289,16 @@ impl Client {
         self.sessions.timeout()
     }
 
-    /// The worker that owns `key`.
+    /// The worker that serves `key`'s partition, by the table.
     #[inline]
     pub fn worker_of(&self, key: &[u8]) -> u16 {
         self.worker_of_hash(KeyHash::of(key))
     }
 
-    /// The worker that owns a key whose hash is known.
+    /// The worker that owns a key whose hash is known, by the table.
     #[inline]
     pub fn worker_of_hash(&self, hash: KeyHash) -> u16 {
-        fabrickv_rpc::worker::of_hash(hash, self.info.partitions, self.info.workers)
+        self.owners[hash.partition(self.info.partitions) as usize]
     }
 
     /// A fresh request id.

@@ -1,8 +1,9 @@
 //! Which server worker (thread) a key, a client or a request goes to: the
 //! one place every client of this workspace makes that choice.
 //!
-//! - By key ([`of_hash`]): the worker that owns the key's partition, as the
-//!   server places it (client-side steering, as in MICA); the kv client.
+//! - By key ([`of_hash`]): the worker that owns the key's partition as the
+//!   server deals partitions at start (its partition table's epoch 0).
+//!   The kv client steers by the table it fetches instead, which moves.
 //! - By turn ([`Turns`]): each new single-connection client of a process
 //!   takes the next worker, so the clients of a process spread over all of
 //!   them instead of queueing on one; the ps, cache and shard clients.

@@ -7,7 +7,7 @@
 use serde::Deserialize;
 
 use fabrickv_types::cpus::parse_cpu_list;
-use fabrickv_types::limits::WORKERS_MAX;
+use fabrickv_types::limits::{PARTITIONS_MAX, PARTITIONS_PER_WORKER_DEFAULT, WORKERS_MAX};
 use fabrickv_types::size::parse_size;
 
 /// The native protocol's default port (Redis's 6379, plus 1000).
@@ -83,8 +83,14 @@ pub fn read_resp_password(path: &std::path::Path) -> Result<String, String> {
 /// touched only as data arrives, so an idle server uses little of it.
 pub const DEFAULT_MEMORY_BYTES: u64 = 1 << 30;
 
-/// Least engine memory per worker, in bytes.
-pub const MEMORY_PER_WORKER_BYTES_MIN: u64 = 1 << 20;
+/// Least engine memory per partition, in bytes.
+pub const MEMORY_PER_PARTITION_BYTES_MIN: u64 = 1 << 20;
+
+/// Least engine memory per partition the default partition count leaves,
+/// in bytes (32 MiB): a partition's pages are a sixteenth of its pool, so
+/// one of 16 MiB or more holds the largest value (`VALUE_BYTES_MAX`) in
+/// either mode; 8 MiB ones hold values up to 512 KiB only.
+pub const MEMORY_PER_PARTITION_DEFAULT_BYTES_MIN: u64 = 32 << 20;
 
 /// What the engine does when memory is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -139,6 +145,11 @@ pub struct ServerConfig {
     pub listen: String,
     /// Data-path worker threads; `None` means one per core.
     pub workers: Option<usize>,
+    /// Engine partitions, each a whole engine with its share of memory
+    /// (`--partitions`); `None` gives `PARTITIONS_PER_WORKER_DEFAULT` per
+    /// worker, fewer when memory is short ([`ServerConfig::partitions`]).
+    /// Keys map to partitions by this count alone, never by the workers.
+    pub partitions: Option<usize>,
     /// CPUs the workers are pinned to: worker `i` runs on
     /// `worker_cpus[i % len]`; empty leaves them to the scheduler. Pinned,
     /// a worker keeps its caches and its clients can sit beside it (a
@@ -204,6 +215,7 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: DEFAULT_LISTEN.to_string(),
             workers: None,
+            partitions: None,
             worker_cpus: Vec::new(),
             mode: Mode::Store,
             memory_bytes: DEFAULT_MEMORY_BYTES,
@@ -231,6 +243,7 @@ impl Default for ServerConfig {
 struct FileConfig {
     listen: Option<String>,
     workers: Option<usize>,
+    partitions: Option<usize>,
     /// CPU list in `taskset -c` syntax (`"0-3"`).
     worker_cpus: Option<String>,
     mode: Option<Mode>,
@@ -277,6 +290,9 @@ impl ServerConfig {
         }
         if f.workers.is_some() {
             c.workers = f.workers;
+        }
+        if f.partitions.is_some() {
+            c.partitions = f.partitions;
         }
         if let Some(v) = f.worker_cpus {
             c.worker_cpus = parse_cpu_list(&v)?;
@@ -353,6 +369,20 @@ impl ServerConfig {
             .min(WORKERS_MAX)
     }
 
+    /// Partitions to build: the configured count, or
+    /// `PARTITIONS_PER_WORKER_DEFAULT` per worker, lowered (to a smaller
+    /// multiple of the workers, at least one each) while a partition would
+    /// get less than `MEMORY_PER_PARTITION_DEFAULT_BYTES_MIN`.
+    pub fn partitions(&self) -> usize {
+        if let Some(p) = self.partitions {
+            return p.min(PARTITIONS_MAX);
+        }
+        let w = self.workers() as u64;
+        let fit = self.memory_bytes / (w * MEMORY_PER_PARTITION_DEFAULT_BYTES_MIN).max(1);
+        let per = fit.clamp(1, PARTITIONS_PER_WORKER_DEFAULT as u64);
+        (w * per).min(PARTITIONS_MAX as u64) as usize
+    }
+
     /// Checks every bound; the message says which and why.
     pub fn validate(&self) -> Result<(), String> {
         if let Some(w) = self.workers {
@@ -360,14 +390,22 @@ impl ServerConfig {
                 return Err(format!("workers must be 1..={WORKERS_MAX}, not {w}"));
             }
         }
+        if let Some(p) = self.partitions {
+            if p == 0 || p > PARTITIONS_MAX {
+                return Err(format!("partitions must be 1..={PARTITIONS_MAX}, not {p}"));
+            }
+        }
         self.validate_worker_cpus()?;
-        let per = self.memory_bytes / self.workers() as u64;
-        if per < MEMORY_PER_WORKER_BYTES_MIN {
+        let per = self.memory_bytes / self.partitions() as u64;
+        if per < MEMORY_PER_PARTITION_BYTES_MIN {
             return Err(format!(
-                "memory {} leaves {} per worker; each worker needs at least {}",
+                "memory {} leaves {} per partition ({} partitions over {} workers); each \
+                 partition needs at least {}",
                 fabrickv_types::size::format_size(self.memory_bytes),
                 fabrickv_types::size::format_size(per),
-                fabrickv_types::size::format_size(MEMORY_PER_WORKER_BYTES_MIN),
+                self.partitions(),
+                self.workers(),
+                fabrickv_types::size::format_size(MEMORY_PER_PARTITION_BYTES_MIN),
             ));
         }
         if let Some(p) = &self.resp_password {
@@ -554,8 +592,19 @@ mod tests {
         assert!(c
             .validate()
             .expect_err("too little memory")
-            .contains("per worker"));
+            .contains("per partition"));
         c.memory_bytes = 64 << 20;
+        assert!(c.validate().is_ok());
+        assert_eq!(c.partitions(), 4, "one per worker when memory is short");
+        c.memory_bytes = 256 << 20;
+        assert_eq!(c.partitions(), 8, "two per worker: 32 MiB each");
+        c.memory_bytes = 1 << 30;
+        assert_eq!(c.partitions(), 16, "four per worker by default");
+        c.partitions = Some(0);
+        assert!(c.validate().is_err());
+        c.partitions = Some(PARTITIONS_MAX + 1);
+        assert!(c.validate().is_err());
+        c.partitions = Some(8);
         assert!(c.validate().is_ok());
         c.resp_password = Some(String::new().into());
         assert!(c.validate().is_err(), "an empty password is refused");

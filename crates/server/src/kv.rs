@@ -8,13 +8,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use fabrickv_engine::{
-    DeleteResult, GetRefResult, LargeValue, PutCond, PutResult, ValueRef, LARGE_VALUE_BYTES_MAX,
+    DeleteResult, GetRefResult, LargeValue, Partition, PutCond, PutResult, ValueRef,
+    LARGE_VALUE_BYTES_MAX,
 };
 use fabrickv_transport::{ConnId, Reply};
-use fabrickv_types::hash::worker_of_partition;
 use fabrickv_types::limits::{BATCH_OPS_MAX, KEY_BYTES_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::{ErrorCode, KeyHash};
 use fabrickv_wire::control::ServerInfo;
@@ -107,21 +107,18 @@ pub struct KvCounters {
     pub frames: u64,
     /// Operations executed (or answered with a per-op error).
     pub ops: u64,
-    /// Operations answered WRONG_WORKER (client steered to the wrong thread).
+    /// Operations for a partition this worker does not own (a client's
+    /// table was stale): executed all the same, under the partition's
+    /// lock, and the reply carries the WRONG_WORKER hint.
     pub misrouted: u64,
     /// GETs answered REPLY_FULL because their frame's reply had no room.
     pub reply_full: u64,
 }
 
-/// The kv service of one worker, serving its own partition.
-pub struct KvService {
-    id: u16,
-    workers: u16,
-    parts: Arc<Partitions>,
-    mode: Mode,
+/// What executing an operation changes besides its partition: the
+/// service's counters and its connections' large-value transfers.
+struct OpState {
     counters: KvCounters,
-    /// The key hashes of the frame being executed (kept to reuse its memory).
-    hashes: Vec<KeyHash>,
     /// The PUT_CHUNK transfer of each connection that has one (at most
     /// one per connection; idle ones are swept).
     receiving: HashMap<ConnId, Receiving>,
@@ -132,44 +129,82 @@ pub struct KvService {
     next_tag: u64,
 }
 
+/// Most partitions the kv service locks at once for one frame: a frame's
+/// operations run in groups over at most this many partitions (one group,
+/// unless the frame spreads wider), each group's locks held together so
+/// that all its keys are prefetched before the first lookup.
+pub const FRAME_LOCKS_MAX: usize = 8;
+
+/// The kv service of one worker: it serves the partitions the table gives
+/// it uncontended, and any other under that partition's lock.
+pub struct KvService {
+    id: u16,
+    workers: u16,
+    parts: Arc<Partitions>,
+    mode: Mode,
+    /// Counters and per-connection transfers.
+    st: OpState,
+    /// The key hashes of the frame being executed (kept to reuse its memory).
+    hashes: Vec<KeyHash>,
+    /// The partition of each key of the frame being executed, likewise.
+    indexes: Vec<u32>,
+    /// The partition the sweep visits next (it walks the partitions this
+    /// worker owns, one per run).
+    sweep_next: usize,
+}
+
 impl KvService {
-    /// The service of worker `id` out of `workers`, which owns partition `id`.
+    /// The service of worker `id` out of `workers`.
     pub fn new(id: u16, workers: u16, parts: Arc<Partitions>, mode: Mode) -> KvService {
         KvService {
             id,
             workers,
             parts,
             mode,
-            counters: KvCounters::default(),
+            st: OpState {
+                counters: KvCounters::default(),
+                receiving: HashMap::new(),
+                pinned: HashMap::new(),
+                next_tag: 1,
+            },
             hashes: Vec::with_capacity(BATCH_OPS_MAX),
-            receiving: HashMap::new(),
-            pinned: HashMap::new(),
-            next_tag: 1,
+            indexes: Vec::with_capacity(BATCH_OPS_MAX),
+            sweep_next: 0,
         }
     }
 
     /// This service's counters.
     pub fn counters(&self) -> KvCounters {
-        self.counters
+        self.st.counters
     }
 
     /// Background work when idle: reclaims expired items in up to
-    /// `buckets` index buckets; returns how many items it reclaimed.
+    /// `buckets` index buckets of the next partition this worker owns
+    /// (each owned partition in turn); returns how many items it
+    /// reclaimed. A partition owned by no one is never left unswept for
+    /// long: every partition has an owner.
     pub fn sweep_buckets(&mut self, now_ms: u64, buckets: usize) -> usize {
-        self.parts.lock(usize::from(self.id)).sweep(now_ms, buckets)
+        let n = self.parts.len();
+        for k in 0..n {
+            let i = (self.sweep_next + k) % n;
+            if self.parts.owner(i) == self.id {
+                self.sweep_next = (i + 1) % n;
+                return self.parts.lock(i).sweep(now_ms, buckets);
+            }
+        }
+        0
     }
 
     /// The shape a HELLO reply announces: workers, partitions and limits,
-    /// the value bound lowered to what this worker's partition can hold.
+    /// the value bound lowered to what a partition can hold (all are the
+    /// same size).
     pub fn server_info(&self) -> ServerInfo {
         ServerInfo {
             workers: self.workers,
-            partitions: u32::from(self.workers),
+            partitions: self.parts.len() as u32,
             store_mode: self.mode == Mode::Store,
             key_bytes_max: KEY_BYTES_MAX as u32,
-            value_bytes_max: VALUE_BYTES_MAX
-                .min(self.parts.lock(usize::from(self.id)).max_item_value_bytes())
-                as u32,
+            value_bytes_max: VALUE_BYTES_MAX.min(self.parts.lock(0).max_item_value_bytes()) as u32,
             batch_ops_max: BATCH_OPS_MAX as u32,
         }
     }
@@ -177,8 +212,8 @@ impl KvService {
     /// Frees the transfers and pins idle for over [`KV_LARGE_IDLE_MS`].
     pub fn sweep_large(&mut self, now_ms: u64) {
         let live = |last: u64| now_ms.saturating_sub(last) <= KV_LARGE_IDLE_MS;
-        self.receiving.retain(|_, r| live(r.last_ms));
-        self.pinned.retain(|_, p| live(p.last_ms));
+        self.st.receiving.retain(|_, r| live(r.last_ms));
+        self.st.pinned.retain(|_, p| live(p.last_ms));
     }
 
     fn execute(
@@ -189,157 +224,124 @@ impl KvService {
         out: &mut Vec<u8>,
         now_ms: u64,
     ) {
-        self.counters.frames += 1;
-        let partitions = u32::from(self.workers);
-        // Uncontended: only RESP threads ever take another worker's lock.
-        let mut partition = self.parts.lock(usize::from(self.id));
-        // Prefetch passes: every key's bucket, then every item those buckets
-        // name, before the first lookup, so the batch's misses overlap.
-        // Each key is hashed once, here; execution reuses the hash.
+        self.st.counters.frames += 1;
+        // Each key is hashed once, here, and its partition found; execution
+        // reuses both.
         self.hashes.clear();
         self.hashes
             .extend(ops.clone().map(|op| KeyHash::of(op.key)));
-        for &h in &self.hashes {
-            partition.prefetch(h);
-        }
-        for &h in &self.hashes {
-            partition.prefetch_item(h);
-        }
+        self.indexes.clear();
+        let parts = &self.parts;
+        self.indexes
+            .extend(self.hashes.iter().map(|&h| parts.index_of(h) as u32));
         let mut rb = ResponseBuilder::new(out, id, self.id);
         let total = ops.len();
-        for (op, &hash) in ops.zip(&self.hashes) {
-            // Results still to come after this one, each at least a header.
-            let after = total - rb.len() - 1;
-            self.counters.ops += 1;
-            let (code, cond) = match op.check() {
-                Ok(c) => c,
-                Err(e) => {
-                    rb.result(e, &[]);
-                    continue;
+        let mut ops = ops;
+        let mut hint = false;
+        let mut start = 0;
+        while start < total {
+            // A group: the operations from `start` on, over at most
+            // FRAME_LOCKS_MAX partitions (the whole frame, unless it
+            // spreads wider).
+            let mut set = [0u32; FRAME_LOCKS_MAX];
+            let mut n = 0;
+            let mut end = start;
+            while end < total {
+                let p = self.indexes[end];
+                if !set[..n].contains(&p) {
+                    if n == FRAME_LOCKS_MAX {
+                        break;
+                    }
+                    set[n] = p;
+                    n += 1;
                 }
-            };
-            if worker_of_partition(hash.partition(partitions), u32::from(self.workers))
-                != u32::from(self.id)
-            {
-                self.counters.misrouted += 1;
-                rb.result(ErrorCode::WrongWorker, &[]);
-                continue;
+                end += 1;
             }
-            match code {
-                OpCode::Get => match partition.get_ref(hash, op.key, now_ms) {
-                    GetRefResult::Found {
-                        value: ValueRef::Large(v),
-                        ..
-                    } => {
-                        // Too large for any frame: pin it for this
-                        // connection's GET_CHUNKs and answer its length.
-                        if !rb.fits(fabrickv_wire::LARGE_RESULT_BYTES, after) {
-                            self.counters.reply_full += 1;
-                            rb.result(ErrorCode::ReplyFull, &[]);
-                            continue;
-                        }
-                        let tag = self.next_tag;
-                        self.next_tag += 1;
-                        let mut r = [0u8; fabrickv_wire::LARGE_RESULT_BYTES];
-                        r[..8].copy_from_slice(&(v.len() as u64).to_le_bytes());
-                        r[8..].copy_from_slice(&tag.to_le_bytes());
-                        self.pinned.insert(
-                            conn,
-                            Pinned {
-                                tag,
-                                value: v.clone(),
-                                last_ms: now_ms,
-                            },
-                        );
-                        rb.result(ErrorCode::LargeValue, &r)
-                    }
-                    GetRefResult::Found { value, .. } if rb.fits(value.bytes().len(), after) => {
-                        rb.result(ErrorCode::Ok, value.bytes())
-                    }
-                    GetRefResult::Found { .. } => {
-                        self.counters.reply_full += 1;
-                        rb.result(ErrorCode::ReplyFull, &[])
-                    }
-                    GetRefResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
-                },
-                OpCode::GetChunk => {
-                    // `check` passed, so the fields parse.
-                    let Ok(c) = op.get_chunk() else {
-                        rb.result(ErrorCode::Malformed, &[]);
-                        continue;
-                    };
-                    let pin = match self.pinned.get_mut(&conn) {
-                        Some(p) if p.tag == c.tag => p,
-                        _ => {
-                            rb.result(ErrorCode::NoSuchTransfer, &[]);
-                            continue;
-                        }
-                    };
-                    let bytes = pin.value.as_slice();
-                    let end = c.offset + u64::from(c.len);
-                    if end > bytes.len() as u64 {
-                        rb.result(ErrorCode::Malformed, &[]);
-                        continue;
-                    }
-                    if !rb.fits(c.len as usize, after) {
-                        self.counters.reply_full += 1;
-                        rb.result(ErrorCode::ReplyFull, &[]);
-                        continue;
-                    }
-                    pin.last_ms = now_ms;
-                    rb.result(ErrorCode::Ok, &bytes[c.offset as usize..end as usize]);
-                    // The last piece read unpins the value.
-                    if end == bytes.len() as u64 {
-                        self.pinned.remove(&conn);
-                    }
-                    &mut rb
+            set[..n].sort_unstable();
+            let set = &set[..n];
+            let slot_of = |p: u32| set.iter().position(|&q| q == p).unwrap_or(0);
+            // The group's partitions are locked in ascending order, as
+            // RESP's multi-key commands lock theirs, so no two threads
+            // wait for each other. Uncontended unless a partition moved or
+            // a RESP or memcache thread is on it: the table decides who
+            // serves a partition without contention, the lock that it is
+            // served correctly.
+            let mut guards: [Option<MutexGuard<'_, Partition>>; FRAME_LOCKS_MAX] =
+                Default::default();
+            let mut misrouted = [false; FRAME_LOCKS_MAX];
+            let mut counts = [0u64; FRAME_LOCKS_MAX];
+            for (k, &p) in set.iter().enumerate() {
+                guards[k] = Some(self.parts.lock(p as usize));
+                misrouted[k] = self.parts.owner(p as usize) != self.id;
+            }
+            // Prefetch passes: every key's bucket, then every item those
+            // buckets name, before the first lookup, so the group's misses
+            // overlap (MICA's prefetch).
+            for k in start..end {
+                if let Some(g) = &guards[slot_of(self.indexes[k])] {
+                    g.prefetch(self.hashes[k]);
                 }
-                OpCode::PutChunk => {
-                    let code = put_chunk(
-                        &mut self.receiving,
-                        &self.parts,
-                        conn,
-                        &op,
-                        hash,
-                        cond,
-                        now_ms,
-                        &mut partition,
-                    );
-                    rb.result(code, &[])
+            }
+            for k in start..end {
+                if let Some(g) = &guards[slot_of(self.indexes[k])] {
+                    g.prefetch_item(self.hashes[k]);
                 }
-                OpCode::Put => {
-                    let expire_at = if op.ttl_ms == 0 {
-                        0
-                    } else {
-                        now_ms + op.ttl_ms
-                    };
-                    let cond = match cond {
-                        PutCondition::Always => PutCond::Always,
-                        PutCondition::IfAbsent => PutCond::IfAbsent,
-                        PutCondition::IfPresent => PutCond::IfPresent,
-                    };
-                    let code = match partition.put(hash, op.key, op.value, expire_at, cond, now_ms)
-                    {
-                        PutResult::Stored => ErrorCode::Ok,
-                        PutResult::InsufficientSpace => ErrorCode::InsufficientSpace,
-                        PutResult::TooLarge => ErrorCode::ValueTooLarge,
-                        PutResult::ConditionFailed => ErrorCode::ConditionFailed,
-                    };
-                    rb.result(code, &[])
+            }
+            for k in start..end {
+                let Some(op) = ops.next() else {
+                    break;
+                };
+                let slot = slot_of(self.indexes[k]);
+                let Some(partition) = guards[slot].as_deref_mut() else {
+                    break;
+                };
+                counts[slot] += 1;
+                // Results still to come after this one, each at least a header.
+                let after = total - rb.len() - 1;
+                execute_op(
+                    &mut self.st,
+                    &self.parts,
+                    partition,
+                    conn,
+                    &op,
+                    self.hashes[k],
+                    after,
+                    &mut rb,
+                    now_ms,
+                );
+            }
+            for (k, &p) in set.iter().enumerate() {
+                let m = if misrouted[k] { counts[k] } else { 0 };
+                self.st.counters.misrouted += m;
+                hint |= m > 0;
+                if let Some(g) = &guards[k] {
+                    self.parts.count(p as usize, g, counts[k], m);
                 }
-                OpCode::Delete => match partition.delete(hash, op.key, now_ms) {
-                    DeleteResult::Deleted => rb.result(ErrorCode::Ok, &[]),
-                    DeleteResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
-                },
-            };
+            }
+            drop(guards);
+            start = end;
+        }
+        if hint {
+            // Every result stands; the client's table is stale.
+            rb.set_status(ErrorCode::WrongWorker);
         }
         rb.finish();
     }
 
-    /// The engine counters of this worker's partition, appended to a
-    /// STATS reply first.
+    /// The partitions (shared with every worker and front end).
+    pub fn partitions(&self) -> &Arc<Partitions> {
+        &self.parts
+    }
+
+    /// The engine counters of the partitions this worker owns now,
+    /// appended to a STATS reply first.
     pub fn engine_stats(&self, out: &mut StatsList) {
-        let e = self.parts.lock(usize::from(self.id)).stats();
+        let mut e = fabrickv_engine::PartitionStats::default();
+        for i in 0..self.parts.len() {
+            if self.parts.owner(i) == self.id {
+                e.add(&self.parts.lock(i).stats());
+            }
+        }
         out.extend([
             ("gets", e.gets),
             ("hits", e.hits),
@@ -359,6 +361,137 @@ impl KvService {
     }
 }
 
+/// Checks and executes one operation on its (locked) partition, appending
+/// its result.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn execute_op(
+    st: &mut OpState,
+    parts: &Arc<Partitions>,
+    partition: &mut Partition,
+    conn: ConnId,
+    op: &fabrickv_wire::Op<'_>,
+    hash: KeyHash,
+    after: usize,
+    rb: &mut ResponseBuilder<'_>,
+    now_ms: u64,
+) {
+    st.counters.ops += 1;
+    let (code, cond) = match op.check() {
+        Ok(c) => c,
+        Err(e) => {
+            rb.result(e, &[]);
+            return;
+        }
+    };
+    match code {
+        OpCode::Get => match partition.get_ref(hash, op.key, now_ms) {
+            GetRefResult::Found {
+                value: ValueRef::Large(v),
+                ..
+            } => {
+                // Too large for any frame: pin it for this
+                // connection's GET_CHUNKs and answer its length.
+                if !rb.fits(fabrickv_wire::LARGE_RESULT_BYTES, after) {
+                    st.counters.reply_full += 1;
+                    rb.result(ErrorCode::ReplyFull, &[]);
+                    return;
+                }
+                let tag = st.next_tag;
+                st.next_tag += 1;
+                let mut r = [0u8; fabrickv_wire::LARGE_RESULT_BYTES];
+                r[..8].copy_from_slice(&(v.len() as u64).to_le_bytes());
+                r[8..].copy_from_slice(&tag.to_le_bytes());
+                st.pinned.insert(
+                    conn,
+                    Pinned {
+                        tag,
+                        value: v.clone(),
+                        last_ms: now_ms,
+                    },
+                );
+                rb.result(ErrorCode::LargeValue, &r)
+            }
+            GetRefResult::Found { value, .. } if rb.fits(value.bytes().len(), after) => {
+                rb.result(ErrorCode::Ok, value.bytes())
+            }
+            GetRefResult::Found { .. } => {
+                st.counters.reply_full += 1;
+                rb.result(ErrorCode::ReplyFull, &[])
+            }
+            GetRefResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
+        },
+        OpCode::GetChunk => {
+            // `check` passed, so the fields parse.
+            let Ok(c) = op.get_chunk() else {
+                rb.result(ErrorCode::Malformed, &[]);
+                return;
+            };
+            let pin = match st.pinned.get_mut(&conn) {
+                Some(p) if p.tag == c.tag => p,
+                _ => {
+                    rb.result(ErrorCode::NoSuchTransfer, &[]);
+                    return;
+                }
+            };
+            let bytes = pin.value.as_slice();
+            let end = c.offset + u64::from(c.len);
+            if end > bytes.len() as u64 {
+                rb.result(ErrorCode::Malformed, &[]);
+                return;
+            }
+            if !rb.fits(c.len as usize, after) {
+                st.counters.reply_full += 1;
+                rb.result(ErrorCode::ReplyFull, &[]);
+                return;
+            }
+            pin.last_ms = now_ms;
+            rb.result(ErrorCode::Ok, &bytes[c.offset as usize..end as usize]);
+            // The last piece read unpins the value.
+            if end == bytes.len() as u64 {
+                st.pinned.remove(&conn);
+            }
+            &mut *rb
+        }
+        OpCode::PutChunk => {
+            let code = put_chunk(
+                &mut st.receiving,
+                parts,
+                conn,
+                op,
+                hash,
+                cond,
+                now_ms,
+                partition,
+            );
+            rb.result(code, &[])
+        }
+        OpCode::Put => {
+            let expire_at = if op.ttl_ms == 0 {
+                0
+            } else {
+                now_ms + op.ttl_ms
+            };
+            let cond = match cond {
+                PutCondition::Always => PutCond::Always,
+                PutCondition::IfAbsent => PutCond::IfAbsent,
+                PutCondition::IfPresent => PutCond::IfPresent,
+            };
+            let code = match partition.put(hash, op.key, op.value, expire_at, cond, now_ms) {
+                PutResult::Stored => ErrorCode::Ok,
+                PutResult::InsufficientSpace => ErrorCode::InsufficientSpace,
+                PutResult::TooLarge => ErrorCode::ValueTooLarge,
+                PutResult::ConditionFailed => ErrorCode::ConditionFailed,
+            };
+            rb.result(code, &[])
+        }
+        OpCode::Delete => match partition.delete(hash, op.key, now_ms) {
+            DeleteResult::Deleted => rb.result(ErrorCode::Ok, &[]),
+            DeleteResult::NotFound => rb.result(ErrorCode::NotFound, &[]),
+        },
+    };
+}
+
 /// One PUT_CHUNK: a piece at offset 0 starts a transfer (replacing the
 /// connection's earlier one), a piece elsewhere continues the
 /// connection's transfer exactly where it stopped, and the last piece
@@ -372,7 +505,7 @@ fn put_chunk(
     hash: KeyHash,
     cond: PutCondition,
     now_ms: u64,
-    partition: &mut fabrickv_engine::Partition,
+    partition: &mut Partition,
 ) -> ErrorCode {
     let Ok(c) = op.put_chunk() else {
         return ErrorCode::Malformed;
@@ -450,6 +583,18 @@ impl Service for KvService {
             "kv_large_receiving_bytes",
             self.parts.kv_large_receiving.load(Ordering::Acquire) as u64,
         ));
+        let t = self.parts.table();
+        out.push(("partitions", t.owners.len() as u64));
+        out.push(("partitions_epoch", t.epoch));
+        // Per partition, up to STATS_PARTITIONS_MAX of them (a STATS reply
+        // holds BATCH_OPS_MAX entries); the PARTITIONS reply has them all.
+        for (i, names) in crate::partitions::STAT_NAMES.iter().enumerate() {
+            if i >= t.owners.len() {
+                break;
+            }
+            out.push((names.0, t.ops[i]));
+            out.push((names.1, t.misrouted[i]));
+        }
     }
 
     fn sweep(&mut self, now_ms: u64) {

@@ -13,9 +13,12 @@
 //! - this file: [`Server::start`], which builds partitions, listens, and
 //!   starts one acceptor thread and one thread per worker.
 //!
-//! Threads share nothing on the data path: each worker owns one engine
-//! partition and the connections bound to it (MICA's EREW); clients steer
-//! each key to the worker that owns it.
+//! Threads share nothing on the data path in the steady state: a server
+//! has a fixed number of engine partitions (`--partitions`), the
+//! partition table ([`partitions`]) gives each to one worker, and clients
+//! steer each key to its partition's owner (MICA's EREW). The table can
+//! change while the server serves ([`ServerHandle::partitions`]); every
+//! partition sits behind a mutex, so serving never depends on it.
 
 pub mod cache;
 pub mod cache_grpc;
@@ -93,6 +96,7 @@ impl std::error::Error for StartError {}
 pub struct ServerHandle {
     addr: String,
     workers: usize,
+    parts: Arc<partitions::Partitions>,
     resp_addr: Option<String>,
     resp_wakers: Vec<Arc<mio::Waker>>,
     memcache_addr: Option<String>,
@@ -111,6 +115,13 @@ impl ServerHandle {
     /// Its data-path worker count (clients open one connection per worker).
     pub fn workers(&self) -> usize {
         self.workers
+    }
+
+    /// The partitions and their table: `move_partition` moves one to
+    /// another worker while the server serves (what the PARTITIONS frame
+    /// does for remote callers), `table` shows owners and counters.
+    pub fn partitions(&self) -> &Arc<partitions::Partitions> {
+        &self.parts
     }
 
     /// Where the RESP front-end listens, when it is on.
@@ -182,21 +193,27 @@ impl Server {
     pub fn start(cfg: &ServerConfig) -> Result<ServerHandle, StartError> {
         cfg.validate().map_err(StartError::Config)?;
         let workers = cfg.workers();
-        let per_worker = (cfg.memory_bytes / workers as u64) as usize;
-        let large_per_worker = cfg.large_memory_bytes.unwrap_or(cfg.memory_bytes) / workers as u64;
-        let mut partitions = Vec::with_capacity(workers);
-        for _ in 0..workers {
+        // Memory and the large-value budget are split over partitions, not
+        // workers: a partition keeps its share whichever worker serves it.
+        let count = cfg.partitions();
+        let per_partition = (cfg.memory_bytes / count as u64) as usize;
+        let large_per_partition = cfg.large_memory_bytes.unwrap_or(cfg.memory_bytes) / count as u64;
+        let mut partitions = Vec::with_capacity(count);
+        for _ in 0..count {
             let mut p = Partition::new(&PartitionConfig {
                 mode: cfg.mode.into(),
-                pool_bytes: per_worker,
+                pool_bytes: per_partition,
                 index_buckets: None,
                 memory: fabrickv_engine::PoolOptions::default(),
             })
             .map_err(StartError::Engine)?;
-            p.set_large_bytes_max(large_per_worker);
+            p.set_large_bytes_max(large_per_partition);
             partitions.push(p);
         }
-        let parts = Arc::new(partitions::Partitions::new(partitions));
+        let parts = Arc::new(partitions::Partitions::with_workers(
+            partitions,
+            workers as u16,
+        ));
         let ps = Arc::new(ps::PsStore::new(cfg.ps.clone(), workers));
         if let Err(why) = ps.check_budget() {
             // Said now rather than at the first CREATE, which would be
@@ -320,6 +337,7 @@ impl Server {
         tracing::info!(
             addr = %listening.local_addr,
             workers,
+            partitions = count,
             worker_cpus = ?cfg.worker_cpus,
             mode = ?cfg.mode,
             memory = %fabrickv_types::size::format_size(cfg.memory_bytes),
@@ -351,6 +369,7 @@ impl Server {
         Ok(ServerHandle {
             addr: listening.local_addr,
             workers,
+            parts,
             resp_addr,
             memcache_addr,
             grpc,

@@ -1,23 +1,80 @@
-//! The server's engine partitions, one per worker.
+//! The server's engine partitions and the table saying which worker
+//! serves each.
 //!
-//! The native protocol keeps MICA's EREW discipline: clients steer every
-//! key to the worker that owns its partition, so a worker only ever takes
-//! its own partition's lock and never waits for it. The lock is there for
-//! the front-ends that cannot steer: a RESP client sends any key on any
-//! connection, and its thread takes the owning partition's lock for the
-//! commands that touch it (a pipelined run of commands on one partition
-//! takes it once). An uncontended lock costs a few tens of nanoseconds per
-//! batch, against a batch's microseconds.
+//! A server has a fixed number of partitions (`--partitions`, by default
+//! `PARTITIONS_PER_WORKER_DEFAULT` per worker), each a whole engine
+//! behind its own mutex. Keys map to partitions by
+//! `KeyHash::partition(partitions)` alone, so a key's partition does not
+//! depend on the worker count.
+//!
+//! The table (`owners`, one atomic per partition, and `epoch`, bumped by
+//! every change) says which worker serves a partition *uncontended*:
+//! clients steer each key to its partition's owner, so in the steady state
+//! a worker only takes locks no other thread wants (MICA's EREW). Serving
+//! never depends on the table: whoever executes an operation takes its
+//! partition's lock, so a request that reaches a worker not owning the
+//! partition (a client with a stale table, a partition moved while the
+//! request was in flight) is still executed correctly, only contended,
+//! and counted as `misrouted`. That is what lets a partition move between
+//! workers while the server serves ([`Partitions::move_partition`]): the
+//! move is one store to the table, no data is copied, and no request is
+//! lost or answered from the wrong data.
+//!
+//! The lock is also there for the front-ends that cannot steer: a RESP or
+//! memcache client sends any key on any connection, and its thread takes
+//! the owning partition's lock for the commands that touch it. An
+//! uncontended lock costs a few tens of nanoseconds per partition a frame
+//! touches, against a batch's microseconds.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use fabrickv_engine::{Partition, PartitionStats};
+use fabrickv_types::hash::worker_of_partition;
+use fabrickv_types::limits::PARTITIONS_MAX;
 use fabrickv_types::KeyHash;
+use fabrickv_wire::control::PartitionTable;
 
-/// Every partition of one server.
+/// One partition's entry in the table, with the counters its native
+/// operations add to. Aligned to its own cache lines: the owner writes
+/// the counters of its partitions only, so workers do not share lines.
+#[repr(align(128))]
+struct Slot {
+    /// The worker that serves the partition uncontended.
+    owner: AtomicU16,
+    /// Native kv operations executed on the partition, by any worker.
+    ops: AtomicU64,
+    /// Of those, operations executed by a worker not owning it.
+    misrouted: AtomicU64,
+}
+
+/// Why a move was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveError {
+    /// No partition of that number.
+    NoSuchPartition,
+    /// No worker of that number.
+    NoSuchWorker,
+}
+
+impl std::fmt::Display for MoveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MoveError::NoSuchPartition => write!(f, "no such partition"),
+            MoveError::NoSuchWorker => write!(f, "no such worker"),
+        }
+    }
+}
+
+/// Every partition of one server, and the table of their owners.
 pub struct Partitions {
     parts: Box<[Mutex<Partition>]>,
+    /// Owner and counters of each partition, by partition.
+    slots: Box<[Slot]>,
+    /// Bumped by every move, so a client can tell its table is old.
+    epoch: AtomicU64,
+    /// Workers of the server: every owner is below it.
+    workers: u16,
     /// Bytes of large values being received over native connections (the
     /// kv service's PUT_CHUNK transfers), over every worker; bounded by
     /// `crate::kv::KV_LARGE_RECEIVING_BYTES_MAX`.
@@ -25,12 +82,35 @@ pub struct Partitions {
 }
 
 impl Partitions {
-    /// Wraps the partitions built at start-up; partition `i` belongs to worker `i`.
-    pub fn new(parts: Vec<Partition>) -> Partitions {
+    /// Wraps the partitions built at start-up, dealt to `workers` workers
+    /// round robin (`worker_of_partition`).
+    pub fn with_workers(parts: Vec<Partition>, workers: u16) -> Partitions {
+        assert!(workers > 0, "a server has a worker");
+        assert!(
+            !parts.is_empty() && parts.len() <= PARTITIONS_MAX,
+            "1..={PARTITIONS_MAX} partitions"
+        );
+        let slots = (0..parts.len())
+            .map(|i| Slot {
+                owner: AtomicU16::new(worker_of_partition(i as u32, u32::from(workers)) as u16),
+                ops: AtomicU64::new(0),
+                misrouted: AtomicU64::new(0),
+            })
+            .collect();
         Partitions {
             parts: parts.into_iter().map(Mutex::new).collect(),
+            slots,
+            epoch: AtomicU64::new(0),
+            workers,
             kv_large_receiving: AtomicUsize::new(0),
         }
+    }
+
+    /// Wraps partitions with one worker per partition (partition `i`
+    /// served by worker `i`), for tests of a front end alone.
+    pub fn new(parts: Vec<Partition>) -> Partitions {
+        let n = parts.len().clamp(1, usize::from(u16::MAX)) as u16;
+        Partitions::with_workers(parts, n)
     }
 
     /// How many partitions there are.
@@ -41,6 +121,11 @@ impl Partitions {
     /// Whether there are none (never, for a started server).
     pub fn is_empty(&self) -> bool {
         self.parts.is_empty()
+    }
+
+    /// The server's worker count.
+    pub fn workers(&self) -> u16 {
+        self.workers
     }
 
     /// The partition that owns a key's hash.
@@ -60,6 +145,83 @@ impl Partitions {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The worker that serves partition `i` uncontended.
+    #[inline]
+    pub fn owner(&self, i: usize) -> u16 {
+        self.slots[i].owner.load(Ordering::Acquire)
+    }
+
+    /// The table's epoch: bumped by every move.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Counts `ops` native operations executed on partition `i`, of which
+    /// `misrouted` by a worker not owning it. The caller holds partition
+    /// `i`'s lock (`_held`), so no other writer races: a plain load and
+    /// store, not a locked read-modify-write, per partition per frame.
+    #[inline]
+    pub fn count(&self, i: usize, _held: &Partition, ops: u64, misrouted: u64) {
+        let s = &self.slots[i];
+        s.ops
+            .store(s.ops.load(Ordering::Relaxed) + ops, Ordering::Relaxed);
+        if misrouted > 0 {
+            s.misrouted.store(
+                s.misrouted.load(Ordering::Relaxed) + misrouted,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Makes `worker` the owner of `partition`. Requests already steered
+    /// to the old owner are still served by it, under the partition's
+    /// lock, and counted as misrouted; clients learn of the move from the
+    /// hint in those replies and fetch the table again. Returns the new
+    /// epoch (the old one when the owner does not change).
+    pub fn move_partition(&self, partition: u32, worker: u16) -> Result<u64, MoveError> {
+        let slot = self
+            .slots
+            .get(partition as usize)
+            .ok_or(MoveError::NoSuchPartition)?;
+        if worker >= self.workers {
+            return Err(MoveError::NoSuchWorker);
+        }
+        if slot.owner.swap(worker, Ordering::AcqRel) == worker {
+            return Ok(self.epoch());
+        }
+        Ok(self.epoch.fetch_add(1, Ordering::AcqRel) + 1)
+    }
+
+    /// The table as a PARTITIONS reply carries it. The epoch is read
+    /// before the owners, so a move racing with this read makes the table
+    /// look older, never newer, than its owners: a client holding it
+    /// refreshes again at the next hint.
+    pub fn table(&self) -> PartitionTable {
+        let epoch = self.epoch();
+        let n = self.slots.len();
+        let mut t = PartitionTable {
+            epoch,
+            workers: self.workers,
+            owners: Vec::with_capacity(n),
+            ops: Vec::with_capacity(n),
+            misrouted: Vec::with_capacity(n),
+        };
+        for s in self.slots.iter() {
+            t.owners.push(s.owner.load(Ordering::Acquire));
+            t.ops.push(s.ops.load(Ordering::Relaxed));
+            t.misrouted.push(s.misrouted.load(Ordering::Relaxed));
+        }
+        t
+    }
+
+    /// How many partitions `worker` owns now.
+    pub fn owned_by(&self, worker: u16) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.owner.load(Ordering::Relaxed) == worker)
+            .count()
+    }
+
     /// Engine counters summed over every partition.
     pub fn stats(&self) -> PartitionStats {
         let mut total = PartitionStats::default();
@@ -67,5 +229,118 @@ impl Partitions {
             total.add(&self.lock(i).stats());
         }
         total
+    }
+}
+
+/// Partitions whose counters STATS carries (on worker 0), each as two
+/// entries; a STATS reply holds at most `BATCH_OPS_MAX` entries, and the
+/// PARTITIONS reply carries every partition's.
+pub const STATS_PARTITIONS_MAX: usize = 64;
+
+/// The STATS names of the first [`STATS_PARTITIONS_MAX`] partitions'
+/// counters: `(ops, misrouted)`, written out so STATS names stay static.
+pub const STAT_NAMES: [(&str, &str); STATS_PARTITIONS_MAX] = [
+    ("partition_0_ops", "partition_0_misrouted"),
+    ("partition_1_ops", "partition_1_misrouted"),
+    ("partition_2_ops", "partition_2_misrouted"),
+    ("partition_3_ops", "partition_3_misrouted"),
+    ("partition_4_ops", "partition_4_misrouted"),
+    ("partition_5_ops", "partition_5_misrouted"),
+    ("partition_6_ops", "partition_6_misrouted"),
+    ("partition_7_ops", "partition_7_misrouted"),
+    ("partition_8_ops", "partition_8_misrouted"),
+    ("partition_9_ops", "partition_9_misrouted"),
+    ("partition_10_ops", "partition_10_misrouted"),
+    ("partition_11_ops", "partition_11_misrouted"),
+    ("partition_12_ops", "partition_12_misrouted"),
+    ("partition_13_ops", "partition_13_misrouted"),
+    ("partition_14_ops", "partition_14_misrouted"),
+    ("partition_15_ops", "partition_15_misrouted"),
+    ("partition_16_ops", "partition_16_misrouted"),
+    ("partition_17_ops", "partition_17_misrouted"),
+    ("partition_18_ops", "partition_18_misrouted"),
+    ("partition_19_ops", "partition_19_misrouted"),
+    ("partition_20_ops", "partition_20_misrouted"),
+    ("partition_21_ops", "partition_21_misrouted"),
+    ("partition_22_ops", "partition_22_misrouted"),
+    ("partition_23_ops", "partition_23_misrouted"),
+    ("partition_24_ops", "partition_24_misrouted"),
+    ("partition_25_ops", "partition_25_misrouted"),
+    ("partition_26_ops", "partition_26_misrouted"),
+    ("partition_27_ops", "partition_27_misrouted"),
+    ("partition_28_ops", "partition_28_misrouted"),
+    ("partition_29_ops", "partition_29_misrouted"),
+    ("partition_30_ops", "partition_30_misrouted"),
+    ("partition_31_ops", "partition_31_misrouted"),
+    ("partition_32_ops", "partition_32_misrouted"),
+    ("partition_33_ops", "partition_33_misrouted"),
+    ("partition_34_ops", "partition_34_misrouted"),
+    ("partition_35_ops", "partition_35_misrouted"),
+    ("partition_36_ops", "partition_36_misrouted"),
+    ("partition_37_ops", "partition_37_misrouted"),
+    ("partition_38_ops", "partition_38_misrouted"),
+    ("partition_39_ops", "partition_39_misrouted"),
+    ("partition_40_ops", "partition_40_misrouted"),
+    ("partition_41_ops", "partition_41_misrouted"),
+    ("partition_42_ops", "partition_42_misrouted"),
+    ("partition_43_ops", "partition_43_misrouted"),
+    ("partition_44_ops", "partition_44_misrouted"),
+    ("partition_45_ops", "partition_45_misrouted"),
+    ("partition_46_ops", "partition_46_misrouted"),
+    ("partition_47_ops", "partition_47_misrouted"),
+    ("partition_48_ops", "partition_48_misrouted"),
+    ("partition_49_ops", "partition_49_misrouted"),
+    ("partition_50_ops", "partition_50_misrouted"),
+    ("partition_51_ops", "partition_51_misrouted"),
+    ("partition_52_ops", "partition_52_misrouted"),
+    ("partition_53_ops", "partition_53_misrouted"),
+    ("partition_54_ops", "partition_54_misrouted"),
+    ("partition_55_ops", "partition_55_misrouted"),
+    ("partition_56_ops", "partition_56_misrouted"),
+    ("partition_57_ops", "partition_57_misrouted"),
+    ("partition_58_ops", "partition_58_misrouted"),
+    ("partition_59_ops", "partition_59_misrouted"),
+    ("partition_60_ops", "partition_60_misrouted"),
+    ("partition_61_ops", "partition_61_misrouted"),
+    ("partition_62_ops", "partition_62_misrouted"),
+    ("partition_63_ops", "partition_63_misrouted"),
+];
+
+const _: () = assert!(2 * STATS_PARTITIONS_MAX + 64 <= fabrickv_types::limits::BATCH_OPS_MAX);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fabrickv_engine::{Mode, PartitionConfig, PoolOptions};
+
+    fn parts(n: usize, workers: u16) -> Partitions {
+        let p = (0..n)
+            .map(|_| {
+                Partition::new(&PartitionConfig {
+                    mode: Mode::Store,
+                    pool_bytes: 1 << 20,
+                    index_buckets: None,
+                    memory: PoolOptions::default(),
+                })
+                .expect("partition")
+            })
+            .collect();
+        Partitions::with_workers(p, workers)
+    }
+
+    #[test]
+    fn partitions_are_dealt_round_robin_and_moves_bump_the_epoch() {
+        let p = parts(8, 2);
+        assert_eq!(p.table().owners, vec![0, 1, 0, 1, 0, 1, 0, 1]);
+        assert_eq!(p.epoch(), 0);
+        assert_eq!(p.move_partition(3, 0), Ok(1));
+        assert_eq!(p.owner(3), 0);
+        assert_eq!(p.move_partition(3, 0), Ok(1), "no change, same epoch");
+        assert_eq!(p.move_partition(8, 0), Err(MoveError::NoSuchPartition));
+        assert_eq!(p.move_partition(0, 2), Err(MoveError::NoSuchWorker));
+        assert_eq!((p.owned_by(0), p.owned_by(1)), (5, 3));
+        p.count(3, &p.lock(3), 10, 4);
+        let t = p.table();
+        assert_eq!((t.epoch, t.ops[3], t.misrouted[3]), (1, 10, 4));
     }
 }

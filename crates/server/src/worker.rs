@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 
 use fabrickv_transport::{ConnId, PortStats, Reply, WorkerPort};
 use fabrickv_types::ErrorCode;
-use fabrickv_wire::control::{encode_hello_reply, encode_stats_reply};
+use fabrickv_wire::control::{
+    decode_partitions_request, encode_hello_reply, encode_partitions_reply, encode_stats_reply,
+};
 use fabrickv_wire::FrameKind;
 
 use crate::cache::CacheService;
@@ -129,6 +131,7 @@ impl Worker {
                 encode_stats_reply(reply.buf(), call.id(), self.id, &list);
                 Ok(())
             }
+            FrameKind::Partitions => partitions(s, &call, self.id, reply),
             other => Err((
                 ErrorCode::UnknownOpcode,
                 format!("{other:?} is not a request"),
@@ -183,6 +186,10 @@ impl Worker {
             ("msgs_out", t.msgs_out),
             ("backpressure_pauses", t.backpressure_pauses),
             ("spliced_bytes", t.spliced_bytes),
+            (
+                "partitions_owned",
+                s.kv.partitions().owned_by(self.id) as u64,
+            ),
         ]);
         // The embedding and KV-cache stores are shared: worker 0 alone
         // reports them, so clients that add up workers count them once.
@@ -194,6 +201,41 @@ impl Worker {
         }
         list
     }
+}
+
+/// Answers a PARTITIONS frame: moves a partition first if it asks to,
+/// then replies with the table. Any worker answers it; the connection
+/// proved the server's secret at its handshake, as every administrative
+/// frame's does.
+fn partitions(
+    s: &Services,
+    call: &Call<'_>,
+    id: u16,
+    reply: &mut dyn Reply,
+) -> Result<(), crate::service::Refusal> {
+    let parts = s.kv.partitions();
+    let mv = decode_partitions_request(&call.frame).map_err(crate::service::wire_refusal)?;
+    if let Some(m) = mv {
+        match parts.move_partition(m.partition, m.worker) {
+            Ok(epoch) => tracing::info!(
+                partition = m.partition,
+                worker = m.worker,
+                epoch,
+                "partition moved"
+            ),
+            Err(e @ crate::partitions::MoveError::NoSuchWorker) => {
+                return Err((ErrorCode::NoSuchWorker, format!("worker {}: {e}", m.worker)))
+            }
+            Err(e) => {
+                return Err((
+                    ErrorCode::Malformed,
+                    format!("partition {}: {e}", m.partition),
+                ))
+            }
+        }
+    }
+    encode_partitions_reply(reply.buf(), call.id(), id, &parts.table());
+    Ok(())
 }
 
 /// Runs a worker until `stop` is set.

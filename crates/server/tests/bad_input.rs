@@ -169,7 +169,7 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
     refused("bad magic", E::Malformed, &|m| m[0] ^= 0xFF, id());
     refused("version 0", E::UnsupportedVersion, &|m| m[2] = 0, id());
     refused("version 2", E::UnsupportedVersion, &|m| m[2] = 2, id());
-    for kind in [0u8, 14, 255] {
+    for kind in [0u8, 16, 255] {
         refused(
             &format!("frame kind {kind}"),
             E::UnknownOpcode,
@@ -185,6 +185,7 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
         (9, "PsReply"),
         (11, "CacheReply"),
         (13, "ShardReply"),
+        (15, "PartitionsReply"),
     ] {
         refused(
             &format!("a {name} sent as a request"),
@@ -193,6 +194,12 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
             id(),
         );
     }
+    refused(
+        "a kv batch relabelled as a partitions request",
+        E::Malformed,
+        &|m| m[3] = 14,
+        id(),
+    );
     refused(
         "a kv batch relabelled as an embedding request",
         E::Malformed,
@@ -390,12 +397,14 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
     );
     results("empty request", &|_| {}, &[]);
     if let Some(foreign) = &known.foreign {
+        // Served under the partition's lock, counted as misrouted (a
+        // DELETE of an absent key, so that nothing is stored).
         results(
             "misrouted key",
             &|b| {
-                b.put(foreign, b"lost", 0, PutCondition::Always);
+                b.delete(foreign);
             },
-            &[E::WrongWorker],
+            &[E::NotFound],
         );
     }
     if big {

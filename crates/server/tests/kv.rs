@@ -548,7 +548,7 @@ fn pipelined_frames_are_answered_in_order(t: Transport) {
     s.shutdown();
 }
 
-fn misrouted_key_gets_wrong_worker(t: Transport) {
+fn misrouted_key_is_served_and_the_reply_hints(t: Transport) {
     let s = TestServer::default_on(t);
     let mut c = s.client();
     let theirs = keys_of_worker(&c, 1, 1, "elsewhere").remove(0);
@@ -557,7 +557,7 @@ fn misrouted_key_gets_wrong_worker(t: Transport) {
     let id = c.next_request_id();
     let ep = c.endpoint(0);
     let msg = request(id, 0, |b| {
-        b.put(&theirs, b"lost", 0, PutCondition::Always)
+        b.put(&theirs, b"served anyway", 0, PutCondition::Always)
             .get(&theirs)
             .delete(&theirs)
             .get(&ours);
@@ -572,15 +572,21 @@ fn misrouted_key_gets_wrong_worker(t: Transport) {
             id,
             0,
             Reply::Results(vec![
-                (ErrorCode::WrongWorker, none.clone()),
-                (ErrorCode::WrongWorker, none.clone()),
-                (ErrorCode::WrongWorker, none),
+                (ErrorCode::Ok, none.clone()),
+                (ErrorCode::Ok, b"served anyway".to_vec()),
+                (ErrorCode::Ok, none),
                 (ErrorCode::Ok, b"home value".to_vec()),
             ])
         ),
-        "misrouted operations are refused; their neighbours still run"
+        "misrouted operations are executed under their partition's lock"
     );
-    assert_eq!(c.get(&theirs).expect("get"), None, "nothing was stored");
+    let f = fabrickv_wire::decode_frame(&reply).expect("frame");
+    assert_eq!(
+        f.header.status,
+        ErrorCode::WrongWorker.as_u16(),
+        "the reply hints that the sender's table is stale"
+    );
+    assert_eq!(c.get(&theirs).expect("get"), None, "the DELETE ran");
     assert_eq!(stat_per_worker(&mut c, "misrouted"), vec![3, 0]);
     s.shutdown();
 }
@@ -774,7 +780,7 @@ transport_tests!(
     cache_mode_overfill_evicts_without_errors,
     stats_count_what_the_client_did,
     pipelined_frames_are_answered_in_order,
-    misrouted_key_gets_wrong_worker,
+    misrouted_key_is_served_and_the_reply_hints,
     concurrent_clients_with_disjoint_keys,
     ttl_over_ten_years_is_refused,
     deep_pipeline_of_large_replies_is_throttled_not_lost,

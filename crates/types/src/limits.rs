@@ -80,6 +80,19 @@ pub const CONN_SEND_QUEUE_BYTES_MAX: usize = 2 * FRAME_BYTES_MAX;
 /// Most workers (data-path threads) in one server.
 pub const WORKERS_MAX: usize = 256;
 
+/// Most engine partitions in one server (`--partitions`): a PARTITIONS
+/// reply carries 18 bytes per partition, 72 KiB at this bound.
+pub const PARTITIONS_MAX: usize = 4096;
+
+/// Partitions per worker when `--partitions` is not given: enough that a
+/// hot partition can move to an idle worker and leave its old one others
+/// to serve, few enough that a 2-worker server's 8 partitions each get a
+/// useful share of memory.
+pub const PARTITIONS_PER_WORKER_DEFAULT: usize = 4;
+
+const _: () = assert!(WORKERS_MAX * PARTITIONS_PER_WORKER_DEFAULT <= PARTITIONS_MAX);
+const _: () = assert!(PARTITIONS_MAX <= u16::MAX as usize);
+
 /// Longest time-to-live accepted, in seconds (10 years).
 pub const TTL_SECS_MAX: u64 = 10 * 365 * 24 * 3600;
 

@@ -14,9 +14,21 @@
 //!   u8 name_len, name (ASCII, <= STAT_NAME_BYTES_MAX), u64 value
 //! Error body: a UTF-8 message of at most ERROR_MESSAGE_BYTES_MAX bytes;
 //!   the header's status field carries the ErrorCode.
+//! Partitions body: empty (show the table), or 8 bytes (move, then show):
+//!   0 u32 partition
+//!   4 u16 worker        the partition's new owner
+//!   6 u16 reserved
+//! PartitionsReply body (16 + 18 per partition bytes):
+//!   0 u64 epoch         bumped by every move; 0 at start
+//!   8 u16 workers
+//!  10 u16 reserved
+//!  12 u32 partitions
+//!  16 per partition: u16 owner, u64 ops, u64 misrouted
 //! ```
 
-use fabrickv_types::limits::{BATCH_OPS_MAX, ERROR_MESSAGE_BYTES_MAX, STAT_NAME_BYTES_MAX};
+use fabrickv_types::limits::{
+    BATCH_OPS_MAX, ERROR_MESSAGE_BYTES_MAX, PARTITIONS_MAX, STAT_NAME_BYTES_MAX,
+};
 use fabrickv_types::ErrorCode;
 
 use crate::header::{finish_frame, Frame, FrameHeader, FrameKind, WireError};
@@ -82,6 +94,133 @@ pub fn decode_hello_reply(frame: &Frame<'_>) -> Result<ServerInfo, WireError> {
         ));
     }
     Ok(info)
+}
+
+/// Bytes of a PartitionsReply body before its per-partition entries.
+pub const PARTITIONS_REPLY_HEAD_BYTES: usize = 16;
+
+/// Bytes of one partition's entry in a PartitionsReply.
+pub const PARTITION_ENTRY_BYTES: usize = 18;
+
+/// Bytes of a Partitions request that moves a partition.
+pub const PARTITION_MOVE_BYTES: usize = 8;
+
+/// Which worker serves each partition (the partition table), with each
+/// partition's counters, as a PARTITIONS reply carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PartitionTable {
+    /// Bumped by every move: two tables of one server with the same
+    /// epoch are the same table.
+    pub epoch: u64,
+    /// The server's worker count.
+    pub workers: u16,
+    /// The worker that serves each partition uncontended, by partition.
+    pub owners: Vec<u16>,
+    /// Native kv operations executed on each partition, by any worker.
+    pub ops: Vec<u64>,
+    /// Of those, operations executed by a worker not owning the partition
+    /// (sent by a client whose table was stale).
+    pub misrouted: Vec<u64>,
+}
+
+/// One partition moving to another worker, as a PARTITIONS request asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionMove {
+    /// The partition.
+    pub partition: u32,
+    /// Its new owner.
+    pub worker: u16,
+}
+
+/// Appends a PARTITIONS request: `None` asks for the table, `Some` moves a
+/// partition first.
+pub fn encode_partitions_request(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    worker: u16,
+    mv: Option<PartitionMove>,
+) {
+    let s = FrameHeader::begin(out, FrameKind::Partitions, request_id, worker, 0);
+    if let Some(m) = mv {
+        out.extend_from_slice(&m.partition.to_le_bytes());
+        out.extend_from_slice(&m.worker.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+    }
+    finish_frame(out, s, 0);
+}
+
+/// Reads a PARTITIONS request: the move it asks for, if any.
+pub fn decode_partitions_request(frame: &Frame<'_>) -> Result<Option<PartitionMove>, WireError> {
+    let b = frame.body;
+    if frame.header.kind != FrameKind::Partitions {
+        return Err(WireError::Malformed("not a partitions request"));
+    }
+    match b.len() {
+        0 => Ok(None),
+        PARTITION_MOVE_BYTES if le_u16(b, 6) == 0 => Ok(Some(PartitionMove {
+            partition: le_u32(b, 0),
+            worker: le_u16(b, 4),
+        })),
+        _ => Err(WireError::Malformed("partitions request of a wrong length")),
+    }
+}
+
+/// Appends a PartitionsReply frame.
+pub fn encode_partitions_reply(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    worker: u16,
+    t: &PartitionTable,
+) {
+    let s = FrameHeader::begin(out, FrameKind::PartitionsReply, request_id, worker, 0);
+    let n = t.owners.len().min(PARTITIONS_MAX);
+    out.extend_from_slice(&t.epoch.to_le_bytes());
+    out.extend_from_slice(&t.workers.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&(n as u32).to_le_bytes());
+    for i in 0..n {
+        out.extend_from_slice(&t.owners[i].to_le_bytes());
+        out.extend_from_slice(&t.ops.get(i).copied().unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(&t.misrouted.get(i).copied().unwrap_or(0).to_le_bytes());
+    }
+    finish_frame(out, s, 0);
+}
+
+/// Reads a PartitionsReply body; every owner must name one of the
+/// server's workers.
+pub fn decode_partitions_reply(frame: &Frame<'_>) -> Result<PartitionTable, WireError> {
+    let b = frame.body;
+    if frame.header.kind != FrameKind::PartitionsReply || b.len() < PARTITIONS_REPLY_HEAD_BYTES {
+        return Err(WireError::Malformed("not a partitions reply"));
+    }
+    let workers = le_u16(b, 8);
+    let n = le_u32(b, 12) as usize;
+    if workers == 0 || n == 0 || n > PARTITIONS_MAX {
+        return Err(WireError::Malformed(
+            "partitions reply with no workers, or no or too many partitions",
+        ));
+    }
+    if b.len() != PARTITIONS_REPLY_HEAD_BYTES + n * PARTITION_ENTRY_BYTES {
+        return Err(WireError::Malformed("partitions reply of a wrong length"));
+    }
+    let mut t = PartitionTable {
+        epoch: le_u64(b, 0),
+        workers,
+        owners: Vec::with_capacity(n),
+        ops: Vec::with_capacity(n),
+        misrouted: Vec::with_capacity(n),
+    };
+    for i in 0..n {
+        let at = PARTITIONS_REPLY_HEAD_BYTES + i * PARTITION_ENTRY_BYTES;
+        let owner = le_u16(b, at);
+        if owner >= workers {
+            return Err(WireError::Malformed("a partition owned by no such worker"));
+        }
+        t.owners.push(owner);
+        t.ops.push(le_u64(b, at + 2));
+        t.misrouted.push(le_u64(b, at + 10));
+    }
+    Ok(t)
 }
 
 /// The longest prefix of `s` of at most `max` bytes that ends on a
@@ -181,6 +320,39 @@ mod tests {
         encode_hello_reply(&mut buf, 1, 0, &info);
         let f = decode_frame(&buf).expect("frame");
         assert_eq!(decode_hello_reply(&f), Ok(info));
+    }
+
+    #[test]
+    fn partitions_round_trip_and_owners_are_checked() {
+        let mut buf = Vec::new();
+        let mv = PartitionMove {
+            partition: 7,
+            worker: 1,
+        };
+        encode_partitions_request(&mut buf, 2, 0, Some(mv));
+        let f = decode_frame(&buf).expect("frame");
+        assert_eq!(decode_partitions_request(&f), Ok(Some(mv)));
+        buf.clear();
+        encode_partitions_request(&mut buf, 2, 0, None);
+        let f = decode_frame(&buf).expect("frame");
+        assert_eq!(decode_partitions_request(&f), Ok(None));
+
+        let mut t = PartitionTable {
+            epoch: 9,
+            workers: 2,
+            owners: vec![0, 1, 1],
+            ops: vec![5, 6, 7],
+            misrouted: vec![0, 1, 0],
+        };
+        buf.clear();
+        encode_partitions_reply(&mut buf, 3, 0, &t);
+        let f = decode_frame(&buf).expect("frame");
+        assert_eq!(decode_partitions_reply(&f), Ok(t.clone()));
+        t.owners[2] = 2;
+        buf.clear();
+        encode_partitions_reply(&mut buf, 3, 0, &t);
+        let f = decode_frame(&buf).expect("frame");
+        assert!(decode_partitions_reply(&f).is_err(), "owner 2 of 2 workers");
     }
 
     #[test]

@@ -11,7 +11,11 @@
 //!     16    4 body_len     bytes after the header
 //!     20    4 checksum     CRC-32C of the body
 //!     24    2 worker       worker the frame is for (request) or from (reply)
-//!     26    2 status       frame-level ErrorCode (replies), 0 in requests
+//!     26    2 status       frame-level ErrorCode (replies), 0 in requests;
+//!                          in a RESPONSE, WRONG_WORKER is a hint, not a
+//!                          refusal: every result stands, but some
+//!                          operation was for a partition this worker does
+//!                          not own (the client's partition table is stale)
 //!     28    4 reserved     must be 0
 //! ```
 
@@ -58,6 +62,11 @@ pub enum FrameKind {
     Shard = 12,
     /// The answer to a `Shard` request.
     ShardReply = 13,
+    /// Asks for the partition table, or moves one partition to another
+    /// worker and asks for the new table (`crate::control`).
+    Partitions = 14,
+    /// The partition table: its epoch, each partition's owner and counters.
+    PartitionsReply = 15,
 }
 
 impl FrameKind {
@@ -77,6 +86,8 @@ impl FrameKind {
             11 => FrameKind::CacheReply,
             12 => FrameKind::Shard,
             13 => FrameKind::ShardReply,
+            14 => FrameKind::Partitions,
+            15 => FrameKind::PartitionsReply,
             _ => return None,
         })
     }
@@ -301,6 +312,11 @@ impl<'b> FrameWriter<'b> {
 
     pub(crate) fn body_bytes(&self) -> usize {
         self.out.len() - self.start - FRAME_HEADER_BYTES
+    }
+
+    /// Patches the frame's status field (not covered by the checksum).
+    pub(crate) fn set_status(&mut self, status: u16) {
+        self.out[self.start + 26..self.start + 28].copy_from_slice(&status.to_le_bytes());
     }
 
     /// Counts one more entry, written by the caller to `out`.

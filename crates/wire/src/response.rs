@@ -100,6 +100,14 @@ frame_builder!(
 );
 
 impl<'b> ResponseBuilder<'b> {
+    /// Sets the frame-level status of the response. Only
+    /// `ErrorCode::WrongWorker` is sent in a RESPONSE: a hint that some
+    /// operation was for a partition the answering worker does not own
+    /// (every result still stands), so the client refreshes its table.
+    pub fn set_status(&mut self, code: ErrorCode) {
+        self.w.set_status(code.as_u16());
+    }
+
     /// Whether a result carrying `value_len` bytes fits while leaving room
     /// for `results_after` more empty results within `FRAME_BODY_BYTES_MAX`.
     pub fn fits(&self, value_len: usize, results_after: usize) -> bool {

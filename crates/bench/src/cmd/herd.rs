@@ -14,7 +14,8 @@ pub struct HerdArgs {
     /// Worker counts to measure, one row each (HERD's "Cores"), e.g. 1,2 or 1-4.
     #[arg(long, default_value = "1")]
     workers: String,
-    /// Keys in each worker's partition (HERD_NUM_KEYS).
+    /// Keys per worker (HERD_NUM_KEYS, a HERD worker's partition; the
+    /// server spreads them over its own partitions).
     #[arg(long, default_value_t = 100_000)]
     keys_per_partition: u64,
     /// Value size in bytes (keys are 16 bytes).

@@ -13,6 +13,7 @@
 //!   `slab_automove=1`, over memcached's text protocol;
 //! - [`mget`]: the client's CPU per key of a batched read, `mget`
 //!   beside `mget_into` (values decoded into the caller's buffer);
+//! - [`partition_move`]: `bench partition-move`;
 //! - [`sweep`]: the client processes of `bench ps --clients` and `bench
 //!   herd --clients`, released together at a registry barrier.
 //!
@@ -30,6 +31,7 @@ pub mod copy;
 pub mod herd;
 pub mod kv;
 pub mod mget;
+pub mod partition_move;
 pub mod ps;
 pub mod rpc;
 pub mod slabs;

@@ -185,6 +185,7 @@ impl ClusterClient {
         if n == 1 {
             // One server: the plain client's path, with no split.
             let c = self.m.ensure(0)?;
+            batch::refresh_if_stale(c, ops);
             return batch::run_valid(c, ops, sink, again).map_err(|e| self.m.fail(0, e));
         }
         // Each key is hashed once: the hash picks the server here and the
@@ -230,7 +231,12 @@ impl ClusterClient {
         self.m.post_then_collect(
             with_part,
             false,
-            |c, s| batch::post(c, ops, parts[s].iter().copied(), Some(hashes)),
+            |c, s| {
+                // A server whose reply said its partition table moved on
+                // is asked for it before this part is steered.
+                batch::refresh_if_stale(c, ops);
+                batch::post(c, ops, parts[s].iter().copied(), Some(hashes))
+            },
             |c, pend, deadline| batch::collect(c, pend, deadline, out),
         )
     }

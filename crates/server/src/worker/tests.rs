@@ -6,7 +6,8 @@ use std::sync::Arc;
 use fabrickv_cache::CacheConfig;
 use fabrickv_engine::{Mode as EngineMode, Partition, PartitionConfig, PoolOptions};
 use fabrickv_wire::control::{
-    decode_error, decode_hello_reply, decode_stats_reply, encode_hello, encode_stats_request,
+    decode_error, decode_hello_reply, decode_partitions_reply, decode_stats_reply, encode_hello,
+    encode_partitions_request, encode_stats_request, PartitionMove,
 };
 use fabrickv_wire::ps::encode_open;
 use fabrickv_wire::{decode_frame, RequestBuilder};
@@ -162,16 +163,56 @@ fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
             "msgs_out",
             "backpressure_pauses",
             "spliced_bytes",
+            "partitions_owned",
         ]
     );
     assert_eq!(
-        names[27], "kv_large_receiving_bytes",
-        "the native large values being received follow, on worker 0"
+        names[27..31],
+        [
+            "kv_large_receiving_bytes",
+            "partitions",
+            "partitions_epoch",
+            "partition_0_ops"
+        ],
+        "the native large values being received and the partition table \
+         follow, on worker 0"
     );
-    assert_eq!(names[28], "ps_tables", "the PS store follows, on worker 0");
+    // Two partitions, two counters each.
+    assert_eq!(names[34], "ps_tables", "the PS store follows, on worker 0");
+    assert_eq!(
+        stat(&list, "partition_0_ops") + stat(&list, "partition_1_ops"),
+        1
+    );
     assert!(names.contains(&"cache_entries"));
     assert_eq!(stat(&list, "frames"), 1);
     assert_eq!(stat(&list, "ops"), 1);
     let other = stats(&mut worker(1));
     assert_eq!(other.len(), 27, "worker 1 reports no shared store");
+}
+
+#[test]
+fn partitions_frame_shows_and_moves_the_table() {
+    let mut w = worker(1);
+    let table = |w: &mut Worker, mv: Option<PartitionMove>| {
+        let mut req = Vec::new();
+        encode_partitions_request(&mut req, 4, 1, mv);
+        let out = call(w, &req);
+        decode_partitions_reply(&decode_frame(&out).expect("frame")).expect("table")
+    };
+    let t = table(&mut w, None);
+    assert_eq!((t.epoch, t.workers, t.owners.clone()), (0, 2, vec![0, 1]));
+    let mv = PartitionMove {
+        partition: 0,
+        worker: 1,
+    };
+    let t = table(&mut w, Some(mv));
+    assert_eq!((t.epoch, t.owners), (1, vec![1, 1]));
+    assert_eq!(stat(&stats(&mut w), "partitions_owned"), 2);
+    let mut req = Vec::new();
+    let bad = PartitionMove {
+        partition: 0,
+        worker: 2,
+    };
+    encode_partitions_request(&mut req, 5, 1, Some(bad));
+    assert_eq!(refusal(&call(&mut w, &req)), (5, ErrorCode::NoSuchWorker));
 }

@@ -163,6 +163,11 @@ impl TestServer {
             .to_string()
     }
 
+    /// The server's partitions and their table (moves without a client).
+    pub fn partitions(&self) -> &std::sync::Arc<fabrickv_server::partitions::Partitions> {
+        self.handle.partitions()
+    }
+
     /// Stops the server and waits for its threads.
     pub fn shutdown(self) {
         self.handle.shutdown();
