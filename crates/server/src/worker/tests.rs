@@ -134,7 +134,7 @@ fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
     let list = stats(&mut w);
     let names: Vec<&str> = list.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
-        names[..27],
+        names[..28],
         [
             "gets",
             "hits",
@@ -167,7 +167,7 @@ fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
         ]
     );
     assert_eq!(
-        names[27..31],
+        names[28..32],
         [
             "kv_large_receiving_bytes",
             "partitions",
@@ -178,7 +178,7 @@ fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
          follow, on worker 0"
     );
     // Two partitions, two counters each.
-    assert_eq!(names[34], "ps_tables", "the PS store follows, on worker 0");
+    assert_eq!(names[35], "ps_tables", "the PS store follows, on worker 0");
     assert_eq!(
         stat(&list, "partition_0_ops") + stat(&list, "partition_1_ops"),
         1
@@ -187,7 +187,7 @@ fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
     assert_eq!(stat(&list, "frames"), 1);
     assert_eq!(stat(&list, "ops"), 1);
     let other = stats(&mut worker(1));
-    assert_eq!(other.len(), 27, "worker 1 reports no shared store");
+    assert_eq!(other.len(), 28, "worker 1 reports no shared store");
 }
 
 #[test]
