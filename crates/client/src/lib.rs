@@ -205,7 +205,22 @@ impl Client {
             table_stale: false,
             refreshes: 0,
         };
-        c.refresh_table()?;
+        match c.refresh_table() {
+            Ok(_) => {}
+            // A server from before partition tables places partition p on
+            // worker p % workers and never moves it: steer by that, so a
+            // new client keeps working across a rolling upgrade.
+            Err(ClientError::Server {
+                code: ErrorCode::UnknownOpcode,
+                ..
+            }) => {
+                let workers = u32::from(c.info.workers);
+                c.owners = (0..c.info.partitions)
+                    .map(|p| fabrickv_types::hash::worker_of_partition(p, workers) as u16)
+                    .collect();
+            }
+            Err(e) => return Err(e),
+        }
         Ok(c)
     }
 
