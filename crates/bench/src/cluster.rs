@@ -36,7 +36,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::keys::check_value;
-use crate::kv::make_key;
+use crate::keys::make_key;
 use crate::ratio;
 use crate::report::{latency_histogram, print_table, rate, BenchResult};
 use crate::split::{tcp_split, SplitOpts, SplitRate};

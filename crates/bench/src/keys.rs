@@ -33,6 +33,16 @@ pub fn check_value(i: u64, len: usize, v: &[u8]) -> bool {
         .all(|(j, b)| *b == seed[j % 8] ^ (j as u8))
 }
 
+/// Key number `i` at length `size`: the HERD key, repeated or cut.
+pub fn make_key(i: u64, size: usize, out: &mut Vec<u8>) {
+    out.clear();
+    let k = herd_key(i);
+    while out.len() < size {
+        let n = (size - out.len()).min(k.len());
+        out.extend_from_slice(&k[..n]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

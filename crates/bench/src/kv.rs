@@ -7,28 +7,22 @@
 //! Keys are preloaded first; PUTs rewrite a key's own value, so every GET
 //! is checked against the value its key must have.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabrickv_client::{Client, Kv};
 use fabrickv_server::{Mode, Server, ServerConfig, ServerHandle};
 use fabrickv_types::ErrorCode;
-use fabrickv_wire::{decode_frame, FrameKind, PutCondition, RequestBuilder, ResponseIter};
+use fabrickv_wire::{decode_frame, FrameKind, ResponseIter};
 use hdrhistogram::Histogram;
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 
-use crate::keys::{check_value, fill_value, herd_key};
+use crate::keys::{check_value, fill_value, make_key};
+use crate::load::{Load, Sent, Shape};
 use crate::report::BenchResult;
 
 /// Largest latency the histograms hold, in nanoseconds (60 s); longer
 /// samples are clamped to it.
 pub const LATENCY_NS_MAX: u64 = 60_000_000_000;
-
-/// How long a client thread busy-polls for replies before it blocks, in
-/// microseconds.
-pub const CLIENT_SPIN_US: u64 = 200;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -90,16 +84,6 @@ impl KvOpts {
             "{mix} k{} v{} b{}",
             self.key_size, self.value_size, self.batch
         )
-    }
-}
-
-/// Key number `i` at length `size`: the HERD key, repeated or cut.
-pub fn make_key(i: u64, size: usize, out: &mut Vec<u8>) {
-    out.clear();
-    let k = herd_key(i);
-    while out.len() < size {
-        let n = (size - out.len()).min(k.len());
-        out.extend_from_slice(&k[..n]);
     }
 }
 
@@ -302,13 +286,6 @@ impl StartLine {
     }
 }
 
-/// A frame in flight: when it left and what it asked.
-struct Sent {
-    id: u64,
-    at: Instant,
-    ops: Vec<(u64, bool)>,
-}
-
 fn client_thread(
     t: usize,
     opts: &KvOpts,
@@ -325,129 +302,35 @@ fn client_thread(
     let connected = Client::connect(addr).map_err(|e| format!("connecting to {addr}: {e}"));
     start_line.wait()?;
     let mut client = connected?;
-    let workers = by_worker.len();
-    let mut rng = SmallRng::seed_from_u64(0x5EED ^ t as u64);
+    let shape = Shape {
+        batch: opts.batch,
+        in_flight: opts.in_flight,
+        get_percent: opts.get_percent,
+        key_size: opts.key_size,
+        value_size: opts.value_size,
+    };
+    let mut load = Load::new(by_worker.len(), 0x5EED ^ t as u64, shape, client.timeout());
     let mut hist =
         Histogram::<u64>::new_with_bounds(1, LATENCY_NS_MAX, 3).map_err(|e| e.to_string())?;
-    let mut windows: Vec<VecDeque<Sent>> = (0..workers).map(|_| VecDeque::new()).collect();
-    let mut spare: Vec<Vec<(u64, bool)>> = Vec::new();
-    let mut key = Vec::with_capacity(opts.key_size);
-    let mut value = vec![0u8; opts.value_size];
-    let timeout = client.timeout();
     let (mut ops, mut checked, mut wrong) = (0u64, 0u64, 0u64);
-    let mut idle_since: Option<Instant> = None;
     let start = Instant::now();
     let end = start + opts.duration;
     loop {
         let sending = Instant::now() < end;
         if sending {
-            for w in 0..workers {
-                let owned = &by_worker[w];
-                if owned.is_empty() {
-                    continue;
-                }
-                let mut posted = false;
-                while windows[w].len() < opts.in_flight {
-                    let id = client.next_request_id();
-                    let mut list = spare.pop().unwrap_or_default();
-                    list.clear();
-                    for _ in 0..opts.batch {
-                        let i = owned[rng.gen_range(0..owned.len())];
-                        let is_get = rng.gen_range(0..100) < opts.get_percent;
-                        list.push((i, is_get));
-                    }
-                    client
-                        .endpoint(w as u16)
-                        .post_with(&mut |buf| {
-                            let mut b = RequestBuilder::new(buf, id, w as u16);
-                            for &(i, is_get) in &list {
-                                make_key(i, opts.key_size, &mut key);
-                                if is_get {
-                                    b.get(&key);
-                                } else {
-                                    fill_value(i, &mut value);
-                                    b.put(&key, &value, 0, PutCondition::Always);
-                                }
-                            }
-                            b.finish();
-                        })
-                        .map_err(|e| e.to_string())?;
-                    windows[w].push_back(Sent {
-                        id,
-                        at: Instant::now(),
-                        ops: list,
-                    });
-                    posted = true;
-                }
-                if posted {
-                    client
-                        .endpoint(w as u16)
-                        .flush(timeout)
-                        .map_err(|e| e.to_string())?;
-                }
-            }
+            load.post(&mut client, by_worker)?;
         }
-        let mut progressed = false;
-        for (w, window) in windows.iter_mut().enumerate() {
-            if window.is_empty() {
-                continue;
-            }
-            let mut failure = None;
-            let n = client
-                .endpoint(w as u16)
-                .poll(usize::MAX, &mut |msg| {
-                    let Some(sent) = window.pop_front() else {
-                        failure = Some("reply with nothing in flight".to_string());
-                        return;
-                    };
-                    hist.saturating_record(sent.at.elapsed().as_nanos() as u64);
-                    match check_reply(msg, &sent, opts.value_size) {
-                        Ok(bad) => {
-                            wrong += bad;
-                            checked +=
-                                sent.ops.iter().filter(|&&(_, is_get)| is_get).count() as u64;
-                        }
-                        Err(e) => failure = Some(e),
-                    }
-                    ops += sent.ops.len() as u64;
-                    spare.push(sent.ops);
-                })
-                .map_err(|e| e.to_string())?;
-            if let Some(f) = failure {
-                return Err(f);
-            }
-            progressed |= n > 0;
-        }
-        if !sending && windows.iter().all(VecDeque::is_empty) {
+        let progressed = load.poll(&mut client, |msg, sent| {
+            hist.saturating_record(sent.at.elapsed().as_nanos() as u64);
+            wrong += check_reply(msg, sent, opts.value_size)?;
+            checked += sent.ops.iter().filter(|&&(_, is_get)| is_get).count() as u64;
+            ops += sent.ops.len() as u64;
+            Ok(())
+        })?;
+        if !sending && load.is_drained() {
             break;
         }
-        if progressed {
-            idle_since = None;
-        } else if idle_since.get_or_insert_with(Instant::now).elapsed()
-            < Duration::from_micros(CLIENT_SPIN_US)
-        {
-            // Poll briefly, like a verbs client polling its completion
-            // queue: a reply due in microseconds is not worth a wake-up.
-            // Yield between polls, so that where threads outnumber cores
-            // (several client processes beside the server) the server's
-            // workers get the core at once (as the server's own idle loop
-            // does; see fabrickv_server::worker).
-            std::thread::yield_now();
-        } else {
-            if let Some(w) = windows.iter().position(|q| !q.is_empty()) {
-                let oldest = windows[w]
-                    .front()
-                    .map(|s| s.at)
-                    .unwrap_or_else(Instant::now);
-                if oldest.elapsed() > timeout {
-                    return Err(format!("no reply from worker {w} within {timeout:?}"));
-                }
-                client
-                    .endpoint(w as u16)
-                    .wait(Duration::from_millis(10))
-                    .map_err(|e| e.to_string())?;
-            }
-        }
+        load.pause(&mut client, progressed)?;
     }
     Ok(ThreadResult {
         hist,

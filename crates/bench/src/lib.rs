@@ -53,6 +53,7 @@ pub mod herd;
 pub mod keys;
 pub mod kv;
 pub mod limits;
+pub mod load;
 pub mod memcache;
 pub mod paced;
 pub mod partmove;

@@ -13,20 +13,18 @@
 //! frame's latency is recorded in the window (`window`, 100 ms by
 //! default) and the phase in which its reply came.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use fabrickv_client::Client;
 use fabrickv_server::{Mode, Server, ServerConfig};
 use fabrickv_types::ErrorCode;
-use fabrickv_wire::{decode_frame, FrameKind, PutCondition, RequestBuilder, ResponseIter};
+use fabrickv_wire::{decode_frame, FrameKind, ResponseIter};
 use hdrhistogram::Histogram;
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 
-use crate::keys::{check_value, fill_value};
-use crate::kv::{make_key, preload_keys, CLIENT_SPIN_US, LATENCY_NS_MAX};
+use crate::keys::{check_value, make_key};
+use crate::kv::{preload_keys, LATENCY_NS_MAX};
+use crate::load::{Load, Sent, Shape};
 use crate::report::BenchResult;
 
 /// The phases of a run, in order.
@@ -159,13 +157,6 @@ struct Counts {
     /// Operations answered with an error code, or reading a wrong value,
     /// by phase.
     errors: [u64; 3],
-}
-
-/// A frame in flight.
-struct Sent {
-    id: u64,
-    at: Instant,
-    ops: Vec<(u64, bool)>,
 }
 
 /// The phase of instant `at` of a run started at `t0`.
@@ -323,125 +314,46 @@ fn client_thread(
     };
     let table = ctl.partition_table().map_err(|e| e.to_string())?;
     steer(&table.owners, &mut owned);
-    let mut rng = SmallRng::seed_from_u64(0x9A27 ^ t as u64);
-    let mut queues: Vec<VecDeque<Sent>> = (0..workers).map(|_| VecDeque::new()).collect();
-    let mut spare: Vec<Vec<(u64, bool)>> = Vec::new();
-    let mut key = Vec::with_capacity(o.key_size);
-    let mut value = vec![0u8; o.value_size];
-    let timeout = client.timeout();
+    let shape = Shape {
+        batch: o.batch,
+        in_flight: o.in_flight,
+        get_percent: o.get_percent,
+        key_size: o.key_size,
+        value_size: o.value_size,
+    };
+    let mut load = Load::new(workers, 0x9A27 ^ t as u64, shape, client.timeout());
     let end = t0 + o.steady * 2 + o.moving;
-    let mut idle_since: Option<Instant> = None;
     loop {
-        let now = Instant::now();
-        let sending = now < end;
+        let sending = Instant::now() < end;
         let mut stale = false;
         if sending {
-            for w in 0..workers {
-                if owned[w].is_empty() {
-                    continue;
-                }
-                let mut posted = false;
-                while queues[w].len() < o.in_flight {
-                    let id = client.next_request_id();
-                    let mut list = spare.pop().unwrap_or_default();
-                    list.clear();
-                    for _ in 0..o.batch {
-                        let i = owned[w][rng.gen_range(0..owned[w].len())];
-                        list.push((i, rng.gen_range(0..100) < o.get_percent));
-                    }
-                    client
-                        .endpoint(w as u16)
-                        .post_with(&mut |buf| {
-                            let mut b = RequestBuilder::new(buf, id, w as u16);
-                            for &(i, is_get) in &list {
-                                make_key(i, o.key_size, &mut key);
-                                if is_get {
-                                    b.get(&key);
-                                } else {
-                                    fill_value(i, &mut value);
-                                    b.put(&key, &value, 0, PutCondition::Always);
-                                }
-                            }
-                            b.finish();
-                        })
-                        .map_err(|e| e.to_string())?;
-                    queues[w].push_back(Sent {
-                        id,
-                        at: Instant::now(),
-                        ops: list,
-                    });
-                    posted = true;
-                }
-                if posted {
-                    client
-                        .endpoint(w as u16)
-                        .flush(timeout)
-                        .map_err(|e| e.to_string())?;
-                }
-            }
+            load.post(&mut client, &owned)?;
         }
-        let mut progressed = false;
-        for (w, queue) in queues.iter_mut().enumerate() {
-            if queue.is_empty() {
-                continue;
+        let progressed = load.poll(&mut client, |msg, sent| {
+            let now = Instant::now();
+            let win = ((now.saturating_duration_since(t0).as_nanos() / o.window.as_nanos())
+                as usize)
+                .min(windows - 1);
+            c.windows[win].saturating_record(sent.at.elapsed().as_nanos() as u64);
+            c.ops[win] += sent.ops.len() as u64;
+            let (bad, hint) = check(msg, sent, o.value_size)?;
+            let phase = phase_of(o, t0, now);
+            c.errors[phase] += bad;
+            if hint {
+                c.misrouted[phase] += sent.ops.len() as u64;
+                stale = true;
             }
-            let mut failure = None;
-            let n = client
-                .endpoint(w as u16)
-                .poll(usize::MAX, &mut |msg| {
-                    let Some(sent) = queue.pop_front() else {
-                        failure = Some("reply with nothing in flight".to_string());
-                        return;
-                    };
-                    let now = Instant::now();
-                    let win = ((now.saturating_duration_since(t0).as_nanos() / o.window.as_nanos())
-                        as usize)
-                        .min(windows - 1);
-                    c.windows[win].saturating_record(sent.at.elapsed().as_nanos() as u64);
-                    c.ops[win] += sent.ops.len() as u64;
-                    match check(msg, &sent, o.value_size) {
-                        Ok((bad, hint)) => {
-                            let phase = phase_of(o, t0, now);
-                            c.errors[phase] += bad;
-                            if hint {
-                                c.misrouted[phase] += sent.ops.len() as u64;
-                                stale = true;
-                            }
-                        }
-                        Err(e) => failure = Some(e),
-                    }
-                    spare.push(sent.ops);
-                })
-                .map_err(|e| e.to_string())?;
-            if let Some(f) = failure {
-                return Err(f);
-            }
-            progressed |= n > 0;
-        }
+            Ok(())
+        })?;
         if stale && sending {
             let table = ctl.partition_table().map_err(|e| e.to_string())?;
             steer(&table.owners, &mut owned);
             c.refreshes[phase_of(o, t0, Instant::now())] += 1;
         }
-        if !sending && queues.iter().all(VecDeque::is_empty) {
+        if !sending && load.is_drained() {
             break;
         }
-        if progressed {
-            idle_since = None;
-        } else if idle_since.get_or_insert_with(Instant::now).elapsed()
-            < Duration::from_micros(CLIENT_SPIN_US)
-        {
-            std::thread::yield_now();
-        } else if let Some(w) = queues.iter().position(|q| !q.is_empty()) {
-            let oldest = queues[w].front().map_or_else(Instant::now, |s| s.at);
-            if oldest.elapsed() > timeout {
-                return Err(format!("no reply from worker {w} within {timeout:?}"));
-            }
-            client
-                .endpoint(w as u16)
-                .wait(Duration::from_millis(10))
-                .map_err(|e| e.to_string())?;
-        }
+        load.pause(&mut client, progressed)?;
     }
     Ok(c)
 }
