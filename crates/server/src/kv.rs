@@ -467,16 +467,7 @@ fn execute_op(
             rb.result(code, &[])
         }
         OpCode::Put => {
-            let expire_at = if op.ttl_ms == 0 {
-                0
-            } else {
-                now_ms + op.ttl_ms
-            };
-            let cond = match cond {
-                PutCondition::Always => PutCond::Always,
-                PutCondition::IfAbsent => PutCond::IfAbsent,
-                PutCondition::IfPresent => PutCond::IfPresent,
-            };
+            let (expire_at, cond) = put_terms(op.ttl_ms, cond, now_ms);
             let code = match partition.put(hash, op.key, op.value, expire_at, cond, now_ms) {
                 PutResult::Stored => ErrorCode::Ok,
                 PutResult::InsufficientSpace => ErrorCode::InsufficientSpace,
@@ -550,16 +541,7 @@ fn put_chunk(
     let Some(r) = receiving.remove(&conn) else {
         return ErrorCode::Internal;
     };
-    let expire_at = if op.ttl_ms == 0 {
-        0
-    } else {
-        now_ms + op.ttl_ms
-    };
-    let cond = match cond {
-        PutCondition::Always => PutCond::Always,
-        PutCondition::IfAbsent => PutCond::IfAbsent,
-        PutCondition::IfPresent => PutCond::IfPresent,
-    };
+    let (expire_at, cond) = put_terms(op.ttl_ms, cond, now_ms);
     let value = LargeValue::from_boxed(r.buf);
     match partition.put_large(hash, op.key, value, expire_at, cond, now_ms) {
         PutResult::Stored => ErrorCode::Ok,
@@ -601,4 +583,17 @@ impl Service for KvService {
         self.sweep_buckets(now_ms, SWEEP_BUCKETS_PER_RUN);
         self.sweep_large(now_ms);
     }
+}
+
+/// The engine's terms for a PUT (or a large value's last piece): its
+/// absolute expiry in engine ms (0: none) from the request's TTL, and its
+/// condition.
+fn put_terms(ttl_ms: u64, cond: PutCondition, now_ms: u64) -> (u64, PutCond) {
+    let expire_at = if ttl_ms == 0 { 0 } else { now_ms + ttl_ms };
+    let cond = match cond {
+        PutCondition::Always => PutCond::Always,
+        PutCondition::IfAbsent => PutCond::IfAbsent,
+        PutCondition::IfPresent => PutCond::IfPresent,
+    };
+    (expire_at, cond)
 }

@@ -34,6 +34,9 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use serde_json::json;
 
 use crate::memcache::proto::key_of;
@@ -239,18 +242,6 @@ fn value_of(id: u64, size: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
 /// What one phase did on one system.
 #[derive(Debug, Clone)]
 struct Phase {
@@ -394,11 +385,7 @@ fn run_system(
     phases.push(first);
     // Delete half of the keys at random (a seeded shuffle, so both systems
     // lose the same ones).
-    let mut rng = Rng(seed.max(1));
-    for i in (1..live.len()).rev() {
-        let j = (rng.next() % (i as u64 + 1)) as usize;
-        live.swap(i, j);
-    }
+    live.shuffle(&mut SmallRng::seed_from_u64(seed));
     let gone: Vec<u64> = live.drain(..live.len() / 2).map(|(id, _)| id).collect();
     for chunk in gone.chunks(BATCH) {
         sys.conn.delete_many(chunk)?;
