@@ -28,9 +28,10 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use fabrickv_memcache::{self as mc, Command, Parse};
+use fabrickv_types::KeyHash;
 
 use crate::config::Mode;
-use crate::partitions::Partitions;
+use crate::partitions::{Partitions, PREFETCH_KEYS_MAX};
 
 mod meta;
 mod store;
@@ -225,12 +226,18 @@ impl McSession {
         };
         // Counted once per call, not per command: one atomic add.
         let mut commands = 0;
+        // Where the last look-ahead stopped: the commands before it have
+        // had their keys prefetched.
+        let mut ahead = 0;
         while done.consumed < input.len() && out.len() < MC_OUTPUT_SOFT_BYTES {
             if self.swallow > 0 {
                 let n = self.swallow.min(input.len() - done.consumed);
                 self.swallow -= n;
                 done.consumed += n;
                 continue;
+            }
+            if done.consumed >= ahead {
+                ahead = prefetch_ahead(sh, input, done.consumed);
             }
             match mc::parse(&input[done.consumed..]) {
                 Parse::Incomplete { need } => {
@@ -271,6 +278,47 @@ impl McSession {
         }
         After::Continue
     }
+}
+
+/// Parses ahead from `from` (without executing) and prefetches the keys
+/// of the commands found, up to [`PREFETCH_KEYS_MAX`]; returns where it
+/// stopped, past `from` whenever a whole command was there. Only worth it
+/// when a read holds several commands (a pipelining client): with one,
+/// nothing is prefetched and the cost is one more parse of it. A refused
+/// command ends the look-ahead, since the bytes after it may be a value
+/// to skip, not commands.
+fn prefetch_ahead(sh: &McShared, input: &[u8], from: usize) -> usize {
+    let mut hashes = [KeyHash(0); PREFETCH_KEYS_MAX];
+    let mut n = 0;
+    let mut pos = from;
+    let mut found = 0;
+    while n < PREFETCH_KEYS_MAX && pos < input.len() {
+        let Parse::Complete { consumed, cmd } = mc::parse(&input[pos..]) else {
+            break;
+        };
+        pos += consumed;
+        found += 1;
+        let mut add = |key: &[u8]| {
+            if n < PREFETCH_KEYS_MAX {
+                hashes[n] = KeyHash::of(key);
+                n += 1;
+            }
+        };
+        match cmd {
+            Command::Get { keys, .. } | Command::Gat { keys, .. } => mc::keys(keys).for_each(add),
+            Command::Store { key, .. }
+            | Command::Delete { key, .. }
+            | Command::Arith { key, .. }
+            | Command::Touch { key, .. } => add(key),
+            Command::Meta(m) if !m.flags.base64 => add(m.key),
+            Command::Refused(_) => break,
+            _ => {}
+        }
+    }
+    if found > 1 && n > 0 {
+        sh.parts.prefetch(&hashes[..n]);
+    }
+    pos
 }
 
 /// Appends `s` and CRLF.

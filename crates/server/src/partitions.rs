@@ -35,6 +35,10 @@ use fabrickv_types::limits::PARTITIONS_MAX;
 use fabrickv_types::KeyHash;
 use fabrickv_wire::control::PartitionTable;
 
+/// Most keys one [`Partitions::prefetch`] prefetches: about one pipelined
+/// batch; a longer run is prefetched a batch at a time by its caller.
+pub const PREFETCH_KEYS_MAX: usize = 16;
+
 /// One partition's entry in the table, with the counters its native
 /// operations add to. Aligned to its own cache lines: the owner writes
 /// the counters of its partitions only, so workers do not share lines.
@@ -143,6 +147,49 @@ impl Partitions {
         self.parts[i]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Prefetches the index bucket, then the item, of every hash in
+    /// `hashes` (at most [`PREFETCH_KEYS_MAX`]; the rest are skipped), so
+    /// that the cache misses of a pipelined batch overlap instead of each
+    /// command waiting for its own (MICA's prefetch, which the kv service
+    /// and RESP's `Exec::prefetch` do in their own batches). Every
+    /// partition the hashes touch is locked once, in ascending order as
+    /// multi-key commands lock theirs, and released before returning: the
+    /// prefetch is a hint, the commands then look up under their own lock.
+    pub fn prefetch(&self, hashes: &[KeyHash]) {
+        let hashes = &hashes[..hashes.len().min(PREFETCH_KEYS_MAX)];
+        let mut set = [0usize; PREFETCH_KEYS_MAX];
+        let mut n = 0;
+        for &h in hashes {
+            let p = self.index_of(h);
+            if !set[..n].contains(&p) {
+                set[n] = p;
+                n += 1;
+            }
+        }
+        let set = &mut set[..n];
+        set.sort_unstable();
+        let mut guards: [Option<MutexGuard<'_, Partition>>; PREFETCH_KEYS_MAX] = Default::default();
+        for (g, &p) in guards.iter_mut().zip(set.iter()) {
+            *g = Some(self.lock(p));
+        }
+        let guard_of = |h: KeyHash| {
+            let p = self.index_of(h);
+            set.iter()
+                .position(|&q| q == p)
+                .and_then(|k| guards[k].as_deref())
+        };
+        for &h in hashes {
+            if let Some(g) = guard_of(h) {
+                g.prefetch(h);
+            }
+        }
+        for &h in hashes {
+            if let Some(g) = guard_of(h) {
+                g.prefetch_item(h);
+            }
+        }
     }
 
     /// The worker that serves partition `i` uncontended.

@@ -274,3 +274,38 @@ fn stats_use_memcached_names() {
     let mut out = Vec::new();
     assert!(s.process(&sh, b"quit\r\n", &mut out, 1).close);
 }
+
+#[test]
+fn the_look_ahead_stops_at_a_partial_or_refused_command_and_changes_nothing() {
+    let sh = shared();
+    let batch = "get a\r\nset b 0 0 1\r\nx\r\n";
+    // Two whole commands, then the start of a third.
+    let input = format!("{batch}get c");
+    assert_eq!(prefetch_ahead(&sh, input.as_bytes(), 0), batch.len());
+    assert_eq!(
+        prefetch_ahead(&sh, input.as_bytes(), batch.len()),
+        batch.len()
+    );
+    // A refused store ends it: what follows may be its value, not commands.
+    let refused = "set k 0 0 notanumber\r\n";
+    let input = format!("get a\r\n{refused}get b\r\n");
+    assert_eq!(
+        prefetch_ahead(&sh, input.as_bytes(), 0),
+        "get a\r\n".len() + refused.len()
+    );
+    // Looking ahead executes nothing: b was never stored.
+    let mut s = McSession::new();
+    assert_eq!(run(&sh, &mut s, "get b\r\n", 1), "END\r\n");
+    // A pipelined batch over both partitions answers as one command at a
+    // time would.
+    let mut s = McSession::new();
+    let sets: String = (0..20)
+        .map(|i| format!("set k{i} 0 0 2\r\nv{}\r\n", i % 10))
+        .collect();
+    assert_eq!(run(&sh, &mut s, &sets, 1), "STORED\r\n".repeat(20));
+    let gets: String = (0..20).map(|i| format!("get k{i}\r\n")).collect();
+    let want: String = (0..20)
+        .map(|i| format!("VALUE k{i} 0 2\r\nv{}\r\nEND\r\n", i % 10))
+        .collect();
+    assert_eq!(run(&sh, &mut s, &gets, 1), want);
+}
