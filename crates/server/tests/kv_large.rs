@@ -7,11 +7,11 @@
 #[macro_use]
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{parse_reply, recv_n, request, stat, wait_for, Reply, TestServer, Transport, TIMEOUT};
+use common::{
+    parse_reply, recv_n, request, stat, wait_for, Reply, Resp, TestServer, Transport, TIMEOUT,
+};
 use fabrickv_client::Kv;
 use fabrickv_server::Mode;
 use fabrickv_types::limits::{LARGE_VALUE_BYTES_MAX, VALUE_BYTES_MAX};
@@ -106,61 +106,19 @@ transport_tests!(
     a_short_last_piece_does_not_unpin_the_rest
 );
 
-struct Resp {
-    w: TcpStream,
-    r: BufReader<TcpStream>,
-}
-
-impl Resp {
-    fn connect(s: &TestServer) -> Resp {
-        let w = TcpStream::connect(s.resp_addr()).expect("connects");
-        w.set_read_timeout(Some(TIMEOUT * 4)).expect("timeout");
-        let r = BufReader::with_capacity(1 << 20, w.try_clone().expect("clone"));
-        Resp { w, r }
-    }
-
-    fn send(&mut self, args: &[&[u8]]) {
-        let mut v = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            v.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            v.extend_from_slice(a);
-            v.extend_from_slice(b"\r\n");
-        }
-        self.w.write_all(&v).expect("writes");
-    }
-
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.r.read_line(&mut l).expect("reads");
-        l
-    }
-
-    fn bulk(&mut self) -> Vec<u8> {
-        let head = self.line();
-        let n: usize = head
-            .strip_prefix('$')
-            .and_then(|n| n.trim_end().parse().ok())
-            .unwrap_or_else(|| panic!("expected a bulk, got {head:?}"));
-        let mut v = vec![0u8; n + 2];
-        self.r.read_exact(&mut v).expect("reads the bulk");
-        v.truncate(n);
-        v
-    }
-}
-
 #[test]
 fn resp_and_native_share_large_values() {
     let s = server(Transport::Tcp, true);
     let mut c = s.client();
-    let mut r = Resp::connect(&s);
+    let mut r = Resp::connect_large(&s);
     let a = value(16 * MIB, 7);
     r.send(&[b"SET", b"from-resp", &a]);
-    assert_eq!(r.line(), "+OK\r\n");
+    assert_eq!(r.line(), "+OK");
     assert!(c.get(b"from-resp").expect("get").as_deref() == Some(&a[..]));
     let b = value(3 * MIB + 5, 8);
     c.put(b"from-native", &b).expect("put");
     r.send(&[b"GET", b"from-native"]);
-    assert!(r.bulk() == b);
+    assert!(r.bulk().expect("found") == b);
     s.shutdown();
 }
 

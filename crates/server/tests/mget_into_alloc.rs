@@ -96,30 +96,11 @@ fn a_warm_mget_into_allocates_nothing_per_key(t: Transport) {
         }
     }
     let mut buf = MgetBuf::new();
-    let mut call = |keys: &[Vec<u8>], buf: &mut MgetBuf| {
-        allocations(|| c.mget_into(keys, buf).expect("mget_into"))
-    };
-    // Warm: the buffer, the connections' queues and buffers grow to size.
-    for _ in 0..4 {
-        call(&keys, &mut buf);
-        call(&small, &mut buf);
-    }
-    let mut many = Vec::new();
-    let mut few = Vec::new();
-    for _ in 0..5 {
-        many.push(call(&keys, &mut buf));
-        few.push(call(&small, &mut buf));
-    }
-    call(&keys, &mut buf);
-    call(&keys, &mut buf);
+    let (many, few) = warm_allocations(&mut c, &keys, &small, &mut buf);
     for (i, k) in keys.iter().enumerate() {
         let want = (i % 4 != 3).then(|| value_of(i as u64, i * 37 % 501));
         assert_eq!(buf.get(i), want.as_deref(), "key {k:?}");
     }
-    let (many, few) = (many.iter().min(), few.iter().min());
-    let (Some(&many), Some(&few)) = (many, few) else {
-        unreachable!("five calls each")
-    };
     eprintln!("{t:?}: a warm mget_into took {many} allocations for 96 keys, {few} for 8");
     assert!(
         many <= few,
@@ -136,6 +117,32 @@ fn a_warm_mget_into_allocates_nothing_per_key(t: Transport) {
     eprintln!("{t:?}: mget took {old} allocations for 96 keys");
     assert!(old >= 64, "mget took {old} allocations for 71 values");
     s.shutdown();
+}
+
+/// Warms `c` and `buf` with calls of `keys` and of `small` (the buffer,
+/// the connections' queues and buffers grow to size), then counts the
+/// allocations of five calls of each, taking each one's fewest: (for
+/// `keys`, for `small`). `buf` is left holding `keys`' values.
+fn warm_allocations(
+    c: &mut impl Kv,
+    keys: &[Vec<u8>],
+    small: &[Vec<u8>],
+    buf: &mut MgetBuf,
+) -> (u64, u64) {
+    let mut call = |keys: &[Vec<u8>], buf: &mut MgetBuf| {
+        allocations(|| c.mget_into(keys, buf).expect("mget_into"))
+    };
+    for _ in 0..4 {
+        call(keys, buf);
+        call(small, buf);
+    }
+    let (mut many, mut few) = (u64::MAX, u64::MAX);
+    for _ in 0..5 {
+        many = many.min(call(keys, buf));
+        few = few.min(call(small, buf));
+    }
+    call(keys, buf);
+    (many, few)
 }
 
 /// Most allocations a warm call on a two-server cluster may make,
@@ -173,21 +180,10 @@ fn a_warm_cluster_mget_into_allocates_nothing_per_key(t: Transport) {
         c.put(k, &value_of(i as u64, i * 13 % 300)).expect("put");
     }
     let mut buf = MgetBuf::new();
-    let mut call = |keys: &[Vec<u8>], buf: &mut MgetBuf| {
-        allocations(|| c.mget_into(keys, buf).expect("mget_into"))
-    };
-    for _ in 0..4 {
-        call(&keys, &mut buf);
-        call(&small, &mut buf);
-    }
-    let many = (0..5)
-        .map(|_| call(&keys, &mut buf))
-        .min()
-        .unwrap_or(u64::MAX);
+    let (many, few) = warm_allocations(&mut c, &keys, &small, &mut buf);
     for (i, _) in keys.iter().enumerate() {
         assert_eq!(buf.get(i), Some(&value_of(i as u64, i * 13 % 300)[..]));
     }
-    let few = (0..5).map(|_| call(&small, &mut buf)).min().unwrap_or(0);
     eprintln!("{t:?}: a warm cluster mget_into took {many} allocations for 96 keys, {few} for 8");
     assert!(
         many <= few,

@@ -6,11 +6,10 @@
 #[allow(unused_macros)]
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{Read, Write};
 use std::time::Duration;
 
-use common::{wait_for, TestServer, Transport, TIMEOUT};
+use common::{encode, wait_for, Resp, TestServer, Transport};
 use fabrickv_server::Mode;
 
 const MIB: usize = 1 << 20;
@@ -31,121 +30,50 @@ fn value(len: usize, seed: u8) -> Vec<u8> {
     v
 }
 
-fn encode(args: &[&[u8]]) -> Vec<u8> {
-    let mut v = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        v.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        v.extend_from_slice(a);
-        v.extend_from_slice(b"\r\n");
-    }
-    v
-}
-
-struct Resp {
-    w: TcpStream,
-    r: BufReader<TcpStream>,
-}
-
-impl Resp {
-    fn connect(s: &TestServer) -> Resp {
-        let w = TcpStream::connect(s.resp_addr()).expect("connects");
-        w.set_read_timeout(Some(TIMEOUT * 4)).expect("timeout");
-        w.set_nodelay(true).expect("nodelay");
-        let r = BufReader::with_capacity(1 << 20, w.try_clone().expect("clone"));
-        Resp { w, r }
-    }
-
-    fn send(&mut self, args: &[&[u8]]) {
-        self.w.write_all(&encode(args)).expect("writes");
-    }
-
-    fn line(&mut self) -> String {
-        let mut line = Vec::new();
-        self.r.read_until(b'\n', &mut line).expect("reads a reply");
-        assert!(line.ends_with(b"\r\n"), "reply line {line:?}");
-        line.truncate(line.len() - 2);
-        String::from_utf8_lossy(&line).into_owned()
-    }
-
-    /// A bulk reply's bytes (`None` for a null bulk).
-    fn bulk(&mut self) -> Option<Vec<u8>> {
-        let head = self.line();
-        let n = head
-            .strip_prefix('$')
-            .unwrap_or_else(|| panic!("bulk header, got {head}"));
-        if n == "-1" {
-            return None;
-        }
-        let n: usize = n.parse().expect("length");
-        let mut v = vec![0; n + 2];
-        self.r.read_exact(&mut v).expect("bulk body");
-        assert_eq!(&v[n..], b"\r\n");
-        v.truncate(n);
-        Some(v)
-    }
-
-    fn call(&mut self, args: &[&[u8]]) -> String {
-        self.send(args);
-        self.line()
-    }
-
-    /// One INFO field, as a number.
-    fn info(&mut self, field: &str) -> u64 {
-        self.send(&[b"INFO", b"memory"]);
-        let text = String::from_utf8(self.bulk().expect("info")).expect("utf-8");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{field}:")))
-            .unwrap_or_else(|| panic!("{field} in {text}"))
-            .trim()
-            .parse()
-            .expect("number")
-    }
-}
-
 #[test]
 fn set_and_get_of_1_16_and_100_mib() {
     let s = server(Mode::Store, 1 << 30);
-    let mut c = Resp::connect(&s);
+    let mut c = Resp::connect_large(&s);
     for (i, len) in [MIB, MIB + 1, 16 * MIB, 100 * MIB].into_iter().enumerate() {
         let key = format!("big{i}");
         let v = value(len, i as u8);
-        assert_eq!(c.call(&[b"SET", key.as_bytes(), &v]), "+OK", "{len}");
+        assert_eq!(c.call_bytes(&[b"SET", key.as_bytes(), &v]), "+OK", "{len}");
         c.send(&[b"GET", key.as_bytes()]);
         assert!(c.bulk().expect("found") == v, "{len} bytes read back");
         assert_eq!(
-            c.call(&[b"STRLEN", key.as_bytes()]),
+            c.call_bytes(&[b"STRLEN", key.as_bytes()]),
             format!(":{len}"),
             "{len}"
         );
     }
-    assert_eq!(c.call(&[b"EXISTS", b"big0", b"big3", b"nope"]), ":2");
+    assert_eq!(c.call_bytes(&[b"EXISTS", b"big0", b"big3", b"nope"]), ":2");
     assert_eq!(
-        c.info("large_values_bytes"),
+        c.info_field("memory", "large_values_bytes"),
         (MIB + 1 + 16 * MIB + 100 * MIB) as u64
     );
     // Replaced, then deleted: the bytes leave the budget.
     let v = value(2 * MIB, 9);
-    assert_eq!(c.call(&[b"SET", b"big3", &v]), "+OK");
+    assert_eq!(c.call_bytes(&[b"SET", b"big3", &v]), "+OK");
     assert_eq!(
-        c.info("large_values_bytes"),
+        c.info_field("memory", "large_values_bytes"),
         (MIB + 1 + 16 * MIB + 2 * MIB) as u64
     );
-    assert_eq!(c.call(&[b"DEL", b"big1", b"big2", b"big3"]), ":3");
-    assert_eq!(c.info("large_values_bytes"), 0);
-    assert_eq!(c.info("large_receiving_bytes"), 0);
+    assert_eq!(c.call_bytes(&[b"DEL", b"big1", b"big2", b"big3"]), ":3");
+    assert_eq!(c.info_field("memory", "large_values_bytes"), 0);
+    assert_eq!(c.info_field("memory", "large_receiving_bytes"), 0);
     s.shutdown();
 }
 
 #[test]
 fn options_after_a_large_value_and_get_option() {
     let s = server(Mode::Store, 256 << 20);
-    let mut c = Resp::connect(&s);
+    let mut c = Resp::connect_large(&s);
     let v = value(3 * MIB, 1);
     // Arguments after the large one arrive after it, in the same write.
-    assert_eq!(c.call(&[b"SET", b"k", &v, b"EX", b"100"]), "+OK");
-    let ttl: i64 = c.call(&[b"TTL", b"k"])[1..].parse().expect("ttl");
+    assert_eq!(c.call_bytes(&[b"SET", b"k", &v, b"EX", b"100"]), "+OK");
+    let ttl: i64 = c.call_bytes(&[b"TTL", b"k"])[1..].parse().expect("ttl");
     assert!((99..=100).contains(&ttl), "{ttl}");
-    assert_eq!(c.call(&[b"SET", b"k", &v, b"NX"]), "$-1");
+    assert_eq!(c.call_bytes(&[b"SET", b"k", &v, b"NX"]), "$-1");
     // SET .. GET answers the old large value, by reference.
     let w = value(2 * MIB, 2);
     c.send(&[b"SET", b"k", &w, b"GET"]);
@@ -154,19 +82,19 @@ fn options_after_a_large_value_and_get_option() {
     assert!(c.bulk().expect("new") == w);
     // Other commands do not take a large argument, and the connection
     // goes on.
-    let refused = c.call(&[b"ECHO", &v]);
+    let refused = c.call_bytes(&[b"ECHO", &v]);
     assert!(refused.starts_with("-ERR values over 1 MiB"), "{refused}");
-    let refused = c.call(&[b"MSET", b"a", &v]);
+    let refused = c.call_bytes(&[b"MSET", b"a", &v]);
     assert!(refused.starts_with("-ERR values over 1 MiB"), "{refused}");
-    assert_eq!(c.call(&[b"EXISTS", b"a"]), ":0");
-    assert_eq!(c.call(&[b"PING"]), "+PONG");
+    assert_eq!(c.call_bytes(&[b"EXISTS", b"a"]), ":0");
+    assert_eq!(c.call_bytes(&[b"PING"]), "+PONG");
     s.shutdown();
 }
 
 #[test]
 fn mget_of_many_16_mib_values_pipelined() {
     let s = server(Mode::Store, 1 << 30);
-    let mut c = Resp::connect(&s);
+    let mut c = Resp::connect_large(&s);
     let keys: Vec<String> = (0..6).map(|i| format!("chunk{i}")).collect();
     let values: Vec<Vec<u8>> = (0..6).map(|i| value(16 * MIB, i as u8)).collect();
     // All the SETs in one write, then their replies.
@@ -180,7 +108,7 @@ fn mget_of_many_16_mib_values_pipelined() {
     }
     drop(batch);
     // Three MGETs of every key plus a small one, and GETs, pipelined.
-    assert_eq!(c.call(&[b"SET", b"small", b"s"]), "+OK");
+    assert_eq!(c.call_bytes(&[b"SET", b"small", b"s"]), "+OK");
     let mut args: Vec<&[u8]> = vec![b"MGET"];
     args.extend(keys.iter().map(|k| k.as_bytes()));
     args.push(b"small");
@@ -206,7 +134,7 @@ fn mget_of_many_16_mib_values_pipelined() {
 #[test]
 fn one_byte_over_512_mib_is_refused_as_redis_does() {
     let s = server(Mode::Store, 1 << 30);
-    let mut c = Resp::connect(&s);
+    let mut c = Resp::connect_large(&s);
     let over = format!("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n${}\r\n", (512 << 20) + 1);
     c.w.write_all(over.as_bytes()).expect("writes");
     assert_eq!(c.line(), "-ERR Protocol error: invalid bulk length");
@@ -219,8 +147,8 @@ fn one_byte_over_512_mib_is_refused_as_redis_does() {
 #[test]
 fn exactly_512_mib_is_accepted_and_a_client_leaving_halfway_gives_it_back() {
     let s = server(Mode::Store, 1 << 30);
-    let mut watch = Resp::connect(&s);
-    let mut c = Resp::connect(&s);
+    let mut watch = Resp::connect_large(&s);
+    let mut c = Resp::connect_large(&s);
     let at = format!("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n${}\r\n", 512 << 20);
     c.w.write_all(at.as_bytes()).expect("writes");
     c.w.write_all(&value(8 * MIB, 3))
@@ -228,17 +156,17 @@ fn exactly_512_mib_is_accepted_and_a_client_leaving_halfway_gives_it_back() {
     wait_for(
         "the first value is being received",
         Duration::from_secs(10),
-        || watch.info("large_receiving_bytes") == 512 << 20,
+        || watch.info_field("memory", "large_receiving_bytes") == 512 << 20,
     );
     // The receiving bound leaves room for one more such value, not two.
-    let mut d = Resp::connect(&s);
+    let mut d = Resp::connect_large(&s);
     d.w.write_all(at.as_bytes()).expect("writes");
     wait_for(
         "the second value is being received",
         Duration::from_secs(10),
-        || watch.info("large_receiving_bytes") == 1 << 30,
+        || watch.info_field("memory", "large_receiving_bytes") == 1 << 30,
     );
-    let mut e = Resp::connect(&s);
+    let mut e = Resp::connect_large(&s);
     let refused = format!("*3\r\n$3\r\nSET\r\n$1\r\nz\r\n${}\r\n", 2 * MIB);
     e.w.write_all(refused.as_bytes()).expect("writes");
     e.w.write_all(&value(2 * MIB, 4)).expect("writes");
@@ -248,16 +176,16 @@ fn exactly_512_mib_is_accepted_and_a_client_leaving_halfway_gives_it_back() {
         line.starts_with("-ERR large values being received exceed"),
         "{line}"
     );
-    assert_eq!(e.call(&[b"EXISTS", b"z"]), ":0");
+    assert_eq!(e.call_bytes(&[b"EXISTS", b"z"]), ":0");
     drop(c);
     drop(d);
     wait_for("the bytes are given back", Duration::from_secs(10), || {
-        watch.info("large_receiving_bytes") == 0
+        watch.info_field("memory", "large_receiving_bytes") == 0
     });
-    assert_eq!(watch.call(&[b"DBSIZE"]), ":0");
-    assert_eq!(watch.info("large_values_bytes"), 0);
+    assert_eq!(watch.call_bytes(&[b"DBSIZE"]), ":0");
+    assert_eq!(watch.info_field("memory", "large_values_bytes"), 0);
     let v = value(2 * MIB, 5);
-    assert_eq!(e.call(&[b"SET", b"z", &v]), "+OK");
+    assert_eq!(e.call_bytes(&[b"SET", b"z", &v]), "+OK");
     s.shutdown();
 }
 
@@ -267,9 +195,9 @@ fn exactly_512_mib_is_accepted_and_a_client_leaving_halfway_gives_it_back() {
 #[ignore = "needs about 2 GiB of memory; run with --ignored"]
 fn a_512_mib_value_round_trips() {
     let s = server(Mode::Store, 1 << 30);
-    let mut c = Resp::connect(&s);
+    let mut c = Resp::connect_large(&s);
     let v = value(512 << 20, 6);
-    assert_eq!(c.call(&[b"SET", b"max", &v]), "+OK");
+    assert_eq!(c.call_bytes(&[b"SET", b"max", &v]), "+OK");
     c.send(&[b"GET", b"max"]);
     assert!(c.bulk().expect("found") == v);
     s.shutdown();
@@ -279,10 +207,10 @@ fn a_512_mib_value_round_trips() {
 fn store_mode_refuses_past_the_large_budget_and_cache_mode_evicts() {
     // 40 MiB over two workers: one partition holds one 16 MiB value.
     let s = server(Mode::Store, 40 << 20);
-    let mut c = Resp::connect(&s);
+    let mut c = Resp::connect_large(&s);
     let v = value(16 * MIB, 7);
     let replies: Vec<String> = (0..3)
-        .map(|i| c.call(&[b"SET", format!("k{i}").as_bytes(), &v]))
+        .map(|i| c.call_bytes(&[b"SET", format!("k{i}").as_bytes(), &v]))
         .collect();
     assert!(replies.iter().any(|r| r == "+OK"), "{replies:?}");
     assert!(
@@ -291,12 +219,15 @@ fn store_mode_refuses_past_the_large_budget_and_cache_mode_evicts() {
     );
     s.shutdown();
     let s = server(Mode::Cache, 40 << 20);
-    let mut c = Resp::connect(&s);
+    let mut c = Resp::connect_large(&s);
     for i in 0..8 {
-        assert_eq!(c.call(&[b"SET", format!("k{i}").as_bytes(), &v]), "+OK");
+        assert_eq!(
+            c.call_bytes(&[b"SET", format!("k{i}").as_bytes(), &v]),
+            "+OK"
+        );
     }
-    assert!(c.info("large_values_bytes") <= 40 << 20);
-    assert_eq!(c.call(&[b"EXISTS", b"k7"]), ":1", "the newest stays");
+    assert!(c.info_field("memory", "large_values_bytes") <= 40 << 20);
+    assert_eq!(c.call_bytes(&[b"EXISTS", b"k7"]), ":1", "the newest stays");
     s.shutdown();
 }
 
@@ -306,7 +237,7 @@ fn an_unauthenticated_client_allocates_nothing() {
         c.resp = Some("127.0.0.1:0".into());
         c.resp_password = Some("pw".into());
     });
-    let mut c = Resp::connect(&s);
+    let mut c = Resp::connect_large(&s);
     let v = value(4 * MIB, 8);
     // As Redis: a bulk over 16 KiB before AUTH is refused at its header
     // and the connection closed, before any of the value is taken.
@@ -316,9 +247,9 @@ fn an_unauthenticated_client_allocates_nothing() {
     let mut rest = Vec::new();
     let _ = c.r.read_to_end(&mut rest);
     assert!(rest.is_empty(), "closed after the error");
-    let mut c = Resp::connect(&s);
-    assert_eq!(c.call(&[b"AUTH", b"pw"]), "+OK");
-    assert_eq!(c.call(&[b"SET", b"k", &v]), "+OK");
+    let mut c = Resp::connect_large(&s);
+    assert_eq!(c.call_bytes(&[b"AUTH", b"pw"]), "+OK");
+    assert_eq!(c.call_bytes(&[b"SET", b"k", &v]), "+OK");
     s.shutdown();
 }
 
@@ -326,14 +257,14 @@ fn an_unauthenticated_client_allocates_nothing() {
 fn a_native_get_reads_a_large_value_set_over_resp() {
     use fabrickv_client::Kv;
     let s = server(Mode::Store, 256 << 20);
-    let mut c = Resp::connect(&s);
+    let mut c = Resp::connect_large(&s);
     let v = value(2 * MIB, 10);
-    assert_eq!(c.call(&[b"SET", b"shared", &v]), "+OK");
+    assert_eq!(c.call_bytes(&[b"SET", b"shared", &v]), "+OK");
     let mut native = s.client();
     // No frame carries it whole: the client reads it in GET_CHUNK pieces.
     assert!(native.get(b"shared").expect("get").as_deref() == Some(&v[..]));
     // A small value set over RESP still reads natively.
-    assert_eq!(c.call(&[b"SET", b"small", b"v"]), "+OK");
+    assert_eq!(c.call_bytes(&[b"SET", b"small", b"v"]), "+OK");
     assert_eq!(native.get(b"small").expect("get"), Some(b"v".to_vec()));
     s.shutdown();
 }
@@ -341,21 +272,21 @@ fn a_native_get_reads_a_large_value_set_over_resp() {
 #[test]
 fn a_client_silent_in_the_middle_of_a_large_value_is_closed() {
     let s = server(Mode::Store, 256 << 20);
-    let mut watch = Resp::connect(&s);
-    let mut c = Resp::connect(&s);
+    let mut watch = Resp::connect_large(&s);
+    let mut c = Resp::connect_large(&s);
     let head = format!("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n${}\r\n", 16 * MIB);
     c.w.write_all(head.as_bytes()).expect("writes");
     c.w.write_all(&value(MIB, 11)).expect("writes part of it");
     wait_for(
         "the value is being received",
         Duration::from_secs(10),
-        || watch.info("large_receiving_bytes") == (16 * MIB) as u64,
+        || watch.info_field("memory", "large_receiving_bytes") == (16 * MIB) as u64,
     );
     // Then nothing more: closed after RESP_LARGE_STALL_MS, its share of
     // the receiving bound given back.
     let stall = Duration::from_millis(fabrickv_server::RESP_LARGE_STALL_MS);
     wait_for("the stalled value is given back", stall * 3, || {
-        watch.info("large_receiving_bytes") == 0
+        watch.info_field("memory", "large_receiving_bytes") == 0
     });
     let mut rest = Vec::new();
     let _ = c.r.read_to_end(&mut rest);

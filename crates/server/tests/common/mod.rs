@@ -379,9 +379,65 @@ impl Resp {
         Resp { w, r }
     }
 
+    /// A connection for multi-MiB values: a 1 MiB read buffer, and four
+    /// times [`TIMEOUT`] to read a reply (a 100 MiB value on a busy
+    /// machine).
+    pub fn connect_large(s: &TestServer) -> Resp {
+        let mut c = Resp::connect(s);
+        c.w.set_read_timeout(Some(TIMEOUT * 4)).expect("timeout");
+        c.r = std::io::BufReader::with_capacity(1 << 20, c.w.try_clone().expect("clone"));
+        c
+    }
+
     pub fn send(&mut self, args: &[&[u8]]) {
         use std::io::Write;
         self.w.write_all(&encode(args)).expect("writes");
+    }
+
+    /// One reply line, without its CRLF.
+    pub fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = Vec::new();
+        self.r.read_until(b'\n', &mut line).expect("reads a reply");
+        assert!(line.ends_with(b"\r\n"), "reply line {line:?}");
+        line.truncate(line.len() - 2);
+        String::from_utf8_lossy(&line).into_owned()
+    }
+
+    /// A bulk reply's bytes (`None` for a null bulk).
+    pub fn bulk(&mut self) -> Option<Vec<u8>> {
+        use std::io::Read;
+        let head = self.line();
+        let n = head
+            .strip_prefix('$')
+            .unwrap_or_else(|| panic!("bulk header, got {head}"));
+        if n == "-1" {
+            return None;
+        }
+        let n: usize = n.parse().expect("length");
+        let mut v = vec![0; n + 2];
+        self.r.read_exact(&mut v).expect("bulk body");
+        assert_eq!(&v[n..], b"\r\n");
+        v.truncate(n);
+        Some(v)
+    }
+
+    /// [`Resp::send`] of byte arguments, and the reply's first line.
+    pub fn call_bytes(&mut self, args: &[&[u8]]) -> String {
+        self.send(args);
+        self.line()
+    }
+
+    /// One numeric field of `INFO section`.
+    pub fn info_field(&mut self, section: &str, field: &str) -> u64 {
+        self.send(&[b"INFO", section.as_bytes()]);
+        let text = String::from_utf8(self.bulk().expect("info")).expect("utf-8");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .unwrap_or_else(|| panic!("{field} in {text}"))
+            .trim()
+            .parse()
+            .expect("number")
     }
 
     /// [`Resp::send`] of text arguments.
