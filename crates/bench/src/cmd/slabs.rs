@@ -262,6 +262,22 @@ struct Phase {
     counters_agree: bool,
 }
 
+impl Phase {
+    /// A phase with nothing counted yet.
+    fn new(name: &str) -> Phase {
+        Phase {
+            name: name.into(),
+            stored: 0,
+            refused: 0,
+            given_up: 0,
+            value_bytes: 0,
+            items: 0,
+            free_at_refusal: Vec::new(),
+            counters_agree: true,
+        }
+    }
+}
+
 /// One system under test.
 struct Sys {
     name: &'static str,
@@ -297,16 +313,7 @@ fn fill(
     live: &mut Live,
     retry: Duration,
 ) -> Result<Phase, String> {
-    let mut p = Phase {
-        name: name.into(),
-        stored: 0,
-        refused: 0,
-        given_up: 0,
-        value_bytes: 0,
-        items: 0,
-        free_at_refusal: Vec::new(),
-        counters_agree: true,
-    };
+    let mut p = Phase::new(name);
     'phase: loop {
         let ids: Vec<u64> = (*next_id..*next_id + BATCH as u64).collect();
         *next_id += BATCH as u64;
@@ -391,14 +398,8 @@ fn run_system(
         sys.conn.delete_many(chunk)?;
     }
     let mut del = Phase {
-        name: "delete half".into(),
         stored: gone.len() as u64,
-        refused: 0,
-        given_up: 0,
-        value_bytes: 0,
-        items: 0,
-        free_at_refusal: Vec::new(),
-        counters_agree: true,
+        ..Phase::new("delete half")
     };
     finish(sys, &mut del, &live)?;
     phases.push(del);
