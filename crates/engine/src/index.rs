@@ -14,6 +14,20 @@
 //! after at least one main bucket). Overflow buckets that become empty are
 //! unlinked and returned to the pool, so a long-running store does not leak
 //! them.
+//!
+//! Beside the buckets the index keeps two summaries of one bit per main
+//! bucket, so that walks over the whole index (SCAN, KEYS, the TTL sweep)
+//! skip what holds nothing for them with one word test per
+//! [`SUMMARY_BUCKETS_PER_WORD`] buckets instead of one cache line per
+//! bucket:
+//! - `occupied`: the bucket's chain holds at least one entry. Exact: set
+//!   when an entry enters an empty slot of a main bucket or the chain
+//!   grows, cleared by [`Index::clear`] when the chain's last entry goes.
+//! - `volatile`: the chain may hold an item with an expiry time. Set by
+//!   the engine when it writes such an item; cleared only by the sweep
+//!   when it finds none there, so it may be stale in the safe direction.
+//!
+//! Together they cost 2 bits per 64-byte bucket (1/256 of the index).
 
 use fabrickv_types::KeyHash;
 
@@ -51,6 +65,9 @@ pub const OVERFLOW_BUCKETS_DIVISOR: usize = 8;
 
 /// Fewest overflow buckets in store mode, so small indexes can chain too.
 pub const OVERFLOW_BUCKETS_MIN: usize = 4;
+
+/// Main buckets one summary word covers (one bit each).
+pub const SUMMARY_BUCKETS_PER_WORD: usize = 64;
 
 /// One bucket: a cache line of slots.
 #[derive(Debug, Clone, Copy)]
@@ -123,6 +140,33 @@ pub(crate) struct Index {
     free_overflow: usize,
     /// Overflow buckets currently on the free list.
     free_overflow_count: usize,
+    /// One bit per main bucket: its chain holds an entry (see the module
+    /// header).
+    occupied: Vec<u64>,
+    /// One bit per main bucket: its chain may hold an item with an expiry
+    /// time (see the module header).
+    volatile: Vec<u64>,
+}
+
+/// Which summary of the index a walk follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Summary {
+    /// Main buckets whose chain holds an entry.
+    Occupied,
+    /// Main buckets whose chain may hold an item with an expiry time.
+    Volatile,
+}
+
+/// Where a walk over a summary got to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Marked {
+    /// This main bucket (at or after the start) has its bit set.
+    At(usize),
+    /// No bit is set from the start to the end of the index.
+    End,
+    /// The word budget ran out; no bit is set from the start up to this
+    /// main bucket.
+    Later(usize),
 }
 
 impl Index {
@@ -149,12 +193,15 @@ impl Index {
             buckets[b].slots[LINK_SLOT] = free_overflow as u64;
             free_overflow = b;
         }
+        let words = main_count.div_ceil(SUMMARY_BUCKETS_PER_WORD);
         Index {
             buckets,
             main_count,
             mask: (main_count - 1) as u64,
             free_overflow,
             free_overflow_count: overflow_count,
+            occupied: vec![0; words],
+            volatile: vec![0; words],
         }
     }
 
@@ -184,11 +231,109 @@ impl Index {
         self.buckets[at.bucket].slots[at.slot]
     }
 
-    /// Overwrites the slot word at `at`.
+    /// Overwrites the slot word at `at` with an entry (never 0: a slot is
+    /// emptied with [`Index::clear`]). An entry that fills an empty slot
+    /// of a main bucket marks the bucket occupied; overflow buckets are
+    /// filled only through [`Index::insert`], which marks their main
+    /// bucket. Overwriting an entry leaves the summary alone, so a
+    /// rewrite in place touches no line but the bucket's.
     #[inline]
     pub fn set(&mut self, at: SlotRef, entry: u64) {
         debug_assert!(at.slot < ITEM_SLOTS_PER_BUCKET);
-        self.buckets[at.bucket].slots[at.slot] = entry;
+        debug_assert!(entry != 0, "a slot is emptied with clear");
+        let slot = &mut self.buckets[at.bucket].slots[at.slot];
+        let was_empty = *slot == 0;
+        *slot = entry;
+        if was_empty && at.bucket < self.main_count {
+            self.mark(Summary::Occupied, at.bucket);
+        }
+    }
+
+    /// Empties the slot at `at` of the chain of main bucket `main`,
+    /// returns the overflow buckets left empty to the pool, and unmarks
+    /// `main` as occupied when its chain is left empty. The volatile bit
+    /// stays for the sweep to clear: a PUT empties a chain and fills it
+    /// again (the old copy out, the new one in) after it has marked it.
+    #[inline]
+    pub fn clear(&mut self, at: SlotRef, main: usize) {
+        debug_assert!(at.slot < ITEM_SLOTS_PER_BUCKET);
+        self.buckets[at.bucket].slots[at.slot] = 0;
+        self.compact(main);
+        // After compacting, a chain is empty exactly when its main bucket
+        // is: every overflow bucket left holds an entry.
+        let slots = &self.buckets[main].slots;
+        if slots.iter().all(|&e| e == 0) {
+            let (w, bit) = summary_bit(main);
+            self.occupied[w] &= !bit;
+        }
+    }
+
+    /// Sets `main`'s bit in `summary`.
+    #[inline]
+    pub fn mark(&mut self, summary: Summary, main: usize) {
+        let (w, bit) = summary_bit(main);
+        let words = match summary {
+            Summary::Occupied => &mut self.occupied,
+            Summary::Volatile => &mut self.volatile,
+        };
+        // Reads before writing: a bit already set leaves the line clean.
+        if words[w] & bit == 0 {
+            words[w] |= bit;
+        }
+    }
+
+    /// Clears `main`'s bit in the volatile summary (the sweep found no
+    /// item with an expiry time left in its chain).
+    #[inline]
+    pub fn unmark_volatile(&mut self, main: usize) {
+        let (w, bit) = summary_bit(main);
+        self.volatile[w] &= !bit;
+    }
+
+    /// Whether `main`'s bit is set in `summary` (tests check the
+    /// summaries against the chains).
+    #[cfg(test)]
+    pub fn is_marked(&self, summary: Summary, main: usize) -> bool {
+        let (w, bit) = summary_bit(main);
+        let words = match summary {
+            Summary::Occupied => &self.occupied,
+            Summary::Volatile => &self.volatile,
+        };
+        words[w] & bit != 0
+    }
+
+    /// The first main bucket at or after `from` marked in `summary`.
+    /// Each summary word tested takes one from `words_left`; when none is
+    /// left before a mark is found the walk stops with [`Marked::Later`],
+    /// naming where to resume.
+    pub fn next_marked(&self, summary: Summary, from: usize, words_left: &mut usize) -> Marked {
+        if from >= self.main_count {
+            return Marked::End;
+        }
+        let words = match summary {
+            Summary::Occupied => &self.occupied,
+            Summary::Volatile => &self.volatile,
+        };
+        let mut w = from / SUMMARY_BUCKETS_PER_WORD;
+        // Bits below `from` in its word are not asked about.
+        let mut bits = words[w] & (!0u64 << (from % SUMMARY_BUCKETS_PER_WORD));
+        loop {
+            if *words_left == 0 {
+                return Marked::Later((w * SUMMARY_BUCKETS_PER_WORD).max(from));
+            }
+            *words_left -= 1;
+            if bits != 0 {
+                let b = w * SUMMARY_BUCKETS_PER_WORD + bits.trailing_zeros() as usize;
+                // The last word's bits past main_count are never set.
+                debug_assert!(b < self.main_count);
+                return Marked::At(b);
+            }
+            w += 1;
+            if w >= words.len() {
+                return Marked::End;
+            }
+            bits = words[w];
+        }
     }
 
     /// The bucket chained after `bucket`, if any.
@@ -260,13 +405,14 @@ impl Index {
             bucket: fresh,
             slot: 0,
         };
-        self.set(at, entry);
+        self.buckets[fresh].slots[0] = entry;
+        self.mark(Summary::Occupied, main);
         Some(at)
     }
 
     /// Unlinks every empty overflow bucket from the chain of `main` and
     /// returns it to the overflow pool.
-    pub fn compact(&mut self, main: usize) {
+    fn compact(&mut self, main: usize) {
         let mut prev = main;
         while let Some(cur) = self.next(prev) {
             let slots = &self.buckets[cur].slots;
@@ -307,6 +453,15 @@ impl Index {
     pub fn free_overflow_count(&self) -> usize {
         self.free_overflow_count
     }
+}
+
+/// The summary word of main bucket `main` and its bit there.
+#[inline]
+fn summary_bit(main: usize) -> (usize, u64) {
+    (
+        main / SUMMARY_BUCKETS_PER_WORD,
+        1 << (main % SUMMARY_BUCKETS_PER_WORD),
+    )
 }
 
 /// Asks for transparent huge pages over the whole 2 MiB pages inside
@@ -386,9 +541,8 @@ mod tests {
             .iter()
             .filter(|at| at.bucket == placed[ITEM_SLOTS_PER_BUCKET].bucket)
         {
-            ix.set(*at, 0);
+            ix.clear(*at, 3);
         }
-        ix.compact(3);
         assert_eq!(ix.free_overflow_count(), 1);
         assert_eq!(ix.all_entries().len(), 2 * ITEM_SLOTS_PER_BUCKET);
         let last = placed[placed.len() - 1];

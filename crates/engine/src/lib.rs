@@ -10,7 +10,8 @@
 //! Layout, one concern per file (as MICA's `ltable_impl/`):
 //! - `index`: the bucketized hash index: cache-line buckets
 //!   of tagged slots, lossy in cache mode, chained into a preallocated
-//!   overflow pool in store mode.
+//!   overflow pool in store mode; with one-bit-per-bucket summaries of
+//!   which chains hold entries, and which may hold items with a TTL.
 //! - `item`: the item layout in the pool (header, key, value).
 //! - `log`: cache-mode storage, a circular log that evicts FIFO and keeps
 //!   the counters exact by walking what it overwrites.
@@ -24,7 +25,7 @@
 //!   operations.
 //! - `get`, `put`, `delete`, `expire`, `sweep`: one file per operation,
 //!   each returning a small result enum.
-//! - `scan`: walking one main bucket's chain (SCAN, KEYS) and FLUSHDB.
+//! - `scan`: walking the occupied chains (SCAN, KEYS) and FLUSHDB.
 //! - `watch`: the per-partition modification counters behind WATCH.
 //! - `stats`: the counters.
 //!
@@ -67,7 +68,7 @@ pub use get::{GetRefResult, GetResult, ItemView};
 pub use index::{
     default_index_buckets, ASSUMED_ITEM_BYTES, BUCKET_BYTES, INDEX_BUCKETS_MAX, INDEX_BUCKETS_MIN,
     ITEM_SLOTS_PER_BUCKET, OFFSET_BITS, OVERFLOW_BUCKETS_DIVISOR, OVERFLOW_BUCKETS_MIN,
-    SLOTS_PER_BUCKET,
+    SLOTS_PER_BUCKET, SUMMARY_BUCKETS_PER_WORD,
 };
 pub use item::{
     is_expired, item_bytes, ItemMeta, ITEM_ALIGN_BYTES, ITEM_BYTES_MAX, ITEM_HEADER_BYTES,
@@ -76,7 +77,7 @@ pub use item::{
 pub use large::{LargeValue, ValueRef, LARGE_VALUE_BYTES_MAX, LARGE_VALUE_BYTES_MIN};
 pub use pool::{PoolError, PoolMemory, PoolOptions, HUGE_PAGE_SHIFT};
 pub use put::{PutCond, PutResult};
-pub use scan::ScanVisit;
+pub use scan::{ScanBudget, ScanMore, ScanVisit};
 pub use stats::PartitionStats;
 pub use watch::WATCH_VERSION_SLOTS;
 
@@ -438,19 +439,22 @@ impl Partition {
         dispatch!(&mut self.inner, core => core.set_expiry(hash, key, expire_at_ms, now_ms))
     }
 
-    /// Background TTL sweep: visits the next `max_buckets` main buckets
-    /// (the cursor wraps; at most every bucket once per call) and reclaims
-    /// the expired items there. Returns how many it reclaimed.
+    /// Background TTL sweep (active expiry): reclaims the expired items
+    /// of the next chains that may hold an item with a TTL, spending at
+    /// most `budget` units of work: one per chain visited and one per
+    /// summary word (64 main buckets) tested. The cursor wraps; each main
+    /// bucket is covered at most once per call. Returns how many items it
+    /// reclaimed.
     ///
     /// In store mode it then runs the background page mover: when no page
     /// is free, it empties at most [`AUTOMOVE_PAGES_PER_SWEEP`] page of a
     /// class holding [`AUTOMOVE_FREE_PAGES_MIN`] pages' worth of free
     /// chunks (counted in `slab_pages_moved` once another class takes it).
-    pub fn sweep(&mut self, now_ms: u64, max_buckets: usize) -> usize {
+    pub fn sweep(&mut self, now_ms: u64, budget: usize) -> usize {
         match &mut self.inner {
-            Inner::Cache(core) => core.sweep(now_ms, max_buckets),
+            Inner::Cache(core) => core.sweep(now_ms, budget),
             Inner::Store(core) => {
-                let reclaimed = core.sweep(now_ms, max_buckets);
+                let reclaimed = core.sweep(now_ms, budget);
                 for _ in 0..AUTOMOVE_PAGES_PER_SWEEP {
                     if !core.automove() {
                         break;
@@ -468,6 +472,24 @@ impl Partition {
     /// present throughout.
     pub fn scan_bucket(&self, main: usize, now_ms: u64, f: &mut ScanVisit<'_>) {
         dispatch!(&self.inner, core => core.scan_bucket(main, now_ms, f))
+    }
+
+    /// SCAN's walk: calls `f(key, value, expire_at_ms)` for every item
+    /// live at `now_ms` in the main buckets from `from` on that hold
+    /// entries, in bucket order, until `budget` is spent (at the end of a
+    /// chain), `f` returns false (at the end of that chain) or the index
+    /// ends. Returns the main bucket to resume from, or `None` at the end.
+    /// Empty buckets cost one bit of a summary word each. Items never
+    /// move between main buckets, so a walk resumed at each returned
+    /// bucket sees every key present throughout.
+    pub fn scan_from(
+        &self,
+        from: usize,
+        now_ms: u64,
+        budget: &mut ScanBudget,
+        f: &mut ScanMore<'_>,
+    ) -> Option<usize> {
+        dispatch!(&self.inner, core => core.scan_from(from, now_ms, budget, f))
     }
 
     /// Removes every item (FLUSHDB); returns how many were live.

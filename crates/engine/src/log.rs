@@ -224,7 +224,7 @@ impl Core<Log> {
         match self.index.find_entry(main, entry) {
             Some(at) => {
                 self.versions.bump(hash);
-                self.index.set(at, 0);
+                self.index.clear(at, main);
             }
             None => debug_assert!(false, "live log item is not indexed"),
         }

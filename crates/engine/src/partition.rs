@@ -194,9 +194,8 @@ impl<S: Storage> Core<S> {
     /// updates `items` and `bytes`. The caller counts the cause.
     pub fn unlink(&mut self, hit: &Hit) {
         self.versions.bump(KeyHash(hit.header.hash));
-        self.index.set(hit.at, 0);
         self.index
-            .compact(self.index.main_bucket(KeyHash(hit.header.hash)));
+            .clear(hit.at, self.index.main_bucket(KeyHash(hit.header.hash)));
         self.uncount(hit.pos, &hit.header);
         self.storage.release(hit.pos);
     }
@@ -238,6 +237,32 @@ impl<S: Storage> Core<S> {
             );
             items += 1;
             bytes += self.counted_bytes(pos, &h);
+        }
+        for main in 0..self.index.main_count() {
+            let mut held = 0;
+            let mut ttl = false;
+            let mut bucket = Some(main);
+            while let Some(b) = bucket {
+                for slot in 0..ITEM_SLOTS_PER_BUCKET {
+                    let e = self.index.entry(SlotRef { bucket: b, slot });
+                    if e == 0 {
+                        continue;
+                    }
+                    held += 1;
+                    let pos = self.storage.resolve(offset_of(e)).expect("live");
+                    ttl |= item::read_header(pool, pos).expire_at_ms != 0;
+                }
+                bucket = self.index.next(b);
+            }
+            assert_eq!(
+                self.index.is_marked(crate::index::Summary::Occupied, main),
+                held > 0,
+                "occupied summary of main bucket {main}"
+            );
+            assert!(
+                !ttl || self.index.is_marked(crate::index::Summary::Volatile, main),
+                "a chain with a TTL'd item is marked volatile (main bucket {main})"
+            );
         }
         if items > 0 || self.large.count > 0 {
             let stubs = self

@@ -9,7 +9,7 @@
 use fabrickv_types::KeyHash;
 
 use crate::alloc::Slab;
-use crate::index::{offset_of, pack, SlotRef, ITEM_SLOTS_PER_BUCKET, OFFSET_MASK};
+use crate::index::{offset_of, pack, SlotRef, Summary, ITEM_SLOTS_PER_BUCKET, OFFSET_MASK};
 use crate::item;
 use crate::large::{self, LargeValue, LARGE_STUB_BYTES};
 use crate::log::Log;
@@ -91,6 +91,11 @@ impl<S: Storage> Core<S> {
         expire_at_ms: u64,
         meta: Option<item::ItemMeta>,
     ) -> usize {
+        if expire_at_ms != 0 {
+            // The sweep visits only chains marked volatile.
+            let main = self.index.main_bucket(hash);
+            self.index.mark(Summary::Volatile, main);
+        }
         match large {
             None => {
                 item::write(

@@ -9,13 +9,40 @@
 
 use fabrickv_types::KeyHash;
 
-use crate::index::{offset_of, SlotRef, ITEM_SLOTS_PER_BUCKET};
+use crate::index::{offset_of, Marked, SlotRef, Summary, ITEM_SLOTS_PER_BUCKET};
 use crate::item;
 use crate::partition::{Core, Hit, Storage};
 
 /// What [`crate::Partition::scan_bucket`] calls for each live item:
 /// `(key, value, expire_at_ms)`.
 pub type ScanVisit<'f> = dyn FnMut(&[u8], &[u8], u64) + 'f;
+
+/// What [`crate::Partition::scan_from`] calls for each live item:
+/// `(key, value, expire_at_ms)`; it returns whether the walk may go on
+/// past the chain it is in (false: stop once this chain is done, as when a
+/// reply has grown to its bound). A chain is never cut, so that a cursor
+/// naming the next main bucket loses nothing.
+pub type ScanMore<'f> = dyn FnMut(&[u8], &[u8], u64) -> bool + 'f;
+
+/// The work one walk may still do; [`crate::Partition::scan_from`] takes
+/// what it does out of it, so one budget can span several partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanBudget {
+    /// Index entries (live or expired, matching or not) still to examine;
+    /// the walk stops at the end of the chain where this reaches 0.
+    pub entries: usize,
+    /// Summary words still to test, each standing for
+    /// [`crate::SUMMARY_BUCKETS_PER_WORD`] main buckets: what a walk over
+    /// a mostly empty index costs.
+    pub words: usize,
+}
+
+impl ScanBudget {
+    /// Whether nothing is left to spend.
+    pub fn spent(&self) -> bool {
+        self.entries == 0 || self.words == 0
+    }
+}
 
 impl<S: Storage> Core<S> {
     /// Calls `f(key, value, expire_at_ms)` for every item live at `now_ms`
@@ -25,7 +52,14 @@ impl<S: Storage> Core<S> {
         if main >= self.index.main_count() {
             return;
         }
+        self.visit_chain(main, now_ms, f);
+    }
+
+    /// Calls `f` for every item live at `now_ms` in the chain of `main`;
+    /// returns how many entries the chain holds (live or not).
+    fn visit_chain(&self, main: usize, now_ms: u64, f: &mut ScanVisit<'_>) -> usize {
         let pool = self.storage.pool();
+        let mut examined = 0;
         let mut bucket = Some(main);
         while let Some(b) = bucket {
             for slot in 0..ITEM_SLOTS_PER_BUCKET {
@@ -33,6 +67,7 @@ impl<S: Storage> Core<S> {
                 if e == 0 {
                     continue;
                 }
+                examined += 1;
                 let Some(pos) = self.storage.resolve(offset_of(e)) else {
                     continue;
                 };
@@ -48,12 +83,57 @@ impl<S: Storage> Core<S> {
             }
             bucket = self.index.next(b);
         }
+        examined
+    }
+
+    /// Walks the occupied main buckets from `from` on, in order, calling
+    /// `f` for every item live at `now_ms`, until `budget` is spent (at a
+    /// chain's end), `f` asks to stop, or the index ends. Returns the main
+    /// bucket to resume from, or `None` when the walk reached the end.
+    /// Empty buckets cost a bit each in the occupancy summary, not a
+    /// cache line. Changes nothing.
+    pub(crate) fn scan_from(
+        &self,
+        from: usize,
+        now_ms: u64,
+        budget: &mut ScanBudget,
+        f: &mut ScanMore<'_>,
+    ) -> Option<usize> {
+        let main_count = self.index.main_count();
+        let resume = |b: usize| (b < main_count).then_some(b);
+        let mut b = from;
+        loop {
+            if budget.entries == 0 {
+                return resume(b);
+            }
+            match self
+                .index
+                .next_marked(Summary::Occupied, b, &mut budget.words)
+            {
+                Marked::End => return None,
+                Marked::Later(at) => return resume(at),
+                Marked::At(main) => {
+                    let mut more = true;
+                    let examined = self.visit_chain(main, now_ms, &mut |k, v, e| {
+                        more &= f(k, v, e);
+                    });
+                    debug_assert!(examined > 0, "an occupied chain holds an entry");
+                    budget.entries = budget.entries.saturating_sub(examined.max(1));
+                    b = main + 1;
+                    if !more {
+                        return resume(b);
+                    }
+                }
+            }
+        }
     }
 
     /// Removes every item; returns how many were live.
     pub(crate) fn flush(&mut self, now_ms: u64) -> usize {
         let mut live = 0;
-        for main in 0..self.index.main_count() {
+        let mut from = 0;
+        let mut words = usize::MAX;
+        while let Marked::At(main) = self.index.next_marked(Summary::Occupied, from, &mut words) {
             while let Some(hit) = self.first_in(main) {
                 if !hit.header.is_expired(now_ms) {
                     live += 1;
@@ -61,6 +141,7 @@ impl<S: Storage> Core<S> {
                 self.unlink(&hit);
                 self.stats.deletes += 1;
             }
+            from = main + 1;
         }
         live
     }
@@ -96,8 +177,8 @@ impl<S: Storage> Core<S> {
 
 #[cfg(test)]
 mod tests {
-    use crate::testutil::{both_modes, h, small};
-    use crate::{PutCond, PutResult};
+    use crate::testutil::{both_modes, h, sized, small};
+    use crate::{PutCond, PutResult, ScanBudget};
 
     #[test]
     fn scan_visits_every_live_key_once_and_flush_empties() {
@@ -125,6 +206,108 @@ mod tests {
             assert_eq!(p.stats().items, 0);
             p.check();
         }
+    }
+
+    /// Every key, walked with `scan_from` in calls of `count` entries;
+    /// returns the keys (with repeats) and the number of calls.
+    fn walk(p: &crate::Partition, count: usize, now: u64) -> (Vec<Vec<u8>>, usize) {
+        let mut keys = Vec::new();
+        let mut calls = 0;
+        let mut from = Some(0);
+        while let Some(b) = from {
+            let mut budget = ScanBudget {
+                entries: count,
+                words: usize::MAX,
+            };
+            calls += 1;
+            from = p.scan_from(b, now, &mut budget, &mut |k, _, _| {
+                keys.push(k.to_vec());
+                true
+            });
+        }
+        (keys, calls)
+    }
+
+    #[test]
+    fn scan_from_skips_empty_buckets_and_counts_entries() {
+        for mode in both_modes() {
+            let mut p = sized(mode, 8 << 20, Some(1 << 14));
+            // A few keys in a large index come back in one call.
+            for i in 0..3u32 {
+                let k = i.to_le_bytes();
+                assert_eq!(
+                    p.put(h(&k), &k, b"v", 0, PutCond::Always, 0),
+                    PutResult::Stored
+                );
+            }
+            let (keys, calls) = walk(&p, 10, 0);
+            assert_eq!((keys.len(), calls), (3, 1));
+            // COUNT bounds the entries one call examines: 1000 keys at 10
+            // per call take about 100 calls (a call ends at a chain's end,
+            // so it may examine a few more).
+            for i in 3..1000u32 {
+                let k = i.to_le_bytes();
+                let exp = if i % 2 == 0 { 5 } else { 0 };
+                assert_eq!(
+                    p.put(h(&k), &k, b"v", exp, PutCond::Always, 0),
+                    PutResult::Stored
+                );
+            }
+            let (keys, calls) = walk(&p, 10, 0);
+            assert_eq!(keys.len(), 1000);
+            assert!((80..=101).contains(&calls), "{calls} calls");
+            // Expired entries are examined (they count) but not returned.
+            let (keys, calls) = walk(&p, 10, 5);
+            assert_eq!(keys.len(), 3 + 499, "0..3 and the odd keys from 3");
+            assert!((80..=101).contains(&calls), "{calls} calls");
+            // The word budget bounds the walk over empty buckets: with one
+            // word per call, a walk of an empty index takes a call per 64
+            // buckets and returns where to go on.
+            assert_eq!(p.flush(5), 502);
+            let mut budget = ScanBudget {
+                entries: 10,
+                words: 1,
+            };
+            let next = p.scan_from(0, 5, &mut budget, &mut |_, _, _| true);
+            assert_eq!(next, Some(crate::SUMMARY_BUCKETS_PER_WORD));
+            assert!(budget.spent());
+            p.check();
+        }
+    }
+
+    #[test]
+    fn scan_from_stops_after_the_chain_where_the_visitor_asks() {
+        let mut p = small(crate::Mode::Store);
+        for i in 0..50u32 {
+            let k = i.to_le_bytes();
+            assert_eq!(
+                p.put(h(&k), &k, b"v", 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+        }
+        let mut budget = ScanBudget {
+            entries: usize::MAX,
+            words: usize::MAX,
+        };
+        let mut seen = 0;
+        let next = p.scan_from(0, 0, &mut budget, &mut |_, _, _| {
+            seen += 1;
+            false
+        });
+        let b = next.expect("more to come");
+        let mut rest = 0;
+        assert_eq!(
+            p.scan_from(b, 0, &mut budget, &mut |_, _, _| {
+                rest += 1;
+                true
+            }),
+            None
+        );
+        assert_eq!(
+            seen + rest,
+            50,
+            "the stop lost nothing and repeated nothing"
+        );
     }
 
     #[test]

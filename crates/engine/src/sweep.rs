@@ -1,40 +1,98 @@
-//! The background TTL sweep.
+//! The background TTL sweep (the engine's active expiry).
 //!
 //! Expired items are reclaimed when an operation meets them, but keys that
-//! are never touched again would hold their space forever. The owning
-//! worker calls `sweep` when idle (or every few batches) with a small
-//! bucket budget; a cursor remembers where the last call stopped, so the
-//! whole index is covered in `main buckets / budget` calls and no call
-//! takes long.
+//! are never touched again would hold their space forever, and DBSIZE (the
+//! partitions' item counts) would go on counting them. The owning worker
+//! calls `sweep` every `SWEEP_INTERVAL_MS` with a small work budget; a
+//! cursor remembers where the last call stopped. The sweep visits only the
+//! chains the index's volatile summary marks (those that may hold an item
+//! with an expiry time), and skips 64 unmarked main buckets per word
+//! tested, so a partition with few keys with a TTL is covered in one call
+//! however large its index or however many keys without a TTL it holds,
+//! as Redis's active expire cycle samples only keys with a TTL.
 
-use crate::index::{offset_of, SlotRef, ITEM_SLOTS_PER_BUCKET};
+use crate::index::{offset_of, Marked, SlotRef, Summary, ITEM_SLOTS_PER_BUCKET};
 use crate::item;
 use crate::partition::{Core, Hit, Storage};
 
 impl<S: Storage> Core<S> {
-    /// Visits the next `max_buckets` main buckets (at most all of them)
-    /// with their overflow chains, reclaiming expired items. Returns how
-    /// many it reclaimed.
-    pub(crate) fn sweep(&mut self, now_ms: u64, max_buckets: usize) -> usize {
+    /// Reclaims the expired items of the next chains marked volatile,
+    /// spending at most `budget` units of work (one per summary word
+    /// tested, one per chain visited) and covering each main bucket at
+    /// most once per call; the cursor wraps. Returns how many items it
+    /// reclaimed.
+    pub(crate) fn sweep(&mut self, now_ms: u64, budget: usize) -> usize {
         let main_count = self.index.main_count();
+        let start = self.sweep_cursor % main_count;
+        let mut budget = budget;
         let mut reclaimed = 0;
-        for _ in 0..max_buckets.min(main_count) {
-            let main = self.sweep_cursor;
-            self.sweep_cursor = (main + 1) % main_count;
-            // Unlinking may return an overflow bucket to the pool, so the
-            // chain is searched afresh after each removal; chains are short.
-            while let Some(hit) = self.first_expired_in(main, now_ms) {
-                self.unlink(&hit);
-                self.stats.expired += 1;
-                reclaimed += 1;
+        // The walk covers [start, main_count), then [0, start).
+        let mut b = start;
+        let mut end = main_count;
+        let mut wrapped = start == 0;
+        loop {
+            let next = if b >= end {
+                Marked::End
+            } else {
+                self.index.next_marked(Summary::Volatile, b, &mut budget)
+            };
+            match next {
+                Marked::At(main) if main < end => {
+                    if budget == 0 {
+                        b = main;
+                        break;
+                    }
+                    budget -= 1;
+                    reclaimed += self.sweep_chain(main, now_ms);
+                    b = main + 1;
+                }
+                Marked::Later(at) if at < end => {
+                    b = at;
+                    break;
+                }
+                _ if wrapped => {
+                    b = end;
+                    break;
+                }
+                _ => {
+                    wrapped = true;
+                    end = start;
+                    b = 0;
+                }
             }
         }
+        self.sweep_cursor = b % main_count;
         reclaimed
     }
 
-    /// The first expired item in the chain of main bucket `main`.
-    fn first_expired_in(&self, main: usize, now_ms: u64) -> Option<Hit> {
+    /// Reclaims the expired items of the chain of `main`; unmarks it as
+    /// volatile when no item with an expiry time is left there. Returns
+    /// how many it reclaimed.
+    fn sweep_chain(&mut self, main: usize, now_ms: u64) -> usize {
+        let mut reclaimed = 0;
+        // Unlinking may return an overflow bucket to the pool, so the
+        // chain is searched afresh after each removal; chains are short.
+        loop {
+            match self.first_expired_in(main, now_ms) {
+                Expiring::Expired(hit) => {
+                    self.unlink(&hit);
+                    self.stats.expired += 1;
+                    reclaimed += 1;
+                }
+                Expiring::Later => return reclaimed,
+                Expiring::Never => {
+                    self.index.unmark_volatile(main);
+                    return reclaimed;
+                }
+            }
+        }
+    }
+
+    /// The first expired item in the chain of main bucket `main`, or
+    /// whether any item there has an expiry time.
+    fn first_expired_in(&self, main: usize, now_ms: u64) -> Expiring {
         let pool = self.storage.pool();
+        let mut volatile = false;
         let mut bucket = Some(main);
         while let Some(b) = bucket {
             for slot in 0..ITEM_SLOTS_PER_BUCKET {
@@ -48,18 +106,33 @@ impl<S: Storage> Core<S> {
                 };
                 let header = item::read_header(pool, pos);
                 if header.is_expired(now_ms) {
-                    return Some(Hit { at, pos, header });
+                    return Expiring::Expired(Hit { at, pos, header });
                 }
+                volatile |= header.expire_at_ms != 0;
             }
             bucket = self.index.next(b);
         }
-        None
+        if volatile {
+            Expiring::Later
+        } else {
+            Expiring::Never
+        }
     }
+}
+
+/// What the sweep found in a chain.
+enum Expiring {
+    /// This item has expired.
+    Expired(Hit),
+    /// Nothing has expired, but an item has an expiry time.
+    Later,
+    /// No item has an expiry time.
+    Never,
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::testutil::{both_modes, h, small};
+    use crate::testutil::{both_modes, h, sized, small};
     use crate::{GetResult, Mode, PutCond, PutResult};
 
     #[test]
@@ -92,7 +165,6 @@ mod tests {
     fn sweep_is_incremental_and_wraps() {
         for mode in both_modes() {
             let mut p = small(mode);
-            let buckets = p.index_buckets();
             for i in 0..200u32 {
                 let k = i.to_le_bytes();
                 assert_eq!(
@@ -100,16 +172,71 @@ mod tests {
                     PutResult::Stored
                 );
             }
+            // Each chain visited costs one unit, so a budget of 40 reclaims
+            // at most 40 chains' items per call; the calls resume where the
+            // last one stopped and together cover every chain.
             let mut total = 0;
-            let step = buckets / 4;
-            for _ in 0..4 {
-                let n = p.sweep(10, step);
-                assert!(n < 200, "one step sees only part of the index");
+            let mut calls = 0;
+            while total < 200 {
+                let n = p.sweep(10, 40);
+                assert!(n > 0, "each call makes progress");
                 total += n;
+                calls += 1;
+                assert!(calls <= 200, "the sweep covers the index");
             }
-            assert_eq!(total, 200, "four quarter-steps cover every bucket");
-            assert_eq!(p.sweep(10, buckets), 0);
+            assert!(calls > 1, "one call sees only part of the index");
+            assert_eq!(total, 200);
+            assert_eq!(p.sweep(10, usize::MAX), 0);
             assert_eq!(p.sweep(10, 0), 0);
+            p.check();
+        }
+    }
+
+    /// DBSIZE counts items, so an expired key must leave the count soon
+    /// even when nothing touches it: one sweep call of a small budget
+    /// reclaims the few keys with a TTL of a large index, however many
+    /// keys without one it holds (the clock is an argument: no sleeps).
+    #[test]
+    fn one_small_sweep_reclaims_the_few_ttl_keys_of_a_large_index() {
+        for mode in both_modes() {
+            let mut p = sized(mode, 8 << 20, Some(1 << 16));
+            for i in 0..3000u32 {
+                let k = i.to_le_bytes();
+                let exp = if i % 1000 == 7 { 500 } else { 0 };
+                assert_eq!(
+                    p.put(h(&k), &k, b"v", exp, PutCond::Always, 0),
+                    PutResult::Stored
+                );
+            }
+            assert_eq!(p.sweep(499, 2048), 0, "nothing expired yet");
+            assert_eq!(p.stats().items, 3000);
+            // 1024 summary words cover the 65,536 buckets; the rest of the
+            // budget visits the three chains.
+            assert_eq!(p.sweep(500, 2048), 3);
+            assert_eq!(p.stats().items, 2997);
+            // The chains hold no TTL'd item now: the next sweep visits none.
+            assert_eq!(p.sweep(600, 1024), 0);
+            p.check();
+        }
+    }
+
+    #[test]
+    fn expire_and_persist_keep_the_volatile_summary_true() {
+        for mode in both_modes() {
+            let mut p = sized(mode, 1 << 20, Some(1 << 12));
+            let k = b"k";
+            assert_eq!(
+                p.put(h(k), k, b"v", 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            assert!(p.set_expiry(h(k), k, 50, 0));
+            p.check();
+            assert!(p.set_expiry(h(k), k, 0, 1), "persist");
+            assert_eq!(p.sweep(100, usize::MAX), 0, "a persisted key stays");
+            assert!(p.set_expiry(h(k), k, 150, 100));
+            assert_eq!(p.sweep(150, usize::MAX), 1, "the sweep saw the new TTL");
+            assert_eq!(p.stats().items, 0);
+            p.check();
         }
     }
 

@@ -24,11 +24,13 @@ use crate::config::Mode;
 use crate::partitions::Partitions;
 use crate::service::{wire_refusal, Call, Refusal, Service, StatsList};
 
-/// Index buckets the TTL sweep visits per run: 1 MiB of index, a fraction
-/// of a millisecond. A 64 MiB partition's index (128 Ki buckets) is swept
-/// in about a second; a 1 GiB one (4 Mi buckets) in about 25 s when busy
-/// and 50 s when idle (runs are then `IDLE_WAIT_MS` apart). Expired items
-/// are never served in between; the sweep only gives their memory back.
+/// Work the TTL sweep does per run on one partition (see
+/// `Partition::sweep`): one unit per chain visited, and the sweep visits
+/// only chains that may hold a key with a TTL; one unit per 64 main
+/// buckets skipped. At most 1 MiB of index, a fraction of a millisecond;
+/// a partition with few keys with a TTL is covered in one run whatever its
+/// size, so DBSIZE stops counting them within a few runs. Expired items
+/// are never served in between; the sweep gives their memory back.
 pub const SWEEP_BUCKETS_PER_RUN: usize = 16384;
 
 /// Most bytes of large values being received at once over every native

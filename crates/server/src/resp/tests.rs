@@ -620,6 +620,7 @@ fn the_empty_key_is_refused_as_natively() {
 }
 
 mod cmds;
+mod scan;
 
 /// The `$len` bulk of `s`, for building expected replies.
 fn b(s: &str) -> String {
