@@ -18,7 +18,16 @@
 //! ([`crate::kv`]), a pipeline depth P being frames of P operations. Before
 //! measuring, every key is stored and read back through each server's own
 //! protocol, so GETs hit and values are the right size.
+//!
+//! The SCAN row (RESP servers only) walks the preloaded keyspace with
+//! SCAN at one COUNT, from cursor 0 until the cursor comes back 0, on one
+//! connection, right after the preload (so the keyspace is exactly the
+//! preloaded keys), again and again for the case's duration: it reports
+//! the calls one full iteration takes and the median iteration's time,
+//! and counts a preloaded key the iteration did not return as a wrong
+//! value (SCAN guarantees every key present throughout).
 
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -48,6 +57,13 @@ const REDIS_BENCHMARK_REQUESTS_MAX: u64 = 500_000_000;
 
 /// The paced case has its own generator and runs on RESP servers only.
 const PACED_ONLY_RESP: &str = "the paced case runs on RESP servers, with its own generator";
+
+/// The SCAN case has its own client and runs on RESP servers only.
+const SCAN_ONLY_RESP: &str = "the SCAN case runs on RESP servers, with its own client";
+
+/// Most SCAN calls one iteration may take before the case fails (a
+/// server whose cursor never comes back to 0).
+const SCAN_CALLS_PER_ITERATION_MAX: u64 = 100_000_000;
 
 /// A system under comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +132,8 @@ pub enum Workload {
     /// partly idle: its CPU per operation when not saturated
     /// ([`crate::paced`]).
     Paced(u64),
+    /// Full SCAN iterations of the keyspace at this COUNT (RESP servers).
+    Scan(usize),
 }
 
 impl Workload {
@@ -126,6 +144,7 @@ impl Workload {
             Workload::Set(p) => format!("SET P{p}"),
             Workload::Mget(n) => format!("MGET {n}"),
             Workload::Paced(_) => "GET paced".into(),
+            Workload::Scan(c) => format!("SCAN COUNT {c}"),
         }
     }
 
@@ -162,6 +181,8 @@ pub struct CompareOpts {
     /// for half of Redis's GET P1 rate measured in the same run (or of
     /// the server's own when Redis is not run), `None` for no paced case.
     pub paced_rate: Option<f64>,
+    /// COUNT of the SCAN case on RESP servers; `None` for no SCAN case.
+    pub scan_count: Option<usize>,
 }
 
 impl CompareOpts {
@@ -204,7 +225,7 @@ pub fn run(opts: &CompareOpts) -> Result<Vec<Row>, String> {
     if opts.keys == 0 || opts.conns == 0 || opts.value_size == 0 {
         return Err("--keys, --conns and --value-size must be at least 1".into());
     }
-    if opts.depths.contains(&0) || opts.mget.contains(&0) {
+    if opts.depths.contains(&0) || opts.mget.contains(&0) || opts.scan_count == Some(0) {
         return Err("pipeline depths and multi-get sizes must be at least 1".into());
     }
     crate::pin_current_thread(opts.client_cpu);
@@ -298,6 +319,15 @@ fn resp_system(
 ) -> Result<Vec<Row>, String> {
     resp_preload(port, opts.keys, opts.value_size)?;
     let mut rows = Vec::new();
+    if let Some(count) = opts.scan_count {
+        let (result, cpu) = measure(server.pid(), || scan_case(system, port, count, opts))?;
+        rows.push(Row {
+            workload: Workload::Scan(count),
+            system,
+            result,
+            server_cpu_s: cpu,
+        });
+    }
     for w in opts.workloads() {
         let (result, cpu) = redis_benchmark_case(system, server.pid(), port, w, opts)?;
         rows.push(Row {
@@ -369,6 +399,7 @@ fn redis_benchmark_case(
             args.extend((0..n).map(|_| "key:__rand_int__".to_string()));
         }
         Workload::Paced(_) => return Err(PACED_ONLY_RESP.into()),
+        Workload::Scan(_) => return Err(SCAN_ONLY_RESP.into()),
     }
     let cpu = opts.client_cpu.to_string();
     let with_n = |n: u64| {
@@ -407,6 +438,100 @@ fn redis_benchmark_case(
     })
 }
 
+/// Full SCAN iterations at COUNT `count` over the preloaded keyspace (see
+/// the module header): `ops` counts the keys returned, `seconds` the
+/// whole case; `params` holds the calls of one iteration and the median
+/// iteration's time.
+fn scan_case(
+    system: System,
+    port: u16,
+    count: usize,
+    opts: &CompareOpts,
+) -> Result<BenchResult, String> {
+    let stream = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(memcache::REPLY_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let mut w = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut r = BufReader::new(stream);
+    let count_arg = count.to_string();
+    let mut times = Vec::new();
+    let (mut returned, mut missing) = (0u64, 0u64);
+    // The calls of the last iteration (every iteration takes as many).
+    let mut calls: u64;
+    let started = Instant::now();
+    loop {
+        let t = Instant::now();
+        let mut seen: HashSet<Vec<u8>> = HashSet::new();
+        let mut cursor = b"0".to_vec();
+        let mut n_calls = 0u64;
+        loop {
+            let mut cmd = b"*4\r\n$4\r\nSCAN\r\n".to_vec();
+            for a in [&cursor[..], b"COUNT", count_arg.as_bytes()] {
+                cmd.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+                cmd.extend_from_slice(a);
+                cmd.extend_from_slice(b"\r\n");
+            }
+            w.write_all(&cmd).map_err(|e| e.to_string())?;
+            n_calls += 1;
+            if read_line(&mut r)? != b"*2" {
+                return Err("SCAN answered something other than a pair".into());
+            }
+            cursor = read_bulk(&mut r)?.ok_or("SCAN answered a null cursor")?;
+            let head = read_line(&mut r)?;
+            let n: usize = head
+                .strip_prefix(b"*")
+                .and_then(|d| std::str::from_utf8(d).ok())
+                .and_then(|d| d.parse().ok())
+                .ok_or_else(|| format!("bad SCAN keys {}", String::from_utf8_lossy(&head)))?;
+            for _ in 0..n {
+                seen.insert(read_bulk(&mut r)?.ok_or("SCAN answered a null key")?);
+                returned += 1;
+            }
+            if cursor == b"0" {
+                break;
+            }
+            if n_calls >= SCAN_CALLS_PER_ITERATION_MAX {
+                return Err(format!("SCAN took over {n_calls} calls"));
+            }
+        }
+        times.push(t.elapsed().as_secs_f64());
+        calls = n_calls;
+        let mut key = Vec::new();
+        missing += (0..opts.keys)
+            .filter(|&i| {
+                key_of(i, &mut key);
+                !seen.contains(&key)
+            })
+            .count() as u64;
+        if started.elapsed() >= opts.duration {
+            break;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    times.sort_by(f64::total_cmp);
+    let iteration_s = times[times.len() / 2];
+    let per_call_us = iteration_s * 1e6 / calls.max(1) as f64;
+    Ok(BenchResult {
+        bench: "compare".into(),
+        case: Workload::Scan(count).name(),
+        system: system.name().into(),
+        ops_per_s: returned as f64 / seconds.max(1e-9),
+        p50_us: per_call_us,
+        p99_us: times[times.len() - 1] * 1e6 / calls.max(1) as f64,
+        ops: returned,
+        seconds,
+        wrong_values: missing,
+        params: serde_json::json!({
+            "tool": "fabrickv bench compare (SCAN client)", "count": count,
+            "keys": opts.keys, "calls": calls, "iterations": times.len(),
+            "iteration_s": iteration_s,
+            "latency": "per SCAN call: p50 of the median iteration, p99 of the slowest",
+        }),
+    })
+}
+
 /// Loads a memcached-protocol server (memcached itself, or FabricKV's
 /// memcache front end) with the memcached generator.
 fn memcache_system(
@@ -424,6 +549,7 @@ fn memcache_system(
             Workload::Set(p) => (McOp::Set, p),
             Workload::Mget(n) => (McOp::MultiGet(n), 1),
             Workload::Paced(_) => return Err(PACED_ONLY_RESP.into()),
+            Workload::Scan(_) => return Err(SCAN_ONLY_RESP.into()),
         };
         let mo = McOpts {
             addr: addr.clone(),
@@ -478,6 +604,7 @@ fn native_system(system: System, addr: &str, opts: &CompareOpts) -> Result<Vec<R
             Workload::Set(p) => (p, 0),
             Workload::Mget(n) => (n, 100),
             Workload::Paced(_) => return Err(PACED_ONLY_RESP.into()),
+            Workload::Scan(_) => return Err(SCAN_ONLY_RESP.into()),
         };
         let o = KvOpts {
             batch,
@@ -625,7 +752,10 @@ pub fn print(opts: &CompareOpts, rows: &[Row]) {
     // In the order first measured; a paced case is one row per system
     // whatever rate each was offered.
     let mut cases: Vec<String> = Vec::new();
-    for r in rows {
+    for r in rows
+        .iter()
+        .filter(|r| !matches!(r.workload, Workload::Scan(_)))
+    {
         if !cases.contains(&r.workload.name()) {
             cases.push(r.workload.name());
         }
@@ -664,6 +794,57 @@ pub fn print(opts: &CompareOpts, rows: &[Row]) {
         }
     }
     print_table(&header, &table);
+    print_scan(rows);
+}
+
+/// The SCAN calls of one full iteration and its median time, per server,
+/// with ratios against Redis (lower is better for both).
+fn print_scan(rows: &[Row]) {
+    let scans: Vec<&Row> = rows
+        .iter()
+        .filter(|r| matches!(r.workload, Workload::Scan(_)))
+        .collect();
+    if scans.is_empty() {
+        return;
+    }
+    println!("SCAN: full iterations of the preloaded keys, cursor 0 to 0, on one connection; calls and time of one iteration (the median's time), server CPU per iteration");
+    let header = [
+        "workload",
+        "system",
+        "keys",
+        "calls",
+        "time",
+        "per call",
+        "srv CPU/iter",
+        "x redis calls",
+        "x redis time",
+    ];
+    let calls = |r: &Row| r.result.params["calls"].as_f64().unwrap_or(0.0);
+    let time = |r: &Row| r.result.params["iteration_s"].as_f64().unwrap_or(0.0);
+    let iterations = |r: &Row| r.result.params["iterations"].as_f64().unwrap_or(1.0);
+    let mut table = Vec::new();
+    for r in &scans {
+        let redis = scans
+            .iter()
+            .find(|b| b.workload == r.workload && b.system == System::Redis);
+        let vs = |f: &dyn Fn(&Row) -> f64| {
+            redis.map_or("-".to_string(), |b| {
+                format!("{:.2}", f(r) / f(b).max(1e-12))
+            })
+        };
+        table.push(vec![
+            r.workload.name(),
+            r.system.name().to_string(),
+            r.result.params["keys"].to_string(),
+            format!("{:.0}", calls(r)),
+            format!("{:.1}ms", time(r) * 1e3),
+            format!("{:.1}us", r.result.p50_us),
+            format!("{:.2}ms", r.server_cpu_s / iterations(r).max(1.0) * 1e3),
+            vs(&calls),
+            vs(&time),
+        ]);
+    }
+    print_table(&header, &table);
 }
 
 /// The JSON line of a row: its result with the CPU figures and ratios.
@@ -678,6 +859,15 @@ pub fn json(rows: &[Row], r: &Row) -> String {
     {
         result.params["vs_redis_throughput"] = (r.result.ops_per_s / b.result.ops_per_s).into();
         result.params["vs_redis_per_cpu"] = (r.ops_per_cpu_s() / b.ops_per_cpu_s()).into();
+        if let (Some(c), Some(bc), Some(t), Some(bt)) = (
+            r.result.params["calls"].as_f64(),
+            b.result.params["calls"].as_f64(),
+            r.result.params["iteration_s"].as_f64(),
+            b.result.params["iteration_s"].as_f64(),
+        ) {
+            result.params["vs_redis_calls"] = (c / bc.max(1.0)).into();
+            result.params["vs_redis_time"] = (t / bt.max(1e-12)).into();
+        }
     }
     if let Some(b) = rows
         .iter()

@@ -45,6 +45,10 @@ pub struct CompareArgs {
     /// Redis's GET P1 rate measured in the same run; negative: no paced case.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     paced_rate: f64,
+    /// COUNT of the SCAN case on RESP servers (full iterations of the
+    /// preloaded keys: calls and time per iteration); 0: no SCAN case.
+    #[arg(long, default_value_t = 100)]
+    scan_count: usize,
     /// Print one JSON object per result as well as the table.
     #[arg(long)]
     json: bool,
@@ -68,6 +72,7 @@ pub fn run(a: CompareArgs) -> Result<(), String> {
         conns: a.conns,
         duration,
         paced_rate: (a.paced_rate >= 0.0).then_some(a.paced_rate),
+        scan_count: (a.scan_count > 0).then_some(a.scan_count),
     };
     let rows = compare::run(&opts)?;
     compare::print(&opts, &rows);
