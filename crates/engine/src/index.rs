@@ -69,6 +69,14 @@ pub const OVERFLOW_BUCKETS_MIN: usize = 4;
 /// Main buckets one summary word covers (one bit each).
 pub const SUMMARY_BUCKETS_PER_WORD: usize = 64;
 
+/// Most bytes the two summaries of one index take: 2 bits per main
+/// bucket, 64 MiB beside the 16 GiB of the largest index (1/256 of it),
+/// allocated once with the index.
+pub const SUMMARY_BYTES_MAX: usize = INDEX_BUCKETS_MAX / SUMMARY_BUCKETS_PER_WORD * 8 * 2;
+
+const _: () = assert!(SUMMARY_BUCKETS_PER_WORD == u64::BITS as usize);
+const _: () = assert!(SUMMARY_BYTES_MAX * 256 == INDEX_BUCKETS_MAX * BUCKET_BYTES);
+
 /// One bucket: a cache line of slots.
 #[derive(Debug, Clone, Copy)]
 #[repr(C, align(64))]
