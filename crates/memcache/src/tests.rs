@@ -245,6 +245,17 @@ fn random_input_never_panics_and_keeps_the_bounds() {
                 _ => buf.truncate(at),
             }
         }
+        // The same bytes as the rest of a long retrieval line.
+        match keys_piece(&buf) {
+            KeysPiece::Incomplete { need } => assert!(need > buf.len()),
+            KeysPiece::Keys {
+                keys: k, consumed, ..
+            } => {
+                assert!(consumed >= 1 && consumed <= buf.len());
+                assert!(keys(k).all(|k| k.len() <= MC_KEY_BYTES_MAX));
+            }
+            KeysPiece::TooLong { consumed, .. } => assert!(consumed >= 1 && consumed <= buf.len()),
+        }
         let mut rest = &buf[..];
         while !rest.is_empty() {
             match parse(rest) {

@@ -435,7 +435,8 @@ impl McSession {
 /// when a read holds several commands (a pipelining client): with one,
 /// nothing is prefetched and the cost is one more parse of it. A refused
 /// command ends the look-ahead, since the bytes after it may be a value
-/// to skip, not commands.
+/// to skip, not commands; so does the first piece of a retrieval line
+/// longer than the parser holds (the rest of the line follows).
 fn prefetch_ahead(sh: &McShared, input: &[u8], from: usize) -> usize {
     let mut hashes = [KeyHash(0); PREFETCH_KEYS_MAX];
     let mut n = 0;
