@@ -6,12 +6,23 @@
 #![no_main]
 
 use fabrickv_memcache::{
-    keys, parse, Command, Parse, MC_COMMAND_BYTES_MAX, MC_KEYS_LINE_BYTES_MAX, MC_KEY_BYTES_MAX,
-    MC_VALUE_BYTES_MAX,
+    keys, keys_piece, parse, Command, KeysPiece, Parse, MC_COMMAND_BYTES_MAX,
+    MC_DATA_LENGTH_BYTES_MAX, MC_KEYS_LINE_BYTES_MAX, MC_KEY_BYTES_MAX, MC_VALUE_BYTES_MAX,
 };
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    // The same bytes as the rest of a long retrieval line.
+    match keys_piece(data) {
+        KeysPiece::Incomplete { need } => assert!(need > data.len()),
+        KeysPiece::Keys { keys: k, consumed, .. } => {
+            assert!(consumed >= 1 && consumed <= data.len().min(MC_KEYS_LINE_BYTES_MAX + 2));
+            assert!(keys(k).all(|k| k.len() <= MC_KEY_BYTES_MAX));
+        }
+        KeysPiece::TooLong { consumed, .. } => {
+            assert!(consumed >= 1 && consumed <= data.len().min(MC_KEYS_LINE_BYTES_MAX + 2))
+        }
+    }
     let mut rest = data;
     while !rest.is_empty() {
         match parse(rest) {
@@ -47,7 +58,12 @@ fn check(cmd: &Command<'_>) {
             assert!(data.len() <= MC_VALUE_BYTES_MAX);
         }
         Command::Meta(m) => assert!(m.data.len() <= MC_VALUE_BYTES_MAX),
-        Command::Refused(r) => assert!(r.swallow <= MC_VALUE_BYTES_MAX + 2 || r.reply.starts_with("SERVER_ERROR")),
+        Command::TooLarge { swallow, .. } => {
+            let swallow = *swallow as u64;
+            assert!(swallow > MC_VALUE_BYTES_MAX as u64 + 2);
+            assert!(swallow <= MC_DATA_LENGTH_BYTES_MAX + 2);
+        }
+        Command::Refused(r) => assert!(r.swallow as u64 <= MC_DATA_LENGTH_BYTES_MAX + 2),
         _ => {}
     }
 }

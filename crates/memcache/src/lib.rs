@@ -4,10 +4,13 @@
 //! how many more it needs, or one complete [`Command`] (borrowing keys and
 //! data from the input) with the number of bytes it took. It never
 //! allocates and never reads past a bound: a command line is at most
-//! [`MC_LINE_BYTES_MAX`] bytes ([`MC_KEYS_LINE_BYTES_MAX`] for a retrieval
-//! of many keys), a value at most [`MC_VALUE_BYTES_MAX`]. Refusals carry
-//! the reply memcached gives for the same input, and how many bytes of
-//! data follow that must be thrown away unread ([`Refusal::swallow`]).
+//! [`MC_LINE_BYTES_MAX`] bytes, a value at most [`MC_VALUE_BYTES_MAX`].
+//! A retrieval line (`get k1 k2 ...`) may be any length, as in memcached:
+//! one longer than [`MC_KEYS_LINE_BYTES_MAX`] comes back in pieces, the
+//! first from [`parse`] (`more: true`), the rest from [`keys_piece`], so
+//! that no more than that bound of it is ever held. Refusals carry the
+//! reply memcached gives for the same input, and how many bytes of data
+//! follow that must be thrown away unread ([`Refusal::swallow`]).
 //!
 //! Executing the commands is the server's business (`fabrickv-server`'s
 //! `memcache` module).
@@ -18,8 +21,11 @@ use fabrickv_types::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX};
 /// own bound for a line that is not a retrieval (2048).
 pub const MC_LINE_BYTES_MAX: usize = 2048;
 
-/// Longest retrieval line (`get`, `gets`, `gat`, `gats` with many keys),
-/// in bytes: memcached reads such lines past 2048; this bounds them.
+/// Most bytes of a retrieval line (`get`, `gets`, `gat`, `gats` with many
+/// keys) held at once. memcached reads such lines whatever their length
+/// (a client sent 18,725 keys, 187 KB, in one); a longer line is answered
+/// a piece of at most this many bytes at a time ([`keys_piece`]), so the
+/// input buffer stays bounded however long the line.
 pub const MC_KEYS_LINE_BYTES_MAX: usize = 64 << 10;
 
 /// Longest key, in bytes (memcached's `KEY_MAX_LENGTH`, 250, which is
@@ -39,6 +45,20 @@ pub const MC_RELATIVE_EXPTIME_SECS_MAX: i64 = 30 * 24 * 3600;
 
 /// The longest a key is once base64-decoded, in bytes.
 pub const MC_BASE64_KEY_BYTES_MAX: usize = MC_KEY_BYTES_MAX;
+
+/// Longest data length a storage line may announce, in bytes: memcached
+/// reads it as a 32-bit int and adds the CRLF (`INT_MAX - 2`). A longer
+/// one (`set k 0 0 4294967295`) makes the line bad (`CLIENT_ERROR bad
+/// command line format`) and nothing is swallowed; a length between
+/// [`MC_VALUE_BYTES_MAX`] and this is refused as too large and its data
+/// swallowed as it arrives (never buffered), as memcached does.
+pub const MC_DATA_LENGTH_BYTES_MAX: u64 = i32::MAX as u64 - 2;
+
+/// Slab class ids `stats cachedump` accepts are below this (memcached's
+/// `MAX_NUMBER_OF_SLAB_CLASSES`).
+pub const MC_SLAB_CLASSES_MAX: u32 = 64;
+
+const _: () = assert!(MC_DATA_LENGTH_BYTES_MAX >= MC_VALUE_BYTES_MAX as u64);
 
 const _: () = assert!(MC_KEYS_LINE_BYTES_MAX >= MC_LINE_BYTES_MAX);
 
@@ -67,6 +87,15 @@ pub const INVALID_FLAG: &str = "CLIENT_ERROR invalid flag";
 pub const INVALID_MODE: &str = "CLIENT_ERROR invalid mode for ms STORE";
 /// A key over [`MC_KEY_BYTES_MAX`] or, base64, not decodable.
 pub const KEY_TOO_LONG: &str = "CLIENT_ERROR bad command line format";
+/// An expiry time that is not a number (`touch`, `gat`, `flush_all`).
+pub const INVALID_EXPTIME: &str = "CLIENT_ERROR invalid exptime argument";
+/// `delete` with a second word other than `0` or `noreply`.
+pub const DELETE_USAGE: &str =
+    "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]";
+/// `stats cachedump` with fewer than two arguments.
+pub const BAD_LINE: &str = "CLIENT_ERROR bad command line";
+/// `stats cachedump` of a class id at or over [`MC_SLAB_CLASSES_MAX`].
+pub const ILLEGAL_SLAB_ID: &str = "CLIENT_ERROR Illegal slab id";
 
 /// What [`parse`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,10 +140,13 @@ pub struct Refusal {
     /// Bytes that follow the consumed ones and must be discarded unread
     /// (the data of a storage command refused for its size).
     pub swallow: usize,
-    /// The reply is not sent (`noreply`).
+    /// The reply is not sent (`noreply`, or a close without a reply).
     pub noreply: bool,
     /// The stream cannot be trusted any more: close once replied.
     pub close: bool,
+    /// The refused line goes on past the bytes consumed (a retrieval line
+    /// longer than [`MC_KEYS_LINE_BYTES_MAX`]): discard through its newline.
+    pub skip_line: bool,
 }
 
 /// One command.
@@ -122,19 +154,25 @@ pub struct Refusal {
 pub enum Command<'a> {
     /// `get`/`gets` (`cas`) of the space-separated `keys`.
     Get {
-        /// The keys, space-separated (see [`keys`]).
+        /// The keys, space-separated (see [`keys`]); each at most
+        /// [`MC_KEY_BYTES_MAX`] bytes.
         keys: &'a [u8],
         /// `gets`: with CAS values.
         cas: bool,
+        /// The line goes on past these keys: read the rest with
+        /// [`keys_piece`] (a line over [`MC_KEYS_LINE_BYTES_MAX`]).
+        more: bool,
     },
     /// `gat`/`gats`: get and touch.
     Gat {
         /// The new expiry time.
         exptime: i64,
-        /// The keys, space-separated (see [`keys`]).
+        /// The keys, space-separated (see [`keys`]); may be none.
         keys: &'a [u8],
         /// `gats`: with CAS values.
         cas: bool,
+        /// The line goes on past these keys (see [`Command::Get`]).
+        more: bool,
     },
     /// `set`, `add`, `replace`, `append`, `prepend`, `cas`.
     Store {
@@ -205,6 +243,23 @@ pub enum Command<'a> {
     Meta(Meta<'a>),
     /// `mn`.
     MetaNoop,
+    /// A storage command (`set`, ..., `ms`) whose data is over
+    /// [`MC_VALUE_BYTES_MAX`]: answered [`TOO_LARGE`] and its data
+    /// swallowed. memcached also removes the key's old value when the
+    /// command is `set` or `ms` (so a failed write never leaves a stale
+    /// value readable).
+    TooLarge {
+        /// The key as sent (base64 when `base64`).
+        key: &'a [u8],
+        /// The key is base64 (`ms ... b`).
+        base64: bool,
+        /// Remove the key's old value (`set`, `ms`).
+        unlink: bool,
+        /// Bytes that follow, to discard unread: the data and its CRLF.
+        swallow: usize,
+        /// No reply (`noreply`).
+        noreply: bool,
+    },
     /// A refused line.
     Refused(Refusal),
 }
@@ -280,12 +335,93 @@ pub fn key_ok(key: &[u8]) -> bool {
 }
 
 fn refuse(reply: &'static str) -> Command<'static> {
+    refuse_quietly(reply, false)
+}
+
+/// A refusal that `noreply` silences: memcached reads `noreply` before it
+/// checks the rest of a classic command's line, so its errors are not
+/// sent either (a client that asked for no reply reads none).
+fn refuse_quietly(reply: &'static str, noreply: bool) -> Command<'static> {
     Command::Refused(Refusal {
         reply,
         swallow: 0,
-        noreply: false,
+        noreply,
         close: false,
+        skip_line: false,
     })
+}
+
+/// What [`keys_piece`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeysPiece<'a> {
+    /// No piece yet: at least this many bytes (in all) are needed.
+    Incomplete {
+        /// Total bytes needed before looking again.
+        need: usize,
+    },
+    /// Whole keys of the line, taking `consumed` bytes.
+    Keys {
+        /// The keys, space-separated; each at most [`MC_KEY_BYTES_MAX`].
+        keys: &'a [u8],
+        /// Bytes of the input taken.
+        consumed: usize,
+        /// The line ended with these keys (its newline was consumed).
+        last: bool,
+    },
+    /// A key over [`MC_KEY_BYTES_MAX`] in these `consumed` bytes: the line
+    /// is refused ([`BAD_FORMAT`]) and, unless `last`, the rest of it
+    /// discarded through its newline.
+    TooLong {
+        /// Bytes of the input taken.
+        consumed: usize,
+        /// The line ended within them.
+        last: bool,
+    },
+}
+
+/// The next piece of a retrieval line that [`parse`] began with `more`:
+/// its keys through the newline when that is within
+/// [`MC_KEYS_LINE_BYTES_MAX`] bytes, else the whole keys among the first
+/// [`MC_KEYS_LINE_BYTES_MAX`] bytes (a key cut by that bound stays for
+/// the next piece).
+pub fn keys_piece(input: &[u8]) -> KeysPiece<'_> {
+    let window = &input[..input.len().min(MC_KEYS_LINE_BYTES_MAX + 2)];
+    if let Some(nl) = window.iter().position(|&b| b == b'\n') {
+        let line = &input[..nl];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.len() <= MC_KEYS_LINE_BYTES_MAX {
+            return checked_piece(line, nl + 1, true);
+        }
+    } else if input.len() <= MC_KEYS_LINE_BYTES_MAX + 1 {
+        return KeysPiece::Incomplete {
+            need: input.len() + 1,
+        };
+    }
+    let piece = &input[..MC_KEYS_LINE_BYTES_MAX];
+    match piece.iter().rposition(|&b| b == b' ') {
+        Some(i) => checked_piece(&piece[..i], i + 1, false),
+        // One word of 64 KiB: a key over every bound.
+        None => KeysPiece::TooLong {
+            consumed: piece.len(),
+            last: false,
+        },
+    }
+}
+
+fn checked_piece(keys: &[u8], consumed: usize, last: bool) -> KeysPiece<'_> {
+    if keys_too_long(keys) {
+        KeysPiece::TooLong { consumed, last }
+    } else {
+        KeysPiece::Keys {
+            keys,
+            consumed,
+            last,
+        }
+    }
+}
+
+fn keys_too_long(keys: &[u8]) -> bool {
+    self::keys(keys).any(|k| k.len() > MC_KEY_BYTES_MAX)
 }
 
 /// Parses one command at the start of `input`.
@@ -296,7 +432,14 @@ pub fn parse(input: &[u8]) -> Parse<'_> {
         MC_LINE_BYTES_MAX
     };
     let window = &input[..input.len().min(limit + 2)];
-    let Some(nl) = window.iter().position(|&b| b == b'\n') else {
+    let nl = window.iter().position(|&b| b == b'\n');
+    if limit == MC_KEYS_LINE_BYTES_MAX && input.len() > limit + 1 {
+        let line_len = |nl: usize| nl - usize::from(nl > 0 && input[nl - 1] == b'\r');
+        if nl.is_none_or(|nl| line_len(nl) > limit) {
+            return long_retrieval(&input[..limit]);
+        }
+    }
+    let Some(nl) = nl else {
         if input.len() > limit + 1 {
             return Parse::Complete {
                 consumed: input.len(),
@@ -305,6 +448,7 @@ pub fn parse(input: &[u8]) -> Parse<'_> {
                     swallow: 0,
                     noreply: false,
                     close: true,
+                    skip_line: false,
                 }),
             };
         }
@@ -323,6 +467,7 @@ pub fn parse(input: &[u8]) -> Parse<'_> {
                 swallow: 0,
                 noreply: false,
                 close: true,
+                skip_line: false,
             }),
         };
     }
@@ -333,17 +478,7 @@ pub fn parse(input: &[u8]) -> Parse<'_> {
     };
     match name {
         b"get" | b"gets" => done(retrieval(rest, name == b"gets")),
-        b"gat" | b"gats" => {
-            let (t, keys) = split_word(rest);
-            match parse_i64(t) {
-                Some(exptime) if keys_present(keys) => done(Command::Gat {
-                    exptime,
-                    keys,
-                    cas: name == b"gats",
-                }),
-                _ => done(refuse(ERROR)),
-            }
-        }
+        b"gat" | b"gats" => done(touching_retrieval(rest, name == b"gats")),
         b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
             storage(input, line_end, name, rest)
         }
@@ -362,6 +497,76 @@ pub fn parse(input: &[u8]) -> Parse<'_> {
     }
 }
 
+/// The first piece of a retrieval line longer than the bound on what is
+/// held (`piece` is its first [`MC_KEYS_LINE_BYTES_MAX`] bytes): its whole
+/// keys, the rest of the line left for [`keys_piece`]. A refusal here
+/// discards the rest of the line too.
+fn long_retrieval(piece: &[u8]) -> Parse<'_> {
+    let (name, rest) = split_word(piece);
+    let cas = matches!(name, b"gets" | b"gats");
+    let (exptime, keys) = if matches!(name, b"gat" | b"gats") {
+        let (t, keys) = split_word(rest);
+        (parse_i64(t).ok_or(INVALID_EXPTIME), keys)
+    } else {
+        (Ok(0), rest)
+    };
+    // Cut after the last space: a key the bound cuts is left whole for
+    // the next piece.
+    let cut = keys.iter().rposition(|&b| b == b' ');
+    let consumed = cut.map_or(piece.len(), |i| piece.len() - keys.len() + i + 1);
+    let keys = &keys[..cut.unwrap_or(keys.len())];
+    let refused = |reply| Parse::Complete {
+        consumed,
+        cmd: Command::Refused(Refusal {
+            reply,
+            swallow: 0,
+            noreply: false,
+            close: false,
+            skip_line: true,
+        }),
+    };
+    let exptime = match exptime {
+        Ok(t) => t,
+        Err(reply) => return refused(reply),
+    };
+    // A word as long as the piece is a key over every bound.
+    if cut.is_none() || keys_too_long(keys) {
+        return refused(BAD_FORMAT);
+    }
+    let cmd = if matches!(name, b"gat" | b"gats") {
+        Command::Gat {
+            exptime,
+            keys,
+            cas,
+            more: true,
+        }
+    } else {
+        Command::Get {
+            keys,
+            cas,
+            more: true,
+        }
+    };
+    Parse::Complete { consumed, cmd }
+}
+
+/// Whether memcached closes the connection, without a reply, at this
+/// line: an unknown command whose last word (of the first 23, its token
+/// bound) starts `HTTP/`, a web client at the wrong port. Names memcached
+/// dispatches on their first letter (`g`, `s`, `a`, `c`, `i`, `d`, `t`,
+/// two-letter `m`) are answered `ERROR` instead, as there.
+fn http_request_line(name: &[u8], t: &[&[u8]]) -> bool {
+    let dispatched = matches!(
+        name.first(),
+        Some(b'g' | b's' | b'a' | b'c' | b'i' | b'd' | b't')
+    ) || (name.len() == 2 && name[0] == b'm');
+    let last = match t.len().min(MC_TOKENS_MAX - 2) {
+        0 => name,
+        n => t[n - 1],
+    };
+    name.len() >= 2 && !dispatched && last.starts_with(b"HTTP/")
+}
+
 fn is_retrieval(input: &[u8]) -> bool {
     [&b"get "[..], b"gets ", b"gat ", b"gats "]
         .iter()
@@ -376,10 +581,35 @@ fn retrieval(keys: &[u8], cas: bool) -> Command<'_> {
     if !keys_present(keys) {
         return refuse(ERROR);
     }
-    if self::keys(keys).any(|k| k.len() > MC_KEY_BYTES_MAX) {
+    if keys_too_long(keys) {
         return refuse(BAD_FORMAT);
     }
-    Command::Get { keys, cas }
+    Command::Get {
+        keys,
+        cas,
+        more: false,
+    }
+}
+
+/// `gat`/`gats`: an exptime, then any number of keys (none answers just
+/// `END`, as in memcached).
+fn touching_retrieval(rest: &[u8], cas: bool) -> Command<'_> {
+    let (t, keys) = split_word(rest);
+    if t.is_empty() {
+        return refuse(ERROR);
+    }
+    let Some(exptime) = parse_i64(t) else {
+        return refuse(INVALID_EXPTIME);
+    };
+    if keys_too_long(keys) {
+        return refuse(BAD_FORMAT);
+    }
+    Command::Gat {
+        exptime,
+        keys,
+        cas,
+        more: false,
+    }
 }
 
 /// The first space-separated word and what follows it.
@@ -458,19 +688,24 @@ fn storage<'a>(input: &'a [u8], line_end: usize, name: &[u8], rest: &'a [u8]) ->
         b"prepend" => StoreMode::Prepend,
         _ => StoreMode::Cas,
     };
-    let bad = |reply| Parse::Complete {
-        consumed: line_end,
-        cmd: refuse(reply),
-    };
     let Some(t) = tokens::<7>(rest) else {
-        return bad(ERROR);
+        return Parse::Complete {
+            consumed: line_end,
+            cmd: refuse(ERROR),
+        };
     };
     let t = &t.items[..t.len];
     let fixed = if mode == StoreMode::Cas { 5 } else { 4 };
-    if t.len() != fixed && !(t.len() == fixed + 1 && t[fixed] == b"noreply") {
+    // memcached takes one more word and reads it as noreply only when it
+    // is that word; with no data announced it cannot swallow anything.
+    let noreply = t.len() == fixed + 1 && t[fixed] == b"noreply";
+    let bad = |reply| Parse::Complete {
+        consumed: line_end,
+        cmd: refuse_quietly(reply, noreply),
+    };
+    if t.len() != fixed && t.len() != fixed + 1 {
         return bad(ERROR);
     }
-    let noreply = t.len() == fixed + 1;
     let key = t[0];
     let (Some(flags), Some(exptime), Some(bytes)) =
         (parse_u32(t[1]), parse_i64(t[2]), parse_i64(t[3]))
@@ -485,19 +720,20 @@ fn storage<'a>(input: &'a [u8], line_end: usize, name: &[u8], rest: &'a [u8]) ->
     } else {
         0
     };
-    if bytes < 0 || key.len() > MC_KEY_BYTES_MAX {
+    if bytes < 0 || bytes as u64 > MC_DATA_LENGTH_BYTES_MAX || key.len() > MC_KEY_BYTES_MAX {
         return bad(BAD_FORMAT);
     }
     let bytes = bytes as u64;
     if bytes > MC_VALUE_BYTES_MAX as u64 {
         return Parse::Complete {
             consumed: line_end,
-            cmd: Command::Refused(Refusal {
-                reply: TOO_LARGE,
-                swallow: (bytes as usize).saturating_add(2),
+            cmd: Command::TooLarge {
+                key,
+                base64: false,
+                unlink: mode == StoreMode::Set,
+                swallow: bytes as usize + 2,
                 noreply,
-                close: false,
-            }),
+            },
         };
     }
     let bytes = bytes as usize;
@@ -515,12 +751,7 @@ fn storage<'a>(input: &'a [u8], line_end: usize, name: &[u8], rest: &'a [u8]) ->
                     cas_unique,
                     noreply,
                 },
-                None => Command::Refused(Refusal {
-                    reply: BAD_CHUNK,
-                    swallow: 0,
-                    noreply,
-                    close: false,
-                }),
+                None => refuse_quietly(BAD_CHUNK, noreply),
             },
         },
     }
@@ -543,85 +774,113 @@ fn data_chunk(
     Ok((ok.then_some(data), end))
 }
 
+/// The other classic commands, with memcached's word counts: a wrong
+/// count is `ERROR` (whatever the last word); past that, a last word
+/// `noreply` silences the command's errors as well as its answer.
 fn simple<'a>(name: &[u8], t: &[&'a [u8]]) -> Command<'a> {
-    let noreply_at = |n: usize| t.len() == n + 1 && t[n] == b"noreply";
+    let last_is_noreply = t.last() == Some(&&b"noreply"[..]);
     match name {
         b"delete" => {
-            // memcached accepts a legacy time of 0.
-            let noreply = t.last() == Some(&&b"noreply"[..]);
-            let args = &t[..t.len() - usize::from(noreply)];
-            match args {
-                [key] | [key, b"0"] if key.len() <= MC_KEY_BYTES_MAX => {
-                    Command::Delete { key, noreply }
-                }
-                [_] | [_, _] => refuse(BAD_FORMAT),
-                _ => refuse("CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]"),
+            let zero = |i: usize| t[i] == b"0";
+            let (valid, noreply) = match t.len() {
+                1 => (true, false),
+                2 => (zero(1) || last_is_noreply, last_is_noreply),
+                3 => (zero(1) && last_is_noreply, last_is_noreply),
+                _ => return refuse(ERROR),
+            };
+            if !valid {
+                refuse_quietly(DELETE_USAGE, noreply)
+            } else if t[0].len() > MC_KEY_BYTES_MAX {
+                refuse_quietly(BAD_FORMAT, noreply)
+            } else {
+                Command::Delete { key: t[0], noreply }
             }
         }
         b"incr" | b"decr" => {
-            if t.len() != 2 && !noreply_at(2) {
+            if t.len() != 2 && t.len() != 3 {
                 return refuse(ERROR);
             }
+            let noreply = t.len() == 3 && last_is_noreply;
             if t[0].len() > MC_KEY_BYTES_MAX {
-                return refuse(BAD_FORMAT);
+                return refuse_quietly(BAD_FORMAT, noreply);
             }
             match parse_u64(t[1]) {
                 Some(delta) => Command::Arith {
                     incr: name == b"incr",
                     key: t[0],
                     delta,
-                    noreply: t.len() == 3,
+                    noreply,
                 },
-                None => refuse(BAD_DELTA),
+                None => refuse_quietly(BAD_DELTA, noreply),
             }
         }
         b"touch" => {
-            if t.len() != 2 && !noreply_at(2) {
+            if t.len() != 2 && t.len() != 3 {
                 return refuse(ERROR);
             }
+            let noreply = t.len() == 3 && last_is_noreply;
+            if t[0].len() > MC_KEY_BYTES_MAX {
+                return refuse_quietly(BAD_FORMAT, noreply);
+            }
             match parse_i64(t[1]) {
-                Some(exptime) if t[0].len() <= MC_KEY_BYTES_MAX => Command::Touch {
+                Some(exptime) => Command::Touch {
                     key: t[0],
                     exptime,
-                    noreply: t.len() == 3,
+                    noreply,
                 },
-                _ => refuse("CLIENT_ERROR invalid exptime argument"),
+                None => refuse_quietly(INVALID_EXPTIME, noreply),
             }
         }
-        b"flush_all" => match t {
-            [] => Command::FlushAll {
-                delay: 0,
-                noreply: false,
-            },
-            [b"noreply"] => Command::FlushAll {
-                delay: 0,
-                noreply: true,
-            },
-            [d] | [d, b"noreply"] => match parse_i64(d) {
-                Some(delay) => Command::FlushAll {
-                    delay,
-                    noreply: t.len() == 2,
-                },
-                None => refuse(BAD_FORMAT),
-            },
-            _ => refuse(ERROR),
-        },
+        b"flush_all" => {
+            if t.len() > 2 {
+                return refuse(ERROR);
+            }
+            let noreply = last_is_noreply;
+            // A delay is read unless the only word is noreply.
+            if t.len() == usize::from(noreply) {
+                return Command::FlushAll { delay: 0, noreply };
+            }
+            match parse_i64(t[0]) {
+                Some(delay) => Command::FlushAll { delay, noreply },
+                None => refuse_quietly(INVALID_EXPTIME, noreply),
+            }
+        }
         // memcached answers `version` whatever follows it.
         b"version" => Command::Version,
-        b"verbosity" => match t {
-            [b"noreply"] => Command::Verbosity { noreply: true },
-            [n] | [n, b"noreply"] if parse_u64(n).is_some() => Command::Verbosity {
-                noreply: t.len() == 2,
-            },
-            [_] | [_, b"noreply"] => refuse(BAD_FORMAT),
-            _ => refuse(ERROR),
-        },
+        b"verbosity" => {
+            if t.len() != 1 && t.len() != 2 {
+                return refuse(ERROR);
+            }
+            let noreply = last_is_noreply;
+            match parse_u32(t[0]) {
+                Some(_) => Command::Verbosity { noreply },
+                None => refuse_quietly(BAD_FORMAT, noreply),
+            }
+        }
         b"stats" => match t {
             [] => Command::Stats { group: None },
-            [g] => Command::Stats { group: Some(g) },
-            _ => refuse(ERROR),
+            [g, args @ ..] if *g == b"cachedump" => match args {
+                [id, limit, ..] => match (parse_u32(id), parse_u32(limit)) {
+                    (Some(id), Some(_)) if id < MC_SLAB_CLASSES_MAX => {
+                        Command::Stats { group: Some(g) }
+                    }
+                    (Some(_), Some(_)) => refuse(ILLEGAL_SLAB_ID),
+                    _ => refuse(BAD_FORMAT),
+                },
+                _ => refuse(BAD_LINE),
+            },
+            // Words after the group are ignored, as in memcached.
+            [g, ..] => Command::Stats { group: Some(g) },
         },
-        b"quit" if t.is_empty() => Command::Quit,
+        // memcached quits whatever follows `quit`.
+        b"quit" => Command::Quit,
+        _ if http_request_line(name, t) => Command::Refused(Refusal {
+            reply: "",
+            swallow: 0,
+            noreply: true,
+            close: true,
+            skip_line: false,
+        }),
         _ => refuse(ERROR),
     }
 }
@@ -636,25 +895,40 @@ fn meta_set<'a>(input: &'a [u8], line_end: usize, rest: &'a [u8]) -> Parse<'a> {
     if key.is_empty() {
         return bad(BAD_FORMAT);
     }
-    let Some(bytes) = parse_u64(len) else {
-        return bad(BAD_FORMAT);
+    let bytes = match parse_u64(len) {
+        Some(b) if b <= MC_DATA_LENGTH_BYTES_MAX => b as usize,
+        _ => return bad(BAD_FORMAT),
     };
     let parsed = match meta_flags(MetaKind::Set, flags) {
         Ok(f) => f,
-        Err(reply) => return bad(reply),
+        // memcached swallows the data of an ms refused for its flags, so
+        // that it is not read as commands.
+        Err(reply) => {
+            return Parse::Complete {
+                consumed: line_end,
+                cmd: Command::Refused(Refusal {
+                    reply,
+                    swallow: bytes + 2,
+                    noreply: false,
+                    close: false,
+                    skip_line: false,
+                }),
+            }
+        }
     };
-    if bytes > MC_VALUE_BYTES_MAX as u64 {
+    if bytes > MC_VALUE_BYTES_MAX {
         return Parse::Complete {
             consumed: line_end,
-            cmd: Command::Refused(Refusal {
-                reply: TOO_LARGE,
-                swallow: (bytes as usize).saturating_add(2),
+            cmd: Command::TooLarge {
+                key,
+                base64: parsed.base64,
+                unlink: true,
+                swallow: bytes + 2,
                 noreply: false,
-                close: false,
-            }),
+            },
         };
     }
-    match data_chunk(input, line_end, bytes as usize) {
+    match data_chunk(input, line_end, bytes) {
         Err(need) => Parse::Incomplete { need },
         Ok((None, consumed)) => Parse::Complete {
             consumed,

@@ -18,7 +18,12 @@ fn refused(input: &[u8]) -> Refusal {
 fn retrievals_take_many_keys() {
     let (n, c) = cmd(b"get a bb  ccc\r\nrest");
     assert_eq!(n, 15);
-    let Command::Get { keys: k, cas } = c else {
+    let Command::Get {
+        keys: k,
+        cas,
+        more: false,
+    } = c
+    else {
         panic!()
     };
     assert!(!cas);
@@ -33,7 +38,13 @@ fn retrievals_take_many_keys() {
         }
     ));
     assert_eq!(refused(b"get\r\n").reply, ERROR);
-    assert_eq!(refused(b"gat x a\r\n").reply, ERROR);
+    assert_eq!(refused(b"gat x a\r\n").reply, INVALID_EXPTIME);
+    assert_eq!(refused(b"gat\r\n").reply, ERROR);
+    // gat with no keys answers END in memcached.
+    assert!(matches!(
+        cmd(b"gat 10\r\n").1,
+        Command::Gat { exptime: 10, .. }
+    ));
 }
 
 #[test]
@@ -70,8 +81,16 @@ fn storage_waits_for_its_data_then_takes_it() {
     assert_eq!(refused(b"set k 4294967296 0 1\r\n").reply, BAD_FORMAT);
     assert_eq!(refused(b"set k 0 0\r\n").reply, ERROR);
     let big = format!("set k 0 0 {}\r\n", MC_VALUE_BYTES_MAX + 1);
-    let r = refused(big.as_bytes());
-    assert_eq!((r.reply, r.swallow), (TOO_LARGE, MC_VALUE_BYTES_MAX + 3));
+    assert_eq!(
+        cmd(big.as_bytes()).1,
+        Command::TooLarge {
+            key: b"k",
+            base64: false,
+            unlink: true,
+            swallow: MC_VALUE_BYTES_MAX + 3,
+            noreply: false
+        }
+    );
     let long_key = format!("set {} 0 0 1\r\nx\r\n", "k".repeat(MC_KEY_BYTES_MAX + 1));
     assert_eq!(refused(long_key.as_bytes()).reply, BAD_FORMAT);
 }
@@ -226,6 +245,17 @@ fn random_input_never_panics_and_keeps_the_bounds() {
                 _ => buf.truncate(at),
             }
         }
+        // The same bytes as the rest of a long retrieval line.
+        match keys_piece(&buf) {
+            KeysPiece::Incomplete { need } => assert!(need > buf.len()),
+            KeysPiece::Keys {
+                keys: k, consumed, ..
+            } => {
+                assert!(consumed >= 1 && consumed <= buf.len());
+                assert!(keys(k).all(|k| k.len() <= MC_KEY_BYTES_MAX));
+            }
+            KeysPiece::TooLong { consumed, .. } => assert!(consumed >= 1 && consumed <= buf.len()),
+        }
         let mut rest = &buf[..];
         while !rest.is_empty() {
             match parse(rest) {
@@ -250,4 +280,182 @@ fn random_input_never_panics_and_keeps_the_bounds() {
             }
         }
     }
+}
+
+#[test]
+fn lengths_past_what_memcached_reads_are_bad_lines_not_swallows() {
+    for len in ["4294967295", "2147483646", "99999999999999999999"] {
+        let r = refused(format!("set k 0 0 {len}\r\nget k\r\n").as_bytes());
+        assert_eq!((r.reply, r.swallow), (BAD_FORMAT, 0), "{len}");
+        let r = refused(format!("ms k {len}\r\n").as_bytes());
+        assert_eq!((r.reply, r.swallow), (BAD_FORMAT, 0), "ms {len}");
+    }
+    // The longest memcached reads is swallowed: it may really follow.
+    let (n, c) = cmd(b"add k 0 0 2147483645 noreply\r\n");
+    assert_eq!(n, 30);
+    assert_eq!(
+        c,
+        Command::TooLarge {
+            key: b"k",
+            base64: false,
+            unlink: false,
+            swallow: 2_147_483_647,
+            noreply: true
+        }
+    );
+    assert!(matches!(
+        cmd(b"ms aw== 2000000 b MA\r\n").1,
+        Command::TooLarge {
+            base64: true,
+            unlink: true,
+            ..
+        }
+    ));
+    // An ms refused for its flags swallows its data, as memcached does.
+    let r = refused(b"ms k 2 Z\r\nab\r\n");
+    assert_eq!((r.reply, r.swallow), (INVALID_FLAG, 4));
+}
+
+#[test]
+fn noreply_silences_refusals_but_not_wrong_word_counts() {
+    for line in [
+        &b"delete k 10 noreply\r\n"[..],
+        b"incr k x noreply\r\n",
+        b"touch k x noreply\r\n",
+        b"flush_all x noreply\r\n",
+        b"verbosity x noreply\r\n",
+        b"set k x 0 1 noreply\r\n",
+        b"set k 0 0 1 noreply\r\nxy\r\n",
+    ] {
+        assert!(refused(line).noreply, "{}", String::from_utf8_lossy(line));
+    }
+    assert_eq!(refused(b"delete k 10 noreply\r\n").reply, DELETE_USAGE);
+    assert_eq!(refused(b"delete k 10\r\n").reply, DELETE_USAGE);
+    let r = refused(b"delete k a b noreply\r\n");
+    assert_eq!((r.reply, r.noreply), (ERROR, false));
+    assert_eq!(
+        cmd(b"delete noreply\r\n").1,
+        Command::Delete {
+            key: b"noreply",
+            noreply: false
+        }
+    );
+    assert_eq!(
+        cmd(b"flush_all 1 2\r\n").1,
+        Command::FlushAll {
+            delay: 1,
+            noreply: false
+        }
+    );
+    let r = refused(b"flush_all invalid\r\n");
+    assert_eq!((r.reply, r.noreply), (INVALID_EXPTIME, false));
+}
+
+#[test]
+fn an_http_request_line_closes_without_a_reply() {
+    for line in [
+        &b"GET / HTTP/1.1\r\n"[..],
+        b"POST /a HTTP/1.0\r\n",
+        b"HTTP/1.1\r\n",
+    ] {
+        let r = refused(line);
+        assert!(r.close && r.noreply, "{}", String::from_utf8_lossy(line));
+    }
+    assert!(!refused(b"GET k\r\n").close);
+    assert!(!refused(b"set k HTTP/1.1\r\n").close);
+    assert!(matches!(cmd(b"get / HTTP/1.1\r\n").1, Command::Get { .. }));
+}
+
+#[test]
+fn stats_cachedump_checks_its_arguments_as_memcached() {
+    assert_eq!(
+        cmd(b"stats cachedump 1 0\r\n").1,
+        Command::Stats {
+            group: Some(b"cachedump")
+        }
+    );
+    assert_eq!(refused(b"stats cachedump 1\r\n").reply, BAD_LINE);
+    assert_eq!(refused(b"stats cachedump x 1\r\n").reply, BAD_FORMAT);
+    assert_eq!(refused(b"stats cachedump 64 1\r\n").reply, ILLEGAL_SLAB_ID);
+    assert_eq!(
+        cmd(b"stats items x\r\n").1,
+        Command::Stats {
+            group: Some(b"items")
+        }
+    );
+}
+
+/// The keys of `get k00000 k00001 ...` with `n` keys.
+fn long_get(n: usize) -> Vec<u8> {
+    let mut line = b"get".to_vec();
+    for i in 0..n {
+        line.extend_from_slice(format!(" k{i:05}").as_bytes());
+    }
+    line.extend_from_slice(b"\r\n");
+    line
+}
+
+#[test]
+fn a_retrieval_line_past_the_bound_comes_in_pieces() {
+    let line = long_get(20_000);
+    assert!(line.len() > 2 * MC_KEYS_LINE_BYTES_MAX);
+    // Until the bound is reached, it waits for the newline.
+    assert!(matches!(
+        parse(&line[..MC_KEYS_LINE_BYTES_MAX]),
+        Parse::Incomplete { .. }
+    ));
+    let (first, c) = cmd(&line);
+    let Command::Get {
+        keys: k,
+        more: true,
+        ..
+    } = c
+    else {
+        panic!("{c:?}")
+    };
+    assert!(first <= MC_KEYS_LINE_BYTES_MAX && line[first - 1] == b' ');
+    let mut seen: Vec<Vec<u8>> = keys(k).map(<[u8]>::to_vec).collect();
+    let mut at = first;
+    loop {
+        match keys_piece(&line[at..]) {
+            KeysPiece::Keys {
+                keys: k,
+                consumed,
+                last,
+            } => {
+                assert!(consumed <= MC_KEYS_LINE_BYTES_MAX + 2);
+                seen.extend(keys(k).map(<[u8]>::to_vec));
+                at += consumed;
+                if last {
+                    break;
+                }
+            }
+            p => panic!("{p:?}"),
+        }
+    }
+    assert_eq!(at, line.len());
+    let want: Vec<Vec<u8>> = (0..20_000)
+        .map(|i| format!("k{i:05}").into_bytes())
+        .collect();
+    assert_eq!(seen, want, "every key once, none cut");
+    assert_eq!(keys_piece(b"k1 k2"), KeysPiece::Incomplete { need: 6 });
+    // A key over the bound is refused with the rest of its line.
+    let mut bad = b"get ".to_vec();
+    bad.resize(MC_KEYS_LINE_BYTES_MAX + 10, b'x');
+    let r = refused(&bad);
+    assert!(r.skip_line && r.reply == BAD_FORMAT);
+    // One after a whole key waits for the next piece, which refuses it.
+    bad[4..6].copy_from_slice(b"a ");
+    assert!(matches!(cmd(&bad), (6, Command::Get { more: true, .. })));
+    assert_eq!(
+        keys_piece(&bad[6..]),
+        KeysPiece::TooLong {
+            consumed: MC_KEYS_LINE_BYTES_MAX,
+            last: false
+        }
+    );
+    let mut gat = b"gat x ".to_vec();
+    gat.resize(MC_KEYS_LINE_BYTES_MAX + 10, b'k');
+    let r = refused(&gat);
+    assert!(r.skip_line && r.reply == INVALID_EXPTIME);
 }

@@ -5,7 +5,16 @@
 //! (the keyspace of RESP's database 0 and of the native kv), and appends
 //! the replies; the socket loop in `memcache_net` only moves bytes. The
 //! parser is `fabrickv_memcache` (its bounds are the line, key and value
-//! limits); this module adds the reply bounds below.
+//! limits); this module adds the reply bound below.
+//!
+//! A retrieval line is answered a key at a time and may be left half
+//! answered between calls ([`McSession`]'s `get`): when the replies
+//! reach [`MC_OUTPUT_SOFT_BYTES`] (the rest of its keys wait in the input
+//! until the replies are written), or when the line is longer than the
+//! parser holds (its keys come in pieces as they arrive). So a `get` of
+//! any number of keys holds at most a piece of its line and about
+//! [`MC_OUTPUT_SOFT_BYTES`] of its replies, as memcached answers a
+//! multi-get of any length.
 //!
 //! Items written here carry their CAS value and 32-bit client flags in
 //! the engine item's meta ([`fabrickv_engine::ItemMeta`]); an item written
@@ -27,24 +36,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use fabrickv_memcache::{self as mc, Command, Parse};
+use fabrickv_memcache::{self as mc, Command, KeysPiece, Parse};
 use fabrickv_types::KeyHash;
 
 use crate::config::Mode;
 use crate::partitions::{Partitions, PREFETCH_KEYS_MAX};
+use store::Expiry;
 
 mod meta;
 mod store;
 mod text;
 
 /// Reply bytes a connection may have waiting before it stops executing
-/// commands until the client reads them (backpressure), in bytes.
+/// commands until the client reads them (backpressure), in bytes. A
+/// retrieval stops between two keys there too, so the replies waiting are
+/// at most this plus one value.
 pub const MC_OUTPUT_SOFT_BYTES: usize = 256 << 10;
-
-/// Largest reply to one retrieval, in bytes: a `get` of many large values
-/// past this is answered `SERVER_ERROR out of memory writing get response`
-/// (memcached's words) instead of being buffered.
-pub const MC_REPLY_BYTES_MAX: usize = 32 << 20;
 
 /// What `version` answers (and `stats` reports): the memcached release
 /// whose protocol this front end speaks, then FabricKV's own version.
@@ -191,8 +198,31 @@ pub struct McSession {
     /// Bytes still to discard: the data of a storage command refused for
     /// its size, thrown away as it arrives instead of buffered.
     swallow: usize,
+    /// Discarding the rest of a refused retrieval line, through its
+    /// newline, as it arrives (the line was longer than the parser holds).
+    skip_line: bool,
+    /// A retrieval line answered in part: the rest of its keys follow in
+    /// the input.
+    get: Option<GetLine>,
     /// Scratch for values built from a stored one (append, incr).
     scratch: Vec<u8>,
+}
+
+/// A retrieval line being answered (see the module header).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GetLine {
+    /// `gets`/`gats`: with CAS values.
+    cas: bool,
+    /// `gat`/`gats`: the expiry to give each key found.
+    touch: Option<Expiry>,
+    /// A key was seen, or the command is a `gat` (which may have none):
+    /// the line ends with `END`, not `ERROR`.
+    answered: bool,
+    /// Where the line's replies start in the output, while they are all
+    /// still there (this call of `process`): a key refused later in the
+    /// line replaces them with the error, as in memcached. A line
+    /// streamed over several calls has had some written; they stand.
+    out_start: Option<usize>,
 }
 
 /// What a command leaves the connection to do.
@@ -229,28 +259,83 @@ impl McSession {
         // Where the last look-ahead stopped: the commands before it have
         // had their keys prefetched.
         let mut ahead = 0;
+        // Replies from an earlier call may have been written since.
+        if let Some(g) = &mut self.get {
+            g.out_start = None;
+        }
         while done.consumed < input.len() && out.len() < MC_OUTPUT_SOFT_BYTES {
+            let rest = &input[done.consumed..];
             if self.swallow > 0 {
-                let n = self.swallow.min(input.len() - done.consumed);
+                let n = self.swallow.min(rest.len());
                 self.swallow -= n;
                 done.consumed += n;
+                continue;
+            }
+            if self.skip_line {
+                match rest.iter().position(|&b| b == b'\n') {
+                    Some(nl) => {
+                        done.consumed += nl + 1;
+                        self.skip_line = false;
+                    }
+                    None => done.consumed = input.len(),
+                }
+                continue;
+            }
+            if let Some(g) = self.get {
+                match mc::keys_piece(rest) {
+                    KeysPiece::Incomplete { need } => {
+                        done.need = need;
+                        break;
+                    }
+                    KeysPiece::Keys {
+                        keys,
+                        consumed,
+                        last,
+                    } => {
+                        done.consumed +=
+                            self.retrieve(sh, g, rest, keys, consumed, last, out, now_ms)
+                    }
+                    KeysPiece::TooLong { consumed, last } => {
+                        self.refuse_line(g, out);
+                        self.skip_line = !last;
+                        done.consumed += consumed;
+                    }
+                }
                 continue;
             }
             if done.consumed >= ahead {
                 ahead = prefetch_ahead(sh, input, done.consumed);
             }
-            match mc::parse(&input[done.consumed..]) {
+            match mc::parse(rest) {
                 Parse::Incomplete { need } => {
                     done.need = need;
                     break;
                 }
                 Parse::Complete { consumed, cmd } => {
-                    done.consumed += consumed;
                     commands += 1;
-                    if self.command(sh, cmd, out, now_ms) == After::Close {
-                        done.close = true;
-                        break;
-                    }
+                    let (g, keys, last) = match cmd {
+                        Command::Get { keys, cas, more } => {
+                            (GetLine::new(cas, None, out), keys, !more)
+                        }
+                        Command::Gat {
+                            exptime,
+                            keys,
+                            cas,
+                            more,
+                        } => {
+                            let touch = Some(Expiry::of(exptime, now_ms));
+                            (GetLine::new(cas, touch, out), keys, !more)
+                        }
+                        cmd => {
+                            done.consumed += consumed;
+                            if self.command(sh, cmd, out, now_ms) == After::Close {
+                                done.close = true;
+                                break;
+                            }
+                            continue;
+                        }
+                    };
+                    done.consumed += self.retrieve(sh, g, rest, keys, consumed, last, out, now_ms);
                 }
             }
         }
@@ -260,10 +345,74 @@ impl McSession {
         done
     }
 
+    /// Answers the `keys` of a retrieval line (`rest` is the input from
+    /// where the piece holding them begins, `consumed` that piece's
+    /// length): ends the line with `END` once its `last` piece is done.
+    /// Returns the input bytes taken: the whole piece, or up to the first
+    /// key not answered when the replies filled the output first (the
+    /// rest of the line is answered on the next call).
+    #[allow(clippy::too_many_arguments)]
+    fn retrieve(
+        &mut self,
+        sh: &McShared,
+        mut g: GetLine,
+        rest: &[u8],
+        keys: &[u8],
+        consumed: usize,
+        last: bool,
+        out: &mut Vec<u8>,
+        now: u64,
+    ) -> usize {
+        if let Some(at) = text::retrieve(sh, keys, &mut g, out, now) {
+            self.get = Some(g);
+            // `keys` lies within `rest`.
+            return keys.as_ptr() as usize - rest.as_ptr() as usize + at;
+        }
+        if !last {
+            self.get = Some(g);
+        } else if g.answered {
+            self.get = None;
+            out.extend_from_slice(b"END\r\n");
+        } else {
+            self.get = None;
+            line(out, mc::ERROR);
+        }
+        consumed
+    }
+
+    /// Refuses the retrieval line being answered for a key over the
+    /// bound: memcached sends only the error, dropping the line's values.
+    fn refuse_line(&mut self, g: GetLine, out: &mut Vec<u8>) {
+        if let Some(start) = g.out_start {
+            out.truncate(start);
+        }
+        line(out, mc::BAD_FORMAT);
+        self.get = None;
+    }
+
     fn command(&mut self, sh: &McShared, cmd: Command<'_>, out: &mut Vec<u8>, now: u64) -> After {
         match cmd {
+            Command::TooLarge {
+                key,
+                base64,
+                unlink,
+                swallow,
+                noreply,
+            } => {
+                self.swallow = swallow;
+                if unlink {
+                    let mut buf = [0u8; mc::MC_BASE64_KEY_BYTES_MAX];
+                    if let Some(key) = meta::decoded_key(key, base64, &mut buf) {
+                        let _ = store::delete(sh, key, None, now);
+                    }
+                }
+                if !noreply {
+                    line(out, mc::TOO_LARGE);
+                }
+            }
             Command::Refused(r) => {
                 self.swallow = r.swallow;
+                self.skip_line = r.skip_line;
                 if !r.noreply {
                     line(out, r.reply);
                 }
@@ -286,7 +435,8 @@ impl McSession {
 /// when a read holds several commands (a pipelining client): with one,
 /// nothing is prefetched and the cost is one more parse of it. A refused
 /// command ends the look-ahead, since the bytes after it may be a value
-/// to skip, not commands.
+/// to skip, not commands; so does the first piece of a retrieval line
+/// longer than the parser holds (the rest of the line follows).
 fn prefetch_ahead(sh: &McShared, input: &[u8], from: usize) -> usize {
     let mut hashes = [KeyHash(0); PREFETCH_KEYS_MAX];
     let mut n = 0;
@@ -305,13 +455,20 @@ fn prefetch_ahead(sh: &McShared, input: &[u8], from: usize) -> usize {
             }
         };
         match cmd {
-            Command::Get { keys, .. } | Command::Gat { keys, .. } => mc::keys(keys).for_each(add),
+            // The rest of a line longer than the parser holds is not
+            // commands.
+            Command::Get { keys, more, .. } | Command::Gat { keys, more, .. } => {
+                mc::keys(keys).for_each(add);
+                if more {
+                    break;
+                }
+            }
             Command::Store { key, .. }
             | Command::Delete { key, .. }
             | Command::Arith { key, .. }
             | Command::Touch { key, .. } => add(key),
             Command::Meta(m) if !m.flags.base64 => add(m.key),
-            Command::Refused(_) => break,
+            Command::Refused(_) | Command::TooLarge { .. } => break,
             _ => {}
         }
     }
@@ -319,6 +476,18 @@ fn prefetch_ahead(sh: &McShared, input: &[u8], from: usize) -> usize {
         sh.parts.prefetch(&hashes[..n]);
     }
     pos
+}
+
+impl GetLine {
+    /// A line whose replies start at the end of `out`.
+    fn new(cas: bool, touch: Option<Expiry>, out: &[u8]) -> GetLine {
+        GetLine {
+            cas,
+            touch,
+            answered: touch.is_some(),
+            out_start: Some(out.len()),
+        }
+    }
 }
 
 /// Appends `s` and CRLF.

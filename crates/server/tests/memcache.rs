@@ -212,6 +212,36 @@ fn large_values_in_pieces_and_oversized_ones_refused() {
     h.shutdown();
 }
 
+/// Issue 35's memcached findings over a socket: a length memcached cannot
+/// read is a bad line and the next one is read (no hang), a get line of
+/// 18,725 keys (187 KB) is answered whole, `noreply` silences an error,
+/// and an HTTP request line closes the connection without a reply.
+#[test]
+fn hostile_lengths_long_get_lines_and_http_as_memcached_answers_them() {
+    let h = server(Mode::Store);
+    let mut c = Mc::connect(&h);
+    assert_eq!(c.ask("set key000001 0 0 1\r\na\r\n"), "STORED");
+    c.send(b"set key000001 0 0 4294967295\r\nget key000001\r\n");
+    assert_eq!(c.line(), "CLIENT_ERROR bad command line format");
+    assert_eq!(c.line(), "VALUE key000001 0 1");
+    assert_eq!(c.bytes(1), b"a");
+    assert_eq!(c.line(), "END");
+    let keys: Vec<String> = (0..18_725).map(|i| format!("key{i:06}")).collect();
+    let line = format!("get {}\r\n", keys.join(" "));
+    assert!(line.len() > 187_000);
+    c.send(line.as_bytes());
+    assert_eq!(c.line(), "VALUE key000001 0 1");
+    assert_eq!(c.bytes(1), b"a");
+    assert_eq!(c.line(), "END");
+    assert_eq!(c.ask("delete key000001 10 noreply\r\nmn\r\n"), "MN");
+    let mut web = Mc::connect(&h);
+    web.send(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let mut rest = Vec::new();
+    web.r.read_to_end(&mut rest).expect("closed, not timed out");
+    assert_eq!(rest, b"", "no reply before the close");
+    h.shutdown();
+}
+
 /// memcapable, libmemcached's protocol checker, in ASCII mode. Debian
 /// calls it memccapable. Skipped, saying so, when neither is installed.
 #[test]

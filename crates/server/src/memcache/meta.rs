@@ -2,7 +2,10 @@
 //! session). `E` on `ms` and `ma` gives the written item the caller's CAS
 //! value instead of a fresh one. Return flags (`O`, `k`, `b`, `c`, `f`, `s`, `t`) are echoed
 //! in the order the request gave them. Quiet mode (`q`) hides `EN` for
-//! `mg`, `HD` for `ms`, and `HD` and `NF` for `md` and `ma`.
+//! `mg`, `HD` for `ms`, and `HD` and `NF` for `md` and `ma`. As in
+//! memcached, `t` reports the TTL as it stands where `t` is in the
+//! request (before a `T` that follows it), and an `ms` that stores
+//! nothing reports `c0`.
 
 use std::sync::atomic::Ordering;
 
@@ -16,13 +19,38 @@ use super::{line, push_u64, McSession, McShared};
 struct Report {
     info: Option<Info>,
     size: Option<usize>,
+    /// The expiry (engine ms, 0: none) a `T` flag gave the item: a `t`
+    /// after the `T` reports it, one before reports `info`'s.
+    touched: Option<u64>,
+}
+
+/// The key a command names: `key` itself, or decoded into `buf` when
+/// base64; `None` when it does not decode.
+pub(super) fn decoded_key<'a>(
+    key: &'a [u8],
+    base64: bool,
+    buf: &'a mut [u8; MC_BASE64_KEY_BYTES_MAX],
+) -> Option<&'a [u8]> {
+    if !base64 {
+        return Some(key);
+    }
+    match mc::base64_decode(key, buf) {
+        Some(n) if n > 0 => Some(&buf[..n]),
+        _ => None,
+    }
 }
 
 /// Appends the return flags the request asked for, in its order.
 fn flags(out: &mut Vec<u8>, m: &Meta<'_>, r: Report, now: u64) {
+    let mut expire_at_ms = r.info.map_or(0, |i| i.expire_at_ms);
     for tok in mc::keys(m.flags.raw) {
         let arg = &tok[1..];
         match tok[0] {
+            b'T' => {
+                if let Some(t) = r.touched {
+                    expire_at_ms = t;
+                }
+            }
             b'O' => {
                 out.extend_from_slice(b" O");
                 out.extend_from_slice(arg);
@@ -41,7 +69,7 @@ fn flags(out: &mut Vec<u8>, m: &Meta<'_>, r: Report, now: u64) {
                     match tok[0] {
                         b'c' => push_u64(out, i.cas),
                         b'f' => push_u64(out, u64::from(i.flags)),
-                        _ => match ttl_secs(i.expire_at_ms, now) {
+                        _ => match ttl_secs(expire_at_ms, now) {
                             -1 => out.extend_from_slice(b"-1"),
                             t => push_u64(out, t as u64),
                         },
@@ -69,16 +97,9 @@ fn status(out: &mut Vec<u8>, code: &str, m: &Meta<'_>, r: Report, now: u64) {
 /// Runs a meta command.
 pub(super) fn run(s: &mut McSession, sh: &McShared, m: &Meta<'_>, out: &mut Vec<u8>, now: u64) {
     let mut buf = [0u8; MC_BASE64_KEY_BYTES_MAX];
-    let key = if m.flags.base64 {
-        match mc::base64_decode(m.key, &mut buf) {
-            Some(n) if n > 0 => &buf[..n],
-            _ => {
-                line(out, mc::BAD_FORMAT);
-                return;
-            }
-        }
-    } else {
-        m.key
+    let Some(key) = decoded_key(m.key, m.flags.base64, &mut buf) else {
+        line(out, mc::BAD_FORMAT);
+        return;
     };
     if key.len() > mc::MC_KEY_BYTES_MAX || (!m.flags.base64 && !mc::key_ok(key)) {
         line(out, mc::BAD_FORMAT);
@@ -91,16 +112,11 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, m: &Meta<'_>, out: &mut Vec<
             c.cmd_get.fetch_add(1, Ordering::Relaxed);
             let mut k = sh.lock(key);
             let new_exp = m.flags.ttl.map(|t| Expiry::of(t, now));
-            let hit = k.read(sh, now, |mut i, v| {
-                if let Some(e) = new_exp {
-                    i.expire_at_ms = match e {
-                        Expiry::At(t) => t,
-                        _ => 0,
-                    };
-                }
+            let hit = k.read(sh, now, |i, v| {
                 let r = Report {
                     info: Some(i),
                     size: Some(v.len()),
+                    touched: new_exp.map(expire_at_ms),
                 };
                 if m.flags.value {
                     out.extend_from_slice(b"VA ");
@@ -146,6 +162,7 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, m: &Meta<'_>, out: &mut Vec<
                 exptime: m.flags.ttl.unwrap_or(0),
                 compare: m.flags.compare_cas,
                 new_cas: m.flags.new_cas,
+                unlink_if_refused: true,
             };
             let o = store::store(sh, &mut s.scratch, &req, now);
             let code = match o {
@@ -158,7 +175,7 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, m: &Meta<'_>, out: &mut Vec<
                         };
                         let r = Report {
                             info: Some(info),
-                            size: None,
+                            ..Report::default()
                         };
                         status(out, "HD", m, r, now);
                     }
@@ -170,7 +187,16 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, m: &Meta<'_>, out: &mut Vec<
                 Outcome::TooLarge => return line(out, mc::TOO_LARGE),
                 Outcome::NoMemory => return line(out, mc::NO_MEMORY),
             };
-            status(out, code, m, Report::default(), now);
+            // Nothing stored: memcached reports the CAS as 0.
+            let r = Report {
+                info: Some(Info {
+                    cas: 0,
+                    flags: 0,
+                    expire_at_ms: 0,
+                }),
+                ..Report::default()
+            };
+            status(out, code, m, r, now);
         }
         MetaKind::Delete => match store::delete(sh, key, m.flags.compare_cas, now) {
             Outcome::Stored(_) => {
@@ -198,21 +224,19 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, m: &Meta<'_>, out: &mut Vec<
                 vivify: m.flags.vivify.map(|t| (m.flags.initial.unwrap_or(0), t)),
             };
             match store::arith(sh, &req, now) {
-                Arith::Value(v, mut i) => {
+                Arith::Value(v, i) => {
                     if incr { &c.incr_hits } else { &c.decr_hits }.fetch_add(1, Ordering::Relaxed);
-                    if let Some(t) = m.flags.ttl {
+                    let touched = m.flags.ttl.map(|t| {
                         let e = Expiry::of(t, now);
                         sh.lock(key).touch(sh, e, now);
-                        i.expire_at_ms = match e {
-                            Expiry::At(t) => t,
-                            _ => 0,
-                        };
-                    }
+                        expire_at_ms(e)
+                    });
                     let mut digits = Vec::with_capacity(20);
                     push_u64(&mut digits, v);
                     let r = Report {
                         info: Some(i),
                         size: Some(digits.len()),
+                        touched,
                     };
                     if m.flags.value {
                         out.extend_from_slice(b"VA ");
@@ -239,5 +263,14 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, m: &Meta<'_>, out: &mut Vec<
                 Arith::Failed(_) => line(out, mc::NO_MEMORY),
             }
         }
+    }
+}
+
+/// The engine expiry an item has after a touch to `e` (0: none; a touch
+/// into the past deletes it).
+fn expire_at_ms(e: Expiry) -> u64 {
+    match e {
+        Expiry::At(t) => t,
+        _ => 0,
     }
 }

@@ -192,6 +192,10 @@ pub(super) struct StoreReq<'a> {
     pub compare: Option<u64>,
     /// CAS to give the new item instead of a fresh one (`ms E`).
     pub new_cas: Option<u64>,
+    /// Delete the key's old value when its new one is refused (too large,
+    /// or no room): memcached does so for `set` and `ms`, so that a
+    /// failed write never leaves a stale value readable.
+    pub unlink_if_refused: bool,
 }
 
 /// Runs a storage command.
@@ -208,7 +212,7 @@ pub(super) fn store(sh: &McShared, scratch: &mut Vec<u8>, r: &StoreReq<'_>, now:
             now,
         ) {
             Ok(cas) => Outcome::Stored(cas),
-            Err(o) => o,
+            Err(o) => k.refused(r, o, now),
         };
     }
     let joins = matches!(r.mode, StoreMode::Append | StoreMode::Prepend);
@@ -261,7 +265,19 @@ pub(super) fn store(sh: &McShared, scratch: &mut Vec<u8>, r: &StoreReq<'_>, now:
     }
     match res {
         Ok(cas) => Outcome::Stored(cas),
-        Err(o) => o,
+        Err(o) if joins => o,
+        Err(o) => k.refused(r, o, now),
+    }
+}
+
+impl Locked<'_> {
+    /// A write of `r`'s data refused with `o`: deletes the old value if
+    /// `r` asks for it.
+    fn refused(&mut self, r: &StoreReq<'_>, o: Outcome, now: u64) -> Outcome {
+        if r.unlink_if_refused && matches!(o, Outcome::TooLarge | Outcome::NoMemory) {
+            let _ = self.p.delete(self.hash, self.key, now);
+        }
+        o
     }
 }
 

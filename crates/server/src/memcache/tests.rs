@@ -309,3 +309,330 @@ fn the_look_ahead_stops_at_a_partial_or_refused_command_and_changes_nothing() {
         .collect();
     assert_eq!(run(&sh, &mut s, &gets, 1), want);
 }
+
+/// Feeds `input` as the socket loop does, at most `chunk` more bytes per
+/// read, keeping what a call left unconsumed; returns the replies and the
+/// most bytes ever held unconsumed.
+fn feed(sh: &McShared, s: &mut McSession, input: &[u8], chunk: usize) -> (Vec<u8>, usize) {
+    let mut replies = Vec::new();
+    let mut held: Vec<u8> = Vec::new();
+    let mut pos = 0;
+    let mut most = 0;
+    while pos < input.len() {
+        let k = chunk.min(input.len() - pos);
+        held.extend_from_slice(&input[pos..pos + k]);
+        pos += k;
+        most = most.max(held.len());
+        loop {
+            let mut out = Vec::new();
+            let p = s.process(sh, &held, &mut out, 1);
+            assert!(
+                out.len() <= MC_OUTPUT_SOFT_BYTES + (64 << 10),
+                "one call buffered {} reply bytes",
+                out.len()
+            );
+            replies.extend_from_slice(&out);
+            held.drain(..p.consumed);
+            assert!(!p.close, "closed: {:?}", String::from_utf8_lossy(&out));
+            if p.consumed == 0 || held.len() < p.need.max(1) {
+                break;
+            }
+        }
+    }
+    assert!(held.is_empty(), "{} bytes left unconsumed", held.len());
+    (replies, most)
+}
+
+#[test]
+fn oversized_set_deletes_the_old_value_as_memcached_does() {
+    let sh = shared();
+    let mut s = McSession::new();
+    let too = fabrickv_memcache::MC_VALUE_BYTES_MAX + 1;
+    let data = "x".repeat(too + 2);
+    let big = |cmd: &str| format!("{cmd}\r\n{data}");
+    assert_eq!(run(&sh, &mut s, "set k 0 0 1\r\na\r\n", 1), "STORED\r\n");
+    assert_eq!(
+        run(&sh, &mut s, &big(&format!("set k 0 0 {too}")), 1),
+        "SERVER_ERROR object too large for cache\r\n"
+    );
+    assert_eq!(
+        run(&sh, &mut s, "get k\r\n", 1),
+        "END\r\n",
+        "set removes it"
+    );
+    // noreply silences the refusal; the old value goes all the same.
+    run(&sh, &mut s, "set k 0 0 1\r\na\r\n", 1);
+    assert_eq!(
+        run(&sh, &mut s, &big(&format!("set k 0 0 {too} noreply")), 1),
+        ""
+    );
+    assert_eq!(run(&sh, &mut s, "get k\r\n", 1), "END\r\n");
+    // add, append and cas leave it, as in memcached.
+    run(&sh, &mut s, "set k 0 0 1\r\na\r\n", 1);
+    for cmd in [
+        format!("add k 0 0 {too}"),
+        format!("append k 0 0 {too}"),
+        format!("cas k 0 0 {too} 1"),
+    ] {
+        assert_eq!(
+            run(&sh, &mut s, &format!("{}get k\r\n", big(&cmd)), 1),
+            "SERVER_ERROR object too large for cache\r\nVALUE k 0 1\r\na\r\nEND\r\n",
+            "{cmd}"
+        );
+    }
+    // ms removes it whatever its mode (base64 keys decoded first).
+    for cmd in [
+        format!("ms k {too}"),
+        format!("ms k {too} MA q"),
+        format!("ms aw== {too} b ME"),
+    ] {
+        run(&sh, &mut s, "set k 0 0 1\r\na\r\n", 1);
+        assert_eq!(
+            run(&sh, &mut s, &format!("{}get k\r\n", big(&cmd)), 1),
+            "SERVER_ERROR object too large for cache\r\nEND\r\n",
+            "{cmd}"
+        );
+    }
+}
+
+#[test]
+fn a_length_memcached_cannot_read_is_a_bad_line_and_the_next_line_is_read() {
+    let sh = shared();
+    let mut s = McSession::new();
+    run(&sh, &mut s, "set k 0 0 1\r\na\r\n", 1);
+    // memcached reads the length as a 32-bit int and needs room for the
+    // CRLF: past 2^31 - 3 the line is bad and nothing is swallowed.
+    for len in ["4294967295", "2147483646", "99999999999999999999"] {
+        assert_eq!(
+            run(&sh, &mut s, &format!("set k 0 0 {len}\r\nget k\r\n"), 1),
+            "CLIENT_ERROR bad command line format\r\nVALUE k 0 1\r\na\r\nEND\r\n",
+            "{len}"
+        );
+        assert_eq!(
+            run(&sh, &mut s, &format!("ms k {len}\r\nget k\r\n"), 1),
+            "CLIENT_ERROR bad command line format\r\nVALUE k 0 1\r\na\r\nEND\r\n",
+            "ms {len}"
+        );
+        assert_eq!(
+            run(
+                &sh,
+                &mut s,
+                &format!("set k 0 0 {len} noreply\r\nmn\r\n"),
+                1
+            ),
+            "MN\r\n",
+            "noreply {len}"
+        );
+    }
+    // Within it, the data is swallowed as it arrives, never buffered.
+    let mut out = Vec::new();
+    let input = b"set k 0 0 2147483645\r\nget k\r\n";
+    let p = s.process(&sh, input, &mut out, 1);
+    assert_eq!(p.consumed, input.len(), "the get is taken as data");
+    assert_eq!(out, b"SERVER_ERROR object too large for cache\r\n");
+}
+
+#[test]
+fn noreply_silences_error_replies_too() {
+    let sh = shared();
+    let mut s = McSession::new();
+    run(&sh, &mut s, "set n 0 0 1\r\nx\r\n", 1);
+    for cmd in [
+        "delete k 10 noreply\r\n",
+        "delete k a noreply\r\n",
+        &format!("delete {} noreply\r\n", "k".repeat(251)),
+        "incr k abc noreply\r\n",
+        "incr n 1 noreply\r\n",
+        &format!("incr {} 1 noreply\r\n", "k".repeat(251)),
+        "touch k abc noreply\r\n",
+        "flush_all invalid noreply\r\n",
+        "verbosity x noreply\r\n",
+        "set k 0 0 1 noreply\r\nab\r",
+        "set k abc 0 1 noreply\r\n",
+        "cas k 0 0 1 x noreply\r\n",
+        &format!("set {} 0 0 1 noreply\r\n", "k".repeat(251)),
+    ] {
+        assert_eq!(
+            run(&sh, &mut s, &format!("{cmd}mn\r\n"), 1),
+            "MN\r\n",
+            "{cmd:?}"
+        );
+    }
+    // A line with the wrong number of words is answered ERROR whatever
+    // its last word, as in memcached.
+    assert_eq!(
+        run(&sh, &mut s, "delete k a b noreply\r\nfoo noreply\r\n", 1),
+        "ERROR\r\nERROR\r\n"
+    );
+    // "delete noreply" deletes the key "noreply".
+    assert_eq!(run(&sh, &mut s, "delete noreply\r\n", 1), "NOT_FOUND\r\n");
+    // Extra words that are not noreply are ignored, as memcached does.
+    assert_eq!(
+        run(&sh, &mut s, "set k 0 0 1 x\r\na\r\ntouch k 1 x\r\nincr k 1 x\r\nverbosity 1 y\r\nflush_all 0 y\r\n", 1),
+        "STORED\r\nTOUCHED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\nOK\r\nOK\r\n"
+    );
+}
+
+#[test]
+fn error_texts_are_memcacheds() {
+    let sh = shared();
+    let mut s = McSession::new();
+    let r = |s: &mut McSession, i: &str| run(&sh, s, i, 1_000);
+    let usage = "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n";
+    assert_eq!(r(&mut s, "delete k 10\r\n"), usage);
+    assert_eq!(r(&mut s, "delete k 0 x\r\n"), usage);
+    assert_eq!(r(&mut s, "delete k 0\r\n"), "NOT_FOUND\r\n");
+    assert_eq!(
+        r(&mut s, "flush_all invalid\r\nflush_all noreply x\r\n"),
+        "CLIENT_ERROR invalid exptime argument\r\n".repeat(2)
+    );
+    assert_eq!(r(&mut s, "flush_all 1 2 3\r\n"), "ERROR\r\n");
+    assert_eq!(
+        r(&mut s, "gat abc k\r\ngat 10\r\n"),
+        "CLIENT_ERROR invalid exptime argument\r\nEND\r\n"
+    );
+    assert_eq!(
+        r(&mut s, &format!("touch {} abc\r\n", "k".repeat(251))),
+        "CLIENT_ERROR bad command line format\r\n"
+    );
+    // ms reports the CAS it did not store as c0, and echoes k and O.
+    assert_eq!(r(&mut s, "ms c 1\r\na\r\n"), "HD\r\n");
+    assert_eq!(
+        r(&mut s, "ms c 1 C999999 c k O12\r\nb\r\n"),
+        "EX c0 kc O12\r\n"
+    );
+    assert_eq!(r(&mut s, "ms none 1 C1 c\r\nb\r\n"), "NF c0\r\n");
+    assert_eq!(r(&mut s, "ms c 1 ME c\r\nb\r\n"), "NS c0\r\n");
+    // mg and ma report t as it stands where t is in the request: before
+    // a T that follows it, after one that precedes it.
+    assert_eq!(r(&mut s, "set t 0 100 1\r\n1\r\n"), "STORED\r\n");
+    assert_eq!(
+        r(
+            &mut s,
+            "mg t t T300\r\nmg t t\r\nmg t T400 t\r\nmg t v t T0\r\nmg t t\r\n"
+        ),
+        "HD t100\r\nHD t300\r\nHD t400\r\nVA 1 t400\r\n1\r\nHD t-1\r\n"
+    );
+    assert_eq!(
+        r(&mut s, "set t 0 100 1\r\n1\r\nma t t T300\r\nma t t\r\n"),
+        "STORED\r\nHD t100\r\nHD t300\r\n"
+    );
+    // stats cachedump answers an empty list, after memcached's checks of
+    // its arguments; other groups take extra words, unknown ones ERROR.
+    assert_eq!(r(&mut s, "stats cachedump 1 1\r\n"), "END\r\n");
+    assert_eq!(r(&mut s, "stats cachedump 1 0 9\r\n"), "END\r\n");
+    assert_eq!(
+        r(&mut s, "stats cachedump\r\nstats cachedump 1\r\n"),
+        "CLIENT_ERROR bad command line\r\n".repeat(2)
+    );
+    assert_eq!(
+        r(&mut s, "stats cachedump x 1\r\n"),
+        "CLIENT_ERROR bad command line format\r\n"
+    );
+    assert_eq!(
+        r(&mut s, "stats cachedump 64 1\r\n"),
+        "CLIENT_ERROR Illegal slab id\r\n"
+    );
+    assert_eq!(
+        r(&mut s, "stats items x\r\nstats foo\r\n"),
+        "END\r\nERROR\r\n"
+    );
+}
+
+#[test]
+fn an_http_request_line_closes_the_connection_without_a_reply() {
+    let sh = shared();
+    for line in [
+        "GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        "POST /x HTTP/1.0\r\n",
+        "HTTP/1.1\r\n",
+        "mn\r\nGET / HTTP/1.1\r\n",
+    ] {
+        let mut s = McSession::new();
+        let mut out = Vec::new();
+        let p = s.process(&sh, line.as_bytes(), &mut out, 1);
+        assert!(p.close, "{line:?}");
+        let want: &[u8] = if line.starts_with("mn") {
+            b"MN\r\n"
+        } else {
+            b""
+        };
+        assert_eq!(out, want, "{line:?}");
+    }
+    // A known command whose last word looks like HTTP is not one.
+    let mut s = McSession::new();
+    assert_eq!(
+        run(
+            &sh,
+            &mut s,
+            "get / HTTP/1.1\r\nset k HTTP/1.1\r\nGET k\r\n",
+            1
+        ),
+        "END\r\nERROR\r\nERROR\r\n"
+    );
+}
+
+#[test]
+fn a_get_line_past_the_piece_bound_is_streamed_and_answers_every_key() {
+    let sh = shared();
+    let mut s = McSession::new();
+    run(
+        &sh,
+        &mut s,
+        "set key000001 0 0 1\r\na\r\nset key018724 0 0 2\r\nzz\r\n",
+        1,
+    );
+    // The issue's line: 18,725 keys, 187 KB.
+    let keys: Vec<String> = (0..18_725).map(|i| format!("key{i:06}")).collect();
+    let line = format!("get {}\r\nmn\r\n", keys.join(" "));
+    assert!(line.len() > 187_000);
+    let (out, most) = feed(&sh, &mut s, line.as_bytes(), 16 << 10);
+    assert_eq!(
+        String::from_utf8(out).expect("utf8"),
+        "VALUE key000001 0 1\r\na\r\nVALUE key018724 0 2\r\nzz\r\nEND\r\nMN\r\n"
+    );
+    assert!(
+        most <= fabrickv_memcache::MC_KEYS_LINE_BYTES_MAX + (16 << 10),
+        "held {most} bytes of the line"
+    );
+    // gets and gat stream the same way; so does a line that ends split
+    // anywhere, and one whose replies are past the output bound.
+    let value = "v".repeat(1000);
+    for k in &keys[..2000] {
+        run(&sh, &mut s, &format!("set {k} 0 0 1000\r\n{value}\r\n"), 1);
+    }
+    let line = format!(
+        "gats 0 {}\r\n",
+        format!("{} ", keys[..2000].join(" ")).repeat(10)
+    );
+    for chunk in [999, 16 << 10] {
+        let (out, _) = feed(&sh, &mut s, line.as_bytes(), chunk);
+        let text = String::from_utf8(out).expect("utf8");
+        assert_eq!(text.matches("VALUE ").count(), 20_000, "chunk {chunk}");
+        assert!(text.ends_with("END\r\n"));
+        assert_eq!(text.matches("END\r\n").count(), 1);
+    }
+    let short = format!("gat 0 {}\r\n", keys[..50].join(" "));
+    let (out, _) = feed(&sh, &mut s, short.as_bytes(), 1);
+    let text = String::from_utf8(out).expect("utf8");
+    assert_eq!(text.matches("VALUE ").count(), 50);
+    assert!(text.ends_with("END\r\n"));
+    // A key over 250 bytes, even far into a streamed line, is refused
+    // once (memcached's words) and the rest of the line skipped.
+    let bad = format!(
+        "get {} {} key000001\r\nmn\r\n",
+        keys.join(" "),
+        "y".repeat(300)
+    );
+    let (out, _) = feed(&sh, &mut s, bad.as_bytes(), 16 << 10);
+    let text = String::from_utf8(out).expect("utf8");
+    assert!(
+        text.ends_with("CLIENT_ERROR bad command line format\r\nMN\r\n"),
+        "{}",
+        &text[text.len().saturating_sub(200)..]
+    );
+    // Only spaces after get: ERROR, as in memcached.
+    let spaces = format!("get {}\r\nmn\r\n", " ".repeat(100_000));
+    let (out, _) = feed(&sh, &mut s, spaces.as_bytes(), 16 << 10);
+    assert_eq!(out, b"ERROR\r\nMN\r\n");
+}

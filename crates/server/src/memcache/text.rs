@@ -5,16 +5,13 @@ use std::sync::atomic::Ordering;
 use fabrickv_memcache::{self as mc, Command, StoreMode};
 
 use super::store::{self, Arith, Expiry, Outcome, StoreReq};
-use super::{line, push_u64, McSession, McShared, MC_REPLY_BYTES_MAX};
+use super::{line, push_u64, GetLine, McSession, McShared, MC_OUTPUT_SOFT_BYTES};
 
-/// Runs a text command (anything but a meta command, a refusal or quit).
+/// Runs a text command (anything but a retrieval, a meta command, a
+/// refusal or quit).
 pub(super) fn run(s: &mut McSession, sh: &McShared, cmd: Command<'_>, out: &mut Vec<u8>, now: u64) {
     let c = &sh.counters;
     match cmd {
-        Command::Get { keys, cas } => retrieve(sh, keys, cas, None, out, now),
-        Command::Gat { exptime, keys, cas } => {
-            retrieve(sh, keys, cas, Some(Expiry::of(exptime, now)), out, now)
-        }
         Command::Store {
             mode,
             key,
@@ -37,6 +34,7 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, cmd: Command<'_>, out: &mut 
                 exptime,
                 compare: (mode == StoreMode::Cas).then_some(cas_unique),
                 new_cas: None,
+                unlink_if_refused: mode == StoreMode::Set,
             };
             let o = store::store(sh, &mut s.scratch, &req, now);
             if mode == StoreMode::Cas {
@@ -136,7 +134,13 @@ pub(super) fn run(s: &mut McSession, sh: &McShared, cmd: Command<'_>, out: &mut 
         Command::Verbosity { noreply } => reply(out, noreply, "OK"),
         Command::Stats { group } => stats(sh, group, out),
         // Dispatched elsewhere.
-        Command::Quit | Command::Meta(_) | Command::MetaNoop | Command::Refused(_) => {}
+        Command::Get { .. }
+        | Command::Gat { .. }
+        | Command::TooLarge { .. }
+        | Command::Quit
+        | Command::Meta(_)
+        | Command::MetaNoop
+        | Command::Refused(_) => {}
     }
 }
 
@@ -146,18 +150,26 @@ fn reply(out: &mut Vec<u8>, noreply: bool, text: &str) {
     }
 }
 
-/// `get`, `gets`, `gat`, `gats`: one `VALUE` block per live key, then END.
-fn retrieve(
+/// `get`, `gets`, `gat`, `gats`: one `VALUE` block per live key of
+/// `keys` (the line's `END` is the caller's). Stops before a key once the
+/// replies reach [`MC_OUTPUT_SOFT_BYTES`], returning where in `keys` that
+/// key starts, so that a line of many large values is answered as its
+/// replies are written rather than buffered whole; `None` when every key
+/// was answered.
+pub(super) fn retrieve(
     sh: &McShared,
     keys: &[u8],
-    with_cas: bool,
-    touch: Option<Expiry>,
+    g: &mut GetLine,
     out: &mut Vec<u8>,
     now: u64,
-) {
+) -> Option<usize> {
     let c = &sh.counters;
-    let start = out.len();
     for key in mc::keys(keys) {
+        if out.len() >= MC_OUTPUT_SOFT_BYTES {
+            // `key` lies within `keys`.
+            return Some(key.as_ptr() as usize - keys.as_ptr() as usize);
+        }
+        g.answered = true;
         c.cmd_get.fetch_add(1, Ordering::Relaxed);
         let mut k = sh.lock(key);
         let hit = k.read(sh, now, |i, v| {
@@ -167,7 +179,7 @@ fn retrieve(
             push_u64(out, u64::from(i.flags));
             out.push(b' ');
             push_u64(out, v.len() as u64);
-            if with_cas {
+            if g.cas {
                 out.push(b' ');
                 push_u64(out, i.cas);
             }
@@ -177,26 +189,20 @@ fn retrieve(
         });
         if hit.is_some() {
             c.get_hits.fetch_add(1, Ordering::Relaxed);
-            if let Some(exp) = touch {
+            if let Some(exp) = g.touch {
                 c.cmd_touch.fetch_add(1, Ordering::Relaxed);
                 c.touch_hits.fetch_add(1, Ordering::Relaxed);
                 k.touch(sh, exp, now);
             }
         } else {
             c.get_misses.fetch_add(1, Ordering::Relaxed);
-            if touch.is_some() {
+            if g.touch.is_some() {
                 c.cmd_touch.fetch_add(1, Ordering::Relaxed);
                 c.touch_misses.fetch_add(1, Ordering::Relaxed);
             }
         }
-        drop(k);
-        if out.len() - start > MC_REPLY_BYTES_MAX {
-            out.truncate(start);
-            line(out, "SERVER_ERROR out of memory writing get response");
-            return;
-        }
     }
-    out.extend_from_slice(b"END\r\n");
+    None
 }
 
 fn stat(out: &mut Vec<u8>, name: &str, v: impl std::fmt::Display) {
@@ -212,7 +218,10 @@ fn stats(sh: &McShared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             line(out, "RESET");
             return;
         }
-        Some(b"settings" | b"items" | b"slabs" | b"sizes" | b"conns") => {
+        // Groups this front end keeps no figures for answer an empty
+        // list; `cachedump` (its arguments checked by the parser) as
+        // memcached does for a class with no items.
+        Some(b"settings" | b"items" | b"slabs" | b"sizes" | b"conns" | b"cachedump") => {
             line(out, "END");
             return;
         }
