@@ -70,6 +70,7 @@ pub(super) enum Cmd {
     Watch,
     Unwatch,
     Hello,
+    Time,
 }
 
 /// A command's name and arity as Redis counts it (the name included;
@@ -1192,6 +1193,21 @@ pub(super) const COMMANDS: &[Spec] = &[
         group: "transactions",
         since: "2.2.0",
         summary: "Forgets every key WATCH recorded.",
+        complexity: "O(1)",
+    },
+    Spec {
+        name: "time",
+        id: Cmd::Time,
+        arity: 1,
+        flags: &["loading", "stale", "fast"],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        acl: &["@fast"],
+        key_specs: NO_KEYS,
+        group: "server",
+        since: "2.6.0",
+        summary: "Returns the server time.",
         complexity: "O(1)",
     },
 ];
