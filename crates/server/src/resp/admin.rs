@@ -11,7 +11,7 @@ use fabrickv_storage::ShardBackend;
 use super::args::{quoted, Args};
 use super::clients::help;
 use super::glob::stringmatch;
-use super::table::{key_positions, lookup, lower, Spec, COMMANDS, COMMAND_NAME_BYTES_MAX};
+use super::table::{key_positions, lookup, lower, tips, Spec, COMMANDS, COMMAND_NAME_BYTES_MAX};
 use super::{RespShared, REDIS_VERSION};
 use crate::config::Mode;
 
@@ -528,8 +528,14 @@ fn write_info(spec: &Spec, out: &mut Reply<'_>) {
     for c in spec.acl {
         resp::simple(out, c);
     }
-    resp::array_header(out, 0);
-    resp::array_header(out, spec.key_specs.len());
+    // Tips, key specs and subcommands are sets in RESP3, as Redis 7
+    // sends them.
+    let tips = tips(spec.id);
+    out.set_header(tips.len());
+    for t in tips {
+        resp::bulk(out, t.as_bytes());
+    }
+    out.set_header(spec.key_specs.len());
     for ks in spec.key_specs {
         out.map_header(3);
         resp::bulk(out, b"flags");
@@ -558,5 +564,5 @@ fn write_info(spec: &Spec, out: &mut Reply<'_>) {
         resp::bulk(out, b"limit");
         resp::integer(out, i64::from(ks.limit));
     }
-    resp::array_header(out, 0);
+    out.set_header(0);
 }

@@ -1059,10 +1059,15 @@ fn time_answers_the_wall_clock_as_redis_does() {
         c.run(&["TIME", "x"]),
         "-ERR wrong number of arguments for 'time' command\r\n"
     );
-    let info = c.run(&["COMMAND", "INFO", "time"]);
-    assert!(
-        info.starts_with("*1\r\n*10\r\n$4\r\ntime\r\n:1\r\n*3\r\n+loading\r\n+stale\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*1\r\n+@fast\r\n"),
-        "{info:?}"
+    // Byte for byte what redis-server 7 sends, tips included.
+    assert_eq!(
+        c.run(&["COMMAND", "INFO", "time"]),
+        "*1\r\n*10\r\n$4\r\ntime\r\n:1\r\n*3\r\n+loading\r\n+stale\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*1\r\n+@fast\r\n*1\r\n$23\r\nnondeterministic_output\r\n*0\r\n*0\r\n"
+    );
+    c.run(&["HELLO", "3"]);
+    assert_eq!(
+        c.run(&["COMMAND", "INFO", "time"]),
+        "*1\r\n*10\r\n$4\r\ntime\r\n:1\r\n~3\r\n+loading\r\n+stale\r\n+fast\r\n:0\r\n:0\r\n:0\r\n~1\r\n+@fast\r\n~1\r\n$23\r\nnondeterministic_output\r\n~0\r\n~0\r\n"
     );
     assert!(c.run(&["COMMAND", "DOCS", "time"]).contains("server"));
 }
