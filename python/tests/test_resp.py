@@ -173,3 +173,98 @@ def test_redis_benchmark_runs_unchanged(server, r):
     assert r.get("key:__rand_int__") is None
     values = [r.get(f"key:{i:012d}") for i in range(1000)]
     assert sum(v is not None and len(v) == 3 for v in values) > 500
+
+
+def test_commands_of_many_arguments(r):
+    """Issue 35: more than 2,049 arguments dropped the connection; Redis
+    takes MSET of 10,001 pairs and MGET/DEL of 100,000 keys."""
+    pairs = {f"many:{i}": f"v{i}".encode() for i in range(10_001)}
+    assert r.mset(pairs) is True
+    keys = [f"many:{i}" for i in range(100_000)]
+    got = r.mget(keys)
+    assert len(got) == 100_000
+    assert got[:10_001] == list(pairs.values())
+    assert got[10_001:] == [None] * (100_000 - 10_001)
+    assert r.delete(*keys) == 10_001
+    assert r.exists("many:0", "many:10000") == 0
+    assert r.ping() is True
+
+
+def test_time(r):
+    """Issue 35: TIME was missing; clients read the server's clock with it
+    before EXPIREAT and SET PXAT."""
+    before = time.time()
+    secs, micros = r.time()
+    assert 0 <= micros < 1_000_000
+    assert before - 5 <= secs + micros / 1e6 <= time.time() + 5
+    # redis-py 8 leaves COMMAND INFO to execute_command.
+    info = r.execute_command("COMMAND", "INFO", "time")["time"]
+    assert info["arity"] == 1
+    assert info["flags"] == ["loading", "stale", "fast"]
+    assert info["acl_categories"] == ["@fast"]
+
+
+def test_absolute_expiry_round_trips_exactly(r):
+    """Issue 35: PEXPIRETIME came back 1 ms early in 6-20% of tries after
+    SET PXAT or PEXPIREAT sent alone (each command its own round trip)."""
+    base = time.time_ns() // 1_000_000 + 3_600_000
+    for i in range(300):
+        t = base + 7 * i
+        assert r.set("abs", "v", pxat=t) is True
+        assert r.pexpiretime("abs") == t
+        assert r.pexpireat("abs", t + 3) is True
+        assert r.pexpiretime("abs") == t + 3
+    r.delete("abs")
+
+
+def test_far_future_expiry(r):
+    """Issue 35: an expiry more than 10 years ahead was refused; Redis
+    keeps any time whose milliseconds fit a signed 64-bit integer."""
+    top = 2**63 - 1
+    r.set("far", "v")
+    assert r.pexpireat("far", top) is True
+    assert r.pexpiretime("far") == top
+    assert r.expireat("far", 9223372036854775) is True
+    assert r.expiretime("far") == 9223372036854775
+    with pytest.raises(redis.ResponseError, match="invalid expire time in 'expireat'"):
+        r.expireat("far", 9223372036854776)
+    assert r.set("far", "v", exat=9223372036854775) is True
+    assert r.pexpiretime("far") == 9223372036854775000
+    with pytest.raises(redis.ResponseError, match="invalid expire time in 'set'"):
+        r.set("far", "v", px=top)
+    century = 100 * 365 * 24 * 3600
+    assert r.set("far", "v", ex=century) is True
+    assert century - 2 <= r.ttl("far") <= century
+    r.delete("far")
+
+
+def test_auth_without_a_password_as_redis_7(r):
+    """Issue 35: with no password set, AUTH with three arguments is a
+    syntax error; one argument keeps the "without any password" error."""
+    with pytest.raises(redis.ResponseError, match="syntax error"):
+        r.execute_command("AUTH", "a", "b", "c")
+    # redis-py raises this one as an AuthenticationError, as with Redis.
+    with pytest.raises(redis.AuthenticationError, match="without any password"):
+        r.execute_command("AUTH", "a")
+    assert r.ping() is True
+
+
+def test_config_get_what_clients_read(server, r):
+    """Issue 35: CONFIG GET * listed 8 parameters; it lists every one
+    clients read at start that FabricKV can answer truthfully."""
+    conf = r.config_get("*")
+    for name in ("maxmemory", "maxmemory-policy", "databases", "save",
+                 "appendonly", "port", "bind", "timeout", "maxclients"):
+        assert name in conf, name
+    assert conf["port"] == str(server.resp_port)
+    assert conf["bind"] == server.resp_host
+    assert conf["maxmemory"] == str(64 << 20)
+    assert conf["save"] == "" and conf["appendonly"] == "no"
+    assert "requirepass" not in conf
+    assert r.config_get("maxmemory*") == {
+        "maxmemory": conf["maxmemory"],
+        "maxmemory-policy": conf["maxmemory-policy"],
+    }
+    both = r.config_get("port", "p*", "b?nd")
+    assert both == {"port": conf["port"], "proto-max-bulk-len": "536870912",
+                    "bind": conf["bind"]}

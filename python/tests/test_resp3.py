@@ -154,3 +154,17 @@ def test_redis_cli(server, flags):
     assert "redis_version" in cli(server, *flags, "INFO", "server")
     assert "id=" in cli(server, *flags, "CLIENT", "LIST")
     assert "readonly" in cli(server, *flags, "COMMAND", "INFO", "get")
+
+
+def test_lcs_idx_is_a_map_in_resp3(server):
+    """Issue 35: LCS ... IDX replied with an array under RESP3, where
+    Redis replies with a map."""
+    c = connect(server, 3)
+    c.set("lcs:1", "ohmytext")
+    c.set("lcs:2", "mynewtext")
+    raw = c.execute_command("LCS", "lcs:1", "lcs:2", "IDX", "MINMATCHLEN", "4",
+                            "WITHMATCHLEN")
+    assert isinstance(raw, dict), raw
+    assert raw[b"len"] == 6
+    assert raw[b"matches"] == [[[4, 7], [5, 8], 4]]
+    c.close()

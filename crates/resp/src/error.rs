@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::limits::{RESP_ARGS_MAX, RESP_COMMAND_BYTES_MAX};
+use crate::limits::RESP_COMMAND_BYTES_MAX;
 
 /// Why the bytes at the front of a receive buffer are not a command.
 ///
@@ -12,7 +12,7 @@ use crate::limits::{RESP_ARGS_MAX, RESP_COMMAND_BYTES_MAX};
 /// and closes it, as Redis does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ProtocolError {
-    /// A `*N` header whose number is malformed or above `RESP_ARGS_MAX`.
+    /// A `*N` header whose number is malformed.
     InvalidMultibulkLength,
     /// A `$L` header whose number is malformed, negative or above
     /// `RESP_BULK_BYTES_MAX`, or a bulk payload not followed by CRLF.
@@ -26,12 +26,10 @@ pub enum ProtocolError {
     UnbalancedQuotes,
     /// A `*N` header longer than `RESP_LENGTH_DIGITS_MAX` characters.
     TooBigMbulkCount,
-    /// A command that would take more than `RESP_COMMAND_BYTES_MAX` bytes.
+    /// A command that would take more than `RESP_COMMAND_BYTES_MAX` bytes,
+    /// including a `*N` header above `RESP_ARGS_MAX` (that many arguments
+    /// cannot fit).
     CommandTooBig,
-    /// An inline line with more than `RESP_ARGS_MAX` arguments; the bound on
-    /// multibulk counts holds for inline commands too, so the server can
-    /// rely on it whatever the client's framing.
-    TooManyInlineArgs,
     /// A `*N` header above `RESP_UNAUTH_ARGS_MAX` from a connection that
     /// must authenticate first.
     UnauthenticatedMultibulkLength,
@@ -83,9 +81,6 @@ impl fmt::Display for ProtocolError {
             Self::CommandTooBig => {
                 write!(f, "command larger than {RESP_COMMAND_BYTES_MAX} bytes")
             }
-            Self::TooManyInlineArgs => {
-                write!(f, "more than {RESP_ARGS_MAX} arguments in inline request")
-            }
             Self::UnauthenticatedMultibulkLength => f.write_str("unauthenticated multibulk length"),
             Self::UnauthenticatedBulkLength => f.write_str("unauthenticated bulk length"),
         }
@@ -128,10 +123,6 @@ mod tests {
             (
                 ProtocolError::CommandTooBig,
                 "Protocol error: command larger than 8388608 bytes",
-            ),
-            (
-                ProtocolError::TooManyInlineArgs,
-                "Protocol error: more than 2049 arguments in inline request",
             ),
             (
                 ProtocolError::UnauthenticatedMultibulkLength,

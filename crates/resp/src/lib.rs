@@ -21,9 +21,10 @@
 //! [`limits`] as soon as its header is read, and a header line is judged
 //! byte by byte, so a hostile or broken client is refused at once instead
 //! of being waited for. A command never needs more than
-//! [`RESP_COMMAND_BYTES_MAX`] bytes of buffer, and the parser's own buffers
-//! are bounded by [`RESP_ARGS_MAX`] spans and [`RESP_INLINE_BYTES_MAX`]
-//! scratch bytes. Every error is a [`ProtocolError`] whose text is Redis's;
+//! [`RESP_COMMAND_BYTES_MAX`] bytes of buffer, whatever its number of
+//! arguments, and the parser's own buffers are bounded by [`RESP_ARGS_MAX`]
+//! spans (only as many as the bytes allow; room for [`RESP_ARGS_KEPT`] is
+//! kept between commands) and [`RESP_INLINE_BYTES_MAX`] scratch bytes. Every error is a [`ProtocolError`] whose text is Redis's;
 //! it is fatal for the connection, as in Redis. No input makes it panic.
 //!
 //! **The `need` hint.** The parser keeps no state between calls: a call

@@ -20,9 +20,20 @@ pub const RESP_BULK_BYTES_MAX: usize = 512 << 20;
 /// bulk is read into becomes the stored value).
 pub const RESP_LARGE_BULK_BYTES_MIN: usize = (1 << 20) + 1;
 
-/// Most arguments in one command: the name plus 1024 key-value pairs, the
-/// largest MSET the front-end accepts.
-pub const RESP_ARGS_MAX: usize = 1 + 2 * 1024;
+/// Most arguments in one command: as many as the smallest arguments
+/// (`$0\r\n\r\n`, [`RESP_BULK_WIRE_BYTES_MIN`] bytes) that fit in
+/// [`RESP_COMMAND_BYTES_MAX`]. It is not a bound of its own: the byte
+/// bound is the per-command cap (Redis takes up to 2^31 arguments, so an
+/// MSET of 10,001 pairs or an MGET of 100,000 keys must fit), and a
+/// larger `*N` is refused as too big a command as soon as it is read.
+pub const RESP_ARGS_MAX: usize = RESP_COMMAND_BYTES_MAX / RESP_BULK_WIRE_BYTES_MIN;
+
+/// Arguments whose spans a parser keeps room for between commands: a
+/// command with more grows the span buffer (8 bytes an argument, so at
+/// most `RESP_ARGS_MAX * 8` bytes, 4/3 of [`RESP_COMMAND_BYTES_MAX`]) and
+/// the parser gives the excess back before it parses the next command.
+/// Ordinary commands, far below this, parse without allocating.
+pub const RESP_ARGS_KEPT: usize = 1 + 2 * 1024;
 
 /// Longest inline command line, in bytes, not counting its line ending
 /// (Redis's `PROTO_INLINE_MAX_SIZE`).
@@ -54,4 +65,9 @@ pub const RESP_UNAUTH_ARGS_MAX: usize = 10;
 pub const RESP_UNAUTH_BULK_BYTES_MAX: usize = 16 * 1024;
 
 const _: () = assert!(RESP_LARGE_BULK_BYTES_MIN < RESP_COMMAND_BYTES_MAX);
+const _: () = assert!(RESP_UNAUTH_ARGS_MAX <= RESP_ARGS_KEPT && RESP_ARGS_KEPT <= RESP_ARGS_MAX);
+const _: () = assert!(
+    RESP_INLINE_BYTES_MAX / 2 < RESP_ARGS_MAX,
+    "an inline line cannot hold more arguments than a multibulk command"
+);
 const _: () = assert!(RESP_LARGE_BULK_BYTES_MIN <= RESP_BULK_BYTES_MAX);

@@ -3,9 +3,9 @@
 
 use crate::error::ProtocolError;
 use crate::limits::{
-    RESP_ARGS_MAX, RESP_BULK_BYTES_MAX, RESP_BULK_WIRE_BYTES_MIN, RESP_COMMAND_BYTES_MAX,
-    RESP_INLINE_BYTES_MAX, RESP_LARGE_BULK_BYTES_MIN, RESP_LENGTH_DIGITS_MAX, RESP_UNAUTH_ARGS_MAX,
-    RESP_UNAUTH_BULK_BYTES_MAX,
+    RESP_ARGS_KEPT, RESP_ARGS_MAX, RESP_BULK_BYTES_MAX, RESP_BULK_WIRE_BYTES_MIN,
+    RESP_COMMAND_BYTES_MAX, RESP_INLINE_BYTES_MAX, RESP_LARGE_BULK_BYTES_MIN,
+    RESP_LENGTH_DIGITS_MAX, RESP_UNAUTH_ARGS_MAX, RESP_UNAUTH_BULK_BYTES_MAX,
 };
 
 /// Marks a span whose start is an offset into the parser's scratch buffer
@@ -71,12 +71,17 @@ pub enum ParseLarge {
 /// parse to the next: the argument spans, and a scratch buffer for inline
 /// arguments whose quotes and escapes had to be rewritten. Both are bounded
 /// by the limits, so after the first few commands a connection parses
-/// without allocating.
+/// without allocating. A command of more than [`RESP_ARGS_KEPT`] arguments
+/// grows the spans for itself only: the next parse gives the excess back.
 #[derive(Debug, Default, Clone)]
 pub struct CommandParser {
     /// (start, len) of each argument of the last complete command; a start
     /// with `IN_SCRATCH` set is an offset into `scratch`.
     spans: Vec<(u32, u32)>,
+    /// The last complete command grew `spans` past [`RESP_ARGS_KEPT`]:
+    /// the next parse shrinks it back (not a parse that finds a large
+    /// command incomplete, which would only grow it again on the retry).
+    shrink_spans: bool,
     /// Unescaped quoted inline arguments.
     scratch: Vec<u8>,
     /// The connection must authenticate before anything else: multibulk
@@ -114,6 +119,15 @@ impl HeaderKind {
     fn too_long(self) -> ProtocolError {
         match self {
             Self::Count => ProtocolError::TooBigMbulkCount,
+            Self::Bulk => ProtocolError::InvalidBulkLength,
+        }
+    }
+
+    /// The error for a number past [`HeaderKind::max`]: a count that many
+    /// arguments cannot fit in a command.
+    fn over(self) -> ProtocolError {
+        match self {
+            Self::Count => ProtocolError::CommandTooBig,
             Self::Bulk => ProtocolError::InvalidBulkLength,
         }
     }
@@ -191,13 +205,11 @@ fn header(buf: &[u8], at: usize, kind: HeaderKind, unauth: bool) -> Result<Heade
                 .checked_mul(10)
                 .and_then(|m| m.checked_add(u64::from(b - b'0')))
                 .ok_or(kind.invalid())?;
-            let bound = if neg {
-                i64::MIN.unsigned_abs()
-            } else {
-                kind.max()
-            };
-            if mag > bound {
+            if neg && mag > i64::MIN.unsigned_abs() {
                 return Err(kind.invalid());
+            }
+            if !neg && mag > kind.max() {
+                return Err(kind.over());
             }
             if unauth && !neg {
                 let (max, err) = kind.unauth();
@@ -289,12 +301,18 @@ impl CommandParser {
     fn parse_any(&mut self, buf: &[u8], large: bool) -> Result<ParseLarge, ProtocolError> {
         self.spans.clear();
         self.scratch.clear();
+        if self.shrink_spans {
+            self.spans.shrink_to(RESP_ARGS_KEPT);
+            self.shrink_spans = false;
+        }
         let result = match buf.first() {
             None => Ok(ParseLarge::Parse(Parse::Incomplete { need: 1 })),
             Some(b'*') => self.parse_multibulk(buf, large),
             Some(_) => self.parse_inline(buf).map(ParseLarge::Parse),
         };
-        if !matches!(result, Ok(ParseLarge::Parse(Parse::Complete { .. }))) {
+        if matches!(result, Ok(ParseLarge::Parse(Parse::Complete { .. }))) {
+            self.shrink_spans = self.spans.len() > RESP_ARGS_KEPT;
+        } else {
             self.spans.clear();
         }
         result
@@ -322,6 +340,12 @@ impl CommandParser {
             (buf, start as usize)
         };
         src.get(start..start + len as usize).unwrap_or(&[])
+    }
+
+    /// Room in the span buffer, in arguments (tests of its reuse).
+    #[cfg(test)]
+    pub(crate) fn spans_capacity(&self) -> usize {
+        self.spans.capacity()
     }
 
     /// The arguments of the last complete command, in order.
@@ -420,9 +444,9 @@ impl CommandParser {
             if i >= line.len() {
                 return Ok(());
             }
-            if self.spans.len() == RESP_ARGS_MAX {
-                return Err(ProtocolError::TooManyInlineArgs);
-            }
+            // No count check: a line of RESP_INLINE_BYTES_MAX bytes holds
+            // fewer than RESP_ARGS_MAX arguments (a compile-time check in
+            // `limits`), so the multibulk bound holds for inline commands.
             let start = i;
             while line
                 .get(i)

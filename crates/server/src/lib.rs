@@ -255,6 +255,7 @@ impl Server {
                     )
                     .with_secret(cfg.auth.clone())
                     .with_shards(&shards)
+                    .with_bind(addr)
                 };
                 let idle = cfg.resp_idle_timeout();
                 let fe = front_end::<RespConn>(addr, workers, shared, clock, idle, stop.clone())

@@ -33,7 +33,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use fabrickv_engine::LargeValue;
@@ -87,9 +87,10 @@ pub const RESP_OUTPUT_SOFT_BYTES: usize = 256 << 10;
 pub const RESP_REPLY_BYTES_MAX: usize = 32 << 20;
 
 /// Most large values one reply refers to: one per key of the longest MGET
-/// the parser accepts. The values are the store's own buffers (a reference
-/// each), so a reply pins at most this many buffers, and only until it is
-/// written.
+/// the parser accepts (its arguments are bounded by the per-command byte
+/// cap, `RESP_COMMAND_BYTES_MAX`, not by a count). The values are the
+/// store's own buffers (a reference each), so a reply pins at most this
+/// many buffers, and only until it is written.
 pub const RESP_REPLY_LARGE_VALUES_MAX: usize = fabrickv_resp::RESP_ARGS_MAX;
 
 /// Most bytes of large values being received at once over every RESP
@@ -212,6 +213,12 @@ pub struct RespShared {
     /// Bytes of large values being received now, over every connection
     /// (at most [`RESP_LARGE_RECEIVING_BYTES_MAX`]).
     large_receiving: Arc<AtomicUsize>,
+    /// The address the RESP listener was told to bind (CONFIG GET bind),
+    /// without its port; `None` when not known (tests).
+    bind: Option<String>,
+    /// Unix milliseconds minus engine milliseconds, fixed at the first
+    /// command (see [`RespShared::unix_ms_at`]).
+    unix_offset_ms: OnceLock<i64>,
 }
 
 /// A share of [`RESP_LARGE_RECEIVING_BYTES_MAX`] held while a large value
@@ -306,7 +313,28 @@ impl RespShared {
             clients: Arc::new(ClientRegistry::default()),
             idle_timeout_ms: AtomicU64::new(0),
             large_receiving: Arc::new(AtomicUsize::new(0)),
+            unix_offset_ms: OnceLock::new(),
+            bind: None,
         }
+    }
+
+    /// The Unix time, in milliseconds, of engine time `now_ms`.
+    ///
+    /// The engine keeps expiry times on its monotonic clock; EXPIREAT,
+    /// SET PXAT and PEXPIRETIME speak Unix time. Converting each with its
+    /// own reading of the wall clock made an absolute time come back 1 ms
+    /// off whenever the two readings' milliseconds rolled over at
+    /// different instants, so the offset between the clocks is read once,
+    /// at the first command, and every conversion uses it: an absolute
+    /// time then round-trips exactly. The monotonic clock is slewed by NTP
+    /// as the wall clock is, so the two only part if the wall clock is
+    /// stepped while the server runs; expiry then keeps to the clock the
+    /// server started with.
+    pub(crate) fn unix_ms_at(&self, now_ms: u64) -> u64 {
+        let offset = *self
+            .unix_offset_ms
+            .get_or_init(|| unix_now_ms() as i64 - now_ms as i64);
+        (now_ms as i64).saturating_add(offset).max(0) as u64
     }
 
     /// CONFIG RESETSTAT: INFO's event counters, commandstats and
@@ -371,6 +399,15 @@ impl RespShared {
             (None, Some(s)) => s.matches(given),
             (None, None) => false,
         }
+    }
+
+    /// Records the listen address `listen` (`host:port`, `[v6]:port`) so
+    /// that CONFIG GET bind answers its host, as Redis answers its own.
+    pub fn with_bind(mut self, listen: &str) -> RespShared {
+        let host = listen.rsplit_once(':').map_or(listen, |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        self.bind = Some(host.to_string());
+        self
     }
 
     /// Serves `shards` as databases 1..=n, in the order they were given.
@@ -501,7 +538,7 @@ impl RespSession {
             shared,
             held: None,
             now_ms,
-            unix_ms: unix_now_ms(),
+            unix_ms: shared.unix_ms_at(now_ms),
             many: Vec::new(),
             in_exec: false,
             large_arg: None,

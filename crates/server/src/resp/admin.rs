@@ -10,7 +10,8 @@ use fabrickv_storage::ShardBackend;
 
 use super::args::{quoted, Args};
 use super::clients::help;
-use super::table::{key_positions, lookup, lower, Spec, COMMANDS, COMMAND_NAME_BYTES_MAX};
+use super::glob::stringmatch;
+use super::table::{key_positions, lookup, lower, tips, Spec, COMMANDS, COMMAND_NAME_BYTES_MAX};
 use super::{RespShared, REDIS_VERSION};
 use crate::config::Mode;
 
@@ -212,11 +213,24 @@ pub(super) fn info(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
     out.verbatim_text(s.as_bytes());
 }
 
+/// TIME: the wall clock as Redis answers it, an array of two bulk
+/// strings, Unix seconds and the microseconds into that second (clients
+/// read it before EXPIREAT or SET PXAT to count from the server's clock).
+pub(super) fn time(out: &mut Reply<'_>) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    resp::array_header(out, 2);
+    resp::bulk(out, now.as_secs().to_string().as_bytes());
+    resp::bulk(out, now.subsec_micros().to_string().as_bytes());
+}
+
 /// The parameters CONFIG SET changes while the server runs.
 const SETTABLE: &[&str] = &["timeout"];
 
 /// The parameters CONFIG GET shows and CONFIG SET refuses as fixed at
-/// start (Redis's "immutable").
+/// start (Redis's "immutable"). `requirepass` is refused too but never
+/// shown: Redis would show the password.
 const FIXED: &[&str] = &[
     "save",
     "appendonly",
@@ -224,7 +238,11 @@ const FIXED: &[&str] = &[
     "maxmemory",
     "maxmemory-policy",
     "port",
+    "bind",
     "maxclients",
+    "proto-max-bulk-len",
+    "notify-keyspace-events",
+    "cluster-enabled",
     "requirepass",
 ];
 
@@ -295,31 +313,65 @@ pub(super) fn config(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
     }
 }
 
-fn config_get(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
+/// CONFIG GET's parameters: those clients read at start that FabricKV
+/// can answer truthfully, each with its value now, in Redis's spelling.
+fn config_params(shared: &RespShared) -> Vec<(&'static str, String)> {
     let timeout_ms = shared.idle_timeout_ms.load(Ordering::Relaxed);
-    let params: [(&str, String); 8] = [
+    let mut params = vec![
+        // Database 0 is in memory only: no snapshots, no append-only file.
         ("save", String::new()),
         ("appendonly", "no".into()),
+        // The kv, then one database per persistent shard.
         ("databases", (1 + shared.dbs.len()).to_string()),
         ("maxmemory", shared.pool_bytes.to_string()),
         ("maxmemory-policy", eviction_policy(shared.mode).into()),
         ("port", shared.port.to_string()),
         ("maxclients", super::RESP_CLIENTS_MAX.to_string()),
         ("timeout", timeout_ms.div_ceil(1000).to_string()),
+        (
+            "proto-max-bulk-len",
+            fabrickv_resp::limits::RESP_BULK_BYTES_MAX.to_string(),
+        ),
+        // No keyspace notifications are sent, and there is no cluster mode.
+        ("notify-keyspace-events", String::new()),
+        ("cluster-enabled", "no".into()),
     ];
-    let mut found: Vec<(&str, String)> = Vec::new();
+    if let Some(bind) = &shared.bind {
+        params.push(("bind", bind.clone()));
+    }
+    params
+}
+
+/// CONFIG GET pattern [pattern ...], as Redis 7: a pattern holding one
+/// of `*?[` is a case-insensitive glob (`*`, `?`, `[...]`, `\x`) over the
+/// names; any other is one name, matched in any case and answered in the
+/// spelling it was asked in (Redis echoes it). A parameter several
+/// patterns match is listed once; the reply is a map (RESP3) or a flat
+/// array of names and values.
+fn config_get(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
+    let params = config_params(shared);
+    // Index into `params` and, for a name asked for exactly, its spelling.
+    let mut found: Vec<(usize, Option<&[u8]>)> = Vec::new();
     for i in 2..a.len() {
-        let pattern = a.get(i).to_ascii_lowercase();
-        for (k, v) in &params {
-            if glob_match(&pattern, k.as_bytes()) && !found.iter().any(|(f, _)| f == k) {
-                found.push((k, v.clone()));
+        let asked = a.get(i);
+        let pattern = asked.to_ascii_lowercase();
+        let is_glob = pattern.iter().any(|c| matches!(c, b'*' | b'?' | b'['));
+        for (j, (name, _)) in params.iter().enumerate() {
+            let hit = if is_glob {
+                stringmatch(&pattern, name.as_bytes())
+            } else {
+                pattern == name.as_bytes()
+            };
+            if hit && !found.iter().any(|&(f, _)| f == j) {
+                found.push((j, (!is_glob).then_some(asked)));
             }
         }
     }
     out.map_header(found.len());
-    for (k, v) in found {
-        resp::bulk(out, k.as_bytes());
-        resp::bulk(out, v.as_bytes());
+    for (j, spelled) in found {
+        let (name, value) = &params[j];
+        resp::bulk(out, spelled.unwrap_or(name.as_bytes()));
+        resp::bulk(out, value.as_bytes());
     }
 }
 
@@ -476,8 +528,14 @@ fn write_info(spec: &Spec, out: &mut Reply<'_>) {
     for c in spec.acl {
         resp::simple(out, c);
     }
-    resp::array_header(out, 0);
-    resp::array_header(out, spec.key_specs.len());
+    // Tips, key specs and subcommands are sets in RESP3, as Redis 7
+    // sends them.
+    let tips = tips(spec.id);
+    out.set_header(tips.len());
+    for t in tips {
+        resp::bulk(out, t.as_bytes());
+    }
+    out.set_header(spec.key_specs.len());
     for ks in spec.key_specs {
         out.map_header(3);
         resp::bulk(out, b"flags");
@@ -506,34 +564,5 @@ fn write_info(spec: &Spec, out: &mut Reply<'_>) {
         resp::bulk(out, b"limit");
         resp::integer(out, i64::from(ks.limit));
     }
-    resp::array_header(out, 0);
-}
-
-/// Redis's glob subset for CONFIG GET: `*`, `?` and literal bytes.
-/// Iterative with one backtrack point, so a hostile pattern of many stars
-/// costs O(pattern x name), not an exponential search.
-pub(super) fn glob_match(pattern: &[u8], s: &[u8]) -> bool {
-    let (mut p, mut i) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while i < s.len() {
-        match pattern.get(p) {
-            Some(b'*') => {
-                star = Some((p, i));
-                p += 1;
-            }
-            Some(&c) if c == b'?' || c == s[i] => {
-                p += 1;
-                i += 1;
-            }
-            _ => match star {
-                Some((sp, si)) => {
-                    p = sp + 1;
-                    i = si + 1;
-                    star = Some((sp, si + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    pattern[p.min(pattern.len())..].iter().all(|&c| c == b'*')
+    out.set_header(0);
 }

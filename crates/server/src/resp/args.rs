@@ -3,7 +3,7 @@
 
 use fabrickv_resp::reply as resp;
 use fabrickv_resp::{parse_i64, CommandParser};
-use fabrickv_types::limits::{KEY_BYTES_MAX, TTL_MS_MAX};
+use fabrickv_types::limits::KEY_BYTES_MAX;
 
 use super::RESP_REPLY_BYTES_MAX;
 
@@ -30,13 +30,6 @@ pub(super) const NOT_INTEGER: &str = "ERR value is not an integer or out of rang
 
 pub(super) fn int_arg(s: &[u8]) -> Result<i64, &'static str> {
     parse_i64(s).ok_or(NOT_INTEGER)
-}
-
-/// Relative expiry in `unit_ms` units to an absolute engine time, checked
-/// against [`TTL_MS_MAX`].
-pub(super) fn expiry_at(now_ms: u64, amount: i64, unit_ms: u64) -> Option<u64> {
-    let ms = u64::try_from(amount).ok()?.checked_mul(unit_ms)?;
-    (ms > 0 && ms <= TTL_MS_MAX).then(|| now_ms + ms)
 }
 
 /// Whether `key` is a key the in-memory kv can hold: 1 to

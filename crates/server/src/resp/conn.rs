@@ -8,7 +8,7 @@ use std::sync::Arc;
 use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply::{self as resp, Proto, Reply};
 
-use super::admin::{command_info, config, info};
+use super::admin::{command_info, config, info, time};
 use super::args::{int_arg, quote_arg, quoted, Args, ERROR_ARG_QUOTE_BYTES_MAX, NOT_INTEGER};
 use super::clients::{self, ClientEntry, ClientPeer, ClientRegistry};
 use super::exec::Exec;
@@ -182,6 +182,7 @@ impl ConnState {
                 }
             }
             Cmd::Hello => return self.hello(ex.shared, a, out),
+            Cmd::Time => time(out),
             Cmd::Quit => {
                 resp::simple(out, "OK");
                 return After::Close;
@@ -194,12 +195,25 @@ impl ConnState {
     /// AUTH [default] PASSWORD: the RESP password if one is set, else the
     /// cluster secret. A wrong one is counted and holds the connection's
     /// replies for a delay that doubles with each failure on it.
+    ///
+    /// With no password set it answers as Redis 7 does: more than two
+    /// arguments is a syntax error, one is the "without any password"
+    /// error, and two (user and password) is Redis's passwordless
+    /// `default` user, which takes any password (as HELLO ... AUTH does).
     pub(super) fn auth(&mut self, shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) -> After {
         if !shared.auth_required() {
-            resp::error(
-                out,
-                "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
-            );
+            match a.len() {
+                2 => resp::error(
+                    out,
+                    "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+                ),
+                3 if a.get(1) == b"default" => resp::simple(out, "OK"),
+                3 => resp::error(
+                    out,
+                    "WRONGPASS invalid username-password pair or user is disabled.",
+                ),
+                _ => resp::error(out, "ERR syntax error"),
+            }
             return After::Continue;
         }
         let (user, given) = match a.len() {

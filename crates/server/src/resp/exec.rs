@@ -93,13 +93,18 @@ impl<'a> Exec<'a> {
         if self.in_exec {
             return;
         }
-        let n = self.shared.parts.len();
-        let mut want = vec![false; n];
+        let mut want = vec![false; self.shared.parts.len()];
         for &p in parts {
             if let Some(w) = want.get_mut(p) {
                 *w = true;
             }
         }
+        self.lock_wanted(&want);
+    }
+
+    /// [`Exec::lock_many`] for the partitions `i` where `want[i]`.
+    fn lock_wanted(&mut self, want: &[bool]) {
+        let n = self.shared.parts.len();
         let count = want.iter().filter(|&&w| w).count();
         self.many.clear();
         if count <= 1 {
@@ -148,8 +153,15 @@ impl<'a> Exec<'a> {
             self.many.clear();
             return;
         }
-        let all: Vec<usize> = keys.map(|k| parts.index_of(KeyHash::of(k))).collect();
-        self.lock_many(&all);
+        // One flag per partition, not one index per key: an MGET or DEL
+        // of 100,000 keys allocates no more than one of two.
+        let mut want = vec![false; parts.len()];
+        for k in keys {
+            if let Some(w) = want.get_mut(parts.index_of(KeyHash::of(k))) {
+                *w = true;
+            }
+        }
+        self.lock_wanted(&want);
     }
 
     /// Releases what [`Exec::lock_many`] took (not while EXEC runs).

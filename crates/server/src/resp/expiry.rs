@@ -6,8 +6,6 @@ use fabrickv_engine::{DeleteResult, GetResult};
 use fabrickv_resp::reply as resp;
 use fabrickv_types::KeyHash;
 
-use fabrickv_types::limits::TTL_MS_MAX;
-
 use super::args::{check_key, int_arg, Args, NOT_INTEGER};
 use super::exec::Exec;
 use super::table::{lower, COMMAND_NAME_BYTES_MAX};
@@ -23,7 +21,8 @@ impl Exec<'_> {
     /// as Redis's `expireGenericCommand`: the flags are checked first,
     /// then the time (in Unix milliseconds, overflow refused with the
     /// command's `name`), then the key; a time already past deletes it.
-    /// FabricKV also refuses an expiry further ahead than `TTL_MS_MAX`.
+    /// Any time that fits an `i64` of milliseconds is kept exactly, as
+    /// Redis keeps it (the engine's `u64` expiry holds it).
     pub(super) fn expire_cmd(
         &mut self,
         a: Args<'_>,
@@ -80,9 +79,6 @@ impl Exec<'_> {
         let when = rel + base;
         let unix_now = self.unix_ms as i64;
         let expired = when <= unix_now;
-        if !expired && (when - unix_now) as u64 > TTL_MS_MAX {
-            return resp::error(out, &invalid);
-        }
         let key = a.get(1);
         if !check_key(key, out) {
             return;
@@ -129,7 +125,10 @@ impl Exec<'_> {
             GetResult::Found { expire_at_ms, .. } => expire_at_ms,
         };
         let unix = self.to_unix_ms(at).max(0);
-        resp::integer(out, if ms { unix } else { (unix + 500) / 1000 });
+        // Rounded to the nearest second as Redis does, without the
+        // overflow `(unix + 500) / 1000` has near `i64::MAX`.
+        let secs = unix / 1000 + i64::from(unix % 1000 >= 500);
+        resp::integer(out, if ms { unix } else { secs });
     }
 
     pub(super) fn persist(&mut self, key: &[u8], out: &mut Vec<u8>) {

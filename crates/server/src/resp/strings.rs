@@ -9,7 +9,7 @@ use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply::{self as resp, Reply};
 use fabrickv_types::KeyHash;
 
-use super::args::{check_key, expiry_at, int_arg, mget_fits, storable_key, Args, NOT_INTEGER};
+use super::args::{check_key, int_arg, mget_fits, storable_key, Args, NOT_INTEGER};
 use super::exec::{put_error, Exec};
 use super::table::{lower, COMMAND_NAME_BYTES_MAX};
 use super::RESP_PREFETCH_KEYS;
@@ -96,12 +96,7 @@ impl Exec<'_> {
                 let Ok(n) = int_arg(a.get(i)) else {
                     return resp::error(out, NOT_INTEGER);
                 };
-                let at = if absolute {
-                    self.unix_expiry_at(n, unit)
-                } else {
-                    expiry_at(self.now_ms, n, unit)
-                };
-                match at {
+                match self.expiry_at(n, unit, absolute) {
                     Some(at) => expire = Some(at),
                     None => return resp::error(out, "ERR invalid expire time in 'set' command"),
                 }

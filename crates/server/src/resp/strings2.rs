@@ -5,10 +5,10 @@
 use fabrickv_engine::{GetResult, PutCond, PutResult};
 use fabrickv_resp::reply as resp;
 use fabrickv_resp::reply::Reply;
-use fabrickv_types::limits::{TTL_MS_MAX, VALUE_BYTES_MAX};
+use fabrickv_types::limits::VALUE_BYTES_MAX;
 use fabrickv_types::KeyHash;
 
-use super::args::{check_key, expiry_at, int_arg, Args, NOT_INTEGER};
+use super::args::{check_key, int_arg, Args, NOT_INTEGER};
 use super::exec::{put_error, Exec};
 use super::table::{lower, COMMAND_NAME_BYTES_MAX};
 
@@ -45,19 +45,29 @@ pub(super) fn format_float(v: f64) -> String {
 }
 
 impl Exec<'_> {
-    /// An absolute Unix time of `n` units of `unit_ms` as an engine time;
-    /// a time already past is `now` (the key expires at once). `None` for
-    /// a time not above 0 or further ahead than `TTL_MS_MAX`.
-    pub(super) fn unix_expiry_at(&self, n: i64, unit_ms: u64) -> Option<u64> {
-        let ms = u64::try_from(n).ok()?.checked_mul(unit_ms)?;
-        if ms == 0 {
+    /// The engine time of the expiry argument `n` in units of `unit_ms`
+    /// (SET EX/PX/EXAT/PXAT, SETEX, PSETEX, GETEX): relative to now, or
+    /// with `absolute` a Unix time; a time already past is `now` (the key
+    /// expires at once). `None` where Redis's `getExpireMillisecondsOrReply`
+    /// answers "invalid expire time": `n` not above 0, or a time in
+    /// milliseconds that does not fit an `i64`. Any time that fits is
+    /// kept exactly (the engine's `u64` holds it), so PEXPIRETIME reads
+    /// back what was set.
+    pub(super) fn expiry_at(&self, n: i64, unit_ms: u64, absolute: bool) -> Option<u64> {
+        if n <= 0 {
             return None;
         }
-        if ms <= self.unix_ms {
+        let ms = n.checked_mul(unit_ms as i64)?;
+        let unix_now = self.unix_ms as i64;
+        let unix_at = if absolute {
+            ms
+        } else {
+            ms.checked_add(unix_now)?
+        };
+        if unix_at <= unix_now {
             return Some(self.now_ms);
         }
-        let ahead = ms - self.unix_ms;
-        (ahead <= TTL_MS_MAX).then(|| self.now_ms + ahead)
+        Some(self.now_ms + (unix_at - unix_now) as u64)
     }
 
     /// Stores `value` under `key` with expiry `at` (0: none); `OK` or the
@@ -80,7 +90,7 @@ impl Exec<'_> {
         let Ok(n) = int_arg(a.get(2)) else {
             return resp::error(out, NOT_INTEGER);
         };
-        let Some(at) = expiry_at(self.now_ms, n, unit_ms) else {
+        let Some(at) = self.expiry_at(n, unit_ms, false) else {
             return resp::error(out, &format!("ERR invalid expire time in '{name}' command"));
         };
         self.store(key, a.get(3), at, out);
@@ -169,12 +179,7 @@ impl Exec<'_> {
                 let Ok(n) = int_arg(a.get(3)) else {
                     return resp::error(out, NOT_INTEGER);
                 };
-                let at = if absolute {
-                    self.unix_expiry_at(n, unit)
-                } else {
-                    expiry_at(self.now_ms, n, unit)
-                };
-                match at {
+                match self.expiry_at(n, unit, absolute) {
                     Some(at) => change = Some(at),
                     None => return resp::error(out, "ERR invalid expire time in 'getex' command"),
                 }
@@ -371,7 +376,7 @@ impl Exec<'_> {
     }
 
     /// LCS key1 key2 [LEN] [IDX] [MINMATCHLEN n] [WITHMATCHLEN].
-    pub(super) fn lcs(&mut self, a: Args<'_>, out: &mut Vec<u8>) {
+    pub(super) fn lcs(&mut self, a: Args<'_>, out: &mut Reply<'_>) {
         let (mut len_only, mut idx, mut with_len) = (false, false, false);
         let mut min_len: i64 = 0;
         let mut i = 3;
@@ -429,7 +434,7 @@ fn lcs_reply(
     idx: bool,
     with_len: bool,
     min_len: u64,
-    out: &mut Vec<u8>,
+    out: &mut Reply<'_>,
 ) {
     let (al, bl) = (a.len(), b.len());
     let w = bl + 1;
@@ -493,7 +498,8 @@ fn lcs_reply(
     if !idx {
         return resp::bulk(out, &result);
     }
-    resp::array_header(out, 4);
+    // A map under RESP3, as Redis answers it; a flat array under RESP2.
+    out.map_header(2);
     resp::bulk(out, b"matches");
     resp::array_header(out, ranges.len());
     for r in &ranges {

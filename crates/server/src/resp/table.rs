@@ -70,6 +70,7 @@ pub(super) enum Cmd {
     Watch,
     Unwatch,
     Hello,
+    Time,
 }
 
 /// A command's name and arity as Redis counts it (the name included;
@@ -1194,6 +1195,21 @@ pub(super) const COMMANDS: &[Spec] = &[
         summary: "Forgets every key WATCH recorded.",
         complexity: "O(1)",
     },
+    Spec {
+        name: "time",
+        id: Cmd::Time,
+        arity: 1,
+        flags: &["loading", "stale", "fast"],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        acl: &["@fast"],
+        key_specs: NO_KEYS,
+        group: "server",
+        since: "2.6.0",
+        summary: "Returns the server time.",
+        complexity: "O(1)",
+    },
 ];
 
 /// Commands in the table at most: per-command counters are indexed by a
@@ -1201,6 +1217,38 @@ pub(super) const COMMANDS: &[Spec] = &[
 pub(super) const COMMANDS_MAX: usize = 64;
 
 const _: () = assert!(COMMANDS.len() <= COMMANDS_MAX);
+
+/// Redis 7's command tips (COMMAND INFO's eighth field) for the commands
+/// that have any: how a cluster client routes them and whether their
+/// output is deterministic.
+pub(super) fn tips(id: Cmd) -> &'static [&'static str] {
+    match id {
+        Cmd::Mget => &["request_policy:multi_shard"],
+        Cmd::Mset => &[
+            "request_policy:multi_shard",
+            "response_policy:all_succeeded",
+        ],
+        Cmd::Del | Cmd::Exists | Cmd::Touch | Cmd::Unlink => {
+            &["request_policy:multi_shard", "response_policy:agg_sum"]
+        }
+        Cmd::Msetnx => &["request_policy:multi_shard", "response_policy:agg_min"],
+        Cmd::Ttl | Cmd::Pttl | Cmd::Time => &["nondeterministic_output"],
+        Cmd::Ping | Cmd::Flushdb | Cmd::Flushall => {
+            &["request_policy:all_shards", "response_policy:all_succeeded"]
+        }
+        Cmd::Dbsize => &["request_policy:all_shards", "response_policy:agg_sum"],
+        Cmd::Info => &[
+            "nondeterministic_output",
+            "request_policy:all_shards",
+            "response_policy:special",
+        ],
+        Cmd::Command => &["nondeterministic_output_order"],
+        Cmd::Keys => &["request_policy:all_shards", "nondeterministic_output_order"],
+        Cmd::Scan => &["nondeterministic_output", "request_policy:special"],
+        Cmd::Randomkey => &["request_policy:all_shards", "nondeterministic_output"],
+        _ => &[],
+    }
+}
 
 pub(super) fn lookup(name: &[u8]) -> Option<&'static Spec> {
     lookup_index(name).and_then(|i| COMMANDS.get(i))

@@ -647,3 +647,103 @@ fn info_and_dbsize_after_a_write_in_one_pipeline() {
     let (r, _) = c.feed(&input);
     assert!(r.ends_with(":2\r\n"), "{r}");
 }
+
+/// The integer of a `:n` reply.
+fn int_of(reply: &str) -> i64 {
+    reply
+        .strip_prefix(':')
+        .and_then(|r| r.trim().parse().ok())
+        .unwrap_or_else(|| panic!("not an integer reply: {reply:?}"))
+}
+
+/// Regression (issue 35): PEXPIRETIME came back 1 ms early in some tries
+/// after `SET x v PXAT T` or `PEXPIREAT x T` sent alone, because each
+/// `process` call converted between the engine's clock and Unix time with
+/// its own reading of the wall clock. Here the engine clock moves on its
+/// own between calls (as a second read of it would), while the wall clock
+/// barely moves: an absolute time must still come back exactly.
+#[test]
+fn absolute_expiry_round_trips_exactly_across_calls() {
+    let mut c = Conn::new(2);
+    c.now_ms = 1_000;
+    assert_eq!(c.run(&["PING"]), "+PONG\r\n");
+    for step in 0..50u64 {
+        let t = unix_ms() + 3_600_000 + step as i64 * 7;
+        let ts = t.to_string();
+        c.now_ms += 1 + step % 3;
+        assert_eq!(c.run(&["SET", "x", "v", "PXAT", &ts]), "+OK\r\n");
+        c.now_ms += 1 + step % 2;
+        assert_eq!(int_of(&c.run(&["PEXPIRETIME", "x"])), t, "step {step}");
+        c.now_ms += 1;
+        assert_eq!(c.run(&["PEXPIREAT", "x", &(t + 1).to_string()]), ":1\r\n");
+        c.now_ms += 1 + step % 5;
+        assert_eq!(int_of(&c.run(&["PEXPIRETIME", "x"])), t + 1, "step {step}");
+        let secs = t / 1000 + 10;
+        c.now_ms += 1;
+        assert_eq!(c.run(&["EXPIREAT", "x", &secs.to_string()]), ":1\r\n");
+        c.now_ms += 1;
+        assert_eq!(int_of(&c.run(&["EXPIRETIME", "x"])), secs);
+        assert_eq!(int_of(&c.run(&["PEXPIRETIME", "x"])), secs * 1000);
+        c.now_ms += 1;
+        assert_eq!(
+            c.run(&["GETEX", "x", "PXAT", &(t + 5).to_string()]),
+            bulk("v")
+        );
+        c.now_ms += 2;
+        assert_eq!(int_of(&c.run(&["PEXPIRETIME", "x"])), t + 5);
+    }
+}
+
+/// Regression (issue 35): an absolute expiry more than 10 years ahead was
+/// refused; Redis takes any time whose milliseconds fit an `i64`, and
+/// refuses only one that overflows, with its own error.
+#[test]
+fn far_future_expiry_is_kept_as_redis_keeps_it() {
+    let mut c = Conn::new(2);
+    let max = i64::MAX.to_string();
+    c.run(&["SET", "k", "v"]);
+    assert_eq!(c.run(&["PEXPIREAT", "k", &max]), ":1\r\n");
+    assert_eq!(c.run(&["PEXPIRETIME", "k"]), format!(":{max}\r\n"));
+    assert_eq!(c.run(&["EXPIRETIME", "k"]), ":9223372036854776\r\n");
+    assert_eq!(c.run(&["GET", "k"]), bulk("v"));
+    assert_eq!(c.run(&["EXPIREAT", "k", "9223372036854775"]), ":1\r\n");
+    assert_eq!(c.run(&["EXPIRETIME", "k"]), ":9223372036854775\r\n");
+    assert_eq!(
+        c.run(&["EXPIREAT", "k", "9223372036854776"]),
+        "-ERR invalid expire time in 'expireat' command\r\n"
+    );
+    assert_eq!(c.run(&["SET", "k", "v", "PXAT", &max]), "+OK\r\n");
+    assert_eq!(c.run(&["PEXPIRETIME", "k"]), format!(":{max}\r\n"));
+    assert_eq!(
+        c.run(&["SET", "k", "v", "EXAT", "9223372036854775"]),
+        "+OK\r\n"
+    );
+    assert_eq!(c.run(&["PEXPIRETIME", "k"]), ":9223372036854775000\r\n");
+    assert_eq!(
+        c.run(&["SET", "k", "v", "EXAT", "9223372036854776"]),
+        "-ERR invalid expire time in 'set' command\r\n"
+    );
+    assert_eq!(
+        c.run(&["SET", "k", "v", "PX", &max]),
+        "-ERR invalid expire time in 'set' command\r\n"
+    );
+    assert_eq!(
+        c.run(&["GETEX", "k", "EXAT", "9223372036854776"]),
+        "-ERR invalid expire time in 'getex' command\r\n"
+    );
+    // A hundred years, relative: past the old 10-year bound, kept.
+    let century_s = 100 * 365 * 24 * 3600i64;
+    assert_eq!(
+        c.run(&["SETEX", "k", &century_s.to_string(), "v"]),
+        "+OK\r\n"
+    );
+    assert_eq!(int_of(&c.run(&["TTL", "k"])), century_s);
+    assert_eq!(
+        c.run(&["EXPIRE", "k", &(2 * century_s).to_string()]),
+        ":1\r\n"
+    );
+    assert_eq!(int_of(&c.run(&["TTL", "k"])), 2 * century_s);
+    let at = unix_ms() + 1000 * century_s;
+    assert_eq!(c.run(&["PEXPIREAT", "k", &at.to_string()]), ":1\r\n");
+    assert_eq!(int_of(&c.run(&["PEXPIRETIME", "k"])), at);
+}
