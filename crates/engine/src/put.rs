@@ -190,9 +190,19 @@ impl Core<Log> {
     }
 
     /// Evicts the oldest large values until `len` more bytes fit the
-    /// large budget. False if they cannot (nothing left to evict).
+    /// large budget. False if they cannot: the values readers pin (which
+    /// evicting does not free) leave no room, or nothing is left to evict.
     fn evict_large_for(&mut self, len: u64, now_ms: u64) -> bool {
-        while self.large.bytes + len > self.large.bytes_max {
+        if self.large.used_bytes() + len <= self.large.bytes_max {
+            return true;
+        }
+        // Evicting a value a reader holds frees nothing: refuse, evicting
+        // nothing, when only those would be left.
+        let held = self.large.pinned_bytes() + self.large.shared_bytes();
+        if held + len > self.large.bytes_max {
+            return false;
+        }
+        while self.large.used_bytes() + len > self.large.bytes_max {
             let Some((slot, hash, key)) = self.large.oldest() else {
                 return false;
             };
@@ -280,12 +290,15 @@ impl Core<Slab> {
             Err(refused) => return refused,
         };
         if let Some(v) = &large {
+            // The key's old large value gives its bytes back, unless a
+            // reader holds it (it then stays, pinned, in the budget).
             let leaving = existing
                 .filter(|old| old.header.is_large())
                 .map_or(0, |old| {
-                    self.counted_bytes(old.pos, &old.header) - u64::from(old.header.key_len)
+                    let inline = item::value(self.storage.pool(), old.pos, &old.header);
+                    self.large.freed_by_removing(large::slot_of(inline))
                 });
-            if self.large.bytes - leaving + v.len() as u64 > self.large.bytes_max {
+            if self.large.used_bytes() - leaving + v.len() as u64 > self.large.bytes_max {
                 return PutResult::InsufficientSpace;
             }
         }

@@ -133,12 +133,13 @@ pub(super) fn info(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
     section("memory", &mut s, &|s| {
         let _ = write!(
             s,
-            "# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:{}\r\nlarge_values:{}\r\nlarge_values_bytes:{}\r\nlarge_values_maxbytes:{}\r\nlarge_receiving_bytes:{}\r\nslab_free_bytes:{}\r\nslab_pages_moved:{}\r\nslab_items_relocated:{}\r\n",
+            "# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:{}\r\nlarge_values:{}\r\nlarge_values_bytes:{}\r\nlarge_values_pinned_bytes:{}\r\nlarge_values_maxbytes:{}\r\nlarge_receiving_bytes:{}\r\nslab_free_bytes:{}\r\nslab_pages_moved:{}\r\nslab_items_relocated:{}\r\n",
             e.bytes,
             shared.pool_bytes,
             eviction_policy(shared.mode),
             e.large_values,
             e.large_bytes,
+            e.large_pinned_bytes,
             e.large_bytes_max,
             shared.large_receiving_bytes(),
             e.slab_free_bytes,
