@@ -212,6 +212,9 @@ pub struct RespShared {
     /// Bytes of large values being received now, over every connection
     /// (at most [`RESP_LARGE_RECEIVING_BYTES_MAX`]).
     large_receiving: Arc<AtomicUsize>,
+    /// What every RESP and memcache connection buffers, and its cap
+    /// (INFO's clients and stats sections).
+    pub(crate) client_memory: Arc<crate::text_net::ClientMemory>,
 }
 
 /// A share of [`RESP_LARGE_RECEIVING_BYTES_MAX`] held while a large value
@@ -306,6 +309,7 @@ impl RespShared {
             clients: Arc::new(ClientRegistry::default()),
             idle_timeout_ms: AtomicU64::new(0),
             large_receiving: Arc::new(AtomicUsize::new(0)),
+            client_memory: Arc::new(crate::text_net::ClientMemory::new(0)),
         }
     }
 
@@ -371,6 +375,15 @@ impl RespShared {
             (None, Some(s)) => s.matches(given),
             (None, None) => false,
         }
+    }
+
+    /// Shares the server's account of what connections buffer.
+    pub(crate) fn with_client_memory(
+        mut self,
+        mem: Arc<crate::text_net::ClientMemory>,
+    ) -> RespShared {
+        self.client_memory = mem;
+        self
     }
 
     /// Serves `shards` as databases 1..=n, in the order they were given.
@@ -455,6 +468,12 @@ impl RespSession {
             large_in: None,
             large_out: LargeReplies::default(),
         }
+    }
+
+    /// Bytes the session holds between commands, counted in the
+    /// server's `maxmemory-clients`: its queued transaction.
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.state.multi.as_ref().map_or(0, |t| t.queued.capacity())
     }
 
     /// Whether CLIENT KILL closed this connection.

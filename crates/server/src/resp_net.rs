@@ -206,6 +206,15 @@ impl Proto for RespConn {
         self.held_until_ms
     }
 
+    /// A queued transaction. A large value being received is not counted:
+    /// it holds a share of `RESP_LARGE_RECEIVING_BYTES_MAX`, reserved
+    /// before its buffer is allocated and refused with an error past it,
+    /// so that a value up to Redis's 512 MiB is received whatever
+    /// `maxmemory-clients` is.
+    fn held_bytes(&self) -> usize {
+        self.session.held_bytes()
+    }
+
     fn receiving(&self) -> bool {
         self.large_in.is_some()
     }
