@@ -216,6 +216,10 @@ pub struct ServerConfig {
     /// it the connection using the most is closed. `None`: the default
     /// ([`ServerConfig::maxmemory_clients`]); `Some(0)`: no cap.
     pub maxmemory_clients_bytes: Option<u64>,
+    /// Longest a RESP reply holding large values may wait to be written
+    /// before its connection is closed, in ms (`RESP_LARGE_REPLY_MS`; 0:
+    /// never). Not a flag: tests shorten it.
+    pub resp_large_reply_ms: u64,
     /// Where the memcached-compatible front end listens (`HOST:PORT`,
     /// TCP); `None` leaves it off. memcached's text protocol has no
     /// authentication, so beyond loopback it needs `insecure` even when a
@@ -249,6 +253,7 @@ impl Default for ServerConfig {
             idle_timeout_secs: NATIVE_IDLE_TIMEOUT_SECS,
             resp_idle_timeout_secs: 0,
             maxmemory_clients_bytes: None,
+            resp_large_reply_ms: crate::resp_net::RESP_LARGE_REPLY_MS,
             memcache: None,
             memcache_idle_timeout_secs: 0,
         }

@@ -260,6 +260,7 @@ impl Server {
                     .with_secret(cfg.auth.clone())
                     .with_shards(&shards)
                     .with_client_memory(client_memory.clone())
+                    .with_large_reply_ms(cfg.resp_large_reply_ms)
                 };
                 let idle = cfg.resp_idle_timeout();
                 let mem = client_memory.clone();

@@ -215,6 +215,10 @@ pub struct RespShared {
     /// What every RESP and memcache connection buffers, and its cap
     /// (INFO's clients and stats sections).
     pub(crate) client_memory: Arc<crate::text_net::ClientMemory>,
+    /// Longest a reply holding large values may wait to be written, in
+    /// ms, before its connection is closed (`RESP_LARGE_REPLY_MS` unless
+    /// configured; 0: no bound).
+    pub(crate) large_reply_ms: u64,
 }
 
 /// A share of [`RESP_LARGE_RECEIVING_BYTES_MAX`] held while a large value
@@ -310,6 +314,7 @@ impl RespShared {
             idle_timeout_ms: AtomicU64::new(0),
             large_receiving: Arc::new(AtomicUsize::new(0)),
             client_memory: Arc::new(crate::text_net::ClientMemory::new(0)),
+            large_reply_ms: crate::resp_net::RESP_LARGE_REPLY_MS,
         }
     }
 
@@ -383,6 +388,13 @@ impl RespShared {
         mem: Arc<crate::text_net::ClientMemory>,
     ) -> RespShared {
         self.client_memory = mem;
+        self
+    }
+
+    /// Closes a connection whose reply holding large values waits over
+    /// `ms` to be written (0: never).
+    pub(crate) fn with_large_reply_ms(mut self, ms: u64) -> RespShared {
+        self.large_reply_ms = ms;
         self
     }
 

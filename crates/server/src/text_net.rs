@@ -238,6 +238,18 @@ pub(crate) trait Proto: Sized + 'static {
     fn receiving(&self) -> bool {
         false
     }
+    /// Longest a reply holding a large value may take to be written,
+    /// from when it was queued, in ms (0: no bound); past it the
+    /// connection is closed, so a client that stops reading cannot keep
+    /// the value alive.
+    fn large_reply_ms(_shared: &Self::Shared) -> u64 {
+        0
+    }
+    /// Since when (engine ms) replies holding large values have been
+    /// waiting to be written; `None` when none is.
+    fn large_reply_since_ms(&self) -> Option<u64> {
+        None
+    }
     /// Reads more of the value being received.
     fn read_large(&mut self, _io: &mut Io) -> io::Result<()> {
         Ok(())
@@ -722,12 +734,15 @@ impl<P: Proto> Loop<P> {
     }
 
     /// Closes connections silent past the idle timeout with no command
-    /// pending, and those silent for [`Proto::LARGE_STALL_MS`] in the
+    /// pending, those silent for [`Proto::LARGE_STALL_MS`] in the
     /// middle of a large value (which hold a share of the server's
-    /// receiving bound), at most once per `IDLE_CHECK_INTERVAL_MS`.
+    /// receiving bound), and those whose reply holding a large value is
+    /// unwritten past [`Proto::large_reply_ms`] (which keep the value in
+    /// the large budget), at most once per `IDLE_CHECK_INTERVAL_MS`.
     fn close_idle(&mut self) {
         let idle_timeout_ms = P::idle_timeout_ms(&self.shared, self.idle_timeout_ms);
-        if idle_timeout_ms == 0 && P::LARGE_STALL_MS.is_none() {
+        let large_reply_ms = P::large_reply_ms(&self.shared);
+        if idle_timeout_ms == 0 && P::LARGE_STALL_MS.is_none() && large_reply_ms == 0 {
             return;
         }
         let now = self.clock.now_ms();
@@ -742,6 +757,18 @@ impl<P: Proto> Loop<P> {
             let silent = now.saturating_sub(c.io.active_ms);
             let idle = idle_timeout_ms != 0 && !c.pending() && silent >= idle_timeout_ms;
             let stalled = c.proto.receiving() && P::LARGE_STALL_MS.is_some_and(|ms| silent >= ms);
+            let unread = large_reply_ms != 0
+                && c.proto
+                    .large_reply_since_ms()
+                    .is_some_and(|since| now.saturating_sub(since) >= large_reply_ms);
+            if unread {
+                tracing::debug!(
+                    "closing a {} connection that did not read a large value within {large_reply_ms} ms",
+                    P::NAME
+                );
+                self.close(i);
+                continue;
+            }
             if idle || stalled {
                 tracing::debug!(
                     "closing a {} connection silent for {silent} ms{}",

@@ -346,3 +346,36 @@ fn values_pinned_by_readers_that_stopped_stay_in_the_large_budget() {
     assert_eq!(w.call_bytes(&[b"SET", b"k", &value(value_len, 99)]), "+OK");
     s.shutdown();
 }
+
+/// A client that GETs a large value and never reads the reply holds the
+/// value only until `resp_large_reply_ms` (shortened here): then its
+/// connection is closed and the value, rewritten meanwhile, leaves the
+/// budget.
+#[test]
+fn a_reader_that_stops_reading_a_large_reply_is_closed_at_the_deadline() {
+    let value_len = 8 * MIB;
+    let s = TestServer::start_with(Transport::Tcp, 2, Mode::Store, 64 << 20, |c| {
+        c.resp = Some("127.0.0.1:0".into());
+        c.large_memory_bytes = Some(256 << 20);
+        c.resp_large_reply_ms = 1_000;
+    });
+    let mut w = Resp::connect_large(&s);
+    assert_eq!(w.call_bytes(&[b"SET", b"k", &value(value_len, 1)]), "+OK");
+    let mut r = std::net::TcpStream::connect(s.resp_addr()).expect("connect");
+    r.set_read_timeout(Some(common::TIMEOUT)).expect("timeout");
+    r.write_all(&encode(&[b"GET", b"k"])).expect("send");
+    let mut head = [0u8; 64];
+    r.read_exact(&mut head).expect("the reply starts");
+    assert_eq!(w.call_bytes(&[b"SET", b"k", &value(value_len, 2)]), "+OK");
+    assert_eq!(
+        w.info_field("memory", "large_values_pinned_bytes"),
+        value_len as u64
+    );
+    wait_for(
+        "the stalled reply's connection to be closed",
+        Duration::from_secs(30),
+        || w.info_field("memory", "large_values_pinned_bytes") == 0,
+    );
+    assert_eq!(w.info_field("clients", "connected_clients"), 1);
+    s.shutdown();
+}
