@@ -193,19 +193,26 @@ impl Core<Log> {
     /// large budget. False if they cannot: the values readers pin (which
     /// evicting does not free) leave no room, or nothing is left to evict.
     fn evict_large_for(&mut self, len: u64, now_ms: u64) -> bool {
-        if self.large.used_bytes() + len <= self.large.bytes_max {
-            return true;
-        }
-        // Evicting a value a reader holds frees nothing: refuse, evicting
-        // nothing, when only those would be left.
-        let held = self.large.pinned_bytes() + self.large.shared_bytes();
-        if held + len > self.large.bytes_max {
+        if self.large.pinned_bytes() + len > self.large.bytes_max {
             return false;
         }
+        let mut can_fit = false;
         while self.large.used_bytes() + len > self.large.bytes_max {
             let Some((slot, hash, key)) = self.large.oldest() else {
                 return false;
             };
+            // Evicting a value a reader holds frees nothing. The first
+            // time that would happen, check that evicting can make room
+            // at all (a walk over every slot, so not on the common path
+            // where victims are unread), and refuse, evicting nothing
+            // more, when only held values would be left.
+            if !can_fit && self.large.freed_by_removing(slot) == 0 {
+                let held = self.large.pinned_bytes() + self.large.shared_bytes();
+                if held + len > self.large.bytes_max {
+                    return false;
+                }
+                can_fit = true;
+            }
             let hash = KeyHash(hash);
             match self.find(hash, &key) {
                 Some(hit)
