@@ -13,10 +13,11 @@
 //! CPU the commands cost.
 //!
 //! What connections buffer beyond a fixed allowance (a grown input
-//! buffer, output kept past a burst, a queued transaction) is summed server-wide in a [`ClientMemory`] shared by
-//! every loop of both front ends, and bounded by `--maxmemory-clients` as
-//! Redis's `maxmemory-clients` is: past it, the connection using the most
-//! is closed, whichever loop holds it. Each connection reports its usage
+//! buffer, output kept past a burst, a queued transaction) is summed
+//! server-wide in a [`ClientMemory`] shared by every loop of both front
+//! ends, and bounded by `--maxmemory-clients` as Redis's
+//! `maxmemory-clients` is: past it, the connection using the most is
+//! closed, whichever loop holds it. Each connection reports its usage
 //! after each of its wake-ups, and only when it changed, so a steady
 //! pipeline costs no shared write.
 //!
