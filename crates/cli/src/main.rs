@@ -207,6 +207,13 @@ enum Command {
         /// command pending, as Redis's `timeout`; 0 never does [default: 0].
         #[arg(long, value_name = "SECS")]
         resp_idle_timeout: Option<u64>,
+        /// Cap on what RESP and memcache connections buffer together
+        /// (queued MULTI commands, grown input, unwritten output), as
+        /// Redis's maxmemory-clients: past it
+        /// the connection using the most is closed. 0: no cap [default:
+        /// --memory / 4, at least 256MB].
+        #[arg(long, value_name = "SIZE")]
+        maxmemory_clients: Option<String>,
         /// Also serve memcached's text and meta protocol on this TCP
         /// address, e.g. 127.0.0.1:11211 (off by default). It has no
         /// authentication: beyond loopback it needs --insecure, secret or
@@ -426,6 +433,7 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             resp_password_file,
             idle_timeout,
             resp_idle_timeout,
+            maxmemory_clients,
             memcache,
             memcache_idle_timeout,
             tables,
@@ -485,6 +493,9 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             }
             if let Some(v) = resp_idle_timeout {
                 cfg.resp_idle_timeout_secs = v;
+            }
+            if let Some(v) = maxmemory_clients {
+                cfg.maxmemory_clients_bytes = Some(parse_size(&v).map_err(|e| e.to_string())?);
             }
             if memcache.is_some() {
                 cfg.memcache = memcache;

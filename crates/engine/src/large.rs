@@ -19,14 +19,22 @@
 //! `InsufficientSpace` in store mode.
 //!
 //! A reader may hold a clone of a [`LargeValue`] past the partition's lock
-//! (the RESP front end writes GET replies from it without copying): the
-//! bytes leave the budget when the key goes, and the memory when the last
-//! clone goes.
+//! (the RESP front end writes GET replies from it without copying, a
+//! native GET_CHUNK reader pins it). A value that leaves the table (its key
+//! deleted, rewritten, evicted or expired) while a reader still holds it
+//! is *pinned*: its bytes move from [`LargeTable::bytes`] to the table's
+//! pinned count, and leave that only when the last clone drops (the
+//! buffer's own drop subtracts them). The budget covers both, so the
+//! memory of large values, stored or pinned, never passes it: readers
+//! that keep replaced values alive make later large PUTs evict (cache
+//! mode) or answer `InsufficientSpace` (store mode) instead of growing
+//! memory. The front ends bound how long a reader may pin a value.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 pub use fabrickv_types::limits::LARGE_VALUE_BYTES_MAX;
 use fabrickv_types::limits::VALUE_BYTES_MAX;
@@ -53,14 +61,42 @@ const _: () = assert!(LARGE_VALUE_BYTES_MIN <= LARGE_VALUE_BYTES_MAX);
 
 /// A large value: one heap buffer shared by reference count. Cloning is
 /// cheap (a reference); the bytes are never copied.
-#[derive(Clone, PartialEq, Eq)]
-pub struct LargeValue(Arc<Box<[u8]>>);
+#[derive(Clone)]
+pub struct LargeValue(Arc<Buffer>);
+
+/// The buffer a [`LargeValue`] shares.
+struct Buffer {
+    bytes: Box<[u8]>,
+    /// The pinned count of the table the value left while still shared
+    /// (set at most once, by [`LargeTable::remove`]): the buffer's drop
+    /// takes its bytes off it.
+    pinned: OnceLock<Arc<AtomicU64>>,
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Some(pinned) = self.pinned.get() {
+            pinned.fetch_sub(self.bytes.len() as u64, Ordering::AcqRel);
+        }
+    }
+}
+
+impl PartialEq for LargeValue {
+    fn eq(&self, other: &LargeValue) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for LargeValue {}
 
 impl LargeValue {
     /// Wraps a filled buffer without copying it (a socket read into a
     /// zeroed `Vec` of exactly the value's length, then this).
     pub fn from_boxed(bytes: Box<[u8]>) -> LargeValue {
-        LargeValue(Arc::new(bytes))
+        LargeValue(Arc::new(Buffer {
+            bytes,
+            pinned: OnceLock::new(),
+        }))
     }
 
     /// A large value holding a copy of `bytes`.
@@ -71,12 +107,17 @@ impl LargeValue {
     /// The value's bytes.
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
-        &self.0
+        &self.0.bytes
     }
 
     /// The value's bytes, writable, if no reader holds a clone.
     pub fn get_mut(&mut self) -> Option<&mut [u8]> {
-        Arc::get_mut(&mut self.0).map(|b| &mut b[..])
+        Arc::get_mut(&mut self.0).map(|b| &mut b.bytes[..])
+    }
+
+    /// Whether a clone of this value is held elsewhere.
+    fn shared(&self) -> bool {
+        Arc::strong_count(&self.0) > 1
     }
 }
 
@@ -85,19 +126,19 @@ impl Deref for LargeValue {
 
     #[inline]
     fn deref(&self) -> &[u8] {
-        &self.0
+        &self.0.bytes
     }
 }
 
 impl AsRef<[u8]> for LargeValue {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        &self.0.bytes
     }
 }
 
 impl fmt::Debug for LargeValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LargeValue({} bytes)", self.0.len())
+        write!(f, "LargeValue({} bytes)", self.0.bytes.len())
     }
 }
 
@@ -144,7 +185,11 @@ pub(crate) struct LargeTable {
     next_generation: u64,
     /// Sum of the lengths of the values held, in bytes.
     pub bytes: u64,
-    /// The budget of `bytes`, in bytes.
+    /// Bytes of the values that left the table while a reader held them
+    /// and are still alive: added by [`LargeTable::remove`], taken off by
+    /// the buffer's drop (in whatever thread drops the last clone).
+    pinned: Arc<AtomicU64>,
+    /// The budget of `bytes` plus the pinned bytes, in bytes.
     pub bytes_max: u64,
     /// Values held.
     pub count: u64,
@@ -159,13 +204,16 @@ impl LargeTable {
             fifo: VecDeque::new(),
             next_generation: 0,
             bytes: 0,
+            pinned: Arc::new(AtomicU64::new(0)),
             bytes_max,
             count: 0,
         }
     }
 
     /// Holds `value` for the key (`hash`, `key`); returns its slot. The
-    /// caller checked the budget.
+    /// caller checked the budget. The front ends insert each buffer they
+    /// receive once; a clone inserted again after it was pinned would stay
+    /// counted as pinned too (an overcount, never an undercount).
     pub fn insert(&mut self, value: LargeValue, hash: u64, key: &[u8]) -> u32 {
         let generation = self.next_generation;
         self.next_generation += 1;
@@ -201,7 +249,8 @@ impl LargeTable {
     }
 
     /// Drops the value in `slot` (its stub left the index); returns its
-    /// length in bytes, 0 if the slot was empty.
+    /// length in bytes, 0 if the slot was empty. A value a reader still
+    /// holds stays counted as pinned until its last clone drops.
     pub fn remove(&mut self, slot: u32) -> u64 {
         match self.slots.get_mut(slot as usize).and_then(Option::take) {
             Some(s) => {
@@ -209,6 +258,13 @@ impl LargeTable {
                 self.bytes -= n;
                 self.count -= 1;
                 self.free.push(slot);
+                // The table's clone is alive until the end of this arm, so
+                // the buffer's drop (which takes the bytes off) comes after
+                // they were added. A value already pinned elsewhere (set
+                // once) is not counted twice.
+                if s.value.shared() && s.value.0.pinned.set(Arc::clone(&self.pinned)).is_ok() {
+                    self.pinned.fetch_add(n, Ordering::AcqRel);
+                }
                 n
             }
             None => {
@@ -239,6 +295,37 @@ impl LargeTable {
     #[inline]
     pub fn len_of(&self, slot: u32) -> u64 {
         self.get(slot).map_or(0, |v| v.len() as u64)
+    }
+
+    /// Bytes removing the value in `slot` would give back now: its length
+    /// if no reader holds it, 0 if one does (it would stay, pinned).
+    pub fn freed_by_removing(&self, slot: u32) -> u64 {
+        self.get(slot)
+            .filter(|v| !v.shared())
+            .map_or(0, |v| v.len() as u64)
+    }
+
+    /// Bytes of the stored values a reader holds now (evicting them would
+    /// free nothing). Walks every slot: for the rare PUT that must evict.
+    pub fn shared_bytes(&self) -> u64 {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|s| s.value.shared())
+            .map(|s| s.value.len() as u64)
+            .sum()
+    }
+
+    /// Bytes of values that left the table but a reader still holds.
+    #[inline]
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pinned.load(Ordering::Acquire)
+    }
+
+    /// Bytes the budget counts: stored plus pinned.
+    #[inline]
+    pub fn used_bytes(&self) -> u64 {
+        self.bytes + self.pinned_bytes()
     }
 
     /// The oldest value still held: (slot, key hash, key), with stale
@@ -439,7 +526,7 @@ mod tests {
         for i in 0..500u32 {
             let k = i.to_le_bytes();
             assert_eq!(
-                p.put_large(h(&k), &k, a.clone(), 0, PutCond::Always, 0),
+                p.put_large(h(&k), &k, big(4, 0), 0, PutCond::Always, 0),
                 PutResult::Stored
             );
             assert_eq!(p.delete(h(&k), &k, 0), DeleteResult::Deleted);
@@ -476,15 +563,15 @@ mod tests {
         let n = a.len() as u64;
         p.set_large_bytes_max(2 * n);
         assert_eq!(
-            p.put_large(h(b"a"), b"a", a.clone(), 0, PutCond::Always, 0),
+            p.put_large(h(b"a"), b"a", big(6, 0), 0, PutCond::Always, 0),
             PutResult::Stored
         );
         assert_eq!(
-            p.put_large(h(b"b"), b"b", a.clone(), 0, PutCond::Always, 0),
+            p.put_large(h(b"b"), b"b", big(6, 0), 0, PutCond::Always, 0),
             PutResult::Stored
         );
         assert_eq!(
-            p.put_large(h(b"c"), b"c", a.clone(), 0, PutCond::Always, 0),
+            p.put_large(h(b"c"), b"c", big(6, 0), 0, PutCond::Always, 0),
             PutResult::InsufficientSpace
         );
         // Replacing a large value counts the old one as leaving.
@@ -501,7 +588,7 @@ mod tests {
         assert_large(&mut p, b"b", &b);
         assert_eq!(p.delete(h(b"a"), b"a", 0), DeleteResult::Deleted);
         assert_eq!(
-            p.put_large(h(b"c"), b"c", a.clone(), 0, PutCond::Always, 0),
+            p.put_large(h(b"c"), b"c", big(6, 0), 0, PutCond::Always, 0),
             PutResult::Stored
         );
         let s = p.stats();
@@ -513,6 +600,123 @@ mod tests {
             p.put(h(b"d"), b"d", &over, 0, PutCond::Always, 0),
             PutResult::TooLarge
         );
+    }
+
+    /// Holds a clone of the large value stored under `key`, as a reader
+    /// (a RESP reply, a GET_CHUNK pin) does.
+    fn pin(p: &mut crate::Partition, key: &[u8]) -> LargeValue {
+        match p.get_ref(h(key), key, 0) {
+            GetRefResult::Found {
+                value: ValueRef::Large(v),
+                ..
+            } => v.clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[track_caller]
+    fn assert_within_budget(p: &crate::Partition) {
+        let s = p.stats();
+        assert!(
+            s.large_bytes + s.large_pinned_bytes <= s.large_bytes_max,
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn store_mode_counts_pinned_replaced_values_until_released() {
+        let mut p = small(Mode::Store);
+        let n = big(0, 0).len() as u64;
+        p.set_large_bytes_max(3 * n);
+        let mut held = Vec::new();
+        // Each round a reader holds the value, then the key is rewritten:
+        // the old buffer stays alive, and in the budget.
+        for i in 0..2u8 {
+            assert_eq!(
+                p.put_large(h(b"k"), b"k", big(i, 0), 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            held.push(pin(&mut p, b"k"));
+            assert_within_budget(&p);
+        }
+        assert_eq!(
+            p.put_large(h(b"k"), b"k", big(2, 0), 0, PutCond::Always, 0),
+            PutResult::Stored
+        );
+        let s = p.stats();
+        assert_eq!((s.large_bytes, s.large_pinned_bytes), (n, 2 * n));
+        held.push(pin(&mut p, b"k"));
+        // The stored value is pinned too, so replacing it frees nothing.
+        assert_eq!(
+            p.put_large(h(b"k"), b"k", big(3, 0), 0, PutCond::Always, 0),
+            PutResult::InsufficientSpace
+        );
+        assert_within_budget(&p);
+        p.check();
+        // Readers letting go give the bytes back, in any order.
+        held.remove(0);
+        assert_eq!(p.stats().large_pinned_bytes, n);
+        assert_eq!(
+            p.put_large(h(b"k"), b"k", big(3, 0), 0, PutCond::Always, 0),
+            PutResult::Stored
+        );
+        assert_eq!(p.stats().large_pinned_bytes, 2 * n);
+        held.clear();
+        let s = p.stats();
+        assert_eq!((s.large_bytes, s.large_pinned_bytes), (n, 0));
+        // A value nobody holds leaves the budget at once, as before.
+        assert_eq!(p.delete(h(b"k"), b"k", 0), DeleteResult::Deleted);
+        let s = p.stats();
+        assert_eq!((s.large_bytes, s.large_pinned_bytes), (0, 0));
+        p.check();
+    }
+
+    #[test]
+    fn cache_mode_evicts_around_pinned_values_and_refuses_when_they_fill_the_budget() {
+        let mut p = small(Mode::Cache);
+        let n = big(0, 0).len() as u64;
+        p.set_large_bytes_max(3 * n);
+        let mut held = Vec::new();
+        for i in 0..2u8 {
+            assert_eq!(
+                p.put_large(h(b"k"), b"k", big(i, 0), 0, PutCond::Always, 0),
+                PutResult::Stored
+            );
+            held.push(pin(&mut p, b"k"));
+        }
+        // One pinned (the first, replaced) and one stored leave room for
+        // one more.
+        assert_eq!(
+            p.put_large(h(b"other"), b"other", big(5, 0), 0, PutCond::Always, 0),
+            PutResult::Stored
+        );
+        assert_within_budget(&p);
+        let s = p.stats();
+        assert_eq!((s.large_bytes, s.large_pinned_bytes), (2 * n, n));
+        held.push(pin(&mut p, b"other"));
+        // Every byte of the budget is held by readers: refused, with
+        // nothing evicted (evicting would free nothing).
+        assert_eq!(
+            p.put_large(h(b"k"), b"k", big(6, 0), 0, PutCond::Always, 0),
+            PutResult::InsufficientSpace
+        );
+        assert_within_budget(&p);
+        assert_large(&mut p, b"other", &big(5, 0));
+        assert_large(&mut p, b"k", &big(1, 0));
+        // With the first pin let go there is room again; the replaced
+        // value, still read, stays pinned.
+        held.remove(0);
+        assert_eq!(
+            p.put_large(h(b"k"), b"k", big(6, 0), 0, PutCond::Always, 0),
+            PutResult::Stored
+        );
+        assert_within_budget(&p);
+        assert_large(&mut p, b"k", &big(6, 0));
+        assert_eq!(p.stats().large_pinned_bytes, n);
+        held.clear();
+        let s = p.stats();
+        assert_eq!((s.large_bytes, s.large_pinned_bytes), (2 * n, 0));
+        p.check();
     }
 
     #[test]

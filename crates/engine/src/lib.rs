@@ -360,9 +360,11 @@ impl Partition {
     /// without copying it when it is a large value (at least
     /// [`LARGE_VALUE_BYTES_MIN`] bytes); a shorter one is copied into the
     /// pool as [`Partition::put`] does. A large value counts against the
-    /// large budget ([`Partition::set_large_bytes_max`]): cache mode evicts
-    /// the oldest large values to make room, store mode answers
-    /// `InsufficientSpace`; one longer than the whole budget or than
+    /// large budget ([`Partition::set_large_bytes_max`]), which also holds
+    /// the replaced values readers still pin: cache mode evicts the oldest
+    /// large values to make room, store mode (or cache mode when pinned
+    /// values leave no room) answers `InsufficientSpace`; one longer than
+    /// the whole budget or than
     /// [`LARGE_VALUE_BYTES_MAX`] is `TooLarge`.
     pub fn put_large(
         &mut self,
@@ -509,6 +511,7 @@ impl Partition {
         let s = dispatch!(&self.inner, core => PartitionStats {
             large_values: core.large.count,
             large_bytes: core.large.bytes,
+            large_pinned_bytes: core.large.pinned_bytes(),
             large_bytes_max: core.large.bytes_max,
             ..core.stats
         });

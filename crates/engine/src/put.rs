@@ -195,12 +195,29 @@ impl Core<Log> {
     }
 
     /// Evicts the oldest large values until `len` more bytes fit the
-    /// large budget. False if they cannot (nothing left to evict).
+    /// large budget. False if they cannot: the values readers pin (which
+    /// evicting does not free) leave no room, or nothing is left to evict.
     fn evict_large_for(&mut self, len: u64, now_ms: u64) -> bool {
-        while self.large.bytes + len > self.large.bytes_max {
+        if self.large.pinned_bytes() + len > self.large.bytes_max {
+            return false;
+        }
+        let mut can_fit = false;
+        while self.large.used_bytes() + len > self.large.bytes_max {
             let Some((slot, hash, key)) = self.large.oldest() else {
                 return false;
             };
+            // Evicting a value a reader holds frees nothing. The first
+            // time that would happen, check that evicting can make room
+            // at all (a walk over every slot, so not on the common path
+            // where victims are unread), and refuse, evicting nothing
+            // more, when only held values would be left.
+            if !can_fit && self.large.freed_by_removing(slot) == 0 {
+                let held = self.large.pinned_bytes() + self.large.shared_bytes();
+                if held + len > self.large.bytes_max {
+                    return false;
+                }
+                can_fit = true;
+            }
             let hash = KeyHash(hash);
             match self.find(hash, &key) {
                 Some(hit)
@@ -285,12 +302,15 @@ impl Core<Slab> {
             Err(refused) => return refused,
         };
         if let Some(v) = &large {
+            // The key's old large value gives its bytes back, unless a
+            // reader holds it (it then stays, pinned, in the budget).
             let leaving = existing
                 .filter(|old| old.header.is_large())
                 .map_or(0, |old| {
-                    self.counted_bytes(old.pos, &old.header) - u64::from(old.header.key_len)
+                    let inline = item::value(self.storage.pool(), old.pos, &old.header);
+                    self.large.freed_by_removing(large::slot_of(inline))
                 });
-            if self.large.bytes - leaving + v.len() as u64 > self.large.bytes_max {
+            if self.large.used_bytes() - leaving + v.len() as u64 > self.large.bytes_max {
                 return PutResult::InsufficientSpace;
             }
         }

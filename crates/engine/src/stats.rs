@@ -38,7 +38,11 @@ pub struct PartitionStats {
     pub large_values: u64,
     /// Bytes of the large values stored now (also counted in `bytes`).
     pub large_bytes: u64,
-    /// The budget of `large_bytes`, in bytes.
+    /// Bytes of large values no longer stored that a reader still holds
+    /// (a RESP reply being written, a GET_CHUNK pin): counted in the
+    /// budget with `large_bytes` until the reader lets go.
+    pub large_pinned_bytes: u64,
+    /// The budget of `large_bytes` plus `large_pinned_bytes`, in bytes.
     pub large_bytes_max: u64,
     /// Store mode: pages of the pool given to a size class other than the
     /// one that last held them (emptied by their last delete or by
@@ -71,6 +75,7 @@ impl PartitionStats {
         self.index_collisions += other.index_collisions;
         self.large_values += other.large_values;
         self.large_bytes += other.large_bytes;
+        self.large_pinned_bytes += other.large_pinned_bytes;
         self.large_bytes_max += other.large_bytes_max;
         self.slab_pages_moved += other.slab_pages_moved;
         self.slab_items_relocated += other.slab_items_relocated;

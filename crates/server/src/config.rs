@@ -83,6 +83,18 @@ pub fn read_resp_password(path: &std::path::Path) -> Result<String, String> {
 /// touched only as data arrives, so an idle server uses little of it.
 pub const DEFAULT_MEMORY_BYTES: u64 = 1 << 30;
 
+/// The default `--maxmemory-clients` is `--memory` divided by this: what
+/// RESP and memcache connections buffer (queued transactions, grown
+/// input, unwritten output) stays a
+/// fraction of the data it serves.
+pub const MAXMEMORY_CLIENTS_DEFAULT_DIVISOR: u64 = 4;
+
+/// Least default `--maxmemory-clients`, in bytes (256 MiB): several
+/// maximal transactions (`TXN_QUEUED_BYTES_MAX`, 64 MiB) fit even beside a
+/// small `--memory`, so the cap closes a hog, not a client with one big
+/// MULTI.
+pub const MAXMEMORY_CLIENTS_DEFAULT_BYTES_MIN: u64 = 256 << 20;
+
 /// Least engine memory per partition, in bytes.
 pub const MEMORY_PER_PARTITION_BYTES_MIN: u64 = 1 << 20;
 
@@ -199,6 +211,15 @@ pub struct ServerConfig {
     /// before it is closed (`--resp-idle-timeout`, Redis's `timeout`);
     /// 0, the default as in Redis, keeps idle connections.
     pub resp_idle_timeout_secs: u64,
+    /// Cap on what every RESP and memcache connection together buffer, in
+    /// bytes (`--maxmemory-clients`, Redis's `maxmemory-clients`): past
+    /// it the connection using the most is closed. `None`: the default
+    /// ([`ServerConfig::maxmemory_clients`]); `Some(0)`: no cap.
+    pub maxmemory_clients_bytes: Option<u64>,
+    /// Longest a RESP reply holding large values may wait to be written
+    /// before its connection is closed, in ms (`RESP_LARGE_REPLY_MS`; 0:
+    /// never). Not a flag: tests shorten it.
+    pub resp_large_reply_ms: u64,
     /// Where the memcached-compatible front end listens (`HOST:PORT`,
     /// TCP); `None` leaves it off. memcached's text protocol has no
     /// authentication, so beyond loopback it needs `insecure` even when a
@@ -231,6 +252,8 @@ impl Default for ServerConfig {
             shm_allow_uids: Vec::new(),
             idle_timeout_secs: NATIVE_IDLE_TIMEOUT_SECS,
             resp_idle_timeout_secs: 0,
+            maxmemory_clients_bytes: None,
+            resp_large_reply_ms: crate::resp_net::RESP_LARGE_REPLY_MS,
             memcache: None,
             memcache_idle_timeout_secs: 0,
         }
@@ -274,6 +297,8 @@ struct FileConfig {
     idle_timeout: Option<u64>,
     /// Seconds before a silent RESP connection is closed; 0 is never.
     resp_idle_timeout: Option<u64>,
+    /// Cap on what RESP and memcache connections buffer (`1GB`; `0`: none).
+    maxmemory_clients: Option<String>,
     /// Where the memcache front end listens.
     memcache: Option<String>,
     /// Seconds before a silent memcache connection is closed; 0 is never.
@@ -305,6 +330,9 @@ impl ServerConfig {
         }
         if let Some(v) = f.large_memory {
             c.large_memory_bytes = Some(parse_size(&v).map_err(|e| e.to_string())?);
+        }
+        if let Some(v) = f.maxmemory_clients {
+            c.maxmemory_clients_bytes = Some(parse_size(&v).map_err(|e| e.to_string())?);
         }
         if let Some(v) = f.log_level {
             c.log_level = v;
@@ -354,6 +382,17 @@ impl ServerConfig {
     pub fn resp_idle_timeout(&self) -> Option<std::time::Duration> {
         (self.resp_idle_timeout_secs > 0)
             .then(|| std::time::Duration::from_secs(self.resp_idle_timeout_secs))
+    }
+
+    /// The cap on what RESP and memcache connections buffer, in bytes (0:
+    /// none): `--maxmemory-clients`, by default `--memory /
+    /// MAXMEMORY_CLIENTS_DEFAULT_DIVISOR` and at least
+    /// [`MAXMEMORY_CLIENTS_DEFAULT_BYTES_MIN`].
+    pub fn maxmemory_clients(&self) -> u64 {
+        self.maxmemory_clients_bytes.unwrap_or_else(|| {
+            (self.memory_bytes / MAXMEMORY_CLIENTS_DEFAULT_DIVISOR)
+                .max(MAXMEMORY_CLIENTS_DEFAULT_BYTES_MIN)
+        })
     }
 
     /// The memcache front end's idle timeout; `None` when turned off.

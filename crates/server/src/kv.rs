@@ -47,6 +47,15 @@ pub const KV_LARGE_RECEIVING_BYTES_MAX: usize = 1 << 30;
 /// reading) is given back.
 pub const KV_LARGE_IDLE_MS: u64 = 5_000;
 
+/// Longest a GET_CHUNK pin lives, from the GET that made it, in
+/// milliseconds, however the client reads: reads do not extend it, so a
+/// client reading one small chunk every few seconds cannot keep a replaced
+/// value alive (it counts in the large budget while pinned, see
+/// `fabrickv_engine`'s `large`). 60 s reads a maximal 512 MiB value at
+/// under 9 MB/s; a GET_CHUNK after it is answered `TIMEOUT`, and the
+/// client GETs the value again (a fresh pin) if it wants it.
+pub const KV_LARGE_PIN_MS: u64 = 60_000;
+
 const _: () = assert!(KV_LARGE_RECEIVING_BYTES_MAX >= LARGE_VALUE_BYTES_MAX);
 
 /// A share of the server's [`KV_LARGE_RECEIVING_BYTES_MAX`], given back
@@ -97,8 +106,22 @@ struct Receiving {
 /// change what the reader gets (it reads the value as it was at its GET).
 struct Pinned {
     tag: u64,
-    value: LargeValue,
+    /// The value; `None` once the pin outlived [`KV_LARGE_PIN_MS`] (the
+    /// entry stays a while, so that the client's next GET_CHUNK learns
+    /// why: `TIMEOUT`, not `NO_SUCH_TRANSFER`).
+    value: Option<LargeValue>,
+    /// The GET that pinned it, in engine ms: the pin ends
+    /// [`KV_LARGE_PIN_MS`] later.
+    since_ms: u64,
+    /// The last GET_CHUNK, in engine ms (idle pins go sooner).
     last_ms: u64,
+}
+
+impl Pinned {
+    /// Whether the pin is past its deadline at `now_ms`.
+    fn expired(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.since_ms) >= KV_LARGE_PIN_MS
+    }
 }
 
 /// Counters of the kv service of one worker. STATS reports them beside
@@ -211,11 +234,19 @@ impl KvService {
         }
     }
 
-    /// Frees the transfers and pins idle for over [`KV_LARGE_IDLE_MS`].
+    /// Frees the transfers and pins idle for over [`KV_LARGE_IDLE_MS`],
+    /// and the values of pins past [`KV_LARGE_PIN_MS`] (their entries go
+    /// [`KV_LARGE_IDLE_MS`] after that).
     pub fn sweep_large(&mut self, now_ms: u64) {
         let live = |last: u64| now_ms.saturating_sub(last) <= KV_LARGE_IDLE_MS;
         self.st.receiving.retain(|_, r| live(r.last_ms));
-        self.st.pinned.retain(|_, p| live(p.last_ms));
+        self.st.pinned.retain(|_, p| {
+            if p.expired(now_ms) {
+                p.value = None;
+                return live(p.since_ms.saturating_add(KV_LARGE_PIN_MS));
+            }
+            live(p.last_ms)
+        });
     }
 
     fn execute(
@@ -408,7 +439,8 @@ fn execute_op(
                     conn,
                     Pinned {
                         tag,
-                        value: v.clone(),
+                        value: Some(v.clone()),
+                        since_ms: now_ms,
                         last_ms: now_ms,
                     },
                 );
@@ -436,7 +468,17 @@ fn execute_op(
                     return;
                 }
             };
-            let bytes = pin.value.as_slice();
+            let bytes = match &pin.value {
+                Some(v) if !pin.expired(now_ms) => v.as_slice(),
+                _ => {
+                    // Past its deadline: the value goes now (if the sweep
+                    // has not freed it yet), the answer stays TIMEOUT
+                    // until the entry is swept.
+                    pin.value = None;
+                    rb.result(ErrorCode::Timeout, &[]);
+                    return;
+                }
+            };
             let end = c.offset + u64::from(c.len);
             if end > bytes.len() as u64 {
                 rb.result(ErrorCode::Malformed, &[]);
@@ -598,4 +640,127 @@ fn put_terms(ttl_ms: u64, cond: PutCondition, now_ms: u64) -> (u64, PutCond) {
         PutCondition::IfPresent => PutCond::IfPresent,
     };
     (expire_at, cond)
+}
+
+#[cfg(test)]
+mod tests {
+    use fabrickv_engine::{Mode as EngineMode, PartitionConfig, PoolOptions};
+    use fabrickv_wire::{decode_frame, RequestBuilder, ResponseIter};
+
+    use super::*;
+
+    const CONN: ConnId = 7;
+    const MIB: usize = 1 << 20;
+
+    /// A kv service over one store-mode partition with a large budget of
+    /// `large_bytes`.
+    fn service(large_bytes: u64) -> KvService {
+        let mut p = Partition::new(&PartitionConfig {
+            mode: EngineMode::Store,
+            pool_bytes: 4 << 20,
+            index_buckets: None,
+            memory: PoolOptions::default(),
+        })
+        .expect("partition");
+        p.set_large_bytes_max(large_bytes);
+        KvService::new(0, 1, Arc::new(Partitions::new(vec![p])), Mode::Store)
+    }
+
+    /// Runs one request of the operations `build` adds at `now_ms`;
+    /// returns the first result.
+    fn one(
+        kv: &mut KvService,
+        now_ms: u64,
+        build: impl FnOnce(&mut RequestBuilder<'_>),
+    ) -> (ErrorCode, Vec<u8>) {
+        let mut req = Vec::new();
+        let mut b = RequestBuilder::new(&mut req, 1, 0);
+        build(&mut b);
+        b.finish();
+        let frame = decode_frame(&req).expect("frame");
+        let ops = RequestIter::new(&frame).expect("request");
+        let mut out = Vec::new();
+        kv.execute(CONN, ops, 1, &mut out, now_ms);
+        let frame = decode_frame(&out).expect("reply frame");
+        let r = ResponseIter::new(&frame)
+            .expect("response")
+            .next()
+            .expect("one result");
+        (r.code(), r.value.to_vec())
+    }
+
+    fn put(kv: &KvService, key: &[u8], len: usize, seed: u8) {
+        let v = LargeValue::from_boxed(vec![seed; len].into_boxed_slice());
+        let r = kv
+            .parts
+            .lock(0)
+            .put_large(KeyHash::of(key), key, v, 0, PutCond::Always, 0);
+        assert_eq!(r, PutResult::Stored);
+    }
+
+    fn pinned_bytes(kv: &KvService) -> u64 {
+        kv.parts.lock(0).stats().large_pinned_bytes
+    }
+
+    #[test]
+    fn a_get_chunk_pin_ends_at_its_deadline_however_the_client_reads() {
+        let mut kv = service(64 << 20);
+        let len = 2 * MIB;
+        put(&kv, b"k", len, 1);
+        let t0 = 1_000;
+        let (code, head) = one(&mut kv, t0, |b| {
+            b.get(b"k");
+        });
+        assert_eq!(code, ErrorCode::LargeValue);
+        let tag = u64::from_le_bytes(head[8..16].try_into().expect("tag"));
+        // The key is rewritten under the reader: the old buffer is
+        // pinned, and counted.
+        put(&kv, b"k", len, 2);
+        assert_eq!(pinned_bytes(&kv), len as u64);
+        // A slow reader: one small chunk well within the idle timeout,
+        // again and again; each read leaves the deadline where it was.
+        let mut now = t0;
+        while now + KV_LARGE_IDLE_MS / 2 < t0 + KV_LARGE_PIN_MS {
+            now += KV_LARGE_IDLE_MS / 2;
+            kv.sweep_large(now);
+            let (code, piece) = one(&mut kv, now, |b| {
+                b.get_chunk(b"k", tag, 0, 10);
+            });
+            assert_eq!((code, piece), (ErrorCode::Ok, vec![1u8; 10]), "at {now}");
+        }
+        // At the deadline the sweep frees the value, and reads are
+        // answered TIMEOUT (stable, not NO_SUCH_TRANSFER) for a while.
+        let deadline = t0 + KV_LARGE_PIN_MS;
+        kv.sweep_large(deadline);
+        assert_eq!(pinned_bytes(&kv), 0);
+        let (code, _) = one(&mut kv, deadline, |b| {
+            b.get_chunk(b"k", tag, 0, 10);
+        });
+        assert_eq!(code, ErrorCode::Timeout);
+        // Then the entry goes too.
+        kv.sweep_large(deadline + KV_LARGE_IDLE_MS + 1);
+        let (code, _) = one(&mut kv, deadline + KV_LARGE_IDLE_MS + 1, |b| {
+            b.get_chunk(b"k", tag, 0, 10);
+        });
+        assert_eq!(code, ErrorCode::NoSuchTransfer);
+        assert!(kv.st.pinned.is_empty());
+    }
+
+    #[test]
+    fn a_get_chunk_past_the_deadline_frees_the_value_before_any_sweep() {
+        let mut kv = service(64 << 20);
+        put(&kv, b"k", 2 * MIB, 1);
+        let (code, head) = one(&mut kv, 0, |b| {
+            b.get(b"k");
+        });
+        assert_eq!(code, ErrorCode::LargeValue);
+        let tag = u64::from_le_bytes(head[8..16].try_into().expect("tag"));
+        put(&kv, b"k", 2 * MIB, 2);
+        assert_eq!(pinned_bytes(&kv), (2 * MIB) as u64);
+        let (code, _) = one(&mut kv, KV_LARGE_PIN_MS, |b| {
+            b.get_chunk(b"k", tag, 0, 10);
+        });
+        assert_eq!(code, ErrorCode::Timeout);
+        assert_eq!(pinned_bytes(&kv), 0);
+    }
 }

@@ -241,6 +241,10 @@ impl Server {
         let mut wakers = vec![listening.acceptor.waker()];
         let mut threads = Vec::with_capacity(workers + 1);
         let clock = service::Clock::new();
+        // One account of what connections buffer for both text front ends.
+        let client_memory = Arc::new(text_net::ClientMemory::new(
+            usize::try_from(cfg.maxmemory_clients()).unwrap_or(usize::MAX),
+        ));
         // The RESP front-end binds before any thread starts, so a busy
         // port fails the start cleanly.
         let (resp_addr, mut resp_wakers, resp_threads) = match &cfg.resp {
@@ -256,10 +260,14 @@ impl Server {
                     .with_secret(cfg.auth.clone())
                     .with_shards(&shards)
                     .with_bind(addr)
+                    .with_client_memory(client_memory.clone())
+                    .with_large_reply_ms(cfg.resp_large_reply_ms)
                 };
                 let idle = cfg.resp_idle_timeout();
-                let fe = front_end::<RespConn>(addr, workers, shared, clock, idle, stop.clone())
-                    .map_err(|e| StartError::Resp(addr.clone(), e))?;
+                let mem = client_memory.clone();
+                let fe =
+                    front_end::<RespConn>(addr, workers, shared, clock, idle, mem, stop.clone())
+                        .map_err(|e| StartError::Resp(addr.clone(), e))?;
                 (Some(fe.addr.to_string()), fe.wakers, fe.threads)
             }
             None => (None, Vec::new(), Vec::new()),
@@ -271,10 +279,13 @@ impl Server {
             Some(addr) => {
                 let shared = |_port| {
                     memcache::McShared::new(parts.clone(), cfg.mode, cfg.memory_bytes, workers)
+                        .with_client_memory(client_memory.clone())
                 };
                 let idle = cfg.memcache_idle_timeout();
-                let fe = front_end::<McSession>(addr, workers, shared, clock, idle, stop.clone())
-                    .map_err(|e| StartError::Memcache(addr.clone(), e));
+                let mem = client_memory.clone();
+                let fe =
+                    front_end::<McSession>(addr, workers, shared, clock, idle, mem, stop.clone())
+                        .map_err(|e| StartError::Memcache(addr.clone(), e));
                 let fe = match fe {
                     Ok(fe) => fe,
                     Err(e) => {

@@ -123,6 +123,8 @@ pub struct McShared {
     flush_at_ms: AtomicU64,
     /// Counters reported by `stats`.
     pub counters: McCounters,
+    /// What every RESP and memcache connection buffers, and its cap.
+    pub(crate) client_memory: Arc<crate::text_net::ClientMemory>,
 }
 
 impl McShared {
@@ -138,7 +140,17 @@ impl McShared {
             flush_below_cas: AtomicU64::new(0),
             flush_at_ms: AtomicU64::new(0),
             counters: McCounters::default(),
+            client_memory: Arc::new(crate::text_net::ClientMemory::new(0)),
         }
+    }
+
+    /// Shares the server's account of what connections buffer.
+    pub(crate) fn with_client_memory(
+        mut self,
+        mem: Arc<crate::text_net::ClientMemory>,
+    ) -> McShared {
+        self.client_memory = mem;
+        self
     }
 
     /// A fresh CAS value.

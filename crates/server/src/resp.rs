@@ -219,6 +219,13 @@ pub struct RespShared {
     /// Unix milliseconds minus engine milliseconds, fixed at the first
     /// command (see [`RespShared::unix_ms_at`]).
     unix_offset_ms: OnceLock<i64>,
+    /// What every RESP and memcache connection buffers, and its cap
+    /// (INFO's clients and stats sections).
+    pub(crate) client_memory: Arc<crate::text_net::ClientMemory>,
+    /// Longest a reply holding large values may wait to be written, in
+    /// ms, before its connection is closed (`RESP_LARGE_REPLY_MS` unless
+    /// configured; 0: no bound).
+    pub(crate) large_reply_ms: u64,
 }
 
 /// A share of [`RESP_LARGE_RECEIVING_BYTES_MAX`] held while a large value
@@ -315,6 +322,8 @@ impl RespShared {
             large_receiving: Arc::new(AtomicUsize::new(0)),
             unix_offset_ms: OnceLock::new(),
             bind: None,
+            client_memory: Arc::new(crate::text_net::ClientMemory::new(0)),
+            large_reply_ms: crate::resp_net::RESP_LARGE_REPLY_MS,
         }
     }
 
@@ -410,6 +419,22 @@ impl RespShared {
         self
     }
 
+    /// Shares the server's account of what connections buffer.
+    pub(crate) fn with_client_memory(
+        mut self,
+        mem: Arc<crate::text_net::ClientMemory>,
+    ) -> RespShared {
+        self.client_memory = mem;
+        self
+    }
+
+    /// Closes a connection whose reply holding large values waits over
+    /// `ms` to be written (0: never).
+    pub(crate) fn with_large_reply_ms(mut self, ms: u64) -> RespShared {
+        self.large_reply_ms = ms;
+        self
+    }
+
     /// Serves `shards` as databases 1..=n, in the order they were given.
     pub fn with_shards(mut self, shards: &Shards) -> RespShared {
         self.dbs = shards
@@ -492,6 +517,12 @@ impl RespSession {
             large_in: None,
             large_out: LargeReplies::default(),
         }
+    }
+
+    /// Bytes the session holds between commands, counted in the
+    /// server's `maxmemory-clients`: its queued transaction.
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.state.multi.as_ref().map_or(0, |t| t.queued.capacity())
     }
 
     /// Whether CLIENT KILL closed this connection.

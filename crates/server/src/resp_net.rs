@@ -41,6 +41,16 @@ pub const RESP_INPUT_BYTES_MAX: usize = RESP_COMMAND_BYTES_MAX + RESP_READ_CHUNK
 /// `RESP_LARGE_RECEIVING_BYTES_MAX` by sending nothing.
 pub const RESP_LARGE_STALL_MS: u64 = fabrickv_types::limits::PARTIAL_MESSAGE_TIMEOUT_MS;
 
+/// Longest a reply holding large values may wait to be written, from when
+/// it was queued, in milliseconds, before the connection is closed (the
+/// default of `ServerConfig::resp_large_reply_ms`, which tests shorten):
+/// the reply holds the store's buffer, which counts in the large budget while held (once
+/// the key is rewritten), so a client that stops reading must not hold it
+/// forever. 60 s writes a maximal 512 MiB value at under 9 MB/s, as the
+/// native `KV_LARGE_PIN_MS`. Redis has no such bound (its
+/// `client-output-buffer-limit` for normal clients is off by default).
+pub const RESP_LARGE_REPLY_MS: u64 = 60_000;
+
 /// Bytes of the empty bulk header `$0\r\n` that stands in the input
 /// buffer for a large bulk received on its own.
 const EMPTY_BULK_HEADER: &[u8] = b"$0\r\n";
@@ -79,6 +89,8 @@ pub(crate) struct RespConn {
     large_in: Option<LargeIn>,
     /// Bytes of the first queued large reply already written.
     large_pos: usize,
+    /// Since when (engine ms) large replies have been queued; 0: none is.
+    large_since_ms: u64,
 }
 
 /// A large bulk being received straight from the socket into the value's
@@ -155,6 +167,7 @@ impl Proto for RespConn {
             held_until_ms: 0,
             large_in: None,
             large_pos: 0,
+            large_since_ms: 0,
         }
     }
 
@@ -169,6 +182,9 @@ impl Proto for RespConn {
             .session
             .process(shared, &io.input[io.start..io.end], &mut io.out, now_ms);
         let more = io.took(p.consumed, p.need, p.close);
+        if self.large_since_ms == 0 && !self.session.large_out.queue.is_empty() {
+            self.large_since_ms = now_ms.max(1);
+        }
         if let Some(until) = p.hold_until_ms {
             self.held_until_ms = until;
             return false;
@@ -206,8 +222,25 @@ impl Proto for RespConn {
         self.held_until_ms
     }
 
+    /// A queued transaction. A large value being received is not counted:
+    /// it holds a share of `RESP_LARGE_RECEIVING_BYTES_MAX`, reserved
+    /// before its buffer is allocated and refused with an error past it,
+    /// so that a value up to Redis's 512 MiB is received whatever
+    /// `maxmemory-clients` is.
+    fn held_bytes(&self) -> usize {
+        self.session.held_bytes()
+    }
+
     fn receiving(&self) -> bool {
         self.large_in.is_some()
+    }
+
+    fn large_reply_ms(shared: &RespShared) -> u64 {
+        shared.large_reply_ms
+    }
+
+    fn large_reply_since_ms(&self) -> Option<u64> {
+        (self.large_since_ms != 0).then_some(self.large_since_ms)
     }
 
     /// Reads more of the large bulk being received, straight into its
@@ -276,6 +309,9 @@ impl Proto for RespConn {
                         n -= left;
                         self.large_pos = 0;
                         q.pop();
+                        if q.queue.is_empty() {
+                            self.large_since_ms = 0;
+                        }
                     } else {
                         self.large_pos += n;
                         n = 0;
@@ -297,6 +333,7 @@ impl Proto for RespConn {
 
     fn reset_out(&mut self) {
         self.large_pos = 0;
+        self.large_since_ms = 0;
     }
 }
 

@@ -12,14 +12,23 @@
 //! loop blocks in epoll when idle: no spinning, so the CPU it uses is the
 //! CPU the commands cost.
 //!
+//! What connections buffer beyond a fixed allowance (a grown input
+//! buffer, output kept past a burst, a queued transaction) is summed
+//! server-wide in a [`ClientMemory`] shared by every loop of both front
+//! ends, and bounded by `--maxmemory-clients` as Redis's
+//! `maxmemory-clients` is: past it, the connection using the most is
+//! closed, whichever loop holds it. Each connection reports its usage
+//! after each of its wake-ups, and only when it changed, so a steady
+//! pipeline costs no shared write.
+//!
 //! The loop is generic over the protocol, not `dyn`: each front end gets
 //! its own copy of the hot path (fill, drive, execute), with the hooks it
 //! does not use (AUTH parking, CLIENT KILL, large values) compiled away.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -46,6 +55,92 @@ const POLL_TIMEOUT_MS: u64 = 200;
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
 const FIRST_CONN: usize = 2;
+
+/// The server-wide account of what connections buffer, and its cap
+/// (Redis's `maxmemory-clients`): one for every loop of the RESP and
+/// memcache front ends.
+///
+/// A connection counts the bytes it holds beyond the allowance every
+/// connection has (its first `READ_CHUNK_BYTES` of input buffer and up to
+/// `IDLE_BUFFER_BYTES_MAX` of output buffer kept between bursts, which the
+/// connection cap bounds): input grown for a long command, output not yet
+/// written or kept from a burst, and what the protocol holds
+/// ([`Proto::held_bytes`]: a queued MULTI). Large values are not counted
+/// here: those in replies are the store's buffers, counted in the
+/// large-value budget while a reply holds them, and those being received
+/// have their own server-wide bound (`RESP_LARGE_RECEIVING_BYTES_MAX`),
+/// reserved before their buffer is allocated.
+pub(crate) struct ClientMemory {
+    /// Sum of every open connection's last report, in bytes.
+    used: AtomicUsize,
+    /// The cap of `used`, in bytes; 0: none.
+    cap: usize,
+    /// Connections closed because `used` passed `cap`.
+    evicted: AtomicU64,
+    /// The largest input buffer a connection had when it last reported,
+    /// since the last read of it (INFO's `client_recent_max_input_buffer`).
+    recent_max_input: AtomicUsize,
+    /// The largest output buffer likewise (`client_recent_max_output_buffer`).
+    recent_max_output: AtomicUsize,
+    /// Every loop: the most bytes one of its connections reported (exact
+    /// after the loop rescans, else possibly stale), and how to wake it
+    /// to close that connection. Locked only past the cap.
+    loops: Mutex<Vec<LoopShare>>,
+}
+
+/// One loop's entry in [`ClientMemory`].
+struct LoopShare {
+    largest: Arc<AtomicUsize>,
+    /// Set to ask the loop to check the cap at its next wake-up.
+    asked: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+}
+
+impl ClientMemory {
+    /// An account with a cap of `cap` bytes (0: no cap).
+    pub(crate) fn new(cap: usize) -> ClientMemory {
+        ClientMemory {
+            used: AtomicUsize::new(0),
+            cap,
+            evicted: AtomicU64::new(0),
+            recent_max_input: AtomicUsize::new(0),
+            recent_max_output: AtomicUsize::new(0),
+            loops: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Bytes the connections hold now, beyond their allowance.
+    pub(crate) fn used_bytes(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// The cap, in bytes (0: none).
+    pub(crate) fn cap_bytes(&self) -> usize {
+        self.cap
+    }
+
+    /// Connections closed for the cap since start.
+    pub(crate) fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    /// The largest input and output buffers reported since the last call
+    /// (Redis's `client_recent_max_input_buffer` / `..._output_buffer`).
+    pub(crate) fn take_recent_max(&self) -> (usize, usize) {
+        (
+            self.recent_max_input.swap(0, Ordering::Relaxed),
+            self.recent_max_output.swap(0, Ordering::Relaxed),
+        )
+    }
+
+    fn over_cap(&self) -> bool {
+        self.cap != 0 && self.used.load(Ordering::Relaxed) > self.cap
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<LoopShare>> {
+        self.loops.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// A front end's connection counters, as its stats report them.
 pub(crate) struct Counters<'a> {
@@ -135,9 +230,26 @@ pub(crate) trait Proto: Sized + 'static {
     fn held_until_ms(&self) -> u64 {
         0
     }
+    /// Bytes the protocol state holds for the connection besides the
+    /// loop's buffers (a queued transaction), counted in [`ClientMemory`].
+    fn held_bytes(&self) -> usize {
+        0
+    }
     /// Whether a value is being received outside the input buffer.
     fn receiving(&self) -> bool {
         false
+    }
+    /// Longest a reply holding a large value may take to be written,
+    /// from when it was queued, in ms (0: no bound); past it the
+    /// connection is closed, so a client that stops reading cannot keep
+    /// the value alive.
+    fn large_reply_ms(_shared: &Self::Shared) -> u64 {
+        0
+    }
+    /// Since when (engine ms) replies holding large values have been
+    /// waiting to be written; `None` when none is.
+    fn large_reply_since_ms(&self) -> Option<u64> {
+        None
     }
     /// Reads more of the value being received.
     fn read_large(&mut self, _io: &mut Io) -> io::Result<()> {
@@ -175,6 +287,7 @@ pub(crate) fn start<P: Proto>(
     shared: impl FnOnce(u16) -> P::Shared,
     clock: Clock,
     idle_timeout: Option<Duration>,
+    client_memory: Arc<ClientMemory>,
     stop: Arc<AtomicBool>,
 ) -> io::Result<FrontEnd> {
     let std_listener = std::net::TcpListener::bind(addr)?;
@@ -209,6 +322,14 @@ pub(crate) fn start<P: Proto>(
         let stop = stop.clone();
         let board = board.clone();
         let per_loop = P::per_loop(t, threads, &wakers[t]);
+        let largest = Arc::new(AtomicUsize::new(0));
+        let asked = Arc::new(AtomicBool::new(false));
+        client_memory.lock().push(LoopShare {
+            largest: largest.clone(),
+            asked: asked.clone(),
+            waker: wakers[t].clone(),
+        });
+        let client_memory = client_memory.clone();
         handles.push(
             std::thread::Builder::new()
                 .name(format!("{}-{t}", P::THREAD))
@@ -228,6 +349,9 @@ pub(crate) fn start<P: Proto>(
                         port: t,
                         first,
                         last_report_ms: 0,
+                        mem: client_memory,
+                        largest,
+                        asked,
                     };
                     if let Err(e) = lp.run(&stop) {
                         tracing::error!("{} loop stopped: {e}", P::NAME);
@@ -311,6 +435,8 @@ impl Io {
 struct Conn<P> {
     io: Io,
     proto: P,
+    /// The bytes this connection last reported to [`ClientMemory`].
+    reported: usize,
 }
 
 struct Loop<P: Proto> {
@@ -339,6 +465,12 @@ struct Loop<P: Proto> {
     /// when a silence is longer than an `Instant` can go back).
     first: Instant,
     last_report_ms: u64,
+    /// What every connection of the server buffers, and its cap.
+    mem: Arc<ClientMemory>,
+    /// This loop's largest report, as [`ClientMemory`] shows it.
+    largest: Arc<AtomicUsize>,
+    /// Set when another loop asks this one to check the cap.
+    asked: Arc<AtomicBool>,
 }
 
 enum Drive {
@@ -373,6 +505,10 @@ impl<P: Proto> Loop<P> {
             self.close_killed();
             self.close_idle();
             self.serve_board();
+            // One plain load per wake-up; the swap only when asked.
+            if self.asked.load(Ordering::Relaxed) && self.asked.swap(false, Ordering::AcqRel) {
+                self.enforce_cap();
+            }
             if events.is_empty() && ready.is_empty() {
                 continue;
             }
@@ -412,6 +548,7 @@ impl<P: Proto> Loop<P> {
                 };
                 let d = drive(c, &self.shared, now);
                 self.after(i, d);
+                self.account(i);
             }
         }
         for i in 0..self.conns.len() {
@@ -517,12 +654,14 @@ impl<P: Proto> Loop<P> {
                     active_ms: now,
                 },
                 proto,
+                reported: 0,
             });
             // Data may have arrived before registration; drive it now.
             let now = self.clock.now_ms();
             if let Some(Some(conn)) = self.conns.get_mut(i) {
                 let d = drive(conn, &self.shared, now);
                 self.after(i, d);
+                self.account(i);
             }
         }
     }
@@ -596,12 +735,15 @@ impl<P: Proto> Loop<P> {
     }
 
     /// Closes connections silent past the idle timeout with no command
-    /// pending, and those silent for [`Proto::LARGE_STALL_MS`] in the
+    /// pending, those silent for [`Proto::LARGE_STALL_MS`] in the
     /// middle of a large value (which hold a share of the server's
-    /// receiving bound), at most once per `IDLE_CHECK_INTERVAL_MS`.
+    /// receiving bound), and those whose reply holding a large value is
+    /// unwritten past [`Proto::large_reply_ms`] (which keep the value in
+    /// the large budget), at most once per `IDLE_CHECK_INTERVAL_MS`.
     fn close_idle(&mut self) {
         let idle_timeout_ms = P::idle_timeout_ms(&self.shared, self.idle_timeout_ms);
-        if idle_timeout_ms == 0 && P::LARGE_STALL_MS.is_none() {
+        let large_reply_ms = P::large_reply_ms(&self.shared);
+        if idle_timeout_ms == 0 && P::LARGE_STALL_MS.is_none() && large_reply_ms == 0 {
             return;
         }
         let now = self.clock.now_ms();
@@ -616,6 +758,18 @@ impl<P: Proto> Loop<P> {
             let silent = now.saturating_sub(c.io.active_ms);
             let idle = idle_timeout_ms != 0 && !c.pending() && silent >= idle_timeout_ms;
             let stalled = c.proto.receiving() && P::LARGE_STALL_MS.is_some_and(|ms| silent >= ms);
+            let unread = large_reply_ms != 0
+                && c.proto
+                    .large_reply_since_ms()
+                    .is_some_and(|since| now.saturating_sub(since) >= large_reply_ms);
+            if unread {
+                tracing::debug!(
+                    "closing a {} connection that did not read a large value within {large_reply_ms} ms",
+                    P::NAME
+                );
+                self.close(i);
+                continue;
+            }
             if idle || stalled {
                 tracing::debug!(
                     "closing a {} connection silent for {silent} ms{}",
@@ -631,8 +785,87 @@ impl<P: Proto> Loop<P> {
         }
     }
 
+    /// Reports connection `i`'s buffered bytes to [`ClientMemory`] if they
+    /// changed since its last report (a steady pipeline's do not, so it
+    /// costs no shared write), and closes the connections using the most,
+    /// here or in another loop, while the total is over the cap.
+    fn account(&mut self, i: usize) {
+        let Some(Some(c)) = self.conns.get_mut(i) else {
+            return;
+        };
+        let now = c.held_bytes();
+        if now == c.reported {
+            return;
+        }
+        if now > c.reported {
+            self.mem.used.fetch_add(now - c.reported, Ordering::Relaxed);
+        } else {
+            self.mem.used.fetch_sub(c.reported - now, Ordering::Relaxed);
+        }
+        c.reported = now;
+        self.mem
+            .recent_max_input
+            .fetch_max(c.io.input.len(), Ordering::Relaxed);
+        self.mem
+            .recent_max_output
+            .fetch_max(c.io.out.capacity(), Ordering::Relaxed);
+        if now > self.largest.load(Ordering::Relaxed) {
+            self.largest.store(now, Ordering::Relaxed);
+        }
+        if self.mem.over_cap() {
+            self.enforce_cap();
+        }
+    }
+
+    /// While the connections' total is over the cap: publishes this loop's
+    /// exact largest, and closes it if it is the largest of the server,
+    /// else asks the loop that holds that one (which does the same when it
+    /// wakes, so a stale figure is corrected on the way).
+    fn enforce_cap(&mut self) {
+        while self.mem.over_cap() {
+            let mine = self
+                .conns
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| c.as_ref().map(|c| (i, c.reported)))
+                .max_by_key(|&(_, n)| n);
+            self.largest
+                .store(mine.map_or(0, |(_, n)| n), Ordering::Relaxed);
+            let (ask, top) = {
+                let loops = self.mem.lock();
+                let top = loops
+                    .iter()
+                    .max_by_key(|l| l.largest.load(Ordering::Relaxed))
+                    .filter(|l| l.largest.load(Ordering::Relaxed) > 0);
+                match top {
+                    Some(l) if !Arc::ptr_eq(&l.largest, &self.largest) => {
+                        l.asked.store(true, Ordering::Release);
+                        (Some(l.waker.clone()), 0)
+                    }
+                    Some(l) => (None, l.largest.load(Ordering::Relaxed)),
+                    None => return,
+                }
+            };
+            if let Some(w) = ask {
+                let _ = w.wake();
+                return;
+            }
+            let Some((i, _)) = mine.filter(|&(_, n)| n == top && n > 0) else {
+                return;
+            };
+            tracing::info!(
+                "closing a {} connection holding {top} bytes: clients hold more than maxmemory-clients ({} bytes)",
+                P::NAME,
+                self.mem.cap
+            );
+            self.mem.evicted.fetch_add(1, Ordering::Relaxed);
+            self.close(i);
+        }
+    }
+
     fn close(&mut self, i: usize) {
         if let Some(mut c) = self.conns[i].take() {
+            self.mem.used.fetch_sub(c.reported, Ordering::Relaxed);
             let _ = self.poll.registry().deregister(&mut c.io.stream);
             P::counters(&self.shared)
                 .connected
@@ -726,6 +959,18 @@ impl<P: Proto> Conn<P> {
     /// received, or replies not yet written.
     fn pending(&self) -> bool {
         self.io.start != self.io.end || self.proto.receiving() || self.output_pending()
+    }
+
+    /// Bytes this connection holds beyond every connection's allowance
+    /// (see [`ClientMemory`]).
+    fn held_bytes(&self) -> usize {
+        self.io.input.len().saturating_sub(P::READ_CHUNK_BYTES)
+            + self
+                .io
+                .out
+                .capacity()
+                .saturating_sub(P::IDLE_BUFFER_BYTES_MAX)
+            + self.proto.held_bytes()
     }
 
     /// Whether replies are waiting to be written.

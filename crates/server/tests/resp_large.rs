@@ -293,3 +293,89 @@ fn a_client_silent_in_the_middle_of_a_large_value_is_closed() {
     assert!(rest.is_empty(), "closed without a reply");
     s.shutdown();
 }
+
+/// Issue 35 item 15, scaled down: connections GET a large value and stop
+/// reading, and the key is rewritten again and again. The replaced values
+/// they hold stay alive, so they stay in the large budget (INFO's
+/// `large_values_pinned_bytes`): past it the SETs are refused with OOM
+/// instead of memory growing, and the bytes come back when the readers go.
+#[test]
+fn values_pinned_by_readers_that_stopped_stay_in_the_large_budget() {
+    let value_len = 8 * MIB;
+    let s = server(Mode::Store, 64 << 20);
+    let per_partition = (64 << 20) / s.partitions().len();
+    let fit = per_partition / value_len;
+    let mut w = Resp::connect_large(&s);
+    let mut readers = Vec::new();
+    let mut stored = 0;
+    let mut refused = 0;
+    for round in 0..(fit + 4) {
+        let reply = w.call_bytes(&[b"SET", b"k", &value(value_len, round as u8)]);
+        if reply == "+OK" {
+            stored += 1;
+        } else {
+            assert!(reply.starts_with("-OOM"), "{reply}");
+            refused += 1;
+        }
+        // A reader GETs the value and reads only the start of its reply:
+        // the rest (more than the kernel buffers) waits in the server,
+        // which holds the value until it is written.
+        let mut r = std::net::TcpStream::connect(s.resp_addr()).expect("connect");
+        r.set_read_timeout(Some(common::TIMEOUT)).expect("timeout");
+        r.write_all(&encode(&[b"GET", b"k"])).expect("send");
+        let mut head = [0u8; 64];
+        r.read_exact(&mut head).expect("the reply starts");
+        assert!(head.starts_with(format!("${value_len}\r\n").as_bytes()));
+        readers.push(r);
+        let used = w.info_field("memory", "large_values_bytes")
+            + w.info_field("memory", "large_values_pinned_bytes");
+        assert!(
+            used <= w.info_field("memory", "large_values_maxbytes"),
+            "round {round}: {used} bytes of large values alive"
+        );
+    }
+    assert!(stored <= fit, "{stored} stored, {fit} fit");
+    assert!(refused >= 4, "{refused} refused");
+    // The readers leave: the values they held are given back.
+    drop(readers);
+    wait_for(
+        "the pinned values to be freed",
+        Duration::from_secs(30),
+        || w.info_field("memory", "large_values_pinned_bytes") == 0,
+    );
+    assert_eq!(w.call_bytes(&[b"SET", b"k", &value(value_len, 99)]), "+OK");
+    s.shutdown();
+}
+
+/// A client that GETs a large value and never reads the reply holds the
+/// value only until `resp_large_reply_ms` (shortened here): then its
+/// connection is closed and the value, rewritten meanwhile, leaves the
+/// budget.
+#[test]
+fn a_reader_that_stops_reading_a_large_reply_is_closed_at_the_deadline() {
+    let value_len = 8 * MIB;
+    let s = TestServer::start_with(Transport::Tcp, 2, Mode::Store, 64 << 20, |c| {
+        c.resp = Some("127.0.0.1:0".into());
+        c.large_memory_bytes = Some(256 << 20);
+        c.resp_large_reply_ms = 1_000;
+    });
+    let mut w = Resp::connect_large(&s);
+    assert_eq!(w.call_bytes(&[b"SET", b"k", &value(value_len, 1)]), "+OK");
+    let mut r = std::net::TcpStream::connect(s.resp_addr()).expect("connect");
+    r.set_read_timeout(Some(common::TIMEOUT)).expect("timeout");
+    r.write_all(&encode(&[b"GET", b"k"])).expect("send");
+    let mut head = [0u8; 64];
+    r.read_exact(&mut head).expect("the reply starts");
+    assert_eq!(w.call_bytes(&[b"SET", b"k", &value(value_len, 2)]), "+OK");
+    assert_eq!(
+        w.info_field("memory", "large_values_pinned_bytes"),
+        value_len as u64
+    );
+    wait_for(
+        "the stalled reply's connection to be closed",
+        Duration::from_secs(30),
+        || w.info_field("memory", "large_values_pinned_bytes") == 0,
+    );
+    assert_eq!(w.info_field("clients", "connected_clients"), 1);
+    s.shutdown();
+}

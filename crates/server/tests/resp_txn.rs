@@ -5,7 +5,7 @@
 #[allow(unused_macros)]
 mod common;
 
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::{Resp, TestServer, Transport, MEMORY_BYTES};
@@ -128,5 +128,70 @@ fn scan_keys_rename_copy_over_a_socket() {
     assert_eq!(c.call(&["KEYS", "*ed"]).len(), "[$renamed,$copied]".len());
     assert_eq!(c.call(&["FLUSHDB"]), "+OK");
     assert_eq!(c.call(&["DBSIZE"]), ":0");
+    s.shutdown();
+}
+
+/// Issue 35 item 16, scaled down: connections queue big MULTI SETs past
+/// the server-wide `maxmemory-clients`; the one holding the most is
+/// closed, the others keep their transactions, and the accounted bytes
+/// stay under the cap.
+#[test]
+fn maxmemory_clients_closes_the_connection_holding_the_most() {
+    let cap: u64 = 16 << 20;
+    let s = TestServer::start_with(Transport::Tcp, 2, Mode::Store, MEMORY_BYTES, |c| {
+        c.resp = Some("127.0.0.1:0".into());
+        c.maxmemory_clients_bytes = Some(cap);
+    });
+    let v = vec![b'x'; 200 << 10];
+    // Three clients queue about 1 MiB each.
+    let mut small: Vec<Resp> = (0..3).map(|_| Resp::connect(&s)).collect();
+    for (n, c) in small.iter_mut().enumerate() {
+        assert_eq!(c.call(&["MULTI"]), "+OK");
+        for i in 0..5 {
+            let key = format!("s{n}-{i}");
+            assert_eq!(c.call_bytes(&[b"SET", key.as_bytes(), &v]), "+QUEUED");
+        }
+    }
+    // A hog queues on, up to 40 MiB (under TXN_QUEUED_BYTES_MAX), until
+    // the server closes it.
+    let mut hog = Resp::connect(&s);
+    assert_eq!(hog.call(&["MULTI"]), "+OK");
+    let mut queued = 0;
+    let closed = loop {
+        if queued == 200 {
+            break false;
+        }
+        let key = format!("hog{queued}");
+        if hog
+            .w
+            .write_all(&common::encode(&[b"SET", key.as_bytes(), &v]))
+            .is_err()
+        {
+            break true;
+        }
+        let mut line = Vec::new();
+        match hog.r.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break true,
+            Ok(_) => assert_eq!(line, b"+QUEUED\r\n"),
+        }
+        queued += 1;
+    };
+    assert!(
+        closed,
+        "the hog queued {queued} SETs of 200 KiB and is still open"
+    );
+    // The others survive and run their transactions.
+    for (n, c) in small.iter_mut().enumerate() {
+        c.send_str(&["EXEC"]);
+        assert_eq!(c.line(), "*5", "client {n}");
+        for _ in 0..5 {
+            assert_eq!(c.line(), "+OK");
+        }
+    }
+    let mut o = Resp::connect(&s);
+    assert_eq!(o.info_field("stats", "evicted_clients"), 1);
+    assert_eq!(o.info_field("memory", "maxmemory_clients"), cap);
+    assert!(o.info_field("memory", "mem_clients_normal") <= cap);
+    assert_eq!(o.call(&["EXISTS", "hog0"]), ":0");
     s.shutdown();
 }

@@ -42,7 +42,9 @@ pub enum ErrorCode {
     Unavailable = 14,
     /// The stored value is not of the type the operation needs.
     WrongType = 15,
-    /// The request did not complete before its deadline (client side).
+    /// The request did not complete before its deadline (client side), or
+    /// a GET_CHUNK named a pin past its deadline (the server's
+    /// `KV_LARGE_PIN_MS` from the GET that made it): GET the value again.
     Timeout = 16,
     /// The server hit a bug; the request had no effect.
     Internal = 17,

@@ -281,6 +281,10 @@ fn stats(sh: &McShared, group: Option<&[u8]>, out: &mut Vec<u8>) {
         },
     );
     stat(out, "fabrickv_evicted_idle", get(&c.evicted_idle));
+    let m = &sh.client_memory;
+    stat(out, "fabrickv_client_memory_bytes", m.used_bytes() as u64);
+    stat(out, "fabrickv_maxmemory_clients", m.cap_bytes() as u64);
+    stat(out, "fabrickv_evicted_clients", m.evicted());
     stat(out, "fabrickv_commands", get(&c.commands));
     line(out, "END");
 }

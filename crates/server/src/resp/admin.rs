@@ -124,22 +124,28 @@ pub(super) fn info(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
         );
     });
     section("clients", &mut s, &|s| {
+        let (max_in, max_out) = shared.client_memory.take_recent_max();
         let _ = write!(
             s,
-            "# Clients\r\nconnected_clients:{}\r\ncluster_connections:0\r\nmaxclients:{}\r\nblocked_clients:0\r\ntracking_clients:0\r\n",
+            "# Clients\r\nconnected_clients:{}\r\ncluster_connections:0\r\nmaxclients:{}\r\nclient_recent_max_input_buffer:{}\r\nclient_recent_max_output_buffer:{}\r\nblocked_clients:0\r\ntracking_clients:0\r\n",
             c.connected.load(Ordering::Relaxed),
             super::RESP_CLIENTS_MAX,
+            max_in,
+            max_out,
         );
     });
     section("memory", &mut s, &|s| {
         let _ = write!(
             s,
-            "# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:{}\r\nlarge_values:{}\r\nlarge_values_bytes:{}\r\nlarge_values_maxbytes:{}\r\nlarge_receiving_bytes:{}\r\nslab_free_bytes:{}\r\nslab_pages_moved:{}\r\nslab_items_relocated:{}\r\n",
+            "# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:{}\r\nmem_clients_normal:{}\r\nmaxmemory_clients:{}\r\nlarge_values:{}\r\nlarge_values_bytes:{}\r\nlarge_values_pinned_bytes:{}\r\nlarge_values_maxbytes:{}\r\nlarge_receiving_bytes:{}\r\nslab_free_bytes:{}\r\nslab_pages_moved:{}\r\nslab_items_relocated:{}\r\n",
             e.bytes,
             shared.pool_bytes,
             eviction_policy(shared.mode),
+            shared.client_memory.used_bytes(),
+            shared.client_memory.cap_bytes(),
             e.large_values,
             e.large_bytes,
+            e.large_pinned_bytes,
             e.large_bytes_max,
             shared.large_receiving_bytes(),
             e.slab_free_bytes,
@@ -154,7 +160,7 @@ pub(super) fn info(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
     section("stats", &mut s, &|s| {
         let _ = write!(
             s,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_error_replies:{}\r\ntotal_error_replies_protocol:{}\r\nacl_access_denied_auth:{}\r\nevicted_idle_clients:{}\r\n",
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_error_replies:{}\r\ntotal_error_replies_protocol:{}\r\nacl_access_denied_auth:{}\r\nevicted_idle_clients:{}\r\nevicted_clients:{}\r\n",
             c.connections_received.load(Ordering::Relaxed),
             c.commands.load(Ordering::Relaxed),
             c.rejected.load(Ordering::Relaxed),
@@ -166,6 +172,7 @@ pub(super) fn info(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
             c.protocol_errors.load(Ordering::Relaxed),
             c.auth_failures.load(Ordering::Relaxed),
             c.evicted_idle.load(Ordering::Relaxed),
+            shared.client_memory.evicted(),
         );
     });
     section("replication", &mut s, &|s| {
