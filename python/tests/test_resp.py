@@ -264,6 +264,7 @@ def test_config_get_what_clients_read(server, r):
     assert r.config_get("maxmemory*") == {
         "maxmemory": conf["maxmemory"],
         "maxmemory-policy": conf["maxmemory-policy"],
+        "maxmemory-clients": conf["maxmemory-clients"],
     }
     both = r.config_get("port", "p*", "b?nd")
     assert both == {"port": conf["port"], "proto-max-bulk-len": "536870912",

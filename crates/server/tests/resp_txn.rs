@@ -191,6 +191,10 @@ fn maxmemory_clients_closes_the_connection_holding_the_most() {
     let mut o = Resp::connect(&s);
     assert_eq!(o.info_field("stats", "evicted_clients"), 1);
     assert_eq!(o.info_field("memory", "maxmemory_clients"), cap);
+    assert_eq!(
+        o.call(&["CONFIG", "GET", "maxmemory-clients"]),
+        format!("[$maxmemory-clients,${cap}]")
+    );
     assert!(o.info_field("memory", "mem_clients_normal") <= cap);
     assert_eq!(o.call(&["EXISTS", "hog0"]), ":0");
     s.shutdown();

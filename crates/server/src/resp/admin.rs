@@ -244,6 +244,7 @@ const FIXED: &[&str] = &[
     "databases",
     "maxmemory",
     "maxmemory-policy",
+    "maxmemory-clients",
     "port",
     "bind",
     "maxclients",
@@ -332,6 +333,11 @@ fn config_params(shared: &RespShared) -> Vec<(&'static str, String)> {
         ("databases", (1 + shared.dbs.len()).to_string()),
         ("maxmemory", shared.pool_bytes.to_string()),
         ("maxmemory-policy", eviction_policy(shared.mode).into()),
+        // The server-wide cap on what client connections buffer.
+        (
+            "maxmemory-clients",
+            shared.client_memory.cap_bytes().to_string(),
+        ),
         ("port", shared.port.to_string()),
         ("maxclients", super::RESP_CLIENTS_MAX.to_string()),
         ("timeout", timeout_ms.div_ceil(1000).to_string()),
