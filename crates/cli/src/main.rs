@@ -336,6 +336,9 @@ enum Command {
 fn main() -> ExitCode {
     install_transports();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve { .. }) {
+        stop_quietly_on_closed_output();
+    }
     let secret = match fabrickv_auth::Secret::resolve(cli.auth_token_file.as_deref()) {
         Ok(s) => s,
         Err(e) => {
@@ -626,6 +629,31 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
         Command::Barrier(a) => cluster_cmd::barrier(&a),
         Command::Cluster { which } => cluster_cmd::run(which),
         Command::Bench { which } => bench::run(which).map(|_| ExitCode::SUCCESS),
+    }
+}
+
+/// Lets a client command die of SIGPIPE when its output is closed early,
+/// as `cat` and `redis-cli` do (`fabrickv stats | head -1`).
+///
+/// Rust ignores SIGPIPE, so a write to a closed pipe fails with EPIPE and
+/// `println!` panics on it (exit 101, a backtrace where RUST_BACKTRACE is
+/// set); restoring the default disposition covers every subcommand and
+/// every `println!` in the crates they call, with no writer to thread
+/// through. `serve` keeps SIGPIPE ignored: a server must see a peer that
+/// went away as an error on that one connection, never die of it. The
+/// sockets of the other commands (and of the servers `bench` runs in its
+/// own process) raise no SIGPIPE: tcp writes use `MSG_NOSIGNAL` (std's
+/// `TcpStream`), and so do shm control records (`ctl::send_with_fds`).
+/// The plain writes left are the shm handshake's few bytes, which meet a
+/// closed socket only if the peer went away in mid-handshake; a client
+/// command then ends by SIGPIPE instead of with an error.
+#[allow(unsafe_code)]
+fn stop_quietly_on_closed_output() {
+    // SAFETY: called from the main thread before any other thread starts;
+    // SIG_DFL is a valid disposition for SIGPIPE and no Rust state depends
+    // on the previous (ignoring) one.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

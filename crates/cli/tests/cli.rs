@@ -166,6 +166,40 @@ fn failures_exit_2_with_a_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid size"));
 }
 
+/// `fabrickv stats | head -1` once panicked with "failed printing to
+/// stdout: Broken pipe" (exit 101) when `head` closed first. Here the
+/// read end of the pipe is closed before the command starts, so that
+/// every write it makes meets a closed pipe, deterministically.
+#[test]
+fn a_closed_output_pipe_ends_every_command_quietly() {
+    let s = serve(&[]);
+    assert!(cli(&s, &["put", "k", "v"]).status.success());
+    for args in [
+        &["stats"][..],
+        &["get", "k"],
+        &["mget", "k", "k"],
+        &["partitions", "show"],
+        &["ps", "list"],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--server", &s.addr])
+            .env("RUST_BACKTRACE", "1")
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .expect("run cli");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(101), "{args:?} panicked: {stderr}");
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+            "{args:?} wrote to stderr: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn sigterm_stops_the_server_cleanly() {
     let mut s = serve(&[]);
