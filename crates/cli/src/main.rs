@@ -266,7 +266,8 @@ enum Command {
         #[command(flatten)]
         cluster: cluster_cmd::ClusterSource,
     },
-    /// Prints a value to stdout, raw; exits 1 if the key is absent.
+    /// Prints a value to stdout: its raw bytes to a pipe or file, with a
+    /// line end on a terminal; exits 1 if the key is absent.
     Get {
         key: String,
         #[command(flatten)]
@@ -559,8 +560,10 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             .flatten()
         {
             Some(v) => {
-                let mut out = std::io::stdout().lock();
-                out.write_all(&v)
+                let out = std::io::stdout();
+                let tty = std::io::IsTerminal::is_terminal(&out);
+                let mut out = out.lock();
+                write_value(&mut out, &v, tty)
                     .and_then(|_| out.flush())
                     .map_err(|e| e.to_string())?;
                 Ok(ExitCode::SUCCESS)
@@ -630,6 +633,18 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
         Command::Cluster { which } => cluster_cmd::run(which),
         Command::Bench { which } => bench::run(which).map(|_| ExitCode::SUCCESS),
     }
+}
+
+/// Writes a value as `get` prints it: the raw bytes, then a line end
+/// when `tty` (a terminal, as `redis-cli` does, so that the shell prompt
+/// starts on a line of its own). A pipe or file gets the bytes exactly as
+/// stored, so that `fabrickv get k > file` round-trips binary values.
+fn write_value(out: &mut impl Write, value: &[u8], tty: bool) -> std::io::Result<()> {
+    out.write_all(value)?;
+    if tty {
+        out.write_all(b"\n")?;
+    }
+    Ok(())
 }
 
 /// Lets a client command die of SIGPIPE when its output is closed early,
@@ -732,4 +747,23 @@ fn serve(cfg: &ServerConfig, cluster: &cluster_cmd::ServeClusterArgs) -> Result<
     handle.shutdown();
     tracing::info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn get_ends_a_value_with_a_line_only_on_a_terminal() {
+        let mut out = Vec::new();
+        write_value(&mut out, b"hello world", true).unwrap();
+        assert_eq!(out, b"hello world\n");
+        let mut out = Vec::new();
+        write_value(&mut out, b"raw\x00bytes", false).unwrap();
+        assert_eq!(
+            out, b"raw\x00bytes",
+            "a pipe or file gets the bytes as stored"
+        );
+    }
 }

@@ -200,6 +200,31 @@ fn a_closed_output_pipe_ends_every_command_quietly() {
     }
 }
 
+/// `get` ends the value with a line end on a terminal (as `redis-cli`
+/// does, so the prompt starts on its own line) and prints the raw bytes
+/// to a pipe. The terminal is a pty from util-linux's `script`; without
+/// `script` on the host the pty half is skipped, saying so.
+#[test]
+fn get_ends_with_a_line_on_a_terminal_and_is_raw_in_a_pipe() {
+    let s = serve(&[]);
+    assert!(cli(&s, &["put", "greeting", "hello world"])
+        .status
+        .success());
+    assert_eq!(cli(&s, &["get", "greeting"]).stdout, b"hello world");
+    let line = format!("{BIN} get greeting --server {}", s.addr);
+    let Ok(out) = Command::new("script")
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+    else {
+        eprintln!("no `script` on this host: the terminal case is not run");
+        return;
+    };
+    assert!(out.status.success(), "{out:?}");
+    // The pty turns the line end into CR LF.
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello world\r\n");
+}
+
 #[test]
 fn sigterm_stops_the_server_cleanly() {
     let mut s = serve(&[]);
