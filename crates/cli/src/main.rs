@@ -37,6 +37,17 @@ struct Cli {
         env = "FABRICKV_AUTH_TOKEN_FILE"
     )]
     auth_token_file: Option<std::path::PathBuf>,
+    /// Use a secret file (--auth-token-file, --resp-password-file) that
+    /// group or others may read, as a container's secret mount often is;
+    /// without it such a file is refused, as ssh refuses such a key.
+    #[arg(
+        long,
+        global = true,
+        env = "FABRICKV_ALLOW_OPEN_SECRET_FILE",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = clap::ArgAction::SetTrue
+    )]
+    allow_open_secret_file: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -340,6 +351,7 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Serve { .. }) {
         stop_quietly_on_closed_output();
     }
+    fabrickv_auth::set_allow_open_secret_files(cli.allow_open_secret_file);
     let secret = match fabrickv_auth::Secret::resolve(cli.auth_token_file.as_deref()) {
         Ok(s) => s,
         Err(e) => {
