@@ -17,6 +17,8 @@
 //! others may read or write is refused, as ssh refuses such a key, unless
 //! the operator says otherwise ([`open_secret_file`]).
 
+pub mod throttle;
+
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
