@@ -225,6 +225,36 @@ fn get_ends_with_a_line_on_a_terminal_and_is_raw_in_a_pipe() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello world\r\n");
 }
 
+/// `ps create` timed out after the per-call timeout while the server was
+/// still building the embedding pool (the table was created anyway). The
+/// first create here builds a 1 GiB pool, zeroed and faulted in, which
+/// takes far longer than the 0.3 s timeout given: the command must wait
+/// for the answer and print the table.
+#[test]
+fn ps_create_waits_for_the_pool_however_long_the_timeout() {
+    let s = serve(&["--dram-pool-gb", "1", "--dram-skip-mlock"]);
+    let started = Instant::now();
+    let out = cli(&s, &["ps", "create", "emb:8", "--timeout", "0.3"]);
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "after {took:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("table emb id 1 dim 8"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // A connect or a later call still has the short timeout.
+    let out = cli(&s, &["ps", "tables", "--timeout", "0.3"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn sigterm_stops_the_server_cleanly() {
     let mut s = serve(&[]);
