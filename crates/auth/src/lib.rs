@@ -12,10 +12,16 @@
 //! - a **token** compared in constant time where a protocol can only carry
 //!   the secret itself (RESP `AUTH`, a gRPC bearer) ([`Secret::matches`]).
 //!
-//! A [`Secret`] zeroes its bytes when dropped and never prints them.
+//! A [`Secret`] zeroes its bytes when dropped and never prints them. A
+//! secret file (the cluster secret's, the RESP password's) that group or
+//! others may read or write is refused, as ssh refuses such a key, unless
+//! the operator says otherwise ([`open_secret_file`]).
+
+pub mod throttle;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use hmac::{Hmac, Mac};
@@ -27,6 +33,15 @@ pub const ENV_TOKEN: &str = "FABRICKV_AUTH_TOKEN";
 /// The environment variable that names a file holding the secret (what
 /// `--auth-token-file` says on a command line).
 pub const ENV_TOKEN_FILE: &str = "FABRICKV_AUTH_TOKEN_FILE";
+
+/// The environment variable that, set to `1` (or `true`, `yes`, `on`),
+/// lets a secret file that group or others may read be used (what
+/// `--allow-open-secret-file` says on a command line).
+pub const ENV_ALLOW_OPEN_SECRET_FILE: &str = "FABRICKV_ALLOW_OPEN_SECRET_FILE";
+/// The permission bits a secret file must not have: any for group or
+/// others, as ssh demands of a private key. Readable, anyone on the host
+/// can take the secret; writable, anyone can replace it with theirs.
+pub const SECRET_FILE_MODE_FORBIDDEN: u32 = 0o077;
 
 /// Shortest secret accepted, in bytes: 16 random bytes (128 bits) are
 /// beyond guessing; a shorter one is most likely a mistake.
@@ -50,6 +65,19 @@ pub enum AuthError {
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// The secret file may be read or written by group or others, and
+    /// no one said that is wanted.
+    #[error(
+        "the secret file {path} is open to group or others (mode {mode:o}): chmod 600 it, \
+         or pass --allow-open-secret-file ({ENV_ALLOW_OPEN_SECRET_FILE}=1) where it cannot \
+         be made private (a container's secret mount)"
+    )]
+    OpenPermissions {
+        /// The file named.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
     },
     /// The secret is too short or too long (its bytes are never shown).
     #[error(
@@ -107,28 +135,18 @@ impl Secret {
         })
     }
 
-    /// Reads the secret from `path`. A file others may read is accepted
-    /// (container secret mounts are often 0644) with a warning.
+    /// Reads the secret from `path`, which [`open_secret_file`] must
+    /// accept.
     pub fn from_file(path: &Path) -> Result<Secret, AuthError> {
         use std::io::Read;
-        use std::os::unix::fs::PermissionsExt;
-        let read_err = |source| AuthError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = std::fs::File::open(path).map_err(read_err)?;
-        let mode = file.metadata().map_err(read_err)?.permissions().mode();
-        if mode & 0o004 != 0 {
-            tracing::warn!(
-                "the secret file {} is readable by every user (mode {:o}); chmod 600 it",
-                path.display(),
-                mode & 0o777
-            );
-        }
+        let file = open_secret_file(path)?;
         let mut buf = Zeroizing::new(Vec::new());
         file.take(SECRET_BYTES_MAX as u64 + 3)
             .read_to_end(&mut buf)
-            .map_err(read_err)?;
+            .map_err(|source| AuthError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
         Secret::from_bytes(&buf, &path.display().to_string())
     }
 
@@ -198,6 +216,62 @@ impl Secret {
         let mine = self.mac(CONTEXT, &self.bytes);
         self.verify_mac(CONTEXT, offered, &mine)
     }
+}
+
+/// Whether [`set_allow_open_secret_files`] said yes.
+static ALLOW_OPEN_SECRET_FILES: AtomicBool = AtomicBool::new(false);
+
+/// Lets this process use secret files that group or others may read (the
+/// CLI calls it for `--allow-open-secret-file`). Some hosts cannot make
+/// them private: a container's secret mount is often 0644.
+pub fn set_allow_open_secret_files(allow: bool) {
+    ALLOW_OPEN_SECRET_FILES.store(allow, Ordering::Relaxed);
+}
+
+/// Whether open secret files are allowed: by [`set_allow_open_secret_files`]
+/// or by [`ENV_ALLOW_OPEN_SECRET_FILE`] (read at each call, so that a
+/// library user such as the Python package can set it too).
+fn open_secret_files_allowed() -> bool {
+    ALLOW_OPEN_SECRET_FILES.load(Ordering::Relaxed)
+        || std::env::var(ENV_ALLOW_OPEN_SECRET_FILE).is_ok_and(|v| {
+            ["1", "true", "yes", "on"]
+                .iter()
+                .any(|y| v.trim().eq_ignore_ascii_case(y))
+        })
+}
+
+/// Opens a file that holds a secret (the cluster secret, the RESP
+/// password), refusing one that group or others may read or write
+/// ([`SECRET_FILE_MODE_FORBIDDEN`]) unless that is allowed
+/// ([`set_allow_open_secret_files`], [`ENV_ALLOW_OPEN_SECRET_FILE`]), in
+/// which case it warns. The mode is read from the opened file, so that
+/// what is checked is what is read.
+pub fn open_secret_file(path: &Path) -> Result<std::fs::File, AuthError> {
+    open_secret_file_with(path, open_secret_files_allowed())
+}
+
+fn open_secret_file_with(path: &Path, allow_open: bool) -> Result<std::fs::File, AuthError> {
+    use std::os::unix::fs::PermissionsExt;
+    let read_err = |source| AuthError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let mode = file.metadata().map_err(read_err)?.permissions().mode() & 0o7777;
+    if mode & SECRET_FILE_MODE_FORBIDDEN != 0 {
+        if !allow_open {
+            return Err(AuthError::OpenPermissions {
+                path: path.to_path_buf(),
+                mode,
+            });
+        }
+        tracing::warn!(
+            "the secret file {} is open to group or others (mode {:o}), used as allowed",
+            path.display(),
+            mode
+        );
+    }
+    Ok(file)
 }
 
 /// A fresh random nonce from the operating system.
@@ -333,11 +407,45 @@ mod tests {
         assert!(Secret::from_bytes(&long, "x").is_err());
     }
 
+    fn chmod(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_secret_file_open_to_group_or_others_is_refused_unless_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "a secret of many bytes\n").unwrap();
+        for mode in [0o644, 0o640, 0o604, 0o620, 0o602] {
+            chmod(&path, mode);
+            let e = open_secret_file_with(&path, false).unwrap_err();
+            assert!(
+                matches!(e, AuthError::OpenPermissions { mode: m, .. } if m == mode),
+                "{mode:o}: {e}"
+            );
+            let text = e.to_string();
+            assert!(
+                text.contains("chmod 600") && text.contains("--allow-open-secret-file"),
+                "{text}"
+            );
+            assert!(
+                open_secret_file_with(&path, true).is_ok(),
+                "{mode:o} allowed"
+            );
+        }
+        for mode in [0o600, 0o400] {
+            chmod(&path, mode);
+            assert!(open_secret_file_with(&path, false).is_ok(), "{mode:o}");
+        }
+    }
+
     #[test]
     fn a_file_is_read_and_its_errors_name_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("token");
         std::fs::write(&path, "a secret of many bytes\n").unwrap();
+        chmod(&path, 0o600);
         let s = Secret::resolve(Some(&path)).unwrap().unwrap();
         assert!(s.matches(b"a secret of many bytes"));
         let missing = dir.path().join("missing");

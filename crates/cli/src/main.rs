@@ -37,6 +37,17 @@ struct Cli {
         env = "FABRICKV_AUTH_TOKEN_FILE"
     )]
     auth_token_file: Option<std::path::PathBuf>,
+    /// Use a secret file (--auth-token-file, --resp-password-file) that
+    /// group or others may read, as a container's secret mount often is;
+    /// without it such a file is refused, as ssh refuses such a key.
+    #[arg(
+        long,
+        global = true,
+        env = "FABRICKV_ALLOW_OPEN_SECRET_FILE",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = clap::ArgAction::SetTrue
+    )]
+    allow_open_secret_file: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -273,7 +284,8 @@ enum Command {
         #[command(flatten)]
         cluster: cluster_cmd::ClusterSource,
     },
-    /// Prints a value to stdout, raw; exits 1 if the key is absent.
+    /// Prints a value to stdout: its raw bytes to a pipe or file, with a
+    /// line end on a terminal; exits 1 if the key is absent.
     Get {
         key: String,
         #[command(flatten)]
@@ -343,6 +355,10 @@ enum Command {
 fn main() -> ExitCode {
     install_transports();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve { .. }) {
+        stop_quietly_on_closed_output();
+    }
+    fabrickv_auth::set_allow_open_secret_files(cli.allow_open_secret_file);
     let secret = match fabrickv_auth::Secret::resolve(cli.auth_token_file.as_deref()) {
         Ok(s) => s,
         Err(e) => {
@@ -567,8 +583,10 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             .flatten()
         {
             Some(v) => {
-                let mut out = std::io::stdout().lock();
-                out.write_all(&v)
+                let out = std::io::stdout();
+                let tty = std::io::IsTerminal::is_terminal(&out);
+                let mut out = out.lock();
+                write_value(&mut out, &v, tty)
                     .and_then(|_| out.flush())
                     .map_err(|e| e.to_string())?;
                 Ok(ExitCode::SUCCESS)
@@ -637,6 +655,43 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
         Command::Barrier(a) => cluster_cmd::barrier(&a),
         Command::Cluster { which } => cluster_cmd::run(which),
         Command::Bench { which } => bench::run(which).map(|_| ExitCode::SUCCESS),
+    }
+}
+
+/// Writes a value as `get` prints it: the raw bytes, then a line end
+/// when `tty` (a terminal, as `redis-cli` does, so that the shell prompt
+/// starts on a line of its own). A pipe or file gets the bytes exactly as
+/// stored, so that `fabrickv get k > file` round-trips binary values.
+fn write_value(out: &mut impl Write, value: &[u8], tty: bool) -> std::io::Result<()> {
+    out.write_all(value)?;
+    if tty {
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+/// Lets a client command die of SIGPIPE when its output is closed early,
+/// as `cat` and `redis-cli` do (`fabrickv stats | head -1`).
+///
+/// Rust ignores SIGPIPE, so a write to a closed pipe fails with EPIPE and
+/// `println!` panics on it (exit 101, a backtrace where RUST_BACKTRACE is
+/// set); restoring the default disposition covers every subcommand and
+/// every `println!` in the crates they call, with no writer to thread
+/// through. `serve` keeps SIGPIPE ignored: a server must see a peer that
+/// went away as an error on that one connection, never die of it. The
+/// sockets of the other commands (and of the servers `bench` runs in its
+/// own process) raise no SIGPIPE: tcp writes use `MSG_NOSIGNAL` (std's
+/// `TcpStream`), and so do shm control records (`ctl::send_with_fds`).
+/// The plain writes left are the shm handshake's few bytes, which meet a
+/// closed socket only if the peer went away in mid-handshake; a client
+/// command then ends by SIGPIPE instead of with an error.
+#[allow(unsafe_code)]
+fn stop_quietly_on_closed_output() {
+    // SAFETY: called from the main thread before any other thread starts;
+    // SIG_DFL is a valid disposition for SIGPIPE and no Rust state depends
+    // on the previous (ignoring) one.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
@@ -715,4 +770,23 @@ fn serve(cfg: &ServerConfig, cluster: &cluster_cmd::ServeClusterArgs) -> Result<
     handle.shutdown();
     tracing::info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn get_ends_a_value_with_a_line_only_on_a_terminal() {
+        let mut out = Vec::new();
+        write_value(&mut out, b"hello world", true).unwrap();
+        assert_eq!(out, b"hello world\n");
+        let mut out = Vec::new();
+        write_value(&mut out, b"raw\x00bytes", false).unwrap();
+        assert_eq!(
+            out, b"raw\x00bytes",
+            "a pipe or file gets the bytes as stored"
+        );
+    }
 }

@@ -13,9 +13,15 @@ use crate::ServerArg;
 #[derive(Subcommand)]
 pub enum PsCommand {
     /// Creates a table (or opens it if one with the same shape exists).
+    /// The first one builds the server's embedding pool before it answers
+    /// (seconds per GiB): this waits for it, with a spinner on a terminal.
     Create {
         /// Table spec: NAME:DIM[:optimizer=sgd|adagrad][:lr=F][:missing=zeros|init][:seed=N].
         spec: String,
+        /// Longest to wait for the server's answer, in seconds (--timeout
+        /// bounds the connect only).
+        #[arg(long, value_name = "SECS", default_value_t = fabrickv_client::ps::PS_CREATE_WAIT_MS as f64 / 1000.0)]
+        create_timeout: f64,
         #[command(flatten)]
         server: ServerArg,
     },
@@ -66,11 +72,34 @@ fn bar(len: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
 
 pub fn run(cmd: PsCommand) -> Result<ExitCode, String> {
     match cmd {
-        PsCommand::Create { spec, server } => {
+        PsCommand::Create {
+            spec,
+            create_timeout,
+            server,
+        } => {
             let spec = TableSpec::parse(&spec)?;
-            let d = connect(&server)?
-                .create_table(&spec)
-                .map_err(|e| e.to_string())?;
+            if !(create_timeout.is_finite() && create_timeout > 0.0) {
+                return Err(format!(
+                    "--create-timeout must be a positive number of seconds, not {create_timeout}"
+                ));
+            }
+            let mut client = connect(&server)?;
+            // Drawn only on a terminal; the server says nothing until the
+            // table (and, the first time, the pool) is made.
+            let spinner = indicatif::ProgressBar::new_spinner();
+            if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            {
+                spinner.set_style(style);
+            }
+            spinner.set_message(format!(
+                "creating table {} (the first table builds the embedding pool)",
+                spec.name
+            ));
+            spinner.enable_steady_tick(std::time::Duration::from_millis(200));
+            let created = client
+                .create_table_within(&spec, std::time::Duration::from_secs_f64(create_timeout));
+            spinner.finish_and_clear();
+            let d = created.map_err(|e| e.to_string())?;
             println!(
                 "table {} id {} dim {} optimizer {} lr {} missing {} seed {} items {}",
                 d.spec.name,

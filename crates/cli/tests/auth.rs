@@ -97,6 +97,56 @@ fn a_secret_file_admits_clients_that_hold_it_and_no_others() {
     );
 }
 
+/// A secret file that group or others may read is refused, as ssh
+/// refuses such a key (it was accepted silently), for the cluster secret
+/// and the RESP password alike; `--allow-open-secret-file` or its
+/// variable lets it be used.
+#[test]
+fn a_secret_file_open_to_others_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let open = token(dir.path(), "token", SECRET);
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let serve = |flags: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.args(["serve", "--listen", "127.0.0.1:0", "--grpc", "off"])
+            .args(flags)
+            .env_remove("FABRICKV_AUTH_TOKEN")
+            .env_remove("FABRICKV_AUTH_TOKEN_FILE")
+            .env_remove("FABRICKV_RESP_PASSWORD")
+            .env_remove("FABRICKV_ALLOW_OPEN_SECRET_FILE");
+        c.output().expect("run")
+    };
+    for flag in ["--auth-token-file", "--resp-password-file"] {
+        let out = serve(&[flag, &open]);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {}", stderr(&out));
+        let e = stderr(&out);
+        assert!(
+            e.contains(&open) && e.contains("644") && e.contains("chmod 600"),
+            "{flag}: {e}"
+        );
+    }
+    let out = cli(
+        "127.0.0.1:1",
+        &["get", "k", "--auth-token-file", &open],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("chmod 600"), "{}", stderr(&out));
+
+    // Allowed, the server starts (and serves on until it is killed).
+    let s = serve_with(
+        "127.0.0.1:0",
+        1,
+        &["--auth-token-file", &open, "--allow-open-secret-file"],
+    );
+    let out = cli(
+        &s.addr,
+        &["put", "k", "v", "--auth-token-file", &open],
+        Some(("FABRICKV_ALLOW_OPEN_SECRET_FILE", "1")),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
 #[test]
 fn a_listener_beyond_loopback_needs_a_secret_or_insecure() {
     // Refused while the configuration is checked, before anything binds.

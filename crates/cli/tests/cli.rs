@@ -166,6 +166,95 @@ fn failures_exit_2_with_a_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid size"));
 }
 
+/// `fabrickv stats | head -1` once panicked with "failed printing to
+/// stdout: Broken pipe" (exit 101) when `head` closed first. Here the
+/// read end of the pipe is closed before the command starts, so that
+/// every write it makes meets a closed pipe, deterministically.
+#[test]
+fn a_closed_output_pipe_ends_every_command_quietly() {
+    let s = serve(&[]);
+    assert!(cli(&s, &["put", "k", "v"]).status.success());
+    for args in [
+        &["stats"][..],
+        &["get", "k"],
+        &["mget", "k", "k"],
+        &["partitions", "show"],
+        &["ps", "list"],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--server", &s.addr])
+            .env("RUST_BACKTRACE", "1")
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .expect("run cli");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(101), "{args:?} panicked: {stderr}");
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+            "{args:?} wrote to stderr: {stderr}"
+        );
+    }
+}
+
+/// `get` ends the value with a line end on a terminal (as `redis-cli`
+/// does, so the prompt starts on its own line) and prints the raw bytes
+/// to a pipe. The terminal is a pty from util-linux's `script`; without
+/// `script` on the host the pty half is skipped, saying so.
+#[test]
+fn get_ends_with_a_line_on_a_terminal_and_is_raw_in_a_pipe() {
+    let s = serve(&[]);
+    assert!(cli(&s, &["put", "greeting", "hello world"])
+        .status
+        .success());
+    assert_eq!(cli(&s, &["get", "greeting"]).stdout, b"hello world");
+    let line = format!("{BIN} get greeting --server {}", s.addr);
+    let Ok(out) = Command::new("script")
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+    else {
+        eprintln!("no `script` on this host: the terminal case is not run");
+        return;
+    };
+    assert!(out.status.success(), "{out:?}");
+    // The pty turns the line end into CR LF.
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello world\r\n");
+}
+
+/// `ps create` timed out after the per-call timeout while the server was
+/// still building the embedding pool (the table was created anyway). The
+/// first create here builds a 1 GiB pool, zeroed and faulted in, which
+/// takes far longer than the 0.3 s timeout given: the command must wait
+/// for the answer and print the table.
+#[test]
+fn ps_create_waits_for_the_pool_however_long_the_timeout() {
+    let s = serve(&["--dram-pool-gb", "1", "--dram-skip-mlock"]);
+    let started = Instant::now();
+    let out = cli(&s, &["ps", "create", "emb:8", "--timeout", "0.3"]);
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "after {took:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("table emb id 1 dim 8"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // A connect or a later call still has the short timeout.
+    let out = cli(&s, &["ps", "tables", "--timeout", "0.3"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn sigterm_stops_the_server_cleanly() {
     let mut s = serve(&[]);

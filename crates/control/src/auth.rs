@@ -9,7 +9,12 @@
 //! the secret. Refusals carry FabricKV's stable codes like every other
 //! status ([`crate::status`]): `AUTH_REQUIRED` for a call without the
 //! metadata, `AUTH_FAILED` for a wrong token, both `UNAUTHENTICATED`.
+//! Wrong tokens are counted per peer address in the server's failure
+//! throttle (`fabrickv_auth::throttle`, shared with the native handshake
+//! and RESP); a peer past its allowance is refused `AUTH_THROTTLED`
+//! (`RESOURCE_EXHAUSTED`) with its token unjudged.
 
+use fabrickv_auth::throttle::{SharedThrottle, Source};
 use fabrickv_auth::Secret;
 use fabrickv_types::ErrorCode;
 use tonic::metadata::MetadataValue;
@@ -32,12 +37,31 @@ pub const BEARER_PREFIX: &str = "Bearer ";
 pub struct BearerCheck {
     /// The cluster secret; `None` turns the check off.
     secret: Option<Secret>,
+    /// Where wrong tokens are counted; `None`: not throttled.
+    throttle: Option<SharedThrottle>,
 }
 
 impl BearerCheck {
     /// A check against `secret` (none: every call passes).
     pub fn new(secret: Option<Secret>) -> BearerCheck {
-        BearerCheck { secret }
+        BearerCheck {
+            secret,
+            throttle: None,
+        }
+    }
+
+    /// Counts wrong tokens per peer address in `throttle` (the server's
+    /// one) and refuses peers past their allowance unjudged.
+    pub fn with_throttle(mut self, throttle: Option<SharedThrottle>) -> BearerCheck {
+        self.throttle = throttle;
+        self
+    }
+
+    /// Counts a wrong token from `source`.
+    fn failed(&self, source: Source) {
+        if let Some(t) = &self.throttle {
+            t.failed(source);
+        }
     }
 }
 
@@ -52,6 +76,10 @@ impl Interceptor for BearerCheck {
                 "this server needs the cluster secret: send `authorization: Bearer SECRET` metadata",
             ));
         };
+        let source = Source::of(request.remote_addr());
+        if let Some(Err(t)) = self.throttle.as_ref().map(|t| t.check(source)) {
+            return Err(to_status(ErrorCode::AuthThrottled, &t.to_string()));
+        }
         // The scheme is case-insensitive (RFC 7235); the token is not.
         let bytes = value.as_bytes();
         let token = match bytes.get(..BEARER_PREFIX.len()) {
@@ -59,15 +87,17 @@ impl Interceptor for BearerCheck {
                 &bytes[BEARER_PREFIX.len()..]
             }
             _ => {
+                self.failed(source);
                 return Err(to_status(
                     ErrorCode::AuthFailed,
                     "the authorization metadata is not `Bearer SECRET`",
-                ))
+                ));
             }
         };
         if secret.matches(token) {
             Ok(request)
         } else {
+            self.failed(source);
             Err(to_status(
                 ErrorCode::AuthFailed,
                 "the bearer token is not this cluster's secret",
@@ -173,6 +203,36 @@ mod tests {
         assert!(check
             .call(with_auth(Some("bearer 0123456789abcdef0123")))
             .is_ok());
+    }
+
+    /// Wrong tokens were throttled not at all (1,407 guesses a second
+    /// over gRPC): past a source's burst its calls are refused
+    /// `AUTH_THROTTLED` with the token unjudged, the right one included.
+    #[test]
+    fn wrong_tokens_are_throttled_per_source() {
+        use fabrickv_auth::throttle::SOURCE_FAILURES_BURST;
+        let mut check = BearerCheck::new(Some(secret()))
+            .with_throttle(Some(fabrickv_auth::throttle::SharedThrottle::default()));
+        let started = std::time::Instant::now();
+        let mut judged = 0u64;
+        for _ in 0..2 * SOURCE_FAILURES_BURST {
+            let e = check
+                .call(with_auth(Some("Bearer 0123456789abcdef0124")))
+                .expect_err("wrong token");
+            if code_of(&e) == ErrorCode::AuthFailed {
+                judged += 1;
+            } else {
+                assert_eq!(code_of(&e), ErrorCode::AuthThrottled);
+                assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+            }
+        }
+        // The burst, and at most one more per second the loop took.
+        let burst = u64::from(SOURCE_FAILURES_BURST);
+        assert!(judged >= burst && judged <= burst + started.elapsed().as_secs() + 1);
+        let e = check
+            .call(with_auth(Some("Bearer 0123456789abcdef0123")))
+            .expect_err("throttled");
+        assert_eq!(code_of(&e), ErrorCode::AuthThrottled);
     }
 
     #[test]

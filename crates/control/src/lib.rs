@@ -65,7 +65,7 @@ pub use pb::kv_cache_server::{KvCache, KvCacheServer};
 /// The byte buffer values travel in; re-exported so that backends and
 /// callers need no direct dependency on the `bytes` crate.
 pub use prost::bytes::Bytes;
-pub use server::{serve, serve_with_listener, ControlServer, ServeError};
+pub use server::{serve, serve_checked, serve_with_listener, ControlServer, ServeError};
 pub use service::CacheService;
 
 /// Where the control plane listens unless told otherwise: IPv6 loopback,

@@ -87,6 +87,17 @@ pub async fn serve_with_listener(
     auth: Option<Secret>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    serve_checked(listener, backend, BearerCheck::new(auth), shutdown).await
+}
+
+/// [`serve_with_listener`] with the caller's [`BearerCheck`] (one that
+/// counts failures in the server's throttle).
+pub async fn serve_checked(
+    listener: TcpListener,
+    backend: Arc<dyn CacheBackend>,
+    check: BearerCheck,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     // Control messages are small and latency-bound; Nagle would hold them.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -99,7 +110,7 @@ pub async fn serve_with_listener(
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
         .max_concurrent_streams(STREAMS_PER_CONNECTION_MAX)
-        .layer(InterceptorLayer::new(BearerCheck::new(auth)))
+        .layer(InterceptorLayer::new(check))
         .add_service(CacheService::new(backend).into_server())
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -129,6 +140,16 @@ impl ControlServer {
         backend: Arc<dyn CacheBackend>,
         auth: Option<Secret>,
     ) -> Result<Self, ServeError> {
+        ControlServer::start_checked(addr, backend, BearerCheck::new(auth))
+    }
+
+    /// [`ControlServer::start`] with the caller's [`BearerCheck`] (one
+    /// that counts failures in the server's throttle).
+    pub fn start_checked(
+        addr: SocketAddr,
+        backend: Arc<dyn CacheBackend>,
+        check: BearerCheck,
+    ) -> Result<Self, ServeError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .max_blocking_threads(BLOCKING_THREADS_MAX)
@@ -146,7 +167,7 @@ impl ControlServer {
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("fabrickv-grpc".into())
-            .spawn(move || run(runtime, listener, backend, auth, stop_rx))?;
+            .spawn(move || run(runtime, listener, backend, check, stop_rx))?;
         tracing::info!(%addr, "gRPC control plane listening");
         Ok(ControlServer {
             addr,
@@ -192,7 +213,7 @@ fn run(
     runtime: tokio::runtime::Runtime,
     listener: TcpListener,
     backend: Arc<dyn CacheBackend>,
-    auth: Option<Secret>,
+    check: BearerCheck,
     stop: oneshot::Receiver<()>,
 ) -> Result<(), ServeError> {
     let (stopping_tx, stopping_rx) = oneshot::channel::<()>();
@@ -202,7 +223,7 @@ fn run(
             let _ = stop.await;
             let _ = stopping_tx.send(());
         };
-        let serving = serve_with_listener(listener, backend, auth, signal);
+        let serving = serve_checked(listener, backend, check, signal);
         let grace = async move {
             if stopping_rx.await.is_ok() {
                 tokio::time::sleep(SHUTDOWN_GRACE).await;

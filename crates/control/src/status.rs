@@ -72,6 +72,7 @@ pub fn grpc_code(code: ErrorCode) -> Code {
         ErrorCode::NoSuchTransfer => Code::FailedPrecondition,
         ErrorCode::ChunkOutOfOrder => Code::Aborted,
         ErrorCode::ReceivingFull => Code::ResourceExhausted,
+        ErrorCode::AuthThrottled => Code::ResourceExhausted,
         // A code added to fabrickv-types after this table was written: the
         // metadata still names it exactly; the gRPC code just says so.
         _ => Code::Unknown,

@@ -263,7 +263,9 @@ pub fn start(
     clock: Clock,
     data_plane: Vec<String>,
     auth: Option<fabrickv_auth::Secret>,
+    throttle: fabrickv_auth::throttle::SharedThrottle,
 ) -> Result<ControlServer, fabrickv_control::ServeError> {
     let backend = GrpcBackend::new(shared, clock, data_plane);
-    ControlServer::start(addr, Arc::new(backend), auth)
+    let check = fabrickv_control::auth::BearerCheck::new(auth).with_throttle(Some(throttle));
+    ControlServer::start_checked(addr, Arc::new(backend), check)
 }

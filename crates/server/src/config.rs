@@ -60,18 +60,23 @@ impl From<&str> for RespPassword {
 }
 
 /// Reads the RESP password from `path`: the file's text, less one trailing
-/// line end (as `echo` leaves it).
+/// line end (as `echo` leaves it). A file open to group or others is
+/// refused as the cluster secret's is ([`fabrickv_auth::open_secret_file`]).
 pub fn read_resp_password(path: &std::path::Path) -> Result<String, String> {
     use std::io::Read;
     let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| {
-            // One more byte than allowed, and a line end, tell a password
-            // over the bound from one at it.
-            f.take(RESP_PASSWORD_BYTES_MAX as u64 + 3)
-                .read_to_string(&mut text)
-        })
-        .map_err(|e| format!("cannot read the RESP password file {}: {e}", path.display()))?;
+    let file = match fabrickv_auth::open_secret_file(path) {
+        Ok(f) => Ok(f),
+        Err(fabrickv_auth::AuthError::Read { source, .. }) => Err(source),
+        Err(e) => return Err(e.to_string()),
+    };
+    file.and_then(|f| {
+        // One more byte than allowed, and a line end, tell a password
+        // over the bound from one at it.
+        f.take(RESP_PASSWORD_BYTES_MAX as u64 + 3)
+            .read_to_string(&mut text)
+    })
+    .map_err(|e| format!("cannot read the RESP password file {}: {e}", path.display()))?;
     if let Some(rest) = text.strip_suffix('\n') {
         let rest = rest.strip_suffix('\r').unwrap_or(rest);
         text.truncate(rest.len());
@@ -566,6 +571,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let pw = dir.path().join("resp-password");
         std::fs::write(&pw, "pw\n").expect("write password");
+        std::fs::set_permissions(&pw, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod");
         let c = ServerConfig::from_toml(&format!(
             "listen = \"127.0.0.1:9000\"\nworkers = 3\nmode = \"cache\"\nmemory = \"64MB\"\nresp = \"127.0.0.1:7380\"\nresp_password_file = {:?}\n",
             pw.display().to_string()
@@ -700,6 +707,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("token");
         std::fs::write(&path, "a long enough secret\n").expect("write");
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod");
         let c = ServerConfig::from_toml(&format!(
             "listen = \"0.0.0.0:0\"\nauth_token_file = {:?}\n",
             path.display().to_string()

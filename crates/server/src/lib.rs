@@ -229,10 +229,14 @@ impl Server {
         let copies =
             shard::copy_source::CopySources::new(fabrickv_wire::copy::data_host(&cfg.listen));
         let shards = Arc::new(shard::Shards::open(&cfg.shards, copies).map_err(StartError::Shard)?);
+        // One count of failed authentications for every front end, so
+        // that a guesser gains nothing by switching protocol.
+        let throttle = fabrickv_auth::throttle::SharedThrottle::default();
         let listen = fabrickv_transport::ListenOptions {
             workers,
             secret: cfg.auth.clone(),
             shm_allow_uids: cfg.shm_allow_uids.clone(),
+            throttle: Some(throttle.clone()),
         };
         let listening =
             fabrickv_transport::listen_with(&cfg.listen, &listen).map_err(StartError::Transport)?;
@@ -258,6 +262,7 @@ impl Server {
                         port,
                     )
                     .with_secret(cfg.auth.clone())
+                    .with_throttle(throttle.clone())
                     .with_shards(&shards)
                     .with_bind(addr)
                     .with_client_memory(client_memory.clone())
@@ -361,7 +366,7 @@ impl Server {
         if let Some(a) = &memcache_addr {
             tracing::info!(addr = %a, "fabrickv serving memcache (memcached text protocol)");
         }
-        let grpc = match start_grpc(cfg, &cache, clock, &listening.local_addr) {
+        let grpc = match start_grpc(cfg, &cache, clock, &listening.local_addr, &throttle) {
             Ok(g) => g,
             Err(e) => {
                 // The data plane is up already: stop it before failing.
@@ -402,6 +407,7 @@ fn start_grpc(
     cache: &Arc<cache::CacheShared>,
     clock: service::Clock,
     data_plane: &str,
+    throttle: &fabrickv_auth::throttle::SharedThrottle,
 ) -> Result<Option<fabrickv_control::ControlServer>, StartError> {
     let Some(addr) = &cfg.cache.grpc else {
         return Ok(None);
@@ -410,7 +416,14 @@ fn start_grpc(
         .parse()
         .map_err(|e| StartError::Config(format!("gRPC address {addr:?} is not HOST:PORT: {e}")))?;
     let data_plane = vec![data_plane.to_string()];
-    match cache_grpc::start(sock, cache.clone(), clock, data_plane, cfg.auth.clone()) {
+    match cache_grpc::start(
+        sock,
+        cache.clone(),
+        clock,
+        data_plane,
+        cfg.auth.clone(),
+        throttle.clone(),
+    ) {
         Ok(g) => Ok(Some(g)),
         Err(e) => Err(StartError::Grpc(addr.clone(), e.to_string())),
     }

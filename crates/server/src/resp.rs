@@ -192,6 +192,9 @@ pub struct RespShared {
     /// The cluster secret, which opens a connection when no separate RESP
     /// password is set (one secret for every front end).
     secret: Option<fabrickv_auth::Secret>,
+    /// Failed AUTHs per source and server-wide, shared with the server's
+    /// other front ends.
+    throttle: fabrickv_auth::throttle::SharedThrottle,
     mode: Mode,
     pool_bytes: u64,
     port: u16,
@@ -309,6 +312,7 @@ impl RespShared {
             parts,
             password: password.map(|p| p.as_bytes().to_vec()),
             secret: None,
+            throttle: fabrickv_auth::throttle::SharedThrottle::default(),
             mode,
             pool_bytes,
             port,
@@ -392,6 +396,15 @@ impl RespShared {
     /// is set, which then is the only one AUTH accepts).
     pub fn with_secret(mut self, secret: Option<fabrickv_auth::Secret>) -> RespShared {
         self.secret = secret;
+        self
+    }
+
+    /// Counts failed AUTHs in `throttle` (the server's one).
+    pub fn with_throttle(
+        mut self,
+        throttle: fabrickv_auth::throttle::SharedThrottle,
+    ) -> RespShared {
+        self.throttle = throttle;
         self
     }
 

@@ -44,7 +44,8 @@ impl FromStr for ShardSpec {
     /// directory now, so the shard the server opens (and logs) is the one
     /// the operator meant, whatever directory the process moves to. A
     /// second `=` is refused: `a=b=/p` more likely means a mistyped flag
-    /// than a directory named `b=`.
+    /// than a directory named `b=`. So is a `..` component (see
+    /// [`ShardSpec::validate`]).
     fn from_str(s: &str) -> Result<ShardSpec, String> {
         let (name, path) = s
             .split_once('=')
@@ -57,6 +58,7 @@ impl FromStr for ShardSpec {
         if path.is_empty() {
             return Err(format!("shard {name:?} has an empty path"));
         }
+        refuse_parent_components(name, std::path::Path::new(path))?;
         let path = std::path::absolute(path)
             .map_err(|e| format!("shard {name:?}: cannot resolve {path:?}: {e}"))?;
         let spec = ShardSpec {
@@ -68,7 +70,27 @@ impl FromStr for ShardSpec {
     }
 }
 
+/// Refuses a shard path with a `..` component. `std::path::absolute`
+/// keeps them (resolving one needs the symlinks on the way, which may not
+/// exist yet), so the path logged would not say which directory is meant,
+/// and `a=../../tmp/x` climbs out of wherever the operator thought the
+/// shards live: the full path says the same thing unambiguously.
+fn refuse_parent_components(name: &str, path: &std::path::Path) -> Result<(), String> {
+    if path
+        .components()
+        .any(|c| c == std::path::Component::ParentDir)
+    {
+        return Err(format!(
+            "shard {name:?}: the path {} has a '..' component; give the directory without one",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
 impl ShardSpec {
+    /// Checks the name's bytes and length, and that the path is not empty,
+    /// has no `..` component and is not a file.
     fn validate(&self) -> Result<(), String> {
         let n = &self.name;
         if n.is_empty()
@@ -84,6 +106,7 @@ impl ShardSpec {
         if self.path.as_os_str().is_empty() {
             return Err(format!("shard {n:?} has an empty path"));
         }
+        refuse_parent_components(n, &self.path)?;
         if self.path.exists() && !self.path.is_dir() {
             return Err(format!(
                 "shard {n:?}: {} exists and is not a directory",
@@ -249,6 +272,23 @@ mod spec_tests {
         assert_eq!(spec.path, cwd.join("data/users"));
         let abs: ShardSpec = "users=/srv/users".parse().unwrap();
         assert_eq!(abs.path, std::path::PathBuf::from("/srv/users"));
+    }
+
+    #[test]
+    fn a_shard_path_with_a_parent_component_is_refused() {
+        for spec in ["a=../../tmp/x", "a=/srv/../etc", "a=data/..", "a=./x/../y"] {
+            let err = spec.parse::<ShardSpec>().unwrap_err();
+            assert!(err.contains("'..'"), "{spec}: {err}");
+        }
+        let built = ShardSpec {
+            name: "a".into(),
+            path: "/srv/shards/../x".into(),
+        };
+        assert!(ShardSpec::validate_all(&[built]).is_err());
+        // `.` components and doubled slashes go; the path is absolute.
+        let spec: ShardSpec = "a=./data//x/.".parse().unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(spec.path, cwd.join("data/x"));
     }
 
     #[test]

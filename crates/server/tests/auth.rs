@@ -129,3 +129,129 @@ fn a_wrong_or_replayed_proof_is_refused_before_any_request_is_read() {
     );
     s.shutdown();
 }
+
+/// A tcp connection to `addr` from the loopback address `from` (Linux
+/// routes all of 127/8 to lo, so a second client address is at hand).
+fn connect_from(from: &str, addr: &str) -> TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let to: std::net::SocketAddr = addr.parse().expect("addr");
+    let sock = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    let local: std::net::SocketAddr = format!("{from}:0").parse().expect("from");
+    sock.bind(&local.into()).expect("bind");
+    sock.connect_timeout(&to.into(), TIMEOUT).expect("connect");
+    let sock: TcpStream = sock.into();
+    sock.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+    sock
+}
+
+/// One native tcp handshake from `from` proving `prover`: the status the
+/// server answered (`AUTH_THROTTLED` comes at the hello, unchallenged).
+fn handshake_from(from: &str, addr: &str, prover: &Secret) -> ErrorCode {
+    let mut sock = connect_from(from, addr);
+    sock.write_all(b"FKV\x01\0\0\0\0").expect("hello");
+    let mut head = [0u8; 8];
+    sock.read_exact(&mut head).expect("first bytes");
+    if head.starts_with(b"FKV\x01") {
+        return ErrorCode::from_u16(u16::from_le_bytes([head[4], head[5]])).expect("a code");
+    }
+    let mut c = [0u8; CHALLENGE_BYTES];
+    c[..8].copy_from_slice(&head);
+    sock.read_exact(&mut c[8..]).expect("challenge");
+    assert!(Challenge::is_head(&c), "{c:?}");
+    let nonce: [u8; NONCE_BYTES] = c[CHALLENGE_HEAD_BYTES..].try_into().expect("nonce");
+    sock.write_all(&prover.proof(PROOF_CONTEXT, &nonce))
+        .expect("proof");
+    ErrorCode::from_u16(answer(&mut sock)).expect("a code")
+}
+
+/// Failed proofs were throttled per connection only: 400 parallel
+/// connections made 2,258 wrong proofs a second. Now one address gets
+/// its burst of failures, then is refused unjudged (`AUTH_THROTTLED`,
+/// even with the right proof); a client of another address that holds
+/// the secret gets in on its first try.
+#[test]
+fn wrong_proofs_from_one_address_are_throttled_and_the_secret_still_gets_in() {
+    use fabrickv_auth::throttle::SOURCE_FAILURES_BURST;
+    let s = server(Transport::Tcp);
+    let addr = s.tcp_socket_addr().to_string();
+    let wrong = Secret::from_bytes(b"not the secret of the auth tests", "test").expect("secret");
+    let started = std::time::Instant::now();
+    let (mut judged, mut throttled) = (0u64, 0u64);
+    for _ in 0..3 * SOURCE_FAILURES_BURST {
+        match handshake_from("127.0.0.1", &addr, &wrong) {
+            ErrorCode::AuthFailed => judged += 1,
+            ErrorCode::AuthThrottled => throttled += 1,
+            c => panic!("unexpected {c}"),
+        }
+    }
+    // The burst, and at most one more per second the loop took.
+    let allowed = u64::from(SOURCE_FAILURES_BURST) + started.elapsed().as_secs() + 1;
+    assert!(
+        judged <= allowed,
+        "{judged} wrong proofs judged, {allowed} allowed"
+    );
+    assert!(throttled > 0, "never throttled");
+    assert_eq!(
+        handshake_from("127.0.0.1", &addr, &secret()),
+        ErrorCode::AuthThrottled,
+        "a throttled address is refused unjudged"
+    );
+    let t = std::time::Instant::now();
+    assert_eq!(handshake_from("127.0.0.2", &addr, &secret()), ErrorCode::Ok);
+    assert!(
+        t.elapsed() < TIMEOUT,
+        "the secret's holder waited {:?}",
+        t.elapsed()
+    );
+    s.shutdown();
+}
+
+/// RESP AUTH as the native handshake: fresh connections (which escape
+/// the per-connection delay) from one address get their burst of
+/// WRONGPASS, then `-AUTH_THROTTLED` with the password unjudged; the
+/// password still opens a connection from another address at once.
+#[test]
+fn wrong_resp_auths_from_one_address_are_throttled_and_the_password_still_works() {
+    use fabrickv_auth::throttle::SOURCE_FAILURES_BURST;
+    let s = TestServer::start_with(Transport::Tcp, 1, Mode::Store, MEMORY_BYTES, |c| {
+        c.resp = Some("127.0.0.1:0".into());
+        c.auth = Some(secret());
+    });
+    let resp_addr = s.resp_addr().to_string();
+    let auth = |from: &str, password: &str| {
+        let mut w = connect_from(from, &resp_addr);
+        w.write_all(&common::encode(&[b"AUTH", password.as_bytes()]))
+            .expect("send");
+        let mut r = std::io::BufReader::new(w);
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut r, &mut line).expect("reply");
+        line.trim_end().to_string()
+    };
+    let started = std::time::Instant::now();
+    let (mut judged, mut throttled) = (0u64, 0u64);
+    for _ in 0..3 * SOURCE_FAILURES_BURST {
+        let reply = auth("127.0.0.1", "not the password");
+        if reply.starts_with("-WRONGPASS") {
+            judged += 1;
+        } else if reply.starts_with("-AUTH_THROTTLED") {
+            throttled += 1;
+        } else {
+            panic!("unexpected {reply}");
+        }
+    }
+    let allowed = u64::from(SOURCE_FAILURES_BURST) + started.elapsed().as_secs() + 1;
+    assert!(
+        judged <= allowed,
+        "{judged} wrong AUTHs judged, {allowed} allowed"
+    );
+    assert!(throttled > 0, "never throttled");
+    assert!(auth("127.0.0.1", SECRET).starts_with("-AUTH_THROTTLED"));
+    let t = std::time::Instant::now();
+    assert_eq!(auth("127.0.0.2", SECRET), "+OK");
+    assert!(
+        t.elapsed() < TIMEOUT,
+        "the password's holder waited {:?}",
+        t.elapsed()
+    );
+    s.shutdown();
+}

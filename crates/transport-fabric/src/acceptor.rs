@@ -60,6 +60,7 @@ pub(crate) fn listen(
     };
     let acceptor = TcpAcceptor::new(listener, HelloWire, workers, open, conclude)?
         .with_secret(opts.secret.clone())
+        .with_throttle(opts.throttle.clone())
         .with_idle_board(board);
     Ok(Listening {
         local_addr: format!("{}://{provider}/{local}", crate::SCHEME),

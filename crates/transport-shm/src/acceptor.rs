@@ -77,7 +77,8 @@ impl ShmAcceptor {
             epoll: ep,
             waker,
             table: Handshakes::new(SHM_HELLO, limits, handoffs.len())
-                .with_secret(opts.secret.clone()),
+                .with_secret(opts.secret.clone())
+                .with_throttle(opts.throttle.clone()),
             handoffs,
             open,
             allowed_uids: std::iter::once(rustix::process::getuid().as_raw())
@@ -91,6 +92,12 @@ impl ShmAcceptor {
         loop {
             match self.listener.accept() {
                 Ok((stream, _)) => {
+                    // shm peers have no address: the throttle counts
+                    // failures per local user, as the kernel names it.
+                    let source = rustix::net::sockopt::socket_peercred(&stream)
+                        .map_or(fabrickv_auth::throttle::Source::Unknown, |c| {
+                            fabrickv_auth::throttle::Source::User(c.uid.as_raw())
+                        });
                     let open = self
                         .idle
                         .fits(self.open.load(Ordering::Acquire), SHM_CONNECTIONS_MAX);
@@ -102,7 +109,7 @@ impl ShmAcceptor {
                     let what = "shm connections";
                     let admitted = self
                         .table
-                        .admit_or_close(stream, now, open, what, unregister);
+                        .admit_or_close(stream, source, now, open, what, unregister);
                     let Some((slot, stream)) = admitted else {
                         continue;
                     };

@@ -53,6 +53,9 @@ pub struct ListenOptions {
     /// shm only: users (uids) besides the server's own whose processes
     /// may connect; the peer's uid comes from the kernel (`SO_PEERCRED`).
     pub shm_allow_uids: Vec<u32>,
+    /// Where failed proofs are counted (the server's one throttle, shared
+    /// with RESP and gRPC); `None`: not throttled.
+    pub throttle: Option<fabrickv_auth::throttle::SharedThrottle>,
 }
 
 impl ListenOptions {

@@ -34,6 +34,14 @@
 //! challenge itself ([`Handshakes::readable`]), so acceptors are the same
 //! with and without a secret.
 //!
+//! Failed proofs are counted per source address and server-wide by the
+//! server's one [`SharedThrottle`] (shared with RESP and gRPC): a source
+//! past its allowance is refused `AUTH_THROTTLED`, its proof unjudged,
+//! both when its hello arrives (no challenge is made) and when its proof
+//! does (others from the same source may have failed meanwhile). A source
+//! that never failed is never refused, so a client holding the secret
+//! costs one uncontended lock per connect, on the connect path only.
+//!
 //! ```text
 //! client -> server:  hello (the transport's)
 //! server -> client:  "FKC" version(u8=1) status(u16=AUTH_REQUIRED) reserved(u16) nonce(32)
@@ -43,6 +51,7 @@
 
 use std::time::{Duration, Instant};
 
+use fabrickv_auth::throttle::{SharedThrottle, Source};
 use fabrickv_auth::{Secret, NONCE_BYTES, PROOF_BYTES};
 use fabrickv_types::ErrorCode;
 
@@ -231,6 +240,14 @@ pub fn check_answer(worker: u16, status: u16, workers: u16) -> Result<()> {
                     .into(),
             ))
         }
+        Some(code @ ErrorCode::AuthThrottled) => {
+            return Err(TransportError::Denied(
+                code,
+                "the server refuses authentication from this address for now: too many \
+                 failed proofs came from it; retry later"
+                    .into(),
+            ))
+        }
         Some(code @ ErrorCode::PeerNotAllowed) => {
             return Err(TransportError::Denied(
                 code,
@@ -301,6 +318,11 @@ struct Pending<T, H> {
     /// In [`Stage::Proof`]: the worker and hello a good proof earns, and
     /// the nonce it must cover.
     proving: Option<(usize, H, [u8; NONCE_BYTES])>,
+    /// Where it comes from, as the failure throttle counts it.
+    source: Source,
+    /// When it was admitted: the time the throttle is asked at (the table
+    /// reads no clock; a handshake lasts at most [`Limits::timeout`]).
+    admitted: Instant,
 }
 
 /// What [`Handshakes::admit`] did with a new socket.
@@ -376,6 +398,9 @@ pub struct Handshakes<T, F: HelloFormat> {
     slots: Vec<Option<Pending<T, F::Hello>>>,
     /// The cluster secret each client must prove; `None`: no challenge.
     secret: Option<Secret>,
+    /// The server's count of failed authentications (shared by all its
+    /// front ends); `None`: failures are not throttled.
+    throttle: Option<SharedThrottle>,
 }
 
 impl<T, F: HelloFormat> Handshakes<T, F> {
@@ -388,7 +413,22 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
             workers,
             slots: Vec::new(),
             secret: None,
+            throttle: None,
         }
+    }
+
+    /// Counts failed proofs in `throttle` and refuses sources past their
+    /// allowance (`AUTH_THROTTLED`); see the module docs.
+    pub fn with_throttle(mut self, throttle: Option<SharedThrottle>) -> Self {
+        self.throttle = throttle;
+        self
+    }
+
+    /// Whether the throttle refuses `p`'s source now.
+    fn throttled(&self, source: Source, at: Instant) -> bool {
+        self.throttle
+            .as_ref()
+            .is_some_and(|t| t.check_at(source, at).is_err())
     }
 
     /// Asks every client to prove `secret` (none: no challenge).
@@ -409,6 +449,11 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
 
     /// Takes a freshly accepted socket when `open` connections are open.
     pub fn admit(&mut self, io: T, now: Instant, open: usize) -> Admission<T> {
+        self.admit_from(io, Source::Unknown, now, open)
+    }
+
+    /// [`Handshakes::admit`] of a socket from `source`.
+    pub fn admit_from(&mut self, io: T, source: Source, now: Instant, open: usize) -> Admission<T> {
         if open >= self.limits.conns_max {
             return Admission::Refused(io);
         }
@@ -439,6 +484,8 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
             deadline: now + self.limits.timeout,
             stage: Stage::Hello,
             proving: None,
+            source,
+            admitted: now,
         });
         Admission::Pending { slot, evicted }
     }
@@ -453,12 +500,13 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
     pub fn admit_or_close(
         &mut self,
         io: T,
+        source: Source,
         now: Instant,
         open: usize,
         what: &str,
         unregister: impl FnOnce(&mut T),
     ) -> Option<(usize, &mut T)> {
-        match self.admit(io, now, open) {
+        match self.admit_from(io, source, now, open) {
             Admission::Refused(_) => {
                 tracing::warn!(
                     "refusing a connection: {} {what} open",
@@ -561,9 +609,9 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
         }
     }
 
-    /// Judges the whole hello in `slot` and frees the slot.
-    /// Judges a proof: the held verdict if it answers the nonce (and
-    /// there is still room), else `AUTH_FAILED`.
+    /// Judges a proof: `AUTH_THROTTLED` unjudged if its source is past
+    /// its allowance now, else the held verdict if it answers the nonce
+    /// (and there is still room), else `AUTH_FAILED`, counted.
     fn verify(&mut self, slot: usize, open: usize) -> Step<T, F::Hello> {
         let Some(p) = self.slots.get_mut(slot).and_then(|p| p.take()) else {
             return Step::Read;
@@ -571,8 +619,16 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
         let (Some((worker, hello, nonce)), Some(secret)) = (p.proving, self.secret.as_ref()) else {
             return Step::Drop(p.io);
         };
-        let verdict = if !secret.verify_proof(PROOF_CONTEXT, &nonce, &p.buf) {
+        let verdict = if self.throttled(p.source, p.admitted) {
+            Verdict::Refuse {
+                code: ErrorCode::AuthThrottled,
+                worker,
+            }
+        } else if !secret.verify_proof(PROOF_CONTEXT, &nonce, &p.buf) {
             tracing::debug!("refusing a connection whose proof of the secret is wrong");
+            if let Some(t) = &self.throttle {
+                t.failed_at(p.source, p.admitted);
+            }
             Verdict::Refuse {
                 code: ErrorCode::AuthFailed,
                 worker,
@@ -588,6 +644,8 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
         Step::Done(p.io, verdict)
     }
 
+    /// Judges the whole hello in `slot`: answered (and the slot freed),
+    /// or, with a secret, challenged.
     fn decide(&mut self, slot: usize, open: usize) -> Step<T, F::Hello> {
         let Some(mut p) = self.slots.get_mut(slot).and_then(|p| p.take()) else {
             return Step::Read;
@@ -607,6 +665,11 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
                 } else if open >= self.limits.conns_max || !F::usable(&h) {
                     Verdict::Refuse {
                         code: ErrorCode::Unavailable,
+                        worker,
+                    }
+                } else if self.secret.is_some() && self.throttled(p.source, p.admitted) {
+                    Verdict::Refuse {
+                        code: ErrorCode::AuthThrottled,
                         worker,
                     }
                 } else if self.secret.is_some() {
@@ -944,6 +1007,61 @@ mod tests {
             ),
             s => panic!("{s:?}"),
         }
+    }
+
+    /// A source past its allowance of failed proofs is refused
+    /// `AUTH_THROTTLED` unjudged, at its hello (no challenge) and at its
+    /// proof; a client of another source that holds the secret is
+    /// challenged and admitted at once.
+    #[test]
+    fn failed_proofs_are_throttled_per_source_and_others_get_in() {
+        use fabrickv_auth::throttle::{Limits as ThrottleLimits, SharedThrottle};
+        let secret = Secret::from_bytes(b"sixteen or more bytes", "test").unwrap();
+        let wrong = Secret::from_bytes(b"sixteen or more bytez", "test").unwrap();
+        let throttle = SharedThrottle::new(ThrottleLimits {
+            source_burst: 2,
+            ..ThrottleLimits::default()
+        });
+        let mut t = Handshakes::new(TCP, limits(), 2)
+            .with_secret(Some(secret.clone()))
+            .with_throttle(Some(throttle));
+        let now = Instant::now();
+        let guesser = Source::ip("10.0.0.9".parse().unwrap());
+        let client = Source::ip("10.0.0.10".parse().unwrap());
+        let try_proof = |t: &mut Handshakes<u32, CompactHello>, io, src, prover: &Secret| {
+            let (slot, _) = admitted(t.admit_from(io, src, now, 0));
+            match feed(t, slot, &TCP.encode(1, 0), 8, 0) {
+                Step::Challenge(c) => {
+                    let nonce: [u8; NONCE_BYTES] = c[CHALLENGE_HEAD_BYTES..].try_into().unwrap();
+                    feed(t, slot, &prover.proof(PROOF_CONTEXT, &nonce), 32, 0)
+                }
+                step => step,
+            }
+        };
+        let code = |step: Step<u32, u16>| match step {
+            Step::Done(_, Verdict::Refuse { code, .. }) => code,
+            Step::Done(_, Verdict::Accept { .. }) => ErrorCode::Ok,
+            s => panic!("{s:?}"),
+        };
+        for io in 0..2 {
+            assert_eq!(
+                code(try_proof(&mut t, io, guesser, &wrong)),
+                ErrorCode::AuthFailed
+            );
+        }
+        // Past the burst: refused at the hello, even with the right secret.
+        let (slot, _) = admitted(t.admit_from(7, guesser, now, 0));
+        assert_eq!(
+            code(feed(&mut t, slot, &TCP.encode(1, 0), 8, 0)),
+            ErrorCode::AuthThrottled
+        );
+        assert_eq!(
+            code(try_proof(&mut t, 8, guesser, &secret)),
+            ErrorCode::AuthThrottled
+        );
+        // Another source that holds the secret is admitted.
+        assert_eq!(code(try_proof(&mut t, 9, client, &secret)), ErrorCode::Ok);
+        assert_eq!(t.pending(), 0);
     }
 
     #[test]

@@ -111,11 +111,15 @@ pub enum ErrorCode {
     /// Receiving the value would take the server's bytes of large values
     /// being received over its bound; try again later.
     ReceivingFull = 38,
+    /// Too many failed authentications came from this client's address
+    /// (or, server-wide, from addresses that failed recently): the
+    /// attempt was refused without being judged; retry later.
+    AuthThrottled = 39,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order; used by tests and documentation.
-    pub const ALL: [ErrorCode; 39] = [
+    pub const ALL: [ErrorCode; 40] = [
         ErrorCode::Ok,
         ErrorCode::NotFound,
         ErrorCode::InsufficientSpace,
@@ -155,6 +159,7 @@ impl ErrorCode {
         ErrorCode::NoSuchTransfer,
         ErrorCode::ChunkOutOfOrder,
         ErrorCode::ReceivingFull,
+        ErrorCode::AuthThrottled,
     ];
 
     /// The code as it travels on the wire.
@@ -209,6 +214,7 @@ impl ErrorCode {
             ErrorCode::NoSuchTransfer => "NO_SUCH_TRANSFER",
             ErrorCode::ChunkOutOfOrder => "CHUNK_OUT_OF_ORDER",
             ErrorCode::ReceivingFull => "RECEIVING_FULL",
+            ErrorCode::AuthThrottled => "AUTH_THROTTLED",
         }
     }
 }

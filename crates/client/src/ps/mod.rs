@@ -57,6 +57,14 @@ use crate::{ClientError, Result, DEFAULT_TIMEOUT};
 /// inline instead.
 pub const PS_REGION_BYTES: usize = 64 << 20;
 
+/// Longest a table CREATE is waited for, in milliseconds (10 minutes),
+/// whatever the per-call timeout. The first CREATE builds the embedding
+/// pool before it answers: it maps, zeroes, faults in and locks every
+/// byte (`--dram-pool-gb`), which took over 8 s for 2 GiB on a loaded
+/// 2-core host, so minutes for a large pool. A client that gave up after
+/// the usual 5 s timed out while the table was created anyway.
+pub const PS_CREATE_WAIT_MS: u64 = 600_000;
+
 /// Alignment of each pull's slot in the region, in bytes (a cache line).
 pub const PS_SLOT_ALIGN_BYTES: usize = 64;
 
@@ -213,6 +221,16 @@ impl PsClient {
 
     /// Sends one request built by `build` and waits for its reply body.
     fn call(&mut self, build: impl FnOnce(&mut Vec<u8>, u64, u16)) -> Result<Vec<u8>> {
+        let wait = self.timeout();
+        self.call_within(wait, build)
+    }
+
+    /// [`PsClient::call`], waiting up to `wait` for the reply.
+    fn call_within(
+        &mut self,
+        wait: Duration,
+        build: impl FnOnce(&mut Vec<u8>, u64, u16),
+    ) -> Result<Vec<u8>> {
         let mut build = Some(build);
         let req = self.sessions.post(0, PsReq::Other, |b, id, w| {
             if let Some(f) = build.take() {
@@ -220,7 +238,7 @@ impl PsClient {
             }
         })?;
         self.sessions.flush()?;
-        let deadline = self.sessions.deadline();
+        let deadline = Instant::now() + wait;
         loop {
             if let Some(r) = self.stashed.remove(&req) {
                 return r;
@@ -229,11 +247,19 @@ impl PsClient {
         }
     }
 
-    /// Creates a table (or opens it if it exists with the same shape).
+    /// Creates a table (or opens it if it exists with the same shape),
+    /// waiting for the server's answer up to [`PS_CREATE_WAIT_MS`] (or
+    /// the per-call timeout, if longer).
     pub fn create_table(&mut self, spec: &TableSpec) -> Result<TableDesc> {
+        let wait = Duration::from_millis(PS_CREATE_WAIT_MS).max(self.timeout());
+        self.create_table_within(spec, wait)
+    }
+
+    /// [`PsClient::create_table`], waiting up to `wait` for the answer.
+    pub fn create_table_within(&mut self, spec: &TableSpec, wait: Duration) -> Result<TableDesc> {
         spec.validate()
             .map_err(|(code, why)| ClientError::Invalid(code, why))?;
-        let body = self.call(|b, id, w| encode_create(b, id, w, spec))?;
+        let body = self.call_within(wait, |b, id, w| encode_create(b, id, w, spec))?;
         desc_of(&body)
     }
 

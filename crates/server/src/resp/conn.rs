@@ -24,6 +24,9 @@ pub(super) struct ConnState {
     /// Failed AUTHs on this connection: each makes the next reply wait
     /// longer ([`super::auth_delay_ms`]).
     pub(super) auth_failures: u32,
+    /// Where the connection comes from, as the server's failure throttle
+    /// counts it (read only when AUTH is required).
+    source: fabrickv_auth::throttle::Source,
     /// What CLIENT ID answers.
     pub(super) id: u64,
     /// The selected database: 0 the in-memory kv, n the n-th shard.
@@ -53,6 +56,11 @@ impl ConnState {
     /// A new connection's state: authenticated when no password is set,
     /// on database 0.
     pub(super) fn new(shared: &RespShared, id: u64, peer: ClientPeer) -> ConnState {
+        let source = if shared.auth_required() {
+            fabrickv_auth::throttle::Source::of(peer.addr.parse().ok())
+        } else {
+            fabrickv_auth::throttle::Source::Unknown
+        };
         let entry = Arc::new(ClientEntry::new(id, peer));
         // A connection past the registry's bound still works; it is only
         // missing from CLIENT LIST and out of CLIENT KILL's reach.
@@ -62,6 +70,7 @@ impl ConnState {
         ConnState {
             authed: !shared.auth_required(),
             auth_failures: 0,
+            source,
             id,
             db: 0,
             multi: None,
@@ -235,7 +244,10 @@ impl ConnState {
 
     /// The AUTH check that AUTH and HELLO ... AUTH share: on success the
     /// connection is authenticated and nothing is written; on failure the
-    /// WRONGPASS reply is written, counted, and the delay returned.
+    /// WRONGPASS reply is written, counted (on the connection, and per
+    /// source in the server's throttle), and the delay returned. While the
+    /// throttle refuses the connection's source, the password is not
+    /// judged at all: `-AUTH_THROTTLED` is answered at once.
     fn check_password(
         &mut self,
         shared: &RespShared,
@@ -243,6 +255,10 @@ impl ConnState {
         given: &[u8],
         out: &mut Reply<'_>,
     ) -> Result<(), After> {
+        if let Err(t) = shared.throttle.check(self.source) {
+            resp::error(out, &format!("AUTH_THROTTLED {t}"));
+            return Err(After::Continue);
+        }
         // Both checks run whatever the user, so the time says nothing.
         let accepted = shared.auth_accepts(given);
         if user == b"default" && accepted {
@@ -253,6 +269,7 @@ impl ConnState {
             out,
             "WRONGPASS invalid username-password pair or user is disabled.",
         );
+        shared.throttle.failed(self.source);
         shared
             .counters
             .auth_failures

@@ -88,6 +88,16 @@ impl<C: Conclude> TcpAcceptor<C> {
         self
     }
 
+    /// Counts failed proofs per peer address in `throttle` (the server's
+    /// one, shared with its other front ends).
+    pub fn with_throttle(
+        mut self,
+        throttle: Option<fabrickv_auth::throttle::SharedThrottle>,
+    ) -> Self {
+        self.table = self.table.with_throttle(throttle);
+        self
+    }
+
     /// At the connection cap, judges a newcomer as fitting while a port
     /// reporting to `board` has an idle connection (its `Conclude` then
     /// asks for that one to close: `IdleBoard::make_room`).
@@ -99,7 +109,8 @@ impl<C: Conclude> TcpAcceptor<C> {
     fn accept_all(&mut self) {
         loop {
             match self.listener.accept() {
-                Ok((stream, _)) => {
+                Ok((stream, peer)) => {
+                    let source = fabrickv_auth::throttle::Source::ip(peer.ip());
                     let mut open = self.open.load(Ordering::Acquire);
                     if let Some(b) = &self.idle {
                         open = b.fits(open, CONNECTIONS_MAX);
@@ -110,9 +121,14 @@ impl<C: Conclude> TcpAcceptor<C> {
                     };
                     // Over a bound: refuse by closing at once.
                     let now = Instant::now();
-                    let admitted =
-                        self.table
-                            .admit_or_close(stream, now, open, "connections", unregister);
+                    let admitted = self.table.admit_or_close(
+                        stream,
+                        source,
+                        now,
+                        open,
+                        "connections",
+                        unregister,
+                    );
                     let Some((slot, stream)) = admitted else {
                         continue;
                     };

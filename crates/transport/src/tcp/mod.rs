@@ -83,6 +83,7 @@ pub fn listen_with(addr: &str, opts: &crate::ListenOptions) -> Result<Listening>
     };
     let acceptor = TcpAcceptor::new(listener, acceptor::TCP_HELLO, workers, open, conclude)?
         .with_secret(opts.secret.clone())
+        .with_throttle(opts.throttle.clone())
         .with_idle_board(board);
     Ok(Listening {
         local_addr: format!("tcp://{local}"),
