@@ -481,17 +481,18 @@ impl Partition {
     /// entries, in bucket order, until `budget` is spent (at the end of a
     /// chain), `f` returns false (at the end of that chain) or the index
     /// ends. Returns the main bucket to resume from, or `None` at the end.
-    /// Empty buckets cost one bit of a summary word each. Items never
+    /// Empty buckets cost one bit of a summary word each (a bucket a
+    /// delete emptied costs one entry of `budget`, once). Items never
     /// move between main buckets, so a walk resumed at each returned
     /// bucket sees every key present throughout.
     pub fn scan_from(
-        &self,
+        &mut self,
         from: usize,
         now_ms: u64,
         budget: &mut ScanBudget,
         f: &mut ScanMore<'_>,
     ) -> Option<usize> {
-        dispatch!(&self.inner, core => core.scan_from(from, now_ms, budget, f))
+        dispatch!(&mut self.inner, core => core.scan_from(from, now_ms, budget, f))
     }
 
     /// Removes every item (FLUSHDB); returns how many were live.

@@ -91,9 +91,11 @@ impl<S: Storage> Core<S> {
     /// chain's end), `f` asks to stop, or the index ends. Returns the main
     /// bucket to resume from, or `None` when the walk reached the end.
     /// Empty buckets cost a bit each in the occupancy summary, not a
-    /// cache line. Changes nothing.
+    /// cache line. Changes no item; a bucket marked occupied whose chain
+    /// a delete emptied costs one unit of `budget.entries` and is
+    /// unmarked.
     pub(crate) fn scan_from(
-        &self,
+        &mut self,
         from: usize,
         now_ms: u64,
         budget: &mut ScanBudget,
@@ -117,7 +119,9 @@ impl<S: Storage> Core<S> {
                     let examined = self.visit_chain(main, now_ms, &mut |k, v, e| {
                         more &= f(k, v, e);
                     });
-                    debug_assert!(examined > 0, "an occupied chain holds an entry");
+                    if examined == 0 {
+                        self.index.unmark_occupied(main);
+                    }
                     budget.entries = budget.entries.saturating_sub(examined.max(1));
                     b = main + 1;
                     if !more {
@@ -141,6 +145,7 @@ impl<S: Storage> Core<S> {
                 self.unlink(&hit);
                 self.stats.deletes += 1;
             }
+            self.index.unmark_occupied(main);
             from = main + 1;
         }
         live
@@ -210,7 +215,7 @@ mod tests {
 
     /// Every key, walked with `scan_from` in calls of `count` entries;
     /// returns the keys (with repeats) and the number of calls.
-    fn walk(p: &crate::Partition, count: usize, now: u64) -> (Vec<Vec<u8>>, usize) {
+    fn walk(p: &mut crate::Partition, count: usize, now: u64) -> (Vec<Vec<u8>>, usize) {
         let mut keys = Vec::new();
         let mut calls = 0;
         let mut from = Some(0);
@@ -240,7 +245,7 @@ mod tests {
                     PutResult::Stored
                 );
             }
-            let (keys, calls) = walk(&p, 10, 0);
+            let (keys, calls) = walk(&mut p, 10, 0);
             assert_eq!((keys.len(), calls), (3, 1));
             // COUNT bounds the entries one call examines: 1000 keys at 10
             // per call take about 100 calls (a call ends at a chain's end,
@@ -253,11 +258,11 @@ mod tests {
                     PutResult::Stored
                 );
             }
-            let (keys, calls) = walk(&p, 10, 0);
+            let (keys, calls) = walk(&mut p, 10, 0);
             assert_eq!(keys.len(), 1000);
             assert!((80..=101).contains(&calls), "{calls} calls");
             // Expired entries are examined (they count) but not returned.
-            let (keys, calls) = walk(&p, 10, 5);
+            let (keys, calls) = walk(&mut p, 10, 5);
             assert_eq!(keys.len(), 3 + 499, "0..3 and the odd keys from 3");
             assert!((80..=101).contains(&calls), "{calls} calls");
             // The word budget bounds the walk over empty buckets: with one
@@ -271,6 +276,34 @@ mod tests {
             let next = p.scan_from(0, 5, &mut budget, &mut |_, _, _| true);
             assert_eq!(next, Some(crate::SUMMARY_BUCKETS_PER_WORD));
             assert!(budget.spent());
+            p.check();
+        }
+    }
+
+    /// A delete leaves its bucket's occupied bit for the next walk to
+    /// clear (the delete touches no summary line); that walk pays one
+    /// entry of its budget per such bucket, once.
+    #[test]
+    fn a_walk_clears_the_bits_deletes_left() {
+        for mode in both_modes() {
+            let mut p = sized(mode, 8 << 20, Some(1 << 14));
+            for i in 0..1000u32 {
+                let k = i.to_le_bytes();
+                assert_eq!(
+                    p.put(h(&k), &k, b"v", 0, PutCond::Always, 0),
+                    PutResult::Stored
+                );
+            }
+            for i in 3..1000u32 {
+                let k = i.to_le_bytes();
+                assert_eq!(p.delete(h(&k), &k, 0), crate::DeleteResult::Deleted);
+            }
+            p.check();
+            let (keys, calls) = walk(&mut p, 10, 0);
+            assert_eq!(keys.len(), 3);
+            assert!(calls <= 101, "{calls} calls");
+            let (keys, calls) = walk(&mut p, 10, 0);
+            assert_eq!((keys.len(), calls), (3, 1), "the bits are cleared");
             p.check();
         }
     }
