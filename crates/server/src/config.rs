@@ -155,6 +155,16 @@ pub const NATIVE_IDLE_TIMEOUT_SECS: u64 = 0;
 /// Longest idle timeout accepted, in seconds (30 days); 0 turns it off.
 pub const IDLE_TIMEOUT_SECS_MAX: u64 = 30 * 24 * 3600;
 
+/// Longest a reply holding large values may wait to be written, from when
+/// it was queued, in milliseconds, before the connection is closed (the
+/// default of `ServerConfig::resp_large_reply_ms`, which tests shorten):
+/// the reply holds the store's buffer, which counts in the large budget while held (once
+/// the key is rewritten), so a client that stops reading must not hold it
+/// forever. 60 s writes a maximal 512 MiB value at under 9 MB/s, as the
+/// native `KV_LARGE_PIN_MS`. Redis has no such bound (its
+/// `client-output-buffer-limit` for normal clients is off by default).
+pub const RESP_LARGE_REPLY_MS: u64 = 60_000;
+
 /// Everything a server needs to start.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -258,7 +268,7 @@ impl Default for ServerConfig {
             idle_timeout_secs: NATIVE_IDLE_TIMEOUT_SECS,
             resp_idle_timeout_secs: 0,
             maxmemory_clients_bytes: None,
-            resp_large_reply_ms: crate::resp_net::RESP_LARGE_REPLY_MS,
+            resp_large_reply_ms: RESP_LARGE_REPLY_MS,
             memcache: None,
             memcache_idle_timeout_secs: 0,
         }

@@ -327,7 +327,7 @@ impl RespShared {
             unix_offset_ms: OnceLock::new(),
             bind: None,
             client_memory: Arc::new(crate::text_net::ClientMemory::new(0)),
-            large_reply_ms: crate::resp_net::RESP_LARGE_REPLY_MS,
+            large_reply_ms: crate::config::RESP_LARGE_REPLY_MS,
         }
     }
 

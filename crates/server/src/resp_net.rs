@@ -41,16 +41,6 @@ pub const RESP_INPUT_BYTES_MAX: usize = RESP_COMMAND_BYTES_MAX + RESP_READ_CHUNK
 /// `RESP_LARGE_RECEIVING_BYTES_MAX` by sending nothing.
 pub const RESP_LARGE_STALL_MS: u64 = fabrickv_types::limits::PARTIAL_MESSAGE_TIMEOUT_MS;
 
-/// Longest a reply holding large values may wait to be written, from when
-/// it was queued, in milliseconds, before the connection is closed (the
-/// default of `ServerConfig::resp_large_reply_ms`, which tests shorten):
-/// the reply holds the store's buffer, which counts in the large budget while held (once
-/// the key is rewritten), so a client that stops reading must not hold it
-/// forever. 60 s writes a maximal 512 MiB value at under 9 MB/s, as the
-/// native `KV_LARGE_PIN_MS`. Redis has no such bound (its
-/// `client-output-buffer-limit` for normal clients is off by default).
-pub const RESP_LARGE_REPLY_MS: u64 = 60_000;
-
 /// Bytes of the empty bulk header `$0\r\n` that stands in the input
 /// buffer for a large bulk received on its own.
 const EMPTY_BULK_HEADER: &[u8] = b"$0\r\n";
