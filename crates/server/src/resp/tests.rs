@@ -360,8 +360,9 @@ fn config_info_command_client() {
     );
     assert_eq!(c.run(&["CONFIG", "GET", "nothing*"]), "*0\r\n");
     let many = c.run(&["CONFIG", "GET", "*max*"]);
-    // maxmemory, maxmemory-policy, maxclients and proto-max-bulk-len.
-    assert!(many.starts_with("*8\r\n"), "{many:?}");
+    // maxmemory, maxmemory-policy, maxmemory-clients, maxclients and
+    // proto-max-bulk-len.
+    assert!(many.starts_with("*10\r\n"), "{many:?}");
     let stars = format!("{}x", "*".repeat(5000));
     assert_eq!(c.run(&["CONFIG", "GET", &stars]), "*0\r\n");
     assert!(c.run(&["CONFIG", "SET", "save", ""]).starts_with("-ERR"));
@@ -1178,7 +1179,7 @@ fn config_get_lists_what_clients_read_as_redis_7() {
     // Globs ignore case; an exact name is answered as it was spelled.
     assert_eq!(
         c.run(&["CONFIG", "GET", "MAXMEM*"]),
-        "*4\r\n$9\r\nmaxmemory\r\n$8\r\n16777216\r\n$16\r\nmaxmemory-policy\r\n$10\r\nnoeviction\r\n"
+        "*6\r\n$9\r\nmaxmemory\r\n$8\r\n16777216\r\n$16\r\nmaxmemory-policy\r\n$10\r\nnoeviction\r\n$17\r\nmaxmemory-clients\r\n$1\r\n0\r\n"
     );
     assert_eq!(
         c.run(&["CONFIG", "GET", "Save", "save"]),
