@@ -38,6 +38,9 @@ BENCHES = {
     "rpc-tcp": "bench rpc --transport tcp --duration 2 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json",
     "rpc-shm": "bench rpc --transport shm --duration 2 --report-every 0 --server-cpus 0 --client-cpus 1 --compare --json",
     "cluster": "bench cluster --rounds 2 --duration 1 --json",
+    # The RESP and memcache front ends' GET/SET/MGET paths beside their
+    # peers (every system bench compare runs, at two pipeline depths).
+    "compare": "bench compare --keys 20000 --duration 1 --depths 1,16 --mget 10 --paced-rate -1 --json",
     "copy": "bench copy --size 256MB --value-size 256 --dir {tmp} --clean",
 }
 FIGURES = ("ops_per_s", "mkv_s", "bytes_per_s", "keys_per_s", "copy_mb_per_s", "mb_per_s", "responses_per_s")
