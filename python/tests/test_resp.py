@@ -176,7 +176,7 @@ def test_redis_benchmark_runs_unchanged(server, r):
 
 
 def test_commands_of_many_arguments(r):
-    """Issue 35: more than 2,049 arguments dropped the connection; Redis
+    """Regression: more than 2,049 arguments dropped the connection; Redis
     takes MSET of 10,001 pairs and MGET/DEL of 100,000 keys."""
     pairs = {f"many:{i}": f"v{i}".encode() for i in range(10_001)}
     assert r.mset(pairs) is True
@@ -191,7 +191,7 @@ def test_commands_of_many_arguments(r):
 
 
 def test_time(r):
-    """Issue 35: TIME was missing; clients read the server's clock with it
+    """Regression: TIME was missing; clients read the server's clock with it
     before EXPIREAT and SET PXAT."""
     before = time.time()
     secs, micros = r.time()
@@ -205,7 +205,7 @@ def test_time(r):
 
 
 def test_absolute_expiry_round_trips_exactly(r):
-    """Issue 35: PEXPIRETIME came back 1 ms early in 6-20% of tries after
+    """Regression: PEXPIRETIME came back 1 ms early in 6-20% of tries after
     SET PXAT or PEXPIREAT sent alone (each command its own round trip)."""
     base = time.time_ns() // 1_000_000 + 3_600_000
     for i in range(300):
@@ -218,7 +218,7 @@ def test_absolute_expiry_round_trips_exactly(r):
 
 
 def test_far_future_expiry(r):
-    """Issue 35: an expiry more than 10 years ahead was refused; Redis
+    """Regression: an expiry more than 10 years ahead was refused; Redis
     keeps any time whose milliseconds fit a signed 64-bit integer."""
     top = 2**63 - 1
     r.set("far", "v")
@@ -239,7 +239,7 @@ def test_far_future_expiry(r):
 
 
 def test_auth_without_a_password_as_redis_7(r):
-    """Issue 35: with no password set, AUTH with three arguments is a
+    """Regression: with no password set, AUTH with three arguments is a
     syntax error; one argument keeps the "without any password" error."""
     with pytest.raises(redis.ResponseError, match="syntax error"):
         r.execute_command("AUTH", "a", "b", "c")
@@ -250,7 +250,7 @@ def test_auth_without_a_password_as_redis_7(r):
 
 
 def test_config_get_what_clients_read(server, r):
-    """Issue 35: CONFIG GET * listed 8 parameters; it lists every one
+    """Regression: CONFIG GET * listed 8 parameters; it lists every one
     clients read at start that FabricKV can answer truthfully."""
     conf = r.config_get("*")
     for name in ("maxmemory", "maxmemory-policy", "databases", "save",

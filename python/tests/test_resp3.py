@@ -157,7 +157,7 @@ def test_redis_cli(server, flags):
 
 
 def test_lcs_idx_is_a_map_in_resp3(server):
-    """Issue 35: LCS ... IDX replied with an array under RESP3, where
+    """Regression: LCS ... IDX replied with an array under RESP3, where
     Redis replies with a map."""
     c = connect(server, 3)
     c.set("lcs:1", "ohmytext")

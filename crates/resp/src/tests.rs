@@ -221,7 +221,7 @@ fn multibulk_count_bound() {
     fails(past.as_bytes(), ProtocolError::CommandTooBig);
 }
 
-/// Regression (issue 35): a command of more than 2,049 arguments was
+/// Regression: a command of more than 2,049 arguments was
 /// refused with "invalid multibulk length" and its connection closed;
 /// Redis takes MSET of 10,001 pairs and MGET of 100,000 keys.
 #[test]

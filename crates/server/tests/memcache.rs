@@ -212,8 +212,8 @@ fn large_values_in_pieces_and_oversized_ones_refused() {
     h.shutdown();
 }
 
-/// Issue 35's memcached findings over a socket: a length memcached cannot
-/// read is a bad line and the next one is read (no hang), a get line of
+/// What an outside memcached compatibility run found, over a socket: a
+/// length memcached cannot read is a bad line and the next one is read (no hang), a get line of
 /// 18,725 keys (187 KB) is answered whole, `noreply` silences an error,
 /// and an HTTP request line closes the connection without a reply.
 #[test]

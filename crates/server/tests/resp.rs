@@ -385,7 +385,7 @@ transport_tests!(
 );
 
 /// DBSIZE stops counting expired keys within a few seconds, untouched,
-/// whatever the size of the index (issue 35: three keys set with PSETEX
+/// whatever the size of the index (before: three keys set with PSETEX
 /// 500 were still counted 2.5 s later, until the sweep had walked every
 /// bucket, 15-20 s). The sweep now follows the index's summary of chains
 /// holding keys with a TTL. One worker with 1 GiB gives its four
@@ -415,7 +415,7 @@ fn dbsize_drops_expired_keys_within_seconds_in_a_large_index() {
     s.shutdown();
 }
 
-/// Regression (issue 35): a command of more than 2,049 arguments was
+/// Regression: a command of more than 2,049 arguments was
 /// answered `-ERR Protocol error: invalid multibulk length` and its
 /// connection closed. MSET of 10,001 pairs, MGET and DEL of 100,000 keys
 /// work as in Redis (the keys spread over every partition, so each

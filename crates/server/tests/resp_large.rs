@@ -294,8 +294,8 @@ fn a_client_silent_in_the_middle_of_a_large_value_is_closed() {
     s.shutdown();
 }
 
-/// Issue 35 item 15, scaled down: connections GET a large value and stop
-/// reading, and the key is rewritten again and again. The replaced values
+/// An outside attack run (60 readers of 8 MiB values), scaled down:
+/// connections GET a large value and stop reading, and the key is rewritten again and again. The replaced values
 /// they hold stay alive, so they stay in the large budget (INFO's
 /// `large_values_pinned_bytes`): past it the SETs are refused with OOM
 /// instead of memory growing, and the bytes come back when the readers go.

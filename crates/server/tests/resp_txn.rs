@@ -131,8 +131,8 @@ fn scan_keys_rename_copy_over_a_socket() {
     s.shutdown();
 }
 
-/// Issue 35 item 16, scaled down: connections queue big MULTI SETs past
-/// the server-wide `maxmemory-clients`; the one holding the most is
+/// An outside attack run (10 connections queueing 60 MiB each), scaled
+/// down: connections queue big MULTI SETs past the server-wide `maxmemory-clients`; the one holding the most is
 /// closed, the others keep their transactions, and the accounted bytes
 /// stay under the cap.
 #[test]

@@ -1039,7 +1039,7 @@ fn info_sections_follow_redis() {
     assert!(c.run(&["INFO", "default"]).contains("# Keyspace"));
 }
 
-/// Regression (issue 35): TIME was missing. Redis answers two bulk
+/// Regression: TIME was missing. Redis answers two bulk
 /// strings, Unix seconds and microseconds, and lists it in COMMAND.
 #[test]
 fn time_answers_the_wall_clock_as_redis_does() {
@@ -1074,7 +1074,7 @@ fn time_answers_the_wall_clock_as_redis_does() {
     assert!(c.run(&["COMMAND", "DOCS", "time"]).contains("server"));
 }
 
-/// Regression (issue 35): with no password set, AUTH answered every form
+/// Regression: with no password set, AUTH answered every form
 /// with the "without any password" error; Redis 7 refuses more than two
 /// arguments as a syntax error and lets its passwordless `default` user
 /// in with any password.
@@ -1098,7 +1098,7 @@ fn auth_without_a_password_answers_as_redis_7() {
     assert_eq!(c.run(&["PING"]), "+PONG\r\n");
 }
 
-/// Regression (issue 35): LCS ... IDX replied with an array under RESP3,
+/// Regression: LCS ... IDX replied with an array under RESP3,
 /// where Redis replies with a map (the same flat array under RESP2).
 #[test]
 fn lcs_idx_is_a_map_under_resp3() {
@@ -1130,7 +1130,7 @@ fn config_pairs(reply: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Regression (issue 35): CONFIG GET * listed 8 parameters. It lists
+/// Regression: CONFIG GET * listed 8 parameters. It lists
 /// every one clients read at start that FabricKV can answer truthfully,
 /// with globs, several patterns, and exact names as Redis 7 takes them.
 #[test]

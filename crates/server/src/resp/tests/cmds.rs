@@ -656,7 +656,7 @@ fn int_of(reply: &str) -> i64 {
         .unwrap_or_else(|| panic!("not an integer reply: {reply:?}"))
 }
 
-/// Regression (issue 35): PEXPIRETIME came back 1 ms early in some tries
+/// Regression: PEXPIRETIME came back 1 ms early in some tries
 /// after `SET x v PXAT T` or `PEXPIREAT x T` sent alone, because each
 /// `process` call converted between the engine's clock and Unix time with
 /// its own reading of the wall clock. Here the engine clock moves on its
@@ -694,7 +694,7 @@ fn absolute_expiry_round_trips_exactly_across_calls() {
     }
 }
 
-/// Regression (issue 35): an absolute expiry more than 10 years ahead was
+/// Regression: an absolute expiry more than 10 years ahead was
 /// refused; Redis takes any time whose milliseconds fit an `i64`, and
 /// refuses only one that overflows, with its own error.
 #[test]
