@@ -448,13 +448,7 @@ fn scan_case(
     count: usize,
     opts: &CompareOpts,
 ) -> Result<BenchResult, String> {
-    let stream = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    stream
-        .set_read_timeout(Some(memcache::REPLY_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    let mut w = stream.try_clone().map_err(|e| e.to_string())?;
-    let mut r = BufReader::new(stream);
+    let (mut w, mut r) = resp_connect(port)?;
     let count_arg = count.to_string();
     let mut times = Vec::new();
     let (mut returned, mut missing) = (0u64, 0u64);
@@ -626,16 +620,23 @@ fn native_system(system: System, addr: &str, opts: &CompareOpts) -> Result<Vec<R
     Ok(rows)
 }
 
-/// Stores keys `0..keys` (`key:%012d`, values of `fill_value`) with
-/// pipelined MSETs, then reads every one back with MGET and checks it.
-pub fn resp_preload(port: u16, keys: u64, value_size: usize) -> Result<(), String> {
+/// One RESP connection to the server on loopback `port`, as the preload
+/// and the SCAN case use it: no Nagle, a read timeout so a silent server
+/// fails the run, and the write half beside a buffered read half.
+fn resp_connect(port: u16) -> Result<(TcpStream, BufReader<TcpStream>), String> {
     let stream = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     stream
         .set_read_timeout(Some(memcache::REPLY_TIMEOUT))
         .map_err(|e| e.to_string())?;
-    let mut w = stream.try_clone().map_err(|e| e.to_string())?;
-    let mut r = BufReader::new(stream);
+    let w = stream.try_clone().map_err(|e| e.to_string())?;
+    Ok((w, BufReader::new(stream)))
+}
+
+/// Stores keys `0..keys` (`key:%012d`, values of `fill_value`) with
+/// pipelined MSETs, then reads every one back with MGET and checks it.
+pub fn resp_preload(port: u16, keys: u64, value_size: usize) -> Result<(), String> {
+    let (mut w, mut r) = resp_connect(port)?;
     let chunks: Vec<(u64, u64)> = (0..keys)
         .step_by(RESP_PRELOAD_KEYS_PER_MSET as usize)
         .map(|a| (a, (a + RESP_PRELOAD_KEYS_PER_MSET).min(keys)))
