@@ -2,7 +2,7 @@
 //! inline in chunks that land in place, pinned to one generation of the
 //! value and read again when it changes in between.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fabrickv_transport::{Landed, RemoteRegion};
 use fabrickv_types::limits::CACHE_CHUNK_BYTES_MAX;
@@ -10,7 +10,9 @@ use fabrickv_types::ErrorCode;
 use fabrickv_wire::cache::{encode_get, RegionSlice, GET_REPLY_HEAD_BYTES};
 
 use super::reply::{get_reply, Bad, ChunkReply, ChunkSink};
-use super::{too_small, CacheClient, Chunks, Placed, CACHE_GET_RETRIES_MAX};
+use super::{
+    too_small, CacheClient, Chunks, Placed, CACHE_GET_RETRY_PAUSE_US_MAX, CACHE_GET_RETRY_WINDOW_MS,
+};
 use crate::conn::region_bytes;
 use crate::{ClientError, Result};
 
@@ -152,7 +154,19 @@ impl CacheClient {
         dst: &mut [u8],
         guess: usize,
     ) -> Result<Option<Placed>> {
-        for _ in 0..CACHE_GET_RETRIES_MAX {
+        let started = Instant::now();
+        let window = Duration::from_millis(CACHE_GET_RETRY_WINDOW_MS);
+        let mut pause_us = 0u64;
+        let mut reads = 0u64;
+        loop {
+            if reads > 0 {
+                if started.elapsed() >= window {
+                    break;
+                }
+                pause_us = (pause_us * 2).clamp(50, CACHE_GET_RETRY_PAUSE_US_MAX);
+                std::thread::sleep(Duration::from_micros(pause_us));
+            }
+            reads += 1;
             let first = guess
                 .clamp(1, dst.len().max(1))
                 .div_ceil(CACHE_CHUNK_BYTES_MAX);
@@ -185,7 +199,10 @@ impl CacheClient {
         }
         Err(ClientError::Server {
             code: ErrorCode::ValueChanged,
-            message: format!("the value changed during {CACHE_GET_RETRIES_MAX} reads in a row"),
+            message: format!(
+                "the value changed during {reads} reads in a row over {} ms",
+                started.elapsed().as_millis()
+            ),
         })
     }
 

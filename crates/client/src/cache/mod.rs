@@ -49,8 +49,17 @@ use reply::{put_reply, reply_frame, Bad};
 /// default of the KV-cache service this one replaces).
 pub const CACHE_BUFFER_BYTES_DEFAULT: usize = 64 << 20;
 
-/// Times a GET is retried when its value is replaced between chunks.
-pub const CACHE_GET_RETRIES_MAX: usize = 8;
+/// How long, in milliseconds, a GET keeps reading a value again while it
+/// is replaced between chunks. Bounded by time, not by a count: a reader
+/// racing a burst of writes to one hot key outlasts the burst however
+/// busy the machine is, and a key rewritten without pause gets a clear
+/// `VALUE_CHANGED` rather than a read that spins until its deadline.
+pub const CACHE_GET_RETRY_WINDOW_MS: u64 = 5_000;
+
+/// Longest pause, in microseconds, between two reads of a value that
+/// keeps changing: the pause doubles from 50 µs up to this, so a burst of
+/// writes finishes instead of being raced by the reader.
+pub const CACHE_GET_RETRY_PAUSE_US_MAX: u64 = 10_000;
 
 /// Picks the worker of each new client, round robin over the process.
 static TURNS: Turns = Turns::new();
