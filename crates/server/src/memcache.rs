@@ -34,13 +34,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use fabrickv_memcache::{self as mc, Command, KeysPiece, Parse};
 use fabrickv_types::KeyHash;
 
 use crate::config::Mode;
 use crate::partitions::{Partitions, PREFETCH_KEYS_MAX};
+use crate::resp::unix_now_ms;
 use store::Expiry;
 
 mod meta;
@@ -183,13 +184,6 @@ impl McShared {
     fn flushed(&self, cas: u64) -> bool {
         cas != 0 && cas < self.flush_below_cas.load(Ordering::Relaxed)
     }
-}
-
-/// The wall clock, in unix milliseconds (for absolute expiry times).
-fn unix_now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What one call to [`McSession::process`] did.

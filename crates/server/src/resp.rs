@@ -464,8 +464,9 @@ impl RespShared {
     }
 }
 
-/// The wall clock as Unix milliseconds (0 if it reads before 1970).
-fn unix_now_ms() -> u64 {
+/// The wall clock as Unix milliseconds (0 if it reads before 1970), for
+/// the absolute expiry times of RESP and memcache alike.
+pub(crate) fn unix_now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -491,6 +492,18 @@ pub struct Processed {
     /// `consumed`): the caller receives it into its own buffer, hands it
     /// over with [`RespSession::large_received`], and calls again.
     pub large: Option<LargeBulkAt>,
+}
+
+impl Processed {
+    /// A protocol error has been answered: the stream cannot be trusted
+    /// past it, so the connection closes once the replies are written.
+    fn protocol_error(&mut self, shared: &RespShared) {
+        shared
+            .counters
+            .protocol_errors
+            .fetch_add(1, Ordering::Relaxed);
+        self.close = true;
+    }
 }
 
 /// One RESP connection's protocol state.
@@ -636,11 +649,7 @@ impl RespSession {
                             &mut out,
                             "ERR Protocol error: one bulk argument over 1 MiB per command",
                         );
-                        shared
-                            .counters
-                            .protocol_errors
-                            .fetch_add(1, Ordering::Relaxed);
-                        done.close = true;
+                        done.protocol_error(shared);
                         break;
                     }
                     let at = done.consumed;
@@ -711,11 +720,7 @@ impl RespSession {
                     let mark = out.len();
                     e.write_reply(&mut out);
                     shared.stats.error(out.get(mark + 1..).unwrap_or_default());
-                    shared
-                        .counters
-                        .protocol_errors
-                        .fetch_add(1, Ordering::Relaxed);
-                    done.close = true;
+                    done.protocol_error(shared);
                     break;
                 }
             }

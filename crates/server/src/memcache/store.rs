@@ -203,14 +203,7 @@ pub(super) fn store(sh: &McShared, scratch: &mut Vec<u8>, r: &StoreReq<'_>, now:
     let mut k = sh.lock(r.key);
     // A plain set needs not look first.
     if r.mode == StoreMode::Set && r.compare.is_none() {
-        return match k.write(
-            sh,
-            r.data,
-            r.flags,
-            Expiry::of(r.exptime, now),
-            r.new_cas,
-            now,
-        ) {
+        return match k.write_req(sh, r, now) {
             Ok(cas) => Outcome::Stored(cas),
             Err(o) => k.refused(r, o, now),
         };
@@ -251,14 +244,7 @@ pub(super) fn store(sh: &McShared, scratch: &mut Vec<u8>, r: &StoreReq<'_>, now:
             };
             k.write(sh, scratch, i.flags, exp, r.new_cas, now)
         }
-        _ => k.write(
-            sh,
-            r.data,
-            r.flags,
-            Expiry::of(r.exptime, now),
-            r.new_cas,
-            now,
-        ),
+        _ => k.write_req(sh, r, now),
     };
     if scratch.capacity() > super::MC_OUTPUT_SOFT_BYTES {
         *scratch = Vec::new();
@@ -271,6 +257,19 @@ pub(super) fn store(sh: &McShared, scratch: &mut Vec<u8>, r: &StoreReq<'_>, now:
 }
 
 impl Locked<'_> {
+    /// Writes `r`'s own data, flags and expiry (all but append and
+    /// prepend, which write the joined value under the old item's).
+    fn write_req(&mut self, sh: &McShared, r: &StoreReq<'_>, now: u64) -> Result<u64, Outcome> {
+        self.write(
+            sh,
+            r.data,
+            r.flags,
+            Expiry::of(r.exptime, now),
+            r.new_cas,
+            now,
+        )
+    }
+
     /// A write of `r`'s data refused with `o`: deletes the old value if
     /// `r` asks for it.
     fn refused(&mut self, r: &StoreReq<'_>, o: Outcome, now: u64) -> Outcome {

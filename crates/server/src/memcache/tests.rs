@@ -31,6 +31,15 @@ fn run(sh: &McShared, s: &mut McSession, input: &str, now: u64) -> String {
     String::from_utf8(out).expect("utf8")
 }
 
+/// The CAS unique of a `gets` reply's one VALUE line.
+fn cas_of(gets: &str) -> u64 {
+    gets.split_whitespace()
+        .nth(4)
+        .expect("cas")
+        .parse()
+        .expect("n")
+}
+
 #[test]
 fn storage_and_retrieval() {
     let sh = shared();
@@ -38,13 +47,7 @@ fn storage_and_retrieval() {
     let r = |s: &mut McSession, i: &str| run(&sh, s, i, 1);
     assert_eq!(r(&mut s, "set a 7 0 3\r\nabc\r\n"), "STORED\r\n");
     assert_eq!(r(&mut s, "get a b\r\n"), "VALUE a 7 3\r\nabc\r\nEND\r\n");
-    let gets = r(&mut s, "gets a\r\n");
-    let cas: u64 = gets
-        .split_whitespace()
-        .nth(4)
-        .expect("cas")
-        .parse()
-        .expect("n");
+    let cas = cas_of(&r(&mut s, "gets a\r\n"));
     assert_eq!(r(&mut s, "add a 0 0 1\r\nx\r\n"), "NOT_STORED\r\n");
     assert_eq!(r(&mut s, "replace b 0 0 1\r\nx\r\n"), "NOT_STORED\r\n");
     assert_eq!(r(&mut s, "append a 0 0 2\r\nde\r\n"), "STORED\r\n");
@@ -56,13 +59,7 @@ fn storage_and_retrieval() {
         "the append changed the CAS"
     );
     assert_eq!(r(&mut s, "cas zz 1 0 1 5\r\nz\r\n"), "NOT_FOUND\r\n");
-    let gets = r(&mut s, "gets a\r\n");
-    let cas: u64 = gets
-        .split_whitespace()
-        .nth(4)
-        .expect("cas")
-        .parse()
-        .expect("n");
+    let cas = cas_of(&r(&mut s, "gets a\r\n"));
     assert_eq!(
         r(&mut s, &format!("cas a 9 0 1 {cas}\r\nz\r\n")),
         "STORED\r\n"

@@ -205,6 +205,14 @@ pub(super) fn retrieve(
     None
 }
 
+/// Writes a STAT line for each named counter: the counters' fields carry
+/// memcached's names, so the name is the field's.
+macro_rules! counter_stats {
+    ($out:expr, $c:expr, $($name:ident)+) => {
+        $(stat($out, stringify!($name), $c.$name.load(Ordering::Relaxed));)+
+    };
+}
+
 fn stat(out: &mut Vec<u8>, name: &str, v: impl std::fmt::Display) {
     use std::io::Write;
     let _ = write!(out, "STAT {name} {v}\r\n");
@@ -242,24 +250,10 @@ fn stats(sh: &McShared, group: Option<&[u8]>, out: &mut Vec<u8>) {
     stat(out, "curr_connections", get(&c.connected));
     stat(out, "total_connections", get(&c.connections_received));
     stat(out, "rejected_connections", get(&c.rejected));
-    stat(out, "cmd_get", get(&c.cmd_get));
-    stat(out, "cmd_set", get(&c.cmd_set));
-    stat(out, "cmd_flush", get(&c.cmd_flush));
-    stat(out, "cmd_touch", get(&c.cmd_touch));
-    stat(out, "get_hits", get(&c.get_hits));
-    stat(out, "get_misses", get(&c.get_misses));
+    counter_stats!(out, c, cmd_get cmd_set cmd_flush cmd_touch get_hits get_misses);
     stat(out, "get_expired", e.expired);
-    stat(out, "delete_misses", get(&c.delete_misses));
-    stat(out, "delete_hits", get(&c.delete_hits));
-    stat(out, "incr_misses", get(&c.incr_misses));
-    stat(out, "incr_hits", get(&c.incr_hits));
-    stat(out, "decr_misses", get(&c.decr_misses));
-    stat(out, "decr_hits", get(&c.decr_hits));
-    stat(out, "cas_misses", get(&c.cas_misses));
-    stat(out, "cas_hits", get(&c.cas_hits));
-    stat(out, "cas_badval", get(&c.cas_badval));
-    stat(out, "touch_hits", get(&c.touch_hits));
-    stat(out, "touch_misses", get(&c.touch_misses));
+    counter_stats!(out, c, delete_misses delete_hits incr_misses incr_hits decr_misses);
+    counter_stats!(out, c, decr_hits cas_misses cas_hits cas_badval touch_hits touch_misses);
     stat(out, "threads", sh.threads);
     stat(out, "curr_items", e.items);
     stat(out, "total_items", e.puts);

@@ -434,14 +434,9 @@ fn a_pool_beyond_the_lock_limit_is_refused_before_it_is_built() {
     const RSS_GROWTH_BYTES_MAX: u64 = 16 << 20;
     let cfg = PsConfig {
         pool_bytes: POOL_BYTES,
-        pool: PoolOptions {
-            hugepages: false,
-            populate: true,
-            lock: true,
-            zero: true,
-        },
-        tables: Vec::new(),
+        ..PsConfig::default()
     };
+    assert!(cfg.pool.lock, "the default pool is locked");
     let tight = || MemoryBudget {
         lock_limit_bytes: Some(64 << 10),
         locked_bytes: 0,
