@@ -38,7 +38,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use fabrickv_client::cache::{CacheClient as RustCacheClient, CacheClientOptions};
+use fabrickv_client::cache::{CacheClient as RustCacheClient, CacheClientOptions, Placed};
 use fabrickv_client::ClientError;
 use fabrickv_types::limits::{CACHE_BATCH_KEYS_MAX, CACHE_CLIENT_BUFFER_BYTES_MAX};
 use fabrickv_types::ErrorCode;
@@ -237,6 +237,19 @@ pub(crate) fn with_locked<C, R>(
     f(client)
 }
 
+/// Runs `op` on `key` (checked as every key is) with the client in `slot`
+/// locked and the GIL released: the calls that take a key and nothing
+/// more (`delete`, `exists`).
+pub(crate) fn on_key<C: Send, R: Send>(
+    py: Python<'_>,
+    slot: &Mutex<Option<C>>,
+    key: &Bound<'_, PyAny>,
+    op: impl FnOnce(&mut C, &[u8]) -> fabrickv_client::Result<R> + Send,
+) -> PyResult<R> {
+    let key = key_of(key)?;
+    with_locked(py, slot, |c| py.detach(|| op(c, key)).map_err(to_py_err))
+}
+
 /// A client of the server's KV cache: large values (up to 64 MiB, say a
 /// layer block of attention keys and values) with an optional time to
 /// live, read through a receive buffer of `buffer_mb` MiB.
@@ -270,30 +283,63 @@ pub(crate) struct CacheClient {
     closed: AtomicBool,
 }
 
-impl CacheClient {
-    /// Reads `key` into the receive buffer, placed for an output of `cap`
-    /// bytes (see [`end_offset`]), and hands the value's bytes to `take`
-    /// with the GIL held and the client locked; None if absent.
-    fn read<R>(
-        &self,
-        py: Python<'_>,
-        key: &[u8],
-        cap: usize,
-        take: impl FnOnce(&[u8]) -> PyResult<R>,
-    ) -> PyResult<Option<R>> {
-        with_locked(py, &self.inner, |c| {
-            let n = c.buffer_len();
-            let offset = end_offset(n, cap);
-            let placed = py
-                .detach(|| c.get_at(key, offset))
-                .map_err(|e| read_error("", e, cap, n))?;
-            let Some(p) = placed else {
-                return Ok(None);
-            };
-            let buf = c.buffer().map_err(to_py_err)?;
-            take(&buf[p.offset..p.offset + p.len]).map(Some)
-        })
+/// A Rust cache client whose reads land in a receive buffer: one
+/// server's, or a cluster's with a buffer per server. [`read`], the one
+/// read path of `get` and `get_into`, needs no more of it.
+pub(crate) trait BufferedReads: Send {
+    /// Where a read landed.
+    type Placed: Send;
+
+    /// The length of the receive buffer `key`'s value lands in (with the
+    /// GIL released where finding it may dial a server).
+    fn buffer_len_of(&mut self, py: Python<'_>, key: &[u8]) -> PyResult<usize>;
+
+    /// Reads `key` into that buffer at `offset`; `None` if absent.
+    fn place(&mut self, key: &[u8], offset: usize)
+        -> fabrickv_client::Result<Option<Self::Placed>>;
+
+    /// The bytes of the value where `p` says it landed.
+    fn landed(&mut self, p: &Self::Placed) -> PyResult<&[u8]>;
+}
+
+impl BufferedReads for RustCacheClient {
+    type Placed = Placed;
+
+    fn buffer_len_of(&mut self, _py: Python<'_>, _key: &[u8]) -> PyResult<usize> {
+        Ok(self.buffer_len())
     }
+
+    fn place(&mut self, key: &[u8], offset: usize) -> fabrickv_client::Result<Option<Placed>> {
+        self.get_at(key, offset)
+    }
+
+    fn landed(&mut self, p: &Placed) -> PyResult<&[u8]> {
+        let buf = self.buffer().map_err(to_py_err)?;
+        Ok(&buf[p.offset..p.offset + p.len])
+    }
+}
+
+/// Reads `key` into the receive buffer of the client in `slot`, placed for
+/// an output of `cap` bytes (see [`end_offset`]), and hands the value's
+/// bytes to `take` with the GIL held and the client locked; None if absent.
+pub(crate) fn read<C: BufferedReads, R>(
+    py: Python<'_>,
+    slot: &Mutex<Option<C>>,
+    key: &[u8],
+    cap: usize,
+    take: impl FnOnce(&[u8]) -> PyResult<R>,
+) -> PyResult<Option<R>> {
+    with_locked(py, slot, |c| {
+        let n = c.buffer_len_of(py, key)?;
+        let offset = end_offset(n, cap);
+        let placed = py
+            .detach(|| c.place(key, offset))
+            .map_err(|e| read_error("", e, cap, n))?;
+        let Some(p) = placed else {
+            return Ok(None);
+        };
+        take(c.landed(&p)?).map(Some)
+    })
 }
 
 cache_reads!(

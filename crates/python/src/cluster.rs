@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use fabrickv_client::cluster::{
     lookup as registry_lookup, ClusterCache as RustClusterCache, ClusterClient, ClusterOf,
-    ClusterOptions, ClusterPs, ClusterTable as RustClusterTable, PerServer,
+    ClusterOptions, ClusterPlaced, ClusterPs, ClusterTable as RustClusterTable, PerServer,
 };
 use fabrickv_client::{ClientError, Cluster as ClusterMap, Kv};
 use fabrickv_cluster::Registry;
@@ -37,7 +37,7 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use crate::cache::{buffer_bytes_of, end_offset, key_of, read_error, with_locked};
+use crate::cache::{buffer_bytes_of, key_of, BufferedReads};
 use crate::kv::key_slices;
 use crate::lazy::Lazy;
 use crate::ps;
@@ -434,32 +434,27 @@ pub(crate) struct ClusterCache {
     closed: AtomicBool,
 }
 
-impl ClusterCache {
-    /// Reads `key` into the receive buffer of its server's client, placed
-    /// for an output of `cap` bytes (at the buffer's end), and hands the
-    /// value's bytes to `take` with the GIL held; None if absent.
-    fn read<R>(
-        &self,
-        py: Python<'_>,
+/// Each value lands in the receive buffer of its server's client.
+impl BufferedReads for RustClusterCache {
+    type Placed = ClusterPlaced;
+
+    fn buffer_len_of(&mut self, py: Python<'_>, key: &[u8]) -> PyResult<usize> {
+        let s = self.server_of(key);
+        py.detach(|| self.server_client(s).map(|c| c.buffer_len()))
+            .map_err(to_py_err)
+    }
+
+    fn place(
+        &mut self,
         key: &[u8],
-        cap: usize,
-        take: impl FnOnce(&[u8]) -> PyResult<R>,
-    ) -> PyResult<Option<R>> {
-        with_locked(py, &self.inner, |c| {
-            let s = c.server_of(key);
-            let n = py
-                .detach(|| c.server_client(s).map(|c| c.buffer_len()))
-                .map_err(to_py_err)?;
-            let offset = end_offset(n, cap);
-            let placed = py
-                .detach(|| c.get_at(key, offset))
-                .map_err(|e| read_error("", e, cap, n))?;
-            let Some(p) = placed else {
-                return Ok(None);
-            };
-            let buf = c.buffer(p.server).map_err(to_py_err)?;
-            take(&buf[p.placed.offset..p.placed.offset + p.placed.len]).map(Some)
-        })
+        offset: usize,
+    ) -> fabrickv_client::Result<Option<ClusterPlaced>> {
+        self.get_at(key, offset)
+    }
+
+    fn landed(&mut self, p: &ClusterPlaced) -> PyResult<&[u8]> {
+        let buf = self.buffer(p.server).map_err(to_py_err)?;
+        Ok(&buf[p.placed.offset..p.placed.offset + p.placed.len])
     }
 }
 

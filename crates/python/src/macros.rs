@@ -154,8 +154,8 @@ macro_rules! kv_calls {
 }
 
 /// `get` and `get_into` of a KV-cache client class: the class has
-/// `read(&self, py, key, cap, take)`, which reads `key` for an output of
-/// `cap` bytes and hands the value's bytes to `take` (None if absent).
+/// `inner: Mutex<Option<C>>` with `C: crate::cache::BufferedReads`, read
+/// by `crate::cache::read`.
 /// `$get_doc` and `$get_into_doc` are the two methods' docs.
 macro_rules! cache_reads {
     ($class:ty, $get_doc:literal, $get_into_doc:literal) => {
@@ -168,7 +168,7 @@ macro_rules! cache_reads {
                 key: &pyo3::Bound<'py, pyo3::PyAny>,
             ) -> pyo3::PyResult<Option<pyo3::Bound<'py, pyo3::types::PyBytes>>> {
                 let key = crate::cache::key_of(key)?;
-                self.read(py, key, usize::MAX, |v| {
+                crate::cache::read(py, &self.inner, key, usize::MAX, |v| {
                     Ok(pyo3::types::PyBytes::new(py, v))
                 })
             }
@@ -183,7 +183,7 @@ macro_rules! cache_reads {
                 let key = crate::cache::key_of(key)?;
                 let out = crate::cache::out_of(out)?;
                 let cap = numpy::PyUntypedArrayMethods::len(&out);
-                self.read(py, key, cap, |v| {
+                crate::cache::read(py, &self.inner, key, cap, |v| {
                     crate::cache::copy_out(&out, v)?;
                     Ok(v.len())
                 })
@@ -194,8 +194,9 @@ macro_rules! cache_reads {
 
 /// `put`, `delete` and `exists` of a KV-cache client class: the class has
 /// `inner: Mutex<Option<C>>`, whose client `crate::cache::with_locked`
-/// lends to `f` (`f` releases the GIL for the network call), and `C` has the
-/// calls of `fabrickv_client::CacheClient` by the same names.
+/// lends to `f` (`f` releases the GIL for the network call; `delete` and
+/// `exists` through `crate::cache::on_key`), and `C` has the calls of
+/// `fabrickv_client::CacheClient` by the same names.
 /// `$put_where` finishes `put`'s doc: where the value goes.
 macro_rules! cache_writes {
     ($class:ty, $put_where:literal) => {
@@ -231,10 +232,7 @@ macro_rules! cache_writes {
                 py: pyo3::Python<'_>,
                 key: &pyo3::Bound<'_, pyo3::PyAny>,
             ) -> pyo3::PyResult<bool> {
-                let key = crate::cache::key_of(key)?;
-                crate::cache::with_locked(py, &self.inner, |c| {
-                    py.detach(|| c.delete(key)).map_err(crate::to_py_err)
-                })
+                crate::cache::on_key(py, &self.inner, key, |c, k| c.delete(k))
             }
 
             /// Whether `key` is stored and not expired.
@@ -243,10 +241,7 @@ macro_rules! cache_writes {
                 py: pyo3::Python<'_>,
                 key: &pyo3::Bound<'_, pyo3::PyAny>,
             ) -> pyo3::PyResult<bool> {
-                let key = crate::cache::key_of(key)?;
-                crate::cache::with_locked(py, &self.inner, |c| {
-                    py.detach(|| c.exists(key)).map_err(crate::to_py_err)
-                })
+                crate::cache::on_key(py, &self.inner, key, |c, k| c.exists(k))
             }
         }
     };
