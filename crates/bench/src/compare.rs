@@ -37,6 +37,7 @@ use fabrickv_client::Client;
 use crate::cpu::CpuMeter;
 use crate::keys::{check_value, fill_value};
 use crate::kv::{self, KvOpts};
+use crate::load::Shape;
 use crate::memcache::{self, key_of, McOp, McOpts};
 use crate::paced::{self, PacedOpts};
 use crate::peers::{self, free_port, pinned, spawn_server, spawn_until, Child};
@@ -296,16 +297,28 @@ fn memory_for(opts: &CompareOpts) -> u64 {
     (opts.keys * item * 2).max(32 << 20)
 }
 
-fn measure<F>(pid: u32, f: F) -> Result<(BenchResult, f64), String>
+/// Runs `f`, `workload` on `system`, metering the CPU of the server
+/// process `pid`, and returns its row: every row of the run is a
+/// `compare` result named by its workload and system, whichever client
+/// measured it.
+fn measure<F>(pid: u32, workload: Workload, system: System, f: F) -> Result<Row, String>
 where
     F: FnOnce() -> Result<BenchResult, String>,
 {
     let meter = CpuMeter::start(pid)?;
-    let mut r = f()?;
+    let mut result = f()?;
     if let Some(share) = meter.kernel_share()? {
-        r.params["server_kernel_share"] = share.into();
+        result.params["server_kernel_share"] = share.into();
     }
-    Ok((r, meter.elapsed_cpu_s()?))
+    result.bench = "compare".into();
+    result.case = workload.name();
+    result.system = system.name().into();
+    Ok(Row {
+        workload,
+        system,
+        result,
+        server_cpu_s: meter.elapsed_cpu_s()?,
+    })
 }
 
 /// Every workload on one RESP server (`before`: the rows of the systems
@@ -320,22 +333,15 @@ fn resp_system(
     resp_preload(port, opts.keys, opts.value_size)?;
     let mut rows = Vec::new();
     if let Some(count) = opts.scan_count {
-        let (result, cpu) = measure(server.pid(), || scan_case(system, port, count, opts))?;
-        rows.push(Row {
-            workload: Workload::Scan(count),
+        rows.push(measure(
+            server.pid(),
+            Workload::Scan(count),
             system,
-            result,
-            server_cpu_s: cpu,
-        });
+            || scan_case(system, port, count, opts),
+        )?);
     }
     for w in opts.workloads() {
-        let (result, cpu) = redis_benchmark_case(system, server.pid(), port, w, opts)?;
-        rows.push(Row {
-            workload: w,
-            system,
-            result,
-            server_cpu_s: cpu,
-        });
+        rows.push(redis_benchmark_case(system, server.pid(), port, w, opts)?);
     }
     if let Some(rate) = opts.paced_rate {
         let get_p1 = |rows: &[Row], s: System| {
@@ -361,16 +367,12 @@ fn resp_system(
                 value_size: opts.value_size,
                 duration: opts.duration,
             };
-            let (mut result, cpu) = measure(server.pid(), || paced::run(&po))?;
-            result.case = "GET paced".into();
-            result.system = system.name().into();
-            result.params["server_busy"] = (cpu / result.seconds.max(1e-9)).into();
-            rows.push(Row {
-                workload: Workload::Paced(rate as u64),
-                system,
-                result,
-                server_cpu_s: cpu,
-            });
+            let mut row = measure(server.pid(), Workload::Paced(rate as u64), system, || {
+                paced::run(&po)
+            })?;
+            row.result.params["server_busy"] =
+                (row.server_cpu_s / row.result.seconds.max(1e-9)).into();
+            rows.push(row);
         }
     }
     Ok(rows)
@@ -382,7 +384,7 @@ fn redis_benchmark_case(
     port: u16,
     w: Workload,
     opts: &CompareOpts,
-) -> Result<(BenchResult, f64), String> {
+) -> Result<Row, String> {
     let mut args: Vec<String> = vec![
         "-c".into(),
         opts.conns.to_string(),
@@ -414,7 +416,7 @@ fn redis_benchmark_case(
     let n = ((per_s * opts.duration.as_secs_f64()) as u64)
         .clamp(CALIBRATION_REQUESTS, REDIS_BENCHMARK_REQUESTS_MAX);
     let full = with_n(n);
-    measure(pid, || {
+    measure(pid, w, system, || {
         let t = Instant::now();
         let rows = peers::redis_benchmark(Some(&cpu), port, &full)?;
         let seconds = t.elapsed().as_secs_f64();
@@ -555,16 +557,9 @@ fn memcache_system(
             duration: opts.duration,
             client_cpu: Some(opts.client_cpu),
         };
-        let (mut result, cpu) = measure(server.pid(), || memcache::run(&mo))?;
-        result.case = w.name();
-        result.system = system.name().into();
-        result.params["latency"] = "per request".into();
-        rows.push(Row {
-            workload: w,
-            system,
-            result,
-            server_cpu_s: cpu,
-        });
+        let mut row = measure(server.pid(), w, system, || memcache::run(&mo))?;
+        row.result.params["latency"] = "per request".into();
+        rows.push(row);
     }
     Ok(rows)
 }
@@ -579,11 +574,13 @@ fn native_system(system: System, addr: &str, opts: &CompareOpts) -> Result<Vec<R
         server_workers: 1,
         threads: 1,
         keys: opts.keys,
-        key_size: 16,
-        value_size: opts.value_size,
-        get_percent: 100,
-        batch: 1,
-        in_flight: opts.conns,
+        shape: Shape {
+            batch: 1,
+            in_flight: opts.conns,
+            get_percent: 100,
+            key_size: 16,
+            value_size: opts.value_size,
+        },
         duration: opts.duration,
         client_cpus: vec![opts.client_cpu],
         preload: false,
@@ -601,21 +598,16 @@ fn native_system(system: System, addr: &str, opts: &CompareOpts) -> Result<Vec<R
             Workload::Scan(_) => return Err(SCAN_ONLY_RESP.into()),
         };
         let o = KvOpts {
-            batch,
-            get_percent,
+            shape: Shape {
+                batch,
+                get_percent,
+                ..base.shape
+            },
             ..base.clone()
         };
-        let (mut result, cpu) = measure(server.pid(), || kv::run(&o))?;
-        result.bench = "compare".into();
-        result.case = w.name();
-        result.system = system.name().into();
-        result.params["latency"] = "per frame of P operations".into();
-        rows.push(Row {
-            workload: w,
-            system,
-            result,
-            server_cpu_s: cpu,
-        });
+        let mut row = measure(server.pid(), w, system, || kv::run(&o))?;
+        row.result.params["latency"] = "per frame of P operations".into();
+        rows.push(row);
     }
     Ok(rows)
 }

@@ -19,6 +19,7 @@ use fabrickv_client::Client;
 use fabrickv_server::{Mode, Server, ServerConfig, ServerHandle};
 
 use crate::kv::{self, KvOpts};
+use crate::load::Shape;
 use crate::peers::{free_port, pinned, spawn_until, Child};
 use crate::ps_report::Status;
 use crate::report::BenchResult;
@@ -113,11 +114,13 @@ impl HerdOpts {
             server_workers: cores,
             threads: self.threads,
             keys: self.keys_per_partition * cores as u64,
-            key_size: 16,
-            value_size: self.value_size,
-            get_percent: 100 - self.update_percent.min(100),
-            batch,
-            in_flight: self.in_flight,
+            shape: Shape {
+                batch,
+                in_flight: self.in_flight,
+                get_percent: 100 - self.update_percent.min(100),
+                key_size: 16,
+                value_size: self.value_size,
+            },
             duration: self.duration,
             client_cpus: self.client_cpus.clone(),
             preload: false,

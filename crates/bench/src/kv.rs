@@ -35,16 +35,8 @@ pub struct KvOpts {
     pub threads: usize,
     /// Distinct keys.
     pub keys: u64,
-    /// Key length in bytes (16 is HERD's).
-    pub key_size: usize,
-    /// Value length in bytes.
-    pub value_size: usize,
-    /// Share of GETs, in percent; the rest are PUTs.
-    pub get_percent: u32,
-    /// Operations per request frame.
-    pub batch: usize,
-    /// Request frames outstanding per connection.
-    pub in_flight: usize,
+    /// Key and value sizes, the GET share, and the frames of the load.
+    pub shape: Shape,
     /// Measured time.
     pub duration: Duration,
     /// CPUs to pin client threads to, round robin (none: unpinned).
@@ -60,11 +52,7 @@ impl Default for KvOpts {
             server_workers: 1,
             threads: 1,
             keys: 100_000,
-            key_size: 16,
-            value_size: 32,
-            get_percent: 95,
-            batch: 16,
-            in_flight: 8,
+            shape: Shape::default(),
             duration: Duration::from_secs(5),
             client_cpus: Vec::new(),
             preload: true,
@@ -75,14 +63,14 @@ impl Default for KvOpts {
 impl KvOpts {
     /// The case name used in tables and JSON.
     pub fn case(&self) -> String {
-        let mix = match self.get_percent {
+        let mix = match self.shape.get_percent {
             100 => "get".to_string(),
             0 => "put".to_string(),
             g => format!("get{g}/put{}", 100 - g),
         };
         format!(
             "{mix} k{} v{} b{}",
-            self.key_size, self.value_size, self.batch
+            self.shape.key_size, self.shape.value_size, self.shape.batch
         )
     }
 }
@@ -100,11 +88,11 @@ pub fn run_gated(
     opts: &KvOpts,
     gate: &mut dyn FnMut() -> Result<(), String>,
 ) -> Result<BenchResult, String> {
-    if opts.batch == 0
-        || opts.in_flight == 0
+    if opts.shape.batch == 0
+        || opts.shape.in_flight == 0
         || opts.threads == 0
         || opts.keys == 0
-        || opts.key_size == 0
+        || opts.shape.key_size == 0
     {
         return Err("batch, in-flight, threads, keys and key size must all be at least 1".into());
     }
@@ -115,7 +103,7 @@ pub fn run_gated(
             a.clone()
         }
         None => {
-            let item = opts.key_size + opts.value_size + 64;
+            let item = opts.shape.key_size + opts.shape.value_size + 64;
             let memory = ((opts.keys as usize * item * 2) as u64).max(64 << 20);
             let h = Server::start(&ServerConfig {
                 listen: "127.0.0.1:0".into(),
@@ -137,7 +125,7 @@ pub fn run_gated(
     let mut by_worker: Vec<Vec<u64>> = vec![Vec::new(); workers];
     let mut key = Vec::new();
     for i in 0..opts.keys {
-        make_key(i, opts.key_size, &mut key);
+        make_key(i, opts.shape.key_size, &mut key);
         by_worker[usize::from(client.worker_of(&key))].push(i);
     }
     if opts.preload {
@@ -190,9 +178,9 @@ pub fn run_gated(
         seconds,
         wrong_values: wrong,
         params: serde_json::json!({
-            "threads": opts.threads, "keys": opts.keys, "key_size": opts.key_size,
-            "value_size": opts.value_size, "get_percent": opts.get_percent, "batch": opts.batch,
-            "in_flight": opts.in_flight, "workers": workers, "transport": transport_of(&addr),
+            "threads": opts.threads, "keys": opts.keys, "key_size": opts.shape.key_size,
+            "value_size": opts.shape.value_size, "get_percent": opts.shape.get_percent, "batch": opts.shape.batch,
+            "in_flight": opts.shape.in_flight, "workers": workers, "transport": transport_of(&addr),
             "checked": checked,
         }),
     })
@@ -204,7 +192,12 @@ fn transport_of(addr: &str) -> &str {
 
 /// Stores every key of `opts` with its checkable value.
 pub fn preload(client: &mut impl Kv, opts: &KvOpts) -> Result<(), String> {
-    preload_keys(client, opts.keys, opts.key_size, opts.value_size)
+    preload_keys(
+        client,
+        opts.keys,
+        opts.shape.key_size,
+        opts.shape.value_size,
+    )
 }
 
 /// Stores keys `0..keys` (`key_size` bytes each) with their checkable
@@ -302,14 +295,12 @@ fn client_thread(
     let connected = Client::connect(addr).map_err(|e| format!("connecting to {addr}: {e}"));
     start_line.wait()?;
     let mut client = connected?;
-    let shape = Shape {
-        batch: opts.batch,
-        in_flight: opts.in_flight,
-        get_percent: opts.get_percent,
-        key_size: opts.key_size,
-        value_size: opts.value_size,
-    };
-    let mut load = Load::new(by_worker.len(), 0x5EED ^ t as u64, shape, client.timeout());
+    let mut load = Load::new(
+        by_worker.len(),
+        0x5EED ^ t as u64,
+        opts.shape,
+        client.timeout(),
+    );
     let mut hist =
         Histogram::<u64>::new_with_bounds(1, LATENCY_NS_MAX, 3).map_err(|e| e.to_string())?;
     let (mut ops, mut checked, mut wrong) = (0u64, 0u64, 0u64);
@@ -322,7 +313,7 @@ fn client_thread(
         }
         let progressed = load.poll(&mut client, |msg, sent| {
             hist.saturating_record(sent.at.elapsed().as_nanos() as u64);
-            wrong += check_reply(msg, sent, opts.value_size)?;
+            wrong += check_reply(msg, sent, opts.shape.value_size)?;
             checked += sent.ops.iter().filter(|&&(_, is_get)| is_get).count() as u64;
             ops += sent.ops.len() as u64;
             Ok(())

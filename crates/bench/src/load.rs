@@ -27,7 +27,7 @@ pub struct Sent {
 }
 
 /// What each frame holds and how many are kept in flight.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     /// Operations per frame.
     pub batch: usize,
@@ -39,6 +39,20 @@ pub struct Shape {
     pub key_size: usize,
     /// Value size in bytes.
     pub value_size: usize,
+}
+
+impl Default for Shape {
+    /// HERD's mix: 16-byte keys, 32-byte values, 95% GETs, 16 operations
+    /// per frame and 8 frames in flight.
+    fn default() -> Self {
+        Shape {
+            batch: 16,
+            in_flight: 8,
+            get_percent: 95,
+            key_size: 16,
+            value_size: 32,
+        }
+    }
 }
 
 /// One thread's load: its frames in flight per worker and its scratch.

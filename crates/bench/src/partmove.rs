@@ -46,16 +46,8 @@ pub struct MoveOpts {
     pub threads: usize,
     /// Distinct keys, preloaded.
     pub keys: u64,
-    /// Key length in bytes.
-    pub key_size: usize,
-    /// Value length in bytes.
-    pub value_size: usize,
-    /// Share of GETs, in percent; the rest are PUTs.
-    pub get_percent: u32,
-    /// Operations per request frame.
-    pub batch: usize,
-    /// Frames in flight per connection.
-    pub in_flight: usize,
+    /// Key and value sizes, the GET share, and the frames of the load.
+    pub shape: Shape,
     /// Length of each steady phase (before and after the moves).
     pub steady: Duration,
     /// Length of the phase in which partitions move.
@@ -74,11 +66,7 @@ impl Default for MoveOpts {
             partitions: 8,
             threads: 2,
             keys: 100_000,
-            key_size: 16,
-            value_size: 32,
-            get_percent: 95,
-            batch: 16,
-            in_flight: 8,
+            shape: Shape::default(),
             steady: Duration::from_secs(2),
             moving: Duration::from_secs(2),
             move_every: Duration::from_millis(50),
@@ -173,7 +161,7 @@ fn phase_of(o: &MoveOpts, t0: Instant, at: Instant) -> usize {
 
 /// Runs the benchmark.
 pub fn run(o: &MoveOpts) -> Result<MoveReport, String> {
-    if o.workers < 2 || o.partitions < o.workers || o.threads == 0 || o.batch == 0 {
+    if o.workers < 2 || o.partitions < o.workers || o.threads == 0 || o.shape.batch == 0 {
         return Err(
             "partition-move needs 2+ workers, at least as many partitions, \
                     and 1+ threads and batch"
@@ -193,7 +181,7 @@ pub fn run(o: &MoveOpts) -> Result<MoveReport, String> {
         "shm" => format!("shm://fkv-bench-partmove-{}", std::process::id()),
         t => return Err(format!("partition-move runs over tcp or shm, not {t:?}")),
     };
-    let item = o.key_size + o.value_size + 64;
+    let item = o.shape.key_size + o.shape.value_size + 64;
     // Each partition gets at least 32 MiB, so no write is refused.
     let memory = ((o.keys as usize * item * 3) as u64).max(o.partitions as u64 * (32 << 20));
     let server = Server::start(&ServerConfig {
@@ -208,11 +196,11 @@ pub fn run(o: &MoveOpts) -> Result<MoveReport, String> {
     .map_err(|e| e.to_string())?;
     let addr = server.addr().to_string();
     let mut admin = Client::connect(&addr).map_err(|e| format!("connecting to {addr}: {e}"))?;
-    preload_keys(&mut admin, o.keys, o.key_size, o.value_size)?;
+    preload_keys(&mut admin, o.keys, o.shape.key_size, o.shape.value_size)?;
     let mut key = Vec::new();
     let part_of: Vec<u32> = (0..o.keys)
         .map(|i| {
-            make_key(i, o.key_size, &mut key);
+            make_key(i, o.shape.key_size, &mut key);
             admin.partition_of(&key)
         })
         .collect();
@@ -314,14 +302,7 @@ fn client_thread(
     };
     let table = ctl.partition_table().map_err(|e| e.to_string())?;
     steer(&table.owners, &mut owned);
-    let shape = Shape {
-        batch: o.batch,
-        in_flight: o.in_flight,
-        get_percent: o.get_percent,
-        key_size: o.key_size,
-        value_size: o.value_size,
-    };
-    let mut load = Load::new(workers, 0x9A27 ^ t as u64, shape, client.timeout());
+    let mut load = Load::new(workers, 0x9A27 ^ t as u64, o.shape, client.timeout());
     let end = t0 + o.steady * 2 + o.moving;
     loop {
         let sending = Instant::now() < end;
@@ -336,7 +317,7 @@ fn client_thread(
                 .min(windows - 1);
             c.windows[win].saturating_record(sent.at.elapsed().as_nanos() as u64);
             c.ops[win] += sent.ops.len() as u64;
-            let (bad, hint) = check(msg, sent, o.value_size)?;
+            let (bad, hint) = check(msg, sent, o.shape.value_size)?;
             let phase = phase_of(o, t0, now);
             c.errors[phase] += bad;
             if hint {
@@ -452,9 +433,9 @@ fn summarize(
             wrong_values: all.iter().map(|c| c.errors[p]).sum(),
             params: serde_json::json!({
                 "transport": o.transport, "workers": o.workers, "partitions": o.partitions,
-                "threads": o.threads, "keys": o.keys, "key_size": o.key_size,
-                "value_size": o.value_size, "get_percent": o.get_percent, "batch": o.batch,
-                "in_flight": o.in_flight, "window_ms": win_ms,
+                "threads": o.threads, "keys": o.keys, "key_size": o.shape.key_size,
+                "value_size": o.shape.value_size, "get_percent": o.shape.get_percent, "batch": o.shape.batch,
+                "in_flight": o.shape.in_flight, "window_ms": win_ms,
                 "move_every_ms": o.move_every.as_millis() as u64,
                 "moves": if p == 1 { moves } else { 0 },
                 "worst_window_p99_us": phase_worst[p],
@@ -480,9 +461,9 @@ pub fn table(o: &MoveOpts, r: &MoveReport) -> String {
         o.partitions,
         o.threads,
         o.transport,
-        o.batch,
-        o.in_flight,
-        o.get_percent,
+        o.shape.batch,
+        o.shape.in_flight,
+        o.shape.get_percent,
         r.moves,
         o.move_every.as_millis(),
         o.window.as_millis()

@@ -5,6 +5,8 @@
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
+use crate::cache::stats::LatencyStats;
+
 /// One measured result. `system` is `fabrickv`, or the peer or physical
 /// limit measured in the same run (`redis`, `memcached`, `tcp-pingpong`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -199,26 +201,17 @@ impl LatencySummary {
     /// over `seconds` (ops/s is the histogram's count over `seconds`; all
     /// zero for an empty histogram).
     pub fn from_histogram(h: &Histogram<u64>, seconds: f64) -> Self {
-        if h.is_empty() {
-            return LatencySummary {
-                ops_per_s: 0.0,
-                fast_us: 0.0,
-                ave_us: 0.0,
-                p50_us: 0.0,
-                p99_us: 0.0,
-            };
-        }
-        let us = |ns: u64| ns as f64 / 1e3;
+        let s = LatencyStats::of(h);
         LatencySummary {
             ops_per_s: if seconds > 0.0 {
-                h.len() as f64 / seconds
+                s.samples as f64 / seconds
             } else {
                 0.0
             },
-            fast_us: us(h.min()),
-            ave_us: h.mean() / 1e3,
-            p50_us: us(h.value_at_quantile(0.50)),
-            p99_us: us(h.value_at_quantile(0.99)),
+            fast_us: s.min_us,
+            ave_us: s.avg_us,
+            p50_us: s.p50_us,
+            p99_us: s.p99_us,
         }
     }
 

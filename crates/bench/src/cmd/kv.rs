@@ -4,7 +4,7 @@
 
 use clap::Args;
 
-use super::{cpu_list, duration_of};
+use super::{cpu_list, duration_of, ShapeArgs};
 use crate::kv::{self, KvOpts};
 use crate::peers;
 use crate::report::{print_kv_table, BenchResult};
@@ -30,21 +30,8 @@ pub struct KvArgs {
     /// Distinct keys, preloaded before measuring.
     #[arg(long, default_value_t = 100_000)]
     keys: u64,
-    /// Key size in bytes (16 = HERD).
-    #[arg(long, default_value_t = 16)]
-    key_size: usize,
-    /// Value size in bytes.
-    #[arg(long, default_value_t = 32)]
-    value_size: usize,
-    /// Percentage of GETs (the rest are PUTs); HERD uses 95.
-    #[arg(long, default_value_t = 95)]
-    get_percent: u32,
-    /// Operations per request frame (batch depth).
-    #[arg(long, default_value_t = 16)]
-    batch: usize,
-    /// Request frames in flight per connection.
-    #[arg(long, default_value_t = 8)]
-    in_flight: usize,
+    #[command(flatten)]
+    pub(super) shape: ShapeArgs,
     /// Measured seconds.
     #[arg(long, default_value_t = 5.0)]
     duration: f64,
@@ -64,11 +51,7 @@ pub fn run(a: KvArgs) -> Result<(), String> {
         server_workers: a.server_workers,
         threads: a.threads,
         keys: a.keys,
-        key_size: a.key_size,
-        value_size: a.value_size,
-        get_percent: a.get_percent.min(100),
-        batch: a.batch,
-        in_flight: a.in_flight,
+        shape: a.shape.shape(),
         duration,
         client_cpus: cpu_list(&a.client_cpus)?,
         preload: true,
@@ -81,7 +64,8 @@ pub fn run(a: KvArgs) -> Result<(), String> {
     if opts.server.is_none() && a.server_cpus.is_some() {
         let memory = format!(
             "{}",
-            ((a.keys as usize * (a.key_size + a.value_size + 64) * 2).max(64 << 20))
+            ((a.keys as usize * (opts.shape.key_size + opts.shape.value_size + 64) * 2)
+                .max(64 << 20))
         );
         let (child, addr) =
             peers::spawn_fabrickv(a.server_cpus.as_deref(), a.server_workers, &memory)?;
@@ -110,7 +94,8 @@ pub fn run(a: KvArgs) -> Result<(), String> {
 fn run_redis(a: &KvArgs, ours: &BenchResult) -> Result<BenchResult, String> {
     let (_redis, port) = peers::spawn_redis(a.server_cpus.as_deref())?;
     let cpus = a.client_cpus.as_deref();
-    let v = a.value_size.to_string();
+    let shape = a.shape.shape();
+    let v = shape.value_size.to_string();
     // Store the key redis-benchmark reads, so GETs return a value of the same size.
     peers::redis_benchmark(
         cpus,
@@ -124,14 +109,14 @@ fn run_redis(a: &KvArgs, ours: &BenchResult) -> Result<BenchResult, String> {
             v.clone(),
         ],
     )?;
-    let clients = (a.threads * a.in_flight).max(1);
+    let clients = (a.threads * shape.in_flight).max(1);
     // Enough requests to run for about the same time as our run.
     let n = ((ours.ops_per_s * a.duration) as u64).clamp(100_000, 200_000_000);
     let args: Vec<String> = [
         "-t",
         "get",
         "-P",
-        &a.batch.to_string(),
+        &shape.batch.to_string(),
         "-d",
         &v,
         "-c",

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::ShapeArgs;
 use crate::partmove::{self, MoveOpts};
 
 #[derive(Args)]
@@ -24,18 +25,8 @@ pub struct PartitionMoveArgs {
     /// Distinct keys, preloaded.
     #[arg(long, default_value_t = 100_000)]
     keys: u64,
-    /// Value size in bytes.
-    #[arg(long, default_value_t = 32)]
-    value_size: usize,
-    /// Percentage of GETs (the rest are PUTs).
-    #[arg(long, default_value_t = 95)]
-    get_percent: u32,
-    /// Operations per request frame.
-    #[arg(long, default_value_t = 16)]
-    batch: usize,
-    /// Request frames in flight per connection.
-    #[arg(long, default_value_t = 8)]
-    in_flight: usize,
+    #[command(flatten)]
+    pub(super) shape: ShapeArgs,
     /// Seconds of each steady phase (before and after the moves).
     #[arg(long, default_value_t = 3.0)]
     steady: f64,
@@ -76,11 +67,7 @@ pub fn run(a: PartitionMoveArgs) -> Result<(), String> {
         partitions: a.partitions,
         threads: a.threads,
         keys: a.keys,
-        key_size: 16,
-        value_size: a.value_size,
-        get_percent: a.get_percent.min(100),
-        batch: a.batch,
-        in_flight: a.in_flight,
+        shape: a.shape.shape(),
         steady: seconds("steady", a.steady)?,
         moving: seconds("moving", a.moving)?,
         move_every: Duration::from_millis(a.move_every_ms),

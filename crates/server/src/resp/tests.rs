@@ -84,6 +84,13 @@ impl Conn {
         let a: Vec<&[u8]> = args.iter().map(|s| s.as_bytes()).collect();
         self.feed(&cmd(&a)).0
     }
+
+    /// Runs `args` and checks that the reply is Redis's error `-ERR
+    /// {message}`.
+    #[track_caller]
+    fn expect_err(&mut self, args: &[&str], message: &str) {
+        assert_eq!(self.run(args), format!("-ERR {message}\r\n"), "{args:?}");
+    }
 }
 
 #[test]
@@ -115,16 +122,10 @@ fn set_conditions_and_get_option() {
     assert_eq!(c.run(&["SET", "k", "d", "GET"]), "$1\r\nc\r\n");
     assert_eq!(c.run(&["SET", "new", "d", "GET"]), "$-1\r\n");
     assert_eq!(c.run(&["GET", "new"]), "$1\r\nd\r\n");
-    assert_eq!(
-        c.run(&["SET", "k", "v", "NX", "XX"]),
-        "-ERR syntax error\r\n"
-    );
-    assert_eq!(c.run(&["SET", "k", "v", "EX"]), "-ERR syntax error\r\n");
-    assert_eq!(c.run(&["SET", "k", "v", "BOGUS"]), "-ERR syntax error\r\n");
-    assert_eq!(
-        c.run(&["SET", "k", "v", "EX", "1", "PX", "5"]),
-        "-ERR syntax error\r\n"
-    );
+    c.expect_err(&["SET", "k", "v", "NX", "XX"], "syntax error");
+    c.expect_err(&["SET", "k", "v", "EX"], "syntax error");
+    c.expect_err(&["SET", "k", "v", "BOGUS"], "syntax error");
+    c.expect_err(&["SET", "k", "v", "EX", "1", "PX", "5"], "syntax error");
     assert_eq!(
         c.run(&["GET", "k"]),
         "$1\r\nd\r\n",
@@ -175,9 +176,9 @@ fn ttl_expire_persist() {
             "EX {bad}"
         );
     }
-    assert_eq!(
-        c.run(&["SET", "k", "v", "EX", "ten"]),
-        "-ERR value is not an integer or out of range\r\n"
+    c.expect_err(
+        &["SET", "k", "v", "EX", "ten"],
+        "value is not an integer or out of range",
     );
 }
 
@@ -207,9 +208,9 @@ fn multi_key_commands_across_partitions() {
     );
     assert_eq!(c.run(&["DEL", "key:1", "key:2", "nope"]), ":2\r\n");
     assert_eq!(c.run(&["DBSIZE"]), ":38\r\n");
-    assert_eq!(
-        c.run(&["MSET", "a", "1", "b"]),
-        "-ERR wrong number of arguments for 'mset' command\r\n"
+    c.expect_err(
+        &["MSET", "a", "1", "b"],
+        "wrong number of arguments for 'mset' command",
     );
 }
 
@@ -227,10 +228,7 @@ fn incr_family() {
     assert_eq!(c.run(&["INCRBY", "n", "1.5"]), not_int);
     assert_eq!(c.run(&["DECRBY", "n", "-9223372036854775808"]), not_int);
     c.run(&["SET", "big", "9223372036854775807"]);
-    assert_eq!(
-        c.run(&["INCR", "big"]),
-        "-ERR increment or decrement would overflow\r\n"
-    );
+    c.expect_err(&["INCR", "big"], "increment or decrement would overflow");
     assert_eq!(c.run(&["GET", "big"]), "$19\r\n9223372036854775807\r\n");
     // INCR keeps the TTL, as Redis does.
     c.run(&["SET", "t", "1", "EX", "100"]);
@@ -241,17 +239,14 @@ fn incr_family() {
 #[test]
 fn errors_for_unknown_commands_arity_and_long_keys() {
     let mut c = Conn::new(1);
-    assert_eq!(
-        c.run(&["FOO", "a", "b"]),
-        "-ERR unknown command 'FOO', with args beginning with: 'a' 'b' \r\n"
+    c.expect_err(
+        &["FOO", "a", "b"],
+        "unknown command 'FOO', with args beginning with: 'a' 'b' ",
     );
-    assert_eq!(
-        c.run(&["GET"]),
-        "-ERR wrong number of arguments for 'get' command\r\n"
-    );
-    assert_eq!(
-        c.run(&["GET", "a", "b"]),
-        "-ERR wrong number of arguments for 'get' command\r\n"
+    c.expect_err(&["GET"], "wrong number of arguments for 'get' command");
+    c.expect_err(
+        &["GET", "a", "b"],
+        "wrong number of arguments for 'get' command",
     );
     let long = "k".repeat(KEY_BYTES_MAX + 1);
     assert!(c
@@ -261,7 +256,7 @@ fn errors_for_unknown_commands_arity_and_long_keys() {
     // An error message never carries a line break from the client.
     let out = c.run(&["BAD\r\nINJECT"]);
     assert_eq!(out.matches("\r\n").count(), 1, "{out:?}");
-    assert_eq!(c.run(&["SELECT", "1"]), "-ERR DB index is out of range\r\n");
+    c.expect_err(&["SELECT", "1"], "DB index is out of range");
     assert_eq!(c.run(&["SELECT", "0"]), "+OK\r\n");
 }
 
@@ -415,15 +410,9 @@ fn select_picks_the_kv_or_a_shard() {
     assert_eq!(c.run(&["SELECT", "2"]), "+OK\r\n");
     assert_eq!(c.run(&["GET", "k"]), "$-1\r\n", "db 2 is another shard");
     assert_eq!(c.run(&["SET", "k", "two"]), "+OK\r\n");
-    assert_eq!(c.run(&["SELECT", "3"]), "-ERR DB index is out of range\r\n");
-    assert_eq!(
-        c.run(&["SELECT", "-1"]),
-        "-ERR DB index is out of range\r\n"
-    );
-    assert_eq!(
-        c.run(&["SELECT", "x"]),
-        "-ERR value is not an integer or out of range\r\n"
-    );
+    c.expect_err(&["SELECT", "3"], "DB index is out of range");
+    c.expect_err(&["SELECT", "-1"], "DB index is out of range");
+    c.expect_err(&["SELECT", "x"], "value is not an integer or out of range");
     assert_eq!(
         c.run(&["GET", "k"]),
         "$3\r\ntwo\r\n",
@@ -462,9 +451,9 @@ fn data_commands_on_a_shard() {
     assert_eq!(c.run(&["DEL", "a", "a", "nope", ""]), ":2\r\n");
     assert_eq!(c.run(&["EXISTS", "a", ""]), ":0\r\n");
     assert_eq!(c.run(&["DEL", "a"]), ":0\r\n");
-    assert_eq!(
-        c.run(&["MSET", "a"]),
-        "-ERR wrong number of arguments for 'mset' command\r\n"
+    c.expect_err(
+        &["MSET", "a"],
+        "wrong number of arguments for 'mset' command",
     );
     // Keys up to the shard's bound, longer than the kv's.
     let long = "k".repeat(1000);
@@ -489,43 +478,34 @@ fn data_commands_on_a_shard() {
 fn shard_limitations_are_named() {
     let (mut c, _dir) = with_shards();
     c.run(&["SELECT", "2"]);
-    assert_eq!(
-        c.run(&["SET", "k", "v", "NX"]),
-        "-ERR SET options (NX, XX, GET, EX, PX, EXAT, PXAT, KEEPTTL) are not supported on a persistent shard (db 2): only a plain SET key value\r\n"
-    );
+    c.expect_err(&["SET", "k", "v", "NX"], "SET options (NX, XX, GET, EX, PX, EXAT, PXAT, KEEPTTL) are not supported on a persistent shard (db 2): only a plain SET key value");
     assert_eq!(
         c.run(&["GET", "k"]),
         "$-1\r\n",
         "a refused SET wrote nothing"
     );
-    assert_eq!(
-        c.run(&["EXPIRE", "k", "10"]),
-        "-ERR 'expire' is not supported on a persistent shard (db 2): shard keys do not expire\r\n"
+    c.expect_err(
+        &["EXPIRE", "k", "10"],
+        "'expire' is not supported on a persistent shard (db 2): shard keys do not expire",
     );
-    assert_eq!(
-        c.run(&["TTL", "k"]),
-        "-ERR 'ttl' is not supported on a persistent shard (db 2): shard keys do not expire\r\n"
+    c.expect_err(
+        &["TTL", "k"],
+        "'ttl' is not supported on a persistent shard (db 2): shard keys do not expire",
     );
-    assert_eq!(
-        c.run(&["INCR", "k"]),
-        "-ERR 'incr' is not supported on a persistent shard (db 2): shards store plain values, not counters\r\n"
-    );
+    c.expect_err(&["INCR", "k"], "'incr' is not supported on a persistent shard (db 2): shards store plain values, not counters");
     assert!(c
         .run(&["DBSIZE"])
         .starts_with("-ERR 'dbsize' is not supported on a persistent shard (db 2)"));
     // Commands about the connection still work.
     assert_eq!(c.run(&["PING"]), "+PONG\r\n");
     // Arity is checked first, as on db 0.
-    assert_eq!(
-        c.run(&["GET"]),
-        "-ERR wrong number of arguments for 'get' command\r\n"
-    );
+    c.expect_err(&["GET"], "wrong number of arguments for 'get' command");
 }
 
 #[test]
 fn without_shards_only_db_0_exists() {
     let mut c = Conn::new(1);
-    assert_eq!(c.run(&["SELECT", "1"]), "-ERR DB index is out of range\r\n");
+    c.expect_err(&["SELECT", "1"], "DB index is out of range");
     assert_eq!(
         c.run(&["CONFIG", "GET", "databases"]),
         "*2\r\n$9\r\ndatabases\r\n$1\r\n1\r\n"
@@ -658,13 +638,13 @@ fn hello_switches_the_protocol_and_resp3_replies_follow() {
         c.run(&["HELLO", "4"]),
         "-NOPROTO unsupported protocol version\r\n"
     );
-    assert_eq!(
-        c.run(&["HELLO", "x"]),
-        "-ERR Protocol version is not an integer or out of range\r\n"
+    c.expect_err(
+        &["HELLO", "x"],
+        "Protocol version is not an integer or out of range",
     );
-    assert_eq!(
-        c.run(&["HELLO", "3", "BOGUS"]),
-        "-ERR Syntax error in HELLO option 'BOGUS'\r\n"
+    c.expect_err(
+        &["HELLO", "3", "BOGUS"],
+        "Syntax error in HELLO option 'BOGUS'",
     );
     // Still RESP2 after the errors.
     assert_eq!(c.run(&["GET", "nope"]), "$-1\r\n");
@@ -730,20 +710,20 @@ fn hello_authenticates_like_auth() {
 #[test]
 fn behaviour_fixes_match_redis() {
     let mut c = Conn::new(1);
-    assert_eq!(
-        c.run(&["PING", "x", "y", "z"]),
-        "-ERR wrong number of arguments for 'ping' command\r\n"
+    c.expect_err(
+        &["PING", "x", "y", "z"],
+        "wrong number of arguments for 'ping' command",
     );
-    assert_eq!(
-        c.run(&["CLIENT", "SETNAME", "foo bar"]),
-        "-ERR Client names cannot contain spaces, newlines or special characters.\r\n"
+    c.expect_err(
+        &["CLIENT", "SETNAME", "foo bar"],
+        "Client names cannot contain spaces, newlines or special characters.",
     );
-    assert_eq!(
-        c.run(&["CLIENT", "SETNAME", "a\nb"]),
-        "-ERR Client names cannot contain spaces, newlines or special characters.\r\n"
+    c.expect_err(
+        &["CLIENT", "SETNAME", "a\nb"],
+        "Client names cannot contain spaces, newlines or special characters.",
     );
     let mut p = Conn::with(shared_with(1, Some("pw")));
-    assert_eq!(p.run(&["AUTH", "a", "b", "c"]), "-ERR syntax error\r\n");
+    p.expect_err(&["AUTH", "a", "b", "c"], "syntax error");
     // An unauthenticated client announcing 100 arguments is refused at
     // once, before they arrive, and closed.
     let (reply, close) = p.feed(b"*100\r\n");
@@ -799,17 +779,17 @@ $9\r\nfind_keys\r\n*4\r\n$4\r\ntype\r\n$5\r\nrange\r\n$4\r\nspec\r\n\
         c.run(&["COMMAND", "GETKEYS", "DEL", "a", "b", "c"]),
         "*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n"
     );
-    assert_eq!(
-        c.run(&["COMMAND", "GETKEYS", "ping"]),
-        "-ERR The command has no key arguments\r\n"
+    c.expect_err(
+        &["COMMAND", "GETKEYS", "ping"],
+        "The command has no key arguments",
     );
-    assert_eq!(
-        c.run(&["COMMAND", "GETKEYS", "nosuch", "x"]),
-        "-ERR Invalid command specified\r\n"
+    c.expect_err(
+        &["COMMAND", "GETKEYS", "nosuch", "x"],
+        "Invalid command specified",
     );
-    assert_eq!(
-        c.run(&["COMMAND", "GETKEYS", "get"]),
-        "-ERR Invalid number of arguments specified for command\r\n"
+    c.expect_err(
+        &["COMMAND", "GETKEYS", "get"],
+        "Invalid number of arguments specified for command",
     );
     let docs = c.run(&["COMMAND", "DOCS", "get"]);
     assert!(
@@ -958,30 +938,21 @@ fn config_set_and_resetstat() {
         "*2\r\n$7\r\ntimeout\r\n$2\r\n30\r\n"
     );
     assert_eq!(c.shared.idle_timeout_ms.load(Ordering::Relaxed), 30_000);
-    assert_eq!(
-        c.run(&["CONFIG", "SET", "timeout", "x"]),
-        "-ERR CONFIG SET failed (possibly related to argument 'timeout') - argument couldn't be parsed into an integer\r\n"
-    );
-    assert_eq!(
-        c.run(&["CONFIG", "SET", "maxclients", "5"]),
-        "-ERR CONFIG SET failed (possibly related to argument 'maxclients') - can't set immutable config\r\n"
-    );
-    assert_eq!(
-        c.run(&["CONFIG", "SET", "requirepass", "x"]),
-        "-ERR CONFIG SET failed (possibly related to argument 'requirepass') - can't set immutable config\r\n"
-    );
-    assert_eq!(
-        c.run(&["CONFIG", "SET", "x", "1"]),
-        "-ERR CONFIG SET failed (possibly related to argument 'x') - Unsupported CONFIG parameter: x\r\n"
+    c.expect_err(&["CONFIG", "SET", "timeout", "x"], "CONFIG SET failed (possibly related to argument 'timeout') - argument couldn't be parsed into an integer");
+    c.expect_err(&["CONFIG", "SET", "maxclients", "5"], "CONFIG SET failed (possibly related to argument 'maxclients') - can't set immutable config");
+    c.expect_err(&["CONFIG", "SET", "requirepass", "x"], "CONFIG SET failed (possibly related to argument 'requirepass') - can't set immutable config");
+    c.expect_err(
+        &["CONFIG", "SET", "x", "1"],
+        "CONFIG SET failed (possibly related to argument 'x') - Unsupported CONFIG parameter: x",
     );
     // Nothing is applied when one pair fails.
     assert!(c
         .run(&["CONFIG", "SET", "timeout", "0", "x", "1"])
         .starts_with("-ERR CONFIG SET failed"));
     assert_eq!(c.shared.idle_timeout_ms.load(Ordering::Relaxed), 30_000);
-    assert_eq!(
-        c.run(&["CONFIG", "SET", "timeout"]),
-        "-ERR wrong number of arguments for 'config|set' command\r\n"
+    c.expect_err(
+        &["CONFIG", "SET", "timeout"],
+        "wrong number of arguments for 'config|set' command",
     );
     // Counters for INFO.
     c.run(&["SET", "k", "v"]);
@@ -1057,9 +1028,9 @@ fn time_answers_the_wall_clock_as_redis_does() {
     assert_eq!(parts[3], format!("${}", parts[4].len()));
     assert!(secs >= before && secs <= before + 60, "{secs} vs {before}");
     assert!(micros < 1_000_000);
-    assert_eq!(
-        c.run(&["TIME", "x"]),
-        "-ERR wrong number of arguments for 'time' command\r\n"
+    c.expect_err(
+        &["TIME", "x"],
+        "wrong number of arguments for 'time' command",
     );
     // Byte for byte what redis-server 7 sends, tips included.
     assert_eq!(
@@ -1081,20 +1052,14 @@ fn time_answers_the_wall_clock_as_redis_does() {
 #[test]
 fn auth_without_a_password_answers_as_redis_7() {
     let mut c = Conn::new(1);
-    assert_eq!(c.run(&["AUTH", "a", "b", "c"]), "-ERR syntax error\r\n");
-    assert_eq!(
-        c.run(&["AUTH", "a"]),
-        "-ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n"
-    );
+    c.expect_err(&["AUTH", "a", "b", "c"], "syntax error");
+    c.expect_err(&["AUTH", "a"], "AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
     assert_eq!(c.run(&["AUTH", "default", "anything"]), "+OK\r\n");
     assert_eq!(
         c.run(&["AUTH", "a", "b"]),
         "-WRONGPASS invalid username-password pair or user is disabled.\r\n"
     );
-    assert_eq!(
-        c.run(&["AUTH"]),
-        "-ERR wrong number of arguments for 'auth' command\r\n"
-    );
+    c.expect_err(&["AUTH"], "wrong number of arguments for 'auth' command");
     assert_eq!(c.run(&["PING"]), "+PONG\r\n");
 }
 
