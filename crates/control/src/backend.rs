@@ -23,17 +23,14 @@ pub trait CacheBackend: Send + Sync + 'static {
     /// the time to live in milliseconds; 0 means none.
     fn put(&self, key: &[u8], value: &[u8], ttl_ms: u64) -> Result<(), BackendError>;
 
-    /// Stores under `key` the `len` bytes at `offset` in registered client
-    /// `client_id`'s receive buffer, read over the data plane before this
-    /// returns. A range outside the buffer is
+    /// Stores under `key` the bytes of `from`, read over the data plane
+    /// before this returns. A range outside the buffer is
     /// [`ErrorCode::BufferTooSmall`]; an unknown client is
     /// [`ErrorCode::NoSuchClient`].
     fn put_from_client(
         &self,
         key: &[u8],
-        client_id: u64,
-        offset: u64,
-        len: u64,
+        from: ClientRange,
         ttl_ms: u64,
     ) -> Result<(), BackendError>;
 
@@ -105,6 +102,19 @@ impl BackendError {
             message: message.into(),
         }
     }
+}
+
+/// Bytes of a registered client's receive buffer, where
+/// [`CacheBackend::put_from_client`] reads a value: a type of its own, so
+/// that the three numbers cannot be passed in the wrong order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientRange {
+    /// The registered client whose buffer holds the value.
+    pub client_id: u64,
+    /// Offset of the value's first byte in that buffer.
+    pub offset: u64,
+    /// Length of the value in bytes.
+    pub len: u64,
 }
 
 /// A value returned inline by [`CacheBackend::get`].

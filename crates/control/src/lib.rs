@@ -54,7 +54,8 @@ pub mod pb {
 }
 
 pub use backend::{
-    BackendError, CacheBackend, Caller, Fetched, Placed, Registered, Registration, StatsSnapshot,
+    BackendError, CacheBackend, Caller, ClientRange, Fetched, Placed, Registered, Registration,
+    StatsSnapshot,
 };
 pub use client::{
     connect_async, AuthChannel, ClientOptions, ControlClient, ControlError, GetDest, GetItem, Got,

@@ -17,7 +17,7 @@ use fabrickv_types::ErrorCode;
 use prost::bytes::Bytes;
 use tonic::{Request, Response, Status};
 
-use crate::backend::{BackendError, CacheBackend, Caller, Registration};
+use crate::backend::{BackendError, CacheBackend, Caller, ClientRange, Registration};
 use crate::pb::{self, get_request, get_response, put_request};
 use crate::status::{item_err, item_ok, to_status};
 
@@ -182,13 +182,14 @@ impl PutOp {
                 key,
                 location,
                 ttl_ms,
-            } => backend.put_from_client(
-                key,
-                location.client_id,
-                location.offset,
-                location.length,
-                *ttl_ms,
-            ),
+            } => {
+                let from = ClientRange {
+                    client_id: location.client_id,
+                    offset: location.offset,
+                    len: location.length,
+                };
+                backend.put_from_client(key, from, *ttl_ms)
+            }
         }
     }
 }

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use fabrickv_control::pb::kv_cache_server::KvCache;
 use fabrickv_control::{
     connect_async, pb, BackendError, Bytes, CacheBackend, CacheService, Caller, ClientOptions,
-    ControlClient, ControlServer, Fetched, GetDest, GetItem, Got, Placed, PutItem, PutSource,
-    Registered, Registration, StatsSnapshot,
+    ClientRange, ControlClient, ControlServer, Fetched, GetDest, GetItem, Got, Placed, PutItem,
+    PutSource, Registered, Registration, StatsSnapshot,
 };
 use fabrickv_types::limits::{
     CACHE_BATCH_KEYS_MAX, CACHE_HEARTBEAT_TIMEOUT_MS, CACHE_KEY_BYTES_MAX, CACHE_VALUE_BYTES_MAX,
@@ -105,14 +105,15 @@ impl CacheBackend for Fake {
     fn put_from_client(
         &self,
         key: &[u8],
-        client_id: u64,
-        offset: u64,
-        len: u64,
+        from: ClientRange,
         ttl_ms: u64,
     ) -> Result<(), BackendError> {
         let mut state = self.state();
-        let client = state.clients.get(&client_id).ok_or(no_client(client_id))?;
-        let (start, end) = (offset as usize, (offset + len) as usize);
+        let client = state
+            .clients
+            .get(&from.client_id)
+            .ok_or(no_client(from.client_id))?;
+        let (start, end) = (from.offset as usize, (from.offset + from.len) as usize);
         if end > client.buffer.len() {
             return Err(BackendError::new(
                 ErrorCode::BufferTooSmall,

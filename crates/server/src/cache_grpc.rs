@@ -21,8 +21,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use fabrickv_control::{
-    BackendError, Bytes, CacheBackend, Caller, ControlServer, Fetched, Placed, Registered,
-    Registration, StatsSnapshot,
+    BackendError, Bytes, CacheBackend, Caller, ClientRange, ControlServer, Fetched, Placed,
+    Registered, Registration, StatsSnapshot,
 };
 use fabrickv_transport::TransportError;
 use fabrickv_types::limits::CACHE_HEARTBEAT_TIMEOUT_MS;
@@ -109,11 +109,14 @@ impl CacheBackend for GrpcBackend {
     fn put_from_client(
         &self,
         key: &[u8],
-        client_id: u64,
-        offset: u64,
-        len: u64,
+        from: ClientRange,
         ttl_ms: u64,
     ) -> Result<(), BackendError> {
+        let ClientRange {
+            client_id,
+            offset,
+            len,
+        } = from;
         let (b, at) = self
             .shared
             .place(client_id, Some(offset), len)
