@@ -10,6 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use fabrickv_client::ShardClient;
+use fabrickv_storage::gen::{GenSpec, GEN_KEY_BYTES_MIN};
 
 mod common;
 
@@ -38,19 +39,19 @@ fn key_of(writer: u64, batch: u64, i: usize) -> Vec<u8> {
 }
 
 /// A value whose bytes and length (some inline, some in blob files: the
-/// shard separates values from 128 bytes) depend on its key.
+/// shard separates values from 128 bytes) depend on its key: value `i` of
+/// `shard gen`'s generator, seeded by the writer and the batch.
 fn value_of(writer: u64, batch: u64, i: usize) -> Vec<u8> {
-    let seed = writer << 40 | batch << 8 | i as u64;
     let len = if i.is_multiple_of(2) { 40 } else { 700 };
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let spec = GenSpec {
+        pairs: BATCH_KEYS as u64,
+        key_bytes: GEN_KEY_BYTES_MIN,
+        value_bytes: len,
+        seed: writer << 40 | batch,
+    };
+    let mut v = vec![0; len];
+    spec.value(i as u64, &mut v);
+    v
 }
 
 /// Keys acknowledged so far, and writers that have stopped.
