@@ -252,8 +252,9 @@ fn stats(sh: &McShared, group: Option<&[u8]>, out: &mut Vec<u8>) {
     stat(out, "rejected_connections", get(&c.rejected));
     counter_stats!(out, c, cmd_get cmd_set cmd_flush cmd_touch get_hits get_misses);
     stat(out, "get_expired", e.expired);
-    counter_stats!(out, c, delete_misses delete_hits incr_misses incr_hits decr_misses);
-    counter_stats!(out, c, decr_hits cas_misses cas_hits cas_badval touch_hits touch_misses);
+    counter_stats!(out, c,
+        delete_misses delete_hits incr_misses incr_hits decr_misses decr_hits
+        cas_misses cas_hits cas_badval touch_hits touch_misses);
     stat(out, "threads", sh.threads);
     stat(out, "curr_items", e.items);
     stat(out, "total_items", e.puts);
