@@ -2,12 +2,16 @@
 //! the request layer of `fabrickv-rpc` ([`fabrickv_rpc::Sessions`]).
 //!
 //! The kv ([`crate::Client`]), ps, cache and shard clients each hold a
-//! [`Sessions`]: it owns their request ids, their requests in flight (in
-//! request order, which it checks), their credits and their waits for a
-//! deadline; [`fabrickv_rpc::worker`] picks the worker a key or a client
-//! goes to. What is here is what they share on top of it: the handshake
-//! (HELLO), the connect by turn, the control replies, and the mapping of
-//! the layer's errors and the server's refusals to [`ClientError`].
+//! [`Conn`]: sessions (one connection to one server worker and its
+//! requests in flight each) over the native frames ([`Frames`]). The
+//! layer owns their request ids, their requests in flight (in request
+//! order, which it checks), their credits, their waits for a deadline,
+//! the one reply loop and its late-reply and retry rules;
+//! [`fabrickv_rpc::worker`] picks the worker a key or a client goes to.
+//! What is here is what they share on top of it: the one constructor
+//! ([`connect`]: the dial, the HELLO, the choice of workers, the memory
+//! registered, the redial), the control calls, and the mapping of the
+//! layer's errors and the server's refusals to [`ClientError`].
 
 use std::time::Duration;
 

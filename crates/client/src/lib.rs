@@ -12,9 +12,9 @@
 //!
 //! Layout: this file has the public API and the errors; [`conn`] how
 //! every client connects, over the request layer of `fabrickv-rpc`
-//! (`Sessions`: request ids, requests in flight, credits, deadlines;
-//! `worker`: which worker a key or a client goes to), which the kv, ps,
-//! cache and shard clients all stand on; [`batch`] the pipelined executor
+//! (`Sessions`: request ids, requests in flight, credits, deadlines, the
+//! one reply loop; `worker`: which worker a key or a client goes to),
+//! which the kv, ps, cache and shard clients all stand on; [`batch`] the pipelined executor
 //! every kv call goes through; [`Kv`] the key-value calls (`get`, `put`,
 //! `mget`, ...) written once over `execute`, for [`Client`] and
 //! [`ClusterClient`] alike; [`MgetBuf`] the caller's buffer that

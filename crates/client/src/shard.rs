@@ -234,7 +234,7 @@ impl ShardClient {
 
     /// Sends one copy control op (`CopyCheckpoint`, `CopyStart`,
     /// `CopyStatus`, `CopyEnd`) whose payload `payload` writes, naming
-    /// `shard` (empty for the ops that name a session); returns the
+    /// `shard` (empty for the ops that name a copy by its id); returns the
     /// reply's payload. The payloads are `fabrickv_wire::copy`'s; this
     /// only carries them.
     pub fn copy_control(

@@ -22,7 +22,12 @@
 //! puts and pushes; [`slots`] the allocator of the receive region;
 //! [`preload`] the bulk load and check of a key range (`fabrickv ps
 //! preload`). Request ids, the requests in flight and their order, the
-//! credits and the waits are the request layer's (`fabrickv_rpc::Sessions`).
+//! credits, the waits and the reply loop are the request layer's
+//! (`fabrickv_rpc::Sessions`); every reply goes through one router
+//! (`ReplyState::on_reply`). A call (`open_table`, a push) that times
+//! out gives its requests up, and their late replies are dropped; a pull
+//! waited for past its deadline is not given up: it stays outstanding,
+//! to wait for again or cancel.
 
 mod preload;
 mod pull;
