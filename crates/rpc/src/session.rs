@@ -309,14 +309,6 @@ impl<T> Session<T> {
         &mut *self.ep
     }
 
-    /// The connection and the requests in flight together, for a reader
-    /// that receives on the one and completes on the other (a split
-    /// receive).
-    #[inline]
-    pub fn parts(&mut self) -> (&mut dyn Endpoint, &mut InFlight<T>) {
-        (&mut *self.ep, &mut self.q)
-    }
-
     /// The requests in flight.
     #[inline]
     pub fn queue(&self) -> &InFlight<T> {
@@ -726,8 +718,9 @@ impl<T, F: Framing> Sessions<T, F> {
     }
 
     /// Receives on session `s` until none of its requests is awaited
-    /// (every one answered, or given up and answered), handing each reply
-    /// to `on_reply`. On a failure (`Timeout` at `deadline` included)
+    /// (each answered, or given up: the replies to those are dropped as
+    /// they come, here or by a later receive), handing each reply to
+    /// `on_reply`. On a failure (`Timeout` at `deadline` included)
     /// every request still in flight on `s` is given up.
     #[inline]
     pub fn collect(
@@ -736,7 +729,7 @@ impl<T, F: Framing> Sessions<T, F> {
         deadline: Instant,
         mut on_reply: impl FnMut(&[u8], Sent<T>) -> Result<(), F::Error>,
     ) -> Result<(), F::Error> {
-        while !self.sessions[s].q.is_empty() {
+        while !self.sessions[s].q.all_given_up() {
             if let Err(e) = self.receive(s, deadline, &mut on_reply) {
                 self.sessions[s].q.give_up_all();
                 return Err(e);

@@ -91,10 +91,11 @@ impl CacheClient {
         Ok(out)
     }
 
-    /// Receives the reply to the oldest request in flight through `sink`.
-    /// The outer error means the connection cannot be trusted further; the
-    /// inner one is this request's own (the replies after it are still
-    /// read).
+    /// Receives the reply to the oldest request awaited through `sink`
+    /// (`Sessions::receive_split`: replies to requests given up before it
+    /// are dropped, never landed). The outer error ends the call (every
+    /// request in flight is then given up); the inner one is this
+    /// request's own (the replies after it are still read).
     fn recv_chunk(&mut self, sink: &mut ChunkSink<'_>, deadline: Instant) -> Result<ChunkReply> {
         self.sessions.receive_split(
             0,
