@@ -15,13 +15,13 @@
 //! Steps 1-2 ([`post`]) and 3 ([`collect`]) are separate so that the
 //! cluster client can post its parts to every server before it waits on
 //! any of them. Request ids, the frames in flight and their order, the
-//! credits and the waits are the request layer's (`fabrickv_rpc::Sessions`,
-//! one session per worker); each frame in flight is tagged with its batch
-//! and its operations' positions ([`FrameTag`]).
+//! credits, the waits and the late-reply policy are the request layer's
+//! (`fabrickv_rpc::Sessions`, one session per worker); each frame in
+//! flight is tagged with its operations' positions ([`FrameTag`]).
 
 use std::time::Instant;
 
-use fabrickv_rpc::InFlight;
+use fabrickv_rpc::Sent;
 use fabrickv_types::limits::{
     BATCH_OPS_MAX, KEY_BYTES_MAX, LARGE_CHUNK_BYTES_MAX, VALUE_BYTES_MAX,
 };
@@ -140,34 +140,20 @@ impl Outcome {
     }
 }
 
-/// What a frame in flight needs for its reply: the batch it belongs to and
-/// the positions of its operations.
+/// What a frame in flight needs for its reply: the positions of its
+/// operations. (The tag of a control request, which carries none, is the
+/// default.)
+#[derive(Default)]
 pub(crate) struct FrameTag {
-    /// The batch's number ([`Pending::batch`]): the reply to a frame of a
-    /// batch given up (timed out) is read and dropped.
-    batch: u64,
     /// Indices into the whole batch (and its output), so the parts of a
     /// batch split over several clients (servers) all land in one output
     /// vector.
     positions: Vec<usize>,
 }
 
-impl FrameTag {
-    /// The tag of a control request (STATS), which no batch waits for.
-    pub(crate) fn control() -> FrameTag {
-        FrameTag {
-            batch: u64::MAX,
-            positions: Vec::new(),
-        }
-    }
-}
-
 /// One client's part of a batch that is posted and flushed but not yet
-/// answered: its frames are in the client's sessions, tagged with
-/// `batch`.
-pub(crate) struct Pending {
-    batch: u64,
-}
+/// answered: its frames are in flight in the client's sessions.
+pub(crate) struct Pending(());
 
 /// Where the results of a batch land, by the operations' positions: the
 /// outcomes of [`execute`] (one `Outcome` each), or the caller's buffer
@@ -350,13 +336,10 @@ pub(crate) fn post(
         order[ends[w]] = i;
         ends[w] += 1;
     }
-    c.batches += 1;
-    let batch = c.batches;
     let mut at = 0;
     for (w, &end) in ends.iter().enumerate() {
         while at < end {
             let tag = FrameTag {
-                batch,
                 positions: Vec::with_capacity((end - at).min(BATCH_OPS_MAX)),
             };
             c.sessions.post_tagging(w, tag, |buf, tag, id, worker| {
@@ -402,85 +385,49 @@ pub(crate) fn post(
         }
     }
     c.sessions.flush()?;
-    Ok(Pending { batch })
+    Ok(Pending(()))
 }
 
 /// The collect phase: reads the replies to `pending` (per connection, in
-/// request order) until `deadline`, scattering each result to its
-/// operation's position in `out`. On an error some replies may still be
-/// in flight on the connections. Those of a batch given up at its
-/// deadline are read and dropped by the next batch (their frames are
-/// tagged with their batch); a connection out of step (a reply out of
-/// order or undecodable) stays so, and a cluster client drops it.
-///
-/// Each connection is waited on before it is polled: a wait returns at
-/// once when a reply is already in, and over tcp it is the one `recv`
-/// that fetches it. Polling first would cost a `recv` that finds nothing
-/// for every reply not yet in, one system call more per frame; measured
-/// on this project's 2-core machine (`fabrickv bench cluster`, tcp, one
-/// server), the client's receives fell from 4.65 to 2 per two-frame call.
-/// In paired runs of the two builds, one server's GET throughput stayed
-/// within the noise (2.83-2.90 M keys/s against 2.72-3.05) and the
-/// three-server cluster's rose by 2-4% (2.19-2.22 against 2.12-2.16).
+/// request order, through the request layer's reply loop,
+/// `Sessions::collect_all`) until `deadline`, scattering each result to
+/// its operation's position in `out`. On an error the frames still in
+/// flight are given up: their replies are read and dropped by the next
+/// call (the layer's late-reply policy). A connection out of step (a
+/// reply out of order or undecodable) stays so, and a cluster client
+/// drops it.
 pub(crate) fn collect<S: Sink>(
     c: &mut Client,
-    pending: Pending,
+    _pending: Pending,
     deadline: Instant,
     out: &mut S,
 ) -> Result<()> {
     let mut stale = false;
-    for session in c.sessions.all() {
-        while !session.is_idle() {
-            session.wait_until(deadline)?;
-            let mut failure: Option<ClientError> = None;
-            let max = session.in_flight();
-            session.poll(max, |msg, q| {
-                if failure.is_some() {
-                    return;
-                }
-                if let Err(e) = absorb(msg, q, pending.batch, out, &mut stale) {
-                    failure = Some(e);
-                }
-            })?;
-            if let Some(e) = failure {
-                return Err(e);
-            }
-        }
-    }
+    let r = c
+        .sessions
+        .collect_all(deadline, |msg, sent| absorb(msg, &sent, out, &mut stale));
     c.table_stale |= stale;
-    Ok(())
+    r
 }
 
-/// Applies one reply message to the oldest frame in flight; a reply to a
-/// frame of an earlier batch (given up) is dropped.
+/// Applies one reply message to the frame it answers.
 /// A RESPONSE whose status is WRONG_WORKER sets `stale`: its results
 /// stand, but the worker does not own some partition it served.
-fn absorb<S: Sink>(
-    msg: &[u8],
-    q: &mut InFlight<FrameTag>,
-    batch: u64,
-    out: &mut S,
-    stale: &mut bool,
-) -> Result<()> {
+#[inline]
+fn absorb<S: Sink>(msg: &[u8], sent: &Sent<FrameTag>, out: &mut S, stale: &mut bool) -> Result<()> {
     let frame = decode_frame(msg).map_err(protocol)?;
-    let expect = q.complete(frame.header.request_id)?;
-    if frame.header.kind == FrameKind::Response
-        && frame.header.status == ErrorCode::WrongWorker.as_u16()
-    {
-        *stale = true;
-    }
-    if expect.tag.batch != batch {
-        return Ok(());
-    }
     match frame.header.kind {
         FrameKind::Response => {
+            if frame.header.status == ErrorCode::WrongWorker.as_u16() {
+                *stale = true;
+            }
             let results = ResponseIter::new(&frame).map_err(protocol)?;
-            if results.len() != expect.tag.positions.len() {
+            if results.len() != sent.tag.positions.len() {
                 return Err(ClientError::Protocol(
                     "result count differs from operation count".into(),
                 ));
             }
-            for (r, &pos) in results.zip(&expect.tag.positions) {
+            for (r, &pos) in results.zip(&sent.tag.positions) {
                 out.land(pos, r.code(), r.value)?;
             }
             Ok(())

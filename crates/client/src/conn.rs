@@ -2,21 +2,26 @@
 //! the request layer of `fabrickv-rpc` ([`fabrickv_rpc::Sessions`]).
 //!
 //! The kv ([`crate::Client`]), ps, cache and shard clients each hold a
-//! [`Sessions`]: it owns their request ids, their requests in flight (in
-//! request order, which it checks), their credits and their waits for a
-//! deadline; [`fabrickv_rpc::worker`] picks the worker a key or a client
-//! goes to. What is here is what they share on top of it: the handshake
-//! (HELLO), the connect by turn, the control replies, and the mapping of
-//! the layer's errors and the server's refusals to [`ClientError`].
+//! [`Conn`]: sessions (one connection to one server worker and its
+//! requests in flight each) over the native frames ([`Frames`]). The
+//! layer owns their request ids, their requests in flight (in request
+//! order, which it checks), their credits, their waits for a deadline,
+//! the one reply loop and its late-reply and retry rules;
+//! [`fabrickv_rpc::worker`] picks the worker a key or a client goes to.
+//! What is here is what they share on top of it: the one constructor
+//! ([`connect`]: the dial, the HELLO, the choice of workers, the memory
+//! registered, the redial), the control calls, and the mapping of the
+//! layer's errors and the server's refusals to [`ClientError`].
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use fabrickv_rpc::session::Framing;
 use fabrickv_rpc::worker::Turns;
-use fabrickv_rpc::{RpcError, Sessions};
-use fabrickv_transport::{Dial, Endpoint};
+use fabrickv_rpc::{RpcError, Session, Sessions};
+use fabrickv_transport::{Dial, Endpoint, RemoteRegion};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::control::{decode_error, decode_hello_reply, encode_hello, ServerInfo};
-use fabrickv_wire::{decode_frame, Frame, FrameKind};
+use fabrickv_wire::{decode_frame, Frame, FrameHeader, FrameKind};
 
 use crate::{ClientError, Result};
 
@@ -57,65 +62,152 @@ pub(crate) fn refusal(frame: &Frame<'_>) -> ClientError {
     }
 }
 
-/// Asks the worker at the other end of `ep` for the server's shape and
-/// limits (HELLO). Sent before the connection has a session: a HELLO is
-/// request 0, outside every client's ids.
-fn hello(ep: &mut dyn Endpoint, timeout: Duration) -> Result<ServerInfo> {
-    ep.post_with(&mut |b| encode_hello(b, 0, 0))?;
-    ep.flush(timeout)?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        let mut got: Option<Result<ServerInfo>> = None;
-        ep.poll(1, &mut |msg| {
-            got = Some(control_reply(msg, |f| {
-                decode_hello_reply(f).map_err(protocol)
-            }))
-        })?;
-        if let Some(r) = got {
-            return r;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(ClientError::Timeout);
-        }
-        ep.wait(left)?;
+/// The native frames of `fabrickv-wire`, as the request layer reads
+/// them: a reply names its request in its header.
+pub(crate) enum Frames {}
+
+impl Framing for Frames {
+    type Error = ClientError;
+
+    #[inline]
+    fn reply_id(msg: &[u8]) -> Result<u64> {
+        FrameHeader::decode(msg)
+            .map(|h| h.request_id)
+            .map_err(protocol)
     }
 }
 
-/// Connects to worker 0 of `addr` as `dial` says and asks the server's
-/// shape (HELLO).
-pub(crate) fn connect_hello(addr: &str, dial: &Dial) -> Result<(Box<dyn Endpoint>, ServerInfo)> {
-    let mut ep = fabrickv_transport::connect_with(addr, 0, dial)?;
-    let info = hello(&mut *ep, dial.timeout)?;
-    Ok((ep, info))
+/// A client's sessions over the native frames.
+pub(crate) type Conn<T> = Sessions<T, Frames>;
+
+/// Asks the worker of session `s` for the server's shape and limits
+/// (HELLO).
+fn hello<T: Default>(sessions: &mut Conn<T>, s: usize) -> Result<ServerInfo> {
+    call_control(sessions, s, T::default(), encode_hello, |f| {
+        decode_hello_reply(f).map_err(protocol)
+    })
 }
 
-/// Connects to the worker whose turn `turns` gives (moved on by
-/// `offset`): the server's worker count is asked of worker 0, whose
-/// connection is kept when the turn is its own. Clients of one kind in
-/// one process so spread round robin.
-pub(crate) fn connect_in_turn(
-    addr: &str,
-    dial: &Dial,
-    turns: &Turns,
-    offset: usize,
-) -> Result<(Box<dyn Endpoint>, u16)> {
-    let (first, info) = connect_hello(addr, dial)?;
-    let worker = turns.next_offset(info.workers, offset);
-    if worker == 0 {
-        return Ok((first, 0));
-    }
-    Ok((
-        fabrickv_transport::connect_with(addr, worker, dial)?,
+/// Sessions of one connection, to worker `worker` of `addr`.
+fn dial_one<T>(addr: &str, worker: u16, dial: &Dial) -> Result<Conn<T>> {
+    let ep = fabrickv_transport::connect_with(addr, worker, dial)?;
+    Ok(Sessions::one(
+        ep,
         worker,
+        CONN_REQUESTS_IN_FLIGHT_MAX,
+        dial.timeout,
     ))
+}
+
+/// Which server workers a client holds sessions to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Workers<'t> {
+    /// One session per worker, by worker (the kv client's steering).
+    Every,
+    /// One session, to the worker whose turn `turns` gives (moved on by
+    /// `offset`): clients of one kind in one process so spread round
+    /// robin. The worker count is asked of worker 0, whose connection is
+    /// kept when the turn is its own.
+    InTurn(&'t Turns, usize),
+    /// One session, to this worker, whatever the turn (a client thread
+    /// pinned beside a pinned worker). A worker the server does not have
+    /// is refused at the handshake.
+    Worker(u16),
+}
+
+/// A client's connection, as [`connect`] or [`over`] made it.
+pub(crate) struct Connected<T> {
+    /// The sessions, by the client's numbering (by worker for
+    /// [`Workers::Every`]; one session otherwise).
+    pub(crate) sessions: Conn<T>,
+    /// The server's shape and limits, where a HELLO was asked
+    /// ([`Workers::Every`] and [`Workers::InTurn`]).
+    pub(crate) info: Option<ServerInfo>,
+    /// The memory registered on session 0 for the server to write and
+    /// read one-sided, where asked for and the transport registers.
+    pub(crate) region: Option<RemoteRegion>,
+}
+
+/// The one way every client of this crate connects: dials `addr` with
+/// `timeout` (for connecting and for each call), to the workers `workers`
+/// names, registers `region_bytes` of memory on the session where the
+/// transport can (0: none), and sets each session to dial again when
+/// the server closed it while quiet (not where memory was registered: a
+/// new connection would not have the region).
+pub(crate) fn connect<T: Default>(
+    addr: &str,
+    timeout: Duration,
+    workers: Workers<'_>,
+    region_bytes: usize,
+) -> Result<Connected<T>> {
+    let dial = Dial::new(timeout)?;
+    let (mut sessions, info) = match workers {
+        Workers::Every => {
+            let mut sessions = dial_one(addr, 0, &dial)?;
+            let info = hello(&mut sessions, 0)?;
+            for w in 1..info.workers {
+                let ep = fabrickv_transport::connect_with(addr, w, &dial)?;
+                sessions.push(Session::new(ep, w));
+            }
+            (sessions, Some(info))
+        }
+        Workers::InTurn(turns, offset) => {
+            let mut sessions = dial_one(addr, 0, &dial)?;
+            let info = hello(&mut sessions, 0)?;
+            let worker = turns.next_offset(info.workers, offset);
+            if worker != 0 {
+                sessions = dial_one(addr, worker, &dial)?;
+            }
+            (sessions, Some(info))
+        }
+        Workers::Worker(w) => (dial_one(addr, w, &dial)?, None),
+    };
+    let region = register(&mut sessions, region_bytes)?;
+    if region.is_none() {
+        for s in sessions.all() {
+            s.set_redial(addr, dial.clone());
+        }
+    }
+    Ok(Connected {
+        sessions,
+        info,
+        region,
+    })
+}
+
+/// [`connect`] over an endpoint already connected to `worker` (the ps
+/// and cache clients' `on_endpoint`): no HELLO, and no redial (the
+/// address is not known).
+pub(crate) fn over<T>(
+    ep: Box<dyn Endpoint>,
+    worker: u16,
+    timeout: Duration,
+    region_bytes: usize,
+) -> Result<Connected<T>> {
+    let mut sessions = Sessions::one(ep, worker, CONN_REQUESTS_IN_FLIGHT_MAX, timeout);
+    let region = register(&mut sessions, region_bytes)?;
+    Ok(Connected {
+        sessions,
+        info: None,
+        region,
+    })
+}
+
+/// Registers `bytes` on session 0 where asked (more than 0) and the
+/// transport registers memory.
+fn register<T>(sessions: &mut Conn<T>, bytes: usize) -> Result<Option<RemoteRegion>> {
+    if bytes == 0 {
+        return Ok(None);
+    }
+    register_if_supported(sessions.session(0).endpoint(), bytes)
 }
 
 /// How many workers the server at `addr` runs (asked of worker 0): what a
 /// caller placing its threads with `connect_worker` (`PsClient`,
 /// `CacheClient`) divides by.
 pub fn server_workers(addr: &str, timeout: Duration) -> Result<u16> {
-    Ok(connect_hello(addr, &Dial::new(timeout)?)?.1.workers)
+    let mut sessions: Conn<()> = dial_one(addr, 0, &Dial::new(timeout)?)?;
+    Ok(hello(&mut sessions, 0)?.workers)
 }
 
 /// Decodes a control reply with `f`, or the server's refusal.
@@ -130,33 +222,14 @@ fn control_reply<T>(msg: &[u8], f: impl FnOnce(&Frame<'_>) -> Result<T>) -> Resu
 /// Posts one control request on session `s` (built by `build`, given its
 /// id and worker) and waits for its reply, decoded by `f`.
 pub(crate) fn call_control<T, R>(
-    sessions: &mut Sessions<T>,
+    sessions: &mut Conn<T>,
     s: usize,
     tag: T,
-    build: impl FnMut(&mut Vec<u8>, u64, u16),
-    mut f: impl FnMut(&Frame<'_>) -> Result<R>,
+    build: impl FnOnce(&mut Vec<u8>, u64, u16),
+    f: impl FnOnce(&Frame<'_>) -> Result<R>,
 ) -> Result<R> {
-    sessions.post(s, tag, build)?;
-    let timeout = sessions.timeout();
     let deadline = sessions.deadline();
-    let session = sessions.session(s);
-    session.flush(timeout)?;
-    loop {
-        let mut got: Option<Result<R>> = None;
-        session.poll(1, |msg, q| {
-            got = Some(decode_frame(msg).map_err(protocol).and_then(|frame| {
-                q.complete(frame.header.request_id)?;
-                if frame.header.kind == FrameKind::Error {
-                    return Err(refusal(&frame));
-                }
-                f(&frame)
-            }))
-        })?;
-        if let Some(r) = got {
-            return r;
-        }
-        session.wait_until(deadline)?;
-    }
+    sessions.call(s, tag, deadline, build, |m, _| control_reply(m, f))
 }
 
 /// Registers `len` bytes on `ep` for the server to write one-sided;

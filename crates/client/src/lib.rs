@@ -12,9 +12,9 @@
 //!
 //! Layout: this file has the public API and the errors; [`conn`] how
 //! every client connects, over the request layer of `fabrickv-rpc`
-//! (`Sessions`: request ids, requests in flight, credits, deadlines;
-//! `worker`: which worker a key or a client goes to), which the kv, ps,
-//! cache and shard clients all stand on; [`batch`] the pipelined executor
+//! (`Sessions`: request ids, requests in flight, credits, deadlines, the
+//! one reply loop; `worker`: which worker a key or a client goes to),
+//! which the kv, ps, cache and shard clients all stand on; [`batch`] the pipelined executor
 //! every kv call goes through; [`Kv`] the key-value calls (`get`, `put`,
 //! `mget`, ...) written once over `execute`, for [`Client`] and
 //! [`ClusterClient`] alike; [`MgetBuf`] the caller's buffer that
@@ -34,7 +34,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use fabrickv_rpc::{Session, Sessions};
 use fabrickv_transport::{Endpoint, TransportError};
 use fabrickv_types::{ErrorCode, KeyHash};
 use fabrickv_wire::control::{
@@ -157,11 +156,8 @@ pub type Result<T> = std::result::Result<T, ClientError>;
 pub struct Client {
     info: ServerInfo,
     /// One session per worker, by worker: ids, frames in flight (each
-    /// tagged with its batch and its operations' positions), credits.
-    sessions: Sessions<batch::FrameTag>,
-    /// Counts the batches posted, so that the replies to a batch given up
-    /// (timed out) are told from the next one's.
-    batches: u64,
+    /// tagged with its operations' positions), credits, the reply loop.
+    sessions: conn::Conn<batch::FrameTag>,
     /// The worker serving each partition, by partition: the server's
     /// partition table as last fetched.
     owners: Vec<u16>,
@@ -182,24 +178,12 @@ impl Client {
 
     /// Connects with a timeout for connecting and for each call.
     pub fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<Client> {
-        let dial = fabrickv_transport::Dial::new(timeout)?;
-        let (first, info) = conn::connect_hello(addr, &dial)?;
-        let mut sessions = vec![Session::new(first, 0)];
-        for w in 1..info.workers {
-            sessions.push(Session::new(
-                fabrickv_transport::connect_with(addr, w, &dial)?,
-                w,
-            ));
-        }
-        // A connection the server closed while quiet (its idle timeout)
-        // is dialled again before the next request.
-        for s in &mut sessions {
-            s.set_redial(addr, dial.clone());
-        }
+        let conn::Connected { sessions, info, .. } =
+            conn::connect(addr, timeout, conn::Workers::Every, 0)?;
+        let info = info.ok_or_else(|| ClientError::Protocol("no HELLO reply".into()))?;
         let mut c = Client {
             info,
-            sessions: Sessions::new(sessions, CONN_REQUESTS_IN_FLIGHT_MAX, timeout),
-            batches: 0,
+            sessions,
             owners: Vec::new(),
             epoch: 0,
             table_stale: false,
@@ -230,7 +214,7 @@ impl Client {
         let t = conn::call_control(
             &mut self.sessions,
             0,
-            batch::FrameTag::control(),
+            batch::FrameTag::default(),
             |b, id, w| encode_partitions_request(b, id, w, mv),
             |f| decode_partitions_reply(f).map_err(conn::protocol),
         )?;
@@ -341,7 +325,7 @@ impl Client {
             out.push(conn::call_control(
                 &mut self.sessions,
                 w,
-                batch::FrameTag::control(),
+                batch::FrameTag::default(),
                 encode_stats_request,
                 |f| decode_stats_reply(f).map_err(conn::protocol),
             )?);

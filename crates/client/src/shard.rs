@@ -19,15 +19,13 @@
 //! takes, and asks again for the keys the server could not fit in a reply
 //! (`REPLY_FULL`).
 //!
-//! Request ids and the requests in flight are the request layer's
-//! (`fabrickv_rpc::Sessions`, one session): a request that timed out stays
-//! there, given up, and its late reply is read and dropped.
+//! Request ids, the requests in flight and the reply loop are the request
+//! layer's (`fabrickv_rpc::Sessions`, one session): a request that timed
+//! out stays there, given up, and its late reply is read and dropped.
 
 use std::time::Duration;
 
 use fabrickv_rpc::worker::Turns;
-use fabrickv_rpc::{InFlight, Sessions};
-use fabrickv_transport::{Dial, Endpoint};
 use fabrickv_types::limits::{FRAME_BODY_BYTES_MAX, SHARD_NAME_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::shard::{decode_reply, ShardOp};
@@ -38,7 +36,7 @@ use fabrickv_wire::shard_data::{
 };
 use fabrickv_wire::{decode_frame, FrameKind};
 
-use crate::conn::{refusal, CONN_REQUESTS_IN_FLIGHT_MAX};
+use crate::conn::{self, refusal, Conn, Workers};
 use crate::{ClientError, Result, DEFAULT_TIMEOUT};
 
 /// Shard clients this process has connected so far: the next one talks to
@@ -49,8 +47,9 @@ static TURNS: Turns = Turns::new();
 /// A client of the persistent shards of one server.
 pub struct ShardClient {
     /// The one session, to the worker the requests run on: request ids,
-    /// the requests in flight (tagged with their op), the timeout.
-    sessions: Sessions<ShardOp>,
+    /// the requests in flight, the timeout, the reply loop (one request
+    /// is awaited at a time, so they carry no tag).
+    sessions: Conn<()>,
 }
 
 impl std::fmt::Debug for ShardClient {
@@ -70,9 +69,10 @@ impl ShardClient {
     /// that is the one).
     pub fn connect(addr: &str, timeout: Duration) -> Result<ShardClient> {
         let pid = std::process::id() as usize;
-        let dial = Dial::new(timeout)?;
-        let (ep, worker) = crate::conn::connect_in_turn(addr, &dial, &TURNS, pid)?;
-        Ok(ShardClient::on(ep, worker, addr, dial))
+        let c = conn::connect(addr, timeout, Workers::InTurn(&TURNS, pid), 0)?;
+        Ok(ShardClient {
+            sessions: c.sessions,
+        })
     }
 
     /// Connects to worker `worker` of the server at `addr`, whatever the
@@ -80,17 +80,10 @@ impl ShardClient {
     /// server does not have is refused at the handshake (`UNAVAILABLE`,
     /// with the server's worker count in the message).
     pub fn connect_worker(addr: &str, worker: u16, timeout: Duration) -> Result<ShardClient> {
-        let dial = Dial::new(timeout)?;
-        let ep = fabrickv_transport::connect_with(addr, worker, &dial)?;
-        Ok(ShardClient::on(ep, worker, addr, dial))
-    }
-
-    /// A client over `ep`, connected to `worker` of `addr` as `dial`
-    /// said; a connection the server closed while quiet is dialled again.
-    fn on(ep: Box<dyn Endpoint>, worker: u16, addr: &str, dial: Dial) -> ShardClient {
-        let mut sessions = Sessions::one(ep, worker, CONN_REQUESTS_IN_FLIGHT_MAX, dial.timeout);
-        sessions.session(0).set_redial(addr, dial);
-        ShardClient { sessions }
+        let c = conn::connect(addr, timeout, Workers::Worker(worker), 0)?;
+        Ok(ShardClient {
+            sessions: c.sessions,
+        })
     }
 
     /// The server worker this client's requests run on.
@@ -241,7 +234,7 @@ impl ShardClient {
 
     /// Sends one copy control op (`CopyCheckpoint`, `CopyStart`,
     /// `CopyStatus`, `CopyEnd`) whose payload `payload` writes, naming
-    /// `shard` (empty for the ops that name a session); returns the
+    /// `shard` (empty for the ops that name a copy by its id); returns the
     /// reply's payload. The payloads are `fabrickv_wire::copy`'s; this
     /// only carries them.
     pub fn copy_control(
@@ -265,45 +258,16 @@ impl ShardClient {
     /// returns its reply's payload (status OK), or the server's refusal as
     /// an error.
     fn call(&mut self, op: ShardOp, build: impl FnOnce(&mut Vec<u8>, u64, u16)) -> Result<Vec<u8>> {
-        let mut build = Some(build);
-        let req = self.sessions.post(0, op, |b, id, worker| {
-            if let Some(f) = build.take() {
-                f(b, id, worker);
-            }
-        })?;
-        self.sessions.flush()?;
         let deadline = self.sessions.deadline();
-        let session = self.sessions.session(0);
-        loop {
-            let mut got: Option<Result<Option<Vec<u8>>>> = None;
-            session.poll(1, |msg, q| got = Some(reply_of(msg, req, q)))?;
-            match got {
-                // The reply to an earlier request that timed out: skipped.
-                Some(Ok(None)) | None => {}
-                Some(r) => return r.map(Option::unwrap_or_default),
-            }
-            session.wait_until(deadline)?;
-        }
+        self.sessions
+            .call(0, (), deadline, build, |msg, _| reply_of(msg, op))
     }
 }
 
-/// Reads the reply to request `req`: its payload, or `None` for the reply
-/// to an earlier request (one given up at its deadline).
-fn reply_of(msg: &[u8], req: u64, q: &mut InFlight<ShardOp>) -> Result<Option<Vec<u8>>> {
+/// Reads the reply to a request of `op`: its payload, or the server's
+/// refusal.
+fn reply_of(msg: &[u8], op: ShardOp) -> Result<Vec<u8>> {
     let frame = decode_frame(msg).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    if frame.header.request_id > req {
-        return Err(ClientError::Protocol(format!(
-            "reply to request {} while waiting for {req}",
-            frame.header.request_id
-        )));
-    }
-    let Some(sent) = q.complete_after_given_up(frame.header.request_id, drop) else {
-        return Ok(None);
-    };
-    if sent.id != req {
-        return Ok(None);
-    }
-    let op = sent.tag;
     if frame.header.kind == FrameKind::Error {
         return Err(refusal(&frame));
     }
@@ -320,7 +284,7 @@ fn reply_of(msg: &[u8], req: u64, q: &mut InFlight<ShardOp>) -> Result<Option<Ve
             message: String::from_utf8_lossy(m.payload).into_owned(),
         });
     }
-    Ok(Some(m.payload.to_vec()))
+    Ok(m.payload.to_vec())
 }
 
 fn protocol(e: fabrickv_wire::shard_data::DataError) -> ClientError {

@@ -91,28 +91,29 @@ impl CacheClient {
         Ok(out)
     }
 
-    /// Receives the reply to the oldest request in flight through `sink`.
-    /// The outer error means the connection cannot be trusted further; the
-    /// inner one is this request's own (the replies after it are still
-    /// read).
+    /// Receives the reply to the oldest request awaited through `sink`
+    /// (`Sessions::receive_split`: replies to requests given up before it
+    /// are dropped, never landed). The outer error ends the call (every
+    /// request in flight is then given up); the inner one is this
+    /// request's own (the replies after it are still read).
     fn recv_chunk(&mut self, sink: &mut ChunkSink<'_>, deadline: Instant) -> Result<ChunkReply> {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(ClientError::Timeout);
-        }
-        let (ep, q) = self.sessions.session(0).parts();
-        let id = q.front().map(|s| s.id);
-        let r = match ep.recv_split(GET_REPLY_HEAD_BYTES, left, sink)? {
-            Landed::Split => sink.split_reply(id),
-            Landed::Whole => sink.whole_reply(id),
-        };
-        let r = match r {
-            Ok(r) => r,
-            Err(Bad::Fatal(e)) => return Err(e),
-            Err(Bad::Refused(e)) => Err(e),
-        };
-        q.pop();
-        Ok(r)
+        self.sessions.receive_split(
+            0,
+            deadline,
+            GET_REPLY_HEAD_BYTES,
+            sink,
+            |landed, sink, sent| {
+                let r = match landed {
+                    Landed::Split => sink.split_reply(Some(sent.id)),
+                    Landed::Whole => sink.whole_reply(Some(sent.id)),
+                };
+                match r {
+                    Ok(r) => Ok(r),
+                    Err(Bad::Fatal(e)) => Err(e),
+                    Err(Bad::Refused(e)) => Ok(Err(e)),
+                }
+            },
+        )
     }
 
     pub(super) fn get_many_one_sided(
@@ -130,7 +131,7 @@ impl CacheClient {
             self.post(|b, id, w| encode_get(b, id, w, k, 0, 0, 0, Some(&dest)))?;
         }
         let mut out: Vec<Result<Option<Placed>>> = Vec::with_capacity(items.len());
-        self.collect(items.len(), |i, f| {
+        self.collect(|i, f| {
             out.push(get_reply(f).map(|g| {
                 g.map(|(total, gen, exp, _, _)| Placed {
                     offset: items[i].1,

@@ -20,8 +20,8 @@
 //! one request each; [`get`] the GETs (one-sided, or inline in chunks);
 //! [`reply`] how replies are decoded and checked, and the sink that lands
 //! inline chunks in place. Request ids, the requests in flight and their
-//! order, the credits and the waits are the request layer's
-//! (`fabrickv_rpc::Sessions`).
+//! order, the credits, the waits and the late-reply policy are the
+//! request layer's (`fabrickv_rpc::Sessions`).
 
 mod get;
 mod reply;
@@ -29,7 +29,6 @@ mod reply;
 use std::time::Duration;
 
 use fabrickv_rpc::worker::Turns;
-use fabrickv_rpc::Sessions;
 use fabrickv_transport::{Endpoint, RemoteRegion};
 use fabrickv_types::limits::{
     CACHE_BATCH_KEYS_MAX, CACHE_CHUNK_BYTES_MAX, CACHE_KEY_BYTES_MAX, CACHE_VALUE_BYTES_MAX,
@@ -41,7 +40,7 @@ use fabrickv_wire::cache::{
     RegionSlice,
 };
 
-use crate::conn::{protocol, region_bytes, register_if_supported, CONN_REQUESTS_IN_FLIGHT_MAX};
+use crate::conn::{self, protocol, region_bytes, Conn, Connected, Workers};
 use crate::{ClientError, Result, DEFAULT_TIMEOUT};
 use reply::{put_reply, reply_frame, Bad};
 
@@ -115,7 +114,7 @@ enum Buffer {
 pub struct CacheClient {
     /// The one session, to the client's worker: request ids, the requests
     /// in flight, credits, the timeout.
-    sessions: Sessions<()>,
+    sessions: Conn<()>,
     /// Where values land.
     buffer: Buffer,
     /// Bytes of `buffer`.
@@ -165,13 +164,13 @@ impl CacheClient {
     /// Connects with `opts`. Clients of one process spread over the
     /// server's workers, round robin.
     pub fn connect_with(addr: &str, opts: CacheClientOptions) -> Result<CacheClient> {
-        let (ep, worker) = crate::conn::connect_in_turn(
+        let c = conn::connect(
             addr,
-            &fabrickv_transport::Dial::new(opts.timeout)?,
-            &TURNS,
-            0,
+            opts.timeout,
+            Workers::InTurn(&TURNS, 0),
+            opts.buffer_bytes,
         )?;
-        CacheClient::on_endpoint(ep, worker, opts)
+        Ok(CacheClient::of(c, opts))
     }
 
     /// Connects to worker `worker`, whatever the turn: a reader thread
@@ -183,28 +182,40 @@ impl CacheClient {
         worker: u16,
         opts: CacheClientOptions,
     ) -> Result<CacheClient> {
-        let ep = fabrickv_transport::connect(addr, worker, opts.timeout)?;
-        CacheClient::on_endpoint(ep, worker, opts)
+        let c = conn::connect(
+            addr,
+            opts.timeout,
+            Workers::Worker(worker),
+            opts.buffer_bytes,
+        )?;
+        Ok(CacheClient::of(c, opts))
     }
 
     /// A client over an endpoint already connected to `worker`; registers
     /// the receive buffer where the transport can.
     pub fn on_endpoint(
-        mut ep: Box<dyn Endpoint>,
+        ep: Box<dyn Endpoint>,
         worker: u16,
         opts: CacheClientOptions,
     ) -> Result<CacheClient> {
-        let buffer = match register_if_supported(&mut *ep, opts.buffer_bytes)? {
+        let c = conn::over(ep, worker, opts.timeout, opts.buffer_bytes)?;
+        Ok(CacheClient::of(c, opts))
+    }
+
+    /// A client over a connection made with its receive buffer
+    /// registered, or local memory where the transport registers none.
+    fn of(c: Connected<()>, opts: CacheClientOptions) -> CacheClient {
+        let buffer = match c.region {
             Some(r) => Buffer::Region(r),
             None => Buffer::Local(vec![0; opts.buffer_bytes]),
         };
-        Ok(CacheClient {
-            sessions: Sessions::one(ep, worker, CONN_REQUESTS_IN_FLIGHT_MAX, opts.timeout),
+        CacheClient {
+            sessions: c.sessions,
             buffer,
             buffer_bytes: opts.buffer_bytes,
             next_transfer: 1,
             whole: Vec::new(),
-        })
+        }
     }
 
     /// Whether values land one-sided in a registered region.
@@ -251,52 +262,36 @@ impl CacheClient {
         })?)
     }
 
-    /// Waits for the replies of the `n` requests in flight (replies come
-    /// back in the order they were posted, which is checked), handing each
-    /// to `on_reply` in place (no copy out of the transport's buffer). A
+    /// Sends the requests posted and waits for their replies (replies
+    /// come back in the order they were posted, which the request layer
+    /// checks), handing each, with its number in posting order, to
+    /// `on_reply` in place (no copy out of the transport's buffer). A
     /// reply out of order or undecodable ends the call; an error of one
     /// reply is returned after the rest are in.
     fn collect(
         &mut self,
-        n: usize,
         mut on_reply: impl FnMut(usize, &fabrickv_wire::Frame<'_>) -> Result<()>,
     ) -> Result<()> {
         self.sessions.flush()?;
         let deadline = self.sessions.deadline();
-        let session = self.sessions.session(0);
         let mut next = 0;
         let mut first_err: Option<ClientError> = None;
-        let mut fatal: Option<ClientError> = None;
-        while next < n {
-            let got = session.poll(n - next, |m, q| {
-                if fatal.is_some() {
-                    return;
-                }
-                let id = q.front().map(|s| s.id);
-                match reply_frame(m, id) {
-                    Ok(frame) => {
-                        if let Err(e) = on_reply(next, &frame) {
-                            first_err.get_or_insert(e);
-                        }
-                    }
-                    Err(Bad::Fatal(e)) => {
-                        fatal = Some(e);
-                        return;
-                    }
-                    Err(Bad::Refused(e)) => {
+        self.sessions.collect(0, deadline, |m, sent| {
+            let i = next;
+            next += 1;
+            match reply_frame(m, Some(sent.id)) {
+                Ok(frame) => {
+                    if let Err(e) = on_reply(i, &frame) {
                         first_err.get_or_insert(e);
                     }
                 }
-                q.pop();
-                next += 1;
-            })?;
-            if let Some(e) = fatal {
-                return Err(e);
+                Err(Bad::Fatal(e)) => return Err(e),
+                Err(Bad::Refused(e)) => {
+                    first_err.get_or_insert(e);
+                }
             }
-            if got == 0 {
-                session.wait_until(deadline)?;
-            }
-        }
+            Ok(())
+        })?;
         first_err.map_or(Ok(()), Err)
     }
 
@@ -336,7 +331,7 @@ impl CacheClient {
                 };
                 self.post(|b, id, w| encode_put_from_region(b, id, w, key, ttl_ms, &src))?;
                 let mut generation = 0;
-                self.collect(1, |_, f| {
+                self.collect(|_, f| {
                     generation = put_reply(f, total)?;
                     Ok(())
                 })?;
@@ -361,7 +356,7 @@ impl CacheClient {
         }
         let last = chunks - 1;
         let mut generation = 0;
-        self.collect(chunks, |i, f| {
+        self.collect(|i, f| {
             let g = put_reply(f, total)?;
             if i == last {
                 generation = g;
@@ -456,7 +451,7 @@ impl CacheClient {
         check_key(key)?;
         self.post(|b, id, w| encode_key_op(b, id, w, op, key))?;
         let mut found = false;
-        self.collect(1, |_, f| {
+        self.collect(|_, f| {
             let r = decode_reply(f).map_err(protocol)?;
             found = match r.status {
                 ErrorCode::Ok => true,
@@ -489,7 +484,7 @@ impl CacheClient {
             len: self.buffer_bytes as u64,
         };
         self.post(|b, id, w| encode_bind(b, id, w, client_id, &slice))?;
-        self.collect(1, |_, f| {
+        self.collect(|_, f| {
             let r = decode_reply(f).map_err(protocol)?;
             match r.status {
                 ErrorCode::Ok => Ok(()),

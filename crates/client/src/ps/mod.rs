@@ -22,7 +22,12 @@
 //! puts and pushes; [`slots`] the allocator of the receive region;
 //! [`preload`] the bulk load and check of a key range (`fabrickv ps
 //! preload`). Request ids, the requests in flight and their order, the
-//! credits and the waits are the request layer's (`fabrickv_rpc::Sessions`).
+//! credits, the waits and the reply loop are the request layer's
+//! (`fabrickv_rpc::Sessions`); every reply goes through one router
+//! (`ReplyState::on_reply`). A call (`open_table`, a push) that times
+//! out gives its requests up, and their late replies are dropped; a pull
+//! waited for past its deadline is not given up: it stays outstanding,
+//! to wait for again or cancel.
 
 mod preload;
 mod pull;
@@ -39,7 +44,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use fabrickv_rpc::worker::Turns;
-use fabrickv_rpc::{InFlight, Sessions};
+use fabrickv_rpc::Sent;
 use fabrickv_transport::{Endpoint, RemoteRegion};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::ps::{
@@ -48,7 +53,7 @@ use fabrickv_wire::ps::{
 };
 use fabrickv_wire::{decode_frame, FrameKind};
 
-use crate::conn::{protocol, refusal, register_if_supported, CONN_REQUESTS_IN_FLIGHT_MAX};
+use crate::conn::{self, protocol, refusal, Conn, Connected, Workers};
 use crate::{ClientError, Result, DEFAULT_TIMEOUT};
 
 /// Bytes of the receive region a client registers for one-sided pulls
@@ -131,11 +136,12 @@ struct PullState {
 
 /// What a request in flight is (its tag in the request layer), so that its
 /// reply can be applied.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 enum PsReq {
     /// Part of a pull: its keys start at `first` within the pull.
     Pull { pull: u64, first: usize },
     /// Any other request; its reply is stashed for the caller.
+    #[default]
     Other,
 }
 
@@ -143,7 +149,7 @@ enum PsReq {
 pub struct PsClient {
     /// The one session, to the client's worker: request ids, the requests
     /// in flight (each tagged with what its reply completes), credits.
-    sessions: Sessions<PsReq>,
+    sessions: Conn<PsReq>,
     /// The registered receive region and its free slots, where the
     /// transport registers memory.
     region: Option<(RemoteRegion, SlotAlloc)>,
@@ -172,13 +178,8 @@ impl PsClient {
     /// Connects with a timeout for connecting and for each call. Clients of
     /// one process spread over the server's workers, round robin.
     pub fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<PsClient> {
-        let (ep, worker) = crate::conn::connect_in_turn(
-            addr,
-            &fabrickv_transport::Dial::new(timeout)?,
-            &TURNS,
-            0,
-        )?;
-        PsClient::on_endpoint(ep, worker, timeout)
+        let c = conn::connect(addr, timeout, Workers::InTurn(&TURNS, 0), PS_REGION_BYTES)?;
+        Ok(PsClient::of(c))
     }
 
     /// Connects to worker `worker` of the server at `addr`, whatever the
@@ -188,25 +189,29 @@ impl PsClient {
     /// is refused at the handshake (`UNAVAILABLE`, with the server's
     /// worker count in the message).
     pub fn connect_worker(addr: &str, worker: u16, timeout: Duration) -> Result<PsClient> {
-        let ep = fabrickv_transport::connect(addr, worker, timeout)?;
-        PsClient::on_endpoint(ep, worker, timeout)
+        let c = conn::connect(addr, timeout, Workers::Worker(worker), PS_REGION_BYTES)?;
+        Ok(PsClient::of(c))
     }
 
     /// A client over an endpoint already connected to `worker`. Registers
     /// the receive region where the transport can.
-    pub fn on_endpoint(
-        mut ep: Box<dyn Endpoint>,
-        worker: u16,
-        timeout: Duration,
-    ) -> Result<PsClient> {
-        let region = register_if_supported(&mut *ep, PS_REGION_BYTES)?
-            .map(|r| (r, SlotAlloc::new(PS_REGION_BYTES)));
-        Ok(PsClient {
-            sessions: Sessions::one(ep, worker, CONN_REQUESTS_IN_FLIGHT_MAX, timeout),
-            region,
+    pub fn on_endpoint(ep: Box<dyn Endpoint>, worker: u16, timeout: Duration) -> Result<PsClient> {
+        Ok(PsClient::of(conn::over(
+            ep,
+            worker,
+            timeout,
+            PS_REGION_BYTES,
+        )?))
+    }
+
+    /// A client over a connection made with its receive region.
+    fn of(c: Connected<PsReq>) -> PsClient {
+        PsClient {
+            sessions: c.sessions,
+            region: c.region.map(|r| (r, SlotAlloc::new(PS_REGION_BYTES))),
             pulls: HashMap::new(),
             stashed: HashMap::new(),
-        })
+        }
     }
 
     /// Whether pulls land one-sided in a registered region.
@@ -225,7 +230,8 @@ impl PsClient {
         self.call_within(wait, build)
     }
 
-    /// [`PsClient::call`], waiting up to `wait` for the reply.
+    /// [`PsClient::call`], waiting up to `wait` for the reply. The
+    /// replies to pulls that come first are applied on the way.
     fn call_within(
         &mut self,
         wait: Duration,
@@ -238,13 +244,27 @@ impl PsClient {
             }
         })?;
         self.sessions.flush()?;
-        let deadline = Instant::now() + wait;
-        loop {
-            if let Some(r) = self.stashed.remove(&req) {
-                return r;
+        self.await_reply(req, Instant::now() + wait)?
+    }
+
+    /// Waits until `deadline` for the reply to request `req` (an `Other`),
+    /// applying the replies to pulls that come first. The outer error is
+    /// the wait's (`req` is then given up); the inner one the reply's own
+    /// (the server's refusal).
+    fn await_reply(&mut self, req: u64, deadline: Instant) -> Result<Result<Vec<u8>>> {
+        let (pulls, stashed) = (&mut self.pulls, &mut self.stashed);
+        let r = self.sessions.wait_for(0, req, deadline, |m, sent| {
+            ReplyState {
+                pulls: &mut *pulls,
+                stashed: &mut *stashed,
             }
-            self.drive(deadline)?;
-        }
+            .on_reply(m, sent)
+        });
+        self.reap_all();
+        r?;
+        self.stashed
+            .remove(&req)
+            .ok_or_else(|| protocol("the reply to a call was not kept"))
     }
 
     /// Creates a table (or opens it if it exists with the same shape),
@@ -287,39 +307,31 @@ impl PsClient {
     /// Handles whatever replies have arrived, in place (no copy), without
     /// blocking; returns how many.
     fn pump(&mut self) -> Result<usize> {
-        let mut err = None;
-        let mut got = 0;
         let (pulls, stashed) = (&mut self.pulls, &mut self.stashed);
-        self.sessions.session(0).poll(usize::MAX, |m, in_flight| {
-            got += 1;
-            if err.is_none() {
-                let mut st = ReplyState {
-                    in_flight,
-                    pulls: &mut *pulls,
-                    stashed: &mut *stashed,
-                };
-                if let Err(e) = st.on_reply(m) {
-                    err = Some(e);
-                }
+        let got = self.sessions.take_replies(0, |m, sent| {
+            ReplyState {
+                pulls: &mut *pulls,
+                stashed: &mut *stashed,
             }
-        })?;
-        if let Some(e) = err {
-            return Err(e);
-        }
-        if got > 0 {
-            self.reap_all();
-        }
-        Ok(got)
+            .on_reply(m, sent)
+        });
+        self.reap_all();
+        got
     }
 
-    /// Handles at least one reply, waiting for it until `deadline`.
+    /// Handles the replies that come by `deadline`, waiting for at least
+    /// one (`Timeout` past it).
     fn drive(&mut self, deadline: Instant) -> Result<()> {
-        loop {
-            if self.pump()? > 0 {
-                return Ok(());
+        let (pulls, stashed) = (&mut self.pulls, &mut self.stashed);
+        let r = self.sessions.receive(0, deadline, |m, sent| {
+            ReplyState {
+                pulls: &mut *pulls,
+                stashed: &mut *stashed,
             }
-            self.sessions.session(0).wait_until(deadline)?;
-        }
+            .on_reply(m, sent)
+        });
+        self.reap_all();
+        r.map(drop)
     }
 
     fn reap_all(&mut self) {
@@ -337,15 +349,15 @@ impl PsClient {
 
 /// The parts of a client that replies update.
 struct ReplyState<'a> {
-    in_flight: &'a mut InFlight<PsReq>,
     pulls: &'a mut HashMap<u64, PullState>,
     stashed: &'a mut HashMap<u64, Result<Vec<u8>>>,
 }
 
 impl ReplyState<'_> {
-    fn on_reply(&mut self, m: &[u8]) -> Result<()> {
+    /// Applies the reply `m` to the request `sent` it answers: a pull's
+    /// part lands in its pull; any other reply is stashed for its caller.
+    fn on_reply(&mut self, m: &[u8], sent: Sent<PsReq>) -> Result<()> {
         let frame = decode_frame(m).map_err(protocol)?;
-        let sent = self.in_flight.complete(frame.header.request_id)?;
         let req = sent.id;
         let PsReq::Pull { pull, first } = sent.tag else {
             let r = if frame.header.kind == FrameKind::Error {

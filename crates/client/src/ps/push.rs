@@ -54,10 +54,16 @@ impl PsClient {
         for (ci, chunk) in keys.chunks(per).enumerate() {
             let vals = &values[ci * per * dim..(ci * per + chunk.len()) * dim];
             let tid = t.id;
-            let req = self.sessions.post(0, PsReq::Other, |b, req, w| {
+            let posted = self.sessions.post(0, PsReq::Other, |b, req, w| {
                 encode_push(b, req, w, tid, mode, chunk, vals)
-            })?;
-            reqs.push((req, chunk.len()));
+            });
+            match posted {
+                Ok(req) => reqs.push((req, chunk.len())),
+                Err(e) => {
+                    self.give_up(&reqs);
+                    return Err(e.into());
+                }
+            }
         }
         self.sessions.flush()?;
         Ok(PendingPush {
@@ -66,17 +72,28 @@ impl PsClient {
         })
     }
 
+    /// Gives the requests `reqs` of a put or push up: their replies are
+    /// dropped on arrival, not kept for a caller that stopped waiting.
+    fn give_up(&mut self, reqs: &[(u64, usize)]) {
+        let q = self.sessions.session(0).queue_mut();
+        for &(req, _) in reqs {
+            q.give_up(req);
+        }
+    }
+
     /// The collect phase of a put or push: every reply, by `deadline`;
     /// the first refusal, if any, after all are in.
     pub(crate) fn push_collect(&mut self, pending: PendingPush, deadline: Instant) -> Result<()> {
         let mut first_err = None;
         let mut applied_before = 0usize;
-        for (req, n) in pending.reqs {
-            let body = loop {
-                if let Some(r) = self.stashed.remove(&req) {
-                    break r;
+        for (i, &(req, n)) in pending.reqs.iter().enumerate() {
+            let body = match self.await_reply(req, deadline) {
+                Ok(body) => body,
+                Err(e) => {
+                    // The later requests of the push are given up too.
+                    self.give_up(&pending.reqs[i..]);
+                    return Err(e);
                 }
-                self.drive(deadline)?;
             };
             let outcome = body.and_then(|b| {
                 let f = decode_frame(&b).map_err(protocol)?;
