@@ -56,15 +56,17 @@ mod clients;
 mod conn;
 mod exec;
 mod expiry;
+mod get_set;
 mod glob;
 mod keyspace;
+mod numbers;
 mod shard_db;
 mod stats;
 mod strings;
-mod strings2;
 mod table;
 mod txn;
 mod txn_state;
+mod value_edit;
 
 pub use clients::{
     ClientPeer, ClientRegistry, KillNotify, RESP_CLIENTS_MAX, RESP_CLIENT_NAME_BYTES_MAX,
@@ -224,7 +226,7 @@ pub struct RespShared {
     unix_offset_ms: OnceLock<i64>,
     /// What every RESP and memcache connection buffers, and its cap
     /// (INFO's clients and stats sections).
-    pub(crate) client_memory: Arc<crate::text_net::ClientMemory>,
+    pub(crate) client_memory: Arc<crate::text_socket::ClientMemory>,
     /// Longest a reply holding large values may wait to be written, in
     /// ms, before its connection is closed (`RESP_LARGE_REPLY_MS` unless
     /// configured; 0: no bound).
@@ -326,7 +328,7 @@ impl RespShared {
             large_receiving: Arc::new(AtomicUsize::new(0)),
             unix_offset_ms: OnceLock::new(),
             bind: None,
-            client_memory: Arc::new(crate::text_net::ClientMemory::new(0)),
+            client_memory: Arc::new(crate::text_socket::ClientMemory::new(0)),
             large_reply_ms: crate::config::RESP_LARGE_REPLY_MS,
         }
     }
@@ -417,7 +419,7 @@ impl RespShared {
     /// set, else the cluster secret; compared in constant time.
     fn auth_accepts(&self, given: &[u8]) -> bool {
         match (&self.password, &self.secret) {
-            (Some(p), _) => conn::same_secret(given, p),
+            (Some(p), _) => fabrickv_auth::token_matches(p, given),
             (None, Some(s)) => s.matches(given),
             (None, None) => false,
         }
@@ -435,7 +437,7 @@ impl RespShared {
     /// Shares the server's account of what connections buffer.
     pub(crate) fn with_client_memory(
         mut self,
-        mem: Arc<crate::text_net::ClientMemory>,
+        mem: Arc<crate::text_socket::ClientMemory>,
     ) -> RespShared {
         self.client_memory = mem;
         self
@@ -463,6 +465,54 @@ impl RespShared {
         self.dbs.get(db.checked_sub(1)?).map(|s| s.as_ref())
     }
 }
+
+/// Every command the front-end answers: each file of commands keeps its
+/// own commands' metadata beside their handlers, and this gathers them in
+/// the order COMMAND COUNT counts them. GET and SET come first, where
+/// `table::lookup_index` finds them without a scan.
+const GROUPS: &[&[table::Spec]] = &[
+    strings::SPECS,
+    numbers::SPECS,
+    get_set::SPECS,
+    value_edit::SPECS,
+    expiry::SPECS,
+    keyspace::SPECS,
+    txn::SPECS,
+    conn::SPECS,
+    clients::SPECS,
+    admin::SPECS,
+];
+
+/// Commands in [`GROUPS`] together.
+const COMMAND_COUNT: usize = {
+    let mut n = 0;
+    let mut g = 0;
+    while g < GROUPS.len() {
+        n += GROUPS[g].len();
+        g += 1;
+    }
+    n
+};
+
+/// [`GROUPS`] one after another, at compile time.
+const COMMANDS_ARRAY: [table::Spec; COMMAND_COUNT] = {
+    let mut out = [GROUPS[0][0]; COMMAND_COUNT];
+    let (mut i, mut g) = (0, 0);
+    while g < GROUPS.len() {
+        let mut j = 0;
+        while j < GROUPS[g].len() {
+            out[i] = GROUPS[g][j];
+            i += 1;
+            j += 1;
+        }
+        g += 1;
+    }
+    out
+};
+
+/// Every command the front-end answers, in the order COMMAND COUNT counts
+/// them; a command's place here indexes its counters.
+const COMMANDS: &[table::Spec] = &COMMANDS_ARRAY;
 
 /// The wall clock as Unix milliseconds (0 if it reads before 1970).
 fn unix_now_ms() -> u64 {

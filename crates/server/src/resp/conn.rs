@@ -12,9 +12,134 @@ use super::admin::{command_info, config, info, time};
 use super::args::{int_arg, quote_arg, quoted, Args, ERROR_ARG_QUOTE_BYTES_MAX, NOT_INTEGER};
 use super::clients::{self, ClientEntry, ClientPeer, ClientRegistry};
 use super::exec::Exec;
-use super::table::{lookup_index, lower, Cmd, COMMANDS, COMMAND_NAME_BYTES_MAX};
+use super::table::{lookup_index, lower, Cmd, Spec, COMMAND_NAME_BYTES_MAX, NO_KEYS};
 use super::txn_state::{Txn, Watched};
+use super::COMMANDS;
 use super::{shard_db, RespShared};
+
+/// What COMMAND reports about the commands in this file (PING, ECHO, AUTH, SELECT, QUIT, HELLO),
+/// with Redis 7's values; `table` gathers every file's into the table.
+pub(super) const SPECS: &[Spec] = &[
+    Spec {
+        name: "ping",
+        id: Cmd::Ping,
+        arity: -1,
+        flags: &["fast", "sentinel"],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        acl: &["@fast", "@connection"],
+        key_specs: NO_KEYS,
+        group: "connection",
+        since: "1.0.0",
+        summary: "Returns the server's liveliness response.",
+        complexity: "O(1)",
+        tips: &["request_policy:all_shards", "response_policy:all_succeeded"],
+    },
+    Spec {
+        name: "echo",
+        id: Cmd::Echo,
+        arity: 2,
+        flags: &["fast"],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        acl: &["@fast", "@connection"],
+        key_specs: NO_KEYS,
+        group: "connection",
+        since: "1.0.0",
+        summary: "Returns the given string.",
+        complexity: "O(1)",
+        tips: &[],
+    },
+    Spec {
+        name: "auth",
+        id: Cmd::Auth,
+        arity: -2,
+        flags: &[
+            "noscript",
+            "loading",
+            "stale",
+            "fast",
+            "no_auth",
+            "sentinel",
+            "allow_busy",
+        ],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        acl: &["@fast", "@connection"],
+        key_specs: NO_KEYS,
+        group: "connection",
+        since: "1.0.0",
+        summary: "Authenticates the connection.",
+        complexity: "O(N) where N is the number of passwords defined for the user",
+        tips: &[],
+    },
+    Spec {
+        name: "select",
+        id: Cmd::Select,
+        arity: 2,
+        flags: &["loading", "stale", "fast"],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        acl: &["@fast", "@connection"],
+        key_specs: NO_KEYS,
+        group: "connection",
+        since: "1.0.0",
+        summary: "Changes the selected database.",
+        complexity: "O(1)",
+        tips: &[],
+    },
+    Spec {
+        name: "quit",
+        id: Cmd::Quit,
+        arity: -1,
+        flags: &[
+            "allow_busy",
+            "noscript",
+            "loading",
+            "stale",
+            "fast",
+            "no_auth",
+        ],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        acl: &["@fast", "@connection"],
+        key_specs: NO_KEYS,
+        group: "connection",
+        since: "1.0.0",
+        summary: "Closes the connection.",
+        complexity: "O(1)",
+        tips: &[],
+    },
+    Spec {
+        name: "hello",
+        id: Cmd::Hello,
+        arity: -1,
+        flags: &[
+            "noscript",
+            "loading",
+            "stale",
+            "fast",
+            "no_auth",
+            "sentinel",
+            "allow_busy",
+        ],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        acl: &["@fast", "@connection"],
+        key_specs: NO_KEYS,
+        group: "connection",
+        since: "6.0.0",
+        summary: "Handshakes with the Redis server.",
+        complexity: "O(1)",
+        tips: &[],
+    },
+];
 
 /// What a connection's commands can change about it.
 pub(super) struct ConnState {
@@ -424,15 +549,6 @@ pub(super) enum After {
     Hold {
         delay_ms: u64,
     },
-}
-
-/// Compares a password without stopping at the first differing byte.
-pub(super) fn same_secret(given: &[u8], expected: &[u8]) -> bool {
-    let mut diff = given.len() ^ expected.len();
-    for (i, e) in expected.iter().enumerate() {
-        diff |= usize::from(given.get(i).copied().unwrap_or(0) ^ e);
-    }
-    diff == 0
 }
 
 fn unknown_command(out: &mut Vec<u8>, a: Args<'_>) {

@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::table::{COMMANDS, COMMANDS_MAX};
+use super::table::COMMANDS_MAX;
+use super::COMMANDS;
 
 /// Distinct error codes counted in `errorstats`; replies with a code not
 /// yet seen once this many are tracked are counted in

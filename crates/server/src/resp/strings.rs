@@ -1,18 +1,137 @@
 //! The string commands on the in-memory kv: GET, STRLEN, SET (with NX,
-//! XX, EX, PX, KEEPTTL and GET), MGET, MSET, DEL, EXISTS and the INCR
-//! family.
+//! XX, EX, PX, KEEPTTL and GET), MGET, MSET, DEL and EXISTS. Their
+//! variants are in `get_set`, the counters in `numbers`, the commands on
+//! part of a value in `value_edit`.
 
 use fabrickv_engine::{
     DeleteResult, GetRefResult, GetResult, Partition, PutCond, PutResult, ValueRef,
 };
-use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply::{self as resp, Reply};
 use fabrickv_types::KeyHash;
 
 use super::args::{check_key, int_arg, mget_fits, storable_key, Args, NOT_INTEGER};
 use super::exec::{put_error, Exec};
-use super::table::{lower, COMMAND_NAME_BYTES_MAX};
+use super::table::{
+    lower, Cmd, Spec, COMMAND_NAME_BYTES_MAX, KEYS_RM, KEYS_RO, KEY_RO, KEY_SET, PAIRS_OW,
+};
 use super::RESP_PREFETCH_KEYS;
+
+/// What COMMAND reports about the commands in this file (GET, SET, MGET, MSET, DEL, EXISTS, STRLEN),
+/// with Redis 7's values; `table` gathers every file's into the table.
+pub(super) const SPECS: &[Spec] = &[
+    Spec {
+        name: "get",
+        id: Cmd::Get,
+        arity: 2,
+        flags: &["readonly", "fast"],
+        first_key: 1,
+        last_key: 1,
+        step: 1,
+        acl: &["@read", "@string", "@fast"],
+        key_specs: KEY_RO,
+        group: "string",
+        since: "1.0.0",
+        summary: "Returns the string value of a key.",
+        complexity: "O(1)",
+        tips: &[],
+    },
+    Spec {
+        name: "set",
+        id: Cmd::Set,
+        arity: -3,
+        flags: &["write", "denyoom"],
+        first_key: 1,
+        last_key: 1,
+        step: 1,
+        acl: &["@write", "@string", "@slow"],
+        key_specs: KEY_SET,
+        group: "string",
+        since: "1.0.0",
+        summary: "Sets the string value of a key, ignoring its type. The key is created if it doesn't exist.",
+        complexity: "O(1)",
+        tips: &[],
+    },
+    Spec {
+        name: "mget",
+        id: Cmd::Mget,
+        arity: -2,
+        flags: &["readonly", "fast"],
+        first_key: 1,
+        last_key: -1,
+        step: 1,
+        acl: &["@read", "@string", "@fast"],
+        key_specs: KEYS_RO,
+        group: "string",
+        since: "1.0.0",
+        summary: "Atomically returns the string values of one or more keys.",
+        complexity: "O(N) where N is the number of keys to retrieve.",
+        tips: &["request_policy:multi_shard"],
+    },
+    Spec {
+        name: "mset",
+        id: Cmd::Mset,
+        arity: -3,
+        flags: &["write", "denyoom"],
+        first_key: 1,
+        last_key: -1,
+        step: 2,
+        acl: &["@write", "@string", "@slow"],
+        key_specs: PAIRS_OW,
+        group: "string",
+        since: "1.0.1",
+        summary: "Atomically creates or modifies the string values of one or more keys.",
+        complexity: "O(N) where N is the number of keys to set.",
+        tips: &["request_policy:multi_shard", "response_policy:all_succeeded"],
+    },
+    Spec {
+        name: "del",
+        id: Cmd::Del,
+        arity: -2,
+        flags: &["write"],
+        first_key: 1,
+        last_key: -1,
+        step: 1,
+        acl: &["@keyspace", "@write", "@slow"],
+        key_specs: KEYS_RM,
+        group: "generic",
+        since: "1.0.0",
+        summary: "Deletes one or more keys.",
+        complexity: "O(N) where N is the number of keys that will be removed.",
+        tips: &["request_policy:multi_shard", "response_policy:agg_sum"],
+    },
+    Spec {
+        name: "exists",
+        id: Cmd::Exists,
+        arity: -2,
+        flags: &["readonly", "fast"],
+        first_key: 1,
+        last_key: -1,
+        step: 1,
+        acl: &["@keyspace", "@read", "@fast"],
+        key_specs: KEYS_RO,
+        group: "generic",
+        since: "1.0.0",
+        summary: "Determines whether one or more keys exist.",
+        complexity: "O(N) where N is the number of keys to check.",
+        tips: &["request_policy:multi_shard", "response_policy:agg_sum"],
+    },
+    Spec {
+        name: "strlen",
+        id: Cmd::Strlen,
+        arity: 2,
+        flags: &["readonly", "fast"],
+        first_key: 1,
+        last_key: 1,
+        step: 1,
+        acl: &["@read", "@string", "@fast"],
+        key_specs: KEY_RO,
+        group: "string",
+        since: "2.2.0",
+        summary: "Returns the length of a string value.",
+        complexity: "O(1)",
+        tips: &[],
+    },
+];
 
 impl Exec<'_> {
     pub(super) fn get(&mut self, key: &[u8], out: &mut Reply<'_>) {
@@ -259,41 +378,5 @@ impl Exec<'_> {
         }
         self.unlock_many();
         n
-    }
-
-    pub(super) fn incr_by(
-        &mut self,
-        key: &[u8],
-        delta: Result<i64, &'static str>,
-        out: &mut Vec<u8>,
-    ) {
-        if !check_key(key, out) {
-            return;
-        }
-        let delta = match delta {
-            Ok(d) => d,
-            Err(e) => return resp::error(out, e),
-        };
-        let now = self.now_ms;
-        let h = KeyHash::of(key);
-        let p = self.part(h);
-        let (current, ttl) = match p.get(h, key, now) {
-            GetResult::Found {
-                value,
-                expire_at_ms,
-            } => match parse_i64(value) {
-                Some(v) => (v, expire_at_ms),
-                None => return resp::error(out, NOT_INTEGER),
-            },
-            GetResult::NotFound => (0, 0),
-        };
-        let Some(next) = current.checked_add(delta) else {
-            return resp::error(out, "ERR increment or decrement would overflow");
-        };
-        let digits = next.to_string();
-        match p.put(h, key, digits.as_bytes(), ttl, PutCond::Always, now) {
-            PutResult::Stored => resp::integer(out, next),
-            r => put_error(out, r),
-        }
     }
 }

@@ -27,8 +27,93 @@ use fabrickv_types::KeyHash;
 use super::args::{storable_key, Args};
 use super::conn::{After, ConnState};
 use super::exec::Exec;
-use super::table::{Cmd, Spec};
+use super::table::{Cmd, Spec, KEYS_RO, NO_KEYS};
 use super::txn_state::{Txn, Watched};
+
+/// What COMMAND reports about the commands in this file (MULTI, EXEC, DISCARD, WATCH, UNWATCH),
+/// with Redis 7's values; `table` gathers every file's into the table.
+pub(super) const SPECS: &[Spec] = &[
+    Spec {
+        name: "multi",
+        id: Cmd::Multi,
+        arity: 1,
+        flags: &["noscript", "loading", "stale", "fast", "allow_busy"],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        acl: &["@fast", "@transaction"],
+        key_specs: NO_KEYS,
+        group: "transactions",
+        since: "1.2.0",
+        summary: "Starts a transaction.",
+        complexity: "O(1)",
+        tips: &[],
+    },
+    Spec {
+        name: "exec",
+        id: Cmd::Exec,
+        arity: 1,
+        flags: &["noscript", "loading", "stale", "skip_slowlog"],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        acl: &["@slow", "@transaction"],
+        key_specs: NO_KEYS,
+        group: "transactions",
+        since: "1.2.0",
+        summary: "Runs the commands queued since MULTI, all at once.",
+        complexity: "The sum of the queued commands'",
+        tips: &[],
+    },
+    Spec {
+        name: "discard",
+        id: Cmd::Discard,
+        arity: 1,
+        flags: &["noscript", "loading", "stale", "fast", "allow_busy"],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        acl: &["@fast", "@transaction"],
+        key_specs: NO_KEYS,
+        group: "transactions",
+        since: "2.0.0",
+        summary: "Drops the commands queued since MULTI.",
+        complexity: "O(N) in the queued commands",
+        tips: &[],
+    },
+    Spec {
+        name: "watch",
+        id: Cmd::Watch,
+        arity: -2,
+        flags: &["noscript", "loading", "stale", "fast", "allow_busy"],
+        first_key: 1,
+        last_key: -1,
+        step: 1,
+        acl: &["@fast", "@transaction"],
+        key_specs: KEYS_RO,
+        group: "transactions",
+        since: "2.2.0",
+        summary: "Makes the next EXEC fail if any of these keys changes first.",
+        complexity: "O(1) per key",
+        tips: &[],
+    },
+    Spec {
+        name: "unwatch",
+        id: Cmd::Unwatch,
+        arity: 1,
+        flags: &["noscript", "loading", "stale", "fast", "allow_busy"],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        acl: &["@fast", "@transaction"],
+        key_specs: NO_KEYS,
+        group: "transactions",
+        since: "2.2.0",
+        summary: "Forgets every key WATCH recorded.",
+        complexity: "O(1)",
+        tips: &[],
+    },
+];
 
 /// Most commands one transaction may queue; one more discards it.
 pub(super) const TXN_QUEUED_COMMANDS_MAX: usize = 100_000;
