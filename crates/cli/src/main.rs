@@ -131,8 +131,8 @@ struct CacheArgs {
     cache_populate: bool,
 }
 
-/// Default gRPC address of the KV-cache control plane (the original KV
-/// cache service's).
+/// Default gRPC address of the KV-cache control plane (the Rust KV-cache
+/// server's gRPC default).
 const DEFAULT_GRPC: &str = "[::1]:50051";
 
 impl CacheArgs {

@@ -25,9 +25,11 @@
 //! Layout, one concern per file (as mini-redis has a file per command):
 //! this file holds the shared state and the session's parse loop;
 //! `conn` the connection's state and the dispatch of one command; `table`
-//! the command table; `args` a command's arguments and their bounds;
-//! `exec` the partition locks a run of commands holds; `strings`,
-//! `strings2`, `expiry` and `keyspace` the kv's commands; `glob` Redis's
+//! the command table's types and lookup (each command file keeps its own
+//! commands' `SPECS`, gathered here into [`COMMANDS`]); `args` a command's
+//! arguments and their bounds; `exec` the partition locks a run of
+//! commands holds; `strings`, `get_set`, `numbers`, `value_edit`,
+//! `expiry` and `keyspace` the kv's commands; `glob` Redis's
 //! patterns; `txn` MULTI, EXEC and WATCH; `admin` INFO, CONFIG and
 //! COMMAND; `shard_db` the commands on a persistent shard.
 

@@ -237,7 +237,7 @@ impl FabricPort {
         // peer's region, and the completion of a send to it (the peer's
         // answer, read in a later progress call) locks that region. A
         // client that closes right after a reply larger than the inject
-        // size made the worker fault there (issue 28 fault 3).
+        // size made the worker fault there (`cli --test fabric_shm`).
         if self.node.core.sending_to(c.addr) {
             self.unmapping.push(c.addr);
         } else {

@@ -1,7 +1,8 @@
 //! The keyspace commands on the in-memory kv: FLUSHDB and FLUSHALL,
 //! TOUCH, UNLINK, TYPE, RENAME, RENAMENX, COPY, KEYS, SCAN and RANDOMKEY;
-//! and the dispatch of the commands added beside the first ones (this
-//! file, `strings2` and the expiry commands).
+//! and the dispatch of the string variants, counters, value edits,
+//! keyspace and expiry commands (`get_set`, `numbers`, `value_edit`, this
+//! file and `expiry`), which `conn` hands here.
 //!
 //! SCAN's cursor names a partition (bits 32 and up) and a main bucket of
 //! its index (the low 32 bits; indexes have at most 2^28). The engine's
