@@ -73,7 +73,7 @@ mod value_edit;
 pub use clients::{
     ClientPeer, ClientRegistry, KillNotify, RESP_CLIENTS_MAX, RESP_CLIENT_NAME_BYTES_MAX,
 };
-pub use stats::RESP_ERROR_CODES_MAX;
+pub use stats::{RespCounters, RESP_ERROR_CODES_MAX};
 
 /// The Redis version the front end says it is (INFO, HELLO): the
 /// release whose commands and replies it follows.
@@ -138,44 +138,6 @@ pub fn auth_delay_ms(failures: u32) -> u64 {
 /// buckets, then their items, are asked of memory before the first of them
 /// executes, so a pipeline's cache misses overlap (MICA's prefetch pass).
 pub const RESP_PREFETCH_KEYS: usize = 32;
-
-/// Counters shared by every RESP connection of a server.
-#[derive(Debug, Default)]
-pub struct RespCounters {
-    /// Connections accepted since start.
-    pub connections_received: AtomicU64,
-    /// Connections open now.
-    pub connected: AtomicU64,
-    /// Connections refused because too many were open.
-    pub rejected: AtomicU64,
-    /// Idle connections closed to make room for a newcomer at the cap.
-    pub evicted_idle: AtomicU64,
-    /// Commands executed (including those answered with an error).
-    pub commands: AtomicU64,
-    /// Connections closed for a protocol error.
-    pub protocol_errors: AtomicU64,
-    /// AUTH attempts refused (a wrong password or secret), as Redis's ACL
-    /// log counts them (`acl_access_denied_auth` in INFO): a climbing
-    /// count is someone guessing.
-    pub auth_failures: AtomicU64,
-}
-
-impl RespCounters {
-    /// CONFIG RESETSTAT: the counters of events back to zero (not those
-    /// of state, such as the connections open now).
-    fn reset(&self) {
-        for c in [
-            &self.connections_received,
-            &self.rejected,
-            &self.evicted_idle,
-            &self.commands,
-            &self.protocol_errors,
-            &self.auth_failures,
-        ] {
-            c.store(0, Ordering::Relaxed);
-        }
-    }
-}
 
 /// The engine's event counters as INFO last reset them (CONFIG
 /// RESETSTAT): INFO shows what has happened since.
