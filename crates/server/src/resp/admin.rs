@@ -11,97 +11,19 @@ use fabrickv_storage::ShardBackend;
 use super::args::{quoted, Args};
 use super::clients::help;
 use super::glob::stringmatch;
-use super::table::{key_positions, lookup, lower, Cmd, Spec, COMMAND_NAME_BYTES_MAX, NO_KEYS};
+use super::table::{key_positions, lookup, lower, spec, Spec, COMMAND_NAME_BYTES_MAX, NO_KEYS};
 use super::{RespShared, COMMANDS, REDIS_VERSION};
 use crate::config::Mode;
 
 /// What COMMAND reports about the commands in this file (DBSIZE, INFO, CONFIG, COMMAND, TIME),
 /// with Redis 7's values; `table` gathers every file's into the table.
+#[rustfmt::skip]
 pub(super) const SPECS: &[Spec] = &[
-    Spec {
-        name: "dbsize",
-        id: Cmd::Dbsize,
-        arity: 1,
-        flags: &["readonly", "fast"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@keyspace", "@read", "@fast"],
-        key_specs: NO_KEYS,
-        group: "server",
-        since: "1.0.0",
-        summary: "Returns the number of keys in the database.",
-        complexity: "O(1)",
-        tips: &["request_policy:all_shards", "response_policy:agg_sum"],
-    },
-    Spec {
-        name: "info",
-        id: Cmd::Info,
-        arity: -1,
-        flags: &["loading", "stale", "sentinel"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@slow", "@dangerous"],
-        key_specs: NO_KEYS,
-        group: "server",
-        since: "1.0.0",
-        summary: "Returns information and statistics about the server.",
-        complexity: "O(1)",
-        tips: &[
-            "nondeterministic_output",
-            "request_policy:all_shards",
-            "response_policy:special",
-        ],
-    },
-    Spec {
-        name: "config",
-        id: Cmd::Config,
-        arity: -2,
-        flags: &[],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@slow"],
-        key_specs: NO_KEYS,
-        group: "server",
-        since: "2.0.0",
-        summary: "A container for server configuration commands.",
-        complexity: "Depends on subcommand.",
-        tips: &[],
-    },
-    Spec {
-        name: "command",
-        id: Cmd::Command,
-        arity: -1,
-        flags: &["loading", "stale", "sentinel"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@slow", "@connection"],
-        key_specs: NO_KEYS,
-        group: "server",
-        since: "2.8.13",
-        summary: "Returns detailed information about all commands.",
-        complexity: "O(N) where N is the total number of Redis commands",
-        tips: &["nondeterministic_output_order"],
-    },
-    Spec {
-        name: "time",
-        id: Cmd::Time,
-        arity: 1,
-        flags: &["loading", "stale", "fast"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@fast"],
-        key_specs: NO_KEYS,
-        group: "server",
-        since: "2.6.0",
-        summary: "Returns the server time.",
-        complexity: "O(1)",
-        tips: &["nondeterministic_output"],
-    },
+    spec! { "dbsize" Dbsize 1 ["readonly", "fast"] (0, 0, 0) ["@keyspace", "@read", "@fast"] NO_KEYS "server" "1.0.0" "O(1)" "Returns the number of keys in the database." ["request_policy:all_shards", "response_policy:agg_sum"] },
+    spec! { "info" Info -1 ["loading", "stale", "sentinel"] (0, 0, 0) ["@slow", "@dangerous"] NO_KEYS "server" "1.0.0" "O(1)" "Returns information and statistics about the server." ["nondeterministic_output", "request_policy:all_shards", "response_policy:special"] },
+    spec! { "config" Config -2 [] (0, 0, 0) ["@slow"] NO_KEYS "server" "2.0.0" "Depends on subcommand." "A container for server configuration commands." [] },
+    spec! { "command" Command -1 ["loading", "stale", "sentinel"] (0, 0, 0) ["@slow", "@connection"] NO_KEYS "server" "2.8.13" "O(N) where N is the total number of Redis commands" "Returns detailed information about all commands." ["nondeterministic_output_order"] },
+    spec! { "time" Time 1 ["loading", "stale", "fast"] (0, 0, 0) ["@fast"] NO_KEYS "server" "2.6.0" "O(1)" "Returns the server time." ["nondeterministic_output"] },
 ];
 
 /// Most INFO section names looked at in one call: more are ignored.

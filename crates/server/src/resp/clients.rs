@@ -18,27 +18,15 @@ use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply::{self as resp, Proto, Reply};
 
 use super::args::{quoted, Args};
-use super::table::{lower, Cmd, Spec, COMMAND_NAME_BYTES_MAX, NO_KEYS};
+use super::table::{lower, spec, Spec, COMMAND_NAME_BYTES_MAX, NO_KEYS};
 use super::COMMANDS;
 
 /// What COMMAND reports about the commands in this file (CLIENT),
 /// with Redis 7's values; `table` gathers every file's into the table.
-pub(super) const SPECS: &[Spec] = &[Spec {
-    name: "client",
-    id: Cmd::Client,
-    arity: -2,
-    flags: &["sentinel"],
-    first_key: 0,
-    last_key: 0,
-    step: 0,
-    acl: &["@slow"],
-    key_specs: NO_KEYS,
-    group: "connection",
-    since: "2.4.0",
-    summary: "A container for client connection commands.",
-    complexity: "Depends on subcommand.",
-    tips: &[],
-}];
+#[rustfmt::skip]
+pub(super) const SPECS: &[Spec] = &[
+    spec! { "client" Client -2 ["sentinel"] (0, 0, 0) ["@slow"] NO_KEYS "connection" "2.4.0" "Depends on subcommand." "A container for client connection commands." [] },
+];
 
 /// Most connections the registry lists at once: the RESP connection cap,
 /// so every open connection fits.

@@ -127,6 +127,35 @@ pub(super) struct KeySpec {
     pub(super) limit: i32,
 }
 
+/// One command's [`Spec`] as a row of its file's table, in this order:
+/// name, handler, arity, flags, (first key, last key, step), ACL
+/// categories, key specs, group, since, complexity, summary, tips. Each
+/// command file lists its own commands this way beside their handlers, so
+/// that a command's metadata is read in one line.
+macro_rules! spec {
+    ($name:literal $id:ident $arity:literal [$($flag:literal),*]
+     ($first:literal, $last:literal, $step:literal) [$($acl:literal),*] $key_specs:ident
+     $group:literal $since:literal $complexity:literal $summary:literal [$($tip:literal),*]) => {
+        $crate::resp::table::Spec {
+            name: $name,
+            id: $crate::resp::table::Cmd::$id,
+            arity: $arity,
+            flags: &[$($flag),*],
+            first_key: $first,
+            last_key: $last,
+            step: $step,
+            acl: &[$($acl),*],
+            key_specs: $key_specs,
+            group: $group,
+            since: $since,
+            summary: $summary,
+            complexity: $complexity,
+            tips: &[$($tip),*],
+        }
+    };
+}
+pub(super) use spec;
+
 /// No keys.
 pub(super) const NO_KEYS: &[KeySpec] = &[];
 
