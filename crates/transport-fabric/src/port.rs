@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use fabrickv_transport::framing;
-use fabrickv_transport::idle::{Activity, IdleBoard, IdleConn, IdleConns, IdleWatch};
+use fabrickv_transport::idle::{Activity, IdleBoard, IdleConns, IdleWatch};
 use fabrickv_transport::{
     Capabilities, ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError,
     Waker, WorkerPort,
@@ -525,28 +525,8 @@ impl Reply for PortReply<'_> {
     }
 }
 
-impl IdleConn for Conn {
-    fn activity(&mut self) -> &mut Activity {
-        &mut self.activity
-    }
-
-    fn busy(&self) -> bool {
-        !self.held.is_empty() || self.out.pending() > 0
-    }
-}
-
-impl IdleConns for FabricPort {
-    type Conn = Conn;
-
-    fn idle_view(&mut self) -> (&mut IdleWatch, &mut [Option<Conn>]) {
-        (&mut self.idle, &mut self.conns)
-    }
-
-    fn close_for_idleness(&mut self, slot: usize) {
-        self.stats.conns_closed_timeout += 1;
-        self.close(slot);
-    }
-}
+fabrickv_transport::idle_conns!(FabricPort, Conn, |c| !c.held.is_empty()
+    || c.out.pending() > 0);
 
 impl WorkerPort for FabricPort {
     fn poll(&mut self, max: usize, handler: &mut MessageHandler<'_>) -> Result<usize> {

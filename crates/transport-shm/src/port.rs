@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use fabrickv_transport::idle::{Activity, IdleBoard, IdleConn, IdleConns, IdleWatch};
+use fabrickv_transport::idle::{Activity, IdleBoard, IdleConns, IdleWatch};
 use fabrickv_transport::{
     Capabilities, ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError,
     Waker, WorkerPort,
@@ -482,28 +482,8 @@ impl ShmPort {
     }
 }
 
-impl IdleConn for Conn {
-    fn activity(&mut self) -> &mut Activity {
-        &mut self.activity
-    }
-
-    fn busy(&self) -> bool {
-        self.rx.has_data(&self.map) || self.staged_bytes() > 0
-    }
-}
-
-impl IdleConns for ShmPort {
-    type Conn = Conn;
-
-    fn idle_view(&mut self) -> (&mut IdleWatch, &mut [Option<Conn>]) {
-        (&mut self.idle, &mut self.conns)
-    }
-
-    fn close_for_idleness(&mut self, slot: usize) {
-        self.stats.conns_closed_timeout += 1;
-        self.close(slot);
-    }
-}
+fabrickv_transport::idle_conns!(ShmPort, Conn, |c| c.rx.has_data(&c.map)
+    || c.staged_bytes() > 0);
 
 impl WorkerPort for ShmPort {
     fn poll(&mut self, max: usize, handler: &mut MessageHandler<'_>) -> Result<usize> {

@@ -349,6 +349,42 @@ pub trait IdleConns {
     }
 }
 
+/// Implements [`IdleConn`] for a port's connection and [`IdleConns`] for
+/// the port, for the ports laid out alike (tcp, shm, fabric): the port
+/// holds `idle: IdleWatch`, `conns: Vec<Option<Conn>>` and
+/// `stats: PortStats`, and closes a slot with `close(&mut self, slot)`;
+/// the connection holds `activity: Activity`. The closure-like last
+/// argument says when a connection `c` holds a request not yet handled
+/// or a reply not yet sent, the one thing the ports differ in.
+#[macro_export]
+macro_rules! idle_conns {
+    ($port:ty, $conn:ty, |$c:ident| $busy:expr) => {
+        impl $crate::idle::IdleConn for $conn {
+            fn activity(&mut self) -> &mut $crate::idle::Activity {
+                &mut self.activity
+            }
+
+            fn busy(&self) -> bool {
+                let $c = self;
+                $busy
+            }
+        }
+
+        impl $crate::idle::IdleConns for $port {
+            type Conn = $conn;
+
+            fn idle_view(&mut self) -> (&mut $crate::idle::IdleWatch, &mut [Option<$conn>]) {
+                (&mut self.idle, &mut self.conns)
+            }
+
+            fn close_for_idleness(&mut self, slot: usize) {
+                self.stats.conns_closed_timeout += 1;
+                self.close(slot);
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

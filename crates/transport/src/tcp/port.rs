@@ -34,7 +34,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::conn_datapath::{Conn, ConnReply, READ_CHUNK_BYTES};
 use crate::framing::{self, Next, PREFIX_BYTES};
-use crate::idle::{Activity, IdleBoard, IdleConn, IdleConns, IdleWatch};
+use crate::idle::{IdleBoard, IdleConns, IdleWatch};
 use crate::{ConnId, MessageHandler, PortStats, Result, TransportError, Waker, WorkerPort};
 
 const WAKER: Token = Token(usize::MAX);
@@ -319,28 +319,7 @@ impl TcpPort {
     }
 }
 
-impl IdleConn for Conn {
-    fn activity(&mut self) -> &mut Activity {
-        &mut self.activity
-    }
-
-    fn busy(&self) -> bool {
-        self.in_head != self.in_tail || self.pending() > 0
-    }
-}
-
-impl IdleConns for TcpPort {
-    type Conn = Conn;
-
-    fn idle_view(&mut self) -> (&mut IdleWatch, &mut [Option<Conn>]) {
-        (&mut self.idle, &mut self.conns)
-    }
-
-    fn close_for_idleness(&mut self, slot: usize) {
-        self.stats.conns_closed_timeout += 1;
-        self.close(slot);
-    }
-}
+crate::idle_conns!(TcpPort, Conn, |c| c.in_head != c.in_tail || c.pending() > 0);
 
 impl WorkerPort for TcpPort {
     fn poll(&mut self, max: usize, handler: &mut MessageHandler<'_>) -> Result<usize> {
