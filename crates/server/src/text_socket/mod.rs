@@ -24,6 +24,11 @@
 //! The loop is generic over the protocol, not `dyn`: each front end gets
 //! its own copy of the hot path (fill, drive, execute), with the hooks it
 //! does not use (AUTH parking, CLIENT KILL, large values) compiled away.
+//!
+//! Layout: this file holds the [`Proto`] contract and [`start`]; `memory`
+//! the [`ClientMemory`] account; `conn` one connection's socket, buffers
+//! and wake-up (fill, drive); `event_loop` the thread's epoll loop
+//! (accepting, parking, idle timeout and board, the memory cap).
 
 use std::io::{self, Write};
 use std::net::SocketAddr;
