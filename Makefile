@@ -6,14 +6,22 @@ BIN := target/release/fabrickv
 BENCH_DIR := bench-results
 DATE := $(shell date +%Y-%m-%d)
 
-.PHONY: all build build-fabric fabric-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run
+.PHONY: all build build-lean build-fabric fabric-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run
 
 all: build
 
-## The binary, with every transport (tcp, shm, inproc and libfabric); it
-## installs libfabric first when it is missing.
+## The binary, with every transport (tcp, shm, inproc and libfabric) and
+## the benchmarks (`fabrickv bench`, `copy --plot`); it installs libfabric
+## first when it is missing.
 build: fabric-deps
-	$(CARGO) build --release -p fabrickv-cli
+	$(CARGO) build --release -p fabrickv-cli --features fabric,bench
+
+## The binary without the benchmarks (no fabrickv-bench linked in), built
+## and checked by its own test (crates/cli/tests/lean.rs): the product must
+## never come to need the benchmark code. A debug build, on the test
+## build's dependencies.
+build-lean: fabric-deps
+	$(CARGO) test -p fabrickv-cli --no-default-features --features fabric --test lean
 
 ## The same binary (the libfabric transport is built in by default).
 build-fabric: build
@@ -38,7 +46,7 @@ python: venv
 
 ## Everything: Rust unit, property and integration tests, lint, Python
 ## end-to-end tests, and a tiny run of every benchmark.
-test: deps lint module-check test-rust test-python doc-check bench-smoke
+test: deps lint module-check test-rust build-lean test-python doc-check bench-smoke
 	@echo "make test: all passed"
 
 ## `make test` while stress-ng keeps every core busy: the suite must pass on

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """An attack run against the native protocol's authentication, as an
 outsider who reaches the port but lacks the secret would try it: the same
-server without a secret (what every server was before issue 28) and with
+server without a secret (as every server was before the cluster secret) and with
 one, side by side. Prints one markdown row per measurement.
 
 - a PS CREATE from the outsider (which builds, zeroes and mlocks the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The front-end attack run of issue 28 (gRPC bearer, RESP AUTH brute force,
-# registry junk, gRPC squatter, empty key); see bench-results/2026-11-26-attack-fronts.md.
+# The front-end attack run (gRPC bearer, RESP AUTH brute force,
+# registry junk, gRPC squatter, empty key); see docs/security.md.
 # Usage: scripts/attack-fronts.sh BIN LABEL   (BIN: a fabrickv binary). Needs
 # curl with HTTP/2, redis-cli, memcached, python3. Step 4 holds [::1]:50051
 # for 8 s: run it when no other server on this host needs that port.

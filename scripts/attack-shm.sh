@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The shm attacks of issue 28 (faults 1 and 2) against a real server, with
+# The shm attacks (docs/security.md) against a real server, with
 # the server's fds, RSS, CPU and liveness before and after each attack;
 # each attack gets a fresh server.
 # Usage: [ONLY=dead|idle|resp] [IDLE_ARGS='--idle-timeout 3'] [RESP_ARGS='--resp-idle-timeout 3']

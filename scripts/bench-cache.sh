@@ -5,7 +5,7 @@
 # single-thread memcpy, all measured in the same run, in the placements
 # of `place` below.
 #
-# Each tcp case runs twice: one GET in flight per reader (the seed's
+# Each tcp case runs twice: one GET in flight per reader (as
 # kv-bench) and DEPTH GETs in flight per reader (a batch read, as an
 # inference engine fetches the blocks of a prefix; Redis pipelined as deep).
 # Every case runs in both placements below.

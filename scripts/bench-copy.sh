@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The seed's shard-copy benchmark (issue 7): a SIZE shard (10GB by default)
+# The shard-copy benchmark (the RocksDB shard replicator's): a SIZE shard (10GB by default)
 # of 16-byte keys and 256- then 128-byte uncompressible values, copied from
 # a server to a directory on this machine, beside the raw pipe (the same
 # bytes through a TCP socket into a file) measured in the same run. Writes

@@ -168,15 +168,7 @@ impl Secret {
     }
 
     fn hmac(&self, context: &[u8], parts: &[&[u8]]) -> HmacSha256 {
-        // HMAC accepts a key of any length.
-        #[allow(clippy::expect_used)]
-        let mut m = HmacSha256::new_from_slice(&self.bytes).expect("HMAC takes any key length");
-        m.update(&(context.len() as u32).to_le_bytes());
-        m.update(context);
-        for p in parts {
-            m.update(p);
-        }
-        m
+        hmac_keyed(&self.bytes, context, parts)
     }
 
     /// The proof that answers a handshake's `nonce`: HMAC-SHA256 over
@@ -212,10 +204,38 @@ impl Secret {
     /// neither's contents nor on where they first differ: both are run
     /// through one HMAC and the digests compared in constant time.
     pub fn matches(&self, offered: &[u8]) -> bool {
-        const CONTEXT: &[u8] = b"fabrickv token";
-        let mine = self.mac(CONTEXT, &self.bytes);
-        self.verify_mac(CONTEXT, offered, &mine)
+        token_matches(&self.bytes, offered)
     }
+}
+
+/// HMAC-SHA256 keyed by `key` over `context` (length first, so that no
+/// context is a prefix of another's input) and `parts`.
+fn hmac_keyed(key: &[u8], context: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+    // HMAC accepts a key of any length.
+    #[allow(clippy::expect_used)]
+    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+    m.update(&(context.len() as u32).to_le_bytes());
+    m.update(context);
+    for p in parts {
+        m.update(p);
+    }
+    m
+}
+
+/// Whether `offered` is `expected`, in time that depends on neither's
+/// contents nor on where they first differ: both are run through one
+/// HMAC keyed by `expected` and the digests compared in constant time.
+/// [`Secret::matches`] is this for the cluster secret; a password of
+/// any length (RESP's `requirepass`, which [`Secret`]'s length bounds
+/// do not fit) uses it directly.
+pub fn token_matches(expected: &[u8], offered: &[u8]) -> bool {
+    const CONTEXT: &[u8] = b"fabrickv token";
+    let mine = hmac_keyed(expected, CONTEXT, &[expected])
+        .finalize()
+        .into_bytes();
+    hmac_keyed(expected, CONTEXT, &[offered])
+        .verify_slice(&mine)
+        .is_ok()
 }
 
 /// Whether [`set_allow_open_secret_files`] said yes.
@@ -392,6 +412,19 @@ mod tests {
         assert!(!a.matches(b"0123456789abcdeF"));
         assert!(!a.matches(b""));
         assert!(!a.matches(b"0123456789abcdef0"));
+    }
+
+    #[test]
+    fn token_matches_passwords_of_any_length() {
+        assert!(token_matches(b"pw", b"pw"));
+        assert!(!token_matches(b"pw", b"pW"));
+        assert!(!token_matches(b"pw", b"pw\0"));
+        assert!(!token_matches(b"pw", b""));
+        assert!(
+            token_matches(b"", b""),
+            "an empty password matches only itself"
+        );
+        assert!(!token_matches(b"", b"x"));
     }
 
     #[test]

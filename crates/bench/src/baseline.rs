@@ -9,7 +9,7 @@
 //!   FabricKV's ops/s at least 10x this row's).
 //!
 //! Every round trip is recorded in a histogram (ns); [`LatencySummary`] turns
-//! one into the original RPC benchmark's columns (ops/s, fast, ave, p50, p99), and each
+//! one into the RPC framework benchmark's columns (ops/s, fast, ave, p50, p99), and each
 //! [`BenchResult`] carries `fast_us` and `ave_us` in its `params`.
 
 use std::io::{Read, Write};

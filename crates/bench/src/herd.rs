@@ -427,7 +427,7 @@ mod tests {
     }
 
     #[test]
-    fn table_matches_the_original_herd() {
+    fn table_matches_herds() {
         // HERD's README: header lines, then Cores, Batched, Non-batched.
         let t = table(&[row(1, None, 12.3e6, 6.69e6), row(2, None, 23.2e6, 12.68e6)]);
         assert_eq!(

@@ -3,7 +3,7 @@
 //! generators, and the peers and limits measured beside FabricKV.
 //!
 //! Layout:
-//! - [`report`]: one result type, printed as the original benchmarks' box
+//! - [`report`]: one result type, printed in the box of the benchmark each reproduces
 //!   tables and as one JSON object per line (`--json`);
 //! - [`keys`]: HERD-style keys (16-byte hashes of integers) and the values
 //!   that go with them, so every read can be checked;
@@ -27,7 +27,7 @@
 //!   server);
 //! - [`ps_report`]: PetPS's output (its throughput line and markdown
 //!   tables);
-//! - [`cache`]: the KV cache's read benchmark (the original kv-bench's
+//! - [`cache`]: the KV cache's read benchmark (kv-bench's
 //!   phases and latency analysis) beside redis-server GET, a raw TCP
 //!   stream and memcpy;
 //! - [`baseline`]: the raw TCP ping-pong and gRPC rows of `bench rpc

@@ -1,5 +1,5 @@
 //! Results: box tables in the style of the benchmarks FabricKV's follow
-//! (HERD's, PetPS's, the original kv-bench's and RPC benchmark's) and JSON
+//! (HERD's, PetPS's, kv-bench's and the RPC framework benchmark's) and JSON
 //! lines.
 
 use hdrhistogram::Histogram;
@@ -177,10 +177,10 @@ pub fn latency_histogram() -> Result<Histogram<u64>, String> {
     Histogram::new_with_bounds(1, HISTOGRAM_MAX_NS, HISTOGRAM_SIGFIG).map_err(|e| e.to_string())
 }
 
-/// The original RPC benchmark's table header (`name | ops/s | fast | ave | p50 | p99`).
+/// The RPC framework benchmark's table header (`name | ops/s | fast | ave | p50 | p99`).
 pub const RPC_TABLE_HEADER: [&str; 6] = ["name", "ops/s", "fast", "ave", "p50", "p99"];
 
-/// One row of the original RPC benchmark's table: throughput and the latency of one
+/// One row of the RPC framework benchmark's table: throughput and the latency of one
 /// request, microseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LatencySummary {
@@ -228,7 +228,7 @@ impl LatencySummary {
         })
     }
 
-    /// The original RPC benchmark's table row for this summary, under [`RPC_TABLE_HEADER`].
+    /// The RPC framework benchmark's table row for this summary, under [`RPC_TABLE_HEADER`].
     pub fn row(&self, name: &str) -> Vec<String> {
         vec![
             name.to_string(),

@@ -18,11 +18,11 @@ pub enum BenchCommand {
     Ps(cmd::ps::PsArgs),
     /// The KV cache's read benchmark: write, warm up, N-thread checked reads, GET latency; --compare with Redis GET, raw TCP, memcpy.
     Cache(cmd::cache::CacheArgs),
-    /// The original replicator's shard copy: a generated shard copied from a server in this process, MB/s beside the original's and the raw pipe (TCP into a file).
+    /// The shard copy: a generated shard copied from a server in this process, MB/s beside the raw pipe (TCP into a file) and the RocksDB shard replicator's published rate.
     Copy(cmd::copy::CopyBenchArgs),
     /// What sharding costs: kv throughput and multi-get latency on N servers beside one server on the same cores, and the time a client takes to join through the registry.
     Cluster(cmd::cluster::ClusterBenchArgs),
-    /// Echo RPCs over a transport: the original RPC benchmark's table (ops/s, fast, ave, p50, p99).
+    /// Echo RPCs over a transport: the RPC framework benchmark's table (ops/s, fast, ave, p50, p99).
     Rpc(cmd::rpc::RpcArgs),
     /// What the cluster secret costs: connect + first GET and GETs on a long-lived connection, with and without a secret (tcp, shm).
     Auth(cmd::auth::AuthArgs),

@@ -50,7 +50,8 @@ pub struct CopyArgs {
     /// load's pages are dropped, and the verification reads the disk).
     #[arg(long)]
     keep_cached: bool,
-    /// Write a PNG of the copy rate over time to this file.
+    /// Write a PNG of the copy rate over time to this file (needs a
+    /// binary built with the `bench` feature, as `make build` does).
     #[arg(long)]
     plot: Option<PathBuf>,
     /// No progress bar.
@@ -62,6 +63,10 @@ pub struct CopyArgs {
 }
 
 pub fn run(a: CopyArgs) -> Result<ExitCode, String> {
+    // Refused before the copy starts, not after it is done.
+    if a.plot.is_some() && !cfg!(feature = "bench") {
+        return Err(PLOT_WITHOUT_BENCH.into());
+    }
     let mut opts = CopyOptions::new(&a.from, &a.shard, &a.to);
     opts.ranges = a.ranges;
     opts.parallelism = a.parallelism;
@@ -152,9 +157,24 @@ pub fn run(a: CopyArgs) -> Result<ExitCode, String> {
             report.bytes as f64 / 1e9,
             report.mb_per_s()
         );
-        fabrickv_bench::plot::write_rate_png(path, &title, &report.samples)
+        write_plot(path, &title, &report.samples)
             .map_err(|e| format!("the copy is DONE, but its plot is not: {e}"))?;
         eprintln!("copy: rate plot written to {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `copy --plot` says in a binary built without the `bench` feature
+/// (the plotting lives in `fabrickv-bench`, which such a build leaves out).
+pub const PLOT_WITHOUT_BENCH: &str =
+    "--plot needs the benchmarks, and this fabrickv was built without them (cargo feature `bench`)";
+
+#[cfg(feature = "bench")]
+fn write_plot(path: &std::path::Path, title: &str, samples: &[(f64, f64)]) -> Result<(), String> {
+    fabrickv_bench::plot::write_rate_png(path, title, samples)
+}
+
+#[cfg(not(feature = "bench"))]
+fn write_plot(_: &std::path::Path, _: &str, _: &[(f64, f64)]) -> Result<(), String> {
+    Err(PLOT_WITHOUT_BENCH.into())
 }

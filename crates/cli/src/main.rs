@@ -1,8 +1,10 @@
-//! `fabrickv`: one binary that serves, talks to a server, and benchmarks.
+//! `fabrickv`: one binary that serves, talks to a server, and (with the
+//! `bench` feature, on by default) benchmarks.
 //!
 //! Exit codes of the client commands: 0 success; 1 the key (or one of the
 //! keys) is not there; 2 any other failure, with the reason on stderr.
 
+#[cfg(feature = "bench")]
 mod bench;
 mod cluster_cmd;
 mod copy_cmd;
@@ -129,8 +131,8 @@ struct CacheArgs {
     cache_populate: bool,
 }
 
-/// Default gRPC address of the KV-cache control plane (the original KV
-/// cache service's).
+/// Default gRPC address of the KV-cache control plane (the Rust KV-cache
+/// server's gRPC default).
 const DEFAULT_GRPC: &str = "[::1]:50051";
 
 impl CacheArgs {
@@ -346,6 +348,7 @@ enum Command {
         which: cluster_cmd::ClusterCommand,
     },
     /// Benchmarks (see `fabrickv bench --help`).
+    #[cfg(feature = "bench")]
     Bench {
         #[command(subcommand)]
         which: bench::BenchCommand,
@@ -654,6 +657,7 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
         }
         Command::Barrier(a) => cluster_cmd::barrier(&a),
         Command::Cluster { which } => cluster_cmd::run(which),
+        #[cfg(feature = "bench")]
         Command::Bench { which } => bench::run(which).map(|_| ExitCode::SUCCESS),
     }
 }

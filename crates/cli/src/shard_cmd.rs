@@ -1,5 +1,5 @@
 //! `fabrickv shard gen|checksum`: make a persistent shard of a given size
-//! with uncompressible values (the original replicator's db_bench fill), and print the
+//! with uncompressible values (the RocksDB shard replicator's db_bench fill), and print the
 //! order-independent digest a copy is checked against.
 
 use std::process::ExitCode;

@@ -2,7 +2,7 @@
 //! herd --clients` start client processes of the binary, release them at
 //! a barrier in a memcached they start (memcached must be installed, as
 //! for the registry's tests), and sum their checked figures into the
-//! original benchmarks' tables (PetPS's, HERD's); a client that fails fails the run.
+//! tables of PetPS's and HERD's benchmarks; a client that fails fails the run.
 
 use std::process::{Command, Output};
 

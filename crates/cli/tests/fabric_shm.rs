@@ -1,4 +1,4 @@
-//! Regression for issue 28 fault 3: a `fabrickv serve` on the libfabric
+//! Regression: a `fabrickv serve` on the libfabric
 //! shm provider died with SIGSEGV (in `pthread_spin_trylock`, inside
 //! libfabric) while `fabrickv bench kv` connected to it, in 29 of 47 runs.
 //! The worker removed a closed client from its address vector while a

@@ -1,4 +1,4 @@
-//! The attack on KV-cache registrations of issue 28 fault 5, as a
+//! The attack on KV-cache registrations (docs/security.md), as a
 //! client: are ids guessable, may one connection heartbeat or unregister
 //! another's registration, and can one connection fill the table.
 //!

@@ -1,5 +1,5 @@
 //! Shard copy, the target side: `fabrickv copy` pulls a shard from a server
-//! that serves it into a local directory. It replaces the XDP-Rocks
+//! that serves it into a local directory. It replaces the RocksDB
 //! replicator with what that tool got wrong fixed: empty keys copy, a
 //! crash resumes, the result is verified.
 //!

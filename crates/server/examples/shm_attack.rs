@@ -1,5 +1,6 @@
-//! The shm attacks of issue 28, against a running `fabrickv serve` on
-//! `shm://NAME`, for the before/after numbers in `ATTACK-NOTES.md`:
+//! The shm attacks, against a running `fabrickv serve` on `shm://NAME`,
+//! for the before/after figures of `scripts/attack-shm.sh` (see
+//! docs/security.md, *Attacks and their defences*):
 //!
 //! - `dead NAME ROUNDS CONNS`: per round, CONNS connections each ask for
 //!   more 1 MiB GET replies than the reply ring and the server's staging

@@ -32,7 +32,7 @@ pub mod resp;
 mod resp_net;
 pub mod service;
 pub mod shard;
-mod text_net;
+mod text_socket;
 pub mod worker;
 
 use std::fmt;
@@ -45,7 +45,7 @@ use fabrickv_transport::{TransportError, Waker};
 
 use memcache::McSession;
 use resp_net::RespConn;
-use text_net::start as front_end;
+use text_socket::start as front_end;
 
 pub use config::{Mode, ServerConfig, DEFAULT_LISTEN, DEFAULT_PORT};
 pub use memcache_net::{MC_CONNECTIONS_MAX, MC_EVICT_IDLE_MIN_MS};
@@ -246,7 +246,7 @@ impl Server {
         let mut threads = Vec::with_capacity(workers + 1);
         let clock = service::Clock::new();
         // One account of what connections buffer for both text front ends.
-        let client_memory = Arc::new(text_net::ClientMemory::new(
+        let client_memory = Arc::new(text_socket::ClientMemory::new(
             usize::try_from(cfg.maxmemory_clients()).unwrap_or(usize::MAX),
         ));
         // The RESP front-end binds before any thread starts, so a busy

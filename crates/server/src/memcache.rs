@@ -125,7 +125,7 @@ pub struct McShared {
     /// Counters reported by `stats`.
     pub counters: McCounters,
     /// What every RESP and memcache connection buffers, and its cap.
-    pub(crate) client_memory: Arc<crate::text_net::ClientMemory>,
+    pub(crate) client_memory: Arc<crate::text_socket::ClientMemory>,
 }
 
 impl McShared {
@@ -141,14 +141,14 @@ impl McShared {
             flush_below_cas: AtomicU64::new(0),
             flush_at_ms: AtomicU64::new(0),
             counters: McCounters::default(),
-            client_memory: Arc::new(crate::text_net::ClientMemory::new(0)),
+            client_memory: Arc::new(crate::text_socket::ClientMemory::new(0)),
         }
     }
 
     /// Shares the server's account of what connections buffer.
     pub(crate) fn with_client_memory(
         mut self,
-        mem: Arc<crate::text_net::ClientMemory>,
+        mem: Arc<crate::text_socket::ClientMemory>,
     ) -> McShared {
         self.client_memory = mem;
         self

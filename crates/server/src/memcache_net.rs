@@ -1,4 +1,4 @@
-//! The memcache front end's sockets: the shared loop of [`crate::text_net`]
+//! The memcache front end's sockets: the shared loop of [`crate::text_socket`]
 //! over [`McSession`], everything else in [`crate::memcache`]. It uses none
 //! of the loop's RESP hooks: memcached's text protocol has no
 //! authentication (so no AUTH parking), no CLIENT KILL, and its values stay
@@ -12,7 +12,7 @@ use mio::Waker;
 use fabrickv_memcache::MC_COMMAND_BYTES_MAX;
 
 use crate::memcache::{McSession, McShared};
-use crate::text_net::{conn_counters, Counters, Io, Proto};
+use crate::text_socket::{conn_counters, Counters, Io, Proto};
 
 /// Most memcache connections open at once over all threads (memcached's
 /// `-c` defaults to 1024; FabricKV's native limit is the same as this).

@@ -25,9 +25,11 @@
 //! Layout, one concern per file (as mini-redis has a file per command):
 //! this file holds the shared state and the session's parse loop;
 //! `conn` the connection's state and the dispatch of one command; `table`
-//! the command table; `args` a command's arguments and their bounds;
-//! `exec` the partition locks a run of commands holds; `strings`,
-//! `strings2`, `expiry` and `keyspace` the kv's commands; `glob` Redis's
+//! the command table's types and lookup (each command file keeps its own
+//! commands' `SPECS`, gathered here into [`COMMANDS`]); `args` a command's
+//! arguments and their bounds; `exec` the partition locks a run of
+//! commands holds; `strings`, `get_set`, `numbers`, `value_edit`,
+//! `expiry` and `keyspace` the kv's commands; `glob` Redis's
 //! patterns; `txn` MULTI, EXEC and WATCH; `admin` INFO, CONFIG and
 //! COMMAND; `shard_db` the commands on a persistent shard.
 
@@ -56,20 +58,22 @@ mod clients;
 mod conn;
 mod exec;
 mod expiry;
+mod get_set;
 mod glob;
 mod keyspace;
+mod numbers;
 mod shard_db;
 mod stats;
 mod strings;
-mod strings2;
 mod table;
 mod txn;
 mod txn_state;
+mod value_edit;
 
 pub use clients::{
     ClientPeer, ClientRegistry, KillNotify, RESP_CLIENTS_MAX, RESP_CLIENT_NAME_BYTES_MAX,
 };
-pub use stats::RESP_ERROR_CODES_MAX;
+pub use stats::{RespCounters, RESP_ERROR_CODES_MAX};
 
 /// The Redis version the front end says it is (INFO, HELLO): the
 /// release whose commands and replies it follows.
@@ -135,44 +139,6 @@ pub fn auth_delay_ms(failures: u32) -> u64 {
 /// executes, so a pipeline's cache misses overlap (MICA's prefetch pass).
 pub const RESP_PREFETCH_KEYS: usize = 32;
 
-/// Counters shared by every RESP connection of a server.
-#[derive(Debug, Default)]
-pub struct RespCounters {
-    /// Connections accepted since start.
-    pub connections_received: AtomicU64,
-    /// Connections open now.
-    pub connected: AtomicU64,
-    /// Connections refused because too many were open.
-    pub rejected: AtomicU64,
-    /// Idle connections closed to make room for a newcomer at the cap.
-    pub evicted_idle: AtomicU64,
-    /// Commands executed (including those answered with an error).
-    pub commands: AtomicU64,
-    /// Connections closed for a protocol error.
-    pub protocol_errors: AtomicU64,
-    /// AUTH attempts refused (a wrong password or secret), as Redis's ACL
-    /// log counts them (`acl_access_denied_auth` in INFO): a climbing
-    /// count is someone guessing.
-    pub auth_failures: AtomicU64,
-}
-
-impl RespCounters {
-    /// CONFIG RESETSTAT: the counters of events back to zero (not those
-    /// of state, such as the connections open now).
-    fn reset(&self) {
-        for c in [
-            &self.connections_received,
-            &self.rejected,
-            &self.evicted_idle,
-            &self.commands,
-            &self.protocol_errors,
-            &self.auth_failures,
-        ] {
-            c.store(0, Ordering::Relaxed);
-        }
-    }
-}
-
 /// The engine's event counters as INFO last reset them (CONFIG
 /// RESETSTAT): INFO shows what has happened since.
 #[derive(Debug, Default, Clone, Copy)]
@@ -224,7 +190,7 @@ pub struct RespShared {
     unix_offset_ms: OnceLock<i64>,
     /// What every RESP and memcache connection buffers, and its cap
     /// (INFO's clients and stats sections).
-    pub(crate) client_memory: Arc<crate::text_net::ClientMemory>,
+    pub(crate) client_memory: Arc<crate::text_socket::ClientMemory>,
     /// Longest a reply holding large values may wait to be written, in
     /// ms, before its connection is closed (`RESP_LARGE_REPLY_MS` unless
     /// configured; 0: no bound).
@@ -326,7 +292,7 @@ impl RespShared {
             large_receiving: Arc::new(AtomicUsize::new(0)),
             unix_offset_ms: OnceLock::new(),
             bind: None,
-            client_memory: Arc::new(crate::text_net::ClientMemory::new(0)),
+            client_memory: Arc::new(crate::text_socket::ClientMemory::new(0)),
             large_reply_ms: crate::config::RESP_LARGE_REPLY_MS,
         }
     }
@@ -417,7 +383,7 @@ impl RespShared {
     /// set, else the cluster secret; compared in constant time.
     fn auth_accepts(&self, given: &[u8]) -> bool {
         match (&self.password, &self.secret) {
-            (Some(p), _) => conn::same_secret(given, p),
+            (Some(p), _) => fabrickv_auth::token_matches(p, given),
             (None, Some(s)) => s.matches(given),
             (None, None) => false,
         }
@@ -435,7 +401,7 @@ impl RespShared {
     /// Shares the server's account of what connections buffer.
     pub(crate) fn with_client_memory(
         mut self,
-        mem: Arc<crate::text_net::ClientMemory>,
+        mem: Arc<crate::text_socket::ClientMemory>,
     ) -> RespShared {
         self.client_memory = mem;
         self
@@ -463,6 +429,54 @@ impl RespShared {
         self.dbs.get(db.checked_sub(1)?).map(|s| s.as_ref())
     }
 }
+
+/// Every command the front-end answers: each file of commands keeps its
+/// own commands' metadata beside their handlers, and this gathers them in
+/// the order COMMAND COUNT counts them. GET and SET come first, where
+/// `table::lookup_index` finds them without a scan.
+const GROUPS: &[&[table::Spec]] = &[
+    strings::SPECS,
+    numbers::SPECS,
+    get_set::SPECS,
+    value_edit::SPECS,
+    expiry::SPECS,
+    keyspace::SPECS,
+    txn::SPECS,
+    conn::SPECS,
+    clients::SPECS,
+    admin::SPECS,
+];
+
+/// Commands in [`GROUPS`] together.
+const COMMAND_COUNT: usize = {
+    let mut n = 0;
+    let mut g = 0;
+    while g < GROUPS.len() {
+        n += GROUPS[g].len();
+        g += 1;
+    }
+    n
+};
+
+/// [`GROUPS`] one after another, at compile time.
+const COMMANDS_ARRAY: [table::Spec; COMMAND_COUNT] = {
+    let mut out = [GROUPS[0][0]; COMMAND_COUNT];
+    let (mut i, mut g) = (0, 0);
+    while g < GROUPS.len() {
+        let mut j = 0;
+        while j < GROUPS[g].len() {
+            out[i] = GROUPS[g][j];
+            i += 1;
+            j += 1;
+        }
+        g += 1;
+    }
+    out
+};
+
+/// Every command the front-end answers, in the order COMMAND COUNT counts
+/// them; a command's place here indexes its counters.
+const COMMANDS: &[table::Spec] = &COMMANDS_ARRAY;
 
 /// The wall clock as Unix milliseconds (0 if it reads before 1970), for
 /// the absolute expiry times of RESP and memcache alike.

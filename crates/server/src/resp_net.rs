@@ -1,4 +1,4 @@
-//! The RESP front-end's sockets: the shared loop of [`crate::text_net`]
+//! The RESP front-end's sockets: the shared loop of [`crate::text_socket`]
 //! over [`RespConn`], everything else in [`crate::resp`]. What is RESP's
 //! alone lives here, as the loop's hooks: AUTH parking, CLIENT KILL, and
 //! large values received and sent outside the buffers.
@@ -21,7 +21,7 @@ use fabrickv_resp::limits::RESP_COMMAND_BYTES_MAX;
 use fabrickv_engine::LargeValue;
 
 use crate::resp::{ClientPeer, KillNotify, LargeBulkAt, Receiving, RespSession, RespShared};
-use crate::text_net::{conn_counters, Counters, Io, Proto};
+use crate::text_socket::{conn_counters, Counters, Io, Proto};
 
 /// Most RESP connections open at once over all threads (Redis's default
 /// `maxclients` is 10000; FabricKV's native limit is the same as this).

@@ -181,7 +181,7 @@ fn unknown_clients_are_refused(t: Transport) {
     s.shutdown();
 }
 
-/// Regression (issue 28 fault 5), over real gRPC connections: ids are
+/// Regression, over real gRPC connections: ids are
 /// not sequential, and a second connection can neither heartbeat nor
 /// unregister the first's registration (it is told the id is unknown).
 fn a_registration_belongs_to_the_connection_that_made_it(t: Transport) {

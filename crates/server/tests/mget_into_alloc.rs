@@ -1,4 +1,4 @@
-//! Issue 30 (part 3), "the client allocates per key": a warm `mget_into`
+//! Regression, "the client allocates per key": a warm `mget_into`
 //! must allocate nothing per key. A counting global allocator (local to
 //! this test binary) counts the allocations the calling thread makes
 //! during one call; a 96-key call must make no more than an 8-key call

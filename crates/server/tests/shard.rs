@@ -34,7 +34,7 @@ fn client(s: &TestServer) -> ShardClient {
     ShardClient::connect(&s.addr, TIMEOUT).expect("shard client connects")
 }
 
-/// Regression (issue 28): the shard a server creates for `--shard` and
+/// Regression: the shard a server creates for `--shard` and
 /// a copy's target were group and world readable (0755 directories under
 /// the usual umask). Asserts `path` is its owner's only: the directory
 /// 0700 and no directory under it open to group or others.

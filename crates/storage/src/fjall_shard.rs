@@ -27,7 +27,7 @@ const DATA_KEYSPACE: &str = "data";
 const BLOBS_DIR: &str = "blobs";
 
 /// Every key is stored behind this byte: fjall refuses the empty key,
-/// which is a valid key of a shard (the XDP-Rocks replicator lost it). One
+/// which is a valid key of a shard (the RocksDB shard replicator FabricKV replaces lost it). One
 /// constant byte in front keeps the order of the keys.
 const KEY_TAG: u8 = b'k';
 
@@ -328,7 +328,7 @@ impl ShardBackend for FjallShard {
 
     /// Writes the pairs as tables directly, with no journal (RocksDB's
     /// external file ingestion with the write-ahead log off, as the
-    /// XDP-Rocks shards imported), visible and durable once this returns.
+    /// RocksDB shards imported), visible and durable once this returns.
     fn load<F>(&self, mut next: F) -> Result<u64>
     where
         F: FnMut(&mut Vec<u8>, &mut Vec<u8>) -> Result<bool>,

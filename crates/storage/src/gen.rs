@@ -7,7 +7,7 @@
 //! Keys ascend with `i` (so a shard is bulk-loaded without a journal) and
 //! are spread over the whole key space: the first 8 bytes are `i` times
 //! `2^64 / n` (big-endian), the rest a hash of the seed and `i`. Values are
-//! pseudo-random bytes, uncompressible as the XDP-Rocks replicator's
+//! pseudo-random bytes, uncompressible as the RocksDB shard replicator's
 //! benchmark values were (`GenSpec::seed` is the generator's seed).
 
 use std::fmt;

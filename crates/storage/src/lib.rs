@@ -2,7 +2,7 @@
 //! backend trait ([`ShardBackend`]) so the copy source, the copy target
 //! and the tools do not depend on the engine underneath. The persistent
 //! implementation is on fjall 3, an LSM tree with key-value separation, as
-//! the XDP-Rocks shards FabricKV's replace were on a RocksDB fork with blob
+//! the RocksDB shards FabricKV's replace were on a RocksDB fork with blob
 //! files; [`MemShard`] is the in-memory one that tests run the same
 //! conformance suite against (`tests.rs`, `backend_tests!`).
 //!
@@ -12,7 +12,7 @@
 //!   right after loses nothing it acknowledged.
 //! - A [`ShardSnapshot`] is a consistent point-in-time view; writes after
 //!   it are not seen by its scans, however long they run.
-//! - Any byte string is a key, the empty one included (the XDP-Rocks
+//! - Any byte string is a key, the empty one included (the RocksDB
 //!   replicator dropped empty keys), up to [`SHARD_KEY_BYTES_MAX`].
 
 mod blob_scan;
@@ -34,7 +34,7 @@ pub use mem_shard::MemShard;
 
 /// Values of this many bytes or more live in blob files beside the tree
 /// (key-value separation), so compaction moves only keys and pointers;
-/// the XDP-Rocks shards' threshold.
+/// the RocksDB shards' threshold.
 pub const KV_SEPARATION_BYTES_MIN: u32 = 128;
 
 /// What can go wrong in a shard.

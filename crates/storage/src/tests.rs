@@ -283,7 +283,7 @@ fn mode_of(path: &Path) -> u32 {
     std::fs::metadata(path).expect("stat").permissions().mode() & 0o7777
 }
 
-/// Regression (issue 28): a new shard's directory and the directories
+/// Regression: a new shard's directory and the directories
 /// fjall made in it were group and world readable (0755 under the usual
 /// umask), so any user of the host could read every pair.
 #[test]
@@ -313,7 +313,7 @@ fn a_new_shard_is_its_owners_only() {
     assert_eq!(mode_of(dir.path()), 0o755);
 }
 
-/// Regression (issue 28): `shard gen` left its files and directories
+/// Regression: `shard gen` left its files and directories
 /// readable by every user.
 #[test]
 fn a_generated_shard_is_its_owners_only() {

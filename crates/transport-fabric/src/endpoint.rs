@@ -216,7 +216,7 @@ impl FabricEndpoint {
             self.closed = true;
             // Not while a send to it is in flight: the shm provider would
             // unmap the server's region under that send's completion
-            // (issue 28 fault 3); the whole endpoint is closed on drop.
+            // (`cli --test fabric_shm`); the whole endpoint is closed on drop.
             if !self.node.core.sending_to(self.peer) {
                 self.node.core.remove(self.peer);
             }

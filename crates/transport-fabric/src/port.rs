@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use fabrickv_transport::framing;
-use fabrickv_transport::idle::{IdleBoard, IdleConns};
+use fabrickv_transport::idle::{Activity, IdleBoard, IdleConns, IdleWatch};
 use fabrickv_transport::{
     Capabilities, ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError,
     Waker, WorkerPort,
@@ -31,10 +31,6 @@ use crate::wire::{
     Flow, Header, Kind, Outbox, Piece, Reassembly, HEADER_BYTES, PACKET_BYTES, WINDOW_PACKETS,
 };
 use crate::{CLOSE_CHECK_INTERVAL_MS, IDLE_SLEEP_US_MAX, IDLE_SPIN_US};
-
-/// How often the port looks for idle connections, in milliseconds: the
-/// idle timeout is enforced to within this.
-const IDLE_CHECK_INTERVAL_MS: u64 = 500;
 
 const WAKER: Token = Token(usize::MAX);
 const CQ: Token = Token(usize::MAX - 1);
@@ -80,7 +76,7 @@ struct Held {
     pos: usize,
 }
 
-struct Conn {
+pub(crate) struct Conn {
     id: ConnId,
     /// The client's address in this port's address vector.
     addr: u64,
@@ -97,11 +93,8 @@ struct Conn {
     dirty: bool,
     /// Paused because the client is not taking its replies.
     paused: bool,
-    /// Requests arrived since the port's last idle check.
-    active: bool,
-    /// When the port's idle check last found requests arrived (or the
-    /// connection opened).
-    active_at: Instant,
+    /// When requests last arrived, as the port's idle check reads it.
+    activity: Activity,
 }
 
 /// One worker's port.
@@ -132,14 +125,8 @@ pub(crate) struct FabricPort {
     /// When the port last saw a completion: an idle wait spins only
     /// within `IDLE_SPIN_US` of it, then blocks.
     last_active: Instant,
-    /// Connections silent this long with nothing in flight are closed.
-    idle_timeout: Option<Duration>,
-    last_idle_check: Instant,
-    /// Where this port (the index) reports its longest-idle connection
-    /// and takes evictions at the connection cap.
-    idle_board: Option<(Arc<IdleBoard>, usize)>,
-    /// The last report to the board named an idle connection.
-    reported_idle: bool,
+    /// The idle timeout and this port's place on the listener's board.
+    idle: IdleWatch,
 }
 
 impl FabricPort {
@@ -174,10 +161,7 @@ impl FabricPort {
             stats: PortStats::default(),
             last_check: Instant::now(),
             last_active: Instant::now(),
-            idle_timeout: None,
-            last_idle_check: Instant::now(),
-            idle_board: None,
-            reported_idle: false,
+            idle: IdleWatch::new(),
         };
         Ok((port, Handoff { tx, waker, name }))
     }
@@ -231,20 +215,12 @@ impl FabricPort {
                 queued: false,
                 dirty: false,
                 paused: false,
-                active: false,
-                active_at: Instant::now(),
+                activity: Activity::new(Instant::now()),
             });
             self.by_id.insert(nc.id, slot);
             self.stats.conns_accepted += 1;
             self.stats.conns_open += 1;
-            // A burst of connections up to the cap must not wait for the
-            // next idle check before one of them can make way.
-            if let Some((board, me)) = &self.idle_board {
-                if !self.reported_idle {
-                    board.report(*me, Some(Instant::now()));
-                    self.reported_idle = true;
-                }
-            }
+            self.idle.opened();
         }
     }
 
@@ -261,7 +237,7 @@ impl FabricPort {
         // peer's region, and the completion of a send to it (the peer's
         // answer, read in a later progress call) locks that region. A
         // client that closes right after a reply larger than the inject
-        // size made the worker fault there (issue 28 fault 3).
+        // size made the worker fault there (`cli --test fabric_shm`).
         if self.node.core.sending_to(c.addr) {
             self.unmapping.push(c.addr);
         } else {
@@ -275,29 +251,7 @@ impl FabricPort {
 
     /// Reports to, and takes evictions from, `board` as port `index`.
     pub(crate) fn set_idle_board(&mut self, board: Arc<IdleBoard>, index: usize) {
-        self.idle_board = Some((board, index));
-    }
-
-    /// When `c` last saw a request, if it has nothing in flight (no
-    /// packet held, no reply waiting).
-    fn idle_since(c: &Conn) -> Option<Instant> {
-        let in_flight = c.active || !c.held.is_empty() || c.out.pending() > 0;
-        (!in_flight).then_some(c.active_at)
-    }
-
-    /// Closes connections idle past the timeout and reports the
-    /// longest-idle one, at most once per `IDLE_CHECK_INTERVAL_MS`.
-    fn check_idle(&mut self, now: Instant) {
-        if self.idle_timeout.is_none() && self.idle_board.is_none() {
-            return;
-        }
-        if now.duration_since(self.last_idle_check) < Duration::from_millis(IDLE_CHECK_INTERVAL_MS)
-        {
-            return;
-        }
-        self.last_idle_check = now;
-        self.close_idle_past(now, self.idle_timeout);
-        self.reported_idle = self.report_idle();
+        self.idle.set_board(board, index);
     }
 
     /// Reads a burst of completions and sorts them onto connections.
@@ -443,7 +397,7 @@ impl FabricPort {
         }
         self.stats.msgs_in += handled as u64;
         if handled > 0 {
-            c.active = true;
+            c.activity.touch();
         }
         if corrupt {
             self.stats.conns_closed_framing += 1;
@@ -571,32 +525,8 @@ impl Reply for PortReply<'_> {
     }
 }
 
-impl IdleConns for FabricPort {
-    fn idle_board(&self) -> Option<&(Arc<IdleBoard>, usize)> {
-        self.idle_board.as_ref()
-    }
-
-    fn slots(&self) -> usize {
-        self.conns.len()
-    }
-
-    fn slot_idle_since(&self, slot: usize) -> Option<Instant> {
-        Self::idle_since(self.conns.get(slot)?.as_ref()?)
-    }
-
-    fn close_for_idleness(&mut self, slot: usize) {
-        self.stats.conns_closed_timeout += 1;
-        self.close(slot);
-    }
-
-    fn note_activity(&mut self, slot: usize, now: Instant) {
-        if let Some(c) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) {
-            if std::mem::take(&mut c.active) {
-                c.active_at = now;
-            }
-        }
-    }
-}
+fabrickv_transport::idle_conns!(FabricPort, Conn, |c| !c.held.is_empty()
+    || c.out.pending() > 0);
 
 impl WorkerPort for FabricPort {
     fn poll(&mut self, max: usize, handler: &mut MessageHandler<'_>) -> Result<usize> {
@@ -667,7 +597,7 @@ impl WorkerPort for FabricPort {
     }
 
     fn set_idle_timeout(&mut self, timeout: Option<Duration>) {
-        self.idle_timeout = timeout;
+        self.idle.set_timeout(timeout);
     }
 
     fn waker(&self) -> Waker {

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use fabrickv_transport::idle::{IdleBoard, IdleConns};
+use fabrickv_transport::idle::{Activity, IdleBoard, IdleConns, IdleWatch};
 use fabrickv_transport::{
     Capabilities, ConnId, MessageHandler, PortStats, RemoteRegion, Reply, Result, TransportError,
     Waker, WorkerPort,
@@ -51,10 +51,6 @@ const WAKE: u64 = u64::MAX;
 
 /// Most readiness events handled per epoll call.
 const EVENTS_PER_WAIT: usize = 256;
-
-/// How often the port looks for idle connections, in milliseconds: the
-/// idle timeout is enforced to within this.
-const IDLE_CHECK_INTERVAL_MS: u64 = 500;
 
 /// Bytes of a staged reply's length prefix.
 const STAGED_PREFIX_BYTES: usize = 4;
@@ -99,7 +95,7 @@ impl WakeState {
     }
 }
 
-struct Conn {
+pub(crate) struct Conn {
     sock: UnixStream,
     map: Mapping,
     ev_server: OwnedFd,
@@ -119,11 +115,8 @@ struct Conn {
     dirty: bool,
     /// Not read until its staged replies drain.
     paused: bool,
-    /// Requests arrived since the port's last idle check.
-    active: bool,
-    /// When the port's idle check last found requests arrived (or the
-    /// connection opened).
-    active_at: Instant,
+    /// When requests last arrived, as the port's idle check reads it.
+    activity: Activity,
 }
 
 impl Conn {
@@ -237,14 +230,8 @@ pub(crate) struct ShmPort {
     /// (only ever grown, to at most `MESSAGE_BYTES_MAX`).
     request: Vec<u8>,
     last_control_check: Instant,
-    /// Connections silent this long with nothing in flight are closed.
-    idle_timeout: Option<Duration>,
-    last_idle_check: Instant,
-    /// Where this port (the index) reports its longest-idle connection
-    /// and takes evictions at the connection cap.
-    idle_board: Option<(Arc<IdleBoard>, usize)>,
-    /// The last report to the board named an idle connection.
-    reported_idle: bool,
+    /// The idle timeout and this port's place on the listener's board.
+    idle: IdleWatch,
 }
 
 /// Epoll tokens of a connection slot: its eventfd and its socket.
@@ -284,10 +271,7 @@ impl ShmPort {
             scratch: Vec::new(),
             request: Vec::new(),
             last_control_check: Instant::now(),
-            idle_timeout: None,
-            last_idle_check: Instant::now(),
-            idle_board: None,
-            reported_idle: false,
+            idle: IdleWatch::new(),
         };
         Ok((port, Handoff { tx, wake }))
     }
@@ -338,19 +322,11 @@ impl ShmPort {
                 peer: PeerLink::default(),
                 dirty: false,
                 paused: false,
-                active: false,
-                active_at: Instant::now(),
+                activity: Activity::new(Instant::now()),
             });
             self.stats.conns_accepted += 1;
             self.stats.conns_open += 1;
-            // A burst of connections up to the cap must not wait for the
-            // next idle check before one of them can make way.
-            if let Some((board, me)) = &self.idle_board {
-                if !self.reported_idle {
-                    board.report(*me, Some(Instant::now()));
-                    self.reported_idle = true;
-                }
-            }
+            self.idle.opened();
         }
     }
 
@@ -411,29 +387,7 @@ impl ShmPort {
 
     /// Reports to, and takes evictions from, `board` as port `index`.
     pub(crate) fn set_idle_board(&mut self, board: Arc<IdleBoard>, index: usize) {
-        self.idle_board = Some((board, index));
-    }
-
-    /// When `c` last saw a request, if it has nothing in flight (no
-    /// request in its ring, no reply staged).
-    fn idle_since(c: &Conn) -> Option<Instant> {
-        let in_flight = c.active || c.rx.has_data(&c.map) || c.staged_bytes() > 0;
-        (!in_flight).then_some(c.active_at)
-    }
-
-    /// Closes connections idle past the timeout and reports the
-    /// longest-idle one, at most once per `IDLE_CHECK_INTERVAL_MS`.
-    fn check_idle(&mut self, now: Instant) {
-        if self.idle_timeout.is_none() && self.idle_board.is_none() {
-            return;
-        }
-        if now.duration_since(self.last_idle_check) < Duration::from_millis(IDLE_CHECK_INTERVAL_MS)
-        {
-            return;
-        }
-        self.last_idle_check = now;
-        self.close_idle_past(now, self.idle_timeout);
-        self.reported_idle = self.report_idle();
+        self.idle.set_board(board, index);
     }
 
     /// Whether `poll` would find something to do now.
@@ -515,7 +469,7 @@ impl ShmPort {
         }
         stats.msgs_in += handled as u64;
         if handled > 0 {
-            c.active = true;
+            c.activity.touch();
             // Free the requests now: a client waiting for room resumes
             // after the fence and flag check in `flush`.
             c.rx.release(&c.map);
@@ -528,32 +482,8 @@ impl ShmPort {
     }
 }
 
-impl IdleConns for ShmPort {
-    fn idle_board(&self) -> Option<&(Arc<IdleBoard>, usize)> {
-        self.idle_board.as_ref()
-    }
-
-    fn slots(&self) -> usize {
-        self.conns.len()
-    }
-
-    fn slot_idle_since(&self, slot: usize) -> Option<Instant> {
-        Self::idle_since(self.conns.get(slot)?.as_ref()?)
-    }
-
-    fn close_for_idleness(&mut self, slot: usize) {
-        self.stats.conns_closed_timeout += 1;
-        self.close(slot);
-    }
-
-    fn note_activity(&mut self, slot: usize, now: Instant) {
-        if let Some(c) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) {
-            if std::mem::take(&mut c.active) {
-                c.active_at = now;
-            }
-        }
-    }
-}
+fabrickv_transport::idle_conns!(ShmPort, Conn, |c| c.rx.has_data(&c.map)
+    || c.staged_bytes() > 0);
 
 impl WorkerPort for ShmPort {
     fn poll(&mut self, max: usize, handler: &mut MessageHandler<'_>) -> Result<usize> {
@@ -665,7 +595,7 @@ impl WorkerPort for ShmPort {
     }
 
     fn set_idle_timeout(&mut self, timeout: Option<Duration>) {
-        self.idle_timeout = timeout;
+        self.idle.set_timeout(timeout);
     }
 
     fn waker(&self) -> Waker {

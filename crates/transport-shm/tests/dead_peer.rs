@@ -1,5 +1,5 @@
 //! A client that stops reading its replies and then closes is reaped,
-//! however full its rings are (issue 28, fault 1): before the fix such a
+//! however full its rings are: before the fix such a
 //! connection's socket, eventfds, 8 MiB of shared memory and its slot of
 //! `SHM_CONNECTIONS_MAX` stayed until restart, so 256 of them locked every
 //! new shm client out.

@@ -1,5 +1,5 @@
 //! At the connection cap, a newcomer closes the longest-idle connection
-//! instead of being refused (issue 28, fault 6): before,
+//! instead of being refused before,
 //! `SHM_CONNECTIONS_MAX` idle shm connections locked every new client out
 //! for good.
 

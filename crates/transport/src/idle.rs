@@ -13,9 +13,16 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::Waker;
+
+/// How often the shm and fabric ports look for idle connections, in
+/// milliseconds ([`IdleConns::check_idle`]): the idle timeout is enforced
+/// to within this, and a walk over every connection twice a second costs
+/// nothing measurable. (The tcp port checks at its stalled-message
+/// interval instead, which is shorter.)
+pub const IDLE_CHECK_INTERVAL_MS: u64 = 500;
 
 /// What one port last reported, and the evictions asked of it.
 struct PortIdle {
@@ -144,34 +151,132 @@ impl IdleBoard {
     }
 }
 
-/// The connections of one worker port as the idle rules see them: what
-/// the tcp, shm and fabric ports each say about their own connections,
-/// so that making way at the cap and reporting to the board are written
-/// once.
+/// When one connection last saw a request, as the idle rules read it.
+pub struct Activity {
+    /// Requests arrived since the port's last idle check.
+    active: bool,
+    /// When the port's idle check last found requests arrived (or the
+    /// connection opened).
+    at: Instant,
+}
+
+impl Activity {
+    /// A connection opened at `now`.
+    pub fn new(now: Instant) -> Activity {
+        Activity {
+            active: false,
+            at: now,
+        }
+    }
+
+    /// A request arrived: one store on the hot path, read at the next
+    /// idle check (which takes the time once, not per request).
+    #[inline]
+    pub fn touch(&mut self) {
+        self.active = true;
+    }
+}
+
+/// One connection as the idle rules see it.
+pub trait IdleConn {
+    /// Its last activity.
+    fn activity(&mut self) -> &mut Activity;
+
+    /// Whether it holds a request not yet handled or a reply not yet
+    /// sent: such a connection is never idle, however long it is silent.
+    fn busy(&self) -> bool;
+
+    /// When it last saw a request, if it has nothing in flight.
+    fn idle_since(&mut self) -> Option<Instant> {
+        let busy = self.busy();
+        let a = self.activity();
+        (!a.active && !busy).then_some(a.at)
+    }
+}
+
+/// A port's side of the idle rules: its timeout, its place on the
+/// listener's board, and what it last told the board.
+pub struct IdleWatch {
+    /// Connections silent this long with nothing in flight are closed.
+    timeout: Option<Duration>,
+    /// Where this port (the index) reports its longest-idle connection
+    /// and takes evictions from.
+    board: Option<(Arc<IdleBoard>, usize)>,
+    /// The last report to the board named an idle connection.
+    reported_idle: bool,
+    /// When [`IdleConns::check_idle`] last ran.
+    last_check: Instant,
+}
+
+impl IdleWatch {
+    /// No timeout and no board, until the port is told of them.
+    pub fn new() -> IdleWatch {
+        IdleWatch {
+            timeout: None,
+            board: None,
+            reported_idle: false,
+            last_check: Instant::now(),
+        }
+    }
+
+    /// Closes connections silent `timeout` or longer (`None`: never).
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) {
+        self.timeout = timeout;
+    }
+
+    /// Reports to, and takes evictions from, `board` as port `index`.
+    pub fn set_board(&mut self, board: Arc<IdleBoard>, index: usize) {
+        self.board = Some((board, index));
+    }
+
+    /// A connection opened. A burst of connections up to the cap must not
+    /// wait for the next idle check before one of them can make way, so
+    /// the port reports one idle now unless its last report did.
+    pub fn opened(&mut self) {
+        if let Some((board, me)) = &self.board {
+            if !self.reported_idle {
+                board.report(*me, Some(Instant::now()));
+                self.reported_idle = true;
+            }
+        }
+    }
+}
+
+impl Default for IdleWatch {
+    fn default() -> Self {
+        IdleWatch::new()
+    }
+}
+
+/// The connections of one worker port as the idle rules see them: the
+/// tcp, shm and fabric ports each give their watch, their connection
+/// slots and how they close one, so that the timeout, making way at the
+/// cap and reporting to the board are written once.
 pub trait IdleConns {
-    /// The board this port reports to, and its place there.
-    fn idle_board(&self) -> Option<&(Arc<IdleBoard>, usize)>;
+    /// The port's connection.
+    type Conn: IdleConn;
 
-    /// Connection slots, empty ones included.
-    fn slots(&self) -> usize;
-
-    /// When the connection in `slot` last saw a request, if it has
-    /// nothing in flight; `None` for an empty slot or a busy connection.
-    fn slot_idle_since(&self, slot: usize) -> Option<Instant>;
+    /// The port's watch and its connection slots, empty ones included.
+    fn idle_view(&mut self) -> (&mut IdleWatch, &mut [Option<Self::Conn>]);
 
     /// Closes the connection in `slot` for its idleness (and counts it).
     fn close_for_idleness(&mut self, slot: usize);
 
-    /// Moves the connection in `slot`'s last activity to `now` if it saw
-    /// a request since the last check.
-    fn note_activity(&mut self, slot: usize, now: Instant);
-
     /// At an idle check (`now`): notes each connection's activity and
-    /// closes those silent `timeout` or longer with nothing in flight.
-    fn close_idle_past(&mut self, now: Instant, timeout: Option<std::time::Duration>) {
-        for slot in 0..self.slots() {
-            self.note_activity(slot, now);
-            let idle_for = self.slot_idle_since(slot).map(|t| now.duration_since(t));
+    /// closes those silent past the timeout with nothing in flight.
+    fn close_idle_past(&mut self, now: Instant) {
+        let (watch, conns) = self.idle_view();
+        let (timeout, slots) = (watch.timeout, conns.len());
+        for slot in 0..slots {
+            let (_, conns) = self.idle_view();
+            let Some(c) = conns[slot].as_mut() else {
+                continue;
+            };
+            let a = c.activity();
+            if std::mem::take(&mut a.active) {
+                a.at = now;
+            }
+            let idle_for = c.idle_since().map(|t| now.duration_since(t));
             if let (Some(idle), Some(d)) = (timeout, idle_for) {
                 if d >= idle {
                     tracing::debug!("closing a connection idle for {idle:?}");
@@ -181,22 +286,29 @@ pub trait IdleConns {
         }
     }
 
+    /// The slot of the longest-idle connection, if one is idle.
+    fn oldest_idle(&mut self) -> Option<(usize, Instant)> {
+        let (_, conns) = self.idle_view();
+        conns
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(s, c)| Some((s, c.as_mut()?.idle_since()?)))
+            .min_by_key(|&(_, t)| t)
+    }
+
     /// Closes the longest-idle connections the acceptor asked for, one per
     /// eviction asked; an eviction with nothing idle to close is declined.
     fn evict_idle(&mut self) {
         // One load on the hot path; the board is cloned only to evict.
-        let asked = match self.idle_board() {
+        let asked = match &self.idle_view().0.board {
             Some((board, me)) => board.take_evictions(*me),
             None => return,
         };
-        let Some((board, me)) = self.idle_board().cloned().filter(|_| asked > 0) else {
+        let Some((board, me)) = self.idle_view().0.board.clone().filter(|_| asked > 0) else {
             return;
         };
         for _ in 0..asked {
-            let oldest = (0..self.slots())
-                .filter_map(|s| Some((s, self.slot_idle_since(s)?)))
-                .min_by_key(|&(_, t)| t);
-            match oldest {
+            match self.oldest_idle() {
                 Some((slot, _)) => {
                     tracing::debug!("closing the longest-idle connection for a new one");
                     board.evicted();
@@ -208,17 +320,69 @@ pub trait IdleConns {
     }
 
     /// Tells the board since when this port's longest-idle connection has
-    /// been silent (or that it has none); returns whether it has one.
-    fn report_idle(&self) -> bool {
-        let Some((board, me)) = self.idle_board() else {
-            return false;
-        };
-        let oldest = (0..self.slots())
-            .filter_map(|s| self.slot_idle_since(s))
-            .min();
-        board.report(*me, oldest);
-        oldest.is_some()
+    /// been silent (or that it has none).
+    fn report_idle(&mut self) {
+        if self.idle_view().0.board.is_none() {
+            return;
+        }
+        let oldest = self.oldest_idle().map(|(_, t)| t);
+        let (watch, _) = self.idle_view();
+        if let Some((board, me)) = &watch.board {
+            board.report(*me, oldest);
+            watch.reported_idle = oldest.is_some();
+        }
     }
+
+    /// Closes connections idle past the timeout and reports the
+    /// longest-idle one, at most once per [`IDLE_CHECK_INTERVAL_MS`].
+    fn check_idle(&mut self, now: Instant) {
+        let (watch, _) = self.idle_view();
+        if watch.timeout.is_none() && watch.board.is_none() {
+            return;
+        }
+        if now.duration_since(watch.last_check) < Duration::from_millis(IDLE_CHECK_INTERVAL_MS) {
+            return;
+        }
+        watch.last_check = now;
+        self.close_idle_past(now);
+        self.report_idle();
+    }
+}
+
+/// Implements [`IdleConn`] for a port's connection and [`IdleConns`] for
+/// the port, for the ports laid out alike (tcp, shm, fabric): the port
+/// holds `idle: IdleWatch`, `conns: Vec<Option<Conn>>` and
+/// `stats: PortStats`, and closes a slot with `close(&mut self, slot)`;
+/// the connection holds `activity: Activity`. The closure-like last
+/// argument says when a connection `c` holds a request not yet handled
+/// or a reply not yet sent, the one thing the ports differ in.
+#[macro_export]
+macro_rules! idle_conns {
+    ($port:ty, $conn:ty, |$c:ident| $busy:expr) => {
+        impl $crate::idle::IdleConn for $conn {
+            fn activity(&mut self) -> &mut $crate::idle::Activity {
+                &mut self.activity
+            }
+
+            fn busy(&self) -> bool {
+                let $c = self;
+                $busy
+            }
+        }
+
+        impl $crate::idle::IdleConns for $port {
+            type Conn = $conn;
+
+            fn idle_view(&mut self) -> (&mut $crate::idle::IdleWatch, &mut [Option<$conn>]) {
+                (&mut self.idle, &mut self.conns)
+            }
+
+            fn close_for_idleness(&mut self, slot: usize) {
+                self.stats.conns_closed_timeout += 1;
+                self.close(slot);
+            }
+        }
+    };
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! At the connection cap, a newcomer closes the longest-idle connection
-//! instead of being refused (issue 28, fault 6): before, `CONNECTIONS_MAX`
+//! instead of being refused before, `CONNECTIONS_MAX`
 //! idle tcp connections locked every new client out for good.
 
 use fabrickv_transport::conformance_evict::at_the_cap_the_longest_idle_connection_makes_way;

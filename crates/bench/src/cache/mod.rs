@@ -42,5 +42,5 @@ pub use values::{check_value, fill_value, key_name, key_names};
 /// that a hung server fails the run.
 pub const CACHE_BENCH_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Random single GETs of the original kv-bench's latency analysis.
+/// Random single GETs of kv-bench's latency analysis.
 pub const LATENCY_SAMPLES: u64 = 100;

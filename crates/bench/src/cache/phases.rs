@@ -34,7 +34,7 @@ impl WriteResult {
 }
 
 /// Writes key `i` of `keys` with its value of `value_size` bytes, one
-/// after the other from this thread, as the original kv-bench does.
+/// after the other from this thread, as kv-bench does.
 pub fn write_all<S: ValueSink>(
     sink: &mut S,
     keys: &[Vec<u8>],
@@ -111,7 +111,7 @@ fn record(h: &mut Histogram<u64>, d: Duration) {
 }
 
 /// `samples` GETs of random keys, one at a time from this thread, each
-/// checked; their latencies (ns). The original kv-bench's latency analysis.
+/// checked; their latencies (ns). kv-bench's latency analysis.
 pub fn single_gets<S: ValueSource>(
     src: &mut S,
     keys: &[Vec<u8>],
@@ -146,7 +146,7 @@ pub struct ReadOpts {
     pub passes: u32,
     /// GETs each reader keeps in flight in the measured phase: its slice
     /// is read in batches of this many keys, all requests sent before the
-    /// first reply is read (1: one GET at a time, as the original kv-bench
+    /// first reply is read (1: one GET at a time, as kv-bench
     /// of the KV-cache server does).
     pub depth: usize,
     /// CPUs the reader threads are pinned to, round robin (empty: none).

@@ -1,12 +1,12 @@
 //! The report's figures: the latency statistics and the byte units of the
-//! original kv-bench's output (the KV cache's benchmark this one follows).
+//! the output of kv-bench (the Rust KV-cache server's benchmark this one follows).
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::limits::check::per_s;
 
-/// The original kv-bench's latency statistics of a histogram of nanoseconds, in
+/// kv-bench's latency statistics of a histogram of nanoseconds, in
 /// microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct LatencyStats {
@@ -58,7 +58,7 @@ impl LatencyStats {
         per_s(1e6, self.avg_us)
     }
 
-    /// The original kv-bench's block: a title line, then one line per figure.
+    /// kv-bench's block: a title line, then one line per figure.
     pub fn block(&self) -> String {
         let line = |name: &str, v: f64| format!("  {name:<7}{v:>10.2} µs\n");
         [
@@ -74,7 +74,7 @@ impl LatencyStats {
     }
 }
 
-/// Bytes in the original kv-bench's style: `512 B`, `64.00 KB`, `1.00 MB`, `2.50 GB`
+/// Bytes in kv-bench's style: `512 B`, `64.00 KB`, `1.00 MB`, `2.50 GB`
 /// (binary units, as `--value-size` is parsed).
 pub fn format_bytes(bytes: f64) -> String {
     const UNITS: [&str; 4] = ["KB", "MB", "GB", "TB"];
@@ -90,7 +90,7 @@ pub fn format_bytes(bytes: f64) -> String {
     format!("{v:.2} {}", UNITS[unit])
 }
 
-/// Bytes per second in MB/s (2^20 bytes), the original kv-bench's unit.
+/// Bytes per second in MB/s (2^20 bytes), kv-bench's unit.
 pub fn mb_per_s(bytes_per_s: f64) -> f64 {
     bytes_per_s / f64::from(1u32 << 20)
 }
@@ -100,7 +100,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_print_in_the_original_kv_bench_style() {
+    fn sizes_print_in_kv_bench_style() {
         assert_eq!(format_bytes(65_536.0), "64.00 KB");
         assert_eq!(format_bytes(512.0), "512 B");
         assert_eq!(format_bytes(64.0 * 1_048_576.0), "64.00 MB");

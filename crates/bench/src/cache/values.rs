@@ -10,7 +10,7 @@ const POSITION_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
 /// other benchmarks' patterns of the same indices.
 const SEED_SALT: u64 = 0xCAC8_E5EE_D000_0000;
 
-/// The name of key `index`, as the original kv-bench names them.
+/// The name of key `index`, as kv-bench names them.
 pub fn key_name(index: u64) -> String {
     format!("key-{index:08}")
 }

@@ -1,8 +1,8 @@
-//! `fabrickv bench copy`: the original replicator's benchmark. A shard of
+//! `fabrickv bench copy`: the RocksDB shard replicator's benchmark. A shard of
 //! `--size` bytes (16-byte keys, uncompressible values) is generated
 //! (`fabrickv_storage::gen`, as `fabrickv shard gen` makes it) and copied
 //! from a server in this process to a directory beside it, and the rate
-//! is put next to the original replicator's (110 MB/s at 256-byte values,
+//! is put next to the RocksDB shard replicator's (110 MB/s at 256-byte values,
 //! 80 MB/s at 128) and next to the raw pipe: the same bytes through a
 //! plain TCP socket into a file on the same disk, measured in the same
 //! run.
@@ -20,12 +20,12 @@ use fabrickv_types::size::parse_size;
 use crate::pipe::raw_pipe;
 use crate::plot::write_rate_png;
 
-/// The original replicator's copy rate at 256-byte values, in MB/s (the
-/// "seed" columns of the output: the system this one replaces).
-pub const ORIGINAL_MB_PER_S_256: f64 = 110.0;
+/// The RocksDB shard replicator's copy rate at 256-byte values, in MB/s (the
+/// "replicator" columns of the output: the system this one replaces).
+pub const REPLICATOR_MB_PER_S_256: f64 = 110.0;
 
-/// The original replicator's copy rate at 128-byte values, in MB/s.
-pub const ORIGINAL_MB_PER_S_128: f64 = 80.0;
+/// The RocksDB shard replicator's copy rate at 128-byte values, in MB/s.
+pub const REPLICATOR_MB_PER_S_128: f64 = 80.0;
 
 /// The flags of `fabrickv bench copy`.
 #[derive(Args)]
@@ -33,7 +33,7 @@ pub struct CopyBenchArgs {
     /// Bytes of keys and values in the shard, e.g. 10GB.
     #[arg(long, default_value = "10GB")]
     size: String,
-    /// Bytes of every value (the original replicator was measured at 128 and 256).
+    /// Bytes of every value (the RocksDB shard replicator was measured at 128 and 256).
     #[arg(long, default_value_t = 256)]
     value_size: usize,
     /// Bytes of every key.
@@ -128,15 +128,15 @@ pub fn run(a: CopyBenchArgs) -> Result<(), String> {
         eprintln!("bench copy: plot written to {}", path.display());
     }
 
-    // The original replicator's rate at this value size, where measured.
-    let seed = match a.value_size {
-        128 => Some(ORIGINAL_MB_PER_S_128),
-        256 => Some(ORIGINAL_MB_PER_S_256),
+    // The RocksDB shard replicator's rate at this value size, where measured.
+    let replicator = match a.value_size {
+        128 => Some(REPLICATOR_MB_PER_S_128),
+        256 => Some(REPLICATOR_MB_PER_S_256),
         _ => None,
     };
     let rate = report.mb_per_s();
     println!(
-        "{:>6} | {:>9} | {:>11} | {:>8} | {:>9} | {:>8} | {:>13} | {:>11} | {:>9} | {:>6}",
+        "{:>6} | {:>9} | {:>11} | {:>8} | {:>9} | {:>8} | {:>13} | {:>11} | {:>15} | {:>12}",
         "value",
         "shard",
         "pairs",
@@ -145,11 +145,11 @@ pub fn run(a: CopyBenchArgs) -> Result<(), String> {
         "verify s",
         "raw pipe MB/s",
         "of raw pipe",
-        "seed MB/s",
-        "x seed"
+        "replicator MB/s",
+        "x replicator"
     );
     println!(
-        "{:>4} B | {:>6.1} GB | {:>11} | {:>8.2} | {:>9.1} | {:>8.2} | {:>13.1} | {:>10.2}x | {:>9} | {:>6}",
+        "{:>4} B | {:>6.1} GB | {:>11} | {:>8.2} | {:>9.1} | {:>8.2} | {:>13.1} | {:>10.2}x | {:>15} | {:>12}",
         a.value_size,
         report.bytes as f64 / 1e9,
         report.pairs,
@@ -158,8 +158,8 @@ pub fn run(a: CopyBenchArgs) -> Result<(), String> {
         report.verify_secs,
         pipe.mb_per_s(),
         rate / pipe.mb_per_s(),
-        seed.map_or("-".into(), |s| format!("{s:.0}")),
-        seed.map_or("-".into(), |s| format!("{:.2}x", rate / s)),
+        replicator.map_or("-".into(), |s| format!("{s:.0}")),
+        replicator.map_or("-".into(), |s| format!("{:.2}x", rate / s)),
     );
     println!(
         "{}",
@@ -177,8 +177,8 @@ pub fn run(a: CopyBenchArgs) -> Result<(), String> {
             "verified": report.verified,
             "raw_pipe_mb_per_s": pipe.mb_per_s(),
             "of_raw_pipe": rate / pipe.mb_per_s(),
-            "seed_mb_per_s": seed,
-            "x_seed": seed.map(|s| rate / s),
+            "replicator_mb_per_s": replicator,
+            "x_replicator": replicator.map(|s| rate / s),
         })
     );
     Ok(())

@@ -1,6 +1,6 @@
 //! `fabrickv bench mget`: what a batched read costs the client's CPU per
 //! key, `mget` (one `Vec` per value) beside `mget_into` (values decoded
-//! into one reused `MgetBuf`), issue 30 part 3.
+//! into one reused `MgetBuf`).
 //!
 //! A server in this process with one worker pinned to `--server-cpu`;
 //! the calling thread pinned to `--client-cpu`. Each round times a run of

@@ -1,7 +1,7 @@
 //! `fabrickv bench slabs`: how much a store keeps when value sizes shift,
 //! FabricKV's store mode beside memcached in the same memory.
 //!
-//! The workload (issue 30), the same for both over memcached's text
+//! The workload, the same for both over memcached's text
 //! protocol, one connection, sets pipelined [`BATCH`] at a time:
 //! 1. fill with values of the first size (64 B) until a write is refused;
 //! 2. delete half of those keys, chosen at random (the same keys for both);

@@ -106,7 +106,7 @@ fn peer(host: [u8; 4], port: u16) -> Option<std::net::SocketAddr> {
     Some(std::net::SocketAddr::from((host, port)))
 }
 
-/// Regression (issue 28 fault 5): client ids were 2, 3, 4, ..., so any
+/// Regression: client ids were 2, 3, 4, ..., so any
 /// caller could name the others' registrations.
 #[test]
 fn client_ids_are_random_not_sequential() {
@@ -129,7 +129,7 @@ fn client_ids_are_random_not_sequential() {
     assert_eq!(neighbours, 0, "ids close to one another: {ids:?}");
 }
 
-/// Regression (issue 28 fault 5): any caller could heartbeat, unregister
+/// Regression: any caller could heartbeat, unregister
 /// or re-register another client's registration.
 #[test]
 fn only_the_registering_connection_may_heartbeat_or_unregister() {
@@ -180,7 +180,7 @@ fn only_the_registering_connection_may_heartbeat_or_unregister() {
     assert_eq!(sh.client_count(), 0);
 }
 
-/// Regression (issue 28 fault 5): 4,095 registrations from one caller
+/// Regression: 4,095 registrations from one caller
 /// filled the table, and every new client was refused until they lapsed.
 #[test]
 fn one_connection_is_stopped_at_its_bound_while_another_still_registers() {

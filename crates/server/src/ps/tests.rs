@@ -422,7 +422,7 @@ fn rss_bytes() -> u64 {
     kb * 1024
 }
 
-/// Regression (issue 28 fault 4): one CREATE built, zeroed and locked the
+/// Regression: one CREATE built, zeroed and locked the
 /// whole pool before anything asked whether the process could lock it; as
 /// root (no RLIMIT_MEMLOCK) the server's RSS went from 86 MB to 1.4 GB.
 /// A pool beyond what may be locked is now refused before a page is

@@ -11,9 +11,20 @@ use fabrickv_storage::ShardBackend;
 use super::args::{quoted, Args};
 use super::clients::help;
 use super::glob::stringmatch;
-use super::table::{key_positions, lookup, lower, tips, Spec, COMMANDS, COMMAND_NAME_BYTES_MAX};
-use super::{RespShared, REDIS_VERSION};
+use super::table::{key_positions, lookup, lower, spec, Spec, COMMAND_NAME_BYTES_MAX, NO_KEYS};
+use super::{RespShared, COMMANDS, REDIS_VERSION};
 use crate::config::Mode;
+
+/// What COMMAND reports about the commands in this file (DBSIZE, INFO, CONFIG, COMMAND, TIME),
+/// with Redis 7's values; `table` gathers every file's into the table.
+#[rustfmt::skip]
+pub(super) const SPECS: &[Spec] = &[
+    spec! { "dbsize" Dbsize 1 ["readonly", "fast"] (0, 0, 0) ["@keyspace", "@read", "@fast"] NO_KEYS "server" "1.0.0" "O(1)" "Returns the number of keys in the database." ["request_policy:all_shards", "response_policy:agg_sum"] },
+    spec! { "info" Info -1 ["loading", "stale", "sentinel"] (0, 0, 0) ["@slow", "@dangerous"] NO_KEYS "server" "1.0.0" "O(1)" "Returns information and statistics about the server." ["nondeterministic_output", "request_policy:all_shards", "response_policy:special"] },
+    spec! { "config" Config -2 [] (0, 0, 0) ["@slow"] NO_KEYS "server" "2.0.0" "Depends on subcommand." "A container for server configuration commands." [] },
+    spec! { "command" Command -1 ["loading", "stale", "sentinel"] (0, 0, 0) ["@slow", "@connection"] NO_KEYS "server" "2.8.13" "O(N) where N is the total number of Redis commands" "Returns detailed information about all commands." ["nondeterministic_output_order"] },
+    spec! { "time" Time 1 ["loading", "stale", "fast"] (0, 0, 0) ["@fast"] NO_KEYS "server" "2.6.0" "O(1)" "Returns the server time." ["nondeterministic_output"] },
+];
 
 /// Most INFO section names looked at in one call: more are ignored.
 const INFO_SECTIONS_MAX: usize = 32;
@@ -543,7 +554,7 @@ fn write_info(spec: &Spec, out: &mut Reply<'_>) {
     }
     // Tips, key specs and subcommands are sets in RESP3, as Redis 7
     // sends them.
-    let tips = tips(spec.id);
+    let tips = spec.tips;
     out.set_header(tips.len());
     for t in tips {
         resp::bulk(out, t.as_bytes());

@@ -18,7 +18,15 @@ use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply::{self as resp, Proto, Reply};
 
 use super::args::{quoted, Args};
-use super::table::{lower, COMMANDS, COMMAND_NAME_BYTES_MAX};
+use super::table::{lower, spec, Spec, COMMAND_NAME_BYTES_MAX, NO_KEYS};
+use super::COMMANDS;
+
+/// What COMMAND reports about the commands in this file (CLIENT),
+/// with Redis 7's values; `table` gathers every file's into the table.
+#[rustfmt::skip]
+pub(super) const SPECS: &[Spec] = &[
+    spec! { "client" Client -2 ["sentinel"] (0, 0, 0) ["@slow"] NO_KEYS "connection" "2.4.0" "Depends on subcommand." "A container for client connection commands." [] },
+];
 
 /// Most connections the registry lists at once: the RESP connection cap,
 /// so every open connection fits.

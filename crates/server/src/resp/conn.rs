@@ -12,9 +12,22 @@ use super::admin::{command_info, config, info, time};
 use super::args::{int_arg, quote_arg, quoted, Args, ERROR_ARG_QUOTE_BYTES_MAX, NOT_INTEGER};
 use super::clients::{self, ClientEntry, ClientPeer, ClientRegistry};
 use super::exec::Exec;
-use super::table::{lookup_index, lower, Cmd, COMMANDS, COMMAND_NAME_BYTES_MAX};
+use super::table::{lookup_index, lower, spec, Cmd, Spec, COMMAND_NAME_BYTES_MAX, NO_KEYS};
 use super::txn_state::{Txn, Watched};
+use super::COMMANDS;
 use super::{shard_db, RespShared};
+
+/// What COMMAND reports about the commands in this file (PING, ECHO, AUTH, SELECT, QUIT, HELLO),
+/// with Redis 7's values; `table` gathers every file's into the table.
+#[rustfmt::skip]
+pub(super) const SPECS: &[Spec] = &[
+    spec! { "ping" Ping -1 ["fast", "sentinel"] (0, 0, 0) ["@fast", "@connection"] NO_KEYS "connection" "1.0.0" "O(1)" "Returns the server's liveliness response." ["request_policy:all_shards", "response_policy:all_succeeded"] },
+    spec! { "echo" Echo 2 ["fast"] (0, 0, 0) ["@fast", "@connection"] NO_KEYS "connection" "1.0.0" "O(1)" "Returns the given string." [] },
+    spec! { "auth" Auth -2 ["noscript", "loading", "stale", "fast", "no_auth", "sentinel", "allow_busy"] (0, 0, 0) ["@fast", "@connection"] NO_KEYS "connection" "1.0.0" "O(N) where N is the number of passwords defined for the user" "Authenticates the connection." [] },
+    spec! { "select" Select 2 ["loading", "stale", "fast"] (0, 0, 0) ["@fast", "@connection"] NO_KEYS "connection" "1.0.0" "O(1)" "Changes the selected database." [] },
+    spec! { "quit" Quit -1 ["allow_busy", "noscript", "loading", "stale", "fast", "no_auth"] (0, 0, 0) ["@fast", "@connection"] NO_KEYS "connection" "1.0.0" "O(1)" "Closes the connection." [] },
+    spec! { "hello" Hello -1 ["noscript", "loading", "stale", "fast", "no_auth", "sentinel", "allow_busy"] (0, 0, 0) ["@fast", "@connection"] NO_KEYS "connection" "6.0.0" "O(1)" "Handshakes with the Redis server." [] },
+];
 
 /// What a connection's commands can change about it.
 pub(super) struct ConnState {
@@ -424,15 +437,6 @@ pub(super) enum After {
     Hold {
         delay_ms: u64,
     },
-}
-
-/// Compares a password without stopping at the first differing byte.
-pub(super) fn same_secret(given: &[u8], expected: &[u8]) -> bool {
-    let mut diff = given.len() ^ expected.len();
-    for (i, e) in expected.iter().enumerate() {
-        diff |= usize::from(given.get(i).copied().unwrap_or(0) ^ e);
-    }
-    diff == 0
 }
 
 fn unknown_command(out: &mut Vec<u8>, a: Args<'_>) {

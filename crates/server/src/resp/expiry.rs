@@ -8,7 +8,22 @@ use fabrickv_types::KeyHash;
 
 use super::args::{check_key, int_arg, Args, NOT_INTEGER};
 use super::exec::Exec;
-use super::table::{lower, COMMAND_NAME_BYTES_MAX};
+use super::table::{lower, spec, Spec, COMMAND_NAME_BYTES_MAX, KEY_RO, KEY_RW_UPDATE};
+
+/// What COMMAND reports about the commands in this file (EXPIRE, PEXPIRE, PERSIST, TTL, PTTL, EXPIREAT, PEXPIREAT, EXPIRETIME, PEXPIRETIME),
+/// with Redis 7's values; `table` gathers every file's into the table.
+#[rustfmt::skip]
+pub(super) const SPECS: &[Spec] = &[
+    spec! { "expire" Expire -3 ["write", "fast"] (1, 1, 1) ["@keyspace", "@write", "@fast"] KEY_RW_UPDATE "generic" "1.0.0" "O(1)" "Sets the expiration time of a key in seconds." [] },
+    spec! { "pexpire" Pexpire -3 ["write", "fast"] (1, 1, 1) ["@keyspace", "@write", "@fast"] KEY_RW_UPDATE "generic" "2.6.0" "O(1)" "Sets the expiration time of a key in milliseconds." [] },
+    spec! { "persist" Persist 2 ["write", "fast"] (1, 1, 1) ["@keyspace", "@write", "@fast"] KEY_RW_UPDATE "generic" "2.2.0" "O(1)" "Removes the expiration time of a key." [] },
+    spec! { "ttl" Ttl 2 ["readonly", "fast"] (1, 1, 1) ["@keyspace", "@read", "@fast"] KEY_RO "generic" "1.0.0" "O(1)" "Returns the expiration time in seconds of a key." ["nondeterministic_output"] },
+    spec! { "pttl" Pttl 2 ["readonly", "fast"] (1, 1, 1) ["@keyspace", "@read", "@fast"] KEY_RO "generic" "2.6.0" "O(1)" "Returns the expiration time in milliseconds of a key." ["nondeterministic_output"] },
+    spec! { "expireat" Expireat -3 ["write", "fast"] (1, 1, 1) ["@keyspace", "@write", "@fast"] KEY_RW_UPDATE "generic" "1.2.0" "O(1)" "Sets a key's expiry to a Unix time in seconds." [] },
+    spec! { "pexpireat" Pexpireat -3 ["write", "fast"] (1, 1, 1) ["@keyspace", "@write", "@fast"] KEY_RW_UPDATE "generic" "2.6.0" "O(1)" "Sets a key's expiry to a Unix time in milliseconds." [] },
+    spec! { "expiretime" Expiretime 2 ["readonly", "fast"] (1, 1, 1) ["@keyspace", "@read", "@fast"] KEY_RO "generic" "7.0.0" "O(1)" "Returns a key's expiry as a Unix time in seconds." [] },
+    spec! { "pexpiretime" Pexpiretime 2 ["readonly", "fast"] (1, 1, 1) ["@keyspace", "@read", "@fast"] KEY_RO "generic" "7.0.0" "O(1)" "Returns a key's expiry as a Unix time in milliseconds." [] },
+];
 
 impl Exec<'_> {
     /// EXPIRE and PEXPIRE (`unit_ms` 1000 or 1), with NX, XX, GT and LT.

@@ -1,7 +1,8 @@
 //! The keyspace commands on the in-memory kv: FLUSHDB and FLUSHALL,
 //! TOUCH, UNLINK, TYPE, RENAME, RENAMENX, COPY, KEYS, SCAN and RANDOMKEY;
-//! and the dispatch of the commands added beside the first ones (this
-//! file, `strings2` and the expiry commands).
+//! and the dispatch of the string variants, counters, value edits,
+//! keyspace and expiry commands (`get_set`, `numbers`, `value_edit`, this
+//! file and `expiry`), which `conn` hands here.
 //!
 //! SCAN's cursor names a partition (bits 32 and up) and a main bucket of
 //! its index (the low 32 bits; indexes have at most 2^28). The engine's
@@ -25,8 +26,28 @@ use fabrickv_types::KeyHash;
 use super::args::{check_key, storable_key, Args, NOT_INTEGER};
 use super::exec::{put_error, Exec};
 use super::glob::{is_literal, stringmatch};
-use super::table::{lower, Cmd, COMMAND_NAME_BYTES_MAX};
+use super::table::{
+    lower, spec, Cmd, Spec, COMMAND_NAME_BYTES_MAX, COPY_KEYS, KEYS_RM, KEYS_RO, KEY_RO, MOVE_KEYS,
+    MOVE_KEYS_NX, NO_KEYS,
+};
 use super::RESP_REPLY_BYTES_MAX;
+
+/// What COMMAND reports about the commands in this file (FLUSHDB, FLUSHALL, TOUCH, UNLINK, TYPE, RENAME, RENAMENX, COPY, KEYS, SCAN, RANDOMKEY),
+/// with Redis 7's values; `table` gathers every file's into the table.
+#[rustfmt::skip]
+pub(super) const SPECS: &[Spec] = &[
+    spec! { "flushdb" Flushdb -1 ["write"] (0, 0, 0) ["@keyspace", "@write", "@slow", "@dangerous"] NO_KEYS "server" "1.0.0" "O(N) in the keys removed" "Removes every key of the selected database." ["request_policy:all_shards", "response_policy:all_succeeded"] },
+    spec! { "flushall" Flushall -1 ["write"] (0, 0, 0) ["@keyspace", "@write", "@slow", "@dangerous"] NO_KEYS "server" "1.0.0" "O(N) in the keys removed" "Removes every key of every in-memory database." ["request_policy:all_shards", "response_policy:all_succeeded"] },
+    spec! { "touch" Touch -2 ["readonly", "fast"] (1, -1, 1) ["@keyspace", "@read", "@fast"] KEYS_RO "generic" "3.2.1" "O(N) in the keys given" "Counts the given keys that exist (and marks them used)." ["request_policy:multi_shard", "response_policy:agg_sum"] },
+    spec! { "unlink" Unlink -2 ["write", "fast"] (1, -1, 1) ["@keyspace", "@write", "@fast"] KEYS_RM "generic" "4.0.0" "O(N) in the keys given" "Deletes keys." ["request_policy:multi_shard", "response_policy:agg_sum"] },
+    spec! { "type" Type 2 ["readonly", "fast"] (1, 1, 1) ["@keyspace", "@read", "@fast"] KEY_RO "generic" "1.0.0" "O(1)" "Returns the type of a key's value." [] },
+    spec! { "rename" Rename 3 ["write"] (1, 2, 1) ["@keyspace", "@write", "@slow"] MOVE_KEYS "generic" "1.0.0" "O(1)" "Renames a key, replacing the destination." [] },
+    spec! { "renamenx" Renamenx 3 ["write", "fast"] (1, 2, 1) ["@keyspace", "@write", "@fast"] MOVE_KEYS_NX "generic" "1.0.0" "O(1)" "Renames a key only when the new name is free." [] },
+    spec! { "copy" Copy -3 ["write", "denyoom"] (1, 2, 1) ["@keyspace", "@write", "@slow"] COPY_KEYS "generic" "6.2.0" "O(1) for a string value" "Copies a key's value to another key." [] },
+    spec! { "keys" Keys 2 ["readonly"] (0, 0, 0) ["@keyspace", "@read", "@slow", "@dangerous"] NO_KEYS "generic" "1.0.0" "O(N) in the keys stored" "Returns every key matching a pattern." ["request_policy:all_shards", "nondeterministic_output_order"] },
+    spec! { "scan" Scan -2 ["readonly"] (0, 0, 0) ["@keyspace", "@read", "@slow"] NO_KEYS "generic" "2.8.0" "O(1) per call, O(N) for a full iteration" "Iterates over the keys, a few per call." ["nondeterministic_output", "request_policy:special"] },
+    spec! { "randomkey" Randomkey 1 ["readonly"] (0, 0, 0) ["@keyspace", "@read", "@slow"] NO_KEYS "generic" "1.0.0" "O(1)" "Returns a key chosen at random." ["request_policy:all_shards", "nondeterministic_output"] },
+];
 
 /// SCAN's default COUNT, as Redis's.
 pub(super) const SCAN_COUNT_DEFAULT: u64 = 10;

@@ -1,5 +1,5 @@
-//! Per-command and per-error counters for INFO's `commandstats` and
-//! `errorstats` sections.
+//! The connection counters ([`RespCounters`]), and the per-command and
+//! per-error counters for INFO's `commandstats` and `errorstats` sections.
 //!
 //! The hot path touches none of the shared counters: a session counts its
 //! commands in a small local table ([`LocalStats`]) and adds it to the
@@ -16,7 +16,46 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::table::{COMMANDS, COMMANDS_MAX};
+use super::table::COMMANDS_MAX;
+use super::COMMANDS;
+
+/// Counters shared by every RESP connection of a server.
+#[derive(Debug, Default)]
+pub struct RespCounters {
+    /// Connections accepted since start.
+    pub connections_received: AtomicU64,
+    /// Connections open now.
+    pub connected: AtomicU64,
+    /// Connections refused because too many were open.
+    pub rejected: AtomicU64,
+    /// Idle connections closed to make room for a newcomer at the cap.
+    pub evicted_idle: AtomicU64,
+    /// Commands executed (including those answered with an error).
+    pub commands: AtomicU64,
+    /// Connections closed for a protocol error.
+    pub protocol_errors: AtomicU64,
+    /// AUTH attempts refused (a wrong password or secret), as Redis's ACL
+    /// log counts them (`acl_access_denied_auth` in INFO): a climbing
+    /// count is someone guessing.
+    pub auth_failures: AtomicU64,
+}
+
+impl RespCounters {
+    /// CONFIG RESETSTAT: the counters of events back to zero (not those
+    /// of state, such as the connections open now).
+    pub(super) fn reset(&self) {
+        for c in [
+            &self.connections_received,
+            &self.rejected,
+            &self.evicted_idle,
+            &self.commands,
+            &self.protocol_errors,
+            &self.auth_failures,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
 
 /// Distinct error codes counted in `errorstats`; replies with a code not
 /// yet seen once this many are tracked are counted in

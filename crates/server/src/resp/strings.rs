@@ -1,18 +1,33 @@
 //! The string commands on the in-memory kv: GET, STRLEN, SET (with NX,
-//! XX, EX, PX, KEEPTTL and GET), MGET, MSET, DEL, EXISTS and the INCR
-//! family.
+//! XX, EX, PX, KEEPTTL and GET), MGET, MSET, DEL and EXISTS. Their
+//! variants are in `get_set`, the counters in `numbers`, the commands on
+//! part of a value in `value_edit`.
 
 use fabrickv_engine::{
     DeleteResult, GetRefResult, GetResult, Partition, PutCond, PutResult, ValueRef,
 };
-use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply::{self as resp, Reply};
 use fabrickv_types::KeyHash;
 
 use super::args::{check_key, int_arg, mget_fits, storable_key, Args, NOT_INTEGER};
 use super::exec::{put_error, Exec};
-use super::table::{lower, COMMAND_NAME_BYTES_MAX};
+use super::table::{
+    lower, spec, Spec, COMMAND_NAME_BYTES_MAX, KEYS_RM, KEYS_RO, KEY_RO, KEY_SET, PAIRS_OW,
+};
 use super::RESP_PREFETCH_KEYS;
+
+/// What COMMAND reports about the commands in this file (GET, SET, MGET, MSET, DEL, EXISTS, STRLEN),
+/// with Redis 7's values; `table` gathers every file's into the table.
+#[rustfmt::skip]
+pub(super) const SPECS: &[Spec] = &[
+    spec! { "get" Get 2 ["readonly", "fast"] (1, 1, 1) ["@read", "@string", "@fast"] KEY_RO "string" "1.0.0" "O(1)" "Returns the string value of a key." [] },
+    spec! { "set" Set -3 ["write", "denyoom"] (1, 1, 1) ["@write", "@string", "@slow"] KEY_SET "string" "1.0.0" "O(1)" "Sets the string value of a key, ignoring its type. The key is created if it doesn't exist." [] },
+    spec! { "mget" Mget -2 ["readonly", "fast"] (1, -1, 1) ["@read", "@string", "@fast"] KEYS_RO "string" "1.0.0" "O(N) where N is the number of keys to retrieve." "Atomically returns the string values of one or more keys." ["request_policy:multi_shard"] },
+    spec! { "mset" Mset -3 ["write", "denyoom"] (1, -1, 2) ["@write", "@string", "@slow"] PAIRS_OW "string" "1.0.1" "O(N) where N is the number of keys to set." "Atomically creates or modifies the string values of one or more keys." ["request_policy:multi_shard", "response_policy:all_succeeded"] },
+    spec! { "del" Del -2 ["write"] (1, -1, 1) ["@keyspace", "@write", "@slow"] KEYS_RM "generic" "1.0.0" "O(N) where N is the number of keys that will be removed." "Deletes one or more keys." ["request_policy:multi_shard", "response_policy:agg_sum"] },
+    spec! { "exists" Exists -2 ["readonly", "fast"] (1, -1, 1) ["@keyspace", "@read", "@fast"] KEYS_RO "generic" "1.0.0" "O(N) where N is the number of keys to check." "Determines whether one or more keys exist." ["request_policy:multi_shard", "response_policy:agg_sum"] },
+    spec! { "strlen" Strlen 2 ["readonly", "fast"] (1, 1, 1) ["@read", "@string", "@fast"] KEY_RO "string" "2.2.0" "O(1)" "Returns the length of a string value." [] },
+];
 
 impl Exec<'_> {
     pub(super) fn get(&mut self, key: &[u8], out: &mut Reply<'_>) {
@@ -259,41 +274,5 @@ impl Exec<'_> {
         }
         self.unlock_many();
         n
-    }
-
-    pub(super) fn incr_by(
-        &mut self,
-        key: &[u8],
-        delta: Result<i64, &'static str>,
-        out: &mut Vec<u8>,
-    ) {
-        if !check_key(key, out) {
-            return;
-        }
-        let delta = match delta {
-            Ok(d) => d,
-            Err(e) => return resp::error(out, e),
-        };
-        let now = self.now_ms;
-        let h = KeyHash::of(key);
-        let p = self.part(h);
-        let (current, ttl) = match p.get(h, key, now) {
-            GetResult::Found {
-                value,
-                expire_at_ms,
-            } => match parse_i64(value) {
-                Some(v) => (v, expire_at_ms),
-                None => return resp::error(out, NOT_INTEGER),
-            },
-            GetResult::NotFound => (0, 0),
-        };
-        let Some(next) = current.checked_add(delta) else {
-            return resp::error(out, "ERR increment or decrement would overflow");
-        };
-        let digits = next.to_string();
-        match p.put(h, key, digits.as_bytes(), ttl, PutCond::Always, now) {
-            PutResult::Stored => resp::integer(out, next),
-            r => put_error(out, r),
-        }
     }
 }

@@ -4,6 +4,8 @@
 
 use fabrickv_resp::lowercase;
 
+use super::COMMANDS;
+
 /// Longest command name looked up, in bytes; longer names are unknown.
 pub(super) const COMMAND_NAME_BYTES_MAX: usize = 16;
 
@@ -76,6 +78,7 @@ pub(super) enum Cmd {
 /// A command's name and arity as Redis counts it (the name included;
 /// negative: at least that many), and what COMMAND INFO and COMMAND DOCS
 /// report about it, with Redis 7's values.
+#[derive(Clone, Copy)]
 pub(super) struct Spec {
     /// The lowercase name clients send.
     pub(super) name: &'static str,
@@ -102,11 +105,16 @@ pub(super) struct Spec {
     pub(super) since: &'static str,
     pub(super) summary: &'static str,
     pub(super) complexity: &'static str,
+    /// Redis 7's command tips (COMMAND INFO's eighth field): how a
+    /// cluster client routes the command and whether its output is
+    /// deterministic.
+    pub(super) tips: &'static [&'static str],
 }
 
 /// A Redis 7 key specification of the one shape FabricKV's commands use:
 /// keys found from an index (`begin_search` of type `index`) over a range
 /// (`find_keys` of type `range`).
+#[derive(Clone, Copy)]
 pub(super) struct KeySpec {
     /// Key-spec flags (`RO`, `RW`, `OW`, `RM`, `access`, `update`, ...).
     pub(super) flags: &'static [&'static str],
@@ -119,11 +127,40 @@ pub(super) struct KeySpec {
     pub(super) limit: i32,
 }
 
+/// One command's [`Spec`] as a row of its file's table, in this order:
+/// name, handler, arity, flags, (first key, last key, step), ACL
+/// categories, key specs, group, since, complexity, summary, tips. Each
+/// command file lists its own commands this way beside their handlers, so
+/// that a command's metadata is read in one line.
+macro_rules! spec {
+    ($name:literal $id:ident $arity:literal [$($flag:literal),*]
+     ($first:literal, $last:literal, $step:literal) [$($acl:literal),*] $key_specs:ident
+     $group:literal $since:literal $complexity:literal $summary:literal [$($tip:literal),*]) => {
+        $crate::resp::table::Spec {
+            name: $name,
+            id: $crate::resp::table::Cmd::$id,
+            arity: $arity,
+            flags: &[$($flag),*],
+            first_key: $first,
+            last_key: $last,
+            step: $step,
+            acl: &[$($acl),*],
+            key_specs: $key_specs,
+            group: $group,
+            since: $since,
+            summary: $summary,
+            complexity: $complexity,
+            tips: &[$($tip),*],
+        }
+    };
+}
+pub(super) use spec;
+
 /// No keys.
-const NO_KEYS: &[KeySpec] = &[];
+pub(super) const NO_KEYS: &[KeySpec] = &[];
 
 /// One key at argument 1, read.
-const KEY_RO: &[KeySpec] = &[KeySpec {
+pub(super) const KEY_RO: &[KeySpec] = &[KeySpec {
     flags: &["RO", "access"],
     index: 1,
     lastkey: 0,
@@ -132,7 +169,7 @@ const KEY_RO: &[KeySpec] = &[KeySpec {
 }];
 
 /// One key at argument 1, read and written (INCR, EXPIRE).
-const KEY_RW_UPDATE: &[KeySpec] = &[KeySpec {
+pub(super) const KEY_RW_UPDATE: &[KeySpec] = &[KeySpec {
     flags: &["RW", "access", "update"],
     index: 1,
     lastkey: 0,
@@ -141,7 +178,7 @@ const KEY_RW_UPDATE: &[KeySpec] = &[KeySpec {
 }];
 
 /// SET's key: read (for GET) and written.
-const KEY_SET: &[KeySpec] = &[KeySpec {
+pub(super) const KEY_SET: &[KeySpec] = &[KeySpec {
     flags: &["RW", "access", "update", "variable_flags"],
     index: 1,
     lastkey: 0,
@@ -150,7 +187,7 @@ const KEY_SET: &[KeySpec] = &[KeySpec {
 }];
 
 /// Every argument from 1 a key, read.
-const KEYS_RO: &[KeySpec] = &[KeySpec {
+pub(super) const KEYS_RO: &[KeySpec] = &[KeySpec {
     flags: &["RO", "access"],
     index: 1,
     lastkey: -1,
@@ -159,7 +196,7 @@ const KEYS_RO: &[KeySpec] = &[KeySpec {
 }];
 
 /// Every argument from 1 a key, removed.
-const KEYS_RM: &[KeySpec] = &[KeySpec {
+pub(super) const KEYS_RM: &[KeySpec] = &[KeySpec {
     flags: &["RM", "delete"],
     index: 1,
     lastkey: -1,
@@ -168,7 +205,7 @@ const KEYS_RM: &[KeySpec] = &[KeySpec {
 }];
 
 /// Key-value pairs from argument 1, keys overwritten.
-const PAIRS_OW: &[KeySpec] = &[KeySpec {
+pub(super) const PAIRS_OW: &[KeySpec] = &[KeySpec {
     flags: &["OW", "update"],
     index: 1,
     lastkey: -1,
@@ -177,7 +214,7 @@ const PAIRS_OW: &[KeySpec] = &[KeySpec {
 }];
 
 /// One key at argument 1, overwritten (SETEX, PSETEX).
-const KEY_OW_UPDATE: &[KeySpec] = &[KeySpec {
+pub(super) const KEY_OW_UPDATE: &[KeySpec] = &[KeySpec {
     flags: &["OW", "update"],
     index: 1,
     lastkey: 0,
@@ -186,7 +223,7 @@ const KEY_OW_UPDATE: &[KeySpec] = &[KeySpec {
 }];
 
 /// One key at argument 1, written only when absent (SETNX).
-const KEY_OW_INSERT: &[KeySpec] = &[KeySpec {
+pub(super) const KEY_OW_INSERT: &[KeySpec] = &[KeySpec {
     flags: &["OW", "insert"],
     index: 1,
     lastkey: 0,
@@ -195,7 +232,7 @@ const KEY_OW_INSERT: &[KeySpec] = &[KeySpec {
 }];
 
 /// One key at argument 1, read and written in place (APPEND).
-const KEY_RW_INSERT: &[KeySpec] = &[KeySpec {
+pub(super) const KEY_RW_INSERT: &[KeySpec] = &[KeySpec {
     flags: &["RW", "insert"],
     index: 1,
     lastkey: 0,
@@ -204,7 +241,7 @@ const KEY_RW_INSERT: &[KeySpec] = &[KeySpec {
 }];
 
 /// One key at argument 1, written (SETRANGE).
-const KEY_RW_UPDATE_ONLY: &[KeySpec] = &[KeySpec {
+pub(super) const KEY_RW_UPDATE_ONLY: &[KeySpec] = &[KeySpec {
     flags: &["RW", "update"],
     index: 1,
     lastkey: 0,
@@ -213,7 +250,7 @@ const KEY_RW_UPDATE_ONLY: &[KeySpec] = &[KeySpec {
 }];
 
 /// One key at argument 1, read and removed (GETDEL).
-const KEY_RW_DELETE: &[KeySpec] = &[KeySpec {
+pub(super) const KEY_RW_DELETE: &[KeySpec] = &[KeySpec {
     flags: &["RW", "access", "delete"],
     index: 1,
     lastkey: 0,
@@ -222,7 +259,7 @@ const KEY_RW_DELETE: &[KeySpec] = &[KeySpec {
 }];
 
 /// Two keys at arguments 1 and 2, read (LCS).
-const TWO_KEYS_RO: &[KeySpec] = &[KeySpec {
+pub(super) const TWO_KEYS_RO: &[KeySpec] = &[KeySpec {
     flags: &["RO", "access"],
     index: 1,
     lastkey: 1,
@@ -231,7 +268,7 @@ const TWO_KEYS_RO: &[KeySpec] = &[KeySpec {
 }];
 
 /// Key-value pairs from argument 1, written only when all are absent.
-const PAIRS_OW_INSERT: &[KeySpec] = &[KeySpec {
+pub(super) const PAIRS_OW_INSERT: &[KeySpec] = &[KeySpec {
     flags: &["OW", "insert"],
     index: 1,
     lastkey: -1,
@@ -240,7 +277,7 @@ const PAIRS_OW_INSERT: &[KeySpec] = &[KeySpec {
 }];
 
 /// A source key moved away and a destination written (RENAME).
-const MOVE_KEYS: &[KeySpec] = &[
+pub(super) const MOVE_KEYS: &[KeySpec] = &[
     KeySpec {
         flags: &["RW", "access", "delete"],
         index: 1,
@@ -258,7 +295,7 @@ const MOVE_KEYS: &[KeySpec] = &[
 ];
 
 /// A source key moved away and a destination written if absent (RENAMENX).
-const MOVE_KEYS_NX: &[KeySpec] = &[
+pub(super) const MOVE_KEYS_NX: &[KeySpec] = &[
     KeySpec {
         flags: &["RW", "access", "delete"],
         index: 1,
@@ -276,7 +313,7 @@ const MOVE_KEYS_NX: &[KeySpec] = &[
 ];
 
 /// A source key read and a destination written (COPY).
-const COPY_KEYS: &[KeySpec] = &[
+pub(super) const COPY_KEYS: &[KeySpec] = &[
     KeySpec {
         flags: &["RO", "access"],
         index: 1,
@@ -293,962 +330,11 @@ const COPY_KEYS: &[KeySpec] = &[
     },
 ];
 
-/// Every command the front-end answers, in the order COMMAND COUNT counts them.
-pub(super) const COMMANDS: &[Spec] = &[
-    Spec {
-        name: "get",
-        id: Cmd::Get,
-        arity: 2,
-        flags: &["readonly", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@read", "@string", "@fast"],
-        key_specs: KEY_RO,
-        group: "string",
-        since: "1.0.0",
-        summary: "Returns the string value of a key.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "set",
-        id: Cmd::Set,
-        arity: -3,
-        flags: &["write", "denyoom"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@slow"],
-        key_specs: KEY_SET,
-        group: "string",
-        since: "1.0.0",
-        summary: "Sets the string value of a key, ignoring its type. The key is created if it doesn't exist.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "mget",
-        id: Cmd::Mget,
-        arity: -2,
-        flags: &["readonly", "fast"],
-        first_key: 1,
-        last_key: -1,
-        step: 1,
-        acl: &["@read", "@string", "@fast"],
-        key_specs: KEYS_RO,
-        group: "string",
-        since: "1.0.0",
-        summary: "Atomically returns the string values of one or more keys.",
-        complexity: "O(N) where N is the number of keys to retrieve.",
-    },
-    Spec {
-        name: "mset",
-        id: Cmd::Mset,
-        arity: -3,
-        flags: &["write", "denyoom"],
-        first_key: 1,
-        last_key: -1,
-        step: 2,
-        acl: &["@write", "@string", "@slow"],
-        key_specs: PAIRS_OW,
-        group: "string",
-        since: "1.0.1",
-        summary: "Atomically creates or modifies the string values of one or more keys.",
-        complexity: "O(N) where N is the number of keys to set.",
-    },
-    Spec {
-        name: "del",
-        id: Cmd::Del,
-        arity: -2,
-        flags: &["write"],
-        first_key: 1,
-        last_key: -1,
-        step: 1,
-        acl: &["@keyspace", "@write", "@slow"],
-        key_specs: KEYS_RM,
-        group: "generic",
-        since: "1.0.0",
-        summary: "Deletes one or more keys.",
-        complexity: "O(N) where N is the number of keys that will be removed.",
-    },
-    Spec {
-        name: "exists",
-        id: Cmd::Exists,
-        arity: -2,
-        flags: &["readonly", "fast"],
-        first_key: 1,
-        last_key: -1,
-        step: 1,
-        acl: &["@keyspace", "@read", "@fast"],
-        key_specs: KEYS_RO,
-        group: "generic",
-        since: "1.0.0",
-        summary: "Determines whether one or more keys exist.",
-        complexity: "O(N) where N is the number of keys to check.",
-    },
-    Spec {
-        name: "expire",
-        id: Cmd::Expire,
-        arity: -3,
-        flags: &["write", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@keyspace", "@write", "@fast"],
-        key_specs: KEY_RW_UPDATE,
-        group: "generic",
-        since: "1.0.0",
-        summary: "Sets the expiration time of a key in seconds.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "pexpire",
-        id: Cmd::Pexpire,
-        arity: -3,
-        flags: &["write", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@keyspace", "@write", "@fast"],
-        key_specs: KEY_RW_UPDATE,
-        group: "generic",
-        since: "2.6.0",
-        summary: "Sets the expiration time of a key in milliseconds.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "persist",
-        id: Cmd::Persist,
-        arity: 2,
-        flags: &["write", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@keyspace", "@write", "@fast"],
-        key_specs: KEY_RW_UPDATE,
-        group: "generic",
-        since: "2.2.0",
-        summary: "Removes the expiration time of a key.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "ttl",
-        id: Cmd::Ttl,
-        arity: 2,
-        flags: &["readonly", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@keyspace", "@read", "@fast"],
-        key_specs: KEY_RO,
-        group: "generic",
-        since: "1.0.0",
-        summary: "Returns the expiration time in seconds of a key.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "pttl",
-        id: Cmd::Pttl,
-        arity: 2,
-        flags: &["readonly", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@keyspace", "@read", "@fast"],
-        key_specs: KEY_RO,
-        group: "generic",
-        since: "2.6.0",
-        summary: "Returns the expiration time in milliseconds of a key.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "incr",
-        id: Cmd::Incr,
-        arity: 2,
-        flags: &["write", "denyoom", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@fast"],
-        key_specs: KEY_RW_UPDATE,
-        group: "string",
-        since: "1.0.0",
-        summary: "Increments the integer value of a key by one. Uses 0 as initial value if the key doesn't exist.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "decr",
-        id: Cmd::Decr,
-        arity: 2,
-        flags: &["write", "denyoom", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@fast"],
-        key_specs: KEY_RW_UPDATE,
-        group: "string",
-        since: "1.0.0",
-        summary: "Decrements the integer value of a key by one. Uses 0 as initial value if the key doesn't exist.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "incrby",
-        id: Cmd::Incrby,
-        arity: 3,
-        flags: &["write", "denyoom", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@fast"],
-        key_specs: KEY_RW_UPDATE,
-        group: "string",
-        since: "1.0.0",
-        summary: "Increments the integer value of a key by a number. Uses 0 as initial value if the key doesn't exist.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "decrby",
-        id: Cmd::Decrby,
-        arity: 3,
-        flags: &["write", "denyoom", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@fast"],
-        key_specs: KEY_RW_UPDATE,
-        group: "string",
-        since: "1.0.0",
-        summary: "Decrements a number from the integer value of a key. Uses 0 as initial value if the key doesn't exist.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "strlen",
-        id: Cmd::Strlen,
-        arity: 2,
-        flags: &["readonly", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@read", "@string", "@fast"],
-        key_specs: KEY_RO,
-        group: "string",
-        since: "2.2.0",
-        summary: "Returns the length of a string value.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "ping",
-        id: Cmd::Ping,
-        arity: -1,
-        flags: &["fast", "sentinel"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@fast", "@connection"],
-        key_specs: NO_KEYS,
-        group: "connection",
-        since: "1.0.0",
-        summary: "Returns the server's liveliness response.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "echo",
-        id: Cmd::Echo,
-        arity: 2,
-        flags: &["fast"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@fast", "@connection"],
-        key_specs: NO_KEYS,
-        group: "connection",
-        since: "1.0.0",
-        summary: "Returns the given string.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "auth",
-        id: Cmd::Auth,
-        arity: -2,
-        flags: &["noscript", "loading", "stale", "fast", "no_auth", "sentinel", "allow_busy"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@fast", "@connection"],
-        key_specs: NO_KEYS,
-        group: "connection",
-        since: "1.0.0",
-        summary: "Authenticates the connection.",
-        complexity: "O(N) where N is the number of passwords defined for the user",
-    },
-    Spec {
-        name: "select",
-        id: Cmd::Select,
-        arity: 2,
-        flags: &["loading", "stale", "fast"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@fast", "@connection"],
-        key_specs: NO_KEYS,
-        group: "connection",
-        since: "1.0.0",
-        summary: "Changes the selected database.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "dbsize",
-        id: Cmd::Dbsize,
-        arity: 1,
-        flags: &["readonly", "fast"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@keyspace", "@read", "@fast"],
-        key_specs: NO_KEYS,
-        group: "server",
-        since: "1.0.0",
-        summary: "Returns the number of keys in the database.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "info",
-        id: Cmd::Info,
-        arity: -1,
-        flags: &["loading", "stale", "sentinel"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@slow", "@dangerous"],
-        key_specs: NO_KEYS,
-        group: "server",
-        since: "1.0.0",
-        summary: "Returns information and statistics about the server.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "config",
-        id: Cmd::Config,
-        arity: -2,
-        flags: &[],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@slow"],
-        key_specs: NO_KEYS,
-        group: "server",
-        since: "2.0.0",
-        summary: "A container for server configuration commands.",
-        complexity: "Depends on subcommand.",
-    },
-    Spec {
-        name: "command",
-        id: Cmd::Command,
-        arity: -1,
-        flags: &["loading", "stale", "sentinel"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@slow", "@connection"],
-        key_specs: NO_KEYS,
-        group: "server",
-        since: "2.8.13",
-        summary: "Returns detailed information about all commands.",
-        complexity: "O(N) where N is the total number of Redis commands",
-    },
-    Spec {
-        name: "client",
-        id: Cmd::Client,
-        arity: -2,
-        flags: &["sentinel"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@slow"],
-        key_specs: NO_KEYS,
-        group: "connection",
-        since: "2.4.0",
-        summary: "A container for client connection commands.",
-        complexity: "Depends on subcommand.",
-    },
-    Spec {
-        name: "quit",
-        id: Cmd::Quit,
-        arity: -1,
-        flags: &["allow_busy", "noscript", "loading", "stale", "fast", "no_auth"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@fast", "@connection"],
-        key_specs: NO_KEYS,
-        group: "connection",
-        since: "1.0.0",
-        summary: "Closes the connection.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "hello",
-        id: Cmd::Hello,
-        arity: -1,
-        flags: &["noscript", "loading", "stale", "fast", "no_auth", "sentinel", "allow_busy"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@fast", "@connection"],
-        key_specs: NO_KEYS,
-        group: "connection",
-        since: "6.0.0",
-        summary: "Handshakes with the Redis server.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "flushdb",
-        id: Cmd::Flushdb,
-        arity: -1,
-        flags: &["write"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@keyspace", "@write", "@slow", "@dangerous"],
-        key_specs: NO_KEYS,
-        group: "server",
-        since: "1.0.0",
-        summary: "Removes every key of the selected database.",
-        complexity: "O(N) in the keys removed",
-    },
-    Spec {
-        name: "flushall",
-        id: Cmd::Flushall,
-        arity: -1,
-        flags: &["write"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@keyspace", "@write", "@slow", "@dangerous"],
-        key_specs: NO_KEYS,
-        group: "server",
-        since: "1.0.0",
-        summary: "Removes every key of every in-memory database.",
-        complexity: "O(N) in the keys removed",
-    },
-    Spec {
-        name: "setex",
-        id: Cmd::Setex,
-        arity: 4,
-        flags: &["write", "denyoom"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@slow"],
-        key_specs: KEY_OW_UPDATE,
-        group: "string",
-        since: "2.0.0",
-        summary: "Sets a key's value and its expiry in seconds.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "psetex",
-        id: Cmd::Psetex,
-        arity: 4,
-        flags: &["write", "denyoom"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@slow"],
-        key_specs: KEY_OW_UPDATE,
-        group: "string",
-        since: "2.6.0",
-        summary: "Sets a key's value and its expiry in milliseconds.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "setnx",
-        id: Cmd::Setnx,
-        arity: 3,
-        flags: &["write", "denyoom", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@fast"],
-        key_specs: KEY_OW_INSERT,
-        group: "string",
-        since: "1.0.0",
-        summary: "Sets a key's value only when the key is absent.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "msetnx",
-        id: Cmd::Msetnx,
-        arity: -3,
-        flags: &["write", "denyoom"],
-        first_key: 1,
-        last_key: -1,
-        step: 2,
-        acl: &["@write", "@string", "@slow"],
-        key_specs: PAIRS_OW_INSERT,
-        group: "string",
-        since: "1.0.1",
-        summary: "Sets several keys only when none of them exists.",
-        complexity: "O(N) in the keys set",
-    },
-    Spec {
-        name: "getex",
-        id: Cmd::Getex,
-        arity: -2,
-        flags: &["write", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@fast"],
-        key_specs: KEY_RW_UPDATE,
-        group: "string",
-        since: "6.2.0",
-        summary: "Returns a key's value and changes its expiry.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "getdel",
-        id: Cmd::Getdel,
-        arity: 2,
-        flags: &["write", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@fast"],
-        key_specs: KEY_RW_DELETE,
-        group: "string",
-        since: "6.2.0",
-        summary: "Returns a key's value and deletes the key.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "getset",
-        id: Cmd::Getset,
-        arity: 3,
-        flags: &["write", "denyoom", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@fast"],
-        key_specs: KEY_RW_UPDATE,
-        group: "string",
-        since: "1.0.0",
-        summary: "Sets a key's value and returns the previous one.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "append",
-        id: Cmd::Append,
-        arity: 3,
-        flags: &["write", "denyoom", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@fast"],
-        key_specs: KEY_RW_INSERT,
-        group: "string",
-        since: "2.0.0",
-        summary: "Appends to a key's value, creating the key when absent.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "getrange",
-        id: Cmd::Getrange,
-        arity: 4,
-        flags: &["readonly"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@read", "@string", "@slow"],
-        key_specs: KEY_RO,
-        group: "string",
-        since: "2.4.0",
-        summary: "Returns a range of a key's value.",
-        complexity: "O(N) in the bytes returned",
-    },
-    Spec {
-        name: "substr",
-        id: Cmd::Substr,
-        arity: 4,
-        flags: &["readonly"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@read", "@string", "@slow"],
-        key_specs: KEY_RO,
-        group: "string",
-        since: "1.0.0",
-        summary: "Returns a range of a key's value (old name of GETRANGE).",
-        complexity: "O(N) in the bytes returned",
-    },
-    Spec {
-        name: "setrange",
-        id: Cmd::Setrange,
-        arity: 4,
-        flags: &["write", "denyoom"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@slow"],
-        key_specs: KEY_RW_UPDATE_ONLY,
-        group: "string",
-        since: "2.2.0",
-        summary: "Overwrites part of a key's value from an offset.",
-        complexity: "O(1) plus the bytes written",
-    },
-    Spec {
-        name: "incrbyfloat",
-        id: Cmd::Incrbyfloat,
-        arity: 3,
-        flags: &["write", "denyoom", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@write", "@string", "@fast"],
-        key_specs: KEY_RW_UPDATE,
-        group: "string",
-        since: "2.6.0",
-        summary: "Adds a floating-point number to a key's value.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "lcs",
-        id: Cmd::Lcs,
-        arity: -3,
-        flags: &["readonly"],
-        first_key: 1,
-        last_key: 2,
-        step: 1,
-        acl: &["@read", "@string", "@slow"],
-        key_specs: TWO_KEYS_RO,
-        group: "string",
-        since: "7.0.0",
-        summary: "Finds the longest common subsequence of two keys' values.",
-        complexity: "O(N*M) in the two lengths",
-    },
-    Spec {
-        name: "expireat",
-        id: Cmd::Expireat,
-        arity: -3,
-        flags: &["write", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@keyspace", "@write", "@fast"],
-        key_specs: KEY_RW_UPDATE,
-        group: "generic",
-        since: "1.2.0",
-        summary: "Sets a key's expiry to a Unix time in seconds.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "pexpireat",
-        id: Cmd::Pexpireat,
-        arity: -3,
-        flags: &["write", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@keyspace", "@write", "@fast"],
-        key_specs: KEY_RW_UPDATE,
-        group: "generic",
-        since: "2.6.0",
-        summary: "Sets a key's expiry to a Unix time in milliseconds.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "expiretime",
-        id: Cmd::Expiretime,
-        arity: 2,
-        flags: &["readonly", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@keyspace", "@read", "@fast"],
-        key_specs: KEY_RO,
-        group: "generic",
-        since: "7.0.0",
-        summary: "Returns a key's expiry as a Unix time in seconds.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "pexpiretime",
-        id: Cmd::Pexpiretime,
-        arity: 2,
-        flags: &["readonly", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@keyspace", "@read", "@fast"],
-        key_specs: KEY_RO,
-        group: "generic",
-        since: "7.0.0",
-        summary: "Returns a key's expiry as a Unix time in milliseconds.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "touch",
-        id: Cmd::Touch,
-        arity: -2,
-        flags: &["readonly", "fast"],
-        first_key: 1,
-        last_key: -1,
-        step: 1,
-        acl: &["@keyspace", "@read", "@fast"],
-        key_specs: KEYS_RO,
-        group: "generic",
-        since: "3.2.1",
-        summary: "Counts the given keys that exist (and marks them used).",
-        complexity: "O(N) in the keys given",
-    },
-    Spec {
-        name: "unlink",
-        id: Cmd::Unlink,
-        arity: -2,
-        flags: &["write", "fast"],
-        first_key: 1,
-        last_key: -1,
-        step: 1,
-        acl: &["@keyspace", "@write", "@fast"],
-        key_specs: KEYS_RM,
-        group: "generic",
-        since: "4.0.0",
-        summary: "Deletes keys.",
-        complexity: "O(N) in the keys given",
-    },
-    Spec {
-        name: "type",
-        id: Cmd::Type,
-        arity: 2,
-        flags: &["readonly", "fast"],
-        first_key: 1,
-        last_key: 1,
-        step: 1,
-        acl: &["@keyspace", "@read", "@fast"],
-        key_specs: KEY_RO,
-        group: "generic",
-        since: "1.0.0",
-        summary: "Returns the type of a key's value.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "rename",
-        id: Cmd::Rename,
-        arity: 3,
-        flags: &["write"],
-        first_key: 1,
-        last_key: 2,
-        step: 1,
-        acl: &["@keyspace", "@write", "@slow"],
-        key_specs: MOVE_KEYS,
-        group: "generic",
-        since: "1.0.0",
-        summary: "Renames a key, replacing the destination.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "renamenx",
-        id: Cmd::Renamenx,
-        arity: 3,
-        flags: &["write", "fast"],
-        first_key: 1,
-        last_key: 2,
-        step: 1,
-        acl: &["@keyspace", "@write", "@fast"],
-        key_specs: MOVE_KEYS_NX,
-        group: "generic",
-        since: "1.0.0",
-        summary: "Renames a key only when the new name is free.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "copy",
-        id: Cmd::Copy,
-        arity: -3,
-        flags: &["write", "denyoom"],
-        first_key: 1,
-        last_key: 2,
-        step: 1,
-        acl: &["@keyspace", "@write", "@slow"],
-        key_specs: COPY_KEYS,
-        group: "generic",
-        since: "6.2.0",
-        summary: "Copies a key's value to another key.",
-        complexity: "O(1) for a string value",
-    },
-    Spec {
-        name: "keys",
-        id: Cmd::Keys,
-        arity: 2,
-        flags: &["readonly"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@keyspace", "@read", "@slow", "@dangerous"],
-        key_specs: NO_KEYS,
-        group: "generic",
-        since: "1.0.0",
-        summary: "Returns every key matching a pattern.",
-        complexity: "O(N) in the keys stored",
-    },
-    Spec {
-        name: "scan",
-        id: Cmd::Scan,
-        arity: -2,
-        flags: &["readonly"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@keyspace", "@read", "@slow"],
-        key_specs: NO_KEYS,
-        group: "generic",
-        since: "2.8.0",
-        summary: "Iterates over the keys, a few per call.",
-        complexity: "O(1) per call, O(N) for a full iteration",
-    },
-    Spec {
-        name: "randomkey",
-        id: Cmd::Randomkey,
-        arity: 1,
-        flags: &["readonly"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@keyspace", "@read", "@slow"],
-        key_specs: NO_KEYS,
-        group: "generic",
-        since: "1.0.0",
-        summary: "Returns a key chosen at random.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "multi",
-        id: Cmd::Multi,
-        arity: 1,
-        flags: &["noscript", "loading", "stale", "fast", "allow_busy"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@fast", "@transaction"],
-        key_specs: NO_KEYS,
-        group: "transactions",
-        since: "1.2.0",
-        summary: "Starts a transaction.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "exec",
-        id: Cmd::Exec,
-        arity: 1,
-        flags: &["noscript", "loading", "stale", "skip_slowlog"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@slow", "@transaction"],
-        key_specs: NO_KEYS,
-        group: "transactions",
-        since: "1.2.0",
-        summary: "Runs the commands queued since MULTI, all at once.",
-        complexity: "The sum of the queued commands'",
-    },
-    Spec {
-        name: "discard",
-        id: Cmd::Discard,
-        arity: 1,
-        flags: &["noscript", "loading", "stale", "fast", "allow_busy"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@fast", "@transaction"],
-        key_specs: NO_KEYS,
-        group: "transactions",
-        since: "2.0.0",
-        summary: "Drops the commands queued since MULTI.",
-        complexity: "O(N) in the queued commands",
-    },
-    Spec {
-        name: "watch",
-        id: Cmd::Watch,
-        arity: -2,
-        flags: &["noscript", "loading", "stale", "fast", "allow_busy"],
-        first_key: 1,
-        last_key: -1,
-        step: 1,
-        acl: &["@fast", "@transaction"],
-        key_specs: KEYS_RO,
-        group: "transactions",
-        since: "2.2.0",
-        summary: "Makes the next EXEC fail if any of these keys changes first.",
-        complexity: "O(1) per key",
-    },
-    Spec {
-        name: "unwatch",
-        id: Cmd::Unwatch,
-        arity: 1,
-        flags: &["noscript", "loading", "stale", "fast", "allow_busy"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@fast", "@transaction"],
-        key_specs: NO_KEYS,
-        group: "transactions",
-        since: "2.2.0",
-        summary: "Forgets every key WATCH recorded.",
-        complexity: "O(1)",
-    },
-    Spec {
-        name: "time",
-        id: Cmd::Time,
-        arity: 1,
-        flags: &["loading", "stale", "fast"],
-        first_key: 0,
-        last_key: 0,
-        step: 0,
-        acl: &["@fast"],
-        key_specs: NO_KEYS,
-        group: "server",
-        since: "2.6.0",
-        summary: "Returns the server time.",
-        complexity: "O(1)",
-    },
-];
-
 /// Commands in the table at most: per-command counters are indexed by a
 /// command's place in it.
 pub(super) const COMMANDS_MAX: usize = 64;
 
 const _: () = assert!(COMMANDS.len() <= COMMANDS_MAX);
-
-/// Redis 7's command tips (COMMAND INFO's eighth field) for the commands
-/// that have any: how a cluster client routes them and whether their
-/// output is deterministic.
-pub(super) fn tips(id: Cmd) -> &'static [&'static str] {
-    match id {
-        Cmd::Mget => &["request_policy:multi_shard"],
-        Cmd::Mset => &[
-            "request_policy:multi_shard",
-            "response_policy:all_succeeded",
-        ],
-        Cmd::Del | Cmd::Exists | Cmd::Touch | Cmd::Unlink => {
-            &["request_policy:multi_shard", "response_policy:agg_sum"]
-        }
-        Cmd::Msetnx => &["request_policy:multi_shard", "response_policy:agg_min"],
-        Cmd::Ttl | Cmd::Pttl | Cmd::Time => &["nondeterministic_output"],
-        Cmd::Ping | Cmd::Flushdb | Cmd::Flushall => {
-            &["request_policy:all_shards", "response_policy:all_succeeded"]
-        }
-        Cmd::Dbsize => &["request_policy:all_shards", "response_policy:agg_sum"],
-        Cmd::Info => &[
-            "nondeterministic_output",
-            "request_policy:all_shards",
-            "response_policy:special",
-        ],
-        Cmd::Command => &["nondeterministic_output_order"],
-        Cmd::Keys => &["request_policy:all_shards", "nondeterministic_output_order"],
-        Cmd::Scan => &["nondeterministic_output", "request_policy:special"],
-        Cmd::Randomkey => &["request_policy:all_shards", "nondeterministic_output"],
-        _ => &[],
-    }
-}
 
 pub(super) fn lookup(name: &[u8]) -> Option<&'static Spec> {
     lookup_index(name).and_then(|i| COMMANDS.get(i))

@@ -27,8 +27,19 @@ use fabrickv_types::KeyHash;
 use super::args::{storable_key, Args};
 use super::conn::{After, ConnState};
 use super::exec::Exec;
-use super::table::{Cmd, Spec};
+use super::table::{spec, Cmd, Spec, KEYS_RO, NO_KEYS};
 use super::txn_state::{Txn, Watched};
+
+/// What COMMAND reports about the commands in this file (MULTI, EXEC, DISCARD, WATCH, UNWATCH),
+/// with Redis 7's values; `table` gathers every file's into the table.
+#[rustfmt::skip]
+pub(super) const SPECS: &[Spec] = &[
+    spec! { "multi" Multi 1 ["noscript", "loading", "stale", "fast", "allow_busy"] (0, 0, 0) ["@fast", "@transaction"] NO_KEYS "transactions" "1.2.0" "O(1)" "Starts a transaction." [] },
+    spec! { "exec" Exec 1 ["noscript", "loading", "stale", "skip_slowlog"] (0, 0, 0) ["@slow", "@transaction"] NO_KEYS "transactions" "1.2.0" "The sum of the queued commands'" "Runs the commands queued since MULTI, all at once." [] },
+    spec! { "discard" Discard 1 ["noscript", "loading", "stale", "fast", "allow_busy"] (0, 0, 0) ["@fast", "@transaction"] NO_KEYS "transactions" "2.0.0" "O(N) in the queued commands" "Drops the commands queued since MULTI." [] },
+    spec! { "watch" Watch -2 ["noscript", "loading", "stale", "fast", "allow_busy"] (1, -1, 1) ["@fast", "@transaction"] KEYS_RO "transactions" "2.2.0" "O(1) per key" "Makes the next EXEC fail if any of these keys changes first." [] },
+    spec! { "unwatch" Unwatch 1 ["noscript", "loading", "stale", "fast", "allow_busy"] (0, 0, 0) ["@fast", "@transaction"] NO_KEYS "transactions" "2.2.0" "O(1)" "Forgets every key WATCH recorded." [] },
+];
 
 /// Most commands one transaction may queue; one more discards it.
 pub(super) const TXN_QUEUED_COMMANDS_MAX: usize = 100_000;

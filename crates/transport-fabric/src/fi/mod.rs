@@ -535,7 +535,7 @@ impl Core {
     /// send to it is outstanding ([`Core::sending_to`]): the `shm`
     /// provider unmaps the peer's region here, and an outstanding send's
     /// completion would then lock memory that is gone (SIGSEGV in
-    /// `pthread_spin_trylock`, issue 28 fault 3).
+    /// `pthread_spin_trylock`; `cli --test fabric_shm`).
     pub fn remove(&mut self, addr: u64) {
         let mut a = addr;
         // SAFETY: a is an address this AV returned.

@@ -13,6 +13,7 @@ use std::time::Instant;
 use fabrickv_types::limits::CONN_SEND_QUEUE_BYTES_MAX;
 use mio::net::TcpStream;
 
+use crate::idle::Activity;
 use crate::{Reply, SharedBytes};
 
 /// Bytes asked of each `read` call: large enough for a deep pipeline of
@@ -46,7 +47,7 @@ pub const SPLICE_PART_BYTES_MIN: usize = 32 * 1024;
 /// pipe only means more `vmsplice` calls per part.
 const SPLICE_PIPE_BYTES: usize = 1 << 20;
 
-pub(super) struct Conn {
+pub(crate) struct Conn {
     pub(super) stream: TcpStream,
     /// The peer has shut down its sending side (FIN seen by epoll): keep
     /// reading until `read` returns 0 even after a short read, since no
@@ -75,11 +76,8 @@ pub(super) struct Conn {
     pub(super) paused: bool,
     /// When a partial message first sat in `inbuf`.
     pub(super) partial_since: Option<Instant>,
-    /// Bytes arrived since the port's last idle check.
-    pub(super) active: bool,
-    /// When the port's idle check last found bytes arrived (or the
-    /// connection opened).
-    pub(super) active_at: Instant,
+    /// When bytes last arrived, as the port's idle check reads it.
+    pub(super) activity: Activity,
     /// The pipe large shared parts are spliced through.
     pipe: SplicePipe,
     /// Bytes of the queue, from what is written on, in the pipe and not
@@ -171,8 +169,7 @@ impl Conn {
             queued: true,
             paused: false,
             partial_since: None,
-            active: false,
-            active_at: Instant::now(),
+            activity: Activity::new(Instant::now()),
             pipe: SplicePipe::Untried,
             piped: 0,
             spliced: 0,

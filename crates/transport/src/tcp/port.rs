@@ -34,7 +34,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::conn_datapath::{Conn, ConnReply, READ_CHUNK_BYTES};
 use crate::framing::{self, Next, PREFIX_BYTES};
-use crate::idle::{IdleBoard, IdleConns};
+use crate::idle::{IdleBoard, IdleConns, IdleWatch};
 use crate::{ConnId, MessageHandler, PortStats, Result, TransportError, Waker, WorkerPort};
 
 const WAKER: Token = Token(usize::MAX);
@@ -74,13 +74,8 @@ pub(crate) struct TcpPort {
     open: Arc<AtomicUsize>,
     stats: PortStats,
     last_stall_check: Instant,
-    /// Connections silent this long with nothing in flight are closed.
-    idle_timeout: Option<Duration>,
-    /// Where this port (the index) reports its longest-idle connection
-    /// and takes evictions at the connection cap.
-    idle_board: Option<(Arc<IdleBoard>, usize)>,
-    /// The last report to the board named an idle connection.
-    reported_idle: bool,
+    /// The idle timeout and this port's place on the listener's board.
+    idle: IdleWatch,
 }
 
 impl TcpPort {
@@ -100,9 +95,7 @@ impl TcpPort {
             open,
             stats: PortStats::default(),
             last_stall_check: Instant::now(),
-            idle_timeout: None,
-            idle_board: None,
-            reported_idle: false,
+            idle: IdleWatch::new(),
         };
         Ok((port, Handoff { tx, waker }))
     }
@@ -131,14 +124,7 @@ impl TcpPort {
             self.ready.push(slot);
             self.stats.conns_accepted += 1;
             self.stats.conns_open += 1;
-            // A burst of connections up to the cap must not wait for the
-            // next idle check before one of them can make way.
-            if let Some((board, me)) = &self.idle_board {
-                if !self.reported_idle {
-                    board.report(*me, Some(Instant::now()));
-                    self.reported_idle = true;
-                }
-            }
+            self.idle.opened();
         }
     }
 
@@ -182,13 +168,7 @@ impl TcpPort {
 
     /// Reports to, and takes evictions from, `board` as port `index`.
     pub(super) fn set_idle_board(&mut self, board: Arc<IdleBoard>, index: usize) {
-        self.idle_board = Some((board, index));
-    }
-
-    /// When `c` last saw bytes, if it has nothing in flight.
-    fn idle_since(c: &Conn) -> Option<Instant> {
-        let in_flight = c.active || c.in_head != c.in_tail || c.pending() > 0;
-        (!in_flight).then_some(c.active_at)
+        self.idle.set_board(board, index);
     }
 
     fn check_stalls(&mut self, now: Instant) {
@@ -199,7 +179,7 @@ impl TcpPort {
         }
         self.last_stall_check = now;
         let limit = Duration::from_millis(PARTIAL_MESSAGE_TIMEOUT_MS);
-        self.close_idle_past(now, self.idle_timeout);
+        self.close_idle_past(now);
         for slot in 0..self.conns.len() {
             let stalled = self.conns[slot]
                 .as_ref()
@@ -211,7 +191,7 @@ impl TcpPort {
                 self.close(slot);
             }
         }
-        self.reported_idle = self.report_idle();
+        self.report_idle();
     }
 
     /// Reads and handles one connection; returns messages handled and
@@ -244,7 +224,7 @@ impl TcpPort {
                 Ok(0) => closed = true,
                 Ok(n) => {
                     c.in_tail = len + n;
-                    c.active = true;
+                    c.activity.touch();
                     // A short read drained the socket: the next byte brings a new edge.
                     c.readable = n == READ_CHUNK_BYTES || c.read_closed;
                 }
@@ -339,32 +319,7 @@ impl TcpPort {
     }
 }
 
-impl IdleConns for TcpPort {
-    fn idle_board(&self) -> Option<&(Arc<IdleBoard>, usize)> {
-        self.idle_board.as_ref()
-    }
-
-    fn slots(&self) -> usize {
-        self.conns.len()
-    }
-
-    fn slot_idle_since(&self, slot: usize) -> Option<Instant> {
-        Self::idle_since(self.conns.get(slot)?.as_ref()?)
-    }
-
-    fn close_for_idleness(&mut self, slot: usize) {
-        self.stats.conns_closed_timeout += 1;
-        self.close(slot);
-    }
-
-    fn note_activity(&mut self, slot: usize, now: Instant) {
-        if let Some(c) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) {
-            if std::mem::take(&mut c.active) {
-                c.active_at = now;
-            }
-        }
-    }
-}
+crate::idle_conns!(TcpPort, Conn, |c| c.in_head != c.in_tail || c.pending() > 0);
 
 impl WorkerPort for TcpPort {
     fn poll(&mut self, max: usize, handler: &mut MessageHandler<'_>) -> Result<usize> {
@@ -429,7 +384,7 @@ impl WorkerPort for TcpPort {
     }
 
     fn set_idle_timeout(&mut self, timeout: Option<Duration>) {
-        self.idle_timeout = timeout;
+        self.idle.set_timeout(timeout);
     }
 
     fn waker(&self) -> Waker {

@@ -124,7 +124,7 @@ pub const STREAM_VERSION: u32 = 1;
 /// Bytes of an encoded [`Digest`].
 pub const DIGEST_BYTES: usize = 32;
 
-/// A copy session's state, named as the XDP-Rocks replicator (the copy
+/// A copy session's state, named as the RocksDB shard replicator (the copy
 /// tool FabricKV's copy replaces) names them, so its operators' scripts
 /// read the same words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

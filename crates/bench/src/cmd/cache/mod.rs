@@ -1,4 +1,4 @@
-//! `fabrickv bench cache`: the original kv-bench's KV-cache read benchmark
+//! `fabrickv bench cache`: kv-bench's KV-cache read benchmark
 //! (write the keys, warm up, read them with several threads, time single
 //! GETs) in its output format, plus the latency of the GETs under load
 //! and, with `--compare` (`compare`), the same reads from redis-server
@@ -21,7 +21,7 @@ use crate::cache::{
     self, format_bytes, mb_per_s, LatencyStats, ReadOpts, ReadResult, WriteResult, LATENCY_SAMPLES,
 };
 
-/// The rule of the original kv-bench's box.
+/// The rule of kv-bench's box.
 const RULE: &str = "==============================================";
 
 #[derive(Args)]
@@ -58,7 +58,7 @@ pub struct CacheArgs {
     /// Workers of a started server.
     #[arg(long, default_value_t = 1)]
     server_workers: usize,
-    /// First client id (the original kv-bench numbers its clients from it). The
+    /// First client id (kv-bench numbers its clients from it). The
     /// data plane needs no id, so here it only seeds the readers' random
     /// keys (thread t uses base + t) and is reported.
     #[arg(long, default_value_t = 100)]
@@ -70,7 +70,7 @@ pub struct CacheArgs {
     /// GETs each reader keeps in flight in the read phase: it reads its
     /// keys in batches of this many, every request sent before the first
     /// reply is read (one `get_many_at`; Redis's GETs pipelined as deep).
-    /// 1 is the original kv-bench's one GET at a time. A batch must fit the buffer.
+    /// 1 is kv-bench's one GET at a time. A batch must fit the buffer.
     #[arg(long, default_value_t = 1)]
     depth: usize,
     /// Also print one JSON line per result.
@@ -84,7 +84,7 @@ pub struct CacheArgs {
     /// With --compare: measure FabricKV's read phase, Redis's and the
     /// limits this many times, taking turns, and judge the targets by the
     /// median of the rounds' ratios, so that the machine's drift during
-    /// the run falls on every side alike. The original kv-bench's report shows the
+    /// the run falls on every side alike. kv-bench's report shows the
     /// first round.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
@@ -453,7 +453,7 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_the_original_kv_benchs() {
+    fn defaults_are_kv_benchs() {
         let a = parse(&[]);
         assert_eq!(
             (a.num_keys, a.num_threads, a.buffer_mb, a.warmup, a.ttl),
