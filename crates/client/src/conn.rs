@@ -4,14 +4,14 @@
 //! The kv ([`crate::Client`]), ps, cache and shard clients each hold a
 //! [`Sessions`]: it owns their request ids, their requests in flight (in
 //! request order, which it checks), their credits and their waits for a
-//! deadline; [`fabrickv_rpc::worker`] picks the worker a key or a client
+//! deadline; [`fabrickv_rpc::placement`] picks the worker a key or a client
 //! goes to. What is here is what they share on top of it: the handshake
 //! (HELLO), the connect by turn, the control replies, and the mapping of
 //! the layer's errors and the server's refusals to [`ClientError`].
 
 use std::time::{Duration, Instant};
 
-use fabrickv_rpc::worker::Turns;
+use fabrickv_rpc::placement::Turns;
 use fabrickv_rpc::{RpcError, Sessions};
 use fabrickv_transport::{Dial, Endpoint};
 use fabrickv_types::ErrorCode;

@@ -28,7 +28,7 @@ mod reply;
 
 use std::time::Duration;
 
-use fabrickv_rpc::worker::Turns;
+use fabrickv_rpc::placement::Turns;
 use fabrickv_rpc::Sessions;
 use fabrickv_transport::{Endpoint, RemoteRegion};
 use fabrickv_types::limits::{
