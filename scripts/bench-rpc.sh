@@ -3,7 +3,8 @@
 # clients on CPU 1, a latency run (1 in flight) and a throughput run, on
 # every transport this build has, with the comparison rows (raw TCP
 # ping-pong, tonic gRPC unary, raw libfabric) measured in the same run;
-# then each batching knob and the two affinities on their own.
+# then each batching knob of the worker loop and the two affinities on
+# their own.
 set -euo pipefail
 BIN=${BIN:-target/release/fabrickv}
 D=${DURATION:-5}
@@ -21,19 +22,10 @@ else
 fi
 for t in shm tcp; do
   echo "## knobs ($t, throughput run, 32 in flight)"
-  for knobs in "--poll-burst 64 --batched-send true" "--poll-burst 64 --batched-send false" "--poll-burst 1 --batched-send false"; do
+  for knobs in "--poll-burst 4 --batched-send true" "--poll-burst 64 --batched-send true" "--poll-burst 64 --batched-send false" "--poll-burst 1 --batched-send false"; do
     echo "# $knobs"
     # shellcheck disable=SC2086
     "$BIN" bench rpc --transport "$t" "${common[@]}" --runs throughput $knobs
-  done
-done
-echo "## inline responses vs out of line (one-sided write into the client's reply slot)"
-for t in shm fabric; do
-  if [ "$t" = fabric ] && ! "$BIN" bench rpc --transport fabric --provider shm --duration 0.1 --report-every 0 >/dev/null 2>&1; then continue; fi
-  for im in "" "--inline-max 0"; do
-    echo "# $t ${im:-inline}"
-    # shellcheck disable=SC2086
-    "$BIN" bench rpc --transport "$t" --provider shm "${common[@]}" $im
   done
 done
 echo "## affinity (tcp, 2 server threads, 4 client threads)"

@@ -1,24 +1,31 @@
-//! `fabrickv bench rpc`: echo RPCs over any transport, reported in the
-//! original RPC benchmark's table (name, ops/s, fast, ave, p50, p99) every few seconds and
-//! at the end, for a latency run (one request in flight) and a throughput
-//! run (many client threads, many requests in flight each).
+//! `fabrickv bench rpc`: echo requests over any transport, through the
+//! product's own request layer: workers of `fabrickv_rpc::worker` with the
+//! echo service registered, ECHO frames of `fabrickv-wire` with their
+//! 32-byte header, and client [`Sessions`], as every FabricKV client and
+//! server runs. Reported in the RPC table (name, ops/s, fast, ave, p50,
+//! p99) every few seconds and at the end, for a latency run (one request
+//! in flight) and a throughput run (many client threads, many requests in
+//! flight each).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fabrickv_rpc::placement::modulo;
+use fabrickv_rpc::session::Framing;
 use fabrickv_rpc::{
-    Affinity, Handlers, RpcClient, RpcClientConfig, RpcServer, RpcStatus, ServerKnobs,
-    RPC_HEADER_BYTES,
+    EchoService, LoopKnobs, RpcError, Service, Serving, Session, Sessions, StatsService, Worker,
 };
+use fabrickv_types::limits::FRAME_HEADER_BYTES;
+use fabrickv_wire::echo::encode_echo;
+use fabrickv_wire::{decode_frame, FrameHeader, FrameKind};
 use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 use crate::report::{
     latency_histogram, print_table, BenchResult, LatencySummary, RPC_TABLE_HEADER,
 };
-
-/// The echo request type the benchmark server registers.
-pub const ECHO: u16 = 1;
 
 /// How often a client thread hands its samples to the reporter, in ms.
 const MERGE_INTERVAL_MS: u64 = 50;
@@ -26,20 +33,52 @@ const MERGE_INTERVAL_MS: u64 = 50;
 /// How long a client thread busy-polls before blocking, in microseconds.
 pub const CLIENT_SPIN_US: u64 = 200;
 
+/// Longest a client thread waits without any reply before it gives up
+/// the run, in milliseconds: far above any round trip on a loaded
+/// machine, so only a server that stopped answering reaches it.
+pub const CLIENT_STALL_MS: u64 = 10_000;
+
+/// How long one connect may take, in milliseconds.
+const CONNECT_TIMEOUT_MS: u64 = 10_000;
+
+/// Which server worker a request goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Affinity {
+    /// Each request to a random worker (the placement eRPC's benchmarks
+    /// call ThroughputB).
+    Random,
+    /// Every request to worker `client % workers`
+    /// ([`fabrickv_rpc::placement::modulo`], eRPC's ThroughputC): one
+    /// session, no sharing of workers between a client's requests.
+    Modulo,
+}
+
+impl std::str::FromStr for Affinity {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Affinity, String> {
+        match s {
+            "random" => Ok(Affinity::Random),
+            "modulo" => Ok(Affinity::Modulo),
+            _ => Err(format!("unknown affinity {s:?}: expected random or modulo")),
+        }
+    }
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct RpcOpts {
     /// Server address; the transport is its scheme (`tcp://`, `shm://`, ...).
     pub addr: String,
-    /// Server threads (the client needs the count to spread requests).
+    /// Server workers (the client needs the count to spread requests).
     pub server_threads: usize,
     /// Client threads of the throughput run.
     pub client_threads: usize,
     /// Requests in flight per client thread in the throughput run.
     pub in_flight: usize,
-    /// Message size on the wire (RPC header included), bytes.
+    /// Message size on the wire (frame header included), bytes.
     pub msg_size: usize,
-    /// Server thread choice.
+    /// Server worker choice.
     pub affinity: Affinity,
     /// Measured time per run.
     pub duration: Duration,
@@ -47,21 +86,18 @@ pub struct RpcOpts {
     pub report_every: Duration,
     /// CPUs for client threads, round robin.
     pub client_cpus: Vec<usize>,
-    /// Reply slot bytes each client offers for out-of-line responses (0: none).
-    pub reply_slot_bytes: usize,
     /// Labels for the JSON (`transport`, knobs), copied into `params`.
     pub labels: serde_json::Value,
 }
 
-/// An echo server with the given knobs, in this process.
-pub fn echo_server(addr: &str, threads: usize, knobs: ServerKnobs) -> Result<RpcServer, String> {
-    let mut h = Handlers::new();
-    h.register(ECHO, |req, out| {
-        out.extend_from_slice(req);
-        Ok(())
+/// Workers with the echo service (and STATS) registered, looping as
+/// `knobs` say, in this process.
+pub fn echo_server(addr: &str, workers: usize, knobs: LoopKnobs) -> Result<Serving, String> {
+    Serving::start(addr, workers, knobs, |id| {
+        let services: [Box<dyn Service>; 2] = [Box::new(EchoService), Box::new(StatsService)];
+        Worker::new(id).with(services)
     })
-    .map_err(|e| e.to_string())?;
-    RpcServer::start(addr, threads, Arc::new(h), knobs).map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())
 }
 
 /// Samples shared by the client threads of one run.
@@ -86,7 +122,7 @@ pub fn run_case(
         errors: Mutex::new(Vec::new()),
         stop: AtomicBool::new(false),
     });
-    let payload = vec![0xA5u8; opts.msg_size.saturating_sub(RPC_HEADER_BYTES)];
+    let payload = vec![0xA5u8; opts.msg_size.saturating_sub(FRAME_HEADER_BYTES)];
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let (opts, shared, payload) = (opts.clone(), shared.clone(), payload.clone());
@@ -161,6 +197,42 @@ pub fn run_case(
     })
 }
 
+/// The sessions of client thread `t`: one to its worker (`Modulo`), or
+/// one to each worker (`Random`).
+/// The bench's replies are the product's frames: the one reply loop of
+/// [`Sessions`] reads their request id from the 32-byte header.
+enum EchoFrames {}
+
+impl Framing for EchoFrames {
+    type Error = RpcError;
+
+    #[inline]
+    fn reply_id(msg: &[u8]) -> Result<u64, RpcError> {
+        FrameHeader::decode(msg)
+            .map(|h| h.request_id)
+            .map_err(|e| RpcError::Invalid(format!("a reply that is not a frame: {e}")))
+    }
+}
+
+/// A client thread's sessions, its requests tagged with their send time.
+type EchoSessions = Sessions<Instant, EchoFrames>;
+
+fn sessions(t: usize, opts: &RpcOpts, credits: usize) -> Result<EchoSessions, String> {
+    let workers = opts.server_threads.max(1);
+    let chosen: Vec<usize> = match opts.affinity {
+        Affinity::Modulo => vec![modulo(t, workers)],
+        Affinity::Random => (0..workers).collect(),
+    };
+    let timeout = Duration::from_millis(CONNECT_TIMEOUT_MS);
+    let mut list = Vec::with_capacity(chosen.len());
+    for w in chosen {
+        let w = u16::try_from(w).map_err(|_| format!("worker {w} is out of range"))?;
+        let ep = fabrickv_transport::connect(&opts.addr, w, timeout).map_err(|e| e.to_string())?;
+        list.push(Session::new(ep, w));
+    }
+    Ok(Sessions::new(list, credits, timeout))
+}
+
 fn client_thread(
     t: usize,
     opts: &RpcOpts,
@@ -171,39 +243,47 @@ fn client_thread(
     if !opts.client_cpus.is_empty() {
         crate::pin_current_thread(opts.client_cpus[t % opts.client_cpus.len()]);
     }
-    let cfg = RpcClientConfig {
-        credits: in_flight,
-        affinity: opts.affinity,
-        client_id: t,
-        reply_slot_bytes: opts.reply_slot_bytes,
-        ..Default::default()
-    };
-    let mut c =
-        RpcClient::connect(&opts.addr, opts.server_threads, cfg).map_err(|e| e.to_string())?;
+    let mut c = sessions(t, opts, in_flight)?;
+    let mut rng = SmallRng::seed_from_u64(t as u64);
     let mut local = latency_histogram()?;
     let mut last_merge = Instant::now();
     let mut idle_since: Option<Instant> = None;
+    let mut last_reply = Instant::now();
     let mut failure: Option<String> = None;
     while !shared.stop.load(Ordering::Acquire) {
         while c.in_flight() < in_flight {
-            match c.call_async(ECHO, payload) {
+            let s = if c.len() == 1 {
+                0
+            } else {
+                rng.gen_range(0..c.len())
+            };
+            match c.post(s, Instant::now(), |b, id, w| encode_echo(b, id, w, payload)) {
                 Ok(_) => {}
-                Err(fabrickv_rpc::RpcError::NoCredits) => break,
+                Err(RpcError::NoCredits) => break,
                 Err(e) => return Err(e.to_string()),
             }
         }
         c.flush().map_err(|e| e.to_string())?;
-        let n = c
-            .poll(&mut |done| {
-                if done.status != RpcStatus::Ok || done.payload.len() != payload.len() {
-                    failure = Some(format!(
-                        "request {} answered {:?}",
-                        done.request_id, done.status
-                    ));
-                }
-                local.saturating_record(done.latency.as_nanos() as u64);
-            })
-            .map_err(|e| e.to_string())?;
+        let mut n = 0;
+        for s in 0..c.len() {
+            n += c
+                .take_replies(s, |m, sent| {
+                    let f = decode_frame(m)
+                        .map_err(|e| RpcError::Invalid(format!("a bad reply frame: {e}")))?;
+                    if f.header.kind != FrameKind::EchoReply || f.body.len() != payload.len() {
+                        failure.get_or_insert(format!(
+                            "request {} answered with a {:?} of {} bytes",
+                            sent.id,
+                            f.header.kind,
+                            f.body.len()
+                        ));
+                    } else {
+                        local.saturating_record(sent.tag.elapsed().as_nanos() as u64);
+                    }
+                    Ok(())
+                })
+                .map_err(|e| e.to_string())?;
+        }
         if let Some(f) = failure.take() {
             return Err(f);
         }
@@ -213,14 +293,28 @@ fn client_thread(
         }
         if n > 0 {
             idle_since = None;
+            last_reply = Instant::now();
+        } else if last_reply.elapsed() >= Duration::from_millis(CLIENT_STALL_MS) {
+            return Err(format!("no reply for {CLIENT_STALL_MS} ms"));
         } else if idle_since.get_or_insert_with(Instant::now).elapsed()
             >= Duration::from_micros(CLIENT_SPIN_US)
         {
-            c.wait(Duration::from_millis(10))
-                .map_err(|e| e.to_string())?;
+            wait_any(&mut c)?;
         }
     }
     merge(shared, &mut local)
+}
+
+/// Blocks briefly on the first session with a request in flight, until a
+/// reply may have come.
+fn wait_any(c: &mut EchoSessions) -> Result<(), String> {
+    let Some(s) = c.all().iter_mut().find(|s| !s.is_idle()) else {
+        return Ok(());
+    };
+    match s.wait_until(Instant::now() + Duration::from_millis(10)) {
+        Ok(()) | Err(RpcError::Timeout) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn merge(shared: &Shared, local: &mut Histogram<u64>) -> Result<(), String> {

@@ -7,7 +7,7 @@
 //! layer owns their request ids, their requests in flight (in request
 //! order, which it checks), their credits, their waits for a deadline,
 //! the one reply loop and its late-reply and retry rules;
-//! [`fabrickv_rpc::worker`] picks the worker a key or a client goes to.
+//! [`fabrickv_rpc::placement`] picks the worker a key or a client goes to.
 //! What is here is what they share on top of it: the one constructor
 //! ([`connect`]: the dial, the HELLO, the choice of workers, the memory
 //! registered, the redial), the control calls, and the mapping of the
@@ -15,8 +15,8 @@
 
 use std::time::Duration;
 
+use fabrickv_rpc::placement::Turns;
 use fabrickv_rpc::session::Framing;
-use fabrickv_rpc::worker::Turns;
 use fabrickv_rpc::{RpcError, Session, Sessions};
 use fabrickv_transport::{Dial, Endpoint, RemoteRegion};
 use fabrickv_types::ErrorCode;

@@ -25,7 +25,7 @@
 
 use std::time::Duration;
 
-use fabrickv_rpc::worker::Turns;
+use fabrickv_rpc::placement::Turns;
 use fabrickv_types::limits::{FRAME_BODY_BYTES_MAX, SHARD_NAME_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::shard::{decode_reply, ShardOp};

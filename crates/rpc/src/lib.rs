@@ -1,51 +1,48 @@
 //! The request layer over the transport contract, in the manner of RDMA
-//! RPC frameworks (eRPC, and the PetPS parameter server's RPC framework).
+//! RPC frameworks (eRPC, and the PetPS parameter server's RPC framework):
+//! one layer for both sides of every FabricKV request.
 //!
-//! Layout:
+//! Layout, server side:
+//! - [`service`]: what a service is (the [`Service`] trait), what it is
+//!   handed ([`Call`]), the clock, and how a refused frame is answered;
+//! - [`worker`]: one worker's request layer (decode once, refuse once,
+//!   dispatch by kind through the table services register in) and its
+//!   run-to-completion loop; the STATS service;
+//! - [`echo`]: the echo service, for `fabrickv bench rpc` and the suite;
+//! - [`serve`]: workers and an acceptor on an address, for a process that
+//!   serves only what it registers (the `fabrickv` server starts its own).
+//!
+//! Client side:
 //! - [`session`]: the connection layer every client of this workspace
-//!   stands on (the kv, ps, cache and shard clients of `fabrickv-client`
-//!   and [`RpcClient`]): sessions bound to one server worker each, request
-//!   ids, requests in flight in request order, credits and deadlines;
-//! - [`worker`]: which server worker a key, a client or a request goes to;
-//! - [`header`]: the 16-byte header every message of [`RpcClient`] and
-//!   [`RpcServer`] carries (the native FabricKV frames of `fabrickv-wire`
-//!   carry their own, and travel through [`session`] all the same);
-//! - [`server`]: a handler table by request type and server threads that
-//!   run handlers to completion, with the batching knobs;
-//! - [`client`]: [`RpcClient`], sessions with per-request timeouts, reply
-//!   slots and client-to-server-thread affinity, over [`session`]
-//!   (measured by `fabrickv bench rpc`).
+//!   stands on: sessions bound to one server worker each, request ids,
+//!   requests in flight in request order, credits and deadlines;
+//! - [`placement`]: which server worker a key, a client or a request goes
+//!   to.
 //!
+//! Every message is a frame of `fabrickv-wire` with its 32-byte header.
 //! The transport gives reliable, ordered messages on connections bound to
-//! one server thread; this layer adds request types, matching of replies
+//! one server worker; this layer adds request kinds, matching of replies
 //! to requests, flow control and timeouts.
 
-pub mod client;
-pub mod header;
-pub mod server;
+pub mod echo;
+pub mod placement;
+pub mod serve;
+pub mod service;
 pub mod session;
 #[cfg(feature = "testsuite")]
 #[allow(clippy::unwrap_used)]
 pub mod testsuite;
 pub mod worker;
 
-pub use client::{Affinity, Completion, RpcClient, RpcClientConfig};
-pub use header::{RpcHeader, RpcStatus, RPC_HEADER_BYTES};
-pub use server::{Handler, Handlers, ReplySlots, RpcServer, ServerKnobs};
+pub use echo::EchoService;
+pub use serve::Serving;
+pub use service::{Call, Clock, Refusal, Service, StatsList, WorkerView};
 pub use session::{InFlight, Sent, Session, Sessions};
+pub use worker::{LoopKnobs, RegisterError, StatsService, Worker};
 
 use std::fmt;
 
 use fabrickv_transport::TransportError;
-
-/// The request type reserved for session set-up (reply slots).
-pub const REQ_TYPE_SESSION: u16 = 0;
-
-/// Most request types a handler table holds (types are `0..REQ_TYPES_MAX`).
-pub const REQ_TYPES_MAX: usize = 256;
-
-/// Most requests one session may have in flight.
-pub const SESSION_CREDITS_MAX: usize = 4096;
 
 /// Why an RPC call failed.
 #[derive(Debug)]
@@ -57,9 +54,8 @@ pub enum RpcError {
     NoCredits,
     /// No reply before the request's deadline.
     Timeout,
-    /// The server answered with a non-OK status.
-    Status(RpcStatus),
-    /// A bad argument (request type out of range, empty config).
+    /// A bad argument (no worker to start, a service that cannot be
+    /// registered).
     Invalid(String),
     /// A reply answered a request other than the oldest in flight on its
     /// connection (`expected`, `None` when none was): the connection is
@@ -81,7 +77,6 @@ impl fmt::Display for RpcError {
                 "no credits left in the session (too many requests in flight)"
             ),
             RpcError::Timeout => write!(f, "request timed out"),
-            RpcError::Status(s) => write!(f, "server answered {s:?}"),
             RpcError::Invalid(why) => write!(f, "invalid: {why}"),
             RpcError::OutOfOrder {
                 got,

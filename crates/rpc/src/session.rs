@@ -5,7 +5,7 @@
 //! worker together with its queue of requests in flight ([`Session`]);
 //! a [`Sessions`] is one client's set of them. It owns, in one place for
 //! every client of this workspace (the kv, ps, cache and shard clients of
-//! `fabrickv-client`, and [`crate::RpcClient`]):
+//! `fabrickv-client`, and `fabrickv bench rpc`'s echo clients):
 //!
 //! - request ids: one counter over all of a client's sessions, so an id
 //!   names one request of the client whichever connection it went out on;
@@ -53,9 +53,9 @@
 //!
 //! It knows no message format beyond [`Framing::reply_id`]: the caller
 //! builds each message (given the id and the worker to name in it) and
-//! decodes each reply, so the native wire frames (`fabrickv-wire`) and
-//! the RPC header ([`crate::header`]) both travel through it unchanged.
-//! Which worker a key or a thread goes to is [`crate::worker`]'s.
+//! decodes each reply, so the native wire frames (`fabrickv-wire`) travel
+//! through it unchanged. Which worker a key or a thread goes to is
+//! [`crate::placement`]'s.
 //!
 //! Nothing here allocates per request beyond the in-flight queue's
 //! amortised growth; the loops are generic over the caller's closures
@@ -189,27 +189,6 @@ impl<T> InFlight<T> {
             }
         }
         Err(RpcError::OutOfOrder { got, expected })
-    }
-
-    /// [`InFlight::complete`] for a client that gives requests up at their
-    /// deadline but leaves them on the queue: the requests older than
-    /// `got` were given up and are handed to `given_up`; `None` when `got`
-    /// is older than every request still in flight (a late reply to one
-    /// already dropped).
-    pub fn complete_after_given_up(
-        &mut self,
-        got: u64,
-        mut given_up: impl FnMut(Sent<T>),
-    ) -> Option<Sent<T>> {
-        while self.q.front().is_some_and(|s| s.id < got) {
-            if let Some(s) = self.pop() {
-                given_up(s);
-            }
-        }
-        match self.q.front() {
-            Some(s) if s.id == got => self.pop(),
-            _ => None,
-        }
     }
 }
 
@@ -404,7 +383,7 @@ pub enum Unframed {}
 /// [`Framing`] `F`, its reply loops.
 pub struct Sessions<T, F = Unframed> {
     /// The sessions, by the caller's numbering (the kv client's is by
-    /// worker; the RPC client's by its choice of server threads).
+    /// worker; the echo bench's by its choice of server threads).
     sessions: Vec<Session<T>>,
     /// The next request id (ids start at 1: 0 is the control requests').
     next_id: u64,
@@ -896,26 +875,6 @@ mod tests {
         assert_eq!(s.in_flight(), 2);
         s.session(0).complete(1).unwrap();
         assert_eq!(s.post(0, (), |_, _, _| {}).unwrap(), 3, "no id is lost");
-    }
-
-    #[test]
-    fn replies_to_given_up_requests_are_skipped() {
-        let mut s: Sessions<u8> = Sessions::one(Box::new(Sink(0)), 0, 8, Duration::from_secs(1));
-        for t in 0..3 {
-            s.post(0, t, |_, _, _| {}).unwrap();
-        }
-        let mut dropped = Vec::new();
-        let got = s
-            .session(0)
-            .queue_mut()
-            .complete_after_given_up(3, |d| dropped.push(d.tag));
-        assert_eq!(got.map(|g| g.tag), Some(2));
-        assert_eq!(dropped, vec![0, 1]);
-        assert!(s
-            .session(0)
-            .queue_mut()
-            .complete_after_given_up(1, |_| {})
-            .is_none());
     }
 
     /// What a scripted server holds: requests answered at a flush unless

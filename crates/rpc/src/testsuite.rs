@@ -1,114 +1,130 @@
-//! The RPC layer's behaviour as a suite every transport runs (feature
-//! `testsuite`): each check takes a function that makes a fresh listen
+//! The request layer's behaviour as a suite every transport runs (feature
+//! `testsuite`): workers of [`crate::worker`] with the echo and STATS
+//! services, reached through client [`Sessions`], every message a frame of
+//! `fabrickv-wire`. Each check takes a function that makes a fresh listen
 //! address; [`rpc_suite!`] instantiates them all as tests.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fabrickv_transport::connect;
+use fabrickv_types::ErrorCode;
+use fabrickv_wire::control::{decode_error, decode_stats_reply, encode_stats_request};
+use fabrickv_wire::echo::{decode_echo_reply, encode_echo, encode_echo_reply};
+use fabrickv_wire::ps::encode_open;
+use fabrickv_wire::{decode_frame, FrameKind};
+
+use crate::session::Sent;
 use crate::{
-    Affinity, Handlers, RpcClient, RpcClientConfig, RpcError, RpcServer, RpcStatus, ServerKnobs,
+    EchoService, LoopKnobs, RpcError, Service, Serving, Session, Sessions, StatsService, Worker,
 };
 
-const ECHO: u16 = 1;
-const WHO: u16 = 2;
-const GATED: u16 = 3;
-const FAIL: u16 = 4;
+/// How long any one wait of the suite may take: generous, for a loaded
+/// machine.
+const TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A gate that GATED handlers wait on, so a test controls when they answer.
-type Gate = Arc<(Mutex<bool>, std::sync::Condvar)>;
+fn server(addr: &str, workers: usize, knobs: LoopKnobs) -> Serving {
+    Serving::start(addr, workers, knobs, |id| {
+        let services: [Box<dyn Service>; 2] = [Box::new(EchoService), Box::new(StatsService)];
+        Worker::new(id).with(services)
+    })
+    .expect("start")
+}
 
-fn server(addr: &str, threads: usize, knobs: ServerKnobs, gate: Gate) -> RpcServer {
-    let mut h = Handlers::new();
-    h.register(ECHO, |req, out| {
-        out.extend_from_slice(req);
-        Ok(())
-    })
-    .expect("register");
-    h.register(WHO, |_, out| {
-        // Which server thread ran the handler (threads are named fkv-rpc-N).
-        let name = std::thread::current().name().unwrap_or("").to_string();
-        out.extend_from_slice(name.as_bytes());
-        Ok(())
-    })
-    .expect("register");
-    h.register(GATED, move |req, out| {
-        let (lock, cv) = &*gate;
-        let mut open = lock.lock().expect("gate");
-        while !*open {
-            open = cv.wait(open).expect("gate");
+/// One session per worker of `s`, `credits` requests in flight each.
+fn client<T>(s: &Serving, workers: u16, credits: usize) -> Sessions<T> {
+    let sessions = (0..workers)
+        .map(|w| Session::new(connect(s.addr(), w, TIMEOUT).expect("connect"), w))
+        .collect();
+    Sessions::new(sessions, credits, TIMEOUT)
+}
+
+/// A reply as the suite checks it.
+struct Got {
+    kind: FrameKind,
+    worker: u16,
+    /// The refusal's code, for an ERROR frame.
+    error: Option<ErrorCode>,
+    /// The body, of an ECHO_REPLY as the wire reads it.
+    body: Vec<u8>,
+}
+
+/// Waits for `n` replies on session `s`, each completed against the
+/// oldest request in flight (replies come back in request order).
+fn collect<T>(c: &mut Sessions<T>, s: usize, n: usize, mut on: impl FnMut(Sent<T>, Got)) {
+    let deadline = Instant::now() + TIMEOUT;
+    let mut got = 0;
+    while got < n {
+        let session = c.session(s);
+        got += session
+            .poll(n - got, |m, q| {
+                let f = decode_frame(m).expect("a reply frame");
+                let sent = q.complete(f.header.request_id).expect("replies in order");
+                let reply = Got {
+                    kind: f.header.kind,
+                    worker: f.header.worker,
+                    error: decode_error(&f).ok().map(|(code, _)| code),
+                    body: decode_echo_reply(&f).unwrap_or_default().to_vec(),
+                };
+                on(sent, reply)
+            })
+            .expect("poll");
+        if got < n {
+            session
+                .wait_until(deadline)
+                .expect("every reply before the deadline");
         }
-        out.extend_from_slice(req);
-        Ok(())
-    })
-    .expect("register");
-    h.register(FAIL, |_, _| Err(())).expect("register");
-    RpcServer::start(addr, threads, Arc::new(h), knobs).expect("start")
+    }
 }
 
-fn open_gate() -> Gate {
-    Arc::new((Mutex::new(true), std::sync::Condvar::new()))
-}
-
-fn client(s: &RpcServer, threads: usize, cfg: RpcClientConfig) -> RpcClient {
-    RpcClient::connect(s.addr(), threads, cfg).expect("connect")
+/// Posts one ECHO of `payload` on session `s`, tagged `tag`.
+fn echo<T>(c: &mut Sessions<T>, s: usize, tag: T, payload: &[u8]) -> Result<u64, RpcError> {
+    c.post(s, tag, |b, id, w| encode_echo(b, id, w, payload))
 }
 
 /// Suite check; see the module docs.
 pub fn echo_round_trip(addr: &dyn Fn() -> String) {
-    let s = server(&addr(), 1, ServerKnobs::default(), open_gate());
-    let mut c = client(&s, 1, RpcClientConfig::default());
-    assert_eq!(c.call(ECHO, b"hello").expect("call"), b"hello");
-    assert_eq!(c.call(ECHO, b"").expect("empty payload"), b"");
+    let s = server(&addr(), 1, LoopKnobs::default());
+    let mut c = client::<()>(&s, 1, 4);
     let big = vec![7u8; 100_000];
-    assert_eq!(c.call(ECHO, &big).expect("large payload"), big);
+    for payload in [&b"hello"[..], b"", &big] {
+        echo(&mut c, 0, (), payload).expect("post");
+        c.flush().expect("flush");
+        collect(&mut c, 0, 1, |_, got| {
+            assert_eq!((got.kind, got.worker), (FrameKind::EchoReply, 0));
+            assert_eq!(got.body, payload, "{}-byte payload", payload.len());
+        });
+    }
 }
 
 /// Suite check; see the module docs.
 pub fn many_outstanding_complete_in_order_with_their_payloads(addr: &dyn Fn() -> String) {
     for knobs in [
-        ServerKnobs::default(),
-        ServerKnobs {
+        LoopKnobs::default(),
+        LoopKnobs {
             poll_burst: 1,
             batched_send: false,
-            idle_spin_us: 0,
-            ..ServerKnobs::default()
         },
-        ServerKnobs {
+        LoopKnobs {
             poll_burst: 32,
             batched_send: false,
-            idle_spin_us: 10,
-            ..ServerKnobs::default()
         },
     ] {
-        let s = server(&addr(), 2, knobs, open_gate());
-        let cfg = RpcClientConfig {
-            credits: 64,
-            affinity: Affinity::Random,
-            ..Default::default()
-        };
-        let mut c = client(&s, 2, cfg);
-        let mut expect = std::collections::HashMap::new();
+        let s = server(&addr(), 2, knobs);
+        let mut c = client::<u32>(&s, 2, 64);
+        let mut posted = [0usize; 2];
         for i in 0..64u32 {
-            let id = c.call_async(ECHO, &i.to_le_bytes()).expect("credit");
-            expect.insert(id, i);
+            // Spread over both workers in an irregular pattern.
+            let session = ((i * 7 + i / 3) % 2) as usize;
+            echo(&mut c, session, i, &i.to_le_bytes()).expect("within credits");
+            posted[session] += 1;
         }
         c.flush().expect("flush");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !expect.is_empty() {
-            c.poll(&mut |done| {
-                assert_eq!(done.status, RpcStatus::Ok);
-                let want = expect
-                    .remove(&done.request_id)
-                    .expect("unknown or repeated completion");
-                assert_eq!(done.payload, want.to_le_bytes());
-            })
-            .expect("poll");
-            assert!(
-                Instant::now() < deadline,
-                "{} requests never completed",
-                expect.len()
-            );
-            c.wait(Duration::from_millis(20)).expect("wait");
+        for (session, &n) in posted.iter().enumerate() {
+            collect(&mut c, session, n, |sent, got| {
+                assert_eq!(got.kind, FrameKind::EchoReply, "{knobs:?}");
+                assert_eq!(got.body, sent.tag.to_le_bytes(), "{knobs:?}");
+                assert_eq!(usize::from(got.worker), session, "{knobs:?}");
+            });
         }
         assert_eq!(c.in_flight(), 0);
     }
@@ -116,168 +132,100 @@ pub fn many_outstanding_complete_in_order_with_their_payloads(addr: &dyn Fn() ->
 
 /// Suite check; see the module docs.
 pub fn credits_bound_requests_in_flight(addr: &dyn Fn() -> String) {
-    let s = server(&addr(), 1, ServerKnobs::default(), open_gate());
-    let mut c = client(
-        &s,
-        1,
-        RpcClientConfig {
-            credits: 4,
-            ..Default::default()
-        },
-    );
+    let s = server(&addr(), 1, LoopKnobs::default());
+    let mut c = client::<()>(&s, 1, 4);
     for _ in 0..4 {
-        c.call_async(ECHO, b"x").expect("within credits");
+        echo(&mut c, 0, (), b"x").expect("within credits");
     }
-    assert!(matches!(c.call_async(ECHO, b"x"), Err(RpcError::NoCredits)));
+    assert!(matches!(
+        echo(&mut c, 0, (), b"x"),
+        Err(RpcError::NoCredits)
+    ));
     c.flush().expect("flush");
-    let mut got = 0;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while got < 4 {
-        got += c.poll(&mut |_| {}).expect("poll");
-        assert!(Instant::now() < deadline);
-        c.wait(Duration::from_millis(20)).expect("wait");
-    }
-    c.call_async(ECHO, b"x")
-        .expect("credits come back with completions");
+    collect(&mut c, 0, 4, |_, _| {});
+    echo(&mut c, 0, (), b"x").expect("credits come back with replies");
 }
 
 /// Suite check; see the module docs.
-pub fn requests_time_out_and_late_responses_are_dropped(addr: &dyn Fn() -> String) {
-    let gate: Gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-    let s = server(&addr(), 1, ServerKnobs::default(), gate.clone());
-    let cfg = RpcClientConfig {
-        timeout: Duration::from_millis(100),
-        ..Default::default()
-    };
-    let mut c = client(&s, 1, cfg);
-    let started = Instant::now();
-    match c.call(GATED, b"slow") {
-        Err(RpcError::Timeout) => {}
-        other => panic!("expected a timeout, got {other:?}"),
-    }
-    assert!(
-        started.elapsed() >= Duration::from_millis(100),
-        "timed out early"
-    );
-    assert_eq!(
-        c.in_flight(),
-        0,
-        "a timed-out request gives its credit back"
-    );
-    // Let the handler answer: its response must be dropped, and the next
-    // call must get its own response, not the stale one.
-    {
-        let (lock, cv) = &*gate;
-        *lock.lock().expect("gate") = true;
-        cv.notify_all();
-    }
-    assert_eq!(
-        c.call(ECHO, b"fresh").expect("call after timeout"),
-        b"fresh"
-    );
-    assert_eq!(c.late_responses(), 1);
+pub fn unregistered_kinds_are_refused_and_counted(addr: &dyn Fn() -> String) {
+    let s = server(&addr(), 1, LoopKnobs::default());
+    let mut c = client::<u64>(&s, 1, 4);
+    // A kind these workers have no service for, and a reply kind.
+    let ps = c
+        .post(0, 0, |b, id, w| encode_open(b, id, w, "t"))
+        .expect("post");
+    let reply_kind = c
+        .post(0, 0, |b, id, w| encode_echo_reply(b, id, w, b"x"))
+        .expect("post");
+    c.flush().expect("flush");
+    let mut refused = Vec::new();
+    collect(&mut c, 0, 2, |sent, got| {
+        assert_eq!(got.kind, FrameKind::Error);
+        refused.push((sent.id, got.error));
+    });
+    let unknown = Some(ErrorCode::UnknownOpcode);
+    assert_eq!(refused, [(ps, unknown), (reply_kind, unknown)]);
+    assert_eq!(stat(&mut c, "frames_refused"), 2);
+    echo(&mut c, 0, 0, b"still served").expect("post");
+    c.flush().expect("flush");
+    collect(&mut c, 0, 1, |_, got| assert_eq!(got.body, b"still served"));
 }
 
-/// Suite check; see the module docs.
-pub fn unknown_type_and_handler_errors_have_statuses(addr: &dyn Fn() -> String) {
-    let s = server(&addr(), 1, ServerKnobs::default(), open_gate());
-    let mut c = client(&s, 1, RpcClientConfig::default());
-    assert!(matches!(
-        c.call(77, b""),
-        Err(RpcError::Status(RpcStatus::NoHandler))
-    ));
-    assert!(matches!(
-        c.call(FAIL, b""),
-        Err(RpcError::Status(RpcStatus::HandlerError))
-    ));
-    assert!(matches!(c.call(9999, b""), Err(RpcError::Invalid(_))));
-    assert_eq!(c.call(ECHO, b"still fine").expect("call"), b"still fine");
-}
-
-/// Suite check; see the module docs.
-pub fn affinity_modulo_pins_a_client_to_one_thread(addr: &dyn Fn() -> String) {
-    let s = server(&addr(), 3, ServerKnobs::default(), open_gate());
-    for client_id in 0..4usize {
-        let cfg = RpcClientConfig {
-            affinity: Affinity::Modulo,
-            client_id,
-            ..Default::default()
-        };
-        let mut c = client(&s, 3, cfg);
-        for _ in 0..10 {
-            let who = c.call(WHO, b"").expect("call");
-            assert_eq!(who, format!("fkv-rpc-{}", client_id % 3).as_bytes());
+/// One counter of worker 0's STATS reply.
+fn stat(c: &mut Sessions<u64>, name: &str) -> u64 {
+    c.post(0, 0, encode_stats_request).expect("post");
+    c.flush().expect("flush");
+    let deadline = Instant::now() + TIMEOUT;
+    let mut value = None;
+    while value.is_none() {
+        let session = c.session(0);
+        session
+            .poll(1, |m, q| {
+                let f = decode_frame(m).expect("a reply frame");
+                q.complete(f.header.request_id).expect("in order");
+                let list = decode_stats_reply(&f).expect("a STATS reply");
+                value = list.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
+                assert!(value.is_some(), "no {name} in STATS");
+            })
+            .expect("poll");
+        if value.is_none() {
+            session
+                .wait_until(deadline)
+                .expect("STATS before the deadline");
         }
     }
+    value.unwrap_or(0)
 }
 
 /// Suite check; see the module docs.
-pub fn affinity_random_spreads_over_threads(addr: &dyn Fn() -> String) {
-    let s = server(&addr(), 3, ServerKnobs::default(), open_gate());
-    let cfg = RpcClientConfig {
-        affinity: Affinity::Random,
-        ..Default::default()
-    };
-    let mut c = client(&s, 3, cfg);
-    let mut seen = std::collections::HashSet::new();
-    for _ in 0..200 {
-        seen.insert(c.call(WHO, b"").expect("call"));
-    }
-    assert_eq!(seen.len(), 3, "random affinity reached only {seen:?}");
-}
-
-/// Suite check; see the module docs.
-pub fn large_responses_go_out_of_line_into_reply_slots(addr: &dyn Fn() -> String) {
-    let knobs = ServerKnobs {
-        inline_max: 16,
-        ..ServerKnobs::default()
-    };
-    let s = server(&addr(), 1, knobs, open_gate());
-    let cfg = RpcClientConfig {
-        credits: 8,
-        reply_slot_bytes: 4096,
-        ..Default::default()
-    };
-    let mut c = client(&s, 1, cfg);
-    // Inline (small), out of line (fits a slot), inline again (larger than a slot).
-    for size in [0usize, 10, 17, 100, 4000, 4096, 8000] {
-        let payload: Vec<u8> = (0..size).map(|i| (i * 7 + size) as u8).collect();
-        assert_eq!(
-            c.call(ECHO, &payload).expect("call"),
-            payload,
-            "{size}-byte response"
-        );
-    }
-    // Many in flight at once: each response must land in its own slot.
-    let mut expect = std::collections::HashMap::new();
-    for i in 0..8u8 {
-        let payload = vec![i; 1000 + usize::from(i)];
-        expect.insert(c.call_async(ECHO, &payload).expect("credit"), payload);
+pub fn each_session_is_served_by_its_worker(addr: &dyn Fn() -> String) {
+    let s = server(&addr(), 3, LoopKnobs::default());
+    let mut c = client::<()>(&s, 3, 16);
+    for session in 0..3 {
+        for _ in 0..10 {
+            echo(&mut c, session, (), b"who").expect("post");
+        }
     }
     c.flush().expect("flush");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !expect.is_empty() {
-        c.poll(&mut |done| {
-            assert_eq!(done.status, RpcStatus::Ok);
-            let want = expect.remove(&done.request_id).expect("known request");
-            assert_eq!(done.payload, &want[..]);
-        })
-        .expect("poll");
-        assert!(Instant::now() < deadline, "responses missing");
-        c.wait(Duration::from_millis(20)).expect("wait");
+    for session in 0..3 {
+        collect(&mut c, session, 10, |_, got| {
+            assert_eq!(
+                usize::from(got.worker),
+                session,
+                "a reply from another worker"
+            );
+            assert_eq!(got.body, b"who");
+        });
     }
-    // 17, 100, 4000 and 4096 bytes, then the eight of about 1000 bytes.
-    let expected = if c.has_reply_slots() { 12 } else { 0 };
-    assert_eq!(c.out_of_line_responses(), expected);
 }
 
-/// Instantiates every RPC check as a `#[test]` in module `$module`, each
-/// listening on a fresh address from `$addr()`.
+/// Instantiates every check of the request layer as a `#[test]` in module
+/// `$module`, each listening on a fresh address from `$addr()`.
 #[macro_export]
 macro_rules! rpc_suite {
     ($module:ident, $addr:expr) => {
         mod $module {
-            $crate::rpc_suite!(@tests $addr; echo_round_trip, many_outstanding_complete_in_order_with_their_payloads, credits_bound_requests_in_flight, requests_time_out_and_late_responses_are_dropped, unknown_type_and_handler_errors_have_statuses, affinity_modulo_pins_a_client_to_one_thread, affinity_random_spreads_over_threads, large_responses_go_out_of_line_into_reply_slots);
+            $crate::rpc_suite!(@tests $addr; echo_round_trip, many_outstanding_complete_in_order_with_their_payloads, credits_bound_requests_in_flight, unregistered_kinds_are_refused_and_counted, each_session_is_served_by_its_worker);
         }
     };
     (@tests $addr:expr; $($test:ident),* $(,)?) => {

@@ -30,6 +30,7 @@ use fabrickv_types::ErrorCode;
 use fabrickv_wire::cache::{
     decode_request, encode_status_reply, CacheOp, CacheRequest, RegionSlice,
 };
+use fabrickv_wire::FrameKind;
 
 use crate::service::{wire_refusal, Call, Refusal, Service, StatsList};
 
@@ -111,6 +112,10 @@ impl CacheService {
 }
 
 impl Service for CacheService {
+    fn kinds(&self) -> &'static [FrameKind] {
+        &[FrameKind::Cache]
+    }
+
     /// Serves one CACHE frame. An operation that fails is answered with
     /// its code in the reply (the frame was well formed); only a malformed
     /// request (a bad region, a broken chunk sequence) refuses the frame.

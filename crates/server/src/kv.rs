@@ -18,7 +18,7 @@ use fabrickv_transport::{ConnId, Reply};
 use fabrickv_types::limits::{BATCH_OPS_MAX, KEY_BYTES_MAX, VALUE_BYTES_MAX};
 use fabrickv_types::{ErrorCode, KeyHash};
 use fabrickv_wire::control::ServerInfo;
-use fabrickv_wire::{OpCode, PutCondition, RequestIter, ResponseBuilder};
+use fabrickv_wire::{FrameKind, OpCode, PutCondition, RequestIter, ResponseBuilder};
 
 use crate::config::Mode;
 use crate::partitions::Partitions;
@@ -125,7 +125,7 @@ impl Pinned {
 }
 
 /// Counters of the kv service of one worker. STATS reports them beside
-/// the worker's own `frames_refused` (see [`crate::worker`]).
+/// the worker's own `frames_refused` (see `fabrickv_rpc::worker`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KvCounters {
     /// Request frames executed.
@@ -596,12 +596,30 @@ fn put_chunk(
 }
 
 impl Service for KvService {
+    fn kinds(&self) -> &'static [FrameKind] {
+        &[FrameKind::Request]
+    }
+
     /// Executes one REQUEST frame (the worker sends it no other kind).
     #[inline]
     fn handle(&mut self, call: &Call<'_>, reply: &mut dyn Reply) -> Result<(), Refusal> {
         let ops = RequestIter::new(&call.frame).map_err(wire_refusal)?;
         self.execute(call.conn, ops, call.id(), reply.buf(), call.now_ms);
         Ok(())
+    }
+
+    /// The engine's counters of the partitions this worker owns, then
+    /// the protocol's.
+    fn stats(&self, out: &mut StatsList) {
+        self.engine_stats(out);
+        let c = self.st.counters;
+        out.extend([
+            ("frames", c.frames),
+            ("ops", c.ops),
+            ("misrouted", c.misrouted),
+            ("reply_full", c.reply_full),
+            ("partitions_owned", self.parts.owned_by(self.id) as u64),
+        ]);
     }
 
     fn shared_stats(&self, out: &mut StatsList) {

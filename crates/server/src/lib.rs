@@ -2,14 +2,14 @@
 //!
 //! Layout:
 //! - [`config`]: what a server is told (flags and TOML), with defaults;
-//! - [`service`]: what a service is (the [`service::Service`] trait), the
-//!   clock, and how a refused frame is answered;
+//! - [`service`]: the request layer's contract (the [`service::Service`]
+//!   trait, the clock, refusals), re-exported from `fabrickv_rpc`, whose
+//!   worker decodes, dispatches by kind and replies in bursts;
 //! - [`kv`], [`ps`], [`cache`], [`shard`]: the services, one per frame
 //!   kind, none of which knows another (sans-I/O: a decoded frame in,
 //!   reply bytes out, time passed in);
-//! - [`worker`]: the request layer (decode once, refuse once, dispatch by
-//!   kind, HELLO and STATS) and the run-to-completion loop of one
-//!   data-path thread;
+//! - [`control`]: the HELLO and PARTITIONS services, and the table that
+//!   registers every service on a worker;
 //! - this file: [`Server::start`], which builds partitions, listens, and
 //!   starts one acceptor thread and one thread per worker.
 //!
@@ -23,6 +23,7 @@
 pub mod cache;
 pub mod cache_grpc;
 pub mod config;
+pub mod control;
 pub mod kv;
 pub mod memcache;
 mod memcache_net;
@@ -33,7 +34,6 @@ mod resp_net;
 pub mod service;
 pub mod shard;
 mod text_socket;
-pub mod worker;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -313,7 +313,7 @@ impl Server {
         for (id, mut port) in listening.ports.into_iter().enumerate() {
             port.set_idle_timeout(cfg.idle_timeout());
             wakers.push(port.waker());
-            let services = worker::Services {
+            let services = control::Services {
                 kv: kv::KvService::new(id as u16, workers as u16, parts.clone(), cfg.mode),
                 ps: ps::PsService::new(id as u16, ps.clone()),
                 cache: cache::CacheService::new(
@@ -323,6 +323,8 @@ impl Server {
                 ),
                 shard: shard::ShardService::new(id as u16, shards.clone()),
             };
+            let worker = control::worker(id as u16, services)
+                .map_err(|e| StartError::Config(format!("worker {id}: {e}")))?;
             let stop = stop.clone();
             let cpu = cfg.worker_cpu(id);
             let t = std::thread::Builder::new()
@@ -335,7 +337,7 @@ impl Server {
                             tracing::warn!(worker = id, cpu = c, "cannot pin worker to its CPU");
                         }
                     }
-                    worker::run(port, worker::Worker::new(id as u16, services), clock, &stop)
+                    fabrickv_rpc::worker::run(port, worker, clock, &stop)
                 })
                 .map_err(StartError::Thread)?;
             threads.push(t);

@@ -33,6 +33,7 @@ use fabrickv_wire::ps::{
     bitmap_bytes, decode_create, decode_request, encode_list_reply, encode_push_reply,
     encode_table_reply, key_at, PsOp, PsRequest, PullDest, PullReplyWriter, PushMode, TableSpec,
 };
+use fabrickv_wire::FrameKind;
 
 use crate::service::{wire_refusal, Call, Refusal, Service, StatsList};
 
@@ -281,6 +282,10 @@ impl PsService {
 }
 
 impl Service for PsService {
+    fn kinds(&self) -> &'static [FrameKind] {
+        &[FrameKind::Ps]
+    }
+
     /// Serves one PS request; every refusal (a bad request, an unknown
     /// table, a pull that cannot be written) refuses the frame whole.
     fn handle(&mut self, call: &Call<'_>, reply: &mut dyn Reply) -> Result<(), Refusal> {

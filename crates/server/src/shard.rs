@@ -12,6 +12,7 @@ use fabrickv_transport::Reply;
 use fabrickv_types::limits::{SHARDS_MAX, SHARD_NAME_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::shard::{decode_request, encode_refusal, encode_reply, ShardMessage};
+use fabrickv_wire::FrameKind;
 
 use crate::service::{wire_refusal, Call, Refusal, Service};
 
@@ -238,6 +239,10 @@ impl<S: ShardBackend + 'static> ShardService<S> {
 }
 
 impl<S: ShardBackend + 'static> Service for ShardService<S> {
+    fn kinds(&self) -> &'static [FrameKind] {
+        &[FrameKind::Shard]
+    }
+
     /// Serves one SHARD frame. Only a frame whose request cannot be read
     /// is refused whole; an op that fails is answered with a refusal reply
     /// of its own op.

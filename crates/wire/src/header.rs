@@ -67,6 +67,11 @@ pub enum FrameKind {
     Partitions = 14,
     /// The partition table: its epoch, each partition's owner and counters.
     PartitionsReply = 15,
+    /// Bytes to send back unchanged (`crate::echo`): served only by a
+    /// server that registers the echo service (`fabrickv bench rpc`).
+    Echo = 16,
+    /// The answer to an `Echo`: the request's body.
+    EchoReply = 17,
 }
 
 impl FrameKind {
@@ -88,6 +93,8 @@ impl FrameKind {
             13 => FrameKind::ShardReply,
             14 => FrameKind::Partitions,
             15 => FrameKind::PartitionsReply,
+            16 => FrameKind::Echo,
+            17 => FrameKind::EchoReply,
             _ => return None,
         })
     }

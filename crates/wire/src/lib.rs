@@ -7,6 +7,8 @@
 //!   encoded with [`RequestBuilder`] and read with [`RequestIter`];
 //! - [`response`]: response bodies (one result per operation, in order);
 //! - [`control`]: HELLO, STATS and ERROR frame bodies;
+//! - [`echo`]: ECHO frames, bytes sent back unchanged (the request
+//!   layer's own measurement, `fabrickv bench rpc`);
 //! - [`cache`]: KV-cache data-plane requests and replies (chunked or
 //!   one-sided values);
 //! - [`ps`]: embedding-table (parameter server) requests and replies, and
@@ -30,6 +32,7 @@ pub mod cache;
 pub mod checksum;
 pub mod control;
 pub mod copy;
+pub mod echo;
 #[macro_use]
 pub mod header;
 pub mod ps;

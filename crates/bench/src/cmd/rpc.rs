@@ -5,12 +5,13 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use clap::Args;
-use fabrickv_rpc::{Affinity, ServerKnobs};
+use fabrickv_rpc::worker::POLL_BURST_MSGS;
+use fabrickv_rpc::LoopKnobs;
 
 use super::cpu_list;
 use crate::baseline;
 use crate::report::{print_table, BenchResult, LatencySummary, RPC_TABLE_HEADER};
-use crate::rpc::{echo_server, run_case, RpcOpts};
+use crate::rpc::{echo_server, run_case, Affinity, RpcOpts};
 
 #[derive(Args)]
 pub struct RpcArgs {
@@ -20,10 +21,10 @@ pub struct RpcArgs {
     /// libfabric provider for --transport fabric (tcp;ofi_rxm, shm, udp;ofi_rxd, verbs, efa).
     #[arg(long, default_value = "tcp;ofi_rxm")]
     provider: String,
-    /// Message size on the wire, RPC header included (bytes).
+    /// Message size on the wire, frame header included (bytes).
     #[arg(long, default_value_t = 64)]
     msg_size: usize,
-    /// Server threads.
+    /// Server threads (workers).
     #[arg(long, default_value_t = 1)]
     server_threads: usize,
     /// Client threads of the throughput run.
@@ -32,7 +33,7 @@ pub struct RpcArgs {
     /// Requests in flight per client thread in the throughput run.
     #[arg(long, default_value_t = 32)]
     in_flight: usize,
-    /// random (each request to a random server thread) or modulo (client id % server threads).
+    /// random (each request to a random worker) or modulo (client id % workers).
     #[arg(long, default_value = "modulo")]
     affinity: Affinity,
     #[command(flatten)]
@@ -72,46 +73,35 @@ pub struct RpcServerArgs {
     knobs: KnobArgs,
 }
 
-/// The echo server's knobs, given to `bench rpc` and passed on to the
-/// `bench rpc-server` child it starts.
+/// The worker loop's knobs, given to `bench rpc` and passed on to the
+/// `bench rpc-server` child it starts. The defaults are the server's own.
 #[derive(Args, Clone, Copy)]
 pub struct KnobArgs {
-    /// Messages a server thread takes per poll (batched receive); 1 disables batching.
-    #[arg(long, default_value_t = 64)]
+    /// Messages a worker takes per poll (batched receive); 1 disables batching.
+    #[arg(long, default_value_t = POLL_BURST_MSGS)]
     poll_burst: usize,
-    /// Flush the responses of a poll burst together (doorbell batching).
+    /// Flush the replies of a poll burst together (doorbell batching).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     batched_send: bool,
-    /// Largest response payload sent inline in the message (bytes); larger
-    /// ones are written one-sided into a reply slot the client registered
-    /// (shm, fabric). Unset: always inline.
-    #[arg(long)]
-    inline_max: Option<usize>,
 }
 
 impl KnobArgs {
-    /// The server knobs these flags set.
-    fn knobs(self) -> ServerKnobs {
-        ServerKnobs {
+    /// The loop knobs these flags set.
+    fn knobs(self) -> LoopKnobs {
+        LoopKnobs {
             poll_burst: self.poll_burst,
             batched_send: self.batched_send,
-            inline_max: self.inline_max.unwrap_or(usize::MAX),
-            ..Default::default()
         }
     }
 
     /// The flags that give a `bench rpc-server` child these knobs.
     fn child_args(self) -> Vec<String> {
-        let mut v = vec![
+        vec![
             "--poll-burst".to_string(),
             self.poll_burst.to_string(),
             "--batched-send".to_string(),
             self.batched_send.to_string(),
-        ];
-        if let Some(n) = self.inline_max {
-            v.extend(["--inline-max".to_string(), n.to_string()]);
-        }
-        v
+        ]
     }
 }
 
@@ -138,7 +128,7 @@ fn listen_addr(transport: &str, provider: &str) -> Result<String, String> {
     })
 }
 
-/// Serves echo RPCs until stdin closes (the parent exits or drops us).
+/// Serves echo requests until stdin closes (the parent exits or drops us).
 pub fn serve(a: RpcServerArgs) -> Result<(), String> {
     let knobs = a.knobs.knobs();
     let server = echo_server(&a.listen, a.threads, knobs)?;
@@ -221,18 +211,11 @@ pub fn run(a: RpcArgs) -> Result<(), String> {
         duration,
         report_every: secs(a.report_every, "report-every")?,
         client_cpus,
-        // With an inline bound, offer a slot that holds a whole response.
-        reply_slot_bytes: if a.knobs.inline_max.is_some() {
-            a.msg_size.next_multiple_of(64)
-        } else {
-            0
-        },
         labels: serde_json::json!({
             "transport": a.transport,
             "provider": if a.transport == "fabric" { a.provider.clone() } else { String::new() },
             "poll_burst": a.knobs.poll_burst,
             "batched_send": a.knobs.batched_send,
-            "inline_max": a.knobs.inline_max,
         }),
     };
     let mut results: Vec<BenchResult> = Vec::new();

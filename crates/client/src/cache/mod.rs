@@ -28,7 +28,7 @@ mod reply;
 
 use std::time::Duration;
 
-use fabrickv_rpc::worker::Turns;
+use fabrickv_rpc::placement::Turns;
 use fabrickv_transport::{Endpoint, RemoteRegion};
 use fabrickv_types::limits::{
     CACHE_BATCH_KEYS_MAX, CACHE_CHUNK_BYTES_MAX, CACHE_KEY_BYTES_MAX, CACHE_VALUE_BYTES_MAX,

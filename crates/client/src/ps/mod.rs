@@ -43,7 +43,7 @@ use slots::SlotAlloc;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use fabrickv_rpc::worker::Turns;
+use fabrickv_rpc::placement::Turns;
 use fabrickv_rpc::Sent;
 use fabrickv_transport::{Endpoint, RemoteRegion};
 use fabrickv_types::ErrorCode;

@@ -1,5 +1,5 @@
-//! The request layer without sockets: messages in, replies out, counters
-//! read back through STATS.
+//! A worker with every service of the server registered, without
+//! sockets: messages in, replies out, counters read back through STATS.
 
 use std::sync::Arc;
 
@@ -15,14 +15,13 @@ use fabrickv_wire::{decode_frame, RequestBuilder};
 use super::*;
 use crate::cache::CacheShared;
 use crate::config::Mode;
-use crate::partitions::Partitions;
 use crate::ps::{PsConfig, PsStore};
 use crate::shard::Shards;
 
 const NOW: u64 = 1;
 
 /// Worker `id` of a server with two workers, with small pools.
-fn worker(id: u16) -> Worker {
+fn server_worker(id: u16) -> Worker {
     let parts = (0..2)
         .map(|_| {
             Partition::new(&PartitionConfig {
@@ -49,7 +48,7 @@ fn worker(id: u16) -> Worker {
     })
     .expect("cache store");
     let shards = Arc::new(Shards::open_for_tests(&[]));
-    Worker::new(
+    worker(
         id,
         Services {
             kv: KvService::new(id, 2, parts, Mode::Store),
@@ -58,6 +57,7 @@ fn worker(id: u16) -> Worker {
             shard: ShardService::new(id, shards),
         },
     )
+    .expect("every service registers")
 }
 
 fn call(w: &mut Worker, msg: &[u8]) -> Vec<u8> {
@@ -87,8 +87,8 @@ fn refusal(out: &[u8]) -> (u64, ErrorCode) {
 }
 
 #[test]
-fn hello_is_answered_by_the_worker_with_the_server_shape() {
-    let mut w = worker(1);
+fn hello_is_answered_with_the_server_shape() {
+    let mut w = server_worker(1);
     let mut req = Vec::new();
     encode_hello(&mut req, 7, 1);
     let out = call(&mut w, &req);
@@ -101,7 +101,7 @@ fn hello_is_answered_by_the_worker_with_the_server_shape() {
 
 #[test]
 fn every_refusal_is_one_error_frame_counted_once() {
-    let mut w = worker(0);
+    let mut w = server_worker(0);
     // Broken bytes: refused by the decoder, the request id read if present.
     let mut req = Vec::new();
     encode_hello(&mut req, 11, 0);
@@ -124,8 +124,8 @@ fn every_refusal_is_one_error_frame_counted_once() {
 }
 
 #[test]
-fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
-    let mut w = worker(0);
+fn stats_list_each_service_in_registration_order_and_shared_stores_on_worker_0_only() {
+    let mut w = server_worker(0);
     let mut req = Vec::new();
     let mut b = RequestBuilder::new(&mut req, 1, 0);
     b.get(b"k");
@@ -152,9 +152,10 @@ fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
             "slab_free_bytes",
             "frames",
             "ops",
-            "frames_refused",
             "misrouted",
             "reply_full",
+            "partitions_owned",
+            "frames_refused",
             "conns_accepted",
             "conns_open",
             "conns_closed_framing",
@@ -163,7 +164,6 @@ fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
             "msgs_out",
             "backpressure_pauses",
             "spliced_bytes",
-            "partitions_owned",
         ]
     );
     assert_eq!(
@@ -186,13 +186,13 @@ fn stats_keep_their_keys_in_order_and_shared_stores_on_worker_0_only() {
     assert!(names.contains(&"cache_entries"));
     assert_eq!(stat(&list, "frames"), 1);
     assert_eq!(stat(&list, "ops"), 1);
-    let other = stats(&mut worker(1));
+    let other = stats(&mut server_worker(1));
     assert_eq!(other.len(), 28, "worker 1 reports no shared store");
 }
 
 #[test]
 fn partitions_frame_shows_and_moves_the_table() {
-    let mut w = worker(1);
+    let mut w = server_worker(1);
     let table = |w: &mut Worker, mv: Option<PartitionMove>| {
         let mut req = Vec::new();
         encode_partitions_request(&mut req, 4, 1, mv);

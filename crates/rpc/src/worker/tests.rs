@@ -1,0 +1,153 @@
+//! The worker's table without sockets: registration, dispatch by kind,
+//! refusals, and every registered service's stats, jobs and sweeps.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+
+use fabrickv_wire::control::{
+    decode_error, decode_stats_reply, encode_hello, encode_stats_request,
+};
+use fabrickv_wire::echo::{decode_echo_reply, encode_echo};
+use fabrickv_wire::{decode_frame, Frame};
+
+use super::*;
+use crate::EchoService;
+
+/// A service of HELLO that counts what the worker asks of it.
+struct Counting {
+    name: &'static str,
+    sweeps: Arc<AtomicUsize>,
+}
+
+impl Service for Counting {
+    fn kinds(&self) -> &'static [FrameKind] {
+        &[FrameKind::Hello]
+    }
+
+    fn handle(&mut self, _call: &Call<'_>, _reply: &mut dyn Reply) -> Result<(), Refusal> {
+        Err((ErrorCode::Malformed, "refused on purpose".into()))
+    }
+
+    fn stats(&self, out: &mut StatsList) {
+        out.push((self.name, 1));
+    }
+
+    fn shared_stats(&self, out: &mut StatsList) {
+        out.push(("shared", 7));
+    }
+
+    fn sweep(&mut self, _now_ms: u64) {
+        self.sweeps.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn worker(id: u16, sweeps: &Arc<AtomicUsize>) -> Worker {
+    let services: [Box<dyn Service>; 3] = [
+        Box::new(EchoService),
+        Box::new(Counting {
+            name: "counting",
+            sweeps: sweeps.clone(),
+        }),
+        Box::new(StatsService),
+    ];
+    Worker::new(id).with(services).expect("register")
+}
+
+fn call(w: &mut Worker, msg: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    w.handle(1, msg, &mut out, 1);
+    out
+}
+
+fn frame(out: &[u8]) -> Frame<'_> {
+    decode_frame(out).expect("one reply frame")
+}
+
+#[test]
+fn a_kind_has_one_service() {
+    let mut w = Worker::new(0);
+    w.register(Box::new(EchoService)).expect("first");
+    assert_eq!(
+        w.register(Box::new(EchoService)),
+        Err(RegisterError::KindTaken(FrameKind::Echo))
+    );
+}
+
+#[test]
+fn frames_go_to_their_kind_s_service_and_refusals_are_counted() {
+    let sweeps = Arc::new(AtomicUsize::new(0));
+    let mut w = worker(3, &sweeps);
+    let mut req = Vec::new();
+    encode_echo(&mut req, 5, 3, b"abc");
+    let out = call(&mut w, &req);
+    let f = frame(&out);
+    assert_eq!((f.header.request_id, f.header.worker), (5, 3));
+    assert_eq!(decode_echo_reply(&f).expect("echo reply"), b"abc");
+    // A service's refusal, a kind no one registered, broken bytes.
+    let mut req = Vec::new();
+    encode_hello(&mut req, 6, 3);
+    let out = call(&mut w, &req);
+    assert_eq!(
+        decode_error(&frame(&out)).expect("error").0,
+        ErrorCode::Malformed
+    );
+    let mut req = Vec::new();
+    fabrickv_wire::ps::encode_open(&mut req, 7, 3, "t");
+    let out = call(&mut w, &req);
+    let f = frame(&out);
+    assert_eq!(f.header.request_id, 7);
+    assert_eq!(decode_error(&f).expect("error").0, ErrorCode::UnknownOpcode);
+    req[0] ^= 0xFF;
+    let out = call(&mut w, &req);
+    assert_eq!(
+        frame(&out).header.request_id,
+        7,
+        "the id of a broken header"
+    );
+    let list = w.stats_list();
+    let refused = list.iter().find(|(k, _)| *k == "frames_refused");
+    assert_eq!(refused, Some(&("frames_refused", 3)));
+}
+
+#[test]
+fn stats_follow_registration_then_worker_then_transport_and_shared_on_worker_0() {
+    let sweeps = Arc::new(AtomicUsize::new(0));
+    for id in [0u16, 1] {
+        let mut w = worker(id, &sweeps);
+        w.set_transport_stats(PortStats {
+            msgs_in: 4,
+            ..PortStats::default()
+        });
+        let mut req = Vec::new();
+        encode_stats_request(&mut req, 9, id);
+        let out = call(&mut w, &req);
+        let list = decode_stats_reply(&frame(&out)).expect("stats reply");
+        let names: Vec<&str> = list.iter().map(|(k, _)| k.as_str()).collect();
+        let mut want = vec![
+            "counting",
+            "frames_refused",
+            "conns_accepted",
+            "conns_open",
+            "conns_closed_framing",
+            "conns_closed_timeout",
+            "msgs_in",
+            "msgs_out",
+            "backpressure_pauses",
+            "spliced_bytes",
+        ];
+        if id == 0 {
+            want.push("shared");
+        }
+        assert_eq!(names, want, "worker {id}");
+        assert_eq!(list[6].1, 4, "the transport's counters as last recorded");
+    }
+}
+
+#[test]
+fn sweeps_run_on_every_service() {
+    let sweeps = Arc::new(AtomicUsize::new(0));
+    let mut w = worker(0, &sweeps);
+    w.sweep(1);
+    w.sweep(2);
+    assert_eq!(sweeps.load(Ordering::Relaxed), 2);
+}
