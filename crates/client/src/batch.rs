@@ -160,6 +160,20 @@ impl FrameTag {
             positions: Vec::new(),
         }
     }
+
+    /// The tag of a frame of one large-value piece of call `batch`
+    /// (`crate::large`), which reads its one result itself.
+    pub(crate) fn piece(batch: u64) -> FrameTag {
+        FrameTag {
+            batch,
+            positions: Vec::new(),
+        }
+    }
+
+    /// The batch the frame belongs to.
+    pub(crate) fn batch(&self) -> u64 {
+        self.batch
+    }
 }
 
 /// One client's part of a batch that is posted and flushed but not yet

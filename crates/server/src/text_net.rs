@@ -36,6 +36,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use fabrickv_transport::idle::IdleBoard;
+use fabrickv_types::transfer::TransferClock;
 
 use crate::service::Clock;
 
@@ -248,7 +249,7 @@ pub(crate) trait Proto: Sized + 'static {
     }
     /// Since when (engine ms) replies holding large values have been
     /// waiting to be written; `None` when none is.
-    fn large_reply_since_ms(&self) -> Option<u64> {
+    fn large_reply(&self) -> Option<TransferClock> {
         None
     }
     /// Reads more of the value being received.
@@ -760,8 +761,8 @@ impl<P: Proto> Loop<P> {
             let stalled = c.proto.receiving() && P::LARGE_STALL_MS.is_some_and(|ms| silent >= ms);
             let unread = large_reply_ms != 0
                 && c.proto
-                    .large_reply_since_ms()
-                    .is_some_and(|since| now.saturating_sub(since) >= large_reply_ms);
+                    .large_reply()
+                    .is_some_and(|clock| clock.outlived(now, large_reply_ms));
             if unread {
                 tracing::debug!(
                     "closing a {} connection that did not read a large value within {large_reply_ms} ms",
