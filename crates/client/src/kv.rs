@@ -341,7 +341,8 @@ fn read_in_place(
 /// value at a time, so of two keys answered `LARGE_VALUE` on one
 /// connection in one batch only the later is still pinned: the earlier's
 /// GET_CHUNK is answered `NO_SUCH_TRANSFER`, and the key is read again
-/// on its own (a fresh GET, and its pin) once.
+/// on its own (a fresh GET, and its pin) once; so is a key one of whose
+/// pieces arrived torn (`BAD_CHECKSUM`, see `crate::large`).
 fn read_large<K: Kv + ?Sized>(kv: &mut K, key: &[u8], l: Large, buf: &mut MgetBuf) -> Result<()> {
     let start = buf.data().len();
     match kv.read_large_pieces(&LargeGet::of(key, l), buf.data_mut()) {
@@ -349,7 +350,7 @@ fn read_large<K: Kv + ?Sized>(kv: &mut K, key: &[u8], l: Large, buf: &mut MgetBu
             buf.set_span(l.pos, start);
             Ok(())
         }
-        Err(e) if e.code() == ErrorCode::NoSuchTransfer => {
+        Err(e) if matches!(e.code(), ErrorCode::NoSuchTransfer | ErrorCode::BadChecksum) => {
             buf.data_mut().truncate(start);
             let o = kv
                 .execute(&[BatchOp::Get { key }])?
