@@ -12,6 +12,7 @@ use fabrickv_types::ErrorCode;
 use fabrickv_wire::PutCondition;
 
 use crate::batch::Sink;
+use crate::large::{LargeGet, LargePut};
 use crate::mget::{large_head, Large};
 use crate::{BatchOp, ClientError, MgetBuf, Outcome, Result};
 
@@ -133,6 +134,24 @@ pub trait Kv {
         Ok(())
     }
 
+    /// Reads the GET_CHUNK pieces of a pinned large value, appending
+    /// them to `value`. `Client` and `ClusterClient` stream them
+    /// (`crate::large`); this default (for other implementors) runs them
+    /// through `execute`.
+    #[doc(hidden)]
+    fn read_large_pieces(&mut self, get: &LargeGet<'_>, value: &mut Vec<u8>) -> Result<()> {
+        get_large_into(self, get, value)
+    }
+
+    /// Sends a large value's PUT_CHUNK pieces; returns the first refused
+    /// piece's code, else the last piece's. `Client` and `ClusterClient`
+    /// stream them (`crate::large`); this default (for other implementors)
+    /// runs them through `execute`.
+    #[doc(hidden)]
+    fn write_large_pieces(&mut self, put: &LargePut<'_>) -> Result<ErrorCode> {
+        put_pieces(self, put)
+    }
+
     /// Stores many values, all in flight at once; fails on the first
     /// refused one (the others have been applied).
     fn mput<K: AsRef<[u8]>, V: AsRef<[u8]>>(
@@ -176,6 +195,14 @@ pub trait Kv {
 }
 
 impl Kv for crate::Client {
+    fn read_large_pieces(&mut self, get: &LargeGet<'_>, value: &mut Vec<u8>) -> Result<()> {
+        read_in_place(value, get.total, |dst| self.read_pieces(get, dst))
+    }
+
+    fn write_large_pieces(&mut self, put: &LargePut<'_>) -> Result<ErrorCode> {
+        self.write_pieces(put)
+    }
+
     fn execute(&mut self, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
         crate::batch::execute(self, ops)
     }
@@ -191,6 +218,16 @@ impl Kv for crate::Client {
 }
 
 impl Kv for crate::ClusterClient {
+    fn read_large_pieces(&mut self, get: &LargeGet<'_>, value: &mut Vec<u8>) -> Result<()> {
+        self.with_server_of(get.key, |c| {
+            read_in_place(value, get.total, |dst| c.read_pieces(get, dst))
+        })
+    }
+
+    fn write_large_pieces(&mut self, put: &LargePut<'_>) -> Result<ErrorCode> {
+        self.with_server_of(put.key, |c| c.write_pieces(put))
+    }
+
     fn execute(&mut self, ops: &[BatchOp<'_>]) -> Result<Vec<Outcome>> {
         crate::ClusterClient::execute(self, ops)
     }
@@ -203,18 +240,19 @@ impl Kv for crate::ClusterClient {
     }
 }
 
-/// PUT_CHUNK or GET_CHUNK pieces of one value in flight at once (4 MiB):
-/// the client sends the next while the server copies the last.
-pub const LARGE_CHUNKS_IN_FLIGHT: usize = 4;
+/// PUT_CHUNK or GET_CHUNK pieces of one value in flight at once through
+/// `execute` (the default pieces path, for a `Kv` that is neither a
+/// `Client` nor a `ClusterClient`, which stream theirs).
+const EXECUTE_CHUNKS_IN_FLIGHT: usize = 4;
 
 /// Transfer ids of this process's PUT_CHUNK transfers: a connection holds
 /// one transfer at a time, so ids only have to differ from the previous.
 static NEXT_TRANSFER: AtomicU64 = AtomicU64::new(1);
 
 /// Stores a value over `VALUE_BYTES_MAX` as PUT_CHUNK pieces of at most
-/// `LARGE_CHUNK_BYTES_MAX`, in order, [`LARGE_CHUNKS_IN_FLIGHT`] per round
-/// trip; the server
-/// stores it (TTL and condition apply then) when the last piece is in.
+/// `LARGE_CHUNK_BYTES_MAX`, in order ([`Kv::write_large_pieces`]); the
+/// server stores it (TTL and condition apply then) when the last piece
+/// is in.
 fn put_large<K: Kv + ?Sized>(
     kv: &mut K,
     key: &[u8],
@@ -231,24 +269,45 @@ fn put_large<K: Kv + ?Sized>(
             ),
         ));
     }
-    let transfer = NEXT_TRANSFER.fetch_add(1, Ordering::Relaxed);
-    let total = value.len() as u64;
-    let ops: Vec<_> = value
+    let put = LargePut {
+        key,
+        value,
+        transfer: NEXT_TRANSFER.fetch_add(1, Ordering::Relaxed),
+        ttl_ms,
+        cond,
+    };
+    match kv.write_large_pieces(&put)? {
+        ErrorCode::Ok => Ok(true),
+        ErrorCode::ConditionFailed => Ok(false),
+        code => Err(ClientError::Server {
+            code,
+            message: String::new(),
+        }),
+    }
+}
+
+/// The PUT_CHUNK pieces of `value` through `execute`, a window of
+/// [`EXECUTE_CHUNKS_IN_FLIGHT`] per round trip: the default
+/// [`Kv::write_large_pieces`].
+fn put_pieces<K: Kv + ?Sized>(kv: &mut K, put: &LargePut<'_>) -> Result<ErrorCode> {
+    let total = put.value.len() as u64;
+    let ops: Vec<_> = put
+        .value
         .chunks(LARGE_CHUNK_BYTES_MAX)
         .enumerate()
         .map(|(i, piece)| BatchOp::PutChunk {
-            key,
-            transfer,
+            key: put.key,
+            transfer: put.transfer,
             total,
             offset: (i * LARGE_CHUNK_BYTES_MAX) as u64,
             bytes: piece,
-            ttl_ms,
-            cond,
+            ttl_ms: put.ttl_ms,
+            cond: put.cond,
         })
         .collect();
-    // A window of pieces in flight at once; a worker runs one
-    // connection's frames in order, so they arrive in order.
-    for window in ops.chunks(LARGE_CHUNKS_IN_FLIGHT) {
+    // A worker runs one connection's frames in order, so they arrive in
+    // order.
+    for window in ops.chunks(EXECUTE_CHUNKS_IN_FLIGHT) {
         let outcomes = kv.execute(window)?;
         if outcomes.len() != window.len() {
             return Err(ClientError::Protocol("missing result".into()));
@@ -256,28 +315,42 @@ fn put_large<K: Kv + ?Sized>(
         // The first refusal explains the rest (later pieces of a dropped
         // transfer answer NO_SUCH_TRANSFER).
         if let Some(o) = outcomes.into_iter().find(|o| o.code != ErrorCode::Ok) {
-            return match o.code {
-                ErrorCode::ConditionFailed => Ok(false),
-                _ => Err(o.into_error()),
-            };
+            return Ok(o.code);
         }
     }
-    Ok(true)
+    Ok(ErrorCode::Ok)
+}
+
+/// Appends `total` bytes to `value` that `read` fills in place; on an
+/// error `value` is as it was.
+fn read_in_place(
+    value: &mut Vec<u8>,
+    total: usize,
+    read: impl FnOnce(&mut [u8]) -> Result<()>,
+) -> Result<()> {
+    let start = value.len();
+    value.resize(start + total, 0);
+    let r = read(&mut value[start..]);
+    if r.is_err() {
+        value.truncate(start);
+    }
+    r
 }
 
 /// Reads the large value of key `l.pos` into `buf`. A connection pins one
 /// value at a time, so of two keys answered `LARGE_VALUE` on one
 /// connection in one batch only the later is still pinned: the earlier's
 /// GET_CHUNK is answered `NO_SUCH_TRANSFER`, and the key is read again
-/// on its own (a fresh GET, and its pin) once.
+/// on its own (a fresh GET, and its pin) once; so is a key one of whose
+/// pieces arrived torn (`BAD_CHECKSUM`, see `crate::large`).
 fn read_large<K: Kv + ?Sized>(kv: &mut K, key: &[u8], l: Large, buf: &mut MgetBuf) -> Result<()> {
     let start = buf.data().len();
-    match get_large_into(kv, key, l.total, l.tag, buf.data_mut()) {
+    match kv.read_large_pieces(&LargeGet::of(key, l), buf.data_mut()) {
         Ok(()) => {
             buf.set_span(l.pos, start);
             Ok(())
         }
-        Err(e) if e.code() == ErrorCode::NoSuchTransfer => {
+        Err(e) if matches!(e.code(), ErrorCode::NoSuchTransfer | ErrorCode::BadChecksum) => {
             buf.data_mut().truncate(start);
             let o = kv
                 .execute(&[BatchOp::Get { key }])?
@@ -291,7 +364,7 @@ fn read_large<K: Kv + ?Sized>(kv: &mut K, key: &[u8], l: Large, buf: &mut MgetBu
                 ErrorCode::NotFound => buf.clear_span(l.pos),
                 ErrorCode::LargeValue => {
                     let again = large_head(l.pos, &o.value)?;
-                    get_large_into(kv, key, again.total, again.tag, buf.data_mut())?;
+                    kv.read_large_pieces(&LargeGet::of(key, again), buf.data_mut())?;
                     buf.set_span(l.pos, start);
                 }
                 _ => return Err(o.into_error()),
@@ -303,14 +376,14 @@ fn read_large<K: Kv + ?Sized>(kv: &mut K, key: &[u8], l: Large, buf: &mut MgetBu
 }
 
 /// Reads the value a GET answered `LARGE_VALUE` for (`total` bytes long,
-/// pinned under `tag`) in GET_CHUNK pieces, appending it to `value`.
+/// pinned under `tag`) in GET_CHUNK pieces through `execute`, appending it
+/// to `value`: the default [`Kv::read_large_pieces`].
 fn get_large_into<K: Kv + ?Sized>(
     kv: &mut K,
-    key: &[u8],
-    total: usize,
-    tag: u64,
+    get: &LargeGet<'_>,
     value: &mut Vec<u8>,
 ) -> Result<()> {
+    let LargeGet { key, total, tag } = *get;
     let start = value.len();
     value.reserve(total);
     // The server unpins the value once its last piece is read, so the
@@ -320,7 +393,7 @@ fn get_large_into<K: Kv + ?Sized>(
     let last = total.saturating_sub(1) / LARGE_CHUNK_BYTES_MAX * LARGE_CHUNK_BYTES_MAX;
     while value.len() - start < total {
         let from = value.len() - start;
-        let ops: Vec<_> = (0..LARGE_CHUNKS_IN_FLIGHT)
+        let ops: Vec<_> = (0..EXECUTE_CHUNKS_IN_FLIGHT)
             .map(|i| from + i * LARGE_CHUNK_BYTES_MAX)
             .take_while(|&at| at < total && (at < last || at == from))
             .map(|at| BatchOp::GetChunk {

@@ -26,6 +26,7 @@ pub mod cache;
 pub mod cluster;
 mod conn;
 mod kv;
+mod large;
 mod mget;
 pub mod ps;
 pub mod shard;

@@ -19,13 +19,13 @@
 //! backend share ([`CacheShared`]: the store, registered clients, the
 //! per-worker job queues, counters).
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 use fabrickv_cache::{CacheConfig, CacheError, PutSlot};
 use fabrickv_transport::{ConnId, RemoteRegion, Reply, WorkerPort};
+use fabrickv_types::transfer::Transfers;
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::cache::{
     decode_request, encode_status_reply, CacheOp, CacheRequest, RegionSlice,
@@ -79,8 +79,6 @@ struct Pending {
     key: Vec<u8>,
     /// Bytes received so far: where the next chunk must start.
     received: u64,
-    /// When the transfer is dropped unless another chunk comes.
-    deadline_ms: u64,
 }
 
 /// The cache service of one worker.
@@ -90,8 +88,9 @@ pub struct CacheService {
     /// The store and what every worker shares.
     shared: Arc<CacheShared>,
     /// Chunked puts open on this worker's connections, by connection and
-    /// transfer id.
-    pending: HashMap<(ConnId, u64), Pending>,
+    /// transfer id; one idle for [`CACHE_PENDING_PUT_TIMEOUT_MS`] is
+    /// dropped by the sweep.
+    pending: Transfers<(ConnId, u64), Pending>,
     /// Transfers the gRPC backend queued to this worker (none in tests).
     jobs: Option<Receiver<Job>>,
     /// Checksums of inline GET chunks already sent (see [`ChunkCrcs`]).
@@ -104,7 +103,7 @@ impl CacheService {
         CacheService {
             worker,
             shared,
-            pending: HashMap::new(),
+            pending: Transfers::new(),
             jobs,
             chunk_crcs: ChunkCrcs::default(),
         }
@@ -213,9 +212,7 @@ impl Service for CacheService {
     /// Periodic work: drops chunked puts past their deadline; worker 0 also
     /// runs the store's active expiry and releases silent clients.
     fn sweep(&mut self, now_ms: u64) {
-        let before = self.pending.len();
-        self.pending.retain(|_, p| p.deadline_ms > now_ms);
-        let dropped = before - self.pending.len();
+        let dropped = self.pending.sweep(now_ms, CACHE_PENDING_PUT_TIMEOUT_MS);
         if dropped > 0 {
             self.shared
                 .counters

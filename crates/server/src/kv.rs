@@ -6,7 +6,6 @@
 //! the ERROR frame), and an operation that breaks a bound gets its own
 //! error result while the rest of its batch runs.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
@@ -16,6 +15,7 @@ use fabrickv_engine::{
 };
 use fabrickv_transport::{ConnId, Reply};
 use fabrickv_types::limits::{BATCH_OPS_MAX, KEY_BYTES_MAX, VALUE_BYTES_MAX};
+use fabrickv_types::transfer::Transfers;
 use fabrickv_types::{ErrorCode, KeyHash};
 use fabrickv_wire::control::ServerInfo;
 use fabrickv_wire::{FrameKind, OpCode, PutCondition, RequestIter, ResponseBuilder};
@@ -58,6 +58,27 @@ pub const KV_LARGE_PIN_MS: u64 = 60_000;
 
 const _: () = assert!(KV_LARGE_RECEIVING_BYTES_MAX >= LARGE_VALUE_BYTES_MAX);
 
+/// Smallest GET_CHUNK piece sent from the pinned value's own memory after
+/// its reply frame (`Reply::append_shared`: over tcp a vectored or
+/// spliced write) instead of copied into the reply, in bytes: below it
+/// the copy costs less than queueing the part (an allocation and a slice
+/// of the write). The tcp port splices parts from the same size
+/// (`SPLICE_PART_BYTES_MIN`).
+pub const KV_PIECE_SENT_AFTER_BYTES_MIN: usize = 32 << 10;
+
+/// A GET_CHUNK piece sent after its reply frame from the pinned value's
+/// own memory; the clone keeps the buffer alive until it is sent.
+struct PieceAfter {
+    value: LargeValue,
+    range: std::ops::Range<usize>,
+}
+
+impl AsRef<[u8]> for PieceAfter {
+    fn as_ref(&self) -> &[u8] {
+        &self.value[self.range.clone()]
+    }
+}
+
 /// A share of the server's [`KV_LARGE_RECEIVING_BYTES_MAX`], given back
 /// when dropped (on every path: stored, refused, replaced, swept).
 struct Reservation {
@@ -97,7 +118,6 @@ struct Receiving {
     buf: Box<[u8]>,
     /// Bytes received so far (the next chunk's offset).
     at: usize,
-    last_ms: u64,
     _share: Reservation,
 }
 
@@ -110,18 +130,6 @@ struct Pinned {
     /// entry stays a while, so that the client's next GET_CHUNK learns
     /// why: `TIMEOUT`, not `NO_SUCH_TRANSFER`).
     value: Option<LargeValue>,
-    /// The GET that pinned it, in engine ms: the pin ends
-    /// [`KV_LARGE_PIN_MS`] later.
-    since_ms: u64,
-    /// The last GET_CHUNK, in engine ms (idle pins go sooner).
-    last_ms: u64,
-}
-
-impl Pinned {
-    /// Whether the pin is past its deadline at `now_ms`.
-    fn expired(&self, now_ms: u64) -> bool {
-        now_ms.saturating_sub(self.since_ms) >= KV_LARGE_PIN_MS
-    }
 }
 
 /// Counters of the kv service of one worker. STATS reports them beside
@@ -146,12 +154,17 @@ struct OpState {
     counters: KvCounters,
     /// The PUT_CHUNK transfer of each connection that has one (at most
     /// one per connection; idle ones are swept).
-    receiving: HashMap<ConnId, Receiving>,
+    receiving: Transfers<ConnId, Receiving>,
     /// The value each connection reads with GET_CHUNK (at most one per
-    /// connection; idle ones are swept).
-    pinned: HashMap<ConnId, Pinned>,
+    /// connection; idle ones are swept). Its clock began at the GET that
+    /// pinned it: the pin ends [`KV_LARGE_PIN_MS`] later, however the
+    /// client reads.
+    pinned: Transfers<ConnId, Pinned>,
     /// The next pin tag (unique per worker, never reused).
     next_tag: u64,
+    /// The piece the frame being executed sends after its reply (its last
+    /// result is a GET_CHUNK of at least [`KV_PIECE_SENT_AFTER_BYTES_MIN`]).
+    piece_after: Option<PieceAfter>,
 }
 
 /// Most partitions the kv service locks at once for one frame: a frame's
@@ -188,9 +201,10 @@ impl KvService {
             mode,
             st: OpState {
                 counters: KvCounters::default(),
-                receiving: HashMap::new(),
-                pinned: HashMap::new(),
+                receiving: Transfers::new(),
+                pinned: Transfers::new(),
                 next_tag: 1,
+                piece_after: None,
             },
             hashes: Vec::with_capacity(BATCH_OPS_MAX),
             indexes: Vec::with_capacity(BATCH_OPS_MAX),
@@ -238,14 +252,14 @@ impl KvService {
     /// and the values of pins past [`KV_LARGE_PIN_MS`] (their entries go
     /// [`KV_LARGE_IDLE_MS`] after that).
     pub fn sweep_large(&mut self, now_ms: u64) {
-        let live = |last: u64| now_ms.saturating_sub(last) <= KV_LARGE_IDLE_MS;
-        self.st.receiving.retain(|_, r| live(r.last_ms));
-        self.st.pinned.retain(|_, p| {
-            if p.expired(now_ms) {
+        self.st.receiving.sweep(now_ms, KV_LARGE_IDLE_MS);
+        self.st.pinned.sweep_with(|clock, p| {
+            if clock.outlived(now_ms, KV_LARGE_PIN_MS) {
                 p.value = None;
-                return live(p.since_ms.saturating_add(KV_LARGE_PIN_MS));
+                return now_ms.saturating_sub(clock.since_ms())
+                    <= KV_LARGE_PIN_MS + KV_LARGE_IDLE_MS;
             }
-            live(p.last_ms)
+            !clock.idle(now_ms, KV_LARGE_IDLE_MS)
         });
     }
 
@@ -358,7 +372,30 @@ impl KvService {
             // Every result stands; the client's table is stale.
             rb.set_status(ErrorCode::WrongWorker);
         }
-        rb.finish();
+        match &self.st.piece_after {
+            Some(p) => {
+                rb.finish_before_value(p.range.len(), fabrickv_wire::checksum::crc32c(p.as_ref()))
+            }
+            None => rb.finish(),
+        }
+    }
+
+    /// Executes one REQUEST frame into `reply`: [`KvService::execute`],
+    /// then a GET_CHUNK piece it left to send after the frame, from the
+    /// value's own memory.
+    #[inline]
+    fn execute_into(
+        &mut self,
+        conn: ConnId,
+        ops: RequestIter<'_>,
+        id: u64,
+        reply: &mut dyn Reply,
+        now_ms: u64,
+    ) {
+        self.execute(conn, ops, id, reply.buf(), now_ms);
+        if let Some(p) = self.st.piece_after.take() {
+            reply.append_shared(Box::new(p));
+        }
     }
 
     /// The partitions (shared with every worker and front end).
@@ -435,14 +472,13 @@ fn execute_op(
                 let mut r = [0u8; fabrickv_wire::LARGE_RESULT_BYTES];
                 r[..8].copy_from_slice(&(v.len() as u64).to_le_bytes());
                 r[8..].copy_from_slice(&tag.to_le_bytes());
-                st.pinned.insert(
+                st.pinned.open(
                     conn,
                     Pinned {
                         tag,
                         value: Some(v.clone()),
-                        since_ms: now_ms,
-                        last_ms: now_ms,
                     },
+                    now_ms,
                 );
                 rb.result(ErrorCode::LargeValue, &r)
             }
@@ -461,15 +497,15 @@ fn execute_op(
                 rb.result(ErrorCode::Malformed, &[]);
                 return;
             };
-            let pin = match st.pinned.get_mut(&conn) {
-                Some(p) if p.tag == c.tag => p,
+            let (clock, pin) = match st.pinned.get_mut(&conn) {
+                Some((clock, p)) if p.tag == c.tag => (clock, p),
                 _ => {
                     rb.result(ErrorCode::NoSuchTransfer, &[]);
                     return;
                 }
             };
-            let bytes = match &pin.value {
-                Some(v) if !pin.expired(now_ms) => v.as_slice(),
+            let value = match &pin.value {
+                Some(v) if !clock.outlived(now_ms, KV_LARGE_PIN_MS) => v.clone(),
                 _ => {
                     // Past its deadline: the value goes now (if the sweep
                     // has not freed it yet), the answer stays TIMEOUT
@@ -480,7 +516,7 @@ fn execute_op(
                 }
             };
             let end = c.offset + u64::from(c.len);
-            if end > bytes.len() as u64 {
+            if end > value.len() as u64 {
                 rb.result(ErrorCode::Malformed, &[]);
                 return;
             }
@@ -489,13 +525,21 @@ fn execute_op(
                 rb.result(ErrorCode::ReplyFull, &[]);
                 return;
             }
-            pin.last_ms = now_ms;
-            rb.result(ErrorCode::Ok, &bytes[c.offset as usize..end as usize]);
+            clock.touch(now_ms);
             // The last piece read unpins the value.
-            if end == bytes.len() as u64 {
+            if end == value.len() as u64 {
                 st.pinned.remove(&conn);
             }
-            &mut *rb
+            let range = c.offset as usize..end as usize;
+            if after == 0 && range.len() >= KV_PIECE_SENT_AFTER_BYTES_MIN {
+                // The frame's last result: its piece follows the frame
+                // from the value itself, not copied into the reply.
+                rb.result_sent_after(ErrorCode::Ok, range.len());
+                st.piece_after = Some(PieceAfter { value, range });
+                &mut *rb
+            } else {
+                rb.result(ErrorCode::Ok, &value[range])
+            }
         }
         OpCode::PutChunk => {
             let code = put_chunk(
@@ -533,7 +577,7 @@ fn execute_op(
 /// stores the value (no copy: the buffer becomes the large object).
 #[allow(clippy::too_many_arguments)]
 fn put_chunk(
-    receiving: &mut HashMap<ConnId, Receiving>,
+    receiving: &mut Transfers<ConnId, Receiving>,
     parts: &Arc<Partitions>,
     conn: ConnId,
     op: &fabrickv_wire::Op<'_>,
@@ -553,19 +597,19 @@ fn put_chunk(
         let Some(share) = Reservation::take(parts, total) else {
             return ErrorCode::ReceivingFull;
         };
-        receiving.insert(
+        receiving.open(
             conn,
             Receiving {
                 key: op.key.into(),
                 transfer: c.transfer,
                 buf: vec![0u8; total].into_boxed_slice(),
                 at: 0,
-                last_ms: now_ms,
                 _share: share,
             },
+            now_ms,
         );
     }
-    let Some(r) = receiving.get_mut(&conn) else {
+    let Some(r) = receiving.touch(&conn, now_ms) else {
         return ErrorCode::NoSuchTransfer;
     };
     if r.transfer != c.transfer {
@@ -578,7 +622,6 @@ fn put_chunk(
     let end = r.at + c.bytes.len();
     r.buf[r.at..end].copy_from_slice(c.bytes);
     r.at = end;
-    r.last_ms = now_ms;
     if end < total {
         return ErrorCode::Ok;
     }
@@ -604,7 +647,7 @@ impl Service for KvService {
     #[inline]
     fn handle(&mut self, call: &Call<'_>, reply: &mut dyn Reply) -> Result<(), Refusal> {
         let ops = RequestIter::new(&call.frame).map_err(wire_refusal)?;
-        self.execute(call.conn, ops, call.id(), reply.buf(), call.now_ms);
+        self.execute_into(call.conn, ops, call.id(), reply, call.now_ms);
         Ok(())
     }
 
@@ -698,7 +741,7 @@ mod tests {
         let frame = decode_frame(&req).expect("frame");
         let ops = RequestIter::new(&frame).expect("request");
         let mut out = Vec::new();
-        kv.execute(CONN, ops, 1, &mut out, now_ms);
+        kv.execute_into(CONN, ops, 1, &mut out, now_ms);
         let frame = decode_frame(&out).expect("reply frame");
         let r = ResponseIter::new(&frame)
             .expect("response")

@@ -19,6 +19,7 @@ use mio::Waker;
 use fabrickv_resp::limits::RESP_COMMAND_BYTES_MAX;
 
 use fabrickv_engine::LargeValue;
+use fabrickv_types::transfer::TransferClock;
 
 use crate::resp::{ClientPeer, KillNotify, LargeBulkAt, Receiving, RespSession, RespShared};
 use crate::text_socket::{conn_counters, Counters, Io, Proto};
@@ -79,8 +80,9 @@ pub(crate) struct RespConn {
     large_in: Option<LargeIn>,
     /// Bytes of the first queued large reply already written.
     large_pos: usize,
-    /// Since when (engine ms) large replies have been queued; 0: none is.
-    large_since_ms: u64,
+    /// Since when (engine ms) large replies have been queued; `None`: none
+    /// is.
+    large_reply: Option<TransferClock>,
 }
 
 /// A large bulk being received straight from the socket into the value's
@@ -157,7 +159,7 @@ impl Proto for RespConn {
             held_until_ms: 0,
             large_in: None,
             large_pos: 0,
-            large_since_ms: 0,
+            large_reply: None,
         }
     }
 
@@ -172,8 +174,8 @@ impl Proto for RespConn {
             .session
             .process(shared, &io.input[io.start..io.end], &mut io.out, now_ms);
         let more = io.took(p.consumed, p.need, p.close);
-        if self.large_since_ms == 0 && !self.session.large_out.queue.is_empty() {
-            self.large_since_ms = now_ms.max(1);
+        if self.large_reply.is_none() && !self.session.large_out.queue.is_empty() {
+            self.large_reply = Some(TransferClock::start(now_ms));
         }
         if let Some(until) = p.hold_until_ms {
             self.held_until_ms = until;
@@ -229,8 +231,8 @@ impl Proto for RespConn {
         shared.large_reply_ms
     }
 
-    fn large_reply_since_ms(&self) -> Option<u64> {
-        (self.large_since_ms != 0).then_some(self.large_since_ms)
+    fn large_reply(&self) -> Option<TransferClock> {
+        self.large_reply
     }
 
     /// Reads more of the large bulk being received, straight into its
@@ -300,7 +302,7 @@ impl Proto for RespConn {
                         self.large_pos = 0;
                         q.pop();
                         if q.queue.is_empty() {
-                            self.large_since_ms = 0;
+                            self.large_reply = None;
                         }
                     } else {
                         self.large_pos += n;
@@ -323,7 +325,7 @@ impl Proto for RespConn {
 
     fn reset_out(&mut self) {
         self.large_pos = 0;
-        self.large_since_ms = 0;
+        self.large_reply = None;
     }
 }
 

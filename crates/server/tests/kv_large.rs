@@ -10,7 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    parse_reply, recv_n, request, stat, wait_for, Reply, Resp, TestServer, Transport, TIMEOUT,
+    parse_reply, recv_n, request, stat, stat_per_worker, wait_for, Reply, Resp, TestServer,
+    Transport, TIMEOUT,
 };
 use fabrickv_client::Kv;
 use fabrickv_server::Mode;
@@ -101,9 +102,31 @@ fn a_short_last_piece_does_not_unpin_the_rest(t: Transport) {
     s.shutdown();
 }
 
+/// Regression: a native large GET read one piece per round trip. Its
+/// GET_CHUNKs went several to a request frame, so every reply frame held
+/// the first piece and answered the others `REPLY_FULL`, to be sent again
+/// in the next round. Each piece now has a frame of its own, streamed, and
+/// none is answered `REPLY_FULL`.
+fn a_large_get_streams_its_pieces_without_reply_full(t: Transport) {
+    let s = server(t, false);
+    let mut c = s.client();
+    let v = value(16 * MIB + 3, 7);
+    c.put(b"streamed", &v).expect("put");
+    let before: u64 = stat_per_worker(&mut c, "reply_full").iter().sum();
+    let mut buf = fabrickv_client::MgetBuf::new();
+    for _ in 0..2 {
+        c.mget_into(&[b"streamed"], &mut buf).expect("get");
+        assert!(buf.iter().next().flatten() == Some(&v[..]));
+    }
+    let after: u64 = stat_per_worker(&mut c, "reply_full").iter().sum();
+    assert_eq!(after, before, "pieces answered REPLY_FULL");
+    s.shutdown();
+}
+
 transport_tests!(
     large_values_round_trip,
-    a_short_last_piece_does_not_unpin_the_rest
+    a_short_last_piece_does_not_unpin_the_rest,
+    a_large_get_streams_its_pieces_without_reply_full
 );
 
 #[test]

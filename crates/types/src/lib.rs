@@ -20,6 +20,7 @@ pub mod digest;
 pub mod hash;
 pub mod limits;
 pub mod size;
+pub mod transfer;
 
 pub use code::ErrorCode;
 pub use digest::{Digest, PairDigest};

@@ -334,6 +334,13 @@ impl<'b> FrameWriter<'b> {
     pub(crate) fn finish(self) {
         finish_frame(self.out, self.start, self.count);
     }
+
+    /// [`FrameWriter::finish`], handing back the buffer and where the
+    /// frame starts in it, for a frame whose body goes on past the buffer.
+    pub(crate) fn finish_at(self) -> (&'b mut Vec<u8>, usize) {
+        finish_frame(self.out, self.start, self.count);
+        (self.out, self.start)
+    }
 }
 
 /// The entries of a frame body not yet read: the reading side of

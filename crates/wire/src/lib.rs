@@ -46,7 +46,7 @@ pub use request::{
     GetChunk, Op, OpCode, PutChunk, PutCondition, RequestBuilder, RequestIter,
     GET_CHUNK_HEAD_BYTES, LARGE_RESULT_BYTES, PUT_CHUNK_HEAD_BYTES,
 };
-pub use response::{OpResult, ResponseBuilder, ResponseIter};
+pub use response::{OneResultHead, OpResult, ResponseBuilder, ResponseIter, ONE_RESULT_HEAD_BYTES};
 
 /// Reads a little-endian u16 at `at`; callers have checked the length.
 #[inline]

@@ -8,11 +8,70 @@
 //!      8    . value
 //! ```
 
-use fabrickv_types::limits::{RESULT_HEADER_BYTES, VALUE_BYTES_MAX};
+use fabrickv_types::limits::{FRAME_HEADER_BYTES, RESULT_HEADER_BYTES, VALUE_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 
-use crate::header::{Entries, Frame, FrameKind, FrameWriter, WireError};
+use crate::header::{Entries, Frame, FrameHeader, FrameKind, FrameWriter, WireError};
 use crate::{le_u16, le_u32};
+
+/// Bytes of a response frame of one result before its value: the frame
+/// header and the result header. A client receives a GET_CHUNK's reply
+/// split here, its piece straight from the socket into its place in the
+/// caller's buffer ([`OneResultHead`]).
+pub const ONE_RESULT_HEAD_BYTES: usize = FRAME_HEADER_BYTES + RESULT_HEADER_BYTES;
+
+/// The head of a response frame holding one result, read before its value
+/// has arrived: the frame's checks that need no body bytes are done, the
+/// checksum waits for the value ([`OneResultHead::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OneResultHead {
+    /// The frame's header.
+    pub header: FrameHeader,
+    /// The result's status.
+    pub code: ErrorCode,
+    /// Bytes of the result's value, the rest of the message.
+    pub value_len: usize,
+    /// The result header, which the checksum covers with the value.
+    result: [u8; RESULT_HEADER_BYTES],
+}
+
+impl OneResultHead {
+    /// Parses the first [`ONE_RESULT_HEAD_BYTES`] of a message of
+    /// `msg_len` bytes; `None` unless it is a RESPONSE of exactly one
+    /// result whose value is the rest of the message.
+    pub fn parse(head: &[u8], msg_len: usize) -> Option<OneResultHead> {
+        let head = head.get(..ONE_RESULT_HEAD_BYTES)?;
+        let header = FrameHeader::decode(head).ok()?;
+        let body = msg_len.checked_sub(FRAME_HEADER_BYTES)?;
+        let value_len = msg_len - ONE_RESULT_HEAD_BYTES;
+        let r = &head[FRAME_HEADER_BYTES..];
+        let ok = header.kind == FrameKind::Response
+            && header.op_count == 1
+            && header.body_len as usize == body
+            && le_u16(r, 2) == 0
+            && le_u32(r, 4) as usize == value_len
+            && value_len <= VALUE_BYTES_MAX;
+        let mut result = [0u8; RESULT_HEADER_BYTES];
+        result.copy_from_slice(r);
+        ok.then(|| OneResultHead {
+            header,
+            code: ErrorCode::from_u16(le_u16(r, 0)).unwrap_or(ErrorCode::Internal),
+            value_len,
+            result,
+        })
+    }
+
+    /// Checks the frame's checksum once its value has arrived.
+    pub fn check(&self, value: &[u8]) -> Result<(), WireError> {
+        if value.len() != self.value_len {
+            return Err(WireError::Truncated);
+        }
+        if crate::checksum::crc32c_of(&[&self.result, value]) != self.header.checksum {
+            return Err(WireError::BadChecksum);
+        }
+        Ok(())
+    }
+}
 
 /// One operation's result, borrowing the value from the frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +185,34 @@ impl<'b> ResponseBuilder<'b> {
         self.w.entry_done();
         self
     }
+
+    /// Adds a result whose value of `value_len` bytes is not copied into
+    /// the frame's buffer but sent right after it from its own memory (a
+    /// vectored or spliced write of a large value). It must be the frame's
+    /// last result, and the frame is then finished with
+    /// [`ResponseBuilder::finish_before_value`].
+    pub fn result_sent_after(&mut self, code: ErrorCode, value_len: usize) -> &mut Self {
+        self.w.out.extend_from_slice(&code.as_u16().to_le_bytes());
+        self.w.out.extend_from_slice(&0u16.to_le_bytes());
+        self.w
+            .out
+            .extend_from_slice(&(value_len as u32).to_le_bytes());
+        self.w.entry_done();
+        self
+    }
+
+    /// Patches the header of a frame whose last result's value
+    /// ([`ResponseBuilder::result_sent_after`], `value_len` bytes of
+    /// CRC-32C `value_crc`) follows the buffer: body length and checksum
+    /// cover it.
+    pub fn finish_before_value(self, value_len: usize, value_crc: u32) {
+        let (out, start) = self.w.finish_at();
+        // Header layout (crate::header): body_len at 16, checksum at 20.
+        let body_len = le_u32(out, start + 16) as usize + value_len;
+        let crc = crate::cache::crc32c_concat(le_u32(out, start + 20), value_crc, value_len);
+        out[start + 16..start + 20].copy_from_slice(&(body_len as u32).to_le_bytes());
+        out[start + 20..start + 24].copy_from_slice(&crc.to_le_bytes());
+    }
 }
 
 impl ExactSizeIterator for ResponseIter<'_> {}
@@ -150,6 +237,44 @@ mod tests {
         assert_eq!((rs[0].code(), rs[0].value), (ErrorCode::Ok, &b"hello"[..]));
         assert_eq!(rs[1].code(), ErrorCode::NotFound);
         assert_eq!(rs[2].value, b"");
+    }
+
+    #[test]
+    fn a_one_result_head_parses_and_checks_its_value() {
+        let mut buf = Vec::new();
+        let mut b = ResponseBuilder::new(&mut buf, 7, 1);
+        b.result(ErrorCode::Ok, b"piece");
+        b.finish();
+        let h = OneResultHead::parse(&buf, buf.len()).expect("one result");
+        assert_eq!(
+            (h.header.request_id, h.code, h.value_len),
+            (7, ErrorCode::Ok, 5)
+        );
+        assert_eq!(h.check(&buf[ONE_RESULT_HEAD_BYTES..]), Ok(()));
+        assert_eq!(h.check(b"piecE"), Err(WireError::BadChecksum));
+        assert_eq!(h.check(b"pie"), Err(WireError::Truncated));
+        // A message of another length, or of two results, is not one.
+        assert_eq!(OneResultHead::parse(&buf, buf.len() + 1), None);
+        let mut two = Vec::new();
+        let mut b = ResponseBuilder::new(&mut two, 7, 1);
+        b.result(ErrorCode::Ok, b"").result(ErrorCode::Ok, b"");
+        b.finish();
+        assert_eq!(OneResultHead::parse(&two, two.len()), None);
+    }
+
+    #[test]
+    fn a_value_sent_after_the_frame_is_covered_by_its_length_and_checksum() {
+        let value = vec![7u8; 5000];
+        let mut buf = Vec::new();
+        let mut b = ResponseBuilder::new(&mut buf, 3, 0);
+        b.result(ErrorCode::Ok, b"")
+            .result_sent_after(ErrorCode::Ok, value.len());
+        b.finish_before_value(value.len(), crate::checksum::crc32c(&value));
+        buf.extend_from_slice(&value);
+        let f = decode_frame(&buf).expect("frame");
+        let rs: Vec<_> = ResponseIter::new(&f).expect("structure").collect();
+        assert_eq!(rs.len(), 2);
+        assert_eq!(rs[1].value, &value[..]);
     }
 
     #[test]

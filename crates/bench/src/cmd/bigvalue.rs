@@ -8,8 +8,8 @@
 //!   final buffer;
 //! - **fabrickv-tcp**: the same server's native kv listener over tcp, with
 //!   the Rust client (`Kv::get`/`put`): the value travels as PUT_CHUNK /
-//!   GET_CHUNK pieces of 1 MiB, four in flight at once, and the GET's bytes
-//!   are copied once more into the caller's buffer;
+//!   GET_CHUNK pieces of 1 MiB streamed back to back, the GET's landing
+//!   in the client's `MgetBuf`, kept between requests;
 //! - **raw-tcp**: a thread of this process that, per request byte, writes
 //!   the value with one `write_all` (GET) or reads it into a buffer and
 //!   answers one byte (SET): the ceiling of one loopback stream;
@@ -69,34 +69,44 @@ const VALUE_BYTES_MAX: usize = 512 << 20;
 const SYSTEMS: [&str; 4] = ["raw-tcp", "fabrickv", "fabrickv-tcp", "redis"];
 
 /// One system's connection: a byte stream (raw TCP, RESP) or the native
-/// kv client over tcp (values over 1 MiB travel as PUT_CHUNK / GET_CHUNK).
+/// kv client over tcp (values over 1 MiB travel as PUT_CHUNK / GET_CHUNK),
+/// which reads into its own buffer, kept between requests as the
+/// streams' `buf` is.
 enum Sys {
     Stream(Conn),
-    Native(fabrickv_client::Client),
+    Native(Box<fabrickv_client::Client>, fabrickv_client::MgetBuf),
 }
 
 impl Sys {
     fn get(&mut self, buf: &mut [u8]) -> Result<(), String> {
         match self {
             Sys::Stream(c) => c.get(buf),
-            Sys::Native(c) => {
-                let v = fabrickv_client::Kv::get(c, b"chunk")
-                    .map_err(|e| e.to_string())?
-                    .ok_or("GET found nothing")?;
-                if v.len() != buf.len() {
-                    return Err(format!("GET read {} bytes", v.len()));
+            Sys::Native(c, got) => {
+                fabrickv_client::Kv::mget_into(&mut **c, &[b"chunk"], got)
+                    .map_err(|e| e.to_string())?;
+                match got.iter().next().flatten() {
+                    Some(v) if v.len() == buf.len() => Ok(()),
+                    Some(v) => Err(format!("GET read {} bytes", v.len())),
+                    None => Err("GET found nothing".into()),
                 }
-                buf.copy_from_slice(&v);
-                Ok(())
             }
+        }
+    }
+
+    /// The bytes the last GET read: `buf` for a stream, the client's own
+    /// buffer for the native client.
+    fn got<'a>(&'a self, buf: &'a [u8]) -> &'a [u8] {
+        match self {
+            Sys::Stream(_) => buf,
+            Sys::Native(_, got) => got.iter().next().flatten().unwrap_or_default(),
         }
     }
 
     fn set(&mut self, value: &[u8]) -> Result<(), String> {
         match self {
             Sys::Stream(c) => c.set(value),
-            Sys::Native(c) => {
-                fabrickv_client::Kv::put(c, b"chunk", value).map_err(|e| e.to_string())
+            Sys::Native(c, _) => {
+                fabrickv_client::Kv::put(&mut **c, b"chunk", value).map_err(|e| e.to_string())
             }
         }
     }
@@ -283,7 +293,10 @@ pub fn run(a: BigValueArgs) -> Result<(), String> {
     let mut systems: Vec<(&str, Sys)> = vec![
         ("raw-tcp", Sys::Stream(Conn::connect(raw.port, true)?)),
         ("fabrickv", Sys::Stream(Conn::connect(fkv_port, false)?)),
-        ("fabrickv-tcp", Sys::Native(native)),
+        (
+            "fabrickv-tcp",
+            Sys::Native(Box::new(native), fabrickv_client::MgetBuf::new()),
+        ),
     ];
     if let Some((_, port)) = &redis {
         systems.push(("redis", Sys::Stream(Conn::connect(*port, false)?)));
@@ -293,7 +306,7 @@ pub fn run(a: BigValueArgs) -> Result<(), String> {
     for (name, c) in systems.iter_mut() {
         c.set(&value).map_err(|e| format!("{name}: {e}"))?;
         c.get(&mut buf).map_err(|e| format!("{name}: {e}"))?;
-        if buf[..] != value[..] {
+        if c.got(&buf) != &value[..] {
             return Err(format!("{name}: GET read other bytes"));
         }
     }
@@ -313,7 +326,7 @@ pub fn run(a: BigValueArgs) -> Result<(), String> {
                     }
                     .map_err(|e| format!("{name} {op}: {e}"))?;
                     samples[oi][si].0.push(t.elapsed().as_secs_f64());
-                    if *op == "get" && buf[..] != value[..] {
+                    if *op == "get" && c.got(&buf) != &value[..] {
                         return Err(format!("{name}: GET read other bytes"));
                     }
                 }

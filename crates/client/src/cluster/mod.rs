@@ -171,6 +171,19 @@ impl ClusterClient {
         out.finish()
     }
 
+    /// Runs `f` on the connected client of the server holding `key`: the
+    /// pieces of a large value all go to it (`crate::large`). A failure
+    /// other than the server's refusal drops its connection, as in `run`.
+    pub(crate) fn with_server_of<R>(
+        &mut self,
+        key: &[u8],
+        f: impl FnOnce(&mut Client) -> Result<R>,
+    ) -> Result<R> {
+        let s = server_of_hash(KeyHash::of(key).0, self.m.size()) as usize;
+        let c = self.m.ensure(s)?;
+        f(c).map_err(|e| self.m.fail_or_wrap(s, e))
+    }
+
     /// [`ClusterClient::execute`], landing every result in `sink`
     /// (`again`: scratch for the operations sent again). Allocates per
     /// server and per frame, never per operation.

@@ -8,9 +8,7 @@ use fabrickv_transport::{ConnId, Reply};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::cache::{encode_put_reply, PutSource};
 
-use super::{
-    refusal, region_of, CacheService, Pending, CACHE_PENDING_PUTS_MAX, CACHE_PENDING_PUT_TIMEOUT_MS,
-};
+use super::{refusal, region_of, CacheService, Pending, CACHE_PENDING_PUTS_MAX};
 use crate::service::Refusal;
 
 impl CacheService {
@@ -66,19 +64,19 @@ impl CacheService {
                 slot.bytes_mut()[..chunk.len()].copy_from_slice(chunk);
                 // A new transfer with a used id replaces the old one, whose
                 // space is freed (nothing of it was ever visible).
-                self.pending.insert(
+                self.pending.open(
                     (conn, transfer),
                     Pending {
                         slot,
                         key: key.to_vec(),
                         received: chunk.len() as u64,
-                        deadline_ms: now_ms + CACHE_PENDING_PUT_TIMEOUT_MS,
                     },
+                    now_ms,
                 );
                 (0, chunk.len() as u64)
             }
             PutSource::Inline(chunk) => {
-                let Some(p) = self.pending.get_mut(&(conn, transfer)) else {
+                let Some(p) = self.pending.touch(&(conn, transfer), now_ms) else {
                     return Err((
                         ErrorCode::NotFound,
                         format!("no chunked put {transfer} is open on this connection"),
@@ -97,7 +95,6 @@ impl CacheService {
                 let at = offset as usize;
                 p.slot.bytes_mut()[at..at + chunk.len()].copy_from_slice(chunk);
                 p.received += chunk.len() as u64;
-                p.deadline_ms = now_ms + CACHE_PENDING_PUT_TIMEOUT_MS;
                 if p.received < total_len {
                     (0, p.received)
                 } else {

@@ -330,8 +330,8 @@ impl<P: Proto> Loop<P> {
             let stalled = c.proto.receiving() && P::LARGE_STALL_MS.is_some_and(|ms| silent >= ms);
             let unread = large_reply_ms != 0
                 && c.proto
-                    .large_reply_since_ms()
-                    .is_some_and(|since| now.saturating_sub(since) >= large_reply_ms);
+                    .large_reply()
+                    .is_some_and(|clock| clock.outlived(now, large_reply_ms));
             if unread {
                 tracing::debug!(
                     "closing a {} connection that did not read a large value within {large_reply_ms} ms",

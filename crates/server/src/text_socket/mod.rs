@@ -41,6 +41,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Poll, Token, Waker};
 
 use fabrickv_transport::idle::IdleBoard;
+use fabrickv_types::transfer::TransferClock;
 
 use crate::service::Clock;
 
@@ -174,9 +175,9 @@ pub(crate) trait Proto: Sized + 'static {
     fn large_reply_ms(_shared: &Self::Shared) -> u64 {
         0
     }
-    /// Since when (engine ms) replies holding large values have been
-    /// waiting to be written; `None` when none is.
-    fn large_reply_since_ms(&self) -> Option<u64> {
+    /// The clock of the replies holding large values that wait to be
+    /// written; `None` when none does.
+    fn large_reply(&self) -> Option<TransferClock> {
         None
     }
     /// Reads more of the value being received.

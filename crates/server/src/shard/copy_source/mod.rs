@@ -27,9 +27,10 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use fabrickv_storage::{ShardBackend, ShardSnapshot};
+use fabrickv_types::transfer::TransferClock;
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::copy::{
     decode_session, CheckpointReply, CheckpointRequest, CopyState, ProtoError, StartRequest, Status,
@@ -74,6 +75,8 @@ type Refusal = (ErrorCode, String);
 /// Every copy session of one server.
 pub struct CopySources {
     data_host: IpAddr,
+    /// The origin of the sessions' clocks.
+    epoch: Instant,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     next_id: AtomicU64,
 }
@@ -93,7 +96,9 @@ struct Inner {
 /// One copy: its checkpoint, its ranges, its streams' counters.
 struct Session {
     id: u64,
-    created: Instant,
+    /// Began at its CHECKPOINT, in ms of [`CopySources::now_ms`]: a
+    /// session not started [`COPY_START_TIMEOUT_MS`] later may be dropped.
+    clock: TransferClock,
     token: u64,
     shard: String,
     snapshot: Arc<dyn ShardSnapshot>,
@@ -139,13 +144,11 @@ impl Session {
 
     /// Whether the session may be dropped to make room: it is over, or
     /// its target never started it.
-    fn abandoned(&self) -> bool {
+    fn abandoned(&self, now_ms: u64) -> bool {
         let i = lock(&self.inner);
         match i.state {
             CopyState::InProgress => false,
-            CopyState::Idle => {
-                !i.started && self.created.elapsed() >= Duration::from_millis(COPY_START_TIMEOUT_MS)
-            }
+            CopyState::Idle => !i.started && self.clock.outlived(now_ms, COPY_START_TIMEOUT_MS),
             CopyState::Done | CopyState::Error | CopyState::Stopped => true,
         }
     }
@@ -156,6 +159,7 @@ impl CopySources {
     pub fn new(data_host: IpAddr) -> CopySources {
         CopySources {
             data_host,
+            epoch: Instant::now(),
             sessions: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
         }
@@ -164,6 +168,11 @@ impl CopySources {
     /// Where data streams listen.
     pub fn data_host(&self) -> IpAddr {
         self.data_host
+    }
+
+    /// Milliseconds since these sessions' origin: their clocks' time.
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Runs one control op; appends the reply payload to `out`.
@@ -234,8 +243,9 @@ impl CopySources {
         if sessions.len() >= COPY_SESSIONS_MAX {
             // Sessions their targets never ended or never started make
             // room first.
+            let now_ms = self.now_ms();
             sessions.retain(|_, s| {
-                let drop = s.abandoned();
+                let drop = s.abandoned(now_ms);
                 if drop {
                     s.stop.store(true, Ordering::Release);
                 }
@@ -266,7 +276,7 @@ impl CopySources {
         };
         let session = Arc::new(Session {
             id,
-            created: Instant::now(),
+            clock: TransferClock::start(self.now_ms()),
             token: rand::random(),
             shard: name.to_string(),
             snapshot: Arc::from(shard.snapshot()),
