@@ -170,23 +170,28 @@ impl Partitions {
         }
         let set = &mut set[..n];
         set.sort_unstable();
+        // Each hash's place in the set, found once and without an early
+        // exit (a search's exit, random where the keys spread over several
+        // partitions, is a mispredicted branch; the passes below would pay
+        // it twice per key).
+        let mut slot_of = [0usize; PREFETCH_KEYS_MAX];
+        for (slot, &h) in slot_of.iter_mut().zip(hashes) {
+            let p = self.index_of(h);
+            for (k, &q) in set.iter().enumerate() {
+                *slot = if q == p { k } else { *slot };
+            }
+        }
         let mut guards: [Option<MutexGuard<'_, Partition>>; PREFETCH_KEYS_MAX] = Default::default();
         for (g, &p) in guards.iter_mut().zip(set.iter()) {
             *g = Some(self.lock(p));
         }
-        let guard_of = |h: KeyHash| {
-            let p = self.index_of(h);
-            set.iter()
-                .position(|&q| q == p)
-                .and_then(|k| guards[k].as_deref())
-        };
-        for &h in hashes {
-            if let Some(g) = guard_of(h) {
+        for (&h, &k) in hashes.iter().zip(&slot_of) {
+            if let Some(g) = guards[k].as_deref() {
                 g.prefetch(h);
             }
         }
-        for &h in hashes {
-            if let Some(g) = guard_of(h) {
+        for (&h, &k) in hashes.iter().zip(&slot_of) {
+            if let Some(g) = guards[k].as_deref() {
                 g.prefetch_item(h);
             }
         }
