@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The RPC measurement (seed 004): 64-byte echo RPCs, server pinned to CPU 0,
+# The RPC measurement: 64-byte echo RPCs, server pinned to CPU 0,
 # clients on CPU 1, a latency run (1 in flight) and a throughput run, on
 # every transport this build has, with the comparison rows (raw TCP
 # ping-pong, tonic gRPC unary, raw libfabric) measured in the same run;

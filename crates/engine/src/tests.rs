@@ -475,7 +475,7 @@ proptest! {
     }
 }
 
-/// Issue 30's shifting workload in cache mode: a log has no size classes,
+/// A workload whose value sizes shift over time, in cache mode: a log has no size classes,
 /// so no size is ever refused or starved; each write evicts the oldest
 /// bytes, whatever their size, and is readable right after.
 #[test]
