@@ -27,17 +27,17 @@ pub fn closed(ep: &mut dyn Endpoint) -> bool {
 }
 
 /// With the server's idle timeout `idle`: `ask` (a request on another
-/// connection, which panics if it fails) runs every fifth of `idle` for
-/// three timeouts, so its connection is never idle, while `silent`, which
-/// never asks, is closed within [`CLOSE_WITHIN`].
+/// connection, true when it is answered as it should be) runs every fifth
+/// of `idle` for three timeouts, so its connection is never idle, while
+/// `silent`, which never asks, is closed within [`CLOSE_WITHIN`].
 pub fn an_asking_connection_stays_while_a_silent_one_goes(
     idle: Duration,
     silent: &mut dyn Endpoint,
-    mut ask: impl FnMut(),
+    mut ask: impl FnMut() -> bool,
 ) {
     let start = Instant::now();
     while start.elapsed() < 3 * idle {
-        ask();
+        assert!(ask(), "the asking connection got a wrong answer");
         std::thread::sleep(idle / 5);
     }
     while !closed(silent) {
