@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::Subcommand;
 use fabrickv_client::ps::{preload, verify};
-use fabrickv_client::{PsClient, TableSpec};
+use fabrickv_client::{PsClient, TableDesc, TableSpec};
 
 use crate::ServerArg;
 
@@ -59,6 +59,32 @@ pub enum PsCommand {
     },
 }
 
+/// What `ps create` and `ps tables` print of a table, in this order.
+const TABLE_COLUMNS: [&str; 8] = [
+    "name",
+    "id",
+    "dim",
+    "optimizer",
+    "lr",
+    "missing",
+    "seed",
+    "items",
+];
+
+/// A table's values under [`TABLE_COLUMNS`].
+fn table_row(d: &TableDesc) -> [String; 8] {
+    [
+        d.spec.name.clone(),
+        d.id.to_string(),
+        d.spec.dim.to_string(),
+        d.spec.optimizer.name().to_string(),
+        d.spec.lr.to_string(),
+        d.spec.missing.name().to_string(),
+        d.spec.seed.to_string(),
+        d.items.to_string(),
+    ]
+}
+
 fn connect(s: &ServerArg) -> Result<PsClient, String> {
     let timeout = crate::timeout_of(s)?;
     PsClient::connect_with_timeout(&s.server, timeout)
@@ -100,34 +126,22 @@ pub fn run(cmd: PsCommand) -> Result<ExitCode, String> {
                 .create_table_within(&spec, std::time::Duration::from_secs_f64(create_timeout));
             spinner.finish_and_clear();
             let d = created.map_err(|e| e.to_string())?;
-            println!(
-                "table {} id {} dim {} optimizer {} lr {} missing {} seed {} items {}",
-                d.spec.name,
-                d.id,
-                d.spec.dim,
-                d.spec.optimizer.name(),
-                d.spec.lr,
-                d.spec.missing.name(),
-                d.spec.seed,
-                d.items
-            );
+            // `table NAME id ID dim DIM ...`: the name under the word
+            // "table", the other columns labelled as `ps tables` heads them.
+            let row = table_row(&d);
+            let rest: Vec<String> = TABLE_COLUMNS[1..]
+                .iter()
+                .zip(&row[1..])
+                .map(|(c, v)| format!("{c} {v}"))
+                .collect();
+            println!("table {} {}", row[0], rest.join(" "));
             Ok(ExitCode::SUCCESS)
         }
         PsCommand::Tables { server } => {
-            println!("| name | id | dim | optimizer | lr | missing | seed | items |");
-            println!("|---|---|---|---|---|---|---|---|");
+            println!("| {} |", TABLE_COLUMNS.join(" | "));
+            println!("|{}", "---|".repeat(TABLE_COLUMNS.len()));
             for d in connect(&server)?.tables().map_err(|e| e.to_string())? {
-                println!(
-                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                    d.spec.name,
-                    d.id,
-                    d.spec.dim,
-                    d.spec.optimizer.name(),
-                    d.spec.lr,
-                    d.spec.missing.name(),
-                    d.spec.seed,
-                    d.items
-                );
+                println!("| {} |", table_row(&d).join(" | "));
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -253,6 +253,16 @@ fn ps_create_waits_for_the_pool_however_long_the_timeout() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Under the same columns `ps create` labels.
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with(
+            "| name | id | dim | optimizer | lr | missing | seed | items |\n\
+             |---|---|---|---|---|---|---|---|\n\
+             | emb | 1 | 8 | "
+        ),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]

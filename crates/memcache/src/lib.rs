@@ -100,6 +100,21 @@ pub(crate) fn refuse_quietly(reply: &'static str, noreply: bool) -> Command<'sta
     })
 }
 
+/// A command line over its bound, refused after `consumed` bytes: the
+/// connection closes after the reply, its framing lost.
+fn line_too_long(consumed: usize) -> Parse<'static> {
+    Parse::Complete {
+        consumed,
+        cmd: Command::Refused(Refusal {
+            reply: LINE_TOO_LONG,
+            swallow: 0,
+            noreply: false,
+            close: true,
+            skip_line: false,
+        }),
+    }
+}
+
 /// Parses one command at the start of `input`.
 pub fn parse(input: &[u8]) -> Parse<'_> {
     let limit = if is_retrieval(input) {
@@ -117,16 +132,7 @@ pub fn parse(input: &[u8]) -> Parse<'_> {
     }
     let Some(nl) = nl else {
         if input.len() > limit + 1 {
-            return Parse::Complete {
-                consumed: input.len(),
-                cmd: Command::Refused(Refusal {
-                    reply: LINE_TOO_LONG,
-                    swallow: 0,
-                    noreply: false,
-                    close: true,
-                    skip_line: false,
-                }),
-            };
+            return line_too_long(input.len());
         }
         return Parse::Incomplete {
             need: input.len() + 1,
@@ -136,16 +142,7 @@ pub fn parse(input: &[u8]) -> Parse<'_> {
     let line = &input[..nl];
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     if line.len() > limit {
-        return Parse::Complete {
-            consumed: line_end,
-            cmd: Command::Refused(Refusal {
-                reply: LINE_TOO_LONG,
-                swallow: 0,
-                noreply: false,
-                close: true,
-                skip_line: false,
-            }),
-        };
+        return line_too_long(line_end);
     }
     let (name, rest) = split_word(line);
     let done = |cmd| Parse::Complete {

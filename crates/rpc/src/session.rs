@@ -753,54 +753,46 @@ impl<T, F: Framing> Sessions<T, F> {
         sink: &mut S,
         on_landed: impl FnOnce(Landed, &mut S, Sent<T>) -> Result<R, F::Error>,
     ) -> Result<R, F::Error> {
-        let r = self.receive_split_inner(s, deadline, head_bytes, sink, on_landed);
+        let session = &mut self.sessions[s];
+        // The loop runs in a closure so that `?` and `return` end it
+        // with the result the failure policy below looks at.
+        let r = (|| -> Result<R, F::Error> {
+            loop {
+                let Some(front) = session.q.front() else {
+                    return Err(RpcError::OutOfOrder {
+                        got: 0,
+                        expected: None,
+                    }
+                    .into());
+                };
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(RpcError::Timeout.into());
+                }
+                if !front.given_up {
+                    let landed = session
+                        .ep
+                        .recv_split(head_bytes, left, sink)
+                        .map_err(RpcError::from)?;
+                    let sent = session.q.pop().ok_or(RpcError::OutOfOrder {
+                        got: 0,
+                        expected: None,
+                    })?;
+                    return on_landed(landed, sink, sent);
+                }
+                let mut late = Late::<F>(None);
+                session
+                    .ep
+                    .recv_split(head_bytes, left, &mut late)
+                    .map_err(RpcError::from)?;
+                let id = late.0.unwrap_or_else(|| F::reply_id(&[]))?;
+                session.q.take_reply(id)?;
+            }
+        })();
         if r.is_err() {
-            self.sessions[s].q.give_up_all();
+            session.q.give_up_all();
         }
         r
-    }
-
-    /// [`Sessions::receive_split`] before its failure policy.
-    fn receive_split_inner<S: SplitSink, R>(
-        &mut self,
-        s: usize,
-        deadline: Instant,
-        head_bytes: usize,
-        sink: &mut S,
-        on_landed: impl FnOnce(Landed, &mut S, Sent<T>) -> Result<R, F::Error>,
-    ) -> Result<R, F::Error> {
-        let session = &mut self.sessions[s];
-        loop {
-            let Some(front) = session.q.front() else {
-                return Err(RpcError::OutOfOrder {
-                    got: 0,
-                    expected: None,
-                }
-                .into());
-            };
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(RpcError::Timeout.into());
-            }
-            if !front.given_up {
-                let landed = session
-                    .ep
-                    .recv_split(head_bytes, left, sink)
-                    .map_err(RpcError::from)?;
-                let sent = session.q.pop().ok_or(RpcError::OutOfOrder {
-                    got: 0,
-                    expected: None,
-                })?;
-                return on_landed(landed, sink, sent);
-            }
-            let mut late = Late::<F>(None);
-            session
-                .ep
-                .recv_split(head_bytes, left, &mut late)
-                .map_err(RpcError::from)?;
-            let id = late.0.unwrap_or_else(|| F::reply_id(&[]))?;
-            session.q.take_reply(id)?;
-        }
     }
 }
 

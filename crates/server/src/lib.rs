@@ -43,7 +43,7 @@ use std::thread::JoinHandle;
 use fabrickv_engine::{EngineError, Partition, PartitionConfig};
 use fabrickv_transport::{TransportError, Waker};
 
-use memcache::McSession;
+use memcache::McConnState;
 use resp_net::RespConn;
 use text_socket::start as front_end;
 
@@ -289,7 +289,7 @@ impl Server {
                 let idle = cfg.memcache_idle_timeout();
                 let mem = client_memory.clone();
                 let fe =
-                    front_end::<McSession>(addr, workers, shared, clock, idle, mem, stop.clone())
+                    front_end::<McConnState>(addr, workers, shared, clock, idle, mem, stop.clone())
                         .map_err(|e| StartError::Memcache(addr.clone(), e));
                 let fe = match fe {
                     Ok(fe) => fe,

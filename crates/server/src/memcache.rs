@@ -1,6 +1,6 @@
 //! The memcached-compatible front end's commands, sans-I/O.
 //!
-//! [`McSession::process`] takes the bytes a connection has buffered and the
+//! [`McConnState::process`] takes the bytes a connection has buffered and the
 //! time, executes every complete command against the server's partitions
 //! (the keyspace of RESP's database 0 and of the native kv), and appends
 //! the replies; the socket loop in `memcache_net` only moves bytes. The
@@ -8,7 +8,7 @@
 //! limits); this module adds the reply bound below.
 //!
 //! A retrieval line is answered a key at a time and may be left half
-//! answered between calls ([`McSession`]'s `get`): when the replies
+//! answered between calls ([`McConnState`]'s `get`): when the replies
 //! reach [`MC_OUTPUT_SOFT_BYTES`] (the rest of its keys wait in the input
 //! until the replies are written), or when the line is longer than the
 //! parser holds (its keys come in pieces as they arrive). So a `get` of
@@ -186,7 +186,7 @@ impl McShared {
     }
 }
 
-/// What one call to [`McSession::process`] did.
+/// What one call to [`McConnState::process`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Processed {
     /// Input bytes consumed.
@@ -200,7 +200,7 @@ pub struct Processed {
 
 /// One memcache connection's protocol state.
 #[derive(Default)]
-pub struct McSession {
+pub struct McConnState {
     /// Bytes still to discard: the data of a storage command refused for
     /// its size, thrown away as it arrives instead of buffered.
     swallow: usize,
@@ -238,10 +238,10 @@ enum After {
     Close,
 }
 
-impl McSession {
+impl McConnState {
     /// A new connection.
-    pub fn new() -> McSession {
-        McSession::default()
+    pub fn new() -> McConnState {
+        McConnState::default()
     }
 
     /// Executes the complete commands at the start of `input`, appending

@@ -1,5 +1,5 @@
 //! The memcache front end's sockets: the shared loop of [`crate::text_socket`]
-//! over [`McSession`], everything else in [`crate::memcache`]. It uses none
+//! over [`McConnState`], everything else in [`crate::memcache`]. It uses none
 //! of the loop's RESP hooks: memcached's text protocol has no
 //! authentication (so no AUTH parking), no CLIENT KILL, and its values stay
 //! in the input and output buffers.
@@ -11,7 +11,7 @@ use mio::Waker;
 
 use fabrickv_memcache::MC_COMMAND_BYTES_MAX;
 
-use crate::memcache::{McSession, McShared};
+use crate::memcache::{McConnState, McShared};
 use crate::text_socket::{conn_counters, Counters, Io, Proto};
 
 /// Most memcache connections open at once over all threads (memcached's
@@ -43,7 +43,7 @@ const _: () = assert!(MC_IDLE_SPIN_US == 0, "the shared loop never spins");
 /// sockets opened and left silent (to fill the cap) make way.
 pub const MC_EVICT_IDLE_MIN_MS: u64 = 1_000;
 
-impl Proto for McSession {
+impl Proto for McConnState {
     type Shared = McShared;
     type PerLoop = ();
     const NAME: &'static str = "memcache";
@@ -61,8 +61,8 @@ impl Proto for McSession {
 
     fn per_loop(_thread: usize, _threads: usize, _waker: &Arc<Waker>) {}
 
-    fn connect(_: &McShared, _: &mut (), _: &TcpStream, _: usize, _: u64) -> McSession {
-        McSession::new()
+    fn connect(_: &McShared, _: &mut (), _: &TcpStream, _: usize, _: u64) -> McConnState {
+        McConnState::new()
     }
 
     fn execute(&mut self, io: &mut Io, shared: &McShared, now_ms: u64) -> bool {

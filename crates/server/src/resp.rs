@@ -1,6 +1,6 @@
 //! The Redis-compatible (RESP2) front-end's commands, sans-I/O.
 //!
-//! [`RespSession::process`] takes the bytes a connection has buffered and
+//! [`RespConnState::process`] takes the bytes a connection has buffered and
 //! the time, executes every complete command at their start against the
 //! server's partitions, and appends the replies; the socket loop in
 //! `resp_net` only moves bytes. Everything a client can send is bounded by
@@ -23,7 +23,7 @@
 //! the shard (see `shard_db`).
 //!
 //! Layout, one concern per file (as mini-redis has a file per command):
-//! this file holds the shared state and the session's parse loop;
+//! this file holds the shared state and the connection's parse loop;
 //! `conn` the connection's state and the dispatch of one command; `table`
 //! the command table's types and lookup (each command file keeps its own
 //! commands' `SPECS`, gathered here into [`COMMANDS`]); `args` a command's
@@ -243,7 +243,7 @@ impl LargeReplies {
     }
 }
 
-/// Where [`RespSession::process`] stopped at a large bulk, in offsets into
+/// Where [`RespConnState::process`] stopped at a large bulk, in offsets into
 /// the input it was given (see [`ParseLarge::LargeBulk`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LargeBulkAt {
@@ -486,7 +486,7 @@ pub(crate) fn unix_now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// What one call to [`RespSession::process`] did.
+/// What one call to [`RespConnState::process`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Processed {
     /// Input bytes consumed (whole commands only).
@@ -504,7 +504,7 @@ pub struct Processed {
     pub hold_until_ms: Option<u64>,
     /// Parsing stopped at a large bulk (offsets into `input`, past
     /// `consumed`): the caller receives it into its own buffer, hands it
-    /// over with [`RespSession::large_received`], and calls again.
+    /// over with [`RespConnState::large_received`], and calls again.
     pub large: Option<LargeBulkAt>,
 }
 
@@ -521,7 +521,7 @@ impl Processed {
 }
 
 /// One RESP connection's protocol state.
-pub struct RespSession {
+pub struct RespConnState {
     parser: CommandParser,
     /// A second parser for the prefetch pass, so the first keeps its spans.
     lookahead: CommandParser,
@@ -534,7 +534,7 @@ pub struct RespSession {
     pub(crate) large_out: LargeReplies,
 }
 
-impl RespSession {
+impl RespConnState {
     /// Whether the connection has authenticated (or needs not): at the
     /// connection cap, one that has not is closed first.
     pub fn authenticated(&self) -> bool {
@@ -542,14 +542,14 @@ impl RespSession {
     }
 
     /// A new connection; `id` is what CLIENT ID answers.
-    pub fn new(shared: &RespShared, id: u64) -> RespSession {
+    pub fn new(shared: &RespShared, id: u64) -> RespConnState {
         Self::connected(shared, id, ClientPeer::default())
     }
 
     /// A new connection from `peer`, listed in the server's client
     /// registry until it is dropped.
-    pub fn connected(shared: &RespShared, id: u64, peer: ClientPeer) -> RespSession {
-        RespSession {
+    pub fn connected(shared: &RespShared, id: u64, peer: ClientPeer) -> RespConnState {
+        RespConnState {
             parser: CommandParser::new(),
             lookahead: CommandParser::new(),
             state: ConnState::new(shared, id, peer),
@@ -559,7 +559,7 @@ impl RespSession {
         }
     }
 
-    /// Bytes the session holds between commands, counted in the
+    /// Bytes the connection holds between commands, counted in the
     /// server's `maxmemory-clients`: its queued transaction.
     pub(crate) fn held_bytes(&self) -> usize {
         self.state.multi.as_ref().map_or(0, |t| t.queued.capacity())

@@ -4,7 +4,7 @@
 //! large values received and sent outside the buffers.
 //!
 //! A connection whose AUTH failed is parked, not slept on: its reply stays
-//! in its buffer and its input unread until a deadline the session set
+//! in its buffer and its input unread until a deadline the connection state set
 //! (see `RESP_AUTH_DELAY_BASE_MS`), while the loop serves its other
 //! connections and wakes by that deadline to send the reply.
 
@@ -21,7 +21,7 @@ use fabrickv_resp::limits::RESP_COMMAND_BYTES_MAX;
 use fabrickv_engine::LargeValue;
 use fabrickv_types::transfer::TransferClock;
 
-use crate::resp::{ClientPeer, KillNotify, LargeBulkAt, Receiving, RespSession, RespShared};
+use crate::resp::{ClientPeer, KillNotify, LargeBulkAt, Receiving, RespConnState, RespShared};
 use crate::text_socket::{conn_counters, Counters, Io, Proto};
 
 /// Most RESP connections open at once over all threads (Redis's default
@@ -72,7 +72,7 @@ pub(crate) struct RespLoop {
 
 /// One RESP connection's protocol state, beside the loop's buffers.
 pub(crate) struct RespConn {
-    session: RespSession,
+    state: RespConnState,
     /// Nothing is written or executed before this time (engine ms; 0:
     /// not held): the delay a failed AUTH costs.
     held_until_ms: u64,
@@ -155,7 +155,7 @@ impl Proto for RespConn {
             kill: Some(lp.kill.clone()),
         };
         RespConn {
-            session: RespSession::connected(shared, id, peer),
+            state: RespConnState::connected(shared, id, peer),
             held_until_ms: 0,
             large_in: None,
             large_pos: 0,
@@ -171,10 +171,10 @@ impl Proto for RespConn {
         }
         let base = io.start;
         let p = self
-            .session
+            .state
             .process(shared, &io.input[io.start..io.end], &mut io.out, now_ms);
         let more = io.took(p.consumed, p.need, p.close);
-        if self.large_reply.is_none() && !self.session.large_out.queue.is_empty() {
+        if self.large_reply.is_none() && !self.state.large_out.queue.is_empty() {
             self.large_reply = Some(TransferClock::start(now_ms));
         }
         if let Some(until) = p.hold_until_ms {
@@ -203,11 +203,11 @@ impl Proto for RespConn {
     }
 
     fn killed(&self) -> bool {
-        self.session.killed()
+        self.state.killed()
     }
 
     fn authenticated(&self) -> bool {
-        self.session.authenticated()
+        self.state.authenticated()
     }
 
     fn held_until_ms(&self) -> u64 {
@@ -220,7 +220,7 @@ impl Proto for RespConn {
     /// so that a value up to Redis's 512 MiB is received whatever
     /// `maxmemory-clients` is.
     fn held_bytes(&self) -> usize {
-        self.session.held_bytes()
+        self.state.held_bytes()
     }
 
     fn receiving(&self) -> bool {
@@ -253,7 +253,7 @@ impl Proto for RespConn {
     }
 
     fn output_queued(&self) -> bool {
-        !self.session.large_out.queue.is_empty()
+        !self.state.large_out.queue.is_empty()
     }
 
     /// Writes as much of the pending replies as the socket takes, in one
@@ -265,7 +265,7 @@ impl Proto for RespConn {
         let mut pos = io.out_pos;
         let mut skip = self.large_pos;
         let mut values = 0;
-        for r in self.session.large_out.queue.iter() {
+        for r in self.state.large_out.queue.iter() {
             if n + 2 > WRITE_SLICES_MAX {
                 break;
             }
@@ -280,9 +280,7 @@ impl Proto for RespConn {
             skip = 0;
         }
         // The output after the last value, once every value is in.
-        if n < WRITE_SLICES_MAX
-            && pos < io.out.len()
-            && values == self.session.large_out.queue.len()
+        if n < WRITE_SLICES_MAX && pos < io.out.len() && values == self.state.large_out.queue.len()
         {
             slices[n] = IoSlice::new(&io.out[pos..]);
             n += 1;
@@ -293,7 +291,7 @@ impl Proto for RespConn {
     /// Counts `n` more reply bytes written (see [`RespConn::write_some`]).
     fn advance_out(&mut self, io: &mut Io, mut n: usize) {
         while n > 0 {
-            let q = &mut self.session.large_out;
+            let q = &mut self.state.large_out;
             match q.queue.front() {
                 Some(r) if r.at == io.out_pos => {
                     let left = r.value.len() - self.large_pos;
@@ -338,7 +336,7 @@ impl RespConn {
     fn begin_large(&mut self, io: &mut Io, shared: &RespShared, base: usize, at: LargeBulkAt) {
         let header = base + at.header_at;
         let data = base + at.data_at;
-        let (buf, refusal, receiving) = if !self.session.takes_large() {
+        let (buf, refusal, receiving) = if !self.state.takes_large() {
             (None, "NOAUTH Authentication required.".to_string(), None)
         } else {
             match shared.reserve_large(at.len) {
@@ -375,7 +373,7 @@ impl RespConn {
         self.finish_large_if_done();
     }
 
-    /// Hands a fully received large bulk to the session.
+    /// Hands a fully received large bulk to the connection state.
     fn finish_large_if_done(&mut self) {
         if self.large_in.as_ref().is_some_and(|l| l.filled == l.len) {
             if let Some(l) = self.large_in.take() {
@@ -383,7 +381,7 @@ impl RespConn {
                     Some(b) => Ok(LargeValue::from_boxed(b.into_boxed_slice())),
                     None => Err(l.refusal),
                 };
-                self.session.large_received(l.arg, value, l.receiving);
+                self.state.large_received(l.arg, value, l.receiving);
             }
         }
     }

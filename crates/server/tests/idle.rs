@@ -1,13 +1,15 @@
-//! Idle native connections are closed after `idle_timeout_secs` (issue
-//! 28, fault 6): before, a connection that finished its handshake could
-//! stay silent forever, so `CONNECTIONS_MAX` idle sockets locked every new
-//! client out. A connection that keeps asking is never idle.
+//! Idle native connections are closed after `idle_timeout_secs`: before,
+//! a connection that finished its handshake could stay silent forever, so
+//! `CONNECTIONS_MAX` idle sockets locked every new client out. A
+//! connection that keeps asking is never idle.
 
 use std::time::{Duration, Instant};
 
 use fabrickv_client::{Client, Kv};
 use fabrickv_server::Mode;
-use fabrickv_transport::{Endpoint, TransportError};
+use fabrickv_transport::conformance_idle::{
+    an_asking_connection_stays_while_a_silent_one_goes, closed, CLOSE_WITHIN,
+};
 
 #[allow(unused_macros)]
 mod common;
@@ -16,27 +18,10 @@ use common::{TestServer, Transport, MEMORY_BYTES, TIMEOUT};
 /// The idle timeout of these tests' servers, in seconds.
 const IDLE_SECS: u64 = 1;
 
-/// How long a test waits for the server to close an idle connection: many
-/// times the timeout, for a loaded machine.
-const CLOSE_WITHIN: Duration = Duration::from_secs(30);
-
 fn server(t: Transport) -> TestServer {
     TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, |c| {
         c.idle_timeout_secs = IDLE_SECS;
     })
-}
-
-/// Whether the server has closed `ep`.
-fn closed(ep: &mut dyn Endpoint) -> bool {
-    match ep.poll(usize::MAX, &mut |_| {}) {
-        Err(TransportError::Closed) | Err(TransportError::Io(_)) => return true,
-        Err(e) => panic!("expected the connection to be closed, got {e}"),
-        Ok(_) => {}
-    }
-    matches!(
-        ep.wait(Duration::from_millis(50)),
-        Err(TransportError::Closed) | Err(TransportError::Io(_))
-    )
 }
 
 fn a_silent_connection_is_closed_after_the_idle_timeout(t: Transport) {
@@ -62,22 +47,11 @@ fn a_connection_that_keeps_asking_is_not_idle(t: Transport) {
     let mut c = Client::connect_with_timeout(&s.addr, TIMEOUT).expect("connect");
     c.put(b"k", b"v").expect("put");
     let mut silent = s.endpoint(1);
-    let start = Instant::now();
-    // Three timeouts long, a request every fifth of one.
-    while start.elapsed() < Duration::from_secs(3 * IDLE_SECS) {
-        assert_eq!(
-            c.get(b"k").expect("an active client stays connected"),
-            Some(b"v".to_vec())
-        );
-        std::thread::sleep(Duration::from_millis(IDLE_SECS * 1000 / 5));
-    }
-    // Meanwhile the silent one went.
-    while !closed(&mut *silent) {
-        assert!(
-            start.elapsed() < CLOSE_WITHIN,
-            "the silent connection stayed"
-        );
-    }
+    an_asking_connection_stays_while_a_silent_one_goes(
+        Duration::from_secs(IDLE_SECS),
+        &mut *silent,
+        || c.get(b"k").expect("an active client stays connected") == Some(b"v".to_vec()),
+    );
     s.shutdown();
 }
 

@@ -3,35 +3,49 @@
 //! refused (before, the cap's worth of idle connections locked every new
 //! client out for good). Each transport's test calls
 //! [`at_the_cap_the_longest_idle_connection_makes_way`] with its address
-//! and its cap.
+//! and its cap. Its one-worker server ([`OneWorker`]) and [`wait_for`]
+//! serve transports' own tests of their connections' lives too.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::{Endpoint, Waker};
+use crate::{ConnId, Endpoint, Reply, Waker};
 
 /// Deadline of every step; generous, as the machine may be loaded.
-const TIMEOUT: Duration = Duration::from_secs(30);
+pub const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Newcomers let in past the cap, one after another.
 const NEWCOMERS: usize = 8;
 
-/// A one-worker echo server that publishes its open count.
-struct Server {
-    addr: String,
+/// A one-worker server on threads of its own (the acceptor's and the
+/// port's) whose port answers through a handler and publishes its
+/// counters; dropping it stops and joins both threads. The evict check
+/// runs one as an echo server; transports' own tests run others.
+pub struct OneWorker {
+    /// The address it listens on, as the listener reports it.
+    pub addr: String,
+    /// The port's `conns_open`, as last published.
+    pub open: Arc<AtomicU64>,
+    /// The port's `backpressure_pauses`, as last published.
+    pub pauses: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
-    open: Arc<AtomicU64>,
     threads: Vec<JoinHandle<()>>,
     wakers: Vec<Waker>,
 }
 
-impl Server {
-    fn start(addr: &str) -> Server {
+impl OneWorker {
+    /// Listens on `addr` with one port, which answers each message with
+    /// `handler`.
+    pub fn start(
+        addr: &str,
+        mut handler: impl FnMut(ConnId, &[u8], &mut dyn Reply) + Send + 'static,
+    ) -> OneWorker {
         let l = crate::listen(addr, 1).expect("listen");
         let stop = Arc::new(AtomicBool::new(false));
         let open = Arc::new(AtomicU64::new(0));
+        let pauses = Arc::new(AtomicU64::new(0));
         let mut acceptor = l.acceptor;
         let mut wakers = vec![acceptor.waker()];
         let s = stop.clone();
@@ -40,30 +54,31 @@ impl Server {
         })];
         let mut port = l.ports.into_iter().next().expect("port");
         wakers.push(port.waker());
-        let (s, o) = (stop.clone(), open.clone());
+        let (s, o, p) = (stop.clone(), open.clone(), pauses.clone());
         threads.push(std::thread::spawn(move || {
             while !s.load(Ordering::Acquire) {
-                let n = port
-                    .poll(64, &mut |_, m, reply| reply.buf().extend_from_slice(m))
-                    .expect("poll");
+                let n = port.poll(64, &mut handler).expect("poll");
                 port.flush().expect("flush");
-                o.store(port.stats().conns_open, Ordering::Release);
+                let st = port.stats();
+                o.store(st.conns_open, Ordering::Release);
+                p.store(st.backpressure_pauses, Ordering::Release);
                 if n == 0 {
                     port.wait(Duration::from_millis(10)).expect("wait");
                 }
             }
         }));
-        Server {
+        OneWorker {
             addr: l.local_addr,
-            stop,
             open,
+            pauses,
+            stop,
             threads,
             wakers,
         }
     }
 }
 
-impl Drop for Server {
+impl Drop for OneWorker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         for w in &self.wakers {
@@ -75,11 +90,13 @@ impl Drop for Server {
     }
 }
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+/// Waits until `cond` holds, failing the test after [`TIMEOUT`] with
+/// `what` it was waiting for.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + TIMEOUT;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -116,7 +133,7 @@ fn closed(ep: &mut dyn Endpoint) -> bool {
 /// newcomers in one after another, each closing the longest-idle one,
 /// while a connection in use stays.
 pub fn at_the_cap_the_longest_idle_connection_makes_way(addr: &str, cap: usize) {
-    let s = Server::start(addr);
+    let s = OneWorker::start(addr, |_, m, reply| reply.buf().extend_from_slice(m));
     let mut held: Vec<Box<dyn Endpoint>> = (0..cap)
         .map(|i| {
             crate::connect(&s.addr, 0, TIMEOUT)

@@ -37,6 +37,8 @@ mod address;
 pub mod conformance;
 #[cfg(feature = "conformance")]
 pub mod conformance_evict;
+#[cfg(feature = "conformance")]
+pub mod conformance_idle;
 pub mod framing;
 pub mod handshake;
 pub mod idle;

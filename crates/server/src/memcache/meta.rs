@@ -1,5 +1,5 @@
 //! The meta commands: `mg`, `ms`, `md`, `ma` (`mn` is answered by the
-//! session). `E` on `ms` and `ma` gives the written item the caller's CAS
+//! connection state). `E` on `ms` and `ma` gives the written item the caller's CAS
 //! value instead of a fresh one. Return flags (`O`, `k`, `b`, `c`, `f`, `s`, `t`) are echoed
 //! in the order the request gave them. Quiet mode (`q`) hides `EN` for
 //! `mg`, `HD` for `ms`, and `HD` and `NF` for `md` and `ma`. As in
@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use fabrickv_memcache::{self as mc, Meta, MetaKind, StoreMode, MC_BASE64_KEY_BYTES_MAX};
 
 use super::store::{self, ttl_secs, Arith, ArithReq, Expiry, Info, Outcome, StoreReq};
-use super::{line, push_u64, McSession, McShared};
+use super::{line, push_u64, McConnState, McShared};
 
 /// What a return flag reports.
 #[derive(Default, Clone, Copy)]
@@ -95,7 +95,7 @@ fn status(out: &mut Vec<u8>, code: &str, m: &Meta<'_>, r: Report, now: u64) {
 }
 
 /// Runs a meta command.
-pub(super) fn run(s: &mut McSession, sh: &McShared, m: &Meta<'_>, out: &mut Vec<u8>, now: u64) {
+pub(super) fn run(s: &mut McConnState, sh: &McShared, m: &Meta<'_>, out: &mut Vec<u8>, now: u64) {
     let mut buf = [0u8; MC_BASE64_KEY_BYTES_MAX];
     let Some(key) = decoded_key(m.key, m.flags.base64, &mut buf) else {
         line(out, mc::BAD_FORMAT);

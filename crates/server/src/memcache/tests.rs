@@ -24,7 +24,7 @@ fn shared() -> McShared {
 }
 
 /// Runs `input` at `now`, returning the replies as text.
-fn run(sh: &McShared, s: &mut McSession, input: &str, now: u64) -> String {
+fn run(sh: &McShared, s: &mut McConnState, input: &str, now: u64) -> String {
     let mut out = Vec::new();
     let p = s.process(sh, input.as_bytes(), &mut out, now);
     assert_eq!(p.consumed, input.len(), "all of {input:?} consumed");
@@ -43,8 +43,8 @@ fn cas_of(gets: &str) -> u64 {
 #[test]
 fn storage_and_retrieval() {
     let sh = shared();
-    let mut s = McSession::new();
-    let r = |s: &mut McSession, i: &str| run(&sh, s, i, 1);
+    let mut s = McConnState::new();
+    let r = |s: &mut McConnState, i: &str| run(&sh, s, i, 1);
     assert_eq!(r(&mut s, "set a 7 0 3\r\nabc\r\n"), "STORED\r\n");
     assert_eq!(r(&mut s, "get a b\r\n"), "VALUE a 7 3\r\nabc\r\nEND\r\n");
     let cas = cas_of(&r(&mut s, "gets a\r\n"));
@@ -86,7 +86,7 @@ fn storage_and_retrieval() {
 #[test]
 fn expiry_follows_memcached() {
     let sh = shared();
-    let mut s = McSession::new();
+    let mut s = McConnState::new();
     assert_eq!(run(&sh, &mut s, "set t 0 10 1\r\nv\r\n", 1), "STORED\r\n");
     assert_eq!(
         run(&sh, &mut s, "get t\r\n", 10_000),
@@ -118,8 +118,8 @@ fn expiry_follows_memcached() {
 #[test]
 fn incr_decr_wrap_and_refuse_non_numbers() {
     let sh = shared();
-    let mut s = McSession::new();
-    let r = |s: &mut McSession, i: &str| run(&sh, s, i, 1);
+    let mut s = McConnState::new();
+    let r = |s: &mut McConnState, i: &str| run(&sh, s, i, 1);
     assert_eq!(r(&mut s, "incr n 1\r\n"), "NOT_FOUND\r\n");
     assert_eq!(
         r(&mut s, "set n 3 0 20\r\n18446744073709551615\r\n"),
@@ -144,7 +144,7 @@ fn incr_decr_wrap_and_refuse_non_numbers() {
 #[test]
 fn flush_all_now_and_later() {
     let sh = shared();
-    let mut s = McSession::new();
+    let mut s = McConnState::new();
     assert_eq!(
         run(&sh, &mut s, "set a 0 0 1\r\n1\r\nflush_all\r\nget a\r\n", 1),
         "STORED\r\nOK\r\nEND\r\n"
@@ -163,8 +163,8 @@ fn flush_all_now_and_later() {
 #[test]
 fn meta_commands() {
     let sh = shared();
-    let mut s = McSession::new();
-    let r = |s: &mut McSession, i: &str| run(&sh, s, i, 1);
+    let mut s = McConnState::new();
+    let r = |s: &mut McConnState, i: &str| run(&sh, s, i, 1);
     assert_eq!(r(&mut s, "ms k 2 F5 T0\r\nhi\r\n"), "HD\r\n");
     assert_eq!(
         r(&mut s, "mg k v f s t k O9\r\n"),
@@ -219,7 +219,7 @@ fn meta_commands() {
 #[test]
 fn too_large_values_are_swallowed_not_buffered() {
     let sh = shared();
-    let mut s = McSession::new();
+    let mut s = McConnState::new();
     let n = fabrickv_memcache::MC_VALUE_BYTES_MAX + 1;
     let head = format!("set big 0 0 {n}\r\n");
     let mut out = Vec::new();
@@ -241,7 +241,7 @@ fn too_large_values_are_swallowed_not_buffered() {
 #[test]
 fn stats_use_memcached_names() {
     let sh = shared();
-    let mut s = McSession::new();
+    let mut s = McConnState::new();
     let st = run(&sh, &mut s, "set a 0 0 1\r\n1\r\nget a b\r\nstats\r\n", 1);
     for name in [
         "pid",
@@ -291,11 +291,11 @@ fn the_look_ahead_stops_at_a_partial_or_refused_command_and_changes_nothing() {
         "get a\r\n".len() + refused.len()
     );
     // Looking ahead executes nothing: b was never stored.
-    let mut s = McSession::new();
+    let mut s = McConnState::new();
     assert_eq!(run(&sh, &mut s, "get b\r\n", 1), "END\r\n");
     // A pipelined batch over both partitions answers as one command at a
     // time would.
-    let mut s = McSession::new();
+    let mut s = McConnState::new();
     let sets: String = (0..20)
         .map(|i| format!("set k{i} 0 0 2\r\nv{}\r\n", i % 10))
         .collect();
@@ -310,7 +310,7 @@ fn the_look_ahead_stops_at_a_partial_or_refused_command_and_changes_nothing() {
 /// Feeds `input` as the socket loop does, at most `chunk` more bytes per
 /// read, keeping what a call left unconsumed; returns the replies and the
 /// most bytes ever held unconsumed.
-fn feed(sh: &McShared, s: &mut McSession, input: &[u8], chunk: usize) -> (Vec<u8>, usize) {
+fn feed(sh: &McShared, s: &mut McConnState, input: &[u8], chunk: usize) -> (Vec<u8>, usize) {
     let mut replies = Vec::new();
     let mut held: Vec<u8> = Vec::new();
     let mut pos = 0;
@@ -343,7 +343,7 @@ fn feed(sh: &McShared, s: &mut McSession, input: &[u8], chunk: usize) -> (Vec<u8
 #[test]
 fn oversized_set_deletes_the_old_value_as_memcached_does() {
     let sh = shared();
-    let mut s = McSession::new();
+    let mut s = McConnState::new();
     let too = fabrickv_memcache::MC_VALUE_BYTES_MAX + 1;
     let data = "x".repeat(too + 2);
     let big = |cmd: &str| format!("{cmd}\r\n{data}");
@@ -395,7 +395,7 @@ fn oversized_set_deletes_the_old_value_as_memcached_does() {
 #[test]
 fn a_length_memcached_cannot_read_is_a_bad_line_and_the_next_line_is_read() {
     let sh = shared();
-    let mut s = McSession::new();
+    let mut s = McConnState::new();
     run(&sh, &mut s, "set k 0 0 1\r\na\r\n", 1);
     // memcached reads the length as a 32-bit int and needs room for the
     // CRLF: past 2^31 - 3 the line is bad and nothing is swallowed.
@@ -432,7 +432,7 @@ fn a_length_memcached_cannot_read_is_a_bad_line_and_the_next_line_is_read() {
 #[test]
 fn noreply_silences_error_replies_too() {
     let sh = shared();
-    let mut s = McSession::new();
+    let mut s = McConnState::new();
     run(&sh, &mut s, "set n 0 0 1\r\nx\r\n", 1);
     for cmd in [
         "delete k 10 noreply\r\n",
@@ -473,8 +473,8 @@ fn noreply_silences_error_replies_too() {
 #[test]
 fn error_texts_are_memcacheds() {
     let sh = shared();
-    let mut s = McSession::new();
-    let r = |s: &mut McSession, i: &str| run(&sh, s, i, 1_000);
+    let mut s = McConnState::new();
+    let r = |s: &mut McConnState, i: &str| run(&sh, s, i, 1_000);
     let usage = "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n";
     assert_eq!(r(&mut s, "delete k 10\r\n"), usage);
     assert_eq!(r(&mut s, "delete k 0 x\r\n"), usage);
@@ -545,7 +545,7 @@ fn an_http_request_line_closes_the_connection_without_a_reply() {
         "HTTP/1.1\r\n",
         "mn\r\nGET / HTTP/1.1\r\n",
     ] {
-        let mut s = McSession::new();
+        let mut s = McConnState::new();
         let mut out = Vec::new();
         let p = s.process(&sh, line.as_bytes(), &mut out, 1);
         assert!(p.close, "{line:?}");
@@ -557,7 +557,7 @@ fn an_http_request_line_closes_the_connection_without_a_reply() {
         assert_eq!(out, want, "{line:?}");
     }
     // A known command whose last word looks like HTTP is not one.
-    let mut s = McSession::new();
+    let mut s = McConnState::new();
     assert_eq!(
         run(
             &sh,
@@ -572,7 +572,7 @@ fn an_http_request_line_closes_the_connection_without_a_reply() {
 #[test]
 fn a_get_line_past_the_piece_bound_is_streamed_and_answers_every_key() {
     let sh = shared();
-    let mut s = McSession::new();
+    let mut s = McConnState::new();
     run(
         &sh,
         &mut s,

@@ -5,11 +5,17 @@ use std::sync::atomic::Ordering;
 use fabrickv_memcache::{self as mc, Command, StoreMode};
 
 use super::store::{self, Arith, Expiry, Outcome, StoreReq};
-use super::{line, push_u64, GetLine, McSession, McShared, MC_OUTPUT_SOFT_BYTES};
+use super::{line, push_u64, GetLine, McConnState, McShared, MC_OUTPUT_SOFT_BYTES};
 
 /// Runs a text command (anything but a retrieval, a meta command, a
 /// refusal or quit).
-pub(super) fn run(s: &mut McSession, sh: &McShared, cmd: Command<'_>, out: &mut Vec<u8>, now: u64) {
+pub(super) fn run(
+    s: &mut McConnState,
+    sh: &McShared,
+    cmd: Command<'_>,
+    out: &mut Vec<u8>,
+    now: u64,
+) {
     let c = &sh.counters;
     match cmd {
         Command::Store {

@@ -1,11 +1,11 @@
 //! The registry of live RESP connections, and the CLIENT command that
 //! reads and changes it.
 //!
-//! Each session owns one [`ClientEntry`]: what CLIENT LIST shows of it
+//! Each connection owns one [`ClientEntry`]: what CLIENT LIST shows of it
 //! (addresses, name, library, database, times, last command) in fields
 //! another connection can read without stopping it. The registry maps ids
 //! to entries for CLIENT LIST and CLIENT KILL; it holds at most
-//! [`RESP_CLIENTS_MAX`] (the connection cap), and a session leaves it when
+//! [`RESP_CLIENTS_MAX`] (the connection cap), and a connection leaves it when
 //! it is dropped. A kill sets the entry's flag and wakes the socket loop
 //! that owns the connection, which closes it at its next turn.
 

@@ -169,22 +169,12 @@ impl Exec<'_> {
             }
             _ => return resp::error(out, "ERR syntax error"),
         }
-        let now = self.now_ms;
-        let h = KeyHash::of(key);
-        let p = self.part(h);
-        match p.get(h, key, now) {
-            GetResult::Found { value, .. } => resp::bulk(out, value),
-            GetResult::NotFound => return out.null(),
-        }
-        match change {
-            Some(at) if at != 0 && at <= now => {
-                let _ = p.delete(h, key, now);
-            }
-            Some(at) => {
-                let _ = p.set_expiry(h, key, at, now);
-            }
-            None => {}
-        }
+        let after = match change {
+            Some(at) if at != 0 && at <= self.now_ms => AfterGet::Delete,
+            Some(at) => AfterGet::ExpireAt(at),
+            None => AfterGet::Keep,
+        };
+        self.get_then(key, after, out);
     }
 
     /// GETDEL key: the value, and the key deleted.
@@ -192,6 +182,12 @@ impl Exec<'_> {
         if !check_key(key, out) {
             return;
         }
+        self.get_then(key, AfterGet::Delete, out);
+    }
+
+    /// Replies with `key`'s value (null when absent) and, when it was
+    /// there, does `after` to it under the same lock.
+    fn get_then(&mut self, key: &[u8], after: AfterGet, out: &mut Reply<'_>) {
         let now = self.now_ms;
         let h = KeyHash::of(key);
         let p = self.part(h);
@@ -199,7 +195,15 @@ impl Exec<'_> {
             GetResult::Found { value, .. } => resp::bulk(out, value),
             GetResult::NotFound => return out.null(),
         }
-        let _ = p.delete(h, key, now);
+        match after {
+            AfterGet::Keep => {}
+            AfterGet::ExpireAt(at) => {
+                let _ = p.set_expiry(h, key, at, now);
+            }
+            AfterGet::Delete => {
+                let _ = p.delete(h, key, now);
+            }
+        }
     }
 
     /// GETSET key value: SET key value GET (the expiry is dropped).
@@ -222,4 +226,14 @@ impl Exec<'_> {
             put_error(out, r);
         }
     }
+}
+
+/// What GETEX and GETDEL do to a key after replying with its value.
+enum AfterGet {
+    /// Leave it as it is.
+    Keep,
+    /// Expire it at this engine time in ms (0: never, as PERSIST asks).
+    ExpireAt(u64),
+    /// Delete it (GETDEL, or an expiry already past).
+    Delete,
 }

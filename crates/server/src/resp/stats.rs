@@ -1,7 +1,7 @@
 //! The connection counters ([`RespCounters`]), and the per-command and
 //! per-error counters for INFO's `commandstats` and `errorstats` sections.
 //!
-//! The hot path touches none of the shared counters: a session counts its
+//! The hot path touches none of the shared counters: a connection counts its
 //! commands in a small local table ([`LocalStats`]) and adds it to the
 //! shared relaxed atomics ([`CommandStats`]) once per `process` call, so a
 //! pipeline of a hundred GETs costs one atomic add per counter, not a
@@ -113,7 +113,7 @@ impl CommandStats {
         }
     }
 
-    /// Adds a session's local counts and clears them; `nanos` is the time
+    /// Adds a connection's local counts and clears them; `nanos` is the time
     /// the commands counted took together, shared out evenly.
     pub(super) fn flush(&self, local: &mut LocalStats, nanos: u64) {
         if local.dirty == 0 {
@@ -186,7 +186,7 @@ impl CommandStats {
     }
 }
 
-/// One command's counts on one session between two flushes.
+/// One command's counts on one connection between two flushes.
 #[derive(Debug, Default, Clone, Copy)]
 struct LocalCounts {
     calls: u64,
@@ -194,7 +194,7 @@ struct LocalCounts {
     failed: u64,
 }
 
-/// A session's counts since its last flush, with a bit per command
+/// A connection's counts since its last flush, with a bit per command
 /// touched so the flush visits only those.
 #[derive(Debug)]
 pub(super) struct LocalStats {

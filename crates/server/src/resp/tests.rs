@@ -44,7 +44,7 @@ fn cmd(args: &[&[u8]]) -> Vec<u8> {
 
 struct Conn {
     shared: RespShared,
-    session: RespSession,
+    state: RespConnState,
     now_ms: u64,
 }
 
@@ -54,10 +54,10 @@ impl Conn {
     }
 
     fn with(shared: RespShared) -> Conn {
-        let session = RespSession::new(&shared, 1);
+        let state = RespConnState::new(&shared, 1);
         Conn {
             shared,
-            session,
+            state,
             now_ms: 1,
         }
     }
@@ -69,7 +69,7 @@ impl Conn {
         let mut close = false;
         while at < input.len() && !close {
             let p = self
-                .session
+                .state
                 .process(&self.shared, &input[at..], &mut out, self.now_ms);
             at += p.consumed;
             close = p.close;
@@ -294,14 +294,14 @@ fn pipelined_input_split_anywhere_gives_the_same_replies() {
     assert!(whole.ends_with("+PONG\r\n$3\r\na b\r\n"), "{whole:?}");
     for cut in [1, 2, 7, 13, 64, 255] {
         // Feed in pieces the way a socket delivers them, keeping what the
-        // session did not consume.
+        // connection state did not consume.
         let mut c = Conn::new(2);
         let mut out = Vec::new();
         let mut pending: Vec<u8> = Vec::new();
         for chunk in input.chunks(cut) {
             pending.extend_from_slice(chunk);
             loop {
-                let p = c.session.process(&c.shared, &pending, &mut out, 1);
+                let p = c.state.process(&c.shared, &pending, &mut out, 1);
                 pending.drain(..p.consumed);
                 assert!(p.need == 0 || p.need > pending.len());
                 if p.consumed == 0 {
@@ -336,7 +336,7 @@ fn output_backpressure_stops_execution() {
         input.extend(cmd(&[b"GET", b"big"]));
     }
     let mut out = Vec::new();
-    let p = c.session.process(&c.shared, &input, &mut out, 1);
+    let p = c.state.process(&c.shared, &input, &mut out, 1);
     assert!(p.consumed < input.len(), "stopped with commands left");
     assert!(out.len() >= RESP_OUTPUT_SOFT_BYTES);
     assert!(out.len() < RESP_OUTPUT_SOFT_BYTES + (70 << 10));
@@ -551,7 +551,7 @@ fn each_failed_auth_holds_the_connection_longer_and_is_counted() {
     for _ in 0..8 {
         let mut out = Vec::new();
         let p = c
-            .session
+            .state
             .process(&c.shared, &cmd(&[b"AUTH", b"nope"]), &mut out, c.now_ms);
         let until = p.hold_until_ms.expect("a failed AUTH holds the connection");
         delays.push(until - c.now_ms);
@@ -567,7 +567,7 @@ fn each_failed_auth_holds_the_connection_longer_and_is_counted() {
     let mut out = Vec::new();
     let mut input = cmd(&[b"AUTH", b"nope"]);
     input.extend(cmd(&[b"PING"]));
-    let p = c.session.process(&c.shared, &input, &mut out, c.now_ms);
+    let p = c.state.process(&c.shared, &input, &mut out, c.now_ms);
     assert!(p.hold_until_ms.is_some());
     assert!(p.consumed < input.len(), "PING is left for after the hold");
     assert_eq!(c.run(&["AUTH", "s3cret"]), "+OK\r\n");
@@ -682,7 +682,7 @@ fn hello_authenticates_like_auth() {
     assert_eq!(c.run(&["HELLO"]), noauth);
     // A wrong password is WRONGPASS, counted and held like AUTH's.
     let mut out = Vec::new();
-    let p = c.session.process(
+    let p = c.state.process(
         &c.shared,
         &cmd(&[b"HELLO", b"3", b"AUTH", b"default", b"nope"]),
         &mut out,
@@ -828,9 +828,9 @@ $9\r\nfind_keys\r\n*4\r\n$4\r\ntype\r\n$5\r\nrange\r\n$4\r\nspec\r\n\
 #[test]
 fn client_registry_lists_names_and_kills() {
     let shared = shared_with(1, None);
-    let mut a = RespSession::new(&shared, 1);
-    let mut b = RespSession::new(&shared, 2);
-    let run = |s: &mut RespSession, args: &[&str]| {
+    let mut a = RespConnState::new(&shared, 1);
+    let mut b = RespConnState::new(&shared, 2);
+    let run = |s: &mut RespConnState, args: &[&str]| {
         let a: Vec<&[u8]> = args.iter().map(|s| s.as_bytes()).collect();
         let mut out = Vec::new();
         let p = s.process(&shared, &cmd(&a), &mut out, 5_000);
@@ -910,7 +910,7 @@ fn client_registry_lists_names_and_kills() {
         (":1\r\n".into(), false)
     );
     assert!(a.killed());
-    // A killed session closes at its next turn without running anything.
+    // A killed connection closes at its next turn without running anything.
     assert_eq!(run(&mut a, &["PING"]), (String::new(), true));
     assert_eq!(
         run(&mut b, &["CLIENT", "KILL", "1.2.3.4:5"]).0,
@@ -933,7 +933,7 @@ fn client_registry_lists_names_and_kills() {
         run(&mut b, &["CLIENT", "KILL", "ID", "2", "SKIPME", "no"]),
         (":1\r\n".into(), true)
     );
-    // A dropped session leaves the registry.
+    // A dropped connection leaves the registry.
     drop(a);
     assert_eq!(shared.clients.len(), 1);
     drop(b);

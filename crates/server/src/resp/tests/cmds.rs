@@ -11,8 +11,8 @@ fn unix_ms() -> i64 {
         .as_millis() as i64
 }
 
-/// Runs one command on a session of `shared` (a second client).
-fn run_on(s: &mut RespSession, shared: &RespShared, now_ms: u64, args: &[&str]) -> String {
+/// Runs one command on a connection of `shared` (a second client).
+fn run_on(s: &mut RespConnState, shared: &RespShared, now_ms: u64, args: &[&str]) -> String {
     let a: Vec<&[u8]> = args.iter().map(|s| s.as_bytes()).collect();
     let input = cmd(&a);
     let mut out = Vec::new();
@@ -327,7 +327,7 @@ fn keyspace_commands() {
 }
 
 /// Runs a full SCAN iteration; returns every key returned (with repeats).
-fn scan_all(s: &mut RespSession, shared: &RespShared, extra: &[&str]) -> Vec<String> {
+fn scan_all(s: &mut RespConnState, shared: &RespShared, extra: &[&str]) -> Vec<String> {
     let mut cursor = "0".to_string();
     let mut keys = Vec::new();
     loop {
@@ -351,7 +351,7 @@ fn scan_all(s: &mut RespSession, shared: &RespShared, extra: &[&str]) -> Vec<Str
 #[test]
 fn scan_returns_every_key_with_match_count_and_type() {
     let c = Conn::new(3);
-    let mut s = RespSession::new(&c.shared, 2);
+    let mut s = RespConnState::new(&c.shared, 2);
     for i in 0..500 {
         let k = format!("k:{i}");
         run_on(&mut s, &c.shared, 1, &["SET", &k, "v"]);
@@ -390,7 +390,7 @@ fn scan_returns_every_key_with_match_count_and_type() {
 fn scan_sees_every_stable_key_while_others_write() {
     let c = Conn::new(4);
     let shared = &c.shared;
-    let mut s = RespSession::new(shared, 2);
+    let mut s = RespConnState::new(shared, 2);
     for i in 0..2000 {
         run_on(&mut s, shared, 1, &["SET", &format!("stable:{i}"), "v"]);
     }
@@ -399,7 +399,7 @@ fn scan_sees_every_stable_key_while_others_write() {
         for w in 0..2 {
             let stop = &stop;
             scope.spawn(move || {
-                let mut ws = RespSession::new(shared, 10 + w);
+                let mut ws = RespConnState::new(shared, 10 + w);
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let k = format!("churn:{w}:{}", i % 3000);
@@ -471,7 +471,7 @@ fn multi_exec_discard_and_errors() {
 #[test]
 fn watch_aborts_exec_when_a_key_changed() {
     let mut c = Conn::new(4);
-    let mut other = RespSession::new(&c.shared, 2);
+    let mut other = RespConnState::new(&c.shared, 2);
     c.run(&["SET", "w", "1"]);
     // Untouched: EXEC runs.
     assert_eq!(c.run(&["WATCH", "w", "absent"]), "+OK\r\n");
@@ -548,7 +548,7 @@ fn transactions_are_refused_on_a_shard_and_bounded() {
     let mut at = 0;
     while at < input.len() {
         let mut out = Vec::new();
-        let p = c.session.process(&c.shared, &input[at..], &mut out, 1);
+        let p = c.state.process(&c.shared, &input[at..], &mut out, 1);
         assert!(p.consumed > 0);
         at += p.consumed;
         r = String::from_utf8_lossy(&out).into_owned();
@@ -572,7 +572,7 @@ fn a_reader_never_sees_half_an_exec() {
         let keys = &keys;
         let stop = &stop;
         let reader = scope.spawn(move || {
-            let mut s = RespSession::new(shared, 3);
+            let mut s = RespConnState::new(shared, 3);
             let mut mget = vec!["MGET"];
             mget.extend(keys.iter().map(String::as_str));
             let mut reads = 0;
@@ -593,7 +593,7 @@ fn a_reader_never_sees_half_an_exec() {
                 reads += 1;
             }
         });
-        let mut w = RespSession::new(shared, 2);
+        let mut w = RespConnState::new(shared, 2);
         for gen in 0..300 {
             let g = format!("{gen:03}");
             let mut input = cmd(&[b"MULTI"]);
