@@ -12,13 +12,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fabrickv_rpc::placement::modulo;
-use fabrickv_rpc::session::Framing;
 use fabrickv_rpc::{
-    EchoService, LoopKnobs, RpcError, Service, Serving, Session, Sessions, StatsService, Worker,
+    EchoService, LoopKnobs, RpcError, Service, Serving, Session, Sessions, StatsService,
+    WireFrames, Worker,
 };
 use fabrickv_types::limits::FRAME_HEADER_BYTES;
 use fabrickv_wire::echo::encode_echo;
-use fabrickv_wire::{decode_frame, FrameHeader, FrameKind};
+use fabrickv_wire::{decode_frame, FrameKind};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -199,23 +199,8 @@ pub fn run_case(
 
 /// The sessions of client thread `t`: one to its worker (`Modulo`), or
 /// one to each worker (`Random`).
-/// The bench's replies are the product's frames: the one reply loop of
-/// [`Sessions`] reads their request id from the 32-byte header.
-enum EchoFrames {}
-
-impl Framing for EchoFrames {
-    type Error = RpcError;
-
-    #[inline]
-    fn reply_id(msg: &[u8]) -> Result<u64, RpcError> {
-        FrameHeader::decode(msg)
-            .map(|h| h.request_id)
-            .map_err(|e| RpcError::Invalid(format!("a reply that is not a frame: {e}")))
-    }
-}
-
 /// A client thread's sessions, its requests tagged with their send time.
-type EchoSessions = Sessions<Instant, EchoFrames>;
+type EchoSessions = Sessions<Instant, WireFrames>;
 
 fn sessions(t: usize, opts: &RpcOpts, credits: usize) -> Result<EchoSessions, String> {
     let workers = opts.server_threads.max(1);

@@ -37,7 +37,7 @@ pub mod worker;
 pub use echo::EchoService;
 pub use serve::Serving;
 pub use service::{Call, Clock, Refusal, Service, StatsList, WorkerView};
-pub use session::{InFlight, Sent, Session, Sessions};
+pub use session::{InFlight, Sent, Session, Sessions, WireFrames};
 pub use worker::{LoopKnobs, RegisterError, StatsService, Worker};
 
 use std::fmt;

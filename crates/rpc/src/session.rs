@@ -319,19 +319,6 @@ impl<T> Session<T> {
         self.q.complete(got)
     }
 
-    /// Hands up to `max` received messages to `on_msg`, with the requests
-    /// in flight to complete them against, without blocking; returns how
-    /// many.
-    #[inline]
-    pub fn poll(
-        &mut self,
-        max: usize,
-        mut on_msg: impl FnMut(&[u8], &mut InFlight<T>),
-    ) -> Result<usize, RpcError> {
-        let q = &mut self.q;
-        Ok(self.ep.poll(max, &mut |m| on_msg(m, q))?)
-    }
-
     /// Sends what was posted since the last flush, if anything. When it
     /// fails, the requests in flight are given up: what was posted may
     /// never have left.
@@ -373,15 +360,28 @@ pub trait Framing {
     fn reply_id(msg: &[u8]) -> Result<u64, Self::Error>;
 }
 
-/// The format of sessions whose owner reads the replies itself (with
-/// [`Session::poll`]): the reply loops ([`Sessions::call`],
-/// [`Sessions::collect`], ...) are not available to them.
+/// The native frames of `fabrickv-wire`, whose 32-byte header carries the
+/// request id, for a caller whose errors are this layer's (the echo
+/// clients of `bench rpc` and the RPC suite; `fabrickv-client` has its own
+/// [`Framing`] of the same frames, to report a bad header as its
+/// protocol error).
 #[derive(Debug)]
-pub enum Unframed {}
+pub enum WireFrames {}
+
+impl Framing for WireFrames {
+    type Error = RpcError;
+
+    #[inline]
+    fn reply_id(msg: &[u8]) -> Result<u64, RpcError> {
+        fabrickv_wire::FrameHeader::decode(msg)
+            .map(|h| h.request_id)
+            .map_err(|e| RpcError::Invalid(format!("a reply that is not a frame: {e}")))
+    }
+}
 
 /// One client's sessions, its request ids and its credits; with a
 /// [`Framing`] `F`, its reply loops.
-pub struct Sessions<T, F = Unframed> {
+pub struct Sessions<T, F = WireFrames> {
     /// The sessions, by the caller's numbering (the kv client's is by
     /// worker; the echo bench's by its choice of server threads).
     sessions: Vec<Session<T>>,

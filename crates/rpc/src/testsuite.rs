@@ -54,25 +54,19 @@ fn collect<T>(c: &mut Sessions<T>, s: usize, n: usize, mut on: impl FnMut(Sent<T
     let deadline = Instant::now() + TIMEOUT;
     let mut got = 0;
     while got < n {
-        let session = c.session(s);
-        got += session
-            .poll(n - got, |m, q| {
+        got += c
+            .receive(s, deadline, |m, sent| {
                 let f = decode_frame(m).expect("a reply frame");
-                let sent = q.complete(f.header.request_id).expect("replies in order");
                 let reply = Got {
                     kind: f.header.kind,
                     worker: f.header.worker,
                     error: decode_error(&f).ok().map(|(code, _)| code),
                     body: decode_echo_reply(&f).unwrap_or_default().to_vec(),
                 };
-                on(sent, reply)
+                on(sent, reply);
+                Ok(())
             })
-            .expect("poll");
-        if got < n {
-            session
-                .wait_until(deadline)
-                .expect("every reply before the deadline");
-        }
+            .expect("every reply, in order, before the deadline");
     }
 }
 
@@ -173,28 +167,14 @@ pub fn unregistered_kinds_are_refused_and_counted(addr: &dyn Fn() -> String) {
 
 /// One counter of worker 0's STATS reply.
 fn stat(c: &mut Sessions<u64>, name: &str) -> u64 {
-    c.post(0, 0, encode_stats_request).expect("post");
-    c.flush().expect("flush");
     let deadline = Instant::now() + TIMEOUT;
-    let mut value = None;
-    while value.is_none() {
-        let session = c.session(0);
-        session
-            .poll(1, |m, q| {
-                let f = decode_frame(m).expect("a reply frame");
-                q.complete(f.header.request_id).expect("in order");
-                let list = decode_stats_reply(&f).expect("a STATS reply");
-                value = list.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
-                assert!(value.is_some(), "no {name} in STATS");
-            })
-            .expect("poll");
-        if value.is_none() {
-            session
-                .wait_until(deadline)
-                .expect("STATS before the deadline");
-        }
-    }
-    value.unwrap_or(0)
+    c.call(0, 0, deadline, encode_stats_request, |m, _| {
+        let f = decode_frame(m).expect("a reply frame");
+        let list = decode_stats_reply(&f).expect("a STATS reply");
+        Ok(list.iter().find(|(k, _)| k == name).map(|(_, v)| *v))
+    })
+    .expect("STATS before the deadline")
+    .unwrap_or_else(|| panic!("no {name} in STATS"))
 }
 
 /// Suite check; see the module docs.
