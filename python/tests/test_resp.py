@@ -8,6 +8,8 @@ import time
 import pytest
 import redis
 
+from conftest import one_try
+
 
 @pytest.fixture
 def r(server):
@@ -119,12 +121,13 @@ def test_info_and_config(r):
 
 
 def test_auth(auth_server):
-    c = redis.Redis(host=auth_server.resp_host, port=auth_server.resp_port)
+    c = redis.Redis(host=auth_server.resp_host, port=auth_server.resp_port,
+                    retry=one_try())
     with pytest.raises(redis.AuthenticationError):
         c.get("k")
     with pytest.raises(redis.AuthenticationError):
         redis.Redis(host=auth_server.resp_host, port=auth_server.resp_port,
-                    password="wrong").ping()
+                    password="wrong", retry=one_try()).ping()
     ok = redis.Redis(host=auth_server.resp_host, port=auth_server.resp_port,
                      password="s3cret pass")
     assert ok.set("k", "v") and ok.get("k") == b"v"
