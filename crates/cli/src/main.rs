@@ -358,7 +358,7 @@ enum Command {
 fn main() -> ExitCode {
     install_transports();
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Serve { .. }) {
+    if !hosts_servers(&cli.command) {
         stop_quietly_on_closed_output();
     }
     fabrickv_auth::set_allow_open_secret_files(cli.allow_open_secret_file);
@@ -674,6 +674,18 @@ fn write_value(out: &mut impl Write, value: &[u8], tty: bool) -> std::io::Result
     Ok(())
 }
 
+/// Whether `command` runs servers in this process (`serve`, and `bench`
+/// with its in-process servers): those keep SIGPIPE ignored, see
+/// [`stop_quietly_on_closed_output`].
+fn hosts_servers(command: &Command) -> bool {
+    match command {
+        Command::Serve { .. } => true,
+        #[cfg(feature = "bench")]
+        Command::Bench { .. } => true,
+        _ => false,
+    }
+}
+
 /// Lets a client command die of SIGPIPE when its output is closed early,
 /// as `cat` and `redis-cli` do (`fabrickv stats | head -1`).
 ///
@@ -681,14 +693,17 @@ fn write_value(out: &mut impl Write, value: &[u8], tty: bool) -> std::io::Result
 /// `println!` panics on it (exit 101, a backtrace where RUST_BACKTRACE is
 /// set); restoring the default disposition covers every subcommand and
 /// every `println!` in the crates they call, with no writer to thread
-/// through. `serve` keeps SIGPIPE ignored: a server must see a peer that
-/// went away as an error on that one connection, never die of it. The
-/// sockets of the other commands (and of the servers `bench` runs in its
-/// own process) raise no SIGPIPE: tcp writes use `MSG_NOSIGNAL` (std's
-/// `TcpStream`), and so do shm control records (`ctl::send_with_fds`).
-/// The plain writes left are the shm handshake's few bytes, which meet a
-/// closed socket only if the peer went away in mid-handshake; a client
-/// command then ends by SIGPIPE instead of with an error.
+/// through. `serve` and `bench` keep SIGPIPE ignored: a server must see
+/// a peer that went away as an error on that one connection, never die
+/// of it, and `bench` runs its servers in its own process (their
+/// `splice` of large values into a socket has no flag to hold the signal
+/// back). The sockets of the client commands raise no SIGPIPE: tcp
+/// writes use `MSG_NOSIGNAL` (std's `TcpStream::write`, and
+/// `fabrickv_transport::tcp::send_vectored` for gathered writes), and so
+/// do shm control records (`ctl::send_with_fds`). The plain writes left
+/// are the shm handshake's few bytes, which meet a closed socket only if
+/// the peer went away in mid-handshake; a client command then ends by
+/// SIGPIPE instead of with an error.
 #[allow(unsafe_code)]
 fn stop_quietly_on_closed_output() {
     // SAFETY: called from the main thread before any other thread starts;

@@ -8,7 +8,7 @@
 //! (see `RESP_AUTH_DELAY_BASE_MS`), while the loop serves its other
 //! connections and wakes by that deadline to send the reply.
 
-use std::io::{self, IoSlice, Write};
+use std::io::{self, IoSlice};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -285,7 +285,7 @@ impl Proto for RespConn {
             slices[n] = IoSlice::new(&io.out[pos..]);
             n += 1;
         }
-        io.stream.write_vectored(&slices[..n])
+        fabrickv_transport::tcp::send_vectored(&io.stream, &slices[..n])
     }
 
     /// Counts `n` more reply bytes written (see [`RespConn::write_some`]).

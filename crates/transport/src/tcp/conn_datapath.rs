@@ -6,7 +6,7 @@
 //! pipe for large shared parts ([`SPLICE_PART_BYTES_MIN`]).
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice, Write};
+use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::time::Instant;
 
@@ -216,7 +216,7 @@ impl Conn {
                 iov[n] = IoSlice::new(&self.out[pos..]);
                 n += 1;
             }
-            match self.stream.write_vectored(&iov[..n]) {
+            match super::send_vectored(&self.stream, &iov[..n]) {
                 Ok(0) => return true,
                 Ok(written) => self.advance(written),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,

@@ -43,6 +43,25 @@ pub fn resolve(addr: &str) -> Result<SocketAddr> {
         .ok_or_else(|| TransportError::BadAddress(addr.to_string()))
 }
 
+/// Writes `iov` to a connected socket as `writev` would, but with
+/// `MSG_NOSIGNAL`: a peer that went away is an `EPIPE` on this one
+/// connection, never a SIGPIPE that ends the process. std's
+/// `write_vectored` is a plain `writev`, which raises the signal, and
+/// the `fabrickv` binary restores SIGPIPE's default for its client
+/// commands and for `bench`, whose servers run in its own process.
+pub fn send_vectored(
+    socket: &impl std::os::fd::AsFd,
+    iov: &[std::io::IoSlice<'_>],
+) -> std::io::Result<usize> {
+    let mut control = rustix::net::SendAncillaryBuffer::default();
+    Ok(rustix::net::sendmsg(
+        socket,
+        iov,
+        &mut control,
+        rustix::net::SendFlags::NOSIGNAL,
+    )?)
+}
+
 /// A non-blocking listener on `addr` (port 0 picks a free port) and the
 /// address it got, for a [`TcpAcceptor`] (fabric's rendezvous too).
 pub fn bind(addr: &str) -> Result<(mio::net::TcpListener, SocketAddr)> {
