@@ -151,3 +151,87 @@ fn sweeps_run_on_every_service() {
     w.sweep(2);
     assert_eq!(sweeps.load(Ordering::Relaxed), 2);
 }
+
+/// A port that hands out queued messages and records how many replies
+/// each flush carried.
+#[derive(Default)]
+struct Scripted {
+    queue: std::collections::VecDeque<Vec<u8>>,
+    replies_since_flush: usize,
+    flushes: Vec<usize>,
+}
+
+impl WorkerPort for Scripted {
+    fn poll(
+        &mut self,
+        max: usize,
+        handler: &mut fabrickv_transport::MessageHandler<'_>,
+    ) -> fabrickv_transport::Result<usize> {
+        let mut n = 0;
+        while n < max {
+            let Some(msg) = self.queue.pop_front() else {
+                break;
+            };
+            let mut out = Vec::new();
+            handler(1, &msg, &mut out);
+            self.replies_since_flush += usize::from(!out.is_empty());
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> fabrickv_transport::Result<()> {
+        self.flushes
+            .push(std::mem::take(&mut self.replies_since_flush));
+        Ok(())
+    }
+
+    fn wait(&mut self, _timeout: std::time::Duration) -> fabrickv_transport::Result<()> {
+        Ok(())
+    }
+
+    fn waker(&self) -> fabrickv_transport::Waker {
+        fabrickv_transport::Waker::new(|| {})
+    }
+
+    fn stats(&self) -> PortStats {
+        PortStats::default()
+    }
+}
+
+/// An ECHO frame that says it carries `ops` operations.
+fn echo_of_ops(id: u64, ops: u16) -> Vec<u8> {
+    let mut f = Vec::new();
+    encode_echo(&mut f, id, 0, b"x");
+    f[6..8].copy_from_slice(&ops.to_le_bytes());
+    f
+}
+
+#[test]
+fn a_burst_flushes_after_its_operations_or_when_input_runs_out() {
+    let sweeps = Arc::new(AtomicUsize::new(0));
+    let mut w = worker(0, &sweeps);
+    let mut port = Scripted::default();
+    // Single-operation frames: one flush per POLL_BURST_OPS of them, not
+    // one per poll of POLL_BURST_MSGS.
+    port.queue.extend((0..100).map(|i| echo_of_ops(i, 0)));
+    assert_eq!(
+        burst_batched(&mut port, &mut w, POLL_BURST_MSGS, 1).ok(),
+        Some(64)
+    );
+    assert_eq!(
+        burst_batched(&mut port, &mut w, POLL_BURST_MSGS, 1).ok(),
+        Some(36)
+    );
+    assert_eq!(port.flushes, [POLL_BURST_OPS, 100 - POLL_BURST_OPS]);
+    // Frames of 16 operations: four of them make a burst.
+    port.flushes.clear();
+    port.queue.extend((0..10).map(|i| echo_of_ops(i, 16)));
+    assert_eq!(
+        burst_batched(&mut port, &mut w, POLL_BURST_MSGS, 1).ok(),
+        Some(4)
+    );
+    // Batched receive off: one message a burst.
+    assert_eq!(burst_batched(&mut port, &mut w, 1, 1).ok(), Some(1));
+    assert_eq!(port.flushes, [4, 1]);
+}
