@@ -12,8 +12,10 @@
 //! Idle back-off: after a burst that found nothing the worker keeps polling
 //! for `IDLE_SPIN_US` (a client in a tight request loop is answered without
 //! a wake-up), then blocks in the transport's wait so an idle server uses
-//! no CPU. Between polls it yields its core (`sched_yield`) rather than
-//! spinning in place: when threads outnumber cores (clients and servers
+//! no CPU. For the first `IDLE_HOT_SPIN_US` it polls back to back (a
+//! request-reply client's next request comes within them); after that it
+//! yields its core (`sched_yield`) between polls rather than spinning in
+//! place: when threads outnumber cores (clients and servers
 //! on one machine, several servers sharing cores) a pure spin holds the
 //! core for a whole time slice while a thread with work waits for it.
 //! Measured on this project's 2-core machine: three one-worker servers
@@ -57,6 +59,14 @@ pub const POLL_BURST_OPS: usize = 64;
 
 /// How long an idle worker keeps polling before it blocks, in microseconds.
 pub const IDLE_SPIN_US: u64 = 100;
+
+/// How long of that an idle worker polls without yielding its core, in
+/// microseconds: a client in a request-reply loop sends its next request
+/// about a microsecond after it reads a reply, and a `sched_yield`
+/// between polls (half a microsecond or more) is then on the path of
+/// every request. Short enough that a worker sharing its core with other
+/// threads gives it up almost at once.
+pub const IDLE_HOT_SPIN_US: u64 = 5;
 
 /// Longest block in the transport's wait, in milliseconds; bounds how late
 /// the TTL sweep runs on an idle server.
@@ -368,8 +378,12 @@ pub fn run_with(
             idle_since = None;
             continue;
         }
-        let since = *idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < Duration::from_micros(IDLE_SPIN_US) {
+        let idle_for = idle_since.get_or_insert_with(Instant::now).elapsed();
+        if idle_for < Duration::from_micros(IDLE_HOT_SPIN_US) {
+            std::hint::spin_loop();
+            continue;
+        }
+        if idle_for < Duration::from_micros(IDLE_SPIN_US) {
             // Lets a runnable thread have this core; returns at once when
             // there is none.
             std::thread::yield_now();
