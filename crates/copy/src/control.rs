@@ -1,15 +1,15 @@
-//! The copy's control ops that more than one step asks: the session's
+//! The copy's control ops that more than one step asks: the run's
 //! STATUS, and the error a source's failed status becomes.
 
 use fabrickv_client::ShardClient;
-use fabrickv_wire::copy::{encode_session, Status};
+use fabrickv_wire::copy::{encode_run_id, Status};
 use fabrickv_wire::shard::ShardOp;
 
 use crate::error::{client, err, printable, CopyError};
 
-pub(crate) fn status(ctl: &mut ShardClient, session: u64) -> Result<Status, CopyError> {
+pub(crate) fn status(ctl: &mut ShardClient, run_id: u64) -> Result<Status, CopyError> {
     let b = ctl
-        .copy_control(ShardOp::CopyStatus, "", |b| encode_session(b, session))
+        .copy_control(ShardOp::CopyStatus, "", |b| encode_run_id(b, run_id))
         .map_err(|e| client("STATUS", e))?;
     Status::decode(&b).map_err(|e| err(e.code(), e.to_string()))
 }

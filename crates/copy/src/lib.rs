@@ -12,8 +12,8 @@
 //! - [`report`]: the [`Event`]s a copy reports as it goes and its
 //!   [`CopyReport`], with the rate samples a caller may plot;
 //! - [`error`]: [`CopyError`], a stable code and what happened;
-//! - `session`: the control session (CHECKPOINT, STATUS, START, END) and
-//!   the order of a copy's steps ([`copy`]);
+//! - `run`: one copy run at the source (CHECKPOINT, STATUS, START, END)
+//!   and the order of a copy's steps ([`copy`]);
 //! - `progress`: the resume state (the progress file) and the preparation
 //!   of the target directory;
 //! - `control`: the STATUS op and what a failed status means;
@@ -36,7 +36,7 @@ mod control;
 mod load;
 mod progress;
 mod receive;
-mod session;
+mod run;
 mod shared;
 mod streams;
 mod verify;
@@ -50,7 +50,7 @@ pub use options::{
 };
 pub use progress::COPY_PROGRESS_FILE;
 pub use report::{CopyReport, Event};
-pub use session::copy;
+pub use run::copy;
 pub use streams::{COPY_QUEUE_FRAMES, COPY_SAMPLE_INTERVAL_MS};
 
 /// Locks `m`; a panicked holder left plain data behind, still usable.

@@ -53,7 +53,7 @@ pub(crate) fn stream<S: ShardBackend>(
             )
         })?;
         let hello = Hello {
-            session: cp.session,
+            run_id: cp.run_id,
             token: cp.token,
             stream: u32::from(i),
         };
@@ -158,7 +158,7 @@ fn watch(
         }
         if last_status.elapsed() >= Duration::from_millis(COPY_STATUS_POLL_MS) {
             last_status = Instant::now();
-            let st = status(ctl, cp.session)?;
+            let st = status(ctl, cp.run_id)?;
             if matches!(st.state, CopyState::Error | CopyState::Stopped) {
                 return Err(source_failed(&st));
             }

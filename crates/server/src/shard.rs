@@ -138,10 +138,10 @@ impl ShardSpec {
     }
 }
 
-/// The shards a server serves, opened at start, and their copy sessions.
+/// The shards a server serves, opened at start, and their copy runs.
 /// Generic over the storage backend (fjall on disk by default) so that the
 /// data ops reach it through [`ShardBackend`] with static calls; only a
-/// copy session, which holds its shard for the copy's life, sees it as
+/// copy run, which holds its shard for the run's life, sees it as
 /// `dyn ShardBackend`.
 pub struct Shards<S: ShardBackend = FjallShard> {
     by_name: HashMap<String, Arc<S>>,
@@ -170,7 +170,7 @@ impl Shards<FjallShard> {
         Ok(Shards::with_backends(opened, copies))
     }
 
-    /// Opens `specs` with copy sessions on loopback, for tests that need
+    /// Opens `specs` with copy runs on loopback, for tests that need
     /// shards (or none) without a whole server.
     #[cfg(test)]
     pub(crate) fn open_for_tests(specs: &[ShardSpec]) -> Shards {
@@ -201,7 +201,7 @@ impl<S: ShardBackend> Shards<S> {
         &self.order
     }
 
-    /// The copy sessions of this server.
+    /// The copy runs of this server.
     pub fn copies(&self) -> &CopySources {
         &self.copies
     }

@@ -302,7 +302,7 @@ fn clients_spread_over_the_workers_and_each_serves_the_shard(t: Transport) {
 /// target through this transport's control connection.
 fn copy_control_states_and_refusals(t: Transport) {
     use fabrickv_wire::copy::{
-        encode_session, CheckpointReply, CheckpointRequest, CopyState, StartRequest, Status,
+        encode_run_id, CheckpointReply, CheckpointRequest, CopyState, StartRequest, Status,
     };
     use fabrickv_wire::shard::ShardOp;
 
@@ -329,7 +329,7 @@ fn copy_control_states_and_refusals(t: Transport) {
         c.copy_control(ShardOp::CopyCheckpoint, shard, |b| req.encode(b))
     };
     let status = |c: &mut ShardClient, id: u64| {
-        c.copy_control(ShardOp::CopyStatus, "", |b| encode_session(b, id))
+        c.copy_control(ShardOp::CopyStatus, "", |b| encode_run_id(b, id))
             .map(|b| Status::decode(&b).expect("status decodes"))
     };
     assert_eq!(
@@ -341,15 +341,15 @@ fn copy_control_states_and_refusals(t: Transport) {
     let cp =
         CheckpointReply::decode(&checkpoint(&mut c, "s", 3).expect("checkpoint")).expect("reply");
     common::wait_for("the checkpoint's split", TIMEOUT, || {
-        status(&mut c, cp.session).expect("status").ready
+        status(&mut c, cp.run_id).expect("status").ready
     });
-    let st = status(&mut c, cp.session).expect("status");
+    let st = status(&mut c, cp.run_id).expect("status");
     assert_eq!(
         (st.state, st.ranges),
         (CopyState::Idle, st.boundaries.len() as u32 + 1)
     );
     let start = |token| StartRequest {
-        session: cp.session,
+        run_id: cp.run_id,
         token,
         streams: 1,
         resume: Vec::new(),
@@ -368,16 +368,16 @@ fn copy_control_states_and_refusals(t: Transport) {
         ErrorCode::CopyState,
         "START twice"
     );
-    // No stream ever connects; END stops the session and forgets it.
+    // No stream ever connects; END stops the run and forgets it.
     let ended = c
-        .copy_control(ShardOp::CopyEnd, "", |b| encode_session(b, cp.session))
+        .copy_control(ShardOp::CopyEnd, "", |b| encode_run_id(b, cp.run_id))
         .expect("end");
     let st = Status::decode(&ended).expect("status");
     assert!(
         matches!(st.state, CopyState::Stopped | CopyState::Error),
         "{st:?}"
     );
-    assert_eq!(code_of(status(&mut c, cp.session)), ErrorCode::NoSuchCopy);
+    assert_eq!(code_of(status(&mut c, cp.run_id)), ErrorCode::NoSuchCopy);
 
     // Whole copies with this transport as the control connection, with
     // the copy's pages dropped as it goes (the default) and kept.

@@ -78,10 +78,10 @@ pub enum ErrorCode {
     /// The persistent store (or the disk under it) failed; the operation
     /// did not happen.
     StorageFailed = 28,
-    /// No copy session has that id (never created, ended, or the source
+    /// No copy run has that id (never created, ended, or the source
     /// restarted).
     NoSuchCopy = 29,
-    /// The copy session is not in a state that allows this operation
+    /// The copy run is not in a state that allows this operation
     /// (START twice, START before its checkpoint is ready).
     CopyState = 30,
     /// A resumed copy found that the source shard changed, since the

@@ -1,6 +1,6 @@
 //! Chunked transfers a server holds open for a client: a large value
 //! being received or read piece by piece (native kv, cache), a large reply
-//! a client has not read yet (RESP), a copy session its target has not
+//! a client has not read yet (RESP), a copy run its target has not
 //! started. Each holds memory (a buffer, a pinned value, a snapshot), and
 //! the server is not always told when its client goes away, so each is
 //! dropped once it has not moved for a while or has lived too long.

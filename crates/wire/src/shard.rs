@@ -9,7 +9,7 @@
 //! 0  u8  op        ShardOp
 //! 1  u8  flags     0 (every bit reserved)
 //! 2  u16 name_len  1..=SHARD_NAME_BYTES_MAX (0 for the copy ops that
-//!                  name a session instead of a shard)
+//!                  name a copy run instead of a shard)
 //! 4  u32 reserved  must be 0
 //! 8  name          UTF-8
 //! ```
@@ -42,13 +42,13 @@ pub enum ShardOp {
     /// Remove keys, atomically, durable when acknowledged.
     Delete = 3,
     /// Copy control: take a consistent checkpoint of the shard and split
-    /// it into ranges; opens a copy session.
+    /// it into ranges; opens a copy run.
     CopyCheckpoint = 16,
-    /// Copy control: start streaming the session's ranges.
+    /// Copy control: start streaming the run's ranges.
     CopyStart = 17,
-    /// Copy control: the session's state and counters.
+    /// Copy control: the run's state and counters.
     CopyStatus = 18,
-    /// Copy control: end the session (stops streaming, frees the
+    /// Copy control: end the run (stops streaming, frees the
     /// checkpoint).
     CopyEnd = 19,
 }
@@ -79,7 +79,7 @@ impl ShardOp {
 pub struct ShardMessage<'a> {
     /// The operation.
     pub op: ShardOp,
-    /// The shard's name (empty in replies and session-addressed ops).
+    /// The shard's name (empty in replies and in the copy ops that name a run).
     pub name: &'a str,
     /// The op's payload.
     pub payload: &'a [u8],

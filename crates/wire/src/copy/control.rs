@@ -79,11 +79,12 @@ impl<'a> CheckpointRequest<'a> {
     }
 }
 
-/// A CHECKPOINT reply: the session and where its data streams connect.
+/// A CHECKPOINT reply: the copy run it opened and where its data streams
+/// connect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointReply {
-    /// The session id.
-    pub session: u64,
+    /// The run's id.
+    pub run_id: u64,
     /// The secret a data stream's hello must carry.
     pub token: u64,
     /// The TCP port of the data streams (on the server's host).
@@ -93,7 +94,7 @@ pub struct CheckpointReply {
 impl CheckpointReply {
     /// Appends the payload.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.session.to_le_bytes());
+        out.extend_from_slice(&self.run_id.to_le_bytes());
         out.extend_from_slice(&self.token.to_le_bytes());
         out.extend_from_slice(&self.data_port.to_le_bytes());
         out.extend_from_slice(&[0u8; 6]);
@@ -102,13 +103,13 @@ impl CheckpointReply {
     /// Reads a payload.
     pub fn decode(b: &[u8]) -> Result<Self, ProtoError> {
         let mut r = Reader::new(b);
-        let session = r.u64("session")?;
+        let run_id = r.u64("run id")?;
         let token = r.u64("token")?;
         let data_port = r.u16("data port")?;
         r.zero(6)?;
         r.end()?;
         Ok(CheckpointReply {
-            session,
+            run_id,
             token,
             data_port,
         })
@@ -133,8 +134,8 @@ pub struct ResumePoint {
 /// A START request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StartRequest {
-    /// The session.
-    pub session: u64,
+    /// The run.
+    pub run_id: u64,
     /// Its token.
     pub token: u64,
     /// Data streams the target will open.
@@ -146,7 +147,7 @@ pub struct StartRequest {
 impl StartRequest {
     /// Appends the payload.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.session.to_le_bytes());
+        out.extend_from_slice(&self.run_id.to_le_bytes());
         out.extend_from_slice(&self.token.to_le_bytes());
         out.extend_from_slice(&self.streams.to_le_bytes());
         out.extend_from_slice(&0u16.to_le_bytes());
@@ -164,7 +165,7 @@ impl StartRequest {
     /// Reads a payload.
     pub fn decode(b: &[u8]) -> Result<Self, ProtoError> {
         let mut r = Reader::new(b);
-        let session = r.u64("session")?;
+        let run_id = r.u64("run id")?;
         let token = r.u64("token")?;
         let streams = r.u16("streams")?;
         if streams == 0 || streams > COPY_STREAMS_MAX {
@@ -197,7 +198,7 @@ impl StartRequest {
         }
         r.end()?;
         Ok(StartRequest {
-            session,
+            run_id,
             token,
             streams,
             resume,
@@ -205,23 +206,23 @@ impl StartRequest {
     }
 }
 
-/// Appends a STATUS or END request (the session id).
-pub fn encode_session(out: &mut Vec<u8>, session: u64) {
-    out.extend_from_slice(&session.to_le_bytes());
+/// Appends a STATUS or END request (the run id).
+pub fn encode_run_id(out: &mut Vec<u8>, run_id: u64) {
+    out.extend_from_slice(&run_id.to_le_bytes());
 }
 
 /// Reads a STATUS or END request.
-pub fn decode_session(b: &[u8]) -> Result<u64, ProtoError> {
+pub fn decode_run_id(b: &[u8]) -> Result<u64, ProtoError> {
     let mut r = Reader::new(b);
-    let s = r.u64("session")?;
+    let id = r.u64("run id")?;
     r.end()?;
-    Ok(s)
+    Ok(id)
 }
 
-/// A session's state and counters.
+/// A copy run's state and counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
-    /// Where the session is.
+    /// Where the run is.
     pub state: CopyState,
     /// Whether the checkpoint is split (`boundaries` is then set).
     pub ready: bool,

@@ -5,6 +5,11 @@
 //! service) and the target (`fabrickv-copy`) both speak it through this
 //! module, so neither depends on the other.
 //!
+//! One run of a copy, from its CHECKPOINT to its END, is a *copy run*:
+//! the source's snapshot, its ranges and its data streams, named by the
+//! run id and token the CHECKPOINT reply gives. A copy resumed after a
+//! crash is a new run on a new checkpoint.
+//!
 //! All integers are little-endian. Keys are byte strings (the empty key
 //! included) written as `u32 len, bytes`.
 //!
@@ -15,13 +20,13 @@
 //!     u32 ranges (1..=COPY_RANGES_MAX), u32 boundaries (0, or ranges - 1),
 //!     key x boundaries       the lower bound of ranges 1.. (a resumed copy
 //!                            sends the ranges it had; 0 = source splits)
-//! CHECKPOINT reply: u64 session, u64 token, u16 data_port, u16 0, u32 0
-//! START request:  u64 session, u64 token, u16 streams (1..=COPY_STREAMS_MAX),
+//! CHECKPOINT reply: u64 run_id, u64 token, u16 data_port, u16 0, u32 0
+//! START request:  u64 run_id, u64 token, u16 streams (1..=COPY_STREAMS_MAX),
 //!     u16 0, u32 entries (<= ranges), entry x entries
 //!     entry: u32 range, u8 done, u8[3] 0, u64 next_seq, Digest (32),
 //!            key after   (the range resumes after this key; done: skipped)
 //! START reply:    empty
-//! STATUS / END request: u64 session
+//! STATUS / END request: u64 run_id
 //! STATUS / END reply: Status (below)
 //! Status: u8 state, u8 ready, u16 error code, u32 ranges, u32 ranges_done,
 //!     u32 message_len, u64 pairs_sent, u64 bytes_sent, u64 pairs_estimate,
@@ -31,7 +36,7 @@
 //! ```
 //!
 //! A data stream opens with the target's 32-byte hello (u32 HELLO_MAGIC,
-//! u32 version 1, u64 session, u64 token, u32 stream, u32 0); then the
+//! u32 version 1, u64 run_id, u64 token, u32 stream, u32 0); then the
 //! source sends frames, each a 64-byte header and a payload:
 //!
 //! ```text
@@ -78,7 +83,7 @@ use fabrickv_types::limits::{SHARD_KEY_BYTES_MAX, SHARD_VALUE_BYTES_MAX};
 use fabrickv_types::{Digest, ErrorCode};
 
 pub use control::{
-    decode_session, encode_session, range_bounds, CheckpointReply, CheckpointRequest, ResumePoint,
+    decode_run_id, encode_run_id, range_bounds, CheckpointReply, CheckpointRequest, ResumePoint,
     StartRequest, Status,
 };
 pub use stream::{
@@ -124,7 +129,7 @@ pub const STREAM_VERSION: u32 = 1;
 /// Bytes of an encoded [`Digest`].
 pub const DIGEST_BYTES: usize = 32;
 
-/// A copy session's state, named as the RocksDB shard replicator (the copy
+/// A copy run's state, named as the RocksDB shard replicator (the copy
 /// tool FabricKV's copy replaces) names them, so its operators' scripts
 /// read the same words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,11 +13,11 @@ use super::{
 /// A data stream's hello.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
-    /// The session.
-    pub session: u64,
+    /// The copy run.
+    pub run_id: u64,
     /// Its token.
     pub token: u64,
-    /// Which stream of the session this is.
+    /// Which stream of the run this is.
     pub stream: u32,
 }
 
@@ -27,7 +27,7 @@ impl Hello {
         let mut b = [0u8; HELLO_BYTES];
         b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
         b[4..8].copy_from_slice(&STREAM_VERSION.to_le_bytes());
-        b[8..16].copy_from_slice(&self.session.to_le_bytes());
+        b[8..16].copy_from_slice(&self.run_id.to_le_bytes());
         b[16..24].copy_from_slice(&self.token.to_le_bytes());
         b[24..28].copy_from_slice(&self.stream.to_le_bytes());
         b
@@ -42,12 +42,12 @@ impl Hello {
         if r.u32("version")? != STREAM_VERSION {
             return Err(ProtoError("unsupported copy stream version"));
         }
-        let session = r.u64("session")?;
+        let run_id = r.u64("run id")?;
         let token = r.u64("token")?;
         let stream = r.u32("stream")?;
         r.zero(4)?;
         Ok(Hello {
-            session,
+            run_id,
             token,
             stream,
         })

@@ -22,7 +22,7 @@ fn control_payloads_round_trip() {
     assert_eq!(CheckpointRequest::decode(&b), Ok(cp));
 
     let st = StartRequest {
-        session: 9,
+        run_id: 9,
         token: 77,
         streams: 2,
         resume: vec![ResumePoint {
@@ -75,7 +75,7 @@ fn frames_and_pairs_round_trip_the_empty_key_included() {
         vec![(&b""[..], &b"empty key"[..]), (&b"k"[..], &b""[..])]
     );
     let hello = Hello {
-        session: 1,
+        run_id: 1,
         token: 2,
         stream: 3,
     };

@@ -1,12 +1,14 @@
-//! The source side of a shard copy: sessions inside the server that
+//! The source side of a shard copy: copy runs inside the server that
 //! serves the shard, driven by the copy's control ops (SHARD frames) and
-//! feeding its data streams (formats in `fabrickv_wire::copy`).
+//! feeding its data streams (formats in `fabrickv_wire::copy`). A copy run
+//! lasts from its CHECKPOINT to its END; a copy resumed after a crash is a
+//! new run.
 //!
 //! CHECKPOINT takes a consistent snapshot of the shard, binds a TCP port
 //! for the data streams, and splits the snapshot into ranges on a thread
 //! of its own (a pass over the keys, seconds on a large shard, which must
 //! not block a worker); the target polls STATUS until the split is ready.
-//! START spawns the session's coordinator: it accepts one connection per
+//! START spawns the run's coordinator: it accepts one connection per
 //! stream, then runs per stream a range iterator (packs pairs of one range
 //! at a time into frames, each with the range's running digest, and ends
 //! the range with an END_OF_RANGE marker) and a sender (writes the frames
@@ -16,7 +18,7 @@
 //! next range. END (or every stream failing) stops it all.
 
 //!
-//! Layout: this file holds the sessions and their control ops; [`split`]
+//! Layout: this file holds the runs and their control ops; [`split`]
 //! cuts a checkpoint into ranges of about equal bytes; [`send`] runs the
 //! data streams (accepting them, range iterators, senders).
 
@@ -33,16 +35,16 @@ use fabrickv_storage::{ShardBackend, ShardSnapshot};
 use fabrickv_types::transfer::TransferClock;
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::copy::{
-    decode_session, CheckpointReply, CheckpointRequest, CopyState, ProtoError, StartRequest, Status,
+    decode_run_id, CheckpointReply, CheckpointRequest, CopyState, ProtoError, StartRequest, Status,
 };
 use fabrickv_wire::shard::{ShardMessage, ShardOp};
 
 /// Finds a served shard by name.
 pub type ShardLookup<'a> = &'a dyn Fn(&str) -> Option<Arc<dyn ShardBackend>>;
 
-/// Copy sessions one server keeps at once (each holds a snapshot, which
-/// pins the files it reads).
-pub const COPY_SESSIONS_MAX: usize = 16;
+/// Copy runs one server keeps at once (each holds a snapshot, which pins
+/// the files it reads).
+pub const COPY_RUNS_MAX: usize = 16;
 
 /// Key samples taken per range when splitting a checkpoint.
 pub const SAMPLES_PER_RANGE: usize = 32;
@@ -58,12 +60,12 @@ pub const COPY_ACCEPT_TIMEOUT_MS: u64 = 10_000;
 /// in milliseconds (the target stopped reading).
 pub const COPY_SEND_TIMEOUT_MS: u64 = 30_000;
 
-/// A session not started this long after its checkpoint may be dropped
+/// A run not started this long after its checkpoint may be dropped
 /// to make room for another, in milliseconds (its target went away
 /// between CHECKPOINT and START, and its snapshot pins files).
 pub const COPY_START_TIMEOUT_MS: u64 = 60_000;
 
-/// How often a session logs its progress, in milliseconds.
+/// How often a run logs its progress, in milliseconds.
 pub const COPY_LOG_INTERVAL_MS: u64 = 1_000;
 
 /// Pairs between two looks at the stop flag while a resumed range's held
@@ -72,16 +74,16 @@ pub const COPY_CHECK_STOP_EVERY_PAIRS: u64 = 4096;
 
 type Refusal = (ErrorCode, String);
 
-/// Every copy session of one server.
+/// Every copy run of one server.
 pub struct CopySources {
     data_host: IpAddr,
-    /// The origin of the sessions' clocks.
+    /// The origin of the runs' clocks.
     epoch: Instant,
-    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    runs: Mutex<HashMap<u64, Arc<CopyRun>>>,
     next_id: AtomicU64,
 }
 
-/// What a session's control ops change, under its lock.
+/// What a run's control ops change, under its lock.
 struct Inner {
     state: CopyState,
     error: ErrorCode,
@@ -93,11 +95,11 @@ struct Inner {
     started: bool,
 }
 
-/// One copy: its checkpoint, its ranges, its streams' counters.
-struct Session {
+/// One copy run: its checkpoint, its ranges, its streams' counters.
+struct CopyRun {
     id: u64,
     /// Began at its CHECKPOINT, in ms of [`CopySources::now_ms`]: a
-    /// session not started [`COPY_START_TIMEOUT_MS`] later may be dropped.
+    /// run not started [`COPY_START_TIMEOUT_MS`] later may be dropped.
     clock: TransferClock,
     token: u64,
     shard: String,
@@ -112,7 +114,7 @@ struct Session {
     stop: AtomicBool,
 }
 
-impl Session {
+impl CopyRun {
     fn status(&self) -> Status {
         let i = lock(&self.inner);
         Status {
@@ -134,7 +136,7 @@ impl Session {
     fn fail(&self, code: ErrorCode, why: String) {
         let mut i = lock(&self.inner);
         if matches!(i.state, CopyState::Idle | CopyState::InProgress) {
-            tracing::warn!(session = self.id, shard = %self.shard, "copy failed: {why}");
+            tracing::warn!(run = self.id, shard = %self.shard, "copy failed: {why}");
             i.state = CopyState::Error;
             i.error = code;
             i.message = why;
@@ -142,7 +144,7 @@ impl Session {
         self.stop.store(true, Ordering::Release);
     }
 
-    /// Whether the session may be dropped to make room: it is over, or
+    /// Whether the run may be dropped to make room: it is over, or
     /// its target never started it.
     fn abandoned(&self, now_ms: u64) -> bool {
         let i = lock(&self.inner);
@@ -155,12 +157,12 @@ impl Session {
 }
 
 impl CopySources {
-    /// Sessions whose data streams listen on `data_host`.
+    /// Copy runs whose data streams listen on `data_host`.
     pub fn new(data_host: IpAddr) -> CopySources {
         CopySources {
             data_host,
             epoch: Instant::now(),
-            sessions: Mutex::new(HashMap::new()),
+            runs: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
         }
     }
@@ -170,7 +172,7 @@ impl CopySources {
         self.data_host
     }
 
-    /// Milliseconds since these sessions' origin: their clocks' time.
+    /// Milliseconds since these runs' origin: their clocks' time.
     fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -197,20 +199,18 @@ impl CopySources {
             }
             ShardOp::CopyStart => {
                 let req = StartRequest::decode(msg.payload).map_err(malformed)?;
-                let s = self.session(req.session)?;
+                let s = self.run(req.run_id)?;
                 start(&s, req)?;
                 Ok(())
             }
             ShardOp::CopyStatus => {
-                let id = decode_session(msg.payload).map_err(malformed)?;
-                self.session(id)?.status().encode(out);
+                let id = decode_run_id(msg.payload).map_err(malformed)?;
+                self.run(id)?.status().encode(out);
                 Ok(())
             }
             ShardOp::CopyEnd => {
-                let id = decode_session(msg.payload).map_err(malformed)?;
-                let s = lock(&self.sessions)
-                    .remove(&id)
-                    .ok_or_else(|| no_session(id))?;
+                let id = decode_run_id(msg.payload).map_err(malformed)?;
+                let s = lock(&self.runs).remove(&id).ok_or_else(|| no_run(id))?;
                 {
                     let mut i = lock(&s.inner);
                     if matches!(i.state, CopyState::Idle | CopyState::InProgress) {
@@ -218,7 +218,7 @@ impl CopySources {
                     }
                 }
                 s.stop.store(true, Ordering::Release);
-                tracing::info!(session = id, shard = %s.shard, "copy session ended");
+                tracing::info!(run = id, shard = %s.shard, "copy run ended");
                 s.status().encode(out);
                 Ok(())
             }
@@ -226,11 +226,8 @@ impl CopySources {
         }
     }
 
-    fn session(&self, id: u64) -> Result<Arc<Session>, Refusal> {
-        lock(&self.sessions)
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| no_session(id))
+    fn run(&self, id: u64) -> Result<Arc<CopyRun>, Refusal> {
+        lock(&self.runs).get(&id).cloned().ok_or_else(|| no_run(id))
     }
 
     fn checkpoint(
@@ -239,12 +236,12 @@ impl CopySources {
         shard: &dyn ShardBackend,
         req: &CheckpointRequest<'_>,
     ) -> Result<CheckpointReply, Refusal> {
-        let mut sessions = lock(&self.sessions);
-        if sessions.len() >= COPY_SESSIONS_MAX {
-            // Sessions their targets never ended or never started make
-            // room first.
+        let mut runs = lock(&self.runs);
+        if runs.len() >= COPY_RUNS_MAX {
+            // Runs their targets never ended or never started make room
+            // first.
             let now_ms = self.now_ms();
-            sessions.retain(|_, s| {
+            runs.retain(|_, s| {
                 let drop = s.abandoned(now_ms);
                 if drop {
                     s.stop.store(true, Ordering::Release);
@@ -252,10 +249,10 @@ impl CopySources {
                 !drop
             });
         }
-        if sessions.len() >= COPY_SESSIONS_MAX {
+        if runs.len() >= COPY_RUNS_MAX {
             return Err((
                 ErrorCode::Unavailable,
-                format!("{COPY_SESSIONS_MAX} copy sessions are open (COPY_SESSIONS_MAX)"),
+                format!("{COPY_RUNS_MAX} copy runs are open (COPY_RUNS_MAX)"),
             ));
         }
         let listener = TcpListener::bind(SocketAddr::new(self.data_host, 0)).map_err(|e| {
@@ -274,7 +271,7 @@ impl CopySources {
         } else {
             Some(req.boundaries.iter().map(|b| b.to_vec()).collect())
         };
-        let session = Arc::new(Session {
+        let run = Arc::new(CopyRun {
             id,
             clock: TransferClock::start(self.now_ms()),
             token: rand::random(),
@@ -298,11 +295,11 @@ impl CopySources {
             stop: AtomicBool::new(false),
         });
         let reply = CheckpointReply {
-            session: id,
-            token: session.token,
+            run_id: id,
+            token: run.token,
             data_port,
         };
-        let s = session.clone();
+        let s = run.clone();
         let wanted = req.ranges;
         std::thread::Builder::new()
             .name(format!("fkv-copy-split-{id}"))
@@ -313,9 +310,9 @@ impl CopySources {
                     format!("cannot start a thread: {e}"),
                 )
             })?;
-        sessions.insert(id, session);
+        runs.insert(id, run);
         tracing::info!(
-            session = id,
+            run = id,
             shard = name,
             ranges = req.ranges,
             port = data_port,
@@ -325,19 +322,19 @@ impl CopySources {
     }
 }
 
-fn no_session(id: u64) -> Refusal {
+fn no_run(id: u64) -> Refusal {
     (
         ErrorCode::NoSuchCopy,
-        format!("no copy session {id} (ended, or the source restarted)"),
+        format!("no copy run {id} (ended, or the source restarted)"),
     )
 }
 
-/// START: checks the session and spawns its coordinator.
-fn start(s: &Arc<Session>, req: StartRequest) -> Result<(), Refusal> {
+/// START: checks the run and spawns its coordinator.
+fn start(s: &Arc<CopyRun>, req: StartRequest) -> Result<(), Refusal> {
     if req.token != s.token {
         return Err((
             ErrorCode::Malformed,
-            "the token does not match the session's".into(),
+            "the token does not match the run's".into(),
         ));
     }
     let boundaries = {
@@ -346,7 +343,7 @@ fn start(s: &Arc<Session>, req: StartRequest) -> Result<(), Refusal> {
             return Err((
                 ErrorCode::CopyState,
                 format!(
-                    "session {} is {} and its checkpoint is not split yet",
+                    "copy run {} is {} and its checkpoint is not split yet",
                     s.id,
                     i.state.name()
                 ),
@@ -355,7 +352,7 @@ fn start(s: &Arc<Session>, req: StartRequest) -> Result<(), Refusal> {
         if i.started || i.state != CopyState::Idle {
             return Err((
                 ErrorCode::CopyState,
-                format!("session {} is {}, not IDLE", s.id, i.state.name()),
+                format!("copy run {} is {}, not IDLE", s.id, i.state.name()),
             ));
         }
         if let Some(p) = req.resume.iter().find(|p| p.range >= i.ranges) {
@@ -371,7 +368,7 @@ fn start(s: &Arc<Session>, req: StartRequest) -> Result<(), Refusal> {
     let listener = lock(&s.listener).take().ok_or_else(|| {
         (
             ErrorCode::CopyState,
-            "the session's data port is gone".to_string(),
+            "the run's data port is gone".to_string(),
         )
     })?;
     let s = s.clone();

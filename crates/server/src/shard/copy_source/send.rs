@@ -1,4 +1,4 @@
-//! A started session's data streams: accepting them, then per stream a
+//! A started copy run's data streams: accepting them, then per stream a
 //! range iterator (packs pairs into frames) and a sender (writes them),
 //! joined by a bounded queue.
 
@@ -18,7 +18,7 @@ use fabrickv_wire::copy::{
 };
 
 use super::{
-    lock, Refusal, Session, COPY_ACCEPT_TIMEOUT_MS, COPY_CHECK_STOP_EVERY_PAIRS,
+    lock, CopyRun, Refusal, COPY_ACCEPT_TIMEOUT_MS, COPY_CHECK_STOP_EVERY_PAIRS,
     COPY_LOG_INTERVAL_MS, COPY_QUEUE_FRAMES, COPY_SEND_TIMEOUT_MS,
 };
 
@@ -100,7 +100,7 @@ fn jobs(boundaries: &[Vec<u8>], resume: &[ResumePoint]) -> VecDeque<RangeJob> {
 }
 
 /// Why a range iterator gave up: END (or a failed stream) stopped the
-/// session.
+/// run.
 fn stopped() -> Refusal {
     (ErrorCode::Unavailable, "the copy was stopped".to_string())
 }
@@ -109,7 +109,7 @@ fn stopped() -> Refusal {
 /// compares digests: a resumed range continues only from a prefix that is
 /// still the source's. Costs one read of that prefix at the source (no
 /// network, no writes at the target).
-fn check_held(s: &Session, range: u32, held: &Held) -> Result<(), Refusal> {
+fn check_held(s: &CopyRun, range: u32, held: &Held) -> Result<(), Refusal> {
     let mut here = Digest::default();
     let mut halted = false;
     s.snapshot
@@ -161,7 +161,7 @@ struct Outgoing {
 
 /// Accepts the streams, runs them, logs progress, and settles the state.
 pub(super) fn coordinate(
-    s: &Arc<Session>,
+    s: &Arc<CopyRun>,
     listener: TcpListener,
     req: StartRequest,
     boundaries: Vec<Vec<u8>>,
@@ -176,7 +176,7 @@ pub(super) fn coordinate(
     s.ranges_done.store(already_done, Ordering::Relaxed);
     let t0 = Instant::now();
     tracing::info!(
-        session = s.id,
+        run = s.id,
         streams = streams.len(),
         ranges = boundaries.len() + 1,
         "copy streaming"
@@ -207,7 +207,7 @@ pub(super) fn coordinate(
                 let dt = last.0.elapsed().as_secs_f64();
                 if dt * 1000.0 >= COPY_LOG_INTERVAL_MS as f64 {
                     tracing::info!(
-                        session = s.id,
+                        run = s.id,
                         pairs = s.pairs_sent.load(Ordering::Relaxed),
                         bytes,
                         mb_per_s = format!("{:.1}", (bytes - last.1) as f64 / dt / 1e6),
@@ -228,7 +228,7 @@ pub(super) fn coordinate(
         i.state = CopyState::Done;
     }
     tracing::info!(
-        session = s.id,
+        run = s.id,
         state = i.state.name(),
         pairs = s.pairs_sent.load(Ordering::Relaxed),
         bytes,
@@ -239,7 +239,7 @@ pub(super) fn coordinate(
     );
 }
 
-fn accept_streams(s: &Session, listener: &TcpListener, n: u16) -> Result<Vec<TcpStream>, String> {
+fn accept_streams(s: &CopyRun, listener: &TcpListener, n: u16) -> Result<Vec<TcpStream>, String> {
     let deadline = Instant::now() + Duration::from_millis(COPY_ACCEPT_TIMEOUT_MS);
     let mut slots: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     listener
@@ -277,7 +277,7 @@ fn accept_streams(s: &Session, listener: &TcpListener, n: u16) -> Result<Vec<Tcp
         let Ok(h) = Hello::decode(&hello) else {
             continue;
         };
-        if h.session != s.id || h.token != s.token || h.stream >= u32::from(n) {
+        if h.run_id != s.id || h.token != s.token || h.stream >= u32::from(n) {
             continue;
         }
         let slot = &mut slots[h.stream as usize];
@@ -294,7 +294,7 @@ fn accept_streams(s: &Session, listener: &TcpListener, n: u16) -> Result<Vec<Tcp
 /// A stream's range iterator: takes ranges from the queue until it is
 /// empty, packing each into frames.
 fn iterate(
-    s: &Session,
+    s: &CopyRun,
     queue: &Mutex<VecDeque<RangeJob>>,
     tx: &Sender<Outgoing>,
     free: &Receiver<Vec<u8>>,
@@ -331,7 +331,7 @@ fn iterate(
 }
 
 fn iterate_range(
-    s: &Session,
+    s: &CopyRun,
     job: RangeJob,
     tx: &Sender<Outgoing>,
     free: &Receiver<Vec<u8>>,
@@ -474,7 +474,7 @@ fn bound_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
 }
 
 /// A stream's sender: writes queued frames to the socket.
-fn send(s: &Session, mut sock: TcpStream, rx: &Receiver<Outgoing>, free: &Sender<Vec<u8>>) {
+fn send(s: &CopyRun, mut sock: TcpStream, rx: &Receiver<Outgoing>, free: &Sender<Vec<u8>>) {
     for out in rx {
         if let Err(e) = sock.write_all(&out.buf) {
             s.fail(

@@ -7,11 +7,11 @@ use fabrickv_storage::ShardSnapshot;
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::copy::COPY_BOUNDARY_BYTES_MAX;
 
-use super::{lock, Session, SAMPLES_PER_RANGE};
+use super::{lock, CopyRun, SAMPLES_PER_RANGE};
 
-/// Splits the session's snapshot into ranges (or takes the given ones)
-/// and makes the session ready.
-pub(super) fn split(s: &Session, wanted: u32, given: Option<Vec<Vec<u8>>>) {
+/// Splits the run's snapshot into ranges (or takes the given ones)
+/// and makes the run ready.
+pub(super) fn split(s: &CopyRun, wanted: u32, given: Option<Vec<Vec<u8>>>) {
     let t = Instant::now();
     let result = match given {
         Some(b) => Ok((b, 0)),
@@ -23,7 +23,7 @@ pub(super) fn split(s: &Session, wanted: u32, given: Option<Vec<Vec<u8>>>) {
             i.ranges = boundaries.len() as u32 + 1;
             i.bytes_estimate = bytes;
             tracing::info!(
-                session = s.id,
+                run = s.id,
                 ranges = i.ranges,
                 ms = t.elapsed().as_millis() as u64,
                 "copy checkpoint split"

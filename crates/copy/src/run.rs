@@ -1,7 +1,8 @@
-//! A copy's control session with the source, over the native protocol
-//! (SHARD frames): CHECKPOINT, STATUS until the checkpoint is split,
-//! START, the streams (`streams`), then the target synced, verified
-//! (`verify`) and its progress marked complete; END whatever happened.
+//! One copy run with the source, driven over the native protocol (SHARD
+//! frames): CHECKPOINT opens the run, STATUS until its checkpoint is
+//! split, START, the streams (`streams`), then the target synced, verified
+//! (`verify`) and its progress marked complete; END whatever happened. A
+//! copy resumed after a crash is a new run, on a new checkpoint.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,7 @@ use fabrickv_client::ShardClient;
 use fabrickv_storage::{FjallShard, ShardBackend, ShardOptions};
 use fabrickv_types::{Digest, ErrorCode};
 use fabrickv_wire::copy::{
-    encode_session, CheckpointReply, CheckpointRequest, CopyState, StartRequest, COPY_RANGES_MAX,
+    encode_run_id, CheckpointReply, CheckpointRequest, CopyState, StartRequest, COPY_RANGES_MAX,
     COPY_STREAMS_MAX,
 };
 use fabrickv_wire::shard::ShardOp;
@@ -78,16 +79,18 @@ pub fn copy(
         .copy_control(ShardOp::CopyCheckpoint, &opts.shard, |b| req.encode(b))
         .map_err(|e| client("CHECKPOINT", e))?;
     let cp = CheckpointReply::decode(&reply).map_err(|e| err(e.code(), e.to_string()))?;
-    let result = run_session(opts, &shard, &mut ctl, &cp, resumed, on_event);
-    // The session is ended whatever happened; a failure to end it is only
-    // logged (the source drops finished sessions when it needs room).
-    if let Err(e) = ctl.copy_control(ShardOp::CopyEnd, "", |b| encode_session(b, cp.session)) {
-        tracing::debug!("END of copy session {}: {e}", cp.session);
+    let result = drive_run(opts, &shard, &mut ctl, &cp, resumed, on_event);
+    // The run is ended whatever happened; a failure to end it is only
+    // logged (the source drops finished runs when it needs room).
+    if let Err(e) = ctl.copy_control(ShardOp::CopyEnd, "", |b| encode_run_id(b, cp.run_id)) {
+        tracing::debug!("END of copy run {}: {e}", cp.run_id);
     }
     result
 }
 
-fn run_session<S: ShardBackend>(
+/// Drives the run `cp` opened from its split to the verified target; the
+/// caller ENDs it.
+fn drive_run<S: ShardBackend>(
     opts: &CopyOptions,
     shard: &S,
     ctl: &mut ShardClient,
@@ -96,7 +99,7 @@ fn run_session<S: ShardBackend>(
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<CopyReport, CopyError> {
     let st = loop {
-        let st = status(ctl, cp.session)?;
+        let st = status(ctl, cp.run_id)?;
         if matches!(st.state, CopyState::Error | CopyState::Stopped) {
             return Err(source_failed(&st));
         }
@@ -153,7 +156,7 @@ fn run_session<S: ShardBackend>(
     let mut samples = Vec::new();
     if !all_done {
         let start = StartRequest {
-            session: cp.session,
+            run_id: cp.run_id,
             token: cp.token,
             streams: opts
                 .parallelism
