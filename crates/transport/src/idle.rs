@@ -5,7 +5,7 @@
 //! worker's port reports, at each of its idle checks, since when its
 //! longest-idle connection (nothing in flight) has been silent. While some
 //! port has one, a newcomer at the cap is judged as fitting
-//! ([`IdleBoard::fits`]); only once its hello is accepted does the acceptor
+//! ([`IdleBoard::fits`]); only once its opening is accepted does the acceptor
 //! ask the port holding the oldest idle connection to close it
 //! ([`IdleBoard::make_room`]), so a socket that never completes a
 //! handshake evicts no one. With no idle connection anywhere, the

@@ -20,7 +20,7 @@
 //!   the address scheme, and the registry of schemes from other crates;
 //! - [`framing`]: sans-I/O length-prefix framing for byte-stream transports;
 //! - [`handshake`]: sans-I/O server side of every transport's connection
-//!   handshake (the bounded, timed table of pending hellos and how a hello
+//!   handshake (the bounded, timed table of pending openings and how an opening
 //!   is judged), and the client's check of the answer;
 //! - [`inproc`]: the in-process mock (channels, for tests);
 //! - [`tcp`]: mio/epoll on the server, blocking sockets on the client.
