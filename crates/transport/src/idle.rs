@@ -385,6 +385,31 @@ macro_rules! idle_conns {
     };
 }
 
+/// The [`WorkerPort`](crate::WorkerPort) methods that the ports laid out
+/// alike (see [`idle_conns!`]) answer the same way from their fields:
+/// `set_idle_timeout` sets `idle`'s timeout and `stats` copies `stats`.
+/// The closure-like argument makes the port `p`'s
+/// [`Waker`](crate::Waker), the one thing they differ in (a mio waker on
+/// tcp and fabric, an eventfd on shm). Invoked inside the port's
+/// `impl WorkerPort`; none of these is on the message path.
+#[macro_export]
+macro_rules! port_accessors {
+    (waker: |$p:ident| $waker:expr) => {
+        fn set_idle_timeout(&mut self, timeout: Option<std::time::Duration>) {
+            self.idle.set_timeout(timeout);
+        }
+
+        fn waker(&self) -> $crate::Waker {
+            let $p = self;
+            $waker
+        }
+
+        fn stats(&self) -> $crate::PortStats {
+            self.stats
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
