@@ -20,7 +20,7 @@ use rustix::event::{PollFd, PollFlags};
 
 use crate::ctl::{self, HANDSHAKE_FDS, SHM_OPENING};
 use crate::mem::Mapping;
-use crate::region::{Access, LocalRegions, PeerLink};
+use crate::region::{LocalRegions, PeerLink};
 use crate::ring::{fence_seqcst, Dir, Reader, Writer, CONN_SHM_BYTES, HEADER_BYTES, RING_BYTES};
 use crate::{socket_addr, CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US, SHM_CAPABILITIES};
 
@@ -484,13 +484,5 @@ impl Endpoint for ShmEndpoint {
         self.locals.view(r)
     }
 
-    fn write_remote(&mut self, r: &RemoteRegion, offset: usize, data: &[u8]) -> Result<()> {
-        self.peer
-            .access(self.sock.as_fd(), r, offset, Access::Write(data))
-    }
-
-    fn read_remote(&mut self, r: &RemoteRegion, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.peer
-            .access(self.sock.as_fd(), r, offset, Access::Read(out))
-    }
+    crate::region::one_sided_via_peer_link!();
 }

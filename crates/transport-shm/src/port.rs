@@ -187,15 +187,7 @@ impl Reply for ShmReply<'_> {
         SHM_CAPABILITIES
     }
 
-    fn write_remote(&mut self, r: &RemoteRegion, offset: usize, data: &[u8]) -> Result<()> {
-        self.peer
-            .access(self.sock.as_fd(), r, offset, Access::Write(data))
-    }
-
-    fn read_remote(&mut self, r: &RemoteRegion, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.peer
-            .access(self.sock.as_fd(), r, offset, Access::Read(out))
-    }
+    crate::region::one_sided_via_peer_link!();
 
     fn remote_mut(
         &mut self,
