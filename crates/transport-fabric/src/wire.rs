@@ -312,7 +312,7 @@ impl Opening {
         (name <= crate::fi::NAME_BYTES_MAX).then_some(OPENING_BYTES + name)
     }
 
-    /// Parses a whole opening; `Err(())` on a version or shape mismatch.
+    /// Parses a whole opening; `None` on a version or shape mismatch.
     pub fn decode(b: &[u8]) -> Option<Opening> {
         let total = Opening::total_bytes(b)?;
         if b.len() != total || b[4] != HANDSHAKE_VERSION {
