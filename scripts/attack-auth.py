@@ -6,7 +6,7 @@ one, side by side. Prints one markdown row per measurement.
 
 - a PS CREATE from the outsider (which builds, zeroes and mlocks the
   whole embedding pool): exit code and the server's RSS before and after;
-- GUESSES raw tcp connections that send a hello and a random 32-byte
+- GUESSES raw tcp connections that send an opening and a random 32-byte
   proof: how many got in, and the server's open descriptors before and
   after (nothing may be left behind);
 - an shm client run as another user (uid 65534; root only).

@@ -72,11 +72,11 @@ fn clients_with_the_secret_work_and_others_are_refused_with_a_code(t: Transport)
 
 transport_tests!(clients_with_the_secret_work_and_others_are_refused_with_a_code);
 
-/// Sends a tcp hello for worker 0 and reads the challenge's nonce.
+/// Sends a tcp opening for worker 0 and reads the challenge's nonce.
 fn challenged(addr: &str) -> (TcpStream, [u8; NONCE_BYTES]) {
     let mut sock = TcpStream::connect(addr).expect("connect");
     sock.set_read_timeout(Some(TIMEOUT)).expect("timeout");
-    sock.write_all(b"FKV\x01\0\0\0\0").expect("hello");
+    sock.write_all(b"FKV\x01\0\0\0\0").expect("opening");
     let mut c = [0u8; CHALLENGE_BYTES];
     sock.read_exact(&mut c).expect("challenge");
     assert!(Challenge::is_head(&c), "{c:?}");
@@ -145,10 +145,10 @@ fn connect_from(from: &str, addr: &str) -> TcpStream {
 }
 
 /// One native tcp handshake from `from` proving `prover`: the status the
-/// server answered (`AUTH_THROTTLED` comes at the hello, unchallenged).
+/// server answered (`AUTH_THROTTLED` comes at the opening, unchallenged).
 fn handshake_from(from: &str, addr: &str, prover: &Secret) -> ErrorCode {
     let mut sock = connect_from(from, addr);
-    sock.write_all(b"FKV\x01\0\0\0\0").expect("hello");
+    sock.write_all(b"FKV\x01\0\0\0\0").expect("opening");
     let mut head = [0u8; 8];
     sock.read_exact(&mut head).expect("first bytes");
     if head.starts_with(b"FKV\x01") {

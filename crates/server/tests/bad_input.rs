@@ -801,8 +801,8 @@ mod raw_tcp {
     }
 
     /// Sends a handshake; returns the server's (status, workers).
-    fn shake(stream: &mut TcpStream, hello: &[u8]) -> (u16, u16) {
-        stream.write_all(hello).expect("write handshake");
+    fn shake(stream: &mut TcpStream, opening: &[u8]) -> (u16, u16) {
+        stream.write_all(opening).expect("write handshake");
         let mut r = [0u8; 8];
         stream.read_exact(&mut r).expect("handshake reply");
         assert_eq!(&r[..4], b"FKV\x01", "handshake reply magic and version");
@@ -865,7 +865,7 @@ mod raw_tcp {
     #[test]
     fn bad_handshakes_are_refused_with_a_status() {
         let s = TestServer::default_on(Transport::Tcp);
-        for (hello, want, what) in [
+        for (opening, want, what) in [
             (
                 handshake_bytes(b"XYZ", 1, 0),
                 ErrorCode::UnsupportedVersion,
@@ -888,7 +888,7 @@ mod raw_tcp {
             ),
         ] {
             let mut stream = dial(&s);
-            let (status, workers) = shake(&mut stream, &hello);
+            let (status, workers) = shake(&mut stream, &opening);
             assert_eq!(ErrorCode::from_u16(status), Some(want), "{what}");
             assert_eq!(workers, 2, "{what}: the reply tells the worker count");
             assert_closed_by_server(&mut stream);

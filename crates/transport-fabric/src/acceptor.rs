@@ -2,7 +2,7 @@
 //! names with each client and hands the connection to its worker.
 //!
 //! ```text
-//! client -> server:  Hello   { worker, window, client endpoint name }
+//! client -> server:  Opening { worker, window, client endpoint name }
 //! server -> client:  Welcome { status, workers, conn id, window, worker endpoint name }
 //! ```
 //!
@@ -11,7 +11,7 @@
 //! first packet always finds its connection adopted. The acceptor thread
 //! is the tcp transport's (`fabrickv_transport::tcp::TcpAcceptor`), with
 //! the same bounded, timed table of handshakes; this file says what an
-//! accepted or refused fabric hello gets.
+//! accepted or refused fabric opening gets.
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,7 +26,7 @@ use fabrickv_types::ErrorCode;
 use mio::net::TcpStream;
 
 use crate::port::{FabricPort, Handoff, NewConn};
-use crate::wire::{Hello, HelloWire, Welcome, WINDOW_PACKETS};
+use crate::wire::{Opening, OpeningWire, Welcome, WINDOW_PACKETS};
 
 /// Listens on `host` (`HOST:PORT`, port 0 picks one) with one endpoint of
 /// `provider` per worker.
@@ -58,7 +58,7 @@ pub(crate) fn listen(
         open: open.clone(),
         idle: board.clone(),
     };
-    let acceptor = TcpAcceptor::new(listener, HelloWire, workers, open, conclude)?
+    let acceptor = TcpAcceptor::new(listener, OpeningWire, workers, open, conclude)?
         .with_secret(opts.secret.clone())
         .with_throttle(opts.throttle.clone())
         .with_idle_board(board);
@@ -102,11 +102,11 @@ impl FabricConclude {
 }
 
 impl Conclude for FabricConclude {
-    type Format = HelloWire;
+    type Format = OpeningWire;
 
-    fn conclude(&mut self, stream: TcpStream, verdict: Verdict<Hello>, _format: &HelloWire) {
-        let (worker, hello) = match verdict {
-            Verdict::Accept { worker, hello } => (worker, hello),
+    fn conclude(&mut self, stream: TcpStream, verdict: Verdict<Opening>, _format: &OpeningWire) {
+        let (worker, opening) = match verdict {
+            Verdict::Accept { worker, opening } => (worker, opening),
             Verdict::Refuse { code, worker } => return self.refuse(stream, code, worker),
         };
         let id = self.next_id[worker];
@@ -129,8 +129,8 @@ impl Conclude for FabricConclude {
         self.idle.make_room(open + 1, CONNECTIONS_MAX + 1);
         let nc = NewConn {
             id,
-            name: hello.name,
-            window: hello.window,
+            name: opening.name,
+            window: opening.window,
             stream,
         };
         if self.handoffs[worker].hand(nc).is_err() {

@@ -17,7 +17,7 @@ use rustix::net::RecvFlags;
 
 use crate::fi::{Event, Node};
 use crate::wire::{
-    Flow, Header, Hello, Kind, Outbox, Piece, Reassembly, Welcome, HEADER_BYTES, PACKET_BYTES,
+    Flow, Header, Kind, Opening, Outbox, Piece, Reassembly, Welcome, HEADER_BYTES, PACKET_BYTES,
     WELCOME_BYTES, WINDOW_PACKETS,
 };
 use crate::{CLOSE_CHECK_INTERVAL_MS, IDLE_SLEEP_US_MAX, IDLE_SPIN_US};
@@ -85,12 +85,12 @@ impl FabricEndpoint {
             PACKET_BYTES,
         )?;
         node.add_rx_slab(WINDOW_PACKETS as usize, PACKET_BYTES)?;
-        let hello = Hello {
+        let opening = Opening {
             worker,
             window: WINDOW_PACKETS,
             name: node.core.name.clone(),
         };
-        stream.write_all(&hello.encode())?;
+        stream.write_all(&opening.encode())?;
         let mut fixed = [0u8; WELCOME_BYTES];
         // The first bytes are a challenge or the start of the welcome.
         let head = fabrickv_transport::handshake::CHALLENGE_HEAD_BYTES;

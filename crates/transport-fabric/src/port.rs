@@ -189,10 +189,7 @@ impl FabricPort {
                     }
                 }
             }
-            let slot = self.free.pop().unwrap_or_else(|| {
-                self.conns.push(None);
-                self.conns.len() - 1
-            });
+            let slot = fabrickv_transport::vacant_slot(&mut self.conns, &mut self.free);
             if self
                 .poll
                 .registry()
@@ -596,17 +593,7 @@ impl WorkerPort for FabricPort {
         self.progress()
     }
 
-    fn set_idle_timeout(&mut self, timeout: Option<Duration>) {
-        self.idle.set_timeout(timeout);
-    }
-
-    fn waker(&self) -> Waker {
-        Waker::from_mio(self.waker.clone())
-    }
-
-    fn stats(&self) -> PortStats {
-        self.stats
-    }
+    fabrickv_transport::port_accessors!(waker: |p| Waker::from_mio(p.waker.clone()));
 
     fn capabilities(&self) -> Capabilities {
         self.node.core.capabilities()

@@ -20,7 +20,7 @@
 //! `credits` returns receive slots to the peer.
 
 use fabrickv_transport::framing::{self, Next, PREFIX_BYTES};
-use fabrickv_transport::handshake::HelloFormat;
+use fabrickv_transport::handshake::OpeningFormat;
 
 /// Bytes of one packet, header included: the size of each receive slot.
 /// 16 KiB fits the eager buffers of `ofi_rxm` (so no rendezvous protocol
@@ -274,22 +274,23 @@ impl Outbox {
 pub const HANDSHAKE_VERSION: u8 = 1;
 const HANDSHAKE_MAGIC: &[u8; 4] = b"FKVF";
 
-/// Bytes of the client's handshake before its endpoint name.
-pub const HELLO_BYTES: usize = 16;
+/// Bytes of the client's opening before its endpoint name.
+pub const OPENING_BYTES: usize = 16;
 /// Bytes of the server's answer before its endpoint name.
 pub const WELCOME_BYTES: usize = 24;
 
-/// The client's handshake: which worker, its window, its endpoint name.
+/// The client's opening, the handshake's first message: which worker,
+/// its window, its endpoint name.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Hello {
+pub struct Opening {
     pub worker: u16,
     pub window: u32,
     pub name: Vec<u8>,
 }
 
-impl Hello {
+impl Opening {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(HELLO_BYTES + self.name.len());
+        let mut b = Vec::with_capacity(OPENING_BYTES + self.name.len());
         b.extend_from_slice(HANDSHAKE_MAGIC);
         b.push(HANDSHAKE_VERSION);
         b.push(0);
@@ -301,62 +302,62 @@ impl Hello {
         b
     }
 
-    /// Bytes the whole hello needs, once its fixed part is in; `None` if
-    /// the fixed part is not a FabricKV fabric hello.
+    /// Bytes the whole opening needs, once its fixed part is in; `None` if
+    /// the fixed part is not a FabricKV fabric opening.
     pub fn total_bytes(fixed: &[u8]) -> Option<usize> {
-        if fixed.len() < HELLO_BYTES || &fixed[..4] != HANDSHAKE_MAGIC {
+        if fixed.len() < OPENING_BYTES || &fixed[..4] != HANDSHAKE_MAGIC {
             return None;
         }
         let name = u16::from_le_bytes([fixed[14], fixed[15]]) as usize;
-        (name <= crate::fi::NAME_BYTES_MAX).then_some(HELLO_BYTES + name)
+        (name <= crate::fi::NAME_BYTES_MAX).then_some(OPENING_BYTES + name)
     }
 
-    /// Parses a whole hello; `Err(())` on a version or shape mismatch.
-    pub fn decode(b: &[u8]) -> Option<Hello> {
-        let total = Hello::total_bytes(b)?;
+    /// Parses a whole opening; `None` on a version or shape mismatch.
+    pub fn decode(b: &[u8]) -> Option<Opening> {
+        let total = Opening::total_bytes(b)?;
         if b.len() != total || b[4] != HANDSHAKE_VERSION {
             return None;
         }
-        Some(Hello {
+        Some(Opening {
             worker: u16::from_le_bytes([b[6], b[7]]),
             window: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
-            name: b[HELLO_BYTES..].to_vec(),
+            name: b[OPENING_BYTES..].to_vec(),
         })
     }
 }
 
-/// The layout of [`Hello`] for the shared handshake table
+/// The layout of [`Opening`] for the shared handshake table
 /// (`fabrickv_transport::handshake`): a fixed part, then the client
 /// endpoint's name, whose length the fixed part gives.
 #[derive(Debug, Clone, Copy)]
-pub struct HelloWire;
+pub struct OpeningWire;
 
 /// Smallest receive window a client may offer, in packets: the credit
 /// scheme keeps one in reserve and needs room for data besides.
 pub const WINDOW_PACKETS_MIN: u32 = 4;
 
-impl HelloFormat for HelloWire {
-    type Hello = Hello;
+impl OpeningFormat for OpeningWire {
+    type Opening = Opening;
 
-    const BYTES_MAX: usize = HELLO_BYTES + crate::fi::NAME_BYTES_MAX;
+    const BYTES_MAX: usize = OPENING_BYTES + crate::fi::NAME_BYTES_MAX;
 
     fn wanted(&self, got: &[u8]) -> Option<usize> {
-        if got.len() < HELLO_BYTES {
-            return Some(HELLO_BYTES);
+        if got.len() < OPENING_BYTES {
+            return Some(OPENING_BYTES);
         }
-        Hello::total_bytes(got)
+        Opening::total_bytes(got)
     }
 
-    fn decode(&self, bytes: &[u8]) -> Option<Hello> {
-        Hello::decode(bytes)
+    fn decode(&self, bytes: &[u8]) -> Option<Opening> {
+        Opening::decode(bytes)
     }
 
-    fn worker(hello: &Hello) -> u16 {
-        hello.worker
+    fn worker(opening: &Opening) -> u16 {
+        opening.worker
     }
 
-    fn usable(hello: &Hello) -> bool {
-        hello.window >= WINDOW_PACKETS_MIN
+    fn usable(opening: &Opening) -> bool {
+        opening.window >= WINDOW_PACKETS_MIN
     }
 }
 
@@ -495,12 +496,12 @@ mod tests {
 
     #[test]
     fn handshakes_round_trip() {
-        let h = Hello {
+        let h = Opening {
             worker: 3,
             window: 16,
             name: b"fi_shm://x".to_vec(),
         };
-        assert_eq!(Hello::decode(&h.encode()), Some(h));
+        assert_eq!(Opening::decode(&h.encode()), Some(h));
         let w = Welcome {
             status: 0,
             workers: 2,

@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use fabrickv_transport::handshake::{CompactHello, Handshakes, Limits, Verdict};
+use fabrickv_transport::handshake::{CompactOpening, Handshakes, Limits, Verdict};
 use fabrickv_transport::idle::IdleBoard;
 use fabrickv_transport::{timespec, Acceptor, Result, Waker};
 use fabrickv_types::ErrorCode;
 use rustix::event::epoll;
 
-use crate::ctl::{self, SHM_HELLO};
+use crate::ctl::{self, SHM_OPENING};
 use crate::mem::Mapping;
 use crate::port::{Handoff, NewConn};
 use crate::ring::CONN_SHM_BYTES;
@@ -36,8 +36,8 @@ pub(crate) struct ShmAcceptor {
     handoffs: Vec<Handoff>,
     /// Connections open over all workers.
     open: Arc<AtomicUsize>,
-    /// The handshakes waiting for their hello (and proof).
-    table: Handshakes<UnixStream, CompactHello>,
+    /// The handshakes waiting for their opening (and proof).
+    table: Handshakes<UnixStream, CompactOpening>,
     /// Users whose processes may connect: the server's own, then those
     /// the operator allowed.
     allowed_uids: Vec<u32>,
@@ -76,7 +76,7 @@ impl ShmAcceptor {
             memfd_name: format!("{SOCKET_NAME_PREFIX}{name}"),
             epoll: ep,
             waker,
-            table: Handshakes::new(SHM_HELLO, limits, handoffs.len())
+            table: Handshakes::new(SHM_OPENING, limits, handoffs.len())
                 .with_secret(opts.secret.clone())
                 .with_throttle(opts.throttle.clone()),
             handoffs,
@@ -178,7 +178,7 @@ impl ShmAcceptor {
         Ok((map, memfd, ctl::eventfd()?, ctl::eventfd()?))
     }
 
-    /// Answers a judged hello; on acceptance creates the connection's
+    /// Answers a judged opening; on acceptance creates the connection's
     /// shared memory, passes it with the answer and hands the connection
     /// to its worker.
     fn complete(&mut self, stream: UnixStream, verdict: Verdict<u16>) {
@@ -199,7 +199,7 @@ impl ShmAcceptor {
         } else {
             None
         };
-        let reply = SHM_HELLO.encode(status.as_u16(), workers);
+        let reply = SHM_OPENING.encode(status.as_u16(), workers);
         let Some((map, memfd, ev_server, ev_client)) = res else {
             // A fresh socket's send buffer is empty, so 8 bytes always fit.
             let _ = ctl::send_with_fds(stream.as_fd(), &reply, &[]);

@@ -17,20 +17,20 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
-use fabrickv_transport::handshake::CompactHello;
+use fabrickv_transport::handshake::CompactOpening;
 use fabrickv_transport::{RemoteRegion, Result, TransportError};
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
 
-/// The handshake's layout: the compact hello shared with tcp, under a
+/// The handshake's layout: the compact opening shared with tcp, under a
 /// magic of its own so a tcp client cannot mistake this server for its
 /// kind.
-pub const SHM_HELLO: CompactHello = CompactHello { magic: *b"FKS" };
+pub const SHM_OPENING: CompactOpening = CompactOpening { magic: *b"FKS" };
 
 /// Bytes of each handshake message.
-pub const HANDSHAKE_BYTES: usize = fabrickv_transport::handshake::COMPACT_HELLO_BYTES;
+pub const HANDSHAKE_BYTES: usize = fabrickv_transport::handshake::COMPACT_OPENING_BYTES;
 
 /// Descriptors the handshake reply carries.
 pub const HANDSHAKE_FDS: usize = 3;

@@ -18,9 +18,9 @@ use fabrickv_transport::{Capabilities, Endpoint, RemoteRegion, Result, Transport
 use fabrickv_types::limits::MESSAGE_BYTES_MAX;
 use rustix::event::{PollFd, PollFlags};
 
-use crate::ctl::{self, HANDSHAKE_FDS, SHM_HELLO};
+use crate::ctl::{self, HANDSHAKE_FDS, SHM_OPENING};
 use crate::mem::Mapping;
-use crate::region::{Access, LocalRegions, PeerLink};
+use crate::region::{LocalRegions, PeerLink};
 use crate::ring::{fence_seqcst, Dir, Reader, Writer, CONN_SHM_BYTES, HEADER_BYTES, RING_BYTES};
 use crate::{socket_addr, CONTROL_CHECK_INTERVAL_US, IDLE_SPIN_US, SHM_CAPABILITIES};
 
@@ -134,13 +134,13 @@ impl ShmEndpoint {
         let timeout = timeout.max(Duration::from_millis(1));
         sock.set_read_timeout(Some(timeout))?;
         sock.set_write_timeout(Some(timeout))?;
-        sock.write_all(&SHM_HELLO.encode(worker, 0))?;
+        sock.write_all(&SHM_OPENING.encode(worker, 0))?;
         let (mut reply, mut fds) = ctl::recv_handshake(sock.as_fd())?;
         if fabrickv_transport::handshake::answer_challenge(&reply, &mut sock, dial.secret.as_ref())?
         {
             (reply, fds) = ctl::recv_handshake(sock.as_fd())?;
         }
-        let (status, workers) = SHM_HELLO
+        let (status, workers) = SHM_OPENING
             .fields(&reply)
             .ok_or_else(|| refused("the peer is not a FabricKV shm server".into()))?;
         check_answer(worker, status, workers)?;
@@ -484,13 +484,5 @@ impl Endpoint for ShmEndpoint {
         self.locals.view(r)
     }
 
-    fn write_remote(&mut self, r: &RemoteRegion, offset: usize, data: &[u8]) -> Result<()> {
-        self.peer
-            .access(self.sock.as_fd(), r, offset, Access::Write(data))
-    }
-
-    fn read_remote(&mut self, r: &RemoteRegion, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.peer
-            .access(self.sock.as_fd(), r, offset, Access::Read(out))
-    }
+    crate::region::one_sided_via_peer_link!();
 }

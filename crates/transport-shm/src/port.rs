@@ -187,15 +187,7 @@ impl Reply for ShmReply<'_> {
         SHM_CAPABILITIES
     }
 
-    fn write_remote(&mut self, r: &RemoteRegion, offset: usize, data: &[u8]) -> Result<()> {
-        self.peer
-            .access(self.sock.as_fd(), r, offset, Access::Write(data))
-    }
-
-    fn read_remote(&mut self, r: &RemoteRegion, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.peer
-            .access(self.sock.as_fd(), r, offset, Access::Read(out))
-    }
+    crate::region::one_sided_via_peer_link!();
 
     fn remote_mut(
         &mut self,
@@ -278,10 +270,7 @@ impl ShmPort {
 
     fn adopt(&mut self) {
         while let Ok(nc) = self.incoming.try_recv() {
-            let slot = self.free.pop().unwrap_or_else(|| {
-                self.conns.push(None);
-                self.conns.len() - 1
-            });
+            let slot = fabrickv_transport::vacant_slot(&mut self.conns, &mut self.free);
             let registered = epoll::add(
                 &self.epoll,
                 &nc.ev_server,
@@ -594,18 +583,10 @@ impl WorkerPort for ShmPort {
         r
     }
 
-    fn set_idle_timeout(&mut self, timeout: Option<Duration>) {
-        self.idle.set_timeout(timeout);
-    }
-
-    fn waker(&self) -> Waker {
-        let w = self.wake.clone();
+    fabrickv_transport::port_accessors!(waker: |p| {
+        let w = p.wake.clone();
         Waker::new(move || w.wake())
-    }
-
-    fn stats(&self) -> PortStats {
-        self.stats
-    }
+    });
 
     fn capabilities(&self) -> Capabilities {
         SHM_CAPABILITIES

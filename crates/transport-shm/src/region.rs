@@ -233,6 +233,38 @@ impl PeerLink {
     }
 }
 
+/// `write_remote` and `read_remote` of a type that holds a connection's
+/// `peer: PeerLink` and its unix socket `sock` (owned or borrowed): the
+/// server's reply and the client's endpoint alike, so both sides' one-sided
+/// access is this one body over [`PeerLink::access`]. Invoked inside the
+/// `impl Reply` or `impl Endpoint`.
+macro_rules! one_sided_via_peer_link {
+    () => {
+        fn write_remote(
+            &mut self,
+            r: &fabrickv_transport::RemoteRegion,
+            offset: usize,
+            data: &[u8],
+        ) -> fabrickv_transport::Result<()> {
+            let sock = std::os::fd::AsFd::as_fd(&self.sock);
+            let op = $crate::region::Access::Write(data);
+            self.peer.access(sock, r, offset, op)
+        }
+
+        fn read_remote(
+            &mut self,
+            r: &fabrickv_transport::RemoteRegion,
+            offset: usize,
+            out: &mut [u8],
+        ) -> fabrickv_transport::Result<()> {
+            let sock = std::os::fd::AsFd::as_fd(&self.sock);
+            let op = $crate::region::Access::Read(out);
+            self.peer.access(sock, r, offset, op)
+        }
+    };
+}
+pub(crate) use one_sided_via_peer_link;
+
 /// A one-sided access.
 pub enum Access<'a> {
     /// Copy these bytes into the region.

@@ -5,7 +5,7 @@
 //! worker's port reports, at each of its idle checks, since when its
 //! longest-idle connection (nothing in flight) has been silent. While some
 //! port has one, a newcomer at the cap is judged as fitting
-//! ([`IdleBoard::fits`]); only once its hello is accepted does the acceptor
+//! ([`IdleBoard::fits`]); only once its opening is accepted does the acceptor
 //! ask the port holding the oldest idle connection to close it
 //! ([`IdleBoard::make_room`]), so a socket that never completes a
 //! handshake evicts no one. With no idle connection anywhere, the
@@ -381,6 +381,31 @@ macro_rules! idle_conns {
                 self.stats.conns_closed_timeout += 1;
                 self.close(slot);
             }
+        }
+    };
+}
+
+/// The [`WorkerPort`](crate::WorkerPort) methods that the ports laid out
+/// alike (see [`idle_conns!`]) answer the same way from their fields:
+/// `set_idle_timeout` sets `idle`'s timeout and `stats` copies `stats`.
+/// The closure-like argument makes the port `p`'s
+/// [`Waker`](crate::Waker), the one thing they differ in (a mio waker on
+/// tcp and fabric, an eventfd on shm). Invoked inside the port's
+/// `impl WorkerPort`; none of these is on the message path.
+#[macro_export]
+macro_rules! port_accessors {
+    (waker: |$p:ident| $waker:expr) => {
+        fn set_idle_timeout(&mut self, timeout: Option<std::time::Duration>) {
+            self.idle.set_timeout(timeout);
+        }
+
+        fn waker(&self) -> $crate::Waker {
+            let $p = self;
+            $waker
+        }
+
+        fn stats(&self) -> $crate::PortStats {
+            self.stats
         }
     };
 }

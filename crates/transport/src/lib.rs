@@ -20,7 +20,7 @@
 //!   the address scheme, and the registry of schemes from other crates;
 //! - [`framing`]: sans-I/O length-prefix framing for byte-stream transports;
 //! - [`handshake`]: sans-I/O server side of every transport's connection
-//!   handshake (the bounded, timed table of pending hellos and how a hello
+//!   handshake (the bounded, timed table of pending openings and how an opening
 //!   is judged), and the client's check of the answer;
 //! - [`inproc`]: the in-process mock (channels, for tests);
 //! - [`tcp`]: mio/epoll on the server, blocking sockets on the client.
@@ -635,6 +635,17 @@ pub fn serve_ready<E>(
     Ok((handled, ready))
 }
 
+/// The slot in a port's connection table (`conns`, with its list of
+/// freed slots `free`) for a connection being adopted: the last one
+/// freed, else a new one at the end, so the table grows only to the most
+/// connections ever open at once. Once per connection, never per message.
+pub fn vacant_slot<C>(conns: &mut Vec<Option<C>>, free: &mut Vec<usize>) -> usize {
+    free.pop().unwrap_or_else(|| {
+        conns.push(None);
+        conns.len() - 1
+    })
+}
+
 /// Accepts connections and hands each to the worker it asked for.
 pub trait Acceptor: Send {
     /// Runs until `stop` is set and the acceptor's waker is called.
@@ -658,6 +669,22 @@ pub struct Listening {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vacant_slot_reuses_the_last_freed_before_growing() {
+        let mut conns: Vec<Option<u8>> = Vec::new();
+        let mut free = Vec::new();
+        for want in 0..3 {
+            let slot = vacant_slot(&mut conns, &mut free);
+            assert_eq!(slot, want);
+            conns[slot] = Some(0);
+        }
+        free.extend([0, 2]);
+        assert_eq!(vacant_slot(&mut conns, &mut free), 2);
+        assert_eq!(vacant_slot(&mut conns, &mut free), 0);
+        assert_eq!(vacant_slot(&mut conns, &mut free), 3, "none free: grows");
+        assert_eq!(conns.len(), 4);
+    }
 
     #[test]
     fn serve_ready_is_round_robin_under_a_short_burst() {

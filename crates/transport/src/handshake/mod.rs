@@ -1,19 +1,19 @@
 //! The server side of every transport's connection handshake, sans-I/O,
 //! and the client's reading of the answer.
 //!
-//! Each transport (tcp, shm, fabric) opens a connection with a hello from
+//! Each transport (tcp, shm, fabric) opens a connection with an opening from
 //! the client that names the worker it wants, and an answer from the
 //! server with a status (an [`ErrorCode`]) and the worker count. The
-//! formats differ ([`HelloFormat`]: the 8-byte [`CompactHello`] of tcp and
-//! shm, the variable-length hello of fabric), the rules do not:
+//! formats differ ([`OpeningFormat`]: the 8-byte [`CompactOpening`] of tcp and
+//! shm, the variable-length opening of fabric), the rules do not:
 //! - at most [`Limits::pending_max`] handshakes wait at once; a new one
 //!   evicts the one that has waited longest, so sockets that connect and
-//!   stay silent cannot lock out a client that sends its hello at once;
+//!   stay silent cannot lock out a client that sends its opening at once;
 //! - each must finish by its deadline ([`Limits::timeout`]);
 //! - a connection is refused at once when [`Limits::conns_max`] are open;
-//! - a hello is judged in one order: not a hello of this format or
+//! - an opening is judged in one order: not an opening of this format or
 //!   version (`UNSUPPORTED_VERSION`), a worker the server lacks
-//!   (`NO_SUCH_WORKER`), no room or a hello the format finds unusable
+//!   (`NO_SUCH_WORKER`), no room or an opening the format finds unusable
 //!   (`UNAVAILABLE`), else accepted.
 //!
 //! [`Handshakes`] holds those rules in the quinn-proto style: the acceptor
@@ -23,9 +23,9 @@
 //! record of what is pending, but never reads or writes it.
 //!
 //! Each pending handshake is in a [`Stage`]. A server without a secret
-//! judges the hello ([`Stage::Hello`]) and is done. A server with one
+//! judges the opening ([`Stage::Opening`]) and is done. A server with one
 //! (`fabrickv_auth::Secret`) goes on, for every transport alike, to
-//! [`Stage::Proof`]: after a hello it would accept, it sends a
+//! [`Stage::Proof`]: after an opening it would accept, it sends a
 //! [`Challenge`] (a fresh random nonce), and the client must answer with
 //! HMAC-SHA256(secret, nonce) before the transport's own answer is
 //! written. The secret never crosses the wire, a recorded proof is worth
@@ -37,13 +37,13 @@
 //! Failed proofs are counted per source address and server-wide by the
 //! server's one [`SharedThrottle`] (shared with RESP and gRPC): a source
 //! past its allowance is refused `AUTH_THROTTLED`, its proof unjudged,
-//! both when its hello arrives (no challenge is made) and when its proof
+//! both when its opening arrives (no challenge is made) and when its proof
 //! does (others from the same source may have failed meanwhile). A source
 //! that never failed is never refused, so a client holding the secret
 //! costs one uncontended lock per connect, on the connect path only.
 //!
 //! ```text
-//! client -> server:  hello (the transport's)
+//! client -> server:  opening (the transport's)
 //! server -> client:  "FKC" version(u8=1) status(u16=AUTH_REQUIRED) reserved(u16) nonce(32)
 //! client -> server:  proof(32)
 //! server -> client:  answer (the transport's), status OK or AUTH_FAILED
@@ -55,8 +55,8 @@ use fabrickv_auth::throttle::{SharedThrottle, Source};
 use fabrickv_auth::{Secret, NONCE_BYTES, PROOF_BYTES};
 use fabrickv_types::ErrorCode;
 
-mod hello;
-pub use hello::*;
+mod opening;
+pub use opening::*;
 
 /// The bounds a [`Handshakes`] table enforces.
 #[derive(Debug, Clone, Copy)]
@@ -66,7 +66,7 @@ pub struct Limits {
     /// Longest a handshake may take from accept to its last byte.
     pub timeout: Duration,
     /// Most connections open at once over all workers: at this count new
-    /// sockets are closed at once, and a hello is refused `UNAVAILABLE`.
+    /// sockets are closed at once, and an opening is refused `UNAVAILABLE`.
     pub conns_max: usize,
 }
 
@@ -86,9 +86,9 @@ impl Limits {
 /// Where a pending handshake is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
-    /// Reading the client's hello.
-    Hello,
-    /// The hello was good and a challenge went out: reading the proof.
+    /// Reading the client's opening.
+    Opening,
+    /// The opening was good and a challenge went out: reading the proof.
     Proof,
 }
 
@@ -105,7 +105,7 @@ struct Pending<T, H> {
     deadline: Instant,
     /// What the table waits for.
     stage: Stage,
-    /// In [`Stage::Proof`]: the worker and hello a good proof earns, and
+    /// In [`Stage::Proof`]: the worker and opening a good proof earns, and
     /// the nonce it must cover.
     proving: Option<(usize, H, [u8; NONCE_BYTES])>,
     /// Where it comes from, as the failure throttle counts it.
@@ -130,21 +130,21 @@ pub enum Admission<T> {
     },
 }
 
-/// The server's decision on a hello.
+/// The server's decision on an opening.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict<H> {
     /// Hand the connection to `worker`.
     Accept {
         /// The worker asked for (checked to exist).
         worker: usize,
-        /// The whole hello, for what else it carries.
-        hello: H,
+        /// The whole opening, for what else it carries.
+        opening: H,
     },
     /// Answer `code` and close.
     Refuse {
         /// Why, as the stable code sent back.
         code: ErrorCode,
-        /// The worker the hello asked for if it exists, else 0 (fabric
+        /// The worker the opening asked for if it exists, else 0 (fabric
         /// names that worker's endpoint in its answer).
         worker: usize,
     },
@@ -153,7 +153,7 @@ pub enum Verdict<H> {
 impl<H> Verdict<H> {
     /// The status to answer and the worker to hand the connection to (0
     /// on a refusal, which hands it to none), as the acceptors that
-    /// answer with a [`CompactHello`] (tcp, shm) send them.
+    /// answer with a [`CompactOpening`] (tcp, shm) send them.
     pub fn answer(&self) -> (ErrorCode, usize) {
         match *self {
             Verdict::Accept { worker, .. } => (ErrorCode::Ok, worker),
@@ -178,14 +178,14 @@ pub enum Step<T, H> {
 }
 
 /// The table of pending handshakes of one acceptor; see the module docs.
-pub struct Handshakes<T, F: HelloFormat> {
+pub struct Handshakes<T, F: OpeningFormat> {
     format: F,
     limits: Limits,
-    /// Workers the server has; a hello naming another is refused.
+    /// Workers the server has; an opening naming another is refused.
     workers: usize,
     /// Pending handshakes by slot (`None`: free); never longer than
     /// `limits.pending_max`.
-    slots: Vec<Option<Pending<T, F::Hello>>>,
+    slots: Vec<Option<Pending<T, F::Opening>>>,
     /// The cluster secret each client must prove; `None`: no challenge.
     secret: Option<Secret>,
     /// The server's count of failed authentications (shared by all its
@@ -193,7 +193,7 @@ pub struct Handshakes<T, F: HelloFormat> {
     throttle: Option<SharedThrottle>,
 }
 
-impl<T, F: HelloFormat> Handshakes<T, F> {
+impl<T, F: OpeningFormat> Handshakes<T, F> {
     /// An empty table for a server of `workers` workers.
     pub fn new(format: F, limits: Limits, workers: usize) -> Self {
         assert!(limits.pending_max > 0, "a table must admit a handshake");
@@ -227,7 +227,7 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
         self
     }
 
-    /// The hello format, for encoding answers.
+    /// The opening format, for encoding answers.
     pub fn format(&self) -> &F {
         &self.format
     }
@@ -272,7 +272,7 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
             buf: vec![0; want],
             got: 0,
             deadline: now + self.limits.timeout,
-            stage: Stage::Hello,
+            stage: Stage::Opening,
             proving: None,
             source,
             admitted: now,
@@ -338,7 +338,7 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
 
     /// Accounts `n` bytes read into [`Handshakes::read_space`] (0: the
     /// peer closed) with `open` connections open, and says what next.
-    pub fn received(&mut self, slot: usize, n: usize, open: usize) -> Step<T, F::Hello> {
+    pub fn received(&mut self, slot: usize, n: usize, open: usize) -> Step<T, F::Opening> {
         let Some(p) = self.slots.get_mut(slot).and_then(|p| p.as_mut()) else {
             return Step::Read;
         };
@@ -381,7 +381,7 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
         slot: usize,
         open: impl Fn() -> usize,
         mut read: impl FnMut(&mut T, &mut [u8]) -> std::io::Result<usize>,
-    ) -> Step<T, F::Hello> {
+    ) -> Step<T, F::Opening> {
         loop {
             let Some((io, space)) = self.read_space(slot) else {
                 return Step::Read;
@@ -402,11 +402,12 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
     /// Judges a proof: `AUTH_THROTTLED` unjudged if its source is past
     /// its allowance now, else the held verdict if it answers the nonce
     /// (and there is still room), else `AUTH_FAILED`, counted.
-    fn verify(&mut self, slot: usize, open: usize) -> Step<T, F::Hello> {
+    fn verify(&mut self, slot: usize, open: usize) -> Step<T, F::Opening> {
         let Some(p) = self.slots.get_mut(slot).and_then(|p| p.take()) else {
             return Step::Read;
         };
-        let (Some((worker, hello, nonce)), Some(secret)) = (p.proving, self.secret.as_ref()) else {
+        let (Some((worker, opening, nonce)), Some(secret)) = (p.proving, self.secret.as_ref())
+        else {
             return Step::Drop(p.io);
         };
         let verdict = if self.throttled(p.source, p.admitted) {
@@ -429,14 +430,14 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
                 worker,
             }
         } else {
-            Verdict::Accept { worker, hello }
+            Verdict::Accept { worker, opening }
         };
         Step::Done(p.io, verdict)
     }
 
-    /// Judges the whole hello in `slot`: answered (and the slot freed),
+    /// Judges the whole opening in `slot`: answered (and the slot freed),
     /// or, with a secret, challenged.
-    fn decide(&mut self, slot: usize, open: usize) -> Step<T, F::Hello> {
+    fn decide(&mut self, slot: usize, open: usize) -> Step<T, F::Opening> {
         let Some(mut p) = self.slots.get_mut(slot).and_then(|p| p.take()) else {
             return Step::Read;
         };
@@ -463,7 +464,7 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
                         worker,
                     }
                 } else if self.secret.is_some() {
-                    // A hello this server would accept: now the proof.
+                    // An opening this server would accept: now the proof.
                     let challenge = Challenge {
                         nonce: fabrickv_auth::nonce(),
                     };
@@ -474,7 +475,7 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
                     self.slots[slot] = Some(p);
                     return Step::Challenge(challenge.encode());
                 } else {
-                    Verdict::Accept { worker, hello: h }
+                    Verdict::Accept { worker, opening: h }
                 }
             }
         };
@@ -504,7 +505,7 @@ impl<T, F: HelloFormat> Handshakes<T, F> {
     }
 }
 
-impl<T: std::io::Read + std::io::Write, F: HelloFormat> Handshakes<T, F> {
+impl<T: std::io::Read + std::io::Write, F: OpeningFormat> Handshakes<T, F> {
     /// What a socket acceptor (tcp, shm) does when `slot`'s socket is
     /// readable: reads it ([`Handshakes::read_from`] with `Read::read`),
     /// hands a socket that is done with (closed by the peer, failed, or
@@ -519,7 +520,7 @@ impl<T: std::io::Read + std::io::Write, F: HelloFormat> Handshakes<T, F> {
         slot: usize,
         open: impl Fn() -> usize,
         mut unregister: impl FnMut(&mut T),
-    ) -> Option<(T, Verdict<F::Hello>)> {
+    ) -> Option<(T, Verdict<F::Opening>)> {
         loop {
             match self.read_from(slot, &open, |io, buf| io.read(buf)) {
                 Step::Read => return None,

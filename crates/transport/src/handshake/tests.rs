@@ -5,7 +5,7 @@
 use super::*;
 use crate::TransportError;
 
-const TCP: CompactHello = CompactHello { magic: *b"FKV" };
+const TCP: CompactOpening = CompactOpening { magic: *b"FKV" };
 
 fn limits() -> Limits {
     Limits {
@@ -17,13 +17,13 @@ fn limits() -> Limits {
 
 /// Feeds `bytes` to `slot` in pieces of `chunk` bytes; returns the
 /// last step.
-fn feed<F: HelloFormat>(
+fn feed<F: OpeningFormat>(
     t: &mut Handshakes<u32, F>,
     slot: usize,
     bytes: &[u8],
     chunk: usize,
     open: usize,
-) -> Step<u32, F::Hello> {
+) -> Step<u32, F::Opening> {
     let mut at = 0;
     loop {
         let (_, space) = t.read_space(slot).expect("pending");
@@ -45,16 +45,16 @@ fn admitted<T: std::fmt::Debug>(a: Admission<T>) -> (usize, Option<T>) {
 }
 
 #[test]
-fn good_hello_is_accepted_byte_by_byte() {
+fn good_opening_is_accepted_byte_by_byte() {
     let mut t = Handshakes::new(TCP, limits(), 2);
     let (slot, _) = admitted(t.admit(7, Instant::now(), 0));
-    assert_eq!(t.stage(slot), Some(Stage::Hello));
+    assert_eq!(t.stage(slot), Some(Stage::Opening));
     match feed(&mut t, slot, &TCP.encode(1, 0), 1, 0) {
         Step::Done(
             7,
             Verdict::Accept {
                 worker: 1,
-                hello: 1,
+                opening: 1,
             },
         ) => {}
         s => panic!("{s:?}"),
@@ -63,7 +63,7 @@ fn good_hello_is_accepted_byte_by_byte() {
 }
 
 #[test]
-fn bad_hellos_are_refused_with_their_code() {
+fn bad_openings_are_refused_with_their_code() {
     let mut t = Handshakes::new(TCP, limits(), 2);
     let now = Instant::now();
     let cases: [(&[u8], usize, ErrorCode, usize); 4] = [
@@ -96,7 +96,7 @@ fn the_answer_names_worker_code_and_count() {
         r => panic!("{r:?}"),
     }
     assert_eq!(TCP.fields(&TCP.encode(3, 4)), Some((3, 4)));
-    let shm = CompactHello { magic: *b"FKS" };
+    let shm = CompactOpening { magic: *b"FKS" };
     assert_eq!(shm.fields(&TCP.encode(3, 4)), None);
 }
 
@@ -105,10 +105,10 @@ fn read_from_stops_at_would_block_and_retries_interrupted() {
     use std::io::{Error, ErrorKind};
     let mut t = Handshakes::new(TCP, limits(), 2);
     let (slot, _) = admitted(t.admit(0, Instant::now(), 0));
-    let hello = TCP.encode(1, 0);
+    let opening = TCP.encode(1, 0);
     // Three bytes, an interruption, then nothing more for now.
     let mut script: Vec<std::io::Result<&[u8]>> = vec![
-        Ok(&hello[..3]),
+        Ok(&opening[..3]),
         Err(Error::from(ErrorKind::Interrupted)),
         Err(Error::from(ErrorKind::WouldBlock)),
     ];
@@ -122,7 +122,7 @@ fn read_from_stops_at_would_block_and_retries_interrupted() {
         None => Ok(0),
     };
     assert!(matches!(t.read_from(slot, || 0, &mut read), Step::Read));
-    let rest = &hello[3..];
+    let rest = &opening[3..];
     let step = t.read_from(
         slot,
         || 0,
@@ -192,8 +192,8 @@ fn deadlines_expire_and_set_the_poll_timeout() {
 /// name length), then the name.
 struct Named;
 
-impl HelloFormat for Named {
-    type Hello = (u16, Vec<u8>);
+impl OpeningFormat for Named {
+    type Opening = (u16, Vec<u8>);
     const BYTES_MAX: usize = 4 + 8;
 
     fn wanted(&self, got: &[u8]) -> Option<usize> {
@@ -204,27 +204,27 @@ impl HelloFormat for Named {
         (n <= 8).then_some(4 + n)
     }
 
-    fn decode(&self, b: &[u8]) -> Option<Self::Hello> {
+    fn decode(&self, b: &[u8]) -> Option<Self::Opening> {
         Some((u16::from_le_bytes([b[0], b[1]]), b[4..].to_vec()))
     }
 
-    fn worker(h: &Self::Hello) -> u16 {
+    fn worker(h: &Self::Opening) -> u16 {
         h.0
     }
 
-    fn usable(h: &Self::Hello) -> bool {
+    fn usable(h: &Self::Opening) -> bool {
         !h.1.is_empty()
     }
 }
 
 #[test]
-fn variable_length_hellos_grow_their_buffer_and_stay_bounded() {
+fn variable_length_openings_grow_their_buffer_and_stay_bounded() {
     let mut t = Handshakes::new(Named, limits(), 2);
     let now = Instant::now();
     let (slot, _) = admitted(t.admit(1, now, 0));
     match feed(&mut t, slot, &[1, 0, 3, 0, b'a', b'b', b'c'], 2, 0) {
-        Step::Done(1, Verdict::Accept { worker: 1, hello }) => {
-            assert_eq!(hello.1, b"abc")
+        Step::Done(1, Verdict::Accept { worker: 1, opening }) => {
+            assert_eq!(opening.1, b"abc")
         }
         s => panic!("{s:?}"),
     }
@@ -253,7 +253,7 @@ fn variable_length_hellos_grow_their_buffer_and_stay_bounded() {
 }
 
 /// A source past its allowance of failed proofs is refused
-/// `AUTH_THROTTLED` unjudged, at its hello (no challenge) and at its
+/// `AUTH_THROTTLED` unjudged, at its opening (no challenge) and at its
 /// proof; a client of another source that holds the secret is
 /// challenged and admitted at once.
 #[test]
@@ -271,7 +271,7 @@ fn failed_proofs_are_throttled_per_source_and_others_get_in() {
     let now = Instant::now();
     let guesser = Source::ip("10.0.0.9".parse().unwrap());
     let client = Source::ip("10.0.0.10".parse().unwrap());
-    let try_proof = |t: &mut Handshakes<u32, CompactHello>, io, src, prover: &Secret| {
+    let try_proof = |t: &mut Handshakes<u32, CompactOpening>, io, src, prover: &Secret| {
         let (slot, _) = admitted(t.admit_from(io, src, now, 0));
         match feed(t, slot, &TCP.encode(1, 0), 8, 0) {
             Step::Challenge(c) => {
@@ -292,7 +292,7 @@ fn failed_proofs_are_throttled_per_source_and_others_get_in() {
             ErrorCode::AuthFailed
         );
     }
-    // Past the burst: refused at the hello, even with the right secret.
+    // Past the burst: refused at the opening, even with the right secret.
     let (slot, _) = admitted(t.admit_from(7, guesser, now, 0));
     assert_eq!(
         code(feed(&mut t, slot, &TCP.encode(1, 0), 8, 0)),
@@ -308,7 +308,7 @@ fn failed_proofs_are_throttled_per_source_and_others_get_in() {
 }
 
 #[test]
-fn with_a_secret_a_good_hello_is_challenged_and_only_a_proof_admits() {
+fn with_a_secret_a_good_opening_is_challenged_and_only_a_proof_admits() {
     let secret = Secret::from_bytes(b"sixteen or more bytes", "test").unwrap();
     let other = Secret::from_bytes(b"sixteen or more bytez", "test").unwrap();
     let mut t = Handshakes::new(TCP, limits(), 2).with_secret(Some(secret.clone()));
@@ -339,7 +339,7 @@ fn with_a_secret_a_good_hello_is_challenged_and_only_a_proof_admits() {
     }
     nonces.dedup();
     assert_eq!(nonces.len(), 3, "every challenge has its own nonce");
-    // A hello that would be refused is refused at once, unchallenged.
+    // An opening that would be refused is refused at once, unchallenged.
     let (slot, _) = admitted(t.admit(4, now, 0));
     assert!(matches!(
         feed(&mut t, slot, &TCP.encode(9, 0), 8, 0),

@@ -14,7 +14,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use super::port::Handoff;
-use crate::handshake::{CompactHello, Handshakes, HelloFormat, Limits, Verdict};
+use crate::handshake::{CompactOpening, Handshakes, Limits, OpeningFormat, Verdict};
 use crate::idle::IdleBoard;
 use crate::{Acceptor, Result, Waker};
 
@@ -25,21 +25,21 @@ const FIRST_PENDING: usize = 2;
 /// Most readiness events handled per epoll call.
 const EVENTS_PER_POLL: usize = 256;
 
-/// The hello of the tcp transport.
-pub(super) const TCP_HELLO: CompactHello = CompactHello { magic: *b"FKV" };
+/// The opening of the tcp transport.
+pub(super) const TCP_OPENING: CompactOpening = CompactOpening { magic: *b"FKV" };
 
 /// What a transport does with a handshake the table has judged: write the
 /// answer, and on acceptance hand the socket to its worker.
 pub trait Conclude: Send {
-    /// The transport's hello.
-    type Format: HelloFormat + Send;
+    /// The transport's opening.
+    type Format: OpeningFormat + Send;
 
     /// Answers `verdict` on `stream` (already out of the acceptor's poll)
     /// and hands the connection over if it is accepted.
     fn conclude(
         &mut self,
         stream: TcpStream,
-        verdict: Verdict<<Self::Format as HelloFormat>::Hello>,
+        verdict: Verdict<<Self::Format as OpeningFormat>::Opening>,
         format: &Self::Format,
     );
 }
@@ -209,9 +209,9 @@ pub(super) struct TcpConclude {
 }
 
 impl Conclude for TcpConclude {
-    type Format = CompactHello;
+    type Format = CompactOpening;
 
-    fn conclude(&mut self, mut stream: TcpStream, verdict: Verdict<u16>, format: &CompactHello) {
+    fn conclude(&mut self, mut stream: TcpStream, verdict: Verdict<u16>, format: &CompactOpening) {
         use std::io::Write;
         let workers = self.handoffs.len() as u16;
         let (status, worker) = verdict.answer();

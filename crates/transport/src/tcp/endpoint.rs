@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{RecvFlags, SendFlags};
 
-use super::acceptor::TCP_HELLO;
+use super::acceptor::TCP_OPENING;
 use super::{resolve, HANDSHAKE_BYTES};
 use crate::framing::{self, Next, PREFIX_BYTES};
 use crate::{check_split_head, Endpoint, Landed, Result, SplitSink, TransportError};
@@ -96,13 +96,13 @@ impl TcpEndpoint {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
-        stream.write_all(&TCP_HELLO.encode(worker, 0))?;
+        stream.write_all(&TCP_OPENING.encode(worker, 0))?;
         let mut reply = [0u8; HANDSHAKE_BYTES];
         stream.read_exact(&mut reply)?;
         if crate::handshake::answer_challenge(&reply, &mut stream, dial.secret.as_ref())? {
             stream.read_exact(&mut reply)?;
         }
-        let (status, workers) = TCP_HELLO
+        let (status, workers) = TCP_OPENING
             .fields(&reply)
             .ok_or_else(|| TransportError::Refused("the peer is not a FabricKV server".into()))?;
         crate::handshake::check_answer(worker, status, workers)?;
@@ -456,7 +456,7 @@ mod tests {
             let (mut s, _) = l.accept().unwrap();
             let mut hs = [0u8; HANDSHAKE_BYTES];
             s.read_exact(&mut hs).unwrap();
-            s.write_all(&TCP_HELLO.encode(0, 1)).unwrap();
+            s.write_all(&TCP_OPENING.encode(0, 1)).unwrap();
             for (bytes, pause) in script {
                 s.write_all(&bytes).unwrap();
                 std::thread::sleep(pause);

@@ -33,7 +33,7 @@ pub use endpoint::TcpEndpoint;
 use crate::{Listening, Result, TransportError, WorkerPort};
 
 /// Bytes of each handshake message.
-pub const HANDSHAKE_BYTES: usize = crate::handshake::COMPACT_HELLO_BYTES;
+pub const HANDSHAKE_BYTES: usize = crate::handshake::COMPACT_OPENING_BYTES;
 
 /// The first socket address `addr` (`HOST:PORT`) resolves to.
 pub fn resolve(addr: &str) -> Result<SocketAddr> {
@@ -100,7 +100,7 @@ pub fn listen_with(addr: &str, opts: &crate::ListenOptions) -> Result<Listening>
         open: open.clone(),
         idle: board.clone(),
     };
-    let acceptor = TcpAcceptor::new(listener, acceptor::TCP_HELLO, workers, open, conclude)?
+    let acceptor = TcpAcceptor::new(listener, acceptor::TCP_OPENING, workers, open, conclude)?
         .with_secret(opts.secret.clone())
         .with_throttle(opts.throttle.clone())
         .with_idle_board(board);

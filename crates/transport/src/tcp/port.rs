@@ -102,10 +102,7 @@ impl TcpPort {
 
     fn adopt(&mut self) {
         while let Ok(mut stream) = self.incoming.try_recv() {
-            let slot = self.free.pop().unwrap_or_else(|| {
-                self.conns.push(None);
-                self.conns.len() - 1
-            });
+            let slot = crate::vacant_slot(&mut self.conns, &mut self.free);
             if self
                 .poll
                 .registry()
@@ -383,17 +380,7 @@ impl WorkerPort for TcpPort {
         Ok(())
     }
 
-    fn set_idle_timeout(&mut self, timeout: Option<Duration>) {
-        self.idle.set_timeout(timeout);
-    }
-
-    fn waker(&self) -> Waker {
-        Waker::from_mio(self.waker.clone())
-    }
-
-    fn stats(&self) -> PortStats {
-        self.stats
-    }
+    crate::port_accessors!(waker: |p| Waker::from_mio(p.waker.clone()));
 }
 
 impl Drop for TcpPort {

@@ -1,5 +1,5 @@
 //! The bytes of the handshake: the [`Challenge`] and its proof, the
-//! [`HelloFormat`] each transport speaks ([`CompactHello`] for tcp and
+//! [`OpeningFormat`] each transport speaks ([`CompactOpening`] for tcp and
 //! shm), and the client's reading of the answer.
 
 use fabrickv_auth::{Secret, NONCE_BYTES};
@@ -82,60 +82,60 @@ pub fn answer_challenge(
     Ok(true)
 }
 
-/// How one transport's hello is laid out on the wire.
-pub trait HelloFormat {
-    /// The parsed hello.
-    type Hello: Send;
+/// How one transport's opening is laid out on the wire.
+pub trait OpeningFormat {
+    /// The parsed opening.
+    type Opening: Send;
 
-    /// Longest hello, in bytes: bounds each pending handshake's buffer.
+    /// Longest opening, in bytes: bounds each pending handshake's buffer.
     const BYTES_MAX: usize;
 
-    /// Bytes the whole hello takes, judged from the `got` bytes read so
+    /// Bytes the whole opening takes, judged from the `got` bytes read so
     /// far (never fewer than its fixed part): `None` if what is there
-    /// cannot start a hello of this format.
+    /// cannot start an opening of this format.
     fn wanted(&self, got: &[u8]) -> Option<usize>;
 
-    /// Parses a whole hello; `None` on a format or version mismatch.
-    fn decode(&self, bytes: &[u8]) -> Option<Self::Hello>;
+    /// Parses a whole opening; `None` on a format or version mismatch.
+    fn decode(&self, bytes: &[u8]) -> Option<Self::Opening>;
 
-    /// The worker the hello asks for.
-    fn worker(hello: &Self::Hello) -> u16;
+    /// The worker the opening asks for.
+    fn worker(opening: &Self::Opening) -> u16;
 
-    /// False if the hello asks for something this server cannot give
+    /// False if the opening asks for something this server cannot give
     /// (fabric: a receive window too small); it is then refused as
     /// `UNAVAILABLE`.
-    fn usable(_hello: &Self::Hello) -> bool {
+    fn usable(_opening: &Self::Opening) -> bool {
         true
     }
 }
 
-/// Bytes of a [`CompactHello`] message, either way.
-pub const COMPACT_HELLO_BYTES: usize = 8;
+/// Bytes of a compact opening, and of the server's answer to it.
+pub const COMPACT_OPENING_BYTES: usize = 8;
 
-/// Handshake version that [`CompactHello`] speaks.
-const COMPACT_HELLO_VERSION: u8 = 1;
+/// Handshake version that [`CompactOpening`] speaks.
+const COMPACT_OPENING_VERSION: u8 = 1;
 
-/// The 8-byte handshake of the tcp and shm transports, which differ only
-/// in their magic:
+/// The 8-byte opening of the tcp and shm transports and the answer to
+/// it, the two transports differing only in their magic:
 ///
 /// ```text
 /// client -> server:  MAGIC(3) version(u8=1) worker(u16) reserved(u16=0)
 /// server -> client:  MAGIC(3) version(u8=1) status(u16) workers(u16)
 /// ```
 #[derive(Debug, Clone, Copy)]
-pub struct CompactHello {
+pub struct CompactOpening {
     /// First bytes of each message ("FKV" for tcp, "FKS" for shm), so a
     /// client that reaches the wrong kind of server is told at once.
     pub magic: [u8; 3],
 }
 
-impl CompactHello {
+impl CompactOpening {
     /// Encodes a message: (worker, 0) from a client, (status, workers)
     /// from a server.
-    pub fn encode(&self, first: u16, second: u16) -> [u8; COMPACT_HELLO_BYTES] {
-        let mut b = [0u8; COMPACT_HELLO_BYTES];
+    pub fn encode(&self, first: u16, second: u16) -> [u8; COMPACT_OPENING_BYTES] {
+        let mut b = [0u8; COMPACT_OPENING_BYTES];
         b[..3].copy_from_slice(&self.magic);
-        b[3] = COMPACT_HELLO_VERSION;
+        b[3] = COMPACT_OPENING_VERSION;
         b[4..6].copy_from_slice(&first.to_le_bytes());
         b[6..8].copy_from_slice(&second.to_le_bytes());
         b
@@ -144,7 +144,10 @@ impl CompactHello {
     /// Parses a message into its two 16-bit fields; `None` on another
     /// magic or version.
     pub fn fields(&self, b: &[u8]) -> Option<(u16, u16)> {
-        if b.len() != COMPACT_HELLO_BYTES || b[..3] != self.magic || b[3] != COMPACT_HELLO_VERSION {
+        if b.len() != COMPACT_OPENING_BYTES
+            || b[..3] != self.magic
+            || b[3] != COMPACT_OPENING_VERSION
+        {
             return None;
         }
         Some((
@@ -154,22 +157,22 @@ impl CompactHello {
     }
 }
 
-impl HelloFormat for CompactHello {
+impl OpeningFormat for CompactOpening {
     /// The worker asked for.
-    type Hello = u16;
+    type Opening = u16;
 
-    const BYTES_MAX: usize = COMPACT_HELLO_BYTES;
+    const BYTES_MAX: usize = COMPACT_OPENING_BYTES;
 
     fn wanted(&self, _got: &[u8]) -> Option<usize> {
-        Some(COMPACT_HELLO_BYTES)
+        Some(COMPACT_OPENING_BYTES)
     }
 
     fn decode(&self, bytes: &[u8]) -> Option<u16> {
         self.fields(bytes).map(|(worker, _)| worker)
     }
 
-    fn worker(hello: &u16) -> u16 {
-        *hello
+    fn worker(opening: &u16) -> u16 {
+        *opening
     }
 }
 
