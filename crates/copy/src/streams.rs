@@ -1,4 +1,4 @@
-//! The data streams of one copy: connecting them (each with its hello),
+//! The data streams of one copy: connecting them (each with its opening),
 //! then per stream a receiver thread (`receive`: reads and checks frames)
 //! and a writer thread (`load`: bulk-loads them), joined by a bounded
 //! queue, while the calling thread watches: progress events, rate samples,
@@ -14,7 +14,7 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
 use fabrickv_client::ShardClient;
 use fabrickv_storage::ShardBackend;
 use fabrickv_types::ErrorCode;
-use fabrickv_wire::copy::{data_host, CheckpointReply, CopyState, Hello, StartRequest};
+use fabrickv_wire::copy::{data_host, CheckpointReply, CopyState, StartRequest, StreamOpening};
 
 use crate::control::{source_failed, status};
 use crate::error::{err, CopyError};
@@ -52,12 +52,12 @@ pub(crate) fn stream<S: ShardBackend>(
                 format!("data stream to {addr}: {e}"),
             )
         })?;
-        let hello = Hello {
+        let opening = StreamOpening {
             run_id: cp.run_id,
             token: cp.token,
             stream: u32::from(i),
         };
-        s.write_all(&hello.encode())
+        s.write_all(&opening.encode())
             .and_then(|()| s.set_read_timeout(Some(opts.op_timeout)))
             .map_err(|e| {
                 err(

@@ -85,7 +85,7 @@ impl<'a> CheckpointRequest<'a> {
 pub struct CheckpointReply {
     /// The run's id.
     pub run_id: u64,
-    /// The secret a data stream's hello must carry.
+    /// The secret a data stream's opening must carry.
     pub token: u64,
     /// The TCP port of the data streams (on the server's host).
     pub data_port: u16,

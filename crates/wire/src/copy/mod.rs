@@ -1,6 +1,6 @@
 //! The shard copy's wire formats, sans-I/O: the control payloads (carried
 //! in SHARD frames of the native protocol, ops CHECKPOINT, START, STATUS,
-//! END; [`control`]) and the data streams' hello and frames (plain TCP,
+//! END; [`control`]) and the data streams' opening and frames (plain TCP,
 //! source to target; [`stream`]). The source (in the server's shard
 //! service) and the target (`fabrickv-copy`) both speak it through this
 //! module, so neither depends on the other.
@@ -35,7 +35,7 @@
 //! Digest: u64 pairs, u64 bytes, u128 sum
 //! ```
 //!
-//! A data stream opens with the target's 32-byte hello (u32 HELLO_MAGIC,
+//! A data stream opens with the target's 32-byte opening (u32 STREAM_OPENING_MAGIC,
 //! u32 version 1, u64 run_id, u64 token, u32 stream, u32 0); then the
 //! source sends frames, each a 64-byte header and a payload:
 //!
@@ -87,7 +87,7 @@ pub use control::{
     StartRequest, Status,
 };
 pub use stream::{
-    decode_abort, encode_abort, put_pair, DataFrameHeader, DataFrameKind, Hello, Pairs,
+    decode_abort, encode_abort, put_pair, DataFrameHeader, DataFrameKind, Pairs, StreamOpening,
 };
 
 /// Most ranges a copy is split into.
@@ -114,14 +114,14 @@ pub const COPY_BOUNDARY_BYTES_MAX: usize = 512 << 10;
 /// Bytes of a data frame's header.
 pub const DATA_FRAME_HEADER_BYTES: usize = 64;
 
-/// Bytes of a data stream's hello.
-pub const HELLO_BYTES: usize = 32;
+/// Bytes of a data stream's opening.
+pub const STREAM_OPENING_BYTES: usize = 32;
 
 /// First four bytes of every data frame ("FKCD").
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"FKCD");
 
-/// First four bytes of a data stream's hello ("FKCH").
-pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"FKCH");
+/// First four bytes of a data stream's opening ("FKCH").
+pub const STREAM_OPENING_MAGIC: u32 = u32::from_le_bytes(*b"FKCH");
 
 /// Version of the data stream format.
 pub const STREAM_VERSION: u32 = 1;

@@ -1,4 +1,4 @@
-//! The data streams: the target's hello, then the source's frames (a
+//! The data streams: the target's opening, then the source's frames (a
 //! 64-byte header and a payload of pairs; the layout is in the module
 //! above).
 
@@ -7,12 +7,12 @@ use fabrickv_types::{Digest, ErrorCode};
 
 use super::{
     ProtoError, Reader, COPY_FRAME_PAYLOAD_BYTES_MAX, DATA_FRAME_HEADER_BYTES, FRAME_MAGIC,
-    HELLO_BYTES, HELLO_MAGIC, STREAM_VERSION,
+    STREAM_OPENING_BYTES, STREAM_OPENING_MAGIC, STREAM_VERSION,
 };
 
-/// A data stream's hello.
+/// A data stream's opening.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Hello {
+pub struct StreamOpening {
     /// The copy run.
     pub run_id: u64,
     /// Its token.
@@ -21,11 +21,11 @@ pub struct Hello {
     pub stream: u32,
 }
 
-impl Hello {
-    /// The hello's bytes.
-    pub fn encode(&self) -> [u8; HELLO_BYTES] {
-        let mut b = [0u8; HELLO_BYTES];
-        b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+impl StreamOpening {
+    /// The opening's bytes.
+    pub fn encode(&self) -> [u8; STREAM_OPENING_BYTES] {
+        let mut b = [0u8; STREAM_OPENING_BYTES];
+        b[0..4].copy_from_slice(&STREAM_OPENING_MAGIC.to_le_bytes());
         b[4..8].copy_from_slice(&STREAM_VERSION.to_le_bytes());
         b[8..16].copy_from_slice(&self.run_id.to_le_bytes());
         b[16..24].copy_from_slice(&self.token.to_le_bytes());
@@ -33,11 +33,11 @@ impl Hello {
         b
     }
 
-    /// Reads a hello.
-    pub fn decode(b: &[u8; HELLO_BYTES]) -> Result<Hello, ProtoError> {
+    /// Reads an opening.
+    pub fn decode(b: &[u8; STREAM_OPENING_BYTES]) -> Result<StreamOpening, ProtoError> {
         let mut r = Reader::new(b);
-        if r.u32("magic")? != HELLO_MAGIC {
-            return Err(ProtoError("not a copy stream hello"));
+        if r.u32("magic")? != STREAM_OPENING_MAGIC {
+            return Err(ProtoError("not a copy stream opening"));
         }
         if r.u32("version")? != STREAM_VERSION {
             return Err(ProtoError("unsupported copy stream version"));
@@ -46,7 +46,7 @@ impl Hello {
         let token = r.u64("token")?;
         let stream = r.u32("stream")?;
         r.zero(4)?;
-        Ok(Hello {
+        Ok(StreamOpening {
             run_id,
             token,
             stream,

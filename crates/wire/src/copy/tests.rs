@@ -74,12 +74,12 @@ fn frames_and_pairs_round_trip_the_empty_key_included() {
         got,
         vec![(&b""[..], &b"empty key"[..]), (&b"k"[..], &b""[..])]
     );
-    let hello = Hello {
+    let opening = StreamOpening {
         run_id: 1,
         token: 2,
         stream: 3,
     };
-    assert_eq!(Hello::decode(&hello.encode()), Ok(hello));
+    assert_eq!(StreamOpening::decode(&opening.encode()), Ok(opening));
 }
 
 #[test]

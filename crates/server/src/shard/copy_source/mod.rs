@@ -52,7 +52,7 @@ pub const SAMPLES_PER_RANGE: usize = 32;
 /// Frames queued between a stream's range iterator and its sender.
 pub const COPY_QUEUE_FRAMES: usize = 4;
 
-/// How long START waits for every data stream to connect and say hello,
+/// How long START waits for every data stream to connect and send its opening,
 /// in milliseconds.
 pub const COPY_ACCEPT_TIMEOUT_MS: u64 = 10_000;
 

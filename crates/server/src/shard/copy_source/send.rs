@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use fabrickv_types::{Digest, ErrorCode};
 use fabrickv_wire::copy::{
-    encode_abort, put_pair, range_bounds, CopyState, DataFrameHeader, DataFrameKind, Hello,
-    ResumePoint, StartRequest, COPY_FRAME_PAYLOAD_BYTES, DATA_FRAME_HEADER_BYTES, HELLO_BYTES,
+    encode_abort, put_pair, range_bounds, CopyState, DataFrameHeader, DataFrameKind, ResumePoint,
+    StartRequest, StreamOpening, COPY_FRAME_PAYLOAD_BYTES, DATA_FRAME_HEADER_BYTES,
+    STREAM_OPENING_BYTES,
 };
 
 use super::{
@@ -264,17 +265,17 @@ fn accept_streams(s: &CopyRun, listener: &TcpListener, n: u16) -> Result<Vec<Tcp
             Err(e) => return Err(format!("accepting a data stream: {e}")),
         };
         // A connection that is not one of ours is dropped, not fatal.
-        let hello = sock
+        let opening = sock
             .set_nonblocking(false)
             .and_then(|()| {
                 sock.set_read_timeout(Some(Duration::from_millis(COPY_ACCEPT_TIMEOUT_MS)))
             })
             .and_then(|()| {
-                let mut b = [0u8; HELLO_BYTES];
+                let mut b = [0u8; STREAM_OPENING_BYTES];
                 sock.read_exact(&mut b).map(|()| b)
             });
-        let Ok(hello) = hello else { continue };
-        let Ok(h) = Hello::decode(&hello) else {
+        let Ok(opening) = opening else { continue };
+        let Ok(h) = StreamOpening::decode(&opening) else {
             continue;
         };
         if h.run_id != s.id || h.token != s.token || h.stream >= u32::from(n) {
