@@ -196,7 +196,7 @@ pub trait Kv {
 
 impl Kv for crate::Client {
     fn read_large_pieces(&mut self, get: &LargeGet<'_>, value: &mut Vec<u8>) -> Result<()> {
-        read_in_place(value, get.total, |dst| self.read_pieces(get, dst))
+        self.read_pieces(get, value)
     }
 
     fn write_large_pieces(&mut self, put: &LargePut<'_>) -> Result<ErrorCode> {
@@ -219,9 +219,7 @@ impl Kv for crate::Client {
 
 impl Kv for crate::ClusterClient {
     fn read_large_pieces(&mut self, get: &LargeGet<'_>, value: &mut Vec<u8>) -> Result<()> {
-        self.with_server_of(get.key, |c| {
-            read_in_place(value, get.total, |dst| c.read_pieces(get, dst))
-        })
+        self.with_server_of(get.key, |c| c.read_pieces(get, value))
     }
 
     fn write_large_pieces(&mut self, put: &LargePut<'_>) -> Result<ErrorCode> {
@@ -319,22 +317,6 @@ fn put_pieces<K: Kv + ?Sized>(kv: &mut K, put: &LargePut<'_>) -> Result<ErrorCod
         }
     }
     Ok(ErrorCode::Ok)
-}
-
-/// Appends `total` bytes to `value` that `read` fills in place; on an
-/// error `value` is as it was.
-fn read_in_place(
-    value: &mut Vec<u8>,
-    total: usize,
-    read: impl FnOnce(&mut [u8]) -> Result<()>,
-) -> Result<()> {
-    let start = value.len();
-    value.resize(start + total, 0);
-    let r = read(&mut value[start..]);
-    if r.is_err() {
-        value.truncate(start);
-    }
-    r
 }
 
 /// Reads the large value of key `l.pos` into `buf`. A connection pins one

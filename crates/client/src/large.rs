@@ -190,18 +190,38 @@ impl Client {
         self.sessions.session(s).queue_mut().give_up_all();
     }
 
-    /// Reads the value a GET answered `LARGE_VALUE` for (`get`,
-    /// `dst.len()` bytes long) into `dst`, GET_CHUNK pieces
-    /// streamed [`LARGE_CHUNKS_IN_FLIGHT`] at a time. The server unpins the
-    /// value once its last piece is read; each piece has a frame of its
-    /// own, so none is answered `REPLY_FULL` and they are read in order.
-    pub(crate) fn read_pieces(&mut self, get: &LargeGet<'_>, dst: &mut [u8]) -> Result<()> {
-        let LargeGet { key, tag, .. } = *get;
+    /// Reads the value a GET answered `LARGE_VALUE` for (`get`) and
+    /// appends it to `value`, GET_CHUNK pieces streamed
+    /// [`LARGE_CHUNKS_IN_FLIGHT`] at a time; on an error `value` is as it
+    /// was. The server unpins the value once its last piece is read; each
+    /// piece has a frame of its own, so none is answered `REPLY_FULL` and
+    /// they are read in order.
+    pub(crate) fn read_pieces(&mut self, get: &LargeGet<'_>, value: &mut Vec<u8>) -> Result<()> {
+        let start = value.len();
+        let r = self.read_pieces_after(get, value, start);
+        if r.is_err() {
+            value.truncate(start);
+        }
+        r
+    }
+
+    /// [`Client::read_pieces`] into `value[start..]`. The room is
+    /// reserved at once (pages the kernel maps as they are written) but
+    /// zeroed a piece at a time, just before the piece lands: zeroing a
+    /// 512 MiB value before the first GET_CHUNK, on a busy machine, took
+    /// longer than the server keeps an untouched pin (`KV_LARGE_IDLE_MS`).
+    fn read_pieces_after(
+        &mut self,
+        get: &LargeGet<'_>,
+        value: &mut Vec<u8>,
+        start: usize,
+    ) -> Result<()> {
+        let LargeGet { key, tag, total } = *get;
         let s = self.piece_session(key);
-        let total = dst.len();
+        value.reserve_exact(total);
         let n = total.div_ceil(LARGE_CHUNK_BYTES_MAX);
         let mut sent = 0;
-        for (got, piece) in dst.chunks_mut(LARGE_CHUNK_BYTES_MAX).enumerate() {
+        for got in 0..n {
             while sent < n && sent < got + LARGE_CHUNKS_IN_FLIGHT {
                 let at = sent * LARGE_CHUNK_BYTES_MAX;
                 let len = (total - at).min(LARGE_CHUNK_BYTES_MAX) as u32;
@@ -213,7 +233,12 @@ impl Client {
                 sent += 1;
             }
             self.sessions.flush()?;
-            let code = self.recv_piece(s, piece)?;
+            let at = start + got * LARGE_CHUNK_BYTES_MAX;
+            value.resize(
+                at + (total - got * LARGE_CHUNK_BYTES_MAX).min(LARGE_CHUNK_BYTES_MAX),
+                0,
+            );
+            let code = self.recv_piece(s, &mut value[at..])?;
             if code != ErrorCode::Ok {
                 // The pieces still in flight are dropped by the next call.
                 self.give_up_pieces(s);
