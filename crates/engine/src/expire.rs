@@ -2,7 +2,6 @@
 
 use fabrickv_types::KeyHash;
 
-use crate::index::Summary;
 use crate::item;
 use crate::partition::{Core, Storage};
 
@@ -19,11 +18,7 @@ impl<S: Storage> Core<S> {
         match self.find_live(hash, key, now_ms) {
             Some(hit) => {
                 self.versions.bump(hash);
-                if expire_at_ms != 0 {
-                    // The sweep visits only chains marked volatile.
-                    let main = self.index.main_bucket(hash);
-                    self.index.mark(Summary::Volatile, main);
-                }
+                self.note_expiry(hash, expire_at_ms);
                 item::set_expire(self.storage.pool_mut(), hit.pos, expire_at_ms);
                 true
             }

@@ -4,12 +4,13 @@
 //! expired copy) to decide the condition. They differ in where the new item
 //! goes: cache mode appends to the log and, if the bucket is full, drops
 //! the oldest entry of the bucket; store mode allocates a chunk and fails
-//! with nothing changed when either a chunk or an index slot is missing.
+//! with nothing changed when either a chunk or an index slot is missing
+//! (each mode's [`Place`]).
 
 use fabrickv_types::KeyHash;
 
 use crate::alloc::Slab;
-use crate::index::{offset_of, pack, SlotRef, Summary, ITEM_SLOTS_PER_BUCKET, OFFSET_MASK};
+use crate::index::{offset_of, pack, SlotRef, ITEM_SLOTS_PER_BUCKET, OFFSET_MASK};
 use crate::item;
 use crate::large::{self, LargeValue, LARGE_STUB_BYTES};
 use crate::log::Log;
@@ -41,61 +42,113 @@ pub enum PutResult {
     ConditionFailed,
 }
 
+/// One PUT as each mode's `Core::put` takes it.
+pub(crate) struct Put<'a> {
+    /// The key's hash.
+    pub hash: KeyHash,
+    /// The key.
+    pub key: &'a [u8],
+    /// The value to store inline in the pool; ignored when `large` is
+    /// given.
+    pub value: &'a [u8],
+    /// A large value: it goes into the partition's table and the pool
+    /// holds its stub.
+    pub large: Option<LargeValue>,
+    /// Absolute expiry time on the caller's clock; 0 means none.
+    pub expire_at_ms: u64,
+    /// When the PUT applies.
+    pub cond: PutCond,
+    /// The caller's clock, to tell an expired copy from a live one.
+    pub now_ms: u64,
+    /// A memcached client's CAS value and flags, stored with the item.
+    pub meta: Option<item::ItemMeta>,
+}
+
+/// What a PUT that passed its checks writes, and what it replaces.
+#[derive(Clone, Copy)]
+pub(crate) struct Checked<'a> {
+    /// The bytes that go inline in the pool: the value, or a large
+    /// value's stub.
+    inline: &'a [u8],
+    /// The meta stored with them (none beside a stub: memcached values
+    /// stay small).
+    meta: Option<item::ItemMeta>,
+    /// The live item with this key, if any.
+    existing: Option<Hit>,
+}
+
+/// The part of a PUT that differs by mode: where the checked item goes.
+/// Implemented for each mode's core and called with no indirection (each
+/// [`Core::put`] is compiled for one mode).
+pub(crate) trait Place {
+    /// Stores the item of `put`, which passed the checks with `checked`.
+    fn place(&mut self, put: Put<'_>, checked: Checked<'_>) -> PutResult;
+}
+
+impl<S: Storage> Core<S>
+where
+    Core<S>: Place,
+{
+    /// PUT: the checks common to both modes, then the mode's placement.
+    #[inline]
+    pub(crate) fn put(&mut self, put: Put<'_>) -> PutResult {
+        match self.put_precheck(&put) {
+            Ok(checked) => self.place(put, checked),
+            Err(refused) => refused,
+        }
+    }
+}
+
 impl<S: Storage> Core<S> {
-    /// The checks common to both modes. Returns the live item with this
-    /// key if the PUT may go on, or the result to give if it may not.
-    #[allow(clippy::too_many_arguments)]
-    fn put_precheck(
-        &mut self,
-        hash: KeyHash,
-        key: &[u8],
-        value: &[u8],
-        large: Option<&LargeValue>,
-        cond: PutCond,
-        now_ms: u64,
-        meta: bool,
-    ) -> Result<Option<Hit>, PutResult> {
-        if !self.fits(key.len(), value.len(), meta) {
+    /// The start common to both modes: picks what goes inline in the
+    /// pool, then checks sizes and the condition. Returns what to write,
+    /// or the result to give if the PUT may not go on. Always inlined:
+    /// each mode's PUT keeps the straight-line code it had, with no call
+    /// added.
+    #[inline(always)]
+    fn put_precheck<'a>(&mut self, put: &Put<'a>) -> Result<Checked<'a>, PutResult> {
+        let (inline, meta): (&[u8], _) = match &put.large {
+            Some(_) => (&[0; LARGE_STUB_BYTES], None),
+            None => (put.value, put.meta),
+        };
+        if !self.fits(put.key.len(), inline.len(), meta.is_some()) {
             return Err(PutResult::TooLarge);
         }
-        if let Some(v) = large {
+        if let Some(v) = &put.large {
             if v.len() > large::LARGE_VALUE_BYTES_MAX || v.len() as u64 > self.large.bytes_max {
                 return Err(PutResult::TooLarge);
             }
         }
-        let existing = self.find_live(hash, key, now_ms);
-        match (cond, existing.is_some()) {
+        let existing = self.find_live(put.hash, put.key, put.now_ms);
+        match (put.cond, existing.is_some()) {
             (PutCond::IfAbsent, true) | (PutCond::IfPresent, false) => {
                 Err(PutResult::ConditionFailed)
             }
-            _ => Ok(existing),
+            _ => Ok(Checked {
+                inline,
+                meta,
+                existing,
+            }),
         }
     }
 
-    /// Writes the item (`hash`, `key`, `value`, `expire_at_ms`) at `pos`
-    /// of the pool. Always inlined: each PUT path compiles to the direct
-    /// `item::write` it had, with no call added.
+    /// Writes the item of `put` at `pos` of the pool, with the inline
+    /// bytes and meta `checked` picked. Always inlined: each PUT path
+    /// compiles to the direct `item::write` it had, with no call added.
     ///
-    /// With `large`, the large value goes into the partition's table and
-    /// the item written is its stub (`value` is then ignored). Returns
-    /// the value bytes `stats.bytes` counts for it.
-    #[allow(clippy::too_many_arguments)]
+    /// With a large value, it goes into the partition's table and the
+    /// item written is its stub. Returns the value bytes `stats.bytes`
+    /// counts for it.
     #[inline(always)]
-    fn write_item(
-        &mut self,
-        pos: usize,
-        hash: KeyHash,
-        key: &[u8],
-        value: &[u8],
-        large: Option<LargeValue>,
-        expire_at_ms: u64,
-        meta: Option<item::ItemMeta>,
-    ) -> usize {
-        if expire_at_ms != 0 {
-            // The sweep visits only chains marked volatile.
-            let main = self.index.main_bucket(hash);
-            self.index.mark(Summary::Volatile, main);
-        }
+    fn write_item(&mut self, pos: usize, put: Put<'_>, checked: Checked<'_>) -> usize {
+        let Put {
+            hash,
+            key,
+            large,
+            expire_at_ms,
+            ..
+        } = put;
+        self.note_expiry(hash, expire_at_ms);
         match large {
             None => {
                 item::write(
@@ -103,11 +156,11 @@ impl<S: Storage> Core<S> {
                     pos,
                     hash.0,
                     key,
-                    value,
+                    checked.inline,
                     expire_at_ms,
-                    meta,
+                    checked.meta,
                 );
-                value.len()
+                checked.inline.len()
             }
             Some(v) => {
                 let len = v.len();
@@ -128,50 +181,22 @@ impl<S: Storage> Core<S> {
     }
 }
 
-impl Core<Log> {
+impl Place for Core<Log> {
     /// Cache-mode PUT: append to the log, then point the index at it.
     ///
     /// With `large`, `value` is ignored and a stub goes into the log; the
     /// oldest large values are evicted first while the large budget has
     /// no room for it.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn put(
-        &mut self,
-        hash: KeyHash,
-        key: &[u8],
-        value: &[u8],
-        large: Option<LargeValue>,
-        expire_at_ms: u64,
-        cond: PutCond,
-        now_ms: u64,
-        meta: Option<item::ItemMeta>,
-    ) -> PutResult {
-        // A large value's stub carries no meta (memcached values stay small).
-        let meta = if large.is_some() { None } else { meta };
-        let inline: &[u8] = if large.is_some() {
-            &[0; LARGE_STUB_BYTES]
-        } else {
-            value
-        };
-        if let Err(refused) = self.put_precheck(
-            hash,
-            key,
-            inline,
-            large.as_ref(),
-            cond,
-            now_ms,
-            meta.is_some(),
-        ) {
-            return refused;
-        }
-        if let Some(v) = &large {
-            if !self.evict_large_for(v.len() as u64, now_ms) {
+    fn place(&mut self, put: Put<'_>, checked: Checked<'_>) -> PutResult {
+        let (hash, key) = (put.hash, put.key);
+        if let Some(v) = &put.large {
+            if !self.evict_large_for(v.len() as u64, put.now_ms) {
                 return PutResult::InsufficientSpace;
             }
         }
-        let size = item::item_bytes_with(key.len(), inline.len(), meta.is_some());
-        let (logical, pos) = self.log_append(size, now_ms);
-        let value_len = self.write_item(pos, hash, key, inline, large, expire_at_ms, meta);
+        let size = item::item_bytes_with(key.len(), checked.inline.len(), checked.meta.is_some());
+        let (logical, pos) = self.log_append(size, put.now_ms);
+        let value_len = self.write_item(pos, put, checked);
         let entry = pack(hash.tag(), logical & OFFSET_MASK);
 
         // Appending may have overwritten the old copy, so look again.
@@ -193,7 +218,9 @@ impl Core<Log> {
         self.count_stored(key.len() + value_len);
         PutResult::Stored
     }
+}
 
+impl Core<Log> {
     /// Evicts the oldest large values until `len` more bytes fit the
     /// large budget. False if they cannot: the values readers pin (which
     /// evicting does not free) leave no room, or nothing is left to evict.
@@ -265,46 +292,19 @@ impl Core<Log> {
     }
 }
 
-impl Core<Slab> {
+impl Place for Core<Slab> {
     /// Store-mode PUT: allocate first, so that a full store changes nothing.
     ///
     /// With `large`, `value` is ignored and a stub takes a chunk; a large
     /// budget without room for it (after the key's old large value, if
     /// any, leaves) answers `InsufficientSpace` with nothing changed.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn put(
-        &mut self,
-        hash: KeyHash,
-        key: &[u8],
-        value: &[u8],
-        large: Option<LargeValue>,
-        expire_at_ms: u64,
-        cond: PutCond,
-        now_ms: u64,
-        meta: Option<item::ItemMeta>,
-    ) -> PutResult {
-        let meta = if large.is_some() { None } else { meta };
-        let inline: &[u8] = if large.is_some() {
-            &[0; LARGE_STUB_BYTES]
-        } else {
-            value
-        };
-        let existing = match self.put_precheck(
-            hash,
-            key,
-            inline,
-            large.as_ref(),
-            cond,
-            now_ms,
-            meta.is_some(),
-        ) {
-            Ok(existing) => existing,
-            Err(refused) => return refused,
-        };
-        if let Some(v) = &large {
+    fn place(&mut self, put: Put<'_>, checked: Checked<'_>) -> PutResult {
+        let (hash, key) = (put.hash, put.key);
+        if let Some(v) = &put.large {
             // The key's old large value gives its bytes back, unless a
             // reader holds it (it then stays, pinned, in the budget).
-            let leaving = existing
+            let leaving = checked
+                .existing
                 .filter(|old| old.header.is_large())
                 .map_or(0, |old| {
                     let inline = item::value(self.storage.pool(), old.pos, &old.header);
@@ -314,16 +314,16 @@ impl Core<Slab> {
                 return PutResult::InsufficientSpace;
             }
         }
-        let size = item::item_bytes_with(key.len(), inline.len(), meta.is_some());
+        let size = item::item_bytes_with(key.len(), checked.inline.len(), checked.meta.is_some());
         let Some(class) = self.storage.class_for(size) else {
             return PutResult::TooLarge;
         };
-        let value_len = match existing {
+        let value_len = match checked.existing {
             Some(old) if self.storage.class_of(old.pos) == class => {
                 // Same chunk size: overwrite in place. Nothing can fail
                 // half-way, and no reader holds a borrow of the old value.
                 self.drop_value(old.pos, &old.header);
-                self.write_item(old.pos, hash, key, inline, large, expire_at_ms, meta)
+                self.write_item(old.pos, put, checked)
             }
             Some(old) => {
                 let vacated = self.storage.pages_vacated();
@@ -341,7 +341,7 @@ impl Core<Slab> {
                     return PutResult::InsufficientSpace;
                 };
                 self.drop_value(old.pos, &old.header);
-                let n = self.write_item(pos, hash, key, inline, large, expire_at_ms, meta);
+                let n = self.write_item(pos, put, checked);
                 self.index.set(old.at, pack(hash.tag(), pos as u64));
                 self.storage.free(old.pos);
                 n
@@ -354,7 +354,7 @@ impl Core<Slab> {
                 let Some(pos) = self.alloc_chunk(class) else {
                     return PutResult::InsufficientSpace;
                 };
-                let n = self.write_item(pos, hash, key, inline, large, expire_at_ms, meta);
+                let n = self.write_item(pos, put, checked);
                 if self
                     .index
                     .insert(main, pack(hash.tag(), pos as u64))
