@@ -29,18 +29,15 @@ impl<S: Storage> Core<S> {
 
 #[cfg(test)]
 mod tests {
-    use crate::testutil::{assert_found, both_modes, h, small};
-    use crate::{GetResult, PutCond, PutResult};
+    use crate::testutil::{assert_found, both_modes, h, put_ok, small};
+    use crate::GetResult;
 
     #[test]
     fn expire_and_persist() {
         for mode in both_modes() {
             let mut p = small(mode);
             assert!(!p.set_expiry(h(b"a"), b"a", 10, 0), "absent key");
-            assert_eq!(
-                p.put(h(b"a"), b"a", b"v", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"a", b"v", 0);
             assert!(p.set_expiry(h(b"a"), b"a", 10, 0));
             assert_found(&mut p, b"a", 5, b"v", 10);
             // PERSIST before the deadline keeps the item forever.
@@ -58,10 +55,7 @@ mod tests {
     fn expired_key_cannot_be_revived() {
         for mode in both_modes() {
             let mut p = small(mode);
-            assert_eq!(
-                p.put(h(b"a"), b"a", b"v", 10, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"a", b"v", 10);
             assert!(!p.set_expiry(h(b"a"), b"a", 0, 10));
             assert_eq!(p.get(h(b"a"), b"a", 10), GetResult::NotFound);
             let s = p.stats();

@@ -252,21 +252,13 @@ impl<S: Storage> Core<S> {
         for main in 0..self.index.main_count() {
             let mut held = 0;
             let mut ttl = false;
-            let mut bucket = Some(main);
-            while let Some(b) = bucket {
-                for slot in 0..ITEM_SLOTS_PER_BUCKET {
-                    let e = self.index.entry(SlotRef { bucket: b, slot });
-                    if e == 0 {
-                        continue;
-                    }
-                    held += 1;
-                    let pos = self.storage.resolve(offset_of(e)).expect("live");
-                    ttl |= item::read_header(pool, pos).expire_at_ms != 0;
-                }
-                bucket = self.index.next(b);
+            for (_, e) in self.index.chain(main) {
+                held += 1;
+                let pos = self.storage.resolve(offset_of(e)).expect("live");
+                ttl |= item::read_header(pool, pos).expire_at_ms != 0;
             }
             assert!(
-                held == 0 || self.index.is_marked(crate::index::Summary::Occupied, main),
+                held == 0 || self.index.is_marked(Summary::Occupied, main),
                 "a chain with an entry is marked occupied (main bucket {main})"
             );
             assert!(

@@ -382,27 +382,18 @@ impl Place for Core<Slab> {
 mod tests {
     use fabrickv_types::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX};
 
-    use crate::testutil::{assert_found, both_modes, h, sized, small};
+    use crate::testutil::{assert_found, both_modes, h, put_ok, sized, small};
     use crate::{GetResult, Mode, PutCond, PutResult, PAGES_PER_POOL_MIN, PAGE_BYTES_MAX};
 
     #[test]
     fn overwrite_replaces_value_and_counts_once() {
         for mode in both_modes() {
             let mut p = small(mode);
-            assert_eq!(
-                p.put(h(b"k"), b"k", b"short", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"k", b"short", 0);
             let long = vec![9u8; 700];
-            assert_eq!(
-                p.put(h(b"k"), b"k", &long, 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"k", &long, 0);
             assert_found(&mut p, b"k", 0, &long, 0);
-            assert_eq!(
-                p.put(h(b"k"), b"k", b"xy", 5, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"k", b"xy", 5);
             assert_found(&mut p, b"k", 0, b"xy", 5);
             let s = p.stats();
             assert_eq!((s.puts, s.items, s.bytes), (3, 1, 3));
@@ -412,38 +403,31 @@ mod tests {
 
     #[test]
     fn conditions() {
+        use PutCond::{IfAbsent, IfPresent};
+        use PutResult::{ConditionFailed, Stored};
+        // Each PUT of key `c`: value, expiry, condition, clock, result,
+        // and what a read at that clock then finds (value, expiry).
+        type Step = (&'static [u8], u64, PutCond, u64, PutResult);
+        type Read = Option<(&'static [u8], u64)>;
+        let steps: [(Step, Read); 6] = [
+            ((b"1", 0, IfPresent, 0, ConditionFailed), None),
+            ((b"1", 10, IfAbsent, 0, Stored), Some((b"1", 10))),
+            ((b"2", 0, IfAbsent, 0, ConditionFailed), Some((b"1", 10))),
+            ((b"3", 10, IfPresent, 0, Stored), Some((b"3", 10))),
+            // Once expired the key is absent for both conditions.
+            ((b"4", 0, IfPresent, 10, ConditionFailed), None),
+            ((b"5", 0, IfAbsent, 10, Stored), Some((b"5", 0))),
+        ];
         for mode in both_modes() {
             let mut p = small(mode);
             let k = b"c";
-            assert_eq!(
-                p.put(h(k), k, b"1", 0, PutCond::IfPresent, 0),
-                PutResult::ConditionFailed
-            );
-            assert_eq!(p.get(h(k), k, 0), GetResult::NotFound);
-            assert_eq!(
-                p.put(h(k), k, b"1", 10, PutCond::IfAbsent, 0),
-                PutResult::Stored
-            );
-            assert_eq!(
-                p.put(h(k), k, b"2", 0, PutCond::IfAbsent, 0),
-                PutResult::ConditionFailed
-            );
-            assert_found(&mut p, k, 0, b"1", 10);
-            assert_eq!(
-                p.put(h(k), k, b"3", 10, PutCond::IfPresent, 0),
-                PutResult::Stored
-            );
-            assert_found(&mut p, k, 0, b"3", 10);
-            // Once expired the key is absent for both conditions.
-            assert_eq!(
-                p.put(h(k), k, b"4", 0, PutCond::IfPresent, 10),
-                PutResult::ConditionFailed
-            );
-            assert_eq!(
-                p.put(h(k), k, b"5", 0, PutCond::IfAbsent, 10),
-                PutResult::Stored
-            );
-            assert_found(&mut p, k, 10, b"5", 0);
+            for ((value, expire_at_ms, cond, now, result), then) in steps {
+                assert_eq!(p.put(h(k), k, value, expire_at_ms, cond, now), result);
+                match then {
+                    Some((v, exp)) => assert_found(&mut p, k, now, v, exp),
+                    None => assert_eq!(p.get(h(k), k, now), GetResult::NotFound),
+                }
+            }
             let s = p.stats();
             assert_eq!((s.items, s.expired, s.puts), (1, 1, 3));
             p.check();
@@ -496,10 +480,7 @@ mod tests {
     fn store_replace_failure_keeps_the_old_value() {
         let mut p = sized(Mode::Store, 64 << 10, None);
         let small_v = vec![3u8; 10];
-        assert_eq!(
-            p.put(h(b"keep"), b"keep", &small_v, 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        put_ok(&mut p, b"keep", &small_v, 0);
         // Fill every page with big items.
         let big = vec![4u8; 3000];
         let mut n = 0u32;
@@ -528,10 +509,7 @@ mod tests {
         );
         // A value of the same class still replaces in place.
         let same_class = vec![5u8; 12];
-        assert_eq!(
-            p.put(h(b"keep"), b"keep", &same_class, 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        put_ok(&mut p, b"keep", &same_class, 0);
         assert_found(&mut p, b"keep", 0, &same_class, 0);
         p.check();
     }
@@ -573,10 +551,7 @@ mod tests {
             let it = p.get_item(h(b"k"), b"k", 0).expect("found");
             assert_eq!((it.expire_at_ms, it.meta), (50, Some(m)));
             // A plain put (RESP, native kv) drops the meta.
-            assert_eq!(
-                p.put(h(b"k"), b"k", b"v2", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"k", b"v2", 0);
             assert_eq!(p.get_item(h(b"k"), b"k", 0).expect("found").meta, None);
             assert_found(&mut p, b"k", 0, b"v2", 0);
             let s = p.stats();
