@@ -83,6 +83,7 @@ pub use watch::WATCH_VERSION_SLOTS;
 
 use alloc::Slab;
 use index::Index;
+use large::LARGE_STUB_BYTES;
 use log::Log;
 use partition::Core;
 use put::Put;
@@ -380,7 +381,7 @@ impl Partition {
             return dispatch!(&mut self.inner, core => core.put(Put { hash, key, value: &value, large: None, expire_at_ms, cond, now_ms, meta: None }));
         }
         let large = Some(value);
-        dispatch!(&mut self.inner, core => core.put(Put { hash, key, value: &[], large, expire_at_ms, cond, now_ms, meta: None }))
+        dispatch!(&mut self.inner, core => core.put(Put { hash, key, value: &[0; LARGE_STUB_BYTES], large, expire_at_ms, cond, now_ms, meta: None }))
     }
 
     /// Looks `key` up like [`Partition::get`], telling a large value (a

@@ -48,8 +48,9 @@ pub(crate) struct Put<'a> {
     pub hash: KeyHash,
     /// The key.
     pub key: &'a [u8],
-    /// The value to store inline in the pool; ignored when `large` is
-    /// given.
+    /// The bytes that go inline in the pool: the value, or with `large`
+    /// [`LARGE_STUB_BYTES`] zeros standing for its stub (the size checks
+    /// read its length; the stub is written in its place).
     pub value: &'a [u8],
     /// A large value: it goes into the partition's table and the pool
     /// holds its stub.
@@ -60,29 +61,17 @@ pub(crate) struct Put<'a> {
     pub cond: PutCond,
     /// The caller's clock, to tell an expired copy from a live one.
     pub now_ms: u64,
-    /// A memcached client's CAS value and flags, stored with the item.
+    /// A memcached client's CAS value and flags, stored with the item
+    /// (none beside a stub: memcached values stay small).
     pub meta: Option<item::ItemMeta>,
 }
 
-/// What a PUT that passed its checks writes, and what it replaces.
-#[derive(Clone, Copy)]
-pub(crate) struct Checked<'a> {
-    /// The bytes that go inline in the pool: the value, or a large
-    /// value's stub.
-    inline: &'a [u8],
-    /// The meta stored with them (none beside a stub: memcached values
-    /// stay small).
-    meta: Option<item::ItemMeta>,
-    /// The live item with this key, if any.
-    existing: Option<Hit>,
-}
-
 /// The part of a PUT that differs by mode: where the checked item goes.
-/// Implemented for each mode's core and called with no indirection (each
-/// [`Core::put`] is compiled for one mode).
+/// Implemented for each mode's core and called with no indirection.
 pub(crate) trait Place {
-    /// Stores the item of `put`, which passed the checks with `checked`.
-    fn place(&mut self, put: Put<'_>, checked: Checked<'_>) -> PutResult;
+    /// Stores the item of `put`, which passed the checks; `existing` is
+    /// the live item with its key, if any.
+    fn place(&mut self, put: Put<'_>, existing: Option<Hit>) -> PutResult;
 }
 
 impl<S: Storage> Core<S>
@@ -90,28 +79,43 @@ where
     Core<S>: Place,
 {
     /// PUT: the checks common to both modes, then the mode's placement.
-    #[inline]
-    pub(crate) fn put(&mut self, put: Put<'_>) -> PutResult {
+    /// Always inlined into each mode's `put`, with `place` inlined too:
+    /// one function per mode, as if written out twice.
+    #[inline(always)]
+    fn checked_put(&mut self, put: Put<'_>) -> PutResult {
         match self.put_precheck(&put) {
-            Ok(checked) => self.place(put, checked),
+            Ok(existing) => self.place(put, existing),
             Err(refused) => refused,
         }
     }
 }
 
+impl Core<Log> {
+    /// Cache-mode PUT. Not generic, so that it is compiled in this crate,
+    /// where the helpers it calls can be inlined, whichever crate calls
+    /// [`crate::Partition::put`].
+    pub(crate) fn put(&mut self, put: Put<'_>) -> PutResult {
+        self.checked_put(put)
+    }
+}
+
+impl Core<Slab> {
+    /// Store-mode PUT; not generic, as the cache mode's.
+    pub(crate) fn put(&mut self, put: Put<'_>) -> PutResult {
+        self.checked_put(put)
+    }
+}
+
 impl<S: Storage> Core<S> {
-    /// The start common to both modes: picks what goes inline in the
-    /// pool, then checks sizes and the condition. Returns what to write,
-    /// or the result to give if the PUT may not go on. Always inlined:
-    /// each mode's PUT keeps the straight-line code it had, with no call
-    /// added.
+    /// The checks common to both modes. Returns the live item with this
+    /// key if the PUT may go on, or the result to give if it may not.
     #[inline(always)]
-    fn put_precheck<'a>(&mut self, put: &Put<'a>) -> Result<Checked<'a>, PutResult> {
-        let (inline, meta): (&[u8], _) = match &put.large {
-            Some(_) => (&[0; LARGE_STUB_BYTES], None),
-            None => (put.value, put.meta),
-        };
-        if !self.fits(put.key.len(), inline.len(), meta.is_some()) {
+    fn put_precheck(&mut self, put: &Put<'_>) -> Result<Option<Hit>, PutResult> {
+        debug_assert!(
+            put.large.is_none() || (put.value.len() == LARGE_STUB_BYTES && put.meta.is_none()),
+            "a large value's PUT carries its stub's length and no meta"
+        );
+        if !self.fits(put.key.len(), put.value.len(), put.meta.is_some()) {
             return Err(PutResult::TooLarge);
         }
         if let Some(v) = &put.large {
@@ -124,43 +128,26 @@ impl<S: Storage> Core<S> {
             (PutCond::IfAbsent, true) | (PutCond::IfPresent, false) => {
                 Err(PutResult::ConditionFailed)
             }
-            _ => Ok(Checked {
-                inline,
-                meta,
-                existing,
-            }),
+            _ => Ok(existing),
         }
     }
 
-    /// Writes the item of `put` at `pos` of the pool, with the inline
-    /// bytes and meta `checked` picked. Always inlined: each PUT path
-    /// compiles to the direct `item::write` it had, with no call added.
+    /// Writes the item of `put` at `pos` of the pool. Always inlined:
+    /// each PUT path compiles to the direct `item::write` it had, with no
+    /// call added.
     ///
     /// With a large value, it goes into the partition's table and the
     /// item written is its stub. Returns the value bytes `stats.bytes`
     /// counts for it.
     #[inline(always)]
-    fn write_item(&mut self, pos: usize, put: Put<'_>, checked: Checked<'_>) -> usize {
-        let Put {
-            hash,
-            key,
-            large,
-            expire_at_ms,
-            ..
-        } = put;
+    fn write_item(&mut self, pos: usize, put: Put<'_>) -> usize {
+        let (hash, key, expire_at_ms) = (put.hash, put.key, put.expire_at_ms);
         self.note_expiry(hash, expire_at_ms);
-        match large {
+        match put.large {
             None => {
-                item::write(
-                    self.storage.pool_mut(),
-                    pos,
-                    hash.0,
-                    key,
-                    checked.inline,
-                    expire_at_ms,
-                    checked.meta,
-                );
-                checked.inline.len()
+                let pool = self.storage.pool_mut();
+                item::write(pool, pos, hash.0, key, put.value, expire_at_ms, put.meta);
+                put.value.len()
             }
             Some(v) => {
                 let len = v.len();
@@ -187,16 +174,17 @@ impl Place for Core<Log> {
     /// With `large`, `value` is ignored and a stub goes into the log; the
     /// oldest large values are evicted first while the large budget has
     /// no room for it.
-    fn place(&mut self, put: Put<'_>, checked: Checked<'_>) -> PutResult {
+    #[inline(always)]
+    fn place(&mut self, put: Put<'_>, _existing: Option<Hit>) -> PutResult {
         let (hash, key) = (put.hash, put.key);
         if let Some(v) = &put.large {
             if !self.evict_large_for(v.len() as u64, put.now_ms) {
                 return PutResult::InsufficientSpace;
             }
         }
-        let size = item::item_bytes_with(key.len(), checked.inline.len(), checked.meta.is_some());
+        let size = item::item_bytes_with(key.len(), put.value.len(), put.meta.is_some());
         let (logical, pos) = self.log_append(size, put.now_ms);
-        let value_len = self.write_item(pos, put, checked);
+        let value_len = self.write_item(pos, put);
         let entry = pack(hash.tag(), logical & OFFSET_MASK);
 
         // Appending may have overwritten the old copy, so look again.
@@ -298,13 +286,13 @@ impl Place for Core<Slab> {
     /// With `large`, `value` is ignored and a stub takes a chunk; a large
     /// budget without room for it (after the key's old large value, if
     /// any, leaves) answers `InsufficientSpace` with nothing changed.
-    fn place(&mut self, put: Put<'_>, checked: Checked<'_>) -> PutResult {
+    #[inline(always)]
+    fn place(&mut self, put: Put<'_>, existing: Option<Hit>) -> PutResult {
         let (hash, key) = (put.hash, put.key);
         if let Some(v) = &put.large {
             // The key's old large value gives its bytes back, unless a
             // reader holds it (it then stays, pinned, in the budget).
-            let leaving = checked
-                .existing
+            let leaving = existing
                 .filter(|old| old.header.is_large())
                 .map_or(0, |old| {
                     let inline = item::value(self.storage.pool(), old.pos, &old.header);
@@ -314,16 +302,16 @@ impl Place for Core<Slab> {
                 return PutResult::InsufficientSpace;
             }
         }
-        let size = item::item_bytes_with(key.len(), checked.inline.len(), checked.meta.is_some());
+        let size = item::item_bytes_with(key.len(), put.value.len(), put.meta.is_some());
         let Some(class) = self.storage.class_for(size) else {
             return PutResult::TooLarge;
         };
-        let value_len = match checked.existing {
+        let value_len = match existing {
             Some(old) if self.storage.class_of(old.pos) == class => {
                 // Same chunk size: overwrite in place. Nothing can fail
                 // half-way, and no reader holds a borrow of the old value.
                 self.drop_value(old.pos, &old.header);
-                self.write_item(old.pos, put, checked)
+                self.write_item(old.pos, put)
             }
             Some(old) => {
                 let vacated = self.storage.pages_vacated();
@@ -341,7 +329,7 @@ impl Place for Core<Slab> {
                     return PutResult::InsufficientSpace;
                 };
                 self.drop_value(old.pos, &old.header);
-                let n = self.write_item(pos, put, checked);
+                let n = self.write_item(pos, put);
                 self.index.set(old.at, pack(hash.tag(), pos as u64));
                 self.storage.free(old.pos);
                 n
@@ -354,7 +342,7 @@ impl Place for Core<Slab> {
                 let Some(pos) = self.alloc_chunk(class) else {
                     return PutResult::InsufficientSpace;
                 };
-                let n = self.write_item(pos, put, checked);
+                let n = self.write_item(pos, put);
                 if self
                     .index
                     .insert(main, pack(hash.tag(), pos as u64))
