@@ -171,9 +171,10 @@ impl<S: Storage> Core<S> {
 impl Place for Core<Log> {
     /// Cache-mode PUT: append to the log, then point the index at it.
     ///
-    /// With `large`, `value` is ignored and a stub goes into the log; the
-    /// oldest large values are evicted first while the large budget has
-    /// no room for it.
+    /// With a large value, its stub goes into the log; the oldest large
+    /// values are evicted first while the large budget has no room for
+    /// it. The item `existing` found is not used: appending may overwrite
+    /// it, so the log looks the key up again after.
     #[inline(always)]
     fn place(&mut self, put: Put<'_>, _existing: Option<Hit>) -> PutResult {
         let (hash, key) = (put.hash, put.key);
@@ -283,7 +284,7 @@ impl Core<Log> {
 impl Place for Core<Slab> {
     /// Store-mode PUT: allocate first, so that a full store changes nothing.
     ///
-    /// With `large`, `value` is ignored and a stub takes a chunk; a large
+    /// With a large value, its stub takes a chunk; a large
     /// budget without room for it (after the key's old large value, if
     /// any, leaves) answers `InsufficientSpace` with nothing changed.
     #[inline(always)]
