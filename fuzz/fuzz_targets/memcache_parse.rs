@@ -6,7 +6,7 @@
 #![no_main]
 
 use fabrickv_memcache::{
-    keys, keys_piece, parse, Command, KeysPiece, Parse, MC_COMMAND_BYTES_MAX,
+    keys, keys_piece, parse, Command, KeysPiece, Parse, Storage, MC_COMMAND_BYTES_MAX,
     MC_DATA_LENGTH_BYTES_MAX, MC_KEYS_LINE_BYTES_MAX, MC_KEY_BYTES_MAX, MC_VALUE_BYTES_MAX,
 };
 use libfuzzer_sys::fuzz_target;
@@ -53,7 +53,7 @@ fn check(cmd: &Command<'_>) {
             assert!(k.len() <= MC_KEYS_LINE_BYTES_MAX);
             assert!(keys(k).all(|k| k.len() <= MC_KEY_BYTES_MAX));
         }
-        Command::Store { key, data, .. } => {
+        Command::Store(Storage { key, data, .. }) => {
             assert!(key.len() <= MC_KEY_BYTES_MAX);
             assert!(data.len() <= MC_VALUE_BYTES_MAX);
         }

@@ -190,7 +190,8 @@ pub enum Conn {
 
 impl Conn {
     /// Connects to the cluster when one is named, else to `--server`.
-    pub fn open(server: &crate::ServerArg, cluster: &ClusterSource) -> Result<Conn, String> {
+    pub fn open(to: &crate::Target) -> Result<Conn, String> {
+        let (server, cluster) = (&to.server, &to.cluster);
         if cluster.cluster_config.is_none() && cluster.registry.is_none() {
             return crate::connect(server).map(Conn::One);
         }

@@ -64,6 +64,16 @@ struct ServerArg {
     timeout: f64,
 }
 
+/// Where a key-value command goes: the server `--server` names, or the
+/// cluster `--cluster-config` or `--registry` names.
+#[derive(clap::Args, Clone)]
+struct Target {
+    #[command(flatten)]
+    server: ServerArg,
+    #[command(flatten)]
+    cluster: cluster_cmd::ClusterSource,
+}
+
 /// The embedding pool's DRAM knobs (PetPS's PETPS_DRAM_* variables).
 #[derive(clap::Args, Clone, Default)]
 struct DramArgs {
@@ -270,9 +280,7 @@ enum Command {
         #[arg(long)]
         ttl: Option<f64>,
         #[command(flatten)]
-        server: ServerArg,
-        #[command(flatten)]
-        cluster: cluster_cmd::ClusterSource,
+        to: Target,
     },
     /// Stores many values: KEY VALUE [KEY VALUE ...].
     Mset {
@@ -282,43 +290,33 @@ enum Command {
         #[arg(long)]
         ttl: Option<f64>,
         #[command(flatten)]
-        server: ServerArg,
-        #[command(flatten)]
-        cluster: cluster_cmd::ClusterSource,
+        to: Target,
     },
     /// Prints a value to stdout: its raw bytes to a pipe or file, with a
     /// line end on a terminal; exits 1 if the key is absent.
     Get {
         key: String,
         #[command(flatten)]
-        server: ServerArg,
-        #[command(flatten)]
-        cluster: cluster_cmd::ClusterSource,
+        to: Target,
     },
     /// Removes a key; exits 1 if it was absent.
     Del {
         key: String,
         #[command(flatten)]
-        server: ServerArg,
-        #[command(flatten)]
-        cluster: cluster_cmd::ClusterSource,
+        to: Target,
     },
     /// Prints one line per key: its value, or (nil); exits 1 if any is absent.
     Mget {
         #[arg(required = true)]
         keys: Vec<String>,
         #[command(flatten)]
-        server: ServerArg,
-        #[command(flatten)]
-        cluster: cluster_cmd::ClusterSource,
+        to: Target,
     },
     /// Prints the server's counters, summed over its workers (per server
     /// for a cluster).
     Stats {
         #[command(flatten)]
-        server: ServerArg,
-        #[command(flatten)]
-        cluster: cluster_cmd::ClusterSource,
+        to: Target,
     },
     /// The partition table: show which worker serves each partition, or
     /// move one to another worker while the server serves.
@@ -544,21 +542,15 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             key,
             value,
             ttl,
-            server,
-            cluster,
+            to,
         } => {
             let ttl = ttl_of(ttl)?;
-            cluster_cmd::Conn::open(&server, &cluster)?
+            cluster_cmd::Conn::open(&to)?
                 .mput(&[(key.as_bytes(), value.as_bytes())], ttl)
                 .map_err(|e| e.to_string())?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Mset {
-            pairs,
-            ttl,
-            server,
-            cluster,
-        } => {
+        Command::Mset { pairs, ttl, to } => {
             if pairs.len() % 2 != 0 {
                 return Err(format!(
                     "mset takes KEY VALUE pairs; {} words is not pairs",
@@ -570,16 +562,12 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
                 .chunks_exact(2)
                 .map(|p| (p[0].as_bytes(), p[1].as_bytes()))
                 .collect();
-            cluster_cmd::Conn::open(&server, &cluster)?
+            cluster_cmd::Conn::open(&to)?
                 .mput(&items, ttl)
                 .map_err(|e| e.to_string())?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Get {
-            key,
-            server,
-            cluster,
-        } => match cluster_cmd::Conn::open(&server, &cluster)?
+        Command::Get { key, to } => match cluster_cmd::Conn::open(&to)?
             .mget(&[key.as_bytes()])
             .map_err(|e| e.to_string())?
             .pop()
@@ -599,12 +587,8 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
                 Ok(ExitCode::from(1))
             }
         },
-        Command::Del {
-            key,
-            server,
-            cluster,
-        } => {
-            if cluster_cmd::Conn::open(&server, &cluster)?
+        Command::Del { key, to } => {
+            if cluster_cmd::Conn::open(&to)?
                 .mdelete(&[key.as_bytes()])
                 .map_err(|e| e.to_string())?
                 .pop()
@@ -616,12 +600,8 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
                 Ok(ExitCode::from(1))
             }
         }
-        Command::Mget {
-            keys,
-            server,
-            cluster,
-        } => {
-            let values = cluster_cmd::Conn::open(&server, &cluster)?
+        Command::Mget { keys, to } => {
+            let values = cluster_cmd::Conn::open(&to)?
                 .mget(&keys)
                 .map_err(|e| e.to_string())?;
             let mut out = std::io::stdout().lock();
@@ -644,8 +624,8 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Stats { server, cluster } => {
-            cluster_cmd::Conn::open(&server, &cluster)?.print_stats()?;
+        Command::Stats { to } => {
+            cluster_cmd::Conn::open(&to)?.print_stats()?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Partitions { which } => partitions_cmd::run(which),

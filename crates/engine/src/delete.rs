@@ -31,7 +31,7 @@ impl<S: Storage> Core<S> {
 
 #[cfg(test)]
 mod tests {
-    use crate::testutil::{assert_found, both_modes, h, small};
+    use crate::testutil::{assert_found, both_modes, h, put_ok, small};
     use crate::{DeleteResult, GetResult, Mode, PutCond, PutResult};
 
     #[test]
@@ -39,14 +39,8 @@ mod tests {
         for mode in both_modes() {
             let mut p = small(mode);
             assert_eq!(p.delete(h(b"a"), b"a", 0), DeleteResult::NotFound);
-            assert_eq!(
-                p.put(h(b"a"), b"a", b"1", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
-            assert_eq!(
-                p.put(h(b"b"), b"b", b"22", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"a", b"1", 0);
+            put_ok(&mut p, b"b", b"22", 0);
             assert_eq!(p.delete(h(b"a"), b"a", 0), DeleteResult::Deleted);
             assert_eq!(p.delete(h(b"a"), b"a", 0), DeleteResult::NotFound);
             assert_eq!(p.get(h(b"a"), b"a", 0), GetResult::NotFound);
@@ -61,10 +55,7 @@ mod tests {
     fn delete_of_expired_item_is_not_found_but_reclaims() {
         for mode in both_modes() {
             let mut p = small(mode);
-            assert_eq!(
-                p.put(h(b"a"), b"a", b"1", 10, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"a", b"1", 10);
             assert_eq!(p.delete(h(b"a"), b"a", 10), DeleteResult::NotFound);
             let s = p.stats();
             assert_eq!((s.deletes, s.expired, s.items, s.bytes), (0, 1, 0, 0));

@@ -2,7 +2,6 @@
 
 use fabrickv_types::KeyHash;
 
-use crate::index::Summary;
 use crate::item;
 use crate::partition::{Core, Storage};
 
@@ -19,11 +18,7 @@ impl<S: Storage> Core<S> {
         match self.find_live(hash, key, now_ms) {
             Some(hit) => {
                 self.versions.bump(hash);
-                if expire_at_ms != 0 {
-                    // The sweep visits only chains marked volatile.
-                    let main = self.index.main_bucket(hash);
-                    self.index.mark(Summary::Volatile, main);
-                }
+                self.note_expiry(hash, expire_at_ms);
                 item::set_expire(self.storage.pool_mut(), hit.pos, expire_at_ms);
                 true
             }
@@ -34,18 +29,15 @@ impl<S: Storage> Core<S> {
 
 #[cfg(test)]
 mod tests {
-    use crate::testutil::{assert_found, both_modes, h, small};
-    use crate::{GetResult, PutCond, PutResult};
+    use crate::testutil::{assert_found, both_modes, h, put_ok, small};
+    use crate::GetResult;
 
     #[test]
     fn expire_and_persist() {
         for mode in both_modes() {
             let mut p = small(mode);
             assert!(!p.set_expiry(h(b"a"), b"a", 10, 0), "absent key");
-            assert_eq!(
-                p.put(h(b"a"), b"a", b"v", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"a", b"v", 0);
             assert!(p.set_expiry(h(b"a"), b"a", 10, 0));
             assert_found(&mut p, b"a", 5, b"v", 10);
             // PERSIST before the deadline keeps the item forever.
@@ -63,10 +55,7 @@ mod tests {
     fn expired_key_cannot_be_revived() {
         for mode in both_modes() {
             let mut p = small(mode);
-            assert_eq!(
-                p.put(h(b"a"), b"a", b"v", 10, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"a", b"v", 10);
             assert!(!p.set_expiry(h(b"a"), b"a", 0, 10));
             assert_eq!(p.get(h(b"a"), b"a", 10), GetResult::NotFound);
             let s = p.stats();

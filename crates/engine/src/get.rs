@@ -149,7 +149,7 @@ impl<S: Storage> Core<S> {
 
 #[cfg(test)]
 mod tests {
-    use crate::testutil::{assert_found, both_modes, h, small};
+    use crate::testutil::{assert_found, both_modes, h, put_ok, small};
     use crate::{GetResult, PutCond, PutResult};
 
     #[test]
@@ -157,14 +157,8 @@ mod tests {
         for mode in both_modes() {
             let mut p = small(mode);
             assert_eq!(p.get(h(b"a"), b"a", 0), GetResult::NotFound);
-            assert_eq!(
-                p.put(h(b"a"), b"a", b"one", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
-            assert_eq!(
-                p.put(h(b"b"), b"b", b"", 42, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"a", b"one", 0);
+            put_ok(&mut p, b"b", b"", 42);
             assert_found(&mut p, b"a", 1, b"one", 0);
             assert_found(&mut p, b"b", 1, b"", 42);
             let s = p.stats();
@@ -208,14 +202,8 @@ mod tests {
     fn peek_reads_without_side_effects_and_value_mut_writes_in_place() {
         for mode in both_modes() {
             let mut p = small(mode);
-            assert_eq!(
-                p.put(h(b"k"), b"k", b"abcd", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
-            assert_eq!(
-                p.put(h(b"t"), b"t", b"v", 10, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"k", b"abcd", 0);
+            put_ok(&mut p, b"t", b"v", 10);
             let before = p.stats();
             assert_eq!(p.peek(h(b"k"), b"k", 1), Some(&b"abcd"[..]));
             assert_eq!(p.peek(h(b"t"), b"t", 10), None, "expired is absent");
@@ -234,10 +222,7 @@ mod tests {
     fn expired_items_are_never_returned_and_are_reclaimed() {
         for mode in both_modes() {
             let mut p = small(mode);
-            assert_eq!(
-                p.put(h(b"t"), b"t", b"v", 100, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"t", b"v", 100);
             assert!(matches!(p.get(h(b"t"), b"t", 99), GetResult::Found { .. }));
             assert_eq!(p.stats().items, 1);
             assert_eq!(p.get(h(b"t"), b"t", 100), GetResult::NotFound);

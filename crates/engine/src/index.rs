@@ -356,6 +356,19 @@ impl Index {
         }
     }
 
+    /// The occupied slots of the chain of main bucket `main`, in order,
+    /// with their entries. For the walks that visit every item of a
+    /// chain (SCAN, FLUSHDB, the sweep, `check`); a lookup stops at its
+    /// tag instead.
+    #[inline]
+    pub fn chain(&self, main: usize) -> Chain<'_> {
+        Chain {
+            index: self,
+            bucket: Some(main),
+            slot: 0,
+        }
+    }
+
     /// The first empty slot in the chain starting at main bucket `main`.
     pub fn find_empty(&self, main: usize) -> Option<SlotRef> {
         let mut bucket = Some(main);
@@ -443,20 +456,9 @@ impl Index {
     /// bucket; used by tests to recount.
     #[cfg(test)]
     pub fn all_entries(&self) -> Vec<(SlotRef, u64)> {
-        let mut out = Vec::new();
-        for main in 0..self.main_count {
-            let mut bucket = Some(main);
-            while let Some(b) = bucket {
-                for slot in 0..ITEM_SLOTS_PER_BUCKET {
-                    let e = self.buckets[b].slots[slot];
-                    if e != 0 {
-                        out.push((SlotRef { bucket: b, slot }, e));
-                    }
-                }
-                bucket = self.next(b);
-            }
-        }
-        out
+        (0..self.main_count)
+            .flat_map(|main| self.chain(main))
+            .collect()
     }
 
     /// Overflow buckets on the free list (tests check none leak).
@@ -511,6 +513,41 @@ pub(crate) fn prefetch_line(p: *const i8) {
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = p;
+    }
+}
+
+/// The occupied slots of one chain ([`Index::chain`]).
+pub(crate) struct Chain<'a> {
+    /// The index walked.
+    index: &'a Index,
+    /// The bucket being read; `None` past the chain's end.
+    bucket: Option<usize>,
+    /// The next slot of `bucket` to read.
+    slot: usize,
+}
+
+impl Iterator for Chain<'_> {
+    type Item = (SlotRef, u64);
+
+    #[inline]
+    fn next(&mut self) -> Option<(SlotRef, u64)> {
+        loop {
+            let bucket = self.bucket?;
+            if self.slot == ITEM_SLOTS_PER_BUCKET {
+                self.bucket = self.index.next(bucket);
+                self.slot = 0;
+                continue;
+            }
+            let at = SlotRef {
+                bucket,
+                slot: self.slot,
+            };
+            self.slot += 1;
+            let e = self.index.entry(at);
+            if e != 0 {
+                return Some((at, e));
+            }
+        }
     }
 }
 

@@ -365,7 +365,7 @@ pub(crate) fn slot_of(inline: &[u8]) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use crate::testutil::{both_modes, h, small};
+    use crate::testutil::{both_modes, h, put_large, put_ok, small};
     use crate::{
         DeleteResult, GetRefResult, GetResult, LargeValue, Mode, PutCond, PutResult, ValueRef,
         LARGE_VALUE_BYTES_MAX, LARGE_VALUE_BYTES_MIN,
@@ -397,10 +397,7 @@ mod tests {
             p.set_large_bytes_max(64 << 20);
             let a = big(1, 0);
             let n = a.len() as u64;
-            assert_eq!(
-                p.put_large(h(b"a"), b"a", a.clone(), 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            assert_eq!(put_large(&mut p, b"a", a.clone()), PutResult::Stored);
             assert_large(&mut p, b"a", &a);
             let s = p.stats();
             assert_eq!(
@@ -413,10 +410,7 @@ mod tests {
             );
             // Replace with another large value, then with a small one.
             let b = big(2, 1000);
-            assert_eq!(
-                p.put_large(h(b"a"), b"a", b.clone(), 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            assert_eq!(put_large(&mut p, b"a", b.clone()), PutResult::Stored);
             assert_large(&mut p, b"a", &b);
             let s = p.stats();
             assert_eq!(
@@ -425,20 +419,14 @@ mod tests {
             );
             assert_eq!(s.bytes, 1 + b.len() as u64);
             p.check();
-            assert_eq!(
-                p.put(h(b"a"), b"a", b"tiny", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"a", b"tiny", 0);
             let s = p.stats();
             assert_eq!(
                 (s.items, s.bytes, s.large_values, s.large_bytes),
                 (1, 5, 0, 0)
             );
             // put() of a long slice makes a large value too.
-            assert_eq!(
-                p.put(h(b"c"), b"c", &b, 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"c", &b, 0);
             assert_large(&mut p, b"c", &b);
             assert_eq!(p.delete(h(b"c"), b"c", 0), DeleteResult::Deleted);
             let s = p.stats();
@@ -501,10 +489,7 @@ mod tests {
         let n = a.len() as u64;
         p.set_large_bytes_max(3 * n);
         for (i, k) in [b"k0", b"k1", b"k2", b"k3", b"k4"].iter().enumerate() {
-            assert_eq!(
-                p.put_large(h(*k), *k, big(i as u8, 0), 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            assert_eq!(put_large(&mut p, *k, big(i as u8, 0)), PutResult::Stored);
             let s = p.stats();
             assert!(s.large_bytes <= 3 * n);
             p.check();
@@ -516,19 +501,13 @@ mod tests {
         assert_large(&mut p, b"k4", &big(4, 0));
         // Longer than the whole budget: refused, nothing evicted.
         let huge = LargeValue::from_boxed(vec![0; 3 * n as usize + 1].into_boxed_slice());
-        assert_eq!(
-            p.put_large(h(b"z"), b"z", huge, 0, PutCond::Always, 0),
-            PutResult::TooLarge
-        );
+        assert_eq!(put_large(&mut p, b"z", huge), PutResult::TooLarge);
         assert_eq!(p.stats().large_values, 3);
         // Many store-and-delete rounds keep the FIFO bounded and the
         // counters exact.
         for i in 0..500u32 {
             let k = i.to_le_bytes();
-            assert_eq!(
-                p.put_large(h(&k), &k, big(4, 0), 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            assert_eq!(put_large(&mut p, &k, big(4, 0)), PutResult::Stored);
             assert_eq!(p.delete(h(&k), &k, 0), DeleteResult::Deleted);
         }
         p.check();
@@ -541,10 +520,7 @@ mod tests {
     fn cache_log_overwriting_a_stub_frees_its_large_value() {
         let mut p = crate::testutil::sized(Mode::Cache, 64 << 10, None);
         p.set_large_bytes_max(64 << 20);
-        assert_eq!(
-            p.put_large(h(b"big"), b"big", big(5, 0), 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        assert_eq!(put_large(&mut p, b"big", big(5, 0)), PutResult::Stored);
         // Small items wrap the log round over the stub.
         for i in 0..5000u32 {
             let k = i.to_le_bytes();
@@ -562,35 +538,23 @@ mod tests {
         let a = big(6, 0);
         let n = a.len() as u64;
         p.set_large_bytes_max(2 * n);
+        assert_eq!(put_large(&mut p, b"a", big(6, 0)), PutResult::Stored);
+        assert_eq!(put_large(&mut p, b"b", big(6, 0)), PutResult::Stored);
         assert_eq!(
-            p.put_large(h(b"a"), b"a", big(6, 0), 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
-        assert_eq!(
-            p.put_large(h(b"b"), b"b", big(6, 0), 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
-        assert_eq!(
-            p.put_large(h(b"c"), b"c", big(6, 0), 0, PutCond::Always, 0),
+            put_large(&mut p, b"c", big(6, 0)),
             PutResult::InsufficientSpace
         );
         // Replacing a large value counts the old one as leaving.
         let b = big(7, 0);
-        assert_eq!(
-            p.put_large(h(b"b"), b"b", b.clone(), 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        assert_eq!(put_large(&mut p, b"b", b.clone()), PutResult::Stored);
         let bigger = big(8, 10);
         assert_eq!(
-            p.put_large(h(b"b"), b"b", bigger, 0, PutCond::Always, 0),
+            put_large(&mut p, b"b", bigger),
             PutResult::InsufficientSpace
         );
         assert_large(&mut p, b"b", &b);
         assert_eq!(p.delete(h(b"a"), b"a", 0), DeleteResult::Deleted);
-        assert_eq!(
-            p.put_large(h(b"c"), b"c", big(6, 0), 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        assert_eq!(put_large(&mut p, b"c", big(6, 0)), PutResult::Stored);
         let s = p.stats();
         assert_eq!((s.large_values, s.large_bytes, s.evictions), (2, 2 * n, 0));
         p.check();
@@ -623,32 +587,33 @@ mod tests {
         );
     }
 
-    #[test]
-    fn store_mode_counts_pinned_replaced_values_until_released() {
-        let mut p = small(Mode::Store);
+    /// A partition of `mode` whose large budget holds three values of
+    /// `n` bytes (returned), where `k` was written twice and a reader
+    /// holds each value written: the first, replaced, stays alive (and in
+    /// the budget) as a pinned value.
+    fn two_pinned_writes(mode: Mode) -> (crate::Partition, u64, Vec<LargeValue>) {
+        let mut p = small(mode);
         let n = big(0, 0).len() as u64;
         p.set_large_bytes_max(3 * n);
         let mut held = Vec::new();
-        // Each round a reader holds the value, then the key is rewritten:
-        // the old buffer stays alive, and in the budget.
         for i in 0..2u8 {
-            assert_eq!(
-                p.put_large(h(b"k"), b"k", big(i, 0), 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            assert_eq!(put_large(&mut p, b"k", big(i, 0)), PutResult::Stored);
             held.push(pin(&mut p, b"k"));
             assert_within_budget(&p);
         }
-        assert_eq!(
-            p.put_large(h(b"k"), b"k", big(2, 0), 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        (p, n, held)
+    }
+
+    #[test]
+    fn store_mode_counts_pinned_replaced_values_until_released() {
+        let (mut p, n, mut held) = two_pinned_writes(Mode::Store);
+        assert_eq!(put_large(&mut p, b"k", big(2, 0)), PutResult::Stored);
         let s = p.stats();
         assert_eq!((s.large_bytes, s.large_pinned_bytes), (n, 2 * n));
         held.push(pin(&mut p, b"k"));
         // The stored value is pinned too, so replacing it frees nothing.
         assert_eq!(
-            p.put_large(h(b"k"), b"k", big(3, 0), 0, PutCond::Always, 0),
+            put_large(&mut p, b"k", big(3, 0)),
             PutResult::InsufficientSpace
         );
         assert_within_budget(&p);
@@ -656,10 +621,7 @@ mod tests {
         // Readers letting go give the bytes back, in any order.
         held.remove(0);
         assert_eq!(p.stats().large_pinned_bytes, n);
-        assert_eq!(
-            p.put_large(h(b"k"), b"k", big(3, 0), 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        assert_eq!(put_large(&mut p, b"k", big(3, 0)), PutResult::Stored);
         assert_eq!(p.stats().large_pinned_bytes, 2 * n);
         held.clear();
         let s = p.stats();
@@ -673,23 +635,10 @@ mod tests {
 
     #[test]
     fn cache_mode_evicts_around_pinned_values_and_refuses_when_they_fill_the_budget() {
-        let mut p = small(Mode::Cache);
-        let n = big(0, 0).len() as u64;
-        p.set_large_bytes_max(3 * n);
-        let mut held = Vec::new();
-        for i in 0..2u8 {
-            assert_eq!(
-                p.put_large(h(b"k"), b"k", big(i, 0), 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
-            held.push(pin(&mut p, b"k"));
-        }
+        let (mut p, n, mut held) = two_pinned_writes(Mode::Cache);
         // One pinned (the first, replaced) and one stored leave room for
         // one more.
-        assert_eq!(
-            p.put_large(h(b"other"), b"other", big(5, 0), 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        assert_eq!(put_large(&mut p, b"other", big(5, 0)), PutResult::Stored);
         assert_within_budget(&p);
         let s = p.stats();
         assert_eq!((s.large_bytes, s.large_pinned_bytes), (2 * n, n));
@@ -697,7 +646,7 @@ mod tests {
         // Every byte of the budget is held by readers: refused, with
         // nothing evicted (evicting would free nothing).
         assert_eq!(
-            p.put_large(h(b"k"), b"k", big(6, 0), 0, PutCond::Always, 0),
+            put_large(&mut p, b"k", big(6, 0)),
             PutResult::InsufficientSpace
         );
         assert_within_budget(&p);
@@ -706,10 +655,7 @@ mod tests {
         // With the first pin let go there is room again; the replaced
         // value, still read, stays pinned.
         held.remove(0);
-        assert_eq!(
-            p.put_large(h(b"k"), b"k", big(6, 0), 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        assert_eq!(put_large(&mut p, b"k", big(6, 0)), PutResult::Stored);
         assert_within_budget(&p);
         assert_large(&mut p, b"k", &big(6, 0));
         assert_eq!(p.stats().large_pinned_bytes, n);
@@ -723,10 +669,7 @@ mod tests {
     fn value_mut_writes_a_large_value_only_while_unshared() {
         let mut p = small(Mode::Store);
         p.set_large_bytes_max(64 << 20);
-        assert_eq!(
-            p.put(h(b"a"), b"a", &big(9, 0), 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        put_ok(&mut p, b"a", &big(9, 0), 0);
         p.value_mut(h(b"a"), b"a", 0).expect("unshared")[0] = 0xaa;
         let held = match p.get_ref(h(b"a"), b"a", 0) {
             GetRefResult::Found {

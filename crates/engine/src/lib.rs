@@ -83,8 +83,10 @@ pub use watch::WATCH_VERSION_SLOTS;
 
 use alloc::Slab;
 use index::Index;
+use large::LARGE_STUB_BYTES;
 use log::Log;
 use partition::Core;
+use put::Put;
 
 /// Smallest pool a partition accepts, in bytes: enough for a cache-mode log
 /// of a few hundred small items and for [`PAGES_PER_POOL_MIN`] smallest
@@ -353,7 +355,7 @@ impl Partition {
             let large = LargeValue::copy_from(value);
             return self.put_large(hash, key, large, expire_at_ms, cond, now_ms);
         }
-        dispatch!(&mut self.inner, core => core.put(hash, key, value, None, expire_at_ms, cond, now_ms, None))
+        dispatch!(&mut self.inner, core => core.put(Put { hash, key, value, large: None, expire_at_ms, cond, now_ms, meta: None }))
     }
 
     /// Stores `value` under `key` if `cond` holds, taking the buffer
@@ -376,10 +378,10 @@ impl Partition {
         now_ms: u64,
     ) -> PutResult {
         if value.len() < LARGE_VALUE_BYTES_MIN {
-            return dispatch!(&mut self.inner, core => core.put(hash, key, &value, None, expire_at_ms, cond, now_ms, None));
+            return dispatch!(&mut self.inner, core => core.put(Put { hash, key, value: &value, large: None, expire_at_ms, cond, now_ms, meta: None }));
         }
         let large = Some(value);
-        dispatch!(&mut self.inner, core => core.put(hash, key, &[], large, expire_at_ms, cond, now_ms, None))
+        dispatch!(&mut self.inner, core => core.put(Put { hash, key, value: &[0; LARGE_STUB_BYTES], large, expire_at_ms, cond, now_ms, meta: None }))
     }
 
     /// Looks `key` up like [`Partition::get`], telling a large value (a
@@ -412,7 +414,7 @@ impl Partition {
         now_ms: u64,
         meta: ItemMeta,
     ) -> PutResult {
-        dispatch!(&mut self.inner, core => core.put(hash, key, value, None, expire_at_ms, cond, now_ms, Some(meta)))
+        dispatch!(&mut self.inner, core => core.put(Put { hash, key, value, large: None, expire_at_ms, cond, now_ms, meta: Some(meta) }))
     }
 
     /// [`Partition::get`] that also returns the item's meta (`None` for

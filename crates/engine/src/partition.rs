@@ -7,7 +7,7 @@
 
 use fabrickv_types::KeyHash;
 
-use crate::index::{offset_of, tag_of, Index, SlotRef, ITEM_SLOTS_PER_BUCKET};
+use crate::index::{offset_of, tag_of, Index, SlotRef, Summary, ITEM_SLOTS_PER_BUCKET};
 use crate::item::{self, Header};
 use crate::large::{self, LargeTable, ValueRef};
 use crate::stats::PartitionStats;
@@ -200,6 +200,17 @@ impl<S: Storage> Core<S> {
         self.storage.release(hit.pos);
     }
 
+    /// Marks the chain of `hash` volatile when the item written there
+    /// now expires (`expire_at_ms` not 0): the sweep visits only chains
+    /// marked so.
+    #[inline]
+    pub fn note_expiry(&mut self, hash: KeyHash, expire_at_ms: u64) {
+        if expire_at_ms != 0 {
+            let main = self.index.main_bucket(hash);
+            self.index.mark(Summary::Volatile, main);
+        }
+    }
+
     /// Whether an item of these lengths (with an [`item::ItemMeta`] when
     /// `meta`) fits this partition at all.
     #[inline]
@@ -241,25 +252,17 @@ impl<S: Storage> Core<S> {
         for main in 0..self.index.main_count() {
             let mut held = 0;
             let mut ttl = false;
-            let mut bucket = Some(main);
-            while let Some(b) = bucket {
-                for slot in 0..ITEM_SLOTS_PER_BUCKET {
-                    let e = self.index.entry(SlotRef { bucket: b, slot });
-                    if e == 0 {
-                        continue;
-                    }
-                    held += 1;
-                    let pos = self.storage.resolve(offset_of(e)).expect("live");
-                    ttl |= item::read_header(pool, pos).expire_at_ms != 0;
-                }
-                bucket = self.index.next(b);
+            for (_, e) in self.index.chain(main) {
+                held += 1;
+                let pos = self.storage.resolve(offset_of(e)).expect("live");
+                ttl |= item::read_header(pool, pos).expire_at_ms != 0;
             }
             assert!(
-                held == 0 || self.index.is_marked(crate::index::Summary::Occupied, main),
+                held == 0 || self.index.is_marked(Summary::Occupied, main),
                 "a chain with an entry is marked occupied (main bucket {main})"
             );
             assert!(
-                !ttl || self.index.is_marked(crate::index::Summary::Volatile, main),
+                !ttl || self.index.is_marked(Summary::Volatile, main),
                 "a chain with a TTL'd item is marked volatile (main bucket {main})"
             );
         }

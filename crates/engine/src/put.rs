@@ -4,12 +4,13 @@
 //! expired copy) to decide the condition. They differ in where the new item
 //! goes: cache mode appends to the log and, if the bucket is full, drops
 //! the oldest entry of the bucket; store mode allocates a chunk and fails
-//! with nothing changed when either a chunk or an index slot is missing.
+//! with nothing changed when either a chunk or an index slot is missing
+//! (each mode's [`Place`]).
 
 use fabrickv_types::KeyHash;
 
 use crate::alloc::Slab;
-use crate::index::{offset_of, pack, SlotRef, Summary, ITEM_SLOTS_PER_BUCKET, OFFSET_MASK};
+use crate::index::{offset_of, pack, SlotRef, ITEM_SLOTS_PER_BUCKET, OFFSET_MASK};
 use crate::item;
 use crate::large::{self, LargeValue, LARGE_STUB_BYTES};
 use crate::log::Log;
@@ -41,30 +42,89 @@ pub enum PutResult {
     ConditionFailed,
 }
 
+/// One PUT as each mode's `Core::put` takes it.
+pub(crate) struct Put<'a> {
+    /// The key's hash.
+    pub hash: KeyHash,
+    /// The key.
+    pub key: &'a [u8],
+    /// The bytes that go inline in the pool: the value, or with `large`
+    /// [`LARGE_STUB_BYTES`] zeros standing for its stub (the size checks
+    /// read its length; the stub is written in its place).
+    pub value: &'a [u8],
+    /// A large value: it goes into the partition's table and the pool
+    /// holds its stub.
+    pub large: Option<LargeValue>,
+    /// Absolute expiry time on the caller's clock; 0 means none.
+    pub expire_at_ms: u64,
+    /// When the PUT applies.
+    pub cond: PutCond,
+    /// The caller's clock, to tell an expired copy from a live one.
+    pub now_ms: u64,
+    /// A memcached client's CAS value and flags, stored with the item
+    /// (none beside a stub: memcached values stay small).
+    pub meta: Option<item::ItemMeta>,
+}
+
+/// The part of a PUT that differs by mode: where the checked item goes.
+/// Implemented for each mode's core and called with no indirection.
+pub(crate) trait Place {
+    /// Stores the item of `put`, which passed the checks; `existing` is
+    /// the live item with its key, if any.
+    fn place(&mut self, put: Put<'_>, existing: Option<Hit>) -> PutResult;
+}
+
+impl<S: Storage> Core<S>
+where
+    Core<S>: Place,
+{
+    /// PUT: the checks common to both modes, then the mode's placement.
+    /// Always inlined into each mode's `put`, with `place` inlined too:
+    /// one function per mode, as if written out twice.
+    #[inline(always)]
+    fn checked_put(&mut self, put: Put<'_>) -> PutResult {
+        match self.put_precheck(&put) {
+            Ok(existing) => self.place(put, existing),
+            Err(refused) => refused,
+        }
+    }
+}
+
+impl Core<Log> {
+    /// Cache-mode PUT. Not generic, so that it is compiled in this crate,
+    /// where the helpers it calls can be inlined, whichever crate calls
+    /// [`crate::Partition::put`].
+    pub(crate) fn put(&mut self, put: Put<'_>) -> PutResult {
+        self.checked_put(put)
+    }
+}
+
+impl Core<Slab> {
+    /// Store-mode PUT; not generic, as the cache mode's.
+    pub(crate) fn put(&mut self, put: Put<'_>) -> PutResult {
+        self.checked_put(put)
+    }
+}
+
 impl<S: Storage> Core<S> {
     /// The checks common to both modes. Returns the live item with this
     /// key if the PUT may go on, or the result to give if it may not.
-    #[allow(clippy::too_many_arguments)]
-    fn put_precheck(
-        &mut self,
-        hash: KeyHash,
-        key: &[u8],
-        value: &[u8],
-        large: Option<&LargeValue>,
-        cond: PutCond,
-        now_ms: u64,
-        meta: bool,
-    ) -> Result<Option<Hit>, PutResult> {
-        if !self.fits(key.len(), value.len(), meta) {
+    #[inline(always)]
+    fn put_precheck(&mut self, put: &Put<'_>) -> Result<Option<Hit>, PutResult> {
+        debug_assert!(
+            put.large.is_none() || (put.value.len() == LARGE_STUB_BYTES && put.meta.is_none()),
+            "a large value's PUT carries its stub's length and no meta"
+        );
+        if !self.fits(put.key.len(), put.value.len(), put.meta.is_some()) {
             return Err(PutResult::TooLarge);
         }
-        if let Some(v) = large {
+        if let Some(v) = &put.large {
             if v.len() > large::LARGE_VALUE_BYTES_MAX || v.len() as u64 > self.large.bytes_max {
                 return Err(PutResult::TooLarge);
             }
         }
-        let existing = self.find_live(hash, key, now_ms);
-        match (cond, existing.is_some()) {
+        let existing = self.find_live(put.hash, put.key, put.now_ms);
+        match (put.cond, existing.is_some()) {
             (PutCond::IfAbsent, true) | (PutCond::IfPresent, false) => {
                 Err(PutResult::ConditionFailed)
             }
@@ -72,42 +132,22 @@ impl<S: Storage> Core<S> {
         }
     }
 
-    /// Writes the item (`hash`, `key`, `value`, `expire_at_ms`) at `pos`
-    /// of the pool. Always inlined: each PUT path compiles to the direct
-    /// `item::write` it had, with no call added.
+    /// Writes the item of `put` at `pos` of the pool. Always inlined:
+    /// each PUT path compiles to the direct `item::write` it had, with no
+    /// call added.
     ///
-    /// With `large`, the large value goes into the partition's table and
-    /// the item written is its stub (`value` is then ignored). Returns
-    /// the value bytes `stats.bytes` counts for it.
-    #[allow(clippy::too_many_arguments)]
+    /// With a large value, it goes into the partition's table and the
+    /// item written is its stub. Returns the value bytes `stats.bytes`
+    /// counts for it.
     #[inline(always)]
-    fn write_item(
-        &mut self,
-        pos: usize,
-        hash: KeyHash,
-        key: &[u8],
-        value: &[u8],
-        large: Option<LargeValue>,
-        expire_at_ms: u64,
-        meta: Option<item::ItemMeta>,
-    ) -> usize {
-        if expire_at_ms != 0 {
-            // The sweep visits only chains marked volatile.
-            let main = self.index.main_bucket(hash);
-            self.index.mark(Summary::Volatile, main);
-        }
-        match large {
+    fn write_item(&mut self, pos: usize, put: Put<'_>) -> usize {
+        let (hash, key, expire_at_ms) = (put.hash, put.key, put.expire_at_ms);
+        self.note_expiry(hash, expire_at_ms);
+        match put.large {
             None => {
-                item::write(
-                    self.storage.pool_mut(),
-                    pos,
-                    hash.0,
-                    key,
-                    value,
-                    expire_at_ms,
-                    meta,
-                );
-                value.len()
+                let pool = self.storage.pool_mut();
+                item::write(pool, pos, hash.0, key, put.value, expire_at_ms, put.meta);
+                put.value.len()
             }
             Some(v) => {
                 let len = v.len();
@@ -128,50 +168,24 @@ impl<S: Storage> Core<S> {
     }
 }
 
-impl Core<Log> {
+impl Place for Core<Log> {
     /// Cache-mode PUT: append to the log, then point the index at it.
     ///
-    /// With `large`, `value` is ignored and a stub goes into the log; the
-    /// oldest large values are evicted first while the large budget has
-    /// no room for it.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn put(
-        &mut self,
-        hash: KeyHash,
-        key: &[u8],
-        value: &[u8],
-        large: Option<LargeValue>,
-        expire_at_ms: u64,
-        cond: PutCond,
-        now_ms: u64,
-        meta: Option<item::ItemMeta>,
-    ) -> PutResult {
-        // A large value's stub carries no meta (memcached values stay small).
-        let meta = if large.is_some() { None } else { meta };
-        let inline: &[u8] = if large.is_some() {
-            &[0; LARGE_STUB_BYTES]
-        } else {
-            value
-        };
-        if let Err(refused) = self.put_precheck(
-            hash,
-            key,
-            inline,
-            large.as_ref(),
-            cond,
-            now_ms,
-            meta.is_some(),
-        ) {
-            return refused;
-        }
-        if let Some(v) = &large {
-            if !self.evict_large_for(v.len() as u64, now_ms) {
+    /// With a large value, its stub goes into the log; the oldest large
+    /// values are evicted first while the large budget has no room for
+    /// it. The item `existing` found is not used: appending may overwrite
+    /// it, so the log looks the key up again after.
+    #[inline(always)]
+    fn place(&mut self, put: Put<'_>, _existing: Option<Hit>) -> PutResult {
+        let (hash, key) = (put.hash, put.key);
+        if let Some(v) = &put.large {
+            if !self.evict_large_for(v.len() as u64, put.now_ms) {
                 return PutResult::InsufficientSpace;
             }
         }
-        let size = item::item_bytes_with(key.len(), inline.len(), meta.is_some());
-        let (logical, pos) = self.log_append(size, now_ms);
-        let value_len = self.write_item(pos, hash, key, inline, large, expire_at_ms, meta);
+        let size = item::item_bytes_with(key.len(), put.value.len(), put.meta.is_some());
+        let (logical, pos) = self.log_append(size, put.now_ms);
+        let value_len = self.write_item(pos, put);
         let entry = pack(hash.tag(), logical & OFFSET_MASK);
 
         // Appending may have overwritten the old copy, so look again.
@@ -193,7 +207,9 @@ impl Core<Log> {
         self.count_stored(key.len() + value_len);
         PutResult::Stored
     }
+}
 
+impl Core<Log> {
     /// Evicts the oldest large values until `len` more bytes fit the
     /// large budget. False if they cannot: the values readers pin (which
     /// evicting does not free) leave no room, or nothing is left to evict.
@@ -265,43 +281,16 @@ impl Core<Log> {
     }
 }
 
-impl Core<Slab> {
+impl Place for Core<Slab> {
     /// Store-mode PUT: allocate first, so that a full store changes nothing.
     ///
-    /// With `large`, `value` is ignored and a stub takes a chunk; a large
+    /// With a large value, its stub takes a chunk; a large
     /// budget without room for it (after the key's old large value, if
     /// any, leaves) answers `InsufficientSpace` with nothing changed.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn put(
-        &mut self,
-        hash: KeyHash,
-        key: &[u8],
-        value: &[u8],
-        large: Option<LargeValue>,
-        expire_at_ms: u64,
-        cond: PutCond,
-        now_ms: u64,
-        meta: Option<item::ItemMeta>,
-    ) -> PutResult {
-        let meta = if large.is_some() { None } else { meta };
-        let inline: &[u8] = if large.is_some() {
-            &[0; LARGE_STUB_BYTES]
-        } else {
-            value
-        };
-        let existing = match self.put_precheck(
-            hash,
-            key,
-            inline,
-            large.as_ref(),
-            cond,
-            now_ms,
-            meta.is_some(),
-        ) {
-            Ok(existing) => existing,
-            Err(refused) => return refused,
-        };
-        if let Some(v) = &large {
+    #[inline(always)]
+    fn place(&mut self, put: Put<'_>, existing: Option<Hit>) -> PutResult {
+        let (hash, key) = (put.hash, put.key);
+        if let Some(v) = &put.large {
             // The key's old large value gives its bytes back, unless a
             // reader holds it (it then stays, pinned, in the budget).
             let leaving = existing
@@ -314,7 +303,7 @@ impl Core<Slab> {
                 return PutResult::InsufficientSpace;
             }
         }
-        let size = item::item_bytes_with(key.len(), inline.len(), meta.is_some());
+        let size = item::item_bytes_with(key.len(), put.value.len(), put.meta.is_some());
         let Some(class) = self.storage.class_for(size) else {
             return PutResult::TooLarge;
         };
@@ -323,7 +312,7 @@ impl Core<Slab> {
                 // Same chunk size: overwrite in place. Nothing can fail
                 // half-way, and no reader holds a borrow of the old value.
                 self.drop_value(old.pos, &old.header);
-                self.write_item(old.pos, hash, key, inline, large, expire_at_ms, meta)
+                self.write_item(old.pos, put)
             }
             Some(old) => {
                 let vacated = self.storage.pages_vacated();
@@ -341,7 +330,7 @@ impl Core<Slab> {
                     return PutResult::InsufficientSpace;
                 };
                 self.drop_value(old.pos, &old.header);
-                let n = self.write_item(pos, hash, key, inline, large, expire_at_ms, meta);
+                let n = self.write_item(pos, put);
                 self.index.set(old.at, pack(hash.tag(), pos as u64));
                 self.storage.free(old.pos);
                 n
@@ -354,7 +343,7 @@ impl Core<Slab> {
                 let Some(pos) = self.alloc_chunk(class) else {
                     return PutResult::InsufficientSpace;
                 };
-                let n = self.write_item(pos, hash, key, inline, large, expire_at_ms, meta);
+                let n = self.write_item(pos, put);
                 if self
                     .index
                     .insert(main, pack(hash.tag(), pos as u64))
@@ -382,27 +371,18 @@ impl Core<Slab> {
 mod tests {
     use fabrickv_types::limits::{KEY_BYTES_MAX, VALUE_BYTES_MAX};
 
-    use crate::testutil::{assert_found, both_modes, h, sized, small};
+    use crate::testutil::{assert_found, both_modes, h, put_ok, sized, small};
     use crate::{GetResult, Mode, PutCond, PutResult, PAGES_PER_POOL_MIN, PAGE_BYTES_MAX};
 
     #[test]
     fn overwrite_replaces_value_and_counts_once() {
         for mode in both_modes() {
             let mut p = small(mode);
-            assert_eq!(
-                p.put(h(b"k"), b"k", b"short", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"k", b"short", 0);
             let long = vec![9u8; 700];
-            assert_eq!(
-                p.put(h(b"k"), b"k", &long, 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"k", &long, 0);
             assert_found(&mut p, b"k", 0, &long, 0);
-            assert_eq!(
-                p.put(h(b"k"), b"k", b"xy", 5, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"k", b"xy", 5);
             assert_found(&mut p, b"k", 0, b"xy", 5);
             let s = p.stats();
             assert_eq!((s.puts, s.items, s.bytes), (3, 1, 3));
@@ -412,38 +392,31 @@ mod tests {
 
     #[test]
     fn conditions() {
+        use PutCond::{IfAbsent, IfPresent};
+        use PutResult::{ConditionFailed, Stored};
+        // Each PUT of key `c`: value, expiry, condition, clock, result,
+        // and what a read at that clock then finds (value, expiry).
+        type Step = (&'static [u8], u64, PutCond, u64, PutResult);
+        type Read = Option<(&'static [u8], u64)>;
+        let steps: [(Step, Read); 6] = [
+            ((b"1", 0, IfPresent, 0, ConditionFailed), None),
+            ((b"1", 10, IfAbsent, 0, Stored), Some((b"1", 10))),
+            ((b"2", 0, IfAbsent, 0, ConditionFailed), Some((b"1", 10))),
+            ((b"3", 10, IfPresent, 0, Stored), Some((b"3", 10))),
+            // Once expired the key is absent for both conditions.
+            ((b"4", 0, IfPresent, 10, ConditionFailed), None),
+            ((b"5", 0, IfAbsent, 10, Stored), Some((b"5", 0))),
+        ];
         for mode in both_modes() {
             let mut p = small(mode);
             let k = b"c";
-            assert_eq!(
-                p.put(h(k), k, b"1", 0, PutCond::IfPresent, 0),
-                PutResult::ConditionFailed
-            );
-            assert_eq!(p.get(h(k), k, 0), GetResult::NotFound);
-            assert_eq!(
-                p.put(h(k), k, b"1", 10, PutCond::IfAbsent, 0),
-                PutResult::Stored
-            );
-            assert_eq!(
-                p.put(h(k), k, b"2", 0, PutCond::IfAbsent, 0),
-                PutResult::ConditionFailed
-            );
-            assert_found(&mut p, k, 0, b"1", 10);
-            assert_eq!(
-                p.put(h(k), k, b"3", 10, PutCond::IfPresent, 0),
-                PutResult::Stored
-            );
-            assert_found(&mut p, k, 0, b"3", 10);
-            // Once expired the key is absent for both conditions.
-            assert_eq!(
-                p.put(h(k), k, b"4", 0, PutCond::IfPresent, 10),
-                PutResult::ConditionFailed
-            );
-            assert_eq!(
-                p.put(h(k), k, b"5", 0, PutCond::IfAbsent, 10),
-                PutResult::Stored
-            );
-            assert_found(&mut p, k, 10, b"5", 0);
+            for ((value, expire_at_ms, cond, now, result), then) in steps {
+                assert_eq!(p.put(h(k), k, value, expire_at_ms, cond, now), result);
+                match then {
+                    Some((v, exp)) => assert_found(&mut p, k, now, v, exp),
+                    None => assert_eq!(p.get(h(k), k, now), GetResult::NotFound),
+                }
+            }
             let s = p.stats();
             assert_eq!((s.items, s.expired, s.puts), (1, 1, 3));
             p.check();
@@ -496,10 +469,7 @@ mod tests {
     fn store_replace_failure_keeps_the_old_value() {
         let mut p = sized(Mode::Store, 64 << 10, None);
         let small_v = vec![3u8; 10];
-        assert_eq!(
-            p.put(h(b"keep"), b"keep", &small_v, 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        put_ok(&mut p, b"keep", &small_v, 0);
         // Fill every page with big items.
         let big = vec![4u8; 3000];
         let mut n = 0u32;
@@ -528,10 +498,7 @@ mod tests {
         );
         // A value of the same class still replaces in place.
         let same_class = vec![5u8; 12];
-        assert_eq!(
-            p.put(h(b"keep"), b"keep", &same_class, 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        put_ok(&mut p, b"keep", &same_class, 0);
         assert_found(&mut p, b"keep", 0, &same_class, 0);
         p.check();
     }
@@ -573,10 +540,7 @@ mod tests {
             let it = p.get_item(h(b"k"), b"k", 0).expect("found");
             assert_eq!((it.expire_at_ms, it.meta), (50, Some(m)));
             // A plain put (RESP, native kv) drops the meta.
-            assert_eq!(
-                p.put(h(b"k"), b"k", b"v2", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, b"k", b"v2", 0);
             assert_eq!(p.get_item(h(b"k"), b"k", 0).expect("found").meta, None);
             assert_found(&mut p, b"k", 0, b"v2", 0);
             let s = p.stats();

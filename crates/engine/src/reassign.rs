@@ -93,7 +93,7 @@ impl Core<Slab> {
 mod tests {
     use std::collections::HashMap;
 
-    use crate::testutil::{h, sized};
+    use crate::testutil::{h, put_large, put_ok, sized};
     use crate::{
         item_bytes, GetRefResult, ItemMeta, LargeValue, Mode, Partition, PutCond, PutResult,
         ValueRef, LARGE_VALUE_BYTES_MIN,
@@ -239,7 +239,7 @@ mod tests {
                     let mut key = short.clone();
                     key.resize(24, b'L');
                     let v = LargeValue::copy_from(&value_of(id, LARGE_VALUE_BYTES_MIN));
-                    let r = p.put_large(h(&key), &key, v, 0, PutCond::Always, 0);
+                    let r = put_large(&mut p, &key, v);
                     (key, Kind::Large, r)
                 }
                 0 => {
@@ -400,10 +400,7 @@ mod tests {
         // anything itself.
         let k = u64::MAX.to_le_bytes();
         let big = vec![3u8; page / 2];
-        assert_eq!(
-            p.put(h(&k), &k, &big, 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        put_ok(&mut p, &k, &big, 0);
         let s = p.stats();
         assert_eq!((s.slab_items_relocated, s.slab_pages_moved), (relocated, 1));
         // The next sweep prepares the next page, again one page's worth.

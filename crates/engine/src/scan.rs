@@ -9,7 +9,7 @@
 
 use fabrickv_types::KeyHash;
 
-use crate::index::{offset_of, Marked, SlotRef, Summary, ITEM_SLOTS_PER_BUCKET};
+use crate::index::{offset_of, Marked, Summary};
 use crate::item;
 use crate::partition::{Core, Hit, Storage};
 
@@ -60,28 +60,20 @@ impl<S: Storage> Core<S> {
     fn visit_chain(&self, main: usize, now_ms: u64, f: &mut ScanVisit<'_>) -> usize {
         let pool = self.storage.pool();
         let mut examined = 0;
-        let mut bucket = Some(main);
-        while let Some(b) = bucket {
-            for slot in 0..ITEM_SLOTS_PER_BUCKET {
-                let e = self.index.entry(SlotRef { bucket: b, slot });
-                if e == 0 {
-                    continue;
-                }
-                examined += 1;
-                let Some(pos) = self.storage.resolve(offset_of(e)) else {
-                    continue;
-                };
-                let header = item::read_header(pool, pos);
-                if header.is_expired(now_ms) {
-                    continue;
-                }
-                f(
-                    item::key(pool, pos, &header),
-                    item::value(pool, pos, &header),
-                    header.expire_at_ms,
-                );
+        for (_, e) in self.index.chain(main) {
+            examined += 1;
+            let Some(pos) = self.storage.resolve(offset_of(e)) else {
+                continue;
+            };
+            let header = item::read_header(pool, pos);
+            if header.is_expired(now_ms) {
+                continue;
             }
-            bucket = self.index.next(b);
+            f(
+                item::key(pool, pos, &header),
+                item::value(pool, pos, &header),
+                header.expire_at_ms,
+            );
         }
         examined
     }
@@ -154,23 +146,11 @@ impl<S: Storage> Core<S> {
     /// The first item in the chain of main bucket `main`.
     fn first_in(&self, main: usize) -> Option<Hit> {
         let pool = self.storage.pool();
-        let mut bucket = Some(main);
-        while let Some(b) = bucket {
-            for slot in 0..ITEM_SLOTS_PER_BUCKET {
-                let at = SlotRef { bucket: b, slot };
-                let e = self.index.entry(at);
-                if e == 0 {
-                    continue;
-                }
-                let Some(pos) = self.storage.resolve(offset_of(e)) else {
-                    continue;
-                };
-                let header = item::read_header(pool, pos);
-                return Some(Hit { at, pos, header });
-            }
-            bucket = self.index.next(b);
-        }
-        None
+        self.index.chain(main).find_map(|(at, e)| {
+            let pos = self.storage.resolve(offset_of(e))?;
+            let header = item::read_header(pool, pos);
+            Some(Hit { at, pos, header })
+        })
     }
 
     /// The version counter of the key of `hash` (see `watch`).
@@ -182,7 +162,7 @@ impl<S: Storage> Core<S> {
 
 #[cfg(test)]
 mod tests {
-    use crate::testutil::{both_modes, h, sized, small};
+    use crate::testutil::{both_modes, h, put_ok, sized, small};
     use crate::{PutCond, PutResult, ScanBudget};
 
     #[test]
@@ -192,10 +172,7 @@ mod tests {
             for i in 0..100u32 {
                 let k = i.to_le_bytes();
                 let exp = if i < 10 { 5 } else { 0 };
-                assert_eq!(
-                    p.put(h(&k), &k, b"v", exp, PutCond::Always, 0),
-                    PutResult::Stored
-                );
+                put_ok(&mut p, &k, b"v", exp);
             }
             let mut seen = Vec::new();
             for b in 0..=p.index_buckets() {
@@ -240,10 +217,7 @@ mod tests {
             // A few keys in a large index come back in one call.
             for i in 0..3u32 {
                 let k = i.to_le_bytes();
-                assert_eq!(
-                    p.put(h(&k), &k, b"v", 0, PutCond::Always, 0),
-                    PutResult::Stored
-                );
+                put_ok(&mut p, &k, b"v", 0);
             }
             let (keys, calls) = walk(&mut p, 10, 0);
             assert_eq!((keys.len(), calls), (3, 1));
@@ -253,10 +227,7 @@ mod tests {
             for i in 3..1000u32 {
                 let k = i.to_le_bytes();
                 let exp = if i % 2 == 0 { 5 } else { 0 };
-                assert_eq!(
-                    p.put(h(&k), &k, b"v", exp, PutCond::Always, 0),
-                    PutResult::Stored
-                );
+                put_ok(&mut p, &k, b"v", exp);
             }
             let (keys, calls) = walk(&mut p, 10, 0);
             assert_eq!(keys.len(), 1000);
@@ -289,10 +260,7 @@ mod tests {
             let mut p = sized(mode, 8 << 20, Some(1 << 14));
             for i in 0..1000u32 {
                 let k = i.to_le_bytes();
-                assert_eq!(
-                    p.put(h(&k), &k, b"v", 0, PutCond::Always, 0),
-                    PutResult::Stored
-                );
+                put_ok(&mut p, &k, b"v", 0);
             }
             for i in 3..1000u32 {
                 let k = i.to_le_bytes();
@@ -313,10 +281,7 @@ mod tests {
         let mut p = small(crate::Mode::Store);
         for i in 0..50u32 {
             let k = i.to_le_bytes();
-            assert_eq!(
-                p.put(h(&k), &k, b"v", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, &k, b"v", 0);
         }
         let mut budget = ScanBudget {
             entries: usize::MAX,
@@ -354,10 +319,7 @@ mod tests {
                 assert_ne!(v, last, "{what} moves the version");
                 last = v;
             };
-            assert_eq!(
-                p.put(h(k), k, b"1", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, k, b"1", 0);
             moved(&p, "put");
             assert!(p.set_expiry(h(k), k, 10, 0));
             moved(&p, "expire");
@@ -381,19 +343,13 @@ mod tests {
     fn an_eviction_moves_the_key_version() {
         let mut p = small(crate::Mode::Cache);
         let k = b"first";
-        assert_eq!(
-            p.put(h(k), k, b"v", 0, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        put_ok(&mut p, k, b"v", 0);
         let before = p.key_version(h(k));
         // Write until the log comes round over the first item.
         let big = vec![7u8; 4000];
         for i in 0..10_000u32 {
             let key = i.to_le_bytes();
-            assert_eq!(
-                p.put(h(&key), &key, &big, 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, &key, &big, 0);
             if p.stats().evictions > 0 && p.get(h(k), k, 0) == crate::GetResult::NotFound {
                 break;
             }

@@ -11,7 +11,7 @@
 //! however large its index or however many keys without a TTL it holds,
 //! as Redis's active expire cycle samples only keys with a TTL.
 
-use crate::index::{offset_of, Marked, SlotRef, Summary, ITEM_SLOTS_PER_BUCKET};
+use crate::index::{offset_of, Marked, Summary};
 use crate::item;
 use crate::partition::{Core, Hit, Storage};
 
@@ -93,24 +93,15 @@ impl<S: Storage> Core<S> {
     fn first_expired_in(&self, main: usize, now_ms: u64) -> Expiring {
         let pool = self.storage.pool();
         let mut volatile = false;
-        let mut bucket = Some(main);
-        while let Some(b) = bucket {
-            for slot in 0..ITEM_SLOTS_PER_BUCKET {
-                let at = SlotRef { bucket: b, slot };
-                let e = self.index.entry(at);
-                if e == 0 {
-                    continue;
-                }
-                let Some(pos) = self.storage.resolve(offset_of(e)) else {
-                    continue;
-                };
-                let header = item::read_header(pool, pos);
-                if header.is_expired(now_ms) {
-                    return Expiring::Expired(Hit { at, pos, header });
-                }
-                volatile |= header.expire_at_ms != 0;
+        for (at, e) in self.index.chain(main) {
+            let Some(pos) = self.storage.resolve(offset_of(e)) else {
+                continue;
+            };
+            let header = item::read_header(pool, pos);
+            if header.is_expired(now_ms) {
+                return Expiring::Expired(Hit { at, pos, header });
             }
-            bucket = self.index.next(b);
+            volatile |= header.expire_at_ms != 0;
         }
         if volatile {
             Expiring::Later
@@ -132,7 +123,7 @@ enum Expiring {
 
 #[cfg(test)]
 mod tests {
-    use crate::testutil::{both_modes, h, sized, small};
+    use crate::testutil::{both_modes, h, put_ok, sized, small};
     use crate::{GetResult, Mode, PutCond, PutResult};
 
     #[test]
@@ -142,10 +133,7 @@ mod tests {
             for i in 0..100u32 {
                 let k = i.to_le_bytes();
                 let exp = if i % 2 == 0 { 50 } else { 0 };
-                assert_eq!(
-                    p.put(h(&k), &k, b"value", exp, PutCond::Always, 0),
-                    PutResult::Stored
-                );
+                put_ok(&mut p, &k, b"value", exp);
             }
             assert_eq!(p.sweep(49, usize::MAX), 0, "nothing expired yet");
             assert_eq!(p.stats().items, 100);
@@ -167,10 +155,7 @@ mod tests {
             let mut p = small(mode);
             for i in 0..200u32 {
                 let k = i.to_le_bytes();
-                assert_eq!(
-                    p.put(h(&k), &k, b"v", 10, PutCond::Always, 0),
-                    PutResult::Stored
-                );
+                put_ok(&mut p, &k, b"v", 10);
             }
             // Each chain visited costs one unit, so a budget of 40 reclaims
             // at most 40 chains' items per call; the calls resume where the
@@ -203,10 +188,7 @@ mod tests {
             for i in 0..3000u32 {
                 let k = i.to_le_bytes();
                 let exp = if i % 1000 == 7 { 500 } else { 0 };
-                assert_eq!(
-                    p.put(h(&k), &k, b"v", exp, PutCond::Always, 0),
-                    PutResult::Stored
-                );
+                put_ok(&mut p, &k, b"v", exp);
             }
             assert_eq!(p.sweep(499, 2048), 0, "nothing expired yet");
             assert_eq!(p.stats().items, 3000);
@@ -225,10 +207,7 @@ mod tests {
         for mode in both_modes() {
             let mut p = sized(mode, 1 << 20, Some(1 << 12));
             let k = b"k";
-            assert_eq!(
-                p.put(h(k), k, b"v", 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, k, b"v", 0);
             assert!(p.set_expiry(h(k), k, 50, 0));
             p.check();
             assert!(p.set_expiry(h(k), k, 0, 1), "persist");

@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::item::is_expired;
-use crate::testutil::{h, sized};
+use crate::testutil::{h, put_ok, sized};
 use crate::{
     DeleteResult, EngineError, GetResult, Mode, Partition, PartitionConfig, PutCond, PutResult,
     POOL_BYTES_MAX, POOL_BYTES_MIN,
@@ -216,10 +216,7 @@ fn cache_counts_ttl_items_overwritten_by_the_log_as_expired() {
     let v = vec![1u8; 500];
     for k in 0..50u32 {
         let kb = k.to_le_bytes();
-        assert_eq!(
-            p.put(h(&kb), &kb, &v, 10, PutCond::Always, 0),
-            PutResult::Stored
-        );
+        put_ok(&mut p, &kb, &v, 10);
     }
     // At time 20 those are expired; overrunning the log reclaims them.
     for k in 1000..1300u32 {
@@ -486,10 +483,7 @@ fn cache_mode_never_starves_a_size_when_sizes_shift() {
         let value = vec![len as u8; len];
         for _ in 0..count {
             let k = id.to_le_bytes();
-            assert_eq!(
-                p.put(h(&k), &k, &value, 0, PutCond::Always, 0),
-                PutResult::Stored
-            );
+            put_ok(&mut p, &k, &value, 0);
             crate::testutil::assert_found(&mut p, &k, 0, &value, 0);
             id += 1;
         }

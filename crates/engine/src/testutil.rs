@@ -2,7 +2,7 @@
 
 use fabrickv_types::KeyHash;
 
-use crate::{GetResult, Mode, Partition, PartitionConfig};
+use crate::{GetResult, LargeValue, Mode, Partition, PartitionConfig, PutCond, PutResult};
 
 /// Both modes, for tests that must hold in each.
 pub fn both_modes() -> [Mode; 2] {
@@ -41,4 +41,20 @@ pub fn assert_found(p: &mut Partition, key: &[u8], now_ms: u64, value: &[u8], ex
             expire_at_ms
         }
     );
+}
+
+/// Stores `value` under `key` with no condition at time 0, expiring at
+/// `expire_at_ms`, and asserts that it is stored.
+#[track_caller]
+pub fn put_ok(p: &mut Partition, key: &[u8], value: &[u8], expire_at_ms: u64) {
+    assert_eq!(
+        p.put(h(key), key, value, expire_at_ms, PutCond::Always, 0),
+        PutResult::Stored
+    );
+}
+
+/// Stores the large `value` under `key` with no condition, no expiry,
+/// at time 0.
+pub fn put_large(p: &mut Partition, key: &[u8], value: LargeValue) -> PutResult {
+    p.put_large(h(key), key, value, 0, PutCond::Always, 0)
 }

@@ -79,22 +79,7 @@ pub enum Command<'a> {
         more: bool,
     },
     /// `set`, `add`, `replace`, `append`, `prepend`, `cas`.
-    Store {
-        /// How it combines.
-        mode: StoreMode,
-        /// The key.
-        key: &'a [u8],
-        /// The client flags.
-        flags: u32,
-        /// The expiry time as given.
-        exptime: i64,
-        /// The value.
-        data: &'a [u8],
-        /// `cas`: the CAS value to compare.
-        cas_unique: u64,
-        /// No reply.
-        noreply: bool,
-    },
+    Store(Storage<'a>),
     /// `delete`.
     Delete {
         /// The key.
@@ -166,6 +151,26 @@ pub enum Command<'a> {
     },
     /// A refused line.
     Refused(Refusal),
+}
+
+/// A storage command (`set`, `add`, `replace`, `append`, `prepend`,
+/// `cas`): what [`Command::Store`] carries, taken whole by the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Storage<'a> {
+    /// How it combines.
+    pub mode: StoreMode,
+    /// The key.
+    pub key: &'a [u8],
+    /// The client flags.
+    pub flags: u32,
+    /// The expiry time as given.
+    pub exptime: i64,
+    /// The value.
+    pub data: &'a [u8],
+    /// `cas`: the CAS value to compare.
+    pub cas_unique: u64,
+    /// No reply.
+    pub noreply: bool,
 }
 
 /// Which meta command.

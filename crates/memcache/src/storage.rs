@@ -71,7 +71,7 @@ pub(crate) fn storage<'a>(
         Ok((data, consumed)) => Parse::Complete {
             consumed,
             cmd: match data {
-                Some(data) => Command::Store {
+                Some(data) => Command::Store(Storage {
                     mode,
                     key,
                     flags,
@@ -79,7 +79,7 @@ pub(crate) fn storage<'a>(
                     data,
                     cas_unique,
                     noreply,
-                },
+                }),
                 None => refuse_quietly(BAD_CHUNK, noreply),
             },
         },

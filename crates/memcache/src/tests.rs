@@ -54,7 +54,7 @@ fn storage_waits_for_its_data_then_takes_it() {
     assert_eq!(n, 18);
     assert_eq!(
         c,
-        Command::Store {
+        Command::Store(Storage {
             mode: StoreMode::Set,
             key: b"k",
             flags: 5,
@@ -62,18 +62,18 @@ fn storage_waits_for_its_data_then_takes_it() {
             data: b"abc",
             cas_unique: 0,
             noreply: false
-        }
+        })
     );
     let (_, c) = cmd(b"cas k 0 -1 1 77 noreply\r\nx\r\n");
     assert!(matches!(
         c,
-        Command::Store {
+        Command::Store(Storage {
             mode: StoreMode::Cas,
             cas_unique: 77,
             exptime: -1,
             noreply: true,
             ..
-        }
+        })
     ));
     assert_eq!(refused(b"set k 0 0 3\r\nabcd\r\n").reply, BAD_CHUNK);
     assert_eq!(refused(b"set k x 0 3\r\nabc\r\n").reply, BAD_FORMAT);
@@ -266,7 +266,7 @@ fn random_input_never_panics_and_keeps_the_bounds() {
                 Parse::Complete { consumed, cmd } => {
                     assert!(consumed >= 1 && consumed <= rest.len(), "{buf:?}");
                     match cmd {
-                        Command::Store { key, data, .. } => {
+                        Command::Store(Storage { key, data, .. }) => {
                             assert!(key.len() <= MC_KEY_BYTES_MAX);
                             assert!(data.len() <= MC_VALUE_BYTES_MAX);
                         }

@@ -469,7 +469,7 @@ fn prefetch_ahead(sh: &McShared, input: &[u8], from: usize) -> usize {
                     break;
                 }
             }
-            Command::Store { key, .. }
+            Command::Store(mc::Storage { key, .. })
             | Command::Delete { key, .. }
             | Command::Arith { key, .. }
             | Command::Touch { key, .. } => add(key),

@@ -24,7 +24,7 @@
 //! updates of a push.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockWriteGuard};
 
 use fabrickv_engine::{Partition, PoolOptions};
 use fabrickv_transport::{RemoteRegion, Reply};
@@ -41,7 +41,7 @@ pub use budget::{MemoryBudget, CAP_IPC_LOCK_BIT, PS_POOL_AVAILABLE_PERCENT_MAX};
 use pull::{gather, write_bitmap};
 use push::{apply_gradient, overwrite, Scratch};
 pub use store::PsStore;
-use store::{item_hash, item_key, table_of, write};
+use store::{item_hash, item_key, table_of, write, Table};
 
 mod budget;
 mod pull;
@@ -124,17 +124,26 @@ impl PsService {
         }
     }
 
-    /// Hashes every key of the request once and finds its shard.
-    fn prepare(&mut self, table: u32, keys: &[u8], shards: usize) {
+    /// The start of every pull and push: finds the table `table` of
+    /// `store` and its shards, then hashes every key of the request once
+    /// and finds its shard (into `keys` and `shard_of`).
+    fn prepare<'s>(
+        &mut self,
+        store: &'s PsStore,
+        table: u32,
+        keys: &[u8],
+    ) -> Result<(Arc<Table>, &'s [RwLock<Partition>]), Refusal> {
+        let (t, shards) = table_of(store, table)?;
         self.keys.clear();
         self.shard_of.clear();
         for i in 0..keys.len() / 8 {
             let key = key_at(keys, i);
             let k = item_key(table, key);
             let h = item_hash(table, key);
-            self.shard_of.push(h.partition(shards as u32));
+            self.shard_of.push(h.partition(shards.len() as u32));
             self.keys.push((k, h));
         }
+        Ok((t, shards))
     }
 
     fn pull(
@@ -147,10 +156,8 @@ impl PsService {
         now_ms: u64,
     ) -> Result<(), Refusal> {
         let store = self.store.clone();
-        let (t, shards) = table_of(&store, table)?;
-        let n = keys.len() / 8;
-        let vb = t.vector_bytes();
-        self.prepare(table, keys, shards.len());
+        let (t, shards) = self.prepare(&store, table, keys)?;
+        let (n, vb) = (self.keys.len(), t.vector_bytes());
         self.found.clear();
         self.found.resize(bitmap_bytes(n) / 8, 0);
         let total = n * vb;
@@ -230,9 +237,8 @@ impl PsService {
         now_ms: u64,
     ) -> Result<(), Refusal> {
         let store = self.store.clone();
-        let (t, shards) = table_of(&store, table)?;
-        let n = keys.len() / 8;
-        let vb = t.vector_bytes();
+        let (t, shards) = self.prepare(&store, table, keys)?;
+        let (n, vb) = (self.keys.len(), t.vector_bytes());
         if values.len() != n * vb {
             return Err((
                 ErrorCode::BadDimension,
@@ -244,7 +250,6 @@ impl PsService {
                 ),
             ));
         }
-        self.prepare(table, keys, shards.len());
         let mut applied = 0u32;
         let mut status = ErrorCode::Ok;
         // In request order, so what was applied is a prefix of the request.

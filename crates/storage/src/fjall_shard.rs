@@ -15,8 +15,8 @@ use lsm_tree::ValueType;
 use crate::blob_scan::{BlobHandle, BlobReader};
 
 use crate::{
-    check_write, Durability, Pair, PairVisitor, Result, ShardBackend, ShardSnapshot, StorageError,
-    Write, KV_SEPARATION_BYTES_MIN,
+    check_write, Durability, PairIter, PairVisitor, Result, ShardBackend, ShardSnapshot,
+    StorageError, Write, KV_SEPARATION_BYTES_MIN,
 };
 
 /// The keyspace that holds a shard's pairs.
@@ -414,11 +414,7 @@ fn owned(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
 }
 
 impl ShardSnapshot for FjallSnapshot {
-    fn scan<'a>(
-        &'a self,
-        from: Bound<&[u8]>,
-        to: Bound<&[u8]>,
-    ) -> Box<dyn Iterator<Item = Result<Pair>> + Send + 'a> {
+    fn scan<'a>(&'a self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> PairIter<'a> {
         let iter = self.snap.range(&self.data, (owned(from), owned(to)));
         Box::new(iter.map(|g| {
             let (k, v) = g.into_inner()?;

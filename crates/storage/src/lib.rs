@@ -98,6 +98,10 @@ pub enum Write<'a> {
 /// A key-value pair read from a shard.
 pub type Pair = (Vec<u8>, Vec<u8>);
 
+/// The pairs a [`ShardSnapshot::scan`] yields, in key order; boxed so
+/// that each backend returns its own iterator through the one trait.
+pub type PairIter<'a> = Box<dyn Iterator<Item = Result<Pair>> + Send + 'a>;
+
 /// What [`ShardSnapshot::scan_each`] calls with each pair, borrowed;
 /// returns false to stop.
 pub type PairVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool> + 'a;
@@ -146,11 +150,7 @@ pub trait ShardBackend: Send + Sync {
 /// A point-in-time view of a shard.
 pub trait ShardSnapshot: Send + Sync {
     /// The pairs with keys in `(from, to)`, in key order.
-    fn scan<'a>(
-        &'a self,
-        from: Bound<&[u8]>,
-        to: Bound<&[u8]>,
-    ) -> Box<dyn Iterator<Item = Result<Pair>> + Send + 'a>;
+    fn scan<'a>(&'a self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> PairIter<'a>;
 
     /// Calls `each` with every pair with key in `(from, to)`, in key order,
     /// until it returns false; the pairs are borrowed, not copied out (the

@@ -14,8 +14,8 @@ use std::ops::Bound;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::{
-    check_write, Durability, Pair, PairVisitor, Result, ShardBackend, ShardSnapshot, StorageError,
-    Write,
+    check_write, Durability, Pair, PairIter, PairVisitor, Result, ShardBackend, ShardSnapshot,
+    StorageError, Write,
 };
 
 /// The pairs of a [`MemShard`], in key order.
@@ -110,11 +110,7 @@ impl ShardBackend for MemShard {
 struct MemSnapshot(Arc<Map>);
 
 impl ShardSnapshot for MemSnapshot {
-    fn scan<'a>(
-        &'a self,
-        from: Bound<&[u8]>,
-        to: Bound<&[u8]>,
-    ) -> Box<dyn Iterator<Item = Result<Pair>> + Send + 'a> {
+    fn scan<'a>(&'a self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> PairIter<'a> {
         Box::new(
             self.0
                 .range::<[u8], _>((from, to))

@@ -18,27 +18,20 @@ pub(super) fn run(
 ) {
     let c = &sh.counters;
     match cmd {
-        Command::Store {
-            mode,
-            key,
-            flags,
-            exptime,
-            data,
-            cas_unique,
-            noreply,
-        } => {
+        Command::Store(st) => {
+            let (mode, noreply) = (st.mode, st.noreply);
             c.cmd_set.fetch_add(1, Ordering::Relaxed);
-            if !mc::key_ok(key) {
+            if !mc::key_ok(st.key) {
                 reply(out, noreply, mc::BAD_FORMAT);
                 return;
             }
             let req = StoreReq {
-                key,
-                data,
+                key: st.key,
+                data: st.data,
                 mode,
-                flags,
-                exptime,
-                compare: (mode == StoreMode::Cas).then_some(cas_unique),
+                flags: st.flags,
+                exptime: st.exptime,
+                compare: (mode == StoreMode::Cas).then_some(st.cas_unique),
                 new_cas: None,
                 unlink_if_refused: mode == StoreMode::Set,
             };
