@@ -358,11 +358,7 @@ pub fn run_with(
         // STATS replies report the transport's counters.
         worker.set_transport_stats(port.stats());
         let jobs = worker.run_jobs(port.as_mut());
-        let polled = if knobs.batched_send {
-            burst_batched(port.as_mut(), &mut worker, burst, now)
-        } else {
-            burst_one_by_one(port.as_mut(), &mut worker, burst, now)
-        };
+        let polled = one_burst(port.as_mut(), &mut worker, burst, knobs.batched_send, now);
         let handled = match polled {
             Ok(n) => n + jobs,
             Err(e) => {
@@ -396,56 +392,67 @@ pub fn run_with(
     }
 }
 
-/// One burst, its replies flushed together: polls of up to `burst`
-/// messages while a poll comes back full and fewer than
-/// [`POLL_BURST_OPS`] operations are done (a single poll when `burst` is
-/// 1, the knob that turns batched receive off). A failed flush is logged (the
-/// transport closes what it must) and the loop goes on.
+/// One burst. With `batched` (the default), its replies are flushed
+/// together: polls of up to `burst` messages while a poll comes back
+/// full and fewer than [`POLL_BURST_OPS`] operations are done (a single
+/// poll when `burst` is 1, the knob that turns batched receive off).
+/// Without, each reply is flushed on its own, up to `burst` messages.
 #[inline]
-fn burst_batched(
+fn one_burst(
     port: &mut dyn WorkerPort,
     worker: &mut Worker,
     burst: usize,
+    batched: bool,
     now: u64,
 ) -> Result<usize, fabrickv_transport::TransportError> {
     let mut n = 0;
+    if !batched {
+        while n < burst {
+            let (k, _) = poll_into(port, worker, 1, now)?;
+            flush_logged(port);
+            if k == 0 {
+                break;
+            }
+            n += k;
+        }
+        return Ok(n);
+    }
     let mut ops = 0;
     loop {
-        let k = port.poll(burst, &mut |conn, msg, reply| {
-            ops += worker.handle(conn, msg, reply, now);
-        })?;
+        let (k, o) = poll_into(port, worker, burst, now)?;
         n += k;
+        ops += o;
         if burst == 1 || k < burst || ops >= POLL_BURST_OPS {
             break;
         }
     }
-    if let Err(e) = port.flush() {
-        tracing::error!("worker flush failed: {e}");
-    }
+    flush_logged(port);
     Ok(n)
 }
 
-/// One burst, each reply flushed on its own (the knob's other setting).
-fn burst_one_by_one(
+/// One poll of up to `max` messages, each handled by `worker`; returns
+/// the messages and the operations they carried.
+#[inline]
+fn poll_into(
     port: &mut dyn WorkerPort,
     worker: &mut Worker,
-    burst: usize,
+    max: usize,
     now: u64,
-) -> Result<usize, fabrickv_transport::TransportError> {
-    let mut n = 0;
-    while n < burst {
-        let k = port.poll(1, &mut |conn, msg, reply| {
-            worker.handle(conn, msg, reply, now);
-        })?;
-        if let Err(e) = port.flush() {
-            tracing::error!("worker flush failed: {e}");
-        }
-        if k == 0 {
-            break;
-        }
-        n += k;
+) -> Result<(usize, usize), fabrickv_transport::TransportError> {
+    let mut ops = 0;
+    let k = port.poll(max, &mut |conn, msg, reply| {
+        ops += worker.handle(conn, msg, reply, now);
+    })?;
+    Ok((k, ops))
+}
+
+/// Sends the queued replies; a failed flush is logged (the transport
+/// closes what it must) and the loop goes on.
+#[inline]
+fn flush_logged(port: &mut dyn WorkerPort) {
+    if let Err(e) = port.flush() {
+        tracing::error!("worker flush failed: {e}");
     }
-    Ok(n)
 }
 
 #[cfg(test)]

@@ -216,11 +216,11 @@ fn a_burst_flushes_after_its_operations_or_when_input_runs_out() {
     // one per poll of POLL_BURST_MSGS.
     port.queue.extend((0..100).map(|i| echo_of_ops(i, 0)));
     assert_eq!(
-        burst_batched(&mut port, &mut w, POLL_BURST_MSGS, 1).ok(),
+        one_burst(&mut port, &mut w, POLL_BURST_MSGS, true, 1).ok(),
         Some(64)
     );
     assert_eq!(
-        burst_batched(&mut port, &mut w, POLL_BURST_MSGS, 1).ok(),
+        one_burst(&mut port, &mut w, POLL_BURST_MSGS, true, 1).ok(),
         Some(36)
     );
     assert_eq!(port.flushes, [POLL_BURST_OPS, 100 - POLL_BURST_OPS]);
@@ -228,10 +228,10 @@ fn a_burst_flushes_after_its_operations_or_when_input_runs_out() {
     port.flushes.clear();
     port.queue.extend((0..10).map(|i| echo_of_ops(i, 16)));
     assert_eq!(
-        burst_batched(&mut port, &mut w, POLL_BURST_MSGS, 1).ok(),
+        one_burst(&mut port, &mut w, POLL_BURST_MSGS, true, 1).ok(),
         Some(4)
     );
     // Batched receive off: one message a burst.
-    assert_eq!(burst_batched(&mut port, &mut w, 1, 1).ok(), Some(1));
+    assert_eq!(one_burst(&mut port, &mut w, 1, true, 1).ok(), Some(1));
     assert_eq!(port.flushes, [4, 1]);
 }
