@@ -47,16 +47,6 @@ use crate::service::{
 /// `BATCH_OPS_MAX` operations, so a flush still carries many.
 pub const POLL_BURST_MSGS: usize = 4;
 
-/// Operations handled before a burst's replies are flushed, counting a
-/// frame of no operations (an ECHO, a control call) as one. A burst polls
-/// [`POLL_BURST_MSGS`] messages at a time and goes on polling while
-/// messages keep coming and this many operations are not yet done, so a
-/// flush always carries about this much work: four HERD frames of 16
-/// operations (the figures above), or 64 single-operation frames, where
-/// flushing after every four cost one `writev` per four tiny replies and
-/// held `bench rpc` over tcp to a quarter of its rate.
-pub const POLL_BURST_OPS: usize = 64;
-
 /// How long an idle worker keeps polling before it blocks, in microseconds.
 pub const IDLE_SPIN_US: u64 = 100;
 
@@ -208,7 +198,7 @@ impl Worker {
     /// refusal there is answered and counted like any other.
     ///
     /// Returns the frame's operations (at least one), which the loop
-    /// counts toward [`POLL_BURST_OPS`].
+    /// counts toward the port's [`WorkerPort::flush_after_ops`].
     #[inline]
     pub fn handle(
         &mut self,
@@ -394,8 +384,10 @@ pub fn run_with(
 
 /// One burst. With `batched` (the default), its replies are flushed
 /// together: polls of up to `burst` messages while a poll comes back
-/// full and fewer than [`POLL_BURST_OPS`] operations are done (a single
-/// poll when `burst` is 1, the knob that turns batched receive off).
+/// full and fewer operations than the port's
+/// [`WorkerPort::flush_after_ops`] are done (each frame counts its
+/// operations, at least one; a single poll when `burst` is 1, the knob
+/// that turns batched receive off, or when the port flushes cheaply).
 /// Without, each reply is flushed on its own, up to `burst` messages.
 #[inline]
 fn one_burst(
@@ -418,11 +410,12 @@ fn one_burst(
         return Ok(n);
     }
     let mut ops = 0;
+    let ops_max = port.flush_after_ops();
     loop {
         let (k, o) = poll_into(port, worker, burst, now)?;
         n += k;
         ops += o;
-        if burst == 1 || k < burst || ops >= POLL_BURST_OPS {
+        if burst == 1 || k < burst || ops >= ops_max {
             break;
         }
     }

@@ -557,6 +557,16 @@ pub trait WorkerPort: Send {
     /// This port's counters.
     fn stats(&self) -> PortStats;
 
+    /// Operations a worker handles before it flushes while messages keep
+    /// coming: how much work one flush is worth here. A flush that costs
+    /// a system call per connection (tcp: [`tcp::TCP_FLUSH_AFTER_OPS`])
+    /// is worth many operations; one that publishes to a ring is cheap,
+    /// and flushing after every poll lets a client read replies while its
+    /// later requests run. The default, 0: flush after every poll.
+    fn flush_after_ops(&self) -> usize {
+        0
+    }
+
     /// What this port's connections offer: the registration and
     /// one-sided calls below, and those of the replies it hands its
     /// handler, work only where it says so.

@@ -159,6 +159,7 @@ struct Scripted {
     queue: std::collections::VecDeque<Vec<u8>>,
     replies_since_flush: usize,
     flushes: Vec<usize>,
+    flush_after_ops: usize,
 }
 
 impl WorkerPort for Scripted {
@@ -197,6 +198,10 @@ impl WorkerPort for Scripted {
     fn stats(&self) -> PortStats {
         PortStats::default()
     }
+
+    fn flush_after_ops(&self) -> usize {
+        self.flush_after_ops
+    }
 }
 
 /// An ECHO frame that says it carries `ops` operations.
@@ -211,9 +216,12 @@ fn echo_of_ops(id: u64, ops: u16) -> Vec<u8> {
 fn a_burst_flushes_after_its_operations_or_when_input_runs_out() {
     let sweeps = Arc::new(AtomicUsize::new(0));
     let mut w = worker(0, &sweeps);
-    let mut port = Scripted::default();
-    // Single-operation frames: one flush per POLL_BURST_OPS of them, not
-    // one per poll of POLL_BURST_MSGS.
+    let mut port = Scripted {
+        flush_after_ops: 64,
+        ..Scripted::default()
+    };
+    // Single-operation frames: one flush per 64 of them, not one per poll
+    // of POLL_BURST_MSGS.
     port.queue.extend((0..100).map(|i| echo_of_ops(i, 0)));
     assert_eq!(
         one_burst(&mut port, &mut w, POLL_BURST_MSGS, true, 1).ok(),
@@ -223,7 +231,7 @@ fn a_burst_flushes_after_its_operations_or_when_input_runs_out() {
         one_burst(&mut port, &mut w, POLL_BURST_MSGS, true, 1).ok(),
         Some(36)
     );
-    assert_eq!(port.flushes, [POLL_BURST_OPS, 100 - POLL_BURST_OPS]);
+    assert_eq!(port.flushes, [64, 36]);
     // Frames of 16 operations: four of them make a burst.
     port.flushes.clear();
     port.queue.extend((0..10).map(|i| echo_of_ops(i, 16)));
@@ -234,4 +242,13 @@ fn a_burst_flushes_after_its_operations_or_when_input_runs_out() {
     // Batched receive off: one message a burst.
     assert_eq!(one_burst(&mut port, &mut w, 1, true, 1).ok(), Some(1));
     assert_eq!(port.flushes, [4, 1]);
+    // A port that flushes cheaply: one poll a burst.
+    port.flushes.clear();
+    port.flush_after_ops = 0;
+    port.queue.extend((0..10).map(|i| echo_of_ops(i, 0)));
+    assert_eq!(
+        one_burst(&mut port, &mut w, POLL_BURST_MSGS, true, 1).ok(),
+        Some(4)
+    );
+    assert_eq!(port.flushes, [4]);
 }

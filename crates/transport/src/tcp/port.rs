@@ -337,6 +337,10 @@ impl WorkerPort for TcpPort {
         Ok(handled)
     }
 
+    fn flush_after_ops(&self) -> usize {
+        super::TCP_FLUSH_AFTER_OPS
+    }
+
     fn flush(&mut self) -> Result<()> {
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
