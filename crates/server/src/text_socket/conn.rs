@@ -5,7 +5,7 @@ use std::io::{self, Read};
 
 use mio::net::TcpStream;
 
-use super::*;
+use super::Proto;
 
 /// One connection's socket and buffers, as every front end has them.
 pub(crate) struct Io {

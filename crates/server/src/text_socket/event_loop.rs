@@ -13,7 +13,10 @@ use mio::{Events, Interest, Poll, Token};
 use fabrickv_transport::idle::IdleBoard;
 
 use super::conn::{drive, fill, Conn, Drive, Io};
-use super::*;
+use super::{
+    ClientMemory, Proto, EVENTS_PER_POLL, FIRST_CONN, IDLE_CHECK_INTERVAL_MS,
+    IDLE_REPORT_INTERVAL_MS, LISTENER, POLL_TIMEOUT_MS, WAKER,
+};
 use crate::service::Clock;
 
 pub(super) struct Loop<P: Proto> {
