@@ -1,15 +1,15 @@
 //! Arbitrary bytes into every persistent-shard and copy decoder: the SHARD
 //! frame prefix, the data ops' payloads, the copy's control payloads, data
-//! frame headers, hellos and DATA payloads. Each must refuse or accept
+//! frame headers, openings and DATA payloads. Each must refuse or accept
 //! without panicking, and what it accepts must keep within its bounds.
 
 #![no_main]
 
 use fabrickv_types::limits::{SHARD_KEY_BYTES_MAX, SHARD_NAME_BYTES_MAX, SHARD_VALUE_BYTES_MAX};
 use fabrickv_wire::copy::{
-    decode_abort, CheckpointRequest, DataFrameHeader, Hello, Pairs, StartRequest, Status,
+    decode_abort, CheckpointRequest, DataFrameHeader, Pairs, StartRequest, Status, StreamOpening,
     COPY_FRAME_PAYLOAD_BYTES_MAX, COPY_RANGES_MAX, COPY_STREAMS_MAX, DATA_FRAME_HEADER_BYTES,
-    HELLO_BYTES,
+    STREAM_OPENING_BYTES,
 };
 use fabrickv_wire::shard_data::{decode_get_reply, decode_keys, decode_pairs};
 use libfuzzer_sys::fuzz_target;
@@ -52,9 +52,9 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(DataFrameHeader::decode(&h.encode()), Ok(h));
         }
     }
-    if let Some(h) = data.first_chunk::<HELLO_BYTES>() {
-        if let Ok(h) = Hello::decode(h) {
-            assert_eq!(Hello::decode(&h.encode()), Ok(h));
+    if let Some(h) = data.first_chunk::<STREAM_OPENING_BYTES>() {
+        if let Ok(h) = StreamOpening::decode(h) {
+            assert_eq!(StreamOpening::decode(&h.encode()), Ok(h));
         }
     }
     let mut tiled = 0usize;
