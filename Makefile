@@ -6,7 +6,7 @@ BIN := target/release/fabrickv
 BENCH_DIR := bench-results
 DATE := $(shell date +%Y-%m-%d)
 
-.PHONY: all build build-lean build-fabric fabric-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run
+.PHONY: all fuzz-check build build-lean build-fabric fabric-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run
 
 all: build
 
@@ -46,13 +46,18 @@ python: venv
 
 ## Everything: Rust unit, property and integration tests, lint, Python
 ## end-to-end tests, and a tiny run of every benchmark.
-test: deps lint module-check test-rust build-lean test-python doc-check bench-smoke
+test: deps lint fuzz-check module-check test-rust build-lean test-python doc-check bench-smoke
 	@echo "make test: all passed"
 
 ## `make test` while stress-ng keeps every core busy: the suite must pass on
 ## a loaded machine (tests wait on conditions, never on tight sleeps).
 test-stressed: deps
 	bash scripts/test-stressed.sh
+
+## Every fuzz target still compiles against the crates it decodes with
+## (stable toolchain; running them needs nightly: `make fuzz`).
+fuzz-check:
+	$(CARGO) check --manifest-path fuzz/Cargo.toml --bins
 
 ## No import circles between the modules of any crate.
 module-check:
