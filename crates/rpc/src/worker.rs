@@ -340,7 +340,7 @@ pub fn run_with(
     knobs: LoopKnobs,
     stop: &AtomicBool,
 ) {
-    let burst = knobs.poll_burst.max(1);
+    let burst = Burst::of(knobs, port.as_ref());
     let mut idle_since: Option<Instant> = None;
     let mut last_sweep = clock.now_ms();
     while !stop.load(Ordering::Acquire) {
@@ -348,7 +348,7 @@ pub fn run_with(
         // STATS replies report the transport's counters.
         worker.set_transport_stats(port.stats());
         let jobs = worker.run_jobs(port.as_mut());
-        let polled = one_burst(port.as_mut(), &mut worker, burst, knobs.batched_send, now);
+        let polled = one_burst(port.as_mut(), &mut worker, burst, now);
         let handled = match polled {
             Ok(n) => n + jobs,
             Err(e) => {
@@ -382,24 +382,44 @@ pub fn run_with(
     }
 }
 
-/// One burst. With `batched` (the default), its replies are flushed
-/// together: polls of up to `burst` messages while a poll comes back
-/// full and fewer operations than the port's
-/// [`WorkerPort::flush_after_ops`] are done (each frame counts its
-/// operations, at least one; a single poll when `burst` is 1, the knob
+/// How a worker's bursts run, fixed for its life: the loop's knobs and
+/// what its port says a flush is worth.
+#[derive(Debug, Clone, Copy)]
+struct Burst {
+    /// Messages per poll (`LoopKnobs::poll_burst`, at least 1).
+    msgs: usize,
+    /// Replies flushed together (`LoopKnobs::batched_send`).
+    batched: bool,
+    /// Operations before a flush ([`WorkerPort::flush_after_ops`]).
+    ops_max: usize,
+}
+
+impl Burst {
+    fn of(knobs: LoopKnobs, port: &dyn WorkerPort) -> Burst {
+        Burst {
+            msgs: knobs.poll_burst.max(1),
+            batched: knobs.batched_send,
+            ops_max: port.flush_after_ops(),
+        }
+    }
+}
+
+/// One burst. When batched (the default), its replies are flushed
+/// together: polls of up to `msgs` messages while a poll comes back full
+/// and fewer than `ops_max` operations are done (each frame counts its
+/// operations, at least one; a single poll when `msgs` is 1, the knob
 /// that turns batched receive off, or when the port flushes cheaply).
-/// Without, each reply is flushed on its own, up to `burst` messages.
+/// Otherwise each reply is flushed on its own, up to `msgs` messages.
 #[inline]
 fn one_burst(
     port: &mut dyn WorkerPort,
     worker: &mut Worker,
-    burst: usize,
-    batched: bool,
+    b: Burst,
     now: u64,
 ) -> Result<usize, fabrickv_transport::TransportError> {
     let mut n = 0;
-    if !batched {
-        while n < burst {
+    if !b.batched {
+        while n < b.msgs {
             let (k, _) = poll_into(port, worker, 1, now)?;
             flush_logged(port);
             if k == 0 {
@@ -410,12 +430,11 @@ fn one_burst(
         return Ok(n);
     }
     let mut ops = 0;
-    let ops_max = port.flush_after_ops();
     loop {
-        let (k, o) = poll_into(port, worker, burst, now)?;
+        let (k, o) = poll_into(port, worker, b.msgs, now)?;
         n += k;
         ops += o;
-        if burst == 1 || k < burst || ops >= ops_max {
+        if b.msgs == 1 || k < b.msgs || ops >= b.ops_max {
             break;
         }
     }

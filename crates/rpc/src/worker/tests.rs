@@ -204,6 +204,17 @@ impl WorkerPort for Scripted {
     }
 }
 
+/// One batched burst of `port` at `msgs` messages a poll; how many
+/// messages it handled.
+fn batched_burst(port: &mut Scripted, w: &mut Worker, msgs: usize) -> Option<usize> {
+    let knobs = LoopKnobs {
+        poll_burst: msgs,
+        batched_send: true,
+    };
+    let b = Burst::of(knobs, port);
+    one_burst(port, w, b, 1).ok()
+}
+
 /// An ECHO frame that says it carries `ops` operations.
 fn echo_of_ops(id: u64, ops: u16) -> Vec<u8> {
     let mut f = Vec::new();
@@ -223,32 +234,20 @@ fn a_burst_flushes_after_its_operations_or_when_input_runs_out() {
     // Single-operation frames: one flush per 64 of them, not one per poll
     // of POLL_BURST_MSGS.
     port.queue.extend((0..100).map(|i| echo_of_ops(i, 0)));
-    assert_eq!(
-        one_burst(&mut port, &mut w, POLL_BURST_MSGS, true, 1).ok(),
-        Some(64)
-    );
-    assert_eq!(
-        one_burst(&mut port, &mut w, POLL_BURST_MSGS, true, 1).ok(),
-        Some(36)
-    );
+    assert_eq!(batched_burst(&mut port, &mut w, POLL_BURST_MSGS), Some(64));
+    assert_eq!(batched_burst(&mut port, &mut w, POLL_BURST_MSGS), Some(36));
     assert_eq!(port.flushes, [64, 36]);
     // Frames of 16 operations: four of them make a burst.
     port.flushes.clear();
     port.queue.extend((0..10).map(|i| echo_of_ops(i, 16)));
-    assert_eq!(
-        one_burst(&mut port, &mut w, POLL_BURST_MSGS, true, 1).ok(),
-        Some(4)
-    );
+    assert_eq!(batched_burst(&mut port, &mut w, POLL_BURST_MSGS), Some(4));
     // Batched receive off: one message a burst.
-    assert_eq!(one_burst(&mut port, &mut w, 1, true, 1).ok(), Some(1));
+    assert_eq!(batched_burst(&mut port, &mut w, 1), Some(1));
     assert_eq!(port.flushes, [4, 1]);
     // A port that flushes cheaply: one poll a burst.
     port.flushes.clear();
     port.flush_after_ops = 0;
     port.queue.extend((0..10).map(|i| echo_of_ops(i, 0)));
-    assert_eq!(
-        one_burst(&mut port, &mut w, POLL_BURST_MSGS, true, 1).ok(),
-        Some(4)
-    );
+    assert_eq!(batched_burst(&mut port, &mut w, POLL_BURST_MSGS), Some(4));
     assert_eq!(port.flushes, [4]);
 }
