@@ -220,25 +220,26 @@ impl Client {
         let s = self.piece_session(key);
         value.reserve_exact(total);
         let n = total.div_ceil(LARGE_CHUNK_BYTES_MAX);
+        // Piece `i`'s offset in the value and its length.
+        let piece = |i: usize| {
+            let at = i * LARGE_CHUNK_BYTES_MAX;
+            (at, (total - at).min(LARGE_CHUNK_BYTES_MAX))
+        };
         let mut sent = 0;
         for got in 0..n {
             while sent < n && sent < got + LARGE_CHUNKS_IN_FLIGHT {
-                let at = sent * LARGE_CHUNK_BYTES_MAX;
-                let len = (total - at).min(LARGE_CHUNK_BYTES_MAX) as u32;
+                let (at, len) = piece(sent);
                 self.sessions.post(s, FrameTag::default(), |b, id, w| {
                     let mut r = RequestBuilder::new(b, id, w);
-                    r.get_chunk(key, tag, at as u64, len);
+                    r.get_chunk(key, tag, at as u64, len as u32);
                     r.finish();
                 })?;
                 sent += 1;
             }
             self.sessions.flush()?;
-            let at = start + got * LARGE_CHUNK_BYTES_MAX;
-            value.resize(
-                at + (total - got * LARGE_CHUNK_BYTES_MAX).min(LARGE_CHUNK_BYTES_MAX),
-                0,
-            );
-            let code = self.recv_piece(s, &mut value[at..])?;
+            let (at, len) = piece(got);
+            value.resize(start + at + len, 0);
+            let code = self.recv_piece(s, &mut value[start + at..])?;
             if code != ErrorCode::Ok {
                 // The pieces still in flight are dropped by the next call.
                 self.give_up_pieces(s);
