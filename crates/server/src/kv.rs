@@ -114,10 +114,13 @@ impl Drop for Reservation {
 struct Receiving {
     key: Box<[u8]>,
     transfer: u64,
-    /// The value's final buffer, `total` bytes.
-    buf: Box<[u8]>,
-    /// Bytes received so far (the next chunk's offset).
-    at: usize,
+    /// The value's final buffer: its capacity is the value's length, its
+    /// length the bytes received so far (the next piece's offset). Pieces
+    /// are appended, so no byte of it is written twice: zeroing 512 MiB
+    /// first would cost as much as copying the pieces in.
+    buf: Vec<u8>,
+    /// The value's length in bytes.
+    total: usize,
     _share: Reservation,
 }
 
@@ -636,8 +639,8 @@ fn put_chunk(
             Receiving {
                 key: op.key.into(),
                 transfer: c.transfer,
-                buf: vec![0u8; total].into_boxed_slice(),
-                at: 0,
+                buf: Vec::with_capacity(total),
+                total,
                 _share: share,
             },
             now_ms,
@@ -649,21 +652,21 @@ fn put_chunk(
     if r.transfer != c.transfer {
         return ErrorCode::NoSuchTransfer;
     }
-    if c.offset != r.at as u64 || r.buf.len() != total || *r.key != *op.key {
+    if c.offset != r.buf.len() as u64 || r.total != total || *r.key != *op.key {
         receiving.remove(&conn);
         return ErrorCode::ChunkOutOfOrder;
     }
-    let end = r.at + c.bytes.len();
-    r.buf[r.at..end].copy_from_slice(c.bytes);
-    r.at = end;
-    if end < total {
+    // `check` bounded offset + length by the total, so the piece fits
+    // the room reserved.
+    r.buf.extend_from_slice(c.bytes);
+    if r.buf.len() < total {
         return ErrorCode::Ok;
     }
     let Some(r) = receiving.remove(&conn) else {
         return ErrorCode::Internal;
     };
     let (expire_at, cond) = put_terms(op.ttl_ms, cond, now_ms);
-    let value = LargeValue::from_boxed(r.buf);
+    let value = LargeValue::from_boxed(r.buf.into_boxed_slice());
     match partition.put_large(hash, op.key, value, expire_at, cond, now_ms) {
         PutResult::Stored => ErrorCode::Ok,
         PutResult::InsufficientSpace => ErrorCode::InsufficientSpace,
