@@ -295,6 +295,71 @@ impl KvService {
         now_ms: u64,
     ) {
         self.st.counters.frames += 1;
+        let mut rb = ResponseBuilder::new(out, id, self.id);
+        let misrouted = if ops.len() == 1 {
+            self.execute_one(conn, ops, &mut rb, now_ms)
+        } else {
+            self.execute_groups(conn, ops, &mut rb, now_ms)
+        };
+        if misrouted {
+            // Every result stands; the client's table is stale.
+            rb.set_status(ErrorCode::WrongWorker);
+        }
+        match &self.st.piece_after {
+            Some(p) => {
+                rb.finish_before_value(p.range.len(), fabrickv_wire::checksum::crc32c(p.as_ref()))
+            }
+            None => rb.finish(),
+        }
+    }
+
+    /// A frame of one operation (HERD's non-batched requests, every
+    /// client's single GET or PUT): one partition locked, no group to
+    /// form, nothing to prefetch ahead of the lookup. Returns whether the
+    /// partition is another worker's.
+    #[inline]
+    fn execute_one(
+        &mut self,
+        conn: ConnId,
+        mut ops: RequestIter<'_>,
+        rb: &mut ResponseBuilder<'_>,
+        now_ms: u64,
+    ) -> bool {
+        let Some(op) = ops.next() else {
+            return false;
+        };
+        let hash = KeyHash::of(op.key);
+        let p = self.parts.index_of(hash);
+        let mut g = self.parts.lock(p);
+        let misrouted = self.parts.owner(p) != self.id;
+        execute_op(
+            &mut self.st,
+            &self.parts,
+            &mut g,
+            conn,
+            &op,
+            hash,
+            0,
+            rb,
+            now_ms,
+        );
+        let m = u64::from(misrouted);
+        self.st.counters.misrouted += m;
+        self.parts.count(p, &g, 1, m);
+        misrouted
+    }
+
+    /// A frame of several operations, run in groups over at most
+    /// [`FRAME_LOCKS_MAX`] partitions each, every group's keys prefetched
+    /// before its first lookup. Returns whether any partition was another
+    /// worker's.
+    fn execute_groups(
+        &mut self,
+        conn: ConnId,
+        ops: RequestIter<'_>,
+        rb: &mut ResponseBuilder<'_>,
+        now_ms: u64,
+    ) -> bool {
         // Each key is hashed once, here, and its partition found; execution
         // reuses both.
         self.hashes.clear();
@@ -307,7 +372,6 @@ impl KvService {
         let total = self.hashes.len();
         self.slots.clear();
         self.slots.resize(total, 0);
-        let mut rb = ResponseBuilder::new(out, id, self.id);
         let mut ops = ops;
         let mut hint = false;
         let mut start = 0;
@@ -390,7 +454,7 @@ impl KvService {
                     &op,
                     hash,
                     after,
-                    &mut rb,
+                    rb,
                     now_ms,
                 );
             }
@@ -405,16 +469,7 @@ impl KvService {
             drop(guards);
             start = end;
         }
-        if hint {
-            // Every result stands; the client's table is stale.
-            rb.set_status(ErrorCode::WrongWorker);
-        }
-        match &self.st.piece_after {
-            Some(p) => {
-                rb.finish_before_value(p.range.len(), fabrickv_wire::checksum::crc32c(p.as_ref()))
-            }
-            None => rb.finish(),
-        }
+        hint
     }
 
     /// Executes one REQUEST frame into `reply`: [`KvService::execute`],
