@@ -1,8 +1,9 @@
 //! A worker's tcp port: every connection bound to one worker, on one epoll.
 //!
-//! The data path of a burst: one `epoll_wait` with zero timeout, then for
-//! each ready connection one `read` into its buffer and the handler run on
-//! every whole message in it, replies appended to the connection's send
+//! The data path of a burst: one `epoll_wait` with zero timeout (skipped
+//! while connections read earlier still hold messages, up to
+//! [`READY_POLLS_PER_EPOLL`] polls), then for each ready connection one
+//! `read` into its buffer and the handler run on every whole message in it, replies appended to the connection's send
 //! buffer; then [`TcpPort::flush`] does one `write` per connection with
 //! output. No allocation once buffers have grown to their working size.
 //!
@@ -45,6 +46,14 @@ const EVENTS_PER_POLL: usize = 1024;
 /// How often the port looks for connections stalled mid-message, in ms.
 const STALL_CHECK_INTERVAL_MS: u64 = 500;
 
+/// Polls served from the ready list alone, while it still holds
+/// connections, before the port asks epoll again. A worker polls a few
+/// messages at a time (`POLL_BURST_MSGS`), so a client's ten pipelined
+/// requests, read in one `read`, took three polls and three
+/// `epoll_wait`s where one tells all; a connection that turns ready
+/// meanwhile waits at most this many polls to be seen.
+const READY_POLLS_PER_EPOLL: u32 = 8;
+
 /// The acceptor's side of a worker's hand-off channel.
 pub(super) struct Handoff {
     tx: Sender<TcpStream>,
@@ -74,6 +83,8 @@ pub(crate) struct TcpPort {
     open: Arc<AtomicUsize>,
     stats: PortStats,
     last_stall_check: Instant,
+    /// Polls since the last `epoll_wait` (see [`READY_POLLS_PER_EPOLL`]).
+    polls_since_epoll: u32,
     /// The idle timeout and this port's place on the listener's board.
     idle: IdleWatch,
 }
@@ -95,6 +106,7 @@ impl TcpPort {
             open,
             stats: PortStats::default(),
             last_stall_check: Instant::now(),
+            polls_since_epoll: 0,
             idle: IdleWatch::new(),
         };
         Ok((port, Handoff { tx, waker }))
@@ -320,10 +332,15 @@ crate::idle_conns!(TcpPort, Conn, |c| c.in_head != c.in_tail || c.pending() > 0)
 
 impl WorkerPort for TcpPort {
     fn poll(&mut self, max: usize, handler: &mut MessageHandler<'_>) -> Result<usize> {
-        match self.poll.poll(&mut self.events, Some(Duration::ZERO)) {
-            Ok(()) => self.absorb_events(),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
+        if self.ready.is_empty() || self.polls_since_epoll >= READY_POLLS_PER_EPOLL {
+            self.polls_since_epoll = 0;
+            match self.poll.poll(&mut self.events, Some(Duration::ZERO)) {
+                Ok(()) => self.absorb_events(),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            self.polls_since_epoll += 1;
         }
         let ready = std::mem::take(&mut self.ready);
         let (handled, mut ready) = crate::serve_ready(ready, max, |slot, budget| {
@@ -392,5 +409,68 @@ impl Drop for TcpPort {
         for slot in 0..self.conns.len() {
             self.close(slot);
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    use super::*;
+    use crate::WorkerPort;
+
+    /// A connection handed to the port, and the client's end of it.
+    fn connection(l: &TcpListener, h: &Handoff) -> std::net::TcpStream {
+        let client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server, _) = l.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        assert!(h.hand(TcpStream::from_std(server)).is_ok());
+        client
+    }
+
+    /// `msg` with its length prefix, as an endpoint sends it.
+    fn framed(msg: &[u8]) -> Vec<u8> {
+        let mut v = (msg.len() as u32).to_le_bytes().to_vec();
+        v.extend_from_slice(msg);
+        v
+    }
+
+    #[test]
+    fn a_connection_turning_ready_is_seen_while_another_still_has_messages() {
+        let (mut port, h) = TcpPort::new(Arc::new(AtomicUsize::new(0))).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut busy = connection(&l, &h);
+        let mut late = connection(&l, &h);
+        const FLOOD: usize = 1000;
+        let flood: Vec<u8> = (0..FLOOD).flat_map(|_| framed(b"a")).collect();
+        busy.write_all(&flood).unwrap();
+        let mut got = Vec::new();
+        let poll = |port: &mut TcpPort, got: &mut Vec<u8>| {
+            port.poll(1, &mut |_, msg, _| got.extend_from_slice(msg))
+                .unwrap()
+        };
+        // Adopt both, read the flood, and visit `late` (nothing to read)
+        // so that only epoll can tell the port it turned ready.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while got.is_empty() {
+            assert!(Instant::now() < deadline, "the flood never arrived");
+            poll(&mut port, &mut got);
+        }
+        for _ in 0..4 {
+            poll(&mut port, &mut got);
+        }
+        late.write_all(&framed(b"b")).unwrap();
+        let mut polls = 0;
+        while !got.contains(&b'b') {
+            assert!(
+                polls <= 3 * READY_POLLS_PER_EPOLL as usize,
+                "{polls} polls without seeing the late connection"
+            );
+            poll(&mut port, &mut got);
+            polls += 1;
+        }
+        assert!(got.len() < FLOOD, "seen only once the flood ran out");
     }
 }
