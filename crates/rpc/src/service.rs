@@ -41,7 +41,14 @@ impl Clock {
     /// The current time in engine milliseconds.
     #[inline]
     pub fn now_ms(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64 + 1
+        self.ms_at(Instant::now())
+    }
+
+    /// Instant `t` in engine milliseconds, for a caller that has read the
+    /// clock already.
+    #[inline]
+    pub fn ms_at(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.start).as_millis() as u64 + 1
     }
 }
 

@@ -344,7 +344,11 @@ pub fn run_with(
     let mut idle_since: Option<Instant> = None;
     let mut last_sweep = clock.now_ms();
     while !stop.load(Ordering::Acquire) {
-        let now = clock.now_ms();
+        // One clock read a turn, for the services and for the idle
+        // back-off both: each read is a vDSO call, and the two a turn
+        // took were 3-4% of a spinning worker's samples under perf.
+        let turn = Instant::now();
+        let now = clock.ms_at(turn);
         // STATS replies report the transport's counters.
         worker.set_transport_stats(port.stats());
         let jobs = worker.run_jobs(port.as_mut());
@@ -364,7 +368,7 @@ pub fn run_with(
             idle_since = None;
             continue;
         }
-        let idle_for = idle_since.get_or_insert_with(Instant::now).elapsed();
+        let idle_for = turn.saturating_duration_since(*idle_since.get_or_insert(turn));
         if idle_for < Duration::from_micros(IDLE_HOT_SPIN_US) {
             std::hint::spin_loop();
             continue;
