@@ -307,8 +307,11 @@ fn cluster_across_hosts(transport: &str) {
     let took = start.elapsed();
     assert_eq!(out.status.code(), Some(2), "a dead server is an error");
     let err = String::from_utf8_lossy(&out.stderr);
+    // By address while its registration lasts; once that has expired
+    // (REGISTRATION_TTL_S after its last refresh, which a busy machine
+    // can reach before this client looks), as not registered.
     assert!(
-        err.contains("server 2") && err.contains(&net.addr(2)),
+        err.contains("server 2") && (err.contains(&net.addr(2)) || err.contains("not registered")),
         "the error names the server: {err}"
     );
     assert!(took < Duration::from_secs(4), "error after {took:?}");
