@@ -3,9 +3,9 @@
 //! The data path of a burst: one `epoll_wait` with zero timeout (skipped
 //! while connections read earlier still hold messages, up to
 //! [`READY_POLLS_PER_EPOLL`] polls), then for each ready connection one
-//! `read` into its buffer and the handler run on every whole message in it, replies appended to the connection's send
-//! buffer; then [`TcpPort::flush`] does one `write` per connection with
-//! output. No allocation once buffers have grown to their working size.
+//! `read` into its buffer and the handler run on every whole message in
+//! it, replies appended to the connection's send buffer; then
+//! [`TcpPort::flush`] does one `write` per connection with output. No allocation once buffers have grown to their working size.
 //!
 //! Bytes a handler hands over with [`crate::Reply::append_shared`] (a leased
 //! value) are not copied into the send buffer: they are queued at their
