@@ -6,33 +6,34 @@ BIN := target/release/fabrickv
 BENCH_DIR := bench-results
 DATE := $(shell date +%Y-%m-%d)
 
-.PHONY: all fuzz-check build build-lean build-fabric fabric-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run
+.PHONY: all fuzz-check build build-lean build-fabric build-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run
 
 all: build
 
 ## The binary, with every transport (tcp, shm, inproc and libfabric) and
 ## the benchmarks (`fabrickv bench`, `copy --plot`); it installs libfabric
 ## first when it is missing.
-build: fabric-deps
+build: build-deps
 	$(CARGO) build --release -p fabrickv-cli --features fabric,bench
 
 ## The binary without the benchmarks (no fabrickv-bench linked in), built
 ## and checked by its own test (crates/cli/tests/lean.rs): the product must
 ## never come to need the benchmark code. A debug build, on the test
 ## build's dependencies.
-build-lean: fabric-deps
+build-lean: build-deps
 	$(CARGO) test -p fabrickv-cli --no-default-features --features fabric --test lean
 
 ## The same binary (the libfabric transport is built in by default).
 build-fabric: build
 
-## libfabric and libclang, which the libfabric transport builds against.
-fabric-deps:
-	bash scripts/install-fabric-deps.sh
+## libfabric and libclang, which the libfabric transport builds against,
+## and protoc, which etcd-client's build runs.
+build-deps:
+	bash scripts/install-build-deps.sh
 
 ## Installs system packages the tests and benchmarks use (redis, memcached,
 ## iperf3, stress-ng, libfabric).
-deps: fabric-deps
+deps: build-deps
 	bash scripts/install-deps.sh
 
 ## The project's Python environment (.venv) with what the Python tests use.

@@ -27,6 +27,8 @@ command -v iperf3 >/dev/null || need+=(iperf3)
 command -v taskset >/dev/null || need+=(util-linux)
 command -v stress-ng >/dev/null || need+=(stress-ng)
 command -v ss >/dev/null || need+=(iproute2)
+# etcd 3.4, the registry of replicated clusters; tests start their own.
+command -v etcd >/dev/null || need+=(etcd-server)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 
 if [ ${#need[@]} -eq 0 ]; then
@@ -41,6 +43,6 @@ echo "installing: ${need[*]}"
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 # Debian starts these as services on install; tests start their own on free ports.
-for svc in redis-server memcached; do
+for svc in redis-server memcached etcd; do
   if command -v systemctl >/dev/null; then $SUDO systemctl stop "$svc" 2>/dev/null || true; fi
 done

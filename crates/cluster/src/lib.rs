@@ -10,8 +10,11 @@
 //! queue-pair details.
 //! The registry also holds named barriers.
 
+pub mod etcd;
 pub mod local;
+mod mac;
 pub mod registry;
+pub mod slots;
 
 use std::fmt;
 use std::path::Path;

@@ -1,7 +1,9 @@
-//! A memcached process on loopback, for benchmarks that synchronise their
-//! client processes and for tests of the registry.
+//! A memcached or etcd process on loopback, for benchmarks that
+//! synchronise their client processes and for tests of the registries.
 
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,10 +21,7 @@ impl LocalMemcached {
     /// until it accepts connections.
     pub fn start() -> Result<LocalMemcached, String> {
         // Ask the kernel for a free port; memcached binds it right after.
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("cannot find a free port: {e}"))?
-            .port();
+        let port = free_port()?;
         let mut cmd = Command::new("memcached");
         cmd.args([
             "-l",
@@ -73,6 +72,102 @@ impl Drop for LocalMemcached {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// How long etcd may take to report itself healthy after it starts (it
+/// elects itself leader of a one-member cluster first).
+pub const ETCD_START_TIMEOUT_MS: u64 = 30_000;
+
+/// A free loopback port, as the kernel hands one out.
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("cannot find a free port: {e}"))
+}
+
+/// A one-member etcd on loopback with a data directory of its own; killed,
+/// and the directory removed, when dropped.
+pub struct LocalEtcd {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl LocalEtcd {
+    /// Starts `etcd` (from PATH) on free loopback ports with a fresh data
+    /// directory, and waits until its `/health` says so.
+    pub fn start() -> Result<LocalEtcd, String> {
+        let port = free_port()?;
+        let peer = free_port()?;
+        let dir = std::env::temp_dir().join(format!("fabrickv-etcd-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let client_url = format!("http://127.0.0.1:{port}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .arg("--name=fkv")
+            .arg(format!("--data-dir={}", dir.display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=fkv={peer_url}"))
+            .arg("--log-level=error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                format!("cannot start etcd ({e}); install it with `make deps` (Debian package etcd-server)")
+            })?;
+        let mut e = LocalEtcd { child, port, dir };
+        let deadline = Instant::now() + Duration::from_millis(ETCD_START_TIMEOUT_MS);
+        loop {
+            if e.healthy() {
+                return Ok(e);
+            }
+            if let Ok(Some(status)) = e.child.try_wait() {
+                return Err(format!("etcd exited at start: {status}"));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "etcd on port {port} was not healthy within {ETCD_START_TIMEOUT_MS} ms"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether etcd's `/health` endpoint answers that it is.
+    fn healthy(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let req = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        let mut body = String::new();
+        s.write_all(req.as_bytes()).is_ok()
+            && s.read_to_string(&mut body).is_ok()
+            && body.contains("\"health\":\"true\"")
+    }
+
+    /// Its address as a registry URL, `etcd://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.port)
+    }
+
+    /// Its process id, for tests that stop it.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for LocalEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

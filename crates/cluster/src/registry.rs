@@ -54,20 +54,14 @@ pub const REGISTRY_IO_TIMEOUT_MS: u64 = 2_000;
 /// item limit is 1 MiB; descriptors are a few hundred bytes).
 pub const DESC_BYTES_MAX: usize = 64 * 1024;
 
-/// What a registry MAC is made for, so that a MAC made with the cluster
-/// secret for anything else (a handshake, another version's entries)
-/// never passes as one.
-pub const REGISTRY_MAC_CONTEXT: &[u8] = b"fabrickv registry v1";
-
-/// What separates a value from its MAC in memcached (neither JSON from
-/// serde_json nor a number holds a line break).
-const MAC_SEPARATOR: &str = "\nmac:";
+pub use crate::mac::REGISTRY_MAC_CONTEXT;
 
 /// Why a registry operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    /// The registry address is not `memcached://HOST:PORT`.
-    #[error("invalid registry address {0:?}: expected memcached://HOST:PORT")]
+    /// The registry address is neither `memcached://HOST:PORT` nor
+    /// `etcd://HOST:PORT[,...]`.
+    #[error("invalid registry address {0:?}: expected memcached://HOST:PORT or etcd://HOST:PORT[,HOST:PORT...]")]
     Address(String),
     /// A name or size breaks a rule.
     #[error("{0}")]
@@ -79,6 +73,14 @@ pub enum RegistryError {
         addr: String,
         /// What went wrong.
         source: MemcacheError,
+    },
+    /// etcd could not be reached or answered an error.
+    #[error("registry {addr}: {source}")]
+    Etcd {
+        /// The registry's address.
+        addr: String,
+        /// What went wrong.
+        source: etcd_client::Error,
     },
     /// What was stored there is not what a FabricKV server writes.
     #[error("registry {addr}: key {key}: {why}")]
@@ -163,58 +165,13 @@ impl Registry {
 
     /// `value` as stored under `key`: with its MAC when there is a secret.
     fn seal(&self, key: &str, value: &str) -> String {
-        match &self.secret {
-            None => value.to_string(),
-            Some(s) => {
-                let mac = s.mac(REGISTRY_MAC_CONTEXT, &mac_input(key, value));
-                let mut out = String::with_capacity(value.len() + MAC_SEPARATOR.len() + 64);
-                out.push_str(value);
-                out.push_str(MAC_SEPARATOR);
-                for b in mac {
-                    out.push_str(&format!("{b:02x}"));
-                }
-                out
-            }
-        }
+        crate::mac::seal(self.secret.as_ref(), key, value)
     }
 
-    /// The value stored under `key`, if it is one to trust: its MAC checks
-    /// out (with a secret), and it is text. Otherwise the reason is logged
-    /// (never the secret, nor the junk itself beyond its length) and the
-    /// key counts as absent.
+    /// The value stored under `key`, if it is one to trust
+    /// ([`crate::mac::open`]).
     fn open<'a>(&self, key: &str, raw: &'a [u8]) -> Option<&'a str> {
-        let Ok(text) = std::str::from_utf8(raw) else {
-            tracing::warn!(
-                "registry {}: key {key} holds {} bytes that are not text; ignored",
-                self.addr,
-                raw.len()
-            );
-            return None;
-        };
-        let (value, mac) = match text.split_once(MAC_SEPARATOR) {
-            Some((v, m)) => (v, Some(m)),
-            None => (text, None),
-        };
-        let Some(secret) = &self.secret else {
-            return Some(value);
-        };
-        let ok = mac
-            .and_then(parse_hex_mac)
-            .is_some_and(|m| secret.verify_mac(REGISTRY_MAC_CONTEXT, &mac_input(key, value), &m));
-        if !ok {
-            tracing::warn!(
-                "registry {}: key {key} {} a MAC made with this cluster's secret; ignored \
-                 (written by a server with another secret, or forged)",
-                self.addr,
-                if mac.is_some() {
-                    "does not carry"
-                } else {
-                    "carries no"
-                },
-            );
-            return None;
-        }
-        Some(value)
+        crate::mac::open(self.secret.as_ref(), &self.addr, key, raw)
     }
 
     /// The cluster this registry handle reads and writes.
@@ -442,30 +399,6 @@ impl Registry {
         }
         Ok(me)
     }
-}
-
-/// What a registry MAC covers: the key, a 0 byte (neither holds one) and
-/// the value, so that a valid entry copied under another key fails.
-fn mac_input(key: &str, value: &str) -> Vec<u8> {
-    let mut m = Vec::with_capacity(key.len() + 1 + value.len());
-    m.extend_from_slice(key.as_bytes());
-    m.push(0);
-    m.extend_from_slice(value.as_bytes());
-    m
-}
-
-/// A MAC written as lower-case hex, or `None` if it is not one.
-fn parse_hex_mac(hex: &str) -> Option<[u8; fabrickv_auth::MAC_BYTES]> {
-    let hex = hex.as_bytes();
-    if hex.len() != 2 * fabrickv_auth::MAC_BYTES {
-        return None;
-    }
-    let mut mac = [0u8; fabrickv_auth::MAC_BYTES];
-    for (b, pair) in mac.iter_mut().zip(hex.chunks_exact(2)) {
-        let s = std::str::from_utf8(pair).ok()?;
-        *b = u8::from_str_radix(s, 16).ok()?;
-    }
-    Some(mac)
 }
 
 /// A server's live registration: refreshes its descriptor every third of

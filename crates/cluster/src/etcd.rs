@@ -1,0 +1,531 @@
+//! The etcd registry: the membership and slot map of a replicated cluster.
+//!
+//! etcd is the source of truth, and FabricKV writes no consensus of its
+//! own: every change of configuration is an etcd transaction that compares
+//! a revision. Keys, all under `/fabrickv/CLUSTER/`:
+//! - `server/ID`: the server's [`ServerDesc`] as JSON, attached to the
+//!   server's lease, so it disappears [`LEASE_TTL_S`] after the server
+//!   stops refreshing it (it is an address book, not a failure detector:
+//!   a failed primary is found by direct heartbeats);
+//! - `map`: the [`SlotMap`] as JSON. The first server to start creates it
+//!   with a transaction that succeeds only while the key is absent; after
+//!   that it changes only by a transaction comparing its `mod_revision`.
+//!
+//! With a cluster secret the values carry the registry MAC
+//! ([`crate::mac`]), so that whoever can write to etcd cannot redirect
+//! clients. etcd's own user and password come from the environment
+//! ([`ETCD_USER_ENV`], [`ETCD_PASSWORD_FILE_ENV`] or
+//! [`ETCD_PASSWORD_ENV`]), never from a command line.
+//!
+//! The etcd client is asynchronous (tonic); this module owns a small
+//! runtime of its own and offers blocking calls, so the servers' and
+//! clients' threads never need one. Watches run on that runtime and hand
+//! each new [`ClusterView`] to a callback.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
+};
+use fabrickv_auth::Secret;
+use tokio::runtime::Runtime;
+
+use crate::slots::SlotMap;
+use crate::{check_name, RegistryError, ServerDesc, CLUSTER_SERVERS_MAX};
+
+/// Seconds a server's registration lives without a keep-alive. etcd 3.4
+/// refuses leases shorter than its minimum (about 2 s with default
+/// timing); 5 s keeps an address book fresh without churn.
+pub const LEASE_TTL_S: i64 = 5;
+
+/// Timeout of one etcd request, in milliseconds.
+pub const ETCD_IO_TIMEOUT_MS: u64 = 2_000;
+
+/// Longest wait before a broken watch is opened again, in milliseconds.
+/// Retries start at 10 ms and double.
+pub const WATCH_RETRY_MAX_MS: u64 = 1_000;
+
+/// Most endpoints one `etcd://` address may list.
+pub const ETCD_ENDPOINTS_MAX: usize = 16;
+
+/// Environment variable naming the etcd user, when etcd has
+/// authentication on.
+pub const ETCD_USER_ENV: &str = "FABRICKV_ETCD_USER";
+
+/// Environment variable naming a file holding the etcd user's password.
+pub const ETCD_PASSWORD_FILE_ENV: &str = "FABRICKV_ETCD_PASSWORD_FILE";
+
+/// Environment variable holding the etcd user's password (the file is
+/// preferred: the environment of a process can be read by its user).
+pub const ETCD_PASSWORD_ENV: &str = "FABRICKV_ETCD_PASSWORD";
+
+/// What a server's view of the cluster holds: the map, its revision (the
+/// `mod_revision` a change must compare with) and each server's
+/// descriptor, by id.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterView {
+    /// The etcd revision this view was read at.
+    pub revision: i64,
+    /// The map and its `mod_revision`, once a server has created it.
+    pub map: Option<(SlotMap, i64)>,
+    /// Descriptors of the servers registered now, by id (`None`: absent).
+    pub servers: Vec<Option<ServerDesc>>,
+}
+
+impl ClusterView {
+    /// The descriptor of server `id`, if it is registered.
+    pub fn server(&self, id: u32) -> Option<&ServerDesc> {
+        self.servers.get(id as usize).and_then(Option::as_ref)
+    }
+}
+
+/// A connection to etcd for one cluster. Clones share it.
+#[derive(Clone)]
+pub struct EtcdRegistry {
+    url: String,
+    cluster: String,
+    secret: Option<Secret>,
+    rt: Arc<Runtime>,
+    client: Client,
+}
+
+impl std::fmt::Debug for EtcdRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdRegistry")
+            .field("url", &self.url)
+            .field("cluster", &self.cluster)
+            .field("authenticated", &self.secret.is_some())
+            .finish()
+    }
+}
+
+/// The `HOST:PORT` endpoints of an `etcd://HOST:PORT[,HOST:PORT...]`
+/// address.
+pub fn parse_etcd_url(url: &str) -> Result<Vec<String>, RegistryError> {
+    let bad = || RegistryError::Address(url.to_string());
+    let list = url.strip_prefix("etcd://").ok_or_else(bad)?;
+    let endpoints: Vec<String> = list.split(',').map(str::to_string).collect();
+    if endpoints.len() > ETCD_ENDPOINTS_MAX
+        || endpoints
+            .iter()
+            .any(|e| e.is_empty() || e.contains('/') || e.contains('?') || !e.contains(':'))
+    {
+        return Err(bad());
+    }
+    Ok(endpoints)
+}
+
+/// etcd's user and password from the environment, if a user is named.
+fn etcd_credentials() -> Result<Option<(String, String)>, RegistryError> {
+    let Ok(user) = std::env::var(ETCD_USER_ENV) else {
+        return Ok(None);
+    };
+    let password = match std::env::var(ETCD_PASSWORD_FILE_ENV) {
+        Ok(path) => std::fs::read_to_string(&path)
+            .map_err(|e| {
+                RegistryError::Invalid(format!("cannot read {ETCD_PASSWORD_FILE_ENV} {path}: {e}"))
+            })?
+            .trim_end_matches(['\r', '\n'])
+            .to_string(),
+        Err(_) => std::env::var(ETCD_PASSWORD_ENV).map_err(|_| {
+            RegistryError::Invalid(format!(
+                "{ETCD_USER_ENV} is set but neither {ETCD_PASSWORD_FILE_ENV} nor {ETCD_PASSWORD_ENV}"
+            ))
+        })?,
+    };
+    Ok(Some((user, password)))
+}
+
+impl EtcdRegistry {
+    /// Connects to etcd at `etcd://HOST:PORT[,...]` for cluster `cluster`,
+    /// with the process's cluster secret, if any (a server sets its own
+    /// with [`EtcdRegistry::with_secret`]).
+    pub fn connect(url: &str, cluster: &str) -> Result<EtcdRegistry, RegistryError> {
+        check_name("cluster", cluster).map_err(RegistryError::Invalid)?;
+        let endpoints = parse_etcd_url(url)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("fkv-etcd")
+            .enable_all()
+            .build()
+            .map_err(|e| RegistryError::Invalid(format!("cannot start the etcd runtime: {e}")))?;
+        let io = Duration::from_millis(ETCD_IO_TIMEOUT_MS);
+        // HTTP/2 pings notice a dead etcd member while a watch is idle.
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(io)
+            .with_keep_alive(Duration::from_secs(1), io)
+            .with_keep_alive_while_idle(true);
+        if let Some((user, password)) = etcd_credentials()? {
+            options = options.with_user(user, password);
+        }
+        let client = rt
+            .block_on(async {
+                tokio::time::timeout(io, Client::connect(&endpoints, Some(options))).await
+            })
+            .map_err(|_| {
+                RegistryError::Timeout(format!("etcd {url}: no answer in {ETCD_IO_TIMEOUT_MS} ms"))
+            })?
+            .map_err(|e| etcd_err(url, e))?;
+        let secret =
+            fabrickv_auth::client_secret().map_err(|e| RegistryError::Invalid(e.to_string()))?;
+        Ok(EtcdRegistry {
+            url: url.to_string(),
+            cluster: cluster.to_string(),
+            secret,
+            rt: Arc::new(rt),
+            client,
+        })
+    }
+
+    /// The same registry, MACing and checking its entries with `secret`
+    /// (`None`: neither) instead of the process's.
+    pub fn with_secret(mut self, secret: Option<Secret>) -> EtcdRegistry {
+        self.secret = secret;
+        self
+    }
+
+    /// The cluster this handle reads and writes.
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+
+    /// The address it was connected with.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn prefix(&self) -> String {
+        format!("/fabrickv/{}/", self.cluster)
+    }
+
+    fn map_key(&self) -> String {
+        format!("{}map", self.prefix())
+    }
+
+    fn server_key(&self, id: u32) -> String {
+        format!("{}server/{id}", self.prefix())
+    }
+
+    /// Runs one etcd request on the registry's runtime, within
+    /// [`ETCD_IO_TIMEOUT_MS`], from a thread outside it.
+    fn call<T, F>(&self, what: &str, fut: F) -> Result<T, RegistryError>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.rt.block_on(self.timed(what, fut))
+    }
+
+    /// One etcd request, within [`ETCD_IO_TIMEOUT_MS`].
+    async fn timed<T, F>(&self, what: &str, fut: F) -> Result<T, RegistryError>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let io = Duration::from_millis(ETCD_IO_TIMEOUT_MS);
+        tokio::time::timeout(io, fut)
+            .await
+            .map_err(|_| {
+                RegistryError::Timeout(format!(
+                    "etcd {}: {what}: no answer in {ETCD_IO_TIMEOUT_MS} ms",
+                    self.url
+                ))
+            })?
+            .map_err(|e| etcd_err(&self.url, e))
+    }
+
+    /// Reads the whole cluster: map and descriptors, at one revision.
+    pub fn view(&self) -> Result<ClusterView, RegistryError> {
+        self.rt.block_on(self.read_view())
+    }
+
+    async fn read_view(&self) -> Result<ClusterView, RegistryError> {
+        let mut c = self.client.clone();
+        let prefix = self.prefix();
+        let resp = self
+            .timed(
+                "read the cluster",
+                c.get(prefix.clone(), Some(GetOptions::new().with_prefix())),
+            )
+            .await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut view = ClusterView {
+            revision,
+            ..ClusterView::default()
+        };
+        for kv in resp.kvs() {
+            let Ok(key) = std::str::from_utf8(kv.key()) else {
+                continue;
+            };
+            let Some(value) = crate::mac::open(self.secret.as_ref(), &self.url, key, kv.value())
+            else {
+                continue;
+            };
+            let rest = &key[prefix.len()..];
+            if rest == "map" {
+                match SlotMap::from_json(value.as_bytes()) {
+                    Ok(map) => view.map = Some((map, kv.mod_revision())),
+                    Err(why) => {
+                        return Err(RegistryError::Corrupt {
+                            addr: self.url.clone(),
+                            key: key.to_string(),
+                            why,
+                        })
+                    }
+                }
+            } else if let Some(id) = rest.strip_prefix("server/") {
+                let desc: Option<ServerDesc> = serde_json::from_str(value).ok();
+                match (id.parse::<u32>(), desc) {
+                    (Ok(id), Some(desc)) if id == desc.id && id < CLUSTER_SERVERS_MAX => {
+                        let i = id as usize;
+                        if view.servers.len() <= i {
+                            view.servers.resize(i + 1, None);
+                        }
+                        view.servers[i] = Some(desc);
+                    }
+                    _ => tracing::warn!(
+                        "etcd {}: key {key} is not a server descriptor; ignored",
+                        self.url
+                    ),
+                }
+            }
+        }
+        Ok(view)
+    }
+
+    /// Creates the cluster's map as `initial` unless one exists, in one
+    /// transaction, and returns the map in force and its `mod_revision`.
+    /// A map of another size or copy count is an error: this server was
+    /// started for another cluster.
+    pub fn create_map(&self, initial: &SlotMap) -> Result<(SlotMap, i64), RegistryError> {
+        let key = self.map_key();
+        let sealed = crate::mac::seal(self.secret.as_ref(), &key, &initial.to_json());
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), sealed, None)])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let mut c = self.client.clone();
+        let resp = self.call("create the slot map", c.txn(txn))?;
+        if resp.succeeded() {
+            let rev = resp.header().map_or(0, |h| h.revision());
+            return Ok((initial.clone(), rev));
+        }
+        let existing = resp.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(g) => g
+                .kvs()
+                .first()
+                .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
+            _ => None,
+        });
+        let Some((raw, rev)) = existing else {
+            return Err(RegistryError::Corrupt {
+                addr: self.url.clone(),
+                key,
+                why: "the map vanished while it was read".into(),
+            });
+        };
+        let corrupt = |why: String| RegistryError::Corrupt {
+            addr: self.url.clone(),
+            key: key.clone(),
+            why,
+        };
+        let text =
+            crate::mac::open(self.secret.as_ref(), &self.url, &key, &raw).ok_or_else(|| {
+                corrupt("its MAC does not check out with this cluster's secret".into())
+            })?;
+        let map = SlotMap::from_json(text.as_bytes()).map_err(corrupt)?;
+        if map.size != initial.size || map.replicas != initial.replicas {
+            return Err(RegistryError::Invalid(format!(
+                "cluster {} in etcd has {} servers and {} copies of each slot; this server was started with --cluster-size {} --replicas {}",
+                self.cluster, map.size, map.replicas, initial.size, initial.replicas
+            )));
+        }
+        Ok((map, rev))
+    }
+
+    /// Replaces the map if it is still at `mod_revision` `expected`, in
+    /// one transaction; `Ok(false)` when another change won.
+    pub fn swap_map(&self, expected: i64, map: &SlotMap) -> Result<bool, RegistryError> {
+        map.validate().map_err(RegistryError::Invalid)?;
+        let key = self.map_key();
+        let sealed = crate::mac::seal(self.secret.as_ref(), &key, &map.to_json());
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                expected,
+            )])
+            .and_then([TxnOp::put(key, sealed, None)]);
+        let mut c = self.client.clone();
+        Ok(self.call("change the slot map", c.txn(txn))?.succeeded())
+    }
+
+    /// Publishes `desc` under a lease of [`LEASE_TTL_S`] and keeps it
+    /// alive until the returned registration is dropped.
+    pub fn register(&self, desc: &ServerDesc) -> Result<EtcdRegistration, RegistryError> {
+        let key = self.server_key(desc.id);
+        let json =
+            serde_json::to_string(desc).map_err(|e| RegistryError::Invalid(e.to_string()))?;
+        let value = crate::mac::seal(self.secret.as_ref(), &key, &json);
+        let lease = Arc::new(AtomicI64::new(self.grant_and_put(&key, &value)?));
+        let me = self.clone();
+        let held = lease.clone();
+        let task = self
+            .rt
+            .spawn(async move { me.keep_alive(key, value, held).await });
+        Ok(EtcdRegistration {
+            registry: self.clone(),
+            lease,
+            task,
+        })
+    }
+
+    fn grant_and_put(&self, key: &str, value: &str) -> Result<i64, RegistryError> {
+        let mut c = self.client.clone();
+        let lease = self
+            .call("grant a lease", c.lease_grant(LEASE_TTL_S, None))?
+            .id();
+        let mut c = self.client.clone();
+        self.call(
+            "publish the server",
+            c.put(key, value, Some(PutOptions::new().with_lease(lease))),
+        )?;
+        Ok(lease)
+    }
+
+    /// Refreshes the lease every third of its TTL; if it expired anyway
+    /// (etcd unreachable for longer), grants a new one and publishes again.
+    async fn keep_alive(self, key: String, value: String, held: Arc<AtomicI64>) {
+        let period = Duration::from_millis(LEASE_TTL_S as u64 * 1000 / 3);
+        loop {
+            let lease = held.load(Ordering::Relaxed);
+            let mut c = self.client.clone();
+            let alive = match c.lease_keep_alive(lease).await {
+                Ok((mut keeper, mut stream)) => loop {
+                    if keeper.keep_alive().await.is_err() {
+                        break true;
+                    }
+                    match stream.message().await {
+                        Ok(Some(r)) if r.ttl() > 0 => tokio::time::sleep(period).await,
+                        Ok(Some(_)) => break false,
+                        _ => break true,
+                    }
+                },
+                Err(_) => true,
+            };
+            if alive {
+                // The stream broke: try again shortly, on the same lease.
+                tokio::time::sleep(Duration::from_millis(WATCH_RETRY_MAX_MS)).await;
+                continue;
+            }
+            tracing::warn!(
+                "etcd {}: registration lease expired; registering again",
+                self.url
+            );
+            let mut c = self.client.clone();
+            match c.lease_grant(LEASE_TTL_S, None).await {
+                Ok(g) => {
+                    held.store(g.id(), Ordering::Relaxed);
+                    let opts = PutOptions::new().with_lease(g.id());
+                    if let Err(e) = c.put(key.clone(), value.clone(), Some(opts)).await {
+                        tracing::warn!("etcd {}: cannot publish the server again: {e}", self.url);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("etcd {}: cannot grant a lease: {e}", self.url);
+                    tokio::time::sleep(Duration::from_millis(WATCH_RETRY_MAX_MS)).await;
+                }
+            }
+        }
+    }
+
+    /// Calls `on_view` with the cluster as it is now, and again after
+    /// every change of the map or of a descriptor, until the returned
+    /// handle is dropped. A broken watch is opened again (backing off up
+    /// to [`WATCH_RETRY_MAX_MS`]) and the cluster read afresh, so no change
+    /// is missed.
+    pub fn watch<F>(&self, mut on_view: F) -> WatchHandle
+    where
+        F: FnMut(ClusterView) + Send + 'static,
+    {
+        let me = self.clone();
+        let task = self.rt.spawn(async move {
+            let mut backoff = Duration::from_millis(10);
+            loop {
+                let view = match me.read_view().await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::warn!("etcd watch: {e}");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_millis(WATCH_RETRY_MAX_MS));
+                        continue;
+                    }
+                };
+                let from = view.revision + 1;
+                on_view(view);
+                let mut c = me.client.clone();
+                let opts = WatchOptions::new().with_prefix().with_start_revision(from);
+                match c.watch(me.prefix(), Some(opts)).await {
+                    Ok(mut stream) => {
+                        backoff = Duration::from_millis(10);
+                        // Any event: read the whole view again (changes
+                        // are rare; a full read cannot miss one).
+                        loop {
+                            match stream.message().await {
+                                Ok(Some(r)) if r.events().is_empty() && !r.canceled() => continue,
+                                _ => break,
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("etcd watch: {e}");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_millis(WATCH_RETRY_MAX_MS));
+                    }
+                }
+            }
+        });
+        WatchHandle { task }
+    }
+}
+
+fn etcd_err(url: &str, e: etcd_client::Error) -> RegistryError {
+    RegistryError::Etcd {
+        addr: url.to_string(),
+        source: e,
+    }
+}
+
+/// A server's live registration in etcd: its lease is kept alive until
+/// this is dropped, and revoked then (which deletes its descriptor).
+pub struct EtcdRegistration {
+    registry: EtcdRegistry,
+    lease: Arc<AtomicI64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EtcdRegistration {
+    fn drop(&mut self) {
+        self.task.abort();
+        let lease = self.lease.load(Ordering::Relaxed);
+        let mut c = self.registry.client.clone();
+        if let Err(e) = self
+            .registry
+            .call("revoke the lease", c.lease_revoke(lease))
+        {
+            tracing::warn!("cannot remove the registration: {e}");
+        }
+    }
+}
+
+/// A running watch; dropping it stops the watch.
+pub struct WatchHandle {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for WatchHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,136 @@
+//! The etcd registry against a real etcd on loopback: registration with a
+//! lease, the slot map's create-once and compare-and-swap, the watch, and
+//! the MAC that keeps a writer without the secret out.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use fabrickv_auth::Secret;
+use fabrickv_cluster::etcd::{ClusterView, EtcdRegistry};
+use fabrickv_cluster::local::LocalEtcd;
+use fabrickv_cluster::slots::SlotMap;
+use fabrickv_cluster::ServerDesc;
+
+/// Generous: a loaded 2-core machine may take seconds to run the watch.
+const WAIT: Duration = Duration::from_secs(30);
+
+fn desc(id: u32) -> ServerDesc {
+    ServerDesc {
+        id,
+        addrs: vec![format!("tcp://127.0.0.1:{}", 7000 + id)],
+        resp: Some(format!("127.0.0.1:{}", 8000 + id)),
+        grpc: None,
+        workers: 2,
+        pid: std::process::id(),
+    }
+}
+
+fn registry(etcd: &LocalEtcd, cluster: &str) -> EtcdRegistry {
+    EtcdRegistry::connect(&etcd.url(), cluster)
+        .expect("connect")
+        .with_secret(None)
+}
+
+/// Waits for a view the watch delivers that satisfies `ok`.
+fn wait_for(rx: &mpsc::Receiver<ClusterView>, ok: impl Fn(&ClusterView) -> bool) -> ClusterView {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let v = rx
+            .recv_timeout(left)
+            .expect("the watch delivered no such view in time");
+        if ok(&v) {
+            return v;
+        }
+    }
+}
+
+#[test]
+fn the_map_is_created_once_and_changed_only_by_compare_and_swap() {
+    let etcd = LocalEtcd::start().expect("etcd");
+    let a = registry(&etcd, "c1");
+    let b = registry(&etcd, "c1");
+    let first = SlotMap::initial(3, 2).expect("map");
+    let (m1, rev1) = a.create_map(&first).expect("create");
+    assert_eq!(m1, first);
+    // A second server starting with the same shape gets the same map.
+    let (m2, rev2) = b.create_map(&first).expect("create again");
+    assert_eq!((m2, rev2), (first.clone(), rev1));
+    // One with another shape is told so.
+    let e = b
+        .create_map(&SlotMap::initial(4, 2).expect("map"))
+        .expect_err("another size");
+    assert!(e.to_string().contains("3 servers and 2 copies"), "{e}");
+
+    let mut next = first.clone();
+    next.epoch += 1;
+    next.groups[0].primary = 1;
+    next.groups[0].backups = vec![];
+    assert!(
+        a.swap_map(rev1, &next).expect("swap"),
+        "the first swap wins"
+    );
+    let mut other = first.clone();
+    other.epoch += 1;
+    assert!(
+        !b.swap_map(rev1, &other).expect("swap"),
+        "a swap against the old revision loses"
+    );
+    let (now, _) = b.view().expect("view").map.expect("a map");
+    assert_eq!(now, next);
+    // Another cluster on the same etcd is separate.
+    assert!(registry(&etcd, "c2").view().expect("view").map.is_none());
+}
+
+#[test]
+fn a_registration_is_seen_by_the_watch_and_leaves_when_dropped() {
+    let etcd = LocalEtcd::start().expect("etcd");
+    let reg = registry(&etcd, "w");
+    let (tx, rx) = mpsc::channel();
+    let _watch = reg.watch(move |v| {
+        let _ = tx.send(v);
+    });
+    let r0 = registry(&etcd, "w").register(&desc(0)).expect("register 0");
+    let r2 = registry(&etcd, "w").register(&desc(2)).expect("register 2");
+    let v = wait_for(&rx, |v| v.server(0).is_some() && v.server(2).is_some());
+    assert_eq!(v.server(0), Some(&desc(0)));
+    assert_eq!(v.server(2), Some(&desc(2)));
+    assert!(v.server(1).is_none());
+    reg.create_map(&SlotMap::initial(3, 1).expect("map"))
+        .expect("create");
+    wait_for(&rx, |v| v.map.is_some());
+    drop(r2);
+    let v = wait_for(&rx, |v| v.server(2).is_none());
+    assert!(v.server(0).is_some(), "server 0 is still registered");
+    drop(r0);
+}
+
+#[test]
+fn with_a_secret_an_entry_written_without_it_is_ignored() {
+    let etcd = LocalEtcd::start().expect("etcd");
+    let secret = Secret::from_bytes(b"etcd-registry-secret-0123", "test").expect("secret");
+    let honest = registry(&etcd, "s").with_secret(Some(secret.clone()));
+    let forger = registry(&etcd, "s");
+    let _forged = forger.register(&desc(1)).expect("a forger can write");
+    let (forged_map, _) = forger
+        .create_map(&SlotMap::initial(2, 1).expect("map"))
+        .expect("a forger can write a map");
+    drop(forged_map);
+    let _real = honest.register(&desc(0)).expect("register");
+    let v = honest.view().expect("view");
+    assert!(v.map.is_none(), "a map without the MAC is ignored");
+    let e = honest
+        .create_map(&SlotMap::initial(2, 1).expect("map"))
+        .expect_err("a forged map is neither trusted nor overwritten");
+    assert!(e.to_string().contains("MAC"), "{e}");
+    // Descriptors: the forged one is ignored, the real one read.
+    let other = registry(&etcd, "s2").with_secret(Some(secret));
+    let _r = other.register(&desc(0)).expect("register");
+    let _f = registry(&etcd, "s2").register(&desc(1)).expect("forged");
+    let v = other.view().expect("view");
+    assert!(v.server(0).is_some());
+    assert!(
+        v.server(1).is_none(),
+        "a descriptor without the MAC is ignored"
+    );
+}
