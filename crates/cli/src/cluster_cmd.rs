@@ -1,19 +1,25 @@
 //! Cluster membership from the command line: a server's registration
-//! (`serve --registry`), `fabrickv barrier` and `fabrickv cluster show`.
+//! (`serve --registry`, memcached or etcd), `fabrickv barrier` and
+//! `fabrickv cluster show`.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use fabrickv_client::Kv;
+use fabrickv_cluster::etcd::{ClusterView, EtcdRegistration, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::registry::REGISTRATION_TTL_S;
+use fabrickv_cluster::slots::SlotMap;
 use fabrickv_cluster::{Cluster, Registration, Registry, ServerDesc};
+use fabrickv_server::placement::{Placement, Routing};
 use fabrickv_server::ServerHandle;
 
-/// How `serve` joins a cluster through the memcached registry.
+/// How `serve` joins a cluster through a registry.
 #[derive(clap::Args, Clone, Default)]
 pub struct ServeClusterArgs {
-    /// Publish this server in a memcached registry
-    /// (memcached://HOST:PORT) so clients find it by cluster name.
+    /// Publish this server in a registry so clients find it by cluster
+    /// name: memcached://HOST:PORT (single-copy clusters placed by jump
+    /// hashing) or etcd://HOST:PORT[,HOST:PORT...] (a slot map of replica
+    /// groups, which Redis cluster clients follow too).
     #[arg(long, env = "FABRICKV_REGISTRY", value_name = "URL")]
     pub registry: Option<String>,
     /// The cluster's name in the registry.
@@ -29,6 +35,36 @@ pub struct ServeClusterArgs {
     /// deregistering (it is refreshed every third of this).
     #[arg(long, default_value_t = REGISTRATION_TTL_S, value_name = "S")]
     pub registry_ttl: u32,
+    /// Copies of each slot (a primary and R-1 backups), 1 to 3; needs an
+    /// etcd registry, and every server of a cluster must agree.
+    #[arg(long, value_name = "R", default_value_t = 1)]
+    pub replicas: u8,
+}
+
+/// A server's membership, kept while it serves (dropping it leaves the
+/// registry).
+pub enum Membership {
+    /// Published in memcached.
+    Memcached { _registration: Registration },
+    /// Published in etcd, following the slot map.
+    Etcd { _member: EtcdMember },
+}
+
+/// A server's part in an etcd cluster: its lease and its watch of the map
+/// (dropping it stops both and removes the registration).
+pub struct EtcdMember {
+    _watch: WatchHandle,
+    _registration: EtcdRegistration,
+}
+
+/// Installs `view`, as server `me` of `cluster` sees it, in `placement`;
+/// a view without a map is skipped (no server has created it yet).
+fn install(placement: &Placement, me: u32, cluster: &str, view: ClusterView) {
+    if let Some((map, _)) = view.map {
+        let epoch = map.epoch;
+        placement.install(Routing::new(me, cluster, map, view.servers));
+        tracing::debug!("slot map epoch {epoch} installed");
+    }
 }
 
 impl ServeClusterArgs {
@@ -40,10 +76,13 @@ impl ServeClusterArgs {
         &self,
         handle: &ServerHandle,
         secret: Option<fabrickv_auth::Secret>,
-    ) -> Result<Option<Registration>, String> {
+    ) -> Result<Option<Membership>, String> {
         let Some(url) = &self.registry else {
             if self.id.is_some() || self.cluster_size.is_some() {
                 return Err("--id and --cluster-size need --registry".into());
+            }
+            if self.replicas != 1 {
+                return Err("--replicas needs an etcd registry (--registry etcd://...)".into());
             }
             return Ok(None);
         };
@@ -58,6 +97,12 @@ impl ServeClusterArgs {
             workers: handle.workers() as u32,
             pid: std::process::id(),
         };
+        if url.starts_with("etcd://") {
+            return self.join_etcd(url, handle, desc, size, secret).map(Some);
+        }
+        if self.replicas != 1 {
+            return Err("--replicas needs an etcd registry (--registry etcd://...)".into());
+        }
         let registry = Registry::connect(url, &self.cluster)
             .map_err(|e| e.to_string())?
             .with_secret(secret);
@@ -67,7 +112,50 @@ impl ServeClusterArgs {
             "fabrickv: registered as server {id} of {size} in cluster {} at {url}",
             self.cluster
         );
-        Ok(Some(r))
+        Ok(Some(Membership::Memcached { _registration: r }))
+    }
+
+    /// Publishes the server in etcd, creates the cluster's first slot map
+    /// unless a server did already, installs the map before returning (so
+    /// the server redirects keys it does not serve from its first
+    /// command on) and follows every later change of it.
+    fn join_etcd(
+        &self,
+        url: &str,
+        handle: &ServerHandle,
+        desc: ServerDesc,
+        size: u32,
+        secret: Option<fabrickv_auth::Secret>,
+    ) -> Result<Membership, String> {
+        let id = desc.id;
+        if id >= size {
+            return Err(format!("--id {id} is not below --cluster-size {size}"));
+        }
+        let registry = EtcdRegistry::connect(url, &self.cluster)
+            .map_err(|e| e.to_string())?
+            .with_secret(secret);
+        let initial = SlotMap::initial(size, self.replicas)?;
+        let registration = registry
+            .register(&desc)
+            .map_err(|e| format!("cannot register: {e}"))?;
+        registry
+            .create_map(&initial)
+            .map_err(|e| format!("cannot read or create the slot map: {e}"))?;
+        let view = registry.view().map_err(|e| e.to_string())?;
+        let placement = handle.placement().clone();
+        let cluster = self.cluster.clone();
+        install(&placement, id, &cluster, view);
+        let watch = registry.watch(move |view| install(&placement, id, &cluster, view));
+        eprintln!(
+            "fabrickv: registered as server {id} of {size} in cluster {} at {url} ({} copies of each slot)",
+            self.cluster, self.replicas
+        );
+        Ok(Membership::Etcd {
+            _member: EtcdMember {
+                _watch: watch,
+                _registration: registration,
+            },
+        })
     }
 }
 
@@ -78,7 +166,8 @@ pub struct ClusterSource {
     /// addrs).
     #[arg(long, value_name = "FILE", conflicts_with = "registry")]
     pub cluster_config: Option<PathBuf>,
-    /// memcached registry to read the cluster from (memcached://HOST:PORT).
+    /// Registry to read the cluster from (memcached://HOST:PORT or
+    /// etcd://HOST:PORT[,HOST:PORT...]).
     #[arg(long, env = "FABRICKV_REGISTRY", value_name = "URL")]
     pub registry: Option<String>,
     /// The cluster's name in the registry.
@@ -160,6 +249,12 @@ pub fn barrier(a: &BarrierArgs) -> Result<std::process::ExitCode, String> {
 pub fn run(cmd: ClusterCommand) -> Result<std::process::ExitCode, String> {
     match cmd {
         ClusterCommand::Show { source, wait, toml } => {
+            if let Some(url) = source.registry.as_deref().filter(|u| u.starts_with("etcd://")) {
+                if toml {
+                    return Err("--toml describes a static cluster; an etcd cluster has a slot map".into());
+                }
+                return show_etcd(url, &source.cluster, seconds("--wait", wait)?);
+            }
             let start = Instant::now();
             let c = source.load(seconds("--wait", wait)?)?;
             let took = start.elapsed();
@@ -177,6 +272,63 @@ pub fn run(cmd: ClusterCommand) -> Result<std::process::ExitCode, String> {
             Ok(std::process::ExitCode::SUCCESS)
         }
     }
+}
+
+/// Most time between two reads of an etcd cluster that is not complete
+/// yet, in milliseconds.
+const SHOW_POLL_MS: u64 = 50;
+
+/// `fabrickv cluster show` of an etcd cluster: its slot map (ranges,
+/// primary, backups, epoch) and each server's state; exits 1 while a
+/// server is not registered or no server has created the map.
+fn show_etcd(url: &str, cluster: &str, wait: Duration) -> Result<std::process::ExitCode, String> {
+    let start = Instant::now();
+    let registry = EtcdRegistry::connect(url, cluster).map_err(|e| e.to_string())?;
+    let deadline = start + wait;
+    let view = loop {
+        let view = registry.view().map_err(|e| e.to_string())?;
+        let complete = view.map.as_ref().is_some_and(|(m, _)| {
+            (0..m.size).all(|i| view.server(i).is_some())
+        });
+        if complete || Instant::now() >= deadline {
+            break view;
+        }
+        std::thread::sleep(Duration::from_millis(SHOW_POLL_MS));
+    };
+    let took = start.elapsed();
+    let Some((map, _)) = &view.map else {
+        println!("cluster {cluster}: no slot map yet (no server has started)");
+        return Ok(std::process::ExitCode::from(1));
+    };
+    println!("cluster {cluster} ({} servers)", map.size);
+    let mut missing = Vec::new();
+    for id in 0..map.size {
+        let leads: u32 = map.led_by(id).iter().map(|r| r.count()).sum();
+        let backs: u32 = map
+            .groups
+            .iter()
+            .filter(|g| g.backups.contains(&id))
+            .flat_map(|g| g.ranges.iter().map(|r| r.count()))
+            .sum();
+        match view.server(id) {
+            Some(d) => println!(
+                "  {id:>4}  up    {}{}  leads {leads} slots, backs up {backs}",
+                d.addrs.join(","),
+                d.resp.as_deref().map(|r| format!("  resp={r}")).unwrap_or_default(),
+            ),
+            None => {
+                missing.push(id);
+                println!("  {id:>4}  down  (not registered)  leads {leads} slots, backs up {backs}");
+            }
+        }
+    }
+    print!("{map}");
+    eprintln!("lookup took {:.2} ms", took.as_secs_f64() * 1e3);
+    if !missing.is_empty() {
+        eprintln!("fabrickv: servers not registered: {missing:?}");
+        return Ok(std::process::ExitCode::from(1));
+    }
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 /// What a client command talks to: one server (`--server`) or a whole

@@ -28,6 +28,7 @@ pub mod kv;
 pub mod memcache;
 mod memcache_net;
 pub mod partitions;
+pub mod placement;
 pub mod ps;
 pub mod resp;
 mod resp_net;
@@ -101,6 +102,7 @@ pub struct ServerHandle {
     resp_wakers: Vec<Arc<mio::Waker>>,
     memcache_addr: Option<String>,
     grpc: Option<fabrickv_control::ControlServer>,
+    placement: Arc<placement::Placement>,
     stop: Arc<AtomicBool>,
     wakers: Vec<Waker>,
     threads: Vec<JoinHandle<()>>,
@@ -122,6 +124,12 @@ impl ServerHandle {
     /// does for remote callers), `table` shows owners and counters.
     pub fn partitions(&self) -> &Arc<partitions::Partitions> {
         &self.parts
+    }
+
+    /// Which slots this server serves, once a cluster's slot map is
+    /// installed there (by whoever follows the etcd registry).
+    pub fn placement(&self) -> &Arc<placement::Placement> {
+        &self.placement
     }
 
     /// Where the RESP front-end listens, when it is on.
@@ -245,6 +253,7 @@ impl Server {
         let mut wakers = vec![listening.acceptor.waker()];
         let mut threads = Vec::with_capacity(workers + 1);
         let clock = service::Clock::new();
+        let placement = placement::Placement::new();
         // One account of what connections buffer for both text front ends.
         let client_memory = Arc::new(text_socket::ClientMemory::new(
             usize::try_from(cfg.maxmemory_clients()).unwrap_or(usize::MAX),
@@ -267,6 +276,7 @@ impl Server {
                     .with_bind(addr)
                     .with_client_memory(client_memory.clone())
                     .with_large_reply_ms(cfg.resp_large_reply_ms)
+                    .with_placement(placement.clone())
                 };
                 let idle = cfg.resp_idle_timeout();
                 let mem = client_memory.clone();
@@ -392,6 +402,7 @@ impl Server {
             resp_addr,
             memcache_addr,
             grpc,
+            placement,
             resp_wakers,
             stop,
             wakers,

@@ -55,6 +55,7 @@ use fabrickv_resp::reply as resp;
 mod admin;
 mod args;
 mod clients;
+mod cluster;
 mod conn;
 mod exec;
 mod expiry;
@@ -195,6 +196,8 @@ pub struct RespShared {
     /// ms, before its connection is closed (`RESP_LARGE_REPLY_MS` unless
     /// configured; 0: no bound).
     pub(crate) large_reply_ms: u64,
+    /// Which slots this server serves, when it is in a slot-map cluster.
+    pub(crate) placement: Arc<crate::placement::Placement>,
 }
 
 /// A share of [`RESP_LARGE_RECEIVING_BYTES_MAX`] held while a large value
@@ -294,6 +297,7 @@ impl RespShared {
             bind: None,
             client_memory: Arc::new(crate::text_socket::ClientMemory::new(0)),
             large_reply_ms: crate::config::RESP_LARGE_REPLY_MS,
+            placement: crate::placement::Placement::new(),
         }
     }
 
@@ -407,8 +411,15 @@ impl RespShared {
         self
     }
 
+    /// The server's placement, shared with its other front ends.
+    pub(crate) fn with_placement(mut self, placement: Arc<crate::placement::Placement>) -> RespShared {
+        self.placement = placement;
+        self
+    }
+
     /// Closes a connection whose reply holding large values waits over
     /// `ms` to be written (0: never).
+
     pub(crate) fn with_large_reply_ms(mut self, ms: u64) -> RespShared {
         self.large_reply_ms = ms;
         self
@@ -445,6 +456,7 @@ const GROUPS: &[&[table::Spec]] = &[
     conn::SPECS,
     clients::SPECS,
     admin::SPECS,
+    cluster::SPECS,
 ];
 
 /// Commands in [`GROUPS`] together.

@@ -11,6 +11,7 @@ use fabrickv_resp::reply::{self as resp, Proto, Reply};
 use super::admin::{command_info, config, info, time};
 use super::args::{int_arg, quote_arg, quoted, Args, ERROR_ARG_QUOTE_BYTES_MAX, NOT_INTEGER};
 use super::clients::{self, ClientEntry, ClientPeer, ClientRegistry};
+use super::cluster::ClusterConn;
 use super::exec::Exec;
 use super::table::{lookup_index, lower, spec, Cmd, Spec, COMMAND_NAME_BYTES_MAX, NO_KEYS};
 use super::txn_state::{Txn, Watched};
@@ -57,6 +58,8 @@ pub(super) struct ConnState {
     pub(super) last: Option<usize>,
     /// The last command was refused before it ran (arity, NOAUTH).
     pub(super) rejected: bool,
+    /// Its view of the cluster's slot map, and READONLY.
+    pub(super) cluster: ClusterConn,
 }
 
 impl Drop for ConnState {
@@ -93,6 +96,7 @@ impl ConnState {
             registry: shared.clients.clone(),
             last: None,
             rejected: false,
+            cluster: ClusterConn::default(),
         }
     }
 
@@ -129,6 +133,13 @@ impl ConnState {
                 out,
                 &format!("ERR wrong number of arguments for '{}' command", spec.name),
             );
+            return After::Continue;
+        }
+        // A key another server serves is redirected before anything,
+        // MULTI's queue included, as Redis Cluster does.
+        if self.cluster_gate(ex.shared, spec, a, out) {
+            self.txn_error();
+            self.rejected = true;
             return After::Continue;
         }
         if let Some(after) = self.txn_gate(ex, spec, a, out) {
@@ -205,6 +216,10 @@ impl ConnState {
             }
             Cmd::Hello => return self.hello(ex.shared, a, out),
             Cmd::Time => time(out),
+            Cmd::Cluster => self.cluster(ex.shared, a, out),
+            Cmd::Readonly | Cmd::Readwrite | Cmd::Asking => {
+                self.cluster_mode(ex.shared, spec.id, out)
+            }
             Cmd::Quit => {
                 resp::simple(out, "OK");
                 return After::Close;

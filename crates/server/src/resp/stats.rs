@@ -199,12 +199,12 @@ struct LocalCounts {
 #[derive(Debug)]
 pub(super) struct LocalStats {
     per: [LocalCounts; COMMANDS_MAX],
-    dirty: u64,
+    dirty: u128,
     /// Calls counted over every command, among which time is shared.
     calls: u64,
 }
 
-const _: () = assert!(COMMANDS_MAX <= u64::BITS as usize);
+const _: () = assert!(COMMANDS_MAX <= u128::BITS as usize);
 
 impl Default for LocalStats {
     fn default() -> Self {

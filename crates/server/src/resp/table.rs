@@ -73,6 +73,10 @@ pub(super) enum Cmd {
     Unwatch,
     Hello,
     Time,
+    Cluster,
+    Readonly,
+    Readwrite,
+    Asking,
 }
 
 /// A command's name and arity as Redis counts it (the name included;
@@ -331,8 +335,10 @@ pub(super) const COPY_KEYS: &[KeySpec] = &[
 ];
 
 /// Commands in the table at most: per-command counters are indexed by a
-/// command's place in it.
-pub(super) const COMMANDS_MAX: usize = 64;
+/// command's place in it, and a connection marks the ones it counted in a
+/// 128-bit mask. Room for the commands to come, not for many: each
+/// connection keeps this many counters.
+pub(super) const COMMANDS_MAX: usize = 96;
 
 const _: () = assert!(COMMANDS.len() <= COMMANDS_MAX);
 

@@ -602,6 +602,7 @@ fn the_empty_key_is_refused_as_natively() {
     assert_eq!(c.run(&["DBSIZE"]), ":0\r\n");
 }
 
+mod cluster;
 mod cmds;
 mod scan;
 

@@ -1,0 +1,195 @@
+//! Which slots this server serves: its view of the cluster's slot map.
+//!
+//! A server started with an etcd registry learns the map from etcd's
+//! watch (`cli/src/cluster_cmd.rs` installs each new view here); any other
+//! server has no map and serves every key it is sent. The front ends ask
+//! [`Placement::routing`] once per command: one atomic load while nothing
+//! changed, and a clone of the current [`Routing`] only after a change, so
+//! a connection keeps its own `Arc` and the common path takes no lock.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use fabrickv_cluster::slots::{SlotMap, SlotRoutes};
+use fabrickv_cluster::ServerDesc;
+
+/// The server's current view of the cluster, shared by its front ends.
+#[derive(Default)]
+pub struct Placement {
+    /// Bumped by every [`Placement::install`]; 0 while there is no map.
+    version: AtomicU64,
+    current: RwLock<Option<Arc<Routing>>>,
+}
+
+/// One view of the cluster: the map at one epoch, its dense index, and
+/// where each server is.
+pub struct Routing {
+    /// This server's id.
+    pub me: u32,
+    /// The cluster's name.
+    pub cluster: String,
+    /// The map.
+    pub map: SlotMap,
+    /// The map's group of each slot.
+    pub routes: SlotRoutes,
+    /// Each server's descriptor, by id (`None`: not registered now).
+    pub servers: Vec<Option<ServerDesc>>,
+}
+
+/// Where a command's keys must be served, seen from this server.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Here.
+    Here,
+    /// At the slot's primary (its RESP address when it is registered).
+    Moved { slot: u16, to: Option<String> },
+    /// The keys hash to different slots, which one command cannot span.
+    CrossSlot,
+}
+
+impl Placement {
+    /// A server's placement before any map: it serves every key.
+    pub fn new() -> Arc<Placement> {
+        Arc::new(Placement::default())
+    }
+
+    /// Makes `routing` the view every front end sees from its next command.
+    pub fn install(&self, routing: Routing) {
+        let mut cur = self.current.write().unwrap_or_else(|p| p.into_inner());
+        *cur = Some(Arc::new(routing));
+        self.version.fetch_add(1, Ordering::Release);
+    }
+
+    /// The current view, if it is newer than `seen` (the version a caller
+    /// cached with its view): `Some` after a change, `None` when `seen` is
+    /// still current. Version 0 means no map: every key is served here.
+    #[inline]
+    pub fn refresh(&self, seen: u64) -> Option<(u64, Option<Arc<Routing>>)> {
+        let v = self.version.load(Ordering::Acquire);
+        if v == seen {
+            return None;
+        }
+        let cur = self.current.read().unwrap_or_else(|p| p.into_inner());
+        Some((v, cur.clone()))
+    }
+
+    /// The current view, if the server has a map.
+    pub fn routing(&self) -> Option<Arc<Routing>> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl Routing {
+    /// A view of `map` from server `me`.
+    pub fn new(me: u32, cluster: &str, map: SlotMap, servers: Vec<Option<ServerDesc>>) -> Routing {
+        Routing {
+            me,
+            cluster: cluster.to_string(),
+            routes: map.routes(),
+            map,
+            servers,
+        }
+    }
+
+    /// The descriptor of server `id`, if it is registered.
+    pub fn server(&self, id: u32) -> Option<&ServerDesc> {
+        self.servers.get(id as usize).and_then(Option::as_ref)
+    }
+
+    /// Whether this server may serve `slot`: as its primary, or as any of
+    /// its replicas for a read that accepts staleness (`replica_read`).
+    #[inline]
+    pub fn serves(&self, slot: u16, replica_read: bool) -> bool {
+        let g = &self.map.groups[self.routes.group_of(slot)];
+        g.primary == self.me || (replica_read && g.backups.contains(&self.me))
+    }
+
+    /// The primary of `slot`.
+    #[inline]
+    pub fn primary_of(&self, slot: u16) -> u32 {
+        self.map.groups[self.routes.group_of(slot)].primary
+    }
+
+    /// Where keys of `slots` (one per key) must go, seen from here.
+    pub fn route(&self, mut slots: impl Iterator<Item = u16>, replica_read: bool) -> Route {
+        let Some(first) = slots.next() else {
+            return Route::Here;
+        };
+        if slots.any(|s| s != first) {
+            return Route::CrossSlot;
+        }
+        if self.serves(first, replica_read) {
+            return Route::Here;
+        }
+        let to = self
+            .server(self.primary_of(first))
+            .and_then(|d| d.resp.clone());
+        Route::Moved { slot: first, to }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fabrickv_cluster::slots::key_slot;
+
+    fn desc(id: u32) -> ServerDesc {
+        ServerDesc {
+            id,
+            addrs: vec![format!("tcp://127.0.0.1:{}", 7000 + id)],
+            resp: Some(format!("127.0.0.1:{}", 8000 + id)),
+            grpc: None,
+            workers: 1,
+            pid: 0,
+        }
+    }
+
+    #[test]
+    fn a_key_is_served_by_its_primary_and_moved_elsewhere() {
+        let map = SlotMap::initial(3, 2).expect("map");
+        let servers = (0..3).map(|i| Some(desc(i))).collect();
+        let r = Routing::new(1, "t", map, servers);
+        // Server 1 leads slots 5461..=10922 and backs up 0..=5460.
+        assert_eq!(r.route([5461u16].into_iter(), false), Route::Here);
+        assert_eq!(
+            r.route([0u16].into_iter(), false),
+            Route::Moved {
+                slot: 0,
+                to: Some("127.0.0.1:8000".into())
+            }
+        );
+        assert_eq!(r.route([0u16].into_iter(), true), Route::Here, "a replica read");
+        assert_eq!(
+            r.route([12000u16].into_iter(), true),
+            Route::Moved {
+                slot: 12000,
+                to: Some("127.0.0.1:8002".into())
+            },
+            "server 1 holds no copy of server 2's slots"
+        );
+        let tagged = [key_slot(b"{u}a"), key_slot(b"{u}b")];
+        assert!(matches!(
+            r.route(tagged.into_iter(), false),
+            Route::Here | Route::Moved { .. }
+        ));
+        assert_eq!(
+            r.route([1u16, 2].into_iter(), false),
+            Route::CrossSlot
+        );
+        assert_eq!(r.route(std::iter::empty(), false), Route::Here);
+    }
+
+    #[test]
+    fn a_view_is_handed_out_once_per_change() {
+        let p = Placement::new();
+        assert!(p.refresh(0).is_none(), "no map yet: nothing to refresh");
+        let map = SlotMap::initial(1, 1).expect("map");
+        p.install(Routing::new(0, "t", map, vec![Some(desc(0))]));
+        let (v, r) = p.refresh(0).expect("a change");
+        assert!(r.is_some());
+        assert!(p.refresh(v).is_none(), "nothing new since");
+    }
+}
