@@ -203,6 +203,61 @@ class Memcached:
         self.proc.wait()
 
 
+class Etcd:
+    """A one-member etcd on free loopback ports with a data directory of
+    its own (the registry of replicated clusters), as the Rust tests'
+    LocalEtcd starts it; killed, and its directory removed, by `stop`."""
+
+    def __init__(self, tmp_dir):
+        import shutil
+        import socket
+        import urllib.request
+        if shutil.which("etcd") is None:
+            pytest.fail("etcd is missing: run `make deps`")
+        ports = []
+        for _ in range(2):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                ports.append(s.getsockname()[1])
+        self.port, peer = ports
+        client_url = f"http://127.0.0.1:{self.port}"
+        peer_url = f"http://127.0.0.1:{peer}"
+        self.dir = tmp_dir
+        self.proc = subprocess.Popen(
+            ["etcd", "--name=fkv", f"--data-dir={tmp_dir}",
+             f"--listen-client-urls={client_url}", f"--advertise-client-urls={client_url}",
+             f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+             f"--initial-cluster=fkv={peer_url}", "--log-level=error"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"etcd://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 3 * START_TIMEOUT_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"{client_url}/health", timeout=2) as r:
+                    if b'"health":"true"' in r.read():
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                pytest.fail(f"etcd exited at start: {self.proc.returncode}")
+            if time.monotonic() > deadline:
+                self.stop()
+                pytest.fail("etcd did not become healthy")
+            time.sleep(0.02)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    e = Etcd(tmp_path_factory.mktemp("etcd"))
+    yield e
+    e.stop()
+
+
 @pytest.fixture(scope="module")
 def memcached():
     m = Memcached()

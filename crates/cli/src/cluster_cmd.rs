@@ -6,11 +6,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use fabrickv_client::Kv;
-use fabrickv_cluster::etcd::{ClusterView, EtcdRegistration, EtcdRegistry, WatchHandle};
+use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::registry::REGISTRATION_TTL_S;
 use fabrickv_cluster::slots::SlotMap;
 use fabrickv_cluster::{Cluster, Registration, Registry, ServerDesc};
-use fabrickv_server::placement::{Placement, Routing};
 use fabrickv_server::ServerHandle;
 
 /// How `serve` joins a cluster through a registry.
@@ -47,7 +46,7 @@ pub enum Membership {
     /// Published in memcached.
     Memcached { _registration: Registration },
     /// Published in etcd, following the slot map.
-    Etcd { _member: EtcdMember },
+    Etcd { _member: Box<EtcdMember> },
 }
 
 /// A server's part in an etcd cluster: its lease and its watch of the map
@@ -55,16 +54,6 @@ pub enum Membership {
 pub struct EtcdMember {
     _watch: WatchHandle,
     _registration: EtcdRegistration,
-}
-
-/// Installs `view`, as server `me` of `cluster` sees it, in `placement`;
-/// a view without a map is skipped (no server has created it yet).
-fn install(placement: &Placement, me: u32, cluster: &str, view: ClusterView) {
-    if let Some((map, _)) = view.map {
-        let epoch = map.epoch;
-        placement.install(Routing::new(me, cluster, map, view.servers));
-        tracing::debug!("slot map epoch {epoch} installed");
-    }
 }
 
 impl ServeClusterArgs {
@@ -141,20 +130,19 @@ impl ServeClusterArgs {
         registry
             .create_map(&initial)
             .map_err(|e| format!("cannot read or create the slot map: {e}"))?;
-        let view = registry.view().map_err(|e| e.to_string())?;
-        let placement = handle.placement().clone();
-        let cluster = self.cluster.clone();
-        install(&placement, id, &cluster, view);
-        let watch = registry.watch(move |view| install(&placement, id, &cluster, view));
+        let watch = handle
+            .slot_routing()
+            .follow(id, &registry)
+            .map_err(|e| e.to_string())?;
         eprintln!(
             "fabrickv: registered as server {id} of {size} in cluster {} at {url} ({} copies of each slot)",
             self.cluster, self.replicas
         );
         Ok(Membership::Etcd {
-            _member: EtcdMember {
+            _member: Box::new(EtcdMember {
                 _watch: watch,
                 _registration: registration,
-            },
+            }),
         })
     }
 }
@@ -249,9 +237,15 @@ pub fn barrier(a: &BarrierArgs) -> Result<std::process::ExitCode, String> {
 pub fn run(cmd: ClusterCommand) -> Result<std::process::ExitCode, String> {
     match cmd {
         ClusterCommand::Show { source, wait, toml } => {
-            if let Some(url) = source.registry.as_deref().filter(|u| u.starts_with("etcd://")) {
+            if let Some(url) = source
+                .registry
+                .as_deref()
+                .filter(|u| u.starts_with("etcd://"))
+            {
                 if toml {
-                    return Err("--toml describes a static cluster; an etcd cluster has a slot map".into());
+                    return Err(
+                        "--toml describes a static cluster; an etcd cluster has a slot map".into(),
+                    );
                 }
                 return show_etcd(url, &source.cluster, seconds("--wait", wait)?);
             }
@@ -287,9 +281,10 @@ fn show_etcd(url: &str, cluster: &str, wait: Duration) -> Result<std::process::E
     let deadline = start + wait;
     let view = loop {
         let view = registry.view().map_err(|e| e.to_string())?;
-        let complete = view.map.as_ref().is_some_and(|(m, _)| {
-            (0..m.size).all(|i| view.server(i).is_some())
-        });
+        let complete = view
+            .map
+            .as_ref()
+            .is_some_and(|(m, _)| (0..m.size).all(|i| view.server(i).is_some()));
         if complete || Instant::now() >= deadline {
             break view;
         }
@@ -314,11 +309,16 @@ fn show_etcd(url: &str, cluster: &str, wait: Duration) -> Result<std::process::E
             Some(d) => println!(
                 "  {id:>4}  up    {}{}  leads {leads} slots, backs up {backs}",
                 d.addrs.join(","),
-                d.resp.as_deref().map(|r| format!("  resp={r}")).unwrap_or_default(),
+                d.resp
+                    .as_deref()
+                    .map(|r| format!("  resp={r}"))
+                    .unwrap_or_default(),
             ),
             None => {
                 missing.push(id);
-                println!("  {id:>4}  down  (not registered)  leads {leads} slots, backs up {backs}");
+                println!(
+                    "  {id:>4}  down  (not registered)  leads {leads} slots, backs up {backs}"
+                );
             }
         }
     }
@@ -348,11 +348,20 @@ impl Conn {
             return crate::connect(server).map(Conn::One);
         }
         let timeout = crate::timeout_of(server)?;
-        let map = cluster.load(timeout)?;
         let opts = fabrickv_client::ClusterOptions {
             transport: None,
             timeout,
         };
+        if let Some(url) = cluster
+            .registry
+            .as_deref()
+            .filter(|u| u.starts_with("etcd://"))
+        {
+            return fabrickv_client::ClusterClient::join(url, &cluster.cluster, opts)
+                .map(Conn::Many)
+                .map_err(|e| format!("cannot connect to cluster {}: {e}", cluster.cluster));
+        }
+        let map = cluster.load(timeout)?;
         fabrickv_client::ClusterClient::connect(&map, opts)
             .map(Conn::Many)
             .map_err(|e| format!("cannot connect to cluster {}: {e}", map.name))

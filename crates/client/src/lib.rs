@@ -111,9 +111,10 @@ impl ClientError {
             ClientError::Registry(fabrickv_cluster::RegistryError::Timeout(_)) => {
                 ErrorCode::Timeout
             }
-            ClientError::Registry(fabrickv_cluster::RegistryError::Memcached { .. }) => {
-                ErrorCode::Unavailable
-            }
+            ClientError::Registry(
+                fabrickv_cluster::RegistryError::Memcached { .. }
+                | fabrickv_cluster::RegistryError::Etcd { .. },
+            ) => ErrorCode::Unavailable,
             ClientError::Registry(_) => ErrorCode::Malformed,
         }
     }

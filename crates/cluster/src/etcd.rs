@@ -294,6 +294,12 @@ impl EtcdRegistry {
         Ok(view)
     }
 
+    /// Server `id`'s descriptor, if it is registered (and, with a secret,
+    /// carries a good MAC).
+    pub fn server(&self, id: u32) -> Result<Option<ServerDesc>, RegistryError> {
+        Ok(self.view()?.server(id).cloned())
+    }
+
     /// Creates the cluster's map as `initial` unless one exists, in one
     /// transaction, and returns the map in force and its `mod_revision`.
     /// A map of another size or copy count is an error: this server was

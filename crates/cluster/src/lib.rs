@@ -23,6 +23,33 @@ use serde::{Deserialize, Serialize};
 
 pub use registry::{Registration, Registry, RegistryError};
 
+/// Where a client read its cluster from, to read a server's descriptor
+/// there again before reconnecting (a server restarted at another
+/// address is found).
+#[derive(Debug, Clone)]
+pub enum Directory {
+    /// The memcached registry.
+    Memcached(Registry),
+    /// The etcd registry.
+    Etcd(Box<etcd::EtcdRegistry>),
+}
+
+impl Directory {
+    /// Server `id`'s descriptor, if it is registered now.
+    pub fn server(&self, id: u32) -> Result<Option<ServerDesc>, RegistryError> {
+        match self {
+            Directory::Memcached(r) => r.server(id),
+            Directory::Etcd(r) => r.server(id),
+        }
+    }
+}
+
+impl From<Registry> for Directory {
+    fn from(r: Registry) -> Directory {
+        Directory::Memcached(r)
+    }
+}
+
 /// Most servers one cluster may have (each client keeps a connection per
 /// server and worker, and a batch is split into one part per server).
 pub const CLUSTER_SERVERS_MAX: u32 = 1024;

@@ -372,13 +372,19 @@ mod tests {
         assert!(gap.validate().expect_err("refused").contains("no range"));
         let mut overlap = good.clone();
         overlap.groups[1].ranges[0].first -= 1;
-        assert!(overlap.validate().expect_err("refused").contains("two ranges"));
+        assert!(overlap
+            .validate()
+            .expect_err("refused")
+            .contains("two ranges"));
         let mut twice = good.clone();
         twice.groups[0].backups = vec![0];
         assert!(twice.validate().expect_err("refused").contains("twice"));
         let mut stranger = good.clone();
         stranger.groups[0].backups = vec![9];
-        assert!(stranger.validate().expect_err("refused").contains("server 9"));
+        assert!(stranger
+            .validate()
+            .expect_err("refused")
+            .contains("server 9"));
         assert!(SlotMap::from_json(b"{\"epoch\":1}").is_err());
         assert!(SlotMap::from_json(b"junk").is_err());
     }

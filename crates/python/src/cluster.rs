@@ -25,8 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fabrickv_client::cluster::{
-    lookup as registry_lookup, ClusterCache as RustClusterCache, ClusterClient, ClusterOf,
-    ClusterOptions, ClusterPlaced, ClusterPs, ClusterTable as RustClusterTable, PerServer,
+    lookup as registry_lookup, lookup_etcd, ClusterCache as RustClusterCache, ClusterClient,
+    ClusterOf, ClusterOptions, ClusterPlaced, ClusterPs, ClusterTable as RustClusterTable,
+    PerServer,
 };
 use fabrickv_client::{ClientError, Cluster as ClusterMap, Kv};
 use fabrickv_cluster::Registry;
@@ -80,6 +81,16 @@ fn map_of(
     let (map, reg) = match (addrs, config, registry) {
         (Some(addrs), None, None) => (ClusterMap::of_addrs(name, &addrs).map_err(invalid)?, None),
         (None, Some(path), None) => (ClusterMap::from_file(&path).map_err(invalid)?, None),
+        (None, None, Some(url)) if url.starts_with("etcd://") => {
+            return Err(error(
+                ErrorCode::Unavailable,
+                format!(
+                    "{url}: a cluster registered in etcd serves key-value calls \
+                     (fabrickv.Cluster) and Redis clients; embedding tables and the KV cache \
+                     across it are not served yet"
+                ),
+            ));
+        }
         (None, None, Some(url)) => {
             let (map, reg) = py
                 .detach(|| registry_lookup(url, name, timeout))
@@ -104,7 +115,7 @@ fn connect_to<C: ClusterOf>(
     reg: Option<Registry>,
     options: <C::Server as PerServer>::Options,
 ) -> fabrickv_client::Result<C> {
-    Ok(C::connect_cluster(map, opts, options)?.following(reg))
+    Ok(C::connect_cluster(map, opts, options)?.following(reg.map(Into::into)))
 }
 
 /// A server id from Python, checked against the cluster's size.
@@ -146,6 +157,40 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
+    /// A kv client of the cluster `name` registered in etcd at `url`,
+    /// routing by its slot map (GIL released while it connects).
+    fn join_etcd(
+        py: Python<'_>,
+        url: &str,
+        name: &str,
+        transport: Option<String>,
+        timeout: f64,
+    ) -> PyResult<Cluster> {
+        let opts = ClusterOptions {
+            transport,
+            timeout: crate::timeout_of(timeout)?,
+        };
+        let (map, client) = py
+            .detach(|| {
+                let (map, slots, reg) = lookup_etcd(url, name, opts.timeout)?;
+                let c = ClusterClient::connect(&map, opts.clone())?.follow_slots(reg, slots);
+                Ok::<_, ClientError>((map, c))
+            })
+            .map_err(to_py_err)?;
+        let why = format!(
+            "{url}: embedding tables across a cluster registered in etcd are not served yet"
+        );
+        Ok(Cluster {
+            map,
+            opts,
+            inner: Mutex::new(Some(client)),
+            closed: AtomicBool::new(false),
+            ps: Arc::new(Lazy::new(Box::new(move || {
+                Err(ClientError::Unavailable(why.clone()))
+            }))),
+        })
+    }
+
     /// Runs `f` on the Rust client with the GIL released.
     fn call<T, F>(&self, py: Python<'_>, f: F) -> PyResult<T>
     where
@@ -203,6 +248,9 @@ impl Cluster {
         transport: Option<String>,
         timeout: f64,
     ) -> PyResult<Self> {
+        if let Some(url) = registry.filter(|u| u.starts_with("etcd://")) {
+            return Cluster::join_etcd(py, url, name, transport, timeout);
+        }
         let (map, opts, reg) = map_of(py, addrs, config, registry, name, transport, timeout)?;
         let kv_reg = reg.clone();
         let client = py
@@ -238,7 +286,8 @@ impl Cluster {
     fn server_of(&self, key: &Bound<'_, PyAny>) -> PyResult<u32> {
         let size = self.map.size();
         if let Ok(b) = key.cast::<PyBytes>() {
-            return Ok(fabrickv_cluster::server_of_key(b.as_bytes(), size));
+            let bytes = b.as_bytes();
+            return self.call(key.py(), |c| Ok(c.server_of(bytes)));
         }
         match key.extract::<u64>() {
             Ok(k) => Ok(fabrickv_cluster::server_of_u64(k, size)),

@@ -9,6 +9,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
+use fabrickv_cluster::slots::key_slot;
 use fabrickv_engine::{
     DeleteResult, GetRefResult, LargeValue, Partition, PutCond, PutResult, ValueRef,
     LARGE_VALUE_BYTES_MAX,
@@ -23,6 +24,7 @@ use fabrickv_wire::{FrameKind, OpCode, PutCondition, RequestIter, ResponseBuilde
 use crate::config::Mode;
 use crate::partitions::Partitions;
 use crate::service::{wire_refusal, Call, Refusal, Service, StatsList};
+use crate::slot_routing::{RoutingCache, SlotRouting};
 
 /// Work the TTL sweep does per run on one partition (see
 /// `Partition::sweep`): one unit per chain visited, and the sweep visits
@@ -149,6 +151,9 @@ pub struct KvCounters {
     pub misrouted: u64,
     /// GETs answered REPLY_FULL because their frame's reply had no room.
     pub reply_full: u64,
+    /// Operations answered WRONG_SERVER: their hash slot is another
+    /// server's in the cluster's slot map (the client's map was old).
+    pub wrong_server: u64,
 }
 
 /// What executing an operation changes besides its partition: the
@@ -209,6 +214,10 @@ pub struct KvService {
     /// The partition the sweep visits next (it walks the partitions this
     /// worker owns, one per run).
     sweep_next: usize,
+    /// Which hash slots the server serves, in a cluster with a slot map,
+    /// and this worker's copy of the current view.
+    routing: Arc<SlotRouting>,
+    view: RoutingCache,
 }
 
 impl KvService {
@@ -232,7 +241,16 @@ impl KvService {
             slots: Vec::with_capacity(BATCH_OPS_MAX),
             slot_by_part,
             sweep_next: 0,
+            routing: SlotRouting::new(),
+            view: RoutingCache::default(),
         }
+    }
+
+    /// The same service, serving only the hash slots `routing` gives this
+    /// server once a slot map is installed there.
+    pub fn with_slot_routing(mut self, routing: Arc<SlotRouting>) -> KvService {
+        self.routing = routing;
+        self
     }
 
     /// This service's counters.
@@ -296,7 +314,16 @@ impl KvService {
     ) {
         self.st.counters.frames += 1;
         let mut rb = ResponseBuilder::new(out, id, self.id);
-        let misrouted = if ops.len() == 1 {
+        // In a cluster with a slot map, a frame holding a key of a slot
+        // served elsewhere takes the checked path; without a map this is
+        // one atomic load.
+        let foreign = self
+            .view
+            .current(&self.routing)
+            .is_some_and(|r| ops.clone().any(|op| !r.serves(key_slot(op.key), false)));
+        let misrouted = if foreign {
+            self.execute_routed(conn, ops, &mut rb, now_ms)
+        } else if ops.len() == 1 {
             self.execute_one(conn, ops, &mut rb, now_ms)
         } else {
             self.execute_groups(conn, ops, &mut rb, now_ms)
@@ -346,6 +373,54 @@ impl KvService {
         let m = u64::from(misrouted);
         self.st.counters.misrouted += m;
         self.parts.count(p, &g, 1, m);
+        misrouted
+    }
+
+    /// A frame holding keys of hash slots this server does not serve: each
+    /// of those is answered WRONG_SERVER and not run, each other one runs
+    /// alone under its partition's lock. Rare (a client whose slot map is
+    /// older than the server's), so it is kept simple.
+    #[cold]
+    fn execute_routed(
+        &mut self,
+        conn: ConnId,
+        ops: RequestIter<'_>,
+        rb: &mut ResponseBuilder<'_>,
+        now_ms: u64,
+    ) -> bool {
+        let total = ops.len();
+        let mut misrouted = false;
+        for op in ops {
+            let here = self
+                .view
+                .current(&self.routing)
+                .is_none_or(|r| r.serves(key_slot(op.key), false));
+            if !here {
+                self.st.counters.ops += 1;
+                self.st.counters.wrong_server += 1;
+                rb.result(ErrorCode::WrongServer, &[]);
+                continue;
+            }
+            let hash = KeyHash::of(op.key);
+            let p = self.parts.index_of(hash);
+            let mut g = self.parts.lock(p);
+            let m = self.parts.owner(p) != self.id;
+            let after = total - rb.len() - 1;
+            execute_op(
+                &mut self.st,
+                &self.parts,
+                &mut g,
+                conn,
+                &op,
+                hash,
+                after,
+                rb,
+                now_ms,
+            );
+            self.st.counters.misrouted += u64::from(m);
+            self.parts.count(p, &g, 1, u64::from(m));
+            misrouted |= m;
+        }
         misrouted
     }
 
@@ -757,6 +832,7 @@ impl Service for KvService {
             ("ops", c.ops),
             ("misrouted", c.misrouted),
             ("reply_full", c.reply_full),
+            ("wrong_server", c.wrong_server),
             ("partitions_owned", self.parts.owned_by(self.id) as u64),
         ]);
     }

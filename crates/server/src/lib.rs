@@ -28,12 +28,12 @@ pub mod kv;
 pub mod memcache;
 mod memcache_net;
 pub mod partitions;
-pub mod placement;
 pub mod ps;
 pub mod resp;
 mod resp_net;
 pub mod service;
 pub mod shard;
+pub mod slot_routing;
 mod text_socket;
 
 use std::fmt;
@@ -102,7 +102,7 @@ pub struct ServerHandle {
     resp_wakers: Vec<Arc<mio::Waker>>,
     memcache_addr: Option<String>,
     grpc: Option<fabrickv_control::ControlServer>,
-    placement: Arc<placement::Placement>,
+    slot_routing: Arc<slot_routing::SlotRouting>,
     stop: Arc<AtomicBool>,
     wakers: Vec<Waker>,
     threads: Vec<JoinHandle<()>>,
@@ -128,8 +128,8 @@ impl ServerHandle {
 
     /// Which slots this server serves, once a cluster's slot map is
     /// installed there (by whoever follows the etcd registry).
-    pub fn placement(&self) -> &Arc<placement::Placement> {
-        &self.placement
+    pub fn slot_routing(&self) -> &Arc<slot_routing::SlotRouting> {
+        &self.slot_routing
     }
 
     /// Where the RESP front-end listens, when it is on.
@@ -253,7 +253,7 @@ impl Server {
         let mut wakers = vec![listening.acceptor.waker()];
         let mut threads = Vec::with_capacity(workers + 1);
         let clock = service::Clock::new();
-        let placement = placement::Placement::new();
+        let slot_routing = slot_routing::SlotRouting::new();
         // One account of what connections buffer for both text front ends.
         let client_memory = Arc::new(text_socket::ClientMemory::new(
             usize::try_from(cfg.maxmemory_clients()).unwrap_or(usize::MAX),
@@ -276,7 +276,7 @@ impl Server {
                     .with_bind(addr)
                     .with_client_memory(client_memory.clone())
                     .with_large_reply_ms(cfg.resp_large_reply_ms)
-                    .with_placement(placement.clone())
+                    .with_slot_routing(slot_routing.clone())
                 };
                 let idle = cfg.resp_idle_timeout();
                 let mem = client_memory.clone();
@@ -324,7 +324,8 @@ impl Server {
             port.set_idle_timeout(cfg.idle_timeout());
             wakers.push(port.waker());
             let services = control::Services {
-                kv: kv::KvService::new(id as u16, workers as u16, parts.clone(), cfg.mode),
+                kv: kv::KvService::new(id as u16, workers as u16, parts.clone(), cfg.mode)
+                    .with_slot_routing(slot_routing.clone()),
                 ps: ps::PsService::new(id as u16, ps.clone()),
                 cache: cache::CacheService::new(
                     id as u16,
@@ -402,7 +403,7 @@ impl Server {
             resp_addr,
             memcache_addr,
             grpc,
-            placement,
+            slot_routing,
             resp_wakers,
             stop,
             wakers,

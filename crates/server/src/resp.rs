@@ -197,7 +197,7 @@ pub struct RespShared {
     /// configured; 0: no bound).
     pub(crate) large_reply_ms: u64,
     /// Which slots this server serves, when it is in a slot-map cluster.
-    pub(crate) placement: Arc<crate::placement::Placement>,
+    pub(crate) slot_routing: Arc<crate::slot_routing::SlotRouting>,
 }
 
 /// A share of [`RESP_LARGE_RECEIVING_BYTES_MAX`] held while a large value
@@ -297,7 +297,7 @@ impl RespShared {
             bind: None,
             client_memory: Arc::new(crate::text_socket::ClientMemory::new(0)),
             large_reply_ms: crate::config::RESP_LARGE_REPLY_MS,
-            placement: crate::placement::Placement::new(),
+            slot_routing: crate::slot_routing::SlotRouting::new(),
         }
     }
 
@@ -411,15 +411,17 @@ impl RespShared {
         self
     }
 
-    /// The server's placement, shared with its other front ends.
-    pub(crate) fn with_placement(mut self, placement: Arc<crate::placement::Placement>) -> RespShared {
-        self.placement = placement;
+    /// The server's slot routing, shared with its other front ends.
+    pub(crate) fn with_slot_routing(
+        mut self,
+        slot_routing: Arc<crate::slot_routing::SlotRouting>,
+    ) -> RespShared {
+        self.slot_routing = slot_routing;
         self
     }
 
     /// Closes a connection whose reply holding large values waits over
     /// `ms` to be written (0: never).
-
     pub(crate) fn with_large_reply_ms(mut self, ms: u64) -> RespShared {
         self.large_reply_ms = ms;
         self

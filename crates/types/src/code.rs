@@ -115,11 +115,16 @@ pub enum ErrorCode {
     /// (or, server-wide, from addresses that failed recently): the
     /// attempt was refused without being judged; retry later.
     AuthThrottled = 39,
+    /// The key's slot is served by another server at the cluster's
+    /// current epoch (the client's slot map is older than the server's):
+    /// nothing was done. Read the map again and send it to the slot's
+    /// primary (the cluster client does this by itself).
+    WrongServer = 40,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order; used by tests and documentation.
-    pub const ALL: [ErrorCode; 40] = [
+    pub const ALL: [ErrorCode; 41] = [
         ErrorCode::Ok,
         ErrorCode::NotFound,
         ErrorCode::InsufficientSpace,
@@ -160,6 +165,7 @@ impl ErrorCode {
         ErrorCode::ChunkOutOfOrder,
         ErrorCode::ReceivingFull,
         ErrorCode::AuthThrottled,
+        ErrorCode::WrongServer,
     ];
 
     /// The code as it travels on the wire.
@@ -215,6 +221,7 @@ impl ErrorCode {
             ErrorCode::ChunkOutOfOrder => "CHUNK_OUT_OF_ORDER",
             ErrorCode::ReceivingFull => "RECEIVING_FULL",
             ErrorCode::AuthThrottled => "AUTH_THROTTLED",
+            ErrorCode::WrongServer => "WRONG_SERVER",
         }
     }
 }

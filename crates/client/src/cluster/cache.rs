@@ -81,7 +81,7 @@ impl ClusterCache {
     /// Keeps `registry` to find servers that come back elsewhere (as
     /// [`super::ClusterClient::follow`]).
     pub fn follow(self, registry: Registry) -> ClusterCache {
-        self.following(Some(registry))
+        self.following(Some(registry.into()))
     }
 
     /// The number of servers, up or down.

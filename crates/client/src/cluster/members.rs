@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use fabrickv_cluster::{Cluster, Registry};
+use fabrickv_cluster::{Cluster, Directory};
 
 use super::{ClusterOptions, CONNECT_THREADS_MAX};
 use crate::{ClientError, Result};
@@ -105,7 +105,7 @@ pub struct Members<C: PerServer> {
     /// registry: a down server's descriptor is read again before each
     /// reconnect, so a server restarted elsewhere (another host or port)
     /// is found.
-    pub(crate) registry: Option<Registry>,
+    pub(crate) registry: Option<Directory>,
 }
 
 impl<C: PerServer> Members<C> {
@@ -369,7 +369,7 @@ pub trait ClusterOf: Sized {
     /// Keeps `registry` (the one the map was read from), if any: a down
     /// server's descriptor is read there again before each reconnect, so
     /// a server that comes back at another address is found.
-    fn following(mut self, registry: Option<Registry>) -> Self {
+    fn following(mut self, registry: Option<Directory>) -> Self {
         if registry.is_some() {
             self.members_mut().registry = registry;
         }

@@ -3,7 +3,10 @@
 //!
 //! Keys are sharded across the servers by jump consistent hash
 //! ([`fabrickv_cluster::server_of_key`], [`fabrickv_cluster::server_of_u64`]),
-//! so that every client computes the same owner with no directory to ask.
+//! so that every client computes the same owner with no directory to ask;
+//! a kv client of a cluster registered in etcd routes by its slot map
+//! instead (`slots`), and sends again what a server answers WRONG_SERVER
+//! after reading the map again.
 //! A cluster client holds one single-server client per server and splits
 //! each call by owner. Batches are split, every part is *posted* to its
 //! server before any reply is awaited (so the servers work on their parts
@@ -22,20 +25,24 @@
 mod cache;
 pub(crate) mod members;
 mod ps;
+mod slots;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fabrickv_cluster::{server_of_hash, Cluster, Registry};
-use fabrickv_types::KeyHash;
+use fabrickv_cluster::etcd::EtcdRegistry;
+use fabrickv_cluster::{server_of_hash, Cluster, Directory, Registry};
+use fabrickv_types::{ErrorCode, KeyHash};
 
-use crate::batch::{self, BatchOp, Outcome};
+use crate::batch::{self, BatchOp, Outcome, Sink as _};
 use crate::{Client, ClientError, Result, DEFAULT_TIMEOUT};
 
 pub use cache::{ClusterCache, ClusterPlaced};
 use members::{cluster_of, is_refusal, Members};
 pub use members::{ClusterOf, PerServer};
 pub use ps::{ClusterPs, ClusterPull, ClusterTable, ClusterTableInfo};
+use slots::SlotFollow;
+pub use slots::WRONG_SERVER_ROUNDS_MAX;
 
 /// Most servers a cluster client connects to at once when it starts (one
 /// thread each), in threads; a larger cluster connects in waves of this
@@ -73,11 +80,47 @@ pub fn lookup(registry_url: &str, name: &str, wait: Duration) -> Result<(Cluster
     Ok((cluster, reg))
 }
 
+/// Most time between two reads of an etcd cluster that has no slot map
+/// yet, while a client waits for its first server, in milliseconds.
+const MAP_POLL_MS: u64 = 20;
+
+/// Reads the cluster `name` and its slot map from etcd at `url`, waiting
+/// up to `wait` for the map (written by the first server to start); the
+/// servers not registered then are down.
+pub fn lookup_etcd(
+    url: &str,
+    name: &str,
+    wait: Duration,
+) -> Result<(Cluster, fabrickv_cluster::slots::SlotMap, EtcdRegistry)> {
+    let reg = EtcdRegistry::connect(url, name).map_err(ClientError::Registry)?;
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let view = reg.view().map_err(ClientError::Registry)?;
+        if let Some((map, _)) = view.map.clone() {
+            let servers = (0..map.size).map(|i| view.server(i).cloned()).collect();
+            let cluster = Cluster {
+                name: name.to_string(),
+                servers,
+            };
+            return Ok((cluster, map, reg));
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(ClientError::Unavailable(format!(
+                "cluster {name} has no slot map in {url}: no server has started"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(MAP_POLL_MS));
+    }
+}
+
 /// A kv client of a whole cluster: one [`Client`] per server, every batch
 /// split by owner, posted to all owners, then collected and merged in
 /// request order.
 pub struct ClusterClient {
     m: Members<Client>,
+    /// The slot map, for a cluster registered in etcd; jump hashing
+    /// otherwise.
+    slots: Option<Box<SlotFollow>>,
 }
 
 impl std::fmt::Debug for ClusterClient {
@@ -97,7 +140,30 @@ impl std::fmt::Debug for ClusterClient {
 
 impl From<Members<Client>> for ClusterClient {
     fn from(m: Members<Client>) -> Self {
-        ClusterClient { m }
+        ClusterClient { m, slots: None }
+    }
+}
+
+/// A sink that keeps the operations a server answered WRONG_SERVER apart
+/// (to be sent again after the map is read again) and passes every other
+/// result on.
+struct Rerouted<'a, S: batch::Sink> {
+    inner: &'a mut S,
+    moved: Vec<usize>,
+}
+
+impl<S: batch::Sink> batch::Sink for Rerouted<'_, S> {
+    #[inline]
+    fn land(&mut self, pos: usize, code: ErrorCode, value: &[u8]) -> Result<()> {
+        if code == ErrorCode::WrongServer {
+            self.moved.push(pos);
+            return Ok(());
+        }
+        self.inner.land(pos, code, value)
+    }
+
+    fn reply_full(&mut self, again: &mut Vec<usize>) {
+        self.inner.reply_full(again)
     }
 }
 
@@ -112,9 +178,15 @@ impl ClusterClient {
     }
 
     /// Looks the cluster `name` up in the registry at `registry_url`
-    /// (`memcached://HOST:PORT`; waiting up to the timeout for every
-    /// server to register) and connects to it.
+    /// (`memcached://HOST:PORT`, waiting up to the timeout for every
+    /// server to register; or `etcd://HOST:PORT[,...]`, waiting for the
+    /// slot map, whose changes the client then follows) and connects to
+    /// it.
     pub fn join(registry_url: &str, name: &str, opts: ClusterOptions) -> Result<ClusterClient> {
+        if registry_url.starts_with("etcd://") {
+            let (cluster, map, reg) = lookup_etcd(registry_url, name, opts.timeout)?;
+            return Ok(ClusterClient::connect(&cluster, opts)?.follow_slots(reg, map));
+        }
         let (cluster, reg) = lookup(registry_url, name, opts.timeout)?;
         Ok(ClusterClient::connect(&cluster, opts)?.follow(reg))
     }
@@ -123,7 +195,25 @@ impl ClusterClient {
     /// descriptor is read there again before each reconnect, so a server
     /// that comes back at another address is found.
     pub fn follow(self, registry: Registry) -> ClusterClient {
-        self.following(Some(registry))
+        self.following(Some(registry.into()))
+    }
+
+    /// Routes by the slot map `map` of the etcd cluster at `registry`, and
+    /// follows both its changes and its servers' descriptors there.
+    pub fn follow_slots(
+        self,
+        registry: EtcdRegistry,
+        map: fabrickv_cluster::slots::SlotMap,
+    ) -> ClusterClient {
+        let mut c = self.following(Some(Directory::Etcd(Box::new(registry.clone()))));
+        c.slots = Some(Box::new(SlotFollow::start(registry, map)));
+        c
+    }
+
+    /// The epoch of the slot map the client routes by, for a cluster
+    /// registered in etcd.
+    pub fn slot_map_epoch(&self) -> Option<u64> {
+        self.slots.as_ref().map(|s| s.epoch())
     }
 
     /// The number of servers, up or down.
@@ -136,10 +226,21 @@ impl ClusterClient {
         self.cluster_name()
     }
 
-    /// The server that owns `key`.
+    /// The server that owns `key` (as far as the client knows: a cluster
+    /// registered in etcd may have moved it since).
     #[inline]
     pub fn server_of(&self, key: &[u8]) -> u32 {
-        fabrickv_cluster::server_of_key(key, self.m.size())
+        self.server_for(key, KeyHash::of(key))
+    }
+
+    /// The server for `key`, whose hash is `hash`: its slot's primary in
+    /// the slot map, or its jump-hash bucket.
+    #[inline]
+    fn server_for(&self, key: &[u8], hash: KeyHash) -> u32 {
+        match &self.slots {
+            Some(s) => s.server_of(key),
+            None => server_of_hash(hash.0, self.m.size()),
+        }
     }
 
     /// Whether server `id` is connected now (a down one is tried again by
@@ -179,7 +280,10 @@ impl ClusterClient {
         key: &[u8],
         f: impl FnOnce(&mut Client) -> Result<R>,
     ) -> Result<R> {
-        let s = server_of_hash(KeyHash::of(key).0, self.m.size()) as usize;
+        if let Some(f) = &mut self.slots {
+            f.update();
+        }
+        let s = self.server_of(key) as usize;
         let c = self.m.ensure(s)?;
         f(c).map_err(|e| self.m.fail_or_wrap(s, e))
     }
@@ -201,27 +305,56 @@ impl ClusterClient {
             batch::refresh_if_stale(c, ops);
             return batch::run_valid(c, ops, sink, again).map_err(|e| self.m.fail(0, e));
         }
-        // Each key is hashed once: the hash picks the server here and the
-        // worker inside it.
+        if let Some(f) = &mut self.slots {
+            f.update();
+        }
+        // Each key is hashed once: the hash picks the server here (unless
+        // the slot map does) and the worker inside it.
         let hashes: Vec<KeyHash> = ops.iter().map(|o| KeyHash::of(o.key())).collect();
         let mut counts = vec![0usize; n as usize];
-        for h in &hashes {
-            counts[server_of_hash(h.0, n) as usize] += 1;
+        for (o, h) in ops.iter().zip(&hashes) {
+            counts[self.server_for(o.key(), *h) as usize] += 1;
         }
         let mut parts: Vec<Vec<usize>> = counts.iter().map(|&k| Vec::with_capacity(k)).collect();
-        for (i, h) in hashes.iter().enumerate() {
-            parts[server_of_hash(h.0, n) as usize].push(i);
+        for (i, (o, h)) in ops.iter().zip(&hashes).enumerate() {
+            parts[self.server_for(o.key(), *h) as usize].push(i);
         }
+        let mut rerouted = 0;
         loop {
-            self.round(ops, &parts, &hashes, sink)?;
-            // GETs that did not fit their reply frame go again.
+            let mut sink = Rerouted {
+                inner: &mut *sink,
+                moved: Vec::new(),
+            };
+            self.round(ops, &parts, &hashes, &mut sink)?;
+            // GETs that did not fit their reply frame go again, and so do
+            // operations a server said are another's, once the map is
+            // read again (a bounded number of times).
             sink.reply_full(again);
+            let moved = sink.moved;
+            if !moved.is_empty() {
+                rerouted += 1;
+                let reloaded = match &mut self.slots {
+                    Some(f) if rerouted <= WRONG_SERVER_ROUNDS_MAX => {
+                        f.update();
+                        f.reload()?;
+                        true
+                    }
+                    _ => false,
+                };
+                if reloaded {
+                    again.extend_from_slice(&moved);
+                } else {
+                    for &i in &moved {
+                        sink_land_refused(&mut *sink.inner, i)?;
+                    }
+                }
+            }
             if again.is_empty() {
                 return Ok(());
             }
             parts.iter_mut().for_each(Vec::clear);
             for &i in again.iter() {
-                parts[server_of_hash(hashes[i].0, n) as usize].push(i);
+                parts[self.server_for(ops[i].key(), hashes[i]) as usize].push(i);
             }
         }
     }
@@ -264,6 +397,13 @@ impl ClusterClient {
             })
             .collect()
     }
+}
+
+/// Lands WRONG_SERVER as the final outcome of operation `pos`: the
+/// servers kept refusing it after the map was read again
+/// [`WRONG_SERVER_ROUNDS_MAX`] times.
+fn sink_land_refused<S: batch::Sink>(sink: &mut S, pos: usize) -> Result<()> {
+    sink.land(pos, ErrorCode::WrongServer, &[])
 }
 
 #[cfg(test)]

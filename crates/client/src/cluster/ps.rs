@@ -152,7 +152,7 @@ impl ClusterPs {
     /// Keeps `registry` to find servers that come back elsewhere (as
     /// [`super::ClusterClient::follow`]).
     pub fn follow(self, registry: Registry) -> ClusterPs {
-        self.following(Some(registry))
+        self.following(Some(registry.into()))
     }
 
     /// The number of servers, up or down.

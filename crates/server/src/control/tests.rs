@@ -154,6 +154,7 @@ fn stats_list_each_service_in_registration_order_and_shared_stores_on_worker_0_o
             "ops",
             "misrouted",
             "reply_full",
+            "wrong_server",
             "partitions_owned",
         ]
     );

@@ -2,7 +2,7 @@
 //! this server does not serve (`-MOVED`, `-CROSSSLOT`), and the commands a
 //! cluster client asks the topology with (CLUSTER SLOTS, SHARDS, NODES,
 //! INFO, MYID, KEYSLOT; READONLY, READWRITE, ASKING), answered from the
-//! slot map the server follows in etcd ([`crate::placement`]). A server
+//! slot map the server follows in etcd ([`crate::slot_routing`]). A server
 //! with no map answers as Redis does with cluster support off.
 //!
 //! Redis models a node as either a master or a replica; a FabricKV server
@@ -11,7 +11,6 @@
 //! of the slots it leads.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
 
 use fabrickv_cluster::slots::{key_slot, SLOTS};
 use fabrickv_resp::reply::{self as resp, Reply};
@@ -22,7 +21,7 @@ use super::clients::help;
 use super::conn::ConnState;
 use super::table::{spec, Cmd, Spec, NO_KEYS};
 use super::RespShared;
-use crate::placement::{Route, Routing};
+use crate::slot_routing::{Route, Routing, RoutingCache};
 
 /// What COMMAND reports about the commands in this file (CLUSTER,
 /// READONLY, READWRITE, ASKING), with Redis 7's values; `table` gathers
@@ -65,9 +64,7 @@ const CLUSTER_HELP: &[&str] = &[
 /// The connection's view of the slot map and its READONLY flag.
 #[derive(Default)]
 pub(super) struct ClusterConn {
-    /// The placement version `routing` was taken at.
-    seen: u64,
-    routing: Option<Arc<Routing>>,
+    view: RoutingCache,
     /// READONLY: reads of slots this server backs up are served here.
     readonly: bool,
 }
@@ -76,11 +73,7 @@ impl ClusterConn {
     /// The current view, taken again only after it changed.
     #[inline]
     fn routing(&mut self, shared: &RespShared) -> Option<&Routing> {
-        if let Some((v, r)) = shared.placement.refresh(self.seen) {
-            self.seen = v;
-            self.routing = r;
-        }
-        self.routing.as_deref()
+        self.view.current(&shared.slot_routing)
     }
 }
 
@@ -130,7 +123,9 @@ impl ConnState {
         } else {
             i64::from(spec.last_key)
         };
-        let last = usize::try_from(last).unwrap_or(0).min(argc.saturating_sub(1));
+        let last = usize::try_from(last)
+            .unwrap_or(0)
+            .min(argc.saturating_sub(1));
         let first = spec.first_key as usize;
         let step = spec.step.max(1) as usize;
         let slots = (first..=last).step_by(step).map(|i| key_slot(a.get(i)));
@@ -170,7 +165,10 @@ impl ConnState {
         let sub = a.get(1).to_ascii_lowercase();
         if sub == b"keyslot" {
             if a.len() != 3 {
-                resp::error(out, "ERR wrong number of arguments for 'cluster|keyslot' command");
+                resp::error(
+                    out,
+                    "ERR wrong number of arguments for 'cluster|keyslot' command",
+                );
                 return;
             }
             resp::integer(out, i64::from(key_slot(a.get(2))));
@@ -281,11 +279,25 @@ fn shards(r: &Routing, out: &mut Reply<'_>) {
             resp::bulk(out, b"endpoint");
             resp::bulk(out, host.as_bytes());
             resp::bulk(out, b"role");
-            resp::bulk(out, if id == g.primary { b"master".as_slice() } else { b"replica" });
+            resp::bulk(
+                out,
+                if id == g.primary {
+                    b"master".as_slice()
+                } else {
+                    b"replica"
+                },
+            );
             resp::bulk(out, b"replication-offset");
             resp::integer(out, 0);
             resp::bulk(out, b"health");
-            resp::bulk(out, if port == 0 { b"fail".as_slice() } else { b"online" });
+            resp::bulk(
+                out,
+                if port == 0 {
+                    b"fail".as_slice()
+                } else {
+                    b"online"
+                },
+            );
         }
     }
 }
@@ -305,7 +317,11 @@ fn nodes(r: &Routing, out: &mut Reply<'_>) {
             "{} {host}:{port}@0 {flags} - 0 0 {} {}",
             node_id(&r.cluster, id),
             r.map.epoch,
-            if port == 0 { "disconnected" } else { "connected" }
+            if port == 0 {
+                "disconnected"
+            } else {
+                "connected"
+            }
         );
         for range in r.map.led_by(id) {
             if range.first == range.last {

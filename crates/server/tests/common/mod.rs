@@ -168,6 +168,11 @@ impl TestServer {
         self.handle.partitions()
     }
 
+    /// Which hash slots the server serves (a cluster's slot map).
+    pub fn slot_routing(&self) -> &std::sync::Arc<fabrickv_server::slot_routing::SlotRouting> {
+        self.handle.slot_routing()
+    }
+
     /// Stops the server and waits for its threads.
     pub fn shutdown(self) {
         self.handle.shutdown();

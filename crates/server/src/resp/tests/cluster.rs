@@ -2,7 +2,7 @@
 //! and the topology commands cluster clients read.
 
 use super::*;
-use crate::placement::{Placement, Routing};
+use crate::slot_routing::{Routing, SlotRouting};
 use fabrickv_cluster::slots::{key_slot, SlotMap};
 use fabrickv_cluster::ServerDesc;
 
@@ -19,15 +19,15 @@ fn desc(id: u32) -> ServerDesc {
 
 /// A connection to server `me` of a 3-server cluster keeping `replicas`
 /// copies, with servers `down` not registered.
-fn member(me: u32, replicas: u8, down: &[u32]) -> (Conn, Arc<Placement>) {
-    let placement = Placement::new();
+fn member(me: u32, replicas: u8, down: &[u32]) -> (Conn, Arc<SlotRouting>) {
+    let slot_routing = SlotRouting::new();
     let servers = (0..3)
         .map(|i| (!down.contains(&i)).then(|| desc(i)))
         .collect();
     let map = SlotMap::initial(3, replicas).expect("map");
-    placement.install(Routing::new(me, "t", map, servers));
-    let shared = shared_with(1, None).with_placement(placement.clone());
-    (Conn::with(shared), placement)
+    slot_routing.install(Routing::new(me, "t", map, servers));
+    let shared = shared_with(1, None).with_slot_routing(slot_routing.clone());
+    (Conn::with(shared), slot_routing)
 }
 
 /// A key whose slot is in `lo..=hi`.
@@ -42,8 +42,14 @@ fn key_in(lo: u16, hi: u16) -> String {
 fn outside_a_cluster_only_keyslot_answers() {
     let mut c = Conn::new(1);
     assert_eq!(c.run(&["CLUSTER", "KEYSLOT", "foo"]), ":12182\r\n");
-    assert_eq!(c.run(&["CLUSTER", "KEYSLOT", "{user1000}.following"]), ":3443\r\n");
-    c.expect_err(&["CLUSTER", "SLOTS"], "This instance has cluster support disabled");
+    assert_eq!(
+        c.run(&["CLUSTER", "KEYSLOT", "{user1000}.following"]),
+        ":3443\r\n"
+    );
+    c.expect_err(
+        &["CLUSTER", "SLOTS"],
+        "This instance has cluster support disabled",
+    );
     c.expect_err(&["READONLY"], "This instance has cluster support disabled");
     // Every key is served: no map, no redirection.
     assert_eq!(c.run(&["MSET", "a", "1", "b", "2"]), "+OK\r\n");
@@ -67,7 +73,10 @@ fn a_key_another_server_leads_is_moved_there() {
     );
     // Keys sharing a hash tag share a slot: served or moved together.
     let tag = format!("{{{mine}}}");
-    assert_eq!(c.run(&["MSET", &format!("{tag}.a"), "1", &format!("{tag}.b"), "2"]), "+OK\r\n");
+    assert_eq!(
+        c.run(&["MSET", &format!("{tag}.a"), "1", &format!("{tag}.b"), "2"]),
+        "+OK\r\n"
+    );
     // Inside MULTI the redirect is given at queue time and EXEC aborts.
     assert_eq!(c.run(&["MULTI"]), "+OK\r\n");
     assert!(c.run(&["SET", &theirs, "v"]).starts_with("-MOVED"));
@@ -95,26 +104,53 @@ fn the_topology_commands_describe_the_map() {
     let (mut c, p) = member(0, 2, &[2]);
     let slots = c.run(&["CLUSTER", "SLOTS"]);
     // Three ranges, each with a primary and a backup.
-    assert!(slots.starts_with("*3\r\n*4\r\n:0\r\n:5460\r\n*3\r\n$9\r\n127.0.0.1\r\n:8000\r\n"), "{slots}");
+    assert!(
+        slots.starts_with("*3\r\n*4\r\n:0\r\n:5460\r\n*3\r\n$9\r\n127.0.0.1\r\n:8000\r\n"),
+        "{slots}"
+    );
     let info = c.run(&["CLUSTER", "INFO"]);
-    assert!(info.contains("cluster_state:fail"), "server 2 leads slots and is down: {info}");
+    assert!(
+        info.contains("cluster_state:fail"),
+        "server 2 leads slots and is down: {info}"
+    );
     assert!(info.contains("cluster_slots_fail:5462"), "{info}");
     assert!(info.contains("cluster_current_epoch:1"), "{info}");
     let myid = c.run(&["CLUSTER", "MYID"]);
     assert_eq!(myid.len(), "$40\r\n".len() + 40 + 2, "{myid}");
     let nodes = c.run(&["CLUSTER", "NODES"]);
-    assert!(nodes.contains("127.0.0.1:8000@0 myself,master - 0 0 1 connected 0-5460"), "{nodes}");
+    assert!(
+        nodes.contains("127.0.0.1:8000@0 myself,master - 0 0 1 connected 0-5460"),
+        "{nodes}"
+    );
     assert!(nodes.contains(":0@0 master,fail"), "{nodes}");
     let shards = c.run(&["CLUSTER", "SHARDS"]);
-    assert!(shards.contains("$4\r\nrole\r\n$7\r\nreplica\r\n"), "{shards}");
+    assert!(
+        shards.contains("$4\r\nrole\r\n$7\r\nreplica\r\n"),
+        "{shards}"
+    );
     // A new map is seen from the next command on.
     let mut map = SlotMap::initial(3, 2).expect("map");
     map.epoch = 2;
     map.groups[2].primary = 0;
     map.groups[2].backups = vec![1];
-    p.install(Routing::new(0, "t", map, vec![Some(desc(0)), Some(desc(1)), None]));
+    p.install(Routing::new(
+        0,
+        "t",
+        map,
+        vec![Some(desc(0)), Some(desc(1)), None],
+    ));
     let info = c.run(&["CLUSTER", "INFO"]);
-    assert!(info.contains("cluster_state:ok") && info.contains("cluster_current_epoch:2"), "{info}");
-    assert_eq!(c.run(&["SET", &key_in(10922, 16383), "v"]), "+OK\r\n", "server 0 leads them now");
-    c.expect_err(&["CLUSTER", "NOPE"], "unknown subcommand 'NOPE'. Try CLUSTER HELP.");
+    assert!(
+        info.contains("cluster_state:ok") && info.contains("cluster_current_epoch:2"),
+        "{info}"
+    );
+    assert_eq!(
+        c.run(&["SET", &key_in(10922, 16383), "v"]),
+        "+OK\r\n",
+        "server 0 leads them now"
+    );
+    c.expect_err(
+        &["CLUSTER", "NOPE"],
+        "unknown subcommand 'NOPE'. Try CLUSTER HELP.",
+    );
 }

@@ -3,20 +3,21 @@
 //! A server started with an etcd registry learns the map from etcd's
 //! watch (`cli/src/cluster_cmd.rs` installs each new view here); any other
 //! server has no map and serves every key it is sent. The front ends ask
-//! [`Placement::routing`] once per command: one atomic load while nothing
+//! through a [`RoutingCache`] once per command: one atomic load while nothing
 //! changed, and a clone of the current [`Routing`] only after a change, so
 //! a connection keeps its own `Arc` and the common path takes no lock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use fabrickv_cluster::etcd::{ClusterView, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::slots::{SlotMap, SlotRoutes};
 use fabrickv_cluster::ServerDesc;
 
 /// The server's current view of the cluster, shared by its front ends.
 #[derive(Default)]
-pub struct Placement {
-    /// Bumped by every [`Placement::install`]; 0 while there is no map.
+pub struct SlotRouting {
+    /// Bumped by every [`SlotRouting::install`]; 0 while there is no map.
     version: AtomicU64,
     current: RwLock<Option<Arc<Routing>>>,
 }
@@ -47,10 +48,10 @@ pub enum Route {
     CrossSlot,
 }
 
-impl Placement {
-    /// A server's placement before any map: it serves every key.
-    pub fn new() -> Arc<Placement> {
-        Arc::new(Placement::default())
+impl SlotRouting {
+    /// A server's routing before any map: it serves every key.
+    pub fn new() -> Arc<SlotRouting> {
+        Arc::new(SlotRouting::default())
     }
 
     /// Makes `routing` the view every front end sees from its next command.
@@ -73,12 +74,58 @@ impl Placement {
         Some((v, cur.clone()))
     }
 
+    /// Installs `view`, as server `me` of `cluster` sees it; a view
+    /// without a map is skipped (no server has created it yet).
+    pub fn install_view(&self, me: u32, cluster: &str, view: ClusterView) {
+        if let Some((map, _)) = view.map {
+            let epoch = map.epoch;
+            self.install(Routing::new(me, cluster, map, view.servers));
+            tracing::debug!("slot map epoch {epoch} installed");
+        }
+    }
+
+    /// Installs the cluster's current view from `registry` now, then
+    /// every later one its watch delivers, as server `me`, until the
+    /// returned handle is dropped.
+    pub fn follow(
+        self: &Arc<Self>,
+        me: u32,
+        registry: &EtcdRegistry,
+    ) -> Result<WatchHandle, fabrickv_cluster::RegistryError> {
+        let cluster = registry.cluster().to_string();
+        self.install_view(me, &cluster, registry.view()?);
+        let routing = self.clone();
+        Ok(registry.watch(move |view| routing.install_view(me, &cluster, view)))
+    }
+
     /// The current view, if the server has a map.
     pub fn routing(&self) -> Option<Arc<Routing>> {
         self.current
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+}
+
+/// A front end's or worker's copy of the current view, taken again only
+/// after the routing changed.
+#[derive(Default)]
+pub struct RoutingCache {
+    /// The version of the shared routing `routing` was taken at.
+    seen: u64,
+    routing: Option<Arc<Routing>>,
+}
+
+impl RoutingCache {
+    /// The current view, if the server has a map: one atomic load while
+    /// nothing changed.
+    #[inline]
+    pub fn current(&mut self, shared: &SlotRouting) -> Option<&Routing> {
+        if let Some((v, r)) = shared.refresh(self.seen) {
+            self.seen = v;
+            self.routing = r;
+        }
+        self.routing.as_deref()
     }
 }
 
@@ -161,7 +208,11 @@ mod tests {
                 to: Some("127.0.0.1:8000".into())
             }
         );
-        assert_eq!(r.route([0u16].into_iter(), true), Route::Here, "a replica read");
+        assert_eq!(
+            r.route([0u16].into_iter(), true),
+            Route::Here,
+            "a replica read"
+        );
         assert_eq!(
             r.route([12000u16].into_iter(), true),
             Route::Moved {
@@ -175,16 +226,13 @@ mod tests {
             r.route(tagged.into_iter(), false),
             Route::Here | Route::Moved { .. }
         ));
-        assert_eq!(
-            r.route([1u16, 2].into_iter(), false),
-            Route::CrossSlot
-        );
+        assert_eq!(r.route([1u16, 2].into_iter(), false), Route::CrossSlot);
         assert_eq!(r.route(std::iter::empty(), false), Route::Here);
     }
 
     #[test]
     fn a_view_is_handed_out_once_per_change() {
-        let p = Placement::new();
+        let p = SlotRouting::new();
         assert!(p.refresh(0).is_none(), "no map yet: nothing to refresh");
         let map = SlotMap::initial(1, 1).expect("map");
         p.install(Routing::new(0, "t", map, vec![Some(desc(0))]));

@@ -1,0 +1,108 @@
+//! A cluster client's view of an etcd cluster's slot map: which server
+//! leads each hash slot, kept current by etcd's watch (no polling), and
+//! read again at once when a server answers WRONG_SERVER before the
+//! watch has delivered the change.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use fabrickv_cluster::etcd::{EtcdRegistry, WatchHandle};
+use fabrickv_cluster::slots::{key_slot, SlotMap, SlotRoutes};
+
+use crate::{ClientError, Result};
+
+/// Rounds of a batch that met WRONG_SERVER (each after reading the map
+/// again) before the operations still refused keep that answer: a map
+/// changes a few times per failover, so more rounds than this mean the
+/// servers disagree with etcd for longer than a call should wait.
+pub const WRONG_SERVER_ROUNDS_MAX: usize = 4;
+
+/// The slot map a client routes by, and the watch that updates it.
+pub(crate) struct SlotFollow {
+    registry: EtcdRegistry,
+    routes: SlotRoutes,
+    /// The primary of each group of the map.
+    primaries: Vec<u32>,
+    epoch: u64,
+    /// The newest map the watch delivered, and how many it delivered.
+    latest: Arc<Mutex<Option<SlotMap>>>,
+    delivered: Arc<AtomicU64>,
+    /// `delivered` when `latest` was last taken.
+    seen: u64,
+    _watch: WatchHandle,
+}
+
+impl SlotFollow {
+    /// Routes by `map` and follows its changes in `registry`.
+    pub(crate) fn start(registry: EtcdRegistry, map: SlotMap) -> SlotFollow {
+        let latest = Arc::new(Mutex::new(None));
+        let delivered = Arc::new(AtomicU64::new(0));
+        let watch = {
+            let (latest, delivered) = (latest.clone(), delivered.clone());
+            registry.watch(move |view| {
+                if let Some((map, _)) = view.map {
+                    *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(map);
+                    delivered.fetch_add(1, Ordering::Release);
+                }
+            })
+        };
+        let mut f = SlotFollow {
+            registry,
+            routes: map.routes(),
+            primaries: Vec::new(),
+            epoch: 0,
+            latest,
+            delivered,
+            seen: 0,
+            _watch: watch,
+        };
+        f.adopt(map);
+        f
+    }
+
+    /// The server leading `key`'s slot.
+    #[inline]
+    pub(crate) fn server_of(&self, key: &[u8]) -> u32 {
+        self.primaries[self.routes.group_of(key_slot(key))]
+    }
+
+    /// The epoch of the map routed by.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Takes the newest map the watch delivered, if any came since the
+    /// last call: one atomic load otherwise.
+    #[inline]
+    pub(crate) fn update(&mut self) {
+        let d = self.delivered.load(Ordering::Acquire);
+        if d == self.seen {
+            return;
+        }
+        self.seen = d;
+        let map = self.latest.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(map) = map {
+            self.adopt(map);
+        }
+    }
+
+    /// Reads the map from etcd now: a server said WRONG_SERVER, so its
+    /// map is newer than this one and the watch has not caught up yet.
+    pub(crate) fn reload(&mut self) -> Result<()> {
+        let view = self.registry.view().map_err(ClientError::Registry)?;
+        if let Some((map, _)) = view.map {
+            self.adopt(map);
+        }
+        Ok(())
+    }
+
+    /// Routes by `map` unless it is older than the one routed by.
+    fn adopt(&mut self, map: SlotMap) {
+        if map.epoch < self.epoch {
+            return;
+        }
+        self.routes = map.routes();
+        self.primaries = map.groups.iter().map(|g| g.primary).collect();
+        self.epoch = map.epoch;
+    }
+}

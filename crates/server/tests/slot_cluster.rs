@@ -1,0 +1,148 @@
+//! A cluster registered in etcd, end to end with the native clients:
+//! three servers following the slot map from a real etcd, every test once
+//! per transport.
+//!
+//! - the cluster client joins through etcd and routes each key to its
+//!   slot's primary; a server refuses a key of another's slot with
+//!   WRONG_SERVER and stores nothing;
+//! - after a change of the map (a new epoch) the servers and the client
+//!   follow it, and writes land on the new primary.
+
+#[macro_use]
+mod common;
+
+use std::time::Duration;
+
+use fabrickv_client::{BatchOp, ClusterClient, ClusterOptions, Kv};
+use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
+use fabrickv_cluster::local::LocalEtcd;
+use fabrickv_cluster::slots::{key_slot, SlotMap};
+use fabrickv_cluster::ServerDesc;
+use fabrickv_types::ErrorCode;
+
+use common::{wait_for, TestServer, Transport, TIMEOUT};
+
+/// Generous: a loaded machine may take seconds to run etcd's watch.
+const FOLLOW_WITHIN: Duration = Duration::from_secs(30);
+
+/// A server of the etcd cluster: registered, following the map.
+struct Member {
+    server: TestServer,
+    _registration: EtcdRegistration,
+    _watch: WatchHandle,
+}
+
+fn registry(etcd: &LocalEtcd) -> EtcdRegistry {
+    EtcdRegistry::connect(&etcd.url(), "sc")
+        .expect("connect")
+        .with_secret(None)
+}
+
+/// Three servers in one etcd cluster of one copy per slot.
+fn members(t: Transport, etcd: &LocalEtcd) -> Vec<Member> {
+    let reg = registry(etcd);
+    reg.create_map(&SlotMap::initial(3, 1).expect("map"))
+        .expect("map created");
+    (0..3u32)
+        .map(|id| {
+            let server = TestServer::default_on(t);
+            let desc = ServerDesc {
+                id,
+                addrs: vec![server.addr.clone()],
+                resp: None,
+                grpc: None,
+                workers: u32::from(server.workers),
+                pid: std::process::id(),
+            };
+            let registration = reg.register(&desc).expect("registered");
+            let watch = server.slot_routing().follow(id, &reg).expect("follows");
+            Member {
+                server,
+                _registration: registration,
+                _watch: watch,
+            }
+        })
+        .collect()
+}
+
+fn epoch_of(m: &Member) -> u64 {
+    m.server.slot_routing().routing().map_or(0, |r| r.map.epoch)
+}
+
+fn key(i: usize) -> Vec<u8> {
+    format!("slot-key-{i}").into_bytes()
+}
+
+fn a_cluster_client_routes_by_the_slot_map(t: Transport) {
+    let etcd = LocalEtcd::start().expect("etcd");
+    let ms = members(t, &etcd);
+    let opts = ClusterOptions {
+        transport: None,
+        timeout: TIMEOUT,
+    };
+    let mut c = ClusterClient::join(&etcd.url(), "sc", opts).expect("joins through etcd");
+    assert_eq!(c.slot_map_epoch(), Some(1));
+    let keys: Vec<Vec<u8>> = (0..300).map(key).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let pairs: Vec<(&[u8], &[u8])> = refs.iter().map(|k| (*k, *k)).collect();
+    c.mput(&pairs, None).expect("mput");
+    assert_eq!(
+        c.mget(&refs).expect("mget"),
+        keys.iter().map(|k| Some(k.clone())).collect::<Vec<_>>()
+    );
+    // Each key is on its slot's primary; the others refuse it and hold
+    // nothing.
+    let map = SlotMap::initial(3, 1).expect("map");
+    let routes = map.routes();
+    let mut owners = [0usize; 3];
+    for k in &keys[..30] {
+        let owner = map.groups[routes.group_of(key_slot(k))].primary as usize;
+        owners[owner] += 1;
+        assert_eq!(c.server_of(k) as usize, owner);
+        for (i, m) in ms.iter().enumerate() {
+            let mut plain = m.server.client();
+            let out = plain.execute(&[BatchOp::Get { key: k }]).expect("get");
+            if i == owner {
+                assert_eq!(out[0].code, ErrorCode::Ok);
+            } else {
+                assert_eq!(out[0].code, ErrorCode::WrongServer, "server {i}");
+            }
+        }
+    }
+    assert!(owners.iter().all(|&n| n > 0), "{owners:?}");
+
+    // A new map: server 0 leads server 2's slots too.
+    let reg = registry(&etcd);
+    let (old, rev) = reg.view().expect("view").map.expect("a map");
+    let mut next = old.clone();
+    next.epoch = 2;
+    next.groups[2].primary = 0;
+    assert!(reg.swap_map(rev, &next).expect("swap"));
+    wait_for("every server follows epoch 2", FOLLOW_WITHIN, || {
+        ms.iter().all(|m| epoch_of(m) == 2)
+    });
+    let moved: Vec<&[u8]> = refs
+        .iter()
+        .copied()
+        .filter(|k| map.groups[routes.group_of(key_slot(k))].primary == 2)
+        .collect();
+    assert!(!moved.is_empty());
+    // The client was routing by epoch 1: whether its watch or a server's
+    // WRONG_SERVER tells it first, the writes land on server 0.
+    let fresh: Vec<(&[u8], &[u8])> = moved.iter().map(|k| (*k, b"v2".as_slice())).collect();
+    c.mput(&fresh, None).expect("mput after the change");
+    assert_eq!(c.slot_map_epoch(), Some(2));
+    let mut zero = ms[0].server.client();
+    assert_eq!(
+        zero.mget(&moved).expect("mget at server 0"),
+        vec![Some(b"v2".to_vec()); moved.len()]
+    );
+    let mut two = ms[2].server.client();
+    let out = two
+        .execute(&[BatchOp::Get { key: moved[0] }])
+        .expect("get at server 2");
+    assert_eq!(out[0].code, ErrorCode::WrongServer);
+    drop(ms);
+}
+
+transport_tests!(a_cluster_client_routes_by_the_slot_map);
