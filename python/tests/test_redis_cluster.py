@@ -83,7 +83,7 @@ def test_cluster_show_prints_the_slot_map(slot_cluster, etcd):
                           "--cluster", slot_cluster[0].name],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "slot map: epoch 1, 3 servers, 1 copies of each slot" in out.stdout
+    assert "slot map: epoch 1, 3 servers, 1 copy of each slot" in out.stdout
     for i, s in enumerate(slot_cluster):
         assert f"resp={s.resp_host}:{s.resp_port}" in out.stdout
     assert "slots 0-5460" in out.stdout

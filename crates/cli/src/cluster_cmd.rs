@@ -34,11 +34,16 @@ pub struct ServeClusterArgs {
     /// deregistering (it is refreshed every third of this).
     #[arg(long, default_value_t = REGISTRATION_TTL_S, value_name = "S")]
     pub registry_ttl: u32,
-    /// Copies of each slot (a primary and R-1 backups), 1 to 3; needs an
-    /// etcd registry, and every server of a cluster must agree.
-    #[arg(long, value_name = "R", default_value_t = 1)]
-    pub replicas: u8,
 }
+
+/// How long `serve` keeps trying to reach etcd and register there, in
+/// milliseconds: a server started beside its etcd (one compose file, one
+/// boot) waits for etcd to elect its leader instead of failing.
+pub const ETCD_JOIN_WAIT_MS: u64 = 30_000;
+
+/// Pause between two tries to reach etcd while `serve` starts, in
+/// milliseconds.
+const ETCD_JOIN_RETRY_MS: u64 = 200;
 
 /// A server's membership, kept while it serves (dropping it leaves the
 /// registry).
@@ -70,9 +75,6 @@ impl ServeClusterArgs {
             if self.id.is_some() || self.cluster_size.is_some() {
                 return Err("--id and --cluster-size need --registry".into());
             }
-            if self.replicas != 1 {
-                return Err("--replicas needs an etcd registry (--registry etcd://...)".into());
-            }
             return Ok(None);
         };
         let (Some(id), Some(size)) = (self.id, self.cluster_size) else {
@@ -88,9 +90,6 @@ impl ServeClusterArgs {
         };
         if url.starts_with("etcd://") {
             return self.join_etcd(url, handle, desc, size, secret).map(Some);
-        }
-        if self.replicas != 1 {
-            return Err("--replicas needs an etcd registry (--registry etcd://...)".into());
         }
         let registry = Registry::connect(url, &self.cluster)
             .map_err(|e| e.to_string())?
@@ -120,23 +119,37 @@ impl ServeClusterArgs {
         if id >= size {
             return Err(format!("--id {id} is not below --cluster-size {size}"));
         }
-        let registry = EtcdRegistry::connect(url, &self.cluster)
-            .map_err(|e| e.to_string())?
-            .with_secret(secret);
-        let initial = SlotMap::initial(size, self.replicas)?;
-        let registration = registry
-            .register(&desc)
-            .map_err(|e| format!("cannot register: {e}"))?;
-        registry
-            .create_map(&initial)
-            .map_err(|e| format!("cannot read or create the slot map: {e}"))?;
+        // One copy of each slot: the map has room for backups, which
+        // servers do not keep yet.
+        let initial = SlotMap::initial(size, 1)?;
+        let deadline = Instant::now() + Duration::from_millis(ETCD_JOIN_WAIT_MS);
+        let (registry, registration) = loop {
+            let joined = EtcdRegistry::connect(url, &self.cluster).and_then(|r| {
+                let r = r.with_secret(secret.clone());
+                let registration = r.register(&desc)?;
+                r.create_map(&initial)?;
+                Ok((r, registration))
+            });
+            match joined {
+                Ok(j) => break j,
+                // A map of another shape will not change by waiting.
+                Err(e @ fabrickv_cluster::RegistryError::Invalid(_)) => return Err(e.to_string()),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(format!("cannot join the cluster in etcd: {e}"))
+                }
+                Err(e) => {
+                    tracing::info!("etcd not ready yet ({e}); trying again");
+                    std::thread::sleep(Duration::from_millis(ETCD_JOIN_RETRY_MS));
+                }
+            }
+        };
         let watch = handle
             .slot_routing()
             .follow(id, &registry)
             .map_err(|e| e.to_string())?;
         eprintln!(
-            "fabrickv: registered as server {id} of {size} in cluster {} at {url} ({} copies of each slot)",
-            self.cluster, self.replicas
+            "fabrickv: registered as server {id} of {size} in cluster {} at {url}",
+            self.cluster
         );
         Ok(Membership::Etcd {
             _member: Box::new(EtcdMember {

@@ -343,7 +343,7 @@ impl EtcdRegistry {
         let map = SlotMap::from_json(text.as_bytes()).map_err(corrupt)?;
         if map.size != initial.size || map.replicas != initial.replicas {
             return Err(RegistryError::Invalid(format!(
-                "cluster {} in etcd has {} servers and {} copies of each slot; this server was started with --cluster-size {} --replicas {}",
+                "cluster {} in etcd has {} servers keeping {} copies of each slot; this server expects {} servers keeping {}",
                 self.cluster, map.size, map.replicas, initial.size, initial.replicas
             )));
         }

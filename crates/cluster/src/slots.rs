@@ -269,8 +269,14 @@ impl fmt::Display for SlotMap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "slot map: epoch {}, {} servers, {} copies of each slot",
-            self.epoch, self.size, self.replicas
+            "slot map: epoch {}, {} servers, {} of each slot",
+            self.epoch,
+            self.size,
+            if self.replicas == 1 {
+                "1 copy".to_string()
+            } else {
+                format!("{} copies", self.replicas)
+            }
         )?;
         for g in &self.groups {
             let ranges: Vec<String> = g

@@ -60,7 +60,7 @@ fn the_map_is_created_once_and_changed_only_by_compare_and_swap() {
     let e = b
         .create_map(&SlotMap::initial(4, 2).expect("map"))
         .expect_err("another size");
-    assert!(e.to_string().contains("3 servers and 2 copies"), "{e}");
+    assert!(e.to_string().contains("3 servers keeping 2 copies"), "{e}");
 
     let mut next = first.clone();
     next.epoch += 1;
