@@ -297,6 +297,7 @@ fn joins(servers: &[ServerHandle], o: &ClusterOpts) -> Result<BenchResult, Strin
                 addrs: vec![s.addr().to_string()],
                 resp: None,
                 grpc: None,
+                memcache: None,
                 workers: s.workers() as u32,
                 pid: std::process::id(),
             };

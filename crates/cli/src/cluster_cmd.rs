@@ -85,6 +85,7 @@ impl ServeClusterArgs {
             addrs: vec![handle.addr().to_string()],
             resp: handle.resp_addr().map(str::to_string),
             grpc: handle.grpc_addr().map(|a| a.to_string()),
+            memcache: handle.memcache_addr().map(str::to_string),
             workers: handle.workers() as u32,
             pid: std::process::id(),
         };

@@ -151,6 +151,10 @@ pub struct ServerDesc {
     /// The gRPC control plane of the KV cache, if it serves one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grpc: Option<String>,
+    /// The memcache front end, if it serves one (where another server of
+    /// an etcd cluster forwards a memcache command for a key of its slots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memcache: Option<String>,
     /// Data-path workers (one connection per worker per client).
     #[serde(default)]
     pub workers: u32,
@@ -270,6 +274,7 @@ impl Cluster {
                 addrs: vec![a.as_ref().to_string()],
                 resp: None,
                 grpc: None,
+                memcache: None,
                 workers: 0,
                 pid: 0,
             })

@@ -20,6 +20,7 @@ fn desc(id: u32) -> ServerDesc {
         addrs: vec![format!("tcp://127.0.0.1:{}", 7000 + id)],
         resp: Some(format!("127.0.0.1:{}", 8000 + id)),
         grpc: None,
+        memcache: None,
         workers: 2,
         pid: std::process::id(),
     }

@@ -11,6 +11,7 @@ fn desc(id: u32) -> ServerDesc {
         addrs: vec![format!("tcp://127.0.0.1:{}", 7000 + id)],
         resp: None,
         grpc: None,
+        memcache: None,
         workers: 2,
         pid: std::process::id(),
     }

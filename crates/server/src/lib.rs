@@ -295,6 +295,7 @@ impl Server {
                 let shared = |_port| {
                     memcache::McShared::new(parts.clone(), cfg.mode, cfg.memory_bytes, workers)
                         .with_client_memory(client_memory.clone())
+                        .with_slot_routing(slot_routing.clone())
                 };
                 let idle = cfg.memcache_idle_timeout();
                 let mem = client_memory.clone();

@@ -44,6 +44,7 @@ use crate::partitions::{Partitions, PREFETCH_KEYS_MAX};
 use crate::resp::unix_now_ms;
 use store::Expiry;
 
+mod forward;
 mod meta;
 mod store;
 mod text;
@@ -126,6 +127,8 @@ pub struct McShared {
     pub counters: McCounters,
     /// What every RESP and memcache connection buffers, and its cap.
     pub(crate) client_memory: Arc<crate::text_socket::ClientMemory>,
+    /// Which hash slots this server serves, in an etcd cluster.
+    pub(crate) slot_routing: Arc<crate::slot_routing::SlotRouting>,
 }
 
 impl McShared {
@@ -142,7 +145,17 @@ impl McShared {
             flush_at_ms: AtomicU64::new(0),
             counters: McCounters::default(),
             client_memory: Arc::new(crate::text_socket::ClientMemory::new(0)),
+            slot_routing: crate::slot_routing::SlotRouting::new(),
         }
+    }
+
+    /// The server's slot routing, shared with its other front ends.
+    pub(crate) fn with_slot_routing(
+        mut self,
+        slot_routing: Arc<crate::slot_routing::SlotRouting>,
+    ) -> McShared {
+        self.slot_routing = slot_routing;
+        self
     }
 
     /// Shares the server's account of what connections buffer.
@@ -212,6 +225,9 @@ pub struct McConnState {
     get: Option<GetLine>,
     /// Scratch for values built from a stored one (append, incr).
     scratch: Vec<u8>,
+    /// Where keys of other servers' hash slots are sent, in an etcd
+    /// cluster.
+    forward: forward::Forwarder,
 }
 
 /// A retrieval line being answered (see the module header).
@@ -221,6 +237,9 @@ pub(super) struct GetLine {
     cas: bool,
     /// `gat`/`gats`: the expiry to give each key found.
     touch: Option<Expiry>,
+    /// `gat`/`gats`: the expiry time as sent, for a key forwarded to its
+    /// server.
+    exptime: i64,
     /// A key was seen, or the command is a `gat` (which may have none):
     /// the line ends with `END`, not `ERROR`.
     answered: bool,
@@ -321,7 +340,7 @@ impl McConnState {
                     commands += 1;
                     let (g, keys, last) = match cmd {
                         Command::Get { keys, cas, more } => {
-                            (GetLine::new(cas, None, out), keys, !more)
+                            (GetLine::new(cas, None, 0, out), keys, !more)
                         }
                         Command::Gat {
                             exptime,
@@ -330,10 +349,13 @@ impl McConnState {
                             more,
                         } => {
                             let touch = Some(Expiry::of(exptime, now_ms));
-                            (GetLine::new(cas, touch, out), keys, !more)
+                            (GetLine::new(cas, touch, exptime, out), keys, !more)
                         }
                         cmd => {
                             done.consumed += consumed;
+                            if self.forwarded(sh, &cmd, &rest[..consumed], out) {
+                                continue;
+                            }
                             if self.command(sh, cmd, out, now_ms) == After::Close {
                                 done.close = true;
                                 break;
@@ -369,7 +391,7 @@ impl McConnState {
         out: &mut Vec<u8>,
         now: u64,
     ) -> usize {
-        if let Some(at) = text::retrieve(sh, keys, &mut g, out, now) {
+        if let Some(at) = text::retrieve(sh, &mut self.forward, keys, &mut g, out, now) {
             self.get = Some(g);
             // `keys` lies within `rest`.
             return keys.as_ptr() as usize - rest.as_ptr() as usize + at;
@@ -394,6 +416,41 @@ impl McConnState {
         }
         line(out, mc::BAD_FORMAT);
         self.get = None;
+    }
+
+    /// Sends a keyed command (`raw`, as received) for a key of another
+    /// server's hash slot on to that server and appends its answer;
+    /// `false` when the command runs here.
+    fn forwarded(
+        &mut self,
+        sh: &McShared,
+        cmd: &Command<'_>,
+        raw: &[u8],
+        out: &mut Vec<u8>,
+    ) -> bool {
+        let mut buf = [0u8; mc::MC_BASE64_KEY_BYTES_MAX];
+        let (key, quiet) = match cmd {
+            Command::Store(st) => (st.key, st.noreply),
+            Command::Delete { key, noreply }
+            | Command::Arith { key, noreply, .. }
+            | Command::Touch { key, noreply, .. } => (*key, *noreply),
+            Command::Meta(m) => match meta::decoded_key(m.key, m.flags.base64, &mut buf) {
+                Some(k) => (k, m.flags.quiet),
+                None => return false,
+            },
+            _ => return false,
+        };
+        match self.forward.owner(&sh.slot_routing, key) {
+            forward::Owner::Here => false,
+            forward::Owner::At(addr) => {
+                self.forward.forward(&addr, raw, false, quiet, out);
+                true
+            }
+            forward::Owner::Unreachable(why) => {
+                forward::Forwarder::refuse(&why, quiet, out);
+                true
+            }
+        }
     }
 
     fn command(&mut self, sh: &McShared, cmd: Command<'_>, out: &mut Vec<u8>, now: u64) -> After {
@@ -486,10 +543,11 @@ fn prefetch_ahead(sh: &McShared, input: &[u8], from: usize) -> usize {
 
 impl GetLine {
     /// A line whose replies start at the end of `out`.
-    fn new(cas: bool, touch: Option<Expiry>, out: &[u8]) -> GetLine {
+    fn new(cas: bool, touch: Option<Expiry>, exptime: i64, out: &[u8]) -> GetLine {
         GetLine {
             cas,
             touch,
+            exptime,
             answered: touch.is_some(),
             out_start: Some(out.len()),
         }

@@ -599,6 +599,7 @@ fn register(url: &str, name: &str, size: usize, id: usize, s: &TestServer) -> Re
         addrs: vec![s.addr.clone()],
         resp: None,
         grpc: None,
+        memcache: None,
         workers: u32::from(s.workers),
         pid: std::process::id(),
     };

@@ -348,3 +348,86 @@ fn at_the_cap_a_silent_connection_makes_way() {
     drop(silent);
     h.shutdown();
 }
+
+/// Two servers following one slot map (installed by hand, as the etcd
+/// watch installs it): each one's memcache front end serves every key,
+/// forwarding a key of the other's hash slots to it, so a memcached
+/// client that hashes keys its own way reads and writes the one keyspace.
+#[test]
+fn a_key_of_another_servers_slot_is_forwarded_to_it() {
+    use fabrickv_cluster::slots::{key_slot, SlotMap};
+    use fabrickv_cluster::ServerDesc;
+    use fabrickv_server::slot_routing::Routing;
+
+    let hs = [server(Mode::Store), server(Mode::Store)];
+    let descs: Vec<Option<ServerDesc>> = hs
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            Some(ServerDesc {
+                id: i as u32,
+                addrs: vec![h.addr().to_string()],
+                resp: None,
+                grpc: None,
+                memcache: h.memcache_addr().map(str::to_string),
+                workers: 2,
+                pid: 0,
+            })
+        })
+        .collect();
+    let map = SlotMap::initial(2, 1).expect("map");
+    for (i, h) in hs.iter().enumerate() {
+        h.slot_routing()
+            .install(Routing::new(i as u32, "mc", map.clone(), descs.clone()));
+    }
+    let owner = |k: &str| usize::from(key_slot(k.as_bytes()) >= 8192);
+    let keys: Vec<String> = (0..40).map(|i| format!("mk{i}")).collect();
+    assert!(keys.iter().any(|k| owner(k) == 0) && keys.iter().any(|k| owner(k) == 1));
+    let mut a = Mc::connect(&hs[0]);
+    for k in &keys {
+        assert_eq!(
+            a.ask(&format!("set {k} 7 0 {}\r\n{k}\r\n", k.len())),
+            "STORED"
+        );
+    }
+    // Every key sits on its slot's server, which alone serves it natively.
+    for (i, h) in hs.iter().enumerate() {
+        let mut native = Client::connect(h.addr()).expect("native client");
+        for k in &keys {
+            match native.get(k.as_bytes()) {
+                Ok(v) => assert!(owner(k) == i && v.as_deref() == Some(k.as_bytes()), "{k}"),
+                Err(e) => assert!(
+                    owner(k) != i && e.code() == fabrickv_types::ErrorCode::WrongServer,
+                    "{k} at server {i}: {e}"
+                ),
+            }
+        }
+    }
+    // One get line over both servers, through the other server.
+    let mut b = Mc::connect(&hs[1]);
+    let line: Vec<&str> = keys.iter().map(String::as_str).collect();
+    b.send(format!("get {} absent\r\n", line.join(" ")).as_bytes());
+    for k in &keys {
+        assert_eq!(b.line(), format!("VALUE {k} 7 {}", k.len()));
+        assert_eq!(b.bytes(k.len()), k.as_bytes());
+    }
+    assert_eq!(b.line(), "END");
+    // The other commands, noreply and quiet meta ones among them.
+    let far = keys
+        .iter()
+        .find(|k| owner(k) == 1)
+        .expect("a key of server 1");
+    assert_eq!(
+        a.ask(&format!("set {far} 0 0 2 noreply\r\nxy\r\nmg {far} v\r\n")),
+        "VA 2"
+    );
+    assert_eq!(a.bytes(2), b"xy");
+    assert_eq!(a.ask(&format!("ms {far} 1 q\r\n5\r\nmn\r\n")), "MN");
+    assert_eq!(a.ask(&format!("incr {far} 2\r\n")), "7");
+    assert_eq!(a.ask(&format!("touch {far} 100\r\n")), "TOUCHED");
+    assert_eq!(a.ask(&format!("delete {far}\r\n")), "DELETED");
+    assert_eq!(a.ask(&format!("mg {far} v\r\n")), "EN");
+    for h in hs {
+        h.shutdown();
+    }
+}

@@ -51,6 +51,7 @@ fn members(t: Transport, etcd: &LocalEtcd) -> Vec<Member> {
                 addrs: vec![server.addr.clone()],
                 resp: None,
                 grpc: None,
+                memcache: None,
                 workers: u32::from(server.workers),
                 pid: std::process::id(),
             };

@@ -18,7 +18,6 @@ use fabrickv_types::KeyHash;
 
 use super::args::Args;
 use super::clients::help;
-use super::conn::ConnState;
 use super::table::{spec, Cmd, Spec, NO_KEYS};
 use super::RespShared;
 use crate::slot_routing::{Route, Routing, RoutingCache};
@@ -97,24 +96,26 @@ fn endpoint(r: &Routing, id: u32) -> (String, u16) {
     }
 }
 
-impl ConnState {
-    /// Redirects a keyed command this server does not serve: `None` when
-    /// it runs here (no map, no keys, or every key in a slot served
-    /// here), else the error already written. A read on a READONLY
-    /// connection is served by any replica of its slot.
+impl ClusterConn {
+    /// Redirects a keyed command this server does not serve on database
+    /// `db`: `false` when it runs here (no map, no keys, a shard
+    /// database, or every key in a slot served here), else `true` with
+    /// the error written. A read on a READONLY connection is served by any
+    /// replica of its slot.
     #[inline]
-    pub(super) fn cluster_gate(
+    pub(super) fn gate(
         &mut self,
+        db: usize,
         shared: &RespShared,
         spec: &Spec,
         a: Args<'_>,
         out: &mut Reply<'_>,
     ) -> bool {
-        if spec.first_key <= 0 || self.db != 0 {
+        if spec.first_key <= 0 || db != 0 {
             return false;
         }
-        let replica_read = self.cluster.readonly && spec.flags.contains(&"readonly");
-        let Some(r) = self.cluster.routing(shared) else {
+        let replica_read = self.readonly && spec.flags.contains(&"readonly");
+        let Some(r) = self.routing(shared) else {
             return false;
         };
         let argc = a.len();
@@ -147,21 +148,21 @@ impl ConnState {
     }
 
     /// READONLY, READWRITE and ASKING.
-    pub(super) fn cluster_mode(&mut self, shared: &RespShared, id: Cmd, out: &mut Reply<'_>) {
-        if self.cluster.routing(shared).is_none() {
+    pub(super) fn mode(&mut self, shared: &RespShared, id: Cmd, out: &mut Reply<'_>) {
+        if self.routing(shared).is_none() {
             resp::error(out, CLUSTER_DISABLED);
             return;
         }
         match id {
-            Cmd::Readonly => self.cluster.readonly = true,
-            Cmd::Readwrite => self.cluster.readonly = false,
+            Cmd::Readonly => self.readonly = true,
+            Cmd::Readwrite => self.readonly = false,
             _ => {}
         }
         resp::simple(out, "OK");
     }
 
     /// CLUSTER INFO | KEYSLOT | MYID | NODES | SHARDS | SLOTS | HELP.
-    pub(super) fn cluster(&mut self, shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
+    pub(super) fn command(&mut self, shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
         let sub = a.get(1).to_ascii_lowercase();
         if sub == b"keyslot" {
             if a.len() != 3 {
@@ -178,7 +179,7 @@ impl ConnState {
             help(out, CLUSTER_HELP);
             return;
         }
-        let Some(r) = self.cluster.routing(shared) else {
+        let Some(r) = self.routing(shared) else {
             resp::error(out, CLUSTER_DISABLED);
             return;
         };

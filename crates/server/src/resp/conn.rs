@@ -137,7 +137,7 @@ impl ConnState {
         }
         // A key another server serves is redirected before anything,
         // MULTI's queue included, as Redis Cluster does.
-        if self.cluster_gate(ex.shared, spec, a, out) {
+        if self.cluster.gate(self.db, ex.shared, spec, a, out) {
             self.txn_error();
             self.rejected = true;
             return After::Continue;
@@ -216,9 +216,9 @@ impl ConnState {
             }
             Cmd::Hello => return self.hello(ex.shared, a, out),
             Cmd::Time => time(out),
-            Cmd::Cluster => self.cluster(ex.shared, a, out),
+            Cmd::Cluster => self.cluster.command(ex.shared, a, out),
             Cmd::Readonly | Cmd::Readwrite | Cmd::Asking => {
-                self.cluster_mode(ex.shared, spec.id, out)
+                self.cluster.mode(ex.shared, spec.id, out)
             }
             Cmd::Quit => {
                 resp::simple(out, "OK");

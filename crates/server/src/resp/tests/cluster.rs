@@ -12,6 +12,7 @@ fn desc(id: u32) -> ServerDesc {
         addrs: vec![format!("tcp://127.0.0.1:{}", 7000 + id)],
         resp: Some(format!("127.0.0.1:{}", 8000 + id)),
         grpc: None,
+        memcache: None,
         workers: 1,
         pid: 0,
     }

@@ -1,0 +1,223 @@
+//! Forwarding in an etcd cluster: memcached clients place keys by their
+//! own hash, so a command for a key of a hash slot another server leads
+//! is sent on to that server's memcache front end, as memcached's proxy
+//! does, and its answer passed back in order.
+//!
+//! A forwarded command is sent as received, followed by `mn`: whatever
+//! the owner answers before `MN` is the command's answer, so `noreply`
+//! and quiet meta commands (which answer nothing, or only on a miss) need
+//! no case of their own. A forward holds the connection's front-end
+//! thread for the owner's round trip, within [`MC_FORWARD_TIMEOUT_MS`].
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use fabrickv_cluster::slots::key_slot;
+use fabrickv_memcache::{MC_LINE_BYTES_MAX, MC_VALUE_BYTES_MAX};
+
+use crate::slot_routing::{RoutingCache, SlotRouting};
+
+/// Longest wait to connect to, write to or read from the owner of a key,
+/// in milliseconds; past it the command is answered `SERVER_ERROR` and
+/// the connection to that owner dropped.
+pub const MC_FORWARD_TIMEOUT_MS: u64 = 2_000;
+
+/// Most owners one client connection keeps a forwarding connection to.
+/// An etcd cluster has at most `CLUSTER_SERVERS_MAX` servers; past this
+/// many the least useful (any) is closed first.
+pub const MC_FORWARD_CONNS_MAX: usize = 64;
+
+/// Most bytes one forwarded answer may hold: one value and its header
+/// line, or a retrieval's values (a forwarded retrieval asks for one key).
+pub const MC_FORWARD_REPLY_BYTES_MAX: usize = MC_VALUE_BYTES_MAX + 2 * MC_LINE_BYTES_MAX;
+
+/// A client connection's view of the slot map and its connections to the
+/// owners it forwarded to.
+#[derive(Default)]
+pub(crate) struct Forwarder {
+    view: RoutingCache,
+    conns: HashMap<String, BufReader<TcpStream>>,
+}
+
+/// Where a command for a key goes.
+pub(crate) enum Owner {
+    /// This server serves it.
+    Here,
+    /// Another server's memcache front end, at this address.
+    At(String),
+    /// Another server that cannot be forwarded to now: why.
+    Unreachable(String),
+}
+
+/// Why a forward failed (said in the `SERVER_ERROR` line).
+type Why = String;
+
+impl Forwarder {
+    /// Where a command for `key` goes: here unless the server follows a
+    /// slot map in which another server leads the key's slot.
+    #[inline]
+    pub(crate) fn owner(&mut self, routing: &SlotRouting, key: &[u8]) -> Owner {
+        let Some(r) = self.view.current(routing) else {
+            return Owner::Here;
+        };
+        let slot = key_slot(key);
+        if r.serves(slot, false) {
+            return Owner::Here;
+        }
+        let id = r.primary_of(slot);
+        match r.server(id).map(|d| d.memcache.clone()) {
+            Some(Some(addr)) => Owner::At(addr),
+            Some(None) => Owner::Unreachable(format!(
+                "slot {slot} is served by server {id}, which has no memcache front end"
+            )),
+            None => Owner::Unreachable(format!(
+                "slot {slot} is served by server {id}, which is not registered"
+            )),
+        }
+    }
+
+    /// Answers a command that could not be forwarded: `SERVER_ERROR` with
+    /// `why`, unless the client asked for no answer.
+    pub(crate) fn refuse(why: &str, quiet: bool, out: &mut Vec<u8>) {
+        if !quiet {
+            out.extend_from_slice(b"SERVER_ERROR ");
+            out.extend_from_slice(why.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// Sends `command` (a whole command as received, data included) to
+    /// the memcache front end at `addr` and appends its answer to `out`;
+    /// with `strip_end`, the `END` line of a retrieval is left out (the
+    /// caller ends its own line). On failure appends `SERVER_ERROR` unless
+    /// `quiet` (the client asked for no answer) and drops the connection.
+    pub(crate) fn forward(
+        &mut self,
+        addr: &str,
+        command: &[u8],
+        strip_end: bool,
+        quiet: bool,
+        out: &mut Vec<u8>,
+    ) {
+        let start = out.len();
+        if let Err(why) = self.exchange(addr, command, strip_end, out) {
+            out.truncate(start);
+            self.conns.remove(addr);
+            tracing::debug!("memcache forward to {addr}: {why}");
+            if !quiet {
+                out.extend_from_slice(b"SERVER_ERROR cannot reach the key's server: ");
+                out.extend_from_slice(why.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+
+    fn exchange(
+        &mut self,
+        addr: &str,
+        command: &[u8],
+        strip_end: bool,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Why> {
+        let conn = self.conn(addr)?;
+        let s = conn.get_mut();
+        s.write_all(command)
+            .and_then(|()| s.write_all(b"mn\r\n"))
+            .map_err(|e| e.to_string())?;
+        let mut taken = 0usize;
+        let mut line = Vec::with_capacity(128);
+        loop {
+            line.clear();
+            let n = conn
+                .by_ref()
+                .take(MC_LINE_BYTES_MAX as u64 + 2)
+                .read_until(b'\n', &mut line)
+                .map_err(|e| e.to_string())?;
+            if n == 0 || !line.ends_with(b"\r\n") {
+                return Err("the answer broke off".into());
+            }
+            let text = &line[..line.len() - 2];
+            if text == b"MN" {
+                return Ok(());
+            }
+            if strip_end && text == b"END" {
+                continue;
+            }
+            // A line announcing a value: the value and its CRLF follow.
+            let data = data_length(text)?;
+            taken += line.len() + data.map_or(0, |d| d + 2);
+            if taken > MC_FORWARD_REPLY_BYTES_MAX {
+                return Err("the answer is over the forwarding bound".into());
+            }
+            out.extend_from_slice(&line);
+            if let Some(d) = data {
+                let at = out.len();
+                out.resize(at + d + 2, 0);
+                conn.read_exact(&mut out[at..]).map_err(|e| e.to_string())?;
+                if !out.ends_with(b"\r\n") {
+                    return Err("a value is not followed by CRLF".into());
+                }
+            }
+        }
+    }
+
+    /// The connection to `addr`, opened if there is none.
+    fn conn(&mut self, addr: &str) -> Result<&mut BufReader<TcpStream>, Why> {
+        if !self.conns.contains_key(addr) {
+            if self.conns.len() >= MC_FORWARD_CONNS_MAX {
+                self.conns.clear();
+            }
+            let timeout = Duration::from_millis(MC_FORWARD_TIMEOUT_MS);
+            let sa = addr
+                .parse()
+                .map_err(|_| format!("{addr} is not an address"))?;
+            let s = TcpStream::connect_timeout(&sa, timeout).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(timeout))
+                .and_then(|()| s.set_write_timeout(Some(timeout)))
+                .and_then(|()| s.set_nodelay(true))
+                .map_err(|e| e.to_string())?;
+            self.conns.insert(addr.to_string(), BufReader::new(s));
+        }
+        self.conns
+            .get_mut(addr)
+            .ok_or_else(|| "no connection".to_string())
+    }
+}
+
+/// The length of the value an answer line announces: `VALUE key flags
+/// bytes [cas]` or `VA bytes flags...`; `None` for a line without one.
+fn data_length(line: &[u8]) -> Result<Option<usize>, Why> {
+    let mut t = line.split(|&b| b == b' ');
+    let field = match t.next() {
+        Some(b"VALUE") => t.nth(2),
+        Some(b"VA") => t.next(),
+        _ => return Ok(None),
+    };
+    let n = field
+        .and_then(|f| std::str::from_utf8(f).ok())
+        .and_then(|f| f.parse::<usize>().ok())
+        .ok_or("an answer line announces no value length")?;
+    if n > MC_VALUE_BYTES_MAX {
+        return Err("an answer announces a value over the bound".into());
+    }
+    Ok(Some(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_lengths_are_read_from_both_answer_forms() {
+        assert_eq!(data_length(b"VALUE k 0 5"), Ok(Some(5)));
+        assert_eq!(data_length(b"VALUE k 0 5 77"), Ok(Some(5)));
+        assert_eq!(data_length(b"VA 3 t10"), Ok(Some(3)));
+        assert_eq!(data_length(b"HD"), Ok(None));
+        assert_eq!(data_length(b"STORED"), Ok(None));
+        assert!(data_length(b"VALUE k 0").is_err());
+        assert!(data_length(b"VA x").is_err());
+        assert!(data_length(format!("VA {}", MC_VALUE_BYTES_MAX + 1).as_bytes()).is_err());
+    }
+}
