@@ -62,13 +62,19 @@ class Server:
         self.native, self.resp_host, self.resp_port = self._addresses()
 
     def _addresses(self):
-        # The banner is printed once the server listens on both addresses.
+        # The banner is printed once the server listens on both addresses;
+        # the memcache front end's line, when it is on, comes before it.
         deadline = time.monotonic() + START_TIMEOUT_S
         pattern = re.compile(r"serving on (\S+), RESP on (\S+):(\d+)")
+        memcache = re.compile(r"memcache on \S+:(\d+)")
+        self.memcache_port = None
         while time.monotonic() < deadline:
             line = self.proc.stderr.readline()
             if not line:
                 break
+            m = memcache.search(line)
+            if m:
+                self.memcache_port = int(m.group(1))
             m = pattern.search(line)
             if m:
                 return m.group(1), m.group(2), int(m.group(3))

@@ -1,10 +1,12 @@
-"""Redis cluster clients against a FabricKV cluster registered in etcd:
+"""A FabricKV cluster registered in etcd, from the clients people run:
 three `fabrickv serve --registry etcd://...` processes (once per native
 transport the servers listen on), found and followed by redis-py's
-`RedisCluster` with no FabricKV code on the client side, and `fabrickv
-cluster show` printing the slot map.
+`RedisCluster` with no FabricKV code on the client side, by `fabrickv.Cluster`
+routing by the same slot map, and by a memcached client talking to any one
+server; `fabrickv cluster show` prints the map.
 
-Needs `make build` (the server) and etcd (`make deps`)."""
+Needs `make build` (the server), `make python` (the module) and etcd
+(`make deps`)."""
 
 import subprocess
 import time
@@ -12,6 +14,7 @@ import uuid
 
 import pytest
 import redis
+from pymemcache.client.base import Client as MemcacheClient
 from redis.cluster import RedisCluster
 
 from conftest import BIN, TRANSPORTS, Server, listen_addr, stop_all
@@ -29,13 +32,14 @@ def slot_cluster(request, etcd):
     try:
         for i in range(3):
             servers.append(Server("--registry", etcd.url, "--cluster", name, "--id", str(i),
-                                  "--cluster-size", "3",
+                                  "--cluster-size", "3", "--memcache", "127.0.0.1:0",
                                   listen=listen_addr(request.param), workers=1))
     except BaseException:
         stop_all(servers)
         raise
     for s in servers:
         s.name = name
+        s.transport = request.param
     yield servers
     assert stop_all(servers) == [0, 0, 0], "the servers exit cleanly on SIGTERM"
 
@@ -110,3 +114,40 @@ def test_a_stopped_server_leaves_the_map_reported_failing(etcd):
         assert "1  down" in out.stdout and "not registered: [1]" in out.stderr
     finally:
         stop_all(servers)
+
+
+def test_every_face_shares_the_one_keyspace(slot_cluster, etcd):
+    """What redis-py writes, the native cluster client reads, and the
+    other way round; a memcached client reaches every key from any one
+    server (the servers forward a key of another's slots to it)."""
+    try:
+        import fabrickv
+    except ImportError as e:  # a missing build fails the run, never skips it
+        pytest.fail(f"the fabrickv module is not installed ({e}): run `make python`")
+    s0 = slot_cluster[0]
+    rc = RedisCluster(host=s0.resp_host, port=s0.resp_port)
+    c = fabrickv.Cluster(registry=etcd.url, name=s0.name, transport=s0.transport, timeout=10.0)
+    try:
+        tag = uuid.uuid4().hex[:8]
+        keys = [f"{tag}-{i}".encode() for i in range(120)]
+        c.mput([(k, b"native-" + k) for k in keys])
+        assert [rc.get(k) for k in keys] == [b"native-" + k for k in keys]
+        for k in keys[:40]:
+            rc.set(k, b"redis-" + k)
+        assert c.mget(keys[:40]) == [b"redis-" + k for k in keys[:40]]
+        # The native client's owner of a key is the Redis client's.
+        by_port = {s.resp_port: i for i, s in enumerate(slot_cluster)}
+        for k in keys[:20]:
+            assert c.server_of(k) == by_port[rc.get_node_from_key(k).port]
+        for s in slot_cluster:
+            mc = MemcacheClient((s.resp_host, s.memcache_port), timeout=10)
+            try:
+                assert mc.get_many([k.decode() for k in keys[40:60]]) == {
+                    k.decode(): b"native-" + k for k in keys[40:60]}
+                mc.set(f"{tag}-mc-{s.memcache_port}", b"m")
+            finally:
+                mc.close()
+        assert c.get(f"{tag}-mc-{slot_cluster[1].memcache_port}".encode()) == b"m"
+    finally:
+        c.close()
+        rc.close()

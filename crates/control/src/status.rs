@@ -73,6 +73,9 @@ pub fn grpc_code(code: ErrorCode) -> Code {
         ErrorCode::ChunkOutOfOrder => Code::Aborted,
         ErrorCode::ReceivingFull => Code::ResourceExhausted,
         ErrorCode::AuthThrottled => Code::ResourceExhausted,
+        // Another server serves the key now: ask it (gRPC's "the system
+        // is not in a state for this here").
+        ErrorCode::WrongServer => Code::FailedPrecondition,
         // A code added to fabrickv-types after this table was written: the
         // metadata still names it exactly; the gRPC code just says so.
         _ => Code::Unknown,
