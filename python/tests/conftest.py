@@ -220,12 +220,11 @@ class Etcd:
         import urllib.request
         if shutil.which("etcd") is None:
             pytest.fail("etcd is missing: run `make deps`")
-        ports = []
-        for _ in range(2):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                ports.append(s.getsockname()[1])
-        self.port, peer = ports
+        # Both ports held at once, so that they differ.
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            b.bind(("127.0.0.1", 0))
+            self.port, peer = a.getsockname()[1], b.getsockname()[1]
         client_url = f"http://127.0.0.1:{self.port}"
         peer_url = f"http://127.0.0.1:{peer}"
         self.dir = tmp_dir

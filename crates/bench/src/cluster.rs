@@ -8,7 +8,9 @@
 //! 2. the latency of one multi-get of `mget` keys, one call at a time, on
 //!    one server and spread over the cluster (target: within 1.5x);
 //! 3. the time a new client takes to join: registry lookup in memcached
-//!    plus connecting to every server (target: under 50 ms).
+//!    plus connecting to every server (target: under 50 ms); and the same
+//!    through etcd, with one server down (registered at an address where
+//!    nothing listens, as a killed server is until its lease runs out).
 //!
 //! Over tcp each round also measures the physical floor of the split
 //! ([`crate::split::tcp_split`]): the same calls, as many parts as each
@@ -27,7 +29,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabrickv_client::{BatchOp, Cluster, ClusterClient, ClusterOptions, Outcome};
-use fabrickv_cluster::local::LocalMemcached;
+use fabrickv_cluster::etcd::EtcdRegistry;
+use fabrickv_cluster::local::{LocalEtcd, LocalMemcached};
+use fabrickv_cluster::slots::SlotMap;
 use fabrickv_cluster::{Registration, Registry, ServerDesc};
 use fabrickv_server::{Mode, Server, ServerConfig, ServerHandle};
 use fabrickv_types::ErrorCode;
@@ -81,6 +85,8 @@ pub struct ClusterReport {
     pub mget: [BenchResult; 2],
     /// Joins of the cluster through the registry.
     pub join: BenchResult,
+    /// Joins through etcd with one server down.
+    pub join_etcd_down: BenchResult,
     /// Over tcp: the raw TCP split with the one server's and with the
     /// cluster's number of parts per call.
     pub limit: Option<[SplitRate; 2]>,
@@ -328,6 +334,66 @@ fn joins(servers: &[ServerHandle], o: &ClusterOpts) -> Result<BenchResult, Strin
     Ok(r)
 }
 
+/// Registers the cluster's servers in a fresh etcd, the last one at an
+/// address where nothing listens (a server killed a moment ago), and
+/// times `ClusterClient::join` (the map, the descriptors and a connection
+/// to each server, the dead one refused) `o.joins` times.
+fn joins_etcd_one_down(servers: &[ServerHandle], o: &ClusterOpts) -> Result<BenchResult, String> {
+    let etcd = LocalEtcd::start()?;
+    let name = format!("bench-{}", std::process::id());
+    let reg = EtcdRegistry::connect(&etcd.url(), &name).map_err(|e| e.to_string())?;
+    reg.create_map(&SlotMap::initial(servers.len() as u32, 1)?)
+        .map_err(|e| e.to_string())?;
+    // A port this process held and let go: nothing listens there.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?;
+    let _regs = servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let addr = if i + 1 == servers.len() {
+                format!("tcp://{dead}")
+            } else {
+                s.addr().to_string()
+            };
+            let desc = ServerDesc {
+                id: i as u32,
+                addrs: vec![addr],
+                resp: None,
+                grpc: None,
+                memcache: None,
+                workers: s.workers() as u32,
+                pid: std::process::id(),
+            };
+            reg.register(&desc).map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut hist = latency_histogram()?;
+    let start = Instant::now();
+    for _ in 0..o.joins.max(1) {
+        let t = Instant::now();
+        let c = ClusterClient::join(&etcd.url(), &name, ClusterOptions::default())
+            .map_err(|e| e.to_string())?;
+        hist.saturating_record(t.elapsed().as_nanos() as u64);
+        if c.is_up(servers.len() as u32 - 1) {
+            return Err("the dead server counts as up".into());
+        }
+        drop(c);
+    }
+    let mut r = result(
+        o,
+        "join etcd, 1 down",
+        "fabrickv-cluster",
+        &hist,
+        hist.len(),
+        start.elapsed().as_secs_f64(),
+        0,
+    );
+    r.params["max_us"] = (hist.max() as f64 / 1e3).into();
+    Ok(r)
+}
+
 /// The raw TCP split with `parts` parts per call, for `o`'s clients.
 fn limit(o: &ClusterOpts, parts: usize) -> Result<SplitRate, String> {
     tcp_split(&SplitOpts {
@@ -412,6 +478,7 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport, String> {
         }
     }
     let join = joins(&many, o)?;
+    let join_etcd_down = joins_etcd_one_down(&many, o)?;
     let take =
         |x: &mut [Option<(BenchResult, Histogram<u64>)>; 2]| -> Result<[BenchResult; 2], String> {
             let a = x[0].take().ok_or("no rounds ran")?.0;
@@ -422,6 +489,7 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport, String> {
         throughput: take(&mut tput)?,
         mget: take(&mut mget)?,
         join,
+        join_etcd_down,
         limit: match floor {
             [Some(a), Some(b)] => Some([a, b]),
             _ => None,
@@ -508,6 +576,17 @@ impl ClusterReport {
             String::new(),
             "< 50 ms".into(),
         ]);
+        rows.push(vec![
+            "join etcd, 1 down, ms p50/max".to_string(),
+            "-".into(),
+            format!(
+                "{:.2}/{:.2}",
+                self.join_etcd_down.p50_us / 1e3,
+                self.join_etcd_down.params["max_us"].as_f64().unwrap_or(0.0) / 1e3
+            ),
+            String::new(),
+            "< 50 ms".into(),
+        ]);
         print_table(&["metric", "1 server", "cluster", "ratio", "target"], &rows);
     }
 
@@ -517,7 +596,7 @@ impl ClusterReport {
             .throughput
             .iter()
             .chain(&self.mget)
-            .chain(std::iter::once(&self.join))
+            .chain([&self.join, &self.join_etcd_down])
             .map(BenchResult::json)
             .collect();
         v.extend(self.limit.iter().flatten().map(SplitRate::json));
@@ -527,6 +606,7 @@ impl ClusterReport {
                 "throughput_ratio": self.throughput_ratio(),
                 "mget_p50_ratio": self.mget_ratio(),
                 "join_p50_ms": self.join.p50_us / 1e3,
+                "join_etcd_one_down_p50_ms": self.join_etcd_down.p50_us / 1e3,
                 "limit_ratio": self.limit_ratio(),
                 "wrong_values": self.wrong(),
             })

@@ -79,6 +79,9 @@ impl Drop for LocalMemcached {
 /// elects itself leader of a one-member cluster first).
 pub const ETCD_START_TIMEOUT_MS: u64 = 30_000;
 
+/// Tries to start etcd, each on a fresh pair of ports.
+pub const ETCD_START_TRIES: usize = 3;
+
 /// A free loopback port, as the kernel hands one out.
 fn free_port() -> Result<u16, String> {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
@@ -99,8 +102,32 @@ impl LocalEtcd {
     /// Starts `etcd` (from PATH) on free loopback ports with a fresh data
     /// directory, and waits until its `/health` says so.
     pub fn start() -> Result<LocalEtcd, String> {
-        let port = free_port()?;
-        let peer = free_port()?;
+        // Another process may take a port between our choosing it and
+        // etcd binding it: etcd then exits at once, and a fresh pair of
+        // ports is tried.
+        let mut last = String::new();
+        for _ in 0..ETCD_START_TRIES {
+            match LocalEtcd::start_once() {
+                Ok(e) => return Ok(e),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn start_once() -> Result<LocalEtcd, String> {
+        // Both ports held at once, so that they differ.
+        let (port, peer) = {
+            let a = TcpListener::bind((Ipv4Addr::LOCALHOST, 0));
+            let b = TcpListener::bind((Ipv4Addr::LOCALHOST, 0));
+            match (
+                a.and_then(|l| l.local_addr()),
+                b.and_then(|l| l.local_addr()),
+            ) {
+                (Ok(a), Ok(b)) => (a.port(), b.port()),
+                (Err(e), _) | (_, Err(e)) => return Err(format!("cannot find a free port: {e}")),
+            }
+        };
         let dir = std::env::temp_dir().join(format!("fabrickv-etcd-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let client_url = format!("http://127.0.0.1:{port}");
@@ -116,7 +143,7 @@ impl LocalEtcd {
             .arg("--log-level=error")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| {
                 format!("cannot start etcd ({e}); install it with `make deps` (Debian package etcd-server)")
@@ -128,7 +155,12 @@ impl LocalEtcd {
                 return Ok(e);
             }
             if let Ok(Some(status)) = e.child.try_wait() {
-                return Err(format!("etcd exited at start: {status}"));
+                let mut why = String::new();
+                if let Some(mut err) = e.child.stderr.take() {
+                    let _ = err.read_to_string(&mut why);
+                }
+                let why = why.lines().last().unwrap_or("").to_string();
+                return Err(format!("etcd exited at start: {status}: {why}"));
             }
             if Instant::now() >= deadline {
                 return Err(format!(

@@ -134,7 +134,7 @@ fn stats_list_each_service_in_registration_order_and_shared_stores_on_worker_0_o
     let list = stats(&mut w);
     let names: Vec<&str> = list.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
-        names[..19],
+        names[..20],
         [
             "gets",
             "hits",
@@ -159,10 +159,10 @@ fn stats_list_each_service_in_registration_order_and_shared_stores_on_worker_0_o
         ]
     );
     // The worker's and the transport's counters follow, named by the rpc
-    // crate (whose worker tests list them), up to `names[28]`.
-    assert_eq!(names[19], "frames_refused");
+    // crate (whose worker tests list them), up to `names[29]`.
+    assert_eq!(names[20], "frames_refused");
     assert_eq!(
-        names[28..32],
+        names[29..33],
         [
             "kv_large_receiving_bytes",
             "partitions",
@@ -173,7 +173,7 @@ fn stats_list_each_service_in_registration_order_and_shared_stores_on_worker_0_o
          follow, on worker 0"
     );
     // Two partitions, two counters each.
-    assert_eq!(names[35], "ps_tables", "the PS store follows, on worker 0");
+    assert_eq!(names[36], "ps_tables", "the PS store follows, on worker 0");
     assert_eq!(
         stat(&list, "partition_0_ops") + stat(&list, "partition_1_ops"),
         1
@@ -182,7 +182,7 @@ fn stats_list_each_service_in_registration_order_and_shared_stores_on_worker_0_o
     assert_eq!(stat(&list, "frames"), 1);
     assert_eq!(stat(&list, "ops"), 1);
     let other = stats(&mut server_worker(1));
-    assert_eq!(other.len(), 28, "worker 1 reports no shared store");
+    assert_eq!(other.len(), 29, "worker 1 reports no shared store");
 }
 
 #[test]
