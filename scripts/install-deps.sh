@@ -29,6 +29,8 @@ command -v stress-ng >/dev/null || need+=(stress-ng)
 command -v ss >/dev/null || need+=(iproute2)
 # etcd 3.4, the registry of replicated clusters; tests start their own.
 command -v etcd >/dev/null || need+=(etcd-server)
+# etcdctl, which the etcd authentication test uses to turn auth on.
+command -v etcdctl >/dev/null || need+=(etcd-client)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 
 if [ ${#need[@]} -eq 0 ]; then
