@@ -18,7 +18,7 @@
 //! [`ETCD_PASSWORD_ENV`]), never from a command line.
 //!
 //! The etcd client is asynchronous (tonic); this module owns a small
-//! runtime of its own and offers blocking calls, so the servers' and
+//! runtime (one per process) and offers blocking calls, so the servers' and
 //! clients' threads never need one. Watches run on that runtime and hand
 //! each new [`ClusterView`] to a callback.
 
@@ -88,7 +88,7 @@ pub struct EtcdRegistry {
     url: String,
     cluster: String,
     secret: Option<Secret>,
-    rt: Arc<Runtime>,
+    rt: &'static Runtime,
     client: Client,
 }
 
@@ -100,6 +100,26 @@ impl std::fmt::Debug for EtcdRegistry {
             .field("authenticated", &self.secret.is_some())
             .finish()
     }
+}
+
+/// The process's one runtime for etcd's client, started by the first
+/// registry and never dropped: tasks that hold a registry (a lease's
+/// keep-alive, a watch) end on its thread, where dropping the runtime
+/// they run on would not be allowed.
+fn runtime() -> Result<&'static Runtime, RegistryError> {
+    static RUNTIME: std::sync::OnceLock<Runtime> = std::sync::OnceLock::new();
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("fkv-etcd")
+        .enable_all()
+        .build()
+        .map_err(|e| RegistryError::Invalid(format!("cannot start the etcd runtime: {e}")))?;
+    // Two first callers may both build one; the loser's is dropped here,
+    // outside any runtime.
+    Ok(RUNTIME.get_or_init(|| rt))
 }
 
 /// The `HOST:PORT` endpoints of an `etcd://HOST:PORT[,HOST:PORT...]`
@@ -146,12 +166,7 @@ impl EtcdRegistry {
     pub fn connect(url: &str, cluster: &str) -> Result<EtcdRegistry, RegistryError> {
         check_name("cluster", cluster).map_err(RegistryError::Invalid)?;
         let endpoints = parse_etcd_url(url)?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("fkv-etcd")
-            .enable_all()
-            .build()
-            .map_err(|e| RegistryError::Invalid(format!("cannot start the etcd runtime: {e}")))?;
+        let rt = runtime()?;
         let io = Duration::from_millis(ETCD_IO_TIMEOUT_MS);
         // HTTP/2 pings notice a dead etcd member while a watch is idle.
         let mut options = ConnectOptions::new()
@@ -175,7 +190,7 @@ impl EtcdRegistry {
             url: url.to_string(),
             cluster: cluster.to_string(),
             secret,
-            rt: Arc::new(rt),
+            rt,
             client,
         })
     }
