@@ -312,18 +312,30 @@ fn joins(servers: &[ServerHandle], o: &ClusterOpts) -> Result<BenchResult, Strin
                 .map_err(|e| e.to_string())
         })
         .collect::<Result<Vec<_>, _>>()?;
+    time_joins(o, "join", &mc.url(), &name, |_| Ok(()))
+}
+
+/// Times `o.joins` joins of the cluster `name` through the registry at
+/// `url`, checking each joined client with `check`.
+fn time_joins(
+    o: &ClusterOpts,
+    case: &str,
+    url: &str,
+    name: &str,
+    check: impl Fn(&ClusterClient) -> Result<(), String>,
+) -> Result<BenchResult, String> {
     let mut hist = latency_histogram()?;
     let start = Instant::now();
     for _ in 0..o.joins.max(1) {
         let t = Instant::now();
-        let c = ClusterClient::join(&mc.url(), &name, ClusterOptions::default())
-            .map_err(|e| e.to_string())?;
+        let c =
+            ClusterClient::join(url, name, ClusterOptions::default()).map_err(|e| e.to_string())?;
         hist.saturating_record(t.elapsed().as_nanos() as u64);
-        drop(c);
+        check(&c)?;
     }
     let mut r = result(
         o,
-        "join",
+        case,
         "fabrickv-cluster",
         &hist,
         hist.len(),
@@ -369,29 +381,13 @@ fn joins_etcd_one_down(servers: &[ServerHandle], o: &ClusterOpts) -> Result<Benc
             reg.register(&desc).map_err(|e| e.to_string())
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut hist = latency_histogram()?;
-    let start = Instant::now();
-    for _ in 0..o.joins.max(1) {
-        let t = Instant::now();
-        let c = ClusterClient::join(&etcd.url(), &name, ClusterOptions::default())
-            .map_err(|e| e.to_string())?;
-        hist.saturating_record(t.elapsed().as_nanos() as u64);
-        if c.is_up(servers.len() as u32 - 1) {
+    let dead_id = servers.len() as u32 - 1;
+    time_joins(o, "join etcd, 1 down", &etcd.url(), &name, |c| {
+        if c.is_up(dead_id) {
             return Err("the dead server counts as up".into());
         }
-        drop(c);
-    }
-    let mut r = result(
-        o,
-        "join etcd, 1 down",
-        "fabrickv-cluster",
-        &hist,
-        hist.len(),
-        start.elapsed().as_secs_f64(),
-        0,
-    );
-    r.params["max_us"] = (hist.max() as f64 / 1e3).into();
-    Ok(r)
+        Ok(())
+    })
 }
 
 /// The raw TCP split with `parts` parts per call, for `o`'s clients.

@@ -180,15 +180,29 @@ impl Cluster {
         let why = format!(
             "{url}: embedding tables across a cluster registered in etcd are not served yet"
         );
-        Ok(Cluster {
+        Ok(Cluster::of(
+            map,
+            opts,
+            client,
+            Box::new(move || Err(ClientError::Unavailable(why.clone()))),
+        ))
+    }
+
+    /// A cluster of `map`, its kv client connected, its tables' client
+    /// connected by `ps` on the first table call.
+    fn of(
+        map: ClusterMap,
+        opts: ClusterOptions,
+        client: ClusterClient,
+        ps: Box<dyn Fn() -> fabrickv_client::Result<ClusterPs> + Send + Sync>,
+    ) -> Cluster {
+        Cluster {
             map,
             opts,
             inner: Mutex::new(Some(client)),
             closed: AtomicBool::new(false),
-            ps: Arc::new(Lazy::new(Box::new(move || {
-                Err(ClientError::Unavailable(why.clone()))
-            }))),
-        })
+            ps: Arc::new(Lazy::new(ps)),
+        }
     }
 
     /// Runs `f` on the Rust client with the GIL released.
@@ -257,15 +271,12 @@ impl Cluster {
             .detach(|| connect_to::<ClusterClient>(&map, &opts, kv_reg, ()))
             .map_err(to_py_err)?;
         let (ps_map, ps_opts) = (map.clone(), opts.clone());
-        Ok(Cluster {
+        Ok(Cluster::of(
             map,
             opts,
-            inner: Mutex::new(Some(client)),
-            closed: AtomicBool::new(false),
-            ps: Arc::new(Lazy::new(Box::new(move || {
-                connect_to::<ClusterPs>(&ps_map, &ps_opts, reg.clone(), ())
-            }))),
-        })
+            client,
+            Box::new(move || connect_to::<ClusterPs>(&ps_map, &ps_opts, reg.clone(), ())),
+        ))
     }
 
     /// Removes many keys; for each, in order, whether it was there.

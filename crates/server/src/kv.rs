@@ -355,6 +355,21 @@ impl KvService {
         let Some(op) = ops.next() else {
             return false;
         };
+        self.run_alone(conn, &op, 0, rb, now_ms)
+    }
+
+    /// Runs one operation alone under its partition's lock, `after`
+    /// results still to come in the frame. Returns whether the partition
+    /// is another worker's.
+    #[inline(always)]
+    fn run_alone(
+        &mut self,
+        conn: ConnId,
+        op: &fabrickv_wire::Op<'_>,
+        after: usize,
+        rb: &mut ResponseBuilder<'_>,
+        now_ms: u64,
+    ) -> bool {
         let hash = KeyHash::of(op.key);
         let p = self.parts.index_of(hash);
         let mut g = self.parts.lock(p);
@@ -364,9 +379,9 @@ impl KvService {
             &self.parts,
             &mut g,
             conn,
-            &op,
+            op,
             hash,
-            0,
+            after,
             rb,
             now_ms,
         );
@@ -401,25 +416,8 @@ impl KvService {
                 rb.result(ErrorCode::WrongServer, &[]);
                 continue;
             }
-            let hash = KeyHash::of(op.key);
-            let p = self.parts.index_of(hash);
-            let mut g = self.parts.lock(p);
-            let m = self.parts.owner(p) != self.id;
             let after = total - rb.len() - 1;
-            execute_op(
-                &mut self.st,
-                &self.parts,
-                &mut g,
-                conn,
-                &op,
-                hash,
-                after,
-                rb,
-                now_ms,
-            );
-            self.st.counters.misrouted += u64::from(m);
-            self.parts.count(p, &g, 1, u64::from(m));
-            misrouted |= m;
+            misrouted |= self.run_alone(conn, &op, after, rb, now_ms);
         }
         misrouted
     }

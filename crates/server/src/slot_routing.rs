@@ -178,27 +178,30 @@ impl Routing {
     }
 }
 
+/// Server `id`'s descriptor on loopback, ports 7000 + id (native) and 8000
+/// + id (RESP), for tests of routing.
+#[cfg(test)]
+pub(crate) fn loopback_desc(id: u32) -> ServerDesc {
+    ServerDesc {
+        id,
+        addrs: vec![format!("tcp://127.0.0.1:{}", 7000 + id)],
+        resp: Some(format!("127.0.0.1:{}", 8000 + id)),
+        grpc: None,
+        memcache: None,
+        workers: 1,
+        pid: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use fabrickv_cluster::slots::key_slot;
 
-    fn desc(id: u32) -> ServerDesc {
-        ServerDesc {
-            id,
-            addrs: vec![format!("tcp://127.0.0.1:{}", 7000 + id)],
-            resp: Some(format!("127.0.0.1:{}", 8000 + id)),
-            grpc: None,
-            memcache: None,
-            workers: 1,
-            pid: 0,
-        }
-    }
-
     #[test]
     fn a_key_is_served_by_its_primary_and_moved_elsewhere() {
         let map = SlotMap::initial(3, 2).expect("map");
-        let servers = (0..3).map(|i| Some(desc(i))).collect();
+        let servers = (0..3).map(|i| Some(loopback_desc(i))).collect();
         let r = Routing::new(1, "t", map, servers);
         // Server 1 leads slots 5461..=10922 and backs up 0..=5460.
         assert_eq!(r.route([5461u16].into_iter(), false), Route::Here);
@@ -236,7 +239,7 @@ mod tests {
         let p = SlotRouting::new();
         assert!(p.refresh(0).is_none(), "no map yet: nothing to refresh");
         let map = SlotMap::initial(1, 1).expect("map");
-        p.install(Routing::new(0, "t", map, vec![Some(desc(0))]));
+        p.install(Routing::new(0, "t", map, vec![Some(loopback_desc(0))]));
         let (v, r) = p.refresh(0).expect("a change");
         assert!(r.is_some());
         assert!(p.refresh(v).is_none(), "nothing new since");

@@ -2,21 +2,8 @@
 //! and the topology commands cluster clients read.
 
 use super::*;
-use crate::slot_routing::{Routing, SlotRouting};
+use crate::slot_routing::{loopback_desc as desc, Routing, SlotRouting};
 use fabrickv_cluster::slots::{key_slot, SlotMap};
-use fabrickv_cluster::ServerDesc;
-
-fn desc(id: u32) -> ServerDesc {
-    ServerDesc {
-        id,
-        addrs: vec![format!("tcp://127.0.0.1:{}", 7000 + id)],
-        resp: Some(format!("127.0.0.1:{}", 8000 + id)),
-        grpc: None,
-        memcache: None,
-        workers: 1,
-        pid: 0,
-    }
-}
 
 /// A connection to server `me` of a 3-server cluster keeping `replicas`
 /// copies, with servers `down` not registered.
