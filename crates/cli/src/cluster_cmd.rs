@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use fabrickv_client::Kv;
-use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
+use fabrickv_cluster::etcd::{is_etcd_url, EtcdRegistration, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::registry::REGISTRATION_TTL_S;
 use fabrickv_cluster::slots::SlotMap;
 use fabrickv_cluster::{Cluster, Registration, Registry, ServerDesc};
@@ -89,7 +89,7 @@ impl ServeClusterArgs {
             workers: handle.workers() as u32,
             pid: std::process::id(),
         };
-        if url.starts_with("etcd://") {
+        if is_etcd_url(url) {
             return self.join_etcd(url, handle, desc, size, secret).map(Some);
         }
         let registry = Registry::connect(url, &self.cluster)
@@ -251,11 +251,7 @@ pub fn barrier(a: &BarrierArgs) -> Result<std::process::ExitCode, String> {
 pub fn run(cmd: ClusterCommand) -> Result<std::process::ExitCode, String> {
     match cmd {
         ClusterCommand::Show { source, wait, toml } => {
-            if let Some(url) = source
-                .registry
-                .as_deref()
-                .filter(|u| u.starts_with("etcd://"))
-            {
+            if let Some(url) = source.registry.as_deref().filter(|u| is_etcd_url(u)) {
                 if toml {
                     return Err(
                         "--toml describes a static cluster; an etcd cluster has a slot map".into(),
@@ -366,11 +362,7 @@ impl Conn {
             transport: None,
             timeout,
         };
-        if let Some(url) = cluster
-            .registry
-            .as_deref()
-            .filter(|u| u.starts_with("etcd://"))
-        {
+        if let Some(url) = cluster.registry.as_deref().filter(|u| is_etcd_url(u)) {
             return fabrickv_client::ClusterClient::join(url, &cluster.cluster, opts)
                 .map(Conn::Many)
                 .map_err(|e| format!("cannot connect to cluster {}: {e}", cluster.cluster));

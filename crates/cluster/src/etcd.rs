@@ -122,11 +122,19 @@ fn runtime() -> Result<&'static Runtime, RegistryError> {
     Ok(RUNTIME.get_or_init(|| rt))
 }
 
+/// The scheme of an etcd registry's address.
+pub const ETCD_SCHEME: &str = "etcd://";
+
+/// Whether `url` names an etcd registry (rather than memcached).
+pub fn is_etcd_url(url: &str) -> bool {
+    url.starts_with(ETCD_SCHEME)
+}
+
 /// The `HOST:PORT` endpoints of an `etcd://HOST:PORT[,HOST:PORT...]`
 /// address.
 pub fn parse_etcd_url(url: &str) -> Result<Vec<String>, RegistryError> {
     let bad = || RegistryError::Address(url.to_string());
-    let list = url.strip_prefix("etcd://").ok_or_else(bad)?;
+    let list = url.strip_prefix(ETCD_SCHEME).ok_or_else(bad)?;
     let endpoints: Vec<String> = list.split(',').map(str::to_string).collect();
     if endpoints.len() > ETCD_ENDPOINTS_MAX
         || endpoints
@@ -290,29 +298,45 @@ impl EtcdRegistry {
                     }
                 }
             } else if let Some(id) = rest.strip_prefix("server/") {
-                let desc: Option<ServerDesc> = serde_json::from_str(value).ok();
-                match (id.parse::<u32>(), desc) {
-                    (Ok(id), Some(desc)) if id == desc.id && id < CLUSTER_SERVERS_MAX => {
-                        let i = id as usize;
-                        if view.servers.len() <= i {
-                            view.servers.resize(i + 1, None);
-                        }
-                        view.servers[i] = Some(desc);
+                if let Some(desc) = self.desc_of(key, id, value) {
+                    let i = desc.id as usize;
+                    if view.servers.len() <= i {
+                        view.servers.resize(i + 1, None);
                     }
-                    _ => tracing::warn!(
-                        "etcd {}: key {key} is not a server descriptor; ignored",
-                        self.url
-                    ),
+                    view.servers[i] = Some(desc);
                 }
             }
         }
         Ok(view)
     }
 
+    /// The descriptor stored under `key` (server `id`), if it is one:
+    /// JSON of a descriptor of that id, below [`CLUSTER_SERVERS_MAX`];
+    /// anything else is logged and ignored.
+    fn desc_of(&self, key: &str, id: &str, value: &str) -> Option<ServerDesc> {
+        let desc: Option<ServerDesc> = serde_json::from_str(value).ok();
+        match (id.parse::<u32>(), desc) {
+            (Ok(id), Some(desc)) if id == desc.id && id < CLUSTER_SERVERS_MAX => Some(desc),
+            _ => {
+                tracing::warn!(
+                    "etcd {}: key {key} is not a server descriptor; ignored",
+                    self.url
+                );
+                None
+            }
+        }
+    }
+
     /// Server `id`'s descriptor, if it is registered (and, with a secret,
-    /// carries a good MAC).
+    /// carries a good MAC): one read of its key.
     pub fn server(&self, id: u32) -> Result<Option<ServerDesc>, RegistryError> {
-        Ok(self.view()?.server(id).cloned())
+        let key = self.server_key(id);
+        let mut c = self.client.clone();
+        let resp = self.call("read a server", c.get(key.clone(), None))?;
+        Ok(resp.kvs().first().and_then(|kv| {
+            let value = crate::mac::open(self.secret.as_ref(), &self.url, &key, kv.value())?;
+            self.desc_of(&key, &id.to_string(), value)
+        }))
     }
 
     /// Creates the cluster's map as `initial` unless one exists, in one

@@ -134,4 +134,7 @@ fn with_a_secret_an_entry_written_without_it_is_ignored() {
         v.server(1).is_none(),
         "a descriptor without the MAC is ignored"
     );
+    assert_eq!(other.server(0).expect("read"), Some(desc(0)));
+    assert_eq!(other.server(1).expect("read"), None, "nor read alone");
+    assert_eq!(other.server(2).expect("read"), None, "never registered");
 }

@@ -30,6 +30,7 @@ use fabrickv_client::cluster::{
     PerServer,
 };
 use fabrickv_client::{ClientError, Cluster as ClusterMap, Kv};
+use fabrickv_cluster::etcd::is_etcd_url;
 use fabrickv_cluster::Registry;
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::ps::TableSpec;
@@ -81,7 +82,7 @@ fn map_of(
     let (map, reg) = match (addrs, config, registry) {
         (Some(addrs), None, None) => (ClusterMap::of_addrs(name, &addrs).map_err(invalid)?, None),
         (None, Some(path), None) => (ClusterMap::from_file(&path).map_err(invalid)?, None),
-        (None, None, Some(url)) if url.starts_with("etcd://") => {
+        (None, None, Some(url)) if is_etcd_url(url) => {
             return Err(error(
                 ErrorCode::Unavailable,
                 format!(
@@ -262,7 +263,7 @@ impl Cluster {
         transport: Option<String>,
         timeout: f64,
     ) -> PyResult<Self> {
-        if let Some(url) = registry.filter(|u| u.starts_with("etcd://")) {
+        if let Some(url) = registry.filter(|u| is_etcd_url(u)) {
             return Cluster::join_etcd(py, url, name, transport, timeout);
         }
         let (map, opts, reg) = map_of(py, addrs, config, registry, name, transport, timeout)?;

@@ -428,6 +428,9 @@ impl McConnState {
         raw: &[u8],
         out: &mut Vec<u8>,
     ) -> bool {
+        if !self.forward.follows(&sh.slot_routing) {
+            return false;
+        }
         let mut buf = [0u8; mc::MC_BASE64_KEY_BYTES_MAX];
         let (key, quiet) = match cmd {
             Command::Store(st) => (st.key, st.noreply),
@@ -440,17 +443,8 @@ impl McConnState {
             },
             _ => return false,
         };
-        match self.forward.owner(&sh.slot_routing, key) {
-            forward::Owner::Here => false,
-            forward::Owner::At(addr) => {
-                self.forward.forward(&addr, raw, false, quiet, out);
-                true
-            }
-            forward::Owner::Unreachable(why) => {
-                forward::Forwarder::refuse(&why, quiet, out);
-                true
-            }
-        }
+        self.forward
+            .elsewhere(&sh.slot_routing, key, quiet, false, out, || raw.into())
     }
 
     fn command(&mut self, sh: &McShared, cmd: Command<'_>, out: &mut Vec<u8>, now: u64) -> After {

@@ -30,7 +30,7 @@ mod slots;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fabrickv_cluster::etcd::EtcdRegistry;
+use fabrickv_cluster::etcd::{is_etcd_url, EtcdRegistry};
 use fabrickv_cluster::{server_of_hash, Cluster, Directory, Registry};
 use fabrickv_types::{ErrorCode, KeyHash};
 
@@ -183,7 +183,7 @@ impl ClusterClient {
     /// slot map, whose changes the client then follows) and connects to
     /// it.
     pub fn join(registry_url: &str, name: &str, opts: ClusterOptions) -> Result<ClusterClient> {
-        if registry_url.starts_with("etcd://") {
+        if is_etcd_url(registry_url) {
             let (cluster, map, reg) = lookup_etcd(registry_url, name, opts.timeout)?;
             return Ok(ClusterClient::connect(&cluster, opts)?.follow_slots(reg, map));
         }
@@ -311,13 +311,18 @@ impl ClusterClient {
         // Each key is hashed once: the hash picks the server here (unless
         // the slot map does) and the worker inside it.
         let hashes: Vec<KeyHash> = ops.iter().map(|o| KeyHash::of(o.key())).collect();
+        let owners: Vec<u32> = ops
+            .iter()
+            .zip(&hashes)
+            .map(|(o, h)| self.server_for(o.key(), *h))
+            .collect();
         let mut counts = vec![0usize; n as usize];
-        for (o, h) in ops.iter().zip(&hashes) {
-            counts[self.server_for(o.key(), *h) as usize] += 1;
+        for &s in &owners {
+            counts[s as usize] += 1;
         }
         let mut parts: Vec<Vec<usize>> = counts.iter().map(|&k| Vec::with_capacity(k)).collect();
-        for (i, (o, h)) in ops.iter().zip(&hashes).enumerate() {
-            parts[self.server_for(o.key(), *h) as usize].push(i);
+        for (i, &s) in owners.iter().enumerate() {
+            parts[s as usize].push(i);
         }
         let mut rerouted = 0;
         loop {
@@ -335,7 +340,6 @@ impl ClusterClient {
                 rerouted += 1;
                 let reloaded = match &mut self.slots {
                     Some(f) if rerouted <= WRONG_SERVER_ROUNDS_MAX => {
-                        f.update();
                         f.reload()?;
                         true
                     }
@@ -344,8 +348,10 @@ impl ClusterClient {
                 if reloaded {
                     again.extend_from_slice(&moved);
                 } else {
+                    // The servers kept refusing after the map was read
+                    // again: WRONG_SERVER is the operations' outcome.
                     for &i in &moved {
-                        sink_land_refused(&mut *sink.inner, i)?;
+                        sink.inner.land(i, ErrorCode::WrongServer, &[])?;
                     }
                 }
             }
@@ -397,13 +403,6 @@ impl ClusterClient {
             })
             .collect()
     }
-}
-
-/// Lands WRONG_SERVER as the final outcome of operation `pos`: the
-/// servers kept refusing it after the map was read again
-/// [`WRONG_SERVER_ROUNDS_MAX`] times.
-fn sink_land_refused<S: batch::Sink>(sink: &mut S, pos: usize) -> Result<()> {
-    sink.land(pos, ErrorCode::WrongServer, &[])
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! no case of their own. A forward holds the connection's front-end
 //! thread for the owner's round trip, within [`MC_FORWARD_TIMEOUT_MS`].
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -42,7 +43,7 @@ pub(crate) struct Forwarder {
 }
 
 /// Where a command for a key goes.
-pub(crate) enum Owner {
+enum Owner {
     /// This server serves it.
     Here,
     /// Another server's memcache front end, at this address.
@@ -55,10 +56,49 @@ pub(crate) enum Owner {
 type Why = String;
 
 impl Forwarder {
+    /// Whether the server follows a slot map (else every key is served
+    /// here): one atomic load while the map is unchanged.
+    #[inline]
+    pub(crate) fn follows(&mut self, routing: &SlotRouting) -> bool {
+        self.view.current(routing).is_some()
+    }
+
+    /// Sends the command for `key` (built by `command` only then) on to
+    /// the server leading the key's slot and appends its answer, or
+    /// `SERVER_ERROR` when that server cannot be reached, unless `quiet`;
+    /// `false` when the key is served here. With `strip_end` the answer's
+    /// `END` line is left out (a retrieval line ends with its own).
+    #[inline]
+    pub(crate) fn elsewhere<'c>(
+        &mut self,
+        routing: &SlotRouting,
+        key: &[u8],
+        quiet: bool,
+        strip_end: bool,
+        out: &mut Vec<u8>,
+        command: impl FnOnce() -> Cow<'c, [u8]>,
+    ) -> bool {
+        match self.owner(routing, key) {
+            Owner::Here => false,
+            Owner::At(addr) => {
+                self.forward(&addr, &command(), strip_end, quiet, out);
+                true
+            }
+            Owner::Unreachable(why) => {
+                if !quiet {
+                    out.extend_from_slice(b"SERVER_ERROR ");
+                    out.extend_from_slice(why.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                }
+                true
+            }
+        }
+    }
+
     /// Where a command for `key` goes: here unless the server follows a
     /// slot map in which another server leads the key's slot.
     #[inline]
-    pub(crate) fn owner(&mut self, routing: &SlotRouting, key: &[u8]) -> Owner {
+    fn owner(&mut self, routing: &SlotRouting, key: &[u8]) -> Owner {
         let Some(r) = self.view.current(routing) else {
             return Owner::Here;
         };
@@ -78,22 +118,12 @@ impl Forwarder {
         }
     }
 
-    /// Answers a command that could not be forwarded: `SERVER_ERROR` with
-    /// `why`, unless the client asked for no answer.
-    pub(crate) fn refuse(why: &str, quiet: bool, out: &mut Vec<u8>) {
-        if !quiet {
-            out.extend_from_slice(b"SERVER_ERROR ");
-            out.extend_from_slice(why.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-    }
-
     /// Sends `command` (a whole command as received, data included) to
     /// the memcache front end at `addr` and appends its answer to `out`;
     /// with `strip_end`, the `END` line of a retrieval is left out (the
     /// caller ends its own line). On failure appends `SERVER_ERROR` unless
     /// `quiet` (the client asked for no answer) and drops the connection.
-    pub(crate) fn forward(
+    fn forward(
         &mut self,
         addr: &str,
         command: &[u8],

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use fabrickv_memcache::{self as mc, Command, StoreMode};
 
-use super::forward::{Forwarder, Owner};
+use super::forward::Forwarder;
 use super::store::{self, Arith, Expiry, Outcome, StoreReq};
 use super::{line, push_u64, GetLine, McConnState, McShared, MC_OUTPUT_SOFT_BYTES};
 
@@ -171,31 +171,26 @@ pub(super) fn retrieve(
             return Some(key.as_ptr() as usize - keys.as_ptr() as usize);
         }
         g.answered = true;
-        match fw.owner(&sh.slot_routing, key) {
-            Owner::Here => {}
-            Owner::At(addr) => {
-                // The key alone, asked of its server; its VALUE block
-                // joins this line's (the line's END is ours).
-                let mut one = Vec::with_capacity(key.len() + 32);
-                one.extend_from_slice(match (g.touch.is_some(), g.cas) {
-                    (false, false) => b"get ".as_slice(),
-                    (false, true) => b"gets ",
-                    (true, false) => b"gat ",
-                    (true, true) => b"gats ",
-                });
-                if g.touch.is_some() {
-                    one.extend_from_slice(g.exptime.to_string().as_bytes());
-                    one.push(b' ');
-                }
-                one.extend_from_slice(key);
-                one.extend_from_slice(b"\r\n");
-                fw.forward(&addr, &one, true, false, out);
-                continue;
+        // A key of another server's slot is asked of it alone; its VALUE
+        // block joins this line's (the line's END is ours).
+        let forwarded = fw.elsewhere(&sh.slot_routing, key, false, true, out, || {
+            let mut one = Vec::with_capacity(key.len() + 32);
+            one.extend_from_slice(match (g.touch.is_some(), g.cas) {
+                (false, false) => b"get ".as_slice(),
+                (false, true) => b"gets ",
+                (true, false) => b"gat ",
+                (true, true) => b"gats ",
+            });
+            if g.touch.is_some() {
+                one.extend_from_slice(g.exptime.to_string().as_bytes());
+                one.push(b' ');
             }
-            Owner::Unreachable(why) => {
-                Forwarder::refuse(&why, false, out);
-                continue;
-            }
+            one.extend_from_slice(key);
+            one.extend_from_slice(b"\r\n");
+            one.into()
+        });
+        if forwarded {
+            continue;
         }
         c.cmd_get.fetch_add(1, Ordering::Relaxed);
         let mut k = sh.lock(key);
