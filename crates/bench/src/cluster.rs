@@ -304,6 +304,7 @@ fn joins(servers: &[ServerHandle], o: &ClusterOpts) -> Result<BenchResult, Strin
                 resp: None,
                 grpc: None,
                 memcache: None,
+                repl: None,
                 workers: s.workers() as u32,
                 pid: std::process::id(),
             };
@@ -375,6 +376,7 @@ fn joins_etcd_one_down(servers: &[ServerHandle], o: &ClusterOpts) -> Result<Benc
                 resp: None,
                 grpc: None,
                 memcache: None,
+                repl: None,
                 workers: s.workers() as u32,
                 pid: std::process::id(),
             };

@@ -86,6 +86,7 @@ impl ServeClusterArgs {
             resp: handle.resp_addr().map(str::to_string),
             grpc: handle.grpc_addr().map(|a| a.to_string()),
             memcache: handle.memcache_addr().map(str::to_string),
+            repl: None,
             workers: handle.workers() as u32,
             pid: std::process::id(),
         };

@@ -73,6 +73,9 @@ pub struct ClusterView {
     pub map: Option<(SlotMap, i64)>,
     /// Descriptors of the servers registered now, by id (`None`: absent).
     pub servers: Vec<Option<ServerDesc>>,
+    /// Where the elected failover controller takes heartbeats (a UDP
+    /// `HOST:PORT`), if one is elected.
+    pub controller: Option<String>,
 }
 
 impl ClusterView {
@@ -228,6 +231,12 @@ impl EtcdRegistry {
         format!("{}map", self.prefix())
     }
 
+    /// The election the failover controllers campaign in; each
+    /// candidate's key is this, a slash and its lease.
+    fn controller_key(&self) -> String {
+        format!("{}controller", self.prefix())
+    }
+
     fn server_key(&self, id: u32) -> String {
         format!("{}server/{id}", self.prefix())
     }
@@ -277,10 +286,24 @@ impl EtcdRegistry {
             revision,
             ..ClusterView::default()
         };
+        // The election's leader is its candidate created first.
+        let mut leader_rev = i64::MAX;
+        let election = self.controller_key();
         for kv in resp.kvs() {
             let Ok(key) = std::str::from_utf8(kv.key()) else {
                 continue;
             };
+            if key.starts_with(&format!("{election}/")) {
+                if kv.create_revision() < leader_rev {
+                    if let Some(addr) =
+                        crate::mac::open(self.secret.as_ref(), &self.url, &election, kv.value())
+                    {
+                        leader_rev = kv.create_revision();
+                        view.controller = Some(addr.to_string());
+                    }
+                }
+                continue;
+            }
             let Some(value) = crate::mac::open(self.secret.as_ref(), &self.url, key, kv.value())
             else {
                 continue;
@@ -485,6 +508,56 @@ impl EtcdRegistry {
         }
     }
 
+    /// Campaigns in the cluster's controller election with `addr` (where
+    /// this controller takes heartbeats) and returns once elected, which
+    /// may be never while another controller leads. Leadership lasts
+    /// while the returned value's lease is kept alive: dropping it
+    /// revokes the lease and so hands leadership to the next candidate;
+    /// [`Leadership::lost`] tells the holder it lost the lease anyway
+    /// (etcd unreachable past its TTL).
+    pub fn campaign(&self, addr: &str) -> Result<Leadership, RegistryError> {
+        let mut c = self.client.clone();
+        let lease = self
+            .call("grant a lease", c.lease_grant(LEASE_TTL_S, None))?
+            .id();
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let me = self.clone();
+        let flag = lost.clone();
+        let keeper = self.rt.spawn(async move {
+            let period = Duration::from_millis(LEASE_TTL_S as u64 * 1000 / 3);
+            let mut c = me.client.clone();
+            if let Ok((mut k, mut stream)) = c.lease_keep_alive(lease).await {
+                loop {
+                    if k.keep_alive().await.is_err() {
+                        break;
+                    }
+                    match stream.message().await {
+                        Ok(Some(r)) if r.ttl() > 0 => tokio::time::sleep(period).await,
+                        _ => break,
+                    }
+                }
+            }
+            flag.store(true, Ordering::Release);
+        });
+        let value = crate::mac::seal(self.secret.as_ref(), &self.controller_key(), addr);
+        let mut c = self.client.clone();
+        // No timeout: a candidate waits as long as another leads.
+        let elected = self
+            .rt
+            .block_on(c.campaign(self.controller_key(), value, lease))
+            .map_err(|e| etcd_err(&self.url, e));
+        if let Err(e) = elected {
+            keeper.abort();
+            return Err(e);
+        }
+        Ok(Leadership {
+            registry: self.clone(),
+            lease,
+            lost,
+            keeper,
+        })
+    }
+
     /// Calls `on_view` with the cluster as it is now, and again after
     /// every change of the map or of a descriptor, until the returned
     /// handle is dropped. A broken watch is opened again (backing off up
@@ -539,6 +612,36 @@ fn etcd_err(url: &str, e: etcd_client::Error) -> RegistryError {
     RegistryError::Etcd {
         addr: url.to_string(),
         source: e,
+    }
+}
+
+/// A controller's leadership of its cluster's election (see
+/// [`EtcdRegistry::campaign`]).
+pub struct Leadership {
+    registry: EtcdRegistry,
+    lease: i64,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+impl Leadership {
+    /// Whether the lease behind the leadership could not be kept alive:
+    /// another candidate may lead now.
+    pub fn lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        self.keeper.abort();
+        let mut c = self.registry.client.clone();
+        if let Err(e) = self
+            .registry
+            .call("revoke the lease", c.lease_revoke(self.lease))
+        {
+            tracing::warn!("etcd: cannot resign the controller's leadership: {e}");
+        }
     }
 }
 

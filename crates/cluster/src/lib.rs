@@ -10,7 +10,9 @@
 //! queue-pair details.
 //! The registry also holds named barriers.
 
+pub mod controller;
 pub mod etcd;
+pub mod heartbeat;
 pub mod local;
 mod mac;
 pub mod registry;
@@ -155,6 +157,10 @@ pub struct ServerDesc {
     /// an etcd cluster forwards a memcache command for a key of its slots).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memcache: Option<String>,
+    /// Where its primaries ship writes to it as a backup (`HOST:PORT`,
+    /// tcp), on a server of a cluster keeping more than one copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repl: Option<String>,
     /// Data-path workers (one connection per worker per client).
     #[serde(default)]
     pub workers: u32,
@@ -275,6 +281,7 @@ impl Cluster {
                 resp: None,
                 grpc: None,
                 memcache: None,
+                repl: None,
                 workers: 0,
                 pid: 0,
             })

@@ -114,15 +114,32 @@ pub struct ReplicaGroup {
     pub ranges: Vec<SlotRange>,
     /// The server that serves the slots.
     pub primary: u32,
-    /// Servers holding an up-to-date copy.
+    /// Servers holding an up-to-date copy: the in-sync set, each of
+    /// which applies a write before the primary acknowledges it, and
+    /// from which a new primary is chosen.
     #[serde(default)]
     pub backups: Vec<u32>,
+    /// Servers being brought up to date (the group's slots streamed to
+    /// them, then every write as to a backup); the primary moves each to
+    /// `backups` once it has everything.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joining: Vec<u32>,
 }
 
 impl ReplicaGroup {
     /// The primary, then the backups.
     pub fn servers(&self) -> impl Iterator<Item = u32> + '_ {
         std::iter::once(self.primary).chain(self.backups.iter().copied())
+    }
+
+    /// Every server the primary ships writes to: backups, then joiners.
+    pub fn followers(&self) -> impl Iterator<Item = u32> + '_ {
+        self.backups.iter().chain(self.joining.iter()).copied()
+    }
+
+    /// Whether `server` holds any copy of the group, in sync or not.
+    pub fn holds(&self, server: u32) -> bool {
+        self.primary == server || self.followers().any(|s| s == server)
     }
 }
 
@@ -137,6 +154,14 @@ pub struct SlotMap {
     pub replicas: u8,
     /// The groups; together their ranges cover every slot once.
     pub groups: Vec<ReplicaGroup>,
+    /// Which run of each server the map's roles belong to, by id: the
+    /// random incarnation a server process draws at start, stamped here by
+    /// the failover controller once it hears from that run (0: not yet). A
+    /// server restarted with empty memory has another incarnation, so it
+    /// serves none of the roles its previous run held until the
+    /// controller has moved them and brought it back as a joiner.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incarnations: Vec<u64>,
 }
 
 impl SlotMap {
@@ -157,6 +182,7 @@ impl SlotMap {
                 }],
                 primary: i,
                 backups: (1..u32::from(replicas)).map(|b| (i + b) % size).collect(),
+                joining: Vec::new(),
             })
             .collect();
         Ok(SlotMap {
@@ -164,7 +190,95 @@ impl SlotMap {
             size,
             replicas,
             groups,
+            incarnations: Vec::new(),
         })
+    }
+
+    /// The incarnation the map gives server `id` (0: none stamped).
+    pub fn incarnation_of(&self, id: u32) -> u64 {
+        self.incarnations.get(id as usize).copied().unwrap_or(0)
+    }
+
+    /// This map at the next epoch with `id`'s incarnation set to
+    /// `incarnation`, every role it held dropped when the incarnation
+    /// changes (a new run holds nothing yet); `None` if it is already so.
+    pub fn stamped(&self, id: u32, incarnation: u64) -> Option<SlotMap> {
+        let old = self.incarnation_of(id);
+        if old == incarnation {
+            return None;
+        }
+        let mut next = if old == 0 {
+            self.clone()
+        } else {
+            self.without(id).unwrap_or_else(|| self.clone())
+        };
+        if next.incarnations.len() <= id as usize {
+            next.incarnations.resize(id as usize + 1, 0);
+        }
+        next.incarnations[id as usize] = incarnation;
+        next.epoch = self.epoch + 1;
+        Some(next)
+    }
+
+    /// This map at the next epoch without server `id` in any group: where
+    /// it was primary, its first backup takes over; a group whose only
+    /// copy it held keeps it (there is no one to fail over to, and its
+    /// slots answer an error until it is back). `None` if `id` held no
+    /// role that can be given up.
+    pub fn without(&self, id: u32) -> Option<SlotMap> {
+        let mut next = self.clone();
+        let mut changed = false;
+        for g in &mut next.groups {
+            let before = (g.backups.len(), g.joining.len());
+            g.backups.retain(|&s| s != id);
+            g.joining.retain(|&s| s != id);
+            changed |= before != (g.backups.len(), g.joining.len());
+            if g.primary == id && !g.backups.is_empty() {
+                g.primary = g.backups.remove(0);
+                changed = true;
+            }
+        }
+        changed.then(|| {
+            next.epoch = self.epoch + 1;
+            next
+        })
+    }
+
+    /// This map at the next epoch with `id` joining every group that
+    /// misses a copy and that `id` belongs to in the initial layout (the
+    /// group led at first by `id` and those of the `replicas - 1` servers
+    /// before it); `None` if none does.
+    pub fn with_joiner(&self, id: u32) -> Option<SlotMap> {
+        let mut next = self.clone();
+        let mut changed = false;
+        let size = self.size;
+        for (i, g) in next.groups.iter_mut().enumerate() {
+            let home = (0..u32::from(self.replicas)).any(|b| (i as u32 + b) % size == id);
+            let copies = 1 + g.backups.len() + g.joining.len();
+            if home && !g.holds(id) && copies < usize::from(self.replicas) {
+                g.joining.push(id);
+                changed = true;
+            }
+        }
+        changed.then(|| {
+            next.epoch = self.epoch + 1;
+            next
+        })
+    }
+
+    /// This map at the next epoch with joiner `id` of group `group` moved
+    /// into its in-sync set; `None` if it is not joining that group.
+    pub fn promoted(&self, group: usize, id: u32) -> Option<SlotMap> {
+        let g = self.groups.get(group)?;
+        if !g.joining.contains(&id) {
+            return None;
+        }
+        let mut next = self.clone();
+        let g = &mut next.groups[group];
+        g.joining.retain(|&s| s != id);
+        g.backups.push(id);
+        next.epoch = self.epoch + 1;
+        Some(next)
     }
 
     /// Checks what a map read from etcd must hold before a server or
@@ -177,7 +291,10 @@ impl SlotMap {
         }
         let mut seen = vec![false; usize::from(SLOTS)];
         for (g, group) in self.groups.iter().enumerate() {
-            let mut servers: Vec<u32> = group.servers().collect();
+            let mut servers: Vec<u32> = group
+                .servers()
+                .chain(group.joining.iter().copied())
+                .collect();
             if servers.len() > usize::from(REPLICAS_MAX) {
                 return Err(format!("group {g} has {} servers", servers.len()));
             }
@@ -285,13 +402,18 @@ impl fmt::Display for SlotMap {
                 .map(|r| format!("{}-{}", r.first, r.last))
                 .collect();
             let backups: Vec<String> = g.backups.iter().map(u32::to_string).collect();
-            writeln!(
+            write!(
                 f,
                 "  slots {:<12} primary {:>4}  backups [{}]",
                 ranges.join(","),
                 g.primary,
                 backups.join(",")
             )?;
+            if !g.joining.is_empty() {
+                let joining: Vec<String> = g.joining.iter().map(u32::to_string).collect();
+                write!(f, "  joining [{}]", joining.join(","))?;
+            }
+            writeln!(f)?;
         }
         Ok(())
     }

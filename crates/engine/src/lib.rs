@@ -42,6 +42,7 @@ mod expire;
 mod get;
 mod index;
 mod item;
+mod journal;
 mod large;
 mod log;
 mod partition;
@@ -74,6 +75,7 @@ pub use item::{
     is_expired, item_bytes, ItemMeta, ITEM_ALIGN_BYTES, ITEM_BYTES_MAX, ITEM_HEADER_BYTES,
     ITEM_META_BYTES,
 };
+pub use journal::{Journal, JournalSeq, Noted};
 pub use large::{LargeValue, ValueRef, LARGE_VALUE_BYTES_MAX, LARGE_VALUE_BYTES_MIN};
 pub use pool::{PoolError, PoolMemory, PoolOptions, HUGE_PAGE_SHIFT};
 pub use put::{PutCond, PutResult};
@@ -220,6 +222,10 @@ enum Inner {
 pub struct Partition {
     /// The mode-specific core; every operation dispatches on it once.
     inner: Inner,
+    /// The keys written since the replicator last took them, on a server
+    /// that replicates ([`Partition::enable_journal`]); `None` costs the
+    /// writes one branch.
+    journal: Option<Box<Journal>>,
 }
 
 const _: fn() = || {
@@ -279,7 +285,31 @@ impl Partition {
                 ))
             }
         };
-        Ok(Partition { inner })
+        Ok(Partition {
+            inner,
+            journal: None,
+        })
+    }
+
+    /// Starts noting every written key in a [`Journal`] (a server that
+    /// replicates); returns its published write count. Idempotent.
+    pub fn enable_journal(&mut self) -> std::sync::Arc<JournalSeq> {
+        self.journal.get_or_insert_with(Default::default).seq()
+    }
+
+    /// The journal, if [`Partition::enable_journal`] started one.
+    pub fn journal_mut(&mut self) -> Option<&mut Journal> {
+        self.journal.as_deref_mut()
+    }
+
+    /// Notes a write of `key` in the journal, if there is one. Noted
+    /// before the write is tried, so a refused write ships the key's
+    /// unchanged state: harmless, and no outcome has to be read.
+    #[inline]
+    fn note(&mut self, key: &[u8]) {
+        if let Some(j) = &mut self.journal {
+            j.note(key);
+        }
     }
 
     /// The partition's mode.
@@ -333,6 +363,7 @@ impl Partition {
     /// optimizer step.
     #[inline]
     pub fn value_mut(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> Option<&mut [u8]> {
+        self.note(key);
         dispatch!(&mut self.inner, core => core.value_mut(hash, key, now_ms))
     }
 
@@ -355,6 +386,7 @@ impl Partition {
             let large = LargeValue::copy_from(value);
             return self.put_large(hash, key, large, expire_at_ms, cond, now_ms);
         }
+        self.note(key);
         dispatch!(&mut self.inner, core => core.put(Put { hash, key, value, large: None, expire_at_ms, cond, now_ms, meta: None }))
     }
 
@@ -377,6 +409,7 @@ impl Partition {
         cond: PutCond,
         now_ms: u64,
     ) -> PutResult {
+        self.note(key);
         if value.len() < LARGE_VALUE_BYTES_MIN {
             return dispatch!(&mut self.inner, core => core.put(Put { hash, key, value: &value, large: None, expire_at_ms, cond, now_ms, meta: None }));
         }
@@ -414,6 +447,7 @@ impl Partition {
         now_ms: u64,
         meta: ItemMeta,
     ) -> PutResult {
+        self.note(key);
         dispatch!(&mut self.inner, core => core.put(Put { hash, key, value, large: None, expire_at_ms, cond, now_ms, meta: Some(meta) }))
     }
 
@@ -427,6 +461,7 @@ impl Partition {
     /// Removes `key`.
     #[inline]
     pub fn delete(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> DeleteResult {
+        self.note(key);
         dispatch!(&mut self.inner, core => core.delete(hash, key, now_ms))
     }
 
@@ -440,6 +475,7 @@ impl Partition {
         expire_at_ms: u64,
         now_ms: u64,
     ) -> bool {
+        self.note(key);
         dispatch!(&mut self.inner, core => core.set_expiry(hash, key, expire_at_ms, now_ms))
     }
 
@@ -499,6 +535,9 @@ impl Partition {
 
     /// Removes every item (FLUSHDB); returns how many were live.
     pub fn flush(&mut self, now_ms: u64) -> usize {
+        if let Some(j) = &mut self.journal {
+            j.note_flush();
+        }
         dispatch!(&mut self.inner, core => core.flush(now_ms))
     }
 

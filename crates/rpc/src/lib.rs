@@ -25,6 +25,7 @@
 //! to requests, flow control and timeouts.
 
 pub mod echo;
+pub mod gate;
 pub mod placement;
 pub mod serve;
 pub mod service;

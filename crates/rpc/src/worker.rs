@@ -137,6 +137,9 @@ pub struct Worker {
     frames_refused: u64,
     /// The worker port's counters as of the current burst, for STATS.
     transport: PortStats,
+    /// What replies wait for before they leave (a replicating server's
+    /// replicator), if anything.
+    gate: Option<std::sync::Arc<crate::gate::FlushGate>>,
 }
 
 impl Worker {
@@ -148,6 +151,22 @@ impl Worker {
             route: [NO_SERVICE; KIND_SLOTS],
             frames_refused: 0,
             transport: PortStats::default(),
+            gate: None,
+        }
+    }
+
+    /// Makes every flush of this worker's replies pass `gate` first.
+    pub fn with_gate(mut self, gate: std::sync::Arc<crate::gate::FlushGate>) -> Worker {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Waits for the gate, if there is one, before the burst's replies
+    /// are flushed.
+    #[inline]
+    fn before_flush(&self) {
+        if let Some(g) = &self.gate {
+            g.before_flush();
         }
     }
 
@@ -425,6 +444,7 @@ fn one_burst(
     if !b.batched {
         while n < b.msgs {
             let (k, _) = poll_into(port, worker, 1, now)?;
+            worker.before_flush();
             flush_logged(port);
             if k == 0 {
                 break;
@@ -442,6 +462,7 @@ fn one_burst(
             break;
         }
     }
+    worker.before_flush();
     flush_logged(port);
     Ok(n)
 }

@@ -103,6 +103,10 @@ pub struct ServerHandle {
     memcache_addr: Option<String>,
     grpc: Option<fabrickv_control::ControlServer>,
     slot_routing: Arc<slot_routing::SlotRouting>,
+    /// What every reply waits for (armed by replication).
+    gate: Arc<fabrickv_rpc::gate::FlushGate>,
+    /// The engine clock every thread of the server reads.
+    clock: service::Clock,
     stop: Arc<AtomicBool>,
     wakers: Vec<Waker>,
     threads: Vec<JoinHandle<()>>,
@@ -130,6 +134,16 @@ impl ServerHandle {
     /// installed there (by whoever follows the etcd registry).
     pub fn slot_routing(&self) -> &Arc<slot_routing::SlotRouting> {
         &self.slot_routing
+    }
+
+    /// The gate every reply passes, which replication arms.
+    pub fn gate(&self) -> &Arc<fabrickv_rpc::gate::FlushGate> {
+        &self.gate
+    }
+
+    /// The server's engine clock.
+    pub fn clock(&self) -> service::Clock {
+        self.clock
     }
 
     /// Where the RESP front-end listens, when it is on.
@@ -254,6 +268,8 @@ impl Server {
         let mut threads = Vec::with_capacity(workers + 1);
         let clock = service::Clock::new();
         let slot_routing = slot_routing::SlotRouting::new();
+        // Armed only if the server joins a cluster keeping several copies.
+        let gate = fabrickv_rpc::gate::FlushGate::new();
         // One account of what connections buffer for both text front ends.
         let client_memory = Arc::new(text_socket::ClientMemory::new(
             usize::try_from(cfg.maxmemory_clients()).unwrap_or(usize::MAX),
@@ -280,9 +296,17 @@ impl Server {
                 };
                 let idle = cfg.resp_idle_timeout();
                 let mem = client_memory.clone();
-                let fe =
-                    front_end::<RespConn>(addr, workers, shared, clock, idle, mem, stop.clone())
-                        .map_err(|e| StartError::Resp(addr.clone(), e))?;
+                let fe = front_end::<RespConn>(
+                    addr,
+                    workers,
+                    shared,
+                    clock,
+                    idle,
+                    mem,
+                    gate.clone(),
+                    stop.clone(),
+                )
+                .map_err(|e| StartError::Resp(addr.clone(), e))?;
                 (Some(fe.addr.to_string()), fe.wakers, fe.threads)
             }
             None => (None, Vec::new(), Vec::new()),
@@ -299,9 +323,17 @@ impl Server {
                 };
                 let idle = cfg.memcache_idle_timeout();
                 let mem = client_memory.clone();
-                let fe =
-                    front_end::<McConnState>(addr, workers, shared, clock, idle, mem, stop.clone())
-                        .map_err(|e| StartError::Memcache(addr.clone(), e));
+                let fe = front_end::<McConnState>(
+                    addr,
+                    workers,
+                    shared,
+                    clock,
+                    idle,
+                    mem,
+                    gate.clone(),
+                    stop.clone(),
+                )
+                .map_err(|e| StartError::Memcache(addr.clone(), e));
                 let fe = match fe {
                     Ok(fe) => fe,
                     Err(e) => {
@@ -336,7 +368,8 @@ impl Server {
                 shard: shard::ShardService::new(id as u16, shards.clone()),
             };
             let worker = control::worker(id as u16, services)
-                .map_err(|e| StartError::Config(format!("worker {id}: {e}")))?;
+                .map_err(|e| StartError::Config(format!("worker {id}: {e}")))?
+                .with_gate(gate.clone());
             let stop = stop.clone();
             let cpu = cfg.worker_cpu(id);
             let t = std::thread::Builder::new()
@@ -405,6 +438,8 @@ impl Server {
             memcache_addr,
             grpc,
             slot_routing,
+            gate,
+            clock,
             resp_wakers,
             stop,
             wakers,

@@ -370,6 +370,7 @@ fn a_key_of_another_servers_slot_is_forwarded_to_it() {
                 resp: None,
                 grpc: None,
                 memcache: h.memcache_addr().map(str::to_string),
+                repl: None,
                 workers: 2,
                 pid: 0,
             })

@@ -1,6 +1,7 @@
 //! One connection: its socket and buffers ([`Io`]), the protocol state
 //! beside them, and one wake-up's reads, executions and writes.
 
+use fabrickv_rpc::gate::FlushGate;
 use std::io::{self, Read};
 
 use mio::net::TcpStream;
@@ -111,7 +112,12 @@ pub(super) fn fill<P: Proto>(c: &mut Conn<P>, shared: &P::Shared, now_ms: u64) {
 
 /// Executes, writes and reads for one connection until it has nothing to
 /// do or must wait for the socket.
-pub(super) fn drive<P: Proto>(c: &mut Conn<P>, shared: &P::Shared, now_ms: u64) -> Drive {
+pub(super) fn drive<P: Proto>(
+    c: &mut Conn<P>,
+    shared: &P::Shared,
+    now_ms: u64,
+    gate: &FlushGate,
+) -> Drive {
     loop {
         // 1. Execute what is buffered (bounded by the output soft limit).
         let more_buffered = c.execute(shared, now_ms);
@@ -120,7 +126,11 @@ pub(super) fn drive<P: Proto>(c: &mut Conn<P>, shared: &P::Shared, now_ms: u64) 
         if held_until_ms > now_ms {
             return Drive::Held(held_until_ms);
         }
-        // 2. Write the replies.
+        // 2. Write the replies, once the server may stand behind them
+        // (a replicating server's backups have the writes).
+        if c.output_pending() {
+            gate.before_flush();
+        }
         while c.output_pending() {
             match c.proto.write_some(&mut c.io) {
                 Ok(0) => return Drive::Close,

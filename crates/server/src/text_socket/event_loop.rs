@@ -51,6 +51,8 @@ pub(super) struct Loop<P: Proto> {
     pub(super) largest: Arc<AtomicUsize>,
     /// Set when another loop asks this one to check the cap.
     pub(super) asked: Arc<AtomicBool>,
+    /// What replies wait for before they are written.
+    pub(super) gate: Arc<fabrickv_rpc::gate::FlushGate>,
 }
 
 impl<P: Proto> Loop<P> {
@@ -119,7 +121,7 @@ impl<P: Proto> Loop<P> {
                 let Some(Some(c)) = self.conns.get_mut(i) else {
                     continue;
                 };
-                let d = drive(c, &self.shared, now);
+                let d = drive(c, &self.shared, now, &self.gate);
                 self.after(i, d);
                 self.account(i);
             }
@@ -232,7 +234,7 @@ impl<P: Proto> Loop<P> {
             // Data may have arrived before registration; drive it now.
             let now = self.clock.now_ms();
             if let Some(Some(conn)) = self.conns.get_mut(i) {
-                let d = drive(conn, &self.shared, now);
+                let d = drive(conn, &self.shared, now, &self.gate);
                 self.after(i, d);
                 self.account(i);
             }

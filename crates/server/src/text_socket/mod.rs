@@ -210,6 +210,9 @@ pub(crate) struct FrontEnd {
 /// Listens on `addr` and starts `threads` loops over the state `shared`
 /// builds (given the port actually bound). Threads started before a
 /// failure see `stop` only when the caller sets it.
+// Each argument is one thing the loops share; a struct gathering them
+// would only be unpacked again here.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn start<P: Proto>(
     addr: &str,
     threads: usize,
@@ -217,6 +220,7 @@ pub(crate) fn start<P: Proto>(
     clock: Clock,
     idle_timeout: Option<Duration>,
     client_memory: Arc<ClientMemory>,
+    gate: Arc<fabrickv_rpc::gate::FlushGate>,
     stop: Arc<AtomicBool>,
 ) -> io::Result<FrontEnd> {
     let std_listener = std::net::TcpListener::bind(addr)?;
@@ -259,6 +263,7 @@ pub(crate) fn start<P: Proto>(
             waker: wakers[t].clone(),
         });
         let client_memory = client_memory.clone();
+        let gate = gate.clone();
         handles.push(
             std::thread::Builder::new()
                 .name(format!("{}-{t}", P::THREAD))
@@ -281,6 +286,7 @@ pub(crate) fn start<P: Proto>(
                         mem: client_memory,
                         largest,
                         asked,
+                        gate,
                     };
                     if let Err(e) = lp.run(&stop) {
                         tracing::error!("{} loop stopped: {e}", P::NAME);

@@ -1,0 +1,361 @@
+//! The failover controller of a replicated cluster
+//! (`fabrickv cluster controller`).
+//!
+//! Candidates campaign in an etcd election (so several may run, and one
+//! leads; a standby takes over when the leader's etcd lease lapses). The
+//! leader takes every server's heartbeats ([`crate::heartbeat`]) and
+//! changes the slot map, always by compare-and-swap on its revision:
+//! - a server run it hears from for the first time is *stamped*: its
+//!   incarnation is written into the map, and a different incarnation
+//!   than the map's (the process restarted, empty) first drops every role
+//!   the old run held;
+//! - a server silent for [`DEAD_AFTER_MS`] is removed from every group,
+//!   each group it led taken over by its first backup (whose copy is
+//!   complete: replication is synchronous);
+//! - a live server missing from a group it belongs to is added to it as a
+//!   *joiner*; the group's primary streams it the slots and promotes it
+//!   into the in-sync set itself.
+//!
+//! The controller grants a lease only to a run whose incarnation the map
+//! holds and which has seen the map's current epoch, so a deposed primary
+//! cannot get a lease back before it knows it was deposed. One change is
+//! made at a time: the next waits until the watch has shown the last.
+
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use fabrickv_auth::Secret;
+
+use crate::etcd::{ClusterView, EtcdRegistry};
+use crate::heartbeat::{Beat, BeatKind, DEAD_AFTER_MS, HEARTBEAT_BYTES};
+use crate::slots::SlotMap;
+use crate::RegistryError;
+
+/// How often the leader looks for silent servers and changes to make,
+/// in milliseconds (also its longest wait for a heartbeat).
+pub const CONTROLLER_TICK_MS: u64 = 5;
+
+/// Longest wait for the watch to show a change the controller made
+/// before it makes another, in milliseconds.
+pub const CHANGE_SETTLE_MS: u64 = 1_000;
+
+/// What the leader knows of one server.
+#[derive(Debug, Clone, Copy)]
+struct Heard {
+    /// When its last beat arrived.
+    at: Instant,
+    /// The incarnation that beat carried (0: never heard).
+    incarnation: u64,
+}
+
+/// One map change the leader decided, for its log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A server run's incarnation written into the map.
+    Stamped { id: u32, incarnation: u64 },
+    /// A silent server removed from every group.
+    FailedOver { id: u32, silent_ms: u64 },
+    /// A server added to groups as a joiner.
+    Joining { id: u32 },
+}
+
+/// The leader's decisions, apart from its sockets and etcd (so that they
+/// can be tested on a simulated clock).
+#[derive(Debug)]
+pub struct Decider {
+    heard: Vec<Heard>,
+    /// Before this, nobody is declared dead: a new leader first gives
+    /// every server one full silence period to be heard.
+    grace_until: Instant,
+}
+
+impl Decider {
+    /// A leader elected at `now`.
+    pub fn new(now: Instant) -> Decider {
+        Decider {
+            heard: Vec::new(),
+            grace_until: now + Duration::from_millis(DEAD_AFTER_MS),
+        }
+    }
+
+    /// Records beat `b` arriving at `now` and says whether to grant it a
+    /// lease under `map`.
+    pub fn on_beat(&mut self, b: &Beat, map: Option<&SlotMap>, now: Instant) -> bool {
+        let Some(map) = map else {
+            return false;
+        };
+        if b.id >= map.size {
+            return false;
+        }
+        let i = b.id as usize;
+        if self.heard.len() <= i {
+            self.heard.resize(
+                i + 1,
+                Heard {
+                    at: now,
+                    incarnation: 0,
+                },
+            );
+        }
+        self.heard[i] = Heard {
+            at: now,
+            incarnation: b.incarnation,
+        };
+        map.incarnation_of(b.id) == b.incarnation && b.epoch >= map.epoch
+    }
+
+    fn heard(&self, id: u32) -> Option<Heard> {
+        self.heard.get(id as usize).copied()
+    }
+
+    /// The next change to make to `map` at `now`, if any: stamps first,
+    /// then failovers, then joiners.
+    pub fn next_change(&self, map: &SlotMap, now: Instant) -> Option<(SlotMap, Change)> {
+        if map.replicas < 2 {
+            // One copy: nothing to fail over to, nothing to stream.
+            return None;
+        }
+        let alive =
+            |h: Heard| now.saturating_duration_since(h.at).as_millis() < u128::from(DEAD_AFTER_MS);
+        for id in 0..map.size {
+            if let Some(h) = self.heard(id).filter(|h| h.incarnation != 0 && alive(*h)) {
+                if let Some(next) = map.stamped(id, h.incarnation) {
+                    return Some((
+                        next,
+                        Change::Stamped {
+                            id,
+                            incarnation: h.incarnation,
+                        },
+                    ));
+                }
+            }
+        }
+        if now >= self.grace_until {
+            for id in 0..map.size {
+                let silent = match self.heard(id) {
+                    Some(h) if h.incarnation != 0 => now.saturating_duration_since(h.at),
+                    _ => {
+                        now.saturating_duration_since(self.grace_until)
+                            + Duration::from_millis(DEAD_AFTER_MS)
+                    }
+                };
+                if silent.as_millis() < u128::from(DEAD_AFTER_MS) {
+                    continue;
+                }
+                if let Some(next) = map.without(id) {
+                    return Some((
+                        next,
+                        Change::FailedOver {
+                            id,
+                            silent_ms: silent.as_millis() as u64,
+                        },
+                    ));
+                }
+            }
+        }
+        for id in 0..map.size {
+            let stamped = self
+                .heard(id)
+                .is_some_and(|h| alive(h) && h.incarnation == map.incarnation_of(id));
+            if stamped {
+                if let Some(next) = map.with_joiner(id) {
+                    return Some((next, Change::Joining { id }));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Runs a controller candidate for `registry`'s cluster, taking
+/// heartbeats on UDP `listen`, until `stop` is set or its leadership is
+/// lost (an error then: the caller exits, and a standby leads).
+pub fn run(
+    registry: &EtcdRegistry,
+    secret: Option<&Secret>,
+    listen: &str,
+    stop: &AtomicBool,
+) -> Result<(), RegistryError> {
+    let sock = UdpSocket::bind(listen)
+        .map_err(|e| RegistryError::Invalid(format!("controller: cannot bind {listen}: {e}")))?;
+    sock.set_read_timeout(Some(Duration::from_millis(CONTROLLER_TICK_MS)))
+        .map_err(|e| RegistryError::Invalid(e.to_string()))?;
+    let addr = sock
+        .local_addr()
+        .map_err(|e| RegistryError::Invalid(e.to_string()))?
+        .to_string();
+    let cluster = registry.cluster().to_string();
+    eprintln!("fabrickv: controller of cluster {cluster}: campaigning (heartbeats on udp {addr})");
+    let leadership = registry.campaign(&addr)?;
+    eprintln!("fabrickv: controller of cluster {cluster}: elected");
+    let (tx, rx) = mpsc::channel::<ClusterView>();
+    let _watch = registry.watch(move |v| {
+        let _ = tx.send(v);
+    });
+    let mut decider = Decider::new(Instant::now());
+    let mut view: Option<ClusterView> = None;
+    // The epoch of the last change made, until the watch shows it.
+    let mut awaiting: Option<(u64, Instant)> = None;
+    let mut last_tick = Instant::now();
+    let mut buf = [0u8; HEARTBEAT_BYTES + 1];
+    while !stop.load(Ordering::Acquire) {
+        if leadership.lost() {
+            return Err(RegistryError::Invalid(
+                "controller: lost its etcd lease; another candidate may lead".into(),
+            ));
+        }
+        while let Ok(v) = rx.try_recv() {
+            view = Some(v);
+        }
+        let map = view.as_ref().and_then(|v| v.map.as_ref());
+        match sock.recv_from(&mut buf) {
+            Ok((n, from)) => {
+                if let Some(b) = Beat::decode(&buf[..n], secret, &cluster) {
+                    if b.kind == BeatKind::Beat {
+                        let grant = decider.on_beat(&b, map.map(|(m, _)| m), Instant::now());
+                        let answer = Beat {
+                            kind: if grant {
+                                BeatKind::Granted
+                            } else {
+                                BeatKind::Refused
+                            },
+                            epoch: map.map_or(0, |(m, _)| m.epoch),
+                            ..b
+                        };
+                        let _ = sock.send_to(&answer.encode(secret, &cluster), from);
+                    }
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => tracing::warn!("controller: heartbeat socket: {e}"),
+        }
+        if last_tick.elapsed() < Duration::from_millis(CONTROLLER_TICK_MS) {
+            continue;
+        }
+        last_tick = Instant::now();
+        let Some((map, rev)) = map.cloned() else {
+            continue;
+        };
+        if let Some((epoch, since)) = awaiting {
+            if map.epoch < epoch && since.elapsed() < Duration::from_millis(CHANGE_SETTLE_MS) {
+                continue;
+            }
+            awaiting = None;
+        }
+        let Some((next, change)) = decider.next_change(&map, Instant::now()) else {
+            continue;
+        };
+        let began = Instant::now();
+        match registry.swap_map(rev, &next) {
+            Ok(true) => {
+                eprintln!(
+                    "fabrickv: controller: {change:?}: slot map epoch {} committed in {:.1} ms",
+                    next.epoch,
+                    began.elapsed().as_secs_f64() * 1e3
+                );
+                awaiting = Some((next.epoch, Instant::now()));
+            }
+            // Another change won: the watch brings it.
+            Ok(false) => awaiting = Some((map.epoch + 1, Instant::now())),
+            Err(e) => tracing::warn!("controller: cannot change the slot map: {e}"),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn beat(id: u32, incarnation: u64, epoch: u64) -> Beat {
+        Beat {
+            kind: BeatKind::Beat,
+            id,
+            seq: 1,
+            incarnation,
+            epoch,
+        }
+    }
+
+    #[test]
+    fn stamps_then_fails_over_a_silent_primary_then_takes_it_back_as_a_joiner() {
+        let t0 = Instant::now();
+        let mut map = SlotMap::initial(3, 2).unwrap();
+        let mut d = Decider::new(t0);
+        for id in 0..3 {
+            assert!(
+                !d.on_beat(&beat(id, 10 + u64::from(id), 1), Some(&map), t0),
+                "not stamped yet"
+            );
+        }
+        for id in 0..3 {
+            let (next, change) = d.next_change(&map, t0).unwrap();
+            assert_eq!(
+                change,
+                Change::Stamped {
+                    id,
+                    incarnation: 10 + u64::from(id)
+                }
+            );
+            map = next;
+        }
+        assert!(d.next_change(&map, t0).is_none(), "settled");
+        assert!(
+            d.on_beat(&beat(0, 10, map.epoch), Some(&map), t0),
+            "stamped and current"
+        );
+        assert!(
+            !d.on_beat(&beat(0, 10, map.epoch - 1), Some(&map), t0),
+            "an old map: no lease"
+        );
+        // Servers 0 and 2 keep beating; 1 falls silent.
+        let later = t0 + Duration::from_millis(DEAD_AFTER_MS + 10);
+        d.on_beat(&beat(0, 10, map.epoch), Some(&map), later);
+        d.on_beat(&beat(2, 12, map.epoch), Some(&map), later);
+        let (next, change) = d.next_change(&map, later).unwrap();
+        assert!(
+            matches!(change, Change::FailedOver { id: 1, .. }),
+            "{change:?}"
+        );
+        assert_eq!(next.groups[1].primary, 2, "its backup leads its slots");
+        assert!(next.groups[0].backups.is_empty());
+        map = next;
+        // It comes back, same run (it was frozen): it joins the groups it belongs to.
+        d.on_beat(&beat(1, 11, map.epoch), Some(&map), later);
+        let (next, change) = d.next_change(&map, later).unwrap();
+        assert_eq!(change, Change::Joining { id: 1 });
+        assert_eq!(next.groups[0].joining, [1]);
+        assert_eq!(next.groups[1].joining, [1]);
+        map = next;
+        // A restarted run of server 2 (a new incarnation) loses its roles at once.
+        d.on_beat(&beat(2, 99, map.epoch), Some(&map), later);
+        let (next, change) = d.next_change(&map, later).unwrap();
+        assert_eq!(
+            change,
+            Change::Stamped {
+                id: 2,
+                incarnation: 99
+            }
+        );
+        assert!(next
+            .groups
+            .iter()
+            .all(|g| !g.backups.contains(&2) && g.primary != 2 || g.backups.is_empty()));
+    }
+
+    #[test]
+    fn a_single_copy_cluster_is_left_alone() {
+        let t0 = Instant::now();
+        let map = SlotMap::initial(3, 1).unwrap();
+        let mut d = Decider::new(t0);
+        d.on_beat(&beat(0, 5, 1), Some(&map), t0);
+        assert!(d.next_change(&map, t0 + Duration::from_secs(5)).is_none());
+    }
+}
