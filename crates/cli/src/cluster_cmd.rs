@@ -34,6 +34,16 @@ pub struct ServeClusterArgs {
     /// deregistering (it is refreshed every third of this).
     #[arg(long, default_value_t = REGISTRATION_TTL_S, value_name = "S")]
     pub registry_ttl: u32,
+    /// Copies of each slot an etcd cluster keeps (1 to 3): a primary and
+    /// replicas - 1 backups that apply every write before it is
+    /// acknowledged. Above 1 the cluster needs a failover controller
+    /// (`fabrickv cluster controller`).
+    #[arg(long, default_value_t = 1, value_name = "R")]
+    pub replicas: u8,
+    /// Where this server takes the writes its primaries replicate to it
+    /// (TCP HOST:PORT; default: the --listen host, any free port).
+    #[arg(long, value_name = "ADDR")]
+    pub repl_listen: Option<String>,
 }
 
 /// How long `serve` keeps trying to reach etcd and register there, in
@@ -57,6 +67,8 @@ pub enum Membership {
 /// A server's part in an etcd cluster: its lease and its watch of the map
 /// (dropping it stops both and removes the registration).
 pub struct EtcdMember {
+    // Dropped first: replication stops before the registration goes.
+    _replication: Option<fabrickv_server::replication::Replication>,
     _watch: WatchHandle,
     _registration: EtcdRegistration,
 }
@@ -117,13 +129,30 @@ impl ServeClusterArgs {
         size: u32,
         secret: Option<fabrickv_auth::Secret>,
     ) -> Result<Membership, String> {
+        let mut desc = desc;
         let id = desc.id;
         if id >= size {
             return Err(format!("--id {id} is not below --cluster-size {size}"));
         }
-        // One copy of each slot: the map has room for backups, which
-        // servers do not keep yet.
-        let initial = SlotMap::initial(size, 1)?;
+        let initial = SlotMap::initial(size, self.replicas)?;
+        // A server keeping copies binds where its primaries ship to
+        // before it registers that address, and draws the incarnation
+        // that tells this run from an earlier one of the same id.
+        let repl_listener = if self.replicas > 1 {
+            let listen = match &self.repl_listen {
+                Some(a) => a.clone(),
+                None => format!("{}:0", listen_host(&desc.addrs[0])),
+            };
+            let l = fabrickv_server::replication::bind(&listen)
+                .map_err(|e| format!("--repl-listen {listen}: {e}"))?;
+            desc.repl = Some(l.local_addr().map_err(|e| e.to_string())?.to_string());
+            handle
+                .slot_routing()
+                .set_incarnation(fabrickv_auth::random_u64() | 1);
+            Some(l)
+        } else {
+            None
+        };
         let deadline = Instant::now() + Duration::from_millis(ETCD_JOIN_WAIT_MS);
         let (registry, registration) = loop {
             let joined = EtcdRegistry::connect(url, &self.cluster).and_then(|r| {
@@ -149,16 +178,52 @@ impl ServeClusterArgs {
             .slot_routing()
             .follow(id, &registry)
             .map_err(|e| e.to_string())?;
+        let replication = match repl_listener {
+            Some(l) => Some(
+                fabrickv_server::replication::start(
+                    fabrickv_server::replication::ReplicationParts {
+                        parts: handle.partitions().clone(),
+                        routing: handle.slot_routing().clone(),
+                        gate: handle.gate().clone(),
+                        clock: handle.clock(),
+                    },
+                    id,
+                    handle.slot_routing().incarnation(),
+                    registry.clone(),
+                    secret,
+                    l,
+                )
+                .map_err(|e| format!("cannot start replication: {e}"))?,
+            ),
+            None => None,
+        };
         eprintln!(
-            "fabrickv: registered as server {id} of {size} in cluster {} at {url}",
-            self.cluster
+            "fabrickv: registered as server {id} of {size} in cluster {} at {url}{}",
+            self.cluster,
+            if self.replicas > 1 {
+                format!(", {} copies of each slot", self.replicas)
+            } else {
+                String::new()
+            }
         );
         Ok(Membership::Etcd {
             _member: Box::new(EtcdMember {
+                _replication: replication,
                 _watch: watch,
                 _registration: registration,
             }),
         })
+    }
+}
+
+/// The host of a native address (`tcp://H:P`, `H:P`, `fabric://P/H:P`),
+/// or loopback for one without a host (shm).
+fn listen_host(addr: &str) -> String {
+    let rest = addr.rsplit("//").next().unwrap_or(addr);
+    let rest = rest.rsplit('/').next().unwrap_or(rest);
+    match rest.rsplit_once(':') {
+        Some((h, _)) if !h.is_empty() => h.to_string(),
+        _ => "127.0.0.1".to_string(),
     }
 }
 
@@ -209,6 +274,23 @@ pub enum ClusterCommand {
         #[arg(long)]
         toml: bool,
     },
+    /// Runs a failover controller for an etcd cluster keeping several
+    /// copies of each slot: it takes the servers' heartbeats, fails a
+    /// silent primary's slots over to a backup, and brings servers back
+    /// as joiners. Run two for a standby (they campaign in etcd; one
+    /// leads). The cluster secret comes from FABRICKV_AUTH_TOKEN_FILE or
+    /// FABRICKV_AUTH_TOKEN, as the servers'.
+    Controller {
+        /// The etcd registry (etcd://HOST:PORT[,HOST:PORT...]).
+        #[arg(long, env = "FABRICKV_REGISTRY", value_name = "URL")]
+        registry: String,
+        /// The cluster's name.
+        #[arg(long, env = "FABRICKV_CLUSTER", default_value = "default")]
+        cluster: String,
+        /// UDP address taking heartbeats (published in etcd).
+        #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
+        listen: String,
+    },
 }
 
 /// `fabrickv barrier NAME --count N`
@@ -251,6 +333,11 @@ pub fn barrier(a: &BarrierArgs) -> Result<std::process::ExitCode, String> {
 /// Runs `fabrickv cluster ...`.
 pub fn run(cmd: ClusterCommand) -> Result<std::process::ExitCode, String> {
     match cmd {
+        ClusterCommand::Controller {
+            registry,
+            cluster,
+            listen,
+        } => controller(&registry, &cluster, &listen),
         ClusterCommand::Show { source, wait, toml } => {
             if let Some(url) = source.registry.as_deref().filter(|u| is_etcd_url(u)) {
                 if toml {
@@ -277,6 +364,23 @@ pub fn run(cmd: ClusterCommand) -> Result<std::process::ExitCode, String> {
             Ok(std::process::ExitCode::SUCCESS)
         }
     }
+}
+
+/// Runs a controller candidate until SIGINT or SIGTERM, or until it
+/// loses its leadership (exit 1: a standby leads, or this one should be
+/// restarted).
+fn controller(url: &str, cluster: &str, listen: &str) -> Result<std::process::ExitCode, String> {
+    let secret = fabrickv_auth::client_secret().map_err(|e| e.to_string())?;
+    let registry = EtcdRegistry::connect(url, cluster)
+        .map_err(|e| e.to_string())?
+        .with_secret(secret.clone());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
+    }
+    fabrickv_cluster::controller::run(&registry, secret.as_ref(), listen, &stop)
+        .map_err(|e| e.to_string())?;
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 /// Most time between two reads of an etcd cluster that is not complete

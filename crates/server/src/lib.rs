@@ -29,6 +29,7 @@ pub mod memcache;
 mod memcache_net;
 pub mod partitions;
 pub mod ps;
+pub mod replication;
 pub mod resp;
 mod resp_net;
 pub mod service;

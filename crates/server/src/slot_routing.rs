@@ -14,12 +14,21 @@ use fabrickv_cluster::etcd::{ClusterView, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::slots::{SlotMap, SlotRoutes};
 use fabrickv_cluster::ServerDesc;
 
+use crate::replication::lease::Lease;
+use crate::service::Clock;
+
 /// The server's current view of the cluster, shared by its front ends.
 #[derive(Default)]
 pub struct SlotRouting {
     /// Bumped by every [`SlotRouting::install`]; 0 while there is no map.
     version: AtomicU64,
     current: RwLock<Option<Arc<Routing>>>,
+    /// This server run's incarnation in a cluster keeping several copies
+    /// (0 otherwise): it holds the map's roles only when the map names
+    /// this incarnation.
+    incarnation: AtomicU64,
+    /// The lease a replicating server serves under, and its clock.
+    lease: std::sync::OnceLock<(Arc<Lease>, Clock)>,
 }
 
 /// One view of the cluster: the map at one epoch, its dense index, and
@@ -35,6 +44,16 @@ pub struct Routing {
     pub routes: SlotRoutes,
     /// Each server's descriptor, by id (`None`: not registered now).
     pub servers: Vec<Option<ServerDesc>>,
+    /// Where the failover controller takes heartbeats, if one leads.
+    pub controller: Option<String>,
+    /// Whether this server run holds the roles the map gives its id: in
+    /// a cluster of one copy always; otherwise once the controller has
+    /// stamped this run's incarnation (a restarted server's old roles are
+    /// not its own).
+    pub active: bool,
+    /// In a cluster of several copies, the lease without which this
+    /// server serves nothing, and the clock it is read on.
+    lease: Option<(Arc<Lease>, Clock)>,
 }
 
 /// Where a command's keys must be served, seen from this server.
@@ -79,7 +98,14 @@ impl SlotRouting {
     pub fn install_view(&self, me: u32, cluster: &str, view: ClusterView) {
         if let Some((map, _)) = view.map {
             let epoch = map.epoch;
-            self.install(Routing::new(me, cluster, map, view.servers));
+            let mut r = Routing::new(me, cluster, map, view.servers);
+            let incarnation = self.incarnation();
+            r.active = incarnation == 0 || r.map.incarnation_of(me) == incarnation;
+            r.controller = view.controller;
+            if r.map.replicas > 1 {
+                r.lease = self.lease.get().cloned();
+            }
+            self.install(r);
             tracing::debug!("slot map epoch {epoch} installed");
         }
     }
@@ -96,6 +122,22 @@ impl SlotRouting {
         self.install_view(me, &cluster, registry.view()?);
         let routing = self.clone();
         Ok(registry.watch(move |view| routing.install_view(me, &cluster, view)))
+    }
+
+    /// Makes this server serve only while `lease` holds (read on
+    /// `clock`), in any map keeping several copies installed from now on.
+    pub fn set_lease(&self, lease: Arc<Lease>, clock: Clock) {
+        let _ = self.lease.set((lease, clock));
+    }
+
+    /// Sets this run's incarnation, before the first view is installed.
+    pub fn set_incarnation(&self, incarnation: u64) {
+        self.incarnation.store(incarnation, Ordering::Release);
+    }
+
+    /// This run's incarnation (0: the server does not replicate).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::Acquire)
     }
 
     /// The current view, if the server has a map.
@@ -138,6 +180,9 @@ impl Routing {
             routes: map.routes(),
             map,
             servers,
+            controller: None,
+            active: true,
+            lease: None,
         }
     }
 
@@ -151,7 +196,20 @@ impl Routing {
     #[inline]
     pub fn serves(&self, slot: u16, replica_read: bool) -> bool {
         let g = &self.map.groups[self.routes.group_of(slot)];
-        g.primary == self.me || (replica_read && g.backups.contains(&self.me))
+        self.active
+            && (g.primary == self.me || (replica_read && g.backups.contains(&self.me)))
+            && self.leased()
+    }
+
+    /// Whether the server's lease holds now, where it needs one: read
+    /// per command, on a fresh clock, so that a server frozen and resumed
+    /// (SIGSTOP) cannot answer from data a successor has moved past.
+    #[inline]
+    fn leased(&self) -> bool {
+        match &self.lease {
+            None => true,
+            Some((lease, clock)) => lease.valid(clock.now_ms()),
+        }
     }
 
     /// The primary of `slot`.

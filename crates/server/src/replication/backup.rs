@@ -1,0 +1,304 @@
+//! The follower side of replication: a listener its primaries connect to,
+//! and one thread per primary applying its batches in order.
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use fabrickv_auth::Secret;
+use fabrickv_cluster::slots::key_slot;
+use fabrickv_engine::{ItemMeta, LargeValue, PutCond, ScanBudget, LARGE_VALUE_BYTES_MIN};
+use fabrickv_types::KeyHash;
+
+use super::records::{self, AckStatus, Message, Record, Records};
+use super::{read_message, UnixClock};
+use crate::partitions::Partitions;
+use crate::slot_routing::{Routing, SlotRouting};
+
+/// Most primaries' streams a follower serves at once (each a thread): a
+/// server follows at most `REPLICAS_MAX - 1` groups' primaries in the
+/// initial layout, and a few more while groups fail over.
+pub const REPL_STREAMS_MAX: usize = 64;
+
+/// How long a follower whose map is older than a batch waits for its
+/// watch to catch up before refusing the batch, in milliseconds.
+pub const REPL_MAP_WAIT_MS: u64 = 1_000;
+
+/// How long an idle stream from a primary stays open, in seconds; the
+/// primary reconnects when it next has something to send.
+pub const REPL_IDLE_SECS: u64 = 600;
+
+/// What applying needs from the server.
+#[derive(Clone)]
+pub struct Applier {
+    pub parts: Arc<Partitions>,
+    pub routing: Arc<SlotRouting>,
+    pub unix: UnixClock,
+    pub secret: Option<Secret>,
+}
+
+/// The running listener; dropping it stops accepting.
+pub struct Listener {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Listener {
+    /// Accepts primaries on `listener`, each served by its own thread.
+    pub fn start(listener: TcpListener, applier: Applier) -> std::io::Result<Listener> {
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let open = Arc::new(AtomicUsize::new(0));
+        let thread = std::thread::Builder::new()
+            .name("fkv-repl-accept".into())
+            .spawn(move || {
+                while !s.load(Ordering::Acquire) {
+                    match listener.accept() {
+                        Ok((stream, _)) => {
+                            if open.load(Ordering::Acquire) >= REPL_STREAMS_MAX {
+                                tracing::warn!("replication: {REPL_STREAMS_MAX} primaries' streams open; refusing another");
+                                continue;
+                            }
+                            open.fetch_add(1, Ordering::AcqRel);
+                            let (a, o) = (applier.clone(), open.clone());
+                            let spawned = std::thread::Builder::new()
+                                .name("fkv-repl-apply".into())
+                                .spawn(move || {
+                                    if let Err(e) = serve(stream, &a) {
+                                        tracing::debug!("replication stream ended: {e}");
+                                    }
+                                    o.fetch_sub(1, Ordering::AcqRel);
+                                });
+                            if spawned.is_err() {
+                                open.fetch_sub(1, Ordering::AcqRel);
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        Err(e) => {
+                            tracing::warn!("replication listener: {e}");
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                    }
+                }
+            })?;
+        Ok(Listener {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// Serves one primary's stream: challenge, proof, then batches.
+fn serve(mut stream: TcpStream, a: &Applier) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(Duration::from_millis(
+        fabrickv_types::limits::HANDSHAKE_TIMEOUT_MS,
+    )))?;
+    let nonce = fabrickv_auth::nonce();
+    let mut out = Vec::new();
+    records::challenge(&mut out, &nonce);
+    stream.write_all(&out)?;
+    let mut buf = Vec::new();
+    let sender = match records::decode(read_message(&mut stream, &mut buf)?) {
+        Ok(Message::Hello { id, proof }) => {
+            if let Some(s) = &a.secret {
+                if !s.verify_proof(records::REPL_PROOF_CONTEXT, &nonce, &proof) {
+                    tracing::warn!("replication: a primary's proof of the secret is wrong");
+                    return Ok(());
+                }
+            }
+            id
+        }
+        _ => return Ok(()),
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(REPL_IDLE_SECS)))?;
+    loop {
+        let body = read_message(&mut stream, &mut buf)?;
+        let (epoch, seq, recs) = match records::decode(body) {
+            Ok(Message::Batch {
+                epoch,
+                seq,
+                records,
+            }) => (epoch, seq, records),
+            _ => {
+                tracing::warn!("replication: server {sender} sent something not a batch");
+                return Ok(());
+            }
+        };
+        let (status, mine) = apply_batch(a, sender, epoch, recs);
+        out.clear();
+        records::ack(&mut out, seq, status, mine);
+        stream.write_all(&out)?;
+    }
+}
+
+/// Whether every record of the batch comes from its slot's primary, as
+/// `r` says, and falls in a group this server follows.
+fn acceptable(r: &Routing, sender: u32, recs: &Records<'_>) -> bool {
+    let me = r.me;
+    let follows = |g: &fabrickv_cluster::slots::ReplicaGroup| {
+        g.primary == sender && g.followers().any(|s| s == me)
+    };
+    r.active
+        && recs.iter().all(|rec| match rec.key() {
+            Some(k) => follows(&r.map.groups[r.routes.group_of(key_slot(k))]),
+            None => r.map.groups.iter().any(follows),
+        })
+}
+
+/// Applies a batch if the map allows; returns the answer and this
+/// server's epoch.
+fn apply_batch(a: &Applier, sender: u32, epoch: u64, recs: Records<'_>) -> (AckStatus, u64) {
+    let deadline = Instant::now() + Duration::from_millis(REPL_MAP_WAIT_MS);
+    let r = loop {
+        let Some(r) = a.routing.routing() else {
+            return (AckStatus::Refused, 0);
+        };
+        if acceptable(&r, sender, &recs) {
+            break r;
+        }
+        // A newer batch than this server's map: the watch is behind.
+        if r.map.epoch >= epoch || Instant::now() >= deadline {
+            return (AckStatus::Refused, r.map.epoch);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let now = a.unix.clock().now_ms();
+    for rec in recs.iter() {
+        apply(a, &r, sender, &rec, now);
+    }
+    (AckStatus::Applied, r.map.epoch)
+}
+
+/// Runs `f` on key's partition with the journal paused: what a primary
+/// ships is not this server's to ship on.
+fn on_partition<T>(
+    parts: &Partitions,
+    p: usize,
+    f: impl FnOnce(&mut fabrickv_engine::Partition) -> T,
+) -> T {
+    let mut part = parts.lock(p);
+    if let Some(j) = part.journal_mut() {
+        j.set_paused(true);
+    }
+    let t = f(&mut part);
+    if let Some(j) = part.journal_mut() {
+        j.set_paused(false);
+    }
+    t
+}
+
+fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64) {
+    match rec {
+        Record::Put {
+            key,
+            value,
+            expire_unix_ms,
+            meta,
+        } => {
+            let hash = KeyHash::of(key);
+            let p = a.parts.index_of(hash);
+            let expire = a.unix.to_engine(*expire_unix_ms);
+            on_partition(&a.parts, p, |part| {
+                if expire != 0 && expire <= now {
+                    let _ = part.delete(hash, key, now);
+                    return;
+                }
+                let done = match meta {
+                    Some((cas, flags)) => part.put_with_meta(
+                        hash,
+                        key,
+                        value,
+                        expire,
+                        PutCond::Always,
+                        now,
+                        ItemMeta {
+                            cas: *cas,
+                            client_flags: *flags,
+                        },
+                    ),
+                    None if value.len() >= LARGE_VALUE_BYTES_MIN => part.put_large(
+                        hash,
+                        key,
+                        LargeValue::copy_from(value),
+                        expire,
+                        PutCond::Always,
+                        now,
+                    ),
+                    None => part.put(hash, key, value, expire, PutCond::Always, now),
+                };
+                if !matches!(done, fabrickv_engine::PutResult::Stored) {
+                    tracing::warn!(
+                        "replication: a shipped value could not be stored here: {done:?}"
+                    );
+                }
+            });
+        }
+        Record::Del { key } => {
+            let hash = KeyHash::of(key);
+            let p = a.parts.index_of(hash);
+            on_partition(&a.parts, p, |part| {
+                let _ = part.delete(hash, key, now);
+            });
+        }
+        Record::FlushPartition { count, index } => {
+            drop_keys(a, now, |k| {
+                KeyHash::of(k).partition(*count) == *index
+                    && r.map.groups[r.routes.group_of(key_slot(k))].primary == sender
+            });
+        }
+        Record::StreamBegin { ranges } => {
+            drop_keys(a, now, |k| {
+                let s = key_slot(k);
+                ranges.iter().any(|rg| rg.contains(s))
+            });
+        }
+    }
+}
+
+/// Deletes every key `doomed` picks, over every partition.
+fn drop_keys(a: &Applier, now: u64, doomed: impl Fn(&[u8]) -> bool) {
+    for p in 0..a.parts.len() {
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        let mut bucket = 0;
+        loop {
+            let next = on_partition(&a.parts, p, |part| {
+                let mut budget = ScanBudget {
+                    entries: 4096,
+                    words: 4096,
+                };
+                part.scan_from(bucket, now, &mut budget, &mut |k, _, _| {
+                    if doomed(k) {
+                        keys.push(k.to_vec());
+                    }
+                    true
+                })
+            });
+            match next {
+                Some(b) => bucket = b,
+                None => break,
+            }
+        }
+        on_partition(&a.parts, p, |part| {
+            for k in &keys {
+                let _ = part.delete(KeyHash::of(k), k, now);
+            }
+        });
+    }
+}
