@@ -97,6 +97,17 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// Whether the server could not be reached or did not answer (rather
+    /// than refused): a call to a replicated cluster may be sent again
+    /// to the slot's next primary.
+    pub fn is_transport(&self) -> bool {
+        match self {
+            ClientError::Transport(_) | ClientError::Timeout | ClientError::Unavailable(_) => true,
+            ClientError::AtServer { error, .. } => error.is_transport(),
+            _ => false,
+        }
+    }
+
     /// The stable code behind this error.
     pub fn code(&self) -> ErrorCode {
         match self {

@@ -240,6 +240,22 @@ impl<C: PerServer> Members<C> {
         }
     }
 
+    /// Takes the servers' descriptors a registry delivered: a server whose
+    /// address changed (restarted elsewhere) loses its old connection, and
+    /// is connected at the new address when next needed.
+    pub(crate) fn adopt_descs(&mut self, descs: &[Option<fabrickv_cluster::ServerDesc>]) {
+        for (s, m) in self.servers.iter_mut().enumerate() {
+            let Some(Some(d)) = descs.get(s) else {
+                continue;
+            };
+            let addr = addr_of_slot(&self.cluster, Some(d), self.transport.as_deref());
+            if addr.is_ok() && addr != m.addr {
+                m.addr = addr;
+                m.conn = None;
+            }
+        }
+    }
+
     /// The connection to server `s`, connecting first if it is down.
     pub(crate) fn ensure(&mut self, s: usize) -> Result<&mut C> {
         if self.servers[s].conn.is_none() {

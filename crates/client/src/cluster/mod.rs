@@ -150,6 +150,9 @@ impl From<Members<Client>> for ClusterClient {
 struct Rerouted<'a, S: batch::Sink> {
     inner: &'a mut S,
     moved: Vec<usize>,
+    /// Which operations got a result, by position, when the batch may be
+    /// sent again after a failover (empty otherwise).
+    landed: Vec<bool>,
 }
 
 impl<S: batch::Sink> batch::Sink for Rerouted<'_, S> {
@@ -158,6 +161,9 @@ impl<S: batch::Sink> batch::Sink for Rerouted<'_, S> {
         if code == ErrorCode::WrongServer {
             self.moved.push(pos);
             return Ok(());
+        }
+        if let Some(l) = self.landed.get_mut(pos) {
+            *l = true;
         }
         self.inner.land(pos, code, value)
     }
@@ -208,6 +214,18 @@ impl ClusterClient {
         let mut c = self.following(Some(Directory::Etcd(Box::new(registry.clone()))));
         c.slots = Some(Box::new(SlotFollow::start(registry, map)));
         c
+    }
+
+    /// Takes what the etcd watch delivered since the last call: the map,
+    /// and servers' new addresses.
+    #[inline]
+    fn follow_map(&mut self) {
+        if let Some(f) = &mut self.slots {
+            f.update();
+            if let Some(descs) = f.take_descs() {
+                self.m.adopt_descs(&descs);
+            }
+        }
     }
 
     /// The epoch of the slot map the client routes by, for a cluster
@@ -280,9 +298,7 @@ impl ClusterClient {
         key: &[u8],
         f: impl FnOnce(&mut Client) -> Result<R>,
     ) -> Result<R> {
-        if let Some(f) = &mut self.slots {
-            f.update();
-        }
+        self.follow_map();
         let s = self.server_of(key) as usize;
         let c = self.m.ensure(s)?;
         f(c).map_err(|e| self.m.fail_or_wrap(s, e))
@@ -305,9 +321,7 @@ impl ClusterClient {
             batch::refresh_if_stale(c, ops);
             return batch::run_valid(c, ops, sink, again).map_err(|e| self.m.fail(0, e));
         }
-        if let Some(f) = &mut self.slots {
-            f.update();
-        }
+        self.follow_map();
         // Each key is hashed once: the hash picks the server here (unless
         // the slot map does) and the worker inside it.
         let hashes: Vec<KeyHash> = ops.iter().map(|o| KeyHash::of(o.key())).collect();
@@ -325,12 +339,49 @@ impl ClusterClient {
             parts[s as usize].push(i);
         }
         let mut rerouted = 0;
+        // In a replicated cluster a batch survives a server's failure: the
+        // operations that got no result are sent again to their slots'
+        // new primaries once the map names them (an operation applied
+        // before the failure and again after leaves what applying it once
+        // would: kv operations overwrite).
+        let failover_deadline =
+            std::time::Instant::now() + Duration::from_millis(slots::FAILOVER_WAIT_MS);
+        let follows = self.slots.is_some();
         loop {
             let mut sink = Rerouted {
                 inner: &mut *sink,
                 moved: Vec::new(),
+                landed: if follows {
+                    vec![false; ops.len()]
+                } else {
+                    Vec::new()
+                },
             };
-            self.round(ops, &parts, &hashes, &mut sink)?;
+            if let Err(e) = self.round(ops, &parts, &hashes, &mut sink) {
+                let epoch = self.slots.as_ref().map(|f| f.epoch());
+                let retry = match (&mut self.slots, epoch) {
+                    (Some(f), Some(epoch)) if e.is_transport() => {
+                        f.wait_newer(epoch, failover_deadline)
+                    }
+                    _ => false,
+                };
+                if !retry {
+                    return Err(e);
+                }
+                let landed = sink.landed;
+                let unlanded: Vec<usize> = parts
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .filter(|&i| !landed[i])
+                    .collect();
+                self.follow_map();
+                parts.iter_mut().for_each(Vec::clear);
+                for i in unlanded {
+                    parts[self.server_for(ops[i].key(), hashes[i]) as usize].push(i);
+                }
+                continue;
+            }
             // GETs that did not fit their reply frame go again, and so do
             // operations a server said are another's, once the map is
             // read again (a bounded number of times).
@@ -340,7 +391,14 @@ impl ClusterClient {
                 rerouted += 1;
                 let reloaded = match &mut self.slots {
                     Some(f) if rerouted <= WRONG_SERVER_ROUNDS_MAX => {
+                        let epoch = f.epoch();
                         f.reload()?;
+                        // The server refused with the map this client
+                        // holds: it is between roles (a failover under
+                        // way, its lease lapsed); wait for the next map.
+                        if f.epoch() == epoch {
+                            f.wait_newer(epoch, failover_deadline);
+                        }
                         true
                     }
                     _ => false,

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use fabrickv_cluster::etcd::{EtcdRegistry, WatchHandle};
 use fabrickv_cluster::slots::{key_slot, SlotMap, SlotRoutes};
+use fabrickv_cluster::ServerDesc;
 
 use crate::{ClientError, Result};
 
@@ -17,6 +18,14 @@ use crate::{ClientError, Result};
 /// servers disagree with etcd for longer than a call should wait.
 pub const WRONG_SERVER_ROUNDS_MAX: usize = 4;
 
+/// How long a call whose server failed or refused it waits for the
+/// cluster's map to move on (a failover) before it fails, in milliseconds.
+pub const FAILOVER_WAIT_MS: u64 = 5_000;
+
+/// How often a call waiting for a new map looks at what the watch
+/// delivered, in milliseconds.
+const MAP_WAIT_POLL_MS: u64 = 2;
+
 /// The slot map a client routes by, and the watch that updates it.
 pub(crate) struct SlotFollow {
     registry: EtcdRegistry,
@@ -24,8 +33,11 @@ pub(crate) struct SlotFollow {
     /// The primary of each group of the map.
     primaries: Vec<u32>,
     epoch: u64,
-    /// The newest map the watch delivered, and how many it delivered.
-    latest: Arc<Mutex<Option<SlotMap>>>,
+    /// The newest map the watch delivered with the servers' descriptors
+    /// of that view, and how many it delivered.
+    latest: Arc<Mutex<Option<(SlotMap, Vec<Option<ServerDesc>>)>>>,
+    /// Descriptors delivered with a map and not yet taken by the client.
+    descs: Option<Vec<Option<ServerDesc>>>,
     delivered: Arc<AtomicU64>,
     /// `delivered` when `latest` was last taken.
     seen: u64,
@@ -41,7 +53,7 @@ impl SlotFollow {
             let (latest, delivered) = (latest.clone(), delivered.clone());
             registry.watch(move |view| {
                 if let Some((map, _)) = view.map {
-                    *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(map);
+                    *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((map, view.servers));
                     delivered.fetch_add(1, Ordering::Release);
                 }
             })
@@ -52,6 +64,7 @@ impl SlotFollow {
             primaries: Vec::new(),
             epoch: 0,
             latest,
+            descs: None,
             delivered,
             seen: 0,
             _watch: watch,
@@ -80,10 +93,34 @@ impl SlotFollow {
             return;
         }
         self.seen = d;
-        let map = self.latest.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(map) = map {
+        let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((map, descs)) = latest {
             self.adopt(map);
+            self.descs = Some(descs);
         }
+    }
+
+    /// Waits until the watch delivers a map newer than epoch `than`, or
+    /// `deadline` passes; returns whether one came. A failover commits a
+    /// new map within about a second of a primary's death
+    /// (`fabrickv_cluster::heartbeat::DEAD_AFTER_MS` and a transaction).
+    pub(crate) fn wait_newer(&mut self, than: u64, deadline: std::time::Instant) -> bool {
+        loop {
+            self.update();
+            if self.epoch > than {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(MAP_WAIT_POLL_MS));
+        }
+    }
+
+    /// The servers' descriptors the watch delivered since the last call:
+    /// a server restarted at another address is found there.
+    pub(crate) fn take_descs(&mut self) -> Option<Vec<Option<ServerDesc>>> {
+        self.descs.take()
     }
 
     /// Reads the map from etcd now: a server said WRONG_SERVER, so its
@@ -92,6 +129,7 @@ impl SlotFollow {
         let view = self.registry.view().map_err(ClientError::Registry)?;
         if let Some((map, _)) = view.map {
             self.adopt(map);
+            self.descs = Some(view.servers);
         }
         Ok(())
     }

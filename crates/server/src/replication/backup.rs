@@ -44,6 +44,9 @@ pub struct Applier {
 pub struct Listener {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// The primaries' streams being served, shut down with the listener
+    /// so that a stopped server applies nothing more.
+    streams: Arc<std::sync::Mutex<Vec<TcpStream>>>,
 }
 
 impl Drop for Listener {
@@ -51,6 +54,14 @@ impl Drop for Listener {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        for s in self
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
 }
@@ -62,6 +73,8 @@ impl Listener {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let open = Arc::new(AtomicUsize::new(0));
+        let streams: Arc<std::sync::Mutex<Vec<TcpStream>>> = Arc::default();
+        let held = streams.clone();
         let thread = std::thread::Builder::new()
             .name("fkv-repl-accept".into())
             .spawn(move || {
@@ -73,6 +86,15 @@ impl Listener {
                                 continue;
                             }
                             open.fetch_add(1, Ordering::AcqRel);
+                            if let Ok(c) = stream.try_clone() {
+                                let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+                                // Streams that ended leave their clones:
+                                // drop those past the cap's worth.
+                                if held.len() >= REPL_STREAMS_MAX {
+                                    held.remove(0);
+                                }
+                                held.push(c);
+                            }
                             let (a, o) = (applier.clone(), open.clone());
                             let spawned = std::thread::Builder::new()
                                 .name("fkv-repl-apply".into())
@@ -99,6 +121,7 @@ impl Listener {
         Ok(Listener {
             stop,
             thread: Some(thread),
+            streams,
         })
     }
 }

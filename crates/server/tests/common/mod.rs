@@ -173,6 +173,11 @@ impl TestServer {
         self.handle.slot_routing()
     }
 
+    /// The running server.
+    pub fn handle(&self) -> &ServerHandle {
+        &self.handle
+    }
+
     /// Stops the server and waits for its threads.
     pub fn shutdown(self) {
         self.handle.shutdown();

@@ -1,0 +1,238 @@
+//! A cluster keeping two copies of each slot, end to end: three servers
+//! in a real etcd with the failover controller, every test once per
+//! transport (the clients'; replication itself runs over tcp).
+//!
+//! - every acknowledged write is on the slot's backup: the primary is
+//!   stopped (its heartbeats, its listener and its workers), the
+//!   controller fails its slots over, and the same cluster client reads
+//!   every key back, small and large, without an error;
+//! - a server started again under the same id comes back empty, is
+//!   streamed its groups' slots and promoted into their in-sync sets;
+//!   stopping the server that had taken over then fails over to it, with
+//!   nothing lost.
+
+#[macro_use]
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fabrickv_client::{ClusterClient, ClusterOptions, Kv};
+use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
+use fabrickv_cluster::local::LocalEtcd;
+use fabrickv_cluster::slots::SlotMap;
+use fabrickv_cluster::ServerDesc;
+use fabrickv_server::replication::{self, Replication, ReplicationParts};
+
+use common::{wait_for, TestServer, Transport, TIMEOUT};
+
+/// Generous: failover takes about half a second, but a loaded machine
+/// may take seconds to run etcd's watch and the controller.
+const SETTLE_WITHIN: Duration = Duration::from_secs(60);
+
+const CLUSTER: &str = "rep";
+
+/// A server of the replicated cluster.
+struct Member {
+    // Dropped in this order: replication stops (heartbeats, the
+    // listener), then the watch, the registration and the server.
+    replication: Replication,
+    _watch: WatchHandle,
+    _registration: EtcdRegistration,
+    server: TestServer,
+}
+
+impl Member {
+    /// Stops the server as a crash would look to the others: no more
+    /// heartbeats, replication streams cut, and no more answers.
+    fn kill(self) {
+        let Member {
+            replication,
+            _watch,
+            _registration,
+            server,
+        } = self;
+        drop(replication);
+        server.shutdown();
+    }
+}
+
+fn registry(etcd: &LocalEtcd) -> EtcdRegistry {
+    EtcdRegistry::connect(&etcd.url(), CLUSTER)
+        .expect("connect")
+        .with_secret(None)
+}
+
+/// Server `id` of a three-server cluster keeping two copies, joined as
+/// `fabrickv serve --replicas 2` joins.
+fn member(t: Transport, reg: &EtcdRegistry, id: u32) -> Member {
+    let server = TestServer::default_on(t);
+    let listener = replication::bind("127.0.0.1:0").expect("replication listener");
+    let desc = ServerDesc {
+        id,
+        addrs: vec![server.addr.clone()],
+        resp: None,
+        grpc: None,
+        memcache: None,
+        repl: Some(listener.local_addr().expect("addr").to_string()),
+        workers: u32::from(server.workers),
+        pid: std::process::id(),
+    };
+    let h = server.handle();
+    let incarnation = fabrickv_auth::random_u64() | 1;
+    h.slot_routing().set_incarnation(incarnation);
+    let registration = reg.register(&desc).expect("registered");
+    reg.create_map(&SlotMap::initial(3, 2).expect("map"))
+        .expect("map");
+    let watch = h.slot_routing().follow(id, reg).expect("follows");
+    let replication = replication::start(
+        ReplicationParts {
+            parts: h.partitions().clone(),
+            routing: h.slot_routing().clone(),
+            gate: h.gate().clone(),
+            clock: h.clock(),
+        },
+        id,
+        incarnation,
+        reg.clone(),
+        None,
+        listener,
+    )
+    .expect("replication starts");
+    Member {
+        replication,
+        _watch: watch,
+        _registration: registration,
+        server,
+    }
+}
+
+/// The failover controller, in a thread, until dropped.
+struct Controller {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Controller {
+    fn start(etcd: &LocalEtcd) -> Controller {
+        let reg = registry(etcd);
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            fabrickv_cluster::controller::run(&reg, None, "127.0.0.1:0", &s).expect("controller");
+        });
+        Controller {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The map once `done` holds for it.
+fn map_when(reg: &EtcdRegistry, what: &str, done: impl Fn(&SlotMap) -> bool) -> SlotMap {
+    let mut last = None;
+    wait_for(what, SETTLE_WITHIN, || {
+        last = reg.view().ok().and_then(|v| v.map).map(|(m, _)| m);
+        last.as_ref().is_some_and(&done)
+    });
+    last.expect("a map")
+}
+
+fn key(i: usize) -> Vec<u8> {
+    format!("rep-key-{i}").into_bytes()
+}
+
+fn every_key_reads_back(c: &mut ClusterClient, keys: &[Vec<u8>], large: &[u8], tag: &[u8]) {
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let got = c.mget(&refs).expect("mget");
+    for (k, v) in keys.iter().zip(got) {
+        let mut want = k.clone();
+        want.extend_from_slice(tag);
+        assert_eq!(
+            v.as_deref(),
+            Some(&want[..]),
+            "{}",
+            String::from_utf8_lossy(k)
+        );
+    }
+    assert_eq!(
+        c.get(b"rep-large").expect("large get").as_deref(),
+        Some(large)
+    );
+}
+
+fn acknowledged_writes_survive_failovers_and_a_rejoin(t: Transport) {
+    let etcd = LocalEtcd::start().expect("etcd");
+    let reg = registry(&etcd);
+    let _controller = Controller::start(&etcd);
+    let mut ms: Vec<Option<Member>> = (0..3).map(|id| Some(member(t, &reg, id))).collect();
+    // Every run stamped: the servers hold their roles and their leases.
+    let map = map_when(&reg, "every server stamped", |m| {
+        (0..3).all(|id| m.incarnation_of(id) != 0)
+    });
+    assert_eq!(map.groups[0].primary, 0);
+    assert_eq!(map.groups[0].backups, [1]);
+    let opts = ClusterOptions {
+        transport: None,
+        timeout: TIMEOUT,
+    };
+    let mut c = ClusterClient::join(&etcd.url(), CLUSTER, opts).expect("joins");
+    let keys: Vec<Vec<u8>> = (0..300).map(key).collect();
+    let values: Vec<Vec<u8>> = keys.iter().map(|k| [&k[..], b"-v1"].concat()).collect();
+    let pairs: Vec<(&[u8], &[u8])> = keys
+        .iter()
+        .zip(&values)
+        .map(|(k, v)| (&k[..], &v[..]))
+        .collect();
+    c.mput(&pairs, None).expect("mput");
+    // A large value (over 1 MiB) travels as one record.
+    let large: Vec<u8> = (0..(3 << 20)).map(|i| (i % 251) as u8).collect();
+    c.put(b"rep-large", &large).expect("large put");
+    every_key_reads_back(&mut c, &keys, &large, b"-v1");
+
+    // Server 0 dies: its slots fail over to server 1, which has them all.
+    ms[0].take().expect("server 0").kill();
+    let map = map_when(&reg, "server 0's slots failed over", |m| {
+        m.groups[0].primary == 1
+    });
+    assert!(map.groups.iter().all(|g| !g.backups.contains(&0)));
+    every_key_reads_back(&mut c, &keys, &large, b"-v1");
+
+    // Written while server 0 is away, then it comes back empty: it is
+    // streamed its groups' slots (and these writes) and promoted.
+    let values2: Vec<Vec<u8>> = keys.iter().map(|k| [&k[..], b"-v2"].concat()).collect();
+    let pairs2: Vec<(&[u8], &[u8])> = keys
+        .iter()
+        .zip(&values2)
+        .map(|(k, v)| (&k[..], &v[..]))
+        .collect();
+    c.mput(&pairs2, None).expect("mput while a server is away");
+    ms[0] = Some(member(t, &reg, 0));
+    map_when(&reg, "server 0 back in sync in its groups", |m| {
+        m.groups[0].backups.contains(&0) && m.groups[2].backups.contains(&0)
+    });
+
+    // Server 1, now leading groups 0 and 1, dies: group 0 fails over to
+    // the server that was streamed it.
+    ms[1].take().expect("server 1").kill();
+    map_when(&reg, "server 1's slots failed over", |m| {
+        m.groups[0].primary == 0 && m.groups[1].primary == 2
+    });
+    every_key_reads_back(&mut c, &keys, &large, b"-v2");
+    drop(c);
+    for m in ms.into_iter().flatten() {
+        m.kill();
+    }
+}
+
+transport_tests!(acknowledged_writes_survive_failovers_and_a_rejoin);

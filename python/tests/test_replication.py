@@ -1,0 +1,163 @@
+"""A FabricKV cluster keeping two copies of each slot, from the clients
+people run: three `fabrickv serve --replicas 2` processes (once per native
+transport) and a `fabrickv cluster controller`. A primary killed with
+SIGKILL loses no acknowledged write: redis-py's `RedisCluster`, the native
+`fabrickv.Cluster` and a memcached client find every key at its new
+primary; the killed server, started again, is brought back in sync.
+
+Needs `make build` (the server), `make python` (the module) and etcd
+(`make deps`)."""
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+from pymemcache.client.base import Client as MemcacheClient
+from redis.cluster import RedisCluster
+
+from conftest import BIN, TRANSPORTS, Server, listen_addr, stop_all
+
+# Generous deadlines: failover takes about half a second here, but the
+# suite must pass on a machine whose cores are busy with something else.
+SETTLE_S = 60.0
+
+
+class Controller:
+    """`fabrickv cluster controller` for one cluster, until `stop`."""
+
+    def __init__(self, url, name):
+        self.proc = subprocess.Popen(
+            [str(BIN), "cluster", "controller", "--registry", url, "--cluster", name],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def slot_map(url, name):
+    """The cluster's slot map as `fabrickv cluster show` prints it: one
+    (primary, backups) per group."""
+    out = subprocess.run([str(BIN), "cluster", "show", "--registry", url, "--cluster", name],
+                         capture_output=True, text=True, timeout=30).stdout
+    groups = []
+    for line in out.splitlines():
+        parts = line.split()
+        if parts[:1] == ["slots"] and "primary" in parts:
+            primary = int(parts[parts.index("primary") + 1])
+            inside = line.split("backups [", 1)[1].split("]", 1)[0]
+            groups.append((primary, [int(b) for b in inside.split(",") if b]))
+    return groups
+
+
+def wait_map(url, name, what, done):
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        groups = slot_map(url, name)
+        if groups and done(groups):
+            return groups
+        time.sleep(0.05)
+    pytest.fail(f"the slot map never showed {what}: {slot_map(url, name)}")
+
+
+def start(etcd, name, transport, i):
+    s = Server("--registry", etcd.url, "--cluster", name, "--id", str(i),
+               "--cluster-size", "3", "--replicas", "2", "--memcache", "127.0.0.1:0",
+               listen=listen_addr(transport), workers=1)
+    s.name, s.transport = name, transport
+    return s
+
+
+@pytest.fixture(params=TRANSPORTS)
+def replicated(request, etcd):
+    """Three servers keeping two copies of each slot, and a controller."""
+    name = f"rep-{uuid.uuid4().hex[:8]}"
+    ctl = Controller(etcd.url, name)
+    servers = []
+    try:
+        servers = [start(etcd, name, request.param, i) for i in range(3)]
+        # Every server's run stamped and holding its roles.
+        wait_map(etcd.url, name, "three groups of two", lambda g: len(g) == 3 and all(
+            len(b) == 1 for _, b in g))
+        yield servers
+    finally:
+        stop_all([s for s in servers if s.proc.poll() is None])
+        ctl.stop()
+
+
+def write_until_served(rc, key, value):
+    """Writes through redis-py until a server takes it; returns the time
+    it took."""
+    began = time.monotonic()
+    while True:
+        try:
+            rc.set(key, value)
+            return time.monotonic() - began
+        except Exception:  # noqa: BLE001 - every error means "not yet"
+            if time.monotonic() - began > SETTLE_S:
+                raise
+            time.sleep(0.005)
+
+
+def test_a_killed_primary_loses_no_acknowledged_write(replicated, etcd):
+    import fabrickv
+    s0 = replicated[0]
+    name = s0.name
+    rc = RedisCluster(host=replicated[1].resp_host, port=replicated[1].resp_port,
+                      socket_timeout=5)
+    c = fabrickv.Cluster(registry=etcd.url, name=name, transport=s0.transport, timeout=10.0)
+    try:
+        tag = uuid.uuid4().hex[:8]
+        native = [f"{tag}-n-{i}".encode() for i in range(150)]
+        redis_keys = [f"{tag}-r-{i}" for i in range(150)]
+        c.mput([(k, b"v1-" + k) for k in native])
+        for k in redis_keys:
+            assert rc.set(k, "v1-" + k)
+        # A key of server 0's slots, to time the failover by.
+        probe = next(k for k in redis_keys if c.server_of(k.encode()) == 0)
+
+        os.kill(s0.proc.pid, signal.SIGKILL)
+        s0.proc.wait()
+        took = write_until_served(rc, probe, "after")
+        assert took < SETTLE_S
+        groups = wait_map(etcd.url, name, "server 0 failed over",
+                          lambda g: g[0][0] == 1 and all(0 not in b for _, b in g))
+        assert groups[0] == (1, [])
+
+        # Every acknowledged write is there, through every client.
+        assert c.mget(native) == [b"v1-" + k for k in native]
+        for k in redis_keys:
+            assert rc.get(k) == (b"after" if k == probe else ("v1-" + k).encode())
+        mc = MemcacheClient((replicated[2].resp_host, replicated[2].memcache_port), timeout=10)
+        try:
+            assert mc.get(native[0].decode()) == b"v1-" + native[0]
+        finally:
+            mc.close()
+
+        # Server 0 again, empty: streamed and back in both its groups.
+        replicated[0] = start(etcd, name, s0.transport, 0)
+        wait_map(etcd.url, name, "server 0 back in sync",
+                 lambda g: 0 in g[0][1] and 0 in g[2][1])
+        # Then the server that took over dies: group 0 fails over to 0.
+        os.kill(replicated[1].proc.pid, signal.SIGKILL)
+        replicated[1].proc.wait()
+        wait_map(etcd.url, name, "server 1 failed over",
+                 lambda g: g[0][0] == 0 and g[1][0] == 2)
+        assert c.mget(native) == [b"v1-" + k for k in native]
+        rc2 = RedisCluster(host=replicated[2].resp_host, port=replicated[2].resp_port,
+                           socket_timeout=5)
+        try:
+            for k in redis_keys:
+                assert rc2.get(k) == (b"after" if k == probe else ("v1-" + k).encode())
+        finally:
+            rc2.close()
+    finally:
+        c.close()
+        rc.close()
