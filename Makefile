@@ -6,7 +6,7 @@ BIN := target/release/fabrickv
 BENCH_DIR := bench-results
 DATE := $(shell date +%Y-%m-%d)
 
-.PHONY: all fuzz-check build build-lean build-fabric build-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run
+.PHONY: all fuzz-check build build-lean build-fabric build-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run chaos chaos-smoke
 
 all: build
 
@@ -76,6 +76,19 @@ test-rust:
 ## and the `fabrickv` Python module.
 test-python: build venv python
 	.venv/bin/python -m pytest -q python/tests
+
+## The fault test (docs/chaos.md): a cluster in etcd under kill -9, SIGSTOP
+## and network isolation while clients write and read, its history checked
+## for linearizability and lost writes; CHAOS_SECONDS long (default 60),
+## two copies of each slot once the binary replicates. CHAOS_ARGS adds
+## options (--stress, --seed N, ...). Isolation needs root.
+CHAOS_SECONDS ?= 60
+chaos: deps build python
+	.venv/bin/python tests/chaos/chaos.py --seconds $(CHAOS_SECONDS) --replicas auto $(CHAOS_ARGS)
+
+## A 20-second run of it.
+chaos-smoke: deps build python
+	.venv/bin/python tests/chaos/chaos.py --seconds 20 --replicas auto $(CHAOS_ARGS)
 
 lint:
 	$(CARGO) fmt --all -- --check

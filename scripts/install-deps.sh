@@ -16,6 +16,14 @@ if [ ! -x "$root/.tools/bin/grpcurl" ]; then
     fi
 fi
 
+# porcupine, which the fault test's linearizability checker
+# (tools/linearizability, `make chaos`) is built with; a no-op once cached.
+if command -v go >/dev/null; then
+    (cd "$root/tools/linearizability" && go mod download)
+else
+    echo "warning: no Go toolchain: the linearizability checker (make chaos) cannot be built" >&2
+fi
+
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-benchmark >/dev/null || need+=(redis-tools)

@@ -26,6 +26,10 @@ pub const FAILOVER_WAIT_MS: u64 = 5_000;
 /// delivered, in milliseconds.
 const MAP_WAIT_POLL_MS: u64 = 2;
 
+/// What the watch delivers: a map and the servers' descriptors of the
+/// same view.
+type Delivered = (SlotMap, Vec<Option<ServerDesc>>);
+
 /// The slot map a client routes by, and the watch that updates it.
 pub(crate) struct SlotFollow {
     registry: EtcdRegistry,
@@ -35,7 +39,7 @@ pub(crate) struct SlotFollow {
     epoch: u64,
     /// The newest map the watch delivered with the servers' descriptors
     /// of that view, and how many it delivered.
-    latest: Arc<Mutex<Option<(SlotMap, Vec<Option<ServerDesc>>)>>>,
+    latest: Arc<Mutex<Option<Delivered>>>,
     /// Descriptors delivered with a map and not yet taken by the client.
     descs: Option<Vec<Option<ServerDesc>>>,
     delivered: Arc<AtomicU64>,
