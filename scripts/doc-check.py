@@ -15,7 +15,7 @@ PATH. Fenced blocks run by their language:
   page's previous foreground server first (the user's Ctrl-C), and goes on
   once the server printed its banner. A line ending in `&` starts a
   background process that lives until the page ends; the checker goes on
-  once it listens. `make test` is the run doing the check and is not run
+  once it listens (a TCP or unix socket) or prints the banner. `make test` is the run doing the check and is not run
   again.
 - `python`: the block through `.venv/bin/python`.
 - `rust`: the block as the body of `fn main() -> Result<(), Box<dyn Error>>`
@@ -133,7 +133,7 @@ class Session:
         while time.monotonic() < deadline:
             if p.poll() is not None:
                 raise Failure(f"{self.page}:{lineno}: `{cmd}` exited with {p.returncode}:\n{read(log)}")
-            if banner and BANNER in read(log):
+            if BANNER in read(log):
                 return p
             if not banner and listening(p.pid):
                 return p

@@ -62,6 +62,7 @@ pub mod pipe;
 pub mod plot;
 pub mod ps;
 pub mod ps_report;
+pub mod replication;
 pub mod report;
 pub mod rpc;
 pub mod split;

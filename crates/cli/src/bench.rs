@@ -22,6 +22,8 @@ pub enum BenchCommand {
     Copy(cmd::copy::CopyBenchArgs),
     /// What sharding costs: kv throughput and multi-get latency on N servers beside one server on the same cores, and the time a client takes to join through the registry.
     Cluster(cmd::cluster::ClusterBenchArgs),
+    /// What a second copy of each slot costs (R=2 against R=1) beside Redis with a replica and WAIT 1 0, and the time from kill -9 of a primary to its keys' first write served.
+    Replication(cmd::replication::ReplicationArgs),
     /// Echo RPCs over a transport: the RPC framework benchmark's table (ops/s, fast, ave, p50, p99).
     Rpc(cmd::rpc::RpcArgs),
     /// What the cluster secret costs: connect + first GET and GETs on a long-lived connection, with and without a secret (tcp, shm).
@@ -49,6 +51,7 @@ pub fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::Rpc(a) => cmd::rpc::run(a),
         BenchCommand::Copy(a) => cmd::copy::run(a),
         BenchCommand::Cluster(a) => cmd::cluster::run(&a),
+        BenchCommand::Replication(a) => cmd::replication::run(&a),
         BenchCommand::RpcServer(a) => cmd::rpc::serve(a),
         BenchCommand::Auth(a) => cmd::auth::run(a),
         BenchCommand::Bigvalue(a) => cmd::bigvalue::run(a),

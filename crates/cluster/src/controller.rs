@@ -189,7 +189,7 @@ pub fn run(
     let cluster = registry.cluster().to_string();
     eprintln!("fabrickv: controller of cluster {cluster}: campaigning (heartbeats on udp {addr})");
     let leadership = registry.campaign(&addr)?;
-    eprintln!("fabrickv: controller of cluster {cluster}: elected");
+    eprintln!("fabrickv: controller of cluster {cluster}: elected (Ctrl-C to stop)");
     let (tx, rx) = mpsc::channel::<ClusterView>();
     let _watch = registry.watch(move |v| {
         let _ = tx.send(v);

@@ -14,6 +14,8 @@
 //! - [`mget`]: the client's CPU per key of a batched read, `mget`
 //!   beside `mget_into` (values decoded into the caller's buffer);
 //! - [`partition_move`]: `bench partition-move`;
+//! - [`replication`]: what a second copy costs beside Redis with a
+//!   replica and `WAIT`, and how fast a killed primary fails over;
 //! - [`sweep`]: the client processes of `bench ps --clients` and `bench
 //!   herd --clients`, released together at a registry barrier.
 //!
@@ -37,6 +39,7 @@ pub mod kv;
 pub mod mget;
 pub mod partition_move;
 pub mod ps;
+pub mod replication;
 pub mod rpc;
 pub mod slabs;
 pub mod sweep;
