@@ -18,6 +18,22 @@ use std::sync::{Arc, OnceLock};
 pub trait Settle: Send + Sync {
     /// Returns once the replies produced so far may be sent.
     fn settle(&self);
+
+    /// Without waiting on another thread: `None` when the replies
+    /// produced so far may be sent now (the work that makes them so may
+    /// have been done in this call), else a ticket that [`Settle::done`]
+    /// answers once they may.
+    fn ticket(&self) -> Option<u64>;
+
+    /// Whether the replies a ticket was taken for may be sent.
+    fn done(&self, ticket: u64) -> bool;
+}
+
+/// A loop waiting on tickets: woken after work that may have settled one.
+struct Waiter {
+    /// Set by the loop while it holds connections on tickets.
+    waiting: Arc<AtomicBool>,
+    wake: Box<dyn Fn() + Send + Sync>,
 }
 
 /// A server's gate, shared by its workers and front-end loops.
@@ -25,6 +41,7 @@ pub trait Settle: Send + Sync {
 pub struct FlushGate {
     armed: AtomicBool,
     settle: OnceLock<Arc<dyn Settle>>,
+    waiters: std::sync::Mutex<Vec<Waiter>>,
 }
 
 impl FlushGate {
@@ -52,6 +69,53 @@ impl FlushGate {
         if self.armed.load(Ordering::Relaxed) {
             if let Some(s) = self.settle.get() {
                 s.settle();
+            }
+        }
+    }
+
+    /// Without blocking, for a loop serving many connections: `None` when
+    /// the replies produced so far may leave now, else a ticket to hold
+    /// them on ([`FlushGate::done`]); the loop is woken through the waker
+    /// it registered once tickets may be done.
+    #[inline]
+    pub fn ticket(&self) -> Option<u64> {
+        if !self.armed.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.settle.get().and_then(|s| s.ticket())
+    }
+
+    /// Whether replies held on `ticket` may leave.
+    #[inline]
+    pub fn done(&self, ticket: u64) -> bool {
+        self.settle.get().is_none_or(|s| s.done(ticket))
+    }
+
+    /// Registers a loop's waker; the loop sets the returned flag while it
+    /// holds connections on tickets, and is woken only then.
+    pub fn add_waiter(&self, wake: Box<dyn Fn() + Send + Sync>) -> Arc<AtomicBool> {
+        let waiting = Arc::new(AtomicBool::new(false));
+        self.waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Waiter {
+                waiting: waiting.clone(),
+                wake,
+            });
+        waiting
+    }
+
+    /// Wakes every loop holding connections on tickets: called by the
+    /// work that settles them, after each step of it.
+    pub fn wake_waiters(&self) {
+        for w in self
+            .waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            if w.waiting.load(Ordering::Acquire) {
+                (w.wake)();
             }
         }
     }

@@ -227,13 +227,47 @@ pub struct Replicator {
     unix: UnixClock,
     registry: EtcdRegistry,
     ship: Mutex<Shipper>,
+    /// Rounds begun and rounds finished (the ticket counters).
+    rounds_started: AtomicU64,
+    rounds_done: AtomicU64,
+    /// Woken after every round.
+    gate: Arc<FlushGate>,
+    /// The replicator's own thread, unparked when a ticket is taken.
+    thread: std::sync::OnceLock<std::thread::Thread>,
 }
 
 impl Settle for Replicator {
+    fn ticket(&self) -> Option<u64> {
+        if !self.pending() {
+            return None;
+        }
+        // Any round that starts from now on drains every journal, and so
+        // covers the writes made before this call.
+        let t = self.rounds_started.load(Ordering::Acquire) + 1;
+        // No round in flight: run one here, as `settle` would (a thread
+        // handing it to another and being woken after cost more than the
+        // round). One in flight: the caller serves its other connections
+        // and comes back when woken after it.
+        match self.ship.try_lock() {
+            Ok(mut sh) => {
+                self.round(&mut sh);
+                None
+            }
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                self.round(&mut p.into_inner());
+                None
+            }
+            Err(std::sync::TryLockError::WouldBlock) => Some(t),
+        }
+    }
+
+    fn done(&self, ticket: u64) -> bool {
+        self.rounds_done.load(Ordering::Acquire) >= ticket
+    }
+
     fn settle(&self) {
         let n = self.seqs.len();
-        let pending = (0..n).any(|p| self.seqs[p].get() > self.acked[p].load(Ordering::Acquire));
-        if !pending {
+        if !self.pending() {
             return;
         }
         let targets: Vec<u64> = self.seqs.iter().map(|s| s.get()).collect();
@@ -250,10 +284,28 @@ impl Settle for Replicator {
 }
 
 impl Replicator {
-    /// One round: stream chunks to joiners, drain every journal, send
-    /// each follower its batch and wait until all have applied theirs.
+    /// Whether any partition holds writes its followers have not applied.
+    fn pending(&self) -> bool {
+        (0..self.seqs.len()).any(|p| self.seqs[p].get() > self.acked[p].load(Ordering::Acquire))
+    }
+
+    /// One round ([`Replicator::ship`]), counted for tickets, then the
+    /// loops holding replies on tickets are woken.
     fn round(&self, sh: &mut Shipper) {
+        let n = self.rounds_started.fetch_add(1, Ordering::AcqRel) + 1;
+        self.ship(sh);
+        self.rounds_done.store(n, Ordering::Release);
+        self.gate.wake_waiters();
+    }
+
+    /// Streams chunks to joiners, drains every journal, sends each
+    /// follower its batch and waits until all have applied theirs.
+    fn ship(&self, sh: &mut Shipper) {
         let Some(r) = self.routing.routing() else {
+            // No map, no followers: nothing to wait for.
+            for p in 0..self.seqs.len() {
+                self.acked[p].fetch_max(self.seqs[p].get(), Ordering::AcqRel);
+            }
             return;
         };
         let now = self.unix.clock().now_ms();
@@ -652,6 +704,10 @@ pub fn start(
         unix,
         registry,
         ship: Mutex::new(Shipper::default()),
+        rounds_started: AtomicU64::new(0),
+        rounds_done: AtomicU64::new(0),
+        gate: server.gate.clone(),
+        thread: std::sync::OnceLock::new(),
     });
     server.gate.arm(replicator.clone());
     let stop = Arc::new(AtomicBool::new(false));
@@ -660,23 +716,28 @@ pub fn start(
         .name("fkv-replicator".into())
         .spawn(move || {
             while !s.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(REPL_TICK_MS));
-                let streaming = r.routing.routing().is_some_and(|v| {
-                    v.map
-                        .groups
-                        .iter()
-                        .any(|g| g.primary == r.me && !g.joining.is_empty())
-                });
-                if streaming {
+                // Unparked by a ticket; otherwise a tick, for joiners'
+                // streams and writes no reply waits on.
+                std::thread::park_timeout(Duration::from_millis(REPL_TICK_MS));
+                loop {
+                    let streaming = r.routing.routing().is_some_and(|v| {
+                        v.map
+                            .groups
+                            .iter()
+                            .any(|g| g.primary == r.me && !g.joining.is_empty())
+                    });
+                    if !streaming && !r.pending() {
+                        break;
+                    }
                     let mut sh = r.ship.lock().unwrap_or_else(|p| p.into_inner());
                     r.round(&mut sh);
-                } else {
-                    // Writes no reply waits for (none today), shipped
-                    // within a tick all the same.
-                    r.settle();
+                    if streaming {
+                        break;
+                    }
                 }
             }
         })?;
+    let _ = replicator.thread.set(thread.thread().clone());
     Ok(Replication {
         replicator,
         _heartbeats: heartbeats,

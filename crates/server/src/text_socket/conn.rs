@@ -80,6 +80,9 @@ pub(super) enum Drive {
     Close,
     /// Parked until this time (engine ms), e.g. by a failed AUTH.
     Held(u64),
+    /// Replies held until the server may stand behind them (a replicating
+    /// server's writes are on its backups): driven again when woken.
+    Settling,
 }
 
 pub(super) struct Conn<P> {
@@ -87,6 +90,8 @@ pub(super) struct Conn<P> {
     pub(super) proto: P,
     /// The bytes this connection last reported to [`ClientMemory`].
     pub(super) reported: usize,
+    /// The flush gate's ticket its pending replies wait on, if any.
+    pub(super) ticket: Option<u64>,
 }
 
 /// The first half of a wake-up: reads and executes what one read brings,
@@ -119,17 +124,38 @@ pub(super) fn drive<P: Proto>(
     gate: &FlushGate,
 ) -> Drive {
     loop {
-        // 1. Execute what is buffered (bounded by the output soft limit).
-        let more_buffered = c.execute(shared, now_ms);
+        // Replies held on a ticket leave once it is done, before anything
+        // more executes (what would execute is not covered by it).
+        let mut more_buffered = false;
+        // Whether the replies pending are covered by a done ticket (a
+        // fresh ticket would wait for writes made since, by others).
+        let mut covered = false;
+        match c.ticket {
+            Some(t) if !gate.done(t) => return Drive::Settling,
+            Some(_) => {
+                c.ticket = None;
+                covered = true;
+            }
+            // 1. Execute what is buffered (bounded by the output soft
+            // limit).
+            None => more_buffered = c.execute(shared, now_ms),
+        }
         // A failed AUTH parks the connection, its reply unsent.
         let held_until_ms = c.proto.held_until_ms();
         if held_until_ms > now_ms {
             return Drive::Held(held_until_ms);
         }
         // 2. Write the replies, once the server may stand behind them
-        // (a replicating server's backups have the writes).
-        if c.output_pending() {
-            gate.before_flush();
+        // (a replicating server's backups have the writes); meanwhile the
+        // loop serves its other connections.
+        if c.output_pending() && !covered {
+            if let Some(t) = gate.ticket() {
+                c.ticket = Some(t);
+                if !gate.done(t) {
+                    return Drive::Settling;
+                }
+                c.ticket = None;
+            }
         }
         while c.output_pending() {
             match c.proto.write_some(&mut c.io) {

@@ -19,6 +19,10 @@ use super::{
 };
 use crate::service::Clock;
 
+/// Longest wait of a loop holding replies on the flush gate, in
+/// milliseconds (it is normally woken at once when they may go).
+const SETTLING_POLL_MS: u64 = 1;
+
 pub(super) struct Loop<P: Proto> {
     pub(super) poll: Poll,
     pub(super) listener: TcpListener,
@@ -53,6 +57,10 @@ pub(super) struct Loop<P: Proto> {
     pub(super) asked: Arc<AtomicBool>,
     /// What replies wait for before they are written.
     pub(super) gate: Arc<fabrickv_rpc::gate::FlushGate>,
+    /// Connections holding replies on a gate ticket.
+    pub(super) settling: Vec<usize>,
+    /// Set while `settling` is not empty, so the gate wakes this loop.
+    pub(super) settling_flag: Arc<AtomicBool>,
 }
 
 impl<P: Proto> Loop<P> {
@@ -66,6 +74,11 @@ impl<P: Proto> Loop<P> {
         // pipelined or not, and won no throughput that held up between runs.
         while !stop.load(Ordering::Acquire) {
             let mut timeout = Duration::from_millis(POLL_TIMEOUT_MS);
+            // Connections waiting on the gate: its wake-up may have come
+            // before they were parked, so look again soon regardless.
+            if !self.settling.is_empty() {
+                timeout = timeout.min(Duration::from_millis(SETTLING_POLL_MS));
+            }
             if let Some(first) = self.held.iter().map(|&(at, _)| at).min() {
                 let wait = first.saturating_sub(self.clock.now_ms());
                 timeout = timeout.min(Duration::from_millis(wait));
@@ -77,6 +90,7 @@ impl<P: Proto> Loop<P> {
             }
             ready.clear();
             self.take_released(&mut ready);
+            self.take_settling(&mut ready);
             self.close_killed();
             self.close_idle();
             self.serve_board();
@@ -139,6 +153,12 @@ impl<P: Proto> Loop<P> {
             Drive::Keep => {}
             Drive::Close => self.close(i),
             Drive::Held(until) => self.park(i, until),
+            Drive::Settling => {
+                if !self.settling.contains(&i) {
+                    self.settling.push(i);
+                }
+                self.settling_flag.store(true, Ordering::Release);
+            }
         }
     }
 
@@ -148,6 +168,16 @@ impl<P: Proto> Loop<P> {
         if !self.held.contains(&(until, i)) {
             self.held.push((until, i));
         }
+    }
+
+    /// Moves the connections holding replies on a ticket to `ready`, to
+    /// be driven again (those whose ticket is not done yet come back).
+    pub(super) fn take_settling(&mut self, ready: &mut Vec<usize>) {
+        if self.settling.is_empty() {
+            return;
+        }
+        self.settling_flag.store(false, Ordering::Release);
+        ready.append(&mut self.settling);
     }
 
     /// Moves the parked connections whose deadline has passed to `ready`.
@@ -230,6 +260,7 @@ impl<P: Proto> Loop<P> {
                 },
                 proto,
                 reported: 0,
+                ticket: None,
             });
             // Data may have arrived before registration; drive it now.
             let now = self.clock.now_ms();

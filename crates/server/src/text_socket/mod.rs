@@ -263,6 +263,10 @@ pub(crate) fn start<P: Proto>(
             waker: wakers[t].clone(),
         });
         let client_memory = client_memory.clone();
+        let waker = wakers[t].clone();
+        let settling_flag = gate.add_waiter(Box::new(move || {
+            let _ = waker.wake();
+        }));
         let gate = gate.clone();
         handles.push(
             std::thread::Builder::new()
@@ -287,6 +291,8 @@ pub(crate) fn start<P: Proto>(
                         largest,
                         asked,
                         gate,
+                        settling: Vec::new(),
+                        settling_flag,
                     };
                     if let Err(e) = lp.run(&stop) {
                         tracing::error!("{} loop stopped: {e}", P::NAME);
