@@ -111,8 +111,14 @@ impl Decider {
     }
 
     /// The next change to make to `map` at `now`, if any: stamps first,
-    /// then failovers, then joiners.
-    pub fn next_change(&self, map: &SlotMap, now: Instant) -> Option<(SlotMap, Change)> {
+    /// then failovers, then joiners (only servers `registered` says have a
+    /// descriptor a primary can stream to).
+    pub fn next_change(
+        &self,
+        map: &SlotMap,
+        now: Instant,
+        registered: &dyn Fn(u32) -> bool,
+    ) -> Option<(SlotMap, Change)> {
         if map.replicas < 2 {
             // One copy: nothing to fail over to, nothing to stream.
             return None;
@@ -159,7 +165,7 @@ impl Decider {
             let stamped = self
                 .heard(id)
                 .is_some_and(|h| alive(h) && h.incarnation == map.incarnation_of(id));
-            if stamped {
+            if stamped && registered(id) {
                 if let Some(next) = map.with_joiner(id) {
                     return Some((next, Change::Joining { id }));
                 }
@@ -248,7 +254,12 @@ pub fn run(
             }
             awaiting = None;
         }
-        let Some((next, change)) = decider.next_change(&map, Instant::now()) else {
+        let registered = |id: u32| {
+            view.as_ref()
+                .and_then(|v| v.server(id))
+                .is_some_and(|d| d.repl.is_some())
+        };
+        let Some((next, change)) = decider.next_change(&map, Instant::now(), &registered) else {
             continue;
         };
         let began = Instant::now();
@@ -296,7 +307,7 @@ mod tests {
             );
         }
         for id in 0..3 {
-            let (next, change) = d.next_change(&map, t0).unwrap();
+            let (next, change) = d.next_change(&map, t0, &|_| true).unwrap();
             assert_eq!(
                 change,
                 Change::Stamped {
@@ -306,7 +317,7 @@ mod tests {
             );
             map = next;
         }
-        assert!(d.next_change(&map, t0).is_none(), "settled");
+        assert!(d.next_change(&map, t0, &|_| true).is_none(), "settled");
         assert!(
             d.on_beat(&beat(0, 10, map.epoch), Some(&map), t0),
             "stamped and current"
@@ -319,7 +330,7 @@ mod tests {
         let later = t0 + Duration::from_millis(DEAD_AFTER_MS + 10);
         d.on_beat(&beat(0, 10, map.epoch), Some(&map), later);
         d.on_beat(&beat(2, 12, map.epoch), Some(&map), later);
-        let (next, change) = d.next_change(&map, later).unwrap();
+        let (next, change) = d.next_change(&map, later, &|_| true).unwrap();
         assert!(
             matches!(change, Change::FailedOver { id: 1, .. }),
             "{change:?}"
@@ -329,14 +340,14 @@ mod tests {
         map = next;
         // It comes back, same run (it was frozen): it joins the groups it belongs to.
         d.on_beat(&beat(1, 11, map.epoch), Some(&map), later);
-        let (next, change) = d.next_change(&map, later).unwrap();
+        let (next, change) = d.next_change(&map, later, &|_| true).unwrap();
         assert_eq!(change, Change::Joining { id: 1 });
         assert_eq!(next.groups[0].joining, [1]);
         assert_eq!(next.groups[1].joining, [1]);
         map = next;
         // A restarted run of server 2 (a new incarnation) loses its roles at once.
         d.on_beat(&beat(2, 99, map.epoch), Some(&map), later);
-        let (next, change) = d.next_change(&map, later).unwrap();
+        let (next, change) = d.next_change(&map, later, &|_| true).unwrap();
         assert_eq!(
             change,
             Change::Stamped {
@@ -356,6 +367,8 @@ mod tests {
         let map = SlotMap::initial(3, 1).unwrap();
         let mut d = Decider::new(t0);
         d.on_beat(&beat(0, 5, 1), Some(&map), t0);
-        assert!(d.next_change(&map, t0 + Duration::from_secs(5)).is_none());
+        assert!(d
+            .next_change(&map, t0 + Duration::from_secs(5), &|_| true)
+            .is_none());
     }
 }

@@ -48,6 +48,10 @@ pub const ETCD_IO_TIMEOUT_MS: u64 = 2_000;
 /// Retries start at 10 ms and double.
 pub const WATCH_RETRY_MAX_MS: u64 = 1_000;
 
+/// Seconds a watch may stay quiet before the cluster is read afresh and
+/// the watch opened again (a backstop for streams a cut link left dead).
+pub const WATCH_REREAD_S: u64 = 10;
+
 /// Most endpoints one `etcd://` address may list.
 pub const ETCD_ENDPOINTS_MAX: usize = 16;
 
@@ -462,48 +466,64 @@ impl EtcdRegistry {
         Ok(lease)
     }
 
-    /// Refreshes the lease every third of its TTL; if it expired anyway
-    /// (etcd unreachable for longer), grants a new one and publishes again.
+    /// One keep-alive of `lease`, within [`ETCD_IO_TIMEOUT_MS`]:
+    /// `Some(true)` while it lives, `Some(false)` once etcd says it is
+    /// gone, `None` when etcd could not be asked (unreachable, timed out:
+    /// try again; a cut link must not hang the caller for ever).
+    async fn renew(&self, lease: i64) -> Option<bool> {
+        let io = Duration::from_millis(ETCD_IO_TIMEOUT_MS);
+        let mut c = self.client.clone();
+        let once = async {
+            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.ok()?;
+            keeper.keep_alive().await.ok()?;
+            match stream.message().await {
+                Ok(Some(r)) => Some(r.ttl() > 0),
+                _ => None,
+            }
+        };
+        tokio::time::timeout(io, once).await.ok().flatten()
+    }
+
+    /// Refreshes the lease every third of its TTL. Once it is gone (etcd
+    /// unreachable for longer than the TTL, a server frozen or cut off),
+    /// grants a new one and publishes the descriptor again, so a server
+    /// that comes back is found again.
     async fn keep_alive(self, key: String, value: String, held: Arc<AtomicI64>) {
         let period = Duration::from_millis(LEASE_TTL_S as u64 * 1000 / 3);
+        let io = Duration::from_millis(ETCD_IO_TIMEOUT_MS);
+        let ttl = Duration::from_secs(LEASE_TTL_S as u64);
+        let mut renewed = tokio::time::Instant::now();
         loop {
+            tokio::time::sleep(period).await;
             let lease = held.load(Ordering::Relaxed);
-            let mut c = self.client.clone();
-            let alive = match c.lease_keep_alive(lease).await {
-                Ok((mut keeper, mut stream)) => loop {
-                    if keeper.keep_alive().await.is_err() {
-                        break true;
-                    }
-                    match stream.message().await {
-                        Ok(Some(r)) if r.ttl() > 0 => tokio::time::sleep(period).await,
-                        Ok(Some(_)) => break false,
-                        _ => break true,
-                    }
-                },
-                Err(_) => true,
-            };
-            if alive {
-                // The stream broke: try again shortly, on the same lease.
-                tokio::time::sleep(Duration::from_millis(WATCH_RETRY_MAX_MS)).await;
-                continue;
+            match self.renew(lease).await {
+                Some(true) => {
+                    renewed = tokio::time::Instant::now();
+                    continue;
+                }
+                // etcd cannot be asked (or will not say): try again next
+                // period, unless the lease has surely expired meanwhile.
+                None if renewed.elapsed() < ttl => continue,
+                _ => {}
             }
             tracing::warn!(
                 "etcd {}: registration lease expired; registering again",
                 self.url
             );
             let mut c = self.client.clone();
-            match c.lease_grant(LEASE_TTL_S, None).await {
-                Ok(g) => {
-                    held.store(g.id(), Ordering::Relaxed);
-                    let opts = PutOptions::new().with_lease(g.id());
-                    if let Err(e) = c.put(key.clone(), value.clone(), Some(opts)).await {
-                        tracing::warn!("etcd {}: cannot publish the server again: {e}", self.url);
-                    }
+            let again = async {
+                let g = c.lease_grant(LEASE_TTL_S, None).await?;
+                let opts = PutOptions::new().with_lease(g.id());
+                c.put(key.clone(), value.clone(), Some(opts)).await?;
+                Ok::<i64, etcd_client::Error>(g.id())
+            };
+            match tokio::time::timeout(io, again).await {
+                Ok(Ok(id)) => {
+                    held.store(id, Ordering::Relaxed);
+                    renewed = tokio::time::Instant::now();
                 }
-                Err(e) => {
-                    tracing::warn!("etcd {}: cannot grant a lease: {e}", self.url);
-                    tokio::time::sleep(Duration::from_millis(WATCH_RETRY_MAX_MS)).await;
-                }
+                Ok(Err(e)) => tracing::warn!("etcd {}: cannot register again: {e}", self.url),
+                Err(_) => tracing::warn!("etcd {}: cannot register again: no answer", self.url),
             }
         }
     }
@@ -525,17 +545,17 @@ impl EtcdRegistry {
         let flag = lost.clone();
         let keeper = self.rt.spawn(async move {
             let period = Duration::from_millis(LEASE_TTL_S as u64 * 1000 / 3);
-            let mut c = me.client.clone();
-            if let Ok((mut k, mut stream)) = c.lease_keep_alive(lease).await {
-                loop {
-                    if k.keep_alive().await.is_err() {
-                        break;
-                    }
-                    match stream.message().await {
-                        Ok(Some(r)) if r.ttl() > 0 => tokio::time::sleep(period).await,
-                        _ => break,
-                    }
+            // Lost once etcd says the lease is gone, or once it could not
+            // be renewed for a whole TTL (it may have expired unseen).
+            let mut renewed = tokio::time::Instant::now();
+            loop {
+                match me.renew(lease).await {
+                    Some(true) => renewed = tokio::time::Instant::now(),
+                    Some(false) => break,
+                    None if renewed.elapsed() >= Duration::from_secs(LEASE_TTL_S as u64) => break,
+                    None => {}
                 }
+                tokio::time::sleep(period).await;
             }
             flag.store(true, Ordering::Release);
         });
@@ -584,14 +604,28 @@ impl EtcdRegistry {
                 on_view(view);
                 let mut c = me.client.clone();
                 let opts = WatchOptions::new().with_prefix().with_start_revision(from);
-                match c.watch(me.prefix(), Some(opts)).await {
+                let io = Duration::from_millis(ETCD_IO_TIMEOUT_MS);
+                let opened = tokio::time::timeout(io, c.watch(me.prefix(), Some(opts)))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(etcd_client::Error::WatchError(
+                            "no answer to the watch request".into(),
+                        ))
+                    });
+                match opened {
                     Ok(mut stream) => {
                         backoff = Duration::from_millis(10);
                         // Any event: read the whole view again (changes
-                        // are rare; a full read cannot miss one).
+                        // are rare; a full read cannot miss one). A watch
+                        // quiet for WATCH_REREAD_S is read afresh anyway:
+                        // a link cut and restored can leave a stream that
+                        // never delivers again.
+                        let quiet = Duration::from_secs(WATCH_REREAD_S);
                         loop {
-                            match stream.message().await {
-                                Ok(Some(r)) if r.events().is_empty() && !r.canceled() => continue,
+                            match tokio::time::timeout(quiet, stream.message()).await {
+                                Ok(Ok(Some(r))) if r.events().is_empty() && !r.canceled() => {
+                                    continue
+                                }
                                 _ => break,
                             }
                         }

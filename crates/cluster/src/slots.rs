@@ -244,6 +244,26 @@ impl SlotMap {
         })
     }
 
+    /// This map at the next epoch without `follower` among the backups
+    /// and joiners of the groups `primary` leads: what a primary commits
+    /// when it cannot reach a follower (the follower can then not be made
+    /// primary of them, so acknowledging without it loses nothing). `None`
+    /// if it follows none of them.
+    pub fn without_follower(&self, primary: u32, follower: u32) -> Option<SlotMap> {
+        let mut next = self.clone();
+        let mut changed = false;
+        for g in next.groups.iter_mut().filter(|g| g.primary == primary) {
+            let before = g.backups.len() + g.joining.len();
+            g.backups.retain(|&s| s != follower);
+            g.joining.retain(|&s| s != follower);
+            changed |= before != g.backups.len() + g.joining.len();
+        }
+        changed.then(|| {
+            next.epoch = self.epoch + 1;
+            next
+        })
+    }
+
     /// This map at the next epoch with `id` joining every group that
     /// misses a copy and that `id` belongs to in the initial layout (the
     /// group led at first by `id` and those of the `replicas - 1` servers

@@ -68,6 +68,13 @@ pub const REPL_ACK_TIMEOUT_MS: u64 = 250;
 /// by the controller, and the primary stops waiting for it.
 pub const REPL_RETRY_MS: u64 = 10;
 
+/// How long a primary keeps trying a follower it cannot reach (or that
+/// does not answer) before it removes the follower from its groups
+/// itself, in milliseconds: the controller does so only for a server
+/// silent to *it*, and one cut off from this primary alone must not stop
+/// its writes for ever.
+pub const REPL_FOLLOWER_GIVE_UP_MS: u64 = 1_000;
+
 /// Longest wait to connect to a follower, in milliseconds.
 pub const REPL_CONNECT_TIMEOUT_MS: u64 = 250;
 
@@ -487,6 +494,7 @@ impl Replicator {
     /// it: a follower that does not answer is tried again until it
     /// answers or the map no longer makes it a follower of this server.
     fn deliver(&self, sh: &mut Shipper, mut batches: Vec<(u32, Vec<u8>)>) {
+        let mut failing: HashMap<u32, Instant> = HashMap::new();
         while !batches.is_empty() {
             let mut failed = Vec::new();
             let mut waiting = Vec::new();
@@ -509,12 +517,48 @@ impl Replicator {
             batches = Vec::new();
             for (f, msg) in failed {
                 sh.conns.remove(&f);
+                let since = *failing.entry(f).or_insert_with(Instant::now);
+                if since.elapsed() >= Duration::from_millis(REPL_FOLLOWER_GIVE_UP_MS) {
+                    self.drop_follower(f);
+                }
                 if self.still_follows(f) {
                     batches.push((f, msg));
+                } else {
+                    // What it missed is gone with the batch: a joiner
+                    // added again starts its stream afresh.
+                    sh.streams.retain(|st| st.joiner != f);
                 }
             }
             if !batches.is_empty() {
                 std::thread::sleep(Duration::from_millis(REPL_RETRY_MS));
+            }
+        }
+    }
+
+    /// Removes follower `f`, unreachable for [`REPL_FOLLOWER_GIVE_UP_MS`],
+    /// from the groups this server leads, by compare-and-swap of the map
+    /// (the controller brings it back as a joiner once it is reachable).
+    /// If the map says this server leads nothing any more, the change
+    /// fails and the caller's writes wait for the deposition to show.
+    fn drop_follower(&self, f: u32) {
+        let Ok(view) = self.registry.view() else {
+            return;
+        };
+        let Some((map, rev)) = view.map else {
+            return;
+        };
+        if let Some(next) = map.without_follower(self.me, f) {
+            if let Ok(true) = self.registry.swap_map(rev, &next) {
+                tracing::warn!(
+                    "replication: follower {f} unreachable for {REPL_FOLLOWER_GIVE_UP_MS} ms; removed from this server's groups at epoch {}",
+                    next.epoch
+                );
+                // Wait for the watch to show it, so that the retry loop
+                // sees the follower gone.
+                let deadline = Instant::now() + Duration::from_millis(REPL_FOLLOWER_GIVE_UP_MS);
+                while Instant::now() < deadline && self.still_follows(f) {
+                    std::thread::sleep(Duration::from_millis(REPL_RETRY_MS));
+                }
             }
         }
     }
