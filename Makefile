@@ -6,7 +6,7 @@ BIN := target/release/fabrickv
 BENCH_DIR := bench-results
 DATE := $(shell date +%Y-%m-%d)
 
-.PHONY: all fuzz-check build build-lean build-fabric build-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run chaos chaos-smoke
+.PHONY: all fuzz-check build build-lean build-fabric build-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run chaos chaos-smoke chaos-check
 
 all: build
 
@@ -47,7 +47,7 @@ python: venv
 
 ## Everything: Rust unit, property and integration tests, lint, Python
 ## end-to-end tests, and a tiny run of every benchmark.
-test: deps lint fuzz-check module-check test-rust build-lean test-python doc-check bench-smoke
+test: deps lint fuzz-check module-check test-rust build-lean test-python doc-check bench-smoke chaos-check chaos-smoke
 	@echo "make test: all passed"
 
 ## `make test` while stress-ng keeps every core busy: the suite must pass on
@@ -90,6 +90,12 @@ chaos: deps build python
 chaos-smoke: deps build python
 	.venv/bin/python tests/chaos/chaos.py --seconds 20 --replicas auto $(CHAOS_ARGS)
 
+## The fault test's own tests: the Go checker on hand-made histories and
+## the harness's lost-write rule.
+chaos-check: venv
+	cd tools/linearizability && go vet ./... && go test ./...
+	.venv/bin/python -m pytest -q tests/chaos
+
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
@@ -120,6 +126,7 @@ bench-smoke: build python
 	$(BIN) bench copy --size 8MB --value-size 256 --dir $$(mktemp -d) --clean --plot $$(mktemp --suffix .png)
 	$(BIN) bench copy --size 4MB --value-size 128 --ranges 3 --parallelism 3 --dir $$(mktemp -d) --clean
 	$(BIN) bench cluster --keys 5000 --duration 0.2 --rounds 1 --joins 3 --json
+	$(BIN) bench replication --keys 500 --duration 0.2 --rounds 1 --kills 1 --json
 	$(BIN) bench mget --calls 200 --rounds 2 --groups 4 --json
 	$(BIN) bench cluster --transport shm --servers 2 --keys 2000 --duration 0.1 --rounds 2 --joins 2 --json
 	$(BIN) bench rpc --transport inproc --duration 0.3 --report-every 0 --json
