@@ -14,7 +14,7 @@ use fabrickv_engine::{ItemMeta, LargeValue, PutCond, ScanBudget, LARGE_VALUE_BYT
 use fabrickv_types::KeyHash;
 
 use super::records::{self, AckStatus, Message, Record, Records};
-use super::{read_message, UnixClock};
+use super::{MsgReader, UnixClock};
 use crate::partitions::Partitions;
 use crate::slot_routing::{Routing, SlotRouting};
 
@@ -137,8 +137,8 @@ fn serve(mut stream: TcpStream, a: &Applier) -> std::io::Result<()> {
     let mut out = Vec::new();
     records::challenge(&mut out, &nonce);
     stream.write_all(&out)?;
-    let mut buf = Vec::new();
-    let sender = match records::decode(read_message(&mut stream, &mut buf)?) {
+    let mut reader = MsgReader::default();
+    let sender = match records::decode(reader.next(&mut stream)?) {
         Ok(Message::Hello { id, proof }) => {
             if let Some(s) = &a.secret {
                 if !s.verify_proof(records::REPL_PROOF_CONTEXT, &nonce, &proof) {
@@ -152,7 +152,7 @@ fn serve(mut stream: TcpStream, a: &Applier) -> std::io::Result<()> {
     };
     stream.set_read_timeout(Some(Duration::from_secs(REPL_IDLE_SECS)))?;
     loop {
-        let body = read_message(&mut stream, &mut buf)?;
+        let body = reader.next(&mut stream)?;
         let (epoch, seq, recs) = match records::decode(body) {
             Ok(Message::Batch {
                 epoch,

@@ -211,7 +211,7 @@ struct Stream {
 /// A connection to one follower.
 struct FollowerConn {
     stream: TcpStream,
-    buf: Vec<u8>,
+    reader: MsgReader,
 }
 
 /// The state of shipping, behind the replicator's shipping lock.
@@ -602,7 +602,7 @@ impl Replicator {
             .conns
             .get_mut(&f)
             .ok_or_else(|| std::io::Error::other("no connection"))?;
-        let body = read_message(&mut conn.stream, &mut conn.buf)?;
+        let body = conn.reader.next(&mut conn.stream)?;
         match records::decode(body) {
             Ok(Message::Ack { status, .. }) => Ok(status),
             _ => Err(std::io::Error::other("not an acknowledgement")),
@@ -625,8 +625,8 @@ impl Replicator {
             TcpStream::connect_timeout(&sock, Duration::from_millis(REPL_CONNECT_TIMEOUT_MS))?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_millis(REPL_ACK_TIMEOUT_MS)))?;
-        let mut buf = Vec::new();
-        let nonce = match records::decode(read_message(&mut stream, &mut buf)?) {
+        let mut reader = MsgReader::default();
+        let nonce = match records::decode(reader.next(&mut stream)?) {
             Ok(Message::Challenge { nonce }) => nonce,
             _ => return Err(std::io::Error::other("no challenge")),
         };
@@ -639,27 +639,66 @@ impl Replicator {
         let mut hello = Vec::new();
         records::hello(&mut hello, self.me, &proof);
         stream.write_all(&hello)?;
-        Ok(FollowerConn { stream, buf })
+        Ok(FollowerConn { stream, reader })
     }
 }
 
-/// Reads one length-prefixed message into `buf`.
-pub(crate) fn read_message<'b>(
-    stream: &mut TcpStream,
-    buf: &'b mut Vec<u8>,
-) -> std::io::Result<&'b [u8]> {
-    let mut len = [0u8; 4];
-    stream.read_exact(&mut len)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > REPL_MESSAGE_BYTES_MAX {
-        return Err(std::io::Error::other(format!(
-            "a replication message of {len} bytes; at most {REPL_MESSAGE_BYTES_MAX}"
-        )));
+/// Bytes a message reader asks the socket for at once.
+const READ_CHUNK_BYTES: usize = 64 << 10;
+
+/// Reads length-prefixed messages from a stream, as many bytes per read
+/// as the socket holds (a message's length and body usually arrive in
+/// one read, and so cost one system call).
+#[derive(Default)]
+pub(crate) struct MsgReader {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl MsgReader {
+    /// Reads until `n` bytes past `start` are buffered.
+    fn fill(&mut self, stream: &mut TcpStream, n: usize) -> std::io::Result<()> {
+        if self.start + n > self.buf.len() {
+            // Move what is left to the front, and make room.
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            let want = n.max(READ_CHUNK_BYTES);
+            if self.buf.len() < want {
+                self.buf.resize(want, 0);
+            }
+        }
+        while self.end - self.start < n {
+            let got = stream.read(&mut self.buf[self.end..])?;
+            if got == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.end += got;
+        }
+        Ok(())
     }
-    buf.clear();
-    buf.resize(len, 0);
-    stream.read_exact(buf)?;
-    Ok(buf)
+
+    /// The next message's body.
+    pub(crate) fn next(&mut self, stream: &mut TcpStream) -> std::io::Result<&[u8]> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        self.fill(stream, 4)?;
+        let mut len = [0u8; 4];
+        len.copy_from_slice(&self.buf[self.start..self.start + 4]);
+        let len = u32::from_le_bytes(len) as usize;
+        if len > REPL_MESSAGE_BYTES_MAX {
+            return Err(std::io::Error::other(format!(
+                "a replication message of {len} bytes; at most {REPL_MESSAGE_BYTES_MAX}"
+            )));
+        }
+        self.fill(stream, 4 + len)?;
+        let body = self.start + 4..self.start + 4 + len;
+        self.start += 4 + len;
+        Ok(&self.buf[body])
+    }
 }
 
 /// A server's replication while it runs: the replicator armed in its
