@@ -36,6 +36,7 @@ pub mod echo;
 #[macro_use]
 pub mod header;
 pub mod ps;
+pub mod repl;
 pub mod request;
 pub mod response;
 pub mod shard;

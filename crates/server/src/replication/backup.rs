@@ -13,10 +13,10 @@ use fabrickv_cluster::slots::key_slot;
 use fabrickv_engine::{ItemMeta, LargeValue, PutCond, ScanBudget, LARGE_VALUE_BYTES_MIN};
 use fabrickv_types::KeyHash;
 
-use super::records::{self, AckStatus, Message, Record, Records};
 use super::{MsgReader, UnixClock};
 use crate::partitions::Partitions;
 use crate::slot_routing::{Routing, SlotRouting};
+use fabrickv_wire::repl::{self as records, AckStatus, Message, Record, Records};
 
 /// Most primaries' streams a follower serves at once (each a thread): a
 /// server follows at most `REPLICAS_MAX - 1` groups' primaries in the

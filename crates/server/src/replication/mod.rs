@@ -37,7 +37,6 @@
 
 pub mod backup;
 pub mod lease;
-pub mod records;
 
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
@@ -57,7 +56,12 @@ use fabrickv_types::KeyHash;
 use crate::partitions::Partitions;
 use crate::service::Clock;
 use crate::slot_routing::{Routing, SlotRouting};
+use fabrickv_wire::repl as records;
 use records::{AckStatus, BatchBuf, Message, REPL_BATCH_BYTES_TARGET, REPL_MESSAGE_BYTES_MAX};
+
+// The stream's handshake carries the cluster secret's nonce and proof.
+const _: () = assert!(records::NONCE_BYTES == fabrickv_auth::NONCE_BYTES);
+const _: () = assert!(records::PROOF_BYTES == fabrickv_auth::PROOF_BYTES);
 
 /// How long a primary waits for a follower's acknowledgement before it
 /// reconnects and sends the batch again, in milliseconds.
@@ -429,7 +433,15 @@ impl Replicator {
             return;
         };
         if !st.begun {
-            out.stream_begin(&g.ranges);
+            let ranges: Vec<records::SlotRange> = g
+                .ranges
+                .iter()
+                .map(|r| records::SlotRange {
+                    first: r.first,
+                    last: r.last,
+                })
+                .collect();
+            out.stream_begin(&ranges);
             st.begun = true;
         }
         let ours = |key: &[u8]| r.routes.group_of(key_slot(key)) == st.group;

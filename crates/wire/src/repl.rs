@@ -1,6 +1,7 @@
 //! What a primary sends its followers and what they answer: the bytes of
 //! the replication stream, sans-I/O (fuzzed by
-//! `fuzz_targets/repl_records.rs`).
+//! `fuzz_targets/repl_records.rs`); the server's `replication` module
+//! sends and applies them.
 //!
 //! The stream is a TCP connection from primary to follower carrying
 //! messages, each a little-endian `u32` length and that many bytes:
@@ -16,13 +17,37 @@
 //! primary streams them to it). Applying a record overwrites, so applying
 //! one twice changes nothing.
 
-use fabrickv_auth::{NONCE_BYTES, PROOF_BYTES};
-use fabrickv_cluster::slots::SlotRange;
-use fabrickv_types::limits::KEY_BYTES_MAX;
+use fabrickv_types::limits::{KEY_BYTES_MAX, LARGE_VALUE_BYTES_MAX};
+
+/// Bytes of the follower's challenge nonce (the cluster secret's
+/// `NONCE_BYTES`).
+pub const NONCE_BYTES: usize = 32;
+
+/// Bytes of the primary's proof (the cluster secret's `PROOF_BYTES`).
+pub const PROOF_BYTES: usize = 32;
+
+/// Redis Cluster's hash slots: a slot range names slots below this.
+pub const HASH_SLOTS: u16 = 16_384;
+
+/// An inclusive run of hash slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotRange {
+    /// The first slot.
+    pub first: u16,
+    /// The last slot.
+    pub last: u16,
+}
+
+impl SlotRange {
+    /// Whether `slot` is in the range.
+    pub fn contains(&self, slot: u16) -> bool {
+        (self.first..=self.last).contains(&slot)
+    }
+}
 
 /// Largest message either side accepts, in bytes: one record with a value
 /// of the engine's largest (512 MiB), and room for its framing.
-pub const REPL_MESSAGE_BYTES_MAX: usize = fabrickv_engine::LARGE_VALUE_BYTES_MAX + (64 << 10);
+pub const REPL_MESSAGE_BYTES_MAX: usize = LARGE_VALUE_BYTES_MAX + (64 << 10);
 
 /// Bytes of records a primary puts in one batch before it starts another
 /// (one record may pass it alone).
@@ -188,7 +213,7 @@ fn record<'a>(r: &mut Reader<'a>) -> Result<Record<'a>, Malformed> {
                 _ => return Err(Malformed("bad meta flag")),
             };
             let len = r.u32()? as usize;
-            if len > fabrickv_engine::LARGE_VALUE_BYTES_MAX {
+            if len > LARGE_VALUE_BYTES_MAX {
                 return Err(Malformed("value too long"));
             }
             Ok(Record::Put {
@@ -216,7 +241,7 @@ fn record<'a>(r: &mut Reader<'a>) -> Result<Record<'a>, Malformed> {
             for _ in 0..n {
                 let first = r.u16()?;
                 let last = r.u16()?;
-                if first > last || last >= fabrickv_cluster::slots::SLOTS {
+                if first > last || last >= HASH_SLOTS {
                     return Err(Malformed("bad slot range"));
                 }
                 ranges.push(SlotRange { first, last });
