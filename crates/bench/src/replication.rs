@@ -507,6 +507,21 @@ pub fn run(o: &ReplOpts) -> Result<ReplReport, String> {
     let (_redis, redis_port) = spawn_redis(None)?;
     let (_replica, replica_port) = spawn_redis(None)?;
     let redis = SocketAddr::from(([127, 0, 0, 1], redis_port));
+    // The full sync writes an RDB file in each server's directory: a
+    // temporary one, not the working directory.
+    let dir = std::env::temp_dir();
+    let dir = dir.to_string_lossy();
+    for port in [redis_port, replica_port] {
+        let mut c = Resp::connect(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            Duration::from_millis(IO_TIMEOUT_MS),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut cmd = Vec::new();
+        Resp::encode(&mut cmd, &[b"CONFIG", b"SET", b"dir", dir.as_bytes()]);
+        c.w.write_all(&cmd).map_err(|e| e.to_string())?;
+        c.reply().map_err(|e| e.to_string())?;
+    }
     let mut rc = Resp::connect(
         SocketAddr::from(([127, 0, 0, 1], replica_port)),
         Duration::from_millis(IO_TIMEOUT_MS),
