@@ -163,6 +163,12 @@ pub fn spawn_fabrickv(
 
 /// Starts redis-server with persistence off on a free loopback port.
 pub fn spawn_redis(cpus: Option<&str>) -> Result<(Child, u16), String> {
+    spawn_redis_with(cpus, &[])
+}
+
+/// [`spawn_redis`] with more arguments (`--dir` for a replica's full
+/// sync, which writes a file even with persistence off).
+pub fn spawn_redis_with(cpus: Option<&str>, extra: &[&str]) -> Result<(Child, u16), String> {
     let port = free_port()?;
     let mut cmd = pinned(cpus, "redis-server");
     cmd.args([
@@ -175,6 +181,7 @@ pub fn spawn_redis(cpus: Option<&str>) -> Result<(Child, u16), String> {
         "--appendonly",
         "no",
     ]);
+    cmd.args(extra);
     let c = spawn_server(cmd, "redis-server", port)?;
     Ok((c, port))
 }

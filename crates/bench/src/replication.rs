@@ -29,7 +29,7 @@ use fabrickv_cluster::local::LocalEtcd;
 use fabrickv_cluster::slots::{key_slot, SlotMap};
 use hdrhistogram::Histogram;
 
-use crate::peers::{free_port, spawn_redis, spawn_server, spawn_until, Child};
+use crate::peers::{free_port, spawn_redis_with, spawn_server, spawn_until, Child};
 use crate::report::BenchResult;
 
 /// Servers of the benchmarked cluster.
@@ -354,16 +354,20 @@ fn load(
                             Resp::encode(&mut buf, &[b"GET", key]);
                         }
                         let t0 = Instant::now();
-                        conn.w.write_all(&buf).map_err(|e| e.to_string())?;
+                        conn.w
+                            .write_all(&buf)
+                            .map_err(|e| format!("{addr}: send: {e}"))?;
                         let ok = {
-                            let first = conn.reply().map_err(|e| e.to_string())?;
+                            let first = conn.reply().map_err(|e| format!("{addr}: reply: {e}"))?;
                             if first.starts_with('-') && errors == 0 {
                                 eprintln!("bench replication: {addr} answered {first}");
                             }
                             !first.starts_with('-')
                         };
                         let ok = if set && wait {
-                            let second = conn.reply().map_err(|e| e.to_string())?;
+                            let second = conn
+                                .reply()
+                                .map_err(|e| format!("{addr}: WAIT reply: {e}"))?;
                             ok && second == ":1"
                         } else {
                             ok
@@ -504,24 +508,13 @@ pub fn run(o: &ReplOpts) -> Result<ReplReport, String> {
         })
         .ok_or("no slot map")?;
     let keys = keys_of_group0(o.keys.max(1), last);
-    let (_redis, redis_port) = spawn_redis(None)?;
-    let (_replica, replica_port) = spawn_redis(None)?;
-    let redis = SocketAddr::from(([127, 0, 0, 1], redis_port));
     // The full sync writes an RDB file in each server's directory: a
     // temporary one, not the working directory.
     let dir = std::env::temp_dir();
     let dir = dir.to_string_lossy();
-    for port in [redis_port, replica_port] {
-        let mut c = Resp::connect(
-            SocketAddr::from(([127, 0, 0, 1], port)),
-            Duration::from_millis(IO_TIMEOUT_MS),
-        )
-        .map_err(|e| e.to_string())?;
-        let mut cmd = Vec::new();
-        Resp::encode(&mut cmd, &[b"CONFIG", b"SET", b"dir", dir.as_bytes()]);
-        c.w.write_all(&cmd).map_err(|e| e.to_string())?;
-        c.reply().map_err(|e| e.to_string())?;
-    }
+    let (_redis, redis_port) = spawn_redis_with(None, &["--dir", &dir])?;
+    let (_replica, replica_port) = spawn_redis_with(None, &["--dir", &dir])?;
+    let redis = SocketAddr::from(([127, 0, 0, 1], redis_port));
     let mut rc = Resp::connect(
         SocketAddr::from(([127, 0, 0, 1], replica_port)),
         Duration::from_millis(IO_TIMEOUT_MS),

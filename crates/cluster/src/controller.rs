@@ -37,6 +37,11 @@ use crate::RegistryError;
 /// in milliseconds (also its longest wait for a heartbeat).
 pub const CONTROLLER_TICK_MS: u64 = 5;
 
+/// A gap between two of the leader's ticks past which it concludes it
+/// was not running, in milliseconds (its tick is
+/// [`CONTROLLER_TICK_MS`]).
+pub const CONTROLLER_STALL_MS: u64 = 100;
+
 /// Longest wait for the watch to show a change the controller made
 /// before it makes another, in milliseconds.
 pub const CHANGE_SETTLE_MS: u64 = 1_000;
@@ -104,6 +109,14 @@ impl Decider {
             incarnation: b.incarnation,
         };
         map.incarnation_of(b.id) == b.incarnation && b.epoch >= map.epoch
+    }
+
+    /// Treats every server as heard at `now`: after the controller itself
+    /// did not run for a while, silences it measured are not the servers'.
+    pub fn forgive(&mut self, now: Instant) {
+        for h in &mut self.heard {
+            h.at = now;
+        }
     }
 
     fn heard(&self, id: u32) -> Option<Heard> {
@@ -200,6 +213,7 @@ pub fn run(
     let _watch = registry.watch(move |v| {
         let _ = tx.send(v);
     });
+    crate::heartbeat::raise_priority();
     let mut decider = Decider::new(Instant::now());
     let mut view: Option<ClusterView> = None;
     // The epoch of the last change made, until the watch shows it.
@@ -241,10 +255,19 @@ pub fn run(
                 ) => {}
             Err(e) => tracing::warn!("controller: heartbeat socket: {e}"),
         }
-        if last_tick.elapsed() < Duration::from_millis(CONTROLLER_TICK_MS) {
+        let gap = last_tick.elapsed();
+        if gap < Duration::from_millis(CONTROLLER_TICK_MS) {
             continue;
         }
         last_tick = Instant::now();
+        if gap >= Duration::from_millis(CONTROLLER_STALL_MS) {
+            // This process was not running (starved, stopped): the
+            // silence it would see is its own. Everyone gets a fresh
+            // period to be heard.
+            tracing::warn!("controller: did not run for {gap:?}; not judging silences now");
+            decider.forgive(last_tick);
+            continue;
+        }
         let Some((map, rev)) = map.cloned() else {
             continue;
         };

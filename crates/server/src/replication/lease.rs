@@ -84,6 +84,7 @@ pub fn start(cfg: BeatConfig) -> std::io::Result<Heartbeats> {
 }
 
 fn beat_loop(cfg: BeatConfig, sock: UdpSocket, stop: &AtomicBool) {
+    fabrickv_cluster::heartbeat::raise_priority();
     let mut sent: [(u64, Instant); BEATS_REMEMBERED] = [(0, Instant::now()); BEATS_REMEMBERED];
     let mut seq = 0u64;
     let mut buf = [0u8; HEARTBEAT_BYTES + 1];

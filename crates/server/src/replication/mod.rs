@@ -238,9 +238,11 @@ pub struct Replicator {
     unix: UnixClock,
     registry: EtcdRegistry,
     ship: Mutex<Shipper>,
-    /// Rounds begun and rounds finished (the ticket counters).
+    /// Rounds begun and rounds finished (the ticket counters), and the
+    /// highest ticket handed out.
     rounds_started: AtomicU64,
     rounds_done: AtomicU64,
+    wanted: AtomicU64,
     /// Woken after every round.
     gate: Arc<FlushGate>,
     /// The replicator's own thread, unparked when a ticket is taken.
@@ -268,7 +270,17 @@ impl Settle for Replicator {
                 self.round(&mut p.into_inner());
                 None
             }
-            Err(std::sync::TryLockError::WouldBlock) => Some(t),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                // The round in flight may cover these writes or not: the
+                // replicator's thread runs one more after it either way,
+                // so the ticket is honoured even if nothing is left to
+                // ship by then.
+                self.wanted.fetch_max(t, Ordering::AcqRel);
+                if let Some(th) = self.thread.get() {
+                    th.unpark();
+                }
+                Some(t)
+            }
         }
     }
 
@@ -801,6 +813,7 @@ pub fn start(
         ship: Mutex::new(Shipper::default()),
         rounds_started: AtomicU64::new(0),
         rounds_done: AtomicU64::new(0),
+        wanted: AtomicU64::new(0),
         gate: server.gate.clone(),
         thread: std::sync::OnceLock::new(),
     });
@@ -821,7 +834,9 @@ pub fn start(
                             .iter()
                             .any(|g| g.primary == r.me && !g.joining.is_empty())
                     });
-                    if !streaming && !r.pending() {
+                    let owed =
+                        r.rounds_done.load(Ordering::Acquire) < r.wanted.load(Ordering::Acquire);
+                    if !streaming && !owed && !r.pending() {
                         break;
                     }
                     let mut sh = r.ship.lock().unwrap_or_else(|p| p.into_inner());
