@@ -275,6 +275,12 @@ impl Server {
         let client_memory = Arc::new(text_socket::ClientMemory::new(
             usize::try_from(cfg.maxmemory_clients()).unwrap_or(usize::MAX),
         ));
+        let loops = text_socket::LoopEnv {
+            clock,
+            client_memory: client_memory.clone(),
+            gate: gate.clone(),
+            stop: stop.clone(),
+        };
         // The RESP front-end binds before any thread starts, so a busy
         // port fails the start cleanly.
         let (resp_addr, mut resp_wakers, resp_threads) = match &cfg.resp {
@@ -296,18 +302,8 @@ impl Server {
                     .with_slot_routing(slot_routing.clone())
                 };
                 let idle = cfg.resp_idle_timeout();
-                let mem = client_memory.clone();
-                let fe = front_end::<RespConn>(
-                    addr,
-                    workers,
-                    shared,
-                    clock,
-                    idle,
-                    mem,
-                    gate.clone(),
-                    stop.clone(),
-                )
-                .map_err(|e| StartError::Resp(addr.clone(), e))?;
+                let fe = front_end::<RespConn>(addr, workers, shared, idle, &loops)
+                    .map_err(|e| StartError::Resp(addr.clone(), e))?;
                 (Some(fe.addr.to_string()), fe.wakers, fe.threads)
             }
             None => (None, Vec::new(), Vec::new()),
@@ -323,18 +319,8 @@ impl Server {
                         .with_slot_routing(slot_routing.clone())
                 };
                 let idle = cfg.memcache_idle_timeout();
-                let mem = client_memory.clone();
-                let fe = front_end::<McConnState>(
-                    addr,
-                    workers,
-                    shared,
-                    clock,
-                    idle,
-                    mem,
-                    gate.clone(),
-                    stop.clone(),
-                )
-                .map_err(|e| StartError::Memcache(addr.clone(), e));
+                let fe = front_end::<McConnState>(addr, workers, shared, idle, &loops)
+                    .map_err(|e| StartError::Memcache(addr.clone(), e));
                 let fe = match fe {
                     Ok(fe) => fe,
                     Err(e) => {

@@ -14,8 +14,28 @@ use fabrickv_cluster::etcd::{ClusterView, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::slots::{SlotMap, SlotRoutes};
 use fabrickv_cluster::ServerDesc;
 
-use crate::replication::lease::Lease;
 use crate::service::Clock;
+
+/// Until when, in engine milliseconds, a replicating server may serve:
+/// extended by the heartbeats the failover controller answers
+/// (`replication::lease`), read by [`Routing::serves`].
+#[derive(Debug, Default)]
+pub struct Lease {
+    until_ms: AtomicU64,
+}
+
+impl Lease {
+    /// Whether the lease holds at engine time `now_ms`.
+    #[inline]
+    pub fn valid(&self, now_ms: u64) -> bool {
+        now_ms < self.until_ms.load(Ordering::Acquire)
+    }
+
+    /// Extends the lease to `until_ms` (never shortens it).
+    pub(crate) fn extend(&self, until_ms: u64) {
+        self.until_ms.fetch_max(until_ms, Ordering::AcqRel);
+    }
+}
 
 /// The server's current view of the cluster, shared by its front ends.
 #[derive(Default)]

@@ -3,7 +3,7 @@
 //! and the reasoning behind its timings).
 
 use std::net::UdpSocket;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -14,29 +14,10 @@ use fabrickv_cluster::heartbeat::{
 };
 
 use crate::service::Clock;
-use crate::slot_routing::SlotRouting;
+use crate::slot_routing::{Lease, SlotRouting};
 
 /// Beats remembered by when they were sent, to date an answer's lease.
 const BEATS_REMEMBERED: usize = 64;
-
-/// Until when, in engine milliseconds, the server may serve.
-#[derive(Debug, Default)]
-pub struct Lease {
-    until_ms: AtomicU64,
-}
-
-impl Lease {
-    /// Whether the lease holds at engine time `now_ms`.
-    #[inline]
-    pub fn valid(&self, now_ms: u64) -> bool {
-        now_ms < self.until_ms.load(Ordering::Acquire)
-    }
-
-    /// Extends the lease to `until_ms` (never shortens it).
-    fn extend(&self, until_ms: u64) {
-        self.until_ms.fetch_max(until_ms, Ordering::AcqRel);
-    }
-}
 
 /// The heartbeat thread; dropping it stops the beats (and so, within a
 /// lease, the server's right to serve).

@@ -781,7 +781,7 @@ pub fn start(
         .map(|p| server.parts.lock(p).enable_journal())
         .collect();
     let unix = UnixClock::new(server.clock);
-    let lease = Arc::new(lease::Lease::default());
+    let lease = Arc::new(crate::slot_routing::Lease::default());
     server.routing.set_lease(lease.clone(), server.clock);
     let backup = backup::Listener::start(
         listener,

@@ -210,18 +210,26 @@ pub(crate) struct FrontEnd {
 /// Listens on `addr` and starts `threads` loops over the state `shared`
 /// builds (given the port actually bound). Threads started before a
 /// failure see `stop` only when the caller sets it.
-// Each argument is one thing the loops share; a struct gathering them
-// would only be unpacked again here.
-#[allow(clippy::too_many_arguments)]
+/// What the loops of both text front ends share with the rest of the
+/// server.
+#[derive(Clone)]
+pub(crate) struct LoopEnv {
+    /// The engine clock.
+    pub clock: Clock,
+    /// What every connection buffers, and its cap.
+    pub client_memory: Arc<ClientMemory>,
+    /// What replies wait for before they are written.
+    pub gate: Arc<fabrickv_rpc::gate::FlushGate>,
+    /// Set to stop every loop.
+    pub stop: Arc<AtomicBool>,
+}
+
 pub(crate) fn start<P: Proto>(
     addr: &str,
     threads: usize,
     shared: impl FnOnce(u16) -> P::Shared,
-    clock: Clock,
     idle_timeout: Option<Duration>,
-    client_memory: Arc<ClientMemory>,
-    gate: Arc<fabrickv_rpc::gate::FlushGate>,
-    stop: Arc<AtomicBool>,
+    env: &LoopEnv,
 ) -> io::Result<FrontEnd> {
     let std_listener = std::net::TcpListener::bind(addr)?;
     std_listener.set_nonblocking(true)?;
@@ -252,22 +260,23 @@ pub(crate) fn start<P: Proto>(
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let shared = shared.clone();
-        let stop = stop.clone();
+        let stop = env.stop.clone();
+        let clock = env.clock;
         let board = board.clone();
         let per_loop = P::per_loop(t, threads, &wakers[t]);
         let largest = Arc::new(AtomicUsize::new(0));
         let asked = Arc::new(AtomicBool::new(false));
-        client_memory.lock().push(LoopShare {
+        env.client_memory.lock().push(LoopShare {
             largest: largest.clone(),
             asked: asked.clone(),
             waker: wakers[t].clone(),
         });
-        let client_memory = client_memory.clone();
+        let client_memory = env.client_memory.clone();
         let waker = wakers[t].clone();
-        let settling_flag = gate.add_waiter(Box::new(move || {
+        let settling_flag = env.gate.add_waiter(Box::new(move || {
             let _ = waker.wake();
         }));
-        let gate = gate.clone();
+        let gate = env.gate.clone();
         handles.push(
             std::thread::Builder::new()
                 .name(format!("{}-{t}", P::THREAD))
