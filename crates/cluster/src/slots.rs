@@ -124,6 +124,11 @@ pub struct ReplicaGroup {
     /// `backups` once it has everything.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub joining: Vec<u32>,
+    /// The epoch at which the current primary took the group over: a
+    /// batch of writes its primary built at an older epoch (before a
+    /// failover and a later return) is refused by the backups.
+    #[serde(default)]
+    pub since: u64,
 }
 
 impl ReplicaGroup {
@@ -183,6 +188,7 @@ impl SlotMap {
                 primary: i,
                 backups: (1..u32::from(replicas)).map(|b| (i + b) % size).collect(),
                 joining: Vec::new(),
+                since: 1,
             })
             .collect();
         Ok(SlotMap {
@@ -235,6 +241,7 @@ impl SlotMap {
             changed |= before != (g.backups.len(), g.joining.len());
             if g.primary == id && !g.backups.is_empty() {
                 g.primary = g.backups.remove(0);
+                g.since = self.epoch + 1;
                 changed = true;
             }
         }

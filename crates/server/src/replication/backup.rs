@@ -173,10 +173,13 @@ fn serve(mut stream: TcpStream, a: &Applier) -> std::io::Result<()> {
 
 /// Whether every record of the batch comes from its slot's primary, as
 /// `r` says, and falls in a group this server follows.
-fn acceptable(r: &Routing, sender: u32, recs: &Records<'_>) -> bool {
+fn acceptable(r: &Routing, sender: u32, epoch: u64, recs: &Records<'_>) -> bool {
     let me = r.me;
+    // Built by the group's primary during its current leadership: a batch
+    // from before a failover (the sender deposed, then back in charge)
+    // carries states the group has since moved past.
     let follows = |g: &fabrickv_cluster::slots::ReplicaGroup| {
-        g.primary == sender && g.followers().any(|s| s == me)
+        g.primary == sender && epoch >= g.since && g.followers().any(|s| s == me)
     };
     r.active
         && recs.iter().all(|rec| match rec.key() {
@@ -193,7 +196,7 @@ fn apply_batch(a: &Applier, sender: u32, epoch: u64, recs: Records<'_>) -> (AckS
         let Some(r) = a.routing.routing() else {
             return (AckStatus::Refused, 0);
         };
-        if acceptable(&r, sender, &recs) {
+        if acceptable(&r, sender, epoch, &recs) {
             break r;
         }
         // A newer batch than this server's map: the watch is behind.

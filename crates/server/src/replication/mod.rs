@@ -532,7 +532,7 @@ impl Replicator {
                 match self.await_ack(sh, f) {
                     Ok(AckStatus::Applied) => {}
                     Ok(AckStatus::Refused) => {
-                        self.after_refusal(f);
+                        self.after_refusal(f, &msg);
                         failed.push((f, msg));
                     }
                     Err(_) => failed.push((f, msg)),
@@ -600,12 +600,24 @@ impl Replicator {
     /// A follower refused a batch: its map, newer than this server's,
     /// names another primary. Once this server's map shows that too, the
     /// writes it holds cannot be acknowledged by anyone.
-    fn after_refusal(&self, f: u32) {
+    fn after_refusal(&self, f: u32, msg: &[u8]) {
         tracing::warn!("replication: follower {f} refused a batch");
+        let built = match msg.get(4..).map(records::decode) {
+            Some(Ok(Message::Batch { epoch, .. })) => epoch,
+            _ => 0,
+        };
         let deadline = Instant::now() + Duration::from_millis(REPL_ACK_TIMEOUT_MS * 4);
         while Instant::now() < deadline {
             if let Some(r) = self.routing.routing() {
-                if !r.active || r.map.led_by(self.me).is_empty() {
+                // Deposed, or deposed and put back in charge since the
+                // batch was built: its writes can be acknowledged by no
+                // one.
+                let regained = r
+                    .map
+                    .groups
+                    .iter()
+                    .any(|g| g.primary == self.me && g.since > built);
+                if !r.active || r.map.led_by(self.me).is_empty() || regained {
                     fence_exit("a follower refused this server's writes: it was deposed");
                 }
             }
