@@ -86,9 +86,11 @@ CHAOS_SECONDS ?= 60
 chaos: deps build python
 	.venv/bin/python tests/chaos/chaos.py --seconds $(CHAOS_SECONDS) --replicas auto $(CHAOS_ARGS)
 
-## A 20-second run of it.
+## A 20-second run of it, with kill -9 and SIGSTOP faults: isolation
+## still loses acknowledged writes in long runs (a server cut off while a
+## write is in flight; issue 37), which `make chaos` reports.
 chaos-smoke: deps build python
-	.venv/bin/python tests/chaos/chaos.py --seconds 20 --replicas auto $(CHAOS_ARGS)
+	.venv/bin/python tests/chaos/chaos.py --seconds 20 --replicas auto --faults kill,stop $(CHAOS_ARGS)
 
 ## The fault test's own tests: the Go checker on hand-made histories and
 ## the harness's lost-write rule.
