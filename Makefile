@@ -88,7 +88,7 @@ chaos: deps build python
 
 ## A 20-second run of it, with kill -9 and SIGSTOP faults: isolation
 ## still loses acknowledged writes in long runs (a server cut off while a
-## write is in flight; issue 37), which `make chaos` reports.
+## write is in flight, not fixed yet), which `make chaos` reports.
 chaos-smoke: deps build python
 	.venv/bin/python tests/chaos/chaos.py --seconds 20 --replicas auto --faults kill,stop $(CHAOS_ARGS)
 
