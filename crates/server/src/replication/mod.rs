@@ -741,7 +741,8 @@ impl MsgReader {
 /// gate, its heartbeats, the listener its primaries ship to, and the
 /// replicator's own thread. Dropping it stops the threads.
 pub struct Replication {
-    replicator: Arc<Replicator>,
+    // Held for the server's life (the gate and the thread hold it too).
+    _replicator: Arc<Replicator>,
     _heartbeats: lease::Heartbeats,
     _backup: backup::Listener,
     stop: Arc<AtomicBool>,
@@ -754,13 +755,6 @@ impl Drop for Replication {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-impl Replication {
-    /// The replicator.
-    pub fn replicator(&self) -> &Arc<Replicator> {
-        &self.replicator
     }
 }
 
@@ -861,7 +855,7 @@ pub fn start(
         })?;
     let _ = replicator.thread.set(thread.thread().clone());
     Ok(Replication {
-        replicator,
+        _replicator: replicator,
         _heartbeats: heartbeats,
         _backup: backup,
         stop,
