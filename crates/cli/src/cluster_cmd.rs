@@ -98,6 +98,7 @@ impl ServeClusterArgs {
             resp: handle.resp_addr().map(str::to_string),
             grpc: handle.grpc_addr().map(|a| a.to_string()),
             memcache: handle.memcache_addr().map(str::to_string),
+            memcache_peer: handle.memcache_peer_addr().map(str::to_string),
             repl: None,
             workers: handle.workers() as u32,
             pid: std::process::id(),

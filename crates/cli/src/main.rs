@@ -534,6 +534,11 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             }
             cfg.insecure |= insecure;
             cfg.shm_allow_uids.extend(shm_allow_uids);
+            // Only an etcd cluster's servers forward memcache commands.
+            cfg.memcache_forwarding = cluster
+                .registry
+                .as_deref()
+                .is_some_and(fabrickv_cluster::etcd::is_etcd_url);
             init_logging(&cfg.log_level);
             serve(&cfg, &cluster)?;
             Ok(ExitCode::SUCCESS)

@@ -157,6 +157,11 @@ pub struct ServerDesc {
     /// an etcd cluster forwards a memcache command for a key of its slots).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memcache: Option<String>,
+    /// Where other servers forward those memcache commands: the memcache
+    /// protocol on loops that never forward themselves, so two servers
+    /// forwarding to each other cannot wait on each other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memcache_peer: Option<String>,
     /// Where its primaries ship writes to it as a backup (`HOST:PORT`,
     /// tcp), on a server of a cluster keeping more than one copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -281,6 +286,7 @@ impl Cluster {
                 resp: None,
                 grpc: None,
                 memcache: None,
+                memcache_peer: None,
                 repl: None,
                 workers: 0,
                 pid: 0,

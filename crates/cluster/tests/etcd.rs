@@ -21,6 +21,7 @@ fn desc(id: u32) -> ServerDesc {
         resp: Some(format!("127.0.0.1:{}", 8000 + id)),
         grpc: None,
         memcache: None,
+        memcache_peer: None,
         repl: None,
         workers: 2,
         pid: std::process::id(),

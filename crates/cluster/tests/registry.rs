@@ -12,6 +12,7 @@ fn desc(id: u32) -> ServerDesc {
         resp: None,
         grpc: None,
         memcache: None,
+        memcache_peer: None,
         repl: None,
         workers: 2,
         pid: std::process::id(),

@@ -244,6 +244,11 @@ pub struct ServerConfig {
     /// pending before it is closed (`--memcache-idle-timeout`,
     /// memcached's `idle_timeout`); 0, the default, keeps them.
     pub memcache_idle_timeout_secs: u64,
+    /// Whether the memcache front end also listens, on a port of its own
+    /// (port 0 on its host), for commands other servers of an etcd
+    /// cluster forward to it; `serve --registry etcd://...` sets it. Not
+    /// a file setting: it follows from joining a cluster.
+    pub memcache_forwarding: bool,
 }
 
 impl Default for ServerConfig {
@@ -271,6 +276,7 @@ impl Default for ServerConfig {
             resp_large_reply_ms: RESP_LARGE_REPLY_MS,
             memcache: None,
             memcache_idle_timeout_secs: 0,
+            memcache_forwarding: false,
         }
     }
 }

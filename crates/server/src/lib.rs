@@ -49,6 +49,18 @@ use memcache::McConnState;
 use resp_net::RespConn;
 use text_socket::start as front_end;
 
+/// Stops the text front ends' loops started so far, when a later one
+/// fails to start.
+fn stop_started(stop: &AtomicBool, wakers: &[Arc<mio::Waker>], threads: Vec<JoinHandle<()>>) {
+    stop.store(true, Ordering::Release);
+    for w in wakers {
+        let _ = w.wake();
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+}
+
 pub use config::{Mode, ServerConfig, DEFAULT_LISTEN, DEFAULT_PORT};
 pub use memcache_net::{MC_CONNECTIONS_MAX, MC_EVICT_IDLE_MIN_MS};
 pub use resp_net::{RESP_CONNECTIONS_MAX, RESP_EVICT_IDLE_MIN_MS, RESP_LARGE_STALL_MS};
@@ -102,6 +114,7 @@ pub struct ServerHandle {
     resp_addr: Option<String>,
     resp_wakers: Vec<Arc<mio::Waker>>,
     memcache_addr: Option<String>,
+    memcache_peer_addr: Option<String>,
     grpc: Option<fabrickv_control::ControlServer>,
     slot_routing: Arc<slot_routing::SlotRouting>,
     /// What every reply waits for (armed by replication).
@@ -155,6 +168,12 @@ impl ServerHandle {
     /// Where the memcache front end listens, when it is on.
     pub fn memcache_addr(&self) -> Option<&str> {
         self.memcache_addr.as_deref()
+    }
+
+    /// Where other servers of its etcd cluster forward memcache commands
+    /// for keys of its slots (`ServerConfig::memcache_forwarding`).
+    pub fn memcache_peer_addr(&self) -> Option<&str> {
+        self.memcache_peer_addr.as_deref()
     }
 
     /// Where the gRPC control plane listens, when it is on.
@@ -286,20 +305,22 @@ impl Server {
         let (resp_addr, mut resp_wakers, resp_threads) = match &cfg.resp {
             Some(addr) => {
                 let shared = |port| {
-                    resp::RespShared::new(
-                        parts.clone(),
-                        cfg.resp_password.as_deref(),
-                        cfg.mode,
-                        cfg.memory_bytes,
-                        port,
+                    Arc::new(
+                        resp::RespShared::new(
+                            parts.clone(),
+                            cfg.resp_password.as_deref(),
+                            cfg.mode,
+                            cfg.memory_bytes,
+                            port,
+                        )
+                        .with_secret(cfg.auth.clone())
+                        .with_throttle(throttle.clone())
+                        .with_shards(&shards)
+                        .with_bind(addr)
+                        .with_client_memory(client_memory.clone())
+                        .with_large_reply_ms(cfg.resp_large_reply_ms)
+                        .with_slot_routing(slot_routing.clone()),
                     )
-                    .with_secret(cfg.auth.clone())
-                    .with_throttle(throttle.clone())
-                    .with_shards(&shards)
-                    .with_bind(addr)
-                    .with_client_memory(client_memory.clone())
-                    .with_large_reply_ms(cfg.resp_large_reply_ms)
-                    .with_slot_routing(slot_routing.clone())
                 };
                 let idle = cfg.resp_idle_timeout();
                 let fe = front_end::<RespConn>(addr, workers, shared, idle, &loops)
@@ -311,34 +332,55 @@ impl Server {
         threads.extend(resp_threads);
         // The memcache front end, likewise before the workers; its wakers
         // join RESP's (both are mio wakers woken on stop).
-        let memcache_addr = match &cfg.memcache {
+        let (memcache_addr, memcache_peer_addr) = match &cfg.memcache {
             Some(addr) => {
-                let shared = |_port| {
+                let shared = Arc::new(
                     memcache::McShared::new(parts.clone(), cfg.mode, cfg.memory_bytes, workers)
                         .with_client_memory(client_memory.clone())
-                        .with_slot_routing(slot_routing.clone())
-                };
+                        .with_slot_routing(slot_routing.clone()),
+                );
                 let idle = cfg.memcache_idle_timeout();
-                let fe = front_end::<McConnState>(addr, workers, shared, idle, &loops)
-                    .map_err(|e| StartError::Memcache(addr.clone(), e));
-                let fe = match fe {
-                    Ok(fe) => fe,
-                    Err(e) => {
-                        stop.store(true, Ordering::Release);
-                        for w in &resp_wakers {
-                            let _ = w.wake();
+                let fe =
+                    match front_end::<McConnState>(addr, workers, |_| shared.clone(), idle, &loops)
+                    {
+                        Ok(fe) => fe,
+                        Err(e) => {
+                            stop_started(&stop, &resp_wakers, threads);
+                            return Err(StartError::Memcache(addr.clone(), e));
                         }
-                        for t in threads {
-                            let _ = t.join();
-                        }
-                        return Err(e);
-                    }
-                };
+                    };
                 resp_wakers.extend(fe.wakers);
                 threads.extend(fe.threads);
-                Some(fe.addr.to_string())
+                // Other servers' forwarded commands get loops of their
+                // own, which never forward: a loop waiting on another
+                // server's answer then never waits on a loop that waits
+                // on it.
+                let peer = if cfg.memcache_forwarding {
+                    let at = std::net::SocketAddr::new(fe.addr.ip(), 0).to_string();
+                    let started = front_end::<memcache_net::McPeerConn>(
+                        &at,
+                        workers,
+                        |_| shared.clone(),
+                        idle,
+                        &loops,
+                    );
+                    match started {
+                        Ok(p) => {
+                            resp_wakers.extend(p.wakers);
+                            threads.extend(p.threads);
+                            Some(p.addr.to_string())
+                        }
+                        Err(e) => {
+                            stop_started(&stop, &resp_wakers, threads);
+                            return Err(StartError::Memcache(at, e));
+                        }
+                    }
+                } else {
+                    None
+                };
+                (Some(fe.addr.to_string()), peer)
             }
-            None => None,
+            None => (None, None),
         };
         for (id, mut port) in listening.ports.into_iter().enumerate() {
             port.set_idle_timeout(cfg.idle_timeout());
@@ -423,6 +465,7 @@ impl Server {
             parts,
             resp_addr,
             memcache_addr,
+            memcache_peer_addr,
             grpc,
             slot_routing,
             gate,

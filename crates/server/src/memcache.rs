@@ -263,6 +263,15 @@ impl McConnState {
         McConnState::default()
     }
 
+    /// A connection another server forwards commands on: it serves the
+    /// keys of this server's slots and forwards nothing.
+    pub(crate) fn forwarded_to() -> McConnState {
+        McConnState {
+            forward: forward::Forwarder::answering_only(),
+            ..McConnState::default()
+        }
+    }
+
     /// Executes the complete commands at the start of `input`, appending
     /// their replies to `out`; stops early when `out` holds
     /// [`MC_OUTPUT_SOFT_BYTES`] or more, so the caller writes first.

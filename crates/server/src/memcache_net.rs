@@ -70,3 +70,39 @@ impl Proto for McConnState {
         io.took(p.consumed, p.need, p.close)
     }
 }
+
+/// A connection of the peer front end, where other servers of an etcd
+/// cluster send the commands they forward (`ServerDesc::memcache_peer`).
+/// It is the memcache protocol over the same state, on loops of its own,
+/// but never forwards: a key of a slot this server does not lead is
+/// answered `SERVER_ERROR`. Forwarding blocks a loop for the owner's
+/// answer; were forwarded commands served by the loops that forward, two
+/// servers forwarding to each other at once would each wait on the other.
+pub(crate) struct McPeerConn(McConnState);
+
+impl Proto for McPeerConn {
+    type Shared = McShared;
+    type PerLoop = ();
+    const NAME: &'static str = "memcache peer";
+    const THREAD: &'static str = "fkv-mcpeer";
+    const CONNECTIONS_MAX: usize = MC_CONNECTIONS_MAX;
+    const READ_CHUNK_BYTES: usize = MC_READ_CHUNK_BYTES;
+    const INPUT_BYTES_MAX: usize = MC_INPUT_BYTES_MAX;
+    const IDLE_BUFFER_BYTES_MAX: usize = MC_IDLE_BUFFER_BYTES_MAX;
+    const EVICT_IDLE_MIN_MS: u64 = MC_EVICT_IDLE_MIN_MS;
+    const REFUSAL: &'static [u8] = <McConnState as Proto>::REFUSAL;
+
+    fn counters(shared: &McShared) -> Counters<'_> {
+        conn_counters!(shared.counters)
+    }
+
+    fn per_loop(_thread: usize, _threads: usize, _waker: &Arc<Waker>) {}
+
+    fn connect(_: &McShared, _: &mut (), _: &TcpStream, _: usize, _: u64) -> McPeerConn {
+        McPeerConn(McConnState::forwarded_to())
+    }
+
+    fn execute(&mut self, io: &mut Io, shared: &McShared, now_ms: u64) -> bool {
+        self.0.execute(io, shared, now_ms)
+    }
+}

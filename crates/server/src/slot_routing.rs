@@ -266,6 +266,7 @@ pub(crate) fn loopback_desc(id: u32) -> ServerDesc {
         resp: Some(format!("127.0.0.1:{}", 8000 + id)),
         grpc: None,
         memcache: None,
+        memcache_peer: None,
         repl: None,
         workers: 1,
         pid: 0,

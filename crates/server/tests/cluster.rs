@@ -600,6 +600,7 @@ fn register(url: &str, name: &str, size: usize, id: usize, s: &TestServer) -> Re
         resp: None,
         grpc: None,
         memcache: None,
+        memcache_peer: None,
         repl: None,
         workers: u32::from(s.workers),
         pid: std::process::id(),

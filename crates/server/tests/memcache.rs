@@ -17,16 +17,67 @@ fn server(mode: Mode) -> ServerHandle {
 }
 
 fn server_with_workers(mode: Mode, workers: usize) -> ServerHandle {
-    let cfg = ServerConfig {
-        listen: "127.0.0.1:0".into(),
+    start(ServerConfig {
         workers: Some(workers),
         mode,
+        ..memcache_config()
+    })
+}
+
+fn memcache_config() -> ServerConfig {
+    ServerConfig {
+        listen: "127.0.0.1:0".into(),
+        workers: Some(2),
         memory_bytes: 64 << 20,
         log_level: "warn".into(),
         memcache: Some("127.0.0.1:0".into()),
         ..ServerConfig::default()
-    };
+    }
+}
+
+fn start(cfg: ServerConfig) -> ServerHandle {
     Server::start(&cfg).expect("server starts")
+}
+
+/// Two servers following one slot map (installed by hand, as the etcd
+/// watch installs it), each forwarding memcache commands for the other's
+/// slots; each serves with `workers` loops. With the map's owner of a key.
+fn forwarding_pair(workers: usize) -> ([ServerHandle; 2], impl Fn(&str) -> usize) {
+    use fabrickv_cluster::slots::{key_slot, SlotMap};
+    use fabrickv_cluster::ServerDesc;
+    use fabrickv_server::slot_routing::Routing;
+
+    let forwarding = || {
+        start(ServerConfig {
+            workers: Some(workers),
+            memcache_forwarding: true,
+            ..memcache_config()
+        })
+    };
+    let hs = [forwarding(), forwarding()];
+    let descs: Vec<Option<ServerDesc>> = hs
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            Some(ServerDesc {
+                id: i as u32,
+                addrs: vec![h.addr().to_string()],
+                resp: None,
+                grpc: None,
+                memcache: h.memcache_addr().map(str::to_string),
+                memcache_peer: h.memcache_peer_addr().map(str::to_string),
+                repl: None,
+                workers: workers as u32,
+                pid: 0,
+            })
+        })
+        .collect();
+    let map = SlotMap::initial(2, 1).expect("map");
+    for (i, h) in hs.iter().enumerate() {
+        h.slot_routing()
+            .install(Routing::new(i as u32, "mc", map.clone(), descs.clone()));
+    }
+    (hs, |k: &str| usize::from(key_slot(k.as_bytes()) >= 8192))
 }
 
 struct Mc {
@@ -355,33 +406,7 @@ fn at_the_cap_a_silent_connection_makes_way() {
 /// client that hashes keys its own way reads and writes the one keyspace.
 #[test]
 fn a_key_of_another_servers_slot_is_forwarded_to_it() {
-    use fabrickv_cluster::slots::{key_slot, SlotMap};
-    use fabrickv_cluster::ServerDesc;
-    use fabrickv_server::slot_routing::Routing;
-
-    let hs = [server(Mode::Store), server(Mode::Store)];
-    let descs: Vec<Option<ServerDesc>> = hs
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            Some(ServerDesc {
-                id: i as u32,
-                addrs: vec![h.addr().to_string()],
-                resp: None,
-                grpc: None,
-                memcache: h.memcache_addr().map(str::to_string),
-                repl: None,
-                workers: 2,
-                pid: 0,
-            })
-        })
-        .collect();
-    let map = SlotMap::initial(2, 1).expect("map");
-    for (i, h) in hs.iter().enumerate() {
-        h.slot_routing()
-            .install(Routing::new(i as u32, "mc", map.clone(), descs.clone()));
-    }
-    let owner = |k: &str| usize::from(key_slot(k.as_bytes()) >= 8192);
+    let (hs, owner) = forwarding_pair(2);
     let keys: Vec<String> = (0..40).map(|i| format!("mk{i}")).collect();
     assert!(keys.iter().any(|k| owner(k) == 0) && keys.iter().any(|k| owner(k) == 1));
     let mut a = Mc::connect(&hs[0]);
@@ -428,6 +453,42 @@ fn a_key_of_another_servers_slot_is_forwarded_to_it() {
     assert_eq!(a.ask(&format!("touch {far} 100\r\n")), "TOUCHED");
     assert_eq!(a.ask(&format!("delete {far}\r\n")), "DELETED");
     assert_eq!(a.ask(&format!("mg {far} v\r\n")), "EN");
+    for h in hs {
+        h.shutdown();
+    }
+}
+
+/// Two single-loop servers whose clients both want keys of the other's
+/// slots at once: each server's loop waits on the other's answer while
+/// the other's forward comes in. Forwarded commands are served by loops
+/// that never forward, so neither waits on the other (were they served
+/// by the forwarding loops, both would wait out the forwarding timeout
+/// and answer `SERVER_ERROR`).
+#[test]
+fn servers_forwarding_to_each_other_at_once_both_answer() {
+    let (hs, owner) = forwarding_pair(1);
+    const ROUNDS: usize = 300;
+    std::thread::scope(|s| {
+        for (i, h) in hs.iter().enumerate() {
+            let owner = &owner;
+            s.spawn(move || {
+                let far: Vec<String> = (0..)
+                    .map(|n| format!("x{i}-{n}"))
+                    .filter(|k| owner(k) != i)
+                    .take(8)
+                    .collect();
+                let mut c = Mc::connect(h);
+                for r in 0..ROUNDS {
+                    let k = &far[r % far.len()];
+                    let v = format!("{r:06}");
+                    assert_eq!(c.ask(&format!("set {k} 0 0 6\r\n{v}\r\n")), "STORED", "{k}");
+                    assert_eq!(c.ask(&format!("get {k}\r\n")), format!("VALUE {k} 0 6"));
+                    assert_eq!(c.bytes(6), v.as_bytes());
+                    assert_eq!(c.line(), "END");
+                }
+            });
+        }
+    });
     for h in hs {
         h.shutdown();
     }

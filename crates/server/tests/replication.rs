@@ -75,6 +75,7 @@ fn member(t: Transport, reg: &EtcdRegistry, id: u32) -> Member {
         resp: None,
         grpc: None,
         memcache: None,
+        memcache_peer: None,
         repl: Some(listener.local_addr().expect("addr").to_string()),
         workers: u32::from(server.workers),
         pid: std::process::id(),

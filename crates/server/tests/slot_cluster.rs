@@ -52,6 +52,7 @@ fn members(t: Transport, etcd: &LocalEtcd) -> Vec<Member> {
                 resp: None,
                 grpc: None,
                 memcache: None,
+                memcache_peer: None,
                 repl: None,
                 workers: u32::from(server.workers),
                 pid: std::process::id(),

@@ -1,7 +1,8 @@
 //! Forwarding in an etcd cluster: memcached clients place keys by their
 //! own hash, so a command for a key of a hash slot another server leads
-//! is sent on to that server's memcache front end, as memcached's proxy
-//! does, and its answer passed back in order.
+//! is sent on to that server's memcache peer front end (loops of its
+//! own that never forward, `memcache_net::McPeerConn`), as memcached's
+//! proxy does, and its answer passed back in order.
 //!
 //! A forwarded command is sent as received, followed by `mn`: whatever
 //! the owner answers before `MN` is the command's answer, so `noreply`
@@ -40,6 +41,9 @@ pub const MC_FORWARD_REPLY_BYTES_MAX: usize = MC_VALUE_BYTES_MAX + 2 * MC_LINE_B
 pub(crate) struct Forwarder {
     view: RoutingCache,
     conns: HashMap<String, BufReader<TcpStream>>,
+    /// A connection of the peer front end: commands were forwarded here
+    /// once and are not forwarded again.
+    answering_only: bool,
 }
 
 /// Where a command for a key goes.
@@ -56,6 +60,15 @@ enum Owner {
 type Why = String;
 
 impl Forwarder {
+    /// The forwarder of a peer front-end connection (see
+    /// `memcache_net::McPeerConn`).
+    pub(crate) fn answering_only() -> Forwarder {
+        Forwarder {
+            answering_only: true,
+            ..Forwarder::default()
+        }
+    }
+
     /// Whether the server follows a slot map (else every key is served
     /// here): one atomic load while the map is unchanged.
     #[inline]
@@ -107,7 +120,18 @@ impl Forwarder {
             return Owner::Here;
         }
         let id = r.primary_of(slot);
-        match r.server(id).map(|d| d.memcache.clone()) {
+        if self.answering_only {
+            // The forwarding server's map is older or newer than ours:
+            // its client may retry once the maps agree.
+            return Owner::Unreachable(format!(
+                "slot {slot} is served by server {id} in this server's map; a forwarded command is not forwarded again"
+            ));
+        }
+        // An older server has no peer front end: its client one serves.
+        match r
+            .server(id)
+            .map(|d| d.memcache_peer.clone().or_else(|| d.memcache.clone()))
+        {
             Some(Some(addr)) => Owner::At(addr),
             Some(None) => Owner::Unreachable(format!(
                 "slot {slot} is served by server {id}, which has no memcache front end"

@@ -207,9 +207,6 @@ pub(crate) struct FrontEnd {
     pub threads: Vec<JoinHandle<()>>,
 }
 
-/// Listens on `addr` and starts `threads` loops over the state `shared`
-/// builds (given the port actually bound). Threads started before a
-/// failure see `stop` only when the caller sets it.
 /// What the loops of both text front ends share with the rest of the
 /// server.
 #[derive(Clone)]
@@ -224,10 +221,14 @@ pub(crate) struct LoopEnv {
     pub stop: Arc<AtomicBool>,
 }
 
+/// Listens on `addr` and starts `threads` loops over the state `shared`
+/// builds (given the port actually bound; two front ends may share one
+/// state). Threads started before a failure see `stop` only when the
+/// caller sets it.
 pub(crate) fn start<P: Proto>(
     addr: &str,
     threads: usize,
-    shared: impl FnOnce(u16) -> P::Shared,
+    shared: impl FnOnce(u16) -> Arc<P::Shared>,
     idle_timeout: Option<Duration>,
     env: &LoopEnv,
 ) -> io::Result<FrontEnd> {
@@ -238,7 +239,6 @@ pub(crate) fn start<P: Proto>(
     let idle_timeout_ms =
         idle_timeout.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     P::set_idle_timeout(&shared, idle_timeout_ms);
-    let shared = Arc::new(shared);
     let mut wakers = Vec::with_capacity(threads);
     let mut handles = Vec::with_capacity(threads);
     let mut polls = Vec::with_capacity(threads);
