@@ -169,6 +169,35 @@ impl SlotRouting {
     }
 }
 
+/// The map epoch a client connection was opened under. A request that
+/// reaches a primary on a connection older than its leadership of the
+/// key's group may have been sent before a failover, to this server as
+/// it was then, and been held up in the network since (a cut link
+/// delivers what the client's kernel kept resending once it heals): its
+/// client was told it failed and may have had it run elsewhere, so
+/// running it now would put an old write over newer ones. Such a
+/// connection is closed instead, the request not run; a client that
+/// is still there reconnects and sends it again.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenedAt(u64);
+
+impl OpenedAt {
+    /// A connection opened now. With no map yet, the server leads no
+    /// group by a failover (an initial group's leadership began at the
+    /// map's first epoch, 1).
+    pub fn now(routing: &SlotRouting) -> OpenedAt {
+        OpenedAt(routing.routing().map_or(1, |r| r.map.epoch))
+    }
+
+    /// Whether a request for `slot` on this connection may run, as far
+    /// as leadership goes: the slot's group was led by its primary since
+    /// before the connection opened.
+    #[inline]
+    pub fn admits(self, r: &Routing, slot: u16) -> bool {
+        r.map.groups[r.routes.group_of(slot)].since <= self.0
+    }
+}
+
 /// A front end's or worker's copy of the current view, taken again only
 /// after the routing changed.
 #[derive(Default)]

@@ -20,7 +20,7 @@ use super::args::Args;
 use super::clients::help;
 use super::table::{spec, Cmd, Spec, NO_KEYS};
 use super::RespShared;
-use crate::slot_routing::{Route, Routing, RoutingCache};
+use crate::slot_routing::{OpenedAt, Route, Routing, RoutingCache};
 
 /// What COMMAND reports about the commands in this file (CLUSTER,
 /// READONLY, READWRITE, ASKING), with Redis 7's values; `table` gathers
@@ -61,14 +61,33 @@ const CLUSTER_HELP: &[&str] = &[
 ];
 
 /// The connection's view of the slot map and its READONLY flag.
-#[derive(Default)]
 pub(super) struct ClusterConn {
     view: RoutingCache,
     /// READONLY: reads of slots this server backs up are served here.
     readonly: bool,
+    opened: OpenedAt,
+}
+
+/// What [`ClusterConn::gate`] decided for a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Gate {
+    /// Run it here.
+    Run,
+    /// Not here: the redirection or error is written.
+    Refused,
+    /// Close the connection without running it (see `OpenedAt`).
+    Close,
 }
 
 impl ClusterConn {
+    pub(super) fn new(shared: &RespShared) -> ClusterConn {
+        ClusterConn {
+            view: RoutingCache::default(),
+            readonly: false,
+            opened: OpenedAt::now(&shared.slot_routing),
+        }
+    }
+
     /// The current view, taken again only after it changed.
     #[inline]
     fn routing(&mut self, shared: &RespShared) -> Option<&Routing> {
@@ -98,10 +117,11 @@ fn endpoint(r: &Routing, id: u32) -> (String, u16) {
 
 impl ClusterConn {
     /// Redirects a keyed command this server does not serve on database
-    /// `db`: `false` when it runs here (no map, no keys, a shard
-    /// database, or every key in a slot served here), else `true` with
-    /// the error written. A read on a READONLY connection is served by any
-    /// replica of its slot.
+    /// `db`: [`Gate::Run`] when it runs here (no map, no keys, a shard
+    /// database, or every key in a slot served here), else the error is
+    /// written, or the connection is to be closed when it predates this
+    /// server's leadership of the slot. A read on a READONLY connection is
+    /// served by any replica of its slot.
     #[inline]
     pub(super) fn gate(
         &mut self,
@@ -110,13 +130,14 @@ impl ClusterConn {
         spec: &Spec,
         a: Args<'_>,
         out: &mut Reply<'_>,
-    ) -> bool {
+    ) -> Gate {
         if spec.first_key <= 0 || db != 0 {
-            return false;
+            return Gate::Run;
         }
         let replica_read = self.readonly && spec.flags.contains(&"readonly");
+        let opened = self.opened;
         let Some(r) = self.routing(shared) else {
-            return false;
+            return Gate::Run;
         };
         let argc = a.len();
         let last = if spec.last_key < 0 {
@@ -131,18 +152,21 @@ impl ClusterConn {
         let step = spec.step.max(1) as usize;
         let slots = (first..=last).step_by(step).map(|i| key_slot(a.get(i)));
         match r.route(slots, replica_read) {
-            Route::Here => false,
+            // A late read harms no one (its client left); a late write
+            // would land over newer ones.
+            Route::Here if replica_read || opened.admits(r, key_slot(a.get(first))) => Gate::Run,
+            Route::Here => Gate::Close,
             Route::Moved { slot, to: Some(to) } => {
                 resp::error(out, &format!("MOVED {slot} {to}"));
-                true
+                Gate::Refused
             }
             Route::Moved { to: None, .. } => {
                 resp::error(out, SLOT_DOWN);
-                true
+                Gate::Refused
             }
             Route::CrossSlot => {
                 resp::error(out, CROSSSLOT);
-                true
+                Gate::Refused
             }
         }
     }

@@ -11,7 +11,7 @@ use fabrickv_resp::reply::{self as resp, Proto, Reply};
 use super::admin::{command_info, config, info, time};
 use super::args::{int_arg, quote_arg, quoted, Args, ERROR_ARG_QUOTE_BYTES_MAX, NOT_INTEGER};
 use super::clients::{self, ClientEntry, ClientPeer, ClientRegistry};
-use super::cluster::ClusterConn;
+use super::cluster::{ClusterConn, Gate};
 use super::exec::Exec;
 use super::table::{lookup_index, lower, spec, Cmd, Spec, COMMAND_NAME_BYTES_MAX, NO_KEYS};
 use super::txn_state::{Txn, Watched};
@@ -96,7 +96,7 @@ impl ConnState {
             registry: shared.clients.clone(),
             last: None,
             rejected: false,
-            cluster: ClusterConn::default(),
+            cluster: ClusterConn::new(shared),
         }
     }
 
@@ -137,10 +137,14 @@ impl ConnState {
         }
         // A key another server serves is redirected before anything,
         // MULTI's queue included, as Redis Cluster does.
-        if self.cluster.gate(self.db, ex.shared, spec, a, out) {
-            self.txn_error();
-            self.rejected = true;
-            return After::Continue;
+        match self.cluster.gate(self.db, ex.shared, spec, a, out) {
+            Gate::Run => {}
+            Gate::Refused => {
+                self.txn_error();
+                self.rejected = true;
+                return After::Continue;
+            }
+            Gate::Close => return After::Close,
         }
         if let Some(after) = self.txn_gate(ex, spec, a, out) {
             return after;

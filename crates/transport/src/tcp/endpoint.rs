@@ -67,6 +67,25 @@ pub struct TcpEndpoint {
     read_timeout: Option<Duration>,
     /// Workers the server reported in its handshake.
     workers: u16,
+    /// Messages posted and messages received: while they differ, some
+    /// request is unanswered (see the `Drop` impl).
+    posted: u64,
+    received: u64,
+}
+
+/// A connection dropped with a request unanswered is reset, not closed.
+/// A plain close leaves the kernel sending what the server has not
+/// acknowledged, for minutes: a server cut off when the client gave up
+/// would run the request once the link is back, long after the client
+/// was told it failed and may have sent it elsewhere (the fault test
+/// found a write so run 25 s late, over newer ones). A reset makes the
+/// kernel drop the bytes at once.
+impl Drop for TcpEndpoint {
+    fn drop(&mut self) {
+        if self.posted != self.received {
+            let _ = rustix::net::sockopt::set_socket_linger(&self.stream, Some(Duration::ZERO));
+        }
+    }
 }
 
 /// Whether a receive error only means "nothing yet".
@@ -116,6 +135,8 @@ impl TcpEndpoint {
             out_head: 0,
             read_timeout: Some(timeout),
             workers,
+            posted: 0,
+            received: 0,
         })
     }
 
@@ -320,7 +341,10 @@ impl Endpoint for TcpEndpoint {
         let at = framing::begin(&mut self.out);
         build(&mut self.out);
         match framing::finish(&mut self.out, at) {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                self.posted += 1;
+                Ok(())
+            }
             Ok(false) => Err(TransportError::MessageTooLarge(0)),
             Err(n) => Err(TransportError::MessageTooLarge(n)),
         }
@@ -372,6 +396,7 @@ impl Endpoint for TcpEndpoint {
                     let start = self.in_head + PREFIX_BYTES;
                     on_msg(&self.inbuf[start..start + len]);
                     self.in_head = start + len;
+                    self.received += 1;
                     n += 1;
                 }
                 Next::NeedMore(_) => break,
@@ -418,6 +443,7 @@ impl Endpoint for TcpEndpoint {
                 _ => false,
             };
             if placed {
+                self.received += 1;
                 return Ok(Landed::Split);
             }
         }
@@ -429,6 +455,7 @@ impl Endpoint for TcpEndpoint {
         }
         let start = self.in_head + PREFIX_BYTES;
         self.in_head = start + len;
+        self.received += 1;
         sink.whole(&self.inbuf[start..start + len]);
         Ok(Landed::Whole)
     }
@@ -633,6 +660,50 @@ mod tests {
         assert_eq!(sink.dst[..next.len() - HEAD], next[HEAD..]);
         drop(ep);
         t.join().unwrap();
+    }
+
+    /// A server that reads one request, answers it or not, and reports
+    /// how the client's side ended: `true` for a reset.
+    fn ending_seen(answer: bool) -> bool {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut hs = [0u8; HANDSHAKE_BYTES];
+            s.read_exact(&mut hs).unwrap();
+            s.write_all(&TCP_OPENING.encode(0, 1)).unwrap();
+            let mut request = [0u8; PREFIX_BYTES + 3];
+            s.read_exact(&mut request).unwrap();
+            if answer {
+                s.write_all(&framed(b"ok")).unwrap();
+            }
+            let mut rest = Vec::new();
+            match s.read_to_end(&mut rest) {
+                Ok(_) => false,
+                Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
+            }
+        });
+        let mut ep = TcpEndpoint::connect(&addr, 0, TIMEOUT).unwrap();
+        ep.post_with(&mut |b| b.extend_from_slice(b"req")).unwrap();
+        ep.flush(TIMEOUT).unwrap();
+        let mut sink = Sink::new(16);
+        let wait = if answer {
+            TIMEOUT
+        } else {
+            Duration::from_millis(100)
+        };
+        assert_eq!(ep.recv_split(HEAD, wait, &mut sink).is_ok(), answer);
+        drop(ep);
+        t.join().unwrap()
+    }
+
+    #[test]
+    fn a_connection_dropped_with_a_request_unanswered_is_reset() {
+        assert!(
+            ending_seen(false),
+            "an unanswered request's connection is reset"
+        );
+        assert!(!ending_seen(true), "an answered one is closed");
     }
 
     #[test]

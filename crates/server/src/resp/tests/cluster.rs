@@ -142,3 +142,33 @@ fn the_topology_commands_describe_the_map() {
         "unknown subcommand 'NOPE'. Try CLUSTER HELP.",
     );
 }
+
+/// A write reaching a new primary on a connection opened before its
+/// takeover may have been sent to it before a failover and held up in the
+/// network since: the connection is closed and nothing runs. Connections
+/// opened since, and keys the server led all along, are served.
+#[test]
+fn a_connection_older_than_a_takeover_is_closed_before_it_writes() {
+    let (mut c, p) = member(0, 2, &[]);
+    let mine = key_in(0, 5460);
+    let taken = key_in(10922, 16383);
+    // Server 2 fails; server 0, its group's backup, leads it from epoch 2.
+    let map = SlotMap::initial(3, 2)
+        .expect("map")
+        .without(2)
+        .expect("a failover");
+    assert_eq!((map.groups[2].primary, map.groups[2].since), (0, 2));
+    p.install(Routing::new(
+        0,
+        "t",
+        map,
+        vec![Some(desc(0)), Some(desc(1)), None],
+    ));
+    assert_eq!(c.run(&["SET", &mine, "v"]), "+OK\r\n");
+    let (out, closed) = c.feed(&cmd(&[b"SET", taken.as_bytes(), b"late"]));
+    assert!(closed && out.is_empty(), "closed: {closed}, replied {out:?}");
+    c.state = RespConnState::new(&c.shared, 2);
+    assert_eq!(c.run(&["GET", &taken]), "$-1\r\n", "the late write did not run");
+    assert_eq!(c.run(&["SET", &taken, "v"]), "+OK\r\n");
+    assert_eq!(c.run(&["GET", &taken]), "$1\r\nv\r\n");
+}
