@@ -250,6 +250,16 @@ pub(super) struct GetLine {
     out_start: Option<usize>,
 }
 
+/// Where a keyed command not a retrieval goes, in an etcd cluster.
+enum Forwarded {
+    Here,
+    /// Sent on to its slot's server, the answer appended.
+    Sent,
+    /// Not run: the connection is older than this server's leadership of
+    /// the key's slot (see `slot_routing::OpenedAt`).
+    Close,
+}
+
 /// What a command leaves the connection to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum After {
@@ -263,8 +273,20 @@ impl McConnState {
         McConnState::default()
     }
 
+    /// A client's connection, opened under `routing`'s current map: a
+    /// write on it to a group this server took over since is not run,
+    /// and the connection is closed (see `slot_routing::OpenedAt`).
+    pub(crate) fn opened_under(
+        mut self,
+        routing: &crate::slot_routing::SlotRouting,
+    ) -> McConnState {
+        self.forward.opened = Some(crate::slot_routing::OpenedAt::now(routing));
+        self
+    }
+
     /// A connection another server forwards commands on: it serves the
-    /// keys of this server's slots and forwards nothing.
+    /// keys of this server's slots and forwards nothing. Not fenced by
+    /// its age: the forwarding server resets a connection it gives up.
     pub(crate) fn forwarded_to() -> McConnState {
         McConnState {
             forward: forward::Forwarder::answering_only(),
@@ -362,8 +384,13 @@ impl McConnState {
                         }
                         cmd => {
                             done.consumed += consumed;
-                            if self.forwarded(sh, &cmd, &rest[..consumed], out) {
-                                continue;
+                            match self.forwarded(sh, &cmd, &rest[..consumed], out) {
+                                Forwarded::Here => {}
+                                Forwarded::Sent => continue,
+                                Forwarded::Close => {
+                                    done.close = true;
+                                    break;
+                                }
                             }
                             if self.command(sh, cmd, out, now_ms) == After::Close {
                                 done.close = true;
@@ -428,17 +455,18 @@ impl McConnState {
     }
 
     /// Sends a keyed command (`raw`, as received) for a key of another
-    /// server's hash slot on to that server and appends its answer;
-    /// `false` when the command runs here.
+    /// server's hash slot on to that server and appends its answer, or
+    /// says it runs here, or that the connection is older than this
+    /// server's leadership of the key's slot.
     fn forwarded(
         &mut self,
         sh: &McShared,
         cmd: &Command<'_>,
         raw: &[u8],
         out: &mut Vec<u8>,
-    ) -> bool {
+    ) -> Forwarded {
         if !self.forward.follows(&sh.slot_routing) {
-            return false;
+            return Forwarded::Here;
         }
         let mut buf = [0u8; mc::MC_BASE64_KEY_BYTES_MAX];
         let (key, quiet) = match cmd {
@@ -448,12 +476,20 @@ impl McConnState {
             | Command::Touch { key, noreply, .. } => (*key, *noreply),
             Command::Meta(m) => match meta::decoded_key(m.key, m.flags.base64, &mut buf) {
                 Some(k) => (k, m.flags.quiet),
-                None => return false,
+                None => return Forwarded::Here,
             },
-            _ => return false,
+            _ => return Forwarded::Here,
         };
-        self.forward
+        if self
+            .forward
             .elsewhere(&sh.slot_routing, key, quiet, false, out, || raw.into())
+        {
+            Forwarded::Sent
+        } else if self.forward.predates_leadership(&sh.slot_routing, key) {
+            Forwarded::Close
+        } else {
+            Forwarded::Here
+        }
     }
 
     fn command(&mut self, sh: &McShared, cmd: Command<'_>, out: &mut Vec<u8>, now: u64) -> After {

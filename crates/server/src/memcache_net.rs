@@ -61,8 +61,8 @@ impl Proto for McConnState {
 
     fn per_loop(_thread: usize, _threads: usize, _waker: &Arc<Waker>) {}
 
-    fn connect(_: &McShared, _: &mut (), _: &TcpStream, _: usize, _: u64) -> McConnState {
-        McConnState::new()
+    fn connect(shared: &McShared, _: &mut (), _: &TcpStream, _: usize, _: u64) -> McConnState {
+        McConnState::new().opened_under(&shared.slot_routing)
     }
 
     fn execute(&mut self, io: &mut Io, shared: &McShared, now_ms: u64) -> bool {

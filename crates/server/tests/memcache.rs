@@ -493,3 +493,42 @@ fn servers_forwarding_to_each_other_at_once_both_answer() {
         h.shutdown();
     }
 }
+
+/// A write reaching a new primary on a client connection opened before
+/// it took the key's slot over may have been sent before a failover and
+/// held up in the network: the connection is closed and nothing runs,
+/// while a connection opened since is served.
+#[test]
+fn a_connection_older_than_a_takeover_is_closed_before_it_writes() {
+    use fabrickv_cluster::slots::SlotMap;
+    use fabrickv_server::slot_routing::Routing;
+
+    let (hs, owner) = forwarding_pair(1);
+    let taken = (0..)
+        .map(|i| format!("t{i}"))
+        .find(|k| owner(k) == 1)
+        .expect("a key of server 1");
+    let mut old = Mc::connect(&hs[0]);
+    assert_eq!(old.ask("version\r\n").split(' ').next(), Some("VERSION"));
+    // Server 0 leads server 1's slots from epoch 2 on.
+    let before = hs[0].slot_routing().routing().expect("a map");
+    let mut map: SlotMap = before.map.clone();
+    map.epoch = 2;
+    map.groups[1].primary = 0;
+    map.groups[1].since = 2;
+    let descs: Vec<_> = (0..2).map(|i| before.server(i).cloned()).collect();
+    for (i, h) in hs.iter().enumerate() {
+        h.slot_routing()
+            .install(Routing::new(i as u32, "mc", map.clone(), descs.clone()));
+    }
+    old.send(format!("set {taken} 0 0 4\r\nlate\r\n").as_bytes());
+    let mut rest = String::new();
+    let n = old.r.read_line(&mut rest).unwrap_or(0);
+    assert_eq!((n, rest.as_str()), (0, ""), "closed without an answer");
+    let mut new = Mc::connect(&hs[0]);
+    assert_eq!(new.ask(&format!("get {taken}\r\n")), "END", "the late write did not run");
+    assert_eq!(new.ask(&format!("set {taken} 0 0 2\r\nok\r\n")), "STORED");
+    for h in hs {
+        h.shutdown();
+    }
+}

@@ -19,7 +19,7 @@ use std::time::Duration;
 use fabrickv_cluster::slots::key_slot;
 use fabrickv_memcache::{MC_LINE_BYTES_MAX, MC_VALUE_BYTES_MAX};
 
-use crate::slot_routing::{RoutingCache, SlotRouting};
+use crate::slot_routing::{OpenedAt, RoutingCache, SlotRouting};
 
 /// Longest wait to connect to, write to or read from the owner of a key,
 /// in milliseconds; past it the command is answered `SERVER_ERROR` and
@@ -44,6 +44,8 @@ pub(crate) struct Forwarder {
     /// A connection of the peer front end: commands were forwarded here
     /// once and are not forwarded again.
     answering_only: bool,
+    /// A client connection: the map epoch it was opened under.
+    pub(super) opened: Option<OpenedAt>,
 }
 
 /// Where a command for a key goes.
@@ -108,6 +110,17 @@ impl Forwarder {
         }
     }
 
+    /// Whether a command for `key`, served here, came on a client
+    /// connection opened before this server took the key's slot over.
+    pub(crate) fn predates_leadership(&mut self, routing: &SlotRouting, key: &[u8]) -> bool {
+        let Some(opened) = self.opened else {
+            return false;
+        };
+        self.view
+            .current(routing)
+            .is_some_and(|r| !opened.admits(r, key_slot(key)))
+    }
+
     /// Where a command for `key` goes: here unless the server follows a
     /// slot map in which another server leads the key's slot.
     #[inline]
@@ -158,7 +171,12 @@ impl Forwarder {
         let start = out.len();
         if let Err(why) = self.exchange(addr, command, strip_end, out) {
             out.truncate(start);
-            self.conns.remove(addr);
+            if let Some(c) = self.conns.remove(addr) {
+                // Reset, not closed: the kernel would otherwise deliver
+                // the command once a cut link heals, long after its client
+                // was told it failed.
+                let _ = socket2::SockRef::from(c.get_ref()).set_linger(Some(Duration::ZERO));
+            }
             tracing::debug!("memcache forward to {addr}: {why}");
             if !quiet {
                 out.extend_from_slice(b"SERVER_ERROR cannot reach the key's server: ");

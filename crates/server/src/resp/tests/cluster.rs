@@ -166,9 +166,16 @@ fn a_connection_older_than_a_takeover_is_closed_before_it_writes() {
     ));
     assert_eq!(c.run(&["SET", &mine, "v"]), "+OK\r\n");
     let (out, closed) = c.feed(&cmd(&[b"SET", taken.as_bytes(), b"late"]));
-    assert!(closed && out.is_empty(), "closed: {closed}, replied {out:?}");
+    assert!(
+        closed && out.is_empty(),
+        "closed: {closed}, replied {out:?}"
+    );
     c.state = RespConnState::new(&c.shared, 2);
-    assert_eq!(c.run(&["GET", &taken]), "$-1\r\n", "the late write did not run");
+    assert_eq!(
+        c.run(&["GET", &taken]),
+        "$-1\r\n",
+        "the late write did not run"
+    );
     assert_eq!(c.run(&["SET", &taken, "v"]), "+OK\r\n");
     assert_eq!(c.run(&["GET", &taken]), "$1\r\nv\r\n");
 }
