@@ -526,7 +526,11 @@ fn a_connection_older_than_a_takeover_is_closed_before_it_writes() {
     let n = old.r.read_line(&mut rest).unwrap_or(0);
     assert_eq!((n, rest.as_str()), (0, ""), "closed without an answer");
     let mut new = Mc::connect(&hs[0]);
-    assert_eq!(new.ask(&format!("get {taken}\r\n")), "END", "the late write did not run");
+    assert_eq!(
+        new.ask(&format!("get {taken}\r\n")),
+        "END",
+        "the late write did not run"
+    );
     assert_eq!(new.ask(&format!("set {taken} 0 0 2\r\nok\r\n")), "STORED");
     for h in hs {
         h.shutdown();

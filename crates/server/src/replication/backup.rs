@@ -75,6 +75,8 @@ impl Listener {
         let open = Arc::new(AtomicUsize::new(0));
         let streams: Arc<std::sync::Mutex<Vec<TcpStream>>> = Arc::default();
         let held = streams.clone();
+        let newest = Newest::default();
+        let mut accepted = 0u64;
         let thread = std::thread::Builder::new()
             .name("fkv-repl-accept".into())
             .spawn(move || {
@@ -96,10 +98,12 @@ impl Listener {
                                 held.push(c);
                             }
                             let (a, o) = (applier.clone(), open.clone());
+                            accepted += 1;
+                            let (n, generation) = (newest.clone(), accepted);
                             let spawned = std::thread::Builder::new()
                                 .name("fkv-repl-apply".into())
                                 .spawn(move || {
-                                    if let Err(e) = serve(stream, &a) {
+                                    if let Err(e) = serve(stream, &a, &n, generation) {
                                         tracing::debug!("replication stream ended: {e}");
                                     }
                                     o.fetch_sub(1, Ordering::AcqRel);
@@ -126,8 +130,36 @@ impl Listener {
     }
 }
 
-/// Serves one primary's stream: challenge, proof, then batches.
-fn serve(mut stream: TcpStream, a: &Applier) -> std::io::Result<()> {
+/// Each primary's newest stream, by the order streams were accepted in.
+/// A primary opens a stream only after dropping its last one, but what
+/// it sent on the dropped one can still arrive: a link cut mid-batch
+/// delivers the kernel's resends once it heals, after the primary gave
+/// the batch up and may have streamed this server fresher states since.
+/// Only the newest stream of a primary is applied.
+#[derive(Clone, Default)]
+struct Newest(Arc<std::sync::Mutex<std::collections::HashMap<u32, u64>>>);
+
+impl Newest {
+    fn note(&self, sender: u32, generation: u64) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let g = m.entry(sender).or_insert(generation);
+        *g = (*g).max(generation);
+    }
+
+    fn is_newest(&self, sender: u32, generation: u64) -> bool {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&sender) == Some(&generation)
+    }
+}
+
+/// Serves one primary's stream (the `generation`th accepted): challenge,
+/// proof, then batches, while it is that primary's newest.
+fn serve(
+    mut stream: TcpStream,
+    a: &Applier,
+    newest: &Newest,
+    generation: u64,
+) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(Duration::from_millis(
@@ -150,6 +182,7 @@ fn serve(mut stream: TcpStream, a: &Applier) -> std::io::Result<()> {
         }
         _ => return Ok(()),
     };
+    newest.note(sender, generation);
     stream.set_read_timeout(Some(Duration::from_secs(REPL_IDLE_SECS)))?;
     loop {
         let body = reader.next(&mut stream)?;
@@ -164,6 +197,12 @@ fn serve(mut stream: TcpStream, a: &Applier) -> std::io::Result<()> {
                 return Ok(());
             }
         };
+        if !newest.is_newest(sender, generation) {
+            tracing::warn!(
+                "replication: a batch came late on a stream server {sender} replaced; not applied"
+            );
+            return Ok(());
+        }
         let (status, mine) = apply_batch(a, sender, epoch, recs);
         out.clear();
         records::ack(&mut out, seq, status, mine);
@@ -326,5 +365,25 @@ fn drop_keys(a: &Applier, now: u64, doomed: impl Fn(&[u8]) -> bool) {
                 let _ = part.delete(KeyHash::of(k), k, now);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Newest;
+
+    #[test]
+    fn only_a_primarys_newest_stream_is_applied() {
+        let n = Newest::default();
+        n.note(1, 3);
+        assert!(n.is_newest(1, 3));
+        assert!(!n.is_newest(2, 3), "another primary's streams are apart");
+        // The primary dropped stream 3 and opened stream 5: what comes
+        // late on 3 is not applied.
+        n.note(1, 5);
+        assert!(!n.is_newest(1, 3) && n.is_newest(1, 5));
+        // A stream accepted earlier whose proof came later changes nothing.
+        n.note(1, 4);
+        assert!(n.is_newest(1, 5) && !n.is_newest(1, 4));
     }
 }

@@ -218,6 +218,17 @@ struct FollowerConn {
     reader: MsgReader,
 }
 
+impl FollowerConn {
+    /// Drops a connection whose batch went unacknowledged with a reset:
+    /// closed, the kernel would keep resending the batch, and a follower
+    /// cut off meanwhile would get it once the link heals, after fresher
+    /// states (its follower side also applies only a primary's newest
+    /// stream).
+    fn abort(self) {
+        let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
+    }
+}
+
 /// The state of shipping, behind the replicator's shipping lock.
 #[derive(Default)]
 struct Shipper {
@@ -540,7 +551,9 @@ impl Replicator {
             }
             batches = Vec::new();
             for (f, msg) in failed {
-                sh.conns.remove(&f);
+                if let Some(c) = sh.conns.remove(&f) {
+                    c.abort();
+                }
                 let since = *failing.entry(f).or_insert_with(Instant::now);
                 if since.elapsed() >= Duration::from_millis(REPL_FOLLOWER_GIVE_UP_MS) {
                     self.drop_follower(f);
