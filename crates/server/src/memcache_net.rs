@@ -43,11 +43,59 @@ const _: () = assert!(MC_IDLE_SPIN_US == 0, "the shared loop never spins");
 /// sockets opened and left silent (to fill the cap) make way.
 pub const MC_EVICT_IDLE_MIN_MS: u64 = 1_000;
 
-impl Proto for McConnState {
-    type Shared = McShared;
-    type PerLoop = ();
+/// What the two memcache front ends' connections differ in: the
+/// client-facing one and the peer one share everything else.
+pub(crate) trait McFront: Send + 'static {
+    /// The front end's name in logs.
+    const NAME: &'static str;
+    /// Its threads' name, before `-{index}`.
+    const THREAD: &'static str;
+    /// A new connection's state.
+    fn open(shared: &McShared) -> Self;
+    /// The protocol state.
+    fn state(&mut self) -> &mut McConnState;
+}
+
+impl McFront for McConnState {
     const NAME: &'static str = "memcache";
     const THREAD: &'static str = "fkv-mc";
+
+    fn open(shared: &McShared) -> McConnState {
+        McConnState::new().opened_under(&shared.slot_routing)
+    }
+
+    fn state(&mut self) -> &mut McConnState {
+        self
+    }
+}
+
+/// A connection of the peer front end, where other servers of an etcd
+/// cluster send the commands they forward (`ServerDesc::memcache_peer`).
+/// It is the memcache protocol over the same state, on loops of its own,
+/// but never forwards: a key of a slot this server does not lead is
+/// answered `SERVER_ERROR`. Forwarding blocks a loop for the owner's
+/// answer; were forwarded commands served by the loops that forward, two
+/// servers forwarding to each other at once would each wait on the other.
+pub(crate) struct McPeerConn(McConnState);
+
+impl McFront for McPeerConn {
+    const NAME: &'static str = "memcache peer";
+    const THREAD: &'static str = "fkv-mcpeer";
+
+    fn open(_: &McShared) -> McPeerConn {
+        McPeerConn(McConnState::forwarded_to())
+    }
+
+    fn state(&mut self) -> &mut McConnState {
+        &mut self.0
+    }
+}
+
+impl<C: McFront> Proto for C {
+    type Shared = McShared;
+    type PerLoop = ();
+    const NAME: &'static str = <C as McFront>::NAME;
+    const THREAD: &'static str = <C as McFront>::THREAD;
     const CONNECTIONS_MAX: usize = MC_CONNECTIONS_MAX;
     const READ_CHUNK_BYTES: usize = MC_READ_CHUNK_BYTES;
     const INPUT_BYTES_MAX: usize = MC_INPUT_BYTES_MAX;
@@ -61,48 +109,14 @@ impl Proto for McConnState {
 
     fn per_loop(_thread: usize, _threads: usize, _waker: &Arc<Waker>) {}
 
-    fn connect(shared: &McShared, _: &mut (), _: &TcpStream, _: usize, _: u64) -> McConnState {
-        McConnState::new().opened_under(&shared.slot_routing)
+    fn connect(shared: &McShared, _: &mut (), _: &TcpStream, _: usize, _: u64) -> C {
+        C::open(shared)
     }
 
     fn execute(&mut self, io: &mut Io, shared: &McShared, now_ms: u64) -> bool {
-        let p = self.process(shared, &io.input[io.start..io.end], &mut io.out, now_ms);
+        let p = self
+            .state()
+            .process(shared, &io.input[io.start..io.end], &mut io.out, now_ms);
         io.took(p.consumed, p.need, p.close)
-    }
-}
-
-/// A connection of the peer front end, where other servers of an etcd
-/// cluster send the commands they forward (`ServerDesc::memcache_peer`).
-/// It is the memcache protocol over the same state, on loops of its own,
-/// but never forwards: a key of a slot this server does not lead is
-/// answered `SERVER_ERROR`. Forwarding blocks a loop for the owner's
-/// answer; were forwarded commands served by the loops that forward, two
-/// servers forwarding to each other at once would each wait on the other.
-pub(crate) struct McPeerConn(McConnState);
-
-impl Proto for McPeerConn {
-    type Shared = McShared;
-    type PerLoop = ();
-    const NAME: &'static str = "memcache peer";
-    const THREAD: &'static str = "fkv-mcpeer";
-    const CONNECTIONS_MAX: usize = MC_CONNECTIONS_MAX;
-    const READ_CHUNK_BYTES: usize = MC_READ_CHUNK_BYTES;
-    const INPUT_BYTES_MAX: usize = MC_INPUT_BYTES_MAX;
-    const IDLE_BUFFER_BYTES_MAX: usize = MC_IDLE_BUFFER_BYTES_MAX;
-    const EVICT_IDLE_MIN_MS: u64 = MC_EVICT_IDLE_MIN_MS;
-    const REFUSAL: &'static [u8] = <McConnState as Proto>::REFUSAL;
-
-    fn counters(shared: &McShared) -> Counters<'_> {
-        conn_counters!(shared.counters)
-    }
-
-    fn per_loop(_thread: usize, _threads: usize, _waker: &Arc<Waker>) {}
-
-    fn connect(_: &McShared, _: &mut (), _: &TcpStream, _: usize, _: u64) -> McPeerConn {
-        McPeerConn(McConnState::forwarded_to())
-    }
-
-    fn execute(&mut self, io: &mut Io, shared: &McShared, now_ms: u64) -> bool {
-        self.0.execute(io, shared, now_ms)
     }
 }

@@ -474,16 +474,22 @@ mod tests {
 
     const TIMEOUT: Duration = Duration::from_secs(10);
 
+    /// Accepts one client and answers its handshake (one worker).
+    fn accept_one(l: &TcpListener) -> std::net::TcpStream {
+        let (mut s, _) = l.accept().unwrap();
+        let mut hs = [0u8; HANDSHAKE_BYTES];
+        s.read_exact(&mut hs).unwrap();
+        s.write_all(&TCP_OPENING.encode(0, 1)).unwrap();
+        s
+    }
+
     /// A fake server: answers the handshake, then writes each script step
     /// (bytes, then a pause) and holds the socket until the test ends.
     fn fake_server(script: Vec<(Vec<u8>, Duration)>) -> (String, JoinHandle<()>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let t = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            let mut hs = [0u8; HANDSHAKE_BYTES];
-            s.read_exact(&mut hs).unwrap();
-            s.write_all(&TCP_OPENING.encode(0, 1)).unwrap();
+            let mut s = accept_one(&l);
             for (bytes, pause) in script {
                 s.write_all(&bytes).unwrap();
                 std::thread::sleep(pause);
@@ -668,10 +674,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let t = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            let mut hs = [0u8; HANDSHAKE_BYTES];
-            s.read_exact(&mut hs).unwrap();
-            s.write_all(&TCP_OPENING.encode(0, 1)).unwrap();
+            let mut s = accept_one(&l);
             let mut request = [0u8; PREFIX_BYTES + 3];
             s.read_exact(&mut request).unwrap();
             if answer {
