@@ -49,11 +49,21 @@ use memcache::McConnState;
 use resp_net::RespConn;
 use text_socket::start as front_end;
 
-/// Stops the text front ends' loops started so far, when a later one
-/// fails to start.
-fn stop_started(stop: &AtomicBool, wakers: &[Arc<mio::Waker>], threads: Vec<JoinHandle<()>>) {
+/// Stops the threads started so far (`wakers` wake the native side's,
+/// `text_wakers` the text front ends' loops), when a later part of the
+/// server fails to start.
+fn stop_started(
+    stop: &AtomicBool,
+    wakers: &[Waker],
+    text_wakers: &[Arc<mio::Waker>],
+    threads: Vec<JoinHandle<()>>,
+) {
     stop.store(true, Ordering::Release);
     for w in wakers {
+        w.wake();
+    }
+    for w in text_wakers {
+        // A failed wake only delays the stop to the loop's poll timeout.
         let _ = w.wake();
     }
     for t in threads {
@@ -345,7 +355,7 @@ impl Server {
                     {
                         Ok(fe) => fe,
                         Err(e) => {
-                            stop_started(&stop, &resp_wakers, threads);
+                            stop_started(&stop, &wakers, &resp_wakers, threads);
                             return Err(StartError::Memcache(addr.clone(), e));
                         }
                     };
@@ -371,7 +381,7 @@ impl Server {
                             Some(p.addr.to_string())
                         }
                         Err(e) => {
-                            stop_started(&stop, &resp_wakers, threads);
+                            stop_started(&stop, &wakers, &resp_wakers, threads);
                             return Err(StartError::Memcache(at, e));
                         }
                     }
@@ -446,16 +456,7 @@ impl Server {
             Ok(g) => g,
             Err(e) => {
                 // The data plane is up already: stop it before failing.
-                stop.store(true, Ordering::Release);
-                for w in &wakers {
-                    w.wake();
-                }
-                for w in &resp_wakers {
-                    let _ = w.wake();
-                }
-                for t in threads {
-                    let _ = t.join();
-                }
+                stop_started(&stop, &wakers, &resp_wakers, threads);
                 return Err(e);
             }
         };
