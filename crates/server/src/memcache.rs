@@ -42,6 +42,7 @@ use fabrickv_types::KeyHash;
 use crate::config::Mode;
 use crate::partitions::{Partitions, PREFETCH_KEYS_MAX};
 use crate::resp::unix_now_ms;
+use forward::Placed;
 use store::Expiry;
 
 mod forward;
@@ -250,16 +251,6 @@ pub(super) struct GetLine {
     out_start: Option<usize>,
 }
 
-/// Where a keyed command not a retrieval goes, in an etcd cluster.
-enum Forwarded {
-    Here,
-    /// Sent on to its slot's server, the answer appended.
-    Sent,
-    /// Not run: the connection is older than this server's leadership of
-    /// the key's slot (see `slot_routing::OpenedAt`).
-    Close,
-}
-
 /// What a command leaves the connection to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum After {
@@ -385,9 +376,10 @@ impl McConnState {
                         cmd => {
                             done.consumed += consumed;
                             match self.forwarded(sh, &cmd, &rest[..consumed], out) {
-                                Forwarded::Here => {}
-                                Forwarded::Sent => continue,
-                                Forwarded::Close => {
+                                Placed::Here => {}
+                                Placed::Sent => continue,
+                                // A late write is not run (`OpenedAt`).
+                                Placed::HereTooLate => {
                                     done.close = true;
                                     break;
                                 }
@@ -456,17 +448,16 @@ impl McConnState {
 
     /// Sends a keyed command (`raw`, as received) for a key of another
     /// server's hash slot on to that server and appends its answer, or
-    /// says it runs here, or that the connection is older than this
-    /// server's leadership of the key's slot.
+    /// says it is this server's.
     fn forwarded(
         &mut self,
         sh: &McShared,
         cmd: &Command<'_>,
         raw: &[u8],
         out: &mut Vec<u8>,
-    ) -> Forwarded {
+    ) -> Placed {
         if !self.forward.follows(&sh.slot_routing) {
-            return Forwarded::Here;
+            return Placed::Here;
         }
         let mut buf = [0u8; mc::MC_BASE64_KEY_BYTES_MAX];
         let (key, quiet) = match cmd {
@@ -476,20 +467,12 @@ impl McConnState {
             | Command::Touch { key, noreply, .. } => (*key, *noreply),
             Command::Meta(m) => match meta::decoded_key(m.key, m.flags.base64, &mut buf) {
                 Some(k) => (k, m.flags.quiet),
-                None => return Forwarded::Here,
+                None => return Placed::Here,
             },
-            _ => return Forwarded::Here,
+            _ => return Placed::Here,
         };
-        if self
-            .forward
+        self.forward
             .elsewhere(&sh.slot_routing, key, quiet, false, out, || raw.into())
-        {
-            Forwarded::Sent
-        } else if self.forward.predates_leadership(&sh.slot_routing, key) {
-            Forwarded::Close
-        } else {
-            Forwarded::Here
-        }
     }
 
     fn command(&mut self, sh: &McShared, cmd: Command<'_>, out: &mut Vec<u8>, now: u64) -> After {

@@ -48,10 +48,24 @@ pub(crate) struct Forwarder {
     pub(super) opened: Option<OpenedAt>,
 }
 
+/// Where [`Forwarder::elsewhere`] left a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placed {
+    /// It runs here.
+    Here,
+    /// It is this server's, but came on a client connection opened before
+    /// this server took the key's slot over (see `OpenedAt`): a write so
+    /// placed is not run and the connection is closed.
+    HereTooLate,
+    /// Sent on to its slot's server, the answer (or `SERVER_ERROR`)
+    /// appended.
+    Sent,
+}
+
 /// Where a command for a key goes.
 enum Owner {
-    /// This server serves it.
-    Here,
+    /// This server serves it; `too_late` as in [`Placed::HereTooLate`].
+    Here { too_late: bool },
     /// Another server's memcache front end, at this address.
     At(String),
     /// Another server that cannot be forwarded to now: why.
@@ -81,7 +95,7 @@ impl Forwarder {
     /// Sends the command for `key` (built by `command` only then) on to
     /// the server leading the key's slot and appends its answer, or
     /// `SERVER_ERROR` when that server cannot be reached, unless `quiet`;
-    /// `false` when the key is served here. With `strip_end` the answer's
+    /// else says the key is served here. With `strip_end` the answer's
     /// `END` line is left out (a retrieval line ends with its own).
     #[inline]
     pub(crate) fn elsewhere<'c>(
@@ -92,12 +106,13 @@ impl Forwarder {
         strip_end: bool,
         out: &mut Vec<u8>,
         command: impl FnOnce() -> Cow<'c, [u8]>,
-    ) -> bool {
+    ) -> Placed {
         match self.owner(routing, key) {
-            Owner::Here => false,
+            Owner::Here { too_late: false } => Placed::Here,
+            Owner::Here { too_late: true } => Placed::HereTooLate,
             Owner::At(addr) => {
                 self.forward(&addr, &command(), strip_end, quiet, out);
-                true
+                Placed::Sent
             }
             Owner::Unreachable(why) => {
                 if !quiet {
@@ -105,20 +120,9 @@ impl Forwarder {
                     out.extend_from_slice(why.as_bytes());
                     out.extend_from_slice(b"\r\n");
                 }
-                true
+                Placed::Sent
             }
         }
-    }
-
-    /// Whether a command for `key`, served here, came on a client
-    /// connection opened before this server took the key's slot over.
-    pub(crate) fn predates_leadership(&mut self, routing: &SlotRouting, key: &[u8]) -> bool {
-        let Some(opened) = self.opened else {
-            return false;
-        };
-        self.view
-            .current(routing)
-            .is_some_and(|r| !opened.admits(r, key_slot(key)))
     }
 
     /// Where a command for `key` goes: here unless the server follows a
@@ -126,11 +130,12 @@ impl Forwarder {
     #[inline]
     fn owner(&mut self, routing: &SlotRouting, key: &[u8]) -> Owner {
         let Some(r) = self.view.current(routing) else {
-            return Owner::Here;
+            return Owner::Here { too_late: false };
         };
         let slot = key_slot(key);
         if r.serves(slot, false) {
-            return Owner::Here;
+            let too_late = self.opened.is_some_and(|o| !o.admits(r, slot));
+            return Owner::Here { too_late };
         }
         let id = r.primary_of(slot);
         if self.answering_only {

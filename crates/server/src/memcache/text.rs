@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use fabrickv_memcache::{self as mc, Command, StoreMode};
 
-use super::forward::Forwarder;
+use super::forward::{Forwarder, Placed};
 use super::store::{self, Arith, Expiry, Outcome, StoreReq};
 use super::{line, push_u64, GetLine, McConnState, McShared, MC_OUTPUT_SOFT_BYTES};
 
@@ -189,7 +189,9 @@ pub(super) fn retrieve(
             one.extend_from_slice(b"\r\n");
             one.into()
         });
-        if forwarded {
+        // Retrievals are not held to the connection's age (`OpenedAt`):
+        // a late read harms no one, its client left.
+        if forwarded == Placed::Sent {
             continue;
         }
         c.cmd_get.fetch_add(1, Ordering::Relaxed);

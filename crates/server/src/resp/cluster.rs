@@ -150,11 +150,18 @@ impl ClusterConn {
             .min(argc.saturating_sub(1));
         let first = spec.first_key as usize;
         let step = spec.step.max(1) as usize;
-        let slots = (first..=last).step_by(step).map(|i| key_slot(a.get(i)));
+        let mut slots = (first..=last)
+            .step_by(step)
+            .map(|i| key_slot(a.get(i)))
+            .peekable();
+        let first_slot = slots.peek().copied();
         match r.route(slots, replica_read) {
-            // A late read harms no one (its client left); a late write
-            // would land over newer ones.
-            Route::Here if replica_read || opened.admits(r, key_slot(a.get(first))) => Gate::Run,
+            // A READONLY read at a backup is not held to the connection's
+            // age: a late read harms no one (its client left). Every other
+            // command is, reads at the primary included.
+            Route::Here if replica_read || first_slot.is_none_or(|s| opened.admits(r, s)) => {
+                Gate::Run
+            }
             Route::Here => Gate::Close,
             Route::Moved { slot, to: Some(to) } => {
                 resp::error(out, &format!("MOVED {slot} {to}"));

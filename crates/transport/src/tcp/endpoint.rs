@@ -67,10 +67,8 @@ pub struct TcpEndpoint {
     read_timeout: Option<Duration>,
     /// Workers the server reported in its handshake.
     workers: u16,
-    /// Messages posted and messages received: while they differ, some
-    /// request is unanswered (see the `Drop` impl).
-    posted: u64,
-    received: u64,
+    /// Messages posted and not yet answered (see the `Drop` impl).
+    unanswered: u64,
 }
 
 /// A connection dropped with a request unanswered is reset, not closed.
@@ -78,11 +76,11 @@ pub struct TcpEndpoint {
 /// acknowledged, for minutes: a server cut off when the client gave up
 /// would run the request once the link is back, long after the client
 /// was told it failed and may have sent it elsewhere (the fault test
-/// found a write so run 25 s late, over newer ones). A reset makes the
+/// found a write so run 12 s late, over newer ones). A reset makes the
 /// kernel drop the bytes at once.
 impl Drop for TcpEndpoint {
     fn drop(&mut self) {
-        if self.posted != self.received {
+        if self.unanswered != 0 {
             let _ = rustix::net::sockopt::set_socket_linger(&self.stream, Some(Duration::ZERO));
         }
     }
@@ -135,8 +133,7 @@ impl TcpEndpoint {
             out_head: 0,
             read_timeout: Some(timeout),
             workers,
-            posted: 0,
-            received: 0,
+            unanswered: 0,
         })
     }
 
@@ -342,7 +339,7 @@ impl Endpoint for TcpEndpoint {
         build(&mut self.out);
         match framing::finish(&mut self.out, at) {
             Ok(true) => {
-                self.posted += 1;
+                self.unanswered += 1;
                 Ok(())
             }
             Ok(false) => Err(TransportError::MessageTooLarge(0)),
@@ -396,7 +393,7 @@ impl Endpoint for TcpEndpoint {
                     let start = self.in_head + PREFIX_BYTES;
                     on_msg(&self.inbuf[start..start + len]);
                     self.in_head = start + len;
-                    self.received += 1;
+                    self.unanswered = self.unanswered.saturating_sub(1);
                     n += 1;
                 }
                 Next::NeedMore(_) => break,
@@ -443,7 +440,7 @@ impl Endpoint for TcpEndpoint {
                 _ => false,
             };
             if placed {
-                self.received += 1;
+                self.unanswered = self.unanswered.saturating_sub(1);
                 return Ok(Landed::Split);
             }
         }
@@ -455,7 +452,7 @@ impl Endpoint for TcpEndpoint {
         }
         let start = self.in_head + PREFIX_BYTES;
         self.in_head = start + len;
-        self.received += 1;
+        self.unanswered = self.unanswered.saturating_sub(1);
         sink.whole(&self.inbuf[start..start + len]);
         Ok(Landed::Whole)
     }
