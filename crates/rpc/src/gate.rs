@@ -11,8 +11,10 @@
 //! one round trip per burst. A server that does not replicate never arms
 //! its gate, and pays one relaxed load per burst.
 
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 /// What an armed gate runs before a flush.
 pub trait Settle: Send + Sync {
@@ -27,6 +29,14 @@ pub trait Settle: Send + Sync {
 
     /// Whether the replies a ticket was taken for may be sent.
     fn done(&self, ticket: u64) -> bool;
+
+    /// Waits up to `timeout` for the work that settles tickets, doing it
+    /// in this thread where it can (so the thread that will send the
+    /// replies is the one woken), and returns early once `also` (the
+    /// caller's own poll descriptor) is readable. False, at once, when
+    /// there is nothing to wait on here: the caller waits its own way and
+    /// is woken through its waker.
+    fn wait(&self, also: Option<BorrowedFd<'_>>, timeout: Duration) -> bool;
 }
 
 /// A loop waiting on tickets: woken after work that may have settled one.
@@ -83,6 +93,15 @@ impl FlushGate {
             return None;
         }
         self.settle.get().and_then(|s| s.ticket())
+    }
+
+    /// For a loop holding replies on tickets, before it blocks: waits up
+    /// to `timeout` for them to settle or for `also` (its poll
+    /// descriptor) to be readable. False when it did not wait.
+    pub fn wait(&self, also: BorrowedFd<'_>, timeout: Duration) -> bool {
+        self.settle
+            .get()
+            .is_some_and(|s| s.wait(Some(also), timeout))
     }
 
     /// Whether replies held on `ticket` may leave.

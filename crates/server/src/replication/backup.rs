@@ -169,6 +169,7 @@ fn serve(
     let mut out = Vec::new();
     records::challenge(&mut out, &nonce);
     stream.write_all(&out)?;
+    out.clear();
     let mut reader = MsgReader::default();
     let sender = match records::decode(reader.next(&mut stream)?) {
         Ok(Message::Hello { id, proof }) => {
@@ -204,9 +205,13 @@ fn serve(
             return Ok(());
         }
         let (status, mine) = apply_batch(a, sender, epoch, recs);
-        out.clear();
         records::ack(&mut out, seq, status, mine);
-        stream.write_all(&out)?;
+        // Batches the primary pipelined arrive together: their
+        // acknowledgements leave together, in one write.
+        if !reader.has_whole() {
+            stream.write_all(&out)?;
+            out.clear();
+        }
     }
 }
 

@@ -36,15 +36,17 @@
 //!   compare-and-swap of the map in etcd.
 
 pub mod backup;
+mod followers;
 pub mod lease;
 
-use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::Read;
 use std::net::TcpStream;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fabrickv_auth::Secret;
 use fabrickv_cluster::etcd::EtcdRegistry;
@@ -57,7 +59,7 @@ use crate::partitions::Partitions;
 use crate::service::Clock;
 use crate::slot_routing::{Routing, SlotRouting};
 use fabrickv_wire::repl as records;
-use records::{AckStatus, BatchBuf, Message, REPL_BATCH_BYTES_TARGET, REPL_MESSAGE_BYTES_MAX};
+use records::{BatchBuf, REPL_BATCH_BYTES_TARGET, REPL_MESSAGE_BYTES_MAX};
 
 // The stream's handshake carries the cluster secret's nonce and proof.
 const _: () = assert!(records::NONCE_BYTES == fabrickv_auth::NONCE_BYTES);
@@ -82,8 +84,14 @@ pub const REPL_FOLLOWER_GIVE_UP_MS: u64 = 1_000;
 /// Longest wait to connect to a follower, in milliseconds.
 pub const REPL_CONNECT_TIMEOUT_MS: u64 = 250;
 
+/// Rounds launched and not yet acknowledged by every follower, at most:
+/// past this, the next round waits for acknowledgements, so a follower
+/// slower than the primary's writers holds at most this many batches in
+/// the primary's memory.
+pub const REPL_ROUNDS_IN_FLIGHT_MAX: u64 = 16;
+
 /// How often the replicator's own thread looks for work no reply waits
-/// on (joiners to stream), in milliseconds.
+/// on (joiners to stream, silent followers), in milliseconds.
 pub const REPL_TICK_MS: u64 = 5;
 
 /// Index entries one stream chunk examines per partition visit.
@@ -208,34 +216,31 @@ struct Stream {
     begun: bool,
     partition: usize,
     bucket: usize,
-    /// Every partition was walked in a round now acknowledged.
+    /// The round carrying the walk's last chunk, once sent.
+    last_round: Option<u64>,
+    /// That round was acknowledged: the joiner is in sync.
     complete: bool,
 }
 
-/// A connection to one follower.
-struct FollowerConn {
-    stream: TcpStream,
-    reader: MsgReader,
+/// A round sent and not yet acknowledged by every follower.
+struct InFlight {
+    round: u64,
+    /// Each partition the round drained, and its journal's count then.
+    drained: Vec<(usize, u64)>,
+    /// Followers whose acknowledgement of the round's batch is awaited.
+    awaiting: Vec<u32>,
 }
 
-impl FollowerConn {
-    /// Drops a connection whose batch went unacknowledged with a reset:
-    /// closed, the kernel would keep resending the batch, and a follower
-    /// cut off meanwhile would get it once the link heals, after fresher
-    /// states (its follower side also applies only a primary's newest
-    /// stream).
-    fn abort(self) {
-        let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
-    }
-}
-
-/// The state of shipping, behind the replicator's shipping lock.
+/// The state of shipping, behind the replicator's shipping lock, which is
+/// never held across a wait on the network (writes aside).
 #[derive(Default)]
 struct Shipper {
     spare: Vec<u8>,
-    conns: HashMap<u32, FollowerConn>,
+    followers: HashMap<u32, followers::Follower>,
     batch_seq: u64,
     streams: Vec<Stream>,
+    /// Rounds launched and not yet complete, oldest first.
+    in_flight: VecDeque<InFlight>,
 }
 
 /// The primary side of replication, shared by every thread that replies.
@@ -244,55 +249,48 @@ pub struct Replicator {
     secret: Option<Secret>,
     parts: Arc<Partitions>,
     seqs: Box<[Arc<JournalSeq>]>,
+    /// Per partition, the journal count every follower has applied.
     acked: Box<[AtomicU64]>,
+    /// Per partition, the journal count some launched round drained.
+    launched: Box<[AtomicU64]>,
     routing: Arc<SlotRouting>,
     unix: UnixClock,
     registry: EtcdRegistry,
     ship: Mutex<Shipper>,
-    /// Rounds begun and rounds finished (the ticket counters), and the
-    /// highest ticket handed out.
+    /// Rounds launched and rounds complete (the ticket counters; rounds
+    /// complete in order), and the highest ticket handed out.
     rounds_started: AtomicU64,
     rounds_done: AtomicU64,
     wanted: AtomicU64,
-    /// Woken after every round.
+    /// Woken after rounds complete.
     gate: Arc<FlushGate>,
-    /// The replicator's own thread, unparked when a ticket is taken.
+    /// Where a worker blocked in [`Settle::settle`] waits.
+    done_lock: Mutex<()>,
+    done_cv: Condvar,
+    /// Set when the server stops.
+    stop: AtomicBool,
+    /// Threads waiting in [`Replicator::pump`] now.
+    pumping: std::sync::atomic::AtomicUsize,
+    /// The replicator's own thread, unparked when it has work.
     thread: std::sync::OnceLock<std::thread::Thread>,
 }
 
 impl Settle for Replicator {
     fn ticket(&self) -> Option<u64> {
-        if !self.pending() {
+        if !self.unacked() {
             return None;
         }
-        // Any round that starts from now on drains every journal, and so
-        // covers the writes made before this call.
-        let t = self.rounds_started.load(Ordering::Acquire) + 1;
-        // No round in flight: run one here, as `settle` would (a thread
-        // handing it to another and being woken after cost more than the
-        // round). One in flight: the caller serves its other connections
-        // and comes back when woken after it.
-        match self.ship.try_lock() {
-            Ok(mut sh) => {
-                self.round(&mut sh);
-                None
-            }
-            Err(std::sync::TryLockError::Poisoned(p)) => {
-                self.round(&mut p.into_inner());
-                None
-            }
-            Err(std::sync::TryLockError::WouldBlock) => {
-                // The round in flight may cover these writes or not: the
-                // replicator's thread runs one more after it either way,
-                // so the ticket is honoured even if nothing is left to
-                // ship by then.
-                self.wanted.fetch_max(t, Ordering::AcqRel);
-                if let Some(th) = self.thread.get() {
-                    th.unpark();
-                }
-                Some(t)
-            }
-        }
+        let t = if self.unlaunched() {
+            // Launch a round for these writes here (no wait: the loop
+            // serves its other connections meanwhile, and the next
+            // round may leave before this one is acknowledged).
+            let mut sh = self.lock_ship();
+            self.launch_for(&mut sh)
+        } else {
+            // Every write so far is in a round already launched.
+            self.rounds_started.load(Ordering::Acquire)
+        };
+        (!self.done(t)).then_some(t)
     }
 
     fn done(&self, ticket: u64) -> bool {
@@ -300,59 +298,122 @@ impl Settle for Replicator {
     }
 
     fn settle(&self) {
-        let n = self.seqs.len();
-        if !self.pending() {
+        let Some(t) = self.ticket() else {
             return;
-        }
-        let targets: Vec<u64> = self.seqs.iter().map(|s| s.get()).collect();
-        let done =
-            |r: &Replicator| (0..n).all(|p| r.acked[p].load(Ordering::Acquire) >= targets[p]);
-        while !done(self) {
-            let mut sh = self.ship.lock().unwrap_or_else(|p| p.into_inner());
-            if done(self) {
-                break;
+        };
+        while !self.done(t) {
+            // Reads the acknowledgements itself; when none can be read
+            // here (a connection being mended), waits to be told.
+            if !self.pump(None, Duration::from_millis(REPL_TICK_MS)) {
+                let g = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
+                if !self.done(t) {
+                    let _ = self
+                        .done_cv
+                        .wait_timeout(g, Duration::from_millis(REPL_TICK_MS));
+                }
             }
-            self.round(&mut sh);
         }
+    }
+
+    fn wait(&self, also: Option<BorrowedFd<'_>>, timeout: Duration) -> bool {
+        self.pump(also, timeout)
     }
 }
 
 impl Replicator {
+    fn lock_ship(&self) -> std::sync::MutexGuard<'_, Shipper> {
+        self.ship.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Whether any partition holds writes its followers have not applied.
-    fn pending(&self) -> bool {
+    fn unacked(&self) -> bool {
         (0..self.seqs.len()).any(|p| self.seqs[p].get() > self.acked[p].load(Ordering::Acquire))
     }
 
-    /// One round ([`Replicator::ship`]), counted for tickets, then the
-    /// loops holding replies on tickets are woken.
-    fn round(&self, sh: &mut Shipper) {
-        let n = self.rounds_started.fetch_add(1, Ordering::AcqRel) + 1;
-        self.ship(sh);
-        self.rounds_done.store(n, Ordering::Release);
-        self.gate.wake_waiters();
+    /// Whether any partition holds writes no round has taken yet.
+    fn unlaunched(&self) -> bool {
+        (0..self.seqs.len()).any(|p| self.seqs[p].get() > self.launched[p].load(Ordering::Acquire))
     }
 
-    /// Streams chunks to joiners, drains every journal, sends each
-    /// follower its batch and waits until all have applied theirs.
-    fn ship(&self, sh: &mut Shipper) {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    fn wake_thread(&self) {
+        if let Some(th) = self.thread.get() {
+            th.unpark();
+        }
+    }
+
+    /// Whether another round may be launched now.
+    fn room(&self) -> bool {
+        self.rounds_started.load(Ordering::Acquire) - self.rounds_done.load(Ordering::Acquire)
+            < REPL_ROUNDS_IN_FLIGHT_MAX
+    }
+
+    /// Launches the round tickets wait for, if there is room now.
+    fn launch_owed(&self, sh: &mut Shipper) {
+        if self.wanted.load(Ordering::Acquire) > self.rounds_started.load(Ordering::Acquire)
+            && self.room()
+        {
+            self.launch(sh);
+        }
+    }
+
+    /// The round that will cover every write made before this call: one
+    /// launched now, or, with [`REPL_ROUNDS_IN_FLIGHT_MAX`] in flight, the
+    /// next one, which the replicator's thread launches once room is made.
+    fn launch_for(&self, sh: &mut Shipper) -> u64 {
+        let started = self.rounds_started.load(Ordering::Acquire);
+        if !self.unlaunched() {
+            // Another thread's round took them while this one waited.
+            return started;
+        }
+        if self.room() {
+            return self.launch(sh);
+        }
+        // Launched by whichever thread takes the acknowledgement that
+        // makes room (or the replicator's thread on its next tick).
+        self.wanted.fetch_max(started + 1, Ordering::AcqRel);
+        started + 1
+    }
+
+    /// Launches one round: streams chunks to joiners, drains every
+    /// journal, and queues (and writes) each follower its batch; returns
+    /// the round's number. It completes once every follower it went to
+    /// acknowledged it, and every round before it completed.
+    fn launch(&self, sh: &mut Shipper) -> u64 {
+        let round = self.rounds_started.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut drained: Vec<(usize, u64)> = Vec::new();
+        let mut awaiting = Vec::new();
         let Some(r) = self.routing.routing() else {
             // No map, no followers: nothing to wait for.
             for p in 0..self.seqs.len() {
-                self.acked[p].fetch_max(self.seqs[p].get(), Ordering::AcqRel);
+                let seq = self.seqs[p].get();
+                self.launched[p].fetch_max(seq, Ordering::AcqRel);
+                drained.push((p, seq));
             }
-            return;
+            sh.in_flight.push_back(InFlight {
+                round,
+                drained,
+                awaiting,
+            });
+            self.advance(sh);
+            return round;
         };
         let now = self.unix.clock().now_ms();
         let mut out: HashMap<u32, BatchBuf> = HashMap::new();
         self.follow_joiners(sh, &r);
-        for st in sh.streams.iter_mut().filter(|s| !s.complete) {
+        for st in sh.streams.iter_mut().filter(|s| s.last_round.is_none()) {
             let buf = out.entry(st.joiner).or_default();
             self.stream_chunk(st, &r, buf, now);
+            if st.partition >= self.seqs.len() {
+                st.last_round = Some(round);
+            }
         }
-        let mut drained: Vec<(usize, u64)> = Vec::new();
         let mut foreign = false;
         for p in 0..self.seqs.len() {
-            if self.seqs[p].get() <= self.acked[p].load(Ordering::Acquire) {
+            if self.seqs[p].get() <= self.launched[p].load(Ordering::Acquire) {
                 continue;
             }
             let mut part = self.parts.lock(p);
@@ -390,31 +451,120 @@ impl Replicator {
             }
             drop(seen);
             drop(part);
+            self.launched[p].fetch_max(noted.seq, Ordering::AcqRel);
             drained.push((p, noted.seq));
             sh.spare = noted.keys;
         }
         if foreign {
             fence_exit("writes were made to slots this server no longer leads");
         }
-        let epoch = r.map.epoch;
-        let mut sent: Vec<(u32, Vec<u8>)> = Vec::with_capacity(out.len());
+        let mut mend = false;
         for (f, mut buf) in out {
             if buf.is_empty() {
                 continue;
             }
             sh.batch_seq += 1;
-            sent.push((f, buf.seal(epoch, sh.batch_seq)));
+            let msg = buf.seal(r.map.epoch, sh.batch_seq);
+            let seq = sh.batch_seq;
+            mend |= sh.followers.entry(f).or_default().send(seq, round, msg);
+            awaiting.push(f);
         }
-        self.deliver(sh, sent);
-        for (p, seq) in drained {
-            self.acked[p].fetch_max(seq, Ordering::AcqRel);
+        if mend {
+            self.wake_thread();
         }
+        sh.in_flight.push_back(InFlight {
+            round,
+            drained,
+            awaiting,
+        });
+        self.advance(sh);
+        round
+    }
+
+    /// Follower `f` acknowledged its batch of `round`.
+    fn acked_by(&self, sh: &mut Shipper, f: u32, round: u64) {
+        if let Some(r) = sh.in_flight.iter_mut().find(|r| r.round == round) {
+            r.awaiting.retain(|&x| x != f);
+        }
+        self.advance(sh);
+    }
+
+    /// Stops waiting for follower `f`, which no longer follows this
+    /// server: its connection is reset and its rounds complete without it.
+    fn forget(&self, sh: &mut Shipper, f: u32) {
+        if let Some(mut fo) = sh.followers.remove(&f) {
+            fo.abort();
+        }
+        for r in sh.in_flight.iter_mut() {
+            r.awaiting.retain(|&x| x != f);
+        }
+        sh.streams.retain(|st| st.joiner != f);
+        self.advance(sh);
+    }
+
+    /// Completes, in order, the rounds every follower acknowledged, and
+    /// wakes whoever waits on them.
+    fn advance(&self, sh: &mut Shipper) {
+        let mut done = None;
+        while sh.in_flight.front().is_some_and(|r| r.awaiting.is_empty()) {
+            let Some(r) = sh.in_flight.pop_front() else {
+                break;
+            };
+            for (p, seq) in r.drained {
+                self.acked[p].fetch_max(seq, Ordering::AcqRel);
+            }
+            self.rounds_done.store(r.round, Ordering::Release);
+            done = Some(r.round);
+        }
+        let Some(done) = done else {
+            return;
+        };
         for st in sh.streams.iter_mut() {
-            if st.begun && st.partition >= self.seqs.len() {
+            if st.last_round.is_some_and(|l| l <= done) {
                 st.complete = true;
             }
         }
-        self.promote_complete(sh);
+        drop(self.done_lock.lock().unwrap_or_else(|p| p.into_inner()));
+        self.done_cv.notify_all();
+        self.gate.wake_waiters();
+        if self.wanted.load(Ordering::Acquire) > self.rounds_started.load(Ordering::Acquire) {
+            self.wake_thread();
+        }
+    }
+
+    /// The replicator thread's turn: mends followers, launches rounds
+    /// owed to tickets or to writes no reply waits on, a joiner's next
+    /// chunk, and promotes joiners whose stream completed.
+    fn service(&self) {
+        if self.pumping.load(Ordering::Acquire) == 0 {
+            // Rounds no reply waits on (or whose waiter is busy).
+            self.pump(None, Duration::ZERO);
+        }
+        self.mend_followers();
+        loop {
+            let owed =
+                self.wanted.load(Ordering::Acquire) > self.rounds_started.load(Ordering::Acquire);
+            let unlaunched = self.unlaunched();
+            let streaming = self.routing.routing().is_some_and(|v| {
+                v.map
+                    .groups
+                    .iter()
+                    .any(|g| g.primary == self.me && !g.joining.is_empty())
+            });
+            let mut sh = self.lock_ship();
+            let room = self.room();
+            // A joiner's chunks go one round at a time, paced by its
+            // acknowledgements.
+            let stream_now = streaming && sh.in_flight.is_empty();
+            if !room || !(owed || unlaunched || stream_now) {
+                break;
+            }
+            self.launch(&mut sh);
+            if !owed && !unlaunched {
+                break;
+            }
+        }
+        self.promote_complete();
     }
 
     /// Starts a stream for every joiner of a group this server leads, and
@@ -442,6 +592,7 @@ impl Replicator {
                         begun: false,
                         partition: 0,
                         bucket: 0,
+                        last_round: None,
                         complete: false,
                     });
                 }
@@ -498,8 +649,15 @@ impl Replicator {
     /// Moves every joiner whose stream completed into its group's
     /// backups, by compare-and-swap of the map in etcd (the watch then
     /// ends the stream).
-    fn promote_complete(&self, sh: &mut Shipper) {
-        for st in sh.streams.iter().filter(|s| s.complete) {
+    fn promote_complete(&self) {
+        let complete: Vec<(usize, u32)> = self
+            .lock_ship()
+            .streams
+            .iter()
+            .filter(|s| s.complete)
+            .map(|s| (s.group, s.joiner))
+            .collect();
+        for (group, joiner) in complete {
             let view = match self.registry.view() {
                 Ok(v) => v,
                 Err(e) => {
@@ -510,12 +668,10 @@ impl Replicator {
             let Some((map, rev)) = view.map else {
                 return;
             };
-            if let Some(next) = map.promoted(st.group, st.joiner) {
+            if let Some(next) = map.promoted(group, joiner) {
                 match self.registry.swap_map(rev, &next) {
                     Ok(true) => tracing::info!(
-                        "replication: server {} in sync for group {} at epoch {}",
-                        st.joiner,
-                        st.group,
+                        "replication: server {joiner} in sync for group {group} at epoch {}",
                         next.epoch
                     ),
                     Ok(false) => {}
@@ -523,172 +679,6 @@ impl Replicator {
                 }
             }
         }
-    }
-
-    /// Sends each follower its batch and waits until every one applied
-    /// it: a follower that does not answer is tried again until it
-    /// answers or the map no longer makes it a follower of this server.
-    fn deliver(&self, sh: &mut Shipper, mut batches: Vec<(u32, Vec<u8>)>) {
-        let mut failing: HashMap<u32, Instant> = HashMap::new();
-        while !batches.is_empty() {
-            let mut failed = Vec::new();
-            let mut waiting = Vec::new();
-            for (f, msg) in batches {
-                match self.send(sh, f, &msg) {
-                    Ok(()) => waiting.push((f, msg)),
-                    Err(_) => failed.push((f, msg)),
-                }
-            }
-            for (f, msg) in waiting {
-                match self.await_ack(sh, f) {
-                    Ok(AckStatus::Applied) => {}
-                    Ok(AckStatus::Refused) => {
-                        self.after_refusal(f, &msg);
-                        failed.push((f, msg));
-                    }
-                    Err(_) => failed.push((f, msg)),
-                }
-            }
-            batches = Vec::new();
-            for (f, msg) in failed {
-                if let Some(c) = sh.conns.remove(&f) {
-                    c.abort();
-                }
-                let since = *failing.entry(f).or_insert_with(Instant::now);
-                if since.elapsed() >= Duration::from_millis(REPL_FOLLOWER_GIVE_UP_MS) {
-                    self.drop_follower(f);
-                }
-                if self.still_follows(f) {
-                    batches.push((f, msg));
-                } else {
-                    // What it missed is gone with the batch: a joiner
-                    // added again starts its stream afresh.
-                    sh.streams.retain(|st| st.joiner != f);
-                }
-            }
-            if !batches.is_empty() {
-                std::thread::sleep(Duration::from_millis(REPL_RETRY_MS));
-            }
-        }
-    }
-
-    /// Removes follower `f`, unreachable for [`REPL_FOLLOWER_GIVE_UP_MS`],
-    /// from the groups this server leads, by compare-and-swap of the map
-    /// (the controller brings it back as a joiner once it is reachable).
-    /// If the map says this server leads nothing any more, the change
-    /// fails and the caller's writes wait for the deposition to show.
-    fn drop_follower(&self, f: u32) {
-        let Ok(view) = self.registry.view() else {
-            return;
-        };
-        let Some((map, rev)) = view.map else {
-            return;
-        };
-        if let Some(next) = map.without_follower(self.me, f) {
-            if let Ok(true) = self.registry.swap_map(rev, &next) {
-                tracing::warn!(
-                    "replication: follower {f} unreachable for {REPL_FOLLOWER_GIVE_UP_MS} ms; removed from this server's groups at epoch {}",
-                    next.epoch
-                );
-                // Wait for the watch to show it, so that the retry loop
-                // sees the follower gone.
-                let deadline = Instant::now() + Duration::from_millis(REPL_FOLLOWER_GIVE_UP_MS);
-                while Instant::now() < deadline && self.still_follows(f) {
-                    std::thread::sleep(Duration::from_millis(REPL_RETRY_MS));
-                }
-            }
-        }
-    }
-
-    /// Whether `f` follows a group this server leads, in the current map.
-    fn still_follows(&self, f: u32) -> bool {
-        self.routing.routing().is_some_and(|r| {
-            r.map
-                .groups
-                .iter()
-                .any(|g| g.primary == self.me && g.followers().any(|s| s == f))
-        })
-    }
-
-    /// A follower refused a batch: its map, newer than this server's,
-    /// names another primary. Once this server's map shows that too, the
-    /// writes it holds cannot be acknowledged by anyone.
-    fn after_refusal(&self, f: u32, msg: &[u8]) {
-        tracing::warn!("replication: follower {f} refused a batch");
-        let built = match msg.get(4..).map(records::decode) {
-            Some(Ok(Message::Batch { epoch, .. })) => epoch,
-            _ => 0,
-        };
-        let deadline = Instant::now() + Duration::from_millis(REPL_ACK_TIMEOUT_MS * 4);
-        while Instant::now() < deadline {
-            if let Some(r) = self.routing.routing() {
-                // Deposed, or deposed and put back in charge since the
-                // batch was built: its writes can be acknowledged by no
-                // one.
-                let regained = r
-                    .map
-                    .groups
-                    .iter()
-                    .any(|g| g.primary == self.me && g.since > built);
-                if !r.active || r.map.led_by(self.me).is_empty() || regained {
-                    fence_exit("a follower refused this server's writes: it was deposed");
-                }
-            }
-            std::thread::sleep(Duration::from_millis(REPL_RETRY_MS));
-        }
-    }
-
-    fn send(&self, sh: &mut Shipper, f: u32, msg: &[u8]) -> std::io::Result<()> {
-        let conn = match sh.conns.entry(f) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.connect(f)?),
-        };
-        conn.stream.write_all(msg)
-    }
-
-    fn await_ack(&self, sh: &mut Shipper, f: u32) -> std::io::Result<AckStatus> {
-        let conn = sh
-            .conns
-            .get_mut(&f)
-            .ok_or_else(|| std::io::Error::other("no connection"))?;
-        let body = conn.reader.next(&mut conn.stream)?;
-        match records::decode(body) {
-            Ok(Message::Ack { status, .. }) => Ok(status),
-            _ => Err(std::io::Error::other("not an acknowledgement")),
-        }
-    }
-
-    /// Opens the stream to follower `f` and proves the cluster secret.
-    fn connect(&self, f: u32) -> std::io::Result<FollowerConn> {
-        let addr = self
-            .routing
-            .routing()
-            .and_then(|r| r.server(f).and_then(|d| d.repl.clone()))
-            .ok_or_else(|| {
-                std::io::Error::other(format!("server {f} has no replication address"))
-            })?;
-        let sock: std::net::SocketAddr = addr
-            .parse()
-            .map_err(|e| std::io::Error::other(format!("{addr}: {e}")))?;
-        let mut stream =
-            TcpStream::connect_timeout(&sock, Duration::from_millis(REPL_CONNECT_TIMEOUT_MS))?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(Duration::from_millis(REPL_ACK_TIMEOUT_MS)))?;
-        let mut reader = MsgReader::default();
-        let nonce = match records::decode(reader.next(&mut stream)?) {
-            Ok(Message::Challenge { nonce }) => nonce,
-            _ => return Err(std::io::Error::other("no challenge")),
-        };
-        let proof = self
-            .secret
-            .as_ref()
-            .map_or([0; fabrickv_auth::PROOF_BYTES], |s| {
-                s.proof(records::REPL_PROOF_CONTEXT, &nonce)
-            });
-        let mut hello = Vec::new();
-        records::hello(&mut hello, self.me, &proof);
-        stream.write_all(&hello)?;
-        Ok(FollowerConn { stream, reader })
     }
 }
 
@@ -735,6 +725,15 @@ impl MsgReader {
             self.end = 0;
         }
         self.fill(stream, 4)?;
+        let len = self.buffered_len()?;
+        self.fill(stream, 4 + len)?;
+        let body = self.start + 4..self.start + 4 + len;
+        self.start += 4 + len;
+        Ok(&self.buf[body])
+    }
+
+    /// The length of the message whose 4-byte prefix is buffered.
+    fn buffered_len(&self) -> std::io::Result<usize> {
         let mut len = [0u8; 4];
         len.copy_from_slice(&self.buf[self.start..self.start + 4]);
         let len = u32::from_le_bytes(len) as usize;
@@ -743,10 +742,55 @@ impl MsgReader {
                 "a replication message of {len} bytes; at most {REPL_MESSAGE_BYTES_MAX}"
             )));
         }
-        self.fill(stream, 4 + len)?;
+        Ok(len)
+    }
+
+    /// Reads what the socket holds now, without waiting (the socket stays
+    /// blocking for its writers); an error at the end of the stream.
+    fn recv_ready(&mut self, stream: &TcpStream) -> std::io::Result<()> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        if self.buf.len() - self.end < READ_CHUNK_BYTES {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            self.buf.resize(self.end + READ_CHUNK_BYTES, 0);
+        }
+        let room = &mut self.buf[self.end..];
+        match rustix::net::recv(stream, room, rustix::net::RecvFlags::DONTWAIT) {
+            Ok((0, _)) => Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok((n, _)) => {
+                self.end += n;
+                Ok(())
+            }
+            Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether a whole message is buffered (the next [`MsgReader::next`]
+    /// needs no read).
+    pub(crate) fn has_whole(&self) -> bool {
+        self.end - self.start >= 4
+            && self
+                .buffered_len()
+                .is_ok_and(|n| self.end - self.start >= 4 + n)
+    }
+
+    /// The next message already buffered whole, if any.
+    fn buffered(&mut self) -> std::io::Result<Option<&[u8]>> {
+        if self.end - self.start < 4 {
+            return Ok(None);
+        }
+        let len = self.buffered_len()?;
+        if self.end - self.start < 4 + len {
+            return Ok(None);
+        }
         let body = self.start + 4..self.start + 4 + len;
         self.start += 4 + len;
-        Ok(&self.buf[body])
+        Ok(Some(&self.buf[body]))
     }
 }
 
@@ -754,19 +798,23 @@ impl MsgReader {
 /// gate, its heartbeats, the listener its primaries ship to, and the
 /// replicator's own thread. Dropping it stops the threads.
 pub struct Replication {
-    // Held for the server's life (the gate and the thread hold it too).
-    _replicator: Arc<Replicator>,
+    // Held for the server's life (the gate and the threads hold it too).
+    replicator: Arc<Replicator>,
     _heartbeats: lease::Heartbeats,
     _backup: backup::Listener,
-    stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Drop for Replication {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.replicator.stop.store(true, Ordering::Release);
+        self.replicator.wake_thread();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // Ends the reader threads; nothing more is sent.
+        for fo in self.replicator.lock_ship().followers.values_mut() {
+            fo.abort();
         }
     }
 }
@@ -825,6 +873,7 @@ pub fn start(
         secret,
         parts: server.parts.clone(),
         acked: seqs.iter().map(|s| AtomicU64::new(s.get())).collect(),
+        launched: seqs.iter().map(|s| AtomicU64::new(s.get())).collect(),
         seqs,
         routing: server.routing.clone(),
         unix,
@@ -834,44 +883,95 @@ pub fn start(
         rounds_done: AtomicU64::new(0),
         wanted: AtomicU64::new(0),
         gate: server.gate.clone(),
+        done_lock: Mutex::new(()),
+        done_cv: Condvar::new(),
+        stop: AtomicBool::new(false),
+        pumping: std::sync::atomic::AtomicUsize::new(0),
         thread: std::sync::OnceLock::new(),
     });
     server.gate.arm(replicator.clone());
-    let stop = Arc::new(AtomicBool::new(false));
-    let (r, s) = (replicator.clone(), stop.clone());
+    let r = replicator.clone();
     let thread = std::thread::Builder::new()
         .name("fkv-replicator".into())
         .spawn(move || {
-            while !s.load(Ordering::Acquire) {
-                // Unparked by a ticket; otherwise a tick, for joiners'
-                // streams and writes no reply waits on.
+            while !r.stopped() {
+                // Unparked when it has work; otherwise a tick, for silent
+                // followers, joiners' streams and writes no reply waits on.
                 std::thread::park_timeout(Duration::from_millis(REPL_TICK_MS));
-                loop {
-                    let streaming = r.routing.routing().is_some_and(|v| {
-                        v.map
-                            .groups
-                            .iter()
-                            .any(|g| g.primary == r.me && !g.joining.is_empty())
-                    });
-                    let owed =
-                        r.rounds_done.load(Ordering::Acquire) < r.wanted.load(Ordering::Acquire);
-                    if !streaming && !owed && !r.pending() {
-                        break;
-                    }
-                    let mut sh = r.ship.lock().unwrap_or_else(|p| p.into_inner());
-                    r.round(&mut sh);
-                    if streaming {
-                        break;
-                    }
-                }
+                r.service();
             }
         })?;
     let _ = replicator.thread.set(thread.thread().clone());
     Ok(Replication {
-        _replicator: replicator,
+        replicator,
         _heartbeats: heartbeats,
         _backup: backup,
-        stop,
         thread: Some(thread),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    /// A connected pair of loopback sockets.
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (b, _) = l.accept().expect("accept");
+        (a, b)
+    }
+
+    fn framed(body: &[u8]) -> Vec<u8> {
+        let mut m = (body.len() as u32).to_le_bytes().to_vec();
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// Waits (generously) until the reader holds `n` whole messages' bytes.
+    fn recv_until(r: &mut MsgReader, s: &TcpStream, bytes: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while r.end - r.start < bytes {
+            r.recv_ready(s).expect("recv");
+            assert!(std::time::Instant::now() < deadline, "bytes never came");
+        }
+    }
+
+    #[test]
+    fn acknowledgements_are_taken_whole_as_they_come_without_waiting() {
+        let (mut tx, rx) = pair();
+        let mut r = MsgReader::default();
+        // Nothing sent: a read that does not wait, and nothing whole.
+        r.recv_ready(&rx).expect("recv");
+        assert!(r.buffered().expect("buffered").is_none());
+        // Two whole messages and the first half of a third.
+        let third = framed(b"third message");
+        let mut sent = [framed(b"one"), framed(b"two")].concat();
+        sent.extend_from_slice(&third[..6]);
+        tx.write_all(&sent).expect("write");
+        recv_until(&mut r, &rx, sent.len());
+        assert!(r.has_whole());
+        assert_eq!(r.buffered().expect("buffered"), Some(&b"one"[..]));
+        assert_eq!(r.buffered().expect("buffered"), Some(&b"two"[..]));
+        assert!(!r.has_whole());
+        assert!(r.buffered().expect("buffered").is_none());
+        // The rest of the third completes it.
+        tx.write_all(&third[6..]).expect("write");
+        recv_until(&mut r, &rx, third.len());
+        assert_eq!(r.buffered().expect("buffered"), Some(&b"third message"[..]));
+        // A length past the bound is an error, not an allocation.
+        tx.write_all(&((REPL_MESSAGE_BYTES_MAX as u32) + 1).to_le_bytes())
+            .expect("write");
+        recv_until(&mut r, &rx, 4);
+        assert!(r.buffered().is_err());
+        // The end of the stream is reported.
+        drop(tx);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while r.recv_ready(&rx).is_ok() {
+            assert!(std::time::Instant::now() < deadline, "no end of stream");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }

@@ -23,6 +23,15 @@ use crate::service::Clock;
 /// milliseconds (it is normally woken at once when they may go).
 const SETTLING_POLL_MS: u64 = 1;
 
+/// The descriptor of a loop's epoll instance, for a wait that also
+/// watches other descriptors.
+#[allow(unsafe_code)]
+fn poll_fd(poll: &Poll) -> std::os::fd::BorrowedFd<'_> {
+    // SAFETY: the descriptor is the epoll instance `poll` owns, open for
+    // as long as `poll` is borrowed.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(std::os::fd::AsRawFd::as_raw_fd(poll)) }
+}
+
 pub(super) struct Loop<P: Proto> {
     pub(super) poll: Poll,
     pub(super) listener: TcpListener,
@@ -82,6 +91,12 @@ impl<P: Proto> Loop<P> {
             if let Some(first) = self.held.iter().map(|&(at, _)| at).min() {
                 let wait = first.saturating_sub(self.clock.now_ms());
                 timeout = timeout.min(Duration::from_millis(wait));
+            }
+            // Holding replies: read the acknowledgements that settle them
+            // here while nothing else comes (one wake-up, not a hand-off
+            // from another thread), then take what came meanwhile.
+            if !self.settling.is_empty() && self.gate.wait(poll_fd(&self.poll), timeout) {
+                timeout = Duration::ZERO;
             }
             match self.poll.poll(&mut events, Some(timeout)) {
                 Ok(()) => {}
