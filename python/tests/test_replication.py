@@ -161,3 +161,37 @@ def test_a_killed_primary_loses_no_acknowledged_write(replicated, etcd):
     finally:
         c.close()
         rc.close()
+
+
+def test_reads_that_accept_staleness_go_to_every_copy(replicated, etcd):
+    import fabrickv
+    s0 = replicated[0]
+    writer = fabrickv.Cluster(registry=etcd.url, name=s0.name, transport=s0.transport,
+                              timeout=10.0)
+    reader = fabrickv.Cluster(registry=etcd.url, name=s0.name, transport=s0.transport,
+                              timeout=10.0, read_from_replica=True)
+    try:
+        tag = uuid.uuid4().hex[:8]
+        keys = [f"{tag}-{i}".encode() for i in range(300)]
+        writer.mput([(k, b"v-" + k) for k in keys])
+        before = [s["gets"] for s in writer.stats()]
+        # An acknowledged write is on every copy: any of them answers it.
+        assert reader.mget(keys) == [b"v-" + k for k in keys]
+        for k in keys[:60]:
+            assert reader.get(k) == b"v-" + k
+        after = [s["gets"] for s in writer.stats()]
+        served = [a - b for a, b in zip(after, before)]
+        # Each server leads one group and backs another: reads of both
+        # reached it (a reader of primaries only would leave each server
+        # just its own group's keys, about a third of them).
+        led = [sum(1 for k in keys if writer.server_of(k) == s) for s in range(3)]
+        assert all(x > 0 for x in served), served
+        assert sum(served) == len(keys) + 60
+        assert served != [n + sum(1 for k in keys[:60] if writer.server_of(k) == s)
+                          for s, n in enumerate(led)], (served, led)
+        # Writes still go to the primaries; the reader sees its own.
+        reader.put(keys[0], b"new")
+        assert reader.get(keys[0]) == b"new"
+    finally:
+        writer.close()
+        reader.close()

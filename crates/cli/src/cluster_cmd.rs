@@ -467,6 +467,7 @@ impl Conn {
         let opts = fabrickv_client::ClusterOptions {
             transport: None,
             timeout,
+            read_from_replica: to.read_from_replica,
         };
         if let Some(url) = cluster.registry.as_deref().filter(|u| is_etcd_url(u)) {
             return fabrickv_client::ClusterClient::join(url, &cluster.cluster, opts)

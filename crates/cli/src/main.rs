@@ -72,6 +72,11 @@ struct Target {
     server: ServerArg,
     #[command(flatten)]
     cluster: cluster_cmd::ClusterSource,
+    /// In a cluster keeping several copies of each slot (etcd,
+    /// `--replicas` 2 or 3), let reads go to any in-sync copy of the key's
+    /// slot, not only its primary: for reads that accept staleness.
+    #[arg(long)]
+    read_from_replica: bool,
 }
 
 /// The embedding pool's DRAM knobs (PetPS's PETPS_DRAM_* variables).

@@ -367,6 +367,7 @@ fn ps_and_cache_on_a_client_host() {
     let opts = ClusterOptions {
         transport: None,
         timeout: Duration::from_secs(5),
+        ..Default::default()
     };
     let mut ps = ClusterPs::join(&reg, CLUSTER, opts.clone()).expect("join for tables");
     let dim = 8usize;

@@ -336,6 +336,7 @@ pub(crate) fn post(
         order[ends[w]] = i;
         ends[w] += 1;
     }
+    let replica = c.replica_reads;
     let mut at = 0;
     for (w, &end) in ends.iter().enumerate() {
         while at < end {
@@ -353,6 +354,7 @@ pub(crate) fn post(
                         break;
                     }
                     match *op {
+                        BatchOp::Get { key } if replica => b.get_any_replica(key),
                         BatchOp::Get { key } => b.get(key),
                         BatchOp::Put {
                             key,
@@ -370,6 +372,12 @@ pub(crate) fn post(
                             ttl_ms,
                             cond,
                         } => b.put_chunk(key, transfer, total, offset, bytes, ttl_ms, cond),
+                        BatchOp::GetChunk {
+                            key,
+                            tag,
+                            offset,
+                            len,
+                        } if replica => b.get_chunk_any_replica(key, tag, offset, len),
                         BatchOp::GetChunk {
                             key,
                             tag,

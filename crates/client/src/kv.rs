@@ -219,7 +219,7 @@ impl Kv for crate::Client {
 
 impl Kv for crate::ClusterClient {
     fn read_large_pieces(&mut self, get: &LargeGet<'_>, value: &mut Vec<u8>) -> Result<()> {
-        self.with_server_of(get.key, |c| c.read_pieces(get, value))
+        self.with_reader_of(get.key, |c| c.read_pieces(get, value))
     }
 
     fn write_large_pieces(&mut self, put: &LargePut<'_>) -> Result<ErrorCode> {

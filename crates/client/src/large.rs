@@ -229,9 +229,14 @@ impl Client {
         for got in 0..n {
             while sent < n && sent < got + LARGE_CHUNKS_IN_FLIGHT {
                 let (at, len) = piece(sent);
+                let replica = self.replica_reads;
                 self.sessions.post(s, FrameTag::default(), |b, id, w| {
                     let mut r = RequestBuilder::new(b, id, w);
-                    r.get_chunk(key, tag, at as u64, len as u32);
+                    if replica {
+                        r.get_chunk_any_replica(key, tag, at as u64, len as u32);
+                    } else {
+                        r.get_chunk(key, tag, at as u64, len as u32);
+                    }
                     r.finish();
                 })?;
                 sent += 1;

@@ -181,6 +181,9 @@ pub struct Client {
     table_stale: bool,
     /// Tables fetched since connecting (the first at connect).
     refreshes: u64,
+    /// GETs (and their large values' pieces) may be answered by any
+    /// replica of the key's slot ([`Client::set_replica_reads`]).
+    replica_reads: bool,
 }
 
 impl Client {
@@ -201,6 +204,7 @@ impl Client {
             epoch: 0,
             table_stale: false,
             refreshes: 0,
+            replica_reads: false,
         };
         match c.refresh_table() {
             Ok(_) => {}
@@ -283,6 +287,15 @@ impl Client {
     /// How many times the table was fetched (once at connect).
     pub fn table_refreshes(&self) -> u64 {
         self.refreshes
+    }
+
+    /// Lets this client's GETs be answered by a backup of the key's slot
+    /// in a cluster keeping several copies: a read that accepts
+    /// staleness (what a failover could take back, or a write not yet
+    /// applied there). A server that is no replica of the slot still
+    /// answers WRONG_SERVER.
+    pub fn set_replica_reads(&mut self, on: bool) {
+        self.replica_reads = on;
     }
 
     /// The partition that owns `key`.

@@ -105,7 +105,12 @@ fn map_of(
             ))
         }
     };
-    Ok((map, ClusterOptions { transport, timeout }, reg))
+    let opts = ClusterOptions {
+        transport,
+        timeout,
+        ..Default::default()
+    };
+    Ok((map, opts, reg))
 }
 
 /// Connects a cluster client of any kind to `map`, each server's client
@@ -132,12 +137,16 @@ fn server_id(id: i64, size: u32) -> PyResult<u32> {
 /// (`fabrickv.ClusterTable`) whose rows are spread the same way.
 ///
 /// `Cluster(addrs=None, *, config=None, registry=None, name="default",
-/// transport=None, timeout=5.0)`: give exactly one of `addrs` (server `i`
-/// at `addrs[i]`), `config` (a static cluster file, TOML; its own name
-/// wins) or `registry` (`memcached://HOST:PORT`, where the servers of the
-/// cluster `name` registered; waits up to `timeout` for all of them).
-/// `transport` (`"tcp"`, `"shm"`) picks each server's address of that
-/// kind; `timeout` (seconds) bounds connecting and each call.
+/// transport=None, timeout=5.0, read_from_replica=False)`: give exactly
+/// one of `addrs` (server `i` at `addrs[i]`), `config` (a static cluster
+/// file, TOML; its own name wins) or `registry` (`memcached://HOST:PORT`,
+/// where the servers of the cluster `name` registered; waits up to
+/// `timeout` for all of them; or `etcd://HOST:PORT`, routing by the
+/// cluster's slot map). `transport` (`"tcp"`, `"shm"`) picks each
+/// server's address of that kind; `timeout` (seconds) bounds connecting
+/// and each call. `read_from_replica`, in a cluster keeping several
+/// copies of each slot, lets `get`s go to any in-sync copy: reads that
+/// accept staleness spread over the replicas.
 ///
 /// A batch is split by server, every part sent before any is awaited, and
 /// the results merged in request order. A call needing a down server
@@ -166,10 +175,12 @@ impl Cluster {
         name: &str,
         transport: Option<String>,
         timeout: f64,
+        read_from_replica: bool,
     ) -> PyResult<Cluster> {
         let opts = ClusterOptions {
             transport,
             timeout: crate::timeout_of(timeout)?,
+            read_from_replica,
         };
         let (map, client) = py
             .detach(|| {
@@ -252,7 +263,7 @@ create_table!(
 impl Cluster {
     /// Resolves the map and connects to every server (GIL released).
     #[new]
-    #[pyo3(signature = (addrs = None, *, config = None, registry = None, name = "default", transport = None, timeout = 5.0))]
+    #[pyo3(signature = (addrs = None, *, config = None, registry = None, name = "default", transport = None, timeout = 5.0, read_from_replica = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -262,14 +273,18 @@ impl Cluster {
         name: &str,
         transport: Option<String>,
         timeout: f64,
+        read_from_replica: bool,
     ) -> PyResult<Self> {
         if let Some(url) = registry.filter(|u| is_etcd_url(u)) {
-            return Cluster::join_etcd(py, url, name, transport, timeout);
+            return Cluster::join_etcd(py, url, name, transport, timeout, read_from_replica);
         }
-        let (map, opts, reg) = map_of(py, addrs, config, registry, name, transport, timeout)?;
+        let (map, mut opts, reg) = map_of(py, addrs, config, registry, name, transport, timeout)?;
+        // Only a slot map names replicas: without one every read goes to
+        // the key's one server whatever this says.
+        opts.read_from_replica = read_from_replica;
         let kv_reg = reg.clone();
         let client = py
-            .detach(|| connect_to::<ClusterClient>(&map, &opts, kv_reg, ()))
+            .detach(|| connect_to::<ClusterClient>(&map, &opts, kv_reg, read_from_replica))
             .map_err(to_py_err)?;
         let (ps_map, ps_opts) = (map.clone(), opts.clone());
         Ok(Cluster::of(

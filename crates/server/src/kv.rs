@@ -317,10 +317,10 @@ impl KvService {
         // In a cluster with a slot map, a frame holding a key of a slot
         // served elsewhere takes the checked path; without a map this is
         // one atomic load.
-        let foreign = self
-            .view
-            .current(&self.routing)
-            .is_some_and(|r| ops.clone().any(|op| !r.serves(key_slot(op.key), false)));
+        let foreign = self.view.current(&self.routing).is_some_and(|r| {
+            ops.clone()
+                .any(|op| !r.serves(key_slot(op.key), op.replica_read()))
+        });
         let misrouted = if foreign {
             self.execute_routed(conn, ops, &mut rb, now_ms)
         } else if ops.len() == 1 {
@@ -409,7 +409,7 @@ impl KvService {
             let here = self
                 .view
                 .current(&self.routing)
-                .is_none_or(|r| r.serves(key_slot(op.key), false));
+                .is_none_or(|r| r.serves(key_slot(op.key), op.replica_read()));
             if !here {
                 self.st.counters.ops += 1;
                 self.st.counters.wrong_server += 1;

@@ -83,6 +83,7 @@ fn opts(timeout: Duration) -> ClusterOptions {
     ClusterOptions {
         transport: None,
         timeout,
+        ..Default::default()
     }
 }
 

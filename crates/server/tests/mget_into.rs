@@ -126,6 +126,7 @@ fn a_cluster_lands_values_byte_exact(t: Transport) {
     let opts = ClusterOptions {
         transport: None,
         timeout: TIMEOUT,
+        ..Default::default()
     };
     let mut c = ClusterClient::connect(&cluster, opts).expect("cluster client connects");
     calls_of_any_size(&mut c, "many");

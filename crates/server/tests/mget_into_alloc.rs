@@ -157,6 +157,7 @@ fn a_warm_cluster_mget_into_allocates_nothing_per_key(t: Transport) {
     let opts = ClusterOptions {
         transport: None,
         timeout: TIMEOUT,
+        ..Default::default()
     };
     let mut c = ClusterClient::connect(&cluster, opts).expect("cluster client connects");
     // 24 keys for each (server, worker) pair, and 2 of them for the small

@@ -21,7 +21,7 @@ use std::time::Duration;
 use fabrickv_client::{ClusterClient, ClusterOptions, Kv};
 use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::local::LocalEtcd;
-use fabrickv_cluster::slots::SlotMap;
+use fabrickv_cluster::slots::{key_slot, SlotMap};
 use fabrickv_cluster::ServerDesc;
 use fabrickv_server::replication::{self, Replication, ReplicationParts};
 
@@ -186,6 +186,7 @@ fn acknowledged_writes_survive_failovers_and_a_rejoin(t: Transport) {
     let opts = ClusterOptions {
         transport: None,
         timeout: TIMEOUT,
+        ..Default::default()
     };
     let mut c = ClusterClient::join(&etcd.url(), CLUSTER, opts).expect("joins");
     let keys: Vec<Vec<u8>> = (0..300).map(key).collect();
@@ -236,4 +237,99 @@ fn acknowledged_writes_survive_failovers_and_a_rejoin(t: Transport) {
     }
 }
 
-transport_tests!(acknowledged_writes_survive_failovers_and_a_rejoin);
+/// Each server's count of GETs served.
+fn gets_served(c: &mut ClusterClient) -> Vec<u64> {
+    c.stats()
+        .into_iter()
+        .map(|s| s.expect("stats").get("gets").copied().unwrap_or(0))
+        .collect()
+}
+
+fn reads_that_accept_staleness_spread_over_the_copies(t: Transport) {
+    let etcd = LocalEtcd::start().expect("etcd");
+    let reg = registry(&etcd);
+    let _controller = Controller::start(&etcd);
+    let ms: Vec<Member> = (0..3).map(|id| member(t, &reg, id)).collect();
+    map_when(&reg, "every server stamped", |m| {
+        (0..3).all(|id| m.incarnation_of(id) != 0)
+    });
+    let opts = ClusterOptions {
+        transport: None,
+        timeout: TIMEOUT,
+        ..Default::default()
+    };
+    let mut writer = ClusterClient::join(&etcd.url(), CLUSTER, opts.clone()).expect("joins");
+    let keys: Vec<Vec<u8>> = (0..300).map(key).collect();
+    let values: Vec<Vec<u8>> = keys.iter().map(|k| [&k[..], b"-v1"].concat()).collect();
+    let pairs: Vec<(&[u8], &[u8])> = keys
+        .iter()
+        .zip(&values)
+        .map(|(k, v)| (&k[..], &v[..]))
+        .collect();
+    writer.mput(&pairs, None).expect("mput");
+    let large: Vec<u8> = (0..(3 << 20)).map(|i| (i % 239) as u8).collect();
+    writer.put(b"rep-large", &large).expect("large put");
+
+    // Acknowledged means applied by the backups: a reader that accepts
+    // any copy sees every write, the large value's pieces included.
+    let mut reader = ClusterClient::join(
+        &etcd.url(),
+        CLUSTER,
+        ClusterOptions {
+            read_from_replica: true,
+            ..opts
+        },
+    )
+    .expect("joins");
+    every_key_reads_back(&mut reader, &keys, &large, b"-v1");
+    for k in &keys {
+        let mut want = k.clone();
+        want.extend_from_slice(b"-v1");
+        assert_eq!(reader.get(k).expect("get").as_deref(), Some(&want[..]));
+    }
+    // The reads of one group's keys went to both of its copies, and to
+    // no other server.
+    let map = reg.view().expect("view").map.expect("map").0;
+    let routes = map.routes();
+    let group = &map.groups[0];
+    let (primary, backup) = (group.primary as usize, group.backups[0] as usize);
+    let ours: Vec<&Vec<u8>> = keys
+        .iter()
+        .filter(|k| routes.group_of(key_slot(k)) == 0)
+        .collect();
+    assert!(ours.len() > 20, "{} keys in group 0", ours.len());
+    let before = gets_served(&mut writer);
+    for k in &ours {
+        assert!(reader.get(k).expect("get").is_some());
+    }
+    let after = gets_served(&mut writer);
+    let served: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(
+        served[primary] > 0 && served[backup] > 0,
+        "GETs served {served:?} for group 0 (primary {primary}, backup {backup})"
+    );
+    assert_eq!(
+        served[primary] + served[backup],
+        ours.len() as u64,
+        "GETs served {served:?}: some went to a server holding no copy"
+    );
+    // Writes still go to the primaries, and the reader sees its own.
+    reader.put(b"rep-key-0", b"new").expect("put");
+    assert_eq!(
+        reader.get(b"rep-key-0").expect("get").as_deref(),
+        Some(&b"new"[..])
+    );
+    assert_eq!(
+        writer.get(b"rep-key-0").expect("get").as_deref(),
+        Some(&b"new"[..])
+    );
+    drop((writer, reader));
+    for m in ms {
+        m.kill();
+    }
+}
+
+transport_tests!(
+    acknowledged_writes_survive_failovers_and_a_rejoin,
+    reads_that_accept_staleness_spread_over_the_copies
+);

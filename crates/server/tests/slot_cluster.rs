@@ -82,6 +82,7 @@ fn a_cluster_client_routes_by_the_slot_map(t: Transport) {
     let opts = ClusterOptions {
         transport: None,
         timeout: TIMEOUT,
+        ..Default::default()
     };
     let mut c = ClusterClient::join(&etcd.url(), "sc", opts).expect("joins through etcd");
     assert_eq!(c.slot_map_epoch(), Some(1));

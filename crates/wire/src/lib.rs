@@ -44,7 +44,7 @@ pub mod shard_data;
 
 pub use header::{decode_frame, Frame, FrameHeader, FrameKind, WireError, MAGIC, VERSION};
 pub use request::{
-    GetChunk, Op, OpCode, PutChunk, PutCondition, RequestBuilder, RequestIter,
+    GetChunk, Op, OpCode, PutChunk, PutCondition, RequestBuilder, RequestIter, FLAG_REPLICA_READ,
     GET_CHUNK_HEAD_BYTES, LARGE_RESULT_BYTES, PUT_CHUNK_HEAD_BYTES,
 };
 pub use response::{OneResultHead, OpResult, ResponseBuilder, ResponseIter, ONE_RESULT_HEAD_BYTES};

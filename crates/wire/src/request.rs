@@ -5,7 +5,8 @@
 //! ```text
 //! offset size field
 //!      0    1 opcode     OpCode
-//!      1    1 flags      bits 0-1: PutCondition; other bits must be 0
+//!      1    1 flags      bits 0-1: PutCondition; bit 2: FLAG_REPLICA_READ
+//!                        (GET and GET_CHUNK only); other bits must be 0
 //!      2    2 key_len    bytes of key (1..=KEY_BYTES_MAX is accepted)
 //!      4    4 value_len  bytes of value (PUT only; 0 otherwise)
 //!      8    8 ttl_ms     time-to-live in milliseconds, 0 = none (PUT only)
@@ -111,6 +112,11 @@ pub enum PutCondition {
 
 const FLAG_COND_MASK: u8 = 0b11;
 
+/// A read that accepts staleness: in a cluster keeping several copies of
+/// each slot, any in-sync replica of the key's slot may answer it, not
+/// only the primary (GET and GET_CHUNK only).
+pub const FLAG_REPLICA_READ: u8 = 0b100;
+
 /// One operation as read from a frame, borrowing key and value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Op<'a> {
@@ -127,16 +133,26 @@ pub struct Op<'a> {
 }
 
 impl<'a> Op<'a> {
+    /// Whether any replica of the key's slot may answer this read
+    /// ([`FLAG_REPLICA_READ`]).
+    #[inline]
+    pub fn replica_read(&self) -> bool {
+        self.flags & FLAG_REPLICA_READ != 0
+    }
+
     /// Checks the operation's semantic bounds and returns its opcode and
     /// PUT condition, or the stable error code to answer it with.
     pub fn check(&self) -> Result<(OpCode, PutCondition), ErrorCode> {
         let code = OpCode::from_u8(self.opcode).ok_or(ErrorCode::UnknownOpcode)?;
-        let cond = match self.flags {
+        let cond = match self.flags & !FLAG_REPLICA_READ {
             0 => PutCondition::Always,
             1 => PutCondition::IfAbsent,
             2 => PutCondition::IfPresent,
             _ => return Err(ErrorCode::Malformed),
         };
+        if self.replica_read() && !matches!(code, OpCode::Get | OpCode::GetChunk) {
+            return Err(ErrorCode::Malformed);
+        }
         if self.key.is_empty() || self.key.len() > KEY_BYTES_MAX {
             return Err(ErrorCode::KeyTooLong);
         }
@@ -321,6 +337,12 @@ impl<'b> RequestBuilder<'b> {
         self.op(OpCode::Get as u8, 0, key, &[], 0)
     }
 
+    /// Adds a GET any replica of the key's slot may answer
+    /// ([`FLAG_REPLICA_READ`]).
+    pub fn get_any_replica(&mut self, key: &[u8]) -> &mut Self {
+        self.op(OpCode::Get as u8, FLAG_REPLICA_READ, key, &[], 0)
+    }
+
     /// Adds a PUT with a TTL in milliseconds (0 = none) and a condition.
     pub fn put(&mut self, key: &[u8], value: &[u8], ttl_ms: u64, cond: PutCondition) -> &mut Self {
         self.op(
@@ -364,11 +386,27 @@ impl<'b> RequestBuilder<'b> {
     /// Adds a GET_CHUNK of `len` bytes at `offset` of the value pinned
     /// under `tag`.
     pub fn get_chunk(&mut self, key: &[u8], tag: u64, offset: u64, len: u32) -> &mut Self {
+        self.chunk_read(0, key, tag, offset, len)
+    }
+
+    /// Adds a GET_CHUNK for a value a [`RequestBuilder::get_any_replica`]
+    /// pinned: the replica that answered that GET answers it too.
+    pub fn get_chunk_any_replica(
+        &mut self,
+        key: &[u8],
+        tag: u64,
+        offset: u64,
+        len: u32,
+    ) -> &mut Self {
+        self.chunk_read(FLAG_REPLICA_READ, key, tag, offset, len)
+    }
+
+    fn chunk_read(&mut self, flags: u8, key: &[u8], tag: u64, offset: u64, len: u32) -> &mut Self {
         let mut v = [0u8; GET_CHUNK_HEAD_BYTES];
         v[0..8].copy_from_slice(&tag.to_le_bytes());
         v[8..16].copy_from_slice(&offset.to_le_bytes());
         v[16..20].copy_from_slice(&len.to_le_bytes());
-        self.op(OpCode::GetChunk as u8, 0, key, &v, 0)
+        self.op(OpCode::GetChunk as u8, flags, key, &v, 0)
     }
 
     /// Adds a DELETE.
@@ -450,6 +488,35 @@ mod tests {
                 Some(ErrorCode::TtlTooLarge),
                 Some(ErrorCode::Malformed),
                 Some(ErrorCode::Malformed),
+            ]
+        );
+    }
+
+    #[test]
+    fn only_reads_may_ask_for_any_replica() {
+        let mut buf = Vec::new();
+        let mut b = RequestBuilder::new(&mut buf, 1, 0);
+        b.get_any_replica(b"k");
+        b.get_chunk_any_replica(b"k", 7, 0, 10);
+        b.get(b"k");
+        b.op(OpCode::Put as u8, FLAG_REPLICA_READ, b"k", b"v", 0);
+        b.op(OpCode::Delete as u8, FLAG_REPLICA_READ, b"k", b"", 0);
+        b.op(OpCode::Get as u8, 0b1000, b"k", b"", 0);
+        b.finish();
+        let f = decode_frame(&buf).expect("frame");
+        let got: Vec<_> = RequestIter::new(&f)
+            .expect("structure")
+            .map(|o| (o.replica_read(), o.check().err()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (true, None),
+                (true, None),
+                (false, None),
+                (true, Some(ErrorCode::Malformed)),
+                (true, Some(ErrorCode::Malformed)),
+                (false, Some(ErrorCode::Malformed)),
             ]
         );
     }

@@ -27,11 +27,22 @@ pub trait PerServer: Send + Sized {
     fn connect(addr: &str, timeout: Duration, options: &Self::Options) -> Result<Self>;
 }
 
-impl PerServer for crate::Client {
-    type Options = ();
+impl<C: PerServer> Members<C> {
+    /// The options each server's client connects with.
+    pub(crate) fn options(&self) -> &C::Options {
+        &self.options
+    }
+}
 
-    fn connect(addr: &str, timeout: Duration, _: &()) -> Result<Self> {
-        crate::Client::connect_with_timeout(addr, timeout)
+impl PerServer for crate::Client {
+    /// Whether its GETs may be answered by any replica
+    /// ([`crate::Client::set_replica_reads`]).
+    type Options = bool;
+
+    fn connect(addr: &str, timeout: Duration, replica_reads: &bool) -> Result<Self> {
+        let mut c = crate::Client::connect_with_timeout(addr, timeout)?;
+        c.set_replica_reads(*replica_reads);
+        Ok(c)
     }
 }
 

@@ -59,6 +59,13 @@ pub struct ClusterOptions {
     /// Timeout of connecting to a server and of each call. A call touching
     /// a down server fails within it.
     pub timeout: Duration,
+    /// In a cluster keeping several copies of each slot (etcd, `--replicas`
+    /// 2 or 3), lets GETs go to any in-sync replica of the key's slot, not
+    /// only its primary: reads that accept staleness spread over every
+    /// copy. Each key is read from one replica per client, so the pieces
+    /// of a large value come from where its GET went. Writes always go to
+    /// the primary.
+    pub read_from_replica: bool,
 }
 
 impl Default for ClusterOptions {
@@ -66,6 +73,7 @@ impl Default for ClusterOptions {
         ClusterOptions {
             transport: None,
             timeout: DEFAULT_TIMEOUT,
+            read_from_replica: false,
         }
     }
 }
@@ -180,7 +188,7 @@ impl ClusterClient {
     /// cannot be reached now are down (calls needing them try again);
     /// fails only if none can be reached.
     pub fn connect(cluster: &Cluster, opts: ClusterOptions) -> Result<ClusterClient> {
-        ClusterClient::connect_cluster(cluster, &opts, ())
+        ClusterClient::connect_cluster(cluster, &opts, opts.read_from_replica)
     }
 
     /// Looks the cluster `name` up in the registry at `registry_url`
@@ -261,6 +269,22 @@ impl ClusterClient {
         }
     }
 
+    /// The server for `op` (its key's hash `hash`): a read goes to one of
+    /// the slot's copies with [`ClusterOptions::read_from_replica`], any
+    /// other operation to the server for its key.
+    #[inline]
+    fn server_for_op(&self, op: &BatchOp<'_>, hash: KeyHash) -> u32 {
+        match &self.slots {
+            Some(s)
+                if *self.m.options()
+                    && matches!(op, BatchOp::Get { .. } | BatchOp::GetChunk { .. }) =>
+            {
+                s.reader_of(op.key(), hash.0)
+            }
+            _ => self.server_for(op.key(), hash),
+        }
+    }
+
     /// Whether server `id` is connected now (a down one is tried again by
     /// the next call that needs it).
     pub fn is_up(&self, id: u32) -> bool {
@@ -299,9 +323,28 @@ impl ClusterClient {
         f: impl FnOnce(&mut Client) -> Result<R>,
     ) -> Result<R> {
         self.follow_map();
-        let s = self.server_of(key) as usize;
+        let s = self.server_of(key);
+        self.on_server(s, f)
+    }
+
+    /// Runs `f` on server `s`'s connected client; a failure other than
+    /// the server's refusal drops the connection.
+    fn on_server<R>(&mut self, s: u32, f: impl FnOnce(&mut Client) -> Result<R>) -> Result<R> {
+        let s = s as usize;
         let c = self.m.ensure(s)?;
         f(c).map_err(|e| self.m.fail_or_wrap(s, e))
+    }
+
+    /// [`ClusterClient::with_server_of`] for reading a large value's
+    /// pieces: at the copy its GET went to.
+    pub(crate) fn with_reader_of<R>(
+        &mut self,
+        key: &[u8],
+        f: impl FnOnce(&mut Client) -> Result<R>,
+    ) -> Result<R> {
+        self.follow_map();
+        let s = self.server_for_op(&BatchOp::Get { key }, KeyHash::of(key));
+        self.on_server(s, f)
     }
 
     /// [`ClusterClient::execute`], landing every result in `sink`
@@ -328,7 +371,7 @@ impl ClusterClient {
         let owners: Vec<u32> = ops
             .iter()
             .zip(&hashes)
-            .map(|(o, h)| self.server_for(o.key(), *h))
+            .map(|(o, h)| self.server_for_op(o, *h))
             .collect();
         let mut counts = vec![0usize; n as usize];
         for &s in &owners {
@@ -378,7 +421,7 @@ impl ClusterClient {
                 self.follow_map();
                 parts.iter_mut().for_each(Vec::clear);
                 for i in unlanded {
-                    parts[self.server_for(ops[i].key(), hashes[i]) as usize].push(i);
+                    parts[self.server_for_op(&ops[i], hashes[i]) as usize].push(i);
                 }
                 continue;
             }
@@ -418,7 +461,7 @@ impl ClusterClient {
             }
             parts.iter_mut().for_each(Vec::clear);
             for &i in again.iter() {
-                parts[self.server_for(ops[i].key(), hashes[i]) as usize].push(i);
+                parts[self.server_for_op(&ops[i], hashes[i]) as usize].push(i);
             }
         }
     }
@@ -509,6 +552,7 @@ mod tests {
         let opts = ClusterOptions {
             transport: Some("shm".into()),
             timeout: Duration::from_millis(100),
+            ..Default::default()
         };
         let e = ClusterClient::connect(&cluster, opts).expect_err("no shm address");
         assert_eq!(e.code(), ErrorCode::Unavailable);

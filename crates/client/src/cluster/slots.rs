@@ -36,6 +36,11 @@ pub(crate) struct SlotFollow {
     routes: SlotRoutes,
     /// The primary of each group of the map.
     primaries: Vec<u32>,
+    /// Each group's in-sync copies, its primary first.
+    replicas: Vec<Vec<u32>>,
+    /// Mixed into a key's hash to pick the replica it is read from, so
+    /// that clients spread the reads of one key over its copies.
+    salt: u64,
     epoch: u64,
     /// The newest map the watch delivered with the servers' descriptors
     /// of that view, and how many it delivered.
@@ -66,6 +71,11 @@ impl SlotFollow {
             registry,
             routes: map.routes(),
             primaries: Vec::new(),
+            replicas: Vec::new(),
+            salt: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+                ^ u64::from(std::process::id()).rotate_left(32),
             epoch: 0,
             latest,
             descs: None,
@@ -81,6 +91,16 @@ impl SlotFollow {
     #[inline]
     pub(crate) fn server_of(&self, key: &[u8]) -> u32 {
         self.primaries[self.routes.group_of(key_slot(key))]
+    }
+
+    /// The copy of `key`'s slot (hash `hash`) a read that accepts
+    /// staleness goes to: the same for a key as long as the map holds, so
+    /// that the pieces of a large value come from where its GET went.
+    #[inline]
+    pub(crate) fn reader_of(&self, key: &[u8], hash: u64) -> u32 {
+        let copies = &self.replicas[self.routes.group_of(key_slot(key))];
+        let mixed = (hash ^ self.salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+        copies[(mixed % copies.len() as u64) as usize]
     }
 
     /// The epoch of the map routed by.
@@ -145,6 +165,15 @@ impl SlotFollow {
         }
         self.routes = map.routes();
         self.primaries = map.groups.iter().map(|g| g.primary).collect();
+        self.replicas = map
+            .groups
+            .iter()
+            .map(|g| {
+                std::iter::once(g.primary)
+                    .chain(g.backups.iter().copied())
+                    .collect()
+            })
+            .collect();
         self.epoch = map.epoch;
     }
 }
