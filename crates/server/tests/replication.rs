@@ -153,6 +153,26 @@ fn key(i: usize) -> Vec<u8> {
     format!("rep-key-{i}").into_bytes()
 }
 
+/// The options every test's cluster clients start from.
+fn opts() -> ClusterOptions {
+    ClusterOptions {
+        transport: None,
+        timeout: TIMEOUT,
+        ..Default::default()
+    }
+}
+
+/// Writes each key's value: the key followed by `tag`.
+fn put_every_key(c: &mut ClusterClient, keys: &[Vec<u8>], tag: &[u8]) {
+    let values: Vec<Vec<u8>> = keys.iter().map(|k| [&k[..], tag].concat()).collect();
+    let pairs: Vec<(&[u8], &[u8])> = keys
+        .iter()
+        .zip(&values)
+        .map(|(k, v)| (&k[..], &v[..]))
+        .collect();
+    c.mput(&pairs, None).expect("mput");
+}
+
 fn every_key_reads_back(c: &mut ClusterClient, keys: &[Vec<u8>], large: &[u8], tag: &[u8]) {
     let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
     let got = c.mget(&refs).expect("mget");
@@ -183,20 +203,9 @@ fn acknowledged_writes_survive_failovers_and_a_rejoin(t: Transport) {
     });
     assert_eq!(map.groups[0].primary, 0);
     assert_eq!(map.groups[0].backups, [1]);
-    let opts = ClusterOptions {
-        transport: None,
-        timeout: TIMEOUT,
-        ..Default::default()
-    };
-    let mut c = ClusterClient::join(&etcd.url(), CLUSTER, opts).expect("joins");
+    let mut c = ClusterClient::join(&etcd.url(), CLUSTER, opts()).expect("joins");
     let keys: Vec<Vec<u8>> = (0..300).map(key).collect();
-    let values: Vec<Vec<u8>> = keys.iter().map(|k| [&k[..], b"-v1"].concat()).collect();
-    let pairs: Vec<(&[u8], &[u8])> = keys
-        .iter()
-        .zip(&values)
-        .map(|(k, v)| (&k[..], &v[..]))
-        .collect();
-    c.mput(&pairs, None).expect("mput");
+    put_every_key(&mut c, &keys, b"-v1");
     // A large value (over 1 MiB) travels as one record.
     let large: Vec<u8> = (0..(3 << 20)).map(|i| (i % 251) as u8).collect();
     c.put(b"rep-large", &large).expect("large put");
@@ -212,13 +221,7 @@ fn acknowledged_writes_survive_failovers_and_a_rejoin(t: Transport) {
 
     // Written while server 0 is away, then it comes back empty: it is
     // streamed its groups' slots (and these writes) and promoted.
-    let values2: Vec<Vec<u8>> = keys.iter().map(|k| [&k[..], b"-v2"].concat()).collect();
-    let pairs2: Vec<(&[u8], &[u8])> = keys
-        .iter()
-        .zip(&values2)
-        .map(|(k, v)| (&k[..], &v[..]))
-        .collect();
-    c.mput(&pairs2, None).expect("mput while a server is away");
+    put_every_key(&mut c, &keys, b"-v2");
     ms[0] = Some(member(t, &reg, 0));
     map_when(&reg, "server 0 back in sync in its groups", |m| {
         m.groups[0].backups.contains(&0) && m.groups[2].backups.contains(&0)
@@ -253,20 +256,9 @@ fn reads_that_accept_staleness_spread_over_the_copies(t: Transport) {
     map_when(&reg, "every server stamped", |m| {
         (0..3).all(|id| m.incarnation_of(id) != 0)
     });
-    let opts = ClusterOptions {
-        transport: None,
-        timeout: TIMEOUT,
-        ..Default::default()
-    };
-    let mut writer = ClusterClient::join(&etcd.url(), CLUSTER, opts.clone()).expect("joins");
+    let mut writer = ClusterClient::join(&etcd.url(), CLUSTER, opts()).expect("joins");
     let keys: Vec<Vec<u8>> = (0..300).map(key).collect();
-    let values: Vec<Vec<u8>> = keys.iter().map(|k| [&k[..], b"-v1"].concat()).collect();
-    let pairs: Vec<(&[u8], &[u8])> = keys
-        .iter()
-        .zip(&values)
-        .map(|(k, v)| (&k[..], &v[..]))
-        .collect();
-    writer.mput(&pairs, None).expect("mput");
+    put_every_key(&mut writer, &keys, b"-v1");
     let large: Vec<u8> = (0..(3 << 20)).map(|i| (i % 239) as u8).collect();
     writer.put(b"rep-large", &large).expect("large put");
 
@@ -277,7 +269,7 @@ fn reads_that_accept_staleness_spread_over_the_copies(t: Transport) {
         CLUSTER,
         ClusterOptions {
             read_from_replica: true,
-            ..opts
+            ..opts()
         },
     )
     .expect("joins");
