@@ -319,8 +319,8 @@ impl Replicator {
         let mut stream =
             TcpStream::connect_timeout(&sock, Duration::from_millis(REPL_CONNECT_TIMEOUT_MS))?;
         stream.set_nodelay(true)?;
-        // Shared by the reader's clone: it wakes this often to see whether
-        // its connection was replaced.
+        // Bounds the handshake's read; acknowledgements are read without
+        // waiting ([`Replicator::take_acks`]).
         stream.set_read_timeout(Some(Duration::from_millis(REPL_ACK_TIMEOUT_MS)))?;
         // A write blocked this long (a follower stopped with its window
         // full) breaks the connection rather than hold the shipping lock.

@@ -43,7 +43,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Read;
 use std::net::TcpStream;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -270,7 +270,7 @@ pub struct Replicator {
     /// Set when the server stops.
     stop: AtomicBool,
     /// Threads waiting in [`Replicator::pump`] now.
-    pumping: std::sync::atomic::AtomicUsize,
+    pumping: AtomicUsize,
     /// The replicator's own thread, unparked when it has work.
     thread: std::sync::OnceLock<std::thread::Thread>,
 }
@@ -351,11 +351,14 @@ impl Replicator {
             < REPL_ROUNDS_IN_FLIGHT_MAX
     }
 
+    /// Whether a ticket waits for a round not launched yet.
+    fn owed(&self) -> bool {
+        self.wanted.load(Ordering::Acquire) > self.rounds_started.load(Ordering::Acquire)
+    }
+
     /// Launches the round tickets wait for, if there is room now.
     fn launch_owed(&self, sh: &mut Shipper) {
-        if self.wanted.load(Ordering::Acquire) > self.rounds_started.load(Ordering::Acquire)
-            && self.room()
-        {
+        if self.owed() && self.room() {
             self.launch(sh);
         }
     }
@@ -384,29 +387,38 @@ impl Replicator {
     /// acknowledged it, and every round before it completed.
     fn launch(&self, sh: &mut Shipper) -> u64 {
         let round = self.rounds_started.fetch_add(1, Ordering::AcqRel) + 1;
-        let mut drained: Vec<(usize, u64)> = Vec::new();
-        let mut awaiting = Vec::new();
-        let Some(r) = self.routing.routing() else {
-            // No map, no followers: nothing to wait for.
-            for p in 0..self.seqs.len() {
-                let seq = self.seqs[p].get();
-                self.launched[p].fetch_max(seq, Ordering::AcqRel);
-                drained.push((p, seq));
-            }
-            sh.in_flight.push_back(InFlight {
-                round,
-                drained,
-                awaiting,
-            });
-            self.advance(sh);
-            return round;
+        let mut flight = InFlight {
+            round,
+            drained: Vec::new(),
+            awaiting: Vec::new(),
         };
+        match self.routing.routing() {
+            Some(r) => self.send_round(sh, &r, &mut flight),
+            // No map, no followers: nothing to wait for.
+            None => {
+                for p in 0..self.seqs.len() {
+                    let seq = self.seqs[p].get();
+                    self.launched[p].fetch_max(seq, Ordering::AcqRel);
+                    flight.drained.push((p, seq));
+                }
+            }
+        }
+        sh.in_flight.push_back(flight);
+        self.advance(sh);
+        round
+    }
+
+    /// The work of [`Replicator::launch`] under map `r`: each joiner's
+    /// next chunk and every journal's writes, batched per follower and
+    /// queued (and written), noted in `flight`.
+    fn send_round(&self, sh: &mut Shipper, r: &Routing, flight: &mut InFlight) {
+        let round = flight.round;
         let now = self.unix.clock().now_ms();
         let mut out: HashMap<u32, BatchBuf> = HashMap::new();
-        self.follow_joiners(sh, &r);
+        self.follow_joiners(sh, r);
         for st in sh.streams.iter_mut().filter(|s| s.last_round.is_none()) {
             let buf = out.entry(st.joiner).or_default();
-            self.stream_chunk(st, &r, buf, now);
+            self.stream_chunk(st, r, buf, now);
             if st.partition >= self.seqs.len() {
                 st.last_round = Some(round);
             }
@@ -452,7 +464,7 @@ impl Replicator {
             drop(seen);
             drop(part);
             self.launched[p].fetch_max(noted.seq, Ordering::AcqRel);
-            drained.push((p, noted.seq));
+            flight.drained.push((p, noted.seq));
             sh.spare = noted.keys;
         }
         if foreign {
@@ -467,18 +479,11 @@ impl Replicator {
             let msg = buf.seal(r.map.epoch, sh.batch_seq);
             let seq = sh.batch_seq;
             mend |= sh.followers.entry(f).or_default().send(seq, round, msg);
-            awaiting.push(f);
+            flight.awaiting.push(f);
         }
         if mend {
             self.wake_thread();
         }
-        sh.in_flight.push_back(InFlight {
-            round,
-            drained,
-            awaiting,
-        });
-        self.advance(sh);
-        round
     }
 
     /// Follower `f` acknowledged its batch of `round`.
@@ -527,7 +532,7 @@ impl Replicator {
         drop(self.done_lock.lock().unwrap_or_else(|p| p.into_inner()));
         self.done_cv.notify_all();
         self.gate.wake_waiters();
-        if self.wanted.load(Ordering::Acquire) > self.rounds_started.load(Ordering::Acquire) {
+        if self.owed() {
             self.wake_thread();
         }
     }
@@ -542,8 +547,7 @@ impl Replicator {
         }
         self.mend_followers();
         loop {
-            let owed =
-                self.wanted.load(Ordering::Acquire) > self.rounds_started.load(Ordering::Acquire);
+            let owed = self.owed();
             let unlaunched = self.unlaunched();
             let streaming = self.routing.routing().is_some_and(|v| {
                 v.map
@@ -696,10 +700,10 @@ pub(crate) struct MsgReader {
 }
 
 impl MsgReader {
-    /// Reads until `n` bytes past `start` are buffered.
-    fn fill(&mut self, stream: &mut TcpStream, n: usize) -> std::io::Result<()> {
+    /// Makes room for `n` bytes past `start`: what is left moves to the
+    /// front, and the buffer grows (to at least a read's worth) if it must.
+    fn reserve(&mut self, n: usize) {
         if self.start + n > self.buf.len() {
-            // Move what is left to the front, and make room.
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
@@ -708,6 +712,11 @@ impl MsgReader {
                 self.buf.resize(want, 0);
             }
         }
+    }
+
+    /// Reads until `n` bytes past `start` are buffered.
+    fn fill(&mut self, stream: &mut TcpStream, n: usize) -> std::io::Result<()> {
+        self.reserve(n);
         while self.end - self.start < n {
             let got = stream.read(&mut self.buf[self.end..])?;
             if got == 0 {
@@ -748,16 +757,7 @@ impl MsgReader {
     /// Reads what the socket holds now, without waiting (the socket stays
     /// blocking for its writers); an error at the end of the stream.
     fn recv_ready(&mut self, stream: &TcpStream) -> std::io::Result<()> {
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        }
-        if self.buf.len() - self.end < READ_CHUNK_BYTES {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-            self.buf.resize(self.end + READ_CHUNK_BYTES, 0);
-        }
+        self.reserve(self.end - self.start + READ_CHUNK_BYTES);
         let room = &mut self.buf[self.end..];
         match rustix::net::recv(stream, room, rustix::net::RecvFlags::DONTWAIT) {
             Ok((0, _)) => Err(std::io::ErrorKind::UnexpectedEof.into()),
@@ -886,7 +886,7 @@ pub fn start(
         done_lock: Mutex::new(()),
         done_cv: Condvar::new(),
         stop: AtomicBool::new(false),
-        pumping: std::sync::atomic::AtomicUsize::new(0),
+        pumping: AtomicUsize::new(0),
         thread: std::sync::OnceLock::new(),
     });
     server.gate.arm(replicator.clone());
