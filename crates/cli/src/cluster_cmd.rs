@@ -184,6 +184,7 @@ impl ServeClusterArgs {
                 fabrickv_server::replication::start(
                     fabrickv_server::replication::ReplicationParts {
                         parts: handle.partitions().clone(),
+                        ps: handle.ps_store().clone(),
                         routing: handle.slot_routing().clone(),
                         gate: handle.gate().clone(),
                         clock: handle.clock(),

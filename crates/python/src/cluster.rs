@@ -86,9 +86,9 @@ fn map_of(
             return Err(error(
                 ErrorCode::Unavailable,
                 format!(
-                    "{url}: a cluster registered in etcd serves key-value calls \
-                     (fabrickv.Cluster) and Redis clients; embedding tables and the KV cache \
-                     across it are not served yet"
+                    "{url}: a cluster registered in etcd serves key-value calls and \
+                     embedding tables (fabrickv.Cluster) and Redis clients; the KV cache \
+                     across it is not served yet"
                 ),
             ));
         }
@@ -182,21 +182,24 @@ impl Cluster {
             timeout: crate::timeout_of(timeout)?,
             read_from_replica,
         };
-        let (map, client) = py
+        let (map, client, slots, reg) = py
             .detach(|| {
                 let (map, slots, reg) = lookup_etcd(url, name, opts.timeout)?;
-                let c = ClusterClient::connect(&map, opts.clone())?.follow_slots(reg, slots);
-                Ok::<_, ClientError>((map, c))
+                let c = ClusterClient::connect(&map, opts.clone())?
+                    .follow_slots(reg.clone(), slots.clone());
+                Ok::<_, ClientError>((map, c, slots, reg))
             })
             .map_err(to_py_err)?;
-        let why = format!(
-            "{url}: embedding tables across a cluster registered in etcd are not served yet"
-        );
+        // The tables' client routes by the same map, and follows it itself.
+        let (ps_map, ps_opts) = (map.clone(), opts.clone());
         Ok(Cluster::of(
             map,
             opts,
             client,
-            Box::new(move || Err(ClientError::Unavailable(why.clone()))),
+            Box::new(move || {
+                Ok(ClusterPs::connect(&ps_map, ps_opts.clone())?
+                    .follow_slots(reg.clone(), slots.clone()))
+            }),
         ))
     }
 

@@ -121,6 +121,8 @@ pub struct ServerHandle {
     addr: String,
     workers: usize,
     parts: Arc<partitions::Partitions>,
+    /// The embedding tables.
+    ps: Arc<ps::PsStore>,
     resp_addr: Option<String>,
     resp_wakers: Vec<Arc<mio::Waker>>,
     memcache_addr: Option<String>,
@@ -152,6 +154,11 @@ impl ServerHandle {
     /// does for remote callers), `table` shows owners and counters.
     pub fn partitions(&self) -> &Arc<partitions::Partitions> {
         &self.parts
+    }
+
+    /// The embedding tables (replication ships their rows).
+    pub fn ps_store(&self) -> &Arc<ps::PsStore> {
+        &self.ps
     }
 
     /// Which slots this server serves, once a cluster's slot map is
@@ -398,7 +405,8 @@ impl Server {
             let services = control::Services {
                 kv: kv::KvService::new(id as u16, workers as u16, parts.clone(), cfg.mode)
                     .with_slot_routing(slot_routing.clone()),
-                ps: ps::PsService::new(id as u16, ps.clone()),
+                ps: ps::PsService::new(id as u16, ps.clone())
+                    .with_slot_routing(slot_routing.clone()),
                 cache: cache::CacheService::new(
                     id as u16,
                     cache.clone(),
@@ -464,6 +472,7 @@ impl Server {
             addr: listening.local_addr,
             workers,
             parts,
+            ps,
             resp_addr,
             memcache_addr,
             memcache_peer_addr,

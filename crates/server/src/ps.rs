@@ -36,6 +36,10 @@ use fabrickv_wire::ps::{
 use fabrickv_wire::FrameKind;
 
 use crate::service::{wire_refusal, Call, Refusal, Service, StatsList};
+use crate::slot_routing::{RoutingCache, SlotRouting};
+use fabrickv_cluster::slots::slot_of_u64;
+use fabrickv_wire::ps::PushId;
+use replica::Seen;
 
 pub use budget::{MemoryBudget, CAP_IPC_LOCK_BIT, PS_POOL_AVAILABLE_PERCENT_MAX};
 use pull::{gather, write_bitmap};
@@ -46,6 +50,7 @@ use store::{item_hash, item_key, table_of, write, Table};
 mod budget;
 mod pull;
 mod push;
+pub mod replica;
 mod store;
 
 /// Shards of the embedding pool per worker: more shards than workers keep
@@ -108,6 +113,9 @@ pub struct PsService {
     scratch: Scratch,
     /// Found bits of a one-sided pull.
     found: Vec<u64>,
+    /// Which slots this server serves, in a cluster with a slot map.
+    routing: Option<Arc<SlotRouting>>,
+    view: RoutingCache,
 }
 
 impl PsService {
@@ -121,7 +129,38 @@ impl PsService {
             staging: Vec::new(),
             scratch: Scratch::default(),
             found: Vec::new(),
+            routing: None,
+            view: RoutingCache::default(),
         }
+    }
+
+    /// Serves only the rows of slots `routing` gives this server, once it
+    /// has a map (an etcd cluster): a request with a row of another
+    /// server's slot is refused whole with `WRONG_SERVER`.
+    pub fn with_slot_routing(mut self, routing: Arc<SlotRouting>) -> PsService {
+        self.routing = Some(routing);
+        self
+    }
+
+    /// Refuses a request holding a key of a slot served elsewhere: one
+    /// atomic load without a map.
+    fn check_slots(&mut self, keys: &[u8]) -> Result<(), Refusal> {
+        let Some(shared) = &self.routing else {
+            return Ok(());
+        };
+        let Some(r) = self.view.current(shared) else {
+            return Ok(());
+        };
+        for i in 0..keys.len() / 8 {
+            let slot = slot_of_u64(key_at(keys, i));
+            if !r.serves(slot, false) {
+                return Err((
+                    ErrorCode::WrongServer,
+                    format!("slot {slot} is served by server {}", r.primary_of(slot)),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The start of every pull and push: finds the table `table` of
@@ -155,6 +194,7 @@ impl PsService {
         reply: &mut dyn Reply,
         now_ms: u64,
     ) -> Result<(), Refusal> {
+        self.check_slots(keys)?;
         let store = self.store.clone();
         let (t, shards) = self.prepare(&store, table, keys)?;
         let (n, vb) = (self.keys.len(), t.vector_bytes());
@@ -233,9 +273,11 @@ impl PsService {
         mode: PushMode,
         keys: &[u8],
         values: &[u8],
+        request: Option<PushId>,
         out: &mut Vec<u8>,
         now_ms: u64,
     ) -> Result<(), Refusal> {
+        self.check_slots(keys)?;
         let store = self.store.clone();
         let (t, shards) = self.prepare(&store, table, keys)?;
         let (n, vb) = (self.keys.len(), t.vector_bytes());
@@ -249,6 +291,30 @@ impl PsService {
                     t.spec.dim
                 ),
             ));
+        }
+        // Held to the last row: a round ships all of this push or none.
+        let _barrier = store.push_barrier();
+        let first = (!keys.is_empty()).then(|| key_at(keys, 0));
+        if let (Some(rid), Some(first)) = (request, first) {
+            match store.check_marker(rid, first, now_ms) {
+                Seen::New => {}
+                Seen::Answered { status, applied } => {
+                    encode_push_reply(out, id, self.worker, table, status, applied);
+                    return Ok(());
+                }
+                Seen::Applying => {
+                    return Err((
+                        ErrorCode::Unavailable,
+                        "this push is being applied now; ask again for its answer".into(),
+                    ))
+                }
+                Seen::Stale => {
+                    return Err((
+                        ErrorCode::ConditionFailed,
+                        "a later push of this client was applied since; this one was not".into(),
+                    ))
+                }
+            }
         }
         let mut applied = 0u32;
         let mut status = ErrorCode::Ok;
@@ -278,6 +344,9 @@ impl PsService {
             }
         }
         drop(held);
+        if let (Some(rid), Some(first)) = (request, first) {
+            store.answer_marker(rid, first, status, applied, now_ms);
+        }
         let c = &store.counters;
         c.pushes.fetch_add(1, Ordering::Relaxed);
         c.push_keys.fetch_add(u64::from(applied), Ordering::Relaxed);
@@ -320,7 +389,8 @@ impl Service for PsService {
                 mode,
                 keys,
                 values,
-            } => self.push(id, table, mode, keys, values, reply.buf(), now_ms),
+                request,
+            } => self.push(id, table, mode, keys, values, request, reply.buf(), now_ms),
         }
     }
 

@@ -18,20 +18,28 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fabrickv_client::{ClusterClient, ClusterOptions, Kv};
+use fabrickv_client::{ClusterClient, ClusterOptions, ClusterPs, Kv, PsClient};
 use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::local::LocalEtcd;
+use fabrickv_cluster::slots::slot_of_u64;
 use fabrickv_cluster::slots::{key_slot, SlotMap};
 use fabrickv_cluster::ServerDesc;
+use fabrickv_engine::PoolOptions;
+use fabrickv_server::ps::PsConfig;
 use fabrickv_server::replication::{self, Replication, ReplicationParts};
+use fabrickv_server::Mode;
+use fabrickv_wire::ps::{Optimizer, PushId, TableSpec};
 
-use common::{wait_for, TestServer, Transport, TIMEOUT};
+use common::{wait_for, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
 
 /// Generous: failover takes about half a second, but a loaded machine
 /// may take seconds to run etcd's watch and the controller.
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
 const CLUSTER: &str = "rep";
+
+/// Embedding pool of a test server, in bytes (lazily backed).
+const PS_POOL_BYTES: u64 = 32 << 20;
 
 /// A server of the replicated cluster.
 struct Member {
@@ -67,7 +75,13 @@ fn registry(etcd: &LocalEtcd) -> EtcdRegistry {
 /// Server `id` of a three-server cluster keeping two copies, joined as
 /// `fabrickv serve --replicas 2` joins.
 fn member(t: Transport, reg: &EtcdRegistry, id: u32) -> Member {
-    let server = TestServer::default_on(t);
+    let server = TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, |c| {
+        c.ps = PsConfig {
+            pool_bytes: PS_POOL_BYTES,
+            pool: PoolOptions::default(),
+            tables: Vec::new(),
+        };
+    });
     let listener = replication::bind("127.0.0.1:0").expect("replication listener");
     let desc = ServerDesc {
         id,
@@ -90,6 +104,7 @@ fn member(t: Transport, reg: &EtcdRegistry, id: u32) -> Member {
     let replication = replication::start(
         ReplicationParts {
             parts: h.partitions().clone(),
+            ps: h.ps_store().clone(),
             routing: h.slot_routing().clone(),
             gate: h.gate().clone(),
             clock: h.clock(),
@@ -321,7 +336,100 @@ fn reads_that_accept_staleness_spread_over_the_copies(t: Transport) {
     }
 }
 
+/// Each key's vector as put: the key, then 1, 2, 3.
+fn row_of(k: u64) -> [f32; 4] {
+    [k as f32, 1.0, 2.0, 3.0]
+}
+
+/// Pulls every key and checks its vector is `row_of(k)` minus `less(k)`
+/// in each element.
+fn every_row_reads_back(
+    ps: &mut ClusterPs,
+    t: &fabrickv_client::ClusterTable,
+    keys: &[u64],
+    less: impl Fn(u64) -> f32,
+) {
+    let got = ps.pull(t, keys).expect("pull");
+    assert!(got.found.iter().all(|&f| f), "every row found");
+    for (i, &k) in keys.iter().enumerate() {
+        let want: Vec<f32> = row_of(k).iter().map(|x| x - less(k)).collect();
+        assert_eq!(&got.values[i * 4..(i + 1) * 4], &want[..], "row {k}");
+    }
+}
+
+fn embedding_rows_survive_a_failover_and_a_retried_push_applies_once(t: Transport) {
+    let etcd = LocalEtcd::start().expect("etcd");
+    let reg = registry(&etcd);
+    let _controller = Controller::start(&etcd);
+    let mut ms: Vec<Option<Member>> = (0..3).map(|id| Some(member(t, &reg, id))).collect();
+    let map = map_when(&reg, "every server stamped", |m| {
+        (0..3).all(|id| m.incarnation_of(id) != 0)
+    });
+    let mut ps = ClusterPs::join(&etcd.url(), CLUSTER, opts()).expect("joins");
+    let spec = TableSpec {
+        optimizer: Optimizer::Sgd,
+        lr: 0.5,
+        ..TableSpec::new("rep-emb", 4)
+    };
+    let table = ps.create_table(&spec).expect("table");
+    let keys: Vec<u64> = (0..300).collect();
+    let rows: Vec<f32> = keys.iter().flat_map(|&k| row_of(k)).collect();
+    ps.put(&table, &keys, &rows).expect("put");
+    ps.push(&table, &keys, &vec![1.0; keys.len() * 4])
+        .expect("push");
+    every_row_reads_back(&mut ps, &table, &keys, |_| 0.5);
+
+    // A push sent twice under one request id is applied once.
+    let routes = map.routes();
+    let k0 = keys
+        .iter()
+        .copied()
+        .find(|&k| routes.group_of(slot_of_u64(k)) == 0)
+        .expect("a key of group 0");
+    let addr = |ms: &[Option<Member>], i: usize| ms[i].as_ref().expect("up").server.addr.clone();
+    let id = PushId {
+        client: 0x5EED,
+        seq: 1,
+    };
+    let mut direct = PsClient::connect_with_timeout(&addr(&ms, 0), TIMEOUT).expect("connect");
+    let desc = direct.open_table("rep-emb").expect("open");
+    for _ in 0..2 {
+        direct
+            .push_once(&desc, &[k0], &[1.0; 4], id)
+            .expect("push once");
+    }
+    drop(direct);
+    let less = |k: u64| if k == k0 { 1.0 } else { 0.5 };
+    every_row_reads_back(&mut ps, &table, &keys, less);
+
+    // Server 0 dies: group 0 fails over to server 1, which holds the rows
+    // and the push's marker, so the push retried there is answered, not
+    // applied again.
+    ms[0].take().expect("server 0").kill();
+    map_when(&reg, "server 0's slots failed over", |m| {
+        m.groups[0].primary == 1
+    });
+    every_row_reads_back(&mut ps, &table, &keys, less);
+    let mut direct = PsClient::connect_with_timeout(&addr(&ms, 1), TIMEOUT).expect("connect");
+    let desc = direct.open_table("rep-emb").expect("open");
+    direct
+        .push_once(&desc, &[k0], &[1.0; 4], id)
+        .expect("retried push");
+    drop(direct);
+    every_row_reads_back(&mut ps, &table, &keys, less);
+
+    // Pushes go on through the cluster client, to the new primaries.
+    ps.push(&table, &keys, &vec![0.5; keys.len() * 4])
+        .expect("push");
+    every_row_reads_back(&mut ps, &table, &keys, |k| less(k) + 0.25);
+    drop(ps);
+    for m in ms.into_iter().flatten() {
+        m.kill();
+    }
+}
+
 transport_tests!(
     acknowledged_writes_survive_failovers_and_a_rejoin,
-    reads_that_accept_staleness_spread_over_the_copies
+    reads_that_accept_staleness_spread_over_the_copies,
+    embedding_rows_survive_a_failover_and_a_retried_push_applies_once
 );

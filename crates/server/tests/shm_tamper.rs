@@ -78,7 +78,16 @@ fn frames(worker: u16) -> Vec<(&'static str, Vec<u8>)> {
     out.push(("ps pull", f));
     let mut f = Vec::new();
     let values = [0.5f32; 8];
-    fabrickv_wire::ps::encode_push(&mut f, 10, worker, 1, PushMode::Gradient, &[1, 2], &values);
+    fabrickv_wire::ps::encode_push(
+        &mut f,
+        10,
+        worker,
+        1,
+        PushMode::Gradient,
+        &[1, 2],
+        &values,
+        None,
+    );
     out.push(("ps push", f));
     let mut f = Vec::new();
     fabrickv_wire::cache::encode_put_chunk(

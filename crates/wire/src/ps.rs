@@ -19,7 +19,8 @@
 //! LIST:   nothing
 //! PULL:   u32 flags (bit 0: one-sided destination follows), u32 reserved,
 //!         [RemoteRegion (24 bytes), u64 offset], u64 key x op_count
-//! PUSH:   u8 mode (0 overwrite, 1 gradient), u8[7] reserved,
+//! PUSH:   u8 mode (0 overwrite, 1 gradient), u8 flags (bit 0: a
+//!         request id follows), u8[6] reserved, [u64 client, u64 seq],
 //!         u64 key x op_count, f32 x (op_count x dim)
 //! ```
 //!
@@ -66,6 +67,9 @@ pub const PULL_DEST_BYTES: usize = 32;
 
 /// Bytes of a PUSH's fixed part after the prefix (mode, reserved).
 pub const PUSH_FIXED_BYTES: usize = 8;
+
+/// Bytes of a PUSH's request id (client, seq), when its flag is set.
+pub const PUSH_ID_BYTES: usize = 16;
 
 /// Bytes of a TableDesc before its name.
 pub const TABLE_DESC_FIXED_BYTES: usize = 32;

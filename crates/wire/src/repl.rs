@@ -14,8 +14,12 @@
 //! memcache meta), `Del` (the key is absent), `FlushPartition` (every key
 //! that was in one of the primary's partitions is gone) and `StreamBegin`
 //! (the follower drops what it holds of some slot ranges, before the
-//! primary streams them to it). Applying a record overwrites, so applying
-//! one twice changes nothing.
+//! primary streams them to it). Embedding tables ride the same batches:
+//! `PsTable` (the sender's id of a table and its shape, before the first
+//! row of that table in a batch), `PsRow` (a row's stored state, vector
+//! and optimizer state, or a push's retry marker) and `PsDel` (the row is
+//! absent). Applying a record overwrites, so applying one twice changes
+//! nothing.
 
 use fabrickv_types::limits::{KEY_BYTES_MAX, LARGE_VALUE_BYTES_MAX};
 
@@ -53,6 +57,10 @@ pub const REPL_MESSAGE_BYTES_MAX: usize = LARGE_VALUE_BYTES_MAX + (64 << 10);
 /// (one record may pass it alone).
 pub const REPL_BATCH_BYTES_TARGET: usize = 4 << 20;
 
+/// Longest embedding row a `PsRow` carries, in bytes: the largest
+/// vector with Adagrad's accumulator beside it.
+pub const PS_ROW_BYTES_MAX: usize = fabrickv_types::limits::PS_DIM_MAX * 4 * 2;
+
 /// Most slot ranges one `StreamBegin` may name.
 pub const STREAM_RANGES_MAX: usize = 1024;
 
@@ -68,6 +76,9 @@ const REC_PUT: u8 = 1;
 const REC_DEL: u8 = 2;
 const REC_FLUSH_PARTITION: u8 = 3;
 const REC_STREAM_BEGIN: u8 = 4;
+const REC_PS_TABLE: u8 = 5;
+const REC_PS_ROW: u8 = 6;
+const REC_PS_DEL: u8 = 7;
 
 /// A follower's answer to a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +133,21 @@ pub enum Record<'a> {
     /// The follower drops every key it holds in these ranges: the
     /// primary streams them next.
     StreamBegin { ranges: Vec<SlotRange> },
+    /// The sender's table `id` has this shape (a CREATE body, checked:
+    /// [`crate::ps::decode_create`] accepts it); rows of `id` that follow
+    /// in the batch belong to it.
+    PsTable { id: u32, spec: &'a [u8] },
+    /// Row `key` of table `table` (the sender's id) holds `value` (the
+    /// stored state).
+    PsRow {
+        table: u32,
+        key: u64,
+        value: &'a [u8],
+        /// Absolute expiry in Unix milliseconds; 0: none.
+        expire_unix_ms: u64,
+    },
+    /// Row `key` of table `table` is absent.
+    PsDel { table: u32, key: u64 },
 }
 
 impl Record<'_> {
@@ -248,6 +274,37 @@ fn record<'a>(r: &mut Reader<'a>) -> Result<Record<'a>, Malformed> {
             }
             Ok(Record::StreamBegin { ranges })
         }
+        REC_PS_TABLE => {
+            let id = r.u32()?;
+            let len = usize::from(r.u16()?);
+            let spec = r.take(len)?;
+            if spec.len() < crate::ps::CREATE_FIXED_BYTES
+                || spec.len() != crate::ps::CREATE_FIXED_BYTES + usize::from(crate::le_u16(spec, 6))
+                || crate::ps::decode_create(spec).is_err()
+            {
+                return Err(Malformed("bad table shape"));
+            }
+            Ok(Record::PsTable { id, spec })
+        }
+        REC_PS_ROW => {
+            let table = r.u32()?;
+            let key = r.u64()?;
+            let expire_unix_ms = r.u64()?;
+            let len = r.u32()? as usize;
+            if len > PS_ROW_BYTES_MAX {
+                return Err(Malformed("row too long"));
+            }
+            Ok(Record::PsRow {
+                table,
+                key,
+                value: r.take(len)?,
+                expire_unix_ms,
+            })
+        }
+        REC_PS_DEL => Ok(Record::PsDel {
+            table: r.u32()?,
+            key: r.u64()?,
+        }),
         _ => Err(Malformed("unknown record")),
     }
 }
@@ -427,6 +484,39 @@ impl BatchBuf {
         }
     }
 
+    /// Appends a `PsTable`: `spec` as a CREATE body
+    /// ([`crate::ps::encode_spec`]).
+    pub fn ps_table(&mut self, id: u32, spec: &crate::ps::TableSpec) {
+        self.head();
+        self.bytes.push(REC_PS_TABLE);
+        self.bytes.extend_from_slice(&id.to_le_bytes());
+        let at = self.bytes.len();
+        self.bytes.extend_from_slice(&[0, 0]);
+        crate::ps::encode_spec(&mut self.bytes, spec);
+        let len = (self.bytes.len() - at - 2) as u16;
+        self.bytes[at..at + 2].copy_from_slice(&len.to_le_bytes());
+    }
+
+    /// Appends a `PsRow`.
+    pub fn ps_row(&mut self, table: u32, key: u64, value: &[u8], expire_unix_ms: u64) {
+        self.head();
+        let b = &mut self.bytes;
+        b.push(REC_PS_ROW);
+        b.extend_from_slice(&table.to_le_bytes());
+        b.extend_from_slice(&key.to_le_bytes());
+        b.extend_from_slice(&expire_unix_ms.to_le_bytes());
+        b.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        b.extend_from_slice(value);
+    }
+
+    /// Appends a `PsDel`.
+    pub fn ps_del(&mut self, table: u32, key: u64) {
+        self.head();
+        self.bytes.push(REC_PS_DEL);
+        self.bytes.extend_from_slice(&table.to_le_bytes());
+        self.bytes.extend_from_slice(&key.to_le_bytes());
+    }
+
     /// The whole message for epoch `epoch`, batch `seq`; the buffer is
     /// left empty for the next batch.
     pub fn seal(&mut self, epoch: u64, seq: u64) -> Vec<u8> {
@@ -458,6 +548,10 @@ mod tests {
         b.del(b"gone");
         b.flush_partition(8, 3);
         b.stream_begin(&[SlotRange { first: 0, last: 99 }]);
+        let spec = crate::ps::TableSpec::new("emb", 4);
+        b.ps_table(3, &spec);
+        b.ps_row(3, u64::MAX, &[1, 2, 3, 4], 99);
+        b.ps_del(3, 5);
         let msg = b.seal(5, 42);
         assert!(b.is_empty());
         let Message::Batch {
@@ -468,7 +562,7 @@ mod tests {
         else {
             panic!("a batch");
         };
-        assert_eq!((epoch, seq, records.len()), (5, 42, 5));
+        assert_eq!((epoch, seq, records.len()), (5, 42, 8));
         let all: Vec<Record<'_>> = records.iter().collect();
         assert_eq!(
             all[1],
@@ -487,6 +581,20 @@ mod tests {
                 ranges: vec![SlotRange { first: 0, last: 99 }]
             }
         );
+        let Record::PsTable { id: 3, spec: bytes } = all[5] else {
+            panic!("a table: {:?}", all[5]);
+        };
+        assert_eq!(crate::ps::decode_create(bytes), Ok(spec));
+        assert_eq!(
+            all[6],
+            Record::PsRow {
+                table: 3,
+                key: u64::MAX,
+                value: &[1, 2, 3, 4],
+                expire_unix_ms: 99
+            }
+        );
+        assert_eq!(all[7], Record::PsDel { table: 3, key: 5 });
     }
 
     #[test]

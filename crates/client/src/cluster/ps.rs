@@ -8,15 +8,34 @@
 //! the table on a server when it first needs it there, which is also how a
 //! restarted server gets its tables back (empty: its rows are lost with it,
 //! and pulls of them follow the table's missing-key policy).
+//!
+//! In a cluster registered in etcd (`follow_slots`) a row's owner is the
+//! primary of its slot ([`fabrickv_cluster::slots::slot_of_u64`]), and the
+//! rows are replicated: a call whose server fails or refuses
+//! (WRONG_SERVER) waits for the map to move on and sends again what got
+//! no answer. A put or push is split by replica group, and each part
+//! carries a request id that it keeps across those retries, so a part the
+//! old primary applied (and replicated) before it died is answered, not
+//! applied again, by the new one.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use fabrickv_cluster::{server_of_u64, Cluster, Registry};
+use fabrickv_cluster::etcd::EtcdRegistry;
+use fabrickv_cluster::slots::{slot_of_u64, SlotMap};
+use fabrickv_cluster::{server_of_u64, Cluster, Directory, Registry};
 use fabrickv_types::ErrorCode;
-use fabrickv_wire::ps::{PushMode, TableDesc, TableSpec};
+use fabrickv_wire::ps::{PushId, PushMode, TableDesc, TableSpec};
 
+use super::slots::{SlotFollow, FAILOVER_WAIT_MS};
+
+/// How long a call refused with WRONG_SERVER under the map the server
+/// should hold waits for a newer one before it is sent again, in
+/// milliseconds: the server's own watch is a moment behind, or it is
+/// between roles during a failover.
+const REFUSED_PAUSE_MS: u64 = 20;
 use super::{cluster_of, lookup, ClusterOf, ClusterOptions, Members, PerServer};
+use crate::ps::push_frames;
 use crate::ps::{PsClient, PullId, Pulled};
 use crate::{ClientError, Result};
 
@@ -110,6 +129,19 @@ pub struct ClusterPs {
     /// Scratch for splitting keys and values per server, reused.
     part_keys: Vec<u64>,
     part_vals: Vec<Vec<f32>>,
+    /// The slot map, in a cluster registered in etcd.
+    slots: Option<Box<SlotFollow>>,
+    /// This client's pushes' ids: random per client, then numbered.
+    client_id: u64,
+    next_seq: u64,
+}
+
+/// One replica group's share of a put or push in a cluster with a slot
+/// map, and the request id it keeps across retries.
+struct GroupPart {
+    keys: Vec<u64>,
+    vals: Vec<f32>,
+    id: PushId,
 }
 
 impl std::fmt::Debug for ClusterPs {
@@ -129,8 +161,17 @@ impl From<Members<PsConn>> for ClusterPs {
             specs: Vec::new(),
             part_keys: Vec::new(),
             part_vals: Vec::new(),
+            slots: None,
+            client_id: client_id(),
+            next_seq: 1,
         }
     }
+}
+
+/// A client id for push request ids: random, so that two clients never
+/// share one (a collision would make one's push answer the other's).
+fn client_id() -> u64 {
+    fabrickv_auth::random_u64()
 }
 
 cluster_of!(ClusterPs, PsConn);
@@ -145,6 +186,10 @@ impl ClusterPs {
     /// Looks the cluster up in the registry and connects to it (as
     /// [`super::ClusterClient::join`] does).
     pub fn join(registry_url: &str, name: &str, opts: ClusterOptions) -> Result<ClusterPs> {
+        if fabrickv_cluster::etcd::is_etcd_url(registry_url) {
+            let (cluster, map, reg) = super::lookup_etcd(registry_url, name, opts.timeout)?;
+            return Ok(ClusterPs::connect(&cluster, opts)?.follow_slots(reg, map));
+        }
         let (cluster, reg) = lookup(registry_url, name, opts.timeout)?;
         Ok(ClusterPs::connect(&cluster, opts)?.follow(reg))
     }
@@ -155,15 +200,68 @@ impl ClusterPs {
         self.following(Some(registry.into()))
     }
 
+    /// Routes by the slot map `map` of the etcd cluster at `registry`, and
+    /// follows its changes and its servers' descriptors there (as
+    /// [`super::ClusterClient::follow_slots`]).
+    pub fn follow_slots(self, registry: EtcdRegistry, map: SlotMap) -> ClusterPs {
+        let mut c = self.following(Some(Directory::Etcd(Box::new(registry.clone()))));
+        c.slots = Some(Box::new(SlotFollow::start(registry, map)));
+        c
+    }
+
     /// The number of servers, up or down.
     pub fn size(&self) -> u32 {
         self.servers()
     }
 
-    /// The server that owns `key`.
+    /// The server that owns `key`: its slot's primary in a cluster with a
+    /// slot map, its jump-hash bucket otherwise.
     #[inline]
     pub fn server_of(&self, key: u64) -> u32 {
-        server_of_u64(key, self.m.size())
+        match &self.slots {
+            Some(f) => f.primary_of_slot(slot_of_u64(key)),
+            None => server_of_u64(key, self.m.size()),
+        }
+    }
+
+    /// Takes what the etcd watch delivered since the last call: the map,
+    /// and servers' new addresses.
+    fn follow_map(&mut self) {
+        if let Some(f) = &mut self.slots {
+            f.update();
+            if let Some(descs) = f.take_descs() {
+                self.m.adopt_descs(&descs);
+            }
+        }
+    }
+
+    /// After a call failed with `e`, in a cluster with a slot map: waits
+    /// (until `deadline`) for the map that makes sending again worthwhile.
+    /// A failed server waits for a newer map (a failover). WRONG_SERVER
+    /// reads the map again; if it had not changed, the refusing server is
+    /// behind this client or between roles, and the call goes again after
+    /// a short wait for a newer map ([`REFUSED_PAUSE_MS`]), until
+    /// `deadline`. Returns whether to send again.
+    fn await_reroute(&mut self, e: &ClientError, deadline: Instant) -> bool {
+        let Some(f) = &mut self.slots else {
+            return false;
+        };
+        let epoch = f.epoch();
+        let again = if e.code() == ErrorCode::WrongServer {
+            if f.reload().is_ok() && f.epoch() == epoch {
+                let pause = Instant::now() + Duration::from_millis(REFUSED_PAUSE_MS);
+                f.wait_newer(epoch, pause.min(deadline));
+            }
+            Instant::now() < deadline
+        } else if e.is_transport() {
+            f.wait_newer(epoch, deadline)
+        } else {
+            false
+        };
+        if again {
+            self.follow_map();
+        }
+        again
     }
 
     /// Whether server `id` is connected now.
@@ -301,9 +399,10 @@ impl ClusterPs {
                 dim,
             });
         }
+        self.follow_map();
         let mut positions: Vec<Vec<usize>> = vec![Vec::new(); n as usize];
         for (i, &k) in keys.iter().enumerate() {
-            positions[server_of_u64(k, n) as usize].push(i);
+            positions[self.server_of(k) as usize].push(i);
         }
         for (s, p) in positions.iter().enumerate() {
             if !p.is_empty() {
@@ -436,8 +535,23 @@ impl ClusterPs {
                 ),
             ));
         }
-        let pull = self.pull_async(t, keys)?;
-        self.wait_into(pull, out, found)
+        if self.slots.is_none() {
+            let pull = self.pull_async(t, keys)?;
+            return self.wait_into(pull, out, found);
+        }
+        // Reads change nothing: a pull that met a failure or a moved slot
+        // is sent again whole once the map has moved on.
+        let deadline = Instant::now() + Duration::from_millis(FAILOVER_WAIT_MS);
+        let mut found = found;
+        loop {
+            let r = self
+                .pull_async(t, keys)
+                .and_then(|pull| self.wait_into(pull, out, found.as_deref_mut()));
+            match r {
+                Err(e) if self.await_reroute(&e, deadline) => continue,
+                r => return r,
+            }
+        }
     }
 
     /// Pulls `keys`, returning fresh vectors.
@@ -483,13 +597,16 @@ impl ClusterPs {
                 ),
             ));
         }
+        if self.slots.is_some() {
+            return self.push_by_group(t, keys, values, mode);
+        }
         let n = self.m.size() as usize;
         if n == 1 {
             let c = self.table_on(0, t)?;
             let d = desc(&c.tables, t.slot)?;
             let timeout = c.ps.timeout();
             let r =
-                c.ps.push_post(d, keys, values, mode)
+                c.ps.push_post(d, keys, values, mode, None)
                     .and_then(|p| c.ps.push_collect(p, Instant::now() + timeout));
             return r.map_err(|e| self.m.fail_or_wrap(0, e));
         }
@@ -515,10 +632,96 @@ impl ClusterPs {
             true,
             |c, s| {
                 let d = desc(&c.tables, t.slot)?;
-                c.ps.push_post(d, &part_keys[s], &part_vals[s], mode)
+                c.ps.push_post(d, &part_keys[s], &part_vals[s], mode, None)
             },
             |c, p, deadline| c.ps.push_collect(p, deadline),
         )
+    }
+
+    /// A put or push in a cluster with a slot map: split by replica
+    /// group, each part under a request id of its own, and what failed
+    /// sent again, same ids, to the group's primary once the map names it.
+    fn push_by_group(
+        &mut self,
+        t: &ClusterTable,
+        keys: &[u64],
+        values: &[f32],
+        mode: PushMode,
+    ) -> Result<()> {
+        let dim = t.spec.dim as usize;
+        self.follow_map();
+        let mut parts = self.group_parts(keys, values, dim, t.spec.dim);
+        let deadline = Instant::now() + Duration::from_millis(FAILOVER_WAIT_MS);
+        loop {
+            let mut failed: Vec<(GroupPart, ClientError)> = Vec::new();
+            let mut posted = Vec::with_capacity(parts.len());
+            for part in parts {
+                let s = self.server_of(part.keys[0]) as usize;
+                let sent = self.table_on(s, t).and_then(|c| {
+                    let d = desc(&c.tables, t.slot)?;
+                    c.ps.push_post(d, &part.keys, &part.vals, mode, Some(part.id))
+                });
+                match sent {
+                    Ok(p) => posted.push((s, part, p)),
+                    Err(e) => {
+                        let e = self.m.fail_or_wrap(s, e);
+                        failed.push((part, e));
+                    }
+                }
+            }
+            let collect_by = Instant::now() + self.m.timeout;
+            for (s, part, p) in posted {
+                if let Err(e) = self
+                    .m
+                    .conn(s)
+                    .and_then(|c| c.ps.push_collect(p, collect_by))
+                {
+                    let e = self.m.fail_or_wrap(s, e);
+                    failed.push((part, e));
+                }
+            }
+            let Some((_, first)) = failed.first() else {
+                return Ok(());
+            };
+            if !self.await_reroute(first, deadline) {
+                return Err(failed.swap_remove(0).1);
+            }
+            parts = Vec::with_capacity(failed.len());
+            for (part, e) in failed {
+                if e.code() == ErrorCode::WrongServer {
+                    // Refused whole, so not applied: split again by the
+                    // new map, under new ids.
+                    parts.extend(self.group_parts(&part.keys, &part.vals, dim, t.spec.dim));
+                } else {
+                    parts.push(part);
+                }
+            }
+        }
+    }
+
+    /// `keys` and their `values` split by the replica group of their
+    /// slots, each part with the next request ids.
+    fn group_parts(&mut self, keys: &[u64], values: &[f32], dim: usize, d: u32) -> Vec<GroupPart> {
+        let Some(f) = &self.slots else {
+            return Vec::new();
+        };
+        let mut by_group: BTreeMap<usize, (Vec<u64>, Vec<f32>)> = BTreeMap::new();
+        for (i, &k) in keys.iter().enumerate() {
+            let e = by_group.entry(f.group_of_slot(slot_of_u64(k))).or_default();
+            e.0.push(k);
+            e.1.extend_from_slice(&values[i * dim..(i + 1) * dim]);
+        }
+        by_group
+            .into_values()
+            .map(|(keys, vals)| {
+                let id = PushId {
+                    client: self.client_id,
+                    seq: self.next_seq,
+                };
+                self.next_seq += push_frames(keys.len(), d);
+                GroupPart { keys, vals, id }
+            })
+            .collect()
     }
 
     /// Every table any server holds, by name, with its item counts per

@@ -93,6 +93,18 @@ impl SlotFollow {
         self.primaries[self.routes.group_of(key_slot(key))]
     }
 
+    /// The server leading `slot`.
+    #[inline]
+    pub(crate) fn primary_of_slot(&self, slot: u16) -> u32 {
+        self.primaries[self.routes.group_of(slot)]
+    }
+
+    /// The replica group holding `slot`.
+    #[inline]
+    pub(crate) fn group_of_slot(&self, slot: u16) -> usize {
+        self.routes.group_of(slot)
+    }
+
     /// The copy of `key`'s slot (hash `hash`) a read that accepts
     /// staleness goes to: the same for a key as long as the map holds, so
     /// that the pieces of a large value come from where its GET went.

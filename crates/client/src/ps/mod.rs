@@ -32,6 +32,7 @@
 mod preload;
 mod pull;
 mod push;
+pub(crate) use push::push_frames;
 mod slots;
 
 pub use preload::{

@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::decode_frame;
-use fabrickv_wire::ps::{decode_reply, encode_push, push_keys_per_frame, PushMode, TableDesc};
+use fabrickv_wire::ps::{
+    decode_reply, encode_push, push_keys_per_frame, PushId, PushMode, TableDesc,
+};
 
 use super::{check_len, PsClient, PsReq};
 use crate::conn::protocol;
@@ -25,6 +27,25 @@ impl PsClient {
         self.push_mode(t, keys, grads, PushMode::Gradient)
     }
 
+    /// Applies `grads` as [`PsClient::push`] does, under request id `id`:
+    /// a server that applied a push with this id (or, in a replicated
+    /// cluster, whose predecessor as the keys' primary did) answers it
+    /// again without applying it. A client that lost a push's answer
+    /// sends it again with the same id; ids are `(client, seq)`, the
+    /// client part random and the seq increasing by the frames each push
+    /// takes ([`fabrickv_wire::ps::push_keys_per_frame`] keys per frame).
+    pub fn push_once(
+        &mut self,
+        t: &TableDesc,
+        keys: &[u64],
+        grads: &[f32],
+        id: PushId,
+    ) -> Result<()> {
+        let pending = self.push_post(t, keys, grads, PushMode::Gradient, Some(id))?;
+        let deadline = self.sessions.deadline();
+        self.push_collect(pending, deadline)
+    }
+
     fn push_mode(
         &mut self,
         t: &TableDesc,
@@ -32,20 +53,24 @@ impl PsClient {
         values: &[f32],
         mode: PushMode,
     ) -> Result<()> {
-        let pending = self.push_post(t, keys, values, mode)?;
+        let pending = self.push_post(t, keys, values, mode, None)?;
         let deadline = self.sessions.deadline();
         self.push_collect(pending, deadline)
     }
 
     /// The post phase of a put or push: posts every frame and flushes,
     /// without waiting for a reply (the cluster client posts to every
-    /// server before it collects from any).
+    /// server before it collects from any). With `first`, the frames carry
+    /// request ids `first`, `first.seq + 1`, ... (one per frame, see
+    /// [`push_frames`]), so that a retry of the same keys carries the
+    /// same ids and is not applied twice.
     pub(crate) fn push_post(
         &mut self,
         t: &TableDesc,
         keys: &[u64],
         values: &[f32],
         mode: PushMode,
+        first: Option<PushId>,
     ) -> Result<PendingPush> {
         check_len(values.len(), keys.len(), t.spec.dim, "values")?;
         let dim = t.spec.dim as usize;
@@ -54,8 +79,12 @@ impl PsClient {
         for (ci, chunk) in keys.chunks(per).enumerate() {
             let vals = &values[ci * per * dim..(ci * per + chunk.len()) * dim];
             let tid = t.id;
+            let request = first.map(|f| PushId {
+                client: f.client,
+                seq: f.seq + ci as u64,
+            });
             let posted = self.sessions.post(0, PsReq::Other, |b, req, w| {
-                encode_push(b, req, w, tid, mode, chunk, vals)
+                encode_push(b, req, w, tid, mode, chunk, vals, request)
             });
             match posted {
                 Ok(req) => reqs.push((req, chunk.len())),
@@ -126,6 +155,12 @@ impl PsClient {
         }
         first_err.map_or(Ok(()), Err)
     }
+}
+
+/// The frames a put or push of `keys` keys of dimension `dim` takes (and
+/// so the request ids it uses).
+pub(crate) fn push_frames(keys: usize, dim: u32) -> u64 {
+    keys.div_ceil(push_keys_per_frame(dim)) as u64
 }
 
 /// A put or push whose frames are posted: request ids with their key

@@ -77,6 +77,8 @@ pub struct PsStore {
     budget: fn() -> MemoryBudget,
     /// What the handlers of every worker count.
     pub(super) counters: Counters,
+    /// Journals and the push barrier, once replication starts.
+    replica: super::replica::ReplicaState,
 }
 
 impl PsStore {
@@ -91,7 +93,18 @@ impl PsStore {
             create: Mutex::new(()),
             budget: MemoryBudget::of_this_process,
             counters: Counters::default(),
+            replica: Default::default(),
         }
+    }
+
+    /// The replication state.
+    pub(super) fn replica(&self) -> &super::replica::ReplicaState {
+        &self.replica
+    }
+
+    /// The shards the pool has, or will have once built.
+    pub(super) fn shard_count_planned(&self) -> usize {
+        self.shard_count
     }
 
     /// The same store, reading its memory budget from `budget`.
@@ -174,6 +187,14 @@ impl PsStore {
                 )
             })?;
             shards.push(RwLock::new(p));
+        }
+        if self.journaled() {
+            // Before any row is written: a follower gets every row.
+            for s in &mut shards {
+                s.get_mut()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .enable_journal();
+            }
         }
         tracing::info!(
             pool = %fabrickv_types::size::format_size(self.cfg.pool_bytes),

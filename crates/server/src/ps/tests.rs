@@ -61,7 +61,7 @@ fn vec_of(dim: usize, x: f32) -> Vec<f32> {
 
 fn push(s: &mut PsService, t: u32, mode: PushMode, keys: &[u64], vals: &[f32]) -> (ErrorCode, u32) {
     let mut req = Vec::new();
-    encode_push(&mut req, 2, 0, t, mode, keys, vals);
+    encode_push(&mut req, 2, 0, t, mode, keys, vals, None);
     let out = call(s, &req);
     let r = reply(&out);
     (
@@ -212,7 +212,16 @@ fn bad_requests_get_stable_codes_and_change_nothing() {
     push(&mut s, t.id, PushMode::Overwrite, &[1], &[1.0; 4]);
     let mut req = Vec::new();
     // Wrong dimension: 3 floats for a 4-wide table.
-    encode_push(&mut req, 1, 0, t.id, PushMode::Overwrite, &[1], &[9.0; 3]);
+    encode_push(
+        &mut req,
+        1,
+        0,
+        t.id,
+        PushMode::Overwrite,
+        &[1],
+        &[9.0; 3],
+        None,
+    );
     let code = error_code(&call(&mut s, &req));
     assert!(
         matches!(code, ErrorCode::BadDimension | ErrorCode::Malformed),

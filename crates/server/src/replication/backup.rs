@@ -15,6 +15,8 @@ use fabrickv_types::KeyHash;
 
 use super::{MsgReader, UnixClock};
 use crate::partitions::Partitions;
+use crate::ps::replica::{row_slot, PS_MARKER_TABLE_BIT};
+use crate::ps::PsStore;
 use crate::slot_routing::{Routing, SlotRouting};
 use fabrickv_wire::repl::{self as records, AckStatus, Message, Record, Records};
 
@@ -35,6 +37,7 @@ pub const REPL_IDLE_SECS: u64 = 600;
 #[derive(Clone)]
 pub struct Applier {
     pub parts: Arc<Partitions>,
+    pub ps: Arc<PsStore>,
     pub routing: Arc<SlotRouting>,
     pub unix: UnixClock,
     pub secret: Option<Secret>,
@@ -226,11 +229,26 @@ fn acceptable(r: &Routing, sender: u32, epoch: u64, recs: &Records<'_>) -> bool 
         g.primary == sender && epoch >= g.since && g.followers().any(|s| s == me)
     };
     r.active
-        && recs.iter().all(|rec| match rec.key() {
-            Some(k) => follows(&r.map.groups[r.routes.group_of(key_slot(k))]),
+        && recs.iter().all(|rec| match record_slot(&rec) {
+            Some(s) => follows(&r.map.groups[r.routes.group_of(s)]),
             None => r.map.groups.iter().any(follows),
         })
 }
+
+/// The slot of a record of one key or row.
+fn record_slot(rec: &Record<'_>) -> Option<u16> {
+    match rec {
+        Record::Put { key, .. } | Record::Del { key } => Some(key_slot(key)),
+        Record::PsRow { table, key, .. } | Record::PsDel { table, key } => {
+            Some(row_slot(*table, *key))
+        }
+        _ => None,
+    }
+}
+
+/// A batch's tables: the sender's id of each table it described, and
+/// this server's id of it (`None`: it could not be made here).
+type TableIds = std::collections::HashMap<u32, Option<u32>>;
 
 /// Applies a batch if the map allows; returns the answer and this
 /// server's epoch.
@@ -250,8 +268,9 @@ fn apply_batch(a: &Applier, sender: u32, epoch: u64, recs: Records<'_>) -> (AckS
         std::thread::sleep(Duration::from_millis(2));
     };
     let now = a.unix.clock().now_ms();
+    let mut tables = TableIds::new();
     for rec in recs.iter() {
-        apply(a, &r, sender, &rec, now);
+        apply(a, &r, sender, &rec, now, &mut tables);
     }
     (AckStatus::Applied, r.map.epoch)
 }
@@ -274,7 +293,7 @@ fn on_partition<T>(
     t
 }
 
-fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64) {
+fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64, tables: &mut TableIds) {
     match rec {
         Record::Put {
             key,
@@ -334,11 +353,55 @@ fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64) {
             });
         }
         Record::StreamBegin { ranges } => {
-            drop_keys(a, now, |k| {
-                let s = key_slot(k);
-                ranges.iter().any(|rg| rg.contains(s))
-            });
+            let doomed = |s: u16| ranges.iter().any(|rg| rg.contains(s));
+            drop_keys(a, now, |k| doomed(key_slot(k)));
+            a.ps.drop_rows(now, &doomed);
         }
+        Record::PsTable { id, spec } => {
+            let local = fabrickv_wire::ps::decode_create(spec)
+                .map_err(|(_, why)| why)
+                .and_then(|spec| a.ps.adopt_table(&spec));
+            let local = local
+                .map_err(|e| {
+                    tracing::error!(
+                        "replication: table {id} of server {sender} cannot be made here, \
+                         its rows are not kept: {e}"
+                    )
+                })
+                .ok();
+            tables.insert(*id, local);
+        }
+        Record::PsRow {
+            table,
+            key,
+            value,
+            expire_unix_ms,
+        } => apply_row(a, tables, *table, *key, Some(value), *expire_unix_ms, now),
+        Record::PsDel { table, key } => apply_row(a, tables, *table, *key, None, 0, now),
+    }
+}
+
+/// Applies a row's state to this server's table (or a push's marker).
+fn apply_row(
+    a: &Applier,
+    tables: &TableIds,
+    table: u32,
+    key: u64,
+    value: Option<&[u8]>,
+    expire_unix_ms: u64,
+    now: u64,
+) {
+    let local = if table & PS_MARKER_TABLE_BIT != 0 {
+        Some(table)
+    } else {
+        tables.get(&table).copied().flatten()
+    };
+    let Some(local) = local else {
+        return;
+    };
+    let expire = a.unix.to_engine(expire_unix_ms);
+    if let Err(e) = a.ps.apply_row(local, key, value, expire, now) {
+        tracing::warn!("replication: a shipped embedding row could not be stored here: {e}");
     }
 }
 

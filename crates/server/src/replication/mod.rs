@@ -44,7 +44,7 @@ use std::io::Read;
 use std::net::TcpStream;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -56,8 +56,11 @@ use fabrickv_rpc::gate::{FlushGate, Settle};
 use fabrickv_types::KeyHash;
 
 use crate::partitions::Partitions;
+use crate::ps::replica::{row_slot, RowState, PS_MARKER_TABLE_BIT};
+use crate::ps::PsStore;
 use crate::service::Clock;
 use crate::slot_routing::{Routing, SlotRouting};
+use fabrickv_wire::ps::TableSpec;
 use fabrickv_wire::repl as records;
 use records::{BatchBuf, REPL_BATCH_BYTES_TARGET, REPL_MESSAGE_BYTES_MAX};
 
@@ -208,6 +211,46 @@ fn append_state(out: &mut BatchBuf, key: &[u8], state: &State) {
     }
 }
 
+/// The tables a round's batches have described so far: a follower
+/// numbers its tables itself, so each batch names a table's shape
+/// (`PsTable`) before its first row of it.
+#[derive(Default)]
+struct Tables {
+    /// (follower, table) pairs described in this round's batches.
+    described: HashSet<(u32, u32)>,
+    /// Shapes read so far this round (`None`: no such table).
+    specs: HashMap<u32, Option<TableSpec>>,
+}
+
+impl Tables {
+    /// Appends row `key` of `table` in `state` to follower `f`'s batch
+    /// `buf`, after the table's shape if the batch lacks it.
+    #[allow(clippy::too_many_arguments)]
+    fn append(
+        &mut self,
+        ps: &PsStore,
+        unix: &UnixClock,
+        buf: &mut BatchBuf,
+        f: u32,
+        table: u32,
+        key: u64,
+        state: &RowState<'_>,
+    ) {
+        if table & PS_MARKER_TABLE_BIT == 0 && self.described.insert((f, table)) {
+            match self.specs.entry(table).or_insert_with(|| ps.spec_of(table)) {
+                Some(spec) => buf.ps_table(table, spec),
+                None => return,
+            }
+        }
+        match state {
+            RowState::Present { value, expire_ms } => {
+                buf.ps_row(table, key, value, unix.to_unix(*expire_ms))
+            }
+            RowState::Absent => buf.ps_del(table, key),
+        }
+    }
+}
+
 /// A joiner being streamed a group's slots.
 #[derive(Debug)]
 struct Stream {
@@ -248,10 +291,16 @@ pub struct Replicator {
     me: u32,
     secret: Option<Secret>,
     parts: Arc<Partitions>,
+    /// The kv partitions' journal counts.
     seqs: Box<[Arc<JournalSeq>]>,
-    /// Per partition, the journal count every follower has applied.
+    /// The embedding tables, whose pool's shards journal too once built.
+    ps: Arc<PsStore>,
+    /// The pool's shards' journal counts, once the pool exists.
+    ps_seqs: OnceLock<Box<[Arc<JournalSeq>]>>,
+    /// Per journal (the kv partitions', then the pool's shards'), the
+    /// count every follower has applied.
     acked: Box<[AtomicU64]>,
-    /// Per partition, the journal count some launched round drained.
+    /// Per journal, the count some launched round drained.
     launched: Box<[AtomicU64]>,
     routing: Arc<SlotRouting>,
     unix: UnixClock,
@@ -325,14 +374,40 @@ impl Replicator {
         self.ship.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether any partition holds writes its followers have not applied.
-    fn unacked(&self) -> bool {
-        (0..self.seqs.len()).any(|p| self.seqs[p].get() > self.acked[p].load(Ordering::Acquire))
+    /// The pool's shards' journal counts: empty until the pool is built.
+    #[inline]
+    fn ps_seqs(&self) -> &[Arc<JournalSeq>] {
+        if let Some(s) = self.ps_seqs.get() {
+            return s;
+        }
+        match self.ps.journal_seqs() {
+            Some(v) => self.ps_seqs.get_or_init(|| v.into_boxed_slice()),
+            None => &[],
+        }
     }
 
-    /// Whether any partition holds writes no round has taken yet.
+    /// The journals there are now: the kv partitions', then the pool's.
+    fn journals(&self) -> usize {
+        self.seqs.len() + self.ps_seqs().len()
+    }
+
+    /// Journal `i`'s write count.
+    #[inline]
+    fn seq_at(&self, i: usize) -> u64 {
+        match self.seqs.get(i) {
+            Some(s) => s.get(),
+            None => self.ps_seqs()[i - self.seqs.len()].get(),
+        }
+    }
+
+    /// Whether any journal holds writes its followers have not applied.
+    fn unacked(&self) -> bool {
+        (0..self.journals()).any(|p| self.seq_at(p) > self.acked[p].load(Ordering::Acquire))
+    }
+
+    /// Whether any journal holds writes no round has taken yet.
     fn unlaunched(&self) -> bool {
-        (0..self.seqs.len()).any(|p| self.seqs[p].get() > self.launched[p].load(Ordering::Acquire))
+        (0..self.journals()).any(|p| self.seq_at(p) > self.launched[p].load(Ordering::Acquire))
     }
 
     fn stopped(&self) -> bool {
@@ -396,8 +471,8 @@ impl Replicator {
             Some(r) => self.send_round(sh, &r, &mut flight),
             // No map, no followers: nothing to wait for.
             None => {
-                for p in 0..self.seqs.len() {
-                    let seq = self.seqs[p].get();
+                for p in 0..self.journals() {
+                    let seq = self.seq_at(p);
                     self.launched[p].fetch_max(seq, Ordering::AcqRel);
                     flight.drained.push((p, seq));
                 }
@@ -415,11 +490,12 @@ impl Replicator {
         let round = flight.round;
         let now = self.unix.clock().now_ms();
         let mut out: HashMap<u32, BatchBuf> = HashMap::new();
+        let mut tables = Tables::default();
         self.follow_joiners(sh, r);
         for st in sh.streams.iter_mut().filter(|s| s.last_round.is_none()) {
             let buf = out.entry(st.joiner).or_default();
-            self.stream_chunk(st, r, buf, now);
-            if st.partition >= self.seqs.len() {
+            self.stream_chunk(st, r, buf, &mut tables, now);
+            if st.partition >= self.journals() {
                 st.last_round = Some(round);
             }
         }
@@ -467,6 +543,7 @@ impl Replicator {
             flight.drained.push((p, noted.seq));
             sh.spare = noted.keys;
         }
+        foreign |= self.drain_rows(sh, r, flight, &mut out, &mut tables, now);
         if foreign {
             fence_exit("writes were made to slots this server no longer leads");
         }
@@ -484,6 +561,50 @@ impl Replicator {
         if mend {
             self.wake_thread();
         }
+    }
+
+    /// The embedding rows' part of a round: every pool shard's journal,
+    /// drained holding the store's barrier (so that no push is half in
+    /// the round), each row's state queued for its group's followers.
+    /// Returns whether a row of a slot this server does not lead was
+    /// written.
+    fn drain_rows(
+        &self,
+        sh: &mut Shipper,
+        r: &Routing,
+        flight: &mut InFlight,
+        out: &mut HashMap<u32, BatchBuf>,
+        tables: &mut Tables,
+        now: u64,
+    ) -> bool {
+        let kv = self.seqs.len();
+        let shards = self.ps_seqs().len();
+        let due = |j: usize| self.seq_at(kv + j) > self.launched[kv + j].load(Ordering::Acquire);
+        if !(0..shards).any(due) {
+            return false;
+        }
+        let mut foreign = false;
+        let _barrier = self.ps.drain_barrier();
+        for j in (0..shards).filter(|&j| due(j)) {
+            let spare = std::mem::take(&mut sh.spare);
+            let drained = self.ps.drain(j, spare, now, &mut |table, key, state| {
+                let g = &r.map.groups[r.routes.group_of(row_slot(table, key))];
+                if g.primary != self.me || !r.active {
+                    foreign = true;
+                    return;
+                }
+                for f in g.followers() {
+                    let buf = out.entry(f).or_default();
+                    tables.append(&self.ps, &self.unix, buf, f, table, key, &state);
+                }
+            });
+            if let Some((seq, keys)) = drained {
+                self.launched[kv + j].fetch_max(seq, Ordering::AcqRel);
+                flight.drained.push((kv + j, seq));
+                sh.spare = keys;
+            }
+        }
+        foreign
     }
 
     /// Follower `f` acknowledged its batch of `round`.
@@ -606,7 +727,14 @@ impl Replicator {
 
     /// Appends the next chunk of a stream to its joiner's batch: the
     /// states of the group's keys, up to about a batch's worth.
-    fn stream_chunk(&self, st: &mut Stream, r: &Routing, out: &mut BatchBuf, now: u64) {
+    fn stream_chunk(
+        &self,
+        st: &mut Stream,
+        r: &Routing,
+        out: &mut BatchBuf,
+        tables: &mut Tables,
+        now: u64,
+    ) {
         let Some(g) = r.map.groups.get(st.group) else {
             return;
         };
@@ -640,6 +768,30 @@ impl Replicator {
                 let state = read_state(&mut part, k, now, &self.unix);
                 append_state(out, k, &state);
             }
+            match next {
+                Some(b) => st.bucket = b,
+                None => {
+                    st.partition += 1;
+                    st.bucket = 0;
+                }
+            }
+        }
+        // Then the embedding pool's shards, the same way.
+        let kv = self.seqs.len();
+        let ours = |slot: u16| r.routes.group_of(slot) == st.group;
+        while st.partition >= kv
+            && st.partition < self.journals()
+            && out.bytes() < REPL_BATCH_BYTES_TARGET
+        {
+            let next = self.ps.scan_rows(
+                st.partition - kv,
+                st.bucket,
+                now,
+                &ours,
+                &mut |table, key, state| {
+                    tables.append(&self.ps, &self.unix, out, st.joiner, table, key, &state);
+                },
+            );
             match next {
                 Some(b) => st.bucket = b,
                 None => {
@@ -822,6 +974,7 @@ impl Drop for Replication {
 /// What replication needs from the server.
 pub struct ReplicationParts {
     pub parts: Arc<Partitions>,
+    pub ps: Arc<PsStore>,
     pub routing: Arc<SlotRouting>,
     pub gate: Arc<FlushGate>,
     pub clock: Clock,
@@ -847,6 +1000,7 @@ pub fn start(
     let seqs: Box<[Arc<JournalSeq>]> = (0..n)
         .map(|p| server.parts.lock(p).enable_journal())
         .collect();
+    server.ps.enable_journals();
     let unix = UnixClock::new(server.clock);
     let lease = Arc::new(crate::slot_routing::Lease::default());
     server.routing.set_lease(lease.clone(), server.clock);
@@ -854,6 +1008,7 @@ pub fn start(
         listener,
         backup::Applier {
             parts: server.parts.clone(),
+            ps: server.ps.clone(),
             routing: server.routing.clone(),
             unix,
             secret: secret.clone(),
@@ -872,9 +1027,20 @@ pub fn start(
         me,
         secret,
         parts: server.parts.clone(),
-        acked: seqs.iter().map(|s| AtomicU64::new(s.get())).collect(),
-        launched: seqs.iter().map(|s| AtomicU64::new(s.get())).collect(),
+        // The pool's journals count from 0, from the pool's first write.
+        acked: seqs
+            .iter()
+            .map(|s| AtomicU64::new(s.get()))
+            .chain((0..server.ps.shard_count()).map(|_| AtomicU64::new(0)))
+            .collect(),
+        launched: seqs
+            .iter()
+            .map(|s| AtomicU64::new(s.get()))
+            .chain((0..server.ps.shard_count()).map(|_| AtomicU64::new(0)))
+            .collect(),
         seqs,
+        ps: server.ps.clone(),
+        ps_seqs: OnceLock::new(),
         routing: server.routing.clone(),
         unix,
         registry,

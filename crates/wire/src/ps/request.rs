@@ -22,6 +22,16 @@ pub(super) fn prefix(out: &mut Vec<u8>, op: PsOp, table: u32) {
 pub fn encode_create(out: &mut Vec<u8>, id: u64, worker: u16, spec: &TableSpec) {
     let s = begin(out, FrameKind::Ps, id, worker, 0);
     prefix(out, PsOp::Create, 0);
+    encode_spec(out, spec);
+    finish_frame(out, s, 0);
+}
+
+/// Bytes of a CREATE body before the table's name.
+pub const CREATE_FIXED_BYTES: usize = 20;
+
+/// Appends `spec` as a CREATE body carries it (also how the replication
+/// stream names a table's shape).
+pub fn encode_spec(out: &mut Vec<u8>, spec: &TableSpec) {
     out.extend_from_slice(&spec.dim.to_le_bytes());
     out.push(spec.optimizer as u8);
     out.push(spec.missing as u8);
@@ -29,7 +39,6 @@ pub fn encode_create(out: &mut Vec<u8>, id: u64, worker: u16, spec: &TableSpec) 
     out.extend_from_slice(&spec.lr.to_le_bytes());
     out.extend_from_slice(&spec.seed.to_le_bytes());
     out.extend_from_slice(spec.name.as_bytes());
-    finish_frame(out, s, 0);
 }
 
 /// Appends an OPEN request.
@@ -80,7 +89,10 @@ pub fn encode_pull(
     finish_frame(out, s, keys.len() as u16);
 }
 
-/// Appends a PUSH request: `values` holds `keys.len() * dim` floats.
+/// Appends a PUSH request: `values` holds `keys.len() * dim` floats;
+/// `request`, if given, lets the server answer a retry of this push
+/// without applying it twice.
+#[allow(clippy::too_many_arguments)]
 pub fn encode_push(
     out: &mut Vec<u8>,
     id: u64,
@@ -89,11 +101,17 @@ pub fn encode_push(
     mode: PushMode,
     keys: &[u64],
     values: &[f32],
+    request: Option<PushId>,
 ) {
     let s = begin(out, FrameKind::Ps, id, worker, 0);
     prefix(out, PsOp::Push, table);
     out.push(mode as u8);
-    out.extend_from_slice(&[0; 7]);
+    out.push(u8::from(request.is_some()));
+    out.extend_from_slice(&[0; 6]);
+    if let Some(r) = request {
+        out.extend_from_slice(&r.client.to_le_bytes());
+        out.extend_from_slice(&r.seq.to_le_bytes());
+    }
     put_u64s(out, keys);
     put_f32s(out, values);
     finish_frame(out, s, keys.len() as u16);
@@ -152,7 +170,20 @@ pub enum PsRequest<'a> {
         /// The rest of the body: `n * dim` floats, checked against the
         /// table's dimension by the server (the codec does not know it).
         values: &'a [u8],
+        /// The push's identity across retries, if the client gave one.
+        request: Option<PushId>,
     },
+}
+
+/// Names a push across retries: a client picks `client` at random once
+/// and numbers its pushes; a server that applied a push answers a retry
+/// of it (same client, same seq) without applying it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PushId {
+    /// Random per client.
+    pub client: u64,
+    /// Increasing per client.
+    pub seq: u64,
 }
 
 /// Reads the body of a `Ps` frame. Checks everything the codec can know;
@@ -231,7 +262,7 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<PsRequest<'a>, WireError>
             Ok(PsRequest::Pull { table, keys, dest })
         }
         PsOp::Push => {
-            if rest.len() < PUSH_FIXED_BYTES || rest[1..8] != [0; 7] {
+            if rest.len() < PUSH_FIXED_BYTES || rest[2..8] != [0; 6] {
                 return Err(WireError::Malformed("PUSH shorter than its fields"));
             }
             let mode = match rest[0] {
@@ -239,7 +270,21 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<PsRequest<'a>, WireError>
                 1 => PushMode::Gradient,
                 _ => return Err(WireError::Malformed("unknown PUSH mode")),
             };
-            let body = &rest[PUSH_FIXED_BYTES..];
+            let (request, at) = match rest[1] {
+                0 => (None, PUSH_FIXED_BYTES),
+                1 => {
+                    let id = rest
+                        .get(PUSH_FIXED_BYTES..PUSH_FIXED_BYTES + PUSH_ID_BYTES)
+                        .ok_or(WireError::Malformed("PUSH request id truncated"))?;
+                    let r = PushId {
+                        client: le_u64(id, 0),
+                        seq: le_u64(id, 8),
+                    };
+                    (Some(r), PUSH_FIXED_BYTES + PUSH_ID_BYTES)
+                }
+                _ => return Err(WireError::ReservedBits),
+            };
+            let body = &rest[at..];
             if body.len() < n * 8 {
                 return Err(WireError::Malformed("PUSH keys truncated"));
             }
@@ -252,6 +297,7 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<PsRequest<'a>, WireError>
                 mode,
                 keys,
                 values,
+                request,
             })
         }
     }

@@ -51,6 +51,7 @@ fn pull_and_push_round_trip() {
         PushMode::Gradient,
         &[4, 5],
         &[1.0, 2.0, 3.0, 4.0],
+        None,
     );
     let f = decode_frame(&out).unwrap();
     match decode_request(&f).unwrap() {
@@ -62,6 +63,37 @@ fn pull_and_push_round_trip() {
             let mut v = [0f32; 4];
             f32s_from_le(values, &mut v);
             assert_eq!(v, [1.0, 2.0, 3.0, 4.0]);
+        }
+        other => panic!("{other:?}"),
+    }
+    // With a request id, which comes back whole and leaves the keys and
+    // values where they were.
+    out.clear();
+    let id = PushId {
+        client: 0xC1,
+        seq: 7,
+    };
+    encode_push(
+        &mut out,
+        3,
+        0,
+        5,
+        PushMode::Gradient,
+        &[4, 5],
+        &[1.0, 2.0, 3.0, 4.0],
+        Some(id),
+    );
+    let f = decode_frame(&out).unwrap();
+    match decode_request(&f).unwrap() {
+        PsRequest::Push {
+            keys,
+            values,
+            request,
+            ..
+        } => {
+            assert_eq!(request, Some(id));
+            assert_eq!((key_at(keys, 0), key_at(keys, 1)), (4, 5));
+            assert_eq!(values.len(), 16);
         }
         other => panic!("{other:?}"),
     }
@@ -87,6 +119,7 @@ fn refuses_inconsistent_bodies() {
         PushMode::Overwrite,
         &[4, 5],
         &[1.0, 2.0, 3.0],
+        None,
     );
     assert!(decode_request(&decode_frame(&out).unwrap()).is_err());
 }
