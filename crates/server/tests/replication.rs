@@ -9,7 +9,9 @@
 //! - a server started again under the same id comes back empty, is
 //!   streamed its groups' slots and promoted into their in-sync sets;
 //!   stopping the server that had taken over then fails over to it, with
-//!   nothing lost.
+//!   nothing lost;
+//! - embedding rows do the same, and a push retried under its request id
+//!   at the new primary after a failover is answered, not applied twice.
 
 #[macro_use]
 mod common;
