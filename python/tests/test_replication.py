@@ -3,7 +3,8 @@ people run: three `fabrickv serve --replicas 2` processes (once per native
 transport) and a `fabrickv cluster controller`. A primary killed with
 SIGKILL loses no acknowledged write: redis-py's `RedisCluster`, the native
 `fabrickv.Cluster` and a memcached client find every key at its new
-primary; the killed server, started again, is brought back in sync.
+primary, and an embedding table every row; the killed server, started
+again, is brought back in sync.
 
 Needs `make build` (the server), `make python` (the module) and etcd
 (`make deps`)."""
@@ -18,7 +19,9 @@ import pytest
 from pymemcache.client.base import Client as MemcacheClient
 from redis.cluster import RedisCluster
 
-from conftest import BIN, TRANSPORTS, Server, listen_addr, stop_all
+import numpy as np
+
+from conftest import BIN, PS_POOL_ARGS, TRANSPORTS, Server, listen_addr, stop_all
 
 # Generous deadlines: failover takes about half a second here, but the
 # suite must pass on a machine whose cores are busy with something else.
@@ -70,7 +73,7 @@ def wait_map(url, name, what, done):
 def start(etcd, name, transport, i):
     s = Server("--registry", etcd.url, "--cluster", name, "--id", str(i),
                "--cluster-size", "3", "--replicas", "2", "--memcache", "127.0.0.1:0",
-               listen=listen_addr(transport), workers=1)
+               *PS_POOL_ARGS, listen=listen_addr(transport), workers=1)
     s.name, s.transport = name, transport
     return s
 
@@ -195,3 +198,28 @@ def test_reads_that_accept_staleness_go_to_every_copy(replicated, etcd):
     finally:
         writer.close()
         reader.close()
+
+
+def test_embedding_rows_survive_a_killed_primary(replicated, etcd):
+    import fabrickv
+    s0 = replicated[0]
+    c = fabrickv.Cluster(registry=etcd.url, name=s0.name, transport=s0.transport, timeout=10.0)
+    try:
+        t = c.create_table("emb", dim=4, optimizer="sgd", lr=0.5)
+        keys = np.arange(300, dtype=np.uint64)
+        rows = np.random.default_rng(3).standard_normal((len(keys), 4)).astype(np.float32)
+        t.put(keys, rows)
+        t.push(keys, np.ones((len(keys), 4), np.float32))
+        np.testing.assert_allclose(t.pull(keys), rows - 0.5, rtol=1e-6)
+
+        # Server 0 dies mid-training: the same calls go on, at the new
+        # primaries, and no row or step is lost.
+        os.kill(s0.proc.pid, signal.SIGKILL)
+        s0.proc.wait()
+        np.testing.assert_allclose(t.pull(keys), rows - 0.5, rtol=1e-6)
+        t.push(keys, np.ones((len(keys), 4), np.float32))
+        np.testing.assert_allclose(t.pull(keys), rows - 1.0, rtol=1e-6)
+        wait_map(etcd.url, s0.name, "server 0 failed over",
+                 lambda g: g[0][0] == 1 and all(0 not in b for _, b in g))
+    finally:
+        c.close()

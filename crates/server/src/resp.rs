@@ -712,9 +712,12 @@ impl RespConnState {
                     }
                     let mark = out.len();
                     let after = self.state.command(&mut ex, args, &mut out);
-                    if ex.large_arg.take().is_some() {
+                    if ex.large_arg.take().is_some() && out.get(mark) != Some(&b'-') {
                         // The command did not take the value: it must not
-                        // go on as if it had an empty one.
+                        // go on as if it had an empty one. A command that
+                        // refused keeps its own answer (a `-MOVED` for
+                        // another server's slot, which a cluster client
+                        // follows).
                         out.truncate(mark);
                         resp::error(&mut out, LARGE_NOT_TAKEN);
                     }
