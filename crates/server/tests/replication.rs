@@ -209,15 +209,29 @@ fn every_key_reads_back(c: &mut ClusterClient, keys: &[Vec<u8>], large: &[u8], t
     );
 }
 
-fn acknowledged_writes_survive_failovers_and_a_rejoin(t: Transport) {
+/// etcd, the controller and three members, once every run is stamped
+/// (the servers hold their roles and their leases), with that map.
+fn three_members(
+    t: Transport,
+) -> (
+    LocalEtcd,
+    EtcdRegistry,
+    Controller,
+    Vec<Option<Member>>,
+    SlotMap,
+) {
     let etcd = LocalEtcd::start().expect("etcd");
     let reg = registry(&etcd);
-    let _controller = Controller::start(&etcd);
-    let mut ms: Vec<Option<Member>> = (0..3).map(|id| Some(member(t, &reg, id))).collect();
-    // Every run stamped: the servers hold their roles and their leases.
+    let controller = Controller::start(&etcd);
+    let ms: Vec<Option<Member>> = (0..3).map(|id| Some(member(t, &reg, id))).collect();
     let map = map_when(&reg, "every server stamped", |m| {
         (0..3).all(|id| m.incarnation_of(id) != 0)
     });
+    (etcd, reg, controller, ms, map)
+}
+
+fn acknowledged_writes_survive_failovers_and_a_rejoin(t: Transport) {
+    let (etcd, reg, _controller, mut ms, map) = three_members(t);
     assert_eq!(map.groups[0].primary, 0);
     assert_eq!(map.groups[0].backups, [1]);
     let mut c = ClusterClient::join(&etcd.url(), CLUSTER, opts()).expect("joins");
@@ -360,13 +374,7 @@ fn every_row_reads_back(
 }
 
 fn embedding_rows_survive_a_failover_and_a_retried_push_applies_once(t: Transport) {
-    let etcd = LocalEtcd::start().expect("etcd");
-    let reg = registry(&etcd);
-    let _controller = Controller::start(&etcd);
-    let mut ms: Vec<Option<Member>> = (0..3).map(|id| Some(member(t, &reg, id))).collect();
-    let map = map_when(&reg, "every server stamped", |m| {
-        (0..3).all(|id| m.incarnation_of(id) != 0)
-    });
+    let (etcd, reg, _controller, mut ms, map) = three_members(t);
     let mut ps = ClusterPs::join(&etcd.url(), CLUSTER, opts()).expect("joins");
     let spec = TableSpec {
         optimizer: Optimizer::Sgd,

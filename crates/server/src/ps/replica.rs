@@ -23,8 +23,8 @@
 //! marker ship in the same round: a backup that takes over holds both or
 //! neither.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
 
 use fabrickv_cluster::slots::{slot_of_u64, SLOTS};
 use fabrickv_engine::{JournalSeq, Partition, PutCond, ScanBudget};
@@ -97,17 +97,6 @@ pub(super) enum Seen {
     Stale,
 }
 
-/// The replication state of a store: whether journals are on, and the
-/// barrier between pushes and rounds.
-#[derive(Default)]
-pub(super) struct ReplicaState {
-    /// Set once replication starts: the pool's shards keep journals.
-    journaled: AtomicBool,
-    /// Held shared by a push with a request id while replication is on,
-    /// exclusively by a round draining the shards' journals.
-    barrier: RwLock<()>,
-}
-
 /// A held barrier, shared or exclusive, or none.
 pub enum Barrier<'a> {
     Shared(#[allow(dead_code)] RwLockReadGuard<'a, ()>),
@@ -125,11 +114,6 @@ impl PsStore {
                 write(s).enable_journal();
             }
         }
-    }
-
-    /// Whether the shards keep journals.
-    pub(super) fn journaled(&self) -> bool {
-        self.replica().journaled.load(Ordering::Acquire)
     }
 
     /// The shards' journal counts, once the pool exists and keeps journals.

@@ -63,6 +63,17 @@ pub(super) struct Counters {
     pub(super) one_sided_bytes: AtomicU64,
 }
 
+/// The replication state of a store: whether journals are on, and the
+/// barrier between pushes and rounds.
+#[derive(Default)]
+pub(super) struct ReplicaState {
+    /// Set once replication starts: the pool's shards keep journals.
+    pub(super) journaled: std::sync::atomic::AtomicBool,
+    /// Held shared by a push with a request id while replication is on,
+    /// exclusively by a round draining the shards' journals.
+    pub(super) barrier: RwLock<()>,
+}
+
 /// The embedding tables and their pool, shared by every worker.
 pub struct PsStore {
     cfg: PsConfig,
@@ -78,7 +89,7 @@ pub struct PsStore {
     /// What the handlers of every worker count.
     pub(super) counters: Counters,
     /// Journals and the push barrier, once replication starts.
-    replica: super::replica::ReplicaState,
+    replica: ReplicaState,
 }
 
 impl PsStore {
@@ -98,8 +109,13 @@ impl PsStore {
     }
 
     /// The replication state.
-    pub(super) fn replica(&self) -> &super::replica::ReplicaState {
+    pub(super) fn replica(&self) -> &ReplicaState {
         &self.replica
+    }
+
+    /// Whether the shards keep journals (replication is on).
+    pub(super) fn journaled(&self) -> bool {
+        self.replica.journaled.load(Ordering::Acquire)
     }
 
     /// The shards the pool has, or will have once built.
