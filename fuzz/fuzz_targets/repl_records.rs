@@ -1,12 +1,14 @@
 //! Arbitrary bytes as one replication message body: the decoder must
 //! refuse or accept without panicking, an accepted batch must iterate
 //! exactly the records it counted, each within the bounds, and a batch
-//! rebuilt from those records must decode to the same records.
+//! rebuilt from those records must decode to the same records (a table's
+//! shape re-encoded from its decoded form included).
 
 #![no_main]
 
 use fabrickv_types::limits::{KEY_BYTES_MAX, LARGE_VALUE_BYTES_MAX};
-use fabrickv_wire::repl::{decode, BatchBuf, Message, Record, HASH_SLOTS};
+use fabrickv_wire::ps::decode_create;
+use fabrickv_wire::repl::{decode, BatchBuf, Message, Record, HASH_SLOTS, PS_ROW_BYTES_MAX};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -45,6 +47,20 @@ fuzz_target!(|data: &[u8]| {
                 assert!(ranges.iter().all(|r| r.first <= r.last && r.last < HASH_SLOTS));
                 again.stream_begin(ranges);
             }
+            Record::PsTable { id, spec } => {
+                let spec = decode_create(spec).expect("an accepted table shape decodes");
+                again.ps_table(*id, &spec);
+            }
+            Record::PsRow {
+                table,
+                key,
+                value,
+                expire_unix_ms,
+            } => {
+                assert!(value.len() <= PS_ROW_BYTES_MAX);
+                again.ps_row(*table, *key, value, *expire_unix_ms);
+            }
+            Record::PsDel { table, key } => again.ps_del(*table, *key),
         }
     }
     let bytes = again.seal(epoch, seq);
