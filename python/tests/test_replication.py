@@ -3,8 +3,9 @@ people run: three `fabrickv serve --replicas 2` processes (once per native
 transport) and a `fabrickv cluster controller`. A primary killed with
 SIGKILL loses no acknowledged write: redis-py's `RedisCluster`, the native
 `fabrickv.Cluster` and a memcached client find every key at its new
-primary, and an embedding table every row; the killed server, started
-again, is brought back in sync.
+primary, and an embedding table every row; the KV cache, kept as one copy,
+follows the map too; the killed server, started again, is brought back in
+sync.
 
 Needs `make build` (the server), `make python` (the module) and etcd
 (`make deps`)."""
@@ -223,3 +224,31 @@ def test_embedding_rows_survive_a_killed_primary(replicated, etcd):
                  lambda g: g[0][0] == 1 and all(0 not in b for _, b in g))
     finally:
         c.close()
+
+
+def test_the_kv_cache_follows_the_slot_map(replicated, etcd):
+    import fabrickv
+    s0 = replicated[0]
+    cc = fabrickv.ClusterCache(registry=etcd.url, name=s0.name, transport=s0.transport,
+                               buffer_mb=4, timeout=10.0)
+    try:
+        keys = [f"blk-{i}".encode() for i in range(60)]
+        for k in keys:
+            cc.put(k, b"kv-" + k)
+        assert [cc.get(k) for k in keys] == [b"kv-" + k for k in keys]
+        owners = {k: cc.server_of(k) for k in keys}
+        assert set(owners.values()) == {0, 1, 2}
+
+        # The cache keeps one copy: server 0's blocks die with it and read
+        # as absent (to be recomputed), not as errors; the rest are there,
+        # and the same client caches at the new primary.
+        os.kill(s0.proc.pid, signal.SIGKILL)
+        s0.proc.wait()
+        assert [cc.get(k) for k in keys] == [
+            None if owners[k] == 0 else b"kv-" + k for k in keys]
+        for k in keys:
+            cc.put(k, b"kv2-" + k)
+        assert [cc.get(k) for k in keys] == [b"kv2-" + k for k in keys]
+        assert all(cc.server_of(k) != 0 for k in keys)
+    finally:
+        cc.close()

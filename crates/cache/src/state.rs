@@ -489,6 +489,20 @@ impl State {
         }
     }
 
+    pub fn delete_where(&mut self, doomed: &dyn Fn(&[u8]) -> bool) -> usize {
+        let slots: Vec<usize> = self
+            .index
+            .iter()
+            .filter(|(k, _)| doomed(k))
+            .map(|(_, &slot)| slot)
+            .collect();
+        for &slot in &slots {
+            self.unlink(slot);
+            self.counters.deletes += 1;
+        }
+        slots.len()
+    }
+
     pub fn exists(&mut self, key: &[u8], now_ms: u64) -> bool {
         self.live_slot(key, now_ms).is_some()
     }

@@ -168,6 +168,14 @@ impl CacheStore {
         self.shared.lock().delete(key, now_ms)
     }
 
+    /// Removes every value whose key `doomed` picks (expired ones too);
+    /// returns how many. Leases already taken keep reading theirs. Holds
+    /// the store's lock for one pass over the keys: for rare, wholesale
+    /// changes (a server handing slots over), not the request path.
+    pub fn delete_where(&self, doomed: &dyn Fn(&[u8]) -> bool) -> usize {
+        self.shared.lock().delete_where(doomed)
+    }
+
     /// Whether `key` has a live value. Does not count as a use for LRU.
     pub fn exists(&self, key: &[u8], now_ms: u64) -> bool {
         self.shared.lock().exists(key, now_ms)

@@ -603,6 +603,22 @@ fn hits_misses_and_deletes_are_counted() {
     assert_eq!((st.hits, st.misses, st.deletes, st.puts), (1, 1, 1, 1));
 }
 
+#[test]
+fn the_keys_a_predicate_picks_are_dropped_and_only_those() {
+    let s = store_with(MIB, true);
+    for k in [&b"slot-a-1"[..], b"slot-a-2", b"slot-b-1"] {
+        s.put(k, b"value", 0, 0).expect("put");
+    }
+    let held = s.get(b"slot-a-1", 0).expect("a lease");
+    assert_eq!(s.delete_where(&|k| k.starts_with(b"slot-a")), 2);
+    assert!(!s.exists(b"slot-a-1", 0) && !s.exists(b"slot-a-2", 0));
+    assert!(s.exists(b"slot-b-1", 0));
+    // A lease taken before keeps reading its value.
+    assert_eq!(&held[..], b"value");
+    drop(held);
+    check(&s);
+}
+
 /// A value whose every byte is derived from its key and a nonce written in
 /// its first 8 bytes, so a reader can tell a torn or misplaced value.
 fn tagged_value(key: usize, nonce: u64, len: usize) -> Vec<u8> {

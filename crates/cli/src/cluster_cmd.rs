@@ -185,6 +185,7 @@ impl ServeClusterArgs {
                     fabrickv_server::replication::ReplicationParts {
                         parts: handle.partitions().clone(),
                         ps: handle.ps_store().clone(),
+                        cache: handle.cache().clone(),
                         routing: handle.slot_routing().clone(),
                         gate: handle.gate().clone(),
                         clock: handle.clock(),

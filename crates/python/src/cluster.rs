@@ -83,13 +83,10 @@ fn map_of(
         (Some(addrs), None, None) => (ClusterMap::of_addrs(name, &addrs).map_err(invalid)?, None),
         (None, Some(path), None) => (ClusterMap::from_file(&path).map_err(invalid)?, None),
         (None, None, Some(url)) if is_etcd_url(url) => {
+            // The constructors of clusters in etcd take their own path.
             return Err(error(
-                ErrorCode::Unavailable,
-                format!(
-                    "{url}: a cluster registered in etcd serves key-value calls and \
-                     embedding tables (fabrickv.Cluster) and Redis clients; the KV cache \
-                     across it is not served yet"
-                ),
+                ErrorCode::Malformed,
+                format!("{url}: a cluster registered in etcd is joined by its slot map"),
             ));
         }
         (None, None, Some(url)) => {
@@ -314,13 +311,12 @@ impl Cluster {
     /// The server that owns `key`: bytes for the key-value calls, an
     /// integer (0..2**64) for the embedding tables.
     fn server_of(&self, key: &Bound<'_, PyAny>) -> PyResult<u32> {
-        let size = self.map.size();
         if let Ok(b) = key.cast::<PyBytes>() {
             let bytes = b.as_bytes();
             return self.call(key.py(), |c| Ok(c.server_of(bytes)));
         }
         match key.extract::<u64>() {
-            Ok(k) => Ok(fabrickv_cluster::server_of_u64(k, size)),
+            Ok(k) => self.call(key.py(), |c| Ok(c.server_of_u64(k))),
             Err(e) if e.is_instance_of::<PyOverflowError>(key.py()) => Err(PyValueError::new_err(
                 format!("key {key} is outside 0..2**64"),
             )),
@@ -499,7 +495,9 @@ table_writes!(ClusterTable, ClusterPs, table: RustClusterTable, " on their serve
 /// `ClusterCache(addrs=None, *, config=None, registry=None,
 /// name="default", transport=None, buffer_mb=64, timeout=5.0)`: the
 /// cluster as for `fabrickv.Cluster`; values, outputs and keys as for
-/// `fabrickv.CacheClient`.
+/// `fabrickv.CacheClient`. In a cluster registered in etcd a key's owner
+/// is its slot's primary; the cache keeps one copy, so a value cached on
+/// a server that dies reads as absent afterwards (recompute it).
 #[pyclass(module = "fabrickv", name = "ClusterCache", frozen)]
 pub(crate) struct ClusterCache {
     /// The map connected to.
@@ -569,6 +567,28 @@ impl ClusterCache {
         timeout: f64,
     ) -> PyResult<Self> {
         let buffer_bytes = buffer_bytes_of(buffer_mb)?;
+        if let Some(url) = registry.filter(|u| is_etcd_url(u)) {
+            // Routed by the cluster's slot map, followed by its watch.
+            let opts = ClusterOptions {
+                transport,
+                timeout: crate::timeout_of(timeout)?,
+                ..Default::default()
+            };
+            let (map, client) = py
+                .detach(|| {
+                    let (map, slots, reg) = lookup_etcd(url, name, opts.timeout)?;
+                    let c = RustClusterCache::connect(&map, opts.clone(), buffer_bytes)?
+                        .follow_slots(reg, slots);
+                    Ok::<_, ClientError>((map, c))
+                })
+                .map_err(to_py_err)?;
+            return Ok(ClusterCache {
+                map,
+                buffer_bytes,
+                inner: Mutex::new(Some(client)),
+                closed: AtomicBool::new(false),
+            });
+        }
         let (map, opts, reg) = map_of(py, addrs, config, registry, name, transport, timeout)?;
         let client = py
             .detach(|| connect_to::<RustClusterCache>(&map, &opts, reg, buffer_bytes))
@@ -581,12 +601,11 @@ impl ClusterCache {
         })
     }
 
-    /// The server that owns `key`.
+    /// The server that owns `key` (its slot's primary in a cluster
+    /// registered in etcd).
     fn server_of(&self, key: &Bound<'_, PyAny>) -> PyResult<u32> {
-        Ok(fabrickv_cluster::server_of_key(
-            key_of(key)?,
-            self.map.size(),
-        ))
+        let k = key_of(key)?;
+        crate::call_locked(key.py(), &self.inner, |c| Ok(c.server_of(k)))
     }
 
     /// The number of servers, up or down.

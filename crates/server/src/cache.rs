@@ -33,6 +33,8 @@ use fabrickv_wire::cache::{
 use fabrickv_wire::FrameKind;
 
 use crate::service::{wire_refusal, Call, Refusal, Service, StatsList};
+use crate::slot_routing::{RoutingCache, SlotRouting};
+use fabrickv_cluster::slots::key_slot;
 
 use get::ChunkCrcs;
 pub use get::{CACHE_CHUNK_CRCS_MAX, CACHE_SHARED_CHUNK_BYTES_MIN};
@@ -95,6 +97,9 @@ pub struct CacheService {
     jobs: Option<Receiver<Job>>,
     /// Checksums of inline GET chunks already sent (see [`ChunkCrcs`]).
     chunk_crcs: ChunkCrcs,
+    /// Which slots this server serves, in a cluster with a slot map.
+    routing: Option<Arc<SlotRouting>>,
+    view: RoutingCache,
 }
 
 impl CacheService {
@@ -106,7 +111,29 @@ impl CacheService {
             pending: Transfers::new(),
             jobs,
             chunk_crcs: ChunkCrcs::default(),
+            routing: None,
+            view: RoutingCache::default(),
         }
+    }
+
+    /// Serves only the keys of slots `routing` gives this server, once it
+    /// has a map (an etcd cluster): an operation on another server's key
+    /// is answered `WRONG_SERVER`, so that a value is only ever stored on
+    /// its slot's primary and a client with an older map finds the new
+    /// owner rather than a copy left behind.
+    pub fn with_slot_routing(mut self, routing: Arc<SlotRouting>) -> CacheService {
+        self.routing = Some(routing);
+        self
+    }
+
+    /// Whether this server serves `key` now: one atomic load without a map.
+    fn serves(&mut self, key: &[u8]) -> bool {
+        let Some(shared) = &self.routing else {
+            return true;
+        };
+        self.view
+            .current(shared)
+            .is_none_or(|r| r.serves(key_slot(key), false))
     }
 }
 
@@ -121,6 +148,12 @@ impl Service for CacheService {
     fn handle(&mut self, call: &Call<'_>, reply: &mut dyn Reply) -> Result<(), Refusal> {
         let (conn, id, now_ms) = (call.conn, call.id(), call.now_ms);
         let req = decode_request(&call.frame).map_err(wire_refusal)?;
+        if let Some((op, key)) = keyed(&req) {
+            if !self.serves(key) {
+                encode_status_reply(reply.buf(), id, self.worker, op, ErrorCode::WrongServer);
+                return Ok(());
+            }
+        }
         let (op, result) = match req {
             CacheRequest::Put {
                 key,
@@ -226,6 +259,17 @@ impl Service for CacheService {
 
     fn shared_stats(&self, out: &mut StatsList) {
         out.extend(self.shared.stats_list());
+    }
+}
+
+/// The operation and key of a request that names one.
+fn keyed<'a>(req: &CacheRequest<'a>) -> Option<(CacheOp, &'a [u8])> {
+    match *req {
+        CacheRequest::Put { key, .. } => Some((CacheOp::Put, key)),
+        CacheRequest::Get { key, .. } => Some((CacheOp::Get, key)),
+        CacheRequest::Delete { key } => Some((CacheOp::Delete, key)),
+        CacheRequest::Exists { key } => Some((CacheOp::Exists, key)),
+        CacheRequest::Bind { .. } => None,
     }
 }
 

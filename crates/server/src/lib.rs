@@ -123,6 +123,8 @@ pub struct ServerHandle {
     parts: Arc<partitions::Partitions>,
     /// The embedding tables.
     ps: Arc<ps::PsStore>,
+    /// The KV cache's store and shared state.
+    cache: Arc<cache::CacheShared>,
     resp_addr: Option<String>,
     resp_wakers: Vec<Arc<mio::Waker>>,
     memcache_addr: Option<String>,
@@ -159,6 +161,12 @@ impl ServerHandle {
     /// The embedding tables (replication ships their rows).
     pub fn ps_store(&self) -> &Arc<ps::PsStore> {
         &self.ps
+    }
+
+    /// The KV cache (replication drops a joiner's entries of the slots it
+    /// is about to be streamed).
+    pub fn cache(&self) -> &Arc<cache::CacheShared> {
+        &self.cache
     }
 
     /// Which slots this server serves, once a cluster's slot map is
@@ -411,7 +419,8 @@ impl Server {
                     id as u16,
                     cache.clone(),
                     Some(cache.add_worker(port.waker())),
-                ),
+                )
+                .with_slot_routing(slot_routing.clone()),
                 shard: shard::ShardService::new(id as u16, shards.clone()),
             };
             let worker = control::worker(id as u16, services)
@@ -473,6 +482,7 @@ impl Server {
             workers,
             parts,
             ps,
+            cache,
             resp_addr,
             memcache_addr,
             memcache_peer_addr,

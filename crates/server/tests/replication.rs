@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fabrickv_client::{ClusterClient, ClusterOptions, ClusterPs, Kv, PsClient};
+use fabrickv_cache::CacheConfig;
+use fabrickv_client::{ClusterCache, ClusterClient, ClusterOptions, ClusterPs, Kv, PsClient};
 use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::local::LocalEtcd;
 use fabrickv_cluster::slots::slot_of_u64;
@@ -30,6 +31,7 @@ use fabrickv_engine::PoolOptions;
 use fabrickv_server::ps::PsConfig;
 use fabrickv_server::replication::{self, Replication, ReplicationParts};
 use fabrickv_server::Mode;
+use fabrickv_types::ErrorCode;
 use fabrickv_wire::ps::{Optimizer, PushId, TableSpec};
 
 use common::{wait_for, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
@@ -42,6 +44,9 @@ const CLUSTER: &str = "rep";
 
 /// Embedding pool of a test server, in bytes (lazily backed).
 const PS_POOL_BYTES: u64 = 32 << 20;
+
+/// KV-cache pool of a test server, in bytes.
+const CACHE_POOL_BYTES: usize = 16 << 20;
 
 /// A server of the replicated cluster.
 struct Member {
@@ -83,6 +88,10 @@ fn member(t: Transport, reg: &EtcdRegistry, id: u32) -> Member {
             pool: PoolOptions::default(),
             tables: Vec::new(),
         };
+        c.cache.store = CacheConfig {
+            pool_bytes: CACHE_POOL_BYTES,
+            ..CacheConfig::default()
+        };
     });
     let listener = replication::bind("127.0.0.1:0").expect("replication listener");
     let desc = ServerDesc {
@@ -107,6 +116,7 @@ fn member(t: Transport, reg: &EtcdRegistry, id: u32) -> Member {
         ReplicationParts {
             parts: h.partitions().clone(),
             ps: h.ps_store().clone(),
+            cache: h.cache().clone(),
             routing: h.slot_routing().clone(),
             gate: h.gate().clone(),
             clock: h.clock(),
@@ -438,8 +448,66 @@ fn embedding_rows_survive_a_failover_and_a_retried_push_applies_once(t: Transpor
     }
 }
 
+fn cached_value(k: &[u8]) -> Vec<u8> {
+    [k, b"-cached"].concat()
+}
+
+fn cache_keys_follow_the_slot_map_through_a_failover(t: Transport) {
+    let (etcd, reg, _controller, mut ms, map) = three_members(t);
+    let mut cc = ClusterCache::join(&etcd.url(), CLUSTER, opts(), 1 << 20).expect("joins");
+    let keys: Vec<Vec<u8>> = (0..60).map(|i| format!("cache-{i}").into_bytes()).collect();
+    for k in &keys {
+        cc.put(k, &cached_value(k), None).expect("put");
+    }
+    // Each value is on its slot's primary; the other servers send the
+    // client there.
+    let routes = map.routes();
+    let owner = |k: &[u8]| map.groups[routes.group_of(key_slot(k))].primary;
+    for k in &keys {
+        assert_eq!(cc.server_of(k), owner(k));
+        for s in 0..3 {
+            let got = cc.client(s).expect("client").get(k);
+            if s == owner(k) {
+                assert_eq!(got.expect("get"), Some(cached_value(k)));
+            } else {
+                let e = got.expect_err("another server's key");
+                assert_eq!(e.code(), ErrorCode::WrongServer, "{e}");
+            }
+        }
+    }
+    assert!((0..3).all(|s| keys.iter().any(|k| owner(k) == s)));
+
+    // Server 0 dies: the cache keeps one copy, so its values are gone (a
+    // miss, not an error); every other value reads back, and the same
+    // client caches at the new primary.
+    ms[0].take().expect("server 0").kill();
+    map_when(&reg, "server 0's slots failed over", |m| {
+        m.groups[0].primary == 1
+    });
+    for k in &keys {
+        let want = (owner(k) != 0).then(|| cached_value(k));
+        assert_eq!(
+            cc.get(k).expect("get"),
+            want,
+            "{}",
+            String::from_utf8_lossy(k)
+        );
+    }
+    for k in &keys {
+        cc.put(k, &cached_value(k), None).expect("put");
+    }
+    for k in &keys {
+        assert_eq!(cc.get(k).expect("get"), Some(cached_value(k)));
+    }
+    drop(cc);
+    for m in ms.into_iter().flatten() {
+        m.kill();
+    }
+}
+
 transport_tests!(
     acknowledged_writes_survive_failovers_and_a_rejoin,
+    cache_keys_follow_the_slot_map_through_a_failover,
     reads_that_accept_staleness_spread_over_the_copies,
     embedding_rows_survive_a_failover_and_a_retried_push_applies_once
 );

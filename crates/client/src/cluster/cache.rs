@@ -10,13 +10,22 @@
 //! [`ClusterCache::buffer`]); [`ClusterCache::get_into`] and
 //! [`ClusterCache::get`] copy the value out to the caller. A client of a
 //! cluster of `n` servers thus holds `n` buffers of `buffer_bytes`.
+//!
+//! In a cluster registered in etcd (`follow_slots`, or `join` of an
+//! `etcd://` URL) a key's owner is its slot's primary. The cache keeps one
+//! copy: a value cached on a server that dies is gone (a cache miss, to be
+//! recomputed), and a call that meets a failed server or a moved slot is
+//! sent again to the slot's new primary once the map names it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use fabrickv_cluster::{server_of_key, Cluster, Registry};
+use fabrickv_cluster::etcd::EtcdRegistry;
+use fabrickv_cluster::slots::{key_slot, SlotMap};
+use fabrickv_cluster::{server_of_key, Cluster, Directory, Registry};
 use fabrickv_types::limits::CACHE_BATCH_KEYS_MAX;
 use fabrickv_types::ErrorCode;
 
+use super::slots::{SlotFollow, FAILOVER_WAIT_MS};
 use super::{cluster_of, lookup, ClusterOf, ClusterOptions, Members};
 use crate::cache::{CacheClient, Placed};
 use crate::{ClientError, Result};
@@ -35,6 +44,8 @@ pub struct ClusterPlaced {
 /// owns it, through that server's [`CacheClient`].
 pub struct ClusterCache {
     m: Members<CacheClient>,
+    /// The slot map, in a cluster registered in etcd.
+    slots: Option<Box<SlotFollow>>,
 }
 
 impl std::fmt::Debug for ClusterCache {
@@ -48,7 +59,7 @@ impl std::fmt::Debug for ClusterCache {
 
 impl From<Members<CacheClient>> for ClusterCache {
     fn from(m: Members<CacheClient>) -> Self {
-        ClusterCache { m }
+        ClusterCache { m, slots: None }
     }
 }
 
@@ -74,8 +85,47 @@ impl ClusterCache {
         opts: ClusterOptions,
         buffer_bytes: usize,
     ) -> Result<ClusterCache> {
+        if fabrickv_cluster::etcd::is_etcd_url(registry_url) {
+            let (cluster, map, reg) = super::lookup_etcd(registry_url, name, opts.timeout)?;
+            return Ok(ClusterCache::connect(&cluster, opts, buffer_bytes)?.follow_slots(reg, map));
+        }
         let (cluster, reg) = lookup(registry_url, name, opts.timeout)?;
         Ok(ClusterCache::connect(&cluster, opts, buffer_bytes)?.follow(reg))
+    }
+
+    /// Routes by the slot map `map` of the etcd cluster at `registry`, and
+    /// follows its changes and its servers' descriptors there (as
+    /// [`super::ClusterClient::follow_slots`]).
+    pub fn follow_slots(self, registry: EtcdRegistry, map: SlotMap) -> ClusterCache {
+        let mut c = self.following(Some(Directory::Etcd(Box::new(registry.clone()))));
+        c.slots = Some(Box::new(SlotFollow::start(registry, map)));
+        c
+    }
+
+    /// Runs `f` on the client of `key`'s server; in a cluster with a slot
+    /// map, a failure or a refusal for a moved slot waits for the map to
+    /// move on and runs it again at the new owner (every cache operation
+    /// may run twice: a put overwrites). Returns the server it ran on.
+    fn on_owner<T>(
+        &mut self,
+        key: &[u8],
+        mut f: impl FnMut(&mut CacheClient) -> Result<T>,
+    ) -> Result<(u32, T)> {
+        super::slots::follow_map(&mut self.slots, &mut self.m);
+        let deadline = Instant::now() + Duration::from_millis(FAILOVER_WAIT_MS);
+        loop {
+            let s = self.server_of(key);
+            match self.m.with(s as usize, &mut f) {
+                Ok(t) => return Ok((s, t)),
+                Err(e) if self.rerouted(&e, deadline) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether a call that failed with `e` goes again, once the map allows.
+    fn rerouted(&mut self, e: &ClientError, deadline: Instant) -> bool {
+        super::slots::reroute(&mut self.slots, &mut self.m, e, deadline)
     }
 
     /// Keeps `registry` to find servers that come back elsewhere (as
@@ -89,10 +139,14 @@ impl ClusterCache {
         self.servers()
     }
 
-    /// The server that owns `key`.
+    /// The server that owns `key`: its slot's primary in a cluster with a
+    /// slot map, its jump-hash bucket otherwise.
     #[inline]
     pub fn server_of(&self, key: &[u8]) -> u32 {
-        server_of_key(key, self.m.size())
+        match &self.slots {
+            Some(f) => f.primary_of_slot(key_slot(key)),
+            None => server_of_key(key, self.m.size()),
+        }
     }
 
     /// Whether server `id` is connected now.
@@ -114,32 +168,25 @@ impl ClusterCache {
     /// Stores `value` under `key` on its server, with a time to live
     /// (`None` = forever); returns the value's generation.
     pub fn put(&mut self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<u64> {
-        let s = self.server_of(key) as usize;
-        self.m.with(s, |c| c.put(key, value, ttl))
+        Ok(self.on_owner(key, |c| c.put(key, value, ttl))?.1)
     }
 
     /// Reads `key` into a new vector; `None` if absent.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let s = self.server_of(key) as usize;
-        self.m.with(s, |c| c.get(key))
+        Ok(self.on_owner(key, |c| c.get(key))?.1)
     }
 
     /// Reads `key` into `dst`; returns the value's length, `None` if
     /// absent (see [`CacheClient::get_into`]).
     pub fn get_into(&mut self, key: &[u8], dst: &mut [u8]) -> Result<Option<usize>> {
-        let s = self.server_of(key) as usize;
-        self.m.with(s, |c| c.get_into(key, dst))
+        Ok(self.on_owner(key, |c| c.get_into(key, dst))?.1)
     }
 
     /// Reads `key` into its server's client buffer at `offset`; `None` if
     /// absent.
     pub fn get_at(&mut self, key: &[u8], offset: usize) -> Result<Option<ClusterPlaced>> {
-        let s = self.server_of(key) as usize;
-        let p = self.m.with(s, |c| c.get_at(key, offset))?;
-        Ok(p.map(|placed| ClusterPlaced {
-            server: s as u32,
-            placed,
-        }))
+        let (server, p) = self.on_owner(key, |c| c.get_at(key, offset))?;
+        Ok(p.map(|placed| ClusterPlaced { server, placed }))
     }
 
     /// Reads each `(key, offset)` into the buffer of the client of the
@@ -147,8 +194,31 @@ impl ClusterCache {
     /// may share offsets; keys of one server must not overlap). One result
     /// per key, in order. The batch is split by server and each server's
     /// part is a pipelined [`CacheClient::get_many_at`]; the parts run one
-    /// server after another. Fails whole if a server it needs is down.
+    /// server after another. Fails whole if a server it needs is down (in
+    /// a cluster with a slot map, once the map has not moved on in time).
     pub fn get_many_at(
+        &mut self,
+        items: &[(&[u8], usize)],
+    ) -> Result<Vec<Result<Option<ClusterPlaced>>>> {
+        super::slots::follow_map(&mut self.slots, &mut self.m);
+        let deadline = Instant::now() + Duration::from_millis(FAILOVER_WAIT_MS);
+        loop {
+            match self.get_many_once(items) {
+                Err(e) if self.rerouted(&e, deadline) => {}
+                // A moved slot's reads are refused one by one.
+                Ok(r)
+                    if r.iter()
+                        .any(|x| matches!(x, Err(e) if e.code() == ErrorCode::WrongServer))
+                        && self.rerouted(
+                            &ClientError::Invalid(ErrorCode::WrongServer, String::new()),
+                            deadline,
+                        ) => {}
+                r => return r,
+            }
+        }
+    }
+
+    fn get_many_once(
         &mut self,
         items: &[(&[u8], usize)],
     ) -> Result<Vec<Result<Option<ClusterPlaced>>>> {
@@ -194,13 +264,11 @@ impl ClusterCache {
 
     /// Removes `key`; true if it was there.
     pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
-        let s = self.server_of(key) as usize;
-        self.m.with(s, |c| c.delete(key))
+        Ok(self.on_owner(key, |c| c.delete(key))?.1)
     }
 
     /// Whether `key` is live.
     pub fn exists(&mut self, key: &[u8]) -> Result<bool> {
-        let s = self.server_of(key) as usize;
-        self.m.with(s, |c| c.exists(key))
+        Ok(self.on_owner(key, |c| c.exists(key))?.1)
     }
 }

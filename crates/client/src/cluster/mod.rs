@@ -228,12 +228,7 @@ impl ClusterClient {
     /// and servers' new addresses.
     #[inline]
     fn follow_map(&mut self) {
-        if let Some(f) = &mut self.slots {
-            f.update();
-            if let Some(descs) = f.take_descs() {
-                self.m.adopt_descs(&descs);
-            }
-        }
+        slots::follow_map(&mut self.slots, &mut self.m);
     }
 
     /// The epoch of the slot map the client routes by, for a cluster
@@ -257,6 +252,17 @@ impl ClusterClient {
     #[inline]
     pub fn server_of(&self, key: &[u8]) -> u32 {
         self.server_for(key, KeyHash::of(key))
+    }
+
+    /// The server that owns the embedding-table rows of `key`: its slot's
+    /// primary ([`fabrickv_cluster::slots::slot_of_u64`]) in a cluster
+    /// with a slot map, its jump-hash bucket otherwise (as
+    /// [`ClusterPs::server_of`] routes them).
+    pub fn server_of_u64(&self, key: u64) -> u32 {
+        match &self.slots {
+            Some(s) => s.primary_of_slot(fabrickv_cluster::slots::slot_of_u64(key)),
+            None => fabrickv_cluster::server_of_u64(key, self.m.size()),
+        }
     }
 
     /// The server for `key`, whose hash is `hash`: its slot's primary in

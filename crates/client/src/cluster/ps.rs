@@ -28,12 +28,6 @@ use fabrickv_types::ErrorCode;
 use fabrickv_wire::ps::{PushId, PushMode, TableDesc, TableSpec};
 
 use super::slots::{SlotFollow, FAILOVER_WAIT_MS};
-
-/// How long a call refused with WRONG_SERVER under the map the server
-/// should hold waits for a newer one before it is sent again, in
-/// milliseconds: the server's own watch is a moment behind, or it is
-/// between roles during a failover.
-const REFUSED_PAUSE_MS: u64 = 20;
 use super::{cluster_of, lookup, ClusterOf, ClusterOptions, Members, PerServer};
 use crate::ps::push_frames;
 use crate::ps::{PsClient, PullId, Pulled};
@@ -224,44 +218,15 @@ impl ClusterPs {
         }
     }
 
-    /// Takes what the etcd watch delivered since the last call: the map,
-    /// and servers' new addresses.
+    /// Takes what the etcd watch delivered since the last call.
     fn follow_map(&mut self) {
-        if let Some(f) = &mut self.slots {
-            f.update();
-            if let Some(descs) = f.take_descs() {
-                self.m.adopt_descs(&descs);
-            }
-        }
+        super::slots::follow_map(&mut self.slots, &mut self.m);
     }
 
-    /// After a call failed with `e`, in a cluster with a slot map: waits
-    /// (until `deadline`) for the map that makes sending again worthwhile.
-    /// A failed server waits for a newer map (a failover). WRONG_SERVER
-    /// reads the map again; if it had not changed, the refusing server is
-    /// behind this client or between roles, and the call goes again after
-    /// a short wait for a newer map ([`REFUSED_PAUSE_MS`]), until
-    /// `deadline`. Returns whether to send again.
+    /// After a call failed with `e`, in a cluster with a slot map: whether
+    /// to send it again, once the map allows ([`SlotFollow::reroute`]).
     fn await_reroute(&mut self, e: &ClientError, deadline: Instant) -> bool {
-        let Some(f) = &mut self.slots else {
-            return false;
-        };
-        let epoch = f.epoch();
-        let again = if e.code() == ErrorCode::WrongServer {
-            if f.reload().is_ok() && f.epoch() == epoch {
-                let pause = Instant::now() + Duration::from_millis(REFUSED_PAUSE_MS);
-                f.wait_newer(epoch, pause.min(deadline));
-            }
-            Instant::now() < deadline
-        } else if e.is_transport() {
-            f.wait_newer(epoch, deadline)
-        } else {
-            false
-        };
-        if again {
-            self.follow_map();
-        }
-        again
+        super::slots::reroute(&mut self.slots, &mut self.m, e, deadline)
     }
 
     /// Whether server `id` is connected now.

@@ -22,6 +22,12 @@ pub const WRONG_SERVER_ROUNDS_MAX: usize = 4;
 /// cluster's map to move on (a failover) before it fails, in milliseconds.
 pub const FAILOVER_WAIT_MS: u64 = 5_000;
 
+/// How long a call refused with WRONG_SERVER under the map the server
+/// should hold waits for a newer one before it is sent again, in
+/// milliseconds: the server's own watch is a moment behind, or it is
+/// between roles during a failover.
+pub const REFUSED_PAUSE_MS: u64 = 20;
+
 /// How often a call waiting for a new map looks at what the watch
 /// delivered, in milliseconds.
 const MAP_WAIT_POLL_MS: u64 = 2;
@@ -170,6 +176,30 @@ impl SlotFollow {
         Ok(())
     }
 
+    /// After a call failed with `e`: waits (until `deadline`) for the map
+    /// that makes sending it again worthwhile, and says whether to. A
+    /// failed server waits for a newer map (a failover). WRONG_SERVER
+    /// reads the map again; if it had not changed, the refusing server is
+    /// behind this client or between roles, and the call goes again after
+    /// a short wait for a newer map ([`REFUSED_PAUSE_MS`]), until
+    /// `deadline`. Calls that change nothing or carry request ids are safe
+    /// to send again; the callers are those.
+    pub(crate) fn reroute(&mut self, e: &ClientError, deadline: std::time::Instant) -> bool {
+        let epoch = self.epoch;
+        if e.code() == fabrickv_types::ErrorCode::WrongServer {
+            if self.reload().is_ok() && self.epoch == epoch {
+                let pause =
+                    std::time::Instant::now() + std::time::Duration::from_millis(REFUSED_PAUSE_MS);
+                self.wait_newer(epoch, pause.min(deadline));
+            }
+            std::time::Instant::now() < deadline
+        } else if e.is_transport() {
+            self.wait_newer(epoch, deadline)
+        } else {
+            false
+        }
+    }
+
     /// Routes by `map` unless it is older than the one routed by.
     fn adopt(&mut self, map: SlotMap) {
         if map.epoch < self.epoch {
@@ -188,4 +218,35 @@ impl SlotFollow {
             .collect();
         self.epoch = map.epoch;
     }
+}
+
+/// Takes what the etcd watch delivered since the last call, if the client
+/// follows a slot map: the map, and servers' new addresses for `m`.
+#[inline]
+pub(crate) fn follow_map<C: super::PerServer>(
+    slots: &mut Option<Box<SlotFollow>>,
+    m: &mut super::Members<C>,
+) {
+    if let Some(f) = slots {
+        f.update();
+        if let Some(descs) = f.take_descs() {
+            m.adopt_descs(&descs);
+        }
+    }
+}
+
+/// After a call failed with `e`: whether to send it again, once the map
+/// allows ([`SlotFollow::reroute`]), having taken that map; never without
+/// a slot map.
+pub(crate) fn reroute<C: super::PerServer>(
+    slots: &mut Option<Box<SlotFollow>>,
+    m: &mut super::Members<C>,
+    e: &ClientError,
+    deadline: std::time::Instant,
+) -> bool {
+    let again = slots.as_mut().is_some_and(|f| f.reroute(e, deadline));
+    if again {
+        follow_map(slots, m);
+    }
+    again
 }

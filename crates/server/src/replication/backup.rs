@@ -38,6 +38,7 @@ pub const REPL_IDLE_SECS: u64 = 600;
 pub struct Applier {
     pub parts: Arc<Partitions>,
     pub ps: Arc<PsStore>,
+    pub cache: Arc<crate::cache::CacheShared>,
     pub routing: Arc<SlotRouting>,
     pub unix: UnixClock,
     pub secret: Option<Secret>,
@@ -356,6 +357,11 @@ fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64, tabl
             let doomed = |s: u16| ranges.iter().any(|rg| rg.contains(s));
             drop_keys(a, now, |k| doomed(key_slot(k)));
             a.ps.drop_rows(now, &doomed);
+            // The KV cache is one copy, not streamed; but what this server
+            // cached for these slots when it last led them is older than
+            // what their primary may have cached since, and must not come
+            // back if it leads them again.
+            a.cache.store().delete_where(&|k| doomed(key_slot(k)));
         }
         Record::PsTable { id, spec } => {
             let local = fabrickv_wire::ps::decode_create(spec)

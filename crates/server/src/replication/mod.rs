@@ -975,6 +975,7 @@ impl Drop for Replication {
 pub struct ReplicationParts {
     pub parts: Arc<Partitions>,
     pub ps: Arc<PsStore>,
+    pub cache: Arc<crate::cache::CacheShared>,
     pub routing: Arc<SlotRouting>,
     pub gate: Arc<FlushGate>,
     pub clock: Clock,
@@ -1009,6 +1010,7 @@ pub fn start(
         backup::Applier {
             parts: server.parts.clone(),
             ps: server.ps.clone(),
+            cache: server.cache.clone(),
             routing: server.routing.clone(),
             unix,
             secret: secret.clone(),
