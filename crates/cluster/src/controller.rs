@@ -42,6 +42,14 @@ pub const CONTROLLER_TICK_MS: u64 = 5;
 /// [`CONTROLLER_TICK_MS`]).
 pub const CONTROLLER_STALL_MS: u64 = 100;
 
+/// How long a server the map has never stamped (one that has not served
+/// since the cluster was made) may stay silent before its groups fail
+/// over, in milliseconds. Servers of a new cluster start a moment apart;
+/// failing over one that is still starting would leave another server
+/// leading two groups for good, while waiting costs its slots at most
+/// this long if it never comes.
+pub const UNSTAMPED_GRACE_MS: u64 = 10_000;
+
 /// Longest wait for the watch to show a change the controller made
 /// before it makes another, in milliseconds.
 pub const CHANGE_SETTLE_MS: u64 = 1_000;
@@ -160,7 +168,12 @@ impl Decider {
                             + Duration::from_millis(DEAD_AFTER_MS)
                     }
                 };
-                if silent.as_millis() < u128::from(DEAD_AFTER_MS) {
+                let dead_after = if map.incarnation_of(id) == 0 {
+                    UNSTAMPED_GRACE_MS
+                } else {
+                    DEAD_AFTER_MS
+                };
+                if silent.as_millis() < u128::from(dead_after) {
                     continue;
                 }
                 if let Some(next) = map.without(id) {
@@ -382,6 +395,42 @@ mod tests {
             .groups
             .iter()
             .all(|g| !g.backups.contains(&2) && g.primary != 2 || g.backups.is_empty()));
+    }
+
+    #[test]
+    fn a_server_still_starting_is_given_time_before_its_groups_fail_over() {
+        let t0 = Instant::now();
+        let mut map = SlotMap::initial(3, 2).unwrap();
+        let mut d = Decider::new(t0);
+        for id in 0..2 {
+            d.on_beat(&beat(id, 10 + u64::from(id), 1), Some(&map), t0);
+            map = d.next_change(&map, t0, &|_| true).unwrap().0;
+        }
+        // Server 2 has not started: past the usual silence, its groups
+        // wait for it.
+        let later = t0 + Duration::from_millis(DEAD_AFTER_MS * 4);
+        for id in 0..2 {
+            d.on_beat(&beat(id, 10 + u64::from(id), map.epoch), Some(&map), later);
+        }
+        assert!(
+            d.next_change(&map, later, &|_| true).is_none(),
+            "waits for it"
+        );
+        // It never comes: after the grace, its slots are led by its backup.
+        let much_later = t0 + Duration::from_millis(UNSTAMPED_GRACE_MS + DEAD_AFTER_MS);
+        for id in 0..2 {
+            d.on_beat(
+                &beat(id, 10 + u64::from(id), map.epoch),
+                Some(&map),
+                much_later,
+            );
+        }
+        let (next, change) = d.next_change(&map, much_later, &|_| true).unwrap();
+        assert!(
+            matches!(change, Change::FailedOver { id: 2, .. }),
+            "{change:?}"
+        );
+        assert_eq!(next.groups[2].primary, 0);
     }
 
     #[test]
