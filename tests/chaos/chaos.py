@@ -14,7 +14,11 @@ and network isolation of one server. At the end it heals everything,
 waits for the cluster to serve every key, reads every key through both
 kinds of client, checks that no acknowledged write was lost, and runs
 the linearizability checker (tools/linearizability, porcupine) on the
-whole history. See docs/chaos.md.
+whole history. Beside them, a table client pushes to an embedding table,
+each push adding 1 to one row; at the end each row must hold at least
+the pushes acknowledged and at most those plus the ones of unknown
+outcome (fewer: a lost push; more: a push applied twice). See
+docs/chaos.md.
 
 Run it with the project's venv (`make python`):
     .venv/bin/python tests/chaos/chaos.py --seconds 60 --faults kill,stop,isolate
@@ -67,6 +71,16 @@ WRITE_SHARE = 0.5
 # of the groups it led): the harness restarts it, and it rejoins.
 EXIT_DEPOSED = 75
 REDIS_SLOTS = 16384
+# The table the pusher adds to: rows, floats per row, and the small
+# embedding pool each server gets (backed lazily).
+TABLE = "chaos-counts"
+TABLE_ROWS = 16
+TABLE_DIM = 4
+PS_POOL_ARGS = ["--dram-pool-gb", "0.0625", "--dram-skip-mlock", "--dram-skip-memset",
+                "--dram-skip-populate"]
+# A row's value is its count plus the initializer's start (|x| < 0.01)
+# and f32 rounding: a count is read as the nearest integer, if this near.
+COUNT_TOLERANCE = 0.05
 
 
 def log(msg):
@@ -513,6 +527,93 @@ class Client(threading.Thread):
             conn.close()
 
 
+class Pusher(threading.Thread):
+    """The table client: through `fabrickv.Cluster` (which sends a push
+    again under its request id after a failover), pushes a gradient of -1
+    to one row at a time of an SGD table with rate 1, so each push applied
+    adds 1 to the row. Counts, per row, the pushes acknowledged and those
+    of unknown outcome."""
+
+    def __init__(self, h):
+        super().__init__(name="pusher", daemon=True)
+        self.h = h
+        self.acked = [0] * TABLE_ROWS
+        self.unknown = [0] * TABLE_ROWS
+        self.ops = 0
+        self.errors = 0
+        self.unsupported = None
+
+    def run(self):
+        import fabrickv
+        import numpy as np
+        rng = random.Random(f"{self.h.seed}-pusher")
+        grad = np.full((1, TABLE_DIM), -1.0, np.float32)
+        interval = 1.0 / self.h.rate if self.h.rate > 0 else 0.0
+        c = t = None
+        while not self.h.stop_clients.is_set():
+            if t is None:
+                try:
+                    c = fabrickv.Cluster(registry=self.h.registry, name=self.h.cluster,
+                                         timeout=OP_TIMEOUT_S)
+                    t = c.create_table(TABLE, dim=TABLE_DIM, optimizer="sgd", lr=1.0)
+                except Exception as e:
+                    if "not served" in str(e):
+                        self.unsupported = describe(e)
+                        return
+                    if c is not None:
+                        c.close()
+                    c = t = None
+                    self.h.stop_clients.wait(rng.uniform(0.05, 0.2))
+                    continue
+            row = rng.randrange(TABLE_ROWS)
+            try:
+                t.push(np.array([row], np.uint64), grad)
+                self.acked[row] += 1
+            except Exception:
+                self.unknown[row] += 1
+                self.errors += 1
+                self.h.stop_clients.wait(rng.uniform(0.01, 0.05))
+            self.ops += 1
+            if interval:
+                self.h.stop_clients.wait(interval)
+        if c is not None:
+            c.close()
+
+    def check(self, timeout):
+        """Reads every row (a fresh client, until it can); returns the rows
+        outside their bounds as (row, count, acked, unknown), or None and
+        why the rows could not be read."""
+        import fabrickv
+        import numpy as np
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                c = fabrickv.Cluster(registry=self.h.registry, name=self.h.cluster,
+                                     timeout=OP_TIMEOUT_S)
+                try:
+                    values = c.table(TABLE).pull(np.arange(TABLE_ROWS, dtype=np.uint64))
+                finally:
+                    c.close()
+                break
+            except Exception as e:
+                if time.monotonic() > deadline:
+                    return None, describe(e)
+                time.sleep(0.2)
+        return rows_out_of_bounds([float(v[0]) for v in values], self.acked, self.unknown), None
+
+
+def rows_out_of_bounds(values, acked, unknown):
+    """The rows whose value is not a count between the pushes acknowledged
+    and those plus the ones of unknown outcome, as (row, value, acked,
+    unknown)."""
+    bad = []
+    for row, x in enumerate(values):
+        count = round(x)
+        if abs(x - count) > COUNT_TOLERANCE or not acked[row] <= count <= acked[row] + unknown[row]:
+            bad.append((row, x, acked[row], unknown[row]))
+    return bad
+
+
 # --------------------------------------------------------------- the run
 
 class Harness:
@@ -617,7 +718,7 @@ class Harness:
             argv = [str(BIN), "serve", "--listen", f"tcp://{host}:{native}", "--resp", f"{host}:{resp}",
                     "--grpc", "off", "--registry", self.registry, "--cluster", self.cluster,
                     "--id", str(i), "--cluster-size", str(a.servers),
-                    "--workers", "1", "--memory", "64MB", "--log-level", "info"]
+                    "--workers", "1", "--memory", "64MB", "--log-level", "info", *PS_POOL_ARGS]
             if self.pass_replicas:
                 argv += ["--replicas", str(self.replicas)]
             self.servers.append(Proc(f"server {i}", self.net.wrap(i, argv), self.env,
@@ -1032,11 +1133,13 @@ def run(h):
         f"{', stress-ng' if a.stress else ''}; run directory {h.run_dir}")
     h.start()
     clients = [Client(cid, RedisKind if cid % 2 == 0 else NativeKind, h) for cid in range(a.clients)]
+    pusher = Pusher(h)
     h.spawn(h.supervise, "supervisor")
     h.spawn(h.watch_epochs, "epochs")
     h.t_workload = time.monotonic()
     for c in clients:
         c.start()
+    pusher.start()
     if a.faults:
         h.spawn(h.inject, "faults")
     time.sleep(a.seconds)
@@ -1044,6 +1147,7 @@ def run(h):
     h.stop_clients.set()
     for c in clients:
         c.join()
+    pusher.join()
     for t in h.threads:
         if t.name == "faults":
             t.join()
@@ -1075,13 +1179,18 @@ def run(h):
         lost, corrupt = [], []
     else:
         lost, corrupt = lost_writes(files, finals)
+    if pusher.unsupported:
+        rows = (None, f"this binary serves no tables over etcd ({pusher.unsupported})")
+    else:
+        rows = pusher.check(SETTLE_TIMEOUT_S if unsettled is None else 30.0)
     log("checking linearizability")
     verdict = run_checker(h, history, max(300, int(a.seconds)))
-    h.failed = summarize(h, clients, verdict, lost, corrupt, settled=unsettled is None, read=finals is not None)
+    h.failed = summarize(h, clients, verdict, lost, corrupt, settled=unsettled is None,
+                         read=finals is not None, pusher=pusher, rows=rows)
     return 1 if h.failed else 0
 
 
-def summarize(h, clients, verdict, lost, corrupt, settled, read):
+def summarize(h, clients, verdict, lost, corrupt, settled, read, pusher, rows):
     """Prints the run's summary; returns whether it failed."""
     a = h.args
     kinds = {k: sum(1 for f in h.faults if f[0] == k) for k in FAULT_KINDS}
@@ -1128,6 +1237,13 @@ def summarize(h, clients, verdict, lost, corrupt, settled, read):
         print(f"  {key}: {value} acknowledged at +{(ack - h.t0) / 1e9:.2f} s")
     for key, value in corrupt:
         print(f"  {key}: final value {value!r} was never written")
+    bad_rows, unread_rows = rows
+    print(f"table pushes: {sum(pusher.acked)} acknowledged, {sum(pusher.unknown)} of unknown outcome "
+          f"on {TABLE_ROWS} rows; "
+          + ("rows not checked: " + unread_rows if bad_rows is None
+             else f"{len(bad_rows)} rows outside [acknowledged, acknowledged + unknown]"))
+    for row, x, acked, unknown in (bad_rows or [])[:5]:
+        print(f"  row {row}: holds {x:.3f}, {acked} pushes acknowledged, {unknown} of unknown outcome")
     failed = []
     if not settled:
         failed.append(f"the healed cluster was not whole within {SETTLE_TIMEOUT_S:g} s")
@@ -1137,6 +1253,10 @@ def summarize(h, clients, verdict, lost, corrupt, settled, read):
         failed.append("linearizability")
     if lost or corrupt:
         failed.append("lost writes")
+    if bad_rows:
+        failed.append("table pushes lost or applied twice")
+    if bad_rows is None and not pusher.unsupported:
+        failed.append("the table's rows could not be read at the end")
     if crashes:
         failed.append(f"{len(crashes)} server crashes (see the server logs)")
     if not a.faults and moves:

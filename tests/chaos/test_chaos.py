@@ -6,7 +6,7 @@ the lost-write rule and the key choice.
 
 import json
 
-from chaos import REDIS_SLOTS, lost_writes, pick_keys, slot_of
+from chaos import REDIS_SLOTS, lost_writes, pick_keys, rows_out_of_bounds, slot_of
 
 
 def history(tmp_path, *records):
@@ -71,3 +71,12 @@ def test_keys_spread_over_every_servers_slots():
     keys = pick_keys(16, 3)
     owners = [slot_of(k) * 3 // REDIS_SLOTS for k in keys]
     assert len(set(keys)) == 16 and sorted(owners.count(i) for i in range(3)) == [5, 5, 6]
+
+
+def test_a_row_holds_its_acknowledged_pushes_and_at_most_the_unknown_ones():
+    acked, unknown = [3, 3, 3, 3], [0, 2, 2, 0]
+    # Exact, within the unknown ones, the initializer's start.
+    assert rows_out_of_bounds([3.0, 4.0, 5.004, 2.995], acked, unknown) == []
+    # A lost acknowledged push, a push applied twice, not a count at all.
+    bad = rows_out_of_bounds([2.0, 6.0, 3.5, 3.0], acked, unknown)
+    assert [r for r, *_ in bad] == [0, 1, 2]
