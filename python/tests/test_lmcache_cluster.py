@@ -117,10 +117,11 @@ def test_chunks_are_found_whole_and_spread_over_the_servers(copies):
         rc = connect(copies)
         try:
             # The slot map read before the first put: 24 concurrent SETs on
-            # a client that has not read it yet can fail inside redis-py's
+            # a client that has not read it yet fail inside redis-py 8.1's
             # asyncio client (a connection closed under another task while
-            # it follows -MOVED); a value over 1 MiB sent to the wrong
-            # server is answered -MOVED like any other.
+            # it follows -MOVED), against a Redis 7 cluster too. A value
+            # over 1 MiB sent to the wrong server is answered -MOVED like
+            # any other (checked below).
             await rc.initialize()
             await put(rc, keys, chunks)
             assert await contains(rc, keys) == CHUNKS
