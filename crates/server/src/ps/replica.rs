@@ -108,12 +108,7 @@ impl PsStore {
     /// Turns the shards' journals on, now if the pool exists and when it
     /// is built otherwise: replication starts.
     pub fn enable_journals(&self) {
-        self.replica().journaled.store(true, Ordering::Release);
-        if let Some(shards) = self.shards() {
-            for s in shards {
-                write(s).enable_journal();
-            }
-        }
+        self.start_journals();
     }
 
     /// The shards' journal counts, once the pool exists and keeps journals.
@@ -237,6 +232,8 @@ impl PsStore {
         expire_ms: u64,
         now_ms: u64,
     ) -> Result<(), String> {
+        self.ensure_pool()
+            .map_err(|(code, why)| format!("{code}: {why}"))?;
         let shards = self.shards().ok_or("no embedding pool")?;
         let h = item_hash(table, key);
         let k = item_key(table, key);

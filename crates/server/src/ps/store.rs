@@ -167,6 +167,29 @@ impl PsStore {
         self.shards.get().map(|s| &s[..])
     }
 
+    /// Turns the shards' journals on (replication starts): now, on the
+    /// pool's shards if it exists, and for a pool built later. Under the
+    /// creation lock, so that a pool being built meanwhile cannot miss it.
+    pub(super) fn start_journals(&self) {
+        let _guard = self.create.lock().unwrap_or_else(|p| p.into_inner());
+        self.replica.journaled.store(true, Ordering::Release);
+        if let Some(shards) = self.shards() {
+            for s in shards {
+                write(s).enable_journal();
+            }
+        }
+    }
+
+    /// Builds the pool if no table has yet (a follower applying rows or
+    /// markers its primary shipped before any table of its own).
+    pub(super) fn ensure_pool(&self) -> Result<(), Refusal> {
+        if self.shards().is_some() {
+            return Ok(());
+        }
+        let _guard = self.create.lock().unwrap_or_else(|p| p.into_inner());
+        self.build_pool()
+    }
+
     /// Builds the pool; called with `create` held.
     fn build_pool(&self) -> Result<(), Refusal> {
         if self.shards.get().is_some() {

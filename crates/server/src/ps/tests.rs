@@ -548,3 +548,102 @@ fn concurrent_pulls_and_pushes_neither_deadlock_nor_tear_vectors() {
         th.join().expect("a pull or push thread failed");
     }
 }
+
+/// A gradient push under request id `id`; returns the status (the
+/// frame's, or the refusal's code) and the keys applied.
+fn push_once(
+    s: &mut PsService,
+    t: u32,
+    keys: &[u64],
+    grads: &[f32],
+    id: PushId,
+) -> (ErrorCode, u32) {
+    let mut req = Vec::new();
+    encode_push(&mut req, 4, 0, t, PushMode::Gradient, keys, grads, Some(id));
+    let out = call(s, &req);
+    if decode_frame(&out).unwrap().header.kind == FrameKind::Error {
+        return (error_code(&out), 0);
+    }
+    let r = reply(&out);
+    (
+        r.status,
+        u32::from_le_bytes(r.rest[..4].try_into().unwrap()),
+    )
+}
+
+#[test]
+fn a_push_sent_again_under_its_id_is_answered_not_applied() {
+    let mut s = PsService::new(0, store());
+    let spec = TableSpec {
+        optimizer: Optimizer::Sgd,
+        lr: 1.0,
+        ..TableSpec::new("once", 2)
+    };
+    let t = create(&mut s, &spec).id;
+    push(&mut s, t, PushMode::Overwrite, &[1, 2], &[0.0; 4]);
+    let id = PushId { client: 9, seq: 5 };
+    for _ in 0..3 {
+        assert_eq!(
+            push_once(&mut s, t, &[1, 2], &[-1.0; 4], id),
+            (ErrorCode::Ok, 2)
+        );
+    }
+    assert_eq!(pull(&mut s, t, 2, &[1, 2]).0, [1.0; 4], "applied once");
+    // The client's next push applies; one older than it, arriving late,
+    // is refused.
+    let next = PushId { client: 9, seq: 6 };
+    assert_eq!(
+        push_once(&mut s, t, &[1, 2], &[-1.0; 4], next),
+        (ErrorCode::Ok, 2)
+    );
+    assert_eq!(
+        push_once(&mut s, t, &[1, 2], &[-1.0; 4], id).0,
+        ErrorCode::ConditionFailed
+    );
+    // Another client's push of the same seq is its own.
+    let other = PushId { client: 10, seq: 5 };
+    assert_eq!(
+        push_once(&mut s, t, &[1, 2], &[-1.0; 4], other),
+        (ErrorCode::Ok, 2)
+    );
+    assert_eq!(pull(&mut s, t, 2, &[1, 2]).0, [3.0; 4]);
+}
+
+#[test]
+fn a_follower_keeps_a_pushs_marker_shipped_before_any_table_of_its_own() {
+    let primary = store();
+    let id = PushId { client: 77, seq: 3 };
+    primary.ensure_pool().unwrap();
+    assert_eq!(primary.check_marker(id, 42, NOW), replica::Seen::New);
+    assert_eq!(primary.check_marker(id, 42, NOW), replica::Seen::Applying);
+    primary.answer_marker(id, 42, ErrorCode::Ok, 3, NOW);
+    // What a stream would ship: every row of the primary's pool.
+    let mut rows = Vec::new();
+    for shard in 0..primary.shard_count() {
+        let mut bucket = 0;
+        loop {
+            let next = primary.scan_rows(shard, bucket, NOW, &|_| true, &mut |t, k, st| {
+                if let replica::RowState::Present { value, expire_ms } = st {
+                    rows.push((t, k, value.to_vec(), expire_ms));
+                }
+            });
+            match next {
+                Some(b) => bucket = b,
+                None => break,
+            }
+        }
+    }
+    assert_eq!(rows.len(), 1, "the marker");
+    // The follower has no pool yet: applying builds it.
+    let follower = store();
+    for (t, k, v, expire) in &rows {
+        follower.apply_row(*t, *k, Some(v), *expire, NOW).unwrap();
+    }
+    assert_eq!(
+        follower.check_marker(id, 42, NOW),
+        replica::Seen::Answered {
+            status: ErrorCode::Ok,
+            applied: 3
+        }
+    );
+}

@@ -236,10 +236,13 @@ impl Tables {
         key: u64,
         state: &RowState<'_>,
     ) {
-        if table & PS_MARKER_TABLE_BIT == 0 && self.described.insert((f, table)) {
-            match self.specs.entry(table).or_insert_with(|| ps.spec_of(table)) {
-                Some(spec) => buf.ps_table(table, spec),
-                None => return,
+        if table & PS_MARKER_TABLE_BIT == 0 {
+            let Some(spec) = self.specs.entry(table).or_insert_with(|| ps.spec_of(table)) else {
+                // No such table: a follower could not place the row.
+                return;
+            };
+            if self.described.insert((f, table)) {
+                buf.ps_table(table, spec);
             }
         }
         match state {
