@@ -16,7 +16,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use fabrickv_cache::CacheConfig;
 use fabrickv_client::Kv;
 use fabrickv_client::{
     BatchOp, Client, ClientError, ClusterCache, ClusterClient, ClusterOptions, ClusterPs,
@@ -24,23 +23,15 @@ use fabrickv_client::{
 };
 use fabrickv_cluster::local::LocalMemcached;
 use fabrickv_cluster::{Cluster, Registration, Registry, ServerDesc};
-use fabrickv_engine::PoolOptions;
-use fabrickv_server::ps::PsConfig;
 use fabrickv_server::Mode;
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::ps::{init_vector, Missing};
 use fabrickv_wire::PutCondition;
 
-use common::{value_of, wait_for, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+use common::{small_pools, value_of, wait_for, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
 
 /// Servers per test cluster.
 const SERVERS: usize = 3;
-
-/// Embedding pool of a test server, in bytes (lazily backed).
-const PS_POOL_BYTES: u64 = 32 << 20;
-
-/// Cache pool of a test server, in bytes (lazily backed).
-const CACHE_POOL_BYTES: usize = 32 << 20;
 
 /// Receive buffer of each cache client, in bytes.
 const CACHE_BUFFER_BYTES: usize = 2 << 20;
@@ -58,15 +49,7 @@ fn server_at(t: Transport, listen: Option<&str>) -> TestServer {
         if let Some(a) = listen {
             c.listen = a.to_string();
         }
-        c.ps = PsConfig {
-            pool_bytes: PS_POOL_BYTES,
-            pool: PoolOptions::default(),
-            tables: Vec::new(),
-        };
-        c.cache.store = CacheConfig {
-            pool_bytes: CACHE_POOL_BYTES,
-            ..CacheConfig::default()
-        };
+        small_pools(c);
     })
 }
 

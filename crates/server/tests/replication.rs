@@ -20,33 +20,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fabrickv_cache::CacheConfig;
 use fabrickv_client::{ClusterCache, ClusterClient, ClusterOptions, ClusterPs, Kv, PsClient};
 use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::local::LocalEtcd;
 use fabrickv_cluster::slots::slot_of_u64;
 use fabrickv_cluster::slots::{key_slot, SlotMap};
 use fabrickv_cluster::ServerDesc;
-use fabrickv_engine::PoolOptions;
-use fabrickv_server::ps::PsConfig;
 use fabrickv_server::replication::{self, Replication, ReplicationParts};
 use fabrickv_server::Mode;
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::ps::{Optimizer, PushId, TableSpec};
 
-use common::{wait_for, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+use common::{small_pools, wait_for, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
 
 /// Generous: failover takes about half a second, but a loaded machine
 /// may take seconds to run etcd's watch and the controller.
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
 const CLUSTER: &str = "rep";
-
-/// Embedding pool of a test server, in bytes (lazily backed).
-const PS_POOL_BYTES: u64 = 32 << 20;
-
-/// KV-cache pool of a test server, in bytes.
-const CACHE_POOL_BYTES: usize = 16 << 20;
 
 /// A server of the replicated cluster.
 struct Member {
@@ -82,17 +73,7 @@ fn registry(etcd: &LocalEtcd) -> EtcdRegistry {
 /// Server `id` of a three-server cluster keeping two copies, joined as
 /// `fabrickv serve --replicas 2` joins.
 fn member(t: Transport, reg: &EtcdRegistry, id: u32) -> Member {
-    let server = TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, |c| {
-        c.ps = PsConfig {
-            pool_bytes: PS_POOL_BYTES,
-            pool: PoolOptions::default(),
-            tables: Vec::new(),
-        };
-        c.cache.store = CacheConfig {
-            pool_bytes: CACHE_POOL_BYTES,
-            ..CacheConfig::default()
-        };
-    });
+    let server = TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, small_pools);
     let listener = replication::bind("127.0.0.1:0").expect("replication listener");
     let desc = ServerDesc {
         id,

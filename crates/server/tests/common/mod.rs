@@ -31,6 +31,27 @@ pub const TIMEOUT: Duration = Duration::from_secs(5);
 /// two workers, enough for the largest value (1 MiB) in either mode.
 pub const MEMORY_BYTES: u64 = 64 << 20;
 
+/// Embedding pool of a test server with tables, in bytes (lazily backed).
+pub const PS_POOL_BYTES: u64 = 32 << 20;
+
+/// KV-cache pool of a test server with the cache, in bytes.
+pub const CACHE_POOL_BYTES: usize = 32 << 20;
+
+/// Gives `cfg` small embedding and cache pools, so that a test starting
+/// several servers with every face needs neither locked memory nor GiBs.
+#[allow(dead_code)] // Not every test binary serves tables and the cache.
+pub fn small_pools(cfg: &mut ServerConfig) {
+    cfg.ps = fabrickv_server::ps::PsConfig {
+        pool_bytes: PS_POOL_BYTES,
+        pool: fabrickv_engine::PoolOptions::default(),
+        tables: Vec::new(),
+    };
+    cfg.cache.store = fabrickv_cache::CacheConfig {
+        pool_bytes: CACHE_POOL_BYTES,
+        ..fabrickv_cache::CacheConfig::default()
+    };
+}
+
 /// Which transport a test runs over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
