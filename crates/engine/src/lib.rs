@@ -302,6 +302,20 @@ impl Partition {
         self.journal.as_deref_mut()
     }
 
+    /// Runs `f` with the journal paused: a backup applying what its
+    /// primary shipped is not the primary of those keys, and must not
+    /// ship them on.
+    pub fn unjournaled<T>(&mut self, f: impl FnOnce(&mut Partition) -> T) -> T {
+        if let Some(j) = self.journal_mut() {
+            j.set_paused(true);
+        }
+        let t = f(self);
+        if let Some(j) = self.journal_mut() {
+            j.set_paused(false);
+        }
+        t
+    }
+
     /// Notes a write of `key` in the journal, if there is one. Noted
     /// before the write is tried, so a refused write ships the key's
     /// unchanged state: harmless, and no outcome has to be read.

@@ -613,9 +613,8 @@ impl ClusterPs {
         values: &[f32],
         mode: PushMode,
     ) -> Result<()> {
-        let dim = t.spec.dim as usize;
         self.follow_map();
-        let mut parts = self.group_parts(keys, values, dim, t.spec.dim);
+        let mut parts = self.group_parts(keys, values, t.spec.dim);
         let deadline = Instant::now() + Duration::from_millis(FAILOVER_WAIT_MS);
         loop {
             let mut failed: Vec<(GroupPart, ClientError)> = Vec::new();
@@ -656,7 +655,7 @@ impl ClusterPs {
                 if e.code() == ErrorCode::WrongServer {
                     // Refused whole, so not applied: split again by the
                     // new map, under new ids.
-                    parts.extend(self.group_parts(&part.keys, &part.vals, dim, t.spec.dim));
+                    parts.extend(self.group_parts(&part.keys, &part.vals, t.spec.dim));
                 } else {
                     parts.push(part);
                 }
@@ -664,17 +663,18 @@ impl ClusterPs {
         }
     }
 
-    /// `keys` and their `values` split by the replica group of their
-    /// slots, each part with the next request ids.
-    fn group_parts(&mut self, keys: &[u64], values: &[f32], dim: usize, d: u32) -> Vec<GroupPart> {
+    /// `keys` and their `values` (`dim` floats each) split by the replica
+    /// group of their slots, each part with the next request ids.
+    fn group_parts(&mut self, keys: &[u64], values: &[f32], dim: u32) -> Vec<GroupPart> {
         let Some(f) = &self.slots else {
             return Vec::new();
         };
+        let floats = dim as usize;
         let mut by_group: BTreeMap<usize, (Vec<u64>, Vec<f32>)> = BTreeMap::new();
         for (i, &k) in keys.iter().enumerate() {
             let e = by_group.entry(f.group_of_slot(slot_of_u64(k))).or_default();
             e.0.push(k);
-            e.1.extend_from_slice(&values[i * dim..(i + 1) * dim]);
+            e.1.extend_from_slice(&values[i * floats..(i + 1) * floats]);
         }
         by_group
             .into_values()
@@ -683,7 +683,7 @@ impl ClusterPs {
                     client: self.client_id,
                     seq: self.next_seq,
                 };
-                self.next_seq += push_frames(keys.len(), d);
+                self.next_seq += push_frames(keys.len(), dim);
                 GroupPart { keys, vals, id }
             })
             .collect()

@@ -97,20 +97,7 @@ pub(super) enum Seen {
     Stale,
 }
 
-/// A held barrier, shared or exclusive, or none.
-pub enum Barrier<'a> {
-    Shared(#[allow(dead_code)] RwLockReadGuard<'a, ()>),
-    Exclusive(#[allow(dead_code)] RwLockWriteGuard<'a, ()>),
-    None,
-}
-
 impl PsStore {
-    /// Turns the shards' journals on, now if the pool exists and when it
-    /// is built otherwise: replication starts.
-    pub fn enable_journals(&self) {
-        self.start_journals();
-    }
-
     /// The shards' journal counts, once the pool exists and keeps journals.
     pub fn journal_seqs(&self) -> Option<Vec<Arc<JournalSeq>>> {
         if !self.journaled() {
@@ -120,32 +107,24 @@ impl PsStore {
         Some(shards.iter().map(|s| write(s).enable_journal()).collect())
     }
 
-    /// The shards of the pool (whether built or not).
-    pub fn shard_count(&self) -> usize {
-        self.shard_count_planned()
+    /// The barrier, exclusively: a round holds it while it drains the
+    /// shards' journals.
+    pub fn drain_barrier(&self) -> RwLockWriteGuard<'_, ()> {
+        self.replica()
+            .barrier
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The barrier a round takes while it drains the shards' journals.
-    pub fn drain_barrier(&self) -> Barrier<'_> {
-        Barrier::Exclusive(
-            self.replica()
-                .barrier
-                .write()
-                .unwrap_or_else(|p| p.into_inner()),
-        )
-    }
-
-    /// The barrier a push takes while it applies, if replication is on.
-    pub(super) fn push_barrier(&self) -> Barrier<'_> {
-        if !self.journaled() {
-            return Barrier::None;
-        }
-        Barrier::Shared(
+    /// The barrier, shared, if replication is on: a push holds it while
+    /// it applies.
+    pub(super) fn push_barrier(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        self.journaled().then(|| {
             self.replica()
                 .barrier
                 .read()
-                .unwrap_or_else(|p| p.into_inner()),
-        )
+                .unwrap_or_else(|p| p.into_inner())
+        })
     }
 
     /// Takes shard `shard`'s journal and gives each row noted since the
@@ -238,7 +217,7 @@ impl PsStore {
         let h = item_hash(table, key);
         let k = item_key(table, key);
         let mut p = write(&shards[h.partition(shards.len() as u32) as usize]);
-        paused(&mut p, |p| match value {
+        p.unjournaled(|p| match value {
             Some(_) if expire_ms != 0 && expire_ms <= now_ms => {
                 let _ = p.delete(h, &k, now_ms);
                 Ok(())
@@ -279,8 +258,7 @@ impl PsStore {
                     None => break,
                 }
             }
-            let mut p = write(shard);
-            paused(&mut p, |p| {
+            write(shard).unjournaled(|p| {
                 for &(t, k) in &rows {
                     let _ = p.delete(item_hash(t, k), &item_key(t, k), now_ms);
                 }
@@ -294,7 +272,7 @@ impl PsStore {
         let Some(shards) = self.shards() else {
             return Seen::New;
         };
-        let (t, h, k) = marker_key(id, first);
+        let (_, h, k) = marker_key(id, first);
         let mut p = write(&shards[h.partition(shards.len() as u32) as usize]);
         let seen = match p.get_item(h, &k, now_ms) {
             Some(item) if item.value.len() == MARKER_BYTES => {
@@ -317,7 +295,7 @@ impl PsStore {
             _ => Seen::New,
         };
         if seen == Seen::New {
-            let _ = (t, put_marker(&mut p, id, first, None, now_ms));
+            put_marker(&mut p, id, first, None, now_ms);
         }
         seen
     }
@@ -385,18 +363,6 @@ fn row_state(p: &mut Partition, table: u32, key: u64, now_ms: u64) -> RowState<'
         },
         None => RowState::Absent,
     }
-}
-
-/// Runs `f` on a shard with its journal paused.
-fn paused<T>(p: &mut Partition, f: impl FnOnce(&mut Partition) -> T) -> T {
-    if let Some(j) = p.journal_mut() {
-        j.set_paused(true);
-    }
-    let t = f(p);
-    if let Some(j) = p.journal_mut() {
-        j.set_paused(false);
-    }
-    t
 }
 
 #[cfg(test)]

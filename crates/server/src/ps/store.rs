@@ -119,7 +119,7 @@ impl PsStore {
     }
 
     /// The shards the pool has, or will have once built.
-    pub(super) fn shard_count_planned(&self) -> usize {
+    pub fn shard_count(&self) -> usize {
         self.shard_count
     }
 
@@ -170,7 +170,7 @@ impl PsStore {
     /// Turns the shards' journals on (replication starts): now, on the
     /// pool's shards if it exists, and for a pool built later. Under the
     /// creation lock, so that a pool being built meanwhile cannot miss it.
-    pub(super) fn start_journals(&self) {
+    pub fn enable_journals(&self) {
         let _guard = self.create.lock().unwrap_or_else(|p| p.into_inner());
         self.replica.journaled.store(true, Ordering::Release);
         if let Some(shards) = self.shards() {

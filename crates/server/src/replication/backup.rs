@@ -276,22 +276,14 @@ fn apply_batch(a: &Applier, sender: u32, epoch: u64, recs: Records<'_>) -> (AckS
     (AckStatus::Applied, r.map.epoch)
 }
 
-/// Runs `f` on key's partition with the journal paused: what a primary
-/// ships is not this server's to ship on.
+/// Runs `f` on partition `p` with the journal paused
+/// ([`fabrickv_engine::Partition::unjournaled`]).
 fn on_partition<T>(
     parts: &Partitions,
     p: usize,
     f: impl FnOnce(&mut fabrickv_engine::Partition) -> T,
 ) -> T {
-    let mut part = parts.lock(p);
-    if let Some(j) = part.journal_mut() {
-        j.set_paused(true);
-    }
-    let t = f(&mut part);
-    if let Some(j) = part.journal_mut() {
-        j.set_paused(false);
-    }
-    t
+    parts.lock(p).unjournaled(f)
 }
 
 fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64, tables: &mut TableIds) {

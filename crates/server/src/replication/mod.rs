@@ -1028,21 +1028,21 @@ pub fn start(
         lease,
         clock: server.clock,
     })?;
+    // Per journal, the count shipped so far: the partitions' now, and 0
+    // for the pool's shards, whose journals count from the pool's first
+    // write.
+    let counts = || -> Box<[AtomicU64]> {
+        seqs.iter()
+            .map(|s| AtomicU64::new(s.get()))
+            .chain((0..server.ps.shard_count()).map(|_| AtomicU64::new(0)))
+            .collect()
+    };
     let replicator = Arc::new(Replicator {
         me,
         secret,
         parts: server.parts.clone(),
-        // The pool's journals count from 0, from the pool's first write.
-        acked: seqs
-            .iter()
-            .map(|s| AtomicU64::new(s.get()))
-            .chain((0..server.ps.shard_count()).map(|_| AtomicU64::new(0)))
-            .collect(),
-        launched: seqs
-            .iter()
-            .map(|s| AtomicU64::new(s.get()))
-            .chain((0..server.ps.shard_count()).map(|_| AtomicU64::new(0)))
-            .collect(),
+        acked: counts(),
+        launched: counts(),
         seqs,
         ps: server.ps.clone(),
         ps_seqs: OnceLock::new(),
