@@ -226,6 +226,11 @@ pub struct Partition {
     /// that replicates ([`Partition::enable_journal`]); `None` costs the
     /// writes one branch.
     journal: Option<Box<Journal>>,
+    /// The keys written since a checkpoint's walk of this partition last
+    /// took them, while one walks it ([`Partition::begin_cut`]). Separate
+    /// from the replication journal: it is never paused (a backup's
+    /// applied writes are in its checkpoints) and taken by another reader.
+    cut: Option<Box<Journal>>,
 }
 
 const _: fn() = || {
@@ -288,6 +293,7 @@ impl Partition {
         Ok(Partition {
             inner,
             journal: None,
+            cut: None,
         })
     }
 
@@ -324,6 +330,34 @@ impl Partition {
         if let Some(j) = &mut self.journal {
             j.note(key);
         }
+        if let Some(c) = &mut self.cut {
+            c.note(key);
+        }
+    }
+
+    /// Starts noting written keys for a checkpoint's walk: what the walk
+    /// already passed and is written again is found in
+    /// [`Partition::take_cut`]. Restarts the notes if a walk was going.
+    pub fn begin_cut(&mut self) {
+        self.cut = Some(Box::default());
+    }
+
+    /// The keys written since the walk began or last took them (and
+    /// whether the partition was flushed meanwhile); `None` when no walk
+    /// is going. `spare`'s buffer takes their place.
+    pub fn take_cut(&mut self, spare: Vec<u8>) -> Option<Noted> {
+        self.cut.as_mut().map(|c| c.take(spare))
+    }
+
+    /// Stops noting for a checkpoint.
+    pub fn end_cut(&mut self) {
+        self.cut = None;
+    }
+
+    /// The main index bucket `hash` lives in: what a walk by
+    /// [`Partition::scan_from`] visits it at.
+    pub fn main_bucket_of(&self, hash: KeyHash) -> usize {
+        dispatch!(&self.inner, core => core.index.main_bucket(hash))
     }
 
     /// The partition's mode.
@@ -551,6 +585,9 @@ impl Partition {
     pub fn flush(&mut self, now_ms: u64) -> usize {
         if let Some(j) = &mut self.journal {
             j.note_flush();
+        }
+        if let Some(c) = &mut self.cut {
+            c.note_flush();
         }
         dispatch!(&mut self.inner, core => core.flush(now_ms))
     }

@@ -22,6 +22,7 @@
 
 pub mod cache;
 pub mod cache_grpc;
+pub mod checkpoint;
 pub mod config;
 pub mod control;
 pub mod kv;

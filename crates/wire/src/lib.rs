@@ -29,6 +29,7 @@
 //! The format is specified in `docs/protocol.md`.
 
 pub mod cache;
+pub mod checkpoint;
 pub mod checksum;
 pub mod control;
 pub mod copy;

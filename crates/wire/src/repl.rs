@@ -423,6 +423,11 @@ impl BatchBuf {
         self.count == 0
     }
 
+    /// Records so far.
+    pub fn len(&self) -> u32 {
+        self.count
+    }
+
     /// Bytes of records so far.
     pub fn bytes(&self) -> usize {
         self.bytes.len().saturating_sub(BATCH_HEAD_BYTES)

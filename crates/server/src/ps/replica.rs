@@ -186,6 +186,34 @@ impl PsStore {
         next
     }
 
+    /// Shards of the embedding pool, 0 before it is built.
+    pub fn built_shards(&self) -> usize {
+        self.shards().map_or(0, |s| s.len())
+    }
+
+    /// Runs `f` on shard `shard` under its lock (`None`: no such shard).
+    pub fn with_shard<T>(&self, shard: usize, f: impl FnOnce(&mut Partition) -> T) -> Option<T> {
+        let shards = self.shards()?;
+        Some(f(&mut write(shards.get(shard)?)))
+    }
+
+    /// The table, key and state of the row stored under item key `k` in
+    /// shard `p` (`None`: not a row's item key).
+    pub fn row_at<'p>(
+        p: &'p mut Partition,
+        k: &[u8],
+        now_ms: u64,
+    ) -> Option<(u32, u64, RowState<'p>)> {
+        let (table, key) = split_item_key(k)?;
+        Some((table, key, row_state(p, table, key, now_ms)))
+    }
+
+    /// The hash shard `p` files the item key `k` under (`None`: not a
+    /// row's item key).
+    pub fn item_hash_of(k: &[u8]) -> Option<fabrickv_types::KeyHash> {
+        split_item_key(k).map(|(table, key)| item_hash(table, key))
+    }
+
     /// The shape of table `id`.
     pub fn spec_of(&self, id: u32) -> Option<TableSpec> {
         self.by_id(id).map(|t| t.spec.clone())

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use fabrickv_auth::Secret;
 use fabrickv_cluster::slots::key_slot;
-use fabrickv_engine::{ItemMeta, LargeValue, PutCond, ScanBudget, LARGE_VALUE_BYTES_MIN};
+use fabrickv_engine::ScanBudget;
 use fabrickv_types::KeyHash;
 
 use super::{MsgReader, UnixClock};
@@ -288,55 +288,10 @@ fn on_partition<T>(
 
 fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64, tables: &mut TableIds) {
     match rec {
-        Record::Put {
-            key,
-            value,
-            expire_unix_ms,
-            meta,
-        } => {
-            let hash = KeyHash::of(key);
-            let p = a.parts.index_of(hash);
-            let expire = a.unix.to_engine(*expire_unix_ms);
+        Record::Put { key, .. } | Record::Del { key } => {
+            let p = a.parts.index_of(KeyHash::of(key));
             on_partition(&a.parts, p, |part| {
-                if expire != 0 && expire <= now {
-                    let _ = part.delete(hash, key, now);
-                    return;
-                }
-                let done = match meta {
-                    Some((cas, flags)) => part.put_with_meta(
-                        hash,
-                        key,
-                        value,
-                        expire,
-                        PutCond::Always,
-                        now,
-                        ItemMeta {
-                            cas: *cas,
-                            client_flags: *flags,
-                        },
-                    ),
-                    None if value.len() >= LARGE_VALUE_BYTES_MIN => part.put_large(
-                        hash,
-                        key,
-                        LargeValue::copy_from(value),
-                        expire,
-                        PutCond::Always,
-                        now,
-                    ),
-                    None => part.put(hash, key, value, expire, PutCond::Always, now),
-                };
-                if !matches!(done, fabrickv_engine::PutResult::Stored) {
-                    tracing::warn!(
-                        "replication: a shipped value could not be stored here: {done:?}"
-                    );
-                }
-            });
-        }
-        Record::Del { key } => {
-            let hash = KeyHash::of(key);
-            let p = a.parts.index_of(hash);
-            on_partition(&a.parts, p, |part| {
-                let _ = part.delete(hash, key, now);
+                super::store_key_record(part, rec, &a.unix, now)
             });
         }
         Record::FlushPartition { count, index } => {

@@ -51,7 +51,10 @@ use std::time::Duration;
 use fabrickv_auth::Secret;
 use fabrickv_cluster::etcd::EtcdRegistry;
 use fabrickv_cluster::slots::key_slot;
-use fabrickv_engine::{GetRefResult, JournalSeq, Partition, ScanBudget, ValueRef};
+use fabrickv_engine::{
+    GetRefResult, ItemMeta, JournalSeq, LargeValue, Partition, PutCond, ScanBudget, ValueRef,
+    LARGE_VALUE_BYTES_MIN,
+};
 use fabrickv_rpc::gate::{FlushGate, Settle};
 use fabrickv_types::KeyHash;
 
@@ -62,7 +65,7 @@ use crate::service::Clock;
 use crate::slot_routing::{Routing, SlotRouting};
 use fabrickv_wire::ps::TableSpec;
 use fabrickv_wire::repl as records;
-use records::{BatchBuf, REPL_BATCH_BYTES_TARGET, REPL_MESSAGE_BYTES_MAX};
+use records::{BatchBuf, Record, REPL_BATCH_BYTES_TARGET, REPL_MESSAGE_BYTES_MAX};
 
 // The stream's handshake carries the cluster secret's nonce and proof.
 const _: () = assert!(records::NONCE_BYTES == fabrickv_auth::NONCE_BYTES);
@@ -114,7 +117,7 @@ fn fence_exit(why: &str) -> ! {
 }
 
 /// A key's state as a record carries it.
-enum State {
+pub(crate) enum State {
     Put {
         value: Vec<u8>,
         expire_unix_ms: u64,
@@ -171,7 +174,7 @@ impl UnixClock {
 }
 
 /// Reads `key`'s state in `part` at engine time `now_ms`.
-fn read_state(part: &mut Partition, key: &[u8], now_ms: u64, unix: &UnixClock) -> State {
+pub(crate) fn read_state(part: &mut Partition, key: &[u8], now_ms: u64, unix: &UnixClock) -> State {
     let hash = KeyHash::of(key);
     match part.get_ref(hash, key, now_ms) {
         GetRefResult::NotFound => return State::Absent,
@@ -196,7 +199,58 @@ fn read_state(part: &mut Partition, key: &[u8], now_ms: u64, unix: &UnixClock) -
     }
 }
 
-fn append_state(out: &mut BatchBuf, key: &[u8], state: &State) {
+/// Stores a key's shipped (or restored) state in `part`, the key's
+/// partition: a `Put` overwrites (one already expired deletes), a `Del`
+/// deletes; any other record is not a key's and is ignored here.
+pub(crate) fn store_key_record(part: &mut Partition, rec: &Record<'_>, unix: &UnixClock, now: u64) {
+    match rec {
+        Record::Put {
+            key,
+            value,
+            expire_unix_ms,
+            meta,
+        } => {
+            let hash = KeyHash::of(key);
+            let expire = unix.to_engine(*expire_unix_ms);
+            if expire != 0 && expire <= now {
+                let _ = part.delete(hash, key, now);
+                return;
+            }
+            let done = match meta {
+                Some((cas, flags)) => part.put_with_meta(
+                    hash,
+                    key,
+                    value,
+                    expire,
+                    PutCond::Always,
+                    now,
+                    ItemMeta {
+                        cas: *cas,
+                        client_flags: *flags,
+                    },
+                ),
+                None if value.len() >= LARGE_VALUE_BYTES_MIN => part.put_large(
+                    hash,
+                    key,
+                    LargeValue::copy_from(value),
+                    expire,
+                    PutCond::Always,
+                    now,
+                ),
+                None => part.put(hash, key, value, expire, PutCond::Always, now),
+            };
+            if !matches!(done, fabrickv_engine::PutResult::Stored) {
+                tracing::warn!("a shipped or restored value could not be stored here: {done:?}");
+            }
+        }
+        Record::Del { key } => {
+            let _ = part.delete(KeyHash::of(key), key, now);
+        }
+        _ => {}
+    }
+}
+
+pub(crate) fn append_state(out: &mut BatchBuf, key: &[u8], state: &State) {
     match state {
         State::Put {
             value,

@@ -1,0 +1,1029 @@
+//! Checkpoints of the in-memory keyspace and the embedding tables, saved
+//! while the server serves and loaded before it listens.
+//!
+//! - **A cut per partition without a fork.** A save walks each engine
+//!   partition (kv partitions and embedding-pool shards alike) in index
+//!   order, a chunk of buckets per hold of its lock, writing each key's
+//!   state as it finds it. Meanwhile the partition notes every key
+//!   written ([`Partition::begin_cut`]). A key written in a bucket the
+//!   walk has not reached yet needs nothing: the walk will read it as it
+//!   is then. A key written behind the walk is read again later and
+//!   written after its first record, so in the file each key's *last*
+//!   record is its state at the moment the walk ends, under the lock:
+//!   the partition's cut. Writes after the cut are not in the file. The
+//!   extra memory is the keys written behind the walk, at most
+//!   [`CUT_BEHIND_KEYS_MAX`] before they are read again and dropped, not
+//!   a copy of the data.
+//! - **Files.** One file per partition and per shard
+//!   (`fabrickv_wire::checkpoint` has the format: a checked header,
+//!   frames of replication records each with its CRC, a trailer), written
+//!   in parallel by one thread per worker, then synced. The last step is
+//!   the rename of `MANIFEST`, which lists every file with its length and
+//!   checksum chain, into the checkpoint's directory: a save that dies
+//!   before it leaves no manifest, and the previous checkpoint is the
+//!   newest.
+//! - **Restore.** Before the server listens, a checkpoint's files are
+//!   checked against the manifest (length, header, trailer) and then
+//!   loaded in parallel, every frame checked before it is applied. A
+//!   damaged, cut-short, foreign or newer-format file stops the start
+//!   with an error naming it: a server never serves a half-loaded
+//!   checkpoint.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File};
+use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fabrickv_engine::{Partition, ScanBudget};
+use fabrickv_types::KeyHash;
+use fabrickv_wire::checkpoint::{
+    self as format, Bad, FileHeader, FileKind, Next, Trailer, FORMAT_VERSION, HEADER_BYTES,
+    TRAILER_BYTES,
+};
+use fabrickv_wire::checksum::crc32c;
+use fabrickv_wire::repl::{BatchBuf, Record};
+use serde::{Deserialize, Serialize};
+
+use crate::partitions::Partitions;
+use crate::ps::replica::{RowState, PS_MARKER_TABLE_BIT};
+use crate::ps::PsStore;
+use crate::replication::{append_state, read_state, store_key_record, UnixClock};
+
+/// Bytes of records a save gathers before it writes them as one frame.
+pub const CHECKPOINT_FRAME_BYTES_TARGET: usize = 1 << 20;
+
+/// Index entries a save's walk reads per hold of a partition's lock:
+/// the longest a writer to that partition waits on a save.
+pub const CUT_SCAN_ENTRIES: usize = 4096;
+
+/// Keys written behind a save's walk that it holds before reading them
+/// again (and forgetting them): the bound on a save's extra memory per
+/// partition being walked, besides one frame.
+pub const CUT_BEHIND_KEYS_MAX: usize = 16_384;
+
+/// Checkpoints a periodic save keeps by default (`--checkpoint-keep`).
+pub const CHECKPOINT_KEEP_DEFAULT: usize = 2;
+
+/// Bytes a restore reads from a file at a time.
+const RESTORE_READ_BYTES: usize = 4 << 20;
+
+/// The manifest's name in a checkpoint's directory.
+pub const MANIFEST: &str = "MANIFEST";
+
+/// How a checkpoint's directory under the checkpoint root begins; the
+/// rest is its generation, zero-padded so that names sort by age.
+const DIR_PREFIX: &str = "ckpt-";
+
+/// What the manifest says it is.
+const MANIFEST_FORMAT: &str = "fabrickv-checkpoint";
+
+/// A checkpoint's table of contents, renamed into place last.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always `fabrickv-checkpoint`.
+    pub format: String,
+    /// The file format ([`FORMAT_VERSION`]).
+    pub version: u32,
+    /// The save's generation (its files carry it).
+    pub generation: u64,
+    /// When the save began and ended, in Unix milliseconds.
+    pub created_unix_ms: u64,
+    pub finished_unix_ms: u64,
+    /// The saving server's kv partitions and embedding-pool shards.
+    pub partitions: u32,
+    pub shards: u32,
+    /// Every file of the checkpoint.
+    pub files: Vec<FileEntry>,
+}
+
+/// One file as the manifest lists it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub name: String,
+    /// `kv` or `embedding`.
+    pub kind: String,
+    pub index: u32,
+    pub bytes: u64,
+    pub frames: u64,
+    pub records: u64,
+    /// The CRC-32C chain of its frames (the trailer's).
+    pub chain: u32,
+}
+
+impl Manifest {
+    /// Records in every file: keys and rows, repeats of keys written
+    /// during the save included.
+    pub fn records(&self) -> u64 {
+        self.files.iter().map(|f| f.records).sum()
+    }
+
+    /// Bytes of every file.
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.bytes).sum()
+    }
+}
+
+/// Why a save or restore failed.
+#[derive(Debug)]
+pub enum CheckpointError {
+    /// Another save is running.
+    Busy,
+    /// No checkpoint directory was configured or named.
+    NoDir,
+    /// A directory a client named is outside the checkpoint root.
+    Outside(PathBuf),
+    /// No checkpoint was found where one was asked for.
+    Missing(PathBuf),
+    /// Reading or writing a file failed.
+    Io(PathBuf, std::io::Error),
+    /// A file is not a good checkpoint file.
+    Bad(PathBuf, Bad),
+    /// A checkpoint that does not fit this server.
+    Mismatch(PathBuf, String),
+}
+
+impl std::fmt::Display for CheckpointError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CheckpointError::Busy => write!(f, "a checkpoint save is already running"),
+            CheckpointError::NoDir => write!(
+                f,
+                "no checkpoint directory: start the server with --checkpoint-dir DIR"
+            ),
+            CheckpointError::Outside(p) => write!(
+                f,
+                "{} is outside the server's checkpoint directory (--checkpoint-dir)",
+                p.display()
+            ),
+            CheckpointError::Missing(p) => write!(f, "no checkpoint in {}", p.display()),
+            CheckpointError::Io(p, e) => write!(f, "{}: {e}", p.display()),
+            CheckpointError::Bad(p, b) => write!(f, "{}: {b}", p.display()),
+            CheckpointError::Mismatch(p, why) => write!(f, "{}: {why}", p.display()),
+        }
+    }
+}
+
+impl std::error::Error for CheckpointError {}
+
+fn io_at(p: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |e| CheckpointError::Io(p.to_path_buf(), e)
+}
+
+/// What a save wrote or a restore loaded.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// The checkpoint's directory.
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    pub elapsed: Duration,
+}
+
+/// The outcome of the last save, for LASTSAVE and INFO.
+#[derive(Debug, Default)]
+struct SaveState {
+    running: bool,
+    /// Unix seconds of the last save that completed.
+    last_ok_unix_s: u64,
+    last_error: Option<String>,
+    last_generation: u64,
+}
+
+/// One engine partition a save walks or a restore fills.
+#[derive(Debug, Clone, Copy)]
+enum Job {
+    Kv(usize),
+    Shard(usize),
+}
+
+impl Job {
+    fn kind(self) -> FileKind {
+        match self {
+            Job::Kv(_) => FileKind::Kv,
+            Job::Shard(_) => FileKind::Embedding,
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Job::Kv(i) | Job::Shard(i) => i,
+        }
+    }
+
+    fn file_name(self) -> String {
+        match self {
+            Job::Kv(i) => format!("kv-{i:05}.fkv"),
+            Job::Shard(i) => format!("embedding-{i:05}.fkv"),
+        }
+    }
+}
+
+fn kind_name(k: FileKind) -> &'static str {
+    match k {
+        FileKind::Kv => "kv",
+        FileKind::Embedding => "embedding",
+    }
+}
+
+/// A server's checkpoints: saves on request or on a timer, and the
+/// restore at start.
+pub struct Checkpoints {
+    parts: Arc<Partitions>,
+    ps: Arc<PsStore>,
+    unix: UnixClock,
+    /// Threads a save or restore uses (the server's workers).
+    threads: usize,
+    /// `--checkpoint-dir`: where saves go, and the only place a client
+    /// may name.
+    root: Option<PathBuf>,
+    /// Checkpoints kept under the root after a save (0: all).
+    keep: usize,
+    state: Mutex<SaveState>,
+}
+
+impl std::fmt::Debug for Checkpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoints")
+            .field("root", &self.root)
+            .field("keep", &self.keep)
+            .finish()
+    }
+}
+
+impl Checkpoints {
+    /// Checkpoints of `parts` and `ps`, saved under `root` if set.
+    pub fn new(
+        parts: Arc<Partitions>,
+        ps: Arc<PsStore>,
+        unix: UnixClock,
+        threads: usize,
+        root: Option<PathBuf>,
+        keep: usize,
+    ) -> Checkpoints {
+        Checkpoints {
+            parts,
+            ps,
+            unix,
+            threads: threads.max(1),
+            root,
+            keep,
+            state: Mutex::new(SaveState::default()),
+        }
+    }
+
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, SaveState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Unix seconds of the last completed save (0: none yet): LASTSAVE.
+    pub fn last_save_unix_s(&self) -> u64 {
+        self.lock_state().last_ok_unix_s
+    }
+
+    /// Whether a save is running now.
+    pub fn saving(&self) -> bool {
+        self.lock_state().running
+    }
+
+    /// Why the last save failed, if it did.
+    pub fn last_error(&self) -> Option<String> {
+        self.lock_state().last_error.clone()
+    }
+
+    /// The directory a save named `to` goes under: the checkpoint root,
+    /// or a directory inside it (a relative `to` is taken from the root).
+    /// A client may not make the server write anywhere else.
+    pub fn resolve(&self, to: Option<&str>) -> Result<PathBuf, CheckpointError> {
+        let root = self.root.as_ref().ok_or(CheckpointError::NoDir)?;
+        let Some(to) = to.filter(|t| !t.is_empty()) else {
+            return Ok(root.clone());
+        };
+        let p = Path::new(to);
+        let p = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            root.join(p)
+        };
+        let inside = p
+            .components()
+            .all(|c| !matches!(c, std::path::Component::ParentDir))
+            && p.starts_with(root);
+        if !inside {
+            return Err(CheckpointError::Outside(p));
+        }
+        Ok(p)
+    }
+
+    /// Saves a checkpoint under `root` now (SAVE, `checkpoint save`).
+    pub fn save(&self, root: &Path) -> Result<Summary, CheckpointError> {
+        {
+            let mut st = self.lock_state();
+            if st.running {
+                return Err(CheckpointError::Busy);
+            }
+            st.running = true;
+        }
+        let r = self.save_into(root);
+        let mut st = self.lock_state();
+        st.running = false;
+        match &r {
+            Ok(s) => {
+                st.last_ok_unix_s = s.manifest.finished_unix_ms / 1000;
+                st.last_error = None;
+                st.last_generation = s.manifest.generation;
+            }
+            Err(e) => st.last_error = Some(e.to_string()),
+        }
+        r
+    }
+
+    /// Starts a save under `root` on a thread of its own (BGSAVE).
+    pub fn save_in_background(self: &Arc<Self>, root: PathBuf) -> Result<(), CheckpointError> {
+        if self.saving() {
+            return Err(CheckpointError::Busy);
+        }
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("fkv-checkpoint".into())
+            .spawn(move || match me.save(&root) {
+                Ok(s) => tracing::info!(
+                    dir = %s.dir.display(),
+                    records = s.manifest.records(),
+                    bytes = s.manifest.bytes(),
+                    ms = s.elapsed.as_millis() as u64,
+                    "checkpoint saved"
+                ),
+                Err(e) => tracing::error!("checkpoint save failed: {e}"),
+            })
+            .map(|_| ())
+            .map_err(io_at(&PathBuf::from("fkv-checkpoint thread")))
+    }
+
+    /// Saves under the root every `every` until `stop` is set.
+    pub fn start_periodic(
+        self: &Arc<Self>,
+        every: Duration,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("fkv-checkpoint-timer".into())
+            .spawn(move || {
+                let Some(root) = me.root.clone() else {
+                    return;
+                };
+                let mut next = Instant::now() + every;
+                while !stop.load(Ordering::Acquire) {
+                    if Instant::now() < next {
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                    match me.save(&root) {
+                        Ok(s) => tracing::info!(
+                            dir = %s.dir.display(),
+                            records = s.manifest.records(),
+                            ms = s.elapsed.as_millis() as u64,
+                            "periodic checkpoint saved"
+                        ),
+                        Err(CheckpointError::Busy) => {}
+                        Err(e) => tracing::error!("periodic checkpoint failed: {e}"),
+                    }
+                    next = Instant::now() + every;
+                }
+            })
+    }
+
+    fn save_into(&self, root: &Path) -> Result<Summary, CheckpointError> {
+        let started = Instant::now();
+        fs::create_dir_all(root).map_err(io_at(root))?;
+        let created_unix_ms = unix_now_ms();
+        let generation = created_unix_ms.max(self.lock_state().last_generation + 1);
+        let dir = root.join(format!("{DIR_PREFIX}{generation:016}"));
+        fs::create_dir(&dir).map_err(io_at(&dir))?;
+        let partitions = self.parts.len();
+        let shards = self.ps.built_shards();
+        let jobs: Vec<Job> = (0..partitions)
+            .map(Job::Kv)
+            .chain((0..shards).map(Job::Shard))
+            .collect();
+        let next = AtomicUsize::new(0);
+        let done: Mutex<Vec<Result<FileEntry, CheckpointError>>> = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..self.threads.min(jobs.len()) {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::AcqRel);
+                    let Some(&job) = jobs.get(i) else {
+                        return;
+                    };
+                    let count = match job {
+                        Job::Kv(_) => partitions,
+                        Job::Shard(_) => shards,
+                    };
+                    let head = FileHeader {
+                        version: FORMAT_VERSION,
+                        kind: job.kind(),
+                        index: job.index() as u32,
+                        count: count as u32,
+                        generation,
+                        created_unix_ms,
+                    };
+                    let r = self.write_file(&dir, job, &head);
+                    let failed = r.is_err();
+                    done.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+                    if failed {
+                        // The others stop at their next file.
+                        next.store(jobs.len(), Ordering::Release);
+                        return;
+                    }
+                });
+            }
+        });
+        let mut files = Vec::with_capacity(jobs.len());
+        for r in done.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            match r {
+                Ok(f) => files.push(f),
+                Err(e) => {
+                    let _ = fs::remove_dir_all(&dir);
+                    return Err(e);
+                }
+            }
+        }
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+        let manifest = Manifest {
+            format: MANIFEST_FORMAT.into(),
+            version: FORMAT_VERSION,
+            generation,
+            created_unix_ms,
+            finished_unix_ms: unix_now_ms(),
+            partitions: partitions as u32,
+            shards: shards as u32,
+            files,
+        };
+        let tmp = dir.join(format!("{MANIFEST}.tmp"));
+        let body = serde_json::to_vec_pretty(&manifest)
+            .map_err(|e| CheckpointError::Io(tmp.clone(), std::io::Error::other(e)))?;
+        let write = || -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&body)?;
+            f.sync_all()?;
+            fs::rename(&tmp, dir.join(MANIFEST))?;
+            File::open(&dir)?.sync_all()?;
+            File::open(root)?.sync_all()
+        };
+        if let Err(e) = write() {
+            let _ = fs::remove_dir_all(&dir);
+            return Err(CheckpointError::Io(tmp, e));
+        }
+        self.prune(root, &dir);
+        Ok(Summary {
+            dir,
+            manifest,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// Removes, under `root`, checkpoints older than the newest
+    /// [`Checkpoints::keep`] complete ones, and unfinished saves older
+    /// than `newest` (the one just made).
+    fn prune(&self, root: &Path, newest: &Path) {
+        if self.keep == 0 {
+            return;
+        }
+        let mut dirs = checkpoint_dirs(root);
+        dirs.sort();
+        dirs.reverse();
+        let mut complete = 0;
+        for d in dirs {
+            if d.as_path() > newest {
+                continue;
+            }
+            let keep = d.join(MANIFEST).is_file() && {
+                complete += 1;
+                complete <= self.keep
+            };
+            if !keep {
+                if let Err(e) = fs::remove_dir_all(&d) {
+                    tracing::warn!("cannot remove old checkpoint {}: {e}", d.display());
+                }
+            }
+        }
+    }
+
+    /// Writes `job`'s file into `dir`.
+    fn write_file(
+        &self,
+        dir: &Path,
+        job: Job,
+        head: &FileHeader,
+    ) -> Result<FileEntry, CheckpointError> {
+        let name = job.file_name();
+        let path = dir.join(&name);
+        let file = File::create(&path).map_err(io_at(&path))?;
+        let mut out = FileOut {
+            file,
+            generation: head.generation,
+            trailer: Trailer::default(),
+            bytes: 0,
+        };
+        out.write(&head.encode()).map_err(io_at(&path))?;
+        self.walk(job, head.count, &mut out).map_err(|e| match e {
+            WalkError::Io(e) => CheckpointError::Io(path.clone(), e),
+            WalkError::Cleared => CheckpointError::Mismatch(
+                path.clone(),
+                "the embedding pool was cleared during the save; save again".into(),
+            ),
+        })?;
+        let trailer = out.trailer;
+        out.write(&trailer.encode()).map_err(io_at(&path))?;
+        out.file.sync_all().map_err(io_at(&path))?;
+        Ok(FileEntry {
+            name,
+            kind: kind_name(job.kind()).into(),
+            index: head.index,
+            bytes: out.bytes,
+            frames: trailer.frames,
+            records: trailer.records,
+            chain: trailer.chain,
+        })
+    }
+
+    /// Runs `f` on `job`'s partition under its lock.
+    fn with_part<T>(&self, job: Job, f: impl FnOnce(&mut Partition) -> T) -> Option<T> {
+        match job {
+            Job::Kv(i) => Some(f(&mut self.parts.lock(i))),
+            Job::Shard(i) => self.ps.with_shard(i, f),
+        }
+    }
+
+    /// The walk of one partition (see the module's doc): every key's
+    /// state at the cut, in frames written to `out`.
+    fn walk(&self, job: Job, count: u32, out: &mut FileOut) -> Result<(), WalkError> {
+        let mut w = Walk {
+            cursor: Some(0),
+            behind: HashSet::new(),
+            spare: Vec::new(),
+            described: HashSet::new(),
+            buf: BatchBuf::default(),
+            cleared: false,
+        };
+        self.with_part(job, |p| p.begin_cut());
+        let r = loop {
+            let finished = self
+                .with_part(job, |p| self.walk_step(job, count, p, &mut w))
+                .unwrap_or(true);
+            if w.cleared {
+                break Err(WalkError::Cleared);
+            }
+            if finished || w.buf.bytes() >= CHECKPOINT_FRAME_BYTES_TARGET {
+                if let Err(e) = out.frame(&mut w.buf) {
+                    break Err(WalkError::Io(e));
+                }
+            }
+            if finished {
+                break Ok(());
+            }
+        };
+        if r.is_err() {
+            self.with_part(job, |p| p.end_cut());
+        }
+        r
+    }
+
+    /// One hold of the partition's lock: the keys written since the last
+    /// step, then the next chunk of the index, or (at the end) the cut.
+    /// True once the cut is taken.
+    fn walk_step(&self, job: Job, count: u32, p: &mut Partition, w: &mut Walk) -> bool {
+        let now = self.unix.clock().now_ms();
+        if let Some(noted) = p.take_cut(std::mem::take(&mut w.spare)) {
+            if noted.flushed {
+                // Every key written before the flush is gone, those in
+                // the file included.
+                w.behind.clear();
+                match job {
+                    Job::Kv(i) => w.buf.flush_partition(count, i as u32),
+                    Job::Shard(_) => w.cleared = true,
+                }
+            }
+            for k in noted.iter() {
+                let hash = match job {
+                    Job::Kv(_) => Some(KeyHash::of(k)),
+                    Job::Shard(_) => PsStore::item_hash_of(k),
+                };
+                let passed = match (w.cursor, hash) {
+                    (Some(c), Some(h)) => p.main_bucket_of(h) < c,
+                    _ => true,
+                };
+                if passed && !w.behind.contains(k) {
+                    w.behind.insert(k.to_vec());
+                }
+            }
+            w.spare = noted.keys;
+        }
+        if w.cursor.is_none() || w.behind.len() >= CUT_BEHIND_KEYS_MAX {
+            let behind = std::mem::take(&mut w.behind);
+            for k in &behind {
+                self.emit(job, p, k, now, w);
+            }
+        }
+        let Some(c) = w.cursor else {
+            p.end_cut();
+            return true;
+        };
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        let mut budget = ScanBudget {
+            entries: CUT_SCAN_ENTRIES,
+            words: CUT_SCAN_ENTRIES,
+        };
+        w.cursor = p.scan_from(c, now, &mut budget, &mut |k, _, _| {
+            keys.push(k.to_vec());
+            true
+        });
+        for k in &keys {
+            self.emit(job, p, k, now, w);
+        }
+        false
+    }
+
+    /// Appends the state of the key stored under `k` in `p` to the frame.
+    fn emit(&self, job: Job, p: &mut Partition, k: &[u8], now: u64, w: &mut Walk) {
+        match job {
+            Job::Kv(_) => {
+                let state = read_state(p, k, now, &self.unix);
+                append_state(&mut w.buf, k, &state);
+            }
+            Job::Shard(_) => {
+                let Some((table, key, state)) = PsStore::row_at(p, k, now) else {
+                    return;
+                };
+                if table & PS_MARKER_TABLE_BIT == 0 && !w.described.contains(&table) {
+                    // A table dropped since has no shape: its rows go too.
+                    let Some(spec) = self.ps.spec_of(table) else {
+                        return;
+                    };
+                    w.buf.ps_table(table, &spec);
+                    w.described.insert(table);
+                }
+                match state {
+                    RowState::Present { value, expire_ms } => {
+                        w.buf
+                            .ps_row(table, key, value, self.unix.to_unix(expire_ms))
+                    }
+                    RowState::Absent => w.buf.ps_del(table, key),
+                }
+            }
+        }
+    }
+
+    /// Loads the checkpoint at `from` before the server serves: `from` is
+    /// a checkpoint's directory, or a checkpoint root whose newest good
+    /// checkpoint is taken. With `required`, finding none is an error (and
+    /// so is a bad newest one); without (`--checkpoint-dir` at start), a
+    /// root with none starts empty and bad ones are passed over, each
+    /// named in a warning.
+    pub fn restore(&self, from: &Path, required: bool) -> Result<Option<Summary>, CheckpointError> {
+        let started = Instant::now();
+        let candidates = if from.join(MANIFEST).is_file() {
+            vec![from.to_path_buf()]
+        } else {
+            let mut d: Vec<PathBuf> = checkpoint_dirs(from)
+                .into_iter()
+                .filter(|d| d.join(MANIFEST).is_file())
+                .collect();
+            d.sort();
+            d.reverse();
+            d
+        };
+        if candidates.is_empty() {
+            return if required {
+                Err(CheckpointError::Missing(from.to_path_buf()))
+            } else {
+                Ok(None)
+            };
+        }
+        for dir in candidates {
+            let manifest = match self.check(&dir) {
+                Ok(m) => m,
+                Err(e) if !required => {
+                    tracing::warn!("checkpoint {} passed over: {e}", dir.display());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            self.load(&dir, &manifest)?;
+            self.lock_state().last_generation = manifest.generation;
+            return Ok(Some(Summary {
+                dir,
+                manifest,
+                elapsed: started.elapsed(),
+            }));
+        }
+        Ok(None)
+    }
+
+    /// Reads the manifest of `dir` and checks every file's length,
+    /// header and trailer against it, before anything is loaded.
+    fn check(&self, dir: &Path) -> Result<Manifest, CheckpointError> {
+        let mpath = dir.join(MANIFEST);
+        let body = fs::read(&mpath).map_err(io_at(&mpath))?;
+        let manifest: Manifest = serde_json::from_slice(&body).map_err(|e| {
+            CheckpointError::Mismatch(mpath.clone(), format!("not a manifest: {e}"))
+        })?;
+        if manifest.format != MANIFEST_FORMAT {
+            return Err(CheckpointError::Bad(mpath, Bad::Foreign));
+        }
+        if manifest.version > FORMAT_VERSION {
+            return Err(CheckpointError::Bad(
+                mpath,
+                Bad::NewerVersion(manifest.version),
+            ));
+        }
+        if manifest.partitions as usize != self.parts.len() {
+            return Err(CheckpointError::Mismatch(
+                mpath,
+                format!(
+                    "saved with {} partitions, this server has {} (--partitions must match)",
+                    manifest.partitions,
+                    self.parts.len()
+                ),
+            ));
+        }
+        for f in &manifest.files {
+            let path = dir.join(&f.name);
+            if f.name.contains('/') || f.name.contains("..") {
+                return Err(CheckpointError::Bad(
+                    mpath,
+                    Bad::Corrupt("a file name leaves the directory"),
+                ));
+            }
+            let mut file = File::open(&path).map_err(io_at(&path))?;
+            let len = file.metadata().map_err(io_at(&path))?.len();
+            if len != f.bytes {
+                return Err(CheckpointError::Bad(
+                    path,
+                    Bad::Corrupt(if len < f.bytes {
+                        "cut short"
+                    } else {
+                        "longer than saved"
+                    }),
+                ));
+            }
+            if len < (HEADER_BYTES + TRAILER_BYTES) as u64 {
+                return Err(CheckpointError::Bad(path, Bad::Corrupt("cut short")));
+            }
+            let mut head = [0u8; HEADER_BYTES];
+            file.read_exact(&mut head).map_err(io_at(&path))?;
+            let h = FileHeader::decode(&head).map_err(|b| CheckpointError::Bad(path.clone(), b))?;
+            let expected_count = match h.kind {
+                FileKind::Kv => manifest.partitions,
+                FileKind::Embedding => manifest.shards,
+            };
+            if h.generation != manifest.generation
+                || kind_name(h.kind) != f.kind
+                || h.index != f.index
+                || h.count != expected_count
+            {
+                return Err(CheckpointError::Bad(
+                    path,
+                    Bad::Corrupt(
+                        "the header does not match the manifest (a file of another checkpoint?)",
+                    ),
+                ));
+            }
+            let mut tail = [0u8; TRAILER_BYTES];
+            file.seek(SeekFrom::End(-(TRAILER_BYTES as i64)))
+                .and_then(|_| file.read_exact(&mut tail))
+                .map_err(io_at(&path))?;
+            let t = Trailer::decode(&tail, f.chain)
+                .map_err(|b| CheckpointError::Bad(path.clone(), b))?;
+            if t.frames != f.frames || t.records != f.records {
+                return Err(CheckpointError::Bad(
+                    path,
+                    Bad::Corrupt("trailer counts differ from the manifest"),
+                ));
+            }
+        }
+        Ok(manifest)
+    }
+
+    /// Loads every file of a checked checkpoint, in parallel.
+    fn load(&self, dir: &Path, manifest: &Manifest) -> Result<(), CheckpointError> {
+        let next = AtomicUsize::new(0);
+        let failed: Mutex<Option<CheckpointError>> = Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..self.threads.min(manifest.files.len()) {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::AcqRel);
+                    let Some(f) = manifest.files.get(i) else {
+                        return;
+                    };
+                    if let Err(e) = self.load_file(&dir.join(&f.name), f, manifest.generation) {
+                        next.store(manifest.files.len(), Ordering::Release);
+                        failed
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(e);
+                        return;
+                    }
+                });
+            }
+        });
+        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn load_file(
+        &self,
+        path: &Path,
+        f: &FileEntry,
+        generation: u64,
+    ) -> Result<(), CheckpointError> {
+        let bad = |b: Bad| CheckpointError::Bad(path.to_path_buf(), b);
+        let file = File::open(path).map_err(io_at(path))?;
+        let mut r = BufReader::with_capacity(RESTORE_READ_BYTES, file);
+        let mut head = [0u8; HEADER_BYTES];
+        r.read_exact(&mut head).map_err(io_at(path))?;
+        let h = FileHeader::decode(&head).map_err(bad)?;
+        let mut msg: Vec<u8> = Vec::new();
+        let (mut chain, mut frames, mut records) = (0u32, 0u64, 0u64);
+        let mut tables: HashMap<u32, Option<u32>> = HashMap::new();
+        loop {
+            let mut word = [0u8; 4];
+            r.read_exact(&mut word)
+                .map_err(|_| bad(Bad::Corrupt("cut short")))?;
+            match format::next(word).map_err(bad)? {
+                Next::Trailer => {
+                    let mut tail = [0u8; TRAILER_BYTES];
+                    tail[..4].copy_from_slice(&word);
+                    r.read_exact(&mut tail[4..])
+                        .map_err(|_| bad(Bad::Corrupt("cut short")))?;
+                    let t = Trailer::decode(&tail, chain).map_err(bad)?;
+                    if t.frames != frames || t.records != records || chain != f.chain {
+                        return Err(bad(Bad::Corrupt("trailer counts do not match the frames")));
+                    }
+                    return Ok(());
+                }
+                Next::Frame(len) => {
+                    msg.clear();
+                    msg.extend_from_slice(&word);
+                    msg.resize(4 + len, 0);
+                    let mut crc = [0u8; 4];
+                    r.read_exact(&mut msg[4..])
+                        .and_then(|_| r.read_exact(&mut crc))
+                        .map_err(|_| bad(Bad::Corrupt("cut short")))?;
+                    let (recs, sum) = format::frame(&msg, crc, generation, frames).map_err(bad)?;
+                    chain = format::chain_next(chain, sum);
+                    frames += 1;
+                    records += recs.len() as u64;
+                    let now = self.unix.clock().now_ms();
+                    match h.kind {
+                        FileKind::Kv => self.apply_kv(h.index as usize, recs.iter(), now),
+                        FileKind::Embedding => {
+                            for rec in recs.iter() {
+                                self.apply_row(&rec, &mut tables, now);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies a kv file's frame: its partition's lock held once for the
+    /// keys that belong to it (all of them, with an equal partition count).
+    fn apply_kv<'a>(&self, index: usize, recs: impl Iterator<Item = Record<'a>>, now: u64) {
+        let mut part = self.parts.lock(index);
+        for rec in recs {
+            match &rec {
+                Record::Put { key, .. } | Record::Del { key } => {
+                    let p = self.parts.index_of(KeyHash::of(key));
+                    if p == index {
+                        store_key_record(&mut part, &rec, &self.unix, now);
+                    } else {
+                        store_key_record(&mut self.parts.lock(p), &rec, &self.unix, now);
+                    }
+                }
+                Record::FlushPartition { .. } => {
+                    part.flush(now);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Applies one record of an embedding file.
+    fn apply_row(&self, rec: &Record<'_>, tables: &mut HashMap<u32, Option<u32>>, now: u64) {
+        let (table, key, value, expire_unix_ms) = match rec {
+            Record::PsTable { id, spec } => {
+                let local = fabrickv_wire::ps::decode_create(spec)
+                    .map_err(|(_, why)| why)
+                    .and_then(|spec| self.ps.adopt_table(&spec))
+                    .map_err(|e| tracing::error!("restore: table {id} cannot be made: {e}"))
+                    .ok();
+                tables.insert(*id, local);
+                return;
+            }
+            Record::PsRow {
+                table,
+                key,
+                value,
+                expire_unix_ms,
+            } => (*table, *key, Some(*value), *expire_unix_ms),
+            Record::PsDel { table, key } => (*table, *key, None, 0),
+            _ => return,
+        };
+        let local = if table & PS_MARKER_TABLE_BIT != 0 {
+            Some(table)
+        } else {
+            tables.get(&table).copied().flatten()
+        };
+        let Some(local) = local else {
+            return;
+        };
+        let expire = self.unix.to_engine(expire_unix_ms);
+        if let Err(e) = self.ps.apply_row(local, key, value, expire, now) {
+            tracing::warn!("restore: an embedding row could not be stored: {e}");
+        }
+    }
+}
+
+/// The state of one partition's walk.
+struct Walk {
+    /// The next main bucket to read; `None` once every bucket was read.
+    cursor: Option<usize>,
+    /// Keys written behind the cursor since they were last read.
+    behind: HashSet<Vec<u8>>,
+    /// The notes' buffer, handed back and forth.
+    spare: Vec<u8>,
+    /// Tables whose shape this file gave already.
+    described: HashSet<u32>,
+    /// The frame being gathered.
+    buf: BatchBuf,
+    /// The partition was flushed where a flush cannot be recorded.
+    cleared: bool,
+}
+
+enum WalkError {
+    Io(std::io::Error),
+    Cleared,
+}
+
+/// A file being written: its frames' running counts.
+struct FileOut {
+    file: File,
+    generation: u64,
+    trailer: Trailer,
+    bytes: u64,
+}
+
+impl FileOut {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.file.write_all(b)?;
+        self.bytes += b.len() as u64;
+        Ok(())
+    }
+
+    /// Writes what `buf` gathered as the next frame (nothing if empty).
+    fn frame(&mut self, buf: &mut BatchBuf) -> std::io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let records = buf.len();
+        let msg = buf.seal(self.generation, self.trailer.frames);
+        let crc = crc32c(&msg);
+        self.write(&msg)?;
+        self.write(&crc.to_le_bytes())?;
+        self.trailer.chain = format::chain_next(self.trailer.chain, crc);
+        self.trailer.frames += 1;
+        self.trailer.records += u64::from(records);
+        Ok(())
+    }
+}
+
+/// The checkpoint directories under `root` (complete or not).
+fn checkpoint_dirs(root: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = fs::read_dir(root) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(DIR_PREFIX))
+                && e.path().is_dir()
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
+fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests;

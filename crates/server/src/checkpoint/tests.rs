@@ -1,0 +1,489 @@
+//! Saves and restores over real partitions and files: the cut a walk
+//! takes while keys change on both sides of it, and every kind of bad
+//! checkpoint refused by name.
+
+use std::collections::BTreeMap;
+
+use fabrickv_engine::{
+    ItemMeta, LargeValue, Mode as EngineMode, PartitionConfig, PoolOptions, PutCond,
+    LARGE_VALUE_BYTES_MIN,
+};
+use fabrickv_wire::ps::TableSpec;
+
+use super::*;
+use crate::ps::PsConfig;
+use crate::replication::State;
+use crate::service::Clock;
+
+const PARTITIONS: usize = 3;
+
+/// A key's value, expiry (Unix ms, 0: none) and memcache meta.
+type KeyState = (Vec<u8>, u64, Option<(u64, u32)>);
+
+struct Server {
+    parts: Arc<Partitions>,
+    ps: Arc<PsStore>,
+    unix: UnixClock,
+}
+
+fn server() -> Server {
+    let parts = (0..PARTITIONS)
+        .map(|_| {
+            let mut p = Partition::new(&PartitionConfig {
+                mode: EngineMode::Store,
+                pool_bytes: 8 << 20,
+                index_buckets: None,
+                memory: PoolOptions::default(),
+            })
+            .expect("partition");
+            p.set_large_bytes_max(64 << 20);
+            p
+        })
+        .collect();
+    let ps = PsStore::new(
+        PsConfig {
+            pool_bytes: 8 << 20,
+            pool: PoolOptions::default(),
+            tables: Vec::new(),
+        },
+        2,
+    );
+    Server {
+        parts: Arc::new(Partitions::new(parts)),
+        ps: Arc::new(ps),
+        unix: UnixClock::new(Clock::new()),
+    }
+}
+
+impl Server {
+    fn checkpoints(&self, root: Option<&Path>, keep: usize) -> Checkpoints {
+        Checkpoints::new(
+            self.parts.clone(),
+            self.ps.clone(),
+            self.unix,
+            2,
+            root.map(Path::to_path_buf),
+            keep,
+        )
+    }
+
+    fn now(&self) -> u64 {
+        self.unix.clock().now_ms()
+    }
+
+    fn put(&self, key: &[u8], value: &[u8], ttl_ms: u64) {
+        let h = KeyHash::of(key);
+        let now = self.now();
+        let expire = if ttl_ms == 0 { 0 } else { now + ttl_ms };
+        let r = self.parts.lock(self.parts.index_of(h)).put(
+            h,
+            key,
+            value,
+            expire,
+            PutCond::Always,
+            now,
+        );
+        assert!(matches!(r, fabrickv_engine::PutResult::Stored), "{r:?}");
+    }
+
+    fn delete(&self, key: &[u8]) {
+        let h = KeyHash::of(key);
+        let now = self.now();
+        let _ = self.parts.lock(self.parts.index_of(h)).delete(h, key, now);
+    }
+
+    /// Every key: its value, expiry (Unix ms, 0: none) and memcache meta.
+    fn keys(&self) -> BTreeMap<Vec<u8>, KeyState> {
+        let now = self.now();
+        let mut out = BTreeMap::new();
+        for i in 0..self.parts.len() {
+            let mut p = self.parts.lock(i);
+            let mut keys = Vec::new();
+            let mut at = Some(0);
+            while let Some(b) = at {
+                let mut budget = ScanBudget {
+                    entries: usize::MAX,
+                    words: usize::MAX,
+                };
+                at = p.scan_from(b, now, &mut budget, &mut |k, _, _| {
+                    keys.push(k.to_vec());
+                    true
+                });
+            }
+            for k in keys {
+                let v = match read_state(&mut p, &k, now, &self.unix) {
+                    State::Put {
+                        value,
+                        expire_unix_ms,
+                        meta,
+                    } => (value, expire_unix_ms, meta),
+                    State::Large {
+                        value,
+                        expire_unix_ms,
+                    } => (value.as_slice().to_vec(), expire_unix_ms, None),
+                    State::Absent => continue,
+                };
+                out.insert(k, v);
+            }
+        }
+        out
+    }
+
+    /// Every embedding row: (table name, key) to its stored bytes.
+    fn rows(&self) -> BTreeMap<(String, u64), Vec<u8>> {
+        let now = self.now();
+        let mut out = BTreeMap::new();
+        for s in 0..self.ps.built_shards() {
+            self.ps.with_shard(s, |p| {
+                let mut keys = Vec::new();
+                let mut at = Some(0);
+                while let Some(b) = at {
+                    let mut budget = ScanBudget {
+                        entries: usize::MAX,
+                        words: usize::MAX,
+                    };
+                    at = p.scan_from(b, now, &mut budget, &mut |k, _, _| {
+                        keys.push(k.to_vec());
+                        true
+                    });
+                }
+                for k in keys {
+                    if let Some((t, key, RowState::Present { value, .. })) =
+                        PsStore::row_at(p, &k, now)
+                    {
+                        let name = self
+                            .ps
+                            .spec_of(t)
+                            .map_or_else(|| format!("#{t}"), |s| s.name.clone());
+                        out.insert((name, key), value.to_vec());
+                    }
+                }
+            });
+        }
+        out
+    }
+}
+
+#[test]
+fn a_save_restores_values_ttls_meta_large_values_and_tables() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = server();
+    for i in 0..5_000u32 {
+        a.put(format!("key:{i}").as_bytes(), &i.to_le_bytes().repeat(8), 0);
+    }
+    a.put(b"ttl", b"expires later", 3_600_000);
+    let big = vec![7u8; LARGE_VALUE_BYTES_MIN + 12_345];
+    {
+        let h = KeyHash::of(b"large");
+        let now = a.now();
+        let mut p = a.parts.lock(a.parts.index_of(h));
+        let r = p.put_large(
+            h,
+            b"large",
+            LargeValue::copy_from(&big),
+            0,
+            PutCond::Always,
+            now,
+        );
+        assert!(matches!(r, fabrickv_engine::PutResult::Stored), "{r:?}");
+        let h = KeyHash::of(b"mc");
+        let mut p2 = if a.parts.index_of(h) == a.parts.index_of(KeyHash::of(b"large")) {
+            p
+        } else {
+            drop(p);
+            a.parts.lock(a.parts.index_of(h))
+        };
+        let r = p2.put_with_meta(
+            h,
+            b"mc",
+            b"memcached",
+            0,
+            PutCond::Always,
+            now,
+            ItemMeta {
+                cas: 42,
+                client_flags: 9,
+            },
+        );
+        assert!(matches!(r, fabrickv_engine::PutResult::Stored), "{r:?}");
+    }
+    let t = a.ps.create(&TableSpec::new("emb", 4)).expect("table").id;
+    let now = a.now();
+    for k in 0..2_000u64 {
+        let row: Vec<u8> = (0..4)
+            .flat_map(|j| ((k * 4 + j) as f32).to_le_bytes())
+            .collect();
+        a.ps.apply_row(t, k, Some(&row), 0, now).expect("row");
+    }
+    let saved = a
+        .checkpoints(Some(dir.path()), 2)
+        .save(dir.path())
+        .expect("save");
+    assert_eq!(saved.manifest.partitions as usize, PARTITIONS);
+    assert!(saved.manifest.shards > 0);
+    assert!(saved.dir.join(MANIFEST).is_file());
+
+    let b = server();
+    let got = b
+        .checkpoints(None, 0)
+        .restore(dir.path(), true)
+        .expect("restore")
+        .expect("a checkpoint");
+    assert_eq!(got.manifest.generation, saved.manifest.generation);
+    let (ka, kb) = (a.keys(), b.keys());
+    for k in [&b"ttl"[..], b"large", b"mc"] {
+        assert!(
+            ka.contains_key(k),
+            "{:?} missing",
+            String::from_utf8_lossy(k)
+        );
+    }
+    assert_eq!(ka.len(), 5_003);
+    assert_eq!(ka, kb, "every key, TTL and meta back");
+    assert_eq!(kb[&b"large"[..]].0, big);
+    assert_eq!(kb[&b"mc"[..]].2, Some((42, 9)));
+    assert!(kb[&b"ttl"[..]].1 > 0, "the TTL is kept as a time");
+    assert_eq!(a.rows().len(), 2_000);
+    assert_eq!(a.rows(), b.rows(), "every row back, under its table's name");
+}
+
+/// Drives one partition's walk by hand, changing keys between its
+/// steps: the file must hold exactly the state at the step that ends it.
+#[test]
+fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = server();
+    let keys_in_0 = |n: usize, tag: &str| -> Vec<Vec<u8>> {
+        (0..)
+            .map(|i| format!("{tag}:{i}").into_bytes())
+            .filter(|k| a.parts.index_of(KeyHash::of(k)) == 0)
+            .take(n)
+            .collect()
+    };
+    let old = keys_in_0(3 * CUT_SCAN_ENTRIES, "old");
+    for k in &old {
+        a.put(k, b"v0", 0);
+    }
+    let ck = a.checkpoints(Some(dir.path()), 0);
+    let head = FileHeader {
+        version: FORMAT_VERSION,
+        kind: FileKind::Kv,
+        index: 0,
+        count: PARTITIONS as u32,
+        generation: 1,
+        created_unix_ms: 1,
+    };
+    let path = dir.path().join("kv-00000.fkv");
+    let mut out = FileOut {
+        file: File::create(&path).expect("file"),
+        generation: 1,
+        trailer: Trailer::default(),
+        bytes: 0,
+    };
+    out.write(&head.encode()).expect("header");
+    let mut w = Walk {
+        cursor: Some(0),
+        behind: HashSet::new(),
+        spare: Vec::new(),
+        described: HashSet::new(),
+        buf: BatchBuf::default(),
+        cleared: false,
+    };
+    let job = Job::Kv(0);
+    ck.with_part(job, |p| p.begin_cut());
+    let fresh = keys_in_0(2_000, "new");
+    let mut step = 0;
+    loop {
+        let done = ck
+            .with_part(job, |p| ck.walk_step(job, PARTITIONS as u32, p, &mut w))
+            .expect("partition");
+        out.frame(&mut w.buf).expect("frame");
+        if done {
+            break;
+        }
+        // Between steps: every old key rewritten, every fifth deleted,
+        // new keys added, on both sides of the cursor.
+        step += 1;
+        for (i, k) in old.iter().enumerate() {
+            if i % 5 == 0 {
+                a.delete(k);
+            } else {
+                a.put(k, format!("v{step}").as_bytes(), 0);
+            }
+        }
+        for k in &fresh[..(step * 500).min(fresh.len())] {
+            a.put(k, format!("n{step}").as_bytes(), 0);
+        }
+    }
+    assert!(step >= 2, "the walk took several steps ({step})");
+    let at_cut: BTreeMap<_, _> = a
+        .keys()
+        .into_iter()
+        .filter(|(k, _)| a.parts.index_of(KeyHash::of(k)) == 0)
+        .map(|(k, v)| (k, v.0))
+        .collect();
+    // A write after the cut is not in the file.
+    a.put(&old[1], b"after the cut", 0);
+    let t = out.trailer;
+    out.write(&t.encode()).expect("trailer");
+    drop(out);
+    let bytes = fs::read(&path).expect("read");
+    let mut replay: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    format::parse_file(&bytes, &mut |recs| {
+        for r in recs.iter() {
+            match r {
+                Record::Put { key, value, .. } => {
+                    replay.insert(key.to_vec(), value.to_vec());
+                }
+                Record::Del { key } => {
+                    replay.remove(key);
+                }
+                other => panic!("unexpected record {other:?}"),
+            }
+        }
+    })
+    .expect("a whole file");
+    assert_eq!(replay.len(), at_cut.len());
+    assert!(
+        replay == at_cut,
+        "the file replays to the partition as it was at the cut"
+    );
+    assert!(
+        ck.with_part(job, |p| p.take_cut(Vec::new()).is_none())
+            .expect("p"),
+        "notes stop at the cut"
+    );
+}
+
+fn saved(dir: &Path) -> Summary {
+    let a = server();
+    for i in 0..3_000u32 {
+        a.put(format!("k{i}").as_bytes(), b"value", 0);
+    }
+    a.checkpoints(Some(dir), 0).save(dir).expect("save")
+}
+
+fn refused(dir: &Path) -> String {
+    match server().checkpoints(None, 0).restore(dir, true) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a bad checkpoint was loaded"),
+    }
+}
+
+#[test]
+fn damaged_short_foreign_and_newer_files_are_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = saved(dir.path());
+    let file = s.dir.join(&s.manifest.files[1].name);
+    let good = fs::read(&file).expect("read");
+
+    // A flipped byte in the middle of a frame.
+    let mut torn = good.clone();
+    let mid = torn.len() / 2;
+    torn[mid] ^= 1;
+    fs::write(&file, &torn).expect("write");
+    let e = refused(&s.dir);
+    assert!(
+        e.contains(&s.manifest.files[1].name) && e.contains("checksum"),
+        "{e}"
+    );
+
+    // Cut short.
+    fs::write(&file, &good[..good.len() - 100]).expect("write");
+    let e = refused(&s.dir);
+    assert!(
+        e.contains(&s.manifest.files[1].name) && e.contains("cut short"),
+        "{e}"
+    );
+
+    // Someone else's file of the same length.
+    fs::write(&file, vec![b'x'; good.len()]).expect("write");
+    let e = refused(&s.dir);
+    assert!(e.contains("not a FabricKV checkpoint file"), "{e}");
+
+    // A newer format.
+    let mut newer = good.clone();
+    newer[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    fs::write(&file, &newer).expect("write");
+    let e = refused(&s.dir);
+    assert!(e.contains("newer than this build reads"), "{e}");
+
+    // Restored, it loads again; a server with another partition count is
+    // told why it cannot take it.
+    fs::write(&file, &good).expect("write");
+    assert!(server().checkpoints(None, 0).restore(&s.dir, true).is_ok());
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&fs::read(s.dir.join(MANIFEST)).expect("manifest")).expect("json");
+    m["partitions"] = serde_json::json!(PARTITIONS + 1);
+    fs::write(s.dir.join(MANIFEST), serde_json::to_vec(&m).expect("json")).expect("write");
+    let e = refused(&s.dir);
+    assert!(e.contains("--partitions must match"), "{e}");
+}
+
+#[test]
+fn a_save_that_died_before_its_manifest_leaves_the_previous_one_newest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = saved(dir.path());
+    // A later save that died mid-way: files, no manifest.
+    let dead = dir
+        .path()
+        .join(format!("{DIR_PREFIX}{:016}", good.manifest.generation + 1));
+    fs::create_dir(&dead).expect("dir");
+    fs::write(dead.join("kv-00000.fkv"), b"half").expect("write");
+    let got = server()
+        .checkpoints(None, 0)
+        .restore(dir.path(), true)
+        .expect("restore")
+        .expect("one");
+    assert_eq!(got.dir, good.dir);
+
+    // At start (`--checkpoint-dir`), a newest checkpoint that is damaged
+    // is passed over for the one before; asked for by name it is refused.
+    let a = server();
+    a.put(b"later", b"x", 0);
+    let ck = a.checkpoints(Some(dir.path()), 0);
+    let newer = ck.save(dir.path()).expect("save");
+    fs::write(newer.dir.join(&newer.manifest.files[0].name), b"gone").expect("write");
+    let b = server();
+    let got = b
+        .checkpoints(None, 0)
+        .restore(dir.path(), false)
+        .expect("restore")
+        .expect("one");
+    assert_eq!(got.dir, good.dir, "the newest good one");
+    assert!(!b.keys().contains_key(&b"later"[..]));
+    assert!(refused(dir.path()).contains(&newer.manifest.files[0].name));
+
+    // Saves with keep = 2 leave two complete checkpoints and no
+    // unfinished ones.
+    let ck = a.checkpoints(Some(dir.path()), 2);
+    let last = ck.save(dir.path()).expect("save");
+    let left = checkpoint_dirs(dir.path());
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.contains(&last.dir) && left.contains(&newer.dir) && !left.contains(&dead));
+    assert!(ck.last_save_unix_s() > 0);
+}
+
+#[test]
+fn a_client_names_only_directories_inside_the_root() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = server();
+    let ck = a.checkpoints(Some(dir.path()), 0);
+    assert_eq!(ck.resolve(None).expect("root"), dir.path());
+    assert_eq!(
+        ck.resolve(Some("nightly")).expect("inside"),
+        dir.path().join("nightly")
+    );
+    assert!(matches!(
+        ck.resolve(Some("/etc")),
+        Err(CheckpointError::Outside(_))
+    ));
+    assert!(matches!(
+        ck.resolve(Some("../x")),
+        Err(CheckpointError::Outside(_))
+    ));
+    assert!(matches!(
+        a.checkpoints(None, 0).resolve(None),
+        Err(CheckpointError::NoDir)
+    ));
+}
