@@ -172,6 +172,66 @@ impl CacheArgs {
     }
 }
 
+/// `serve`'s checkpoint flags.
+#[derive(clap::Args)]
+struct CheckpointArgs {
+    /// Directory of checkpoints: SAVE, BGSAVE, `fabrickv checkpoint save`
+    /// and --checkpoint-every write under it, and the server loads its
+    /// newest good checkpoint at start. Clients may name only it or
+    /// directories inside it.
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<std::path::PathBuf>,
+    /// Save a checkpoint this often while serving (e.g. 30s, 15m, 1h;
+    /// needs --checkpoint-dir).
+    #[arg(long, value_name = "DURATION")]
+    checkpoint_every: Option<String>,
+    /// Checkpoints kept under --checkpoint-dir after each save; 0 keeps all.
+    #[arg(long, value_name = "N", default_value_t = fabrickv_server::checkpoint::CHECKPOINT_KEEP_DEFAULT)]
+    checkpoint_keep: usize,
+    /// Load this checkpoint (or the newest in this directory of them)
+    /// before listening; the start fails if it cannot be loaded whole.
+    #[arg(long, value_name = "DIR")]
+    restore: Option<std::path::PathBuf>,
+}
+
+impl CheckpointArgs {
+    fn apply(self, c: &mut fabrickv_server::config::CheckpointSettings) -> Result<(), String> {
+        c.dir = self.checkpoint_dir.or(c.dir.take());
+        c.keep = self.checkpoint_keep;
+        c.restore = self.restore.or(c.restore.take());
+        if let Some(v) = self.checkpoint_every {
+            let secs = parse_duration_secs(&v)?;
+            if c.dir.is_none() {
+                return Err("--checkpoint-every needs --checkpoint-dir".into());
+            }
+            c.every_secs = Some(secs);
+        }
+        Ok(())
+    }
+}
+
+/// Seconds in `30s`, `15m`, `2h` or a bare number of seconds (at least 1).
+fn parse_duration_secs(v: &str) -> Result<u64, String> {
+    let v = v.trim();
+    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, "s"),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{v:?} is not a duration (e.g. 30s, 15m, 1h)"))?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return Err(format!("{v:?} is not a duration (e.g. 30s, 15m, 1h)")),
+    };
+    match n.checked_mul(mult) {
+        Some(s) if s > 0 => Ok(s),
+        _ => Err(format!("{v:?}: a duration from 1s up")),
+    }
+}
+
 // Parsed once at start; the size of the serve variant costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
@@ -265,6 +325,8 @@ enum Command {
         dram: DramArgs,
         #[command(flatten)]
         cache: CacheArgs,
+        #[command(flatten)]
+        checkpoints: CheckpointArgs,
         /// Listen beyond loopback without a secret: anyone who reaches a
         /// port can read and write everything. Only for a network that is
         /// itself trusted.
@@ -462,6 +524,7 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             shards,
             dram,
             cache,
+            checkpoints,
             insecure,
             shm_allow_uids,
             cluster,
@@ -533,6 +596,7 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             }
             dram.apply(&mut cfg.ps)?;
             cache.apply(&mut cfg.cache)?;
+            checkpoints.apply(&mut cfg.checkpoint)?;
             // The flag or environment wins over the file's auth_token_file.
             if secret.is_some() {
                 cfg.auth = secret;

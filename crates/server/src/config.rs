@@ -249,6 +249,25 @@ pub struct ServerConfig {
     /// cluster forward to it; `serve --registry etcd://...` sets it. Not
     /// a file setting: it follows from joining a cluster.
     pub memcache_forwarding: bool,
+    /// Checkpoints: where saves go, how often, how many are kept, and
+    /// what is loaded at start.
+    pub checkpoint: CheckpointSettings,
+}
+
+/// `serve`'s checkpoint flags.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckpointSettings {
+    /// `--checkpoint-dir`: where SAVE, BGSAVE, `checkpoint save` and the
+    /// timer write (the only directory, with those inside it, a client
+    /// may name); at start, its newest good checkpoint is loaded.
+    pub dir: Option<std::path::PathBuf>,
+    /// `--checkpoint-every`: seconds between saves (needs a dir).
+    pub every_secs: Option<u64>,
+    /// `--checkpoint-keep`: checkpoints kept after a save (0: all).
+    pub keep: usize,
+    /// `--restore`: a checkpoint (or a directory of them, the newest
+    /// taken) that must load before the server listens.
+    pub restore: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -277,6 +296,10 @@ impl Default for ServerConfig {
             memcache: None,
             memcache_idle_timeout_secs: 0,
             memcache_forwarding: false,
+            checkpoint: CheckpointSettings {
+                keep: crate::checkpoint::CHECKPOINT_KEEP_DEFAULT,
+                ..CheckpointSettings::default()
+            },
         }
     }
 }

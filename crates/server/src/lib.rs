@@ -94,6 +94,8 @@ pub enum StartError {
     Memcache(String, std::io::Error),
     /// The gRPC control plane could not start on the address.
     Grpc(String, String),
+    /// A checkpoint could not be restored.
+    Checkpoint(String),
     /// A persistent shard could not be opened.
     Shard(String),
 }
@@ -110,6 +112,7 @@ impl fmt::Display for StartError {
                 write!(f, "cannot listen for memcache on {addr}: {e}")
             }
             StartError::Grpc(addr, e) => write!(f, "cannot serve gRPC on {addr}: {e}"),
+            StartError::Checkpoint(e) => write!(f, "cannot restore the checkpoint: {e}"),
             StartError::Shard(e) => write!(f, "cannot open {e}"),
         }
     }
@@ -126,6 +129,8 @@ pub struct ServerHandle {
     ps: Arc<ps::PsStore>,
     /// The KV cache's store and shared state.
     cache: Arc<cache::CacheShared>,
+    /// Saves and the restore at start.
+    checkpoints: Arc<checkpoint::Checkpoints>,
     resp_addr: Option<String>,
     resp_wakers: Vec<Arc<mio::Waker>>,
     memcache_addr: Option<String>,
@@ -162,6 +167,11 @@ impl ServerHandle {
     /// The embedding tables (replication ships their rows).
     pub fn ps_store(&self) -> &Arc<ps::PsStore> {
         &self.ps
+    }
+
+    /// The server's checkpoints (what SAVE and `checkpoint save` run).
+    pub fn checkpoints(&self) -> &Arc<checkpoint::Checkpoints> {
+        &self.checkpoints
     }
 
     /// The KV cache (replication drops a joiner's entries of the slots it
@@ -294,6 +304,18 @@ impl Server {
             );
         }
         ps.create_configured().map_err(StartError::Config)?;
+        // One clock from here on: a restore turns saved expiry times into
+        // this clock's, which the engine then serves by.
+        let clock = service::Clock::new();
+        let checkpoints = Arc::new(checkpoint::Checkpoints::new(
+            parts.clone(),
+            ps.clone(),
+            replication::UnixClock::new(clock),
+            workers,
+            cfg.checkpoint.dir.clone(),
+            cfg.checkpoint.keep,
+        ));
+        restore_at_start(&checkpoints, &cfg.checkpoint)?;
         let copies =
             shard::copy_source::CopySources::new(fabrickv_wire::copy::data_host(&cfg.listen));
         let shards = Arc::new(shard::Shards::open(&cfg.shards, copies).map_err(StartError::Shard)?);
@@ -312,7 +334,6 @@ impl Server {
         let stop = Arc::new(AtomicBool::new(false));
         let mut wakers = vec![listening.acceptor.waker()];
         let mut threads = Vec::with_capacity(workers + 1);
-        let clock = service::Clock::new();
         let slot_routing = slot_routing::SlotRouting::new();
         // Armed only if the server joins a cluster keeping several copies.
         let gate = fabrickv_rpc::gate::FlushGate::new();
@@ -345,7 +366,8 @@ impl Server {
                         .with_bind(addr)
                         .with_client_memory(client_memory.clone())
                         .with_large_reply_ms(cfg.resp_large_reply_ms)
-                        .with_slot_routing(slot_routing.clone()),
+                        .with_slot_routing(slot_routing.clone())
+                        .with_checkpoints(checkpoints.clone()),
                     )
                 };
                 let idle = cfg.resp_idle_timeout();
@@ -444,6 +466,12 @@ impl Server {
                 .map_err(StartError::Thread)?;
             threads.push(t);
         }
+        if let Some(secs) = cfg.checkpoint.every_secs {
+            let t = checkpoints
+                .start_periodic(std::time::Duration::from_secs(secs), stop.clone())
+                .map_err(StartError::Thread)?;
+            threads.push(t);
+        }
         let mut acceptor = listening.acceptor;
         let s = stop.clone();
         let t = std::thread::Builder::new()
@@ -484,6 +512,7 @@ impl Server {
             parts,
             ps,
             cache,
+            checkpoints,
             resp_addr,
             memcache_addr,
             memcache_peer_addr,
@@ -496,6 +525,33 @@ impl Server {
             wakers,
             threads,
         })
+    }
+}
+
+/// Loads `--restore`'s checkpoint (which must load), or else the newest
+/// good one under `--checkpoint-dir` (if any), before the server listens.
+fn restore_at_start(
+    ck: &checkpoint::Checkpoints,
+    cfg: &config::CheckpointSettings,
+) -> Result<(), StartError> {
+    let (from, required) = match (&cfg.restore, &cfg.dir) {
+        (Some(r), _) => (r, true),
+        (None, Some(d)) => (d, false),
+        (None, None) => return Ok(()),
+    };
+    match ck.restore(from, required) {
+        Ok(Some(s)) => {
+            tracing::info!(
+                dir = %s.dir.display(),
+                records = s.manifest.records(),
+                bytes = s.manifest.bytes(),
+                ms = s.elapsed.as_millis() as u64,
+                "checkpoint restored"
+            );
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(StartError::Checkpoint(e.to_string())),
     }
 }
 

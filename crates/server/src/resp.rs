@@ -198,6 +198,8 @@ pub struct RespShared {
     pub(crate) large_reply_ms: u64,
     /// Which slots this server serves, when it is in a slot-map cluster.
     pub(crate) slot_routing: Arc<crate::slot_routing::SlotRouting>,
+    /// The server's checkpoints (SAVE, BGSAVE, LASTSAVE, INFO).
+    pub(crate) checkpoints: Option<Arc<crate::checkpoint::Checkpoints>>,
 }
 
 /// A share of [`RESP_LARGE_RECEIVING_BYTES_MAX`] held while a large value
@@ -298,6 +300,7 @@ impl RespShared {
             client_memory: Arc::new(crate::text_socket::ClientMemory::new(0)),
             large_reply_ms: crate::config::RESP_LARGE_REPLY_MS,
             slot_routing: crate::slot_routing::SlotRouting::new(),
+            checkpoints: None,
         }
     }
 
@@ -417,6 +420,15 @@ impl RespShared {
         slot_routing: Arc<crate::slot_routing::SlotRouting>,
     ) -> RespShared {
         self.slot_routing = slot_routing;
+        self
+    }
+
+    /// Serves SAVE, BGSAVE and LASTSAVE with `checkpoints`.
+    pub fn with_checkpoints(
+        mut self,
+        checkpoints: Arc<crate::checkpoint::Checkpoints>,
+    ) -> RespShared {
+        self.checkpoints = Some(checkpoints);
         self
     }
 

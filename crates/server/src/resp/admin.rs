@@ -15,7 +15,8 @@ use super::table::{key_positions, lookup, lower, spec, Spec, COMMAND_NAME_BYTES_
 use super::{RespShared, COMMANDS, REDIS_VERSION};
 use crate::config::Mode;
 
-/// What COMMAND reports about the commands in this file (DBSIZE, INFO, CONFIG, COMMAND, TIME),
+/// What COMMAND reports about the commands in this file (DBSIZE, INFO, CONFIG, COMMAND, TIME,
+/// SAVE, BGSAVE, LASTSAVE),
 /// with Redis 7's values; `table` gathers every file's into the table.
 #[rustfmt::skip]
 pub(super) const SPECS: &[Spec] = &[
@@ -24,6 +25,9 @@ pub(super) const SPECS: &[Spec] = &[
     spec! { "config" Config -2 [] (0, 0, 0) ["@slow"] NO_KEYS "server" "2.0.0" "Depends on subcommand." "A container for server configuration commands." [] },
     spec! { "command" Command -1 ["loading", "stale", "sentinel"] (0, 0, 0) ["@slow", "@connection"] NO_KEYS "server" "2.8.13" "O(N) where N is the total number of Redis commands" "Returns detailed information about all commands." ["nondeterministic_output_order"] },
     spec! { "time" Time 1 ["loading", "stale", "fast"] (0, 0, 0) ["@fast"] NO_KEYS "server" "2.6.0" "O(1)" "Returns the server time." ["nondeterministic_output"] },
+    spec! { "save" Save 1 ["admin", "noscript", "no_async_loading", "no_multi"] (0, 0, 0) ["@admin", "@slow", "@dangerous"] NO_KEYS "server" "1.0.0" "O(N) where N is the total number of keys in all databases" "Synchronously saves the database(s) to disk." ["request_policy:all_shards", "response_policy:all_succeeded"] },
+    spec! { "bgsave" Bgsave -1 ["admin", "noscript", "no_async_loading"] (0, 0, 0) ["@admin", "@slow", "@dangerous"] NO_KEYS "server" "1.0.0" "O(1)" "Asynchronously saves the database(s) to disk." ["request_policy:all_shards", "response_policy:all_succeeded"] },
+    spec! { "lastsave" Lastsave 1 ["loading", "stale", "fast"] (0, 0, 0) ["@admin", "@fast", "@dangerous"] NO_KEYS "server" "1.0.0" "O(1)" "Returns the Unix timestamp of the last successful save to disk." ["nondeterministic_output"] },
 ];
 
 /// Most INFO section names looked at in one call: more are ignored.
@@ -165,8 +169,15 @@ pub(super) fn info(shared: &RespShared, a: Args<'_>, out: &mut Reply<'_>) {
         );
     });
     section("persistence", &mut s, &|s| {
-        // The kv (database 0) is in memory only: there is no RDB or AOF.
-        s.push_str("# Persistence\r\nloading:0\r\nasync_loading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:0\r\nrdb_last_bgsave_status:ok\r\naof_enabled:0\r\naof_rewrite_in_progress:0\r\n");
+        // Checkpoints stand in for RDB files; there is no AOF.
+        let ck = shared.checkpoints.as_deref();
+        let _ = write!(
+            s,
+            "# Persistence\r\nloading:0\r\nasync_loading:0\r\nrdb_bgsave_in_progress:{}\r\nrdb_last_save_time:{}\r\nrdb_last_bgsave_status:{}\r\naof_enabled:0\r\naof_rewrite_in_progress:0\r\n",
+            u8::from(ck.is_some_and(|c| c.saving())),
+            ck.map_or(0, |c| c.last_save_unix_s()),
+            if ck.and_then(|c| c.last_error()).is_some() { "err" } else { "ok" },
+        );
     });
     section("stats", &mut s, &|s| {
         let _ = write!(
@@ -241,6 +252,61 @@ pub(super) fn time(out: &mut Reply<'_>) {
     resp::array_header(out, 2);
     resp::bulk(out, now.as_secs().to_string().as_bytes());
     resp::bulk(out, now.subsec_micros().to_string().as_bytes());
+}
+
+/// SAVE: a checkpoint under `--checkpoint-dir`, answered once it is
+/// whole (the connection's loop waits, as Redis's SAVE blocks).
+pub(super) fn save(shared: &RespShared, out: &mut Reply<'_>) {
+    match checkpoint_root(shared) {
+        Ok((ck, root)) => match ck.save(&root) {
+            Ok(_) => resp::simple(out, "OK"),
+            Err(crate::checkpoint::CheckpointError::Busy) => {
+                resp::error(out, "ERR Background save already in progress")
+            }
+            Err(e) => resp::error(out, &format!("ERR {e}")),
+        },
+        Err(e) => resp::error(out, &e),
+    }
+}
+
+/// BGSAVE [SCHEDULE]: a checkpoint on a thread of its own.
+pub(super) fn bgsave(shared: &RespShared, out: &mut Reply<'_>) {
+    match checkpoint_root(shared) {
+        Ok((ck, root)) => match ck.save_in_background(root) {
+            Ok(()) => resp::simple(out, "Background saving started"),
+            Err(crate::checkpoint::CheckpointError::Busy) => {
+                resp::error(out, "ERR Background save already in progress")
+            }
+            Err(e) => resp::error(out, &format!("ERR {e}")),
+        },
+        Err(e) => resp::error(out, &e),
+    }
+}
+
+/// LASTSAVE: Unix seconds of the last checkpoint that completed (0: none).
+pub(super) fn lastsave(shared: &RespShared, out: &mut Reply<'_>) {
+    let t = shared
+        .checkpoints
+        .as_ref()
+        .map_or(0, |c| c.last_save_unix_s());
+    resp::integer(out, t as i64);
+}
+
+fn checkpoint_root(
+    shared: &RespShared,
+) -> Result<
+    (
+        &std::sync::Arc<crate::checkpoint::Checkpoints>,
+        std::path::PathBuf,
+    ),
+    String,
+> {
+    let ck = shared
+        .checkpoints
+        .as_ref()
+        .ok_or_else(|| format!("ERR {}", crate::checkpoint::CheckpointError::NoDir))?;
+    let root = ck.resolve(None).map_err(|e| format!("ERR {e}"))?;
+    Ok((ck, root))
 }
 
 /// The parameters CONFIG SET changes while the server runs.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use fabrickv_resp::parse_i64;
 use fabrickv_resp::reply::{self as resp, Proto, Reply};
 
-use super::admin::{command_info, config, info, time};
+use super::admin::{bgsave, command_info, config, info, lastsave, save, time};
 use super::args::{int_arg, quote_arg, quoted, Args, ERROR_ARG_QUOTE_BYTES_MAX, NOT_INTEGER};
 use super::clients::{self, ClientEntry, ClientPeer, ClientRegistry};
 use super::cluster::{ClusterConn, Gate};
@@ -220,6 +220,13 @@ impl ConnState {
             }
             Cmd::Hello => return self.hello(ex.shared, a, out),
             Cmd::Time => time(out),
+            Cmd::Save => {
+                // The walk takes every partition's lock in turn.
+                ex.held = None;
+                save(ex.shared, out)
+            }
+            Cmd::Bgsave => bgsave(ex.shared, out),
+            Cmd::Lastsave => lastsave(ex.shared, out),
             Cmd::Cluster => self.cluster.command(ex.shared, a, out),
             Cmd::Readonly | Cmd::Readwrite | Cmd::Asking => {
                 self.cluster.mode(ex.shared, spec.id, out)

@@ -1,0 +1,95 @@
+//! Checkpoints through a real server: keys written over the native
+//! protocol and RESP, a SAVE, a BGSAVE, then a new server started with
+//! `--restore` (and one started on the checkpoint directory alone)
+//! answers them all, on every transport.
+
+#[macro_use]
+mod common;
+
+use std::time::Duration;
+
+use common::{wait_for, Resp, TestServer, Transport, MEMORY_BYTES};
+use fabrickv_client::Kv;
+use fabrickv_server::Mode;
+
+fn server(t: Transport, edit: impl FnOnce(&mut fabrickv_server::ServerConfig)) -> TestServer {
+    TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, |c| {
+        c.resp = Some("127.0.0.1:0".into());
+        edit(c);
+    })
+}
+
+fn every_key_comes_back_after_a_restart(t: Transport) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().to_path_buf();
+    let s = server(t, |c| c.checkpoint.dir = Some(root.clone()));
+    let mut c = s.client();
+    for i in 0..2_000u32 {
+        c.put(format!("native:{i}").as_bytes(), &i.to_le_bytes())
+            .expect("put");
+    }
+    let mut r = Resp::connect(&s);
+    r.send(&[b"LASTSAVE"]);
+    assert_eq!(r.line(), ":0", "no save yet");
+    r.send(&[b"SET", b"resp:ttl", b"kept", b"EX", b"3600"]);
+    assert_eq!(r.line(), "+OK");
+    r.send(&[b"SAVE"]);
+    assert_eq!(r.line(), "+OK");
+    r.send(&[b"LASTSAVE"]);
+    let first: u64 = r.line()[1..].parse().expect("integer");
+    assert!(first > 0);
+    // Written after the first save, kept by a BGSAVE.
+    c.put(b"after", b"bgsave").expect("put");
+    c.delete(b"native:7").expect("delete");
+    r.send(&[b"BGSAVE"]);
+    assert_eq!(r.line(), "+Background saving started");
+    wait_for("the background save", Duration::from_secs(60), || {
+        !s.handle().checkpoints().saving()
+            && s.handle()
+                .checkpoints()
+                .resolve(None)
+                .is_ok_and(|root| std::fs::read_dir(root).map_or(0, |d| d.count()) >= 2)
+    });
+    assert!(s.handle().checkpoints().last_error().is_none());
+    s.shutdown();
+
+    // Started on the directory alone, the newest checkpoint loads.
+    let b = server(t, |c| c.checkpoint.restore = Some(root.clone()));
+    let mut c = b.client();
+    for i in (0..2_000u32).filter(|&i| i != 7) {
+        assert_eq!(
+            c.get(format!("native:{i}").as_bytes()).expect("get"),
+            Some(i.to_le_bytes().to_vec()),
+            "native:{i}"
+        );
+    }
+    assert_eq!(
+        c.get(b"native:7").expect("get"),
+        None,
+        "deleted before the save"
+    );
+    assert_eq!(c.get(b"after").expect("get"), Some(b"bgsave".to_vec()));
+    let mut r = Resp::connect(&b);
+    r.send(&[b"TTL", b"resp:ttl"]);
+    let ttl: i64 = r.line()[1..].parse().expect("integer");
+    assert!(
+        (3000..=3600).contains(&ttl),
+        "the TTL survives as a time: {ttl}"
+    );
+    b.shutdown();
+}
+
+fn a_server_without_a_checkpoint_dir_refuses_save(t: Transport) {
+    let s = server(t, |_| {});
+    let mut r = Resp::connect(&s);
+    r.send(&[b"SAVE"]);
+    let line = r.line();
+    assert!(line.starts_with("-ERR no checkpoint directory"), "{line}");
+    r.send(&[b"BGSAVE"]);
+    assert!(r.line().starts_with("-ERR no checkpoint directory"));
+}
+
+transport_tests!(
+    every_key_comes_back_after_a_restart,
+    a_server_without_a_checkpoint_dir_refuses_save,
+);
