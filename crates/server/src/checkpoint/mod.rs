@@ -29,7 +29,7 @@
 //!   with an error naming it: a server never serves a half-loaded
 //!   checkpoint.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::{BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -50,7 +50,9 @@ use serde::{Deserialize, Serialize};
 use crate::partitions::Partitions;
 use crate::ps::replica::{RowState, PS_MARKER_TABLE_BIT};
 use crate::ps::PsStore;
-use crate::replication::{append_state, read_state, store_key_record, UnixClock};
+use crate::replication::{
+    append_state, read_state, store_key_record, store_table_record, TableIds, UnixClock,
+};
 
 /// Bytes of records a save gathers before it writes them as one frame.
 pub const CHECKPOINT_FRAME_BYTES_TARGET: usize = 1 << 20;
@@ -849,7 +851,7 @@ impl Checkpoints {
         let h = FileHeader::decode(&head).map_err(bad)?;
         let mut msg: Vec<u8> = Vec::new();
         let (mut chain, mut frames, mut records) = (0u32, 0u64, 0u64);
-        let mut tables: HashMap<u32, Option<u32>> = HashMap::new();
+        let mut tables = TableIds::new();
         loop {
             let mut word = [0u8; 4];
             r.read_exact(&mut word)
@@ -883,7 +885,14 @@ impl Checkpoints {
                         FileKind::Kv => self.apply_kv(h.index as usize, recs.iter(), now),
                         FileKind::Embedding => {
                             for rec in recs.iter() {
-                                self.apply_row(&rec, &mut tables, now);
+                                store_table_record(
+                                    &self.ps,
+                                    &self.unix,
+                                    &rec,
+                                    &mut tables,
+                                    now,
+                                    &format_args!("restore of {}", path.display()),
+                                );
                             }
                         }
                     }
@@ -911,41 +920,6 @@ impl Checkpoints {
                 }
                 _ => {}
             }
-        }
-    }
-
-    /// Applies one record of an embedding file.
-    fn apply_row(&self, rec: &Record<'_>, tables: &mut HashMap<u32, Option<u32>>, now: u64) {
-        let (table, key, value, expire_unix_ms) = match rec {
-            Record::PsTable { id, spec } => {
-                let local = fabrickv_wire::ps::decode_create(spec)
-                    .map_err(|(_, why)| why)
-                    .and_then(|spec| self.ps.adopt_table(&spec))
-                    .map_err(|e| tracing::error!("restore: table {id} cannot be made: {e}"))
-                    .ok();
-                tables.insert(*id, local);
-                return;
-            }
-            Record::PsRow {
-                table,
-                key,
-                value,
-                expire_unix_ms,
-            } => (*table, *key, Some(*value), *expire_unix_ms),
-            Record::PsDel { table, key } => (*table, *key, None, 0),
-            _ => return,
-        };
-        let local = if table & PS_MARKER_TABLE_BIT != 0 {
-            Some(table)
-        } else {
-            tables.get(&table).copied().flatten()
-        };
-        let Some(local) = local else {
-            return;
-        };
-        let expire = self.unix.to_engine(expire_unix_ms);
-        if let Err(e) = self.ps.apply_row(local, key, value, expire, now) {
-            tracing::warn!("restore: an embedding row could not be stored: {e}");
         }
     }
 }

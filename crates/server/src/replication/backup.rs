@@ -13,9 +13,9 @@ use fabrickv_cluster::slots::key_slot;
 use fabrickv_engine::ScanBudget;
 use fabrickv_types::KeyHash;
 
-use super::{MsgReader, UnixClock};
+use super::{MsgReader, TableIds, UnixClock};
 use crate::partitions::Partitions;
-use crate::ps::replica::{row_slot, PS_MARKER_TABLE_BIT};
+use crate::ps::replica::row_slot;
 use crate::ps::PsStore;
 use crate::slot_routing::{Routing, SlotRouting};
 use fabrickv_wire::repl::{self as records, AckStatus, Message, Record, Records};
@@ -247,10 +247,6 @@ fn record_slot(rec: &Record<'_>) -> Option<u16> {
     }
 }
 
-/// A batch's tables: the sender's id of each table it described, and
-/// this server's id of it (`None`: it could not be made here).
-type TableIds = std::collections::HashMap<u32, Option<u32>>;
-
 /// Applies a batch if the map allows; returns the answer and this
 /// server's epoch.
 fn apply_batch(a: &Applier, sender: u32, epoch: u64, recs: Records<'_>) -> (AckStatus, u64) {
@@ -310,51 +306,16 @@ fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64, tabl
             // back if it leads them again.
             a.cache.store().delete_where(&|k| doomed(key_slot(k)));
         }
-        Record::PsTable { id, spec } => {
-            let local = fabrickv_wire::ps::decode_create(spec)
-                .map_err(|(_, why)| why)
-                .and_then(|spec| a.ps.adopt_table(&spec));
-            let local = local
-                .map_err(|e| {
-                    tracing::error!(
-                        "replication: table {id} of server {sender} cannot be made here, \
-                         its rows are not kept: {e}"
-                    )
-                })
-                .ok();
-            tables.insert(*id, local);
+        Record::PsTable { .. } | Record::PsRow { .. } | Record::PsDel { .. } => {
+            super::store_table_record(
+                &a.ps,
+                &a.unix,
+                rec,
+                tables,
+                now,
+                &format_args!("replication from server {sender}"),
+            )
         }
-        Record::PsRow {
-            table,
-            key,
-            value,
-            expire_unix_ms,
-        } => apply_row(a, tables, *table, *key, Some(value), *expire_unix_ms, now),
-        Record::PsDel { table, key } => apply_row(a, tables, *table, *key, None, 0, now),
-    }
-}
-
-/// Applies a row's state to this server's table (or a push's marker).
-fn apply_row(
-    a: &Applier,
-    tables: &TableIds,
-    table: u32,
-    key: u64,
-    value: Option<&[u8]>,
-    expire_unix_ms: u64,
-    now: u64,
-) {
-    let local = if table & PS_MARKER_TABLE_BIT != 0 {
-        Some(table)
-    } else {
-        tables.get(&table).copied().flatten()
-    };
-    let Some(local) = local else {
-        return;
-    };
-    let expire = a.unix.to_engine(expire_unix_ms);
-    if let Err(e) = a.ps.apply_row(local, key, value, expire, now) {
-        tracing::warn!("replication: a shipped embedding row could not be stored here: {e}");
     }
 }
 

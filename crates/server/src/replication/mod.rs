@@ -250,6 +250,60 @@ pub(crate) fn store_key_record(part: &mut Partition, rec: &Record<'_>, unix: &Un
     }
 }
 
+/// The tables a batch (or a checkpoint file) described: the sender's id
+/// of each, and this server's id of it (`None`: it could not be made
+/// here, and its rows are not kept).
+pub(crate) type TableIds = HashMap<u32, Option<u32>>;
+
+/// Stores an embedding record shipped by a primary or read from a
+/// checkpoint: a `PsTable` is adopted by name (noted in `tables`), a
+/// `PsRow` or `PsDel` stored in this server's table of that id (or as a
+/// push's marker); any other record is ignored here. `from` names the
+/// source in what is logged.
+pub(crate) fn store_table_record(
+    ps: &PsStore,
+    unix: &UnixClock,
+    rec: &Record<'_>,
+    tables: &mut TableIds,
+    now: u64,
+    from: &dyn std::fmt::Display,
+) {
+    let (table, key, value, expire_unix_ms) = match rec {
+        Record::PsTable { id, spec } => {
+            let local = fabrickv_wire::ps::decode_create(spec)
+                .map_err(|(_, why)| why)
+                .and_then(|spec| ps.adopt_table(&spec))
+                .map_err(|e| {
+                    tracing::error!(
+                        "{from}: table {id} cannot be made here, its rows are not kept: {e}"
+                    )
+                })
+                .ok();
+            tables.insert(*id, local);
+            return;
+        }
+        Record::PsRow {
+            table,
+            key,
+            value,
+            expire_unix_ms,
+        } => (*table, *key, Some(*value), *expire_unix_ms),
+        Record::PsDel { table, key } => (*table, *key, None, 0),
+        _ => return,
+    };
+    let local = if table & PS_MARKER_TABLE_BIT != 0 {
+        Some(table)
+    } else {
+        tables.get(&table).copied().flatten()
+    };
+    let Some(local) = local else {
+        return;
+    };
+    if let Err(e) = ps.apply_row(local, key, value, unix.to_engine(expire_unix_ms), now) {
+        tracing::warn!("{from}: an embedding row could not be stored here: {e}");
+    }
+}
+
 pub(crate) fn append_state(out: &mut BatchBuf, key: &[u8], state: &State) {
     match state {
         State::Put {
