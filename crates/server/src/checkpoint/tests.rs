@@ -98,19 +98,7 @@ impl Server {
         let mut out = BTreeMap::new();
         for i in 0..self.parts.len() {
             let mut p = self.parts.lock(i);
-            let mut keys = Vec::new();
-            let mut at = Some(0);
-            while let Some(b) = at {
-                let mut budget = ScanBudget {
-                    entries: usize::MAX,
-                    words: usize::MAX,
-                };
-                at = p.scan_from(b, now, &mut budget, &mut |k, _, _| {
-                    keys.push(k.to_vec());
-                    true
-                });
-            }
-            for k in keys {
+            for k in item_keys(&mut p, now) {
                 let v = match read_state(&mut p, &k, now, &self.unix) {
                     State::Put {
                         value,
@@ -135,19 +123,7 @@ impl Server {
         let mut out = BTreeMap::new();
         for s in 0..self.ps.built_shards() {
             self.ps.with_shard(s, |p| {
-                let mut keys = Vec::new();
-                let mut at = Some(0);
-                while let Some(b) = at {
-                    let mut budget = ScanBudget {
-                        entries: usize::MAX,
-                        words: usize::MAX,
-                    };
-                    at = p.scan_from(b, now, &mut budget, &mut |k, _, _| {
-                        keys.push(k.to_vec());
-                        true
-                    });
-                }
-                for k in keys {
+                for k in item_keys(p, now) {
                     if let Some((t, key, RowState::Present { value, .. })) =
                         PsStore::row_at(p, &k, now)
                     {
@@ -162,6 +138,23 @@ impl Server {
         }
         out
     }
+}
+
+/// Every item key stored in `p` and live at `now`.
+fn item_keys(p: &mut Partition, now: u64) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    let mut at = Some(0);
+    while let Some(b) = at {
+        let mut budget = ScanBudget {
+            entries: usize::MAX,
+            words: usize::MAX,
+        };
+        at = p.scan_from(b, now, &mut budget, &mut |k, _, _| {
+            keys.push(k.to_vec());
+            true
+        });
+    }
+    keys
 }
 
 #[test]
