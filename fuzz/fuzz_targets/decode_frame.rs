@@ -16,7 +16,10 @@ use fabrickv_types::limits::{
     TTL_MS_MAX, VALUE_BYTES_MAX,
 };
 use fabrickv_types::{ErrorCode, KeyHash};
-use fabrickv_wire::control::{decode_error, decode_hello_reply, decode_stats_reply};
+use fabrickv_wire::control::{
+    decode_checkpoint_reply, decode_checkpoint_request, decode_error, decode_hello_reply,
+    decode_stats_reply, CheckpointRequest, CHECKPOINT_TEXT_BYTES_MAX,
+};
 use fabrickv_wire::ps;
 use fabrickv_wire::{
     decode_frame, FrameHeader, OpCode, RequestIter, ResponseIter, WireError, MAGIC, VERSION,
@@ -131,6 +134,15 @@ fn check_message(msg: &[u8]) {
         for (name, _) in &stats {
             assert!(name.len() <= STAT_NAME_BYTES_MAX);
         }
+    }
+    // A checkpoint request names at most a bounded directory, and a reply
+    // carries bounded texts.
+    if let Ok(CheckpointRequest::Save(to)) = decode_checkpoint_request(&frame) {
+        assert!(to.len() <= CHECKPOINT_TEXT_BYTES_MAX);
+    }
+    if let Ok(st) = decode_checkpoint_reply(&frame) {
+        assert!(st.dir.len() <= CHECKPOINT_TEXT_BYTES_MAX);
+        assert!(st.error.map_or(0, |e| e.len()) <= CHECKPOINT_TEXT_BYTES_MAX);
     }
     // The embedding (PS) decoders: what they accept agrees with the header.
     if let Ok(req) = ps::decode_request(&frame) {

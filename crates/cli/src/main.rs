@@ -6,6 +6,7 @@
 
 #[cfg(feature = "bench")]
 mod bench;
+mod checkpoint_cmd;
 mod cluster_cmd;
 mod copy_cmd;
 mod partitions_cmd;
@@ -391,6 +392,12 @@ enum Command {
         #[command(subcommand)]
         which: partitions_cmd::PartitionsCommand,
     },
+    /// Checkpoints: have a running server save its memory while it
+    /// serves (under its --checkpoint-dir), or show how saves went.
+    Checkpoint {
+        #[command(subcommand)]
+        which: checkpoint_cmd::CheckpointCommand,
+    },
     /// Embedding tables: create, list, preload (and check), pull.
     Ps {
         #[command(subcommand)]
@@ -703,6 +710,7 @@ fn run(cmd: Command, secret: Option<fabrickv_auth::Secret>) -> Result<ExitCode, 
             Ok(ExitCode::SUCCESS)
         }
         Command::Partitions { which } => partitions_cmd::run(which),
+        Command::Checkpoint { which } => checkpoint_cmd::run(which),
         Command::Ps { which } => ps_cmd::run(which),
         Command::Shard { which } => shard_cmd::run(which),
         Command::Copy(args) => {

@@ -112,6 +112,40 @@ fn partitions_show_and_move_while_serving() {
 }
 
 #[test]
+fn checkpoint_save_writes_under_the_server_dir_and_a_restart_restores_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().to_str().expect("utf-8 path");
+    let s = serve(&["--checkpoint-dir", root]);
+    assert!(cli(&s, &["put", "kept", "across"]).status.success());
+    let out = cli(&s, &["checkpoint", "save", "--to", "manual"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.starts_with(&format!("saved {root}/manual/ckpt-")),
+        "{text}"
+    );
+    let status = String::from_utf8_lossy(&cli(&s, &["checkpoint", "status"]).stdout).to_string();
+    assert!(
+        status.contains("saving: no\nsaves finished: 1\n"),
+        "{status}"
+    );
+    // A directory outside the server's own is refused, by code.
+    let out = cli(&s, &["checkpoint", "save", "--to", "/etc"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CHECKPOINT_REFUSED"));
+    drop(s);
+    // A new server restored from the directory the save printed.
+    let ckpt = text.split_whitespace().nth(1).expect("the directory saved");
+    let r = serve(&["--restore", ckpt]);
+    assert_eq!(cli(&r, &["get", "kept"]).stdout, b"across");
+}
+
+#[test]
 fn ttl_expires_keys() {
     let s = serve(&[]);
     assert!(cli(&s, &["put", "short", "v", "--ttl", "0.2"])

@@ -33,12 +33,13 @@ pub mod shard;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fabrickv_transport::{Endpoint, TransportError};
 use fabrickv_types::{ErrorCode, KeyHash};
 use fabrickv_wire::control::{
-    decode_partitions_reply, decode_stats_reply, encode_partitions_request, encode_stats_request,
+    decode_checkpoint_reply, decode_partitions_reply, decode_stats_reply,
+    encode_checkpoint_request, encode_partitions_request, encode_stats_request, CheckpointRequest,
     PartitionMove, ServerInfo,
 };
 
@@ -50,7 +51,7 @@ pub use cluster::{
 };
 pub use conn::{server_workers, CONN_REQUESTS_IN_FLIGHT_MAX};
 pub use fabrickv_cluster::{Cluster, ServerDesc};
-pub use fabrickv_wire::control::PartitionTable;
+pub use fabrickv_wire::control::{CheckpointStatus, PartitionTable};
 pub use fabrickv_wire::ps::{Missing, Optimizer, TableDesc, TableSpec};
 pub use kv::Kv;
 pub use mget::MgetBuf;
@@ -59,6 +60,10 @@ pub use shard::ShardClient;
 
 /// How long a call waits for its replies unless told otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest pause between two status reads while waiting for a checkpoint
+/// save, in time: short beside a save of any size worth waiting for.
+pub const CHECKPOINT_POLL_MAX: Duration = Duration::from_millis(50);
 
 /// Why a call failed.
 #[derive(Debug)]
@@ -272,6 +277,61 @@ impl Client {
     /// from the old owner.
     pub fn move_partition(&mut self, partition: u32, worker: u16) -> Result<PartitionTable> {
         self.call_partitions(Some(PartitionMove { partition, worker }))
+    }
+
+    /// The server's checkpoint status: saves finished, the last good
+    /// one's directory and time, whether one runs, the last failure.
+    pub fn checkpoint_status(&mut self) -> Result<CheckpointStatus> {
+        self.call_checkpoint(CheckpointRequest::Status)
+    }
+
+    /// Saves a checkpoint of the server's memory (its keys, embedding
+    /// tables and, if the server was started so, its KV cache) into `to`
+    /// under the server's checkpoint directory (`None` or "": the
+    /// directory itself), and waits up to `wait` for it to finish. The
+    /// server keeps serving while it saves; the save itself runs on the
+    /// server whatever this call's wait, and a save already running is
+    /// refused `SAVE_IN_PROGRESS`. Returns the status after the save,
+    /// whose `dir` is the checkpoint written.
+    pub fn checkpoint_save(
+        &mut self,
+        to: Option<&str>,
+        wait: Duration,
+    ) -> Result<CheckpointStatus> {
+        let started =
+            self.call_checkpoint(CheckpointRequest::Save(to.unwrap_or("").to_string()))?;
+        // The reply is read after the save was claimed: it has finished
+        // once `finished` moves past the count before it.
+        let before = started.finished - u64::from(!started.saving);
+        let deadline = Instant::now() + wait;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let st = self.call_checkpoint(CheckpointRequest::Status)?;
+            if st.finished > before {
+                return match &st.error {
+                    Some(why) => Err(ClientError::Server {
+                        code: ErrorCode::StorageFailed,
+                        message: format!("checkpoint save failed: {why}"),
+                    }),
+                    None => Ok(st),
+                };
+            }
+            if Instant::now() >= deadline {
+                return Err(ClientError::Timeout);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(CHECKPOINT_POLL_MAX);
+        }
+    }
+
+    fn call_checkpoint(&mut self, req: CheckpointRequest) -> Result<CheckpointStatus> {
+        conn::call_control(
+            &mut self.sessions,
+            0,
+            batch::FrameTag::default(),
+            |b, id, w| encode_checkpoint_request(b, id, w, &req),
+            |f| decode_checkpoint_reply(f).map_err(conn::protocol),
+        )
     }
 
     /// The epoch of the table this client steers by.

@@ -76,6 +76,8 @@ pub fn grpc_code(code: ErrorCode) -> Code {
         // Another server serves the key now: ask it (gRPC's "the system
         // is not in a state for this here").
         ErrorCode::WrongServer => Code::FailedPrecondition,
+        ErrorCode::SaveInProgress => Code::Unavailable,
+        ErrorCode::CheckpointRefused => Code::PermissionDenied,
         // A code added to fabrickv-types after this table was written: the
         // metadata still names it exactly; the gRPC code just says so.
         _ => Code::Unknown,

@@ -72,6 +72,20 @@ impl Client {
     }
 }
 
+fn checkpoint_dict<'py>(
+    py: Python<'py>,
+    st: &fabrickv_client::CheckpointStatus,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("dir", &st.dir)?;
+    d.set_item("generation", st.generation)?;
+    d.set_item("last_save", st.last_ok_unix_s)?;
+    d.set_item("saving", st.saving)?;
+    d.set_item("finished", st.finished)?;
+    d.set_item("error", st.error.as_deref())?;
+    Ok(d)
+}
+
 /// The values of an `mget` as Python sees them: bytes, None when absent,
 /// each made straight from the buffer the client decoded them into (no
 /// `Vec` per value on the way).
@@ -187,6 +201,34 @@ impl Client {
         d.set_item("batch_ops_max", i.batch_ops_max)?;
         d.set_item("timeout", self.timeout.as_secs_f64())?;
         Ok(d)
+    }
+
+    /// Has the server save a checkpoint of its memory (keys, embedding
+    /// tables, its KV cache if started with --checkpoint-cache) while it
+    /// serves, into `to` under its --checkpoint-dir (None: the directory
+    /// itself), and waits up to `wait` seconds for it. Returns the status
+    /// after the save (see `checkpoint_status`); `fabrickv.Error` with
+    /// code CHECKPOINT_REFUSED (no directory, or `to` outside it),
+    /// SAVE_IN_PROGRESS, STORAGE_FAILED or TIMEOUT.
+    #[pyo3(signature = (to = None, wait = 3600.0))]
+    fn checkpoint_save<'py>(
+        &self,
+        py: Python<'py>,
+        to: Option<&str>,
+        wait: f64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let wait = crate::timeout_of(wait)?;
+        let st = self.call(py, |c| c.checkpoint_save(to, wait))?;
+        checkpoint_dict(py, &st)
+    }
+
+    /// The server's checkpoint status as a dict: dir and generation of
+    /// the last good save, last_save (Unix seconds, 0: none), saving,
+    /// finished (saves finished since start) and error (the last
+    /// failure's message, or None).
+    fn checkpoint_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let st = self.call(py, |c| c.checkpoint_status())?;
+        checkpoint_dict(py, &st)
     }
 
     /// Opens the existing table `name`; `fabrickv.Error` with code

@@ -1,6 +1,6 @@
 //! The services of the frames that ask about the server rather than its
-//! data: HELLO (the server's shape) and PARTITIONS (the partition table,
-//! and moving a partition). STATS is the request layer's own
+//! data: HELLO (the server's shape), PARTITIONS (the partition table,
+//! and moving a partition) and CHECKPOINT (starting a save, its status). STATS is the request layer's own
 //! (`fabrickv_rpc::StatsService`), and [`worker`] registers all of them
 //! beside kv, ps, cache and shard.
 
@@ -10,11 +10,13 @@ use fabrickv_rpc::{RegisterError, StatsService, Worker};
 use fabrickv_transport::Reply;
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::control::{
-    decode_partitions_request, encode_hello_reply, encode_partitions_reply, ServerInfo,
+    decode_checkpoint_request, decode_partitions_request, encode_checkpoint_reply,
+    encode_hello_reply, encode_partitions_reply, CheckpointRequest, ServerInfo,
 };
 use fabrickv_wire::FrameKind;
 
 use crate::cache::CacheService;
+use crate::checkpoint::Checkpoints;
 use crate::kv::KvService;
 use crate::partitions::{MoveError, Partitions};
 use crate::ps::PsService;
@@ -32,16 +34,22 @@ pub struct Services {
     pub cache: CacheService,
     /// Persistent-shard frames (SHARD: data and copy control).
     pub shard: ShardService,
+    /// The server's checkpoints (CHECKPOINT frames).
+    pub checkpoints: Arc<Checkpoints>,
 }
 
 /// Worker `id`'s request layer with every service of the server
-/// registered: kv, ps, cache, shard, then HELLO, STATS and PARTITIONS.
+/// registered: kv, ps, cache, shard, then HELLO, STATS, PARTITIONS and
+/// CHECKPOINT.
 pub fn worker(id: u16, s: Services) -> Result<Worker, RegisterError> {
     let hello = HelloService::new(s.kv.server_info());
     let partitions = PartitionsService {
         parts: s.kv.partitions().clone(),
     };
-    let services: [Box<dyn Service>; 7] = [
+    let checkpoint = CheckpointService {
+        checkpoints: s.checkpoints,
+    };
+    let services: [Box<dyn Service>; 8] = [
         Box::new(s.kv),
         Box::new(s.ps),
         Box::new(s.cache),
@@ -49,6 +57,7 @@ pub fn worker(id: u16, s: Services) -> Result<Worker, RegisterError> {
         Box::new(hello),
         Box::new(StatsService),
         Box::new(partitions),
+        Box::new(checkpoint),
     ];
     Worker::new(id).with(services)
 }
@@ -116,6 +125,35 @@ impl Service for PartitionsService {
             }
         }
         encode_partitions_reply(reply.buf(), call.id(), call.worker.id, &parts.table());
+        Ok(())
+    }
+}
+
+/// Answers CHECKPOINT: starts a save on a thread of its own if asked
+/// (the worker never waits for the disk), then replies with the status;
+/// the client reads the status again until the save has finished. An
+/// administrative frame, as PARTITIONS is, and the server writes only
+/// under its own checkpoint directory whatever a client names.
+pub struct CheckpointService {
+    checkpoints: Arc<Checkpoints>,
+}
+
+impl Service for CheckpointService {
+    fn kinds(&self) -> &'static [FrameKind] {
+        &[FrameKind::Checkpoint]
+    }
+
+    fn handle(&mut self, call: &Call<'_>, reply: &mut dyn Reply) -> Result<(), Refusal> {
+        let ck = &self.checkpoints;
+        if let CheckpointRequest::Save(to) =
+            decode_checkpoint_request(&call.frame).map_err(wire_refusal)?
+        {
+            let started = ck
+                .resolve(Some(&to))
+                .and_then(|root| ck.save_in_background(root));
+            started.map_err(|e| (e.code(), e.to_string()))?;
+        }
+        encode_checkpoint_reply(reply.buf(), call.id(), call.worker.id, &ck.status());
         Ok(())
     }
 }

@@ -445,6 +445,7 @@ impl Server {
                 )
                 .with_slot_routing(slot_routing.clone()),
                 shard: shard::ShardService::new(id as u16, shards.clone()),
+                checkpoints: checkpoints.clone(),
             };
             let worker = control::worker(id as u16, services)
                 .map_err(|e| StartError::Config(format!("worker {id}: {e}")))?

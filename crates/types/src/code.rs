@@ -120,11 +120,17 @@ pub enum ErrorCode {
     /// nothing was done. Read the map again and send it to the slot's
     /// primary (the cluster client does this by itself).
     WrongServer = 40,
+    /// A checkpoint save is already running: nothing new was started.
+    /// Wait for it (its outcome is in the status) and ask again.
+    SaveInProgress = 41,
+    /// No checkpoint can be written there: the server has no checkpoint
+    /// directory (`--checkpoint-dir`), or the one named is outside it.
+    CheckpointRefused = 42,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order; used by tests and documentation.
-    pub const ALL: [ErrorCode; 41] = [
+    pub const ALL: [ErrorCode; 43] = [
         ErrorCode::Ok,
         ErrorCode::NotFound,
         ErrorCode::InsufficientSpace,
@@ -166,6 +172,8 @@ impl ErrorCode {
         ErrorCode::ReceivingFull,
         ErrorCode::AuthThrottled,
         ErrorCode::WrongServer,
+        ErrorCode::SaveInProgress,
+        ErrorCode::CheckpointRefused,
     ];
 
     /// The code as it travels on the wire.
@@ -222,6 +230,8 @@ impl ErrorCode {
             ErrorCode::ReceivingFull => "RECEIVING_FULL",
             ErrorCode::AuthThrottled => "AUTH_THROTTLED",
             ErrorCode::WrongServer => "WRONG_SERVER",
+            ErrorCode::SaveInProgress => "SAVE_IN_PROGRESS",
+            ErrorCode::CheckpointRefused => "CHECKPOINT_REFUSED",
         }
     }
 }

@@ -24,6 +24,21 @@
 //!  10 u16 reserved
 //!  12 u32 partitions
 //!  16 per partition: u16 owner, u64 ops, u64 misrouted
+//! Checkpoint body (4 + to_len bytes):
+//!   0 u8  op            0 = status, 1 = start a save
+//!   1 u8  reserved
+//!   2 u16 to_len        a save's directory (UTF-8; empty: the server's
+//!                       checkpoint root), then to_len bytes of it
+//! CheckpointReply body (32 + dir_len + error_len bytes):
+//!   0 u64 finished      saves finished (well or not) since start
+//!   8 u64 last_ok_unix_s  when the last good save finished (0: none)
+//!  16 u64 generation    the last good save's generation
+//!  24 u8  saving        1 while a save runs
+//!  25 u8  failed        1 if the last save to finish failed
+//!  26 u16 dir_len       the last good save's directory, then
+//!  28 u16 error_len     the last failure's message (when failed)
+//!  30 u16 reserved
+//!  32 dir, error
 //! ```
 
 use fabrickv_types::limits::{
@@ -223,6 +238,138 @@ pub fn decode_partitions_reply(frame: &Frame<'_>) -> Result<PartitionTable, Wire
     Ok(t)
 }
 
+/// Longest directory a CHECKPOINT frame names, and longest path or
+/// message its reply carries, in bytes.
+pub const CHECKPOINT_TEXT_BYTES_MAX: usize = 4096;
+
+/// Bytes of a CheckpointReply body before its two strings.
+pub const CHECKPOINT_REPLY_HEAD_BYTES: usize = 32;
+
+/// What a CHECKPOINT frame asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointRequest {
+    /// How saves went (nothing is started).
+    Status,
+    /// Start a save into this directory ("" for the checkpoint root);
+    /// the reply is the status just after it started.
+    Save(String),
+}
+
+/// The server's checkpoint status, as a CHECKPOINT reply carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CheckpointStatus {
+    /// Saves that finished since the server started, well or not: a save
+    /// started when this was N has finished when it is past N.
+    pub finished: u64,
+    /// Unix seconds when the last good save finished (0: none yet).
+    pub last_ok_unix_s: u64,
+    /// The last good save's generation (its directory's number).
+    pub generation: u64,
+    /// Whether a save is running.
+    pub saving: bool,
+    /// The last good save's directory on the server.
+    pub dir: String,
+    /// Why the last save to finish failed, if it did.
+    pub error: Option<String>,
+}
+
+/// Appends a CHECKPOINT request.
+pub fn encode_checkpoint_request(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    worker: u16,
+    req: &CheckpointRequest,
+) {
+    let s = FrameHeader::begin(out, FrameKind::Checkpoint, request_id, worker, 0);
+    let (op, to) = match req {
+        CheckpointRequest::Status => (0u8, ""),
+        CheckpointRequest::Save(to) => (1u8, to.as_str()),
+    };
+    let to = &to.as_bytes()[..char_floor(to, CHECKPOINT_TEXT_BYTES_MAX)];
+    out.push(op);
+    out.push(0);
+    out.extend_from_slice(&(to.len() as u16).to_le_bytes());
+    out.extend_from_slice(to);
+    finish_frame(out, s, 0);
+}
+
+/// Reads a CHECKPOINT request.
+pub fn decode_checkpoint_request(frame: &Frame<'_>) -> Result<CheckpointRequest, WireError> {
+    let b = frame.body;
+    if frame.header.kind != FrameKind::Checkpoint || b.len() < 4 || b[1] != 0 {
+        return Err(WireError::Malformed("not a checkpoint request"));
+    }
+    let n = usize::from(le_u16(b, 2));
+    if n > CHECKPOINT_TEXT_BYTES_MAX || b.len() != 4 + n {
+        return Err(WireError::Malformed("checkpoint request of a wrong length"));
+    }
+    let to = std::str::from_utf8(&b[4..])
+        .map_err(|_| WireError::Malformed("checkpoint directory is not UTF-8"))?;
+    match (b[0], n) {
+        (0, 0) => Ok(CheckpointRequest::Status),
+        (1, _) => Ok(CheckpointRequest::Save(to.to_string())),
+        _ => Err(WireError::Malformed("unknown checkpoint operation")),
+    }
+}
+
+/// Appends a CheckpointReply frame; strings over
+/// `CHECKPOINT_TEXT_BYTES_MAX` are cut on a character boundary.
+pub fn encode_checkpoint_reply(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    worker: u16,
+    st: &CheckpointStatus,
+) {
+    let s = FrameHeader::begin(out, FrameKind::CheckpointReply, request_id, worker, 0);
+    let dir = &st.dir.as_bytes()[..char_floor(&st.dir, CHECKPOINT_TEXT_BYTES_MAX)];
+    let err = st.error.as_deref().unwrap_or("");
+    let err = &err.as_bytes()[..char_floor(err, CHECKPOINT_TEXT_BYTES_MAX)];
+    out.extend_from_slice(&st.finished.to_le_bytes());
+    out.extend_from_slice(&st.last_ok_unix_s.to_le_bytes());
+    out.extend_from_slice(&st.generation.to_le_bytes());
+    out.push(u8::from(st.saving));
+    out.push(u8::from(st.error.is_some()));
+    out.extend_from_slice(&(dir.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(err.len() as u16).to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(dir);
+    out.extend_from_slice(err);
+    finish_frame(out, s, 0);
+}
+
+/// Reads a CheckpointReply body.
+pub fn decode_checkpoint_reply(frame: &Frame<'_>) -> Result<CheckpointStatus, WireError> {
+    let b = frame.body;
+    if frame.header.kind != FrameKind::CheckpointReply || b.len() < CHECKPOINT_REPLY_HEAD_BYTES {
+        return Err(WireError::Malformed("not a checkpoint reply"));
+    }
+    let dir_len = usize::from(le_u16(b, 26));
+    let err_len = usize::from(le_u16(b, 28));
+    let flags_ok = b[24] <= 1 && b[25] <= 1 && le_u16(b, 30) == 0;
+    if !flags_ok
+        || dir_len > CHECKPOINT_TEXT_BYTES_MAX
+        || err_len > CHECKPOINT_TEXT_BYTES_MAX
+        || b.len() != CHECKPOINT_REPLY_HEAD_BYTES + dir_len + err_len
+    {
+        return Err(WireError::Malformed("checkpoint reply of a wrong shape"));
+    }
+    let text = |at: usize, n: usize| {
+        std::str::from_utf8(&b[at..at + n])
+            .map(str::to_string)
+            .map_err(|_| WireError::Malformed("checkpoint reply text is not UTF-8"))
+    };
+    let dir = text(CHECKPOINT_REPLY_HEAD_BYTES, dir_len)?;
+    let error = text(CHECKPOINT_REPLY_HEAD_BYTES + dir_len, err_len)?;
+    Ok(CheckpointStatus {
+        finished: le_u64(b, 0),
+        last_ok_unix_s: le_u64(b, 8),
+        generation: le_u64(b, 16),
+        saving: b[24] == 1,
+        dir,
+        error: (b[25] == 1).then_some(error),
+    })
+}
+
 /// The longest prefix of `s` of at most `max` bytes that ends on a
 /// character boundary, so a cut string stays valid UTF-8.
 pub(crate) fn char_floor(s: &str, max: usize) -> usize {
@@ -353,6 +500,52 @@ mod tests {
         encode_partitions_reply(&mut buf, 3, 0, &t);
         let f = decode_frame(&buf).expect("frame");
         assert!(decode_partitions_reply(&f).is_err(), "owner 2 of 2 workers");
+    }
+
+    #[test]
+    fn checkpoint_frames_round_trip_and_refuse_bad_shapes() {
+        let mut buf = Vec::new();
+        for req in [
+            CheckpointRequest::Status,
+            CheckpointRequest::Save(String::new()),
+            CheckpointRequest::Save("nightly/é".into()),
+        ] {
+            buf.clear();
+            encode_checkpoint_request(&mut buf, 4, 0, &req);
+            let f = decode_frame(&buf).expect("frame");
+            assert_eq!(decode_checkpoint_request(&f), Ok(req));
+        }
+        let st = CheckpointStatus {
+            finished: 3,
+            last_ok_unix_s: 1_800_000_000,
+            generation: 1_800_000_000_123,
+            saving: true,
+            dir: "/var/lib/fkv/ckpt-1".into(),
+            error: Some("disk full".into()),
+        };
+        buf.clear();
+        encode_checkpoint_reply(&mut buf, 4, 0, &st);
+        let f = decode_frame(&buf).expect("frame");
+        assert_eq!(decode_checkpoint_reply(&f), Ok(st.clone()));
+        let ok = CheckpointStatus { error: None, ..st };
+        buf.clear();
+        encode_checkpoint_reply(&mut buf, 4, 0, &ok);
+        let f = decode_frame(&buf).expect("frame");
+        assert_eq!(decode_checkpoint_reply(&f), Ok(ok));
+        // A status request that carries a directory, an unknown
+        // operation, and a length that overruns are all refused.
+        for body in [
+            &[0u8, 0, 1, 0, b'x'][..],
+            &[7, 0, 0, 0],
+            &[1, 0, 9, 0, b'x'],
+        ] {
+            buf.clear();
+            let s = FrameHeader::begin(&mut buf, FrameKind::Checkpoint, 1, 0, 0);
+            buf.extend_from_slice(body);
+            finish_frame(&mut buf, s, 0);
+            let f = decode_frame(&buf).expect("frame");
+            assert!(decode_checkpoint_request(&f).is_err(), "{body:?}");
+        }
     }
 
     #[test]

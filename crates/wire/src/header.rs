@@ -72,6 +72,10 @@ pub enum FrameKind {
     Echo = 16,
     /// The answer to an `Echo`: the request's body.
     EchoReply = 17,
+    /// Starts a checkpoint save, or asks how saves went (`crate::control`).
+    Checkpoint = 18,
+    /// The server's checkpoint status.
+    CheckpointReply = 19,
 }
 
 impl FrameKind {
@@ -95,6 +99,8 @@ impl FrameKind {
             15 => FrameKind::PartitionsReply,
             16 => FrameKind::Echo,
             17 => FrameKind::EchoReply,
+            18 => FrameKind::Checkpoint,
+            19 => FrameKind::CheckpointReply,
             _ => return None,
         })
     }

@@ -170,6 +170,20 @@ impl std::fmt::Display for CheckpointError {
 
 impl std::error::Error for CheckpointError {}
 
+impl CheckpointError {
+    /// The stable code a native client is answered with.
+    pub fn code(&self) -> fabrickv_types::ErrorCode {
+        use fabrickv_types::ErrorCode;
+        match self {
+            CheckpointError::Busy => ErrorCode::SaveInProgress,
+            CheckpointError::NoDir | CheckpointError::Outside(_) => ErrorCode::CheckpointRefused,
+            CheckpointError::Missing(_) => ErrorCode::NotFound,
+            CheckpointError::Io(..) => ErrorCode::StorageFailed,
+            CheckpointError::Bad(..) | CheckpointError::Mismatch(..) => ErrorCode::Malformed,
+        }
+    }
+}
+
 fn io_at(p: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |e| CheckpointError::Io(p.to_path_buf(), e)
 }
@@ -191,6 +205,10 @@ struct SaveState {
     last_ok_unix_s: u64,
     last_error: Option<String>,
     last_generation: u64,
+    /// The last good save's directory.
+    last_dir: Option<PathBuf>,
+    /// Saves finished since start, well or not.
+    finished: u64,
 }
 
 /// One engine partition a save walks or a restore fills.
@@ -318,38 +336,66 @@ impl Checkpoints {
         Ok(p)
     }
 
+    /// The status a CHECKPOINT reply carries.
+    pub fn status(&self) -> fabrickv_wire::control::CheckpointStatus {
+        let st = self.lock_state();
+        fabrickv_wire::control::CheckpointStatus {
+            finished: st.finished,
+            last_ok_unix_s: st.last_ok_unix_s,
+            generation: st.last_generation,
+            saving: st.running,
+            dir: st
+                .last_dir
+                .as_ref()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default(),
+            error: st.last_error.clone(),
+        }
+    }
+
+    /// Marks a save as running, unless one already is.
+    fn claim(&self) -> Result<(), CheckpointError> {
+        let mut st = self.lock_state();
+        if st.running {
+            return Err(CheckpointError::Busy);
+        }
+        st.running = true;
+        Ok(())
+    }
+
     /// Saves a checkpoint under `root` now (SAVE, `checkpoint save`).
     pub fn save(&self, root: &Path) -> Result<Summary, CheckpointError> {
-        {
-            let mut st = self.lock_state();
-            if st.running {
-                return Err(CheckpointError::Busy);
-            }
-            st.running = true;
-        }
+        self.claim()?;
+        self.save_claimed(root)
+    }
+
+    /// Runs a save already claimed, and records how it went.
+    fn save_claimed(&self, root: &Path) -> Result<Summary, CheckpointError> {
         let r = self.save_into(root);
         let mut st = self.lock_state();
         st.running = false;
+        st.finished += 1;
         match &r {
             Ok(s) => {
                 st.last_ok_unix_s = s.manifest.finished_unix_ms / 1000;
                 st.last_error = None;
                 st.last_generation = s.manifest.generation;
+                st.last_dir = Some(s.dir.clone());
             }
             Err(e) => st.last_error = Some(e.to_string()),
         }
         r
     }
 
-    /// Starts a save under `root` on a thread of its own (BGSAVE).
+    /// Starts a save under `root` on a thread of its own (BGSAVE,
+    /// `checkpoint save`). The save counts as running from before this
+    /// returns, so a status read just after shows it.
     pub fn save_in_background(self: &Arc<Self>, root: PathBuf) -> Result<(), CheckpointError> {
-        if self.saving() {
-            return Err(CheckpointError::Busy);
-        }
+        self.claim()?;
         let me = self.clone();
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("fkv-checkpoint".into())
-            .spawn(move || match me.save(&root) {
+            .spawn(move || match me.save_claimed(&root) {
                 Ok(s) => tracing::info!(
                     dir = %s.dir.display(),
                     records = s.manifest.records(),
@@ -358,9 +404,15 @@ impl Checkpoints {
                     "checkpoint saved"
                 ),
                 Err(e) => tracing::error!("checkpoint save failed: {e}"),
-            })
-            .map(|_| ())
-            .map_err(io_at(&PathBuf::from("fkv-checkpoint thread")))
+            });
+        if let Err(e) = spawned {
+            self.lock_state().running = false;
+            return Err(CheckpointError::Io(
+                PathBuf::from("fkv-checkpoint thread"),
+                e,
+            ));
+        }
+        Ok(())
     }
 
     /// Saves under the root every `every` until `stop` is set.

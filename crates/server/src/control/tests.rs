@@ -6,8 +6,9 @@ use std::sync::Arc;
 use fabrickv_cache::CacheConfig;
 use fabrickv_engine::{Mode as EngineMode, Partition, PartitionConfig, PoolOptions};
 use fabrickv_wire::control::{
-    decode_error, decode_hello_reply, decode_partitions_reply, decode_stats_reply, encode_hello,
-    encode_partitions_request, encode_stats_request, PartitionMove,
+    decode_checkpoint_reply, decode_error, decode_hello_reply, decode_partitions_reply,
+    decode_stats_reply, encode_checkpoint_request, encode_hello, encode_partitions_request,
+    encode_stats_request, CheckpointRequest, CheckpointStatus, PartitionMove,
 };
 use fabrickv_wire::ps::encode_open;
 use fabrickv_wire::{decode_frame, RequestBuilder};
@@ -22,6 +23,11 @@ const NOW: u64 = 1;
 
 /// Worker `id` of a server with two workers, with small pools.
 fn server_worker(id: u16) -> Worker {
+    server_worker_saving_to(id, None)
+}
+
+/// Worker `id`, its checkpoints saved under `root` if given.
+fn server_worker_saving_to(id: u16, root: Option<std::path::PathBuf>) -> Worker {
     let parts = (0..2)
         .map(|_| {
             Partition::new(&PartitionConfig {
@@ -48,6 +54,14 @@ fn server_worker(id: u16) -> Worker {
     })
     .expect("cache store");
     let shards = Arc::new(Shards::open_for_tests(&[]));
+    let checkpoints = Arc::new(Checkpoints::new(
+        parts.clone(),
+        ps.clone(),
+        crate::replication::UnixClock::new(crate::service::Clock::new()),
+        2,
+        root,
+        2,
+    ));
     worker(
         id,
         Services {
@@ -55,6 +69,7 @@ fn server_worker(id: u16) -> Worker {
             ps: PsService::new(id, ps),
             cache: CacheService::new(id, cache, None),
             shard: ShardService::new(id, shards),
+            checkpoints,
         },
     )
     .expect("every service registers")
@@ -97,6 +112,57 @@ fn hello_is_answered_with_the_server_shape() {
     let info = decode_hello_reply(&f).expect("hello reply");
     assert_eq!((info.workers, info.partitions), (2, 2));
     assert!(info.store_mode);
+}
+
+fn checkpoint_call(w: &mut Worker, req: CheckpointRequest) -> Result<CheckpointStatus, ErrorCode> {
+    let mut msg = Vec::new();
+    encode_checkpoint_request(&mut msg, 21, 0, &req);
+    let out = call(w, &msg);
+    let f = decode_frame(&out).expect("frame");
+    if f.header.kind == FrameKind::Error {
+        return Err(decode_error(&f).expect("error body").0);
+    }
+    Ok(decode_checkpoint_reply(&f).expect("checkpoint reply"))
+}
+
+#[test]
+fn checkpoint_saves_only_under_the_root_and_reports_how_it_went() {
+    // Without a checkpoint directory nothing can be saved.
+    let mut w = server_worker(0);
+    let st = checkpoint_call(&mut w, CheckpointRequest::Status).expect("status");
+    assert_eq!((st.finished, st.saving, st.last_ok_unix_s), (0, false, 0));
+    assert_eq!(
+        checkpoint_call(&mut w, CheckpointRequest::Save(String::new())),
+        Err(ErrorCode::CheckpointRefused)
+    );
+
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut w = server_worker_saving_to(0, Some(root.path().to_path_buf()));
+    for outside in ["/tmp", "../escape", "sub/../../escape"] {
+        assert_eq!(
+            checkpoint_call(&mut w, CheckpointRequest::Save(outside.into())),
+            Err(ErrorCode::CheckpointRefused),
+            "{outside}"
+        );
+    }
+    let st = checkpoint_call(&mut w, CheckpointRequest::Save("nightly".into())).expect("started");
+    // The save counts as running as soon as the reply says it started,
+    // until `finished` moves past its value then.
+    assert!(st.saving || st.finished == 1, "{st:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let done = loop {
+        let now = checkpoint_call(&mut w, CheckpointRequest::Status).expect("status");
+        if now.finished > 0 {
+            break now;
+        }
+        assert!(std::time::Instant::now() < deadline, "save never finished");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(done.error, None);
+    assert!(!done.saving && done.last_ok_unix_s > 0);
+    let dir = std::path::Path::new(&done.dir);
+    assert!(dir.starts_with(root.path().join("nightly")), "{}", done.dir);
+    assert!(dir.join(crate::checkpoint::MANIFEST).is_file());
 }
 
 #[test]
