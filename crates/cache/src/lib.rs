@@ -54,4 +54,4 @@ pub use error::CacheError;
 pub use pool::PAGE_BYTES;
 pub use state::{DEADLINE_HEAP_SLACK_ENTRIES, DEADLINE_HEAP_STALE_FACTOR};
 pub use stats::CacheStats;
-pub use store::{CacheStore, Lease, PutSlot};
+pub use store::{CacheStore, Lease, PutSlot, SnapshotChunk};

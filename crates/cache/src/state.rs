@@ -49,6 +49,9 @@ struct Entry {
     older: Option<usize>,
 }
 
+/// A lease taken by a snapshot's walk, with its entry's key.
+pub(crate) type KeyedLease = (Arc<[u8]>, LeaseInfo);
+
 /// What a lease needs to read its value without the lock.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LeaseInfo {
@@ -501,6 +504,42 @@ impl State {
             self.counters.deletes += 1;
         }
         slots.len()
+    }
+
+    /// The generation of the newest value committed so far (0: none): a
+    /// snapshot's cut.
+    pub fn last_generation(&self) -> u64 {
+        self.next_generation - 1
+    }
+
+    /// Leases (with their keys) on up to `max` linked entries committed
+    /// at or before generation `cut` and unexpired at `now_ms`, from arena
+    /// slot `from` on; and the slot to go on from (`None` at the end).
+    /// A snapshot's read: neither the LRU order nor any counter changes.
+    /// An entry keeps its slot while linked, and a slot reused after `cut`
+    /// holds a later generation, so walking the slots in order meets
+    /// every entry of the cut that is still there when the walk passes.
+    pub fn snapshot_from(
+        &mut self,
+        from: usize,
+        max: usize,
+        cut: u64,
+        now_ms: u64,
+    ) -> (Vec<KeyedLease>, Option<usize>) {
+        let mut out = Vec::new();
+        let mut slot = from;
+        while slot < self.records.len() && out.len() < max {
+            let wanted = self.entry(slot).filter(|e| {
+                e.linked && e.generation <= cut && !is_expired(e.expires_at_ms, now_ms)
+            });
+            if let Some(key) = wanted.map(|e| e.key.clone()) {
+                if let Some(info) = self.acquire(slot) {
+                    out.push((key, info));
+                }
+            }
+            slot += 1;
+        }
+        (out, (slot < self.records.len()).then_some(slot))
     }
 
     pub fn exists(&mut self, key: &[u8], now_ms: u64) -> bool {

@@ -189,6 +189,29 @@ impl CacheStore {
         self.shared.lock().expire(now_ms, max_entries)
     }
 
+    /// The generation of the newest value committed so far: a
+    /// checkpoint's cut (values committed later are not in it).
+    pub fn last_generation(&self) -> u64 {
+        self.shared.lock().last_generation()
+    }
+
+    /// The next step of a checkpoint's walk: leases, with their keys, on
+    /// up to `max` values committed at or before generation `cut` and
+    /// live at `now_ms`, from arena slot `from` on; and where to go on
+    /// (`None` at the end). One hold of the lock per step; reads nothing
+    /// into the LRU order or the counters. A value replaced or removed
+    /// before the walk reaches it is not in the checkpoint (a cache may
+    /// drop any value at any time; what the checkpoint holds is a value
+    /// each of its keys had at the cut).
+    pub fn snapshot_from(&self, from: usize, max: usize, cut: u64, now_ms: u64) -> SnapshotChunk {
+        let (infos, next) = self.shared.lock().snapshot_from(from, max, cut, now_ms);
+        let values = infos
+            .into_iter()
+            .map(|(k, info)| (k, self.lease(info)))
+            .collect();
+        SnapshotChunk { values, next }
+    }
+
     /// A consistent snapshot of occupancy and counters.
     pub fn stats(&self) -> CacheStats {
         self.shared.lock().stats()
@@ -286,6 +309,15 @@ impl Drop for PutSlot {
             self.shared.lock().cancel(self.offset, self.block_bytes);
         }
     }
+}
+
+/// One step of a snapshot's walk ([`CacheStore::snapshot_from`]).
+#[derive(Debug)]
+pub struct SnapshotChunk {
+    /// Each value's key and a lease on its bytes.
+    pub values: Vec<(Arc<[u8]>, Lease)>,
+    /// The arena slot the next step starts from; `None` at the end.
+    pub next: Option<usize>,
 }
 
 /// A read lease on one value: derefs to its bytes, which stay intact and

@@ -816,3 +816,46 @@ proptest! {
         prop_assert_eq!((st.free_bytes, st.free_blocks), (st.pool_bytes, 1));
     }
 }
+
+#[test]
+fn a_snapshot_walk_sees_the_values_at_the_cut_and_counts_no_reads() {
+    let store = store_with(4 * MIB, true);
+    for i in 0..100 {
+        put(&store, &key(i), &pattern(i as u64, 100), 0, 1);
+    }
+    put(&store, b"short", b"lived", 5, 1);
+    let cut = store.last_generation();
+    let before = store.stats();
+    // Changed between two steps of the walk: a value replaced (its old
+    // one is not kept), one added after the cut, one deleted.
+    let SnapshotChunk {
+        values: first,
+        mut next,
+    } = store.snapshot_from(0, 10, cut, 2);
+    assert_eq!(first.len(), 10);
+    let mut seen: HashMap<Vec<u8>, Vec<u8>> = first
+        .iter()
+        .map(|(k, l)| (k.to_vec(), l.to_vec()))
+        .collect();
+    drop(first);
+    put(&store, b"after", b"cut", 0, 2);
+    put(&store, &key(99), b"new", 0, 2);
+    store.delete(&key(98), 2);
+    while let Some(from) = next {
+        let chunk = store.snapshot_from(from, 10, cut, 10);
+        for (k, l) in &chunk.values {
+            assert!(seen.insert(k.to_vec(), l.to_vec()).is_none(), "seen twice");
+        }
+        next = chunk.next;
+    }
+    assert!(!seen.contains_key(b"after".as_slice()), "after the cut");
+    assert!(!seen.contains_key(b"short".as_slice()), "expired at 10 ms");
+    for i in 0..98 {
+        assert_eq!(seen[&key(i)], pattern(i as u64, 100), "{i}");
+    }
+    assert!(!seen.contains_key(&key(98)) && !seen.contains_key(&key(99)));
+    // Nothing read counts as a hit, and every lease was given back.
+    let after = store.stats();
+    assert_eq!((after.hits, after.misses), (before.hits, before.misses));
+    check(&store);
+}

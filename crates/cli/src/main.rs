@@ -193,6 +193,10 @@ struct CheckpointArgs {
     /// before listening; the start fails if it cannot be loaded whole.
     #[arg(long, value_name = "DIR")]
     restore: Option<std::path::PathBuf>,
+    /// Checkpoints hold the KV cache too (its blocks can be far larger
+    /// than the keyspace; without this a save leaves the cache out).
+    #[arg(long)]
+    checkpoint_cache: bool,
 }
 
 impl CheckpointArgs {
@@ -200,6 +204,7 @@ impl CheckpointArgs {
         c.dir = self.checkpoint_dir.or(c.dir.take());
         c.keep = self.checkpoint_keep;
         c.restore = self.restore.or(c.restore.take());
+        c.cache |= self.checkpoint_cache;
         if let Some(v) = self.checkpoint_every {
             let secs = parse_duration_secs(&v)?;
             if c.dir.is_none() {

@@ -268,6 +268,9 @@ pub struct CheckpointSettings {
     /// `--restore`: a checkpoint (or a directory of them, the newest
     /// taken) that must load before the server listens.
     pub restore: Option<std::path::PathBuf>,
+    /// `--checkpoint-cache`: saves hold the KV cache too (a checkpoint
+    /// that holds it is restored either way).
+    pub cache: bool,
 }
 
 impl Default for ServerConfig {

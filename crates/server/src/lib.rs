@@ -307,14 +307,18 @@ impl Server {
         // One clock from here on: a restore turns saved expiry times into
         // this clock's, which the engine then serves by.
         let clock = service::Clock::new();
-        let checkpoints = Arc::new(checkpoint::Checkpoints::new(
-            parts.clone(),
-            ps.clone(),
-            replication::UnixClock::new(clock),
-            workers,
-            cfg.checkpoint.dir.clone(),
-            cfg.checkpoint.keep,
-        ));
+        let cache = cache::CacheShared::new(cfg.cache.store.clone()).map_err(StartError::Config)?;
+        let checkpoints = Arc::new(
+            checkpoint::Checkpoints::new(
+                parts.clone(),
+                ps.clone(),
+                replication::UnixClock::new(clock),
+                workers,
+                cfg.checkpoint.dir.clone(),
+                cfg.checkpoint.keep,
+            )
+            .with_cache(cache.store().clone(), cfg.checkpoint.cache),
+        );
         restore_at_start(&checkpoints, &cfg.checkpoint)?;
         let copies =
             shard::copy_source::CopySources::new(fabrickv_wire::copy::data_host(&cfg.listen));
@@ -330,7 +334,6 @@ impl Server {
         };
         let listening =
             fabrickv_transport::listen_with(&cfg.listen, &listen).map_err(StartError::Transport)?;
-        let cache = cache::CacheShared::new(cfg.cache.store.clone()).map_err(StartError::Config)?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut wakers = vec![listening.acceptor.waker()];
         let mut threads = Vec::with_capacity(workers + 1);

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{wait_for, Resp, TestServer, Transport, MEMORY_BYTES};
+use common::{cache_client, value_of, wait_for, Resp, TestServer, Transport, MEMORY_BYTES};
 use fabrickv_client::Kv;
 use fabrickv_server::Mode;
 
@@ -113,7 +113,45 @@ fn a_server_without_a_checkpoint_dir_refuses_save(t: Transport) {
     );
 }
 
+/// KV-cache blocks written through the cache client come back after a
+/// restart when the server saves its cache (`--checkpoint-cache`).
+fn cached_blocks_come_back_with_checkpoint_cache(t: Transport) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().to_path_buf();
+    let s = server(t, |c| {
+        c.checkpoint.dir = Some(root.clone());
+        c.checkpoint.cache = true;
+    });
+    let mut cc = cache_client(&s, 4 << 20);
+    for i in 0..64u64 {
+        cc.put(
+            format!("block:{i}").as_bytes(),
+            &value_of(i, 64 << 10),
+            None,
+        )
+        .expect("cache put");
+    }
+    let st = s
+        .client()
+        .checkpoint_save(None, Duration::from_secs(120))
+        .expect("checkpoint save");
+    drop(cc);
+    s.shutdown();
+    let r = server(t, |c| c.checkpoint.restore = Some(st.dir.clone().into()));
+    let mut cc = cache_client(&r, 4 << 20);
+    for i in 0..64u64 {
+        assert_eq!(
+            cc.get(format!("block:{i}").as_bytes()).expect("cache get"),
+            Some(value_of(i, 64 << 10)),
+            "block {i}"
+        );
+    }
+    drop(cc);
+    r.shutdown();
+}
+
 transport_tests!(
     every_key_comes_back_after_a_restart,
+    cached_blocks_come_back_with_checkpoint_cache,
     a_server_without_a_checkpoint_dir_refuses_save,
 );

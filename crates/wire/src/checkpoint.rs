@@ -53,6 +53,8 @@ pub enum FileKind {
     Kv,
     /// One embedding-pool shard's rows (and the tables they belong to).
     Embedding,
+    /// The KV cache's entries (`--checkpoint-cache`).
+    Cache,
 }
 
 impl FileKind {
@@ -60,6 +62,7 @@ impl FileKind {
         match self {
             FileKind::Kv => 1,
             FileKind::Embedding => 2,
+            FileKind::Cache => 3,
         }
     }
 }
@@ -141,6 +144,7 @@ impl FileHeader {
         let kind = match b[12] {
             1 => FileKind::Kv,
             2 => FileKind::Embedding,
+            3 => FileKind::Cache,
             _ => return Err(Bad::Corrupt("unknown file kind")),
         };
         let (index, count) = (u32_at(b, 16), u32_at(b, 20));

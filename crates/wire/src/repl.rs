@@ -21,7 +21,9 @@
 //! absent). Applying a record overwrites, so applying one twice changes
 //! nothing.
 
-use fabrickv_types::limits::{KEY_BYTES_MAX, LARGE_VALUE_BYTES_MAX};
+use fabrickv_types::limits::{
+    CACHE_KEY_BYTES_MAX, CACHE_VALUE_BYTES_MAX, KEY_BYTES_MAX, LARGE_VALUE_BYTES_MAX,
+};
 
 /// Bytes of the follower's challenge nonce (the cluster secret's
 /// `NONCE_BYTES`).
@@ -79,6 +81,7 @@ const REC_STREAM_BEGIN: u8 = 4;
 const REC_PS_TABLE: u8 = 5;
 const REC_PS_ROW: u8 = 6;
 const REC_PS_DEL: u8 = 7;
+const REC_CACHE_ENTRY: u8 = 8;
 
 /// A follower's answer to a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +151,15 @@ pub enum Record<'a> {
     },
     /// Row `key` of table `table` is absent.
     PsDel { table: u32, key: u64 },
+    /// A KV-cache entry (checkpoints only: the cache is not replicated).
+    /// Its key may be longer than a kv key's (up to
+    /// `CACHE_KEY_BYTES_MAX`).
+    CacheEntry {
+        key: &'a [u8],
+        value: &'a [u8],
+        /// Absolute expiry in Unix milliseconds; 0: none.
+        expire_unix_ms: u64,
+    },
 }
 
 impl Record<'_> {
@@ -305,6 +317,23 @@ fn record<'a>(r: &mut Reader<'a>) -> Result<Record<'a>, Malformed> {
             table: r.u32()?,
             key: r.u64()?,
         }),
+        REC_CACHE_ENTRY => {
+            let klen = usize::from(r.u16()?);
+            if klen == 0 || klen > CACHE_KEY_BYTES_MAX {
+                return Err(Malformed("bad cache key length"));
+            }
+            let key = r.take(klen)?;
+            let expire_unix_ms = r.u64()?;
+            let len = r.u32()? as usize;
+            if len > CACHE_VALUE_BYTES_MAX {
+                return Err(Malformed("cache value too long"));
+            }
+            Ok(Record::CacheEntry {
+                key,
+                value: r.take(len)?,
+                expire_unix_ms,
+            })
+        }
         _ => Err(Malformed("unknown record")),
     }
 }
@@ -522,6 +551,19 @@ impl BatchBuf {
         self.bytes.extend_from_slice(&key.to_le_bytes());
     }
 
+    /// Appends a `CacheEntry` (a key of 1 to `CACHE_KEY_BYTES_MAX` bytes,
+    /// a value of at most `CACHE_VALUE_BYTES_MAX`, as the cache holds).
+    pub fn cache_entry(&mut self, key: &[u8], value: &[u8], expire_unix_ms: u64) {
+        self.head();
+        let b = &mut self.bytes;
+        b.push(REC_CACHE_ENTRY);
+        b.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        b.extend_from_slice(key);
+        b.extend_from_slice(&expire_unix_ms.to_le_bytes());
+        b.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        b.extend_from_slice(value);
+    }
+
     /// The whole message for epoch `epoch`, batch `seq`; the buffer is
     /// left empty for the next batch.
     pub fn seal(&mut self, epoch: u64, seq: u64) -> Vec<u8> {
@@ -557,6 +599,8 @@ mod tests {
         b.ps_table(3, &spec);
         b.ps_row(3, u64::MAX, &[1, 2, 3, 4], 99);
         b.ps_del(3, 5);
+        let long_key = vec![b'c'; CACHE_KEY_BYTES_MAX];
+        b.cache_entry(&long_key, b"block", 77);
         let msg = b.seal(5, 42);
         assert!(b.is_empty());
         let Message::Batch {
@@ -567,7 +611,7 @@ mod tests {
         else {
             panic!("a batch");
         };
-        assert_eq!((epoch, seq, records.len()), (5, 42, 8));
+        assert_eq!((epoch, seq, records.len()), (5, 42, 9));
         let all: Vec<Record<'_>> = records.iter().collect();
         assert_eq!(
             all[1],
@@ -600,6 +644,19 @@ mod tests {
             }
         );
         assert_eq!(all[7], Record::PsDel { table: 3, key: 5 });
+        assert_eq!(
+            all[8],
+            Record::CacheEntry {
+                key: &long_key,
+                value: b"block",
+                expire_unix_ms: 77
+            }
+        );
+        // A cache key one byte over its bound is refused.
+        let mut b = BatchBuf::default();
+        b.cache_entry(&vec![b'c'; CACHE_KEY_BYTES_MAX + 1], b"v", 0);
+        let msg = b.seal(1, 1);
+        assert!(decode(&msg[4..]).is_err());
     }
 
     #[test]

@@ -22,6 +22,13 @@
 //!   checksum chain, into the checkpoint's directory: a save that dies
 //!   before it leaves no manifest, and the previous checkpoint is the
 //!   newest.
+//! - **The KV cache** (with `--checkpoint-cache`) is one store behind
+//!   one lock, and its values never change once committed: its cut is
+//!   the newest generation committed when the save begins, and the walk
+//!   leases, a chunk per hold of the lock, every value of that
+//!   generation or older still there when the walk passes
+//!   ([`CacheStore::snapshot_from`]). A value replaced or evicted before
+//!   the walk reaches it is not in the file: a cache may drop any value.
 //! - **Restore.** Before the server listens, a checkpoint's files are
 //!   checked against the manifest (length, header, trailer) and then
 //!   loaded in parallel, every frame checked before it is applied. A
@@ -37,6 +44,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fabrickv_cache::CacheStore;
 use fabrickv_engine::{Partition, ScanBudget};
 use fabrickv_types::KeyHash;
 use fabrickv_wire::checkpoint::{
@@ -60,6 +68,9 @@ pub const CHECKPOINT_FRAME_BYTES_TARGET: usize = 1 << 20;
 /// Index entries a save's walk reads per hold of a partition's lock:
 /// the longest a writer to that partition waits on a save.
 pub const CUT_SCAN_ENTRIES: usize = 4096;
+
+/// KV-cache values a save leases per hold of the cache's lock.
+pub const CACHE_SCAN_ENTRIES: usize = 256;
 
 /// Keys written behind a save's walk that it holds before reading them
 /// again (and forgetting them): the bound on a save's extra memory per
@@ -105,7 +116,7 @@ pub struct Manifest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FileEntry {
     pub name: String,
-    /// `kv` or `embedding`.
+    /// `kv`, `embedding` or `cache`.
     pub kind: String,
     pub index: u32,
     pub bytes: u64,
@@ -216,6 +227,8 @@ struct SaveState {
 enum Job {
     Kv(usize),
     Shard(usize),
+    /// The KV cache (one store, one file).
+    Cache,
 }
 
 impl Job {
@@ -223,12 +236,14 @@ impl Job {
         match self {
             Job::Kv(_) => FileKind::Kv,
             Job::Shard(_) => FileKind::Embedding,
+            Job::Cache => FileKind::Cache,
         }
     }
 
     fn index(self) -> usize {
         match self {
             Job::Kv(i) | Job::Shard(i) => i,
+            Job::Cache => 0,
         }
     }
 
@@ -236,6 +251,7 @@ impl Job {
         match self {
             Job::Kv(i) => format!("kv-{i:05}.fkv"),
             Job::Shard(i) => format!("embedding-{i:05}.fkv"),
+            Job::Cache => "cache-00000.fkv".into(),
         }
     }
 }
@@ -244,6 +260,7 @@ fn kind_name(k: FileKind) -> &'static str {
     match k {
         FileKind::Kv => "kv",
         FileKind::Embedding => "embedding",
+        FileKind::Cache => "cache",
     }
 }
 
@@ -260,6 +277,10 @@ pub struct Checkpoints {
     root: Option<PathBuf>,
     /// Checkpoints kept under the root after a save (0: all).
     keep: usize,
+    /// The KV cache: restored when a checkpoint has it, saved only with
+    /// `save_cache` (`--checkpoint-cache`).
+    cache: Option<CacheStore>,
+    save_cache: bool,
     state: Mutex<SaveState>,
 }
 
@@ -289,8 +310,18 @@ impl Checkpoints {
             threads: threads.max(1),
             root,
             keep,
+            cache: None,
+            save_cache: false,
             state: Mutex::new(SaveState::default()),
         }
+    }
+
+    /// Restores the KV cache `store` from checkpoints that hold it, and
+    /// with `save` (`--checkpoint-cache`) saves it too.
+    pub fn with_cache(mut self, store: CacheStore, save: bool) -> Checkpoints {
+        self.cache = Some(store);
+        self.save_cache = save;
+        self
     }
 
     fn lock_state(&self) -> std::sync::MutexGuard<'_, SaveState> {
@@ -458,9 +489,11 @@ impl Checkpoints {
         fs::create_dir(&dir).map_err(io_at(&dir))?;
         let partitions = self.parts.len();
         let shards = self.ps.built_shards();
+        let cache = self.save_cache && self.cache.is_some();
         let jobs: Vec<Job> = (0..partitions)
             .map(Job::Kv)
             .chain((0..shards).map(Job::Shard))
+            .chain(cache.then_some(Job::Cache))
             .collect();
         let next = AtomicUsize::new(0);
         let done: Mutex<Vec<Result<FileEntry, CheckpointError>>> = Mutex::new(Vec::new());
@@ -474,6 +507,7 @@ impl Checkpoints {
                     let count = match job {
                         Job::Kv(_) => partitions,
                         Job::Shard(_) => shards,
+                        Job::Cache => 1,
                     };
                     let head = FileHeader {
                         version: FORMAT_VERSION,
@@ -608,12 +642,40 @@ impl Checkpoints {
         match job {
             Job::Kv(i) => Some(f(&mut self.parts.lock(i))),
             Job::Shard(i) => self.ps.with_shard(i, f),
+            Job::Cache => None,
         }
+    }
+
+    /// The walk of the KV cache (see the module's doc): every value
+    /// committed by the cut and still there when the walk passes.
+    fn walk_cache(&self, store: &CacheStore, out: &mut FileOut) -> std::io::Result<()> {
+        let cut = store.last_generation();
+        let mut buf = BatchBuf::default();
+        let mut from = Some(0);
+        while let Some(at) = from {
+            let now = self.unix.clock().now_ms();
+            let chunk = store.snapshot_from(at, CACHE_SCAN_ENTRIES, cut, now);
+            for (key, lease) in chunk.values {
+                let expire = match lease.expires_at_ms() {
+                    0 => 0,
+                    at => self.unix.to_unix(at),
+                };
+                buf.cache_entry(&key, &lease, expire);
+                if buf.bytes() >= CHECKPOINT_FRAME_BYTES_TARGET {
+                    out.frame(&mut buf)?;
+                }
+            }
+            from = chunk.next;
+        }
+        out.frame(&mut buf)
     }
 
     /// The walk of one partition (see the module's doc): every key's
     /// state at the cut, in frames written to `out`.
     fn walk(&self, job: Job, count: u32, out: &mut FileOut) -> Result<(), WalkError> {
+        if let (Job::Cache, Some(store)) = (job, &self.cache) {
+            return self.walk_cache(store, out).map_err(WalkError::Io);
+        }
         let mut w = Walk {
             cursor: Some(0),
             behind: HashSet::new(),
@@ -657,13 +719,14 @@ impl Checkpoints {
                 w.behind.clear();
                 match job {
                     Job::Kv(i) => w.buf.flush_partition(count, i as u32),
-                    Job::Shard(_) => w.cleared = true,
+                    Job::Shard(_) | Job::Cache => w.cleared = true,
                 }
             }
             for k in noted.iter() {
                 let hash = match job {
                     Job::Kv(_) => Some(KeyHash::of(k)),
                     Job::Shard(_) => PsStore::item_hash_of(k),
+                    Job::Cache => None,
                 };
                 let passed = match (w.cursor, hash) {
                     (Some(c), Some(h)) => p.main_bucket_of(h) < c,
@@ -727,6 +790,8 @@ impl Checkpoints {
                     RowState::Absent => w.buf.ps_del(table, key),
                 }
             }
+            // The cache has a walk of its own (`walk_cache`).
+            Job::Cache => {}
         }
     }
 
@@ -832,6 +897,7 @@ impl Checkpoints {
             let expected_count = match h.kind {
                 FileKind::Kv => manifest.partitions,
                 FileKind::Embedding => manifest.shards,
+                FileKind::Cache => 1,
             };
             if h.generation != manifest.generation
                 || kind_name(h.kind) != f.kind
@@ -935,6 +1001,9 @@ impl Checkpoints {
                     let now = self.unix.clock().now_ms();
                     match h.kind {
                         FileKind::Kv => self.apply_kv(h.index as usize, recs.iter(), now),
+                        FileKind::Cache => self
+                            .apply_cache(recs.iter(), now)
+                            .map_err(|why| CheckpointError::Mismatch(path.to_path_buf(), why))?,
                         FileKind::Embedding => {
                             for rec in recs.iter() {
                                 store_table_record(
@@ -951,6 +1020,40 @@ impl Checkpoints {
                 }
             }
         }
+    }
+
+    /// Stores a cache file's frame. A value already expired is left out;
+    /// a cache too small for the rest evicts as it would serving, and one
+    /// that does not evict refuses the start.
+    fn apply_cache<'a>(
+        &self,
+        recs: impl Iterator<Item = Record<'a>>,
+        now: u64,
+    ) -> Result<(), String> {
+        let Some(store) = &self.cache else {
+            return Err("the checkpoint holds a KV cache and this server has none".into());
+        };
+        for rec in recs {
+            let Record::CacheEntry {
+                key,
+                value,
+                expire_unix_ms,
+            } = rec
+            else {
+                continue;
+            };
+            let ttl_ms = match expire_unix_ms {
+                0 => 0,
+                at => match self.unix.to_engine(at).checked_sub(now) {
+                    Some(left) if left > 0 => left,
+                    _ => continue,
+                },
+            };
+            store
+                .put(key, value, ttl_ms, now)
+                .map_err(|e| format!("the KV cache cannot take its saved values: {e}"))?;
+        }
+        Ok(())
     }
 
     /// Applies a kv file's frame: its partition's lock held once for the

@@ -240,6 +240,77 @@ fn a_save_restores_values_ttls_meta_large_values_and_tables() {
     assert_eq!(a.rows(), b.rows(), "every row back, under its table's name");
 }
 
+fn cache_store() -> CacheStore {
+    CacheStore::new(fabrickv_cache::CacheConfig {
+        pool_bytes: 8 << 20,
+        ..fabrickv_cache::CacheConfig::default()
+    })
+    .expect("cache")
+}
+
+#[test]
+fn the_kv_cache_is_saved_only_when_asked_and_restored_with_its_ttls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = server();
+    let cache = cache_store();
+    let now = a.now();
+    let long_key = vec![b'k'; fabrickv_types::limits::CACHE_KEY_BYTES_MAX];
+    for i in 0..300u32 {
+        let block = vec![i as u8; 4096 + i as usize];
+        cache
+            .put(format!("block:{i}").as_bytes(), &block, 0, now)
+            .expect("put");
+    }
+    cache
+        .put(&long_key, b"long key", 3_600_000, now)
+        .expect("put");
+    // Without --checkpoint-cache the file is not written.
+    let plain = a
+        .checkpoints(Some(dir.path()), 0)
+        .with_cache(cache.clone(), false);
+    let saved = plain.save(&dir.path().join("plain")).expect("save");
+    assert!(saved.manifest.files.iter().all(|f| f.kind != "cache"));
+
+    let ck = a
+        .checkpoints(Some(dir.path()), 0)
+        .with_cache(cache.clone(), true);
+    let saved = ck.save(&dir.path().join("with")).expect("save");
+    let f = saved
+        .manifest
+        .files
+        .iter()
+        .find(|f| f.kind == "cache")
+        .expect("a cache file");
+    assert_eq!(f.records, 301);
+
+    let b = server();
+    let restored = cache_store();
+    b.checkpoints(None, 0)
+        .with_cache(restored.clone(), false)
+        .restore(&saved.dir, true)
+        .expect("restore");
+    let now = b.now();
+    for i in 0..300u32 {
+        let got = restored
+            .get(format!("block:{i}").as_bytes(), now)
+            .expect("restored");
+        assert_eq!(&got[..], &vec![i as u8; 4096 + i as usize][..], "{i}");
+    }
+    let got = restored.get(&long_key, now).expect("the long key");
+    assert_eq!(&got[..], b"long key");
+    let left = got.expires_at_ms().saturating_sub(now);
+    assert!(
+        (3_000_000..=3_600_000).contains(&left),
+        "the TTL survives as a time: {left} ms left"
+    );
+    // A server without a cache refuses a checkpoint that has one.
+    let e = server()
+        .checkpoints(None, 0)
+        .restore(&saved.dir, true)
+        .expect_err("no cache to restore into");
+    assert!(e.to_string().contains("KV cache"), "{e}");
+}
+
 /// Drives one partition's walk by hand, changing keys between its
 /// steps: the file must hold exactly the state at the step that ends it.
 #[test]

@@ -306,6 +306,11 @@ fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64, tabl
             // back if it leads them again.
             a.cache.store().delete_where(&|k| doomed(key_slot(k)));
         }
+        // Checkpoints hold cache entries; the cache is one copy, and no
+        // primary sends them.
+        Record::CacheEntry { .. } => {
+            tracing::warn!("server {sender} sent a KV-cache entry to replicate; ignored")
+        }
         Record::PsTable { .. } | Record::PsRow { .. } | Record::PsDel { .. } => {
             super::store_table_record(
                 &a.ps,
