@@ -136,10 +136,14 @@ impl ServeClusterArgs {
             return Err(format!("--id {id} is not below --cluster-size {size}"));
         }
         let initial = SlotMap::initial(size, self.replicas)?;
-        // A server keeping copies binds where its primaries ship to
-        // before it registers that address, and draws the incarnation
-        // that tells this run from an earlier one of the same id.
-        let repl_listener = if self.replicas > 1 {
+        // Every server of an etcd cluster takes streams (a cluster of one
+        // copy too: slots moved to it come that way), and one keeping
+        // copies draws the incarnation that tells this run from an
+        // earlier one of the same id (a server of one copy has nothing a
+        // restart could leave stale: it serves what it holds).
+        // It binds where primaries ship to before it registers that
+        // address.
+        let repl_listener = {
             let listen = match &self.repl_listen {
                 Some(a) => a.clone(),
                 None => format!("{}:0", listen_host(&desc.addrs[0])),
@@ -147,12 +151,12 @@ impl ServeClusterArgs {
             let l = fabrickv_server::replication::bind(&listen)
                 .map_err(|e| format!("--repl-listen {listen}: {e}"))?;
             desc.repl = Some(l.local_addr().map_err(|e| e.to_string())?.to_string());
-            handle
-                .slot_routing()
-                .set_incarnation(fabrickv_auth::random_u64() | 1);
+            if self.replicas > 1 {
+                handle
+                    .slot_routing()
+                    .set_incarnation(fabrickv_auth::random_u64() | 1);
+            }
             Some(l)
-        } else {
-            None
         };
         let deadline = Instant::now() + Duration::from_millis(ETCD_JOIN_WAIT_MS);
         let (registry, registration) = loop {
@@ -294,6 +298,29 @@ pub enum ClusterCommand {
         #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
         listen: String,
     },
+    /// Gives a server (started with `serve --registry etcd://... --id N`)
+    /// an even share of an etcd cluster's slots, moved to it while every
+    /// server serves; waits until the move is done.
+    Add {
+        #[command(flatten)]
+        target: crate::cluster_moves::MoveTarget,
+        #[command(flatten)]
+        which: crate::cluster_moves::Which,
+    },
+    /// Moves every slot a server leads to the others, then its backup
+    /// copies; it holds nothing after and can be stopped.
+    Remove {
+        #[command(flatten)]
+        target: crate::cluster_moves::MoveTarget,
+        /// The server's id.
+        #[arg(long)]
+        id: u32,
+    },
+    /// Evens out the slots each server of an etcd cluster leads.
+    Rebalance {
+        #[command(flatten)]
+        target: crate::cluster_moves::MoveTarget,
+    },
 }
 
 /// `fabrickv barrier NAME --count N`
@@ -341,6 +368,9 @@ pub fn run(cmd: ClusterCommand) -> Result<std::process::ExitCode, String> {
             cluster,
             listen,
         } => controller(&registry, &cluster, &listen),
+        ClusterCommand::Add { target, which } => crate::cluster_moves::add(&target, &which),
+        ClusterCommand::Remove { target, id } => crate::cluster_moves::remove(&target, id),
+        ClusterCommand::Rebalance { target } => crate::cluster_moves::rebalance(&target),
         ClusterCommand::Show { source, wait, toml } => {
             if let Some(url) = source.registry.as_deref().filter(|u| is_etcd_url(u)) {
                 if toml {

@@ -8,6 +8,7 @@
 mod bench;
 mod checkpoint_cmd;
 mod cluster_cmd;
+mod cluster_moves;
 mod copy_cmd;
 mod partitions_cmd;
 mod ps_cmd;

@@ -99,7 +99,10 @@ impl Decider {
         let Some(map) = map else {
             return false;
         };
-        if b.id >= map.size {
+        // A server past the map's size is one started to be added
+        // (`fabrickv cluster add`): it is stamped like the others, so that
+        // it can take the streams of the slots moved to it.
+        if b.id >= crate::CLUSTER_SERVERS_MAX {
             return false;
         }
         let i = b.id as usize;
@@ -146,7 +149,7 @@ impl Decider {
         }
         let alive =
             |h: Heard| now.saturating_duration_since(h.at).as_millis() < u128::from(DEAD_AFTER_MS);
-        for id in 0..map.size {
+        for id in 0..(self.heard.len() as u32).max(map.size) {
             if let Some(h) = self.heard(id).filter(|h| h.incarnation != 0 && alive(*h)) {
                 if let Some(next) = map.stamped(id, h.incarnation) {
                     return Some((

@@ -368,8 +368,9 @@ impl EtcdRegistry {
 
     /// Creates the cluster's map as `initial` unless one exists, in one
     /// transaction, and returns the map in force and its `mod_revision`.
-    /// A map of another size or copy count is an error: this server was
-    /// started for another cluster.
+    /// A map of another copy count is an error: this server was started
+    /// for another cluster. Its size is the map's, whatever `initial`
+    /// says (the cluster may have grown or shrunk since it began).
     pub fn create_map(&self, initial: &SlotMap) -> Result<(SlotMap, i64), RegistryError> {
         let key = self.map_key();
         let sealed = crate::mac::seal(self.secret.as_ref(), &key, &initial.to_json());
@@ -407,10 +408,13 @@ impl EtcdRegistry {
                 corrupt("its MAC does not check out with this cluster's secret".into())
             })?;
         let map = SlotMap::from_json(text.as_bytes()).map_err(corrupt)?;
-        if map.size != initial.size || map.replicas != initial.replicas {
+        // The size may differ: a cluster grows and shrinks (`fabrickv
+        // cluster add`), and a server started to be added has an id past
+        // the map's until it is.
+        if map.replicas != initial.replicas {
             return Err(RegistryError::Invalid(format!(
-                "cluster {} in etcd has {} servers keeping {} copies of each slot; this server expects {} servers keeping {}",
-                self.cluster, map.size, map.replicas, initial.size, initial.replicas
+                "cluster {} in etcd keeps {} copies of each slot; this server expects {}",
+                self.cluster, map.replicas, initial.replicas
             )));
         }
         Ok((map, rev))

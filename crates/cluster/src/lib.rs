@@ -15,6 +15,7 @@ pub mod etcd;
 pub mod heartbeat;
 pub mod local;
 mod mac;
+pub mod moves;
 pub mod registry;
 pub mod slots;
 

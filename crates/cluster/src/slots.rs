@@ -129,6 +129,11 @@ pub struct ReplicaGroup {
     /// failover and a later return) is refused by the backups.
     #[serde(default)]
     pub since: u64,
+    /// The server the group's slots are moving to (`fabrickv cluster
+    /// add`, `remove`, `rebalance`; see [`crate::moves`]): it joins, and
+    /// once it is in sync the primary hands the group over to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving_to: Option<u32>,
 }
 
 impl ReplicaGroup {
@@ -189,6 +194,7 @@ impl SlotMap {
                 backups: (1..u32::from(replicas)).map(|b| (i + b) % size).collect(),
                 joining: Vec::new(),
                 since: 1,
+                moving_to: None,
             })
             .collect();
         Ok(SlotMap {
@@ -244,6 +250,12 @@ impl SlotMap {
                 g.since = self.epoch + 1;
                 changed = true;
             }
+            // A move to the server gone is off; one whose target now
+            // leads is done.
+            if g.moving_to == Some(id) || g.moving_to == Some(g.primary) {
+                g.moving_to = None;
+                changed = true;
+            }
         }
         changed.then(|| {
             next.epoch = self.epoch + 1;
@@ -264,6 +276,9 @@ impl SlotMap {
             g.backups.retain(|&s| s != follower);
             g.joining.retain(|&s| s != follower);
             changed |= before != g.backups.len() + g.joining.len();
+            if g.moving_to == Some(follower) {
+                g.moving_to = None;
+            }
         }
         changed.then(|| {
             next.epoch = self.epoch + 1;
@@ -322,8 +337,20 @@ impl SlotMap {
                 .servers()
                 .chain(group.joining.iter().copied())
                 .collect();
-            if servers.len() > usize::from(REPLICAS_MAX) {
+            let most = if group.moving_to.is_some() {
+                crate::moves::MOVING_GROUP_SERVERS_MAX
+            } else {
+                usize::from(REPLICAS_MAX)
+            };
+            if servers.len() > most {
                 return Err(format!("group {g} has {} servers", servers.len()));
+            }
+            if let Some(to) = group.moving_to {
+                if to == group.primary || !group.holds(to) {
+                    return Err(format!(
+                        "group {g} moves to server {to}, which is not joining it"
+                    ));
+                }
             }
             if let Some(s) = servers.iter().find(|&&s| s >= self.size) {
                 return Err(format!(
@@ -439,6 +466,9 @@ impl fmt::Display for SlotMap {
             if !g.joining.is_empty() {
                 let joining: Vec<String> = g.joining.iter().map(u32::to_string).collect();
                 write!(f, "  joining [{}]", joining.join(","))?;
+            }
+            if let Some(to) = g.moving_to {
+                write!(f, "  moving to {to}")?;
             }
             writeln!(f)?;
         }

@@ -59,11 +59,16 @@ fn the_map_is_created_once_and_changed_only_by_compare_and_swap() {
     // A second server starting with the same shape gets the same map.
     let (m2, rev2) = b.create_map(&first).expect("create again");
     assert_eq!((m2, rev2), (first.clone(), rev1));
-    // One with another shape is told so.
-    let e = b
+    // One started for a bigger cluster (to be added to it) gets the map
+    // in force; one keeping another count of copies is told so.
+    let (m3, _) = b
         .create_map(&SlotMap::initial(4, 2).expect("map"))
-        .expect_err("another size");
-    assert!(e.to_string().contains("3 servers keeping 2 copies"), "{e}");
+        .expect("another size");
+    assert_eq!(m3, first);
+    let e = b
+        .create_map(&SlotMap::initial(3, 3).expect("map"))
+        .expect_err("another copy count");
+    assert!(e.to_string().contains("keeps 2 copies of each slot"), "{e}");
 
     let mut next = first.clone();
     next.epoch += 1;

@@ -85,6 +85,9 @@ pub enum Route {
     Moved { slot: u16, to: Option<String> },
     /// The keys hash to different slots, which one command cannot span.
     CrossSlot,
+    /// The slot's group is being handed to another server (a move):
+    /// nothing runs on it for a moment; try again (Redis's TRYAGAIN).
+    TryAgain { slot: u16 },
 }
 
 impl SlotRouting {
@@ -242,12 +245,23 @@ impl Routing {
 
     /// Whether this server may serve `slot`: as its primary, or as any of
     /// its replicas for a read that accepts staleness (`replica_read`).
+    /// Nothing is served from a group being handed over (a move): its
+    /// primary waits for its last writes to reach every copy.
     #[inline]
     pub fn serves(&self, slot: u16, replica_read: bool) -> bool {
         let g = &self.map.groups[self.routes.group_of(slot)];
         self.active
             && (g.primary == self.me || (replica_read && g.backups.contains(&self.me)))
+            && !g.handing_over()
             && self.leased()
+    }
+
+    /// Whether `slot`'s group is being handed over to another server: a
+    /// command for it is refused for a moment, to be sent again (to the
+    /// new owner once the map names it).
+    #[inline]
+    pub fn handing_over(&self, slot: u16) -> bool {
+        self.map.groups[self.routes.group_of(slot)].handing_over()
     }
 
     /// Whether the server's lease holds now, where it needs one: read
@@ -277,6 +291,9 @@ impl Routing {
         }
         if self.serves(first, replica_read) {
             return Route::Here;
+        }
+        if self.handing_over(first) {
+            return Route::TryAgain { slot: first };
         }
         let to = self
             .server(self.primary_of(first))

@@ -255,6 +255,7 @@ impl<C: PerServer> Members<C> {
     /// address changed (restarted elsewhere) loses its old connection, and
     /// is connected at the new address when next needed.
     pub(crate) fn adopt_descs(&mut self, descs: &[Option<fabrickv_cluster::ServerDesc>]) {
+        self.grow_to(descs.len());
         for (s, m) in self.servers.iter_mut().enumerate() {
             let Some(Some(d)) = descs.get(s) else {
                 continue;
@@ -264,6 +265,22 @@ impl<C: PerServer> Members<C> {
                 m.addr = addr;
                 m.conn = None;
             }
+        }
+    }
+
+    /// Makes room for servers up to id `n - 1` (a cluster grown since
+    /// the client joined), down until their descriptors are read.
+    pub(crate) fn grow_to(&mut self, n: usize) {
+        while self.servers.len() < n {
+            let id = self.servers.len();
+            self.servers.push(Member {
+                addr: Err(format!(
+                    "server {id} joined cluster {} after this client; its address is not read yet",
+                    self.cluster
+                )),
+                conn: None,
+                epoch: 0,
+            });
         }
     }
 

@@ -363,6 +363,7 @@ impl ClusterClient {
         again: &mut Vec<usize>,
     ) -> Result<()> {
         batch::validate(ops)?;
+        self.follow_map();
         let n = self.m.size();
         if n == 1 {
             // One server: the plain client's path, with no split.
@@ -370,7 +371,6 @@ impl ClusterClient {
             batch::refresh_if_stale(c, ops);
             return batch::run_valid(c, ops, sink, again).map_err(|e| self.m.fail(0, e));
         }
-        self.follow_map();
         // Each key is hashed once: the hash picks the server here (unless
         // the slot map does) and the worker inside it.
         let hashes: Vec<KeyHash> = ops.iter().map(|o| KeyHash::of(o.key())).collect();
@@ -426,6 +426,7 @@ impl ClusterClient {
                     .collect();
                 self.follow_map();
                 parts.iter_mut().for_each(Vec::clear);
+                parts.resize_with(self.m.size() as usize, Vec::new);
                 for i in unlanded {
                     parts[self.server_for_op(&ops[i], hashes[i]) as usize].push(i);
                 }
@@ -437,16 +438,22 @@ impl ClusterClient {
             sink.reply_full(again);
             let moved = sink.moved;
             if !moved.is_empty() {
-                rerouted += 1;
                 let reloaded = match &mut self.slots {
-                    Some(f) if rerouted <= WRONG_SERVER_ROUNDS_MAX => {
+                    Some(f)
+                        if rerouted < WRONG_SERVER_ROUNDS_MAX
+                            && std::time::Instant::now() < failover_deadline =>
+                    {
                         let epoch = f.epoch();
                         f.reload()?;
                         // The server refused with the map this client
                         // holds: it is between roles (a failover under
-                        // way, its lease lapsed); wait for the next map.
-                        if f.epoch() == epoch {
-                            f.wait_newer(epoch, failover_deadline);
+                        // way, its lease lapsed, a group handed over);
+                        // wait for the next map. Only refusals no newer
+                        // map explains count against the bound: a move
+                        // changes the map several times in a row.
+                        let newer = f.epoch() > epoch || f.wait_newer(epoch, failover_deadline);
+                        if !newer {
+                            rerouted += 1;
                         }
                         true
                     }
@@ -465,7 +472,10 @@ impl ClusterClient {
             if again.is_empty() {
                 return Ok(());
             }
+            // The map may have been read again (and grown) above.
+            self.follow_map();
             parts.iter_mut().for_each(Vec::clear);
+            parts.resize_with(self.m.size() as usize, Vec::new);
             for &i in again.iter() {
                 parts[self.server_for_op(&ops[i], hashes[i]) as usize].push(i);
             }

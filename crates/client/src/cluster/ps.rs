@@ -347,6 +347,7 @@ impl ClusterPs {
     /// before any part is sent.
     pub fn pull_async(&mut self, t: &ClusterTable, keys: &[u64]) -> Result<ClusterPull> {
         self.check_table(t)?;
+        self.follow_map();
         let n = self.m.size();
         let dim = t.spec.dim as usize;
         if n == 1 {
@@ -364,7 +365,6 @@ impl ClusterPs {
                 dim,
             });
         }
-        self.follow_map();
         let mut positions: Vec<Vec<usize>> = vec![Vec::new(); n as usize];
         for (i, &k) in keys.iter().enumerate() {
             positions[self.server_of(k) as usize].push(i);

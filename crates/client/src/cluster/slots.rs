@@ -12,10 +12,12 @@ use fabrickv_cluster::ServerDesc;
 
 use crate::{ClientError, Result};
 
-/// Rounds of a batch that met WRONG_SERVER (each after reading the map
-/// again) before the operations still refused keep that answer: a map
-/// changes a few times per failover, so more rounds than this mean the
-/// servers disagree with etcd for longer than a call should wait.
+/// Rounds of a batch that met WRONG_SERVER under a map no newer one
+/// replaced (each after reading the map again, and waiting for a newer)
+/// before the operations still refused keep that answer: more than this
+/// means the servers disagree with etcd for longer than a call should
+/// wait. Rounds a newer map explains (a failover's or a move's several
+/// changes) do not count; [`FAILOVER_WAIT_MS`] bounds them.
 pub const WRONG_SERVER_ROUNDS_MAX: usize = 4;
 
 /// How long a call whose server failed or refused it waits for the
@@ -48,6 +50,12 @@ pub(crate) struct SlotFollow {
     /// that clients spread the reads of one key over its copies.
     salt: u64,
     epoch: u64,
+    /// Servers the map counts (it grows when one is added).
+    size: u32,
+    /// Whether a group of the map is being handed to another server (a
+    /// move): a call refused for it waits for the map that names the
+    /// new owner.
+    handing_over: bool,
     /// The newest map the watch delivered with the servers' descriptors
     /// of that view, and how many it delivered.
     latest: Arc<Mutex<Option<Delivered>>>,
@@ -83,6 +91,8 @@ impl SlotFollow {
                 .map_or(0, |d| d.as_nanos() as u64)
                 ^ u64::from(std::process::id()).rotate_left(32),
             epoch: 0,
+            size: 0,
+            handing_over: false,
             latest,
             descs: None,
             delivered,
@@ -181,15 +191,20 @@ impl SlotFollow {
     /// failed server waits for a newer map (a failover). WRONG_SERVER
     /// reads the map again; if it had not changed, the refusing server is
     /// behind this client or between roles, and the call goes again after
-    /// a short wait for a newer map ([`REFUSED_PAUSE_MS`]), until
-    /// `deadline`. Calls that change nothing or carry request ids are safe
+    /// a short wait for a newer map ([`REFUSED_PAUSE_MS`]; while a
+    /// group is handed over, until the next map), until `deadline`. Calls that change nothing or carry request ids are safe
     /// to send again; the callers are those.
     pub(crate) fn reroute(&mut self, e: &ClientError, deadline: std::time::Instant) -> bool {
         let epoch = self.epoch;
         if e.code() == fabrickv_types::ErrorCode::WrongServer {
             if self.reload().is_ok() && self.epoch == epoch {
-                let pause =
-                    std::time::Instant::now() + std::time::Duration::from_millis(REFUSED_PAUSE_MS);
+                // A group handed over waits for its new owner's map; a
+                // server behind the client, a moment.
+                let pause = if self.handing_over {
+                    deadline
+                } else {
+                    std::time::Instant::now() + std::time::Duration::from_millis(REFUSED_PAUSE_MS)
+                };
                 self.wait_newer(epoch, pause.min(deadline));
             }
             std::time::Instant::now() < deadline
@@ -217,6 +232,8 @@ impl SlotFollow {
             })
             .collect();
         self.epoch = map.epoch;
+        self.size = map.size;
+        self.handing_over = map.groups.iter().any(|g| g.handing_over());
     }
 }
 
@@ -229,6 +246,9 @@ pub(crate) fn follow_map<C: super::PerServer>(
 ) {
     if let Some(f) = slots {
         f.update();
+        // A server added to the cluster gets a place before any key
+        // routes to it (its address comes with the descriptors).
+        m.grow_to(f.size as usize);
         if let Some(descs) = f.take_descs() {
             m.adopt_descs(&descs);
         }

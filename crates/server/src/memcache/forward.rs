@@ -26,6 +26,11 @@ use crate::slot_routing::{OpenedAt, RoutingCache, SlotRouting};
 /// the connection to that owner dropped.
 pub const MC_FORWARD_TIMEOUT_MS: u64 = 2_000;
 
+/// Longest a command waits for its slot's group to be handed over to
+/// another server (a move) before it is answered as the map then says,
+/// in milliseconds.
+pub const MC_HANDOVER_WAIT_MS: u64 = 2_000;
+
 /// Most owners one client connection keeps a forwarding connection to.
 /// An etcd cluster has at most `CLUSTER_SERVERS_MAX` servers; past this
 /// many the least useful (any) is closed first.
@@ -129,10 +134,21 @@ impl Forwarder {
     /// slot map in which another server leads the key's slot.
     #[inline]
     fn owner(&mut self, routing: &SlotRouting, key: &[u8]) -> Owner {
+        let slot = key_slot(key);
+        // A memcached client cannot be told to try again: while the
+        // slot's group is handed over (milliseconds), the command waits.
+        let deadline = std::time::Instant::now() + Duration::from_millis(MC_HANDOVER_WAIT_MS);
+        while self
+            .view
+            .current(routing)
+            .is_some_and(|r| r.handing_over(slot))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let Some(r) = self.view.current(routing) else {
             return Owner::Here { too_late: false };
         };
-        let slot = key_slot(key);
         if r.serves(slot, false) {
             let too_late = self.opened.is_some_and(|o| !o.admits(r, slot));
             return Owner::Here { too_late };

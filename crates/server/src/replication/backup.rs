@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use fabrickv_auth::Secret;
 use fabrickv_cluster::slots::key_slot;
-use fabrickv_engine::ScanBudget;
 use fabrickv_types::KeyHash;
 
 use super::{MsgReader, TableIds, UnixClock};
@@ -291,14 +290,14 @@ fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64, tabl
             });
         }
         Record::FlushPartition { count, index } => {
-            drop_keys(a, now, |k| {
+            super::moves::drop_keys(&a.parts, now, |k| {
                 KeyHash::of(k).partition(*count) == *index
                     && r.map.groups[r.routes.group_of(key_slot(k))].primary == sender
             });
         }
         Record::StreamBegin { ranges } => {
             let doomed = |s: u16| ranges.iter().any(|rg| rg.contains(s));
-            drop_keys(a, now, |k| doomed(key_slot(k)));
+            super::moves::drop_keys(&a.parts, now, |k| doomed(key_slot(k)));
             a.ps.drop_rows(now, &doomed);
             // The KV cache is one copy, not streamed; but what this server
             // cached for these slots when it last led them is older than
@@ -321,37 +320,6 @@ fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64, tabl
                 &format_args!("replication from server {sender}"),
             )
         }
-    }
-}
-
-/// Deletes every key `doomed` picks, over every partition.
-fn drop_keys(a: &Applier, now: u64, doomed: impl Fn(&[u8]) -> bool) {
-    for p in 0..a.parts.len() {
-        let mut keys: Vec<Vec<u8>> = Vec::new();
-        let mut bucket = 0;
-        loop {
-            let next = on_partition(&a.parts, p, |part| {
-                let mut budget = ScanBudget {
-                    entries: 4096,
-                    words: 4096,
-                };
-                part.scan_from(bucket, now, &mut budget, &mut |k, _, _| {
-                    if doomed(k) {
-                        keys.push(k.to_vec());
-                    }
-                    true
-                })
-            });
-            match next {
-                Some(b) => bucket = b,
-                None => break,
-            }
-        }
-        on_partition(&a.parts, p, |part| {
-            for k in &keys {
-                let _ = part.delete(KeyHash::of(k), k, now);
-            }
-        });
     }
 }
 

@@ -38,6 +38,7 @@
 pub mod backup;
 mod followers;
 pub mod lease;
+mod moves;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Read;
@@ -395,6 +396,10 @@ struct Shipper {
     streams: Vec<Stream>,
     /// Rounds launched and not yet complete, oldest first.
     in_flight: VecDeque<InFlight>,
+    /// Groups this server leads that are handing over, by number.
+    handovers: HashMap<usize, moves::Handover>,
+    /// The slots this server held a copy of, and the epoch of that map.
+    held: Option<(u64, Vec<bool>)>,
 }
 
 /// The primary side of replication, shared by every thread that replies.
@@ -801,6 +806,8 @@ impl Replicator {
             }
         }
         self.promote_complete();
+        self.hand_over();
+        self.release_dropped();
     }
 
     /// Starts a stream for every joiner of a group this server leads, and

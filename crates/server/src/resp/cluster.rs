@@ -175,6 +175,14 @@ impl ClusterConn {
                 resp::error(out, CROSSSLOT);
                 Gate::Refused
             }
+            // Redis cluster clients send it again after a pause.
+            Route::TryAgain { slot } => {
+                resp::error(
+                    out,
+                    &format!("TRYAGAIN slot {slot} is being handed to another server"),
+                );
+                Gate::Refused
+            }
         }
     }
 

@@ -1,0 +1,193 @@
+//! The primary's part in moving slots to another server
+//! (`fabrickv_cluster::moves`): handing a group over once its new owner
+//! is in sync, and letting go of the keys of slots this server no longer
+//! holds any copy of.
+
+use std::time::{Duration, Instant};
+
+use fabrickv_cluster::slots::{key_slot, SlotMap, SLOTS};
+use fabrickv_engine::ScanBudget;
+use fabrickv_rpc::gate::Settle;
+use fabrickv_types::KeyHash;
+
+use super::Replicator;
+use crate::partitions::Partitions;
+
+/// How long a primary waits, once a group it leads is handing over,
+/// before it takes its last round of the group's writes, in
+/// milliseconds: a command that found the group served just before the
+/// map changed is applied within this (it runs in microseconds; this
+/// covers a thread descheduled on a busy host). A write applied later
+/// still is caught by the fence (the server restarts and rejoins), not
+/// lost.
+pub const HANDOVER_QUIESCE_MS: u64 = 50;
+
+/// Keys read per hold of a partition's lock while letting slots go.
+const RELEASE_SCAN_ENTRIES: usize = 4096;
+
+/// A group this server leads that is handing over.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Handover {
+    /// When this server first saw it handing over.
+    since: Instant,
+    /// The round taken after the quiet period; once it completes every
+    /// write made to the group is on every copy.
+    round: Option<u64>,
+}
+
+/// Every slot held by some copy on `me` in `map`.
+fn held_by(map: &SlotMap, me: u32) -> Vec<bool> {
+    let routes = map.routes();
+    (0..SLOTS)
+        .map(|s| map.groups[routes.group_of(s)].holds(me))
+        .collect()
+}
+
+impl Replicator {
+    /// Hands over each group this server leads whose new owner is in
+    /// sync: after [`HANDOVER_QUIESCE_MS`], one more round, and once it
+    /// is acknowledged, the map naming the new owner (compare-and-swap;
+    /// a change that lost is tried again at the next tick).
+    pub(super) fn hand_over(&self) {
+        let Some(r) = self.routing.routing() else {
+            return;
+        };
+        let mine: Vec<usize> = r
+            .map
+            .groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.primary == self.me && g.handing_over())
+            .map(|(i, _)| i)
+            .collect();
+        let mut ready = Vec::new();
+        {
+            let mut sh = self.lock_ship();
+            sh.handovers.retain(|g, _| mine.contains(g));
+            for g in mine {
+                let h = *sh.handovers.entry(g).or_insert(Handover {
+                    since: Instant::now(),
+                    round: None,
+                });
+                match h.round {
+                    None if h.since.elapsed() >= Duration::from_millis(HANDOVER_QUIESCE_MS)
+                        && self.room() =>
+                    {
+                        let round = self.launch(&mut sh);
+                        if let Some(h) = sh.handovers.get_mut(&g) {
+                            h.round = Some(round);
+                        }
+                    }
+                    Some(round) if self.done(round) => ready.push(g),
+                    _ => {}
+                }
+            }
+        }
+        for g in ready {
+            let view = match self.registry.view() {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!("moves: cannot read the map to hand group {g} over: {e}");
+                    return;
+                }
+            };
+            let Some((map, rev)) = view.map else {
+                return;
+            };
+            if map.groups.get(g).is_none_or(|x| x.primary != self.me) {
+                continue;
+            }
+            if let Some(next) = map.handed_over(g) {
+                match self.registry.swap_map(rev, &next) {
+                    Ok(true) => tracing::info!(
+                        "moves: group {g} handed to server {} at epoch {}",
+                        next.groups[g].primary,
+                        next.epoch
+                    ),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!("moves: cannot hand group {g} over: {e}"),
+                }
+            }
+        }
+    }
+
+    /// Once a map leaves this server no copy of some slots it held,
+    /// drops their keys, rows and cached blocks (without journaling: the
+    /// slots are others' now), so memory follows the slots.
+    pub(super) fn release_dropped(&self) {
+        let Some(r) = self.routing.routing() else {
+            return;
+        };
+        let released: Vec<bool> = {
+            let mut sh = self.lock_ship();
+            if sh.held.as_ref().is_some_and(|(e, _)| *e == r.map.epoch) {
+                return;
+            }
+            let now_held = held_by(&r.map, self.me);
+            let before = sh.held.replace((r.map.epoch, now_held.clone()));
+            let Some((_, before)) = before else {
+                return;
+            };
+            before
+                .iter()
+                .zip(&now_held)
+                .map(|(b, n)| *b && !n)
+                .collect()
+        };
+        if !released.iter().any(|&b| b) {
+            return;
+        }
+        // Slots held again meanwhile (a new stream begun) are kept: the
+        // map is read afresh for each partition.
+        let still_released = |slot: u16| {
+            released[usize::from(slot)]
+                && self
+                    .routing
+                    .routing()
+                    .is_none_or(|r| !r.map.groups[r.routes.group_of(slot)].holds(self.me))
+        };
+        let now = self.unix.clock().now_ms();
+        let dropped = drop_keys(&self.parts, now, |k| still_released(key_slot(k)));
+        self.ps.drop_rows(now, &|s| still_released(s));
+        // The cache keeps its blocks only on a slot's primary.
+        tracing::info!("moves: {dropped} keys of slots this server holds no copy of let go");
+    }
+}
+
+/// Deletes, without journaling, every key of `parts` that `doomed`
+/// picks; returns how many. Reads a chunk of keys per hold of each
+/// partition's lock, then deletes them under one more, asking `doomed`
+/// again there (what it picks may have changed since the scan).
+pub(crate) fn drop_keys(parts: &Partitions, now: u64, doomed: impl Fn(&[u8]) -> bool) -> usize {
+    let mut n = 0;
+    for p in 0..parts.len() {
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        let mut bucket = 0;
+        loop {
+            let next = parts.lock(p).unjournaled(|part| {
+                let mut budget = ScanBudget {
+                    entries: RELEASE_SCAN_ENTRIES,
+                    words: RELEASE_SCAN_ENTRIES,
+                };
+                part.scan_from(bucket, now, &mut budget, &mut |k, _, _| {
+                    if doomed(k) {
+                        keys.push(k.to_vec());
+                    }
+                    true
+                })
+            });
+            match next {
+                Some(b) => bucket = b,
+                None => break,
+            }
+        }
+        parts.lock(p).unjournaled(|part| {
+            for k in keys.iter().filter(|k| doomed(k)) {
+                if part.delete(KeyHash::of(k), k, now) == fabrickv_engine::DeleteResult::Deleted {
+                    n += 1;
+                }
+            }
+        });
+    }
+    n
+}

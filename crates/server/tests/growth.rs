@@ -1,0 +1,258 @@
+//! Growing a cluster in etcd while it serves: a fourth server is added to
+//! three, keeping one copy of each slot and keeping two. A writer runs
+//! through the whole move; afterwards every key holds the last value
+//! acknowledged for it, the new server leads a quarter of the slots and
+//! holds about a quarter of the keys, and (with one copy) the servers the
+//! slots left no longer hold them. Every test once per transport (the
+//! clients'; streams run over tcp).
+
+#[macro_use]
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fabrickv_client::{ClusterClient, ClusterOptions, Kv};
+use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
+use fabrickv_cluster::local::LocalEtcd;
+use fabrickv_cluster::slots::{SlotMap, SlotRange, SLOTS};
+use fabrickv_cluster::ServerDesc;
+use fabrickv_server::replication::{self, Replication, ReplicationParts};
+use fabrickv_server::Mode;
+
+use common::{small_pools, stat, wait_for, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+
+/// Generous: a move takes well under a second here, but a loaded
+/// machine may take seconds to run etcd's watch and the streams.
+const SETTLE_WITHIN: Duration = Duration::from_secs(60);
+
+const CLUSTER: &str = "grow";
+
+/// Keys written before the move (and overwritten during it).
+const KEYS: usize = 2_000;
+
+struct Member {
+    replication: Replication,
+    _watch: WatchHandle,
+    _registration: EtcdRegistration,
+    server: TestServer,
+}
+
+fn registry(etcd: &LocalEtcd) -> EtcdRegistry {
+    EtcdRegistry::connect(&etcd.url(), CLUSTER)
+        .expect("connect")
+        .with_secret(None)
+}
+
+/// Server `id` of a cluster begun with three servers keeping `replicas`
+/// copies, joined as `fabrickv serve --registry etcd://...` joins.
+fn member(t: Transport, reg: &EtcdRegistry, id: u32, replicas: u8) -> Member {
+    let server = TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, small_pools);
+    let listener = replication::bind("127.0.0.1:0").expect("replication listener");
+    let desc = ServerDesc {
+        id,
+        addrs: vec![server.addr.clone()],
+        resp: None,
+        grpc: None,
+        memcache: None,
+        memcache_peer: None,
+        repl: Some(listener.local_addr().expect("addr").to_string()),
+        workers: u32::from(server.workers),
+        pid: std::process::id(),
+    };
+    let h = server.handle();
+    let incarnation = if replicas > 1 {
+        fabrickv_auth::random_u64() | 1
+    } else {
+        0
+    };
+    h.slot_routing().set_incarnation(incarnation);
+    let registration = reg.register(&desc).expect("registered");
+    reg.create_map(&SlotMap::initial(3, replicas).expect("map"))
+        .expect("map");
+    let watch = h.slot_routing().follow(id, reg).expect("follows");
+    let replication = replication::start(
+        ReplicationParts {
+            parts: h.partitions().clone(),
+            ps: h.ps_store().clone(),
+            cache: h.cache().clone(),
+            routing: h.slot_routing().clone(),
+            gate: h.gate().clone(),
+            clock: h.clock(),
+        },
+        id,
+        incarnation,
+        reg.clone(),
+        None,
+        listener,
+    )
+    .expect("replication starts");
+    Member {
+        replication,
+        _watch: watch,
+        _registration: registration,
+        server,
+    }
+}
+
+/// The failover controller (a cluster keeping copies needs its leases),
+/// in a thread, until dropped.
+struct Controller {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Controller {
+    fn start(etcd: &LocalEtcd) -> Controller {
+        let reg = registry(etcd);
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            fabrickv_cluster::controller::run(&reg, None, "127.0.0.1:0", &s).expect("controller");
+        });
+        Controller {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn map_when(reg: &EtcdRegistry, what: &str, done: impl Fn(&SlotMap) -> bool) -> SlotMap {
+    let mut last = None;
+    wait_for(what, SETTLE_WITHIN, || {
+        last = reg.view().ok().and_then(|v| v.map).map(|(m, _)| m);
+        last.as_ref().is_some_and(&done)
+    });
+    last.expect("a map")
+}
+
+fn key(i: usize) -> Vec<u8> {
+    format!("grow-key-{i}").into_bytes()
+}
+
+fn opts() -> ClusterOptions {
+    ClusterOptions {
+        transport: None,
+        timeout: TIMEOUT,
+        ..Default::default()
+    }
+}
+
+fn a_fourth_server_takes_a_quarter_while_writes_go_on(t: Transport, replicas: u8) {
+    let etcd = LocalEtcd::start().expect("etcd");
+    let reg = registry(&etcd);
+    let _controller = (replicas > 1).then(|| Controller::start(&etcd));
+    let mut ms: Vec<Member> = (0..3).map(|id| member(t, &reg, id, replicas)).collect();
+    let stamped = |m: &SlotMap, n: u32| replicas == 1 || (0..n).all(|id| m.incarnation_of(id) != 0);
+    map_when(&reg, "every server stamped", |m| stamped(m, 3));
+    let mut c = ClusterClient::join(&etcd.url(), CLUSTER, opts()).expect("joins");
+    let last: Arc<Mutex<HashMap<usize, Vec<u8>>>> = Arc::new(Mutex::new(HashMap::new()));
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(200) {
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = chunk
+            .iter()
+            .map(|&i| (key(i), format!("v0-{i}").into_bytes()))
+            .collect();
+        let refs: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+        c.mput(&refs, None).expect("mput");
+        let mut l = last.lock().expect("lock");
+        for (&i, (_, v)) in chunk.iter().zip(&pairs) {
+            l.insert(i, v.clone());
+        }
+    }
+
+    // The fourth server starts and registers; it holds nothing yet.
+    ms.push(member(t, &reg, 3, replicas));
+    let before = map_when(&reg, "the fourth server stamped", |m| stamped(m, 4));
+    assert_eq!(before.size, 3, "registering does not grow the map");
+
+    // A writer overwrites keys through the whole move; each value it was
+    // told is stored is the one to read back.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, last, url) = (stop.clone(), last.clone(), etcd.url());
+        std::thread::spawn(move || {
+            let mut w = ClusterClient::join(&url, CLUSTER, opts()).expect("joins");
+            let mut n = 0usize;
+            while !stop.load(Ordering::Acquire) {
+                let i = (n * 7919) % KEYS;
+                let v = format!("w{n}-{i}").into_bytes();
+                w.put(&key(i), &v).expect("a write during the move");
+                last.lock().expect("lock").insert(i, v);
+                n += 1;
+            }
+            n
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    // What `fabrickv cluster add --id 3` commits.
+    let plan = before.plan_add(3);
+    let moved_slots: u32 = plan.iter().map(|m| m.count()).sum();
+    assert_eq!(moved_slots, u32::from(SLOTS) / 4);
+    let (map, rev) = reg.view().expect("view").map.expect("map");
+    let begun = map.with_moves(&plan).expect("a valid move");
+    assert!(reg.swap_map(rev, &begun).expect("swap"), "the move commits");
+    let after = map_when(&reg, "the move carried out", |m| !m.moving() && m.size == 4);
+    std::thread::sleep(Duration::from_millis(100));
+    stop.store(true, Ordering::Release);
+    let writes = writer.join().expect("the writer never failed");
+    assert!(writes > 0);
+
+    let led: u32 = after.led_by(3).iter().map(SlotRange::count).sum();
+    assert_eq!(led, u32::from(SLOTS) / 4);
+    for g in &after.groups {
+        assert_eq!(g.servers().count(), usize::from(replicas), "{g:?}");
+    }
+    // Every acknowledged write is there, through a client that joined
+    // before the move and one that joins after it.
+    let last = last.lock().expect("lock").clone();
+    let mut fresh = ClusterClient::join(&etcd.url(), CLUSTER, opts()).expect("joins");
+    for client in [&mut c, &mut fresh] {
+        let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
+        for chunk in keys.chunks(200) {
+            let refs: Vec<&[u8]> = chunk.iter().map(|k| &k[..]).collect();
+            let got = client.mget(&refs).expect("mget after the move");
+            for (k, v) in chunk.iter().zip(got) {
+                let i: usize = String::from_utf8_lossy(&k[9..]).parse().expect("index");
+                assert_eq!(v.as_ref(), Some(&last[&i]), "key {i}");
+            }
+        }
+    }
+    // About a quarter of the keys moved, and with one copy the servers
+    // they left let them go.
+    let items = |m: &Member| stat(&mut m.server.client(), "items");
+    let on_new = items(&ms[3]);
+    assert!(
+        on_new as f64 <= KEYS as f64 * 0.30 && on_new as f64 >= KEYS as f64 * 0.20,
+        "server 3 holds {on_new} of {KEYS} keys"
+    );
+    if replicas == 1 {
+        wait_for("the old owners let moved keys go", SETTLE_WITHIN, || {
+            ms.iter().map(items).sum::<u64>() == KEYS as u64
+        });
+    }
+    for m in ms {
+        drop(m.replication);
+        m.server.shutdown();
+    }
+}
+
+fn with_one_copy(t: Transport) {
+    a_fourth_server_takes_a_quarter_while_writes_go_on(t, 1);
+}
+
+fn with_two_copies(t: Transport) {
+    a_fourth_server_takes_a_quarter_while_writes_go_on(t, 2);
+}
+
+transport_tests!(with_one_copy, with_two_copies);
