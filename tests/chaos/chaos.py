@@ -9,8 +9,11 @@ keys so that operations conflict, every write a value of its own. Each
 operation's invocation and completion (time.monotonic_ns, one clock for
 every thread) goes into the history; one that failed in any way is
 recorded as of unknown outcome. Meanwhile it injects faults, one at a
-time: kill -9 (restart after a while), SIGSTOP (SIGCONT after a while)
-and network isolation of one server. At the end it heals everything,
+time: kill -9 (restart after a while), SIGSTOP (SIGCONT after a while),
+network isolation of one server, and a resize: one spare server runs
+beside the N, and a resize adds it (`fabrickv cluster add`: slots move to
+it while every server serves) or, when it is in, removes a member
+(`fabrickv cluster remove`), which becomes the spare. At the end it heals everything,
 waits for the cluster to serve every key, reads every key through both
 kinds of client, checks that no acknowledged write was lost, and runs
 the linearizability checker (tools/linearizability, porcupine) on the
@@ -52,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("FABRICKV_BIN", ROOT / "target" / "release" / "fabrickv"))
 CHECKER_SRC = ROOT / "tools" / "linearizability"
 
-FAULT_KINDS = ("kill", "stop", "isolate")
+FAULT_KINDS = ("kill", "stop", "isolate", "resize")
 # Seconds between one fault's end and the next one's start, and how long
 # each kind lasts (uniform between the bounds).
 FAULT_GAP_S = (1.0, 5.0)
@@ -61,6 +64,8 @@ STOP_S = (0.2, 3.0)
 ISOLATE_S = (1.0, 10.0)
 # Each client call's timeout (both kinds of client).
 OP_TIMEOUT_S = 2.0
+# How long a move of slots (`cluster add` / `cluster remove`) may take.
+RESIZE_TIMEOUT_S = 120.0
 # How long a (re)started server may take to print its banner.
 START_TIMEOUT_S = 60.0
 # How long the healed cluster may take to serve every key again.
@@ -709,11 +714,14 @@ class Harness:
 
     def start(self):
         a = self.args
-        self.net = Namespaces(a.servers) if a.net == "netns" else Loopback(a.servers)
-        self.server_addrs = [self.net.server(i) for i in range(a.servers)]
+        # With resizes, one more server than the cluster starts with: it
+        # registers and waits to be added.
+        total = a.servers + (1 if "resize" in a.faults else 0)
+        self.net = Namespaces(total) if a.net == "netns" else Loopback(total)
+        self.server_addrs = [self.net.server(i) for i in range(total)]
         self.etcd = Etcd(self.net.etcd_host, self.run_dir)
         self.registry = self.etcd.url
-        for i in range(a.servers):
+        for i in range(total):
             host, native, resp = self.server_addrs[i]
             argv = [str(BIN), "serve", "--listen", f"tcp://{host}:{native}", "--resp", f"{host}:{resp}",
                     "--grpc", "off", "--registry", self.registry, "--cluster", self.cluster,
@@ -882,6 +890,8 @@ class Harness:
                     with self.lock:
                         s.signal(signal.SIGCONT)
                 desc = f"SIGSTOP server {i} for {(now_ns() - start) / 1e9:.1f} s"
+            elif kind == "resize":
+                desc = self.resize()
             else:
                 self.net.isolate(i)
                 try:
@@ -891,6 +901,51 @@ class Harness:
                 desc = f"isolate server {i} for {(now_ns() - start) / 1e9:.1f} s"
             self.faults.append((kind, i, start, now_ns(), desc))
             log(f"+{(start - self.t0) / 1e9:6.1f} s  {desc}")
+
+    def members(self):
+        """The ids `cluster show` says are up, and those of them holding
+        slots (leading or backing some up)."""
+        out = self.show()
+        if out is None or out.returncode != 0:
+            return None
+        up, held = set(), set()
+        for line in out.stdout.splitlines():
+            m = re.match(r"\s+(\d+)\s+up\s.*leads (\d+) slots, backs up (\d+)", line)
+            if m:
+                up.add(int(m.group(1)))
+                if int(m.group(2)) or int(m.group(3)):
+                    held.add(int(m.group(1)))
+        return up, held
+
+    def resize(self):
+        """Adds the server holding no slots, or (when every server holds
+        some) removes a random member, by the CLI a user runs; the command
+        waits until the slots have moved. Returns the fault's text."""
+        seen = self.members()
+        if seen is None:
+            return "resize skipped: the map could not be read"
+        up, held = seen
+        # The spare registered and serving, past the map's size at first.
+        idle = [i for i in range(len(self.servers))
+                if i not in held and (i in up or i >= self.args.servers) and self.servers[i].ready()]
+        start = now_ns()
+        if idle:
+            i = self.rng.choice(idle)
+            argv = ["add", "--id", str(i)]
+            what = f"add server {i}"
+        elif len(held) > self.replicas:
+            i = self.rng.choice(sorted(held))
+            argv = ["remove", "--id", str(i)]
+            what = f"remove server {i}"
+        else:
+            return "resize skipped: too few servers to remove one"
+        out = subprocess.run([str(BIN), "cluster", *argv, "--registry", self.registry,
+                              "--cluster", self.cluster, "--wait", str(RESIZE_TIMEOUT_S)],
+                             env=self.env, capture_output=True, text=True,
+                             timeout=RESIZE_TIMEOUT_S + 30)
+        if out.returncode != 0:
+            raise HarnessError(f"`fabrickv cluster {' '.join(argv)}` failed:\n{out.stdout}{out.stderr}")
+        return f"{what}, slots moved in {(now_ns() - start) / 1e9:.1f} s"
 
     # -- the end
 
@@ -1205,7 +1260,8 @@ def summarize(h, clients, verdict, lost, corrupt, settled, read, pusher, rows):
     print()
     print(f"== FabricKV chaos: {a.seconds:g} s, {a.servers} servers, {h.replicas} "
           f"{'copy' if h.replicas == 1 else 'copies'}, seed {a.seed}")
-    print(f"faults injected: kill {kinds['kill']}, stop {kinds['stop']}, isolate {kinds['isolate']}")
+    print(f"faults injected: kill {kinds['kill']}, stop {kinds['stop']}, isolate {kinds['isolate']}, "
+          f"resize {kinds['resize']}")
     print(f"server exits no fault caused: {len(h.unexpected)}"
           + (f" ({', '.join(f'{n} with code {c}' for c, n in sorted(exits.items()))}; "
              f"{EXIT_DEPOSED} = deposed)" if exits else ""))

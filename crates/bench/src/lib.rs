@@ -33,6 +33,8 @@
 //! - [`baseline`]: the raw TCP ping-pong and gRPC rows of `bench rpc
 //!   --compare`; [`rpc`]: the echo RPC load itself;
 //! - [`cluster`], [`split`]: what sharding costs, and its raw TCP ceiling;
+//! - [`checkpoint`]: a checkpoint's save and restore beside the disk's
+//!   rates (dd), the serving and memory a save costs, and Redis's RDB;
 //! - [`cmd`]: one module per `fabrickv bench` subcommand, and the client
 //!   process sweeps of `--clients`;
 //! - [`pipe`]: the raw pipe (a TCP socket into a file) `bench copy`
@@ -45,6 +47,7 @@
 
 pub mod baseline;
 pub mod cache;
+pub mod checkpoint;
 pub mod cluster;
 pub mod cmd;
 pub mod compare;

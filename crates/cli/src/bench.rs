@@ -24,6 +24,8 @@ pub enum BenchCommand {
     Cluster(cmd::cluster::ClusterBenchArgs),
     /// What a second copy of each slot costs (R=2 against R=1) beside Redis with a replica and WAIT 1 0, and the time from kill -9 of a primary to its keys' first write served.
     Replication(cmd::replication::ReplicationArgs),
+    /// A checkpoint of kv keys and embedding rows: save and restore rates beside dd's, the writer's rate and the extra RSS during a save; --compare with Redis BGSAVE and restart on the kv part.
+    Checkpoint(cmd::checkpoint::CheckpointBenchArgs),
     /// Echo RPCs over a transport: the RPC framework benchmark's table (ops/s, fast, ave, p50, p99).
     Rpc(cmd::rpc::RpcArgs),
     /// What the cluster secret costs: connect + first GET and GETs on a long-lived connection, with and without a secret (tcp, shm).
@@ -52,6 +54,7 @@ pub fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::Copy(a) => cmd::copy::run(a),
         BenchCommand::Cluster(a) => cmd::cluster::run(&a),
         BenchCommand::Replication(a) => cmd::replication::run(&a),
+        BenchCommand::Checkpoint(a) => cmd::checkpoint::run(&a),
         BenchCommand::RpcServer(a) => cmd::rpc::serve(a),
         BenchCommand::Auth(a) => cmd::auth::run(a),
         BenchCommand::Bigvalue(a) => cmd::bigvalue::run(a),

@@ -24,10 +24,13 @@ pub struct ServeClusterArgs {
     /// The cluster's name in the registry.
     #[arg(long, env = "FABRICKV_CLUSTER", default_value = "default")]
     pub cluster: String,
-    /// This server's id, 0..cluster-size: the share of keys it owns.
+    /// This server's id, 0..cluster-size: the share of keys it owns. In
+    /// an etcd cluster, an id past the map's size registers a server to
+    /// be given slots by `fabrickv cluster add`.
     #[arg(long, value_name = "N")]
     pub id: Option<u32>,
-    /// How many servers the cluster has.
+    /// How many servers the cluster has (in etcd: how many the first
+    /// map has; the cluster grows and shrinks from there).
     #[arg(long, value_name = "N")]
     pub cluster_size: Option<u32>,
     /// Seconds the registration outlives this server if it dies without
@@ -132,8 +135,13 @@ impl ServeClusterArgs {
     ) -> Result<Membership, String> {
         let mut desc = desc;
         let id = desc.id;
-        if id >= size {
-            return Err(format!("--id {id} is not below --cluster-size {size}"));
+        // An id past the first map's size is a server started to be
+        // added (`fabrickv cluster add`): it registers and waits.
+        if id >= fabrickv_cluster::CLUSTER_SERVERS_MAX {
+            return Err(format!(
+                "--id {id} is past the most servers a cluster has ({})",
+                fabrickv_cluster::CLUSTER_SERVERS_MAX
+            ));
         }
         let initial = SlotMap::initial(size, self.replicas)?;
         // Every server of an etcd cluster takes streams (a cluster of one

@@ -16,6 +16,8 @@
 //! - [`partition_move`]: `bench partition-move`;
 //! - [`replication`]: what a second copy costs beside Redis with a
 //!   replica and `WAIT`, and how fast a killed primary fails over;
+//! - [`checkpoint`]: `bench checkpoint`, a checkpoint's save and restore
+//!   beside the disk and Redis's BGSAVE and restart;
 //! - [`sweep`]: the client processes of `bench ps --clients` and `bench
 //!   herd --clients`, released together at a registry barrier.
 //!
@@ -31,6 +33,7 @@ use crate::load::Shape;
 pub mod auth;
 pub mod bigvalue;
 pub mod cache;
+pub mod checkpoint;
 pub mod cluster;
 pub mod compare;
 pub mod copy;
