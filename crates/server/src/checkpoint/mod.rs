@@ -67,7 +67,12 @@ pub const CHECKPOINT_FRAME_BYTES_TARGET: usize = 1 << 20;
 
 /// Index entries a save's walk reads per hold of a partition's lock:
 /// the longest a writer to that partition waits on a save.
-pub const CUT_SCAN_ENTRIES: usize = 4096;
+pub const CUT_SCAN_ENTRIES: usize = 512;
+
+/// The nice value of a save's threads: a save runs beside the workers
+/// without taking their cores (it gets what they leave, and all of a
+/// core the workers do not use).
+pub const CHECKPOINT_NICE: i32 = 10;
 
 /// KV-cache values a save leases per hold of the cache's lock.
 pub const CACHE_SCAN_ENTRIES: usize = 256;
@@ -253,6 +258,16 @@ impl Job {
             Job::Shard(i) => format!("embedding-{i:05}.fkv"),
             Job::Cache => "cache-00000.fkv".into(),
         }
+    }
+}
+
+/// Lowers the calling thread's scheduling priority to [`CHECKPOINT_NICE`]
+/// (on Linux, `setpriority` on a thread id affects that thread alone). A
+/// refusal leaves it as it is: the save is then only slower for others.
+fn yield_to_serving() {
+    let tid = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(tid), CHECKPOINT_NICE) {
+        tracing::debug!("checkpoint thread keeps its priority: {e}");
     }
 }
 
@@ -499,31 +514,34 @@ impl Checkpoints {
         let done: Mutex<Vec<Result<FileEntry, CheckpointError>>> = Mutex::new(Vec::new());
         std::thread::scope(|s| {
             for _ in 0..self.threads.min(jobs.len()) {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::AcqRel);
-                    let Some(&job) = jobs.get(i) else {
-                        return;
-                    };
-                    let count = match job {
-                        Job::Kv(_) => partitions,
-                        Job::Shard(_) => shards,
-                        Job::Cache => 1,
-                    };
-                    let head = FileHeader {
-                        version: FORMAT_VERSION,
-                        kind: job.kind(),
-                        index: job.index() as u32,
-                        count: count as u32,
-                        generation,
-                        created_unix_ms,
-                    };
-                    let r = self.write_file(&dir, job, &head);
-                    let failed = r.is_err();
-                    done.lock().unwrap_or_else(|p| p.into_inner()).push(r);
-                    if failed {
-                        // The others stop at their next file.
-                        next.store(jobs.len(), Ordering::Release);
-                        return;
+                s.spawn(|| {
+                    yield_to_serving();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::AcqRel);
+                        let Some(&job) = jobs.get(i) else {
+                            return;
+                        };
+                        let count = match job {
+                            Job::Kv(_) => partitions,
+                            Job::Shard(_) => shards,
+                            Job::Cache => 1,
+                        };
+                        let head = FileHeader {
+                            version: FORMAT_VERSION,
+                            kind: job.kind(),
+                            index: job.index() as u32,
+                            count: count as u32,
+                            generation,
+                            created_unix_ms,
+                        };
+                        let r = self.write_file(&dir, job, &head);
+                        let failed = r.is_err();
+                        done.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+                        if failed {
+                            // The others stop at their next file.
+                            next.store(jobs.len(), Ordering::Release);
+                            return;
+                        }
                     }
                 });
             }
