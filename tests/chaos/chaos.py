@@ -1106,8 +1106,8 @@ def parse_args(argv):
                    help="the failover controller's command ({bin}, {registry}, {cluster} and {host}, "
                         "the address the servers reach this host at, filled in), "
                         "started when replicas >= 2; auto: `fabrickv cluster controller`; none: no controller")
-    p.add_argument("--faults", default="kill,stop,isolate",
-                   help="comma-separated kinds among kill, stop, isolate; none for a run without faults")
+    p.add_argument("--faults", default="kill,stop,isolate,resize",
+                   help="comma-separated kinds among kill, stop, isolate, resize; none for a run without faults")
     p.add_argument("--seed", type=int, default=None, help="seeds the fault schedule and the clients' choices")
     p.add_argument("--stress", action="store_true",
                    help="run stress-ng --cpu 2 alongside (a loaded machine must not fail over by itself)")

@@ -69,9 +69,8 @@ pub const CHECKPOINT_FRAME_BYTES_TARGET: usize = 1 << 20;
 /// the longest a writer to that partition waits on a save.
 pub const CUT_SCAN_ENTRIES: usize = 512;
 
-/// The nice value of a save's threads: a save runs beside the workers
-/// without taking their cores (it gets what they leave, and all of a
-/// core the workers do not use).
+/// The nice value of a save's threads where the idle scheduling class is
+/// refused: a save runs beside the workers without taking their cores.
 pub const CHECKPOINT_NICE: i32 = 10;
 
 /// KV-cache values a save leases per hold of the cache's lock.
@@ -261,10 +260,21 @@ impl Job {
     }
 }
 
-/// Lowers the calling thread's scheduling priority to [`CHECKPOINT_NICE`]
-/// (on Linux, `setpriority` on a thread id affects that thread alone). A
-/// refusal leaves it as it is: the save is then only slower for others.
+/// Puts the calling thread in Linux's idle scheduling class
+/// (`SCHED_IDLE`): it runs on what the workers leave, and a worker waking
+/// takes the core at once (a lower nice value alone still lets a save
+/// thread finish its slice first, which a worker answering one request
+/// at a time pays on every request). Where that is refused, the thread
+/// runs at nice [`CHECKPOINT_NICE`]; where that is too, as it is.
+#[allow(unsafe_code)]
 fn yield_to_serving() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler only reads `param`, a live local, and
+    // with pid 0 changes the calling thread alone.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if rc == 0 {
+        return;
+    }
     let tid = rustix::thread::gettid();
     if let Err(e) = rustix::process::setpriority_process(Some(tid), CHECKPOINT_NICE) {
         tracing::debug!("checkpoint thread keeps its priority: {e}");
@@ -626,7 +636,7 @@ impl Checkpoints {
     ) -> Result<FileEntry, CheckpointError> {
         let name = job.file_name();
         let path = dir.join(&name);
-        let file = File::create(&path).map_err(io_at(&path))?;
+        let file = direct::DirectWriter::create(&path).map_err(io_at(&path))?;
         let mut out = FileOut {
             file,
             generation: head.generation,
@@ -643,12 +653,13 @@ impl Checkpoints {
         })?;
         let trailer = out.trailer;
         out.write(&trailer.encode()).map_err(io_at(&path))?;
-        out.file.sync_all().map_err(io_at(&path))?;
+        let bytes = out.bytes;
+        out.finish().map_err(io_at(&path))?;
         Ok(FileEntry {
             name,
             kind: kind_name(job.kind()).into(),
             index: head.index,
-            bytes: out.bytes,
+            bytes,
             frames: trailer.frames,
             records: trailer.records,
             chain: trailer.chain,
@@ -981,6 +992,11 @@ impl Checkpoints {
     ) -> Result<(), CheckpointError> {
         let bad = |b: Bad| CheckpointError::Bad(path.to_path_buf(), b);
         let file = File::open(path).map_err(io_at(path))?;
+        // The whole file is read once, front to back: the kernel reads
+        // ahead of the parse (asynchronously, in large requests) instead
+        // of one buffer's worth at a time as the parse asks for it.
+        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Sequential);
+        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::WillNeed);
         let mut r = BufReader::with_capacity(RESTORE_READ_BYTES, file);
         let mut head = [0u8; HEADER_BYTES];
         r.read_exact(&mut head).map_err(io_at(path))?;
@@ -1120,7 +1136,7 @@ enum WalkError {
 
 /// A file being written: its frames' running counts.
 struct FileOut {
-    file: File,
+    file: direct::DirectWriter,
     generation: u64,
     trailer: Trailer,
     bytes: u64,
@@ -1131,6 +1147,11 @@ impl FileOut {
         self.file.write_all(b)?;
         self.bytes += b.len() as u64;
         Ok(())
+    }
+
+    /// Writes the rest and syncs the file.
+    fn finish(self) -> std::io::Result<()> {
+        self.file.finish().map(drop)
     }
 
     /// Writes what `buf` gathered as the next frame (nothing if empty).
@@ -1171,6 +1192,8 @@ fn unix_now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+mod direct;
 
 #[cfg(test)]
 mod tests;

@@ -339,7 +339,7 @@ fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
     };
     let path = dir.path().join("kv-00000.fkv");
     let mut out = FileOut {
-        file: File::create(&path).expect("file"),
+        file: direct::DirectWriter::create(&path).expect("file"),
         generation: 1,
         trailer: Trailer::default(),
         bytes: 0,
@@ -390,7 +390,7 @@ fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
     a.put(&old[1], b"after the cut", 0);
     let t = out.trailer;
     out.write(&t.encode()).expect("trailer");
-    drop(out);
+    out.finish().expect("finish");
     let bytes = fs::read(&path).expect("read");
     let mut replay: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
     format::parse_file(&bytes, &mut |recs| {
