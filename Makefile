@@ -128,6 +128,7 @@ bench-smoke: build python
 	$(BIN) bench cluster --keys 5000 --duration 0.2 --rounds 1 --joins 3 --json
 	$(BIN) bench replication --keys 500 --duration 0.2 --rounds 1 --kills 1 --json
 	$(BIN) bench checkpoint --embedding-keys 20000 --kv-keys 20000 --load-seconds 0.3 --compare --json
+	$(BIN) bench growth --keys 2000 --steady 0.3 --json
 	$(BIN) bench mget --calls 200 --rounds 2 --groups 4 --json
 	$(BIN) bench cluster --transport shm --servers 2 --keys 2000 --duration 0.1 --rounds 2 --joins 2 --json
 	$(BIN) bench rpc --transport inproc --duration 0.3 --report-every 0 --json

@@ -52,6 +52,7 @@ pub mod cluster;
 pub mod cmd;
 pub mod compare;
 pub mod cpu;
+pub mod growth;
 pub mod herd;
 pub mod keys;
 pub mod kv;

@@ -60,9 +60,11 @@ pub struct ReplOpts {
 }
 
 /// One server process of the cluster, restartable on its ports.
-struct Node {
-    id: u32,
-    resp: u16,
+pub(crate) struct Node {
+    pub(crate) id: u32,
+    /// Its native port and its RESP port.
+    pub(crate) native: u16,
+    pub(crate) resp: u16,
     args: Vec<String>,
     child: Option<Child>,
 }
@@ -87,15 +89,44 @@ impl Node {
 }
 
 /// A running cluster of [`SERVERS`] servers keeping `replicas` copies.
-struct Cluster {
-    nodes: Vec<Node>,
-    registry: EtcdRegistry,
+pub(crate) struct Cluster {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) registry: EtcdRegistry,
+    /// Its name in etcd.
+    pub(crate) name: String,
     _controller: Option<Child>,
+}
+
+/// The shape of a cluster to start.
+pub(crate) struct Shape {
+    /// Copies of each slot.
+    pub(crate) replicas: u8,
+    /// Server processes (ids `0..servers`).
+    pub(crate) servers: u32,
+    /// Servers of the first map (the rest register and wait to be added).
+    pub(crate) size: u32,
+    /// Each server's `--memory`.
+    pub(crate) memory: String,
 }
 
 impl Cluster {
     fn start(etcd: &LocalEtcd, replicas: u8) -> Result<Cluster, String> {
-        let name = format!("bench-r{replicas}-{}", std::process::id());
+        Cluster::start_shaped(
+            etcd,
+            &Shape {
+                replicas,
+                servers: SERVERS,
+                size: SERVERS,
+                memory: "256MB".into(),
+            },
+        )
+    }
+
+    /// A cluster of `shape`, once every server of the first map holds its
+    /// roles and serves.
+    pub(crate) fn start_shaped(etcd: &LocalEtcd, shape: &Shape) -> Result<Cluster, String> {
+        let replicas = shape.replicas;
+        let name = format!("bench-r{replicas}-{}-{}", shape.servers, std::process::id());
         let url = etcd.url();
         let registry = EtcdRegistry::connect(&url, &name).map_err(|e| e.to_string())?;
         let controller = if replicas > 1 {
@@ -117,7 +148,7 @@ impl Cluster {
             None
         };
         let mut nodes = Vec::new();
-        for id in 0..SERVERS {
+        for id in 0..shape.servers {
             let (native, resp) = (free_port()?, free_port()?);
             let args: Vec<String> = [
                 "serve",
@@ -128,7 +159,7 @@ impl Cluster {
                 "--workers",
                 "1",
                 "--memory",
-                "256MB",
+                &shape.memory,
                 "--grpc",
                 "off",
                 "--log-level",
@@ -140,7 +171,7 @@ impl Cluster {
                 "--id",
                 &id.to_string(),
                 "--cluster-size",
-                &SERVERS.to_string(),
+                &shape.size.to_string(),
                 "--replicas",
                 &replicas.to_string(),
             ]
@@ -149,6 +180,7 @@ impl Cluster {
             .collect();
             let mut n = Node {
                 id,
+                native,
                 resp,
                 args,
                 child: None,
@@ -159,14 +191,15 @@ impl Cluster {
         let c = Cluster {
             nodes,
             registry,
+            name,
             _controller: controller,
         };
         c.wait_map("every server in its groups", |m| {
-            m.groups.len() == SERVERS as usize
+            m.groups.len() == shape.size as usize
                 && m.groups
                     .iter()
                     .all(|g| g.backups.len() + 1 == usize::from(replicas))
-                && (replicas == 1 || (0..SERVERS).all(|i| m.incarnation_of(i) != 0))
+                && (replicas == 1 || (0..shape.servers).all(|i| m.incarnation_of(i) != 0))
         })?;
         // Served: stamped, holding its lease, following the map.
         let deadline = Instant::now() + Duration::from_secs(SETTLE_S);
@@ -193,11 +226,15 @@ impl Cluster {
         Ok(c)
     }
 
-    fn map(&self) -> Option<SlotMap> {
+    pub(crate) fn map(&self) -> Option<SlotMap> {
         self.registry.view().ok()?.map.map(|(m, _)| m)
     }
 
-    fn wait_map(&self, what: &str, done: impl Fn(&SlotMap) -> bool) -> Result<SlotMap, String> {
+    pub(crate) fn wait_map(
+        &self,
+        what: &str,
+        done: impl Fn(&SlotMap) -> bool,
+    ) -> Result<SlotMap, String> {
         let deadline = Instant::now() + Duration::from_secs(SETTLE_S);
         loop {
             if let Some(m) = self.map().filter(|m| done(m)) {

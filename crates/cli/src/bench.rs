@@ -26,6 +26,8 @@ pub enum BenchCommand {
     Replication(cmd::replication::ReplicationArgs),
     /// A checkpoint of kv keys and embedding rows: save and restore rates beside dd's, the writer's rate and the extra RSS during a save; --compare with Redis BGSAVE and restart on the kv part.
     Checkpoint(cmd::checkpoint::CheckpointBenchArgs),
+    /// A 4th server added to 3 in etcd under a writer and a reader: keys moved, the move's rate against fabrickv copy's, acknowledged writes lost, read p99 during the move against before.
+    Growth(cmd::growth::GrowthArgs),
     /// Echo RPCs over a transport: the RPC framework benchmark's table (ops/s, fast, ave, p50, p99).
     Rpc(cmd::rpc::RpcArgs),
     /// What the cluster secret costs: connect + first GET and GETs on a long-lived connection, with and without a secret (tcp, shm).
@@ -54,6 +56,7 @@ pub fn run(which: BenchCommand) -> Result<(), String> {
         BenchCommand::Copy(a) => cmd::copy::run(a),
         BenchCommand::Cluster(a) => cmd::cluster::run(&a),
         BenchCommand::Replication(a) => cmd::replication::run(&a),
+        BenchCommand::Growth(a) => cmd::growth::run(&a),
         BenchCommand::Checkpoint(a) => cmd::checkpoint::run(&a),
         BenchCommand::RpcServer(a) => cmd::rpc::serve(a),
         BenchCommand::Auth(a) => cmd::auth::run(a),

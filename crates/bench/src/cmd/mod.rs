@@ -18,6 +18,8 @@
 //!   replica and `WAIT`, and how fast a killed primary fails over;
 //! - [`checkpoint`]: `bench checkpoint`, a checkpoint's save and restore
 //!   beside the disk and Redis's BGSAVE and restart;
+//! - [`growth`]: `bench growth`, a 4th server added to 3 under load,
+//!   beside `fabrickv copy` of the same bytes;
 //! - [`sweep`]: the client processes of `bench ps --clients` and `bench
 //!   herd --clients`, released together at a registry barrier.
 //!
@@ -37,6 +39,7 @@ pub mod checkpoint;
 pub mod cluster;
 pub mod compare;
 pub mod copy;
+pub mod growth;
 pub mod herd;
 pub mod kv;
 pub mod mget;
