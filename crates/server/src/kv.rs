@@ -317,10 +317,10 @@ impl KvService {
         // In a cluster with a slot map, a frame holding a key of a slot
         // served elsewhere takes the checked path; without a map this is
         // one atomic load.
-        let foreign = self.view.current(&self.routing).is_some_and(|r| {
-            ops.clone()
-                .any(|op| !r.serves(key_slot(op.key), op.replica_read()))
-        });
+        let foreign = self
+            .view
+            .current(&self.routing)
+            .is_some_and(|r| ops.clone().any(|op| !serves_op(r, &op)));
         let misrouted = if foreign {
             self.execute_routed(conn, ops, &mut rb, now_ms)
         } else if ops.len() == 1 {
@@ -409,7 +409,7 @@ impl KvService {
             let here = self
                 .view
                 .current(&self.routing)
-                .is_none_or(|r| r.serves(key_slot(op.key), op.replica_read()));
+                .is_none_or(|r| serves_op(r, &op));
             if !here {
                 self.st.counters.ops += 1;
                 self.st.counters.wrong_server += 1;
@@ -863,6 +863,23 @@ impl Service for KvService {
 /// The engine's terms for a PUT (or a large value's last piece): its
 /// absolute expiry in engine ms (0: none) from the request's TTL, and its
 /// condition.
+/// Whether this server may run `op` under routing `r`: a read by
+/// [`Routing::serves_read`] (reads go on at a primary handing its group
+/// over, until it commits), anything else by [`Routing::serves`].
+#[inline]
+fn serves_op(r: &crate::slot_routing::Routing, op: &fabrickv_wire::request::Op<'_>) -> bool {
+    let slot = key_slot(op.key);
+    let read = matches!(
+        OpCode::from_u8(op.opcode),
+        Some(OpCode::Get | OpCode::GetChunk)
+    );
+    if read {
+        r.serves_read(slot, op.replica_read())
+    } else {
+        r.serves(slot, op.replica_read())
+    }
+}
+
 fn put_terms(ttl_ms: u64, cond: PutCondition, now_ms: u64) -> (u64, PutCond) {
     let expire_at = if ttl_ms == 0 { 0 } else { now_ms + ttl_ms };
     let cond = match cond {

@@ -49,6 +49,50 @@ pub struct SlotRouting {
     incarnation: AtomicU64,
     /// The lease a replicating server serves under, and its clock.
     lease: std::sync::OnceLock<(Arc<Lease>, Clock)>,
+    /// Groups this server is committing the hand-over of.
+    closing: Arc<Closing>,
+}
+
+/// The groups whose hand-over this server (their primary) is about to
+/// commit, by number (group numbers never change): reads of their slots,
+/// served while only writes stop, stop too from here until the map
+/// naming the new owner is installed.
+#[derive(Debug, Default)]
+pub struct Closing {
+    /// Whether any group is closing: one load on the read path otherwise.
+    any: std::sync::atomic::AtomicBool,
+    groups: std::sync::Mutex<Vec<usize>>,
+}
+
+impl Closing {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Closes group `group` to reads.
+    pub fn close(&self, group: usize) {
+        let mut g = self.lock();
+        if !g.contains(&group) {
+            g.push(group);
+        }
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Keeps only the groups `map` still shows `me` handing over.
+    fn keep_handing_over(&self, map: &SlotMap, me: u32) {
+        let mut g = self.lock();
+        g.retain(|&i| {
+            map.groups
+                .get(i)
+                .is_some_and(|x| x.primary == me && x.handing_over())
+        });
+        self.any.store(!g.is_empty(), Ordering::Release);
+    }
+
+    #[inline]
+    fn holds(&self, group: usize) -> bool {
+        self.any.load(Ordering::Acquire) && self.lock().contains(&group)
+    }
 }
 
 /// One view of the cluster: the map at one epoch, its dense index, and
@@ -71,6 +115,8 @@ pub struct Routing {
     /// stamped this run's incarnation (a restarted server's old roles are
     /// not its own).
     pub active: bool,
+    /// The groups whose hand-over this server is committing.
+    closing: Arc<Closing>,
     /// In a cluster of several copies, the lease without which this
     /// server serves nothing, and the clock it is read on.
     lease: Option<(Arc<Lease>, Clock)>,
@@ -122,6 +168,8 @@ impl SlotRouting {
         if let Some((map, _)) = view.map {
             let epoch = map.epoch;
             let mut r = Routing::new(me, cluster, map, view.servers);
+            self.closing.keep_handing_over(&r.map, me);
+            r.closing = self.closing.clone();
             let incarnation = self.incarnation();
             r.active = incarnation == 0 || r.map.incarnation_of(me) == incarnation;
             r.controller = view.controller;
@@ -161,6 +209,11 @@ impl SlotRouting {
     /// This run's incarnation (0: the server does not replicate).
     pub fn incarnation(&self) -> u64 {
         self.incarnation.load(Ordering::Acquire)
+    }
+
+    /// The groups whose hand-over this server is committing.
+    pub fn closing(&self) -> &Closing {
+        &self.closing
     }
 
     /// The current view, if the server has a map.
@@ -234,6 +287,7 @@ impl Routing {
             servers,
             controller: None,
             active: true,
+            closing: Arc::default(),
             lease: None,
         }
     }
@@ -254,6 +308,19 @@ impl Routing {
             && (g.primary == self.me || (replica_read && g.backups.contains(&self.me)))
             && !g.handing_over()
             && self.leased()
+    }
+
+    /// Whether this server may serve a read of `slot`: as [`Routing::serves`],
+    /// except that its primary goes on serving reads while the group is
+    /// handed over (no write runs there then, so its copy is the last
+    /// word), until it closes the group to commit the hand-over.
+    #[inline]
+    pub fn serves_read(&self, slot: u16, replica_read: bool) -> bool {
+        let gi = self.routes.group_of(slot);
+        let g = &self.map.groups[gi];
+        let lead = g.primary == self.me && (!g.handing_over() || !self.closing.holds(gi));
+        let copy = replica_read && g.backups.contains(&self.me) && !g.handing_over();
+        self.active && (lead || copy) && self.leased()
     }
 
     /// Whether `slot`'s group is being handed over to another server: a
@@ -323,6 +390,30 @@ pub(crate) fn loopback_desc(id: u32) -> ServerDesc {
 mod tests {
     use super::*;
     use fabrickv_cluster::slots::key_slot;
+
+    #[test]
+    fn a_group_handed_over_serves_reads_until_its_primary_closes_it() {
+        let map = SlotMap::initial(3, 1).expect("map");
+        let plan = map.plan_add(3);
+        let moving = map.with_moves(&plan).expect("move");
+        let g = moving
+            .groups
+            .iter()
+            .position(|g| g.moving_to.is_some() && g.primary == 0)
+            .expect("a group of server 0 moves");
+        let handing = moving.promoted(g, 3).expect("the joiner promoted");
+        let slot = handing.groups[g].ranges[0].first;
+        let servers = (0..4).map(|i| Some(loopback_desc(i))).collect();
+        let r = Routing::new(0, "t", handing, servers);
+        assert!(!r.serves(slot, false), "no write runs while handing over");
+        assert!(r.serves_read(slot, false), "reads go on");
+        assert_eq!(r.route([slot].into_iter(), false), Route::TryAgain { slot });
+        r.closing.close(g);
+        assert!(!r.serves_read(slot, false), "closed for the commit");
+        // Another group of the same server is untouched.
+        let other = r.map.groups[0].ranges[0].first;
+        assert!(r.serves(other, false) && r.serves_read(other, false));
+    }
 
     #[test]
     fn a_key_is_served_by_its_primary_and_moved_elsewhere() {

@@ -22,6 +22,13 @@ use crate::partitions::Partitions;
 /// lost.
 pub const HANDOVER_QUIESCE_MS: u64 = 50;
 
+/// How long a primary, once every write of a group it hands over is on
+/// every copy, serves no more reads of the group before it commits the
+/// hand-over, in milliseconds: a read that found the group served just
+/// before is answered within this, so none is answered from here once
+/// the new owner may have taken a write.
+pub const HANDOVER_READS_QUIESCE_MS: u64 = 5;
+
 /// Keys read per hold of a partition's lock while letting slots go.
 const RELEASE_SCAN_ENTRIES: usize = 4096;
 
@@ -33,6 +40,8 @@ pub(super) struct Handover {
     /// The round taken after the quiet period; once it completes every
     /// write made to the group is on every copy.
     round: Option<u64>,
+    /// When reads of the group stopped here, once the round completed.
+    closed: Option<Instant>,
 }
 
 /// Every slot held by some copy on `me` in `map`.
@@ -68,17 +77,31 @@ impl Replicator {
                 let h = *sh.handovers.entry(g).or_insert(Handover {
                     since: Instant::now(),
                     round: None,
+                    closed: None,
                 });
-                match h.round {
-                    None if h.since.elapsed() >= Duration::from_millis(HANDOVER_QUIESCE_MS)
-                        && self.room() =>
+                match (h.round, h.closed) {
+                    (None, _)
+                        if h.since.elapsed() >= Duration::from_millis(HANDOVER_QUIESCE_MS)
+                            && self.room() =>
                     {
                         let round = self.launch(&mut sh);
                         if let Some(h) = sh.handovers.get_mut(&g) {
                             h.round = Some(round);
                         }
                     }
-                    Some(round) if self.done(round) => ready.push(g),
+                    (Some(round), None) if self.done(round) => {
+                        // Reads stop here only now: every write is on
+                        // every copy, the new owner's included.
+                        self.routing.closing().close(g);
+                        if let Some(h) = sh.handovers.get_mut(&g) {
+                            h.closed = Some(Instant::now());
+                        }
+                    }
+                    (Some(_), Some(at))
+                        if at.elapsed() >= Duration::from_millis(HANDOVER_READS_QUIESCE_MS) =>
+                    {
+                        ready.push(g)
+                    }
                     _ => {}
                 }
             }
@@ -94,7 +117,20 @@ impl Replicator {
             let Some((map, rev)) = view.map else {
                 return;
             };
-            if map.groups.get(g).is_none_or(|x| x.primary != self.me) {
+            // Another change may have come first (a promotion, another
+            // group's hand-over): the swap is against the map read now,
+            // and a lost swap is tried again at the next tick, reads of
+            // the group closed meanwhile.
+            // A map in etcd where the group is no longer this server's to
+            // hand over (committed, or the move called off) reaches the
+            // routing by the watch, which opens or moves its reads then:
+            // opening them here, ahead of the watch, would answer reads
+            // from a copy the new owner may have moved past.
+            if map
+                .groups
+                .get(g)
+                .is_none_or(|x| x.primary != self.me || !x.handing_over())
+            {
                 continue;
             }
             if let Some(next) = map.handed_over(g) {
