@@ -15,14 +15,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fabrickv_client::{ClusterClient, ClusterOptions, Kv};
-use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
+use fabrickv_cluster::etcd::EtcdRegistry;
 use fabrickv_cluster::local::LocalEtcd;
 use fabrickv_cluster::slots::{SlotMap, SlotRange, SLOTS};
-use fabrickv_cluster::ServerDesc;
-use fabrickv_server::replication::{self, Replication, ReplicationParts};
-use fabrickv_server::Mode;
 
-use common::{small_pools, stat, wait_for, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+use common::etcd::{Controller, Member};
+use common::{stat, wait_for, Transport, TIMEOUT};
 
 /// Generous: a move takes well under a second here, but a loaded
 /// machine may take seconds to run etcd's watch and the streams.
@@ -33,108 +31,18 @@ const CLUSTER: &str = "grow";
 /// Keys written before the move (and overwritten during it).
 const KEYS: usize = 2_000;
 
-struct Member {
-    replication: Replication,
-    _watch: WatchHandle,
-    _registration: EtcdRegistration,
-    server: TestServer,
-}
-
 fn registry(etcd: &LocalEtcd) -> EtcdRegistry {
-    EtcdRegistry::connect(&etcd.url(), CLUSTER)
-        .expect("connect")
-        .with_secret(None)
+    common::etcd::registry(etcd, CLUSTER)
 }
 
 /// Server `id` of a cluster begun with three servers keeping `replicas`
-/// copies, joined as `fabrickv serve --registry etcd://...` joins.
+/// copies.
 fn member(t: Transport, reg: &EtcdRegistry, id: u32, replicas: u8) -> Member {
-    let server = TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, small_pools);
-    let listener = replication::bind("127.0.0.1:0").expect("replication listener");
-    let desc = ServerDesc {
-        id,
-        addrs: vec![server.addr.clone()],
-        resp: None,
-        grpc: None,
-        memcache: None,
-        memcache_peer: None,
-        repl: Some(listener.local_addr().expect("addr").to_string()),
-        workers: u32::from(server.workers),
-        pid: std::process::id(),
-    };
-    let h = server.handle();
-    let incarnation = if replicas > 1 {
-        fabrickv_auth::random_u64() | 1
-    } else {
-        0
-    };
-    h.slot_routing().set_incarnation(incarnation);
-    let registration = reg.register(&desc).expect("registered");
-    reg.create_map(&SlotMap::initial(3, replicas).expect("map"))
-        .expect("map");
-    let watch = h.slot_routing().follow(id, reg).expect("follows");
-    let replication = replication::start(
-        ReplicationParts {
-            parts: h.partitions().clone(),
-            ps: h.ps_store().clone(),
-            cache: h.cache().clone(),
-            routing: h.slot_routing().clone(),
-            gate: h.gate().clone(),
-            clock: h.clock(),
-        },
-        id,
-        incarnation,
-        reg.clone(),
-        None,
-        listener,
-    )
-    .expect("replication starts");
-    Member {
-        replication,
-        _watch: watch,
-        _registration: registration,
-        server,
-    }
-}
-
-/// The failover controller (a cluster keeping copies needs its leases),
-/// in a thread, until dropped.
-struct Controller {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Controller {
-    fn start(etcd: &LocalEtcd) -> Controller {
-        let reg = registry(etcd);
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            fabrickv_cluster::controller::run(&reg, None, "127.0.0.1:0", &s).expect("controller");
-        });
-        Controller {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+    common::etcd::member(t, reg, id, &SlotMap::initial(3, replicas).expect("map"))
 }
 
 fn map_when(reg: &EtcdRegistry, what: &str, done: impl Fn(&SlotMap) -> bool) -> SlotMap {
-    let mut last = None;
-    wait_for(what, SETTLE_WITHIN, || {
-        last = reg.view().ok().and_then(|v| v.map).map(|(m, _)| m);
-        last.as_ref().is_some_and(&done)
-    });
-    last.expect("a map")
+    common::etcd::map_when(reg, what, SETTLE_WITHIN, done)
 }
 
 fn key(i: usize) -> Vec<u8> {
@@ -152,7 +60,7 @@ fn opts() -> ClusterOptions {
 fn a_fourth_server_takes_a_quarter_while_writes_go_on(t: Transport, replicas: u8) {
     let etcd = LocalEtcd::start().expect("etcd");
     let reg = registry(&etcd);
-    let _controller = (replicas > 1).then(|| Controller::start(&etcd));
+    let _controller = (replicas > 1).then(|| Controller::start(&etcd, CLUSTER));
     let mut ms: Vec<Member> = (0..3).map(|id| member(t, &reg, id, replicas)).collect();
     let stamped = |m: &SlotMap, n: u32| replicas == 1 || (0..n).all(|id| m.incarnation_of(id) != 0);
     map_when(&reg, "every server stamped", |m| stamped(m, 3));

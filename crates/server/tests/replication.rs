@@ -16,22 +16,18 @@
 #[macro_use]
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use fabrickv_client::{ClusterCache, ClusterClient, ClusterOptions, ClusterPs, Kv, PsClient};
-use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
+use fabrickv_cluster::etcd::EtcdRegistry;
 use fabrickv_cluster::local::LocalEtcd;
 use fabrickv_cluster::slots::slot_of_u64;
 use fabrickv_cluster::slots::{key_slot, SlotMap};
-use fabrickv_cluster::ServerDesc;
-use fabrickv_server::replication::{self, Replication, ReplicationParts};
-use fabrickv_server::Mode;
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::ps::{Optimizer, PushId, TableSpec};
 
-use common::{small_pools, wait_for, TestServer, Transport, MEMORY_BYTES, TIMEOUT};
+use common::etcd::{Controller, Member};
+use common::{Transport, TIMEOUT};
 
 /// Generous: failover takes about half a second, but a loaded machine
 /// may take seconds to run etcd's watch and the controller.
@@ -39,122 +35,19 @@ const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
 const CLUSTER: &str = "rep";
 
-/// A server of the replicated cluster.
-struct Member {
-    // Dropped in this order: replication stops (heartbeats, the
-    // listener), then the watch, the registration and the server.
-    replication: Replication,
-    _watch: WatchHandle,
-    _registration: EtcdRegistration,
-    server: TestServer,
-}
-
-impl Member {
-    /// Stops the server as a crash would look to the others: no more
-    /// heartbeats, replication streams cut, and no more answers.
-    fn kill(self) {
-        let Member {
-            replication,
-            _watch,
-            _registration,
-            server,
-        } = self;
-        drop(replication);
-        server.shutdown();
-    }
-}
-
 fn registry(etcd: &LocalEtcd) -> EtcdRegistry {
-    EtcdRegistry::connect(&etcd.url(), CLUSTER)
-        .expect("connect")
-        .with_secret(None)
+    common::etcd::registry(etcd, CLUSTER)
 }
 
 /// Server `id` of a three-server cluster keeping two copies, joined as
 /// `fabrickv serve --replicas 2` joins.
 fn member(t: Transport, reg: &EtcdRegistry, id: u32) -> Member {
-    let server = TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, small_pools);
-    let listener = replication::bind("127.0.0.1:0").expect("replication listener");
-    let desc = ServerDesc {
-        id,
-        addrs: vec![server.addr.clone()],
-        resp: None,
-        grpc: None,
-        memcache: None,
-        memcache_peer: None,
-        repl: Some(listener.local_addr().expect("addr").to_string()),
-        workers: u32::from(server.workers),
-        pid: std::process::id(),
-    };
-    let h = server.handle();
-    let incarnation = fabrickv_auth::random_u64() | 1;
-    h.slot_routing().set_incarnation(incarnation);
-    let registration = reg.register(&desc).expect("registered");
-    reg.create_map(&SlotMap::initial(3, 2).expect("map"))
-        .expect("map");
-    let watch = h.slot_routing().follow(id, reg).expect("follows");
-    let replication = replication::start(
-        ReplicationParts {
-            parts: h.partitions().clone(),
-            ps: h.ps_store().clone(),
-            cache: h.cache().clone(),
-            routing: h.slot_routing().clone(),
-            gate: h.gate().clone(),
-            clock: h.clock(),
-        },
-        id,
-        incarnation,
-        reg.clone(),
-        None,
-        listener,
-    )
-    .expect("replication starts");
-    Member {
-        replication,
-        _watch: watch,
-        _registration: registration,
-        server,
-    }
-}
-
-/// The failover controller, in a thread, until dropped.
-struct Controller {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Controller {
-    fn start(etcd: &LocalEtcd) -> Controller {
-        let reg = registry(etcd);
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            fabrickv_cluster::controller::run(&reg, None, "127.0.0.1:0", &s).expect("controller");
-        });
-        Controller {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+    common::etcd::member(t, reg, id, &SlotMap::initial(3, 2).expect("map"))
 }
 
 /// The map once `done` holds for it.
 fn map_when(reg: &EtcdRegistry, what: &str, done: impl Fn(&SlotMap) -> bool) -> SlotMap {
-    let mut last = None;
-    wait_for(what, SETTLE_WITHIN, || {
-        last = reg.view().ok().and_then(|v| v.map).map(|(m, _)| m);
-        last.as_ref().is_some_and(&done)
-    });
-    last.expect("a map")
+    common::etcd::map_when(reg, what, SETTLE_WITHIN, done)
 }
 
 fn key(i: usize) -> Vec<u8> {
@@ -213,7 +106,7 @@ fn three_members(
 ) {
     let etcd = LocalEtcd::start().expect("etcd");
     let reg = registry(&etcd);
-    let controller = Controller::start(&etcd);
+    let controller = Controller::start(&etcd, CLUSTER);
     let ms: Vec<Option<Member>> = (0..3).map(|id| Some(member(t, &reg, id))).collect();
     let map = map_when(&reg, "every server stamped", |m| {
         (0..3).all(|id| m.incarnation_of(id) != 0)
@@ -273,7 +166,7 @@ fn gets_served(c: &mut ClusterClient) -> Vec<u64> {
 fn reads_that_accept_staleness_spread_over_the_copies(t: Transport) {
     let etcd = LocalEtcd::start().expect("etcd");
     let reg = registry(&etcd);
-    let _controller = Controller::start(&etcd);
+    let _controller = Controller::start(&etcd, CLUSTER);
     let ms: Vec<Member> = (0..3).map(|id| member(t, &reg, id)).collect();
     map_when(&reg, "every server stamped", |m| {
         (0..3).all(|id| m.incarnation_of(id) != 0)
