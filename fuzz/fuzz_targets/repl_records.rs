@@ -6,7 +6,9 @@
 
 #![no_main]
 
-use fabrickv_types::limits::{KEY_BYTES_MAX, LARGE_VALUE_BYTES_MAX};
+use fabrickv_types::limits::{
+    CACHE_KEY_BYTES_MAX, CACHE_VALUE_BYTES_MAX, KEY_BYTES_MAX, LARGE_VALUE_BYTES_MAX,
+};
 use fabrickv_wire::ps::decode_create;
 use fabrickv_wire::repl::{decode, BatchBuf, Message, Record, HASH_SLOTS, PS_ROW_BYTES_MAX};
 use libfuzzer_sys::fuzz_target;
@@ -61,6 +63,15 @@ fuzz_target!(|data: &[u8]| {
                 again.ps_row(*table, *key, value, *expire_unix_ms);
             }
             Record::PsDel { table, key } => again.ps_del(*table, *key),
+            Record::CacheEntry {
+                key,
+                value,
+                expire_unix_ms,
+            } => {
+                assert!(!key.is_empty() && key.len() <= CACHE_KEY_BYTES_MAX);
+                assert!(value.len() <= CACHE_VALUE_BYTES_MAX);
+                again.cache_entry(key, value, *expire_unix_ms);
+            }
         }
     }
     let bytes = again.seal(epoch, seq);

@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::slots::{ReplicaGroup, SlotMap, SlotRange, REPLICAS_MAX, SLOTS};
+use crate::slots::{ReplicaGroup, SlotMap, SlotRange, SLOTS};
 use crate::CLUSTER_SERVERS_MAX;
 
 /// One planned move: these slots go to server `to`.
@@ -312,10 +312,6 @@ impl SlotMap {
         })
     }
 }
-
-/// The most servers a moving group names: its copies and the server it
-/// moves to.
-pub const MOVING_GROUP_SERVERS_MAX: usize = REPLICAS_MAX as usize + 1;
 
 /// Ranges as `a-b,c-d`.
 pub fn fmt_ranges(ranges: &[SlotRange]) -> String {

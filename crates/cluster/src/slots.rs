@@ -23,6 +23,10 @@ pub const SLOTS: u16 = 16_384;
 /// Most copies of a slot (a primary and two backups).
 pub const REPLICAS_MAX: u8 = 3;
 
+/// The most servers a group moving to another server names (see
+/// `crate::moves`): its copies and the server it moves to.
+pub const MOVING_GROUP_SERVERS_MAX: usize = REPLICAS_MAX as usize + 1;
+
 /// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0, no
 /// reflection), a byte at a time, computed once at compile time.
 const CRC16_TABLE: [u16; 256] = {
@@ -338,7 +342,7 @@ impl SlotMap {
                 .chain(group.joining.iter().copied())
                 .collect();
             let most = if group.moving_to.is_some() {
-                crate::moves::MOVING_GROUP_SERVERS_MAX
+                MOVING_GROUP_SERVERS_MAX
             } else {
                 usize::from(REPLICAS_MAX)
             };
