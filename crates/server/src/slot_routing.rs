@@ -149,6 +149,12 @@ impl SlotRouting {
         self.version.fetch_add(1, Ordering::Release);
     }
 
+    /// The version of the routing installed now (bumped by every install).
+    #[inline]
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
     /// The current view, if it is newer than `seen` (the version a caller
     /// cached with its view): `Some` after a change, `None` when `seen` is
     /// still current. Version 0 means no map: every key is served here.

@@ -438,11 +438,18 @@ pub struct Replicator {
     pumping: AtomicUsize,
     /// The replicator's own thread, unparked when it has work.
     thread: std::sync::OnceLock<std::thread::Thread>,
+    /// Whether a group this server leads has followers, as of routing
+    /// version `followers_seen` (`u64::MAX`: not worked out yet).
+    followers: AtomicBool,
+    followers_seen: AtomicU64,
 }
 
 impl Settle for Replicator {
     fn ticket(&self) -> Option<u64> {
-        if !self.unacked() {
+        // Nothing to wait for while no group this server leads has a
+        // follower (a cluster of one copy, until slots move): its writes
+        // are shipped by the replicator's own rounds, if ever needed.
+        if !self.unacked() || !self.leads_followers() {
             return None;
         }
         let t = if self.unlaunched() {
@@ -486,6 +493,26 @@ impl Settle for Replicator {
 }
 
 impl Replicator {
+    /// Whether a group this server leads has a backup or a joiner in the
+    /// routing installed now: worked out again only when the routing
+    /// changed (one load otherwise).
+    #[inline]
+    fn leads_followers(&self) -> bool {
+        let v = self.routing.version();
+        if self.followers_seen.load(Ordering::Acquire) != v {
+            let me = self.me;
+            let any = self.routing.routing().is_some_and(|r| {
+                r.map
+                    .groups
+                    .iter()
+                    .any(|g| g.primary == me && g.followers().next().is_some())
+            });
+            self.followers.store(any, Ordering::Release);
+            self.followers_seen.store(v, Ordering::Release);
+        }
+        self.followers.load(Ordering::Acquire)
+    }
+
     fn lock_ship(&self) -> std::sync::MutexGuard<'_, Shipper> {
         self.ship.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -1174,6 +1201,8 @@ pub fn start(
         stop: AtomicBool::new(false),
         pumping: AtomicUsize::new(0),
         thread: std::sync::OnceLock::new(),
+        followers: AtomicBool::new(false),
+        followers_seen: AtomicU64::new(u64::MAX),
     });
     server.gate.arm(replicator.clone());
     let r = replicator.clone();
