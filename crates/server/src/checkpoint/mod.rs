@@ -636,14 +636,7 @@ impl Checkpoints {
     ) -> Result<FileEntry, CheckpointError> {
         let name = job.file_name();
         let path = dir.join(&name);
-        let file = direct::DirectWriter::create(&path).map_err(io_at(&path))?;
-        let mut out = FileOut {
-            file,
-            generation: head.generation,
-            trailer: Trailer::default(),
-            bytes: 0,
-        };
-        out.write(&head.encode()).map_err(io_at(&path))?;
+        let mut out = FileOut::create(&path, head).map_err(io_at(&path))?;
         self.walk(job, head.count, &mut out).map_err(|e| match e {
             WalkError::Io(e) => CheckpointError::Io(path.clone(), e),
             WalkError::Cleared => CheckpointError::Mismatch(
@@ -705,14 +698,7 @@ impl Checkpoints {
         if let (Job::Cache, Some(store)) = (job, &self.cache) {
             return self.walk_cache(store, out).map_err(WalkError::Io);
         }
-        let mut w = Walk {
-            cursor: Some(0),
-            behind: HashSet::new(),
-            spare: Vec::new(),
-            described: HashSet::new(),
-            buf: BatchBuf::default(),
-            cleared: false,
-        };
+        let mut w = Walk::new();
         self.with_part(job, |p| p.begin_cut());
         let r = loop {
             let finished = self
@@ -1129,6 +1115,20 @@ struct Walk {
     cleared: bool,
 }
 
+impl Walk {
+    /// A walk from the first bucket, nothing gathered yet.
+    fn new() -> Walk {
+        Walk {
+            cursor: Some(0),
+            behind: HashSet::new(),
+            spare: Vec::new(),
+            described: HashSet::new(),
+            buf: BatchBuf::default(),
+            cleared: false,
+        }
+    }
+}
+
 enum WalkError {
     Io(std::io::Error),
     Cleared,
@@ -1143,6 +1143,18 @@ struct FileOut {
 }
 
 impl FileOut {
+    /// Creates `path` and writes `head`, the file's header.
+    fn create(path: &Path, head: &FileHeader) -> std::io::Result<FileOut> {
+        let mut out = FileOut {
+            file: direct::DirectWriter::create(path)?,
+            generation: head.generation,
+            trailer: Trailer::default(),
+            bytes: 0,
+        };
+        out.write(&head.encode())?;
+        Ok(out)
+    }
+
     fn write(&mut self, b: &[u8]) -> std::io::Result<()> {
         self.file.write_all(b)?;
         self.bytes += b.len() as u64;

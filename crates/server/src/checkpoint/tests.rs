@@ -338,21 +338,8 @@ fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
         created_unix_ms: 1,
     };
     let path = dir.path().join("kv-00000.fkv");
-    let mut out = FileOut {
-        file: direct::DirectWriter::create(&path).expect("file"),
-        generation: 1,
-        trailer: Trailer::default(),
-        bytes: 0,
-    };
-    out.write(&head.encode()).expect("header");
-    let mut w = Walk {
-        cursor: Some(0),
-        behind: HashSet::new(),
-        spare: Vec::new(),
-        described: HashSet::new(),
-        buf: BatchBuf::default(),
-        cleared: false,
-    };
+    let mut out = FileOut::create(&path, &head).expect("file");
+    let mut w = Walk::new();
     let job = Job::Kv(0);
     ck.with_part(job, |p| p.begin_cut());
     let fresh = keys_in_0(2_000, "new");
