@@ -302,7 +302,7 @@ impl Client {
             self.call_checkpoint(CheckpointRequest::Save(to.unwrap_or("").to_string()))?;
         // The reply is read after the save was claimed: it has finished
         // once `finished` moves past the count before it.
-        let before = started.finished - u64::from(!started.saving);
+        let before = started.finished.saturating_sub(u64::from(!started.saving));
         let deadline = Instant::now() + wait;
         let mut pause = Duration::from_millis(1);
         loop {

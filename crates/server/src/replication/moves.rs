@@ -42,6 +42,9 @@ pub(super) struct Handover {
     round: Option<u64>,
     /// When reads of the group stopped here, once the round completed.
     closed: Option<Instant>,
+    /// The hand-over is committed: nothing is left to do until the watch
+    /// installs the map naming the new owner (etcd is not read again).
+    committed: bool,
 }
 
 /// Every slot held by some copy on `me` in `map`.
@@ -78,7 +81,11 @@ impl Replicator {
                     since: Instant::now(),
                     round: None,
                     closed: None,
+                    committed: false,
                 });
+                if h.committed {
+                    continue;
+                }
                 match (h.round, h.closed) {
                     (None, _)
                         if h.since.elapsed() >= Duration::from_millis(HANDOVER_QUIESCE_MS)
@@ -135,11 +142,16 @@ impl Replicator {
             }
             if let Some(next) = map.handed_over(g) {
                 match self.registry.swap_map(rev, &next) {
-                    Ok(true) => tracing::info!(
-                        "moves: group {g} handed to server {} at epoch {}",
-                        next.groups[g].primary,
-                        next.epoch
-                    ),
+                    Ok(true) => {
+                        tracing::info!(
+                            "moves: group {g} handed to server {} at epoch {}",
+                            next.groups[g].primary,
+                            next.epoch
+                        );
+                        if let Some(h) = self.lock_ship().handovers.get_mut(&g) {
+                            h.committed = true;
+                        }
+                    }
                     Ok(false) => {}
                     Err(e) => tracing::warn!("moves: cannot hand group {g} over: {e}"),
                 }
