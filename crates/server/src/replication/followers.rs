@@ -68,6 +68,16 @@ pub(super) struct Follower {
 }
 
 impl Follower {
+    /// Batches sent and not yet acknowledged.
+    pub(super) fn behind(&self) -> usize {
+        self.unacked.len()
+    }
+
+    /// Whether every batch of rounds up to `round` was acknowledged.
+    pub(super) fn acked_through(&self, round: u64) -> bool {
+        self.unacked.front().is_none_or(|u| u.round > round)
+    }
+
     /// Queues a batch of `round` and writes it if the connection is up;
     /// returns whether the replicator's thread must act first (no
     /// connection yet, or it just broke).

@@ -29,11 +29,13 @@
 //!   ([`FENCED_EXIT_CODE`]) rather than answer for them: it is restarted
 //!   (by its supervisor) and comes back as a joiner.
 //! - **Joiners.** A server the controller adds to a group is streamed the
-//!   group's slots by the primary, a chunk per round, after a record that
-//!   makes it drop whatever it held of them; it receives every write from
-//!   the same round on, so once the last chunk is acknowledged it is in
-//!   sync, and the primary moves it into the group's backups with a
-//!   compare-and-swap of the map in etcd.
+//!   group's slots by the primary in chunks built by the replicator's
+//!   thread, after a record that makes it drop whatever it held of them;
+//!   it receives every write from the same round on, so once the last
+//!   chunk is acknowledged it is in sync, and the primary moves it into
+//!   the group's backups with a compare-and-swap of the map in etcd.
+//!   Until then replies do not wait for it (it is no copy a failover
+//!   could choose): a stream never sits in front of a reply.
 
 pub mod backup;
 mod followers;
@@ -66,7 +68,7 @@ use crate::service::Clock;
 use crate::slot_routing::{Routing, SlotRouting};
 use fabrickv_wire::ps::TableSpec;
 use fabrickv_wire::repl as records;
-use records::{BatchBuf, Record, REPL_BATCH_BYTES_TARGET, REPL_MESSAGE_BYTES_MAX};
+use records::{BatchBuf, Record, REPL_MESSAGE_BYTES_MAX};
 
 // The stream's handshake carries the cluster secret's nonce and proof.
 const _: () = assert!(records::NONCE_BYTES == fabrickv_auth::NONCE_BYTES);
@@ -103,6 +105,22 @@ pub const REPL_TICK_MS: u64 = 5;
 
 /// Index entries one stream chunk examines per partition visit.
 const STREAM_SCAN_ENTRIES: usize = 4096;
+
+/// Bytes of slot contents one stream chunk carries, about. A chunk is
+/// built under the shipping lock and applied by the joiner ahead of any
+/// write of a round after it, so it is kept small enough that neither
+/// wait shows in a reply's latency; several in flight keep the joiner
+/// busy.
+pub const STREAM_CHUNK_BYTES: usize = 256 << 10;
+
+/// Chunks of one stream sent and not yet acknowledged, at most.
+pub const STREAM_CHUNKS_IN_FLIGHT: usize = 2;
+
+/// Batches a joiner still being streamed may have unacknowledged before
+/// replies wait for it as for a backup: a joiner holds no copy a
+/// failover could choose, so replies do not wait on it while it keeps
+/// up, and this bounds what the primary holds for one that does not.
+pub const LEARNER_BATCHES_BEHIND_MAX: usize = 256;
 
 /// Exit status of a primary that was deposed while holding writes it
 /// could not replicate (EX_TEMPFAIL): it stops rather than answer for
@@ -373,8 +391,28 @@ struct Stream {
     bucket: usize,
     /// The round carrying the walk's last chunk, once sent.
     last_round: Option<u64>,
-    /// That round was acknowledged: the joiner is in sync.
-    complete: bool,
+    /// Rounds carrying this stream's chunks the joiner has not
+    /// acknowledged yet, oldest first.
+    chunks: VecDeque<u64>,
+    /// The joiner acknowledged the last chunk: it holds every slot's
+    /// contents, and replies wait for it from round `complete` on (every
+    /// round before it is on it once it acknowledges that one).
+    complete: Option<u64>,
+}
+
+impl Stream {
+    /// Whether another chunk may be sent now.
+    fn wants_chunk(&self) -> bool {
+        self.last_round.is_none() && self.chunks.len() < STREAM_CHUNKS_IN_FLIGHT
+    }
+
+    /// Whether the joiner holds everything a failover may need of it:
+    /// it acknowledged its last chunk and every batch of the rounds
+    /// before it began to count in replies (those after wait for it).
+    fn in_sync(&self, follower: Option<&followers::Follower>) -> bool {
+        self.complete
+            .is_some_and(|from| follower.is_none_or(|fo| fo.acked_through(from)))
+    }
 }
 
 /// A round sent and not yet acknowledged by every follower.
@@ -442,6 +480,12 @@ pub struct Replicator {
     /// version `followers_seen` (`u64::MAX`: not worked out yet).
     followers: AtomicBool,
     followers_seen: AtomicU64,
+    /// Whether a joiner's rounds hold replies back ([`Replicator::gates`]).
+    joiners_gate: AtomicBool,
+    /// Whether a stream has chunks to send or to be acknowledged: the
+    /// replicator's thread then waits on the followers' sockets, not a
+    /// tick.
+    streaming: AtomicBool,
 }
 
 impl Settle for Replicator {
@@ -455,9 +499,19 @@ impl Settle for Replicator {
         let t = if self.unlaunched() {
             // Launch a round for these writes here (no wait: the loop
             // serves its other connections meanwhile, and the next
-            // round may leave before this one is acknowledged).
-            let mut sh = self.lock_ship();
-            self.launch_for(&mut sh)
+            // round may leave before this one is acknowledged). When the
+            // shipping lock is busy (a joiner's chunk being built), the
+            // replicator's thread launches the next round right after.
+            match self.ship.try_lock() {
+                Ok(mut sh) => self.launch_for(&mut sh),
+                Err(std::sync::TryLockError::Poisoned(p)) => self.launch_for(&mut p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    let next = self.rounds_started.load(Ordering::Acquire) + 1;
+                    self.wanted.fetch_max(next, Ordering::AcqRel);
+                    self.wake_thread();
+                    next
+                }
+            }
         } else {
             // Every write so far is in a round already launched.
             self.rounds_started.load(Ordering::Acquire)
@@ -493,9 +547,10 @@ impl Settle for Replicator {
 }
 
 impl Replicator {
-    /// Whether a group this server leads has a backup or a joiner in the
-    /// routing installed now: worked out again only when the routing
-    /// changed (one load otherwise).
+    /// Whether replies wait for some follower: a group this server leads
+    /// has a backup in the routing installed now (worked out again only
+    /// when the routing changed: one load otherwise), or a joiner counts
+    /// as one ([`Replicator::gates`]).
     #[inline]
     fn leads_followers(&self) -> bool {
         let v = self.routing.version();
@@ -505,12 +560,52 @@ impl Replicator {
                 r.map
                     .groups
                     .iter()
-                    .any(|g| g.primary == me && g.followers().next().is_some())
+                    .any(|g| g.primary == me && !g.backups.is_empty())
             });
             self.followers.store(any, Ordering::Release);
             self.followers_seen.store(v, Ordering::Release);
         }
-        self.followers.load(Ordering::Acquire)
+        self.followers.load(Ordering::Acquire) || self.joiners_gate.load(Ordering::Acquire)
+    }
+
+    /// Whether the rounds sent to follower `f` hold replies back: a
+    /// backup's do; a joiner's do not while it is being streamed and
+    /// keeps up (it is no copy a failover could choose, and a move hands
+    /// a group over only after a round it acknowledged), so a move's
+    /// stream never sits in front of a reply.
+    fn gates(&self, sh: &Shipper, r: &Routing, f: u32) -> bool {
+        let lagging = sh
+            .followers
+            .get(&f)
+            .is_some_and(|fo| fo.behind() > LEARNER_BATCHES_BEHIND_MAX);
+        lagging
+            || r.map.groups.iter().enumerate().any(|(gi, g)| {
+                g.primary == self.me
+                    && (g.backups.contains(&f)
+                        || (g.joining.contains(&f)
+                            && !sh.streams.iter().any(|st| {
+                                st.group == gi && st.joiner == f && st.complete.is_none()
+                            })))
+            })
+    }
+
+    /// Notes, after the streams or the followers changed, whether some
+    /// joiner holds replies back and whether a stream has chunks to send
+    /// or acknowledge.
+    fn note_streams(&self, sh: &Shipper) {
+        let gate = sh.streams.iter().any(|st| {
+            st.complete.is_some()
+                || sh
+                    .followers
+                    .get(&st.joiner)
+                    .is_some_and(|fo| fo.behind() > LEARNER_BATCHES_BEHIND_MAX)
+        });
+        self.joiners_gate.store(gate, Ordering::Release);
+        let busy = sh
+            .streams
+            .iter()
+            .any(|st| st.wants_chunk() || !st.chunks.is_empty());
+        self.streaming.store(busy, Ordering::Release);
     }
 
     fn lock_ship(&self) -> std::sync::MutexGuard<'_, Shipper> {
@@ -604,6 +699,13 @@ impl Replicator {
     /// the round's number. It completes once every follower it went to
     /// acknowledged it, and every round before it completed.
     fn launch(&self, sh: &mut Shipper) -> u64 {
+        self.launch_with(sh, false)
+    }
+
+    /// [`Replicator::launch`], with the joiners' next chunks when
+    /// `stream` (only the replicator's thread builds them: a worker
+    /// launching a round for its replies never does).
+    fn launch_with(&self, sh: &mut Shipper, stream: bool) -> u64 {
         let round = self.rounds_started.fetch_add(1, Ordering::AcqRel) + 1;
         let mut flight = InFlight {
             round,
@@ -611,7 +713,7 @@ impl Replicator {
             awaiting: Vec::new(),
         };
         match self.routing.routing() {
-            Some(r) => self.send_round(sh, &r, &mut flight),
+            Some(r) => self.send_round(sh, &r, &mut flight, stream),
             // No map, no followers: nothing to wait for.
             None => {
                 for p in 0..self.journals() {
@@ -623,23 +725,27 @@ impl Replicator {
         }
         sh.in_flight.push_back(flight);
         self.advance(sh);
+        self.note_streams(sh);
         round
     }
 
     /// The work of [`Replicator::launch`] under map `r`: each joiner's
     /// next chunk and every journal's writes, batched per follower and
     /// queued (and written), noted in `flight`.
-    fn send_round(&self, sh: &mut Shipper, r: &Routing, flight: &mut InFlight) {
+    fn send_round(&self, sh: &mut Shipper, r: &Routing, flight: &mut InFlight, stream: bool) {
         let round = flight.round;
         let now = self.unix.clock().now_ms();
         let mut out: HashMap<u32, BatchBuf> = HashMap::new();
         let mut tables = Tables::default();
         self.follow_joiners(sh, r);
-        for st in sh.streams.iter_mut().filter(|s| s.last_round.is_none()) {
-            let buf = out.entry(st.joiner).or_default();
-            self.stream_chunk(st, r, buf, &mut tables, now);
-            if st.partition >= self.journals() {
-                st.last_round = Some(round);
+        if stream {
+            for st in sh.streams.iter_mut().filter(|s| s.wants_chunk()) {
+                let buf = out.entry(st.joiner).or_default();
+                self.stream_chunk(st, r, buf, &mut tables, now);
+                st.chunks.push_back(round);
+                if st.partition >= self.journals() {
+                    st.last_round = Some(round);
+                }
             }
         }
         let mut foreign = false;
@@ -698,8 +804,10 @@ impl Replicator {
             sh.batch_seq += 1;
             let msg = buf.seal(r.map.epoch, sh.batch_seq);
             let seq = sh.batch_seq;
+            if self.gates(sh, r, f) {
+                flight.awaiting.push(f);
+            }
             mend |= sh.followers.entry(f).or_default().send(seq, round, msg);
-            flight.awaiting.push(f);
         }
         if mend {
             self.wake_thread();
@@ -750,12 +858,29 @@ impl Replicator {
         foreign
     }
 
-    /// Follower `f` acknowledged its batch of `round`.
+    /// Follower `f` acknowledged its batch of `round` (and so every
+    /// batch it was sent before).
     fn acked_by(&self, sh: &mut Shipper, f: u32, round: u64) {
+        let started = self.rounds_started.load(Ordering::Acquire);
+        let mut room = false;
+        for st in sh.streams.iter_mut().filter(|st| st.joiner == f) {
+            while st.chunks.front().is_some_and(|&c| c <= round) {
+                st.chunks.pop_front();
+                room = true;
+            }
+            if st.complete.is_none() && st.last_round.is_some_and(|l| l <= round) {
+                // Every round from the next on waits for it too.
+                st.complete = Some(started);
+            }
+        }
         if let Some(r) = sh.in_flight.iter_mut().find(|r| r.round == round) {
             r.awaiting.retain(|&x| x != f);
         }
         self.advance(sh);
+        self.note_streams(sh);
+        if room {
+            self.wake_thread();
+        }
     }
 
     /// Stops waiting for follower `f`, which no longer follows this
@@ -769,6 +894,7 @@ impl Replicator {
         }
         sh.streams.retain(|st| st.joiner != f);
         self.advance(sh);
+        self.note_streams(sh);
     }
 
     /// Completes, in order, the rounds every follower acknowledged, and
@@ -785,13 +911,8 @@ impl Replicator {
             self.rounds_done.store(r.round, Ordering::Release);
             done = Some(r.round);
         }
-        let Some(done) = done else {
+        if done.is_none() {
             return;
-        };
-        for st in sh.streams.iter_mut() {
-            if st.last_round.is_some_and(|l| l <= done) {
-                st.complete = true;
-            }
         }
         drop(self.done_lock.lock().unwrap_or_else(|p| p.into_inner()));
         self.done_cv.notify_all();
@@ -810,27 +931,26 @@ impl Replicator {
             self.pump(None, Duration::ZERO);
         }
         self.mend_followers();
-        loop {
+        // A joiner's chunks are paced by its acknowledgements: up to
+        // STREAM_CHUNKS_IN_FLIGHT rounds here, and more once they come.
+        for _ in 0..STREAM_CHUNKS_IN_FLIGHT + 1 {
             let owed = self.owed();
             let unlaunched = self.unlaunched();
-            let streaming = self.routing.routing().is_some_and(|v| {
+            let joiners = self.routing.routing().map_or(0, |v| {
                 v.map
                     .groups
                     .iter()
-                    .any(|g| g.primary == self.me && !g.joining.is_empty())
+                    .filter(|g| g.primary == self.me)
+                    .map(|g| g.joining.len())
+                    .sum::<usize>()
             });
             let mut sh = self.lock_ship();
-            let room = self.room();
-            // A joiner's chunks go one round at a time, paced by its
-            // acknowledgements.
-            let stream_now = streaming && sh.in_flight.is_empty();
-            if !room || !(owed || unlaunched || stream_now) {
+            let stream_now = joiners > 0
+                && (sh.streams.len() < joiners || sh.streams.iter().any(Stream::wants_chunk));
+            if !self.room() || !(owed || unlaunched || stream_now) {
                 break;
             }
-            self.launch(&mut sh);
-            if !owed && !unlaunched {
-                break;
-            }
+            self.launch_with(&mut sh, true);
         }
         self.promote_complete();
         self.hand_over();
@@ -863,7 +983,8 @@ impl Replicator {
                         partition: 0,
                         bucket: 0,
                         last_round: None,
-                        complete: false,
+                        chunks: VecDeque::new(),
+                        complete: None,
                     });
                 }
             }
@@ -896,7 +1017,7 @@ impl Replicator {
             st.begun = true;
         }
         let ours = |key: &[u8]| r.routes.group_of(key_slot(key)) == st.group;
-        while st.partition < self.seqs.len() && out.bytes() < REPL_BATCH_BYTES_TARGET {
+        while st.partition < self.seqs.len() && out.bytes() < STREAM_CHUNK_BYTES {
             let mut part = self.parts.lock(st.partition);
             let mut keys: Vec<Vec<u8>> = Vec::new();
             let mut budget = ScanBudget {
@@ -926,7 +1047,7 @@ impl Replicator {
         let ours = |slot: u16| r.routes.group_of(slot) == st.group;
         while st.partition >= kv
             && st.partition < self.journals()
-            && out.bytes() < REPL_BATCH_BYTES_TARGET
+            && out.bytes() < STREAM_CHUNK_BYTES
         {
             let next = self.ps.scan_rows(
                 st.partition - kv,
@@ -951,13 +1072,14 @@ impl Replicator {
     /// backups, by compare-and-swap of the map in etcd (the watch then
     /// ends the stream).
     fn promote_complete(&self) {
-        let complete: Vec<(usize, u32)> = self
-            .lock_ship()
-            .streams
-            .iter()
-            .filter(|s| s.complete)
-            .map(|s| (s.group, s.joiner))
-            .collect();
+        let complete: Vec<(usize, u32)> = {
+            let sh = self.lock_ship();
+            sh.streams
+                .iter()
+                .filter(|s| s.in_sync(sh.followers.get(&s.joiner)))
+                .map(|s| (s.group, s.joiner))
+                .collect()
+        };
         for (group, joiner) in complete {
             let view = match self.registry.view() {
                 Ok(v) => v,
@@ -1203,6 +1325,8 @@ pub fn start(
         thread: std::sync::OnceLock::new(),
         followers: AtomicBool::new(false),
         followers_seen: AtomicU64::new(u64::MAX),
+        joiners_gate: AtomicBool::new(false),
+        streaming: AtomicBool::new(false),
     });
     server.gate.arm(replicator.clone());
     let r = replicator.clone();
@@ -1211,8 +1335,13 @@ pub fn start(
         .spawn(move || {
             while !r.stopped() {
                 // Unparked when it has work; otherwise a tick, for silent
-                // followers, joiners' streams and writes no reply waits on.
-                std::thread::park_timeout(Duration::from_millis(REPL_TICK_MS));
+                // followers and writes no reply waits on. While a joiner
+                // is streamed it waits on the followers' acknowledgements
+                // (which no reply may be waiting for) instead.
+                let tick = Duration::from_millis(REPL_TICK_MS);
+                if !(r.streaming.load(Ordering::Acquire) && r.pump(None, tick)) {
+                    std::thread::park_timeout(tick);
+                }
                 r.service();
             }
         })?;
