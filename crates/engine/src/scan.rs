@@ -9,7 +9,7 @@
 
 use fabrickv_types::KeyHash;
 
-use crate::index::{offset_of, Marked, Summary};
+use crate::index::{offset_of, prefetch_line, Marked, Summary};
 use crate::item;
 use crate::partition::{Core, Hit, Storage};
 
@@ -23,6 +23,12 @@ pub type ScanVisit<'f> = dyn FnMut(&[u8], &[u8], u64) + 'f;
 /// reply has grown to its bound). A chain is never cut, so that a cursor
 /// naming the next main bucket loses nothing.
 pub type ScanMore<'f> = dyn FnMut(&[u8], &[u8], u64) -> bool + 'f;
+
+/// Occupied main buckets a walk keeps prefetched ahead of the one it
+/// visits: each item's header sits on a cache line (and often a page) of
+/// its own, so a walk that waits for one at a time spends most of its
+/// time on misses; this many in flight overlap them.
+pub const SCAN_PREFETCH_BUCKETS: usize = 8;
 
 /// The work one walk may still do; [`crate::Partition::scan_from`] takes
 /// what it does out of it, so one budget can span several partitions.
@@ -53,6 +59,17 @@ impl<S: Storage> Core<S> {
             return;
         }
         self.visit_chain(main, now_ms, f);
+    }
+
+    /// Asks the cache for the first line of every item in the chain of
+    /// `main` (its header and key), without waiting.
+    fn prefetch_chain(&self, main: usize) {
+        let pool = self.storage.pool();
+        for (_, e) in self.index.chain(main) {
+            if let Some(byte) = self.storage.resolve(offset_of(e)).and_then(|p| pool.get(p)) {
+                prefetch_line((byte as *const u8).cast());
+            }
+        }
     }
 
     /// Calls `f` for every item live at `now_ms` in the chain of `main`;
@@ -96,6 +113,10 @@ impl<S: Storage> Core<S> {
         let main_count = self.index.main_count();
         let resume = |b: usize| (b < main_count).then_some(b);
         let mut b = from;
+        // The next occupied bucket not prefetched yet, and how many are
+        // prefetched past the one visited (looking ahead costs no budget).
+        let mut ahead = from;
+        let mut prefetched = 0usize;
         loop {
             if budget.entries == 0 {
                 return resume(b);
@@ -107,6 +128,23 @@ impl<S: Storage> Core<S> {
                 Marked::End => return None,
                 Marked::Later(at) => return resume(at),
                 Marked::At(main) => {
+                    if ahead <= main {
+                        ahead = main + 1;
+                        prefetched = 0;
+                    } else {
+                        prefetched = prefetched.saturating_sub(1);
+                    }
+                    let mut look = SCAN_PREFETCH_BUCKETS;
+                    while prefetched < SCAN_PREFETCH_BUCKETS {
+                        match self.index.next_marked(Summary::Occupied, ahead, &mut look) {
+                            Marked::At(next) => {
+                                self.prefetch_chain(next);
+                                ahead = next + 1;
+                                prefetched += 1;
+                            }
+                            _ => break,
+                        }
+                    }
                     let mut more = true;
                     let examined = self.visit_chain(main, now_ms, &mut |k, v, e| {
                         more &= f(k, v, e);

@@ -265,7 +265,12 @@ fn apply_batch(a: &Applier, sender: u32, epoch: u64, recs: Records<'_>) -> (AckS
     };
     let now = a.unix.clock().now_ms();
     let mut tables = TableIds::new();
-    for rec in recs.iter() {
+    for (i, rec) in recs.iter().enumerate() {
+        if i > 0 && i % super::APPLY_YIELD_RECORDS == 0 {
+            // A stream's chunk is hundreds of records: a serving thread
+            // woken meanwhile runs now, not after this thread's slice.
+            std::thread::yield_now();
+        }
         apply(a, &r, sender, &rec, now, &mut tables);
     }
     (AckStatus::Applied, r.map.epoch)

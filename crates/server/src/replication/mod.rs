@@ -103,8 +103,15 @@ pub const REPL_ROUNDS_IN_FLIGHT_MAX: u64 = 16;
 /// on (joiners to stream, silent followers), in milliseconds.
 pub const REPL_TICK_MS: u64 = 5;
 
-/// Index entries one stream chunk examines per partition visit.
-const STREAM_SCAN_ENTRIES: usize = 4096;
+/// Index entries one stream chunk examines per partition visit; the
+/// thread building the chunk gives its core up between visits
+/// (`sched_yield`), so a serving thread woken meanwhile waits for one
+/// visit, not for the scheduler's slice (milliseconds on a busy machine).
+const STREAM_SCAN_ENTRIES: usize = 512;
+
+/// Records a follower applies between two offers of its core
+/// (`sched_yield`), for the same reason.
+pub const APPLY_YIELD_RECORDS: usize = 64;
 
 /// Bytes of slot contents one stream chunk carries, about. A chunk is
 /// built under the shipping lock and applied by the joiner ahead of any
@@ -381,14 +388,39 @@ impl Tables {
     }
 }
 
+/// Appends the record that begins stream `st` (its joiner drops what it
+/// held of the group's slots) and marks it begun.
+fn stream_begin(st: &mut Stream, r: &Routing, out: &mut BatchBuf) {
+    if let Some(g) = r.map.groups.get(st.group) {
+        let ranges: Vec<records::SlotRange> = g
+            .ranges
+            .iter()
+            .map(|r| records::SlotRange {
+                first: r.first,
+                last: r.last,
+            })
+            .collect();
+        out.stream_begin(&ranges);
+        st.begun = true;
+    }
+}
+
 /// A joiner being streamed a group's slots.
 #[derive(Debug)]
 struct Stream {
+    /// Tells this stream from a later one of the same group and joiner.
+    id: u64,
     group: usize,
     joiner: u32,
     begun: bool,
+    /// Where the walk goes on: a kv partition (then the pool's shards,
+    /// numbered after them) and a bucket in it.
     partition: usize,
     bucket: usize,
+    /// Keys of the group the walk found and no chunk carried yet, by kv
+    /// partition ([`Replicator::walk_streams`]; their states are read
+    /// when a chunk carries them).
+    found: Vec<(usize, Vec<Vec<u8>>)>,
     /// The round carrying the walk's last chunk, once sent.
     last_round: Option<u64>,
     /// Rounds carrying this stream's chunks the joiner has not
@@ -404,6 +436,12 @@ impl Stream {
     /// Whether another chunk may be sent now.
     fn wants_chunk(&self) -> bool {
         self.last_round.is_none() && self.chunks.len() < STREAM_CHUNKS_IN_FLIGHT
+    }
+
+    /// Whether the kv partitions' walk must find more keys before the
+    /// next chunk can be sent.
+    fn wants_walk(&self, partitions: usize) -> bool {
+        self.begun && self.wants_chunk() && self.found.is_empty() && self.partition < partitions
     }
 
     /// Whether the joiner holds everything a failover may need of it:
@@ -432,6 +470,8 @@ struct Shipper {
     followers: HashMap<u32, followers::Follower>,
     batch_seq: u64,
     streams: Vec<Stream>,
+    /// The last stream's id.
+    stream_ids: u64,
     /// Rounds launched and not yet complete, oldest first.
     in_flight: VecDeque<InFlight>,
     /// Groups this server leads that are handing over, by number.
@@ -738,13 +778,29 @@ impl Replicator {
         let mut out: HashMap<u32, BatchBuf> = HashMap::new();
         let mut tables = Tables::default();
         self.follow_joiners(sh, r);
-        if stream {
-            for st in sh.streams.iter_mut().filter(|s| s.wants_chunk()) {
+        for st in sh.streams.iter_mut() {
+            // A stream begins in the round that first sees it, ahead of
+            // any write of the group that round or later carries.
+            if !st.begun {
+                stream_begin(st, r, out.entry(st.joiner).or_default());
+            }
+            if stream && st.wants_chunk() {
                 let buf = out.entry(st.joiner).or_default();
-                self.stream_chunk(st, r, buf, &mut tables, now);
-                st.chunks.push_back(round);
+                if self.stream_chunk(st, r, buf, &mut tables, now) {
+                    st.chunks.push_back(round);
+                }
                 if st.partition >= self.journals() {
-                    st.last_round = Some(round);
+                    // The walk is done: the stream completes with its
+                    // newest chunk's acknowledgement, or now if every
+                    // chunk was acknowledged (a round without a batch for
+                    // the joiner is never acknowledged by it).
+                    match st.chunks.back() {
+                        Some(&c) => st.last_round = Some(c),
+                        None => {
+                            st.last_round = Some(round);
+                            st.complete = Some(round);
+                        }
+                    }
                 }
             }
         }
@@ -934,6 +990,7 @@ impl Replicator {
         // A joiner's chunks are paced by its acknowledgements: up to
         // STREAM_CHUNKS_IN_FLIGHT rounds here, and more once they come.
         for _ in 0..STREAM_CHUNKS_IN_FLIGHT + 1 {
+            self.walk_streams();
             let owed = self.owed();
             let unlaunched = self.unlaunched();
             let joiners = self.routing.routing().map_or(0, |v| {
@@ -945,8 +1002,12 @@ impl Replicator {
                     .sum::<usize>()
             });
             let mut sh = self.lock_ship();
+            let kv = self.seqs.len();
             let stream_now = joiners > 0
-                && (sh.streams.len() < joiners || sh.streams.iter().any(Stream::wants_chunk));
+                && (sh.streams.len() < joiners
+                    || sh.streams.iter().any(|st| {
+                        st.wants_chunk() && (!st.found.is_empty() || st.partition >= kv)
+                    }));
             if !self.room() || !(owed || unlaunched || stream_now) {
                 break;
             }
@@ -976,7 +1037,11 @@ impl Replicator {
             for &j in &g.joining {
                 if !sh.streams.iter().any(|s| s.group == gi && s.joiner == j) {
                     tracing::info!("replication: streaming group {gi}'s slots to joiner {j}");
+                    sh.stream_ids += 1;
+                    let id = sh.stream_ids;
                     sh.streams.push(Stream {
+                        id,
+                        found: Vec::new(),
                         group: gi,
                         joiner: j,
                         begun: false,
@@ -991,8 +1056,82 @@ impl Replicator {
         }
     }
 
+    /// Walks the kv partitions for the keys of every stream that needs
+    /// more for its next chunk, without the shipping lock (the index walk
+    /// is most of a stream's work, and a round for replies must not wait
+    /// behind it), giving the core up between partition visits. Only the
+    /// keys are taken here: their states are read when a chunk carries
+    /// them, under the shipping lock, so a chunk never carries a state
+    /// older than a write a round before it shipped. A key written after
+    /// the walk passed it was written after its stream began, and reaches
+    /// the joiner with the writes.
+    fn walk_streams(&self) {
+        let kv = self.seqs.len();
+        let Some(r) = self.routing.routing() else {
+            return;
+        };
+        let todo: Vec<(u64, usize, usize, usize)> = self
+            .lock_ship()
+            .streams
+            .iter()
+            .filter(|st| st.wants_walk(kv))
+            .map(|st| (st.id, st.group, st.partition, st.bucket))
+            .collect();
+        let now = self.unix.clock().now_ms();
+        for (id, group, from_partition, from_bucket) in todo {
+            let ours = |key: &[u8]| r.routes.group_of(key_slot(key)) == group;
+            let (mut partition, mut bucket) = (from_partition, from_bucket);
+            let mut found: Vec<(usize, Vec<Vec<u8>>)> = Vec::new();
+            let mut bytes = 0;
+            while partition < kv && bytes < STREAM_CHUNK_BYTES {
+                let mut keys: Vec<Vec<u8>> = Vec::new();
+                let mut budget = ScanBudget {
+                    entries: STREAM_SCAN_ENTRIES,
+                    words: STREAM_SCAN_ENTRIES,
+                };
+                let next = self.parts.lock(partition).scan_from(
+                    bucket,
+                    now,
+                    &mut budget,
+                    &mut |k, v, _| {
+                        if ours(k) {
+                            bytes += k.len() + v.len();
+                            keys.push(k.to_vec());
+                        }
+                        true
+                    },
+                );
+                if !keys.is_empty() {
+                    match found.last_mut() {
+                        Some((p, ks)) if *p == partition => ks.append(&mut keys),
+                        _ => found.push((partition, keys)),
+                    }
+                }
+                match next {
+                    Some(b) => bucket = b,
+                    None => {
+                        partition += 1;
+                        bucket = 0;
+                    }
+                }
+                std::thread::yield_now();
+            }
+            let mut sh = self.lock_ship();
+            // The stream may have ended (or begun again) meanwhile.
+            if let Some(st) = sh.streams.iter_mut().find(|st| {
+                st.id == id && st.partition == from_partition && st.bucket == from_bucket
+            }) {
+                st.found = found;
+                st.partition = partition;
+                st.bucket = bucket;
+            }
+        }
+    }
+
     /// Appends the next chunk of a stream to its joiner's batch: the
-    /// states of the group's keys, up to about a batch's worth.
+    /// states of the keys the walk found (read now), or past the kv
+    /// partitions, of the embedding rows of the group, up to about
+    /// [`STREAM_CHUNK_BYTES`]. Returns whether it appended any.
     fn stream_chunk(
         &self,
         st: &mut Stream,
@@ -1000,49 +1139,17 @@ impl Replicator {
         out: &mut BatchBuf,
         tables: &mut Tables,
         now: u64,
-    ) {
-        let Some(g) = r.map.groups.get(st.group) else {
-            return;
-        };
-        if !st.begun {
-            let ranges: Vec<records::SlotRange> = g
-                .ranges
-                .iter()
-                .map(|r| records::SlotRange {
-                    first: r.first,
-                    last: r.last,
-                })
-                .collect();
-            out.stream_begin(&ranges);
-            st.begun = true;
-        }
-        let ours = |key: &[u8]| r.routes.group_of(key_slot(key)) == st.group;
-        while st.partition < self.seqs.len() && out.bytes() < STREAM_CHUNK_BYTES {
-            let mut part = self.parts.lock(st.partition);
-            let mut keys: Vec<Vec<u8>> = Vec::new();
-            let mut budget = ScanBudget {
-                entries: STREAM_SCAN_ENTRIES,
-                words: STREAM_SCAN_ENTRIES,
-            };
-            let next = part.scan_from(st.bucket, now, &mut budget, &mut |k, _, _| {
-                if ours(k) {
-                    keys.push(k.to_vec());
-                }
-                true
-            });
+    ) -> bool {
+        let before = out.bytes();
+        for (p, keys) in std::mem::take(&mut st.found) {
+            let mut part = self.parts.lock(p);
             for k in &keys {
                 let state = read_state(&mut part, k, now, &self.unix);
                 append_state(out, k, &state);
             }
-            match next {
-                Some(b) => st.bucket = b,
-                None => {
-                    st.partition += 1;
-                    st.bucket = 0;
-                }
-            }
         }
-        // Then the embedding pool's shards, the same way.
+        // Past the kv partitions, the embedding pool's shards, walked
+        // here (under the shipping lock).
         let kv = self.seqs.len();
         let ours = |slot: u16| r.routes.group_of(slot) == st.group;
         while st.partition >= kv
@@ -1066,6 +1173,7 @@ impl Replicator {
                 }
             }
         }
+        out.bytes() > before
     }
 
     /// Moves every joiner whose stream completed into its group's
