@@ -406,14 +406,16 @@ impl KvService {
         let total = ops.len();
         let mut misrouted = false;
         for op in ops {
-            let here = self
-                .view
-                .current(&self.routing)
-                .is_none_or(|r| serves_op(r, &op));
+            let route = self.view.current(&self.routing);
+            let here = route.is_none_or(|r| serves_op(r, &op));
             if !here {
+                // The epoch of the map this server refused under: a
+                // client holding a newer one knows this server is behind
+                // (its watch a moment late) and sends again shortly.
+                let epoch = route.map_or(0, |r| r.map.epoch);
                 self.st.counters.ops += 1;
                 self.st.counters.wrong_server += 1;
-                rb.result(ErrorCode::WrongServer, &[]);
+                rb.result(ErrorCode::WrongServer, &epoch.to_le_bytes());
                 continue;
             }
             let after = total - rb.len() - 1;

@@ -110,6 +110,8 @@ fn a_cluster_client_routes_by_the_slot_map(t: Transport) {
                 assert_eq!(out[0].code, ErrorCode::Ok);
             } else {
                 assert_eq!(out[0].code, ErrorCode::WrongServer, "server {i}");
+                // The refusal names the map it was made under.
+                assert_eq!(out[0].value, 1u64.to_le_bytes(), "server {i}");
             }
         }
     }
@@ -146,6 +148,7 @@ fn a_cluster_client_routes_by_the_slot_map(t: Transport) {
         .execute(&[BatchOp::Get { key: moved[0] }])
         .expect("get at server 2");
     assert_eq!(out[0].code, ErrorCode::WrongServer);
+    assert_eq!(out[0].value, 2u64.to_le_bytes());
     drop(ms);
 }
 

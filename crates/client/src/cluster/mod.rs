@@ -158,6 +158,11 @@ impl From<Members<Client>> for ClusterClient {
 struct Rerouted<'a, S: batch::Sink> {
     inner: &'a mut S,
     moved: Vec<usize>,
+    /// The epoch of the map the batch was routed by, and whether a
+    /// server refused under an older one (its watch is behind: the
+    /// refusal is no reason to wait for a newer map).
+    epoch: u64,
+    behind: bool,
     /// Which operations got a result, by position, when the batch may be
     /// sent again after a failover (empty otherwise).
     landed: Vec<bool>,
@@ -167,6 +172,9 @@ impl<S: batch::Sink> batch::Sink for Rerouted<'_, S> {
     #[inline]
     fn land(&mut self, pos: usize, code: ErrorCode, value: &[u8]) -> Result<()> {
         if code == ErrorCode::WrongServer {
+            if let Ok(b) = <[u8; 8]>::try_from(value) {
+                self.behind |= u64::from_le_bytes(b) < self.epoch;
+            }
             self.moved.push(pos);
             return Ok(());
         }
@@ -400,6 +408,8 @@ impl ClusterClient {
             let mut sink = Rerouted {
                 inner: &mut *sink,
                 moved: Vec::new(),
+                epoch: self.slots.as_ref().map_or(0, |f| f.epoch()),
+                behind: false,
                 landed: if follows {
                     vec![false; ops.len()]
                 } else {
@@ -437,8 +447,16 @@ impl ClusterClient {
             // read again (a bounded number of times).
             sink.reply_full(again);
             let moved = sink.moved;
+            let behind = sink.behind;
             if !moved.is_empty() {
                 let reloaded = match &mut self.slots {
+                    Some(_) if behind && std::time::Instant::now() < failover_deadline => {
+                        // A server refused under an older map than this
+                        // client's: its watch delivers the newer one in
+                        // a moment.
+                        std::thread::sleep(Duration::from_millis(slots::BEHIND_PAUSE_MS));
+                        true
+                    }
                     Some(f)
                         if rerouted < WRONG_SERVER_ROUNDS_MAX
                             && std::time::Instant::now() < failover_deadline =>

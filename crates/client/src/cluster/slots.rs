@@ -30,6 +30,11 @@ pub const FAILOVER_WAIT_MS: u64 = 5_000;
 /// between roles during a failover.
 pub const REFUSED_PAUSE_MS: u64 = 20;
 
+/// How long a call waits before it is sent again to a server that
+/// refused it under an older map than the client's (the server's watch
+/// is a moment behind), in milliseconds.
+pub const BEHIND_PAUSE_MS: u64 = 1;
+
 /// How often a call waiting for a new map looks at what the watch
 /// delivered, in milliseconds.
 const MAP_WAIT_POLL_MS: u64 = 2;
