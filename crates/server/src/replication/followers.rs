@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use fabrickv_wire::repl::{self as records, AckStatus, Message};
 
 use super::{
-    MsgReader, Replicator, Shipper, REPL_ACK_TIMEOUT_MS, REPL_CONNECT_TIMEOUT_MS,
-    REPL_FOLLOWER_GIVE_UP_MS, REPL_RETRY_MS,
+    MsgReader, Replicator, Shipper, LEARNER_BATCHES_BEHIND_MAX, REPL_ACK_TIMEOUT_MS,
+    REPL_CONNECT_TIMEOUT_MS, REPL_FOLLOWER_GIVE_UP_MS, REPL_RETRY_MS,
 };
 
 /// A batch sent to a follower and not yet acknowledged.
@@ -68,9 +68,10 @@ pub(super) struct Follower {
 }
 
 impl Follower {
-    /// Batches sent and not yet acknowledged.
-    pub(super) fn behind(&self) -> usize {
-        self.unacked.len()
+    /// Whether it has more than [`LEARNER_BATCHES_BEHIND_MAX`] batches
+    /// unacknowledged: a joiner that far behind holds replies back.
+    pub(super) fn lags(&self) -> bool {
+        self.unacked.len() > LEARNER_BATCHES_BEHIND_MAX
     }
 
     /// Whether every batch of rounds up to `round` was acknowledged.

@@ -103,10 +103,11 @@ pub const REPL_ROUNDS_IN_FLIGHT_MAX: u64 = 16;
 /// on (joiners to stream, silent followers), in milliseconds.
 pub const REPL_TICK_MS: u64 = 5;
 
-/// Index entries one stream chunk examines per partition visit; the
-/// thread building the chunk gives its core up between visits
-/// (`sched_yield`), so a serving thread woken meanwhile waits for one
-/// visit, not for the scheduler's slice (milliseconds on a busy machine).
+/// Index entries a stream's walk for its group's keys examines per hold
+/// of a partition's lock ([`Replicator::walk_streams`]); the walking
+/// thread gives its core up between holds (`sched_yield`), so a serving
+/// thread woken meanwhile waits for one hold, not for the scheduler's
+/// slice (milliseconds on a busy machine).
 const STREAM_SCAN_ENTRIES: usize = 512;
 
 /// Records a follower applies between two offers of its core
@@ -614,11 +615,7 @@ impl Replicator {
     /// a group over only after a round it acknowledged), so a move's
     /// stream never sits in front of a reply.
     fn gates(&self, sh: &Shipper, r: &Routing, f: u32) -> bool {
-        let lagging = sh
-            .followers
-            .get(&f)
-            .is_some_and(|fo| fo.behind() > LEARNER_BATCHES_BEHIND_MAX);
-        lagging
+        sh.followers.get(&f).is_some_and(followers::Follower::lags)
             || r.map.groups.iter().enumerate().any(|(gi, g)| {
                 g.primary == self.me
                     && (g.backups.contains(&f)
@@ -638,7 +635,7 @@ impl Replicator {
                 || sh
                     .followers
                     .get(&st.joiner)
-                    .is_some_and(|fo| fo.behind() > LEARNER_BATCHES_BEHIND_MAX)
+                    .is_some_and(followers::Follower::lags)
         });
         self.joiners_gate.store(gate, Ordering::Release);
         let busy = sh
