@@ -17,7 +17,6 @@ use fabrickv_client::{BatchOp, ClusterClient, ClusterOptions, Kv};
 use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::local::LocalEtcd;
 use fabrickv_cluster::slots::{key_slot, SlotMap};
-use fabrickv_cluster::ServerDesc;
 use fabrickv_types::ErrorCode;
 
 use common::{wait_for, TestServer, Transport, TIMEOUT};
@@ -33,9 +32,7 @@ struct Member {
 }
 
 fn registry(etcd: &LocalEtcd) -> EtcdRegistry {
-    EtcdRegistry::connect(&etcd.url(), "sc")
-        .expect("connect")
-        .with_secret(None)
+    common::etcd::registry(etcd, "sc")
 }
 
 /// Three servers in one etcd cluster of one copy per slot.
@@ -46,17 +43,7 @@ fn members(t: Transport, etcd: &LocalEtcd) -> Vec<Member> {
     (0..3u32)
         .map(|id| {
             let server = TestServer::default_on(t);
-            let desc = ServerDesc {
-                id,
-                addrs: vec![server.addr.clone()],
-                resp: None,
-                grpc: None,
-                memcache: None,
-                memcache_peer: None,
-                repl: None,
-                workers: u32::from(server.workers),
-                pid: std::process::id(),
-            };
+            let desc = common::etcd::desc(id, &server, None);
             let registration = reg.register(&desc).expect("registered");
             let watch = server.slot_routing().follow(id, &reg).expect("follows");
             Member {

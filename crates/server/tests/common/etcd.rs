@@ -47,23 +47,33 @@ pub fn registry(etcd: &LocalEtcd, name: &str) -> EtcdRegistry {
         .with_secret(None)
 }
 
-/// Server `id` of the cluster whose first map is `first` (an id past its
-/// size registers and waits to be added). A cluster keeping copies draws
-/// an incarnation for the run, which the controller stamps.
-pub fn member(t: Transport, reg: &EtcdRegistry, id: u32, first: &SlotMap) -> Member {
-    let server = TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, small_pools);
-    let listener = replication::bind("127.0.0.1:0").expect("replication listener");
-    let desc = ServerDesc {
+/// What test server `server` registers as server `id`, with its
+/// replication listener at `repl` (none in a cluster of one copy).
+pub fn desc(id: u32, server: &TestServer, repl: Option<String>) -> ServerDesc {
+    ServerDesc {
         id,
         addrs: vec![server.addr.clone()],
         resp: None,
         grpc: None,
         memcache: None,
         memcache_peer: None,
-        repl: Some(listener.local_addr().expect("addr").to_string()),
+        repl,
         workers: u32::from(server.workers),
         pid: std::process::id(),
-    };
+    }
+}
+
+/// Server `id` of the cluster whose first map is `first` (an id past its
+/// size registers and waits to be added). A cluster keeping copies draws
+/// an incarnation for the run, which the controller stamps.
+pub fn member(t: Transport, reg: &EtcdRegistry, id: u32, first: &SlotMap) -> Member {
+    let server = TestServer::start_with(t, 2, Mode::Store, MEMORY_BYTES, small_pools);
+    let listener = replication::bind("127.0.0.1:0").expect("replication listener");
+    let desc = desc(
+        id,
+        &server,
+        Some(listener.local_addr().expect("addr").to_string()),
+    );
     let h = server.handle();
     let incarnation = if first.replicas > 1 {
         fabrickv_auth::random_u64() | 1
