@@ -79,7 +79,7 @@ pub use journal::{Journal, JournalSeq, Noted};
 pub use large::{LargeValue, ValueRef, LARGE_VALUE_BYTES_MAX, LARGE_VALUE_BYTES_MIN};
 pub use pool::{PoolError, PoolMemory, PoolOptions, HUGE_PAGE_SHIFT};
 pub use put::{PutCond, PutResult};
-pub use scan::{ScanBudget, ScanMore, ScanVisit};
+pub use scan::{ScanBudget, ScanItem, ScanItems, ScanMore, ScanVisit};
 pub use stats::PartitionStats;
 pub use watch::WATCH_VERSION_SLOTS;
 
@@ -581,6 +581,19 @@ impl Partition {
         dispatch!(&mut self.inner, core => core.scan_from(from, now_ms, budget, f))
     }
 
+    /// [`Partition::scan_from`] handing `f` each item whole (value, large
+    /// or not, expiry and meta): a walk that copies items, such as a
+    /// checkpoint's, reads each once instead of looking its key up again.
+    pub fn scan_items_from(
+        &mut self,
+        from: usize,
+        now_ms: u64,
+        budget: &mut ScanBudget,
+        f: &mut ScanItems<'_>,
+    ) -> Option<usize> {
+        dispatch!(&mut self.inner, core => core.scan_items_from(from, now_ms, budget, f))
+    }
+
     /// Removes every item (FLUSHDB); returns how many were live.
     pub fn flush(&mut self, now_ms: u64) -> usize {
         if let Some(j) = &mut self.journal {
@@ -597,6 +610,14 @@ impl Partition {
     /// [`WATCH_VERSION_SLOTS`] for the keys that share one).
     pub fn key_version(&self, hash: KeyHash) -> u64 {
         dispatch!(&self.inner, core => core.key_version(hash))
+    }
+
+    /// Live items, as [`Partition::stats`] counts them, without the rest
+    /// of the statistics (some of which walk the slab classes): for a
+    /// caller that asks per write.
+    #[inline]
+    pub fn item_count(&self) -> u64 {
+        dispatch!(&self.inner, core => core.stats.items)
     }
 
     /// The partition's counters.

@@ -10,7 +10,8 @@
 use fabrickv_types::KeyHash;
 
 use crate::index::{offset_of, prefetch_line, Marked, Summary};
-use crate::item;
+use crate::item::{self, ItemMeta};
+use crate::large::ValueRef;
 use crate::partition::{Core, Hit, Storage};
 
 /// What [`crate::Partition::scan_bucket`] calls for each live item:
@@ -23,6 +24,26 @@ pub type ScanVisit<'f> = dyn FnMut(&[u8], &[u8], u64) + 'f;
 /// reply has grown to its bound). A chain is never cut, so that a cursor
 /// naming the next main bucket loses nothing.
 pub type ScanMore<'f> = dyn FnMut(&[u8], &[u8], u64) -> bool + 'f;
+
+/// One live item as [`crate::Partition::scan_items_from`] shows it: all
+/// a copy of the item needs (a checkpoint's record), so that a walk that
+/// copies items need not look each key up again under the same lock.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanItem<'a> {
+    /// The key.
+    pub key: &'a [u8],
+    /// The value: its bytes in the pool, or the large value they name.
+    pub value: ValueRef<'a>,
+    /// Absolute expiry time in milliseconds; 0 means no TTL.
+    pub expire_at_ms: u64,
+    /// The CAS value and client flags, if the item was stored with them.
+    pub meta: Option<ItemMeta>,
+}
+
+/// What [`crate::Partition::scan_items_from`] calls for each live item;
+/// it returns whether the walk may go on past the chain it is in, as
+/// [`ScanMore`] does.
+pub type ScanItems<'f> = dyn FnMut(ScanItem<'_>) -> bool + 'f;
 
 /// Occupied main buckets a walk keeps prefetched ahead of the one it
 /// visits: each item's header sits on a cache line (and often a page) of
@@ -110,6 +131,57 @@ impl<S: Storage> Core<S> {
         budget: &mut ScanBudget,
         f: &mut ScanMore<'_>,
     ) -> Option<usize> {
+        self.walk_chains(from, budget, &mut |core, main| {
+            let mut more = true;
+            let examined = core.visit_chain(main, now_ms, &mut |k, v, e| {
+                more &= f(k, v, e);
+            });
+            (examined, more)
+        })
+    }
+
+    /// [`Core::scan_from`] with each item whole: its value resolved (a
+    /// large value's, not its stub's bytes) and its meta.
+    pub(crate) fn scan_items_from(
+        &mut self,
+        from: usize,
+        now_ms: u64,
+        budget: &mut ScanBudget,
+        f: &mut ScanItems<'_>,
+    ) -> Option<usize> {
+        self.walk_chains(from, budget, &mut |core, main| {
+            let pool = core.storage.pool();
+            let mut more = true;
+            let mut examined = 0;
+            for (_, e) in core.index.chain(main) {
+                examined += 1;
+                let Some(pos) = core.storage.resolve(offset_of(e)) else {
+                    continue;
+                };
+                let header = item::read_header(pool, pos);
+                if header.is_expired(now_ms) {
+                    continue;
+                }
+                more &= f(ScanItem {
+                    key: item::key(pool, pos, &header),
+                    value: core.value_of(pos, &header),
+                    expire_at_ms: header.expire_at_ms,
+                    meta: item::meta(pool, pos, &header),
+                });
+            }
+            (examined, more)
+        })
+    }
+
+    /// The walk both scans share: `visit(core, main)` visits one occupied
+    /// main bucket's chain and returns the entries it examined and
+    /// whether the walk may go on.
+    fn walk_chains(
+        &mut self,
+        from: usize,
+        budget: &mut ScanBudget,
+        visit: &mut dyn FnMut(&Self, usize) -> (usize, bool),
+    ) -> Option<usize> {
         let main_count = self.index.main_count();
         let resume = |b: usize| (b < main_count).then_some(b);
         let mut b = from;
@@ -145,10 +217,7 @@ impl<S: Storage> Core<S> {
                             _ => break,
                         }
                     }
-                    let mut more = true;
-                    let examined = self.visit_chain(main, now_ms, &mut |k, v, e| {
-                        more &= f(k, v, e);
-                    });
+                    let (examined, more) = visit(self, main);
                     if examined == 0 {
                         self.index.unmark_occupied(main);
                     }
@@ -226,6 +295,75 @@ mod tests {
             assert_eq!(p.stats().items, 0);
             p.check();
         }
+    }
+
+    /// `scan_items_from` hands each live item whole, as a lookup would
+    /// read it: value (a large one's bytes, not its stub's), expiry and
+    /// meta; expired items are left out.
+    #[test]
+    fn scan_items_from_gives_what_a_lookup_gives() {
+        use crate::{ItemMeta, LargeValue, ValueRef, LARGE_VALUE_BYTES_MIN};
+        let mut p = sized(crate::Mode::Store, 8 << 20, None);
+        p.set_large_bytes_max(256 << 20);
+        for i in 0..200u32 {
+            let k = format!("k{i}");
+            let v = vec![i as u8; 1 + i as usize];
+            let r = match i % 4 {
+                0 => p.put(h(k.as_bytes()), k.as_bytes(), &v, 0, PutCond::Always, 0),
+                1 => p.put(h(k.as_bytes()), k.as_bytes(), &v, 50, PutCond::Always, 0),
+                2 => p.put_with_meta(
+                    h(k.as_bytes()),
+                    k.as_bytes(),
+                    &v,
+                    900,
+                    PutCond::Always,
+                    0,
+                    ItemMeta {
+                        cas: u64::from(i),
+                        client_flags: i * 3,
+                    },
+                ),
+                _ => p.put_large(
+                    h(k.as_bytes()),
+                    k.as_bytes(),
+                    LargeValue::copy_from(&vec![i as u8; LARGE_VALUE_BYTES_MIN + i as usize]),
+                    0,
+                    PutCond::Always,
+                    0,
+                ),
+            };
+            assert_eq!(r, PutResult::Stored, "{k}");
+        }
+        let now = 100; // the keys with expiry 50 are gone
+        let mut seen = 0;
+        let mut from = Some(0);
+        while let Some(b) = from {
+            let mut budget = ScanBudget {
+                entries: 16,
+                words: usize::MAX,
+            };
+            let mut found = Vec::new();
+            from = p.scan_items_from(b, now, &mut budget, &mut |item| {
+                let large = matches!(item.value, ValueRef::Large(_));
+                found.push((
+                    item.key.to_vec(),
+                    item.value.bytes().to_vec(),
+                    item.expire_at_ms,
+                    item.meta,
+                    large,
+                ));
+                true
+            });
+            for (k, v, expire, meta, large) in found {
+                let want = p.get_item(h(&k), &k, now).expect("a live key");
+                assert_eq!(v, want.value, "{k:?}");
+                assert_eq!(expire, want.expire_at_ms);
+                assert_eq!(meta, want.meta);
+                assert_eq!(large, v.len() >= LARGE_VALUE_BYTES_MIN);
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, 150, "every live key once; the expired left out");
     }
 
     /// Every key, walked with `scan_from` in calls of `count` entries;

@@ -25,9 +25,16 @@
 //! the owning partition's lock for the commands that touch it. An
 //! uncontended lock costs a few tens of nanoseconds per partition a frame
 //! touches, against a batch's microseconds.
+//!
+//! Background walks (a checkpoint's, a slot stream's) hold a partition's
+//! lock for a chunk of its index at a time. So that a request does not
+//! wait out a whole chunk, a thread that finds the lock taken counts
+//! itself as waiting ([`Partitions::wanted`]); a walk that sees a waiter
+//! ends its chunk at the next chain's end, and takes the lock again only
+//! once the waiters had it ([`Partitions::lock_background`]).
 
-use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use fabrickv_engine::{Partition, PartitionStats};
 use fabrickv_types::hash::worker_of_partition;
@@ -38,6 +45,12 @@ use fabrickv_wire::control::PartitionTable;
 /// Most keys one [`Partitions::prefetch`] prefetches: about one pipelined
 /// batch; a longer run is prefetched a batch at a time by its caller.
 pub const PREFETCH_KEYS_MAX: usize = 16;
+
+/// Most times [`Partitions::lock_background`] yields the core while
+/// threads wait for the partition, before it queues for the lock itself:
+/// waiters hold a partition for one batch, so they are gone within a few
+/// yields, and a walk under steady contention still makes progress.
+pub const BACKGROUND_LOCK_YIELDS_MAX: u32 = 64;
 
 /// One partition's entry in the table, with the counters its native
 /// operations add to. Aligned to its own cache lines: the owner writes
@@ -50,6 +63,13 @@ struct Slot {
     ops: AtomicU64,
     /// Of those, operations executed by a worker not owning it.
     misrouted: AtomicU64,
+    /// Threads blocked on the partition's lock right now: a background
+    /// walk holding it stops early when this is not 0.
+    waiting: AtomicU32,
+    /// Times the lock was taken for requests (not by background walks):
+    /// how a save tells a server that serves from an idle one. Written
+    /// only under the lock.
+    taken: AtomicU64,
 }
 
 /// Why a move was refused.
@@ -99,6 +119,8 @@ impl Partitions {
                 owner: AtomicU16::new(worker_of_partition(i as u32, u32::from(workers)) as u16),
                 ops: AtomicU64::new(0),
                 misrouted: AtomicU64::new(0),
+                waiting: AtomicU32::new(0),
+                taken: AtomicU64::new(0),
             })
             .collect();
         Partitions {
@@ -144,9 +166,66 @@ impl Partitions {
     /// rather than taking the whole server down.
     #[inline]
     pub fn lock(&self, i: usize) -> MutexGuard<'_, Partition> {
-        self.parts[i]
+        let g = self.lock_uncounted(i);
+        // The lock's holder is the only writer: a plain load and store.
+        let taken = &self.slots[i].taken;
+        taken.store(taken.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        g
+    }
+
+    /// [`Partitions::lock`] without counting the hold as a request's.
+    #[inline]
+    fn lock_uncounted(&self, i: usize) -> MutexGuard<'_, Partition> {
+        match self.parts[i].try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => self.lock_contended(i),
+        }
+    }
+
+    /// [`Partitions::lock`] when the partition is taken: counted as
+    /// waiting while blocked, so that a background walk holding it lets
+    /// go at its next chain's end.
+    #[cold]
+    fn lock_contended(&self, i: usize) -> MutexGuard<'_, Partition> {
+        let waiting = &self.slots[i].waiting;
+        waiting.fetch_add(1, Ordering::Relaxed);
+        let g = self.parts[i]
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        waiting.fetch_sub(1, Ordering::Relaxed);
+        g
+    }
+
+    /// Whether a thread is blocked on partition `i`'s lock: a background
+    /// walk holding it should end its chunk.
+    #[inline]
+    pub fn wanted(&self, i: usize) -> bool {
+        self.slots[i].waiting.load(Ordering::Relaxed) != 0
+    }
+
+    /// Locks partition `i` for a background walk: while threads wait for
+    /// it, yields the core to them first (at most
+    /// [`BACKGROUND_LOCK_YIELDS_MAX`] times), so that a walk that just let
+    /// the lock go for them does not take it back ahead of them.
+    pub fn lock_background(&self, i: usize) -> MutexGuard<'_, Partition> {
+        for _ in 0..BACKGROUND_LOCK_YIELDS_MAX {
+            if !self.wanted(i) {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        self.lock_uncounted(i)
+    }
+
+    /// How many times, over every partition, a lock was taken for
+    /// requests so far: a save compares two readings to tell whether the
+    /// server served in between.
+    pub fn requests_seen(&self) -> u64 {
+        self.slots
+            .iter()
+            .map(|s| s.taken.load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
     }
 
     /// Prefetches the index bucket, then the item, of every hash in
@@ -378,6 +457,34 @@ mod tests {
             })
             .collect();
         Partitions::with_workers(p, workers)
+    }
+
+    /// A thread blocked on a partition counts as waiting until it has the
+    /// lock; requests' holds are counted, background walks' are not.
+    #[test]
+    fn waiters_are_seen_and_only_requests_counted() {
+        let p = std::sync::Arc::new(parts(2, 1));
+        let before = p.requests_seen();
+        drop(p.lock(0));
+        drop(p.lock(1));
+        drop(p.lock_background(1));
+        assert_eq!(p.requests_seen() - before, 2, "two requests' holds");
+        let held = p.lock(0);
+        let q = p.clone();
+        let waiter = std::thread::spawn(move || drop(q.lock(0)));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !p.wanted(0) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiter never blocked"
+            );
+            std::thread::yield_now();
+        }
+        assert!(!p.wanted(1), "only its own partition");
+        drop(held);
+        waiter.join().expect("waiter");
+        assert!(!p.wanted(0), "counted out once it had the lock");
+        assert_eq!(p.requests_seen() - before, 4);
     }
 
     #[test]

@@ -38,14 +38,14 @@
 
 use std::collections::HashSet;
 use std::fs::{self, File};
-use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fabrickv_cache::CacheStore;
-use fabrickv_engine::{Partition, ScanBudget};
+use fabrickv_engine::{Partition, ScanBudget, ScanItem, ValueRef};
 use fabrickv_types::KeyHash;
 use fabrickv_wire::checkpoint::{
     self as format, Bad, FileHeader, FileKind, Next, Trailer, FORMAT_VERSION, HEADER_BYTES,
@@ -65,13 +65,42 @@ use crate::replication::{
 /// Bytes of records a save gathers before it writes them as one frame.
 pub const CHECKPOINT_FRAME_BYTES_TARGET: usize = 1 << 20;
 
-/// Index entries a save's walk reads per hold of a partition's lock:
-/// the longest a writer to that partition waits on a save.
+/// Index entries a save's walk reads per hold of a partition's lock when
+/// no request waits for it (keys written behind the walk are read again
+/// in chunks of the same size).
 pub const CUT_SCAN_ENTRIES: usize = 512;
+
+/// Entries a save's walk reads in one hold of a kv partition's lock
+/// before it lets a request waiting for the lock have it (at the next
+/// chain's end): the longest a request waits on a save, and the least
+/// progress a walk makes per hold under steady requests.
+pub const CUT_YIELD_AFTER_ENTRIES: usize = 16;
+
+/// Holds of a partition's lock the end of a walk may take reading again
+/// the keys written behind it, letting requests in between, before it
+/// reads the rest in one hold and takes the cut: so a save ends even
+/// when requests write faster than the walk reads.
+pub const CUT_FINISH_HOLDS_MAX: u32 = 64;
 
 /// The nice value of a save's threads where the idle scheduling class is
 /// refused: a save runs beside the workers without taking their cores.
 pub const CHECKPOINT_NICE: i32 = 10;
+
+/// The share of the time, in percent, below which a save thread that
+/// was working counts its cores as busy with something else (requests,
+/// mostly): it got the core for less than this share of the time since
+/// its last frame.
+pub const CHECKPOINT_CONTENDED_BELOW_CPU_PERCENT: u128 = 90;
+
+/// The share of the time, in percent, a save works while the server
+/// serves: after each frame it rests long enough to keep to it. Half the
+/// time still cost a one-connection writer a third of its rate here; a
+/// third of the time costs it under 30% (`docs/benchmarks.md`).
+pub const CHECKPOINT_BUSY_WORK_PERCENT: u32 = 33;
+const _: () = assert!(CHECKPOINT_BUSY_WORK_PERCENT > 0 && CHECKPOINT_BUSY_WORK_PERCENT <= 100);
+
+/// The longest a save thread rests after one frame, milliseconds.
+pub const CHECKPOINT_REST_MAX_MS: u64 = 40;
 
 /// KV-cache values a save leases per hold of the cache's lock.
 pub const CACHE_SCAN_ENTRIES: usize = 256;
@@ -83,9 +112,6 @@ pub const CUT_BEHIND_KEYS_MAX: usize = 16_384;
 
 /// Checkpoints a periodic save keeps by default (`--checkpoint-keep`).
 pub const CHECKPOINT_KEEP_DEFAULT: usize = 2;
-
-/// Bytes a restore reads from a file at a time.
-const RESTORE_READ_BYTES: usize = 4 << 20;
 
 /// The manifest's name in a checkpoint's directory.
 pub const MANIFEST: &str = "MANIFEST";
@@ -662,7 +688,7 @@ impl Checkpoints {
     /// Runs `f` on `job`'s partition under its lock.
     fn with_part<T>(&self, job: Job, f: impl FnOnce(&mut Partition) -> T) -> Option<T> {
         match job {
-            Job::Kv(i) => Some(f(&mut self.parts.lock(i))),
+            Job::Kv(i) => Some(f(&mut self.parts.lock_background(i))),
             Job::Shard(i) => self.ps.with_shard(i, f),
             Job::Cache => None,
         }
@@ -674,6 +700,7 @@ impl Checkpoints {
         let cut = store.last_generation();
         let mut buf = BatchBuf::default();
         let mut from = Some(0);
+        let mut pace = Pace::start(&self.parts);
         while let Some(at) = from {
             let now = self.unix.clock().now_ms();
             let chunk = store.snapshot_from(at, CACHE_SCAN_ENTRIES, cut, now);
@@ -684,7 +711,9 @@ impl Checkpoints {
                 };
                 buf.cache_entry(&key, &lease, expire);
                 if buf.bytes() >= CHECKPOINT_FRAME_BYTES_TARGET {
+                    pace.frame_built();
                     out.frame(&mut buf)?;
+                    pace.frame_written(&self.parts);
                 }
             }
             from = chunk.next;
@@ -699,6 +728,7 @@ impl Checkpoints {
             return self.walk_cache(store, out).map_err(WalkError::Io);
         }
         let mut w = Walk::new();
+        let mut pace = Pace::start(&self.parts);
         self.with_part(job, |p| p.begin_cut());
         let r = loop {
             let finished = self
@@ -707,10 +737,12 @@ impl Checkpoints {
             if w.cleared {
                 break Err(WalkError::Cleared);
             }
-            if finished || w.buf.bytes() >= CHECKPOINT_FRAME_BYTES_TARGET {
-                if let Err(e) = out.frame(&mut w.buf) {
+            if finished || w.out.buf.bytes() >= CHECKPOINT_FRAME_BYTES_TARGET {
+                pace.frame_built();
+                if let Err(e) = out.frame(&mut w.out.buf) {
                     break Err(WalkError::Io(e));
                 }
+                pace.frame_written(&self.parts);
             }
             if finished {
                 break Ok(());
@@ -723,8 +755,8 @@ impl Checkpoints {
     }
 
     /// One hold of the partition's lock: the keys written since the last
-    /// step, then the next chunk of the index, or (at the end) the cut.
-    /// True once the cut is taken.
+    /// step, then the next chunk of the index, or (at the end) the keys
+    /// written behind the walk and the cut. True once the cut is taken.
     fn walk_step(&self, job: Job, count: u32, p: &mut Partition, w: &mut Walk) -> bool {
         let now = self.unix.clock().now_ms();
         if let Some(noted) = p.take_cut(std::mem::take(&mut w.spare)) {
@@ -733,7 +765,7 @@ impl Checkpoints {
                 // the file included.
                 w.behind.clear();
                 match job {
-                    Job::Kv(i) => w.buf.flush_partition(count, i as u32),
+                    Job::Kv(i) => w.out.buf.flush_partition(count, i as u32),
                     Job::Shard(_) | Job::Cache => w.cleared = true,
                 }
             }
@@ -753,60 +785,135 @@ impl Checkpoints {
             }
             w.spare = noted.keys;
         }
-        if w.cursor.is_none() || w.behind.len() >= CUT_BEHIND_KEYS_MAX {
-            let behind = std::mem::take(&mut w.behind);
-            for k in &behind {
-                self.emit(job, p, k, now, w);
-            }
-        }
+        // A request waiting for a kv partition ends the hold early (the
+        // embedding pool's shards have locks of their own, not counted).
+        let wanted = || match job {
+            Job::Kv(i) => self.parts.wanted(i),
+            Job::Shard(_) | Job::Cache => false,
+        };
         let Some(c) = w.cursor else {
+            w.finishing += 1;
+            let last = w.finishing > CUT_FINISH_HOLDS_MAX;
+            let chunk = if last { usize::MAX } else { CUT_SCAN_ENTRIES };
+            self.emit_behind(job, p, now, w, chunk, &|| !last && wanted());
+            if !w.behind.is_empty() {
+                return false;
+            }
             p.end_cut();
             return true;
         };
-        let mut keys: Vec<Vec<u8>> = Vec::new();
+        if w.behind.len() >= CUT_BEHIND_KEYS_MAX {
+            w.draining = true;
+        }
+        if w.draining {
+            // Read again a chunk per hold until none is left.
+            self.emit_behind(job, p, now, w, CUT_SCAN_ENTRIES, &wanted);
+            w.draining = !w.behind.is_empty();
+            return false;
+        }
         let mut budget = ScanBudget {
             entries: CUT_SCAN_ENTRIES,
             words: CUT_SCAN_ENTRIES,
         };
-        w.cursor = p.scan_from(c, now, &mut budget, &mut |k, _, _| {
-            keys.push(k.to_vec());
-            true
+        let mut read = 0usize;
+        let out = &mut w.out;
+        w.cursor = p.scan_items_from(c, now, &mut budget, &mut |item| {
+            self.emit_item(job, item, out);
+            read += 1;
+            read < CUT_YIELD_AFTER_ENTRIES || !wanted()
         });
-        for k in &keys {
-            self.emit(job, p, k, now, w);
-        }
         false
     }
 
+    /// Reads again up to `chunk` of the keys written behind the walk
+    /// (fewer once `stop` says a request waits, after
+    /// [`CUT_YIELD_AFTER_ENTRIES`]) and forgets them.
+    fn emit_behind(
+        &self,
+        job: Job,
+        p: &mut Partition,
+        now: u64,
+        w: &mut Walk,
+        chunk: usize,
+        stop: &dyn Fn() -> bool,
+    ) {
+        let mut read = 0usize;
+        let out = &mut w.out;
+        w.behind.retain(|k| {
+            if read >= chunk || (read >= CUT_YIELD_AFTER_ENTRIES && stop()) {
+                return true;
+            }
+            read += 1;
+            self.emit(job, p, k, now, out);
+            false
+        });
+    }
+
     /// Appends the state of the key stored under `k` in `p` to the frame.
-    fn emit(&self, job: Job, p: &mut Partition, k: &[u8], now: u64, w: &mut Walk) {
+    fn emit(&self, job: Job, p: &mut Partition, k: &[u8], now: u64, out: &mut Frame) {
         match job {
             Job::Kv(_) => {
                 let state = read_state(p, k, now, &self.unix);
-                append_state(&mut w.buf, k, &state);
+                append_state(&mut out.buf, k, &state);
             }
             Job::Shard(_) => {
                 let Some((table, key, state)) = PsStore::row_at(p, k, now) else {
                     return;
                 };
-                if table & PS_MARKER_TABLE_BIT == 0 && !w.described.contains(&table) {
-                    // A table dropped since has no shape: its rows go too.
-                    let Some(spec) = self.ps.spec_of(table) else {
-                        return;
-                    };
-                    w.buf.ps_table(table, &spec);
-                    w.described.insert(table);
-                }
                 match state {
                     RowState::Present { value, expire_ms } => {
-                        w.buf
-                            .ps_row(table, key, value, self.unix.to_unix(expire_ms))
+                        self.emit_row(table, key, Some((value, expire_ms)), out)
                     }
-                    RowState::Absent => w.buf.ps_del(table, key),
+                    RowState::Absent => self.emit_row(table, key, None, out),
                 }
             }
             // The cache has a walk of its own (`walk_cache`).
             Job::Cache => {}
+        }
+    }
+
+    /// Appends `item`, found by the walk, to the frame: its state as
+    /// [`Checkpoints::emit`] would read it, without looking it up again.
+    fn emit_item(&self, job: Job, item: ScanItem<'_>, out: &mut Frame) {
+        let expire = self.unix.to_unix(item.expire_at_ms);
+        match job {
+            Job::Kv(_) => match item.value {
+                ValueRef::Inline(value) => out.buf.put(
+                    item.key,
+                    value,
+                    expire,
+                    item.meta.map(|m| (m.cas, m.client_flags)),
+                ),
+                ValueRef::Large(value) => out.buf.put(item.key, value.as_slice(), expire, None),
+            },
+            Job::Shard(_) => {
+                if let Some((table, key)) = PsStore::row_of_item_key(item.key) {
+                    let value = item.value.bytes();
+                    self.emit_row(table, key, Some((value, item.expire_at_ms)), out);
+                }
+            }
+            Job::Cache => {}
+        }
+    }
+
+    /// Appends embedding row `key` of table `table` to the frame: present
+    /// with `(value, engine expiry)` or absent; the table's shape first
+    /// if this file has not given it.
+    fn emit_row(&self, table: u32, key: u64, row: Option<(&[u8], u64)>, out: &mut Frame) {
+        if table & PS_MARKER_TABLE_BIT == 0 && !out.described.contains(&table) {
+            // A table dropped since has no shape: its rows go too.
+            let Some(spec) = self.ps.spec_of(table) else {
+                return;
+            };
+            out.buf.ps_table(table, &spec);
+            out.described.insert(table);
+        }
+        match row {
+            Some((value, expire_ms)) => {
+                out.buf
+                    .ps_row(table, key, value, self.unix.to_unix(expire_ms))
+            }
+            None => out.buf.ps_del(table, key),
         }
     }
 
@@ -977,13 +1084,8 @@ impl Checkpoints {
         generation: u64,
     ) -> Result<(), CheckpointError> {
         let bad = |b: Bad| CheckpointError::Bad(path.to_path_buf(), b);
-        let file = File::open(path).map_err(io_at(path))?;
-        // The whole file is read once, front to back: the kernel reads
-        // ahead of the parse (asynchronously, in large requests) instead
-        // of one buffer's worth at a time as the parse asks for it.
-        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Sequential);
-        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::WillNeed);
-        let mut r = BufReader::with_capacity(RESTORE_READ_BYTES, file);
+        // Read once, front to back, a few blocks ahead of the parse.
+        let mut r = direct::DirectReader::open(path).map_err(io_at(path))?;
         let mut head = [0u8; HEADER_BYTES];
         r.read_exact(&mut head).map_err(io_at(path))?;
         let h = FileHeader::decode(&head).map_err(bad)?;
@@ -1099,6 +1201,84 @@ impl Checkpoints {
     }
 }
 
+/// How a save thread gives way to a busy server. The idle scheduling
+/// class alone is not enough here: an idle-class CPU hog cost a
+/// one-connection writer two thirds of its rate on this 2-vCPU VM, and a
+/// direct-I/O writer of the save's size about a third
+/// (`docs/benchmarks.md`): the host sees busy vCPUs and device work
+/// whatever the guest's priorities say. So a save thread measures each
+/// frame: the CPU time it took to build and the time to write it. When
+/// the server served requests meanwhile ([`Partitions::requests_seen`])
+/// or the thread got less than [`CHECKPOINT_CONTENDED_BELOW_CPU_PERCENT`]
+/// of the time while it built the frame, it rests as long as the frame
+/// took (up to [`CHECKPOINT_REST_MAX_MS`]). While the server serves, a
+/// save works at most about half the time; alone it never rests.
+struct Pace {
+    /// When the current phase (building, then writing) began.
+    wall: Instant,
+    /// The thread's CPU time then.
+    cpu: Duration,
+    /// The server's requests seen when the frame's building began.
+    requests: u64,
+    /// CPU time the frame took to build.
+    built_cpu: Duration,
+    /// Whether the thread was held off the core while building.
+    preempted: bool,
+}
+
+impl Pace {
+    fn start(parts: &Partitions) -> Pace {
+        Pace {
+            wall: Instant::now(),
+            cpu: thread_cpu_time(),
+            requests: parts.requests_seen(),
+            built_cpu: Duration::ZERO,
+            preempted: false,
+        }
+    }
+
+    /// Once a frame is built, before it is written: what building took.
+    /// Time spent waiting (for the core, or for a partition a request
+    /// held) is not the save's work.
+    fn frame_built(&mut self) {
+        let wall = self.wall.elapsed();
+        self.built_cpu = thread_cpu_time().saturating_sub(self.cpu);
+        self.preempted = self.built_cpu.as_nanos() * 100
+            < wall.as_nanos() * CHECKPOINT_CONTENDED_BELOW_CPU_PERCENT;
+        self.wall = Instant::now();
+    }
+
+    /// Once the frame is written: rests if the server served or the core
+    /// was busy, then measures the next frame.
+    fn frame_written(&mut self, parts: &Partitions) {
+        let worked = self.built_cpu + self.wall.elapsed();
+        let busy = self.preempted || parts.requests_seen() != self.requests;
+        let rest = rest_after(worked, busy);
+        if !rest.is_zero() {
+            std::thread::sleep(rest);
+        }
+        *self = Pace::start(parts);
+    }
+}
+
+/// How long a save thread rests after a frame that took `worked`: none
+/// when the server is idle (`busy` false), else enough to keep the save
+/// to [`CHECKPOINT_BUSY_WORK_PERCENT`] of the time, at most
+/// [`CHECKPOINT_REST_MAX_MS`].
+fn rest_after(worked: Duration, busy: bool) -> Duration {
+    if !busy {
+        return Duration::ZERO;
+    }
+    let rest = worked * (100 - CHECKPOINT_BUSY_WORK_PERCENT) / CHECKPOINT_BUSY_WORK_PERCENT;
+    rest.min(Duration::from_millis(CHECKPOINT_REST_MAX_MS))
+}
+
+/// CPU time the calling thread has used.
+fn thread_cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
 /// The state of one partition's walk.
 struct Walk {
     /// The next main bucket to read; `None` once every bucket was read.
@@ -1107,12 +1287,24 @@ struct Walk {
     behind: HashSet<Vec<u8>>,
     /// The notes' buffer, handed back and forth.
     spare: Vec<u8>,
-    /// Tables whose shape this file gave already.
-    described: HashSet<u32>,
     /// The frame being gathered.
-    buf: BatchBuf,
+    out: Frame,
+    /// The keys behind are being read again, a chunk per hold, since
+    /// they reached [`CUT_BEHIND_KEYS_MAX`].
+    draining: bool,
+    /// Holds taken since the cursor reached the end.
+    finishing: u32,
     /// The partition was flushed where a flush cannot be recorded.
     cleared: bool,
+}
+
+/// The frame a walk gathers, and what it needs to describe rows.
+#[derive(Default)]
+struct Frame {
+    /// The records gathered.
+    buf: BatchBuf,
+    /// Tables whose shape this file gave already.
+    described: HashSet<u32>,
 }
 
 impl Walk {
@@ -1122,8 +1314,9 @@ impl Walk {
             cursor: Some(0),
             behind: HashSet::new(),
             spare: Vec::new(),
-            described: HashSet::new(),
-            buf: BatchBuf::default(),
+            out: Frame::default(),
+            draining: false,
+            finishing: 0,
             cleared: false,
         }
     }

@@ -348,7 +348,7 @@ fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
         let done = ck
             .with_part(job, |p| ck.walk_step(job, PARTITIONS as u32, p, &mut w))
             .expect("partition");
-        out.frame(&mut w.buf).expect("frame");
+        out.frame(&mut w.out.buf).expect("frame");
         if done {
             break;
         }
@@ -403,6 +403,76 @@ fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
         ck.with_part(job, |p| p.take_cut(Vec::new()).is_none())
             .expect("p"),
         "notes stop at the cut"
+    );
+}
+
+/// A request blocked on a partition's lock ends a walk's hold after
+/// `CUT_YIELD_AFTER_ENTRIES` (at a chain's end), not after the whole
+/// `CUT_SCAN_ENTRIES` chunk it reads when nobody waits.
+#[test]
+fn a_waiting_request_cuts_a_walks_hold_short() {
+    let a = server();
+    for i in 0..(4 * CUT_SCAN_ENTRIES) {
+        a.put(format!("k{i}").as_bytes(), b"value", 0);
+    }
+    let ck = a.checkpoints(None, 0);
+    let job = Job::Kv(0);
+    let records_of_one_step = |w: &mut Walk, p: &mut Partition| {
+        let before = u64::from(w.out.buf.len());
+        ck.walk_step(job, PARTITIONS as u32, p, w);
+        u64::from(w.out.buf.len()) - before
+    };
+    // Nobody waits: a whole chunk per hold.
+    let mut w = Walk::new();
+    let alone = {
+        let mut g = a.parts.lock(0);
+        g.begin_cut();
+        records_of_one_step(&mut w, &mut g)
+    };
+    assert!(
+        alone >= CUT_SCAN_ENTRIES as u64 / 2,
+        "{alone} records in a hold nobody waited on"
+    );
+    // A thread blocked on the lock: the hold ends early.
+    let mut g = a.parts.lock(0);
+    let parts = a.parts.clone();
+    let waiter = std::thread::spawn(move || {
+        drop(parts.lock(0));
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !a.parts.wanted(0) {
+        assert!(Instant::now() < deadline, "the waiter never blocked");
+        std::thread::yield_now();
+    }
+    let contended = records_of_one_step(&mut w, &mut g);
+    drop(g);
+    waiter.join().expect("waiter");
+    assert!(
+        (CUT_YIELD_AFTER_ENTRIES as u64..CUT_SCAN_ENTRIES as u64 / 4).contains(&contended),
+        "{contended} records in a hold a request waited on"
+    );
+    assert!(
+        !a.parts.wanted(0),
+        "the waiter is counted out once it has the lock"
+    );
+    ck.with_part(job, |p| p.end_cut());
+}
+
+/// A save rests only while the server serves, about twice as long as a
+/// frame took (a third of the time working), and never past the bound.
+#[test]
+fn a_save_rests_only_when_the_server_is_busy() {
+    let frame = Duration::from_millis(3);
+    assert_eq!(rest_after(frame, false), Duration::ZERO);
+    let rest = rest_after(frame, true);
+    let share = frame.as_secs_f64() / (frame + rest).as_secs_f64() * 100.0;
+    assert!(
+        (share - f64::from(CHECKPOINT_BUSY_WORK_PERCENT)).abs() < 1.0,
+        "works {share:.1}% of the time"
+    );
+    assert_eq!(
+        rest_after(Duration::from_secs(1), true),
+        Duration::from_millis(CHECKPOINT_REST_MAX_MS)
     );
 }
 

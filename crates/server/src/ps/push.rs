@@ -60,7 +60,7 @@ pub(super) fn overwrite(
 ) -> Result<(), ErrorCode> {
     // The partition's item count tells a new key from a replaced one
     // without a second lookup.
-    let items_before = p.stats().items;
+    let items_before = p.item_count();
     let r = match t.spec.optimizer {
         Optimizer::Sgd => p.put(h, k, v, 0, PutCond::Always, now_ms),
         Optimizer::Adagrad => {
@@ -72,7 +72,7 @@ pub(super) fn overwrite(
         }
     };
     put_result(r)?;
-    if p.stats().items > items_before {
+    if p.item_count() > items_before {
         t.items.fetch_add(1, Ordering::Relaxed);
     }
     Ok(())

@@ -208,6 +208,12 @@ impl PsStore {
         Some((table, key, row_state(p, table, key, now_ms)))
     }
 
+    /// The table and row key an item key `k` of a shard stands for
+    /// (`None`: not a row's item key).
+    pub fn row_of_item_key(k: &[u8]) -> Option<(u32, u64)> {
+        split_item_key(k)
+    }
+
     /// The hash shard `p` files the item key `k` under (`None`: not a
     /// row's item key).
     pub fn item_hash_of(k: &[u8]) -> Option<fabrickv_types::KeyHash> {
@@ -251,10 +257,10 @@ impl PsStore {
                 Ok(())
             }
             Some(v) => {
-                let before = p.stats().items;
+                let before = p.item_count();
                 put_result(p.put(h, &k, v, expire_ms, PutCond::Always, now_ms))
                     .map_err(|c| format!("{c}"))?;
-                if p.stats().items > before && table & PS_MARKER_TABLE_BIT == 0 {
+                if p.item_count() > before && table & PS_MARKER_TABLE_BIT == 0 {
                     if let Some(t) = self.by_id(table) {
                         t.items.fetch_add(1, Ordering::Relaxed);
                     }

@@ -110,6 +110,10 @@ pub const REPL_TICK_MS: u64 = 5;
 /// slice (milliseconds on a busy machine).
 const STREAM_SCAN_ENTRIES: usize = 512;
 
+/// Keys a stream's walk reads in one hold of a partition's lock before it
+/// lets a request waiting for the lock have it (at the next chain's end).
+const STREAM_YIELD_AFTER_ENTRIES: usize = 16;
+
 /// Records a follower applies between two offers of its core
 /// (`sched_yield`), for the same reason.
 pub const APPLY_YIELD_RECORDS: usize = 64;
@@ -1086,7 +1090,10 @@ impl Replicator {
                     entries: STREAM_SCAN_ENTRIES,
                     words: STREAM_SCAN_ENTRIES,
                 };
-                let next = self.parts.lock(partition).scan_from(
+                // A request waiting for the partition ends the hold at
+                // the next chain's end.
+                let mut seen = 0usize;
+                let next = self.parts.lock_background(partition).scan_from(
                     bucket,
                     now,
                     &mut budget,
@@ -1095,7 +1102,8 @@ impl Replicator {
                             bytes += k.len() + v.len();
                             keys.push(k.to_vec());
                         }
-                        true
+                        seen += 1;
+                        seen < STREAM_YIELD_AFTER_ENTRIES || !self.parts.wanted(partition)
                     },
                 );
                 if !keys.is_empty() {
