@@ -6,7 +6,7 @@ BIN := target/release/fabrickv
 BENCH_DIR := bench-results
 DATE := $(shell date +%Y-%m-%d)
 
-.PHONY: all fuzz-check build build-lean build-fabric build-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run chaos chaos-smoke chaos-check
+.PHONY: all fuzz-check build build-lean build-fabric build-deps deps venv python wheel lint-python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run chaos chaos-smoke chaos-check
 
 all: build
 
@@ -45,9 +45,14 @@ venv:
 python: venv
 	bash scripts/python.sh
 
+## The installable wheel in dist/: abi3 (CPython 3.11 and later),
+## manylinux, stripped; `pip install dist/fabrickv-*.whl` needs no Rust.
+wheel: venv
+	bash scripts/wheel.sh
+
 ## Everything: Rust unit, property and integration tests, lint, Python
 ## end-to-end tests, and a tiny run of every benchmark.
-test: deps lint fuzz-check module-check test-rust build-lean test-python doc-check bench-smoke chaos-check chaos-smoke
+test: deps lint lint-python fuzz-check module-check test-rust build-lean test-python doc-check bench-smoke chaos-check chaos-smoke
 	@echo "make test: all passed"
 
 ## `make test` while stress-ng keeps every core busy: the suite must pass on
@@ -73,8 +78,9 @@ test-rust:
 	$(CARGO) test --workspace --all-targets --all-features
 
 ## End-to-end tests through real clients (redis-py, redis-cli, redis-benchmark)
-## and the `fabrickv` Python module.
-test-python: build venv python
+## and the `fabrickv` Python module; the wheel is built first so that
+## test_wheel.py installs it into a fresh venv.
+test-python: build venv python wheel
 	.venv/bin/python -m pytest -q python/tests
 
 ## The fault test (docs/chaos.md): a cluster in etcd under kill -9, SIGSTOP
@@ -99,6 +105,10 @@ chaos-check: venv
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
+
+## The Python examples and tests type-check against the package's stubs.
+lint-python: venv python
+	.venv/bin/python -m mypy --strict python/examples python/tests
 
 fmt:
 	$(CARGO) fmt --all
