@@ -6,7 +6,7 @@ BIN := target/release/fabrickv
 BENCH_DIR := bench-results
 DATE := $(shell date +%Y-%m-%d)
 
-.PHONY: all fuzz-check build build-lean build-fabric build-deps deps venv python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run chaos chaos-smoke chaos-check
+.PHONY: all fuzz-check build build-lean build-fabric build-deps deps venv python wheel lint-python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run chaos chaos-smoke chaos-check
 
 all: build
 
@@ -45,9 +45,14 @@ venv:
 python: venv
 	bash scripts/python.sh
 
+## The installable wheel in dist/: abi3 (CPython 3.11 and later),
+## manylinux, stripped; `pip install dist/fabrickv-*.whl` needs no Rust.
+wheel: venv
+	bash scripts/wheel.sh
+
 ## Everything: Rust unit, property and integration tests, lint, Python
 ## end-to-end tests, and a tiny run of every benchmark.
-test: deps lint fuzz-check module-check test-rust build-lean test-python doc-check bench-smoke chaos-check chaos-smoke
+test: deps lint lint-python fuzz-check module-check test-rust build-lean test-python doc-check bench-smoke chaos-check chaos-smoke
 	@echo "make test: all passed"
 
 ## `make test` while stress-ng keeps every core busy: the suite must pass on
@@ -73,8 +78,9 @@ test-rust:
 	$(CARGO) test --workspace --all-targets --all-features
 
 ## End-to-end tests through real clients (redis-py, redis-cli, redis-benchmark)
-## and the `fabrickv` Python module.
-test-python: build venv python
+## and the `fabrickv` Python module; the wheel is built first so that
+## test_wheel.py installs it into a fresh venv.
+test-python: build venv python wheel
 	.venv/bin/python -m pytest -q python/tests
 
 ## The fault test (docs/chaos.md): a cluster in etcd under kill -9, SIGSTOP
@@ -100,6 +106,15 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
+## The Python examples, the front door's tests and the fixtures they share
+## type-check (mypy --strict) against the package's stubs. The test files
+## older than the stubs are not annotated yet and are not in the list.
+PY_TYPED := python/examples python/tests/conftest.py python/tests/dlpack_util.py \
+	python/tests/test_buffers.py python/tests/test_batched.py python/tests/test_blocks.py \
+	python/tests/test_async.py python/tests/test_wheel.py
+lint-python: venv python
+	.venv/bin/python -m mypy --strict $(PY_TYPED)
+
 fmt:
 	$(CARGO) fmt --all
 
@@ -119,6 +134,7 @@ bench-smoke: build python
 	$(BIN) bench ps --compare --rounds 2 --key-space-m 0.002 --async-req 16 --duration 0.3 --server-cpus 0 --client-cpus 1 --json
 	$(BIN) bench ps --compare --key-space-m 0.002 --async-req 16 --duration 0.3 --server-workers 2 --thread-num 2 --server-cpus 0,1 --client-cpus 0,1 --json
 	.venv/bin/python python/bench_ps.py --bin $(BIN) --duration 0.3 --rounds 1
+	.venv/bin/python python/bench_front_door.py --bin $(BIN) --duration 0.2 --rounds 1 --only pull_out,async_pull,exists_many,get_many_into
 	$(BIN) bench cache --num-keys 64 --value-size 64KB --num-threads 2 --warmup 10 --compare --rounds 2 --json
 	$(BIN) bench cache --num-keys 64 --value-size 600KB --num-threads 2 --warmup 10 --depth 4 --compare --json
 	$(BIN) bench cache --transport shm --num-keys 16 --value-size 1MB --num-threads 2 --buffer-mb 4 --warmup 10 --server-cpus 0 --client-cpus 1 --compare --rounds 2 --json

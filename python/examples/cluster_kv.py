@@ -24,8 +24,8 @@ import numpy as np
 import fabrickv
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("addrs", nargs="*", help="server i's address, in id order")
     ap.add_argument("--registry", help="memcached://HOST:PORT to find the servers in")
     ap.add_argument("--name", default="default", help="the cluster's name in the registry")
@@ -48,7 +48,10 @@ def main():
     per_server = []
     for sid in range(c.size):
         mine = [k for k in keys if c.server_of(k) == sid]
-        with fabrickv.Client(c.addr(sid)) as one:
+        addr = c.addr(sid)
+        if addr is None:
+            sys.exit(f"server {sid} has no address")
+        with fabrickv.Client(addr) as one:
             held = [k for k, v in zip(keys, one.mget(keys)) if v is not None]
         if held != mine:
             sys.exit(f"server {sid} holds {len(held)} keys; it owns {len(mine)}")

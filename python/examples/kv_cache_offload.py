@@ -13,12 +13,16 @@ with the same prefix finds exactly the blocks it can reuse, and misses
 from the first block that differs on.
 
 This script plays a chat's two turns with random stand-in tensors (no
-model):
+model), the way an engine's connector would talk to the cache:
 
-1. turn A computes the blocks of its prompt and offloads each with `put`;
-2. turn B's prompt is A's followed by new tokens: it reloads the blocks it
-   finds with `get_into`, straight into one preallocated array, and would
-   recompute the rest (the new ones).
+1. turn A names its prompt's blocks with `fabrickv.blocks.prefix_keys`
+   and offloads them with one `put_many_from`, each block handed over as
+   a DLPack tensor (a torch tensor in an engine; here numpy's own DLPack
+   export, so no copy into bytes is made);
+2. turn B's prompt is A's followed by new tokens: `prefix_hits` says how
+   many of its leading blocks are cached, in one round trip, and
+   `get_many_into` reloads exactly those, straight into one preallocated
+   array (one slot per block); the engine would recompute the rest.
 
 It checks that every reloaded block equals what A offloaded, that B finds
 exactly A's blocks, and prints one summary line
@@ -31,30 +35,37 @@ if a check fails.
 """
 
 import argparse
-import hashlib
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
 import fabrickv
+from fabrickv.blocks import prefix_keys
+
+# The model the blocks belong to: part of every key, so two models never
+# share blocks.
+MODEL = "example-model"
 
 
-def block_keys(tokens, block):
-    """The cache key of each whole block of `tokens`: a hash of the block's
-    tokens chained to the previous block's key, so that equal keys mean
-    equal prefixes."""
-    keys, prev = [], b""
-    for start in range(0, len(tokens) - block + 1, block):
-        h = hashlib.sha256(prev)
-        h.update(np.asarray(tokens[start:start + block], dtype=np.int64).tobytes())
-        prev = h.digest()
-        keys.append(b"kv/" + h.hexdigest().encode())
-    return keys
+class DlpackBlock:
+    """A block as an engine hands it over: a tensor seen through
+    `__dlpack__` only (torch's, in an engine; numpy's export here)."""
+
+    def __init__(self, array: "np.ndarray[Any, Any]") -> None:
+        self.array = array
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> "tuple[int, int]":
+        device: "tuple[int, int]" = self.array.__dlpack_device__()
+        return device
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("addr", nargs="?", default="127.0.0.1:7379",
                     help="server address (default 127.0.0.1:7379)")
     ap.add_argument("--blocks", type=int, default=8, help="blocks in turn A's prompt")
@@ -72,34 +83,33 @@ def main():
     rng = np.random.default_rng(args.seed)
     shape = (args.layers, 2, args.heads, args.block, args.head_dim)
     prompt_a = rng.integers(0, 32000, size=args.blocks * args.block)
+    # Turn B: A's prompt, new tokens, and a partial block being filled
+    # (not keyed until it is whole).
     prompt_b = np.concatenate(
-        [prompt_a, rng.integers(0, 32000, size=args.new_blocks * args.block)])
-    keys_a = block_keys(prompt_a, args.block)
-    keys_b = block_keys(prompt_b, args.block)
+        [prompt_a, rng.integers(0, 32000, size=args.new_blocks * args.block + 3)])
+    # A per-run seed keeps runs against one server apart.
+    run_seed = int(rng.integers(0, 2**63))
+    keys_a = prefix_keys(prompt_a, args.block, MODEL, run_seed)
+    keys_b = prefix_keys(prompt_b, args.block, MODEL, run_seed)
 
     with fabrickv.CacheClient(args.addr) as cache:
         # Turn A: its blocks, as the engine's attention layers left them.
         # (The script keeps them only to check what comes back.)
         kv_a = [rng.standard_normal(shape).astype(np.float16) for _ in keys_a]
         start = time.monotonic()
-        for key, block in zip(keys_a, kv_a):
-            cache.put(key, block, ttl=args.ttl)
+        cache.put_many_from(keys_a, [DlpackBlock(b) for b in kv_a], ttl=args.ttl)
         offload_s = time.monotonic() - start
         offloaded = sum(b.nbytes for b in kv_a)
 
-        # Turn B: one preallocated array for its whole prompt, filled in
-        # place from the cache; the first miss ends the reusable prefix.
+        # Turn B: how much of its prompt is cached, then those blocks
+        # straight into one preallocated array, a slot per block.
         kv_b = np.empty((len(keys_b),) + shape, dtype=np.float16)
         start = time.monotonic()
-        reused = 0
-        for i, key in enumerate(keys_b):
-            n = cache.get_into(key, kv_b[i])
-            if n is None:
-                break
-            if n != kv_b[i].nbytes:
-                print(f"block {i}: {n} bytes, expected {kv_b[i].nbytes}", file=sys.stderr)
-                return 1
-            reused += 1
+        reused = cache.prefix_hits(keys_b)
+        block_bytes = kv_b[0].nbytes
+        lengths = cache.get_many_into(
+            keys_b[:reused], kv_b.reshape(-1).view(np.uint8),
+            offsets=[i * block_bytes for i in range(reused)], sizes=block_bytes)
         reload_s = time.monotonic() - start
         recomputed = len(keys_b) - reused
 
@@ -107,6 +117,9 @@ def main():
         if reused != len(keys_a):
             print(f"turn B reused {reused} blocks, expected turn A's {len(keys_a)}",
                   file=sys.stderr)
+            ok = False
+        if lengths != [block_bytes] * reused:
+            print(f"reloaded lengths {lengths}, expected {block_bytes} each", file=sys.stderr)
             ok = False
         for i in range(min(reused, len(kv_a))):
             if not np.array_equal(kv_b[i], kv_a[i]):

@@ -22,6 +22,7 @@ and exits 1 if the loss did not decrease.
 
 import argparse
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,8 @@ import fabrickv
 DIM = 16
 
 
-def loss_and_grad(embeddings, targets):
+def loss_and_grad(embeddings: "np.ndarray[Any, Any]",
+                  targets: "np.ndarray[Any, Any]") -> "tuple[float, np.ndarray[Any, Any]]":
     """Mean squared error per key, averaged over the batch, and the
     gradient of each key's own loss with respect to its embedding."""
     diff = embeddings - targets
@@ -39,8 +41,8 @@ def loss_and_grad(embeddings, targets):
     return loss, grad.astype(np.float32)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("addr", nargs="?", default="127.0.0.1:7379",
                     help="server address (default 127.0.0.1:7379)")
     ap.add_argument("--table", default="example_embedding",
@@ -63,7 +65,7 @@ def main():
         table = client.create_table(args.table, dim=DIM, optimizer="sgd",
                                     lr=args.lr, missing="init")
 
-        def full_loss():
+        def full_loss() -> float:
             return loss_and_grad(table.pull(keys), targets)[0]
 
         loss_start = full_loss()

@@ -2,12 +2,15 @@
 the kernel picks (or a fresh shared-memory name), from the binary `make
 build` produces (or $FABRICKV_BIN)."""
 
+from __future__ import annotations
+
 import os
 import re
 import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -28,7 +31,7 @@ PS_POOL_ARGS = ("--dram-pool-gb", "0.0625", "--dram-skip-mlock",
                 "--dram-skip-memset", "--dram-skip-populate")
 
 
-def listen_addr(transport):
+def listen_addr(transport: str) -> str:
     """A `--listen` address for `transport` that no other server uses."""
     if transport == "tcp":
         return "127.0.0.1:0"
@@ -43,7 +46,12 @@ class Server:
     `native` is the address native clients connect to, as the banner
     prints it (`tcp://127.0.0.1:PORT` or `shm://NAME`)."""
 
-    def __init__(self, *extra, listen="127.0.0.1:0", workers=2, env=None):
+    # The transport a fixture started it on ("tcp", "shm"), where one did.
+    transport: str
+    memcache_port: int | None
+
+    def __init__(self, *extra: str, listen: str = "127.0.0.1:0", workers: int = 2,
+                 env: dict[str, str] | None = None) -> None:
         if not BIN.exists():
             pytest.fail(f"{BIN} is missing: run `make build` first")
         # The gRPC control plane's default address must bind or the server
@@ -61,7 +69,7 @@ class Server:
         )
         self.native, self.resp_host, self.resp_port = self._addresses()
 
-    def _addresses(self):
+    def _addresses(self) -> tuple[str, str, int]:
         # The banner is printed once the server listens on both addresses;
         # the memcache front end's line, when it is on, comes before it.
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -69,6 +77,7 @@ class Server:
         memcache = re.compile(r"memcache on \S+:(\d+)")
         self.memcache_port = None
         while time.monotonic() < deadline:
+            assert self.proc.stderr is not None
             line = self.proc.stderr.readline()
             if not line:
                 break
@@ -81,7 +90,7 @@ class Server:
         self.stop()
         pytest.fail("fabrickv serve did not print its addresses")
 
-    def stop(self):
+    def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -93,13 +102,13 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server():
+def server() -> Iterator[Server]:
     s = Server()
     yield s
     assert s.stop() == 0, "the server exits cleanly on SIGTERM"
 
 
-def one_try():
+def one_try() -> Any:
     """A redis-py retry policy of a single attempt. redis-py 8 retries a
     refused password ten times by default (over 3-5 s), and the server
     counts each as a failed authentication from 127.0.0.1: tests that
@@ -113,7 +122,7 @@ def one_try():
 
 
 @pytest.fixture(scope="module")
-def auth_server():
+def auth_server() -> Iterator[Server]:
     # The password comes from the environment, never the command line
     # (where every user of the host could read it).
     s = Server(env={"FABRICKV_RESP_PASSWORD": "s3cret pass"})
@@ -122,7 +131,7 @@ def auth_server():
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
-def kv_server(request):
+def kv_server(request: pytest.FixtureRequest) -> Iterator[Server]:
     """A server per native transport: each test using it runs once on tcp
     and once on shm."""
     s = Server(listen=listen_addr(request.param))
@@ -132,7 +141,7 @@ def kv_server(request):
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
-def ps_server(request):
+def ps_server(request: pytest.FixtureRequest) -> Iterator[Server]:
     """A server per native transport with a small embedding pool, for the
     table tests: each test using it runs once on tcp and once on shm."""
     s = Server(*PS_POOL_ARGS, listen=listen_addr(request.param))
@@ -141,7 +150,7 @@ def ps_server(request):
     assert s.stop() == 0, "the server exits cleanly on SIGTERM"
 
 
-def start_servers(n, transport, *extra):
+def start_servers(n: int, transport: str, *extra: str) -> list[Server]:
     """`n` servers on `transport`, one worker each, with a small embedding
     pool (for the cluster tests); `extra` goes to every one. Stopped by
     the caller (`stop_all`)."""
@@ -157,13 +166,13 @@ def start_servers(n, transport, *extra):
     return servers
 
 
-def stop_all(servers):
+def stop_all(servers: list[Server]) -> list[int]:
     """Stops every server; their exit codes, in order."""
     return [s.stop() for s in servers]
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
-def cluster_servers(request):
+def cluster_servers(request: pytest.FixtureRequest) -> Iterator[list[Server]]:
     """Three servers per native transport, for the cluster clients: each
     test using them runs once on tcp and once on shm."""
     servers = start_servers(3, request.param)
@@ -176,7 +185,7 @@ class Memcached:
     registry), as the Rust tests' LocalMemcached starts it; killed by
     `stop`."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         import shutil
         import socket
         if shutil.which("memcached") is None:
@@ -203,7 +212,7 @@ class Memcached:
                     pytest.fail("memcached did not accept connections")
                 time.sleep(0.005)
 
-    def stop(self):
+    def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
@@ -214,7 +223,7 @@ class Etcd:
     its own (the registry of replicated clusters), as the Rust tests'
     LocalEtcd starts it; killed, and its directory removed, by `stop`."""
 
-    def __init__(self, tmp_dir):
+    def __init__(self, tmp_dir: Path) -> None:
         import shutil
         import socket
         import urllib.request
@@ -250,21 +259,21 @@ class Etcd:
                 pytest.fail("etcd did not become healthy")
             time.sleep(0.02)
 
-    def stop(self):
+    def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
 
 
 @pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Etcd]:
     e = Etcd(tmp_path_factory.mktemp("etcd"))
     yield e
     e.stop()
 
 
 @pytest.fixture(scope="module")
-def memcached():
+def memcached() -> Iterator[Memcached]:
     m = Memcached()
     yield m
     m.stop()

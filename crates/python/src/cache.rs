@@ -8,28 +8,26 @@
 //! the `bytes` of `get`, or the caller's own buffer in `get_into` and
 //! `get_many_into`. One copy, and no intermediate `Vec`.
 //!
-//! Buffers. Values and outputs are any object with the buffer protocol
-//! (`bytes`, `bytearray`, `memoryview`, numpy arrays of any dtype, ...)
-//! whose memory is C-contiguous; they are seen as flat bytes through
-//! `numpy.frombuffer(obj, uint8)`, which views the memory in place (no
-//! copy), refuses non-contiguous memory, and keeps the buffer exported for
-//! as long as the view lives, so a `bytearray` cannot be resized under the
-//! call. A float16 tensor block is thus stored and read as its raw bytes,
-//! in the machine's byte order. `bytes` values skip numpy and are borrowed
-//! as they are.
+//! Buffers. Values and outputs are whatever [`crate::buffers::Mem`]
+//! sees in place: numpy arrays, any C-contiguous buffer (`bytes`,
+//! `bytearray`, `memoryview`), or CPU tensors with `__dlpack__` (torch,
+//! bfloat16 included), of any dtype, taken as raw bytes in the machine's
+//! byte order. The memory is held (buffer view or DLPack capsule) for the
+//! length of the call, so it can be neither freed nor resized under it.
 //!
 //! Locking and the GIL. The Rust client needs `&mut` and its receive
 //! buffer is reused by every read, so the client sits behind a mutex that
 //! a read holds from its request until its copy out of the buffer is done.
-//! The mutex is taken with the GIL released (`lock_py_attached`), the
-//! network wait runs with the GIL released (`Python::detach`), and the
-//! copy into a Python-owned buffer runs with the GIL held: no other Python
-//! thread can then read or resize what is being written, and each output
-//! is borrowed mutably on its own, in turn, so outputs that share memory
-//! never become two `&mut` at once. Values being stored, on the other
-//! hand, are read with the GIL released, as numpy's own functions read
-//! their inputs: a thread that writes to a value while it is being stored
-//! gets an unspecified mix stored, never a crash.
+//! The mutex is taken with the GIL released (`lock_py_attached`); the
+//! network wait and the copies, into the caller's memory and out of it,
+//! run with the GIL released too (`Python::detach`): a 16 MiB batch of
+//! blocks does not stop the other Python threads while it is copied. Only
+//! `get` without `out=` builds its `bytes` with the GIL held. Outputs are
+//! filled one after another, each borrowed mutably on its own, so outputs
+//! that share memory never become two `&mut` at once. A thread that
+//! writes to a value while it is being stored, or reads an output while
+//! it is being filled, gets unspecified bytes, never a crash, as with
+//! numpy's own functions that release the GIL.
 //!
 //! Holding the mutex while re-taking the GIL cannot deadlock: no thread
 //! ever waits for the mutex with the GIL held.
@@ -42,13 +40,13 @@ use fabrickv_client::cache::{CacheClient as RustCacheClient, CacheClientOptions,
 use fabrickv_client::ClientError;
 use fabrickv_types::limits::{CACHE_BATCH_KEYS_MAX, CACHE_CLIENT_BUFFER_BYTES_MAX};
 use fabrickv_types::ErrorCode;
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::{MutexExt, PyOnceLock};
-use pyo3::types::{PyBytes, PyString};
+use pyo3::sync::MutexExt;
+use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple};
 
-use crate::{error, to_py_err, ttl_of};
+use crate::buffers::{type_name, Mem};
+use crate::{error, failure, raise, to_py_err, Failure};
 
 /// Adds `CacheClient` to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -57,16 +55,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// Bytes in the `MB` of `buffer_mb`.
 const MIB: usize = 1 << 20;
-
-/// `numpy.frombuffer`, looked up once.
-static FROMBUFFER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-
-/// The name of `obj`'s type, for error messages.
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type()
-        .name()
-        .map_or_else(|_| "?".to_string(), |n| n.to_string())
-}
 
 /// A key's bytes: `bytes` as they are, `str` as its UTF-8 encoding (so
 /// `"k"` and `b"k"` name the same entry).
@@ -83,94 +71,9 @@ pub(crate) fn key_of<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
     )))
 }
 
-/// `obj`'s memory as a flat uint8 array viewing it in place. `what` names
-/// the argument in errors: TypeError for an object without the buffer
-/// protocol, ValueError for memory that is not C-contiguous.
-fn bytes_view<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyArray1<u8>>> {
-    let py = obj.py();
-    let frombuffer = FROMBUFFER.import(py, "numpy", "frombuffer")?;
-    let view = frombuffer
-        .call1((obj, numpy::dtype::<u8>(py)))
-        .map_err(|e| {
-            let why = e.value(py).to_string();
-            if e.is_instance_of::<PyTypeError>(py) {
-                PyTypeError::new_err(format!(
-                    "{what} must support the buffer protocol (bytes, bytearray, memoryview, \
-                     numpy array), not {}: {why}",
-                    type_name(obj)
-                ))
-            } else {
-                PyValueError::new_err(format!(
-                    "{what} must be one C-contiguous block of memory: {why}"
-                ))
-            }
-        })?;
-    Ok(view.cast_into::<PyArray1<u8>>()?)
-}
-
-/// A value to store, borrowed for the length of the call.
-pub(crate) enum Value<'py> {
-    /// `bytes`: immutable, read as it is.
-    Bytes(Bound<'py, PyBytes>),
-    /// Any other buffer, through its uint8 view.
-    Buffer(PyReadonlyArray1<'py, u8>),
-}
-
-impl Value<'_> {
-    pub(crate) fn of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Value<'py>> {
-        if let Ok(b) = obj.cast::<PyBytes>() {
-            return Ok(Value::Bytes(b.clone()));
-        }
-        let view = bytes_view(obj, "a value")?;
-        Ok(Value::Buffer(view.try_readonly()?))
-    }
-
-    pub(crate) fn as_slice(&self) -> PyResult<&[u8]> {
-        match self {
-            Value::Bytes(b) => Ok(b.as_bytes()),
-            // `frombuffer` views are contiguous; this only guards that.
-            Value::Buffer(a) => a
-                .as_slice()
-                .map_err(|e| PyValueError::new_err(format!("a value: {e}"))),
-        }
-    }
-}
-
-/// An output buffer: its uint8 view, checked writable now so that a
-/// read-only output is refused before anything is asked of the server.
-pub(crate) fn out_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<u8>>> {
-    let view = bytes_view(obj, "out")?;
-    if view.try_readwrite().is_err() {
-        return Err(PyTypeError::new_err(format!(
-            "out must be a writable buffer; this {} is read-only",
-            type_name(obj)
-        )));
-    }
-    Ok(view)
-}
-
-/// Copies `src` to the start of `out`, with the GIL held (see the module
-/// doc). A `src` longer than `out` is refused (`BUFFER_TOO_SMALL`) with
-/// nothing written.
-pub(crate) fn copy_out(out: &Bound<'_, PyArray1<u8>>, src: &[u8]) -> PyResult<()> {
-    let mut w = out.try_readwrite()?;
-    let dst = w
-        .as_slice_mut()
-        .map_err(|e| PyValueError::new_err(format!("out: {e}")))?;
-    let cap = dst.len();
-    let dst = dst.get_mut(..src.len()).ok_or_else(|| {
-        too_small(format!(
-            "a {}-byte value does not fit out ({cap} bytes)",
-            src.len()
-        ))
-    })?;
-    dst.copy_from_slice(src);
-    Ok(())
-}
-
-/// The error of a value that does not fit where it was to be read.
-fn too_small(message: String) -> PyErr {
-    error(ErrorCode::BufferTooSmall, message)
+/// The keys of a batched call, borrowed.
+pub(crate) fn keys_of<'a>(keys: &'a [Bound<'_, PyAny>]) -> PyResult<Vec<&'a [u8]>> {
+    keys.iter().map(key_of).collect()
 }
 
 /// Where in the receive buffer (of `buffer_len` bytes) to read a value
@@ -182,10 +85,15 @@ pub(crate) fn end_offset(buffer_len: usize, cap: usize) -> usize {
     buffer_len - cap.min(buffer_len)
 }
 
-/// The error of a read, after `context` (which names the call and key
+/// The failure of a value that does not fit where it was to be read.
+fn too_small(message: String) -> Failure {
+    (ErrorCode::BufferTooSmall, message)
+}
+
+/// The failure of a read, after `context` (which names the call and key
 /// where there are several). For a value that does not fit, says which
 /// limit it hit, the output's or the receive buffer's; keeps the code.
-pub(crate) fn read_error(context: &str, e: ClientError, cap: usize, buffer_len: usize) -> PyErr {
+fn read_failure(context: &str, e: ClientError, cap: usize, buffer_len: usize) -> Failure {
     let code = e.code();
     let message = if code != ErrorCode::BufferTooSmall {
         format!("{context}{e}")
@@ -197,7 +105,7 @@ pub(crate) fn read_error(context: &str, e: ClientError, cap: usize, buffer_len: 
     } else {
         format!("{context}the value does not fit out ({cap} bytes): {e}")
     };
-    error(code, message)
+    (code, message)
 }
 
 /// The receive buffer's bytes from `buffer_mb` (MiB), checked against
@@ -217,9 +125,9 @@ pub(crate) fn buffer_bytes_of(buffer_mb: i64) -> PyResult<usize> {
 }
 
 /// Runs `f` with the client in `slot` locked and the GIL held; `f`
-/// releases the GIL itself around its network calls. The lock is waited
-/// for with the GIL released, so a thread waiting for another's read does
-/// not stop every Python thread.
+/// releases the GIL itself around its network calls and copies. The lock
+/// is waited for with the GIL released, so a thread waiting for another's
+/// read does not stop every Python thread.
 pub(crate) fn with_locked<C, R>(
     py: Python<'_>,
     slot: &Mutex<Option<C>>,
@@ -237,17 +145,489 @@ pub(crate) fn with_locked<C, R>(
     f(client)
 }
 
-/// Runs `op` on `key` (checked as every key is) with the client in `slot`
-/// locked and the GIL released: the calls that take a key and nothing
-/// more (`delete`, `exists`).
-pub(crate) fn on_key<C: Send, R: Send>(
+/// Runs `f` on the client in `slot` with the lock held and the GIL
+/// released throughout (`f` touches no Python object: its inputs and
+/// outputs are [`Mem`]s and plain data).
+fn detached<C: Send, R: Send>(
+    py: Python<'_>,
+    slot: &Mutex<Option<C>>,
+    f: impl FnOnce(&mut C) -> Result<R, Failure> + Send,
+) -> PyResult<R> {
+    with_locked(py, slot, |c| py.detach(|| f(c)).map_err(raise))
+}
+
+/// A Rust cache client as the Python classes use it: one server's
+/// ([`RustCacheClient`]) or a cluster's, with a receive buffer per
+/// server. Every Python cache call is written once over this.
+pub(crate) trait CacheOps: Send {
+    /// Where a read landed.
+    type Placed: Send;
+
+    /// The length of the receive buffer `key`'s value lands in (finding
+    /// it may dial a server).
+    fn buffer_len_of(&mut self, key: &[u8]) -> fabrickv_client::Result<usize>;
+
+    /// The server (0 for a single server) whose buffer `key` lands in:
+    /// reads of different servers do not share buffer space.
+    fn server_of_key(&self, key: &[u8]) -> usize;
+
+    /// Reads each `(key, offset)` into its server's buffer at `offset`,
+    /// all in flight at once; one result per key.
+    fn place_many(
+        &mut self,
+        items: &[(&[u8], usize)],
+    ) -> fabrickv_client::Result<Vec<fabrickv_client::Result<Option<Self::Placed>>>>;
+
+    /// The bytes of the value where `p` says it landed.
+    fn landed(&mut self, p: &Self::Placed) -> fabrickv_client::Result<&[u8]>;
+
+    /// Stores `value` under `key`; its generation.
+    fn put_value(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        ttl: Option<Duration>,
+    ) -> fabrickv_client::Result<u64>;
+
+    /// Whether each key is live.
+    fn exists_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>>;
+
+    /// Removes each key; whether it was there.
+    fn delete_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>>;
+}
+
+impl CacheOps for RustCacheClient {
+    type Placed = Placed;
+
+    fn buffer_len_of(&mut self, _key: &[u8]) -> fabrickv_client::Result<usize> {
+        Ok(self.buffer_len())
+    }
+
+    fn server_of_key(&self, _key: &[u8]) -> usize {
+        0
+    }
+
+    fn place_many(
+        &mut self,
+        items: &[(&[u8], usize)],
+    ) -> fabrickv_client::Result<Vec<fabrickv_client::Result<Option<Placed>>>> {
+        self.get_many_at(items)
+    }
+
+    fn landed(&mut self, p: &Placed) -> fabrickv_client::Result<&[u8]> {
+        Ok(&self.buffer()?[p.offset..p.offset + p.len])
+    }
+
+    fn put_value(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        ttl: Option<Duration>,
+    ) -> fabrickv_client::Result<u64> {
+        self.put(key, value, ttl)
+    }
+
+    fn exists_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>> {
+        self.exists_many(keys)
+    }
+
+    fn delete_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>> {
+        self.delete_many(keys)
+    }
+}
+
+/// Reads `key` into its receive buffer, placed for an output of `cap`
+/// bytes (see [`end_offset`]), and hands the value's bytes to `take`,
+/// all with the GIL released; None if absent.
+fn read_detached<C: CacheOps, R: Send>(
+    c: &mut C,
+    key: &[u8],
+    cap: usize,
+    take: impl FnOnce(&[u8]) -> Result<R, Failure>,
+) -> Result<Option<R>, Failure> {
+    let n = c.buffer_len_of(key).map_err(failure)?;
+    let offset = end_offset(n, cap);
+    let mut placed = c
+        .place_many(&[(key, offset)])
+        .map_err(|e| read_failure("", e, cap, n))?;
+    let placed = placed
+        .pop()
+        .unwrap_or(Ok(None))
+        .map_err(|e| read_failure("", e, cap, n))?;
+    let Some(p) = placed else {
+        return Ok(None);
+    };
+    let v = c.landed(&p).map_err(failure)?;
+    take(v).map(Some)
+}
+
+/// Copies `src` to the start of `dst`; a `src` longer than `dst` is
+/// refused (`BUFFER_TOO_SMALL`) with nothing written.
+fn copy_into(dst: &mut [u8], src: &[u8], context: &str) -> Result<(), Failure> {
+    let cap = dst.len();
+    let dst = dst.get_mut(..src.len()).ok_or_else(|| {
+        too_small(format!(
+            "{context}a {}-byte value does not fit out ({cap} bytes)",
+            src.len()
+        ))
+    })?;
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
+/// `get(key)`: the value as bytes (built with the GIL held, from the
+/// receive buffer, the client still locked), or None.
+pub(crate) fn get_bytes<'py, C: CacheOps>(
+    py: Python<'py>,
+    slot: &Mutex<Option<C>>,
+    key: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    let key = key_of(key)?;
+    with_locked(py, slot, |c| {
+        let found = py
+            .detach(|| -> Result<_, Failure> {
+                let n = c.buffer_len_of(key).map_err(failure)?;
+                let mut placed = c
+                    .place_many(&[(key, 0)])
+                    .map_err(|e| read_failure("", e, n, n))?;
+                placed
+                    .pop()
+                    .unwrap_or(Ok(None))
+                    .map_err(|e| read_failure("", e, n, n))
+            })
+            .map_err(raise)?;
+        match found {
+            None => Ok(None),
+            Some(p) => Ok(Some(PyBytes::new(py, c.landed(&p).map_err(to_py_err)?))),
+        }
+    })
+}
+
+/// `get_into(key, out)`: the value copied into `out` (any writable
+/// memory) with the GIL released; its length, or None.
+pub(crate) fn get_into<C: CacheOps>(
     py: Python<'_>,
     slot: &Mutex<Option<C>>,
     key: &Bound<'_, PyAny>,
-    op: impl FnOnce(&mut C, &[u8]) -> fabrickv_client::Result<R> + Send,
-) -> PyResult<R> {
+    out: &Bound<'_, PyAny>,
+) -> PyResult<Option<usize>> {
     let key = key_of(key)?;
-    with_locked(py, slot, |c| py.detach(|| op(c, key)).map_err(to_py_err))
+    let mut out = Mem::output(out, "out")?;
+    let cap = out.len();
+    detached(py, slot, |c| {
+        let dst = out.bytes_mut().map_err(|_| read_only_failure())?;
+        read_detached(c, key, cap, |v| {
+            copy_into(dst, v, "")?;
+            Ok(v.len())
+        })
+    })
+}
+
+fn read_only_failure() -> Failure {
+    (ErrorCode::Malformed, "out is read-only".to_string())
+}
+
+/// The byte ranges of one buffer holding many values, from `offsets`
+/// and `sizes` (one int for all, or one per value): each range inside
+/// the buffer of `len` bytes, else ValueError naming the item.
+fn slots_of(
+    what: &str,
+    n: usize,
+    len: usize,
+    offsets: Vec<usize>,
+    sizes: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<(usize, usize)>> {
+    if offsets.len() != n {
+        return Err(PyValueError::new_err(format!(
+            "{what}: {n} keys but {} offsets",
+            offsets.len()
+        )));
+    }
+    let sizes: Vec<usize> = match sizes {
+        None => {
+            return Err(PyValueError::new_err(format!(
+                "{what}: with offsets, give sizes too (one int for every value, or one per value)"
+            )))
+        }
+        Some(s) if s.is_instance_of::<PyInt>() => vec![s.extract()?; n],
+        Some(s) => s.extract()?,
+    };
+    if sizes.len() != n {
+        return Err(PyValueError::new_err(format!(
+            "{what}: {n} keys but {} sizes",
+            sizes.len()
+        )));
+    }
+    offsets
+        .into_iter()
+        .zip(sizes)
+        .enumerate()
+        .map(|(i, (off, size))| match off.checked_add(size) {
+            Some(end) if end <= len => Ok((off, size)),
+            _ => Err(PyValueError::new_err(format!(
+                "{what}: item {i} at offset {off} of {size} bytes runs past the {len}-byte buffer"
+            ))),
+        })
+        .collect()
+}
+
+/// The caller's memory of a batch: one buffer per value, or one buffer
+/// cut into slots (offset, size).
+pub(crate) enum Many {
+    /// A buffer per item.
+    Each(Vec<Mem>),
+    /// One buffer, item `i` in `slots[i]`.
+    Slots(Mem, Vec<(usize, usize)>),
+}
+
+impl Many {
+    /// `bufs` (a list of buffers, or one buffer with `offsets` and
+    /// `sizes`) for `n` items, to read (`write` false) or to fill.
+    pub(crate) fn of(
+        what: &str,
+        n: usize,
+        bufs: &Bound<'_, PyAny>,
+        offsets: Option<Vec<usize>>,
+        sizes: Option<&Bound<'_, PyAny>>,
+        write: bool,
+    ) -> PyResult<Many> {
+        let mem = |o: &Bound<'_, PyAny>| {
+            if write {
+                Mem::output(o, what)
+            } else {
+                Mem::input(o, what)
+            }
+        };
+        match offsets {
+            Some(offsets) => {
+                let m = mem(bufs)?;
+                let slots = slots_of(what, n, m.len(), offsets, sizes)?;
+                Ok(Many::Slots(m, slots))
+            }
+            None => {
+                if sizes.is_some() {
+                    return Err(PyValueError::new_err(format!(
+                        "{what}: sizes go with offsets (one buffer holding every value)"
+                    )));
+                }
+                if !(bufs.is_instance_of::<PyList>() || bufs.is_instance_of::<PyTuple>()) {
+                    return Err(PyTypeError::new_err(format!(
+                        "{what}: a list of buffers, or one buffer with offsets= and sizes=, \
+                         not {}",
+                        type_name(bufs)
+                    )));
+                }
+                let items: Vec<Bound<'_, PyAny>> = bufs.extract()?;
+                if items.len() != n {
+                    return Err(PyValueError::new_err(format!(
+                        "{what}: {n} keys but {} {what}",
+                        items.len()
+                    )));
+                }
+                Ok(Many::Each(items.iter().map(mem).collect::<PyResult<_>>()?))
+            }
+        }
+    }
+
+    /// Bytes of item `i`'s place.
+    fn cap(&self, i: usize) -> usize {
+        match self {
+            Many::Each(v) => v[i].len(),
+            Many::Slots(_, s) => s[i].1,
+        }
+    }
+
+    /// Item `i`'s bytes, to read.
+    fn get(&self, i: usize) -> &[u8] {
+        match self {
+            Many::Each(v) => v[i].bytes(),
+            Many::Slots(m, s) => &m.bytes()[s[i].0..s[i].0 + s[i].1],
+        }
+    }
+
+    /// Item `i`'s place, to fill.
+    fn get_mut(&mut self, i: usize) -> Result<&mut [u8], Failure> {
+        match self {
+            Many::Each(v) => v[i].bytes_mut().map_err(|_| read_only_failure()),
+            Many::Slots(m, s) => {
+                let (off, size) = s[i];
+                Ok(&mut m.bytes_mut().map_err(|_| read_only_failure())?[off..off + size])
+            }
+        }
+    }
+}
+
+/// `get_many_into(keys, outs)`: each value read into its place in
+/// `outs` (see [`Many`]), all with the GIL released; each value's
+/// length, None for an absent key (its place untouched).
+///
+/// The keys go in rounds: as many keys as fit their servers' receive
+/// buffers side by side (sized by their places, at most
+/// `CACHE_BATCH_KEYS_MAX`) are in flight at once, each server's packed
+/// to end at its buffer's end, so that the last key's slice is exactly
+/// its place's size (see [`end_offset`]). An earlier key's slice runs on
+/// to the buffer's end: a value too large for its place may land over
+/// later keys' places in the receive buffer, but it is reported as
+/// `BUFFER_TOO_SMALL` and nothing after it is copied out.
+pub(crate) fn get_many_into<C: CacheOps>(
+    py: Python<'_>,
+    slot: &Mutex<Option<C>>,
+    buffer_bytes: usize,
+    keys: &[&[u8]],
+    mut outs: Many,
+) -> PyResult<Vec<Option<usize>>> {
+    let n = buffer_bytes;
+    detached(py, slot, |c| {
+        let servers: Vec<usize> = keys.iter().map(|k| c.server_of_key(k)).collect();
+        let mut lengths = Vec::with_capacity(keys.len());
+        let mut start = 0;
+        let mut used: Vec<usize> = Vec::new();
+        let mut items: Vec<(&[u8], usize)> = Vec::new();
+        while start < keys.len() {
+            used.clear();
+            let mut end = start;
+            while end < keys.len() && end - start < CACHE_BATCH_KEYS_MAX {
+                let s = servers[end];
+                if used.len() <= s {
+                    used.resize(s + 1, 0);
+                }
+                let room = outs.cap(end).min(n);
+                if used[s] > 0 && used[s] + room > n {
+                    break;
+                }
+                used[s] += room;
+                end += 1;
+            }
+            let mut next: Vec<usize> = used.iter().map(|u| n - u).collect();
+            items.clear();
+            for i in start..end {
+                let s = servers[i];
+                items.push((keys[i], next[s]));
+                next[s] += outs.cap(i).min(n);
+            }
+            let results = c
+                .place_many(&items)
+                .map_err(|e| (e.code(), format!("get_many_into: {e}")))?;
+            for (i, r) in (start..end).zip(results) {
+                let cap = outs.cap(i);
+                let context = format!("get_many_into key {i}: ");
+                let placed = r.map_err(|e| read_failure(&context, e, cap, n))?;
+                match placed {
+                    None => lengths.push(None),
+                    Some(p) => {
+                        let v = c.landed(&p).map_err(failure)?;
+                        copy_into(outs.get_mut(i)?, v, &context)?;
+                        lengths.push(Some(v.len()));
+                    }
+                }
+            }
+            start = end;
+        }
+        Ok(lengths)
+    })
+}
+
+/// `put(key, value, ttl)`: the value read in place with the GIL
+/// released; its generation.
+pub(crate) fn put<C: CacheOps>(
+    py: Python<'_>,
+    slot: &Mutex<Option<C>>,
+    key: &Bound<'_, PyAny>,
+    value: &Bound<'_, PyAny>,
+    ttl: Option<f64>,
+) -> PyResult<u64> {
+    let key = key_of(key)?;
+    let value = Mem::input(value, "value")?;
+    let ttl = crate::ttl_of(ttl)?;
+    detached(py, slot, |c| {
+        c.put_value(key, value.bytes(), ttl).map_err(failure)
+    })
+}
+
+/// Stores each key's value of `values`, in order, all with `ttl`; their
+/// generations. On an error the items before the failing one are stored;
+/// the error names the failing item's index.
+pub(crate) fn put_many_of<C: CacheOps>(
+    py: Python<'_>,
+    slot: &Mutex<Option<C>>,
+    keys: &[&[u8]],
+    values: &Many,
+    ttl: Option<Duration>,
+    call: &str,
+) -> PyResult<Vec<u64>> {
+    detached(py, slot, |c| {
+        let mut generations = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            match c.put_value(key, values.get(i), ttl) {
+                Ok(g) => generations.push(g),
+                Err(e) => return Err((e.code(), format!("{call} item {i}: {e}"))),
+            }
+        }
+        Ok(generations)
+    })
+}
+
+/// `put_many([(key, value), ...], ttl)`.
+pub(crate) fn put_many<C: CacheOps>(
+    py: Python<'_>,
+    slot: &Mutex<Option<C>>,
+    items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
+    ttl: Option<f64>,
+) -> PyResult<Vec<u64>> {
+    let ttl = crate::ttl_of(ttl)?;
+    let keys: Vec<&[u8]> = items
+        .iter()
+        .map(|(k, _)| key_of(k))
+        .collect::<PyResult<_>>()?;
+    let values = Many::Each(
+        items
+            .iter()
+            .map(|(_, v)| Mem::input(v, "value"))
+            .collect::<PyResult<_>>()?,
+    );
+    put_many_of(py, slot, &keys, &values, ttl, "put_many")
+}
+
+/// `exists_many`, `delete_many`: one round trip per server for up to
+/// `CACHE_BATCH_KEYS_MAX` keys.
+pub(crate) fn key_ops<C: CacheOps>(
+    py: Python<'_>,
+    slot: &Mutex<Option<C>>,
+    keys: &[Bound<'_, PyAny>],
+    delete: bool,
+) -> PyResult<Vec<bool>> {
+    let keys = keys_of(keys)?;
+    detached(py, slot, |c| {
+        if delete {
+            c.delete_keys(&keys)
+        } else {
+            c.exists_keys(&keys)
+        }
+        .map_err(failure)
+    })
+}
+
+/// `prefix_hits(keys)`: how many leading keys are live. Asked in rounds
+/// of `CACHE_BATCH_KEYS_MAX` keys (one round trip per server each), and
+/// no round is asked after one that holds a miss.
+pub(crate) fn prefix_hits<C: CacheOps>(
+    py: Python<'_>,
+    slot: &Mutex<Option<C>>,
+    keys: &[Bound<'_, PyAny>],
+) -> PyResult<usize> {
+    let keys = keys_of(keys)?;
+    detached(py, slot, |c| {
+        let mut hits = 0;
+        for round in keys.chunks(CACHE_BATCH_KEYS_MAX) {
+            let flags = c.exists_keys(round).map_err(failure)?;
+            let lead = flags.iter().take_while(|f| **f).count();
+            hits += lead;
+            if lead < round.len() {
+                break;
+            }
+        }
+        Ok(hits)
+    })
 }
 
 /// A client of the server's KV cache: large values (up to 64 MiB, say a
@@ -258,12 +638,13 @@ pub(crate) fn on_key<C: Send, R: Send>(
 /// `tcp://HOST:PORT` or `shm://NAME`; over shm the server writes values
 /// into the receive buffer itself (`one_sided`). `buffer_mb` bounds the
 /// largest value this client can read; `timeout` (seconds) bounds
-/// connecting and each call. Values and outputs are any C-contiguous
-/// buffer (bytes, bytearray, memoryview, numpy arrays of any dtype), taken
-/// as raw bytes; keys are bytes or str (UTF-8), at most 1024 bytes.
+/// connecting and each call. Values and outputs are numpy arrays, any
+/// C-contiguous buffer (bytes, bytearray, memoryview) or CPU tensors with
+/// `__dlpack__` (torch, bfloat16 included), of any dtype, taken as raw
+/// bytes; keys are bytes or str (UTF-8), at most 1024 bytes.
 ///
 /// One client may be shared by threads, whose calls then take turns (open
-/// one per thread to run them in parallel).
+/// one per thread to run them in parallel, or use `AsyncCacheClient`).
 #[pyclass(module = "fabrickv", name = "CacheClient", frozen)]
 pub(crate) struct CacheClient {
     /// The address as given, for `addr` and `repr`.
@@ -283,84 +664,13 @@ pub(crate) struct CacheClient {
     closed: AtomicBool,
 }
 
-/// A Rust cache client whose reads land in a receive buffer: one
-/// server's, or a cluster's with a buffer per server. [`read`], the one
-/// read path of `get` and `get_into`, needs no more of it.
-pub(crate) trait BufferedReads: Send {
-    /// Where a read landed.
-    type Placed: Send;
-
-    /// The length of the receive buffer `key`'s value lands in (with the
-    /// GIL released where finding it may dial a server).
-    fn buffer_len_of(&mut self, py: Python<'_>, key: &[u8]) -> PyResult<usize>;
-
-    /// Reads `key` into that buffer at `offset`; `None` if absent.
-    fn place(&mut self, key: &[u8], offset: usize)
-        -> fabrickv_client::Result<Option<Self::Placed>>;
-
-    /// The bytes of the value where `p` says it landed.
-    fn landed(&mut self, p: &Self::Placed) -> PyResult<&[u8]>;
-}
-
-impl BufferedReads for RustCacheClient {
-    type Placed = Placed;
-
-    fn buffer_len_of(&mut self, _py: Python<'_>, _key: &[u8]) -> PyResult<usize> {
-        Ok(self.buffer_len())
-    }
-
-    fn place(&mut self, key: &[u8], offset: usize) -> fabrickv_client::Result<Option<Placed>> {
-        self.get_at(key, offset)
-    }
-
-    fn landed(&mut self, p: &Placed) -> PyResult<&[u8]> {
-        let buf = self.buffer().map_err(to_py_err)?;
-        Ok(&buf[p.offset..p.offset + p.len])
-    }
-}
-
-/// Reads `key` into the receive buffer of the client in `slot`, placed for
-/// an output of `cap` bytes (see [`end_offset`]), and hands the value's
-/// bytes to `take` with the GIL held and the client locked; None if absent.
-pub(crate) fn read<C: BufferedReads, R>(
-    py: Python<'_>,
-    slot: &Mutex<Option<C>>,
-    key: &[u8],
-    cap: usize,
-    take: impl FnOnce(&[u8]) -> PyResult<R>,
-) -> PyResult<Option<R>> {
-    with_locked(py, slot, |c| {
-        let n = c.buffer_len_of(py, key)?;
-        let offset = end_offset(n, cap);
-        let placed = py
-            .detach(|| c.place(key, offset))
-            .map_err(|e| read_error("", e, cap, n))?;
-        let Some(p) = placed else {
-            return Ok(None);
-        };
-        take(c.landed(&p)?).map(Some)
-    })
-}
-
-cache_reads!(
-    CacheClient,
-    "The value of `key` as bytes, or None if it is absent or expired. \
-     `fabrickv.Error` with code `BUFFER_TOO_SMALL` if it is larger than \
-     the receive buffer.",
-    "Reads the value of `key` into `out` (any writable C-contiguous \
-     buffer: bytearray, numpy array of any dtype, memoryview), from its \
-     first byte on; returns the value's length in bytes, or None if the \
-     key is absent (`out` untouched). A value larger than `out` raises \
-     `fabrickv.Error` with code `BUFFER_TOO_SMALL` and leaves `out` \
-     untouched: the server checks the size before sending anything."
-);
+cache_calls!(CacheClient, "");
 closable_client!(
     CacheClient,
     "Closes the connection and frees the receive buffer; later calls \
      raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless."
 );
 addr_and_timeout!(CacheClient);
-cache_writes!(CacheClient, "");
 
 #[pymethods]
 impl CacheClient {
@@ -385,127 +695,6 @@ impl CacheClient {
             one_sided: client.one_sided(),
             inner: Mutex::new(Some(client)),
             closed: AtomicBool::new(false),
-        })
-    }
-
-    /// Stores each `(key, value)` of `items` in order, all with the same
-    /// `ttl`; returns their generations. On an error the items before the
-    /// failing one are stored; the error names the failing item's index.
-    #[pyo3(signature = (items, ttl = None))]
-    fn put_many(
-        &self,
-        py: Python<'_>,
-        items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
-        ttl: Option<f64>,
-    ) -> PyResult<Vec<u64>> {
-        let ttl = ttl_of(ttl)?;
-        let keys: Vec<&[u8]> = items
-            .iter()
-            .map(|(k, _)| key_of(k))
-            .collect::<PyResult<_>>()?;
-        let values: Vec<Value<'_>> = items
-            .iter()
-            .map(|(_, v)| Value::of(v))
-            .collect::<PyResult<_>>()?;
-        let values: Vec<&[u8]> = values
-            .iter()
-            .map(Value::as_slice)
-            .collect::<PyResult<_>>()?;
-        with_locked(py, &self.inner, |c| {
-            py.detach(|| {
-                let mut generations = Vec::with_capacity(keys.len());
-                for (i, (key, value)) in keys.iter().zip(&values).enumerate() {
-                    match c.put(key, value, ttl) {
-                        Ok(g) => generations.push(g),
-                        Err(e) => return Err((i, e)),
-                    }
-                }
-                Ok(generations)
-            })
-            .map_err(|(i, e)| error(e.code(), format!("put_many item {i}: {e}")))
-        })
-    }
-
-    /// Reads each of `keys` into the matching buffer of `outs`, as
-    /// `get_into` does; returns each value's length, None for an absent
-    /// key (its output untouched). The requests of as many keys as the
-    /// receive buffer holds (sized by their outputs) are in flight at once
-    /// over shm; over tcp they are read one after another. On an error
-    /// (`BUFFER_TOO_SMALL` for a value larger than its output, the output
-    /// untouched) the outputs of earlier keys may have been filled, later
-    /// ones are untouched; the message names the key's index.
-    fn get_many_into(
-        &self,
-        py: Python<'_>,
-        keys: Vec<Bound<'_, PyAny>>,
-        outs: Vec<Bound<'_, PyAny>>,
-    ) -> PyResult<Vec<Option<usize>>> {
-        if keys.len() != outs.len() {
-            return Err(PyValueError::new_err(format!(
-                "get_many_into: {} keys but {} outs",
-                keys.len(),
-                outs.len()
-            )));
-        }
-        let keys: Vec<&[u8]> = keys.iter().map(key_of).collect::<PyResult<_>>()?;
-        let outs: Vec<Bound<'_, PyArray1<u8>>> =
-            outs.iter().map(out_of).collect::<PyResult<_>>()?;
-        let caps: Vec<usize> = outs.iter().map(|o| o.len()).collect();
-        with_locked(py, &self.inner, |c| {
-            let n = c.buffer_len();
-            let mut lengths = Vec::with_capacity(keys.len());
-            let mut start = 0;
-            while start < keys.len() {
-                // A round: the next keys whose outputs fit the receive
-                // buffer side by side (at least one key, whose output may
-                // be larger than the buffer).
-                let mut end = start;
-                let mut used = 0;
-                while end < keys.len() && end - start < CACHE_BATCH_KEYS_MAX {
-                    let room = caps[end].min(n);
-                    if end > start && used + room > n {
-                        break;
-                    }
-                    used += room;
-                    end += 1;
-                }
-                // Packed to end at the buffer's end, so that the last key's
-                // slice is exactly its output's size (see `end_offset`).
-                // An earlier key's slice runs on to the buffer's end: a
-                // value too large for its output may land over the later
-                // keys' places, but it is reported as BUFFER_TOO_SMALL and
-                // nothing after it is copied out.
-                let mut offset = n - used;
-                let mut items = Vec::with_capacity(end - start);
-                for i in start..end {
-                    items.push((keys[i], offset));
-                    offset += caps[i].min(n);
-                }
-                let results = py
-                    .detach(|| c.get_many_at(&items))
-                    .map_err(|e| error(e.code(), format!("get_many_into: {e}")))?;
-                let buf = c.buffer().map_err(to_py_err)?;
-                for (i, r) in (start..end).zip(results) {
-                    let placed = r.map_err(|e| {
-                        read_error(&format!("get_many_into key {i}: "), e, caps[i], n)
-                    })?;
-                    match placed {
-                        None => lengths.push(None),
-                        Some(p) if p.len > caps[i] => {
-                            return Err(too_small(format!(
-                                "get_many_into key {i}: a {}-byte value does not fit out ({} bytes)",
-                                p.len, caps[i]
-                            )));
-                        }
-                        Some(p) => {
-                            copy_out(&outs[i], &buf[p.offset..p.offset + p.len])?;
-                            lengths.push(Some(p.len));
-                        }
-                    }
-                }
-                start = end;
-            }
-            Ok(lengths)
         })
     }
 

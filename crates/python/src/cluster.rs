@@ -34,12 +34,12 @@ use fabrickv_cluster::etcd::is_etcd_url;
 use fabrickv_cluster::Registry;
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::ps::TableSpec;
-use numpy::{PyArray1, PyArrayMethods};
+use numpy::{PyArray2, PyArrayMethods};
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict};
 
-use crate::cache::{buffer_bytes_of, key_of, BufferedReads};
+use crate::cache::{buffer_bytes_of, key_of, CacheOps};
 use crate::kv::key_slices;
 use crate::lazy::Lazy;
 use crate::ps;
@@ -417,8 +417,9 @@ impl ClusterTable {
 impl ClusterTable {
     /// The vectors of `keys`, shape `(len(keys), dim)`, float32, in request
     /// order, each server's rows landing straight at their keys' places.
-    /// With `out` (a writable C-contiguous float32 array of shape
-    /// `(len(keys), dim)` or flat), they land in `out`, which is returned.
+    /// With `out` (writable float32 memory of shape `(len(keys), dim)` or
+    /// flat: numpy array, memoryview, DLPack tensor; or raw bytes of that
+    /// size), they land in `out`, which is returned.
     /// Absent keys get the table's missing-key policy. With
     /// `return_found=True`, `(values, found)`.
     #[pyo3(signature = (keys, out = None, return_found = false))]
@@ -431,25 +432,32 @@ impl ClusterTable {
     ) -> PyResult<Bound<'py, PyAny>> {
         let keys = ps::keys_of(keys)?;
         let keys = ps::slice_of(&keys)?;
-        let values = ps::pull_out(py, out, keys.len(), self.dim_usize())?;
-        let mut found = return_found.then(|| vec![false; keys.len()]);
-        {
-            let mut w = values.try_readwrite()?;
-            let dst = w
-                .as_slice_mut()
-                .map_err(|e| PyValueError::new_err(format!("out: {e}")))?;
-            let t = &self.table;
-            let found = found.as_deref_mut();
-            self.conn.call(py, |c| c.pull_into(t, keys, dst, found))?;
-        }
-        let values = values.into_any();
-        match found {
-            None => Ok(values),
-            Some(found) => {
-                let found = PyArray1::from_vec(py, found).into_any();
-                Ok(PyTuple::new(py, [values, found])?.into_any())
+        let n = keys.len();
+        let dim = self.dim_usize();
+        let mut found = return_found.then(|| vec![false; n]);
+        let t = &self.table;
+        let values = match out {
+            Some(out) => {
+                let mut mem = ps::out_mem(out, n, dim)?;
+                let dst = mem.floats_mut("out")?;
+                let f = found.as_deref_mut();
+                self.conn.call(py, |c| c.pull_into(t, keys, dst, f))?;
+                out.clone()
             }
-        }
+            None => {
+                let values = PyArray2::<f32>::zeros(py, [n, dim], false);
+                {
+                    let mut w = values.try_readwrite()?;
+                    let dst = w
+                        .as_slice_mut()
+                        .map_err(|e| PyValueError::new_err(format!("pull: {e}")))?;
+                    let f = found.as_deref_mut();
+                    self.conn.call(py, |c| c.pull_into(t, keys, dst, f))?;
+                }
+                values.into_any()
+            }
+        };
+        ps::with_found(py, values, found)
     }
 
     /// The table's shape as a dict: name, dim, optimizer, lr, missing,
@@ -512,43 +520,54 @@ pub(crate) struct ClusterCache {
 }
 
 /// Each value lands in the receive buffer of its server's client.
-impl BufferedReads for RustClusterCache {
+impl CacheOps for RustClusterCache {
     type Placed = ClusterPlaced;
 
-    fn buffer_len_of(&mut self, py: Python<'_>, key: &[u8]) -> PyResult<usize> {
+    fn buffer_len_of(&mut self, key: &[u8]) -> fabrickv_client::Result<usize> {
         let s = self.server_of(key);
-        py.detach(|| self.server_client(s).map(|c| c.buffer_len()))
-            .map_err(to_py_err)
+        self.server_client(s).map(|c| c.buffer_len())
     }
 
-    fn place(
+    fn server_of_key(&self, key: &[u8]) -> usize {
+        self.server_of(key) as usize
+    }
+
+    fn place_many(
+        &mut self,
+        items: &[(&[u8], usize)],
+    ) -> fabrickv_client::Result<Vec<fabrickv_client::Result<Option<ClusterPlaced>>>> {
+        self.get_many_at(items)
+    }
+
+    fn landed(&mut self, p: &ClusterPlaced) -> fabrickv_client::Result<&[u8]> {
+        let buf = self.buffer(p.server)?;
+        Ok(&buf[p.placed.offset..p.placed.offset + p.placed.len])
+    }
+
+    fn put_value(
         &mut self,
         key: &[u8],
-        offset: usize,
-    ) -> fabrickv_client::Result<Option<ClusterPlaced>> {
-        self.get_at(key, offset)
+        value: &[u8],
+        ttl: Option<Duration>,
+    ) -> fabrickv_client::Result<u64> {
+        self.put(key, value, ttl)
     }
 
-    fn landed(&mut self, p: &ClusterPlaced) -> PyResult<&[u8]> {
-        let buf = self.buffer(p.server).map_err(to_py_err)?;
-        Ok(&buf[p.placed.offset..p.placed.offset + p.placed.len])
+    fn exists_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>> {
+        self.exists_many(keys)
+    }
+
+    fn delete_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>> {
+        self.delete_many(keys)
     }
 }
 
-cache_reads!(
-    ClusterCache,
-    "The value of `key` as bytes, or None if it is absent or expired.",
-    "Reads the value of `key` into `out` (any writable C-contiguous \
-     buffer), from its first byte on; returns its length, or None if the \
-     key is absent (`out` untouched). A value larger than `out` raises \
-     `fabrickv.Error` with code `BUFFER_TOO_SMALL`, `out` untouched."
-);
 closable_client!(
     ClusterCache,
     "Closes the connections and frees the receive buffers; later calls \
      raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless."
 );
-cache_writes!(ClusterCache, " on its server");
+cache_calls!(ClusterCache, " on its server");
 
 #[pymethods]
 impl ClusterCache {

@@ -21,6 +21,10 @@
 #[macro_use]
 mod macros;
 
+// The one place this crate reads raw caller memory (buffer views and
+// DLPack tensors); its header states the soundness rules.
+#[allow(unsafe_code)]
+mod buffers;
 mod cache;
 mod cluster;
 mod kv;
@@ -169,7 +173,10 @@ fn set_auth_token_file(path: Option<std::path::PathBuf>) -> PyResult<()> {
     Ok(())
 }
 
+/// The native part of the `fabrickv` package, `fabrickv._native`; the
+/// package's `__init__.py` re-exports every name.
 #[pymodule]
+#[pyo3(name = "_native")]
 fn fabrickv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     fabrickv_transport_shm::install();
     let py = m.py();

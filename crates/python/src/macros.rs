@@ -153,58 +153,83 @@ macro_rules! kv_calls {
     };
 }
 
-/// `get` and `get_into` of a KV-cache client class: the class has
-/// `inner: Mutex<Option<C>>` with `C: crate::cache::BufferedReads`, read
-/// by `crate::cache::read`.
-/// `$get_doc` and `$get_into_doc` are the two methods' docs.
-macro_rules! cache_reads {
-    ($class:ty, $get_doc:literal, $get_into_doc:literal) => {
+/// Every call of a KV-cache client class (`CacheClient`, `ClusterCache`),
+/// written once over `crate::cache`'s functions: the class has `inner:
+/// Mutex<Option<C>>` with `C: crate::cache::CacheOps`, and `buffer_bytes`
+/// (each receive buffer's size). `$where` finishes `put`'s doc: where the
+/// value goes.
+macro_rules! cache_calls {
+    ($class:ty, $where:literal) => {
         #[pyo3::pymethods]
         impl $class {
-            #[doc = $get_doc]
+            /// The value of `key` as bytes, or None if it is absent or
+            /// expired; with `out` (writable memory: numpy array, bytearray,
+            /// memoryview, DLPack tensor) the value is copied into `out`
+            /// from its first byte on and its length returned, as
+            /// `get_into` does. `fabrickv.Error` with code
+            /// `BUFFER_TOO_SMALL` if it is larger than the receive buffer
+            /// (or than `out`, which is then untouched).
+            #[pyo3(signature = (key, out = None))]
             fn get<'py>(
                 &self,
                 py: pyo3::Python<'py>,
                 key: &pyo3::Bound<'py, pyo3::PyAny>,
-            ) -> pyo3::PyResult<Option<pyo3::Bound<'py, pyo3::types::PyBytes>>> {
-                let key = crate::cache::key_of(key)?;
-                crate::cache::read(py, &self.inner, key, usize::MAX, |v| {
-                    Ok(pyo3::types::PyBytes::new(py, v))
-                })
+                out: Option<&pyo3::Bound<'py, pyo3::PyAny>>,
+            ) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::PyAny>> {
+                use pyo3::IntoPyObjectExt;
+                match out {
+                    None => crate::cache::get_bytes(py, &self.inner, key)?.into_bound_py_any(py),
+                    Some(out) => {
+                        crate::cache::get_into(py, &self.inner, key, out)?.into_bound_py_any(py)
+                    }
+                }
             }
 
-            #[doc = $get_into_doc]
+            /// Reads the value of `key` into `out` (writable C-contiguous
+            /// memory of any dtype: numpy array, bytearray, memoryview, a
+            /// DLPack tensor such as torch's), from its first byte on;
+            /// returns the value's length in bytes, or None if the key is
+            /// absent (`out` untouched). A value larger than `out` raises
+            /// `fabrickv.Error` with code `BUFFER_TOO_SMALL` and leaves
+            /// `out` untouched: the server checks the size before sending
+            /// anything.
             fn get_into(
                 &self,
                 py: pyo3::Python<'_>,
                 key: &pyo3::Bound<'_, pyo3::PyAny>,
                 out: &pyo3::Bound<'_, pyo3::PyAny>,
             ) -> pyo3::PyResult<Option<usize>> {
-                let key = crate::cache::key_of(key)?;
-                let out = crate::cache::out_of(out)?;
-                let cap = numpy::PyUntypedArrayMethods::len(&out);
-                crate::cache::read(py, &self.inner, key, cap, |v| {
-                    crate::cache::copy_out(&out, v)?;
-                    Ok(v.len())
-                })
+                crate::cache::get_into(py, &self.inner, key, out)
             }
-        }
-    };
-}
 
-/// `put`, `delete` and `exists` of a KV-cache client class: the class has
-/// `inner: Mutex<Option<C>>`, whose client `crate::cache::with_locked`
-/// lends to `f` (`f` releases the GIL for the network call; `delete` and
-/// `exists` through `crate::cache::on_key`), and `C` has the calls of
-/// `fabrickv_client::CacheClient` by the same names.
-/// `$put_where` finishes `put`'s doc: where the value goes.
-macro_rules! cache_writes {
-    ($class:ty, $put_where:literal) => {
-        #[pyo3::pymethods]
-        impl $class {
+            /// Reads each of `keys` into its place: `outs` is a list of
+            /// writable buffers (one per key), or one writable buffer
+            /// with `offsets` (bytes) and `sizes` (one int for all, or one
+            /// per key) cutting it into places. Returns each value's
+            /// length, None for an absent key (its place untouched). As
+            /// many keys as the receive buffers hold side by side are in
+            /// flight at once, with the GIL released. On an error
+            /// (`BUFFER_TOO_SMALL` for a value larger than its place, the
+            /// place untouched) earlier places may have been filled, later
+            /// ones are untouched; the message names the key's index.
+            #[pyo3(signature = (keys, outs, *, offsets = None, sizes = None))]
+            fn get_many_into(
+                &self,
+                py: pyo3::Python<'_>,
+                keys: Vec<pyo3::Bound<'_, pyo3::PyAny>>,
+                outs: &pyo3::Bound<'_, pyo3::PyAny>,
+                offsets: Option<Vec<usize>>,
+                sizes: Option<&pyo3::Bound<'_, pyo3::PyAny>>,
+            ) -> pyo3::PyResult<Vec<Option<usize>>> {
+                let keys = crate::cache::keys_of(&keys)?;
+                let outs = crate::cache::Many::of("outs", keys.len(), outs, offsets, sizes, true)?;
+                crate::cache::get_many_into(py, &self.inner, self.buffer_bytes, &keys, outs)
+            }
+
             #[doc = concat!(
-                        "Stores `value` (any C-contiguous buffer, as raw bytes) under `key`",
-                        $put_where,
+                        "Stores `value` (numpy array, any C-contiguous buffer, or a CPU tensor ",
+                        "with `__dlpack__`, of any dtype, as raw bytes) under `key`",
+                        $where,
                         ", expiring after `ttl` seconds if given; returns the value's generation, ",
                         "which changes whenever the key is written."
                     )]
@@ -216,14 +241,44 @@ macro_rules! cache_writes {
                 value: &pyo3::Bound<'_, pyo3::PyAny>,
                 ttl: Option<f64>,
             ) -> pyo3::PyResult<u64> {
-                let key = crate::cache::key_of(key)?;
-                let value = crate::cache::Value::of(value)?;
-                let value = value.as_slice()?;
+                crate::cache::put(py, &self.inner, key, value, ttl)
+            }
+
+            /// Stores each `(key, value)` of `items` in order, all with the
+            /// same `ttl`; returns their generations. On an error the items
+            /// before the failing one are stored; the error names the
+            /// failing item's index.
+            #[pyo3(signature = (items, ttl = None))]
+            fn put_many(
+                &self,
+                py: pyo3::Python<'_>,
+                items: Vec<(pyo3::Bound<'_, pyo3::PyAny>, pyo3::Bound<'_, pyo3::PyAny>)>,
+                ttl: Option<f64>,
+            ) -> pyo3::PyResult<Vec<u64>> {
+                crate::cache::put_many(py, &self.inner, items, ttl)
+            }
+
+            /// Stores each of `keys` from its place in `values`: a list of
+            /// buffers (one per key), or one buffer with `offsets` (bytes)
+            /// and `sizes` (one int for all, or one per key), read in place
+            /// with the GIL released; all with the same `ttl`. Returns the
+            /// generations. On an error the items before the failing one
+            /// are stored; the error names the failing item's index.
+            #[pyo3(signature = (keys, values, *, offsets = None, sizes = None, ttl = None))]
+            fn put_many_from(
+                &self,
+                py: pyo3::Python<'_>,
+                keys: Vec<pyo3::Bound<'_, pyo3::PyAny>>,
+                values: &pyo3::Bound<'_, pyo3::PyAny>,
+                offsets: Option<Vec<usize>>,
+                sizes: Option<&pyo3::Bound<'_, pyo3::PyAny>>,
+                ttl: Option<f64>,
+            ) -> pyo3::PyResult<Vec<u64>> {
                 let ttl = crate::ttl_of(ttl)?;
-                crate::cache::with_locked(py, &self.inner, |c| {
-                    py.detach(|| c.put(key, value, ttl))
-                        .map_err(crate::to_py_err)
-                })
+                let keys = crate::cache::keys_of(&keys)?;
+                let values =
+                    crate::cache::Many::of("values", keys.len(), values, offsets, sizes, false)?;
+                crate::cache::put_many_of(py, &self.inner, &keys, &values, ttl, "put_many_from")
             }
 
             /// Removes `key`; True if it was there.
@@ -232,7 +287,8 @@ macro_rules! cache_writes {
                 py: pyo3::Python<'_>,
                 key: &pyo3::Bound<'_, pyo3::PyAny>,
             ) -> pyo3::PyResult<bool> {
-                crate::cache::on_key(py, &self.inner, key, |c, k| c.delete(k))
+                let keys = [key.clone()];
+                Ok(crate::cache::key_ops(py, &self.inner, &keys, true)?[0])
             }
 
             /// Whether `key` is stored and not expired.
@@ -241,7 +297,42 @@ macro_rules! cache_writes {
                 py: pyo3::Python<'_>,
                 key: &pyo3::Bound<'_, pyo3::PyAny>,
             ) -> pyo3::PyResult<bool> {
-                crate::cache::on_key(py, &self.inner, key, |c, k| c.exists(k))
+                let keys = [key.clone()];
+                Ok(crate::cache::key_ops(py, &self.inner, &keys, false)?[0])
+            }
+
+            /// Whether each of `keys` is stored and not expired, in order:
+            /// one round trip per server for up to 1024 keys (all their
+            /// requests in flight at once), not one per key.
+            fn exists_many(
+                &self,
+                py: pyo3::Python<'_>,
+                keys: Vec<pyo3::Bound<'_, pyo3::PyAny>>,
+            ) -> pyo3::PyResult<Vec<bool>> {
+                crate::cache::key_ops(py, &self.inner, &keys, false)
+            }
+
+            /// Removes each of `keys`; for each, in order, whether it was
+            /// there. Sent as `exists_many` is.
+            fn delete_many(
+                &self,
+                py: pyo3::Python<'_>,
+                keys: Vec<pyo3::Bound<'_, pyo3::PyAny>>,
+            ) -> pyo3::PyResult<Vec<bool>> {
+                crate::cache::key_ops(py, &self.inner, &keys, true)
+            }
+
+            /// How many of `keys`, from the first, are stored: the length
+            /// of the cached prefix of a prompt whose blocks `keys` names
+            /// in order (`fabrickv.blocks.prefix_keys`). Counting stops at
+            /// the first miss; keys are asked 1024 at a time, and none
+            /// after a round that missed.
+            fn prefix_hits(
+                &self,
+                py: pyo3::Python<'_>,
+                keys: Vec<pyo3::Bound<'_, pyo3::PyAny>>,
+            ) -> pyo3::PyResult<usize> {
+                crate::cache::prefix_hits(py, &self.inner, &keys)
             }
         }
     };

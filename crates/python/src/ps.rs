@@ -29,13 +29,14 @@ use fabrickv_wire::ps::{Missing, Optimizer, TableDesc, TableSpec};
 use numpy::ndarray::Array2;
 use numpy::{
     IntoPyArray, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn,
-    PyUntypedArrayMethods,
+    PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
+use crate::buffers::{Elem, Kind, Mem};
 use crate::error;
 use crate::lazy::Lazy;
 
@@ -269,7 +270,16 @@ pub(crate) fn keys_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray1
         }
     }
     let py = obj.py();
-    let (np, arr) = asarray(obj)?;
+    // A tensor with `__dlpack__` (torch, jax) is viewed by numpy in
+    // place; `asarray` alone would not see one without `__array__`.
+    let foreign = obj.cast::<PyUntypedArray>().is_err() && !obj.is_instance_of::<PyList>();
+    let (np, arr) = if foreign && obj.hasattr(intern!(py, "__dlpack__"))? {
+        let np = numpy_module(py)?;
+        let arr = np.call_method1(intern!(py, "from_dlpack"), (obj,))?;
+        (np, arr)
+    } else {
+        asarray(obj)?
+    };
     let shape: Vec<usize> = arr.getattr(intern!(py, "shape"))?.extract()?;
     if shape.len() != 1 {
         return Err(PyValueError::new_err(format!(
@@ -353,32 +363,48 @@ fn check_shape(what: &str, shape: &[usize], n: usize, dim: usize) -> PyResult<()
     }
 }
 
-/// Where a pull of `n` keys of dimension `dim` lands: the caller's `out`,
-/// which must be a writable C-contiguous float32 array of shape
-/// `(n, dim)` or `(n * dim,)` (TypeError or ValueError otherwise, before
-/// anything is asked of the server), or a new `(n, dim)` array.
-pub(crate) fn pull_out<'py>(
+/// Where a pull of `n` keys of dimension `dim` lands when the caller
+/// gives `out`: writable C-contiguous memory holding float32 (a numpy
+/// array, a memoryview of one, a DLPack tensor such as torch's) of shape
+/// `(n, dim)` or `(n * dim,)`, or raw bytes (bytearray, uint8 array) of
+/// exactly `n * dim * 4` bytes. Anything else is refused (TypeError or
+/// ValueError) before anything is asked of the server.
+pub(crate) fn out_mem(out: &Bound<'_, PyAny>, n: usize, dim: usize) -> PyResult<Mem> {
+    let m = Mem::output(out, "out")?;
+    let elem = m.elem();
+    if elem == Elem::F32 {
+        check_shape("out", m.shape(), n, dim)?;
+    } else if elem.is_byte() {
+        let want = n * dim * 4;
+        if m.len() != want {
+            return Err(PyValueError::new_err(format!(
+                "out: {n} keys of dim {dim} need {want} bytes of float32, got {} bytes",
+                m.len()
+            )));
+        }
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "out must hold float32 (or be raw bytes), got {}",
+            elem.name()
+        )));
+    }
+    Ok(m)
+}
+
+/// A pull's result as Python sees it: `values` alone, or `(values,
+/// found)` with the bool array of which keys the table held.
+pub(crate) fn with_found<'py>(
     py: Python<'py>,
-    out: Option<&Bound<'py, PyAny>>,
-    n: usize,
-    dim: usize,
-) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
-    let Some(out) = out else {
-        return Ok(PyArrayDyn::<f32>::zeros(py, vec![n, dim], false));
-    };
-    let arr = out
-        .cast::<PyArrayDyn<f32>>()
-        .map_err(|_| PyTypeError::new_err("out must be a numpy float32 array".to_string()))?;
-    if !arr.is_c_contiguous() {
-        return Err(PyValueError::new_err("out must be C-contiguous"));
+    values: Bound<'py, PyAny>,
+    found: Option<Vec<bool>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    match found {
+        None => Ok(values),
+        Some(found) => {
+            let found = PyArray1::from_vec(py, found).into_any();
+            Ok(PyTuple::new(py, [values, found])?.into_any())
+        }
     }
-    check_shape("out", arr.shape(), n, dim)?;
-    if arr.try_readwrite().is_err() {
-        return Err(PyTypeError::new_err(
-            "out must be writable (and not in use by another call)",
-        ));
-    }
-    Ok(arr.clone())
 }
 
 /// Reads the keys of a put or push and `len(keys) x dim` floats (`what`
@@ -393,8 +419,24 @@ pub(crate) fn with_vectors<T>(
     let keys = keys_of(keys)?;
     let keys = slice_of(&keys)?;
     let values = floats_of(values, what, keys.len(), dim)?;
-    let values = slice_of(&values)?;
-    send(keys, values)
+    send(keys, values.as_slice(what)?)
+}
+
+/// The float32s of a put or push, seen in place.
+enum Floats<'py> {
+    /// A numpy array (converted by numpy if it had to be).
+    Array(PyReadonlyArrayDyn<'py, f32>),
+    /// Float32 memory of a buffer or a DLPack tensor.
+    Mem(Mem),
+}
+
+impl Floats<'_> {
+    fn as_slice(&self, what: &str) -> PyResult<&[f32]> {
+        match self {
+            Floats::Array(a) => slice_of(a),
+            Floats::Mem(m) => m.floats(what),
+        }
+    }
 }
 
 /// The vectors (or gradients) of a call for `n` keys of dimension `dim`:
@@ -407,17 +449,37 @@ fn floats_of<'py>(
     what: &str,
     n: usize,
     dim: usize,
-) -> PyResult<PyReadonlyArrayDyn<'py, f32>> {
+) -> PyResult<Floats<'py>> {
     let check = |shape: &[usize]| check_shape(what, shape, n, dim);
     if let Ok(a) = obj.cast::<PyArrayDyn<f32>>() {
         if a.is_c_contiguous() {
             check(a.shape())?;
             if let Some(r) = borrowed_as_is(a) {
-                return Ok(r);
+                return Ok(Floats::Array(r));
             }
         }
     }
     let py = obj.py();
+    // A float32 tensor or buffer (torch, a memoryview) is read in place;
+    // bfloat16 has no numpy type to convert it to. Other types (float64,
+    // integers, lists) are converted by numpy below.
+    if obj.cast::<PyUntypedArray>().is_err() && !obj.is_instance_of::<PyList>() {
+        if let Ok(m) = Mem::input(obj, what) {
+            match m.elem() {
+                Elem::F32 => {
+                    check(m.shape())?;
+                    return Ok(Floats::Mem(m));
+                }
+                e if e.kind == Kind::Bfloat || e.kind == Kind::Float && e.bytes == 2 => {
+                    return Err(PyTypeError::new_err(format!(
+                        "{what} must be float32, got {}: convert it first (torch: t.float())",
+                        e.name()
+                    )));
+                }
+                _ => {}
+            }
+        }
+    }
     let (np, arr) = asarray(obj)?;
     let dtype = arr.getattr(intern!(py, "dtype"))?;
     let kind: String = dtype.getattr(intern!(py, "kind"))?.extract()?;
@@ -428,7 +490,7 @@ fn floats_of<'py>(
     }
     let shape: Vec<usize> = arr.getattr(intern!(py, "shape"))?.extract()?;
     check(&shape)?;
-    required(&np, arr, intern!(py, "float32"))
+    Ok(Floats::Array(required(&np, arr, intern!(py, "float32"))?))
 }
 
 /// A borrowed array's elements; the helpers above only return arrays for
@@ -498,18 +560,33 @@ impl Table {
     /// order; absent keys get the table's missing-key policy (zeros or the
     /// initializer). With `return_found=True`, `(values, found)` where
     /// `found[i]` says whether the table held `keys[i]`.
-    #[pyo3(signature = (keys, return_found = false))]
+    ///
+    /// With `out` (writable float32 memory of shape `(len(keys), dim)` or
+    /// flat: a numpy array, a memoryview, a DLPack tensor such as torch's;
+    /// or raw bytes of the same size) the vectors land in `out`, which is
+    /// returned, with no array made.
+    #[pyo3(signature = (keys, out = None, return_found = false))]
     fn pull<'py>(
         &self,
         py: Python<'py>,
         keys: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
         return_found: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let keys = keys_of(keys)?;
         let slice = slice_of(&keys)?;
         let desc = &self.desc;
-        let pulled = self.conn.call(py, |c| c.pull(desc, slice))?;
-        pulled_to_py(py, pulled, slice.len(), self.dim_usize(), return_found)
+        let Some(out) = out else {
+            let pulled = self.conn.call(py, |c| c.pull(desc, slice))?;
+            return pulled_to_py(py, pulled, slice.len(), self.dim_usize(), return_found);
+        };
+        let mut mem = out_mem(out, slice.len(), self.dim_usize())?;
+        let dst = mem.floats_mut("out")?;
+        let mut found = return_found.then(|| vec![false; slice.len()]);
+        let f = found.as_deref_mut();
+        self.conn.call(py, |c| c.pull_into(desc, slice, dst, f))?;
+        drop(mem);
+        with_found(py, out.clone(), found)
     }
 
     /// Starts a pull and returns at once with a `PullHandle`; several may

@@ -12,7 +12,7 @@ use std::time::Duration;
 use fabrickv_cache::CacheConfig;
 use fabrickv_client::{CacheClient, CacheClientOptions, ClientError};
 use fabrickv_server::Mode;
-use fabrickv_types::limits::{CACHE_CHUNK_BYTES_MAX, CACHE_VALUE_BYTES_MAX};
+use fabrickv_types::limits::{CACHE_BATCH_KEYS_MAX, CACHE_CHUNK_BYTES_MAX, CACHE_VALUE_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 
 use common::{TestServer, Transport, MEMORY_BYTES, TIMEOUT};
@@ -256,7 +256,39 @@ fn a_reader_on_a_chosen_worker_gets_what_another_stored(t: Transport) {
     s.shutdown();
 }
 
+/// `exists_many` and `delete_many` answer per key in request order, over
+/// more keys than one round of requests in flight (`CACHE_BATCH_KEYS_MAX`),
+/// and check every key before sending any.
+fn exists_many_and_delete_many_answer_each_key_in_order(t: Transport) {
+    let s = server(t);
+    let mut c = client(&s);
+    let n = CACHE_BATCH_KEYS_MAX + 300;
+    let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("many-{i}").into_bytes()).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    for k in refs.iter().step_by(3) {
+        c.put(k, b"v", None).expect("put");
+    }
+    let want: Vec<bool> = (0..n).map(|i| i % 3 == 0).collect();
+    assert_eq!(c.exists_many(&refs).expect("exists_many"), want);
+    assert_eq!(c.exists_many(&[]).expect("no keys"), Vec::<bool>::new());
+    assert_eq!(c.delete_many(&refs).expect("delete_many"), want);
+    assert_eq!(c.exists_many(&refs).expect("exists_many"), vec![false; n]);
+    let long = vec![b'k'; 1025];
+    let e = c
+        .exists_many(&[b"fine".as_slice(), &long])
+        .expect_err("key too long");
+    assert_eq!(code(e), ErrorCode::KeyTooLong);
+    // The refusal sent nothing: the connection is still in step.
+    c.put(b"after", b"v", None).expect("put");
+    assert_eq!(
+        c.exists_many(&[b"after".as_slice()]).expect("exists"),
+        [true]
+    );
+    s.shutdown();
+}
+
 transport_tests!(
+    exists_many_and_delete_many_answer_each_key_in_order,
     values_round_trip_from_one_byte_to_64_mib,
     a_reader_on_a_chosen_worker_gets_what_another_stored,
     get_at_places_values_and_checks_the_slice_first,

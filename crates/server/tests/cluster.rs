@@ -375,9 +375,22 @@ fn cache_spans_the_cluster(t: Transport) {
     }
     assert_eq!(*got.last().expect("last").as_ref().expect("ok"), None);
 
+    // The batched key operations: every server's part at once, the
+    // answers merged in request order.
+    let refs: Vec<&[u8]> = keys
+        .iter()
+        .map(Vec::as_slice)
+        .chain(std::iter::once(&b"cache-absent"[..]))
+        .collect();
+    let mut want = vec![true; keys.len()];
+    want.push(false);
+    assert_eq!(c.exists_many(&refs).expect("exists_many"), want);
+
     assert!(c.exists(&keys[3]).expect("exists"));
     assert!(c.delete(&keys[3]).expect("delete"));
     assert!(!c.exists(&keys[3]).expect("exists"));
+    want[3] = false;
+    assert_eq!(c.exists_many(&refs).expect("exists_many"), want);
     assert_eq!(c.get(&keys[3]).expect("get"), None);
     for s in ss {
         s.shutdown();

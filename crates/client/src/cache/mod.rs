@@ -136,7 +136,7 @@ impl std::fmt::Debug for CacheClient {
     }
 }
 
-fn check_key(key: &[u8]) -> Result<()> {
+pub(crate) fn check_key(key: &[u8]) -> Result<()> {
     if key.is_empty() {
         return Err(ClientError::Invalid(
             ErrorCode::Malformed,
@@ -447,13 +447,65 @@ impl CacheClient {
         self.key_op(CacheOp::Exists, key)
     }
 
+    /// Whether each of `keys` is live, in order. The requests of up to
+    /// `CACHE_BATCH_KEYS_MAX` keys are in flight at once (one round trip
+    /// for such a batch, rather than one per key); a longer list goes in
+    /// rounds of that many.
+    pub fn exists_many(&mut self, keys: &[&[u8]]) -> Result<Vec<bool>> {
+        self.key_op_many(CacheOp::Exists, keys)
+    }
+
+    /// Removes each of `keys`; for each, in order, whether it was there.
+    /// Pipelined as [`CacheClient::exists_many`] is.
+    pub fn delete_many(&mut self, keys: &[&[u8]]) -> Result<Vec<bool>> {
+        self.key_op_many(CacheOp::Delete, keys)
+    }
+
     fn key_op(&mut self, op: CacheOp, key: &[u8]) -> Result<bool> {
-        check_key(key)?;
-        self.post(|b, id, w| encode_key_op(b, id, w, op, key))?;
-        let mut found = false;
+        let mut out = self.key_op_many(op, &[key])?;
+        out.pop()
+            .ok_or_else(|| ClientError::Protocol("a key got no reply".into()))
+    }
+
+    /// `op` on every key, in rounds of `CACHE_BATCH_KEYS_MAX` requests in
+    /// flight at once. Every key is checked before anything is sent.
+    fn key_op_many(&mut self, op: CacheOp, keys: &[&[u8]]) -> Result<Vec<bool>> {
+        for k in keys {
+            check_key(k)?;
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for round in keys.chunks(CACHE_BATCH_KEYS_MAX) {
+            self.post_key_ops(op, round)?;
+            self.collect_key_ops(&mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// Posts `op` on each of `keys` (checked by the caller, at most
+    /// `CACHE_BATCH_KEYS_MAX` of them) and sends them, without waiting:
+    /// the first half of a batch a cluster client splits over its
+    /// servers, so that every server works on its part at once.
+    pub(crate) fn post_key_ops(&mut self, op: CacheOp, keys: &[&[u8]]) -> Result<()> {
+        if keys.len() > CACHE_BATCH_KEYS_MAX {
+            return Err(ClientError::Invalid(
+                ErrorCode::BatchTooLarge,
+                format!("{} keys exceed CACHE_BATCH_KEYS_MAX", keys.len()),
+            ));
+        }
+        for k in keys {
+            self.post(|b, id, w| encode_key_op(b, id, w, op, k))?;
+        }
+        Ok(self.sessions.flush()?)
+    }
+
+    /// Reads the replies of the key operations posted by
+    /// [`CacheClient::post_key_ops`], appending one flag per key to `out`
+    /// (true: the key was there). A refusal of one key is returned once
+    /// every reply is in, so the connection stays in step.
+    pub(crate) fn collect_key_ops(&mut self, out: &mut Vec<bool>) -> Result<()> {
         self.collect(|_, f| {
             let r = decode_reply(f).map_err(protocol)?;
-            found = match r.status {
+            let found = match r.status {
                 ErrorCode::Ok => true,
                 ErrorCode::NotFound => false,
                 code => {
@@ -463,9 +515,9 @@ impl CacheClient {
                     })
                 }
             };
+            out.push(found);
             Ok(())
-        })?;
-        Ok(found)
+        })
     }
 
     /// Ties the gRPC client id `client_id` (from RegisterClient) to this

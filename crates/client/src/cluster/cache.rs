@@ -24,6 +24,7 @@ use fabrickv_cluster::slots::{key_slot, SlotMap};
 use fabrickv_cluster::{server_of_key, Cluster, Directory, Registry};
 use fabrickv_types::limits::CACHE_BATCH_KEYS_MAX;
 use fabrickv_types::ErrorCode;
+use fabrickv_wire::cache::CacheOp;
 
 use super::slots::{SlotFollow, FAILOVER_WAIT_MS};
 use super::{cluster_of, lookup, ClusterOf, ClusterOptions, Members};
@@ -270,5 +271,79 @@ impl ClusterCache {
     /// Whether `key` is live.
     pub fn exists(&mut self, key: &[u8]) -> Result<bool> {
         Ok(self.on_owner(key, |c| c.exists(key))?.1)
+    }
+
+    /// Whether each of `keys` is live, in order. The batch is split by
+    /// server and every server's part is sent before any is awaited: one
+    /// round trip per server for up to `CACHE_BATCH_KEYS_MAX` keys, the
+    /// servers working at once; a longer list goes in rounds of that
+    /// many. Fails whole if a server it needs is down (in a cluster with
+    /// a slot map, once the map has not moved on in time).
+    pub fn exists_many(&mut self, keys: &[&[u8]]) -> Result<Vec<bool>> {
+        self.key_op_many(CacheOp::Exists, keys)
+    }
+
+    /// Removes each of `keys` from its server; for each, in order,
+    /// whether it was there. Split and sent as
+    /// [`ClusterCache::exists_many`] is; on an error the keys of other
+    /// servers may have been removed.
+    pub fn delete_many(&mut self, keys: &[&[u8]]) -> Result<Vec<bool>> {
+        self.key_op_many(CacheOp::Delete, keys)
+    }
+
+    fn key_op_many(&mut self, op: CacheOp, keys: &[&[u8]]) -> Result<Vec<bool>> {
+        for k in keys {
+            crate::cache::check_key(k)?;
+        }
+        super::slots::follow_map(&mut self.slots, &mut self.m);
+        let deadline = Instant::now() + Duration::from_millis(FAILOVER_WAIT_MS);
+        let mut out = Vec::with_capacity(keys.len());
+        for round in keys.chunks(CACHE_BATCH_KEYS_MAX) {
+            loop {
+                match self.key_op_round(op, round) {
+                    Ok(flags) => {
+                        out.extend(flags);
+                        break;
+                    }
+                    // Both operations may run twice: a second delete of
+                    // a key the first removed says it was absent.
+                    Err(e) if self.rerouted(&e, deadline) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One round of [`ClusterCache::key_op_many`]: every server's part
+    /// posted, then every part's replies read, merged in key order.
+    fn key_op_round(&mut self, op: CacheOp, keys: &[&[u8]]) -> Result<Vec<bool>> {
+        let n = self.m.size() as usize;
+        let mut parts: Vec<Vec<&[u8]>> = vec![Vec::new(); n];
+        let mut owner = Vec::with_capacity(keys.len());
+        for k in keys {
+            let s = self.server_of(k) as usize;
+            owner.push(s);
+            parts[s].push(k);
+        }
+        let mut flags: Vec<Vec<bool>> = vec![Vec::new(); n];
+        let servers: Vec<usize> = (0..n).filter(|&s| !parts[s].is_empty()).collect();
+        self.m.post_then_collect(
+            servers.into_iter(),
+            true,
+            |c, s| c.post_key_ops(op, &parts[s]).map(|()| s),
+            // `collect` waits by the client's own timeout, which is the
+            // cluster's.
+            |c, s, _deadline| c.collect_key_ops(&mut flags[s]),
+        )?;
+        let mut next = vec![0usize; n];
+        owner
+            .into_iter()
+            .map(|s| {
+                let flag = flags[s].get(next[s]).copied();
+                next[s] += 1;
+                flag.ok_or_else(|| ClientError::Protocol("a key got no reply".into()))
+            })
+            .collect()
     }
 }
