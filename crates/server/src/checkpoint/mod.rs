@@ -93,10 +93,11 @@ pub const CHECKPOINT_NICE: i32 = 10;
 pub const CHECKPOINT_CONTENDED_BELOW_CPU_PERCENT: u128 = 90;
 
 /// The share of the time, in percent, a save works while the server
-/// serves: after each frame it rests long enough to keep to it. Half the
-/// time still cost a one-connection writer a third of its rate here; a
-/// third of the time costs it under 30% (`docs/benchmarks.md`).
-pub const CHECKPOINT_BUSY_WORK_PERCENT: u32 = 33;
+/// serves: after each frame it rests long enough to keep to it. Working
+/// half the time still cost a one-connection writer about a third of its
+/// rate here, a third of the time 26-35%, a quarter 26-30%
+/// (`docs/benchmarks.md`): past that the save's cost is not its cores.
+pub const CHECKPOINT_BUSY_WORK_PERCENT: u32 = 25;
 const _: () = assert!(CHECKPOINT_BUSY_WORK_PERCENT > 0 && CHECKPOINT_BUSY_WORK_PERCENT <= 100);
 
 /// The longest a save thread rests after one frame, milliseconds.
