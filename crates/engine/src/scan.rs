@@ -97,6 +97,24 @@ impl<S: Storage> Core<S> {
     /// returns how many entries the chain holds (live or not).
     fn visit_chain(&self, main: usize, now_ms: u64, f: &mut ScanVisit<'_>) -> usize {
         let pool = self.storage.pool();
+        self.for_live_items(main, now_ms, &mut |pos, header| {
+            f(
+                item::key(pool, pos, header),
+                item::value(pool, pos, header),
+                header.expire_at_ms,
+            )
+        })
+    }
+
+    /// Calls `f(pos, header)` for every item live at `now_ms` in the
+    /// chain of `main`; returns how many entries the chain holds.
+    fn for_live_items(
+        &self,
+        main: usize,
+        now_ms: u64,
+        f: &mut dyn FnMut(usize, &item::Header),
+    ) -> usize {
+        let pool = self.storage.pool();
         let mut examined = 0;
         for (_, e) in self.index.chain(main) {
             examined += 1;
@@ -104,14 +122,9 @@ impl<S: Storage> Core<S> {
                 continue;
             };
             let header = item::read_header(pool, pos);
-            if header.is_expired(now_ms) {
-                continue;
+            if !header.is_expired(now_ms) {
+                f(pos, &header);
             }
-            f(
-                item::key(pool, pos, &header),
-                item::value(pool, pos, &header),
-                header.expire_at_ms,
-            );
         }
         examined
     }
@@ -152,23 +165,14 @@ impl<S: Storage> Core<S> {
         self.walk_chains(from, budget, &mut |core, main| {
             let pool = core.storage.pool();
             let mut more = true;
-            let mut examined = 0;
-            for (_, e) in core.index.chain(main) {
-                examined += 1;
-                let Some(pos) = core.storage.resolve(offset_of(e)) else {
-                    continue;
-                };
-                let header = item::read_header(pool, pos);
-                if header.is_expired(now_ms) {
-                    continue;
-                }
+            let examined = core.for_live_items(main, now_ms, &mut |pos, header| {
                 more &= f(ScanItem {
-                    key: item::key(pool, pos, &header),
-                    value: core.value_of(pos, &header),
+                    key: item::key(pool, pos, header),
+                    value: core.value_of(pos, header),
                     expire_at_ms: header.expire_at_ms,
-                    meta: item::meta(pool, pos, &header),
+                    meta: item::meta(pool, pos, header),
                 });
-            }
+            });
             (examined, more)
         })
     }
