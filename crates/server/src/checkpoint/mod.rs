@@ -86,10 +86,9 @@ pub const CUT_FINISH_HOLDS_MAX: u32 = 64;
 /// refused: a save runs beside the workers without taking their cores.
 pub const CHECKPOINT_NICE: i32 = 10;
 
-/// The share of the time, in percent, below which a save thread that
-/// was working counts its cores as busy with something else (requests,
-/// mostly): it got the core for less than this share of the time since
-/// its last frame.
+/// The share of the time, in percent, below which a save thread counts
+/// its cores as busy with something else (requests, mostly): it got the
+/// core for less than this share of the time it spent building a frame.
 pub const CHECKPOINT_CONTENDED_BELOW_CPU_PERCENT: u128 = 90;
 
 /// The share of the time, in percent, a save works while the server
@@ -861,12 +860,11 @@ impl Checkpoints {
                 let Some((table, key, state)) = PsStore::row_at(p, k, now) else {
                     return;
                 };
-                match state {
-                    RowState::Present { value, expire_ms } => {
-                        self.emit_row(table, key, Some((value, expire_ms)), out)
-                    }
-                    RowState::Absent => self.emit_row(table, key, None, out),
-                }
+                let row = match state {
+                    RowState::Present { value, expire_ms } => Some((value, expire_ms)),
+                    RowState::Absent => None,
+                };
+                self.emit_row(table, key, row, out);
             }
             // The cache has a walk of its own (`walk_cache`).
             Job::Cache => {}
@@ -1211,9 +1209,9 @@ impl Checkpoints {
 /// frame: the CPU time it took to build and the time to write it. When
 /// the server served requests meanwhile ([`Partitions::requests_seen`])
 /// or the thread got less than [`CHECKPOINT_CONTENDED_BELOW_CPU_PERCENT`]
-/// of the time while it built the frame, it rests as long as the frame
-/// took (up to [`CHECKPOINT_REST_MAX_MS`]). While the server serves, a
-/// save works at most about half the time; alone it never rests.
+/// of the time while it built the frame, it rests long enough that it
+/// works [`CHECKPOINT_BUSY_WORK_PERCENT`] of the time (each rest at most
+/// [`CHECKPOINT_REST_MAX_MS`], see [`rest_after`]); alone it never rests.
 struct Pace {
     /// When the current phase (building, then writing) began.
     wall: Instant,
