@@ -1,5 +1,6 @@
-"""The Python front door's targets (issue 39), each measured against its
-baseline in the same run:
+"""The Python front door's targets (fast paths in and out of Python
+buffers, asyncio, batched cache calls, the wheel), each measured against
+its baseline in the same run:
 
 - pull_out: `Table.pull(keys, out=buf)` of 100 x 128-float vectors into
   one preallocated array, keys/s against the Rust client's (`fabrickv
@@ -215,6 +216,24 @@ def row(name: str, what: str, unit: str, runs: list[float], base_runs: list[floa
             "base_runs": [round(x, 5) for x in base_runs]}
 
 
+def paired_runs(binary: Path, transport: str, rounds: int,
+                measure: Callable[[str], tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """`rounds` runs of `measure(address)` (a figure and its baseline) on
+    one server of `transport`, stopped at the end; both series."""
+    server = Server(binary, transport)
+    measured: list[float] = []
+    baseline: list[float] = []
+    try:
+        for _ in range(rounds):
+            pin_client()
+            a, b = measure(server.native)
+            measured.append(a)
+            baseline.append(b)
+    finally:
+        server.stop()
+    return measured, baseline
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "fabrickv"))
@@ -262,30 +281,14 @@ def main() -> int:
                             "blocking, tcp", "Mkeys/s", async_runs, block_runs))
 
     if "exists_many" in only:
-        server = Server(binary, "tcp")
-        try:
-            many_runs, single_runs = [], []
-            for _ in range(n):
-                pin_client()
-                many, single = exists_rates(server.native, d)
-                many_runs.append(many)
-                single_runs.append(single)
-        finally:
-            server.stop()
+        many_runs, single_runs = paired_runs(binary, "tcp", n,
+                                             lambda addr: exists_rates(addr, d))
         rows.append(row("exists_many", "exists_many(1000) vs 1000 exists, tcp", "batches/s",
                         many_runs, single_runs))
 
     if "get_many_into" in only:
-        server = Server(binary, "shm")
-        try:
-            got_runs, copy_runs = [], []
-            for _ in range(n):
-                pin_client()
-                got, copy = get_many_rates(server.native, d)
-                got_runs.append(got)
-                copy_runs.append(copy)
-        finally:
-            server.stop()
+        got_runs, copy_runs = paired_runs(binary, "shm", n,
+                                          lambda addr: get_many_rates(addr, d))
         rows.append(row("get_many_into", "get_many_into 64x256KiB shm vs memcpy", "GB/s",
                         got_runs, copy_runs))
 
