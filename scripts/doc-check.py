@@ -56,7 +56,9 @@ MARK_RE = re.compile(r"^<!--\s*doc-check:\s*(\w+)\s*(.*?)\s*-->\s*$")
 PRINTS_RE = re.compile(r"#\s*prints:\s*(.*?)\s*$")
 EXITS_RE = re.compile(r"#\s*exits\s+(\d+)\s*$")
 # IPv4 and bracketed IPv6 literals; only loopback ones may appear in a run.
-ADDR_RE = re.compile(r"\b(\d{1,3}(?:\.\d{1,3}){3})\b|\[([0-9a-fA-F:]+)\]")
+# An IPv6 literal always holds a colon, so an index such as `keys[0]` is
+# not one.
+ADDR_RE = re.compile(r"\b(\d{1,3}(?:\.\d{1,3}){3})\b|\[([0-9a-fA-F]*:[0-9a-fA-F:]*)\]")
 
 
 class Failure(Exception):
