@@ -277,7 +277,10 @@ impl PsService {
         out: &mut Vec<u8>,
         now_ms: u64,
     ) -> Result<(), Refusal> {
-        self.check_slots(keys)?;
+        let first = (!keys.is_empty()).then(|| key_at(keys, 0));
+        if let Err(refused) = self.check_slots(keys) {
+            return self.refuse_push(refused, id, table, request, first, out, now_ms);
+        }
         let store = self.store.clone();
         let (t, shards) = self.prepare(&store, table, keys)?;
         let (n, vb) = (self.keys.len(), t.vector_bytes());
@@ -294,26 +297,10 @@ impl PsService {
         }
         // Held to the last row: a round ships all of this push or none.
         let _barrier = store.push_barrier();
-        let first = (!keys.is_empty()).then(|| key_at(keys, 0));
         if let (Some(rid), Some(first)) = (request, first) {
-            match store.check_marker(rid, first, now_ms) {
-                Seen::New => {}
-                Seen::Answered { status, applied } => {
-                    encode_push_reply(out, id, self.worker, table, status, applied);
-                    return Ok(());
-                }
-                Seen::Applying => {
-                    return Err((
-                        ErrorCode::Unavailable,
-                        "this push is being applied now; ask again for its answer".into(),
-                    ))
-                }
-                Seen::Stale => {
-                    return Err((
-                        ErrorCode::ConditionFailed,
-                        "a later push of this client was applied since; this one was not".into(),
-                    ))
-                }
+            let seen = store.check_marker(rid, first, now_ms);
+            if self.answer_seen(seen, id, table, out)? {
+                return Ok(());
             }
         }
         let mut applied = 0u32;
@@ -352,6 +339,78 @@ impl PsService {
         c.push_keys.fetch_add(u64::from(applied), Ordering::Relaxed);
         encode_push_reply(out, id, self.worker, table, status, applied);
         Ok(())
+    }
+
+    /// Answers a push its marker says was seen before (true), or goes on
+    /// to apply a new one (false).
+    fn answer_seen(
+        &self,
+        seen: Seen,
+        id: u64,
+        table: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<bool, Refusal> {
+        match seen {
+            Seen::New => Ok(false),
+            Seen::Answered { status, applied } => {
+                encode_push_reply(out, id, self.worker, table, status, applied);
+                Ok(true)
+            }
+            Seen::Applying => Err((
+                ErrorCode::Unavailable,
+                "this push is being applied now; ask again for its answer".into(),
+            )),
+            Seen::Stale => Err((
+                ErrorCode::ConditionFailed,
+                "a later push of this client was applied since; this one was not".into(),
+            )),
+        }
+    }
+
+    /// Whether this server leads `slot` (every slot before it has a map).
+    fn leads(&mut self, slot: u16) -> bool {
+        let Some(shared) = &self.routing else {
+            return true;
+        };
+        self.view
+            .current(shared)
+            .is_none_or(|r| r.serves(slot, false))
+    }
+
+    /// A push holding a key of a slot served elsewhere. A client splits a
+    /// push by group and sends a part that failed again under its id; if
+    /// the map moved some of the part's slots meanwhile (growth), the part
+    /// now spans groups and would be split anew under new ids. Its marker
+    /// lives in its first key's slot (and moves with it), so the server
+    /// leading that slot decides: a part applied before is answered as it
+    /// was, never applied again in new parts; one never applied is refused
+    /// whole, and its marker keeps the refusal, so a late copy of the first
+    /// send cannot apply after the client has sent its keys split anew.
+    #[allow(clippy::too_many_arguments)]
+    fn refuse_push(
+        &mut self,
+        refused: Refusal,
+        id: u64,
+        table: u32,
+        request: Option<PushId>,
+        first: Option<u64>,
+        out: &mut Vec<u8>,
+        now_ms: u64,
+    ) -> Result<(), Refusal> {
+        let (Some(rid), Some(first)) = (request, first) else {
+            return Err(refused);
+        };
+        if !self.leads(slot_of_u64(first)) {
+            return Err(refused);
+        }
+        let store = self.store.clone();
+        let _barrier = store.push_barrier();
+        let seen = store.peek_marker(rid, first, now_ms);
+        if seen == Seen::New {
+            store.answer_marker(rid, first, refused.0, 0, now_ms);
+            return Err(refused);
+        }
+        self.answer_seen(seen, id, table, out).map(|_| ())
     }
 }
 

@@ -303,6 +303,16 @@ impl PsStore {
     /// What the marker of push `id`, whose first key is `first`, says;
     /// a new push is marked as being applied (before any row changes).
     pub(super) fn check_marker(&self, id: PushId, first: u64, now_ms: u64) -> Seen {
+        self.marker(id, first, true, now_ms)
+    }
+
+    /// What the marker of push `id` says, changing nothing: for a retry
+    /// this server must refuse unless it was applied before.
+    pub(super) fn peek_marker(&self, id: PushId, first: u64, now_ms: u64) -> Seen {
+        self.marker(id, first, false, now_ms)
+    }
+
+    fn marker(&self, id: PushId, first: u64, mark_new: bool, now_ms: u64) -> Seen {
         let Some(shards) = self.shards() else {
             return Seen::New;
         };
@@ -328,7 +338,7 @@ impl PsStore {
             }
             _ => Seen::New,
         };
-        if seen == Seen::New {
+        if mark_new && seen == Seen::New {
             put_marker(&mut p, id, first, None, now_ms);
         }
         seen

@@ -647,3 +647,80 @@ fn a_follower_keeps_a_pushs_marker_shipped_before_any_table_of_its_own() {
         }
     );
 }
+
+/// Server `me` of a cluster whose map is `map`, every server registered.
+fn routed(map: fabrickv_cluster::slots::SlotMap) -> crate::slot_routing::Routing {
+    let servers = (0..map.size)
+        .map(|i| Some(crate::slot_routing::loopback_desc(i)))
+        .collect();
+    crate::slot_routing::Routing::new(0, "t", map, servers)
+}
+
+/// A u64 key whose slot is in `slots`.
+fn key_in(slots: std::ops::RangeInclusive<u16>) -> u64 {
+    (1u64..)
+        .find(|&k| slots.contains(&slot_of_u64(k)))
+        .expect("a key")
+}
+
+/// Growth moves slots between groups: a part of a push sent again under
+/// its id may now hold keys of two groups. The server leading its first
+/// key's slot answers it from its marker if it was applied, and refuses it
+/// (for the client to split anew) only if it never was, so a gradient is
+/// applied once whatever the map did in between.
+#[test]
+fn a_push_retried_after_its_keys_changed_groups_is_answered_not_applied_again() {
+    use fabrickv_cluster::slots::SlotMap;
+    let routing = crate::slot_routing::SlotRouting::new();
+    let one = SlotMap::initial(1, 1).expect("map");
+    routing.install(routed(one));
+    let mut s = PsService::new(0, store()).with_slot_routing(routing.clone());
+    let spec = TableSpec {
+        optimizer: Optimizer::Sgd,
+        lr: 1.0,
+        ..TableSpec::new("grown", 1)
+    };
+    let t = create(&mut s, &spec).id;
+    // Of three servers, server 0 leads slots 0..=5460.
+    let (mine, moved) = (key_in(0..=5460), key_in(5461..=10922));
+    let keys = [mine, moved];
+    push(&mut s, t, PushMode::Overwrite, &keys, &[0.0; 2]);
+    let applied = PushId { client: 5, seq: 1 };
+    assert_eq!(
+        push_once(&mut s, t, &keys, &[-1.0; 2], applied),
+        (ErrorCode::Ok, 2)
+    );
+    let mut three = SlotMap::initial(3, 1).expect("map");
+    three.epoch = 2;
+    routing.install(routed(three));
+    assert_eq!(
+        push_once(&mut s, t, &keys, &[-1.0; 2], applied),
+        (ErrorCode::Ok, 2),
+        "answered as it was the first time"
+    );
+    assert_eq!(pull(&mut s, t, 1, &[mine]).0, [1.0], "applied once");
+    // A part never applied is refused whole, and stays refused: a late
+    // copy of it finds its marker even once the map gives the slots back.
+    let never = PushId { client: 5, seq: 3 };
+    assert_eq!(
+        push_once(&mut s, t, &keys, &[-1.0; 2], never).0,
+        ErrorCode::WrongServer
+    );
+    let mut back = SlotMap::initial(1, 1).expect("map");
+    back.epoch = 3;
+    routing.install(routed(back));
+    assert_eq!(
+        push_once(&mut s, t, &keys, &[-1.0; 2], never),
+        (ErrorCode::WrongServer, 0)
+    );
+    assert_eq!(pull(&mut s, t, 1, &[mine]).0, [1.0], "never applied");
+    // A server that does not lead the first key's slot has no say.
+    let mut other = SlotMap::initial(3, 1).expect("map");
+    other.epoch = 4;
+    routing.install(routed(other));
+    let fresh = PushId { client: 5, seq: 4 };
+    assert_eq!(
+        push_once(&mut s, t, &[moved, mine], &[-1.0; 2], fresh).0,
+        ErrorCode::WrongServer
+    );
+}
