@@ -30,6 +30,8 @@ use fabrickv_types::ErrorCode;
 
 use crate::cache::CacheShared;
 use crate::service::{Clock, Refusal};
+use crate::slot_routing::SlotRouting;
+use fabrickv_cluster::slots::key_slot;
 
 /// How often clients are asked to heartbeat: a third of the timeout, so
 /// that two lost heartbeats in a row do not release a live client.
@@ -40,6 +42,8 @@ pub struct GrpcBackend {
     shared: Arc<CacheShared>,
     clock: Clock,
     data_plane: Vec<String>,
+    /// Which slots this server serves, in a cluster with a slot map.
+    routing: Arc<SlotRouting>,
 }
 
 impl GrpcBackend {
@@ -50,7 +54,32 @@ impl GrpcBackend {
             shared,
             clock,
             data_plane,
+            routing: SlotRouting::new(),
         }
+    }
+
+    /// Serves only the keys of slots `routing` gives this server, as the
+    /// data plane's cache service does: a block stored through gRPC on a
+    /// server that does not own its slot would be a miss for every
+    /// client that routes by the map, and one read there could be stale.
+    pub fn with_slot_routing(mut self, routing: Arc<SlotRouting>) -> GrpcBackend {
+        self.routing = routing;
+        self
+    }
+
+    /// Refuses `key` with `WRONG_SERVER` when another server owns its slot.
+    fn check_slot(&self, key: &[u8]) -> Result<(), BackendError> {
+        let Some(r) = self.routing.routing() else {
+            return Ok(());
+        };
+        let slot = key_slot(key);
+        if r.serves(slot, false) {
+            return Ok(());
+        }
+        Err(BackendError::new(
+            ErrorCode::WrongServer,
+            format!("slot {slot} is served by server {}", r.primary_of(slot)),
+        ))
     }
 }
 
@@ -100,6 +129,7 @@ fn require_one_sided(capable: bool, what: &str, access: &'static str) -> Result<
 
 impl CacheBackend for GrpcBackend {
     fn put(&self, key: &[u8], value: &[u8], ttl_ms: u64) -> Result<(), BackendError> {
+        self.check_slot(key)?;
         self.shared
             .store()
             .put(key, value, ttl_ms, self.clock.now_ms())
@@ -112,6 +142,7 @@ impl CacheBackend for GrpcBackend {
         from: ClientRange,
         ttl_ms: u64,
     ) -> Result<(), BackendError> {
+        self.check_slot(key)?;
         let ClientRange {
             client_id,
             offset,
@@ -152,6 +183,7 @@ impl CacheBackend for GrpcBackend {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Fetched>, BackendError> {
+        self.check_slot(key)?;
         let now = self.clock.now_ms();
         Ok(self.shared.store().get(key, now).map(|lease| Fetched {
             // Copied out so that the lease ends now, not when a slow gRPC
@@ -167,6 +199,7 @@ impl CacheBackend for GrpcBackend {
         client_id: u64,
         offset: Option<u64>,
     ) -> Result<Option<Placed>, BackendError> {
+        self.check_slot(key)?;
         let now = self.clock.now_ms();
         let Some(lease) = self.shared.store().get(key, now) else {
             return Ok(None);
@@ -208,10 +241,12 @@ impl CacheBackend for GrpcBackend {
     }
 
     fn delete(&self, key: &[u8]) -> Result<bool, BackendError> {
+        self.check_slot(key)?;
         Ok(self.shared.store().delete(key, self.clock.now_ms()))
     }
 
     fn exists(&self, key: &[u8]) -> Result<bool, BackendError> {
+        self.check_slot(key)?;
         Ok(self.shared.store().exists(key, self.clock.now_ms()))
     }
 
@@ -267,8 +302,9 @@ pub fn start(
     data_plane: Vec<String>,
     auth: Option<fabrickv_auth::Secret>,
     throttle: fabrickv_auth::throttle::SharedThrottle,
+    routing: Arc<SlotRouting>,
 ) -> Result<ControlServer, fabrickv_control::ServeError> {
-    let backend = GrpcBackend::new(shared, clock, data_plane);
+    let backend = GrpcBackend::new(shared, clock, data_plane).with_slot_routing(routing);
     let check = fabrickv_control::auth::BearerCheck::new(auth).with_throttle(Some(throttle));
     ControlServer::start_checked(addr, Arc::new(backend), check)
 }

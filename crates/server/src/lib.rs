@@ -502,7 +502,14 @@ impl Server {
         if let Some(a) = &memcache_addr {
             tracing::info!(addr = %a, "fabrickv serving memcache (memcached text protocol)");
         }
-        let grpc = match start_grpc(cfg, &cache, clock, &listening.local_addr, &throttle) {
+        let grpc = match start_grpc(
+            cfg,
+            &cache,
+            clock,
+            &listening.local_addr,
+            &throttle,
+            &slot_routing,
+        ) {
             Ok(g) => g,
             Err(e) => {
                 // The data plane is up already: stop it before failing.
@@ -569,6 +576,7 @@ fn start_grpc(
     clock: service::Clock,
     data_plane: &str,
     throttle: &fabrickv_auth::throttle::SharedThrottle,
+    routing: &Arc<slot_routing::SlotRouting>,
 ) -> Result<Option<fabrickv_control::ControlServer>, StartError> {
     let Some(addr) = &cfg.cache.grpc else {
         return Ok(None);
@@ -584,6 +592,7 @@ fn start_grpc(
         data_plane,
         cfg.auth.clone(),
         throttle.clone(),
+        routing.clone(),
     ) {
         Ok(g) => Ok(Some(g)),
         Err(e) => Err(StartError::Grpc(addr.clone(), e.to_string())),

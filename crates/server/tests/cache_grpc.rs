@@ -214,7 +214,47 @@ fn a_registration_belongs_to_the_connection_that_made_it(t: Transport) {
     s.shutdown();
 }
 
+/// In a cluster with a slot map, gRPC serves only the keys of slots this
+/// server leads, as the data plane does: a block put on another server's
+/// slot would be a miss for every client that routes by the map.
+fn grpc_refuses_a_key_of_another_servers_slot(t: Transport) {
+    use fabrickv_cluster::slots::{key_slot, SlotMap};
+    use fabrickv_server::slot_routing::Routing;
+    let s = server(t);
+    let g = control(&s);
+    let key_where = |lead: bool| {
+        (0..)
+            .map(|i| format!("block-{i}"))
+            .find(|k| (key_slot(k.as_bytes()) < 8192) == lead)
+            .expect("a key")
+    };
+    let (mine, theirs) = (key_where(true), key_where(false));
+    g.put(theirs.as_bytes(), value(4, 64), 0)
+        .expect("every key is served before a map");
+    // Of two servers, this one (0) leads slots 0..=8191.
+    let map = SlotMap::initial(2, 1).expect("map");
+    s.slot_routing()
+        .install(Routing::new(0, "g", map, vec![None, None]));
+    g.put(mine.as_bytes(), value(5, 64), 0)
+        .expect("put of its own slot");
+    assert!(g.exists(mine.as_bytes()).expect("exists"));
+    let refused = g
+        .put(theirs.as_bytes(), value(6, 64), 0)
+        .expect_err("put of another server's slot");
+    assert_eq!(refused.code, ErrorCode::WrongServer, "{refused}");
+    assert!(refused.message.contains("server 1"), "{refused}");
+    for e in [
+        g.get_inline(theirs.as_bytes()).map(|_| ()),
+        g.exists(theirs.as_bytes()).map(|_| ()),
+        g.delete(theirs.as_bytes()).map(|_| ()),
+    ] {
+        assert_eq!(e.expect_err("refused").code, ErrorCode::WrongServer);
+    }
+    s.shutdown();
+}
+
 transport_tests!(
+    grpc_refuses_a_key_of_another_servers_slot,
     a_registration_belongs_to_the_connection_that_made_it,
     grpc_and_data_plane_share_one_store,
     grpc_places_values_in_a_bound_buffer,
