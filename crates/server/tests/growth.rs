@@ -3,7 +3,8 @@
 //! through the whole move; afterwards every key holds the last value
 //! acknowledged for it, the new server leads a quarter of the slots and
 //! holds about a quarter of the keys, and (with one copy) the servers the
-//! slots left no longer hold them. Every test once per transport (the
+//! slots left no longer hold them; KV cache blocks of the moved slots are
+//! let go by their old owners, the others still read. Every test once per transport (the
 //! clients'; streams run over tcp).
 
 #[macro_use]
@@ -14,10 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fabrickv_client::{ClusterClient, ClusterOptions, Kv};
+use fabrickv_client::{ClusterCache, ClusterClient, ClusterOptions, Kv};
 use fabrickv_cluster::etcd::EtcdRegistry;
 use fabrickv_cluster::local::LocalEtcd;
-use fabrickv_cluster::slots::{SlotMap, SlotRange, SLOTS};
+use fabrickv_cluster::slots::{key_slot, SlotMap, SlotRange, SLOTS};
 
 use common::etcd::{Controller, Member};
 use common::{stat, wait_for, Transport, TIMEOUT};
@@ -49,6 +50,16 @@ fn key(i: usize) -> Vec<u8> {
     format!("grow-key-{i}").into_bytes()
 }
 
+/// KV cache blocks put before the move.
+const BLOCKS: usize = 200;
+
+/// A cache client's receive buffer.
+const CACHE_BUFFER_BYTES: usize = 1 << 20;
+
+fn block(i: usize) -> Vec<u8> {
+    format!("grow-block-{i}").into_bytes()
+}
+
 fn opts() -> ClusterOptions {
     ClusterOptions {
         transport: None,
@@ -77,6 +88,14 @@ fn a_fourth_server_takes_a_quarter_while_writes_go_on(t: Transport, replicas: u8
         for (&i, (_, v)) in chunk.iter().zip(&pairs) {
             l.insert(i, v.clone());
         }
+    }
+
+    // KV cache blocks too: a cache keeps a block on its slot's primary
+    // only, and a move does not carry blocks (it is a cache).
+    let mut cache = ClusterCache::join(&etcd.url(), CLUSTER, opts(), CACHE_BUFFER_BYTES)
+        .expect("cache joins");
+    for i in 0..BLOCKS {
+        cache.put(&block(i), &[7u8; 512], None).expect("cache put");
     }
 
     // The fourth server starts and registers; it holds nothing yet.
@@ -148,6 +167,21 @@ fn a_fourth_server_takes_a_quarter_while_writes_go_on(t: Transport, replicas: u8
         wait_for("the old owners let moved keys go", SETTLE_WITHIN, || {
             ms.iter().map(items).sum::<u64>() == KEYS as u64
         });
+    }
+    // The blocks of the slots the new server took are let go by their old
+    // owners; the others stay where they were and are still read.
+    let routes = after.routes();
+    let kept: Vec<usize> = (0..BLOCKS)
+        .filter(|&i| after.groups[routes.group_of(key_slot(&block(i)))].primary != 3)
+        .collect();
+    assert!(kept.len() < BLOCKS && !kept.is_empty(), "{} kept", kept.len());
+    let blocks = |m: &Member| stat(&mut m.server.client(), "cache_entries");
+    wait_for("the old owners let moved blocks go", SETTLE_WITHIN, || {
+        ms.iter().map(blocks).sum::<u64>() == kept.len() as u64
+    });
+    assert_eq!(blocks(&ms[3]), 0, "blocks are not moved");
+    for &i in &kept {
+        assert!(cache.get(&block(i)).expect("cache get").is_some(), "block {i}");
     }
     for m in ms {
         drop(m.replication);

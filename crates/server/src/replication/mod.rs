@@ -481,8 +481,9 @@ struct Shipper {
     in_flight: VecDeque<InFlight>,
     /// Groups this server leads that are handing over, by number.
     handovers: HashMap<usize, moves::Handover>,
-    /// The slots this server held a copy of, and the epoch of that map.
-    held: Option<(u64, Vec<bool>)>,
+    /// The slots this server held a copy of and those it led, and the
+    /// epoch of that map.
+    held: Option<(u64, moves::SlotRoles)>,
 }
 
 /// The primary side of replication, shared by every thread that replies.
@@ -494,6 +495,8 @@ pub struct Replicator {
     seqs: Box<[Arc<JournalSeq>]>,
     /// The embedding tables, whose pool's shards journal too once built.
     ps: Arc<PsStore>,
+    /// The KV cache, whose blocks live only on their slots' primaries.
+    cache: Arc<crate::cache::CacheShared>,
     /// The pool's shards' journal counts, once the pool exists.
     ps_seqs: OnceLock<Box<[Arc<JournalSeq>]>>,
     /// Per journal (the kv partitions', then the pool's shards'), the
@@ -1422,6 +1425,7 @@ pub fn start(
         launched: counts(),
         seqs,
         ps: server.ps.clone(),
+        cache: server.cache.clone(),
         ps_seqs: OnceLock::new(),
         routing: server.routing.clone(),
         unix,

@@ -47,12 +47,33 @@ pub(super) struct Handover {
     committed: bool,
 }
 
-/// Every slot held by some copy on `me` in `map`.
-fn held_by(map: &SlotMap, me: u32) -> Vec<bool> {
-    let routes = map.routes();
-    (0..SLOTS)
-        .map(|s| map.groups[routes.group_of(s)].holds(me))
-        .collect()
+/// Per slot, whether a server holds a copy of it and whether it leads
+/// it, in one map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SlotRoles {
+    held: Vec<bool>,
+    led: Vec<bool>,
+}
+
+impl SlotRoles {
+    /// Server `me`'s roles in `map`.
+    fn of(map: &SlotMap, me: u32) -> SlotRoles {
+        let routes = map.routes();
+        let group = |s: u16| &map.groups[routes.group_of(s)];
+        SlotRoles {
+            held: (0..SLOTS).map(|s| group(s).holds(me)).collect(),
+            led: (0..SLOTS).map(|s| group(s).primary == me).collect(),
+        }
+    }
+
+    /// The slots `self` had in a role that `now` does not.
+    fn lost(&self, now: &SlotRoles) -> SlotRoles {
+        let gone = |a: &[bool], b: &[bool]| a.iter().zip(b).map(|(x, y)| *x && !y).collect();
+        SlotRoles {
+            held: gone(&self.held, &now.held),
+            led: gone(&self.led, &now.led),
+        }
+    }
 }
 
 impl Replicator {
@@ -160,44 +181,58 @@ impl Replicator {
     }
 
     /// Once a map leaves this server no copy of some slots it held,
-    /// drops their keys, rows and cached blocks (without journaling: the
-    /// slots are others' now), so memory follows the slots.
+    /// drops their keys and rows, and once it no longer leads some slots,
+    /// their cached blocks (the cache keeps a block only on its slot's
+    /// primary, and no client asks another server for it), all without
+    /// journaling: the slots are others' now, and memory follows them.
     pub(super) fn release_dropped(&self) {
         let Some(r) = self.routing.routing() else {
             return;
         };
-        let released: Vec<bool> = {
+        let lost = {
             let mut sh = self.lock_ship();
             if sh.held.as_ref().is_some_and(|(e, _)| *e == r.map.epoch) {
                 return;
             }
-            let now_held = held_by(&r.map, self.me);
-            let before = sh.held.replace((r.map.epoch, now_held.clone()));
+            let now = SlotRoles::of(&r.map, self.me);
+            let before = sh.held.replace((r.map.epoch, now.clone()));
             let Some((_, before)) = before else {
                 return;
             };
-            before
-                .iter()
-                .zip(&now_held)
-                .map(|(b, n)| *b && !n)
-                .collect()
+            before.lost(&now)
         };
-        if !released.iter().any(|&b| b) {
+        let now = self.unix.clock().now_ms();
+        if lost.led.iter().any(|&b| b) {
+            // Slots led again meanwhile keep their blocks (the map read
+            // once: the pass holds the cache's lock).
+            let r = self.routing.routing();
+            let still_lost = |slot: u16| {
+                lost.led[usize::from(slot)]
+                    && r.as_ref()
+                        .is_none_or(|r| r.map.groups[r.routes.group_of(slot)].primary != self.me)
+            };
+            let dropped = self
+                .cache
+                .store()
+                .delete_where(&|k| still_lost(key_slot(k)));
+            tracing::info!(
+                "moves: {dropped} cached blocks of slots this server no longer leads let go"
+            );
+        }
+        if !lost.held.iter().any(|&b| b) {
             return;
         }
         // Slots held again meanwhile (a new stream begun) are kept: the
         // map is read afresh for each partition.
         let still_released = |slot: u16| {
-            released[usize::from(slot)]
+            lost.held[usize::from(slot)]
                 && self
                     .routing
                     .routing()
                     .is_none_or(|r| !r.map.groups[r.routes.group_of(slot)].holds(self.me))
         };
-        let now = self.unix.clock().now_ms();
         let dropped = drop_keys(&self.parts, now, |k| still_released(key_slot(k)));
         self.ps.drop_rows(now, &|s| still_released(s));
-        // The cache keeps its blocks only on a slot's primary.
         tracing::info!("moves: {dropped} keys of slots this server holds no copy of let go");
     }
 }
