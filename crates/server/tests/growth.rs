@@ -92,8 +92,8 @@ fn a_fourth_server_takes_a_quarter_while_writes_go_on(t: Transport, replicas: u8
 
     // KV cache blocks too: a cache keeps a block on its slot's primary
     // only, and a move does not carry blocks (it is a cache).
-    let mut cache = ClusterCache::join(&etcd.url(), CLUSTER, opts(), CACHE_BUFFER_BYTES)
-        .expect("cache joins");
+    let mut cache =
+        ClusterCache::join(&etcd.url(), CLUSTER, opts(), CACHE_BUFFER_BYTES).expect("cache joins");
     for i in 0..BLOCKS {
         cache.put(&block(i), &[7u8; 512], None).expect("cache put");
     }
@@ -174,14 +174,21 @@ fn a_fourth_server_takes_a_quarter_while_writes_go_on(t: Transport, replicas: u8
     let kept: Vec<usize> = (0..BLOCKS)
         .filter(|&i| after.groups[routes.group_of(key_slot(&block(i)))].primary != 3)
         .collect();
-    assert!(kept.len() < BLOCKS && !kept.is_empty(), "{} kept", kept.len());
+    assert!(
+        kept.len() < BLOCKS && !kept.is_empty(),
+        "{} kept",
+        kept.len()
+    );
     let blocks = |m: &Member| stat(&mut m.server.client(), "cache_entries");
     wait_for("the old owners let moved blocks go", SETTLE_WITHIN, || {
         ms.iter().map(blocks).sum::<u64>() == kept.len() as u64
     });
     assert_eq!(blocks(&ms[3]), 0, "blocks are not moved");
     for &i in &kept {
-        assert!(cache.get(&block(i)).expect("cache get").is_some(), "block {i}");
+        assert!(
+            cache.get(&block(i)).expect("cache get").is_some(),
+            "block {i}"
+        );
     }
     for m in ms {
         drop(m.replication);

@@ -13,7 +13,10 @@
 //!   the partition's cut. Writes after the cut are not in the file. The
 //!   extra memory is the keys written behind the walk, at most
 //!   [`CUT_BEHIND_KEYS_MAX`] before they are read again and dropped, not
-//!   a copy of the data.
+//!   a copy of the data. Each key read again adds a record to the file,
+//!   so a walk that writes outrun reads the rest of its partition in one
+//!   hold (`Walk::losing`): the file stays within about twice the
+//!   partition's records.
 //! - **Files.** One file per partition and per shard
 //!   (`fabrickv_wire::checkpoint` has the format: a checked header,
 //!   frames of replication records each with its CRC, a trailer), written
@@ -109,6 +112,11 @@ pub const CACHE_SCAN_ENTRIES: usize = 256;
 /// again (and forgetting them): the bound on a save's extra memory per
 /// partition being walked, besides one frame.
 pub const CUT_BEHIND_KEYS_MAX: usize = 16_384;
+
+/// Keys a save's walk of one partition reads again (written behind it)
+/// before it may judge that the writes are outrunning it: below this a
+/// partition's re-reads never end its walk early.
+pub const CUT_REREAD_FLOOR_KEYS: u64 = CUT_BEHIND_KEYS_MAX as u64;
 
 /// Checkpoints a periodic save keeps by default (`--checkpoint-keep`).
 pub const CHECKPOINT_KEEP_DEFAULT: usize = 2;
@@ -305,6 +313,21 @@ fn yield_to_serving() {
     if let Err(e) = rustix::process::setpriority_process(Some(tid), CHECKPOINT_NICE) {
         tracing::debug!("checkpoint thread keeps its priority: {e}");
     }
+}
+
+/// Puts the calling thread back in the normal scheduling class; false
+/// where that is refused (leaving the idle class needs `CAP_SYS_NICE`, or
+/// an `RLIMIT_NICE` that allows nice 0) or it was not in the idle class.
+#[allow(unsafe_code)]
+fn leave_idle_class() -> bool {
+    // SAFETY: sched_getscheduler only reads the calling thread's policy.
+    if unsafe { libc::sched_getscheduler(0) } != libc::SCHED_IDLE {
+        return false;
+    }
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler only reads `param`, a live local, and
+    // with pid 0 changes the calling thread alone.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) == 0 }
 }
 
 fn kind_name(k: FileKind) -> &'static str {
@@ -802,6 +825,14 @@ impl Checkpoints {
             p.end_cut();
             return true;
         };
+        if w.losing() {
+            // Writes behind the walk outrun it (a save starved of its
+            // cores, or a write rate past what it reads): every key read
+            // again is one more record in the file, with no end in sight.
+            // The rest of the partition is read in this hold, so the file
+            // stays within about twice the partition's data.
+            return self.finish_in_one_hold(job, p, now, w, c);
+        }
         if w.behind.len() >= CUT_BEHIND_KEYS_MAX {
             w.draining = true;
         }
@@ -822,7 +853,55 @@ impl Checkpoints {
             read += 1;
             read < CUT_YIELD_AFTER_ENTRIES || !wanted()
         });
+        w.walked += read as u64;
         false
+    }
+
+    /// Reads the rest of the partition from bucket `from`, then every key
+    /// written behind the walk, in this one hold, and takes the cut: the
+    /// bound on a save's file when writes outrun its walk. Requests on the
+    /// partition wait out the read (its remaining data, once per save);
+    /// the thread leaves the idle scheduling class for it where it may,
+    /// so that busy cores do not stretch a hold others wait on.
+    fn finish_in_one_hold(
+        &self,
+        job: Job,
+        p: &mut Partition,
+        now: u64,
+        w: &mut Walk,
+        from: usize,
+    ) -> bool {
+        let began = Instant::now();
+        let normal = leave_idle_class();
+        let mut budget = ScanBudget {
+            entries: usize::MAX,
+            words: usize::MAX,
+        };
+        let out = &mut w.out;
+        let mut read = 0u64;
+        let mut cursor = Some(from);
+        while let Some(c) = cursor {
+            cursor = p.scan_items_from(c, now, &mut budget, &mut |item| {
+                self.emit_item(job, item, out);
+                read += 1;
+                true
+            });
+        }
+        w.walked += read;
+        w.cursor = None;
+        self.emit_behind(job, p, now, w, usize::MAX, &|| false);
+        p.end_cut();
+        if normal {
+            yield_to_serving();
+        }
+        tracing::warn!(
+            partition = ?job,
+            read_again = w.reread,
+            walked = w.walked,
+            held_ms = began.elapsed().as_millis() as u64,
+            "a save's walk was outrun by writes behind it; the rest of the partition was read in one hold"
+        );
+        true
     }
 
     /// Reads again up to `chunk` of the keys written behind the walk
@@ -847,6 +926,7 @@ impl Checkpoints {
             self.emit(job, p, k, now, out);
             false
         });
+        w.reread += read as u64;
     }
 
     /// Appends the state of the key stored under `k` in `p` to the frame.
@@ -1295,6 +1375,9 @@ struct Walk {
     finishing: u32,
     /// The partition was flushed where a flush cannot be recorded.
     cleared: bool,
+    /// Records of the index walk so far, and of keys read again.
+    walked: u64,
+    reread: u64,
 }
 
 /// The frame a walk gathers, and what it needs to describe rows.
@@ -1317,7 +1400,16 @@ impl Walk {
             draining: false,
             finishing: 0,
             cleared: false,
+            walked: 0,
+            reread: 0,
         }
+    }
+
+    /// Whether writes behind the walk outrun it: it has read keys again
+    /// more often than it has read the index (and past
+    /// [`CUT_REREAD_FLOOR_KEYS`]), so its file grows faster than it walks.
+    fn losing(&self) -> bool {
+        self.reread > self.walked.max(CUT_REREAD_FLOOR_KEYS)
     }
 }
 

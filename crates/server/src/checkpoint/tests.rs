@@ -406,6 +406,92 @@ fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
     );
 }
 
+/// Writes behind a walk that outrun it (here: most of the partition
+/// rewritten between every two steps) would make every hold read keys
+/// again and the file grow without end. Once the walk has read keys again
+/// more often than it walked, it reads the rest in one hold: the file
+/// stays within about twice the partition's records and still replays to
+/// the partition as it was at the cut.
+#[test]
+fn a_walk_outrun_by_writes_finishes_with_a_bounded_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = server();
+    let keys: Vec<Vec<u8>> = (0..)
+        .map(|i| format!("hot:{i}").into_bytes())
+        .filter(|k| a.parts.index_of(KeyHash::of(k)) == 0)
+        .take(4 * CUT_BEHIND_KEYS_MAX)
+        .collect();
+    for k in &keys {
+        a.put(k, b"v0", 0);
+    }
+    let ck = a.checkpoints(Some(dir.path()), 0);
+    let head = FileHeader {
+        version: FORMAT_VERSION,
+        kind: FileKind::Kv,
+        index: 0,
+        count: PARTITIONS as u32,
+        generation: 1,
+        created_unix_ms: 1,
+    };
+    let path = dir.path().join("kv-00000.fkv");
+    let mut out = FileOut::create(&path, &head).expect("file");
+    let mut w = Walk::new();
+    let job = Job::Kv(0);
+    ck.with_part(job, |p| p.begin_cut());
+    let mut steps = 0usize;
+    loop {
+        let done = ck
+            .with_part(job, |p| ck.walk_step(job, PARTITIONS as u32, p, &mut w))
+            .expect("partition");
+        out.frame(&mut w.out.buf).expect("frame");
+        if done {
+            break;
+        }
+        steps += 1;
+        let bound = (2 * keys.len() + 2 * CUT_BEHIND_KEYS_MAX) as u64;
+        assert!(
+            w.walked + w.reread <= bound,
+            "{} records after {steps} steps and the walk goes on",
+            w.walked + w.reread
+        );
+        // A fast writer: a quarter of the keys rewritten per step.
+        for (i, k) in keys.iter().enumerate().skip(steps % 4).step_by(4) {
+            a.put(k, format!("v{steps}-{i}").as_bytes(), 0);
+        }
+    }
+    assert!(w.reread > 0 && w.walked > 0, "{} {}", w.reread, w.walked);
+    let at_cut: BTreeMap<_, _> = a
+        .keys()
+        .into_iter()
+        .filter(|(k, _)| a.parts.index_of(KeyHash::of(k)) == 0)
+        .map(|(k, v)| (k, v.0))
+        .collect();
+    let t = out.trailer;
+    out.write(&t.encode()).expect("trailer");
+    out.finish().expect("finish");
+    let bytes = fs::read(&path).expect("read");
+    let mut records = 0usize;
+    let mut replay: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    format::parse_file(&bytes, &mut |recs| {
+        for r in recs.iter() {
+            records += 1;
+            if let Record::Put { key, value, .. } = r {
+                replay.insert(key.to_vec(), value.to_vec());
+            }
+        }
+    })
+    .expect("a whole file");
+    assert!(
+        records <= 2 * keys.len() + 2 * CUT_BEHIND_KEYS_MAX,
+        "{records} records for {} keys",
+        keys.len()
+    );
+    assert!(
+        replay == at_cut,
+        "the file replays to the partition at the cut"
+    );
+}
+
 /// A request blocked on a partition's lock ends a walk's hold after
 /// `CUT_YIELD_AFTER_ENTRIES` (at a chain's end), not after the whole
 /// `CUT_SCAN_ENTRIES` chunk it reads when nobody waits.
