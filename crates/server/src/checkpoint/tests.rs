@@ -311,24 +311,8 @@ fn the_kv_cache_is_saved_only_when_asked_and_restored_with_its_ttls() {
     assert!(e.to_string().contains("KV cache"), "{e}");
 }
 
-/// Drives one partition's walk by hand, changing keys between its
-/// steps: the file must hold exactly the state at the step that ends it.
-#[test]
-fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let a = server();
-    let keys_in_0 = |n: usize, tag: &str| -> Vec<Vec<u8>> {
-        (0..)
-            .map(|i| format!("{tag}:{i}").into_bytes())
-            .filter(|k| a.parts.index_of(KeyHash::of(k)) == 0)
-            .take(n)
-            .collect()
-    };
-    let old = keys_in_0(3 * CUT_SCAN_ENTRIES, "old");
-    for k in &old {
-        a.put(k, b"v0", 0);
-    }
-    let ck = a.checkpoints(Some(dir.path()), 0);
+/// Partition 0's file of a save in `dir`, for a walk driven by hand.
+fn partition_0_file(dir: &Path) -> (PathBuf, FileOut) {
     let head = FileHeader {
         version: FORMAT_VERSION,
         kind: FileKind::Kv,
@@ -337,13 +321,33 @@ fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
         generation: 1,
         created_unix_ms: 1,
     };
-    let path = dir.path().join("kv-00000.fkv");
-    let mut out = FileOut::create(&path, &head).expect("file");
+    let path = dir.join("kv-00000.fkv");
+    let out = FileOut::create(&path, &head).expect("file");
+    (path, out)
+}
+
+/// What a walk of partition 0 driven by hand left.
+struct HandWalk {
+    /// Steps taken before the one that took the cut.
+    steps: usize,
+    walk: Walk,
+    /// Partition 0's keys and values at the cut.
+    at_cut: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The file replayed, and how many records it holds.
+    replay: BTreeMap<Vec<u8>, Vec<u8>>,
+    records: usize,
+}
+
+/// Walks partition 0 of `a` into a file in `dir`, one step at a time,
+/// running `between` (given the steps so far) after each step but the
+/// last; then replays the file.
+fn walk_partition_0(a: &Server, dir: &Path, mut between: impl FnMut(usize, &Walk)) -> HandWalk {
+    let ck = a.checkpoints(Some(dir), 0);
+    let (path, mut out) = partition_0_file(dir);
     let mut w = Walk::new();
     let job = Job::Kv(0);
     ck.with_part(job, |p| p.begin_cut());
-    let fresh = keys_in_0(2_000, "new");
-    let mut step = 0;
+    let mut steps = 0;
     loop {
         let done = ck
             .with_part(job, |p| ck.walk_step(job, PARTITIONS as u32, p, &mut w))
@@ -352,36 +356,33 @@ fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
         if done {
             break;
         }
-        // Between steps: every old key rewritten, every fifth deleted,
-        // new keys added, on both sides of the cursor.
-        step += 1;
-        for (i, k) in old.iter().enumerate() {
-            if i % 5 == 0 {
-                a.delete(k);
-            } else {
-                a.put(k, format!("v{step}").as_bytes(), 0);
-            }
-        }
-        for k in &fresh[..(step * 500).min(fresh.len())] {
-            a.put(k, format!("n{step}").as_bytes(), 0);
-        }
+        steps += 1;
+        between(steps, &w);
     }
-    assert!(step >= 2, "the walk took several steps ({step})");
     let at_cut: BTreeMap<_, _> = a
         .keys()
         .into_iter()
         .filter(|(k, _)| a.parts.index_of(KeyHash::of(k)) == 0)
         .map(|(k, v)| (k, v.0))
         .collect();
+    assert!(
+        ck.with_part(job, |p| p.take_cut(Vec::new()).is_none())
+            .expect("p"),
+        "notes stop at the cut"
+    );
     // A write after the cut is not in the file.
-    a.put(&old[1], b"after the cut", 0);
+    if let Some(k) = at_cut.keys().next() {
+        a.put(k, b"after the cut", 0);
+    }
     let t = out.trailer;
     out.write(&t.encode()).expect("trailer");
     out.finish().expect("finish");
     let bytes = fs::read(&path).expect("read");
     let mut replay: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut records = 0;
     format::parse_file(&bytes, &mut |recs| {
         for r in recs.iter() {
+            records += 1;
             match r {
                 Record::Put { key, value, .. } => {
                     replay.insert(key.to_vec(), value.to_vec());
@@ -394,19 +395,62 @@ fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
         }
     })
     .expect("a whole file");
-    assert_eq!(replay.len(), at_cut.len());
+    HandWalk {
+        steps,
+        walk: w,
+        at_cut,
+        replay,
+        records,
+    }
+}
+
+/// Keys of `a`'s partition 0, `n` of them named after `tag`.
+fn keys_in_0(a: &Server, n: usize, tag: &str) -> Vec<Vec<u8>> {
+    (0..)
+        .map(|i| format!("{tag}:{i}").into_bytes())
+        .filter(|k| a.parts.index_of(KeyHash::of(k)) == 0)
+        .take(n)
+        .collect()
+}
+
+/// Drives one partition's walk by hand, changing keys between its
+/// steps: the file must hold exactly the state at the step that ends it.
+#[test]
+fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = server();
+    let old = keys_in_0(&a, 3 * CUT_SCAN_ENTRIES, "old");
+    for k in &old {
+        a.put(k, b"v0", 0);
+    }
+    let fresh = keys_in_0(&a, 2_000, "new");
+    let done = walk_partition_0(&a, dir.path(), |step, _| {
+        // Between steps: every old key rewritten, every fifth deleted,
+        // new keys added, on both sides of the cursor.
+        for (i, k) in old.iter().enumerate() {
+            if i % 5 == 0 {
+                a.delete(k);
+            } else {
+                a.put(k, format!("v{step}").as_bytes(), 0);
+            }
+        }
+        for k in &fresh[..(step * 500).min(fresh.len())] {
+            a.put(k, format!("n{step}").as_bytes(), 0);
+        }
+    });
     assert!(
-        replay == at_cut,
-        "the file replays to the partition as it was at the cut"
+        done.steps >= 2,
+        "the walk took several steps ({})",
+        done.steps
     );
+    assert_eq!(done.replay.len(), done.at_cut.len());
     assert!(
-        ck.with_part(job, |p| p.take_cut(Vec::new()).is_none())
-            .expect("p"),
-        "notes stop at the cut"
+        done.replay == done.at_cut,
+        "the file replays to the partition as it was at the cut"
     );
 }
 
-/// Writes behind a walk that outrun it (here: most of the partition
+/// Writes behind a walk that outrun it (here: a quarter of the partition
 /// rewritten between every two steps) would make every hold read keys
 /// again and the file grow without end. Once the walk has read keys again
 /// more often than it walked, it reads the rest in one hold: the file
@@ -416,78 +460,31 @@ fn the_cut_holds_each_key_as_it_was_when_the_walk_ended() {
 fn a_walk_outrun_by_writes_finishes_with_a_bounded_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let a = server();
-    let keys: Vec<Vec<u8>> = (0..)
-        .map(|i| format!("hot:{i}").into_bytes())
-        .filter(|k| a.parts.index_of(KeyHash::of(k)) == 0)
-        .take(4 * CUT_BEHIND_KEYS_MAX)
-        .collect();
+    let keys = keys_in_0(&a, 4 * CUT_BEHIND_KEYS_MAX, "hot");
     for k in &keys {
         a.put(k, b"v0", 0);
     }
-    let ck = a.checkpoints(Some(dir.path()), 0);
-    let head = FileHeader {
-        version: FORMAT_VERSION,
-        kind: FileKind::Kv,
-        index: 0,
-        count: PARTITIONS as u32,
-        generation: 1,
-        created_unix_ms: 1,
-    };
-    let path = dir.path().join("kv-00000.fkv");
-    let mut out = FileOut::create(&path, &head).expect("file");
-    let mut w = Walk::new();
-    let job = Job::Kv(0);
-    ck.with_part(job, |p| p.begin_cut());
-    let mut steps = 0usize;
-    loop {
-        let done = ck
-            .with_part(job, |p| ck.walk_step(job, PARTITIONS as u32, p, &mut w))
-            .expect("partition");
-        out.frame(&mut w.out.buf).expect("frame");
-        if done {
-            break;
-        }
-        steps += 1;
-        let bound = (2 * keys.len() + 2 * CUT_BEHIND_KEYS_MAX) as u64;
+    let bound = 2 * keys.len() + 2 * CUT_BEHIND_KEYS_MAX;
+    let done = walk_partition_0(&a, dir.path(), |step, w| {
         assert!(
-            w.walked + w.reread <= bound,
-            "{} records after {steps} steps and the walk goes on",
+            w.walked + w.reread <= bound as u64,
+            "{} records after {step} steps and the walk goes on",
             w.walked + w.reread
         );
-        // A fast writer: a quarter of the keys rewritten per step.
-        for (i, k) in keys.iter().enumerate().skip(steps % 4).step_by(4) {
-            a.put(k, format!("v{steps}-{i}").as_bytes(), 0);
+        for (i, k) in keys.iter().enumerate().skip(step % 4).step_by(4) {
+            a.put(k, format!("v{step}-{i}").as_bytes(), 0);
         }
-    }
+    });
+    let w = &done.walk;
     assert!(w.reread > 0 && w.walked > 0, "{} {}", w.reread, w.walked);
-    let at_cut: BTreeMap<_, _> = a
-        .keys()
-        .into_iter()
-        .filter(|(k, _)| a.parts.index_of(KeyHash::of(k)) == 0)
-        .map(|(k, v)| (k, v.0))
-        .collect();
-    let t = out.trailer;
-    out.write(&t.encode()).expect("trailer");
-    out.finish().expect("finish");
-    let bytes = fs::read(&path).expect("read");
-    let mut records = 0usize;
-    let mut replay: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-    format::parse_file(&bytes, &mut |recs| {
-        for r in recs.iter() {
-            records += 1;
-            if let Record::Put { key, value, .. } = r {
-                replay.insert(key.to_vec(), value.to_vec());
-            }
-        }
-    })
-    .expect("a whole file");
     assert!(
-        records <= 2 * keys.len() + 2 * CUT_BEHIND_KEYS_MAX,
-        "{records} records for {} keys",
+        done.records <= bound,
+        "{} records for {} keys",
+        done.records,
         keys.len()
     );
     assert!(
-        replay == at_cut,
+        done.replay == done.at_cut,
         "the file replays to the partition at the cut"
     );
 }
