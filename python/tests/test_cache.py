@@ -19,7 +19,7 @@ import uuid
 import numpy as np
 import pytest
 
-from conftest import ROOT, TRANSPORTS, Server, listen_addr
+from conftest import ROOT, TRANSPORTS, Server, listen_addr, value_bytes
 
 try:
     import fabrickv
@@ -91,7 +91,7 @@ def test_values_round_trip(client, key, rng, size):
     value = random_bytes(rng, size)
     generation = client.put(key("v"), value)
     assert isinstance(generation, int)
-    assert client.get(key("v")) == value
+    assert value_bytes(client.get(key("v"))) == value
 
     exact = bytearray(size)
     assert client.get_into(key("v"), exact) == size
@@ -102,6 +102,22 @@ def test_values_round_trip(client, key, rng, size):
     assert client.get_into(key("v"), roomy) == size
     assert roomy[:size].tobytes() == value
     assert (roomy[size:] == SENTINEL).all()
+
+
+def test_get_without_out_returns_a_new_uint8_array_of_the_value(client, key, rng):
+    block = kv_block(rng)
+    client.put(key("block"), block)
+    client.put(key("other"), b"x" * 64)
+    got = client.get(key("block"))
+    # A second read reuses the client's receive buffer: the first array
+    # must not change, as it owns its memory.
+    again = client.get(key("other"))
+    assert value_bytes(got) == block.tobytes()
+    assert value_bytes(again) == b"x" * 64
+    assert got is not None
+    np.testing.assert_array_equal(got.view(np.float16).reshape(block.shape), block)
+    got[:] = 0
+    assert value_bytes(client.get(key("block"))) == block.tobytes()
 
 
 def test_values_are_any_contiguous_buffer_as_raw_bytes(client, key, rng):
@@ -118,7 +134,7 @@ def test_values_are_any_contiguous_buffer_as_raw_bytes(client, key, rng):
     for name, value in values.items():
         client.put(key(name), value)
     for name, value in values.items():
-        assert client.get(key(name)) == bytes(memoryview(value).cast("B")), name
+        assert value_bytes(client.get(key(name))) == bytes(memoryview(value).cast("B")), name
 
 
 def test_get_into_a_float16_kv_block(client, key, rng):
@@ -174,7 +190,7 @@ def test_value_larger_than_the_receive_buffer_is_refused(kv_server, key, rng):
         assert e.value.code == "BUFFER_TOO_SMALL"
         assert out == sentinel(len(value))
     with fabrickv.CacheClient(kv_server.native) as roomy:
-        assert roomy.get(key("big")) == value
+        assert value_bytes(roomy.get(key("big"))) == value
 
 
 def test_absent_key_reads_as_none(client, key):
@@ -201,12 +217,12 @@ def test_ttl_expires_the_value(client, key):
     assert time.monotonic() - start >= ttl_s
     assert client.get(key("short")) is None
     assert client.get_into(key("batch"), bytearray(16)) is None
-    assert client.get(key("forever")) == b"stays"
+    assert value_bytes(client.get(key("forever"))) == b"stays"
 
 
 def test_ttl_is_not_applied_early(client, key):
     client.put(key("long"), b"v", ttl=3600)
-    assert client.get(key("long")) == b"v"
+    assert value_bytes(client.get(key("long"))) == b"v"
 
 
 def test_put_many_then_get_many_into_with_an_absent_key_between(client, key, rng):
@@ -254,7 +270,7 @@ def test_rewriting_a_key_changes_its_generation(client, key):
     first = client.put(key("k"), b"one")
     second = client.put(key("k"), b"two")
     assert second != first
-    assert client.get(key("k")) == b"two"
+    assert value_bytes(client.get(key("k"))) == b"two"
 
 
 def test_delete_and_exists(client, key):
@@ -269,14 +285,14 @@ def test_delete_and_exists(client, key):
 def test_str_keys_are_their_utf8_bytes(client, key):
     name = key("ключ").decode()
     client.put(name, b"v")
-    assert client.get(name.encode()) == b"v"
+    assert value_bytes(client.get(name.encode())) == b"v"
     assert client.exists(name) is True
 
 
 def test_key_length_limits(client, key):
     longest = key("").ljust(KEY_BYTES_MAX, b"k")
     client.put(longest, b"v")
-    assert client.get(longest) == b"v"
+    assert value_bytes(client.get(longest)) == b"v"
 
     too_long = longest + b"k"
     out = bytearray(4)
@@ -349,7 +365,7 @@ def test_one_client_shared_by_threads(client, key):
                 assert client.get_into(k, out) == len(value)
                 assert out[:len(value)] == value
                 assert client.get_many_into([k, key("absent")], [out, out]) == [len(value), None]
-                assert client.get(k) == value
+                assert value_bytes(client.get(k)) == value
         except BaseException as e:  # reported below, not lost in the thread
             errors.append(e)
 

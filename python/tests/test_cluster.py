@@ -15,7 +15,8 @@ import uuid
 import numpy as np
 import pytest
 
-from conftest import PS_POOL_ARGS, ROOT, Server, listen_addr, start_servers, stop_all
+from conftest import (PS_POOL_ARGS, ROOT, Server, listen_addr, start_servers, stop_all,
+                      value_bytes)
 
 try:
     import fabrickv
@@ -140,7 +141,7 @@ def test_cache_across_the_cluster(cluster_servers, name):
             cache.put(k, b)
         assert {cache.server_of(k) for k in keys} == {0, 1, 2}
         for k, b in zip(keys, blocks):
-            assert cache.get(k) == b.tobytes()
+            assert value_bytes(cache.get(k)) == b.tobytes()
             out = bytearray(2000)
             assert cache.get_into(k, out) == len(b)
             assert bytes(out[:len(b)]) == b.tobytes()

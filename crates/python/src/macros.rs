@@ -162,8 +162,10 @@ macro_rules! cache_calls {
     ($class:ty, $where:literal) => {
         #[pyo3::pymethods]
         impl $class {
-            /// The value of `key` as bytes, or None if it is absent or
-            /// expired; with `out` (writable memory: numpy array, bytearray,
+            /// The value of `key` as a new numpy array (uint8, 1-D, owning
+            /// its memory: `arr.view(dtype)` or `np.frombuffer` reads it
+            /// as another type), or None if it is absent or expired; with
+            /// `out` (writable memory: numpy array, bytearray,
             /// memoryview, DLPack tensor) the value is copied into `out`
             /// from its first byte on and its length returned, as
             /// `get_into` does. `fabrickv.Error` with code
@@ -178,7 +180,7 @@ macro_rules! cache_calls {
             ) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::PyAny>> {
                 use pyo3::IntoPyObjectExt;
                 match out {
-                    None => crate::cache::get_bytes(py, &self.inner, key)?.into_bound_py_any(py),
+                    None => crate::cache::get_array(py, &self.inner, key)?.into_bound_py_any(py),
                     Some(out) => {
                         crate::cache::get_into(py, &self.inner, key, out)?.into_bound_py_any(py)
                     }

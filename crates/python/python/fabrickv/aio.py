@@ -353,14 +353,17 @@ class _CacheCalls(_AsyncBase[C]):
     _w: _Workers[Any]
 
     @overload
-    async def get(self, key: bytes | str, out: None = None) -> bytes | None: ...
+    async def get(self, key: bytes | str,
+                  out: None = None) -> npt.NDArray[np.uint8] | None: ...
 
     @overload
     async def get(self, key: bytes | str, out: Any) -> int | None: ...
 
-    async def get(self, key: bytes | str, out: Any = None) -> bytes | int | None:
-        """The value of `key` (bytes), or with `out` its length once copied
-        into `out`; None if absent. As `CacheClient.get`."""
+    async def get(self, key: bytes | str,
+                  out: Any = None) -> npt.NDArray[np.uint8] | int | None:
+        """The value of `key` (a new uint8 numpy array), or with `out` its
+        length once copied into `out`; None if absent. As
+        `CacheClient.get`."""
         return await self._w.run(lambda c: c.get(key, out))
 
     async def get_into(self, key: bytes | str, out: Any) -> int | None:
