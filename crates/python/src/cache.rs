@@ -197,6 +197,27 @@ pub(crate) trait CacheOps: Send {
         ttl: Option<Duration>,
     ) -> fabrickv_client::Result<u64>;
 
+    /// Stores each `(key, value)` with `ttl`; one result per item up to
+    /// the first refused one (a client that pipelines the batch may go
+    /// on past it: every item then has its result). By default one item
+    /// after another, each a round trip.
+    fn put_values(
+        &mut self,
+        items: &[(&[u8], &[u8])],
+        ttl: Option<Duration>,
+    ) -> fabrickv_client::Result<Vec<fabrickv_client::Result<u64>>> {
+        let mut out = Vec::with_capacity(items.len());
+        for (key, value) in items {
+            let r = self.put_value(key, value, ttl);
+            let failed = r.is_err();
+            out.push(r);
+            if failed {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     /// Whether each key is live.
     fn exists_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>>;
 
@@ -299,6 +320,16 @@ impl CacheOps for RustCacheClient {
         ttl: Option<Duration>,
     ) -> fabrickv_client::Result<u64> {
         self.put(key, value, ttl)
+    }
+
+    /// Pipelined ([`RustCacheClient::put_many`]): a round trip per round
+    /// of values, not per value.
+    fn put_values(
+        &mut self,
+        items: &[(&[u8], &[u8])],
+        ttl: Option<Duration>,
+    ) -> fabrickv_client::Result<Vec<fabrickv_client::Result<u64>>> {
+        self.put_many(items, ttl)
     }
 
     fn exists_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>> {
@@ -640,9 +671,11 @@ pub(crate) fn put<C: CacheOps>(
     })
 }
 
-/// Stores each key's value of `values`, in order, all with `ttl`; their
-/// generations. On an error the items before the failing one are stored;
-/// the error names the failing item's index.
+/// Stores each key's value of `values`, all with `ttl`, through
+/// [`CacheOps::put_values`] (pipelined on a single server); their
+/// generations. On an error the error names the first failing item's
+/// index; the items before it are stored, and where the batch was
+/// pipelined the items after it may be too.
 pub(crate) fn put_many_of<C: CacheOps>(
     py: Python<'_>,
     slot: &Mutex<Option<C>>,
@@ -652,12 +685,30 @@ pub(crate) fn put_many_of<C: CacheOps>(
     call: &str,
 ) -> PyResult<Vec<u64>> {
     detached(py, slot, |c| {
+        let items: Vec<(&[u8], &[u8])> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (*k, values.get(i)))
+            .collect();
+        let results = c
+            .put_values(&items, ttl)
+            .map_err(|e| (e.code(), format!("{call}: {e}")))?;
         let mut generations = Vec::with_capacity(keys.len());
-        for (i, key) in keys.iter().enumerate() {
-            match c.put_value(key, values.get(i), ttl) {
+        for (i, r) in results.into_iter().enumerate() {
+            match r {
                 Ok(g) => generations.push(g),
                 Err(e) => return Err((e.code(), format!("{call} item {i}: {e}"))),
             }
+        }
+        if generations.len() != keys.len() {
+            return Err((
+                ErrorCode::Internal,
+                format!(
+                    "{call}: {} results for {} items",
+                    generations.len(),
+                    keys.len()
+                ),
+            ));
         }
         Ok(generations)
     })

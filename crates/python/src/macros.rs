@@ -246,10 +246,11 @@ macro_rules! cache_calls {
                 crate::cache::put(py, &self.inner, key, value, ttl)
             }
 
-            /// Stores each `(key, value)` of `items` in order, all with the
-            /// same `ttl`; returns their generations. On an error the items
-            /// before the failing one are stored; the error names the
-            /// failing item's index.
+            /// Stores each `(key, value)` of `items`, all with the same
+            /// `ttl`; returns their generations. To one server the values
+            /// are pipelined (a round trip per batch, not per value). On an
+            /// error the error names the first failing item's index: the
+            /// items before it are stored, and those after it may be.
             #[pyo3(signature = (items, ttl = None))]
             fn put_many(
                 &self,
@@ -263,9 +264,10 @@ macro_rules! cache_calls {
             /// Stores each of `keys` from its place in `values`: a list of
             /// buffers (one per key), or one buffer with `offsets` (bytes)
             /// and `sizes` (one int for all, or one per key), read in place
-            /// with the GIL released; all with the same `ttl`. Returns the
-            /// generations. On an error the items before the failing one
-            /// are stored; the error names the failing item's index.
+            /// with the GIL released; all with the same `ttl`, pipelined as
+            /// `put_many`'s. Returns the generations. On an error the error
+            /// names the first failing item's index: the items before it
+            /// are stored, and those after it may be.
             #[pyo3(signature = (keys, values, *, offsets = None, sizes = None, ttl = None))]
             fn put_many_from(
                 &self,

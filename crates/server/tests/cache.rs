@@ -349,7 +349,46 @@ fn get_many_each_hands_every_value_over_in_order(t: Transport) {
     s.shutdown();
 }
 
+/// `put_many` stores every item of a batch longer than one round of
+/// requests in flight, values of one byte and of several chunks alike,
+/// each with its own generation, and reads back as `put` would.
+fn put_many_stores_every_item_of_a_batch(t: Transport) {
+    let s = server(t);
+    let mut c = client(&s);
+    let small: Vec<(String, Vec<u8>)> = (0..CACHE_BATCH_KEYS_MAX + 76)
+        .map(|i| (format!("pm-{i}"), value(i as u64, 1 + i % 300)))
+        .collect();
+    let large: Vec<(String, Vec<u8>)> = (0..5)
+        .map(|i| {
+            (
+                format!("pm-large-{i}"),
+                value(900 + i, CACHE_CHUNK_BYTES_MAX + 1000 * i as usize),
+            )
+        })
+        .collect();
+    let items: Vec<(&[u8], &[u8])> = small
+        .iter()
+        .chain(&large)
+        .map(|(k, v)| (k.as_bytes(), v.as_slice()))
+        .collect();
+    let got = c.put_many(&items, None).expect("put_many");
+    assert_eq!(got.len(), items.len());
+    let generations: Vec<u64> = got.into_iter().map(|r| r.expect("stored")).collect();
+    for (k, v) in small.iter().chain(&large) {
+        assert_eq!(
+            c.get(k.as_bytes()).expect("get").as_deref(),
+            Some(&v[..]),
+            "{k}"
+        );
+    }
+    // A rewrite through put_many is a new generation.
+    let again = c.put_many(&items[..1], None).expect("put_many");
+    assert_ne!(again[0].as_ref().ok(), Some(&generations[0]));
+    s.shutdown();
+}
+
 transport_tests!(
+    put_many_stores_every_item_of_a_batch,
     get_many_each_hands_every_value_over_in_order,
     exists_many_and_delete_many_answer_each_key_in_order,
     values_round_trip_from_one_byte_to_64_mib,

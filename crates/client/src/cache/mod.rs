@@ -309,52 +309,156 @@ impl CacheClient {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// As [`CacheClient::collect`], handing every reply to `on_reply` in
+    /// posting order: its frame, or the server's refusal of that request.
+    fn collect_each(
+        &mut self,
+        mut on_reply: impl FnMut(Result<&fabrickv_wire::Frame<'_>>),
+    ) -> Result<()> {
+        self.sessions.flush()?;
+        let deadline = self.sessions.deadline();
+        self.sessions.collect(0, deadline, |m, sent| {
+            match reply_frame(m, Some(sent.id)) {
+                Ok(frame) => on_reply(Ok(&frame)),
+                Err(Bad::Fatal(e)) => return Err(e),
+                Err(Bad::Refused(e)) => on_reply(Err(e)),
+            }
+            Ok(())
+        })
+    }
+
     /// Stores `value` under `key` with a time to live (`None` = forever);
     /// returns the value's generation.
     pub fn put(&mut self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<u64> {
-        check_key(key)?;
-        if value.len() > CACHE_VALUE_BYTES_MAX {
-            return Err(ClientError::Invalid(
-                ErrorCode::ValueTooLarge,
-                format!("{} bytes exceed CACHE_VALUE_BYTES_MAX", value.len()),
-            ));
+        let mut out = self.put_many(&[(key, value)], ttl)?;
+        out.pop()
+            .unwrap_or_else(|| Err(ClientError::Protocol("a PUT got no reply".into())))
+    }
+
+    /// Stores each `(key, value)`, all with the same time to live; one
+    /// result per item, in order (its generation, or its own refusal).
+    /// Every item is checked before anything is sent. The PUTs are
+    /// pipelined: as many items as fit at once (up to
+    /// `CACHE_BATCH_KEYS_MAX` requests, chunks included, and where values
+    /// go through the registered region, as many as it holds side by
+    /// side) are sent before any reply is read, so a batch costs a round
+    /// trip per round, not one per value. A refused item does not stop
+    /// the others.
+    pub fn put_many(
+        &mut self,
+        items: &[(&[u8], &[u8])],
+        ttl: Option<Duration>,
+    ) -> Result<Vec<Result<u64>>> {
+        for (key, value) in items {
+            check_key(key)?;
+            if value.len() > CACHE_VALUE_BYTES_MAX {
+                return Err(ClientError::Invalid(
+                    ErrorCode::ValueTooLarge,
+                    format!("{} bytes exceed CACHE_VALUE_BYTES_MAX", value.len()),
+                ));
+            }
         }
-        let ttl_ms = match ttl {
-            None => 0,
-            Some(d) => {
-                let ms = d.as_millis().max(1);
-                if ms > u128::from(TTL_MS_MAX) {
-                    return Err(ClientError::Invalid(
-                        ErrorCode::TtlTooLarge,
-                        format!("{ms} ms"),
-                    ));
-                }
-                ms as u64
-            }
-        };
-        let total = value.len() as u64;
-        // A whole value in the registered region: one request, and the
-        // server reads it one-sided.
-        if let Buffer::Region(r) = self.buffer {
-            if value.len() <= self.buffer_bytes && value.len() > CACHE_CHUNK_BYTES_MAX {
-                self.buffer()?[..value.len()].copy_from_slice(value);
-                let src = RegionSlice {
-                    region: region_bytes(&r),
-                    offset: 0,
-                    len: total,
+        let ttl_ms = ttl_ms_of(ttl)?;
+        let mut out = Vec::with_capacity(items.len());
+        // Requests of each item of the round, and where in the region its
+        // value went (if it did).
+        let mut round: Vec<(usize, Option<usize>)> = Vec::new();
+        let mut start = 0;
+        while start < items.len() {
+            round.clear();
+            let mut requests = 0;
+            let mut region_used = 0;
+            let mut end = start;
+            while end < items.len() {
+                let value = items[end].1;
+                let at = match self.buffer {
+                    Buffer::Region(_) if self.whole_in_region(value.len()) => {
+                        if region_used + value.len() > self.buffer_bytes {
+                            break;
+                        }
+                        region_used += value.len();
+                        Some(region_used - value.len())
+                    }
+                    _ => None,
                 };
-                self.post(|b, id, w| encode_put_from_region(b, id, w, key, ttl_ms, &src))?;
-                let mut generation = 0;
-                self.collect(|_, f| {
-                    generation = put_reply(f, total)?;
-                    Ok(())
-                })?;
-                return Ok(generation);
+                let n = match at {
+                    Some(_) => 1,
+                    None => value.len().div_ceil(CACHE_CHUNK_BYTES_MAX).max(1),
+                };
+                if end > start && requests + n > CACHE_BATCH_KEYS_MAX {
+                    break;
+                }
+                requests += n;
+                round.push((n, at));
+                end += 1;
             }
+            for (i, &(_, at)) in (start..end).zip(&round) {
+                let (key, value) = items[i];
+                self.post_put(key, value, ttl_ms, at)?;
+            }
+            let mut left = 0;
+            let mut item = 0;
+            let mut generation: Option<Result<u64>> = None;
+            let totals: Vec<u64> = items[start..end]
+                .iter()
+                .map(|(_, v)| v.len() as u64)
+                .collect();
+            let mut results: Vec<Result<u64>> = Vec::with_capacity(end - start);
+            self.collect_each(|f| {
+                if left == 0 {
+                    left = round[item].0;
+                }
+                let r = match f {
+                    Ok(f) => put_reply(f, totals[item]),
+                    Err(e) => Err(e),
+                };
+                // The last chunk's reply carries the generation; the first
+                // refusal of any chunk is the item's result.
+                generation = match (generation.take(), r) {
+                    (Some(Err(e)), _) => Some(Err(e)),
+                    (_, r) => Some(r),
+                };
+                left -= 1;
+                if left == 0 {
+                    results.push(generation.take().unwrap_or_else(|| {
+                        Err(ClientError::Protocol("a PUT got no reply".into()))
+                    }));
+                    item += 1;
+                }
+            })?;
+            if results.len() != end - start {
+                return Err(ClientError::Protocol("a PUT got no reply".into()));
+            }
+            out.extend(results);
+            start = end;
+        }
+        Ok(out)
+    }
+
+    /// Whether a value of `len` bytes goes whole through the registered
+    /// region (one request the server reads one-sided) rather than inline.
+    fn whole_in_region(&self, len: usize) -> bool {
+        matches!(self.buffer, Buffer::Region(_))
+            && len <= self.buffer_bytes
+            && len > CACHE_CHUNK_BYTES_MAX
+    }
+
+    /// Posts the PUT of `value` under `key`: copied into the region at
+    /// `at` and read from there by the server, or inline in chunks.
+    fn post_put(&mut self, key: &[u8], value: &[u8], ttl_ms: u64, at: Option<usize>) -> Result<()> {
+        let total = value.len() as u64;
+        if let (Some(at), Some(r)) = (at, self.region()) {
+            self.buffer()?[at..at + value.len()].copy_from_slice(value);
+            let src = RegionSlice {
+                region: region_bytes(&r),
+                offset: at as u64,
+                len: total,
+            };
+            self.post(|b, id, w| encode_put_from_region(b, id, w, key, ttl_ms, &src))?;
+            return Ok(());
         }
         let transfer = self.next_transfer;
         self.next_transfer += 1;
-        let mut chunks = 0;
         let mut offset = 0;
         loop {
             let end = (offset + CACHE_CHUNK_BYTES_MAX).min(value.len());
@@ -362,22 +466,11 @@ impl CacheClient {
             self.post(|b, id, w| {
                 encode_put_chunk(b, id, w, key, transfer, ttl_ms, total, offset as u64, chunk)
             })?;
-            chunks += 1;
             offset = end;
             if offset >= value.len() {
-                break;
+                return Ok(());
             }
         }
-        let last = chunks - 1;
-        let mut generation = 0;
-        self.collect(|i, f| {
-            let g = put_reply(f, total)?;
-            if i == last {
-                generation = g;
-            }
-            Ok(())
-        })?;
-        Ok(generation)
     }
 
     /// Reads `key` into the receive buffer at `offset`; `None` if absent.
@@ -564,6 +657,23 @@ impl CacheClient {
             }
         })
     }
+}
+
+/// A PUT's time to live in milliseconds as the wire carries it (0 =
+/// forever; a duration under a millisecond is one); `TTL_TOO_LARGE` past
+/// `TTL_MS_MAX`.
+fn ttl_ms_of(ttl: Option<Duration>) -> Result<u64> {
+    let Some(d) = ttl else {
+        return Ok(0);
+    };
+    let ms = d.as_millis().max(1);
+    if ms > u128::from(TTL_MS_MAX) {
+        return Err(ClientError::Invalid(
+            ErrorCode::TtlTooLarge,
+            format!("{ms} ms"),
+        ));
+    }
+    Ok(ms as u64)
 }
 
 /// `BUFFER_TOO_SMALL`: a value of `total` bytes and `room` bytes for it.
