@@ -33,12 +33,32 @@ impl CacheClient {
         buf: &mut [u8],
         items: &[(&[u8], usize, usize)],
     ) -> Result<Vec<Result<Option<Placed>>>> {
-        for &(k, _, _) in items {
+        self.post_inline_firsts(items.iter().map(|&(k, _, _)| k))?;
+        self.collect_inline(buf, items)
+    }
+
+    /// Posts and sends the request of each key's first chunk: the first
+    /// half of [`CacheClient::get_many_inline`].
+    pub(super) fn post_inline_firsts<'k>(
+        &mut self,
+        keys: impl Iterator<Item = &'k [u8]>,
+    ) -> Result<()> {
+        for k in keys {
             self.post(|b, id, w| {
                 encode_get(b, id, w, k, 0, 0, CACHE_CHUNK_BYTES_MAX as u64, None)
             })?;
         }
-        self.sessions.flush()?;
+        Ok(self.sessions.flush()?)
+    }
+
+    /// The second half of [`CacheClient::get_many_inline`]: lands the
+    /// first chunks as their replies come, then reads the rest of each
+    /// value longer than one chunk.
+    pub(super) fn collect_inline(
+        &mut self,
+        buf: &mut [u8],
+        items: &[(&[u8], usize, usize)],
+    ) -> Result<Vec<Result<Option<Placed>>>> {
         let deadline = self.sessions.deadline();
         let mut firsts = Vec::with_capacity(items.len());
         let mut whole = std::mem::take(&mut self.whole);
@@ -285,11 +305,13 @@ impl CacheClient {
         Ok(())
     }
 
-    pub(super) fn get_many_one_sided(
+    /// Posts and sends a one-sided GET of each `(key, offset)` into the
+    /// region `r`, its slice running from `offset` to the buffer's end.
+    pub(super) fn post_one_sided(
         &mut self,
         r: RemoteRegion,
         items: &[(&[u8], usize)],
-    ) -> Result<Vec<Result<Option<Placed>>>> {
+    ) -> Result<()> {
         let region = region_bytes(&r);
         for &(k, off) in items {
             let dest = RegionSlice {
@@ -299,6 +321,14 @@ impl CacheClient {
             };
             self.post(|b, id, w| encode_get(b, id, w, k, 0, 0, 0, Some(&dest)))?;
         }
+        Ok(self.sessions.flush()?)
+    }
+
+    /// Reads the replies to [`CacheClient::post_one_sided`] of `items`.
+    pub(super) fn collect_one_sided(
+        &mut self,
+        items: &[(&[u8], usize)],
+    ) -> Result<Vec<Result<Option<Placed>>>> {
         let mut out: Vec<Result<Option<Placed>>> = Vec::with_capacity(items.len());
         self.collect(|i, f| {
             out.push(get_reply(f).map(|g| {

@@ -484,6 +484,15 @@ impl CacheClient {
     /// Reads each `(key, offset)` into the receive buffer, all requests in
     /// flight at once; one result per key, in order.
     pub fn get_many_at(&mut self, items: &[(&[u8], usize)]) -> Result<Vec<Result<Option<Placed>>>> {
+        self.post_get_many_at(items)?;
+        self.collect_get_many_at(items)
+    }
+
+    /// Checks `items` and sends their GETs as [`CacheClient::get_many_at`]
+    /// does, without waiting for any reply: the first half of a batch a
+    /// cluster client splits over its servers, so that every server works
+    /// on its part at once. Nothing is sent if an item is refused.
+    pub(crate) fn post_get_many_at(&mut self, items: &[(&[u8], usize)]) -> Result<()> {
         if items.len() > CACHE_BATCH_KEYS_MAX {
             return Err(ClientError::Invalid(
                 ErrorCode::BatchTooLarge,
@@ -500,7 +509,19 @@ impl CacheClient {
             }
         }
         match self.buffer {
-            Buffer::Region(r) => self.get_many_one_sided(r, items),
+            Buffer::Region(r) => self.post_one_sided(r, items),
+            Buffer::Local(_) => self.post_inline_firsts(items.iter().map(|&(k, _)| k)),
+        }
+    }
+
+    /// Reads the replies to [`CacheClient::post_get_many_at`] of `items`
+    /// (the same items): one result per key, in order.
+    pub(crate) fn collect_get_many_at(
+        &mut self,
+        items: &[(&[u8], usize)],
+    ) -> Result<Vec<Result<Option<Placed>>>> {
+        match self.buffer {
+            Buffer::Region(_) => self.collect_one_sided(items),
             Buffer::Local(_) => {
                 let mut buf = match std::mem::replace(&mut self.buffer, Buffer::Local(Vec::new())) {
                     Buffer::Local(v) => v,
@@ -512,7 +533,7 @@ impl CacheClient {
                 let end = buf.len();
                 let items: Vec<(&[u8], usize, usize)> =
                     items.iter().map(|&(k, off)| (k, off, end)).collect();
-                let out = self.get_many_inline(&mut buf, &items);
+                let out = self.collect_inline(&mut buf, &items);
                 self.buffer = Buffer::Local(buf);
                 out
             }
