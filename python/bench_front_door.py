@@ -84,7 +84,7 @@ def key_batches() -> list[np.ndarray[Any, Any]]:
             for _ in range(KEY_ARRAYS)]
 
 
-def timed_loop(step: Callable[[int], None], duration: float, per_check: int = 64) -> float:
+def timed_loop(step: Callable[[int], object], duration: float, per_check: int = 64) -> float:
     """Runs `step(i)` for `duration` seconds; calls per second."""
     n = 0
     start = time.perf_counter()
