@@ -19,6 +19,8 @@ Exits 0 whether or not the target is met (it is a measurement); nonzero
 only when something fails.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -67,7 +69,7 @@ START_TIMEOUT_S = 20.0
 class Server:
     """A `fabrickv serve` child process; `native` is the address it printed."""
 
-    def __init__(self, binary, transport):
+    def __init__(self, binary: Path, transport: str) -> None:
         if transport == "tcp":
             listen = "127.0.0.1:0"
         elif transport == "shm":
@@ -82,9 +84,10 @@ class Server:
                                      stderr=subprocess.PIPE, text=True)
         self.native = self._address()
 
-    def _address(self):
+    def _address(self) -> str:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
+            assert self.proc.stderr is not None  # opened with stderr=PIPE
             line = self.proc.stderr.readline()
             if not line:
                 break
@@ -94,7 +97,7 @@ class Server:
         self.stop()
         raise RuntimeError("fabrickv serve did not print its address")
 
-    def stop(self):
+    def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -104,7 +107,7 @@ class Server:
                 self.proc.wait()
 
 
-def rust_mkv_s(binary, addr, duration, load):
+def rust_mkv_s(binary: Path, addr: str, duration: float, load: bool) -> float:
     """The Rust client's keys/s (millions), from its "run" JSON line; with
     `load`, it loads the table first."""
     cmd = [str(binary), "bench", "ps", "--server", addr, "--thread-num", "1",
@@ -126,10 +129,10 @@ def rust_mkv_s(binary, addr, duration, load):
     raise RuntimeError(f"no \"case\":\"run\" line from {' '.join(cmd)}:\n{proc.stdout}")
 
 
-def python_mkv_s(addr, duration):
+def python_mkv_s(addr: str, duration: float) -> float:
     """Keys/s (millions) of `Table.pull` of 100 random keys, one at a time,
     for `duration` seconds."""
-    if hasattr(os, "sched_setaffinity") and CLIENT_CPU < os.cpu_count():
+    if hasattr(os, "sched_setaffinity") and CLIENT_CPU < (os.cpu_count() or 1):
         os.sched_setaffinity(0, {CLIENT_CPU})
     rng = np.random.default_rng(1)
     batches = [rng.integers(1, KEY_SPACE, size=BATCH_KEYS, endpoint=True, dtype=np.uint64)
@@ -157,12 +160,12 @@ def python_mkv_s(addr, duration):
         return pulls * BATCH_KEYS / (now - start) / 1e6
 
 
-def fmt_runs(xs):
+def fmt_runs(xs: list[float]) -> str:
     return ", ".join(f"{x:.3f}" for x in xs)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "fabrickv"),
                     help="the fabrickv binary (make build)")
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per client")
@@ -178,7 +181,8 @@ def main():
         print("--duration must be positive and --rounds at least 1", file=sys.stderr)
         return 2
 
-    rust_runs, python_runs = [], []
+    rust_runs: list[float] = []
+    python_runs: list[float] = []
     server = Server(binary, args.transport)
     try:
         for r in range(args.rounds):

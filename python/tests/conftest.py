@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,19 @@ TRANSPORTS = ("tcp", "shm")
 # neither locked memory nor 1 GiB of RAM.
 PS_POOL_ARGS = ("--dram-pool-gb", "0.0625", "--dram-skip-mlock",
                 "--dram-skip-memset", "--dram-skip-populate")
+
+
+def value_bytes(got: object) -> bytes | None:
+    """The bytes of what a cache `get` without `out=` returned, once
+    checked to be what the package promises: None for an absent key, else
+    a new 1-D uint8 numpy array that owns its memory (not a view of the
+    client's receive buffer, which the next read reuses)."""
+    if got is None:
+        return None
+    assert isinstance(got, np.ndarray), type(got)
+    assert got.dtype == np.uint8 and got.ndim == 1, (got.dtype, got.shape)
+    assert got.flags.owndata and got.flags.writeable and got.flags.c_contiguous
+    return got.tobytes()
 
 
 def listen_addr(transport: str) -> str:

@@ -8,6 +8,8 @@ user would run it.
 
 Needs `make python` (the module in .venv) and `make build` (the server)."""
 
+from __future__ import annotations
+
 import os
 import signal
 import subprocess
@@ -15,11 +17,13 @@ import sys
 import threading
 import time
 import uuid
+from typing import Any, Callable, Iterator
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
-from conftest import ROOT, TRANSPORTS, Server, listen_addr
+from conftest import ROOT, TRANSPORTS, Server, listen_addr, value_bytes
 
 try:
     import fabrickv
@@ -48,38 +52,42 @@ BLOCK_SHAPE = (2, 2, 4, 16, 32)
 
 EXAMPLE = ROOT / "python" / "examples" / "kv_cache_offload.py"
 
+# A test's key maker (the `key` fixture) and random generator.
+Key = Callable[[str], bytes]
+Rng = np.random.Generator
+
 
 @pytest.fixture
-def client(kv_server):
+def client(kv_server: Server) -> Iterator[fabrickv.CacheClient]:
     with fabrickv.CacheClient(kv_server.native, timeout=5.0) as c:
         yield c
 
 
 @pytest.fixture
-def key():
+def key() -> Callable[[str], bytes]:
     """A fresh key prefix per test, so tests sharing a server never meet."""
     prefix = f"cache-{uuid.uuid4().hex[:16]}-".encode()
     return lambda name: prefix + name.encode()
 
 
 @pytest.fixture
-def rng():
+def rng() -> np.random.Generator:
     return np.random.default_rng(2024)
 
 
-def random_bytes(rng, n):
+def random_bytes(rng: Rng, n: int) -> bytes:
     return rng.integers(0, 256, size=n, dtype=np.uint8).tobytes()
 
 
-def sentinel(n):
+def sentinel(n: int) -> bytearray:
     return bytearray([SENTINEL]) * n
 
 
-def kv_block(rng):
+def kv_block(rng: Rng) -> npt.NDArray[np.float16]:
     return rng.standard_normal(BLOCK_SHAPE).astype(np.float16)
 
 
-def error_code(call, *args):
+def error_code(call: Callable[..., object], *args: object) -> str | None:
     """The `.code` of the fabrickv.Error `call(*args)` raises."""
     with pytest.raises(fabrickv.Error) as e:
         call(*args)
@@ -87,11 +95,11 @@ def error_code(call, *args):
 
 
 @pytest.mark.parametrize("size", [1, 100_000, 3 << 20], ids=["1B", "100KB", "3MB"])
-def test_values_round_trip(client, key, rng, size):
+def test_values_round_trip(client: fabrickv.CacheClient, key: Key, rng: Rng, size: int) -> None:
     value = random_bytes(rng, size)
     generation = client.put(key("v"), value)
     assert isinstance(generation, int)
-    assert client.get(key("v")) == value
+    assert value_bytes(client.get(key("v"))) == value
 
     exact = bytearray(size)
     assert client.get_into(key("v"), exact) == size
@@ -104,10 +112,28 @@ def test_values_round_trip(client, key, rng, size):
     assert (roomy[size:] == SENTINEL).all()
 
 
-def test_values_are_any_contiguous_buffer_as_raw_bytes(client, key, rng):
+def test_get_without_out_returns_a_new_uint8_array_of_the_value(client: fabrickv.CacheClient,
+                                                                key: Key, rng: Rng) -> None:
+    block = kv_block(rng)
+    client.put(key("block"), block)
+    client.put(key("other"), b"x" * 64)
+    got = client.get(key("block"))
+    # A second read reuses the client's receive buffer: the first array
+    # must not change, as it owns its memory.
+    again = client.get(key("other"))
+    assert value_bytes(got) == block.tobytes()
+    assert value_bytes(again) == b"x" * 64
+    assert got is not None
+    np.testing.assert_array_equal(got.view(np.float16).reshape(block.shape), block)
+    got[:] = 0
+    assert value_bytes(client.get(key("block"))) == block.tobytes()
+
+
+def test_values_are_any_contiguous_buffer_as_raw_bytes(client: fabrickv.CacheClient, key: Key,
+                                                       rng: Rng) -> None:
     matrix = rng.standard_normal((3, 5)).astype(np.float32)
     backing = bytearray(random_bytes(rng, 64))
-    values = {
+    values: dict[str, Any] = {
         "bytes": random_bytes(rng, 10),
         "bytearray": bytearray(random_bytes(rng, 10)),
         "memoryview": memoryview(random_bytes(rng, 10)),
@@ -118,10 +144,10 @@ def test_values_are_any_contiguous_buffer_as_raw_bytes(client, key, rng):
     for name, value in values.items():
         client.put(key(name), value)
     for name, value in values.items():
-        assert client.get(key(name)) == bytes(memoryview(value).cast("B")), name
+        assert value_bytes(client.get(key(name))) == bytes(memoryview(value).cast("B")), name
 
 
-def test_get_into_a_float16_kv_block(client, key, rng):
+def test_get_into_a_float16_kv_block(client: fabrickv.CacheClient, key: Key, rng: Rng) -> None:
     block = kv_block(rng)
     client.put(key("block"), block)
 
@@ -142,7 +168,8 @@ def test_get_into_a_float16_kv_block(client, key, rng):
 
 
 @pytest.mark.parametrize("size", [1000, CHUNK_BYTES * 2 + 1], ids=["small", "chunked"])
-def test_value_larger_than_out_leaves_it_untouched(client, key, rng, size):
+def test_value_larger_than_out_leaves_it_untouched(client: fabrickv.CacheClient, key: Key, rng: Rng,
+                                                   size: int) -> None:
     value = random_bytes(rng, size)
     client.put(key("v"), value)
 
@@ -161,7 +188,8 @@ def test_value_larger_than_out_leaves_it_untouched(client, key, rng, size):
     assert exact == value
 
 
-def test_value_larger_than_the_receive_buffer_is_refused(kv_server, key, rng):
+def test_value_larger_than_the_receive_buffer_is_refused(kv_server: Server, key: Key,
+                                                         rng: Rng) -> None:
     value = random_bytes(rng, 3 << 20)
     with fabrickv.CacheClient(kv_server.native, buffer_mb=1) as small:
         assert small.buffer_size == 1 << 20
@@ -174,10 +202,10 @@ def test_value_larger_than_the_receive_buffer_is_refused(kv_server, key, rng):
         assert e.value.code == "BUFFER_TOO_SMALL"
         assert out == sentinel(len(value))
     with fabrickv.CacheClient(kv_server.native) as roomy:
-        assert roomy.get(key("big")) == value
+        assert value_bytes(roomy.get(key("big"))) == value
 
 
-def test_absent_key_reads_as_none(client, key):
+def test_absent_key_reads_as_none(client: fabrickv.CacheClient, key: Key) -> None:
     out = sentinel(16)
     assert client.get(key("absent")) is None
     assert client.get_into(key("absent"), out) is None
@@ -185,7 +213,7 @@ def test_absent_key_reads_as_none(client, key):
     assert client.exists(key("absent")) is False
 
 
-def test_ttl_expires_the_value(client, key):
+def test_ttl_expires_the_value(client: fabrickv.CacheClient, key: Key) -> None:
     ttl_s = 0.05
     start = time.monotonic()
     client.put(key("short"), b"soon gone", ttl=ttl_s)
@@ -201,15 +229,16 @@ def test_ttl_expires_the_value(client, key):
     assert time.monotonic() - start >= ttl_s
     assert client.get(key("short")) is None
     assert client.get_into(key("batch"), bytearray(16)) is None
-    assert client.get(key("forever")) == b"stays"
+    assert value_bytes(client.get(key("forever"))) == b"stays"
 
 
-def test_ttl_is_not_applied_early(client, key):
+def test_ttl_is_not_applied_early(client: fabrickv.CacheClient, key: Key) -> None:
     client.put(key("long"), b"v", ttl=3600)
-    assert client.get(key("long")) == b"v"
+    assert value_bytes(client.get(key("long"))) == b"v"
 
 
-def test_put_many_then_get_many_into_with_an_absent_key_between(client, key, rng):
+def test_put_many_then_get_many_into_with_an_absent_key_between(client: fabrickv.CacheClient,
+                                                                key: Key, rng: Rng) -> None:
     block = kv_block(rng)
     tail = random_bytes(rng, 300_000)
     generations = client.put_many([(key("a"), block), (key("c"), tail)])
@@ -225,7 +254,8 @@ def test_put_many_then_get_many_into_with_an_absent_key_between(client, key, rng
     assert out_c[:len(tail)] == tail
 
 
-def test_get_many_into_more_than_the_receive_buffer_holds(kv_server, key, rng):
+def test_get_many_into_more_than_the_receive_buffer_holds(kv_server: Server, key: Key,
+                                                          rng: Rng) -> None:
     # Seven 300 KB outputs do not fit a 1 MiB receive buffer side by side:
     # the batch is read in rounds, each value into its own output.
     values = [random_bytes(rng, 300_000 + i) for i in range(7)]
@@ -237,7 +267,8 @@ def test_get_many_into_more_than_the_receive_buffer_holds(kv_server, key, rng):
         assert outs == [bytearray(v) for v in values]
 
 
-def test_get_many_into_refuses_an_output_too_small(client, key, rng):
+def test_get_many_into_refuses_an_output_too_small(client: fabrickv.CacheClient, key: Key,
+                                                   rng: Rng) -> None:
     values = [random_bytes(rng, 1000) for _ in range(3)]
     keys = [key(f"v{i}") for i in range(3)]
     client.put_many(list(zip(keys, values)))
@@ -250,14 +281,14 @@ def test_get_many_into_refuses_an_output_too_small(client, key, rng):
     assert outs[2] == sentinel(1000)
 
 
-def test_rewriting_a_key_changes_its_generation(client, key):
+def test_rewriting_a_key_changes_its_generation(client: fabrickv.CacheClient, key: Key) -> None:
     first = client.put(key("k"), b"one")
     second = client.put(key("k"), b"two")
     assert second != first
-    assert client.get(key("k")) == b"two"
+    assert value_bytes(client.get(key("k"))) == b"two"
 
 
-def test_delete_and_exists(client, key):
+def test_delete_and_exists(client: fabrickv.CacheClient, key: Key) -> None:
     client.put(key("k"), b"v")
     assert client.exists(key("k")) is True
     assert client.delete(key("k")) is True
@@ -266,21 +297,21 @@ def test_delete_and_exists(client, key):
     assert client.delete(key("k")) is False
 
 
-def test_str_keys_are_their_utf8_bytes(client, key):
+def test_str_keys_are_their_utf8_bytes(client: fabrickv.CacheClient, key: Key) -> None:
     name = key("ключ").decode()
     client.put(name, b"v")
-    assert client.get(name.encode()) == b"v"
+    assert value_bytes(client.get(name.encode())) == b"v"
     assert client.exists(name) is True
 
 
-def test_key_length_limits(client, key):
+def test_key_length_limits(client: fabrickv.CacheClient, key: Key) -> None:
     longest = key("").ljust(KEY_BYTES_MAX, b"k")
     client.put(longest, b"v")
-    assert client.get(longest) == b"v"
+    assert value_bytes(client.get(longest)) == b"v"
 
     too_long = longest + b"k"
     out = bytearray(4)
-    for call, args in [
+    calls: list[tuple[Callable[..., object], tuple[object, ...]]] = [
         (client.put, (too_long, b"v")),
         (client.put_many, ([(too_long, b"v")],)),
         (client.get, (too_long,)),
@@ -288,14 +319,15 @@ def test_key_length_limits(client, key):
         (client.get_many_into, ([too_long], [out])),
         (client.exists, (too_long,)),
         (client.delete, (too_long,)),
-    ]:
-        assert error_code(call, *args) == "KEY_TOO_LONG", call.__name__
+    ]
+    for call, args in calls:
+        assert error_code(call, *args) == "KEY_TOO_LONG", call
     assert error_code(client.put, b"", b"v") == "MALFORMED"
 
 
-def test_wrong_arguments_raise_python_errors(client, key):
+def test_wrong_arguments_raise_python_errors(client: fabrickv.CacheClient, key: Key) -> None:
     with pytest.raises(TypeError):
-        client.put(7, b"v")
+        client.put(7, b"v")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         client.put(key("k"), 7)
     with pytest.raises(TypeError, match="read-only"):
@@ -313,7 +345,7 @@ def test_wrong_arguments_raise_python_errors(client, key):
     assert client.exists(key("k")) is False
 
 
-def test_buffer_and_transport_properties(kv_server, client):
+def test_buffer_and_transport_properties(kv_server: Server, client: fabrickv.CacheClient) -> None:
     assert client.one_sided is (kv_server.transport == "shm")
     assert client.buffer_size == DEFAULT_BUFFER_BYTES
     with fabrickv.CacheClient(kv_server.native, buffer_mb=2) as c:
@@ -324,7 +356,7 @@ def test_buffer_and_transport_properties(kv_server, client):
             fabrickv.CacheClient(kv_server.native, buffer_mb=bad)
 
 
-def test_closed_client_refuses_calls(kv_server, key):
+def test_closed_client_refuses_calls(kv_server: Server, key: Key) -> None:
     with fabrickv.CacheClient(kv_server.native) as c:
         c.put(key("k"), b"v")
         assert not c.closed
@@ -334,12 +366,12 @@ def test_closed_client_refuses_calls(kv_server, key):
     c.close()  # twice is harmless
 
 
-def test_one_client_shared_by_threads(client, key):
+def test_one_client_shared_by_threads(client: fabrickv.CacheClient, key: Key) -> None:
     # Every read goes through the one receive buffer: the calls of threads
     # sharing a client take turns, and none gets another's value.
     errors = []
 
-    def worker(n):
+    def worker(n: int) -> None:
         try:
             out = bytearray(4096)
             for i in range(100):
@@ -349,7 +381,7 @@ def test_one_client_shared_by_threads(client, key):
                 assert client.get_into(k, out) == len(value)
                 assert out[:len(value)] == value
                 assert client.get_many_into([k, key("absent")], [out, out]) == [len(value), None]
-                assert client.get(k) == value
+                assert value_bytes(client.get(k)) == value
         except BaseException as e:  # reported below, not lost in the thread
             errors.append(e)
 
@@ -362,7 +394,7 @@ def test_one_client_shared_by_threads(client, key):
     assert errors == []
 
 
-def freeze(pid):
+def freeze(pid: int) -> None:
     """SIGSTOPs `pid` and returns once every thread of it has stopped (the
     signal takes effect after kill() returns)."""
     os.kill(pid, signal.SIGSTOP)
@@ -384,7 +416,7 @@ def freeze(pid):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_calls_waiting_on_a_stopped_server_release_the_gil(transport):
+def test_calls_waiting_on_a_stopped_server_release_the_gil(transport: str) -> None:
     # Clients whose server is frozen wait out their timeout together, not
     # in turn: each wait runs with the GIL released.
     timeout_s, threads = 1.0, 4
@@ -393,7 +425,7 @@ def test_calls_waiting_on_a_stopped_server_release_the_gil(transport):
                for _ in range(threads)]
     codes = []
 
-    def call(c):
+    def call(c: fabrickv.CacheClient) -> None:
         try:
             c.get_into(b"k", bytearray(16))
         except fabrickv.Error as e:
@@ -417,7 +449,7 @@ def test_calls_waiting_on_a_stopped_server_release_the_gil(transport):
     assert took < 2.5 * timeout_s, f"{threads} waiting calls took {took:.2f}s: run in turn"
 
 
-def test_the_offload_example_reloads_its_blocks(kv_server):
+def test_the_offload_example_reloads_its_blocks(kv_server: Server) -> None:
     proc = subprocess.run(
         [sys.executable, str(EXAMPLE), kv_server.native, "--blocks", "6", "--new-blocks", "2"],
         capture_output=True, text=True, timeout=120)

@@ -2,6 +2,8 @@
 save its keys and embedding tables; a server started with `--restore` on
 that checkpoint answers them all, on each native transport."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,7 @@ SAVE_WAIT_S = 120.0
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_saved_keys_and_tables_come_back_after_a_restart(transport, tmp_path):
+def test_saved_keys_and_tables_come_back_after_a_restart(transport: str, tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     s = Server(*PS_POOL_ARGS, "--checkpoint-dir", str(root), listen=listen_addr(transport))
     try:

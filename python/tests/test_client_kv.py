@@ -5,12 +5,15 @@ codes and calls that let other threads run.
 
 Needs `make python` (the module in .venv) and `make build` (the server)."""
 
+from __future__ import annotations
+
 import os
 import signal
 import socket
 import threading
 import time
 import uuid
+from typing import Callable, Iterator
 
 import pytest
 
@@ -32,20 +35,24 @@ LARGE_VALUE_BYTES_MAX = 512 << 20
 DEADLINE_S = 10.0
 
 
+# A test's key maker (the `key` fixture).
+Key = Callable[[str], bytes]
+
+
 @pytest.fixture
-def client(kv_server):
+def client(kv_server: Server) -> Iterator[fabrickv.Client]:
     with fabrickv.Client(kv_server.native, timeout=5.0) as c:
         yield c
 
 
 @pytest.fixture
-def key():
+def key() -> Key:
     """A fresh key prefix per test, so tests sharing a server never meet."""
     prefix = f"py-{uuid.uuid4().hex[:16]}-".encode()
     return lambda name: prefix + name.encode()
 
 
-def silent_listener(transport):
+def silent_listener(transport: str) -> tuple[socket.socket, str]:
     """A socket that accepts connections (the kernel completes them) but
     never answers: a server that hangs. Returns (socket, address)."""
     if transport == "tcp":
@@ -62,7 +69,7 @@ def silent_listener(transport):
     return s, "shm://" + name
 
 
-def dead_address(transport):
+def dead_address(transport: str) -> str:
     """An address where nothing listens."""
     if transport == "tcp":
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -73,7 +80,8 @@ def dead_address(transport):
     return f"shm://fkv-py-nobody-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def test_connects_to_the_address_the_server_printed(kv_server, client):
+def test_connects_to_the_address_the_server_printed(
+        kv_server: Server, client: fabrickv.Client) -> None:
     info = client.info()
     assert info["workers"] == 2
     assert info["partitions"] >= info["workers"]
@@ -88,7 +96,7 @@ def test_connects_to_the_address_the_server_printed(kv_server, client):
     assert r.startswith("<fabrickv.Client") and kv_server.native in r
 
 
-def test_put_get_round_trips_binary_values(client, key):
+def test_put_get_round_trips_binary_values(client: fabrickv.Client, key: Key) -> None:
     values = {
         "empty": b"",
         "nul-and-high-bytes": bytes(range(256)) * 3,
@@ -107,13 +115,14 @@ def test_put_get_round_trips_binary_values(client, key):
     assert client.get(binary_key) == b"v"
 
 
-def test_put_replaces_the_value(client, key):
+def test_put_replaces_the_value(client: fabrickv.Client, key: Key) -> None:
     client.put(key("k"), b"first")
     client.put(key("k"), b"second, longer than the first")
     assert client.get(key("k")) == b"second, longer than the first"
 
 
-def test_values_over_one_frame_round_trip_and_over_the_limit_are_refused(client, key):
+def test_values_over_one_frame_round_trip_and_over_the_limit_are_refused(client: fabrickv.Client,
+                                                                         key: Key) -> None:
     # Over VALUE_BYTES_MAX a value travels in chunks, every byte kept.
     big = bytes(range(256)) * (4 * VALUE_BYTES_MAX // 256) + b"tail"
     client.put(key("big"), big)
@@ -129,24 +138,24 @@ def test_values_over_one_frame_round_trip_and_over_the_limit_are_refused(client,
     assert client.get(key("after")) == b"ok"
 
 
-def test_key_over_the_limit_is_refused_with_its_code(client):
+def test_key_over_the_limit_is_refused_with_its_code(client: fabrickv.Client) -> None:
     with pytest.raises(fabrickv.Error) as e:
         client.get(b"k" * 251)
     assert e.value.code == "KEY_TOO_LONG"
 
 
-def test_missing_key_reads_as_none(client, key):
+def test_missing_key_reads_as_none(client: fabrickv.Client, key: Key) -> None:
     assert client.get(key("never-stored")) is None
 
 
-def test_delete_says_whether_the_key_was_there(client, key):
+def test_delete_says_whether_the_key_was_there(client: fabrickv.Client, key: Key) -> None:
     client.put(key("d"), b"v")
     assert client.delete(key("d")) is True
     assert client.get(key("d")) is None
     assert client.delete(key("d")) is False
 
 
-def test_mget_keeps_order_with_misses(client, key):
+def test_mget_keeps_order_with_misses(client: fabrickv.Client, key: Key) -> None:
     # Enough keys that they spread over both workers.
     present = {key(f"m{i}"): f"value {i}".encode() for i in range(0, 64, 2)}
     client.mput(list(present.items()))
@@ -156,7 +165,7 @@ def test_mget_keeps_order_with_misses(client, key):
     assert client.mget([]) == []
 
 
-def test_mput_takes_pairs_a_dict_or_keys_and_values(client, key):
+def test_mput_takes_pairs_a_dict_or_keys_and_values(client: fabrickv.Client, key: Key) -> None:
     client.mput([(key("a"), b"1"), (key("b"), b"2")])
     client.mput({key("c"): b"3"})
     client.mput([key("d"), key("e")], [b"4", b""])
@@ -166,20 +175,20 @@ def test_mput_takes_pairs_a_dict_or_keys_and_values(client, key):
     assert client.get(key("f")) is None
 
 
-def test_wrong_argument_types_raise_type_error(client):
+def test_wrong_argument_types_raise_type_error(client: fabrickv.Client) -> None:
     with pytest.raises(TypeError):
-        client.get("a str is not bytes")
+        client.get("a str is not bytes")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        client.put(b"k", 42)
+        client.put(b"k", 42)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        client.mget([b"ok", "not bytes"])
+        client.mget([b"ok", "not bytes"])  # type: ignore[list-item]
     with pytest.raises(ValueError):
         client.put(b"k", b"v", ttl=-1)
     with pytest.raises(ValueError):
         client.put(b"k", b"v", ttl=float("nan"))
 
 
-def test_ttl_expires_the_value(client, key):
+def test_ttl_expires_the_value(client: fabrickv.Client, key: Key) -> None:
     ttl_s = 0.5
     start = time.monotonic()
     client.put(key("short"), b"soon gone", ttl=ttl_s)
@@ -200,12 +209,12 @@ def test_ttl_expires_the_value(client, key):
     assert client.get(key("forever")) == b"stays"
 
 
-def test_ttl_is_not_applied_early(client, key):
+def test_ttl_is_not_applied_early(client: fabrickv.Client, key: Key) -> None:
     client.put(key("long"), b"v", ttl=3600)
     assert client.get(key("long")) == b"v"
 
 
-def test_stats_count_operations(client, key):
+def test_stats_count_operations(client: fabrickv.Client, key: Key) -> None:
     before = client.stats()
     assert all(type(v) is int for v in before.values())
     client.mput([(key("s1"), b"1"), (key("s2"), b"2"), (key("s3"), b"3")])
@@ -222,7 +231,7 @@ def test_stats_count_operations(client, key):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_dead_address_fails_fast(transport):
+def test_dead_address_fails_fast(transport: str) -> None:
     start = time.monotonic()
     with pytest.raises(fabrickv.Error) as e:
         fabrickv.Client(dead_address(transport), timeout=5.0)
@@ -231,7 +240,7 @@ def test_dead_address_fails_fast(transport):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_silent_server_times_out(transport):
+def test_silent_server_times_out(transport: str) -> None:
     listener, addr = silent_listener(transport)
     with listener:
         start = time.monotonic()
@@ -243,7 +252,7 @@ def test_silent_server_times_out(transport):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_blocked_calls_release_the_gil(transport):
+def test_blocked_calls_release_the_gil(transport: str) -> None:
     # Four threads each wait `timeout` on a server that never answers. If
     # a call held the GIL they would wait one after another (4 x timeout);
     # with it released they wait together (about 1 x timeout).
@@ -251,7 +260,7 @@ def test_blocked_calls_release_the_gil(transport):
     listener, addr = silent_listener(transport)
     codes = []
 
-    def call():
+    def call() -> None:
         try:
             fabrickv.Client(addr, timeout=timeout_s)
         except fabrickv.Error as e:
@@ -269,7 +278,7 @@ def test_blocked_calls_release_the_gil(transport):
     assert took < 2.5 * timeout_s, f"{threads} blocked calls took {took:.2f}s: run in turn"
 
 
-def freeze(pid):
+def freeze(pid: int) -> None:
     """SIGSTOPs `pid` and returns once every thread of it is stopped: kill()
     returns before the signal has taken effect, and a server still running
     for a moment would answer the calls meant to wait."""
@@ -292,7 +301,7 @@ def freeze(pid):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_calls_waiting_on_a_stopped_server_release_the_gil(transport):
+def test_calls_waiting_on_a_stopped_server_release_the_gil(transport: str) -> None:
     # The same for data calls: connected clients whose server is then
     # frozen (SIGSTOP) wait out their timeout together, not in turn.
     timeout_s, threads = 1.0, 4
@@ -300,7 +309,7 @@ def test_calls_waiting_on_a_stopped_server_release_the_gil(transport):
     clients = [fabrickv.Client(server.native, timeout=timeout_s) for _ in range(threads)]
     codes = []
 
-    def call(c):
+    def call(c: fabrickv.Client) -> None:
         try:
             c.get(b"k")
         except fabrickv.Error as e:
@@ -324,10 +333,10 @@ def test_calls_waiting_on_a_stopped_server_release_the_gil(transport):
     assert took < 2.5 * timeout_s, f"{threads} waiting calls took {took:.2f}s: run in turn"
 
 
-def test_threads_with_their_own_clients_run_together(kv_server, key):
+def test_threads_with_their_own_clients_run_together(kv_server: Server, key: Key) -> None:
     errors = []
 
-    def worker(n):
+    def worker(n: int) -> None:
         try:
             with fabrickv.Client(kv_server.native) as c:
                 for i in range(200):
@@ -346,11 +355,11 @@ def test_threads_with_their_own_clients_run_together(kv_server, key):
     assert errors == []
 
 
-def test_one_client_shared_by_threads(client, key):
+def test_one_client_shared_by_threads(client: fabrickv.Client, key: Key) -> None:
     # Calls on one client take turns; none is lost or crossed with another.
     errors = []
 
-    def worker(n):
+    def worker(n: int) -> None:
         try:
             for i in range(100):
                 k = key(f"shared{n}-{i}")
@@ -368,7 +377,7 @@ def test_one_client_shared_by_threads(client, key):
     assert errors == []
 
 
-def test_closed_client_refuses_calls(kv_server):
+def test_closed_client_refuses_calls(kv_server: Server) -> None:
     with fabrickv.Client(kv_server.native) as c:
         assert not c.closed
     assert c.closed
@@ -379,14 +388,14 @@ def test_closed_client_refuses_calls(kv_server):
     c.close()  # closing again is harmless
 
 
-def test_with_block_closes_on_error(kv_server):
+def test_with_block_closes_on_error(kv_server: Server) -> None:
     with pytest.raises(RuntimeError):
         with fabrickv.Client(kv_server.native) as c:
             raise RuntimeError("boom")
     assert c.closed
 
 
-def test_error_code_names_are_on_the_class():
+def test_error_code_names_are_on_the_class() -> None:
     assert issubclass(fabrickv.Error, Exception)
     # An Error made in Python has no code; ones the client raises do.
     assert fabrickv.Error("x").code is None

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import socket
+from typing import Iterator
 
 import pytest
 import redis
@@ -22,7 +23,7 @@ PREFIX = "vllm@model@1@0"
 
 
 @pytest.fixture(scope="module")
-def large_server():
+def large_server() -> Iterator[Server]:
     # The default --memory (64MB) is for small items; large values have
     # their own budget, split over the two workers (1 GiB each here).
     s = Server("--large-memory", "2GB")
@@ -31,20 +32,20 @@ def large_server():
 
 
 @pytest.fixture
-def r(large_server):
+def r(large_server: Server) -> Iterator[redis.Redis]:
     c = redis.Redis(host=large_server.resp_host, port=large_server.resp_port,
                     socket_timeout=60)
     yield c
     c.close()
 
 
-def chunk(base, i):
+def chunk(base: bytes, i: int) -> bytes:
     """Chunk `i`: the random base rotated, so each chunk differs."""
     k = (i * 4099) % len(base)
     return base[k:] + base[:k]
 
 
-def test_lmcache_style_chunks(r):
+def test_lmcache_style_chunks(r: redis.Redis) -> None:
     base = os.urandom(CHUNK_BYTES)
     keys = []
     for i in range(CHUNKS):
@@ -59,10 +60,12 @@ def test_lmcache_style_chunks(r):
         assert r.exists(f"{key}:kv_bytes", f"{key}:metadata") == 2
     assert r.exists(f"{PREFIX}:absent:kv_bytes") == 0
     for i, key in enumerate(keys):
-        meta = json.loads(r.get(f"{key}:metadata"))
+        raw_meta = r.get(f"{key}:metadata")
+        assert isinstance(raw_meta, bytes)
+        meta = json.loads(raw_meta)
         assert meta["chunk"] == i
         got = r.get(f"{key}:kv_bytes")
-        assert len(got) == CHUNK_BYTES
+        assert isinstance(got, bytes) and len(got) == CHUNK_BYTES
         assert got == chunk(base, i), f"chunk {i} differs"
     # SCAN MATCH is how LMCache lists what it stored. Main has no SCAN yet
     # (it is being added beside this); until it lands, the step is skipped.
@@ -84,7 +87,7 @@ def test_lmcache_style_chunks(r):
     assert info["large_receiving_bytes"] == 0
 
 
-def test_mget_and_sizes(r):
+def test_mget_and_sizes(r: redis.Redis) -> None:
     values = {f"mget:{i}": os.urandom(CHUNK_BYTES) for i in range(4)}
     assert r.mset({"mget:small": b"s"})
     for k, v in values.items():
@@ -100,7 +103,7 @@ def test_mget_and_sizes(r):
     r.delete("hundred", *values)
 
 
-def test_one_byte_over_512_mib_is_refused(large_server):
+def test_one_byte_over_512_mib_is_refused(large_server: Server) -> None:
     s = socket.create_connection((large_server.resp_host, large_server.resp_port),
                                  timeout=10)
     s.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n" % ((512 << 20) + 1))

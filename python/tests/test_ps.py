@@ -7,6 +7,8 @@ example run as a user would run it.
 
 Needs `make python` (the module in .venv) and `make build` (the server)."""
 
+from __future__ import annotations
+
 import gc
 import re
 import subprocess
@@ -14,11 +16,13 @@ import sys
 import threading
 import time
 import uuid
+from typing import Any, Callable, Iterator
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, Server
 
 try:
     import fabrickv
@@ -48,27 +52,27 @@ EXAMPLE = ROOT / "python" / "examples" / "train_embedding.py"
 
 
 @pytest.fixture
-def client(ps_server):
+def client(ps_server: Server) -> Iterator[fabrickv.Client]:
     with fabrickv.Client(ps_server.native, timeout=5.0) as c:
         yield c
 
 
 @pytest.fixture
-def name():
+def name() -> str:
     """A fresh table name per test, so tests sharing a server never meet."""
     return f"t-{uuid.uuid4().hex[:16]}"
 
 
 @pytest.fixture
-def rng():
+def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
 
 
-def keys_of(*ks):
+def keys_of(*ks: int) -> npt.NDArray[np.uint64]:
     return np.array(ks, dtype=np.uint64)
 
 
-def test_create_open_and_list(client, name):
+def test_create_open_and_list(client: fabrickv.Client, name: str) -> None:
     t = client.create_table(name, dim=128, optimizer="adagrad", lr=0.5,
                             missing="init", seed=7)
     assert (t.name, t.dim, t.optimizer, t.missing, t.seed) == (name, 128, "adagrad", "init", 7)
@@ -94,7 +98,7 @@ def test_create_open_and_list(client, name):
     assert (d.optimizer, d.missing, d.seed) == ("sgd", "zeros", 0)
 
 
-def test_unknown_tables_and_bad_specs(client, name):
+def test_unknown_tables_and_bad_specs(client: fabrickv.Client, name: str) -> None:
     with pytest.raises(fabrickv.Error) as e:
         client.table(name)
     assert e.value.code == "NO_SUCH_TABLE"
@@ -111,7 +115,8 @@ def test_unknown_tables_and_bad_specs(client, name):
         client.create_table(name, dim=4, lr=float("nan"))
 
 
-def test_pull_returns_what_was_put_in_request_order(client, name, rng):
+def test_pull_returns_what_was_put_in_request_order(client: fabrickv.Client, name: str,
+                                                    rng: np.random.Generator) -> None:
     t = client.create_table(name, dim=8)
     keys = keys_of(10, 20, 30, 40)
     values = rng.standard_normal((4, 8)).astype(np.float32)
@@ -133,7 +138,7 @@ def test_pull_returns_what_was_put_in_request_order(client, name, rng):
     np.testing.assert_array_equal(t.pull(keys_of(20))[0], np.full(8, 2.5, np.float32))
 
 
-def test_pulled_arrays_belong_to_the_caller(client, name):
+def test_pulled_arrays_belong_to_the_caller(client: fabrickv.Client, name: str) -> None:
     t = client.create_table(name, dim=4)
     t.put(keys_of(1), np.ones(4, dtype=np.float32))
     a = t.pull(keys_of(1, 1))
@@ -145,7 +150,8 @@ def test_pulled_arrays_belong_to_the_caller(client, name):
     assert t.pull([]).shape == (0, 4)
 
 
-def test_calls_of_more_keys_than_one_request_holds(client, name, rng):
+def test_calls_of_more_keys_than_one_request_holds(client: fabrickv.Client, name: str,
+                                                   rng: np.random.Generator) -> None:
     n = 3 * KEYS_PER_REQUEST_MAX + 77
     t = client.create_table(name, dim=32, optimizer="sgd", lr=0.25)
     keys = rng.permutation(np.arange(1, n + 1, dtype=np.uint64))
@@ -161,7 +167,8 @@ def test_calls_of_more_keys_than_one_request_holds(client, name, rng):
     assert len(t) == n
 
 
-def test_missing_init_returns_the_deterministic_initializer(client, name):
+def test_missing_init_returns_the_deterministic_initializer(
+        client: fabrickv.Client, name: str) -> None:
     t = client.create_table(name, dim=64, missing="init", seed=3)
     keys = keys_of(1, 2, 3, 1000003)
     first, found = t.pull(keys, return_found=True)
@@ -183,7 +190,8 @@ def test_missing_init_returns_the_deterministic_initializer(client, name):
     np.testing.assert_allclose(after, first[:1] - np.float32(t.lr) * g, rtol=1e-6, atol=1e-8)
 
 
-def test_sgd_push_applies_w_minus_lr_g(client, name, rng):
+def test_sgd_push_applies_w_minus_lr_g(
+        client: fabrickv.Client, name: str, rng: np.random.Generator) -> None:
     t = client.create_table(name, dim=16, optimizer="sgd", lr=0.1)
     lr = np.float32(t.lr)
     keys = keys_of(5, 6, 7)
@@ -199,11 +207,13 @@ def test_sgd_push_applies_w_minus_lr_g(client, name, rng):
     np.testing.assert_allclose(t.pull(keys_of(5)), w[:1], rtol=1e-6, atol=1e-7)
 
 
-def test_adagrad_push_follows_its_formula(client, name, rng):
+def test_adagrad_push_follows_its_formula(client: fabrickv.Client, name: str,
+                                          rng: np.random.Generator) -> None:
     t = client.create_table(name, dim=16, optimizer="adagrad", lr=0.5)
     lr = np.float32(t.lr)
     keys = keys_of(11, 12)
-    w = rng.standard_normal((2, 16)).astype(np.float32)
+    # Typed loosely: the dtype the arithmetic keeps is what is asserted.
+    w: npt.NDArray[Any] = rng.standard_normal((2, 16)).astype(np.float32)
     t.put(keys, w)  # an overwrite resets the accumulator
     acc = np.full((2, 16), ADAGRAD_INITIAL_ACCUMULATOR, dtype=np.float32)
     for _ in range(4):
@@ -222,14 +232,15 @@ def test_adagrad_push_follows_its_formula(client, name, rng):
     np.testing.assert_allclose(t.pull(keys), w - first_step, rtol=1e-5, atol=1e-7)
 
 
-def wait_until(cond, what):
+def wait_until(cond: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while not cond():
         assert time.monotonic() < deadline, f"{what} within {DEADLINE_S} s"
         time.sleep(0.001)
 
 
-def test_pull_async_several_in_flight_waited_out_of_order(client, name, rng):
+def test_pull_async_several_in_flight_waited_out_of_order(client: fabrickv.Client, name: str,
+                                                          rng: np.random.Generator) -> None:
     t = client.create_table(name, dim=32)
     keys = np.arange(1, 2001, dtype=np.uint64)
     values = rng.standard_normal((2000, 32)).astype(np.float32)
@@ -268,7 +279,7 @@ def test_pull_async_several_in_flight_waited_out_of_order(client, name, rng):
     np.testing.assert_array_equal(t.pull(keys[:3]), values[:3])
 
 
-def test_dropped_handles_cancel_their_pulls(client, name):
+def test_dropped_handles_cancel_their_pulls(client: fabrickv.Client, name: str) -> None:
     t = client.create_table(name, dim=8)
     t.put(keys_of(1), np.ones((1, 8), dtype=np.float32))
     # More than the client keeps outstanding: had dropping not cancelled
@@ -281,7 +292,8 @@ def test_dropped_handles_cancel_their_pulls(client, name):
     np.testing.assert_array_equal(h.wait(), np.ones((1, 8), np.float32))
 
 
-def test_tables_share_the_clients_connection_across_threads(client, name):
+def test_tables_share_the_clients_connection_across_threads(
+        client: fabrickv.Client, name: str) -> None:
     t = client.create_table(name, dim=16)
     keys = np.arange(1, 201, dtype=np.uint64)
     values = np.arange(200 * 16, dtype=np.float32).reshape(200, 16)
@@ -289,7 +301,7 @@ def test_tables_share_the_clients_connection_across_threads(client, name):
     other = client.table(name)
     errors = []
 
-    def work(table, seed):
+    def work(table: fabrickv.Table, seed: int) -> None:
         try:
             r = np.random.default_rng(seed)
             for _ in range(200):
@@ -308,7 +320,7 @@ def test_tables_share_the_clients_connection_across_threads(client, name):
     assert errors == []
 
 
-def test_keys_and_values_of_other_types(client, name):
+def test_keys_and_values_of_other_types(client: fabrickv.Client, name: str) -> None:
     t = client.create_table(name, dim=4)
     # Python ints, int64 arrays, non-contiguous views, float64 values,
     # nested lists and Fortran-ordered arrays are converted.
@@ -327,7 +339,7 @@ def test_keys_and_values_of_other_types(client, name):
     np.testing.assert_array_equal(t.pull(np.array([1], dtype=">u8")), [[1, 2, 3, 4]])
 
 
-def test_shape_and_type_errors(client, name):
+def test_shape_and_type_errors(client: fabrickv.Client, name: str) -> None:
     t = client.create_table(name, dim=4)
     with pytest.raises(ValueError, match=r"expected shape \(2, 4\) or \(8,\).*got \(2, 3\)"):
         t.put(keys_of(1, 2), np.zeros((2, 3), dtype=np.float32))
@@ -361,7 +373,7 @@ def test_shape_and_type_errors(client, name):
     assert len(t) == 0
 
 
-def test_a_closed_client_refuses_table_calls(ps_server, name):
+def test_a_closed_client_refuses_table_calls(ps_server: Server, name: str) -> None:
     c = fabrickv.Client(ps_server.native)
     t = c.create_table(name, dim=4)
     h = t.pull_async(keys_of(1))
@@ -375,7 +387,7 @@ def test_a_closed_client_refuses_table_calls(ps_server, name):
     gc.collect()
 
 
-def test_the_training_example_lowers_its_loss(ps_server, name):
+def test_the_training_example_lowers_its_loss(ps_server: Server, name: str) -> None:
     proc = subprocess.run(
         [sys.executable, str(EXAMPLE), ps_server.native, "--table", name, "--steps", "200"],
         capture_output=True, text=True, timeout=120)

@@ -5,8 +5,8 @@
 //! buffer the client owns: over shm the server writes a value there
 //! one-sided, over tcp the client lands its inline chunks there. The
 //! Python reads copy from that buffer straight into what the caller gets:
-//! the `bytes` of `get`, or the caller's own buffer in `get_into` and
-//! `get_many_into`. One copy, and no intermediate `Vec`.
+//! the new numpy array of `get`, or the caller's own buffer in `get_into`
+//! and `get_many_into`. One copy, and no intermediate `Vec`.
 //!
 //! Buffers. Values and outputs are whatever [`crate::buffers::Mem`]
 //! sees in place: numpy arrays, any C-contiguous buffer (`bytes`,
@@ -21,8 +21,9 @@
 //! The mutex is taken with the GIL released (`lock_py_attached`); the
 //! network wait and the copies, into the caller's memory and out of it,
 //! run with the GIL released too (`Python::detach`): a 16 MiB batch of
-//! blocks does not stop the other Python threads while it is copied. Only
-//! `get` without `out=` builds its `bytes` with the GIL held. Outputs are
+//! blocks does not stop the other Python threads while it is copied
+//! (`get` without `out=` takes the GIL back only to make its array, once
+//! the value's length is known). Outputs are
 //! filled one after another, each borrowed mutably on its own, so outputs
 //! that share memory never become two `&mut` at once. A thread that
 //! writes to a value while it is being stored, or reads an output while
@@ -40,7 +41,9 @@ use fabrickv_client::cache::{CacheClient as RustCacheClient, CacheClientOptions,
 use fabrickv_client::ClientError;
 use fabrickv_types::limits::{CACHE_BATCH_KEYS_MAX, CACHE_CLIENT_BUFFER_BYTES_MAX};
 use fabrickv_types::ErrorCode;
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple};
@@ -156,12 +159,17 @@ fn detached<C: Send, R: Send>(
     with_locked(py, slot, |c| py.detach(|| f(c)).map_err(raise))
 }
 
+/// What [`CacheOps::read_each`] hands each key's value to: the key's
+/// index and its bytes (None if absent) or its failure; false stops the
+/// batch.
+pub(crate) type Take<'a> = dyn FnMut(usize, fabrickv_client::Result<Option<&[u8]>>) -> bool + 'a;
+
 /// A Rust cache client as the Python classes use it: one server's
 /// ([`RustCacheClient`]) or a cluster's, with a receive buffer per
 /// server. Every Python cache call is written once over this.
 pub(crate) trait CacheOps: Send {
     /// Where a read landed.
-    type Placed: Send;
+    type Placed: Send + Sync;
 
     /// The length of the receive buffer `key`'s value lands in (finding
     /// it may dial a server).
@@ -189,11 +197,98 @@ pub(crate) trait CacheOps: Send {
         ttl: Option<Duration>,
     ) -> fabrickv_client::Result<u64>;
 
+    /// Stores each `(key, value)` with `ttl`; one result per item up to
+    /// the first refused one (a client that pipelines the batch may go
+    /// on past it: every item then has its result). By default one item
+    /// after another, each a round trip.
+    fn put_values(
+        &mut self,
+        items: &[(&[u8], &[u8])],
+        ttl: Option<Duration>,
+    ) -> fabrickv_client::Result<Vec<fabrickv_client::Result<u64>>> {
+        let mut out = Vec::with_capacity(items.len());
+        for (key, value) in items {
+            let r = self.put_value(key, value, ttl);
+            let failed = r.is_err();
+            out.push(r);
+            if failed {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     /// Whether each key is live.
     fn exists_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>>;
 
     /// Removes each key; whether it was there.
     fn delete_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>>;
+
+    /// Reads each `(key, room)` (room: the bytes its value may take) and
+    /// hands it to `take` in key order: its bytes in a receive buffer,
+    /// `None` if absent, or the key's own failure; no key after one for
+    /// which `take` returns false is handed over. `buffer_bytes` is each
+    /// receive buffer's size. The outer error is the connection's.
+    ///
+    /// By default in rounds: as many keys as fit their servers' receive
+    /// buffers side by side (at most `CACHE_BATCH_KEYS_MAX`) are in
+    /// flight at once, each server's packed to end at its buffer's end,
+    /// so that the last key's slice is exactly its room (see
+    /// [`end_offset`]). An earlier key's slice runs on to the buffer's
+    /// end: a value too large for its room may land over later keys'
+    /// places in the receive buffer, but `take` sees its true length and
+    /// refuses it, and nothing after it is handed over.
+    fn read_each(
+        &mut self,
+        items: &[(&[u8], usize)],
+        buffer_bytes: usize,
+        take: &mut Take<'_>,
+    ) -> fabrickv_client::Result<()> {
+        let n = buffer_bytes;
+        let servers: Vec<usize> = items.iter().map(|(k, _)| self.server_of_key(k)).collect();
+        let mut start = 0;
+        let mut used: Vec<usize> = Vec::new();
+        let mut round: Vec<(&[u8], usize)> = Vec::new();
+        while start < items.len() {
+            used.clear();
+            let mut end = start;
+            while end < items.len() && end - start < CACHE_BATCH_KEYS_MAX {
+                let s = servers[end];
+                if used.len() <= s {
+                    used.resize(s + 1, 0);
+                }
+                let room = items[end].1.min(n);
+                if used[s] > 0 && used[s] + room > n {
+                    break;
+                }
+                used[s] += room;
+                end += 1;
+            }
+            let mut next: Vec<usize> = used.iter().map(|u| n - u).collect();
+            round.clear();
+            for i in start..end {
+                let s = servers[i];
+                round.push((items[i].0, next[s]));
+                next[s] += items[i].1.min(n);
+            }
+            let results = self.place_many(&round)?;
+            for (i, r) in (start..end).zip(results) {
+                let go = match r {
+                    Err(e) => take(i, Err(e)),
+                    Ok(None) => take(i, Ok(None)),
+                    Ok(Some(p)) => {
+                        let v = self.landed(&p)?;
+                        take(i, Ok(Some(v)))
+                    }
+                };
+                if !go {
+                    return Ok(());
+                }
+            }
+            start = end;
+        }
+        Ok(())
+    }
 }
 
 impl CacheOps for RustCacheClient {
@@ -227,12 +322,34 @@ impl CacheOps for RustCacheClient {
         self.put(key, value, ttl)
     }
 
+    /// Pipelined ([`RustCacheClient::put_many`]): a round trip per round
+    /// of values, not per value.
+    fn put_values(
+        &mut self,
+        items: &[(&[u8], &[u8])],
+        ttl: Option<Duration>,
+    ) -> fabrickv_client::Result<Vec<fabrickv_client::Result<u64>>> {
+        self.put_many(items, ttl)
+    }
+
     fn exists_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>> {
         self.exists_many(keys)
     }
 
     fn delete_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>> {
         self.delete_many(keys)
+    }
+
+    /// Streamed through a ring of the receive buffer
+    /// ([`RustCacheClient::get_many_each`]): over shm each value is copied
+    /// out while the server writes the next ones.
+    fn read_each(
+        &mut self,
+        items: &[(&[u8], usize)],
+        _buffer_bytes: usize,
+        take: &mut Take<'_>,
+    ) -> fabrickv_client::Result<()> {
+        self.get_many_each(items, take)
     }
 }
 
@@ -262,26 +379,52 @@ fn read_detached<C: CacheOps, R: Send>(
 }
 
 /// Copies `src` to the start of `dst`; a `src` longer than `dst` is
-/// refused (`BUFFER_TOO_SMALL`) with nothing written.
-fn copy_into(dst: &mut [u8], src: &[u8], context: &str) -> Result<(), Failure> {
+/// refused (`BUFFER_TOO_SMALL`, its message after `context()`, made only
+/// then) with nothing written.
+fn copy_into(dst: &mut [u8], src: &[u8], context: impl FnOnce() -> String) -> Result<(), Failure> {
     let cap = dst.len();
     let dst = dst.get_mut(..src.len()).ok_or_else(|| {
         too_small(format!(
-            "{context}a {}-byte value does not fit out ({cap} bytes)",
+            "{}a {}-byte value does not fit out ({cap} bytes)",
+            context(),
             src.len()
         ))
     })?;
-    dst.copy_from_slice(src);
+    copy_out(dst, src);
     Ok(())
 }
 
-/// `get(key)`: the value as bytes (built with the GIL held, from the
-/// receive buffer, the client still locked), or None.
-pub(crate) fn get_bytes<'py, C: CacheOps>(
+/// Bytes copied at a time by [`copy_out`]: under glibc's
+/// `x86_rep_movsb_threshold` (2112 bytes on the 2-CPU EPYC VM this
+/// project develops on), so that each piece goes through its vector loop.
+/// Copies of that size or more use `rep movsb`, which reading a value the
+/// server's CPU has just written into the receive buffer moved about
+/// 10 GB/s there; the vector loop, 12.3 GB/s (python/bench_front_door.py's
+/// get_many_into, 64 values of 256 KiB over shm).
+const COPY_PIECE_BYTES: usize = 2048;
+
+/// Copies a value out of the receive buffer into `dst` (as long as
+/// `src`), [`COPY_PIECE_BYTES`] at a time.
+fn copy_out(dst: &mut [u8], src: &[u8]) {
+    for (d, s) in dst
+        .chunks_mut(COPY_PIECE_BYTES)
+        .zip(src.chunks(COPY_PIECE_BYTES))
+    {
+        d.copy_from_slice(s);
+    }
+}
+
+/// `get(key)` without `out=`: the value in a new numpy array (uint8,
+/// 1-D, owning its memory), or None. The value is read into the receive
+/// buffer with the GIL released; once its length is known the array is
+/// made (`numpy.empty`, so no page is written twice), and the value is
+/// copied into it once, with the GIL released again and the client still
+/// locked, so that no other read reuses the receive buffer under it.
+pub(crate) fn get_array<'py, C: CacheOps>(
     py: Python<'py>,
     slot: &Mutex<Option<C>>,
     key: &Bound<'py, PyAny>,
-) -> PyResult<Option<Bound<'py, PyBytes>>> {
+) -> PyResult<Option<Bound<'py, PyArray1<u8>>>> {
     let key = key_of(key)?;
     with_locked(py, slot, |c| {
         let found = py
@@ -296,11 +439,34 @@ pub(crate) fn get_bytes<'py, C: CacheOps>(
                     .map_err(|e| read_failure("", e, n, n))
             })
             .map_err(raise)?;
-        match found {
-            None => Ok(None),
-            Some(p) => Ok(Some(PyBytes::new(py, c.landed(&p).map_err(to_py_err)?))),
+        let Some(p) = found else {
+            return Ok(None);
+        };
+        let array = empty_bytes(py, c.landed(&p).map_err(to_py_err)?.len())?;
+        {
+            let mut w = array.try_readwrite()?;
+            let dst = w
+                .as_slice_mut()
+                .map_err(|e| PyValueError::new_err(format!("get: {e}")))?;
+            py.detach(|| -> Result<(), Failure> {
+                copy_out(dst, c.landed(&p).map_err(failure)?);
+                Ok(())
+            })
+            .map_err(raise)?;
         }
+        Ok(Some(array))
     })
+}
+
+/// A new uninitialised 1-D uint8 numpy array of `len` bytes
+/// (`numpy.empty`): it owns its memory, and nothing writes it before the
+/// value is copied in.
+fn empty_bytes(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyArray1<u8>>> {
+    let np = crate::ps::numpy_module(py)?;
+    let uint8 = np.getattr(intern!(py, "uint8"))?;
+    Ok(np
+        .call_method1(intern!(py, "empty"), (len, uint8))?
+        .cast_into::<PyArray1<u8>>()?)
 }
 
 /// `get_into(key, out)`: the value copied into `out` (any writable
@@ -317,7 +483,7 @@ pub(crate) fn get_into<C: CacheOps>(
     detached(py, slot, |c| {
         let dst = out.bytes_mut().map_err(|_| read_only_failure())?;
         read_detached(c, key, cap, |v| {
-            copy_into(dst, v, "")?;
+            copy_into(dst, v, String::new)?;
             Ok(v.len())
         })
     })
@@ -458,17 +624,10 @@ impl Many {
 }
 
 /// `get_many_into(keys, outs)`: each value read into its place in
-/// `outs` (see [`Many`]), all with the GIL released; each value's
-/// length, None for an absent key (its place untouched).
-///
-/// The keys go in rounds: as many keys as fit their servers' receive
-/// buffers side by side (sized by their places, at most
-/// `CACHE_BATCH_KEYS_MAX`) are in flight at once, each server's packed
-/// to end at its buffer's end, so that the last key's slice is exactly
-/// its place's size (see [`end_offset`]). An earlier key's slice runs on
-/// to the buffer's end: a value too large for its place may land over
-/// later keys' places in the receive buffer, but it is reported as
-/// `BUFFER_TOO_SMALL` and nothing after it is copied out.
+/// `outs` (see [`Many`]) by [`CacheOps::read_each`], all with the GIL
+/// released, copied out as it lands; each value's length, None for an
+/// absent key (its place untouched). A failure ends the call: earlier
+/// places may be filled, later ones are untouched.
 pub(crate) fn get_many_into<C: CacheOps>(
     py: Python<'_>,
     slot: &Mutex<Option<C>>,
@@ -478,52 +637,40 @@ pub(crate) fn get_many_into<C: CacheOps>(
 ) -> PyResult<Vec<Option<usize>>> {
     let n = buffer_bytes;
     detached(py, slot, |c| {
-        let servers: Vec<usize> = keys.iter().map(|k| c.server_of_key(k)).collect();
+        let items: Vec<(&[u8], usize)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (*k, outs.cap(i)))
+            .collect();
         let mut lengths = Vec::with_capacity(keys.len());
-        let mut start = 0;
-        let mut used: Vec<usize> = Vec::new();
-        let mut items: Vec<(&[u8], usize)> = Vec::new();
-        while start < keys.len() {
-            used.clear();
-            let mut end = start;
-            while end < keys.len() && end - start < CACHE_BATCH_KEYS_MAX {
-                let s = servers[end];
-                if used.len() <= s {
-                    used.resize(s + 1, 0);
+        let mut failed: Option<Failure> = None;
+        let mut take = |i: usize, r: fabrickv_client::Result<Option<&[u8]>>| {
+            let context = || format!("get_many_into key {i}: ");
+            let step = match r {
+                Err(e) => Err(read_failure(&context(), e, outs.cap(i), n)),
+                Ok(None) => Ok(None),
+                Ok(Some(v)) => outs
+                    .get_mut(i)
+                    .and_then(|dst| copy_into(dst, v, context))
+                    .map(|()| Some(v.len())),
+            };
+            match step {
+                Ok(len) => {
+                    lengths.push(len);
+                    true
                 }
-                let room = outs.cap(end).min(n);
-                if used[s] > 0 && used[s] + room > n {
-                    break;
-                }
-                used[s] += room;
-                end += 1;
-            }
-            let mut next: Vec<usize> = used.iter().map(|u| n - u).collect();
-            items.clear();
-            for i in start..end {
-                let s = servers[i];
-                items.push((keys[i], next[s]));
-                next[s] += outs.cap(i).min(n);
-            }
-            let results = c
-                .place_many(&items)
-                .map_err(|e| (e.code(), format!("get_many_into: {e}")))?;
-            for (i, r) in (start..end).zip(results) {
-                let cap = outs.cap(i);
-                let context = format!("get_many_into key {i}: ");
-                let placed = r.map_err(|e| read_failure(&context, e, cap, n))?;
-                match placed {
-                    None => lengths.push(None),
-                    Some(p) => {
-                        let v = c.landed(&p).map_err(failure)?;
-                        copy_into(outs.get_mut(i)?, v, &context)?;
-                        lengths.push(Some(v.len()));
-                    }
+                Err(f) => {
+                    failed = Some(f);
+                    false
                 }
             }
-            start = end;
+        };
+        c.read_each(&items, n, &mut take)
+            .map_err(|e| (e.code(), format!("get_many_into: {e}")))?;
+        match failed {
+            Some(f) => Err(f),
+            None => Ok(lengths),
         }
-        Ok(lengths)
     })
 }
 
@@ -544,9 +691,11 @@ pub(crate) fn put<C: CacheOps>(
     })
 }
 
-/// Stores each key's value of `values`, in order, all with `ttl`; their
-/// generations. On an error the items before the failing one are stored;
-/// the error names the failing item's index.
+/// Stores each key's value of `values`, all with `ttl`, through
+/// [`CacheOps::put_values`] (pipelined on a single server); their
+/// generations. On an error the error names the first failing item's
+/// index; the items before it are stored, and where the batch was
+/// pipelined the items after it may be too.
 pub(crate) fn put_many_of<C: CacheOps>(
     py: Python<'_>,
     slot: &Mutex<Option<C>>,
@@ -556,12 +705,30 @@ pub(crate) fn put_many_of<C: CacheOps>(
     call: &str,
 ) -> PyResult<Vec<u64>> {
     detached(py, slot, |c| {
+        let items: Vec<(&[u8], &[u8])> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (*k, values.get(i)))
+            .collect();
+        let results = c
+            .put_values(&items, ttl)
+            .map_err(|e| (e.code(), format!("{call}: {e}")))?;
         let mut generations = Vec::with_capacity(keys.len());
-        for (i, key) in keys.iter().enumerate() {
-            match c.put_value(key, values.get(i), ttl) {
+        for (i, r) in results.into_iter().enumerate() {
+            match r {
                 Ok(g) => generations.push(g),
                 Err(e) => return Err((e.code(), format!("{call} item {i}: {e}"))),
             }
+        }
+        if generations.len() != keys.len() {
+            return Err((
+                ErrorCode::Internal,
+                format!(
+                    "{call}: {} results for {} items",
+                    generations.len(),
+                    keys.len()
+                ),
+            ));
         }
         Ok(generations)
     })

@@ -162,8 +162,10 @@ macro_rules! cache_calls {
     ($class:ty, $where:literal) => {
         #[pyo3::pymethods]
         impl $class {
-            /// The value of `key` as bytes, or None if it is absent or
-            /// expired; with `out` (writable memory: numpy array, bytearray,
+            /// The value of `key` as a new numpy array (uint8, 1-D, owning
+            /// its memory: `arr.view(dtype)` or `np.frombuffer` reads it
+            /// as another type), or None if it is absent or expired; with
+            /// `out` (writable memory: numpy array, bytearray,
             /// memoryview, DLPack tensor) the value is copied into `out`
             /// from its first byte on and its length returned, as
             /// `get_into` does. `fabrickv.Error` with code
@@ -178,7 +180,7 @@ macro_rules! cache_calls {
             ) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::PyAny>> {
                 use pyo3::IntoPyObjectExt;
                 match out {
-                    None => crate::cache::get_bytes(py, &self.inner, key)?.into_bound_py_any(py),
+                    None => crate::cache::get_array(py, &self.inner, key)?.into_bound_py_any(py),
                     Some(out) => {
                         crate::cache::get_into(py, &self.inner, key, out)?.into_bound_py_any(py)
                     }
@@ -244,10 +246,11 @@ macro_rules! cache_calls {
                 crate::cache::put(py, &self.inner, key, value, ttl)
             }
 
-            /// Stores each `(key, value)` of `items` in order, all with the
-            /// same `ttl`; returns their generations. On an error the items
-            /// before the failing one are stored; the error names the
-            /// failing item's index.
+            /// Stores each `(key, value)` of `items`, all with the same
+            /// `ttl`; returns their generations. To one server the values
+            /// are pipelined (a round trip per batch, not per value). On an
+            /// error the error names the first failing item's index: the
+            /// items before it are stored, and those after it may be.
             #[pyo3(signature = (items, ttl = None))]
             fn put_many(
                 &self,
@@ -261,9 +264,10 @@ macro_rules! cache_calls {
             /// Stores each of `keys` from its place in `values`: a list of
             /// buffers (one per key), or one buffer with `offsets` (bytes)
             /// and `sizes` (one int for all, or one per key), read in place
-            /// with the GIL released; all with the same `ttl`. Returns the
-            /// generations. On an error the items before the failing one
-            /// are stored; the error names the failing item's index.
+            /// with the GIL released; all with the same `ttl`, pipelined as
+            /// `put_many`'s. Returns the generations. On an error the error
+            /// names the first failing item's index: the items before it
+            /// are stored, and those after it may be.
             #[pyo3(signature = (keys, values, *, offsets = None, sizes = None, ttl = None))]
             fn put_many_from(
                 &self,

@@ -174,9 +174,12 @@ impl Service for CacheService {
                 offset,
                 max_len,
                 dest,
+                read_now,
             } => (
                 CacheOp::Get,
-                self.get(id, key, generation, offset, max_len, dest, reply, now_ms),
+                self.get(
+                    id, key, generation, offset, max_len, dest, read_now, reply, now_ms,
+                ),
             ),
             CacheRequest::Delete { key } => {
                 let found = self.shared.store().delete(key, now_ms);

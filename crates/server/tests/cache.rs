@@ -287,7 +287,109 @@ fn exists_many_and_delete_many_answer_each_key_in_order(t: Transport) {
     s.shutdown();
 }
 
+/// A streamed batch (`get_many_each`) larger than its ring of the buffer
+/// hands every value over in key order, intact, with an absent key as
+/// None and a value larger than its room refused alone; a batch stopped
+/// early hands nothing after the stop and leaves the connection in step.
+fn get_many_each_hands_every_value_over_in_order(t: Transport) {
+    let s = server(t);
+    let mut c = client(&s);
+    // 40 values of 200 KB: four times the 2 MiB ring, so places are
+    // taken again while later values are in flight.
+    let n = 40;
+    let len = 200_000;
+    let keys: Vec<String> = (0..n).map(|i| format!("each-{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        c.put(k.as_bytes(), &value(300 + i as u64, len), None)
+            .expect("put");
+    }
+    let big = value(9, CACHE_CHUNK_BYTES_MAX + 777);
+    c.put(b"each-big", &big, None).expect("put");
+    let mut items: Vec<(&[u8], usize)> = keys.iter().map(|k| (k.as_bytes(), len)).collect();
+    items.insert(5, (b"each-absent", len));
+    items.insert(9, (b"each-big", big.len()));
+    items.insert(12, (b"each-big", 1000));
+    // What was handed over for each key: its index, and its bytes, None
+    // or its error's code.
+    type Seen = (usize, Result<Option<Vec<u8>>, ErrorCode>);
+    let mut seen: Vec<Seen> = Vec::new();
+    c.get_many_each(&items, |i, r| {
+        seen.push((i, r.map(|v| v.map(<[u8]>::to_vec)).map_err(code)));
+        true
+    })
+    .expect("batch");
+    assert_eq!(seen.len(), items.len());
+    let mut stored = 0;
+    for (at, (i, r)) in seen.iter().enumerate() {
+        assert_eq!(*i, at, "handed out of order");
+        match at {
+            5 => assert_eq!(r, &Ok(None)),
+            9 => assert!(r.as_ref().expect("ok").as_deref() == Some(&big[..])),
+            12 => assert_eq!(r, &Err(ErrorCode::BufferTooSmall)),
+            _ => {
+                let want = value(300 + stored, len);
+                stored += 1;
+                let got = r.as_ref().expect("ok").as_ref().expect("present");
+                assert!(got[..] == want[..], "value {at} differs");
+            }
+        }
+    }
+    // Stopped after the third value: nothing more is handed over.
+    let mut handed = 0;
+    c.get_many_each(&items, |_, _| {
+        handed += 1;
+        handed < 3
+    })
+    .expect("batch");
+    assert_eq!(handed, 3);
+    let last = keys[n - 1].as_bytes();
+    let mut out = vec![0u8; len];
+    assert_eq!(c.get_into(last, &mut out).expect("get"), Some(len));
+    assert!(out == value(300 + n as u64 - 1, len));
+    s.shutdown();
+}
+
+/// `put_many` stores every item of a batch longer than one round of
+/// requests in flight, values of one byte and of several chunks alike,
+/// each with its own generation, and reads back as `put` would.
+fn put_many_stores_every_item_of_a_batch(t: Transport) {
+    let s = server(t);
+    let mut c = client(&s);
+    let small: Vec<(String, Vec<u8>)> = (0..CACHE_BATCH_KEYS_MAX + 76)
+        .map(|i| (format!("pm-{i}"), value(i as u64, 1 + i % 300)))
+        .collect();
+    let large: Vec<(String, Vec<u8>)> = (0..5)
+        .map(|i| {
+            (
+                format!("pm-large-{i}"),
+                value(900 + i, CACHE_CHUNK_BYTES_MAX + 1000 * i as usize),
+            )
+        })
+        .collect();
+    let items: Vec<(&[u8], &[u8])> = small
+        .iter()
+        .chain(&large)
+        .map(|(k, v)| (k.as_bytes(), v.as_slice()))
+        .collect();
+    let got = c.put_many(&items, None).expect("put_many");
+    assert_eq!(got.len(), items.len());
+    let generations: Vec<u64> = got.into_iter().map(|r| r.expect("stored")).collect();
+    for (k, v) in small.iter().chain(&large) {
+        assert_eq!(
+            c.get(k.as_bytes()).expect("get").as_deref(),
+            Some(&v[..]),
+            "{k}"
+        );
+    }
+    // A rewrite through put_many is a new generation.
+    let again = c.put_many(&items[..1], None).expect("put_many");
+    assert_ne!(again[0].as_ref().ok(), Some(&generations[0]));
+    s.shutdown();
+}
+
 transport_tests!(
+    put_many_stores_every_item_of_a_batch,
+    get_many_each_hands_every_value_over_in_order,
     exists_many_and_delete_many_answer_each_key_in_order,
     values_round_trip_from_one_byte_to_64_mib,
     a_reader_on_a_chosen_worker_gets_what_another_stored,

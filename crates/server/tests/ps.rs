@@ -279,7 +279,33 @@ fn a_client_on_a_chosen_worker_reads_what_another_wrote(t: Transport) {
     s.shutdown();
 }
 
+/// A `pull_into` while other pulls are outstanding lands only its own
+/// vectors in the caller's slice (over tcp its replies land there
+/// straight): the others complete with theirs, whichever call reads them.
+fn pull_into_beside_outstanding_pulls_lands_only_its_own(t: Transport) {
+    let s = server(t);
+    let mut c = ps(&s);
+    let tab = c
+        .create_table(&TableSpec::new("beside", 16))
+        .expect("create");
+    let keys: Vec<u64> = (1..=1200).collect();
+    c.put(&tab, &keys, &init(7, &keys, 16)).expect("put");
+    let early = c.pull_async(&tab, &keys[..700]).expect("pull_async");
+    let mut out = vec![f32::NAN; 900 * 16];
+    assert_eq!(
+        c.pull_into(&tab, &keys[300..], &mut out, None)
+            .expect("pull_into"),
+        900
+    );
+    assert!(out == init(7, &keys[300..], 16));
+    let late = c.pull_async(&tab, &keys[..5]).expect("pull_async");
+    assert!(c.wait(early).expect("early").values == init(7, &keys[..700], 16));
+    assert!(c.wait(late).expect("late").values == init(7, &keys[..5], 16));
+    s.shutdown();
+}
+
 transport_tests!(
+    pull_into_beside_outstanding_pulls_lands_only_its_own,
     transport_is_one_sided_where_it_can_be,
     a_client_on_a_chosen_worker_reads_what_another_wrote,
     a_500_key_pull_lands_in_request_order,

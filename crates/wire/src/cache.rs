@@ -72,6 +72,14 @@ pub const REGION_BYTES: usize = 24;
 /// Flag bit: the value is in (PUT) or goes to (GET) the client's region.
 pub const FLAG_REGION: u8 = 1;
 
+/// Flag bit of a GET into the client's region: the client copies the
+/// value out as soon as the reply arrives, so the server writes it with
+/// ordinary stores, which leave it in a cache the reader's CPU shares,
+/// rather than streaming it past the caches to memory (its default for a
+/// large value, best for a value read in place some time later). Refused
+/// without [`FLAG_REGION`] and on every other operation.
+pub const FLAG_READ_NOW: u8 = 2;
+
 /// A cache operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -142,6 +150,8 @@ pub enum CacheRequest<'a> {
         max_len: u64,
         /// Where the whole value goes, if one-sided.
         dest: Option<RegionSlice>,
+        /// Whether the client reads `dest` at once ([`FLAG_READ_NOW`]).
+        read_now: bool,
     },
     /// DELETE.
     Delete {

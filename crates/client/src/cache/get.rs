@@ -5,13 +5,15 @@
 use std::time::{Duration, Instant};
 
 use fabrickv_transport::{Landed, RemoteRegion};
-use fabrickv_types::limits::CACHE_CHUNK_BYTES_MAX;
+use fabrickv_types::limits::{CACHE_BATCH_KEYS_MAX, CACHE_CHUNK_BYTES_MAX};
 use fabrickv_types::ErrorCode;
-use fabrickv_wire::cache::{encode_get, RegionSlice, GET_REPLY_HEAD_BYTES};
+use fabrickv_wire::cache::{encode_get, encode_get_read_now, RegionSlice, GET_REPLY_HEAD_BYTES};
 
-use super::reply::{get_reply, Bad, ChunkReply, ChunkSink};
+use super::reply::{get_reply, reply_frame, Bad, ChunkReply, ChunkSink};
+use super::window::Window;
 use super::{
-    too_small, CacheClient, Chunks, Placed, CACHE_GET_RETRY_PAUSE_US_MAX, CACHE_GET_RETRY_WINDOW_MS,
+    check_key, too_small, Buffer, CacheClient, Chunks, Placed, CACHE_GET_RETRY_PAUSE_US_MAX,
+    CACHE_GET_RETRY_WINDOW_MS, CACHE_PIPELINE_WINDOW_BYTES,
 };
 use crate::conn::region_bytes;
 use crate::{ClientError, Result};
@@ -23,23 +25,46 @@ impl CacheClient {
     /// one chunk costs one round trip. A value of several chunks then has
     /// the rest asked for at once, pinned to the generation its first
     /// chunk reported; one that changed in between is read again whole.
+    /// Each `(key, offset, end)` lands in `buf[offset..end]`: a value
+    /// longer is refused (`BUFFER_TOO_SMALL`) with nothing written past
+    /// `end`.
     pub(super) fn get_many_inline(
         &mut self,
         buf: &mut [u8],
-        items: &[(&[u8], usize)],
+        items: &[(&[u8], usize, usize)],
     ) -> Result<Vec<Result<Option<Placed>>>> {
-        for &(k, _) in items {
+        self.post_inline_firsts(items.iter().map(|&(k, _, _)| k))?;
+        self.collect_inline(buf, items)
+    }
+
+    /// Posts and sends the request of each key's first chunk: the first
+    /// half of [`CacheClient::get_many_inline`].
+    pub(super) fn post_inline_firsts<'k>(
+        &mut self,
+        keys: impl Iterator<Item = &'k [u8]>,
+    ) -> Result<()> {
+        for k in keys {
             self.post(|b, id, w| {
                 encode_get(b, id, w, k, 0, 0, CACHE_CHUNK_BYTES_MAX as u64, None)
             })?;
         }
-        self.sessions.flush()?;
+        Ok(self.sessions.flush()?)
+    }
+
+    /// The second half of [`CacheClient::get_many_inline`]: lands the
+    /// first chunks as their replies come, then reads the rest of each
+    /// value longer than one chunk.
+    pub(super) fn collect_inline(
+        &mut self,
+        buf: &mut [u8],
+        items: &[(&[u8], usize, usize)],
+    ) -> Result<Vec<Result<Option<Placed>>>> {
         let deadline = self.sessions.deadline();
         let mut firsts = Vec::with_capacity(items.len());
         let mut whole = std::mem::take(&mut self.whole);
         let mut fatal = None;
-        for &(_, off) in items {
-            let mut sink = ChunkSink::new(&mut buf[off..], std::mem::take(&mut whole));
+        for &(_, off, end) in items {
+            let mut sink = ChunkSink::new(&mut buf[off..end], std::mem::take(&mut whole));
             let r = self.recv_chunk(&mut sink, deadline);
             whole = sink.whole;
             match r {
@@ -55,8 +80,8 @@ impl CacheClient {
             return Err(e);
         }
         let mut out = Vec::with_capacity(items.len());
-        for (first, &(k, off)) in firsts.into_iter().zip(items) {
-            let dst = &mut buf[off..];
+        for (first, &(k, off, end)) in firsts.into_iter().zip(items) {
+            let dst = &mut buf[off..end];
             let placed = |total: u64, generation: u64, expires_in_ms: u64| Placed {
                 offset: off,
                 len: total as usize,
@@ -116,11 +141,177 @@ impl CacheClient {
         )
     }
 
-    pub(super) fn get_many_one_sided(
+    /// Reads each `(key, room)` and hands its value to `take` in key
+    /// order, as it lands: `take(i, r)` gets key `i`'s bytes (`None` if
+    /// absent) or its own refusal (`BUFFER_TOO_SMALL` for a value larger
+    /// than `room` or than the receive buffer: the server checks the size
+    /// before it writes anything). The bytes are lent from the receive
+    /// buffer until `take` returns. When `take` returns false no later
+    /// key is handed to it (the requests in flight are still read, so
+    /// the connection stays in step); the outer error is the
+    /// connection's.
+    ///
+    /// Over a registered region the batch is a pipeline: the reads go
+    /// into a ring of at most [`CACHE_PIPELINE_WINDOW_BYTES`] of the
+    /// buffer (or the largest `room`, if larger), and as soon as a value
+    /// is handed over its place is asked for again by a later key. So
+    /// while `take` copies one value out the server writes the next ones,
+    /// on another CPU, and the ring stays small enough to stay in the
+    /// caches both share; one round trip is paid for the whole batch, not
+    /// one per key. The wait for each reply is bounded by the timeout.
+    /// Elsewhere the values land inline in rounds that fill the buffer
+    /// (as [`CacheClient::get_many_at`] lands them) and are handed over
+    /// after each round.
+    pub fn get_many_each(
+        &mut self,
+        items: &[(&[u8], usize)],
+        mut take: impl FnMut(usize, Result<Option<&[u8]>>) -> bool,
+    ) -> Result<()> {
+        for (k, _) in items {
+            check_key(k)?;
+        }
+        match self.buffer {
+            Buffer::Region(r) => self.each_one_sided(r, items, &mut take),
+            Buffer::Local(_) => self.each_in_rounds(items, &mut take),
+        }
+    }
+
+    /// [`CacheClient::get_many_each`] over a registered region: the
+    /// pipeline.
+    fn each_one_sided(
         &mut self,
         r: RemoteRegion,
         items: &[(&[u8], usize)],
-    ) -> Result<Vec<Result<Option<Placed>>>> {
+        take: &mut impl FnMut(usize, Result<Option<&[u8]>>) -> bool,
+    ) -> Result<()> {
+        let region = region_bytes(&r);
+        let n = self.buffer_bytes;
+        let largest = items
+            .iter()
+            .map(|&(_, room)| room.min(n))
+            .max()
+            .unwrap_or(0);
+        let mut window = Window::new(CACHE_PIPELINE_WINDOW_BYTES.max(largest).min(n));
+        let mut posted = 0;
+        let mut handed = 0;
+        let mut stopped = false;
+        // Each reply as it is read: (total bytes, or None if absent) or
+        // the key's refusal; drained after every receive.
+        let mut replies: Vec<Result<Option<u64>>> = Vec::new();
+        while handed < items.len() {
+            while !stopped && posted < items.len() && window.taken() < CACHE_BATCH_KEYS_MAX {
+                let (key, room) = items[posted];
+                let room = room.min(n);
+                let Some(offset) = window.take(room) else {
+                    break;
+                };
+                let dest = RegionSlice {
+                    region,
+                    offset: offset as u64,
+                    len: room as u64,
+                };
+                self.post(|b, id, w| encode_get_read_now(b, id, w, key, &dest))?;
+                posted += 1;
+            }
+            if window.taken() == 0 {
+                break;
+            }
+            self.sessions.flush()?;
+            let deadline = self.sessions.deadline();
+            replies.clear();
+            let got = self.sessions.receive(0, deadline, |m, sent| {
+                match reply_frame(m, Some(sent.id)) {
+                    Ok(f) => replies.push(get_reply(&f).map(|g| g.map(|g| g.0))),
+                    Err(Bad::Refused(e)) => replies.push(Err(e)),
+                    Err(Bad::Fatal(e)) => return Err(e),
+                }
+                Ok(())
+            });
+            if let Err(e) = got {
+                self.sessions.session(0).queue_mut().give_up_all();
+                return Err(e);
+            }
+            for r in replies.drain(..) {
+                let (offset, room) = window
+                    .free()
+                    .ok_or_else(|| ClientError::Protocol("a reply to no read".into()))?;
+                let i = handed;
+                handed += 1;
+                if stopped {
+                    continue;
+                }
+                let r = match r {
+                    Ok(Some(total)) if total > room as u64 => Err(ClientError::Protocol(format!(
+                        "the server placed {total} bytes in a {room}-byte slice"
+                    ))),
+                    r => r,
+                };
+                let buffer = self.buffer()?;
+                let value = r.map(|o| o.map(|total| &buffer[offset..offset + total as usize]));
+                stopped = !take(i, value);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`CacheClient::get_many_each`] without a registered region: as
+    /// many keys as fit the buffer side by side, each in exactly `room`
+    /// bytes, are read at once, then handed over.
+    fn each_in_rounds(
+        &mut self,
+        items: &[(&[u8], usize)],
+        take: &mut impl FnMut(usize, Result<Option<&[u8]>>) -> bool,
+    ) -> Result<()> {
+        let n = self.buffer_bytes;
+        let mut start = 0;
+        let mut round: Vec<(&[u8], usize, usize)> = Vec::new();
+        while start < items.len() {
+            let mut used = 0;
+            let mut end = start;
+            while end < items.len() && end - start < CACHE_BATCH_KEYS_MAX {
+                let room = items[end].1.min(n);
+                if end > start && used + room > n {
+                    break;
+                }
+                used += room;
+                end += 1;
+            }
+            round.clear();
+            let mut offset = 0;
+            for &(key, room) in &items[start..end] {
+                let room = room.min(n);
+                round.push((key, offset, offset + room));
+                offset += room;
+            }
+            let mut buf = match std::mem::replace(&mut self.buffer, Buffer::Local(Vec::new())) {
+                Buffer::Local(v) => v,
+                Buffer::Region(r) => {
+                    self.buffer = Buffer::Region(r);
+                    return Err(ClientError::Protocol("buffer changed kind".into()));
+                }
+            };
+            let placed = self.get_many_inline(&mut buf, &round);
+            self.buffer = Buffer::Local(buf);
+            let placed = placed?;
+            let buffer = self.buffer()?;
+            for (i, p) in (start..end).zip(placed) {
+                let value = p.map(|o| o.map(|p| &buffer[p.offset..p.offset + p.len]));
+                if !take(i, value) {
+                    return Ok(());
+                }
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Posts and sends a one-sided GET of each `(key, offset)` into the
+    /// region `r`, its slice running from `offset` to the buffer's end.
+    pub(super) fn post_one_sided(
+        &mut self,
+        r: RemoteRegion,
+        items: &[(&[u8], usize)],
+    ) -> Result<()> {
         let region = region_bytes(&r);
         for &(k, off) in items {
             let dest = RegionSlice {
@@ -130,6 +321,14 @@ impl CacheClient {
             };
             self.post(|b, id, w| encode_get(b, id, w, k, 0, 0, 0, Some(&dest)))?;
         }
+        Ok(self.sessions.flush()?)
+    }
+
+    /// Reads the replies to [`CacheClient::post_one_sided`] of `items`.
+    pub(super) fn collect_one_sided(
+        &mut self,
+        items: &[(&[u8], usize)],
+    ) -> Result<Vec<Result<Option<Placed>>>> {
         let mut out: Vec<Result<Option<Placed>>> = Vec::with_capacity(items.len());
         self.collect(|i, f| {
             out.push(get_reply(f).map(|g| {

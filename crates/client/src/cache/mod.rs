@@ -14,10 +14,13 @@
 //! [`CacheClient::get_at`] places a value at an offset of the buffer (the
 //! "response location" of the KV-cache service this one replaces: where
 //! the caller wants the value put); [`CacheClient::get_into`] reads into
-//! any caller slice; [`CacheClient::get_many_at`] pipelines a batch.
+//! any caller slice; [`CacheClient::get_many_at`] pipelines a batch, and
+//! [`CacheClient::get_many_each`] streams one through a small ring of the
+//! buffer, handing each value over as it lands.
 //!
 //! Layout: this file holds the client, its connection and the calls of
 //! one request each; [`get`] the GETs (one-sided, or inline in chunks);
+//! [`window`] the ring of the buffer a streamed batch reads into;
 //! [`reply`] how replies are decoded and checked, and the sink that lands
 //! inline chunks in place. Request ids, the requests in flight and their
 //! order, the credits, the waits and the late-reply policy are the
@@ -25,6 +28,7 @@
 
 mod get;
 mod reply;
+mod window;
 
 use std::time::Duration;
 
@@ -59,6 +63,16 @@ pub const CACHE_GET_RETRY_WINDOW_MS: u64 = 5_000;
 /// keeps changing: the pause doubles from 50 µs up to this, so a burst of
 /// writes finishes instead of being raced by the reader.
 pub const CACHE_GET_RETRY_PAUSE_US_MAX: u64 = 10_000;
+
+/// Bytes of the receive buffer a pipelined batch read
+/// ([`CacheClient::get_many_each`]) reads into at once, in a ring reused
+/// as values are handed over. Small enough that the ring stays in the
+/// last-level cache the server's CPU and the reader's share (32 MiB on
+/// the 2-CPU EPYC VM this project develops on, where the reader copies
+/// each value out right after the server wrote it), large enough to keep
+/// several values of a KV-cache layer block (256 KiB) in flight so the
+/// server never waits for the reader.
+pub const CACHE_PIPELINE_WINDOW_BYTES: usize = 2 << 20;
 
 /// Picks the worker of each new client, round robin over the process.
 static TURNS: Turns = Turns::new();
@@ -295,52 +309,156 @@ impl CacheClient {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// As [`CacheClient::collect`], handing every reply to `on_reply` in
+    /// posting order: its frame, or the server's refusal of that request.
+    fn collect_each(
+        &mut self,
+        mut on_reply: impl FnMut(Result<&fabrickv_wire::Frame<'_>>),
+    ) -> Result<()> {
+        self.sessions.flush()?;
+        let deadline = self.sessions.deadline();
+        self.sessions.collect(0, deadline, |m, sent| {
+            match reply_frame(m, Some(sent.id)) {
+                Ok(frame) => on_reply(Ok(&frame)),
+                Err(Bad::Fatal(e)) => return Err(e),
+                Err(Bad::Refused(e)) => on_reply(Err(e)),
+            }
+            Ok(())
+        })
+    }
+
     /// Stores `value` under `key` with a time to live (`None` = forever);
     /// returns the value's generation.
     pub fn put(&mut self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<u64> {
-        check_key(key)?;
-        if value.len() > CACHE_VALUE_BYTES_MAX {
-            return Err(ClientError::Invalid(
-                ErrorCode::ValueTooLarge,
-                format!("{} bytes exceed CACHE_VALUE_BYTES_MAX", value.len()),
-            ));
+        let mut out = self.put_many(&[(key, value)], ttl)?;
+        out.pop()
+            .unwrap_or_else(|| Err(ClientError::Protocol("a PUT got no reply".into())))
+    }
+
+    /// Stores each `(key, value)`, all with the same time to live; one
+    /// result per item, in order (its generation, or its own refusal).
+    /// Every item is checked before anything is sent. The PUTs are
+    /// pipelined: as many items as fit at once (up to
+    /// `CACHE_BATCH_KEYS_MAX` requests, chunks included, and where values
+    /// go through the registered region, as many as it holds side by
+    /// side) are sent before any reply is read, so a batch costs a round
+    /// trip per round, not one per value. A refused item does not stop
+    /// the others.
+    pub fn put_many(
+        &mut self,
+        items: &[(&[u8], &[u8])],
+        ttl: Option<Duration>,
+    ) -> Result<Vec<Result<u64>>> {
+        for (key, value) in items {
+            check_key(key)?;
+            if value.len() > CACHE_VALUE_BYTES_MAX {
+                return Err(ClientError::Invalid(
+                    ErrorCode::ValueTooLarge,
+                    format!("{} bytes exceed CACHE_VALUE_BYTES_MAX", value.len()),
+                ));
+            }
         }
-        let ttl_ms = match ttl {
-            None => 0,
-            Some(d) => {
-                let ms = d.as_millis().max(1);
-                if ms > u128::from(TTL_MS_MAX) {
-                    return Err(ClientError::Invalid(
-                        ErrorCode::TtlTooLarge,
-                        format!("{ms} ms"),
-                    ));
-                }
-                ms as u64
-            }
-        };
-        let total = value.len() as u64;
-        // A whole value in the registered region: one request, and the
-        // server reads it one-sided.
-        if let Buffer::Region(r) = self.buffer {
-            if value.len() <= self.buffer_bytes && value.len() > CACHE_CHUNK_BYTES_MAX {
-                self.buffer()?[..value.len()].copy_from_slice(value);
-                let src = RegionSlice {
-                    region: region_bytes(&r),
-                    offset: 0,
-                    len: total,
+        let ttl_ms = ttl_ms_of(ttl)?;
+        let mut out = Vec::with_capacity(items.len());
+        // Requests of each item of the round, and where in the region its
+        // value went (if it did).
+        let mut round: Vec<(usize, Option<usize>)> = Vec::new();
+        let mut start = 0;
+        while start < items.len() {
+            round.clear();
+            let mut requests = 0;
+            let mut region_used = 0;
+            let mut end = start;
+            while end < items.len() {
+                let value = items[end].1;
+                let at = match self.buffer {
+                    Buffer::Region(_) if self.whole_in_region(value.len()) => {
+                        if region_used + value.len() > self.buffer_bytes {
+                            break;
+                        }
+                        region_used += value.len();
+                        Some(region_used - value.len())
+                    }
+                    _ => None,
                 };
-                self.post(|b, id, w| encode_put_from_region(b, id, w, key, ttl_ms, &src))?;
-                let mut generation = 0;
-                self.collect(|_, f| {
-                    generation = put_reply(f, total)?;
-                    Ok(())
-                })?;
-                return Ok(generation);
+                let n = match at {
+                    Some(_) => 1,
+                    None => value.len().div_ceil(CACHE_CHUNK_BYTES_MAX).max(1),
+                };
+                if end > start && requests + n > CACHE_BATCH_KEYS_MAX {
+                    break;
+                }
+                requests += n;
+                round.push((n, at));
+                end += 1;
             }
+            for (i, &(_, at)) in (start..end).zip(&round) {
+                let (key, value) = items[i];
+                self.post_put(key, value, ttl_ms, at)?;
+            }
+            let mut left = 0;
+            let mut item = 0;
+            let mut generation: Option<Result<u64>> = None;
+            let totals: Vec<u64> = items[start..end]
+                .iter()
+                .map(|(_, v)| v.len() as u64)
+                .collect();
+            let mut results: Vec<Result<u64>> = Vec::with_capacity(end - start);
+            self.collect_each(|f| {
+                if left == 0 {
+                    left = round[item].0;
+                }
+                let r = match f {
+                    Ok(f) => put_reply(f, totals[item]),
+                    Err(e) => Err(e),
+                };
+                // The last chunk's reply carries the generation; the first
+                // refusal of any chunk is the item's result.
+                generation = match (generation.take(), r) {
+                    (Some(Err(e)), _) => Some(Err(e)),
+                    (_, r) => Some(r),
+                };
+                left -= 1;
+                if left == 0 {
+                    results.push(generation.take().unwrap_or_else(|| {
+                        Err(ClientError::Protocol("a PUT got no reply".into()))
+                    }));
+                    item += 1;
+                }
+            })?;
+            if results.len() != end - start {
+                return Err(ClientError::Protocol("a PUT got no reply".into()));
+            }
+            out.extend(results);
+            start = end;
+        }
+        Ok(out)
+    }
+
+    /// Whether a value of `len` bytes goes whole through the registered
+    /// region (one request the server reads one-sided) rather than inline.
+    fn whole_in_region(&self, len: usize) -> bool {
+        matches!(self.buffer, Buffer::Region(_))
+            && len <= self.buffer_bytes
+            && len > CACHE_CHUNK_BYTES_MAX
+    }
+
+    /// Posts the PUT of `value` under `key`: copied into the region at
+    /// `at` and read from there by the server, or inline in chunks.
+    fn post_put(&mut self, key: &[u8], value: &[u8], ttl_ms: u64, at: Option<usize>) -> Result<()> {
+        let total = value.len() as u64;
+        if let (Some(at), Some(r)) = (at, self.region()) {
+            self.buffer()?[at..at + value.len()].copy_from_slice(value);
+            let src = RegionSlice {
+                region: region_bytes(&r),
+                offset: at as u64,
+                len: total,
+            };
+            self.post(|b, id, w| encode_put_from_region(b, id, w, key, ttl_ms, &src))?;
+            return Ok(());
         }
         let transfer = self.next_transfer;
         self.next_transfer += 1;
-        let mut chunks = 0;
         let mut offset = 0;
         loop {
             let end = (offset + CACHE_CHUNK_BYTES_MAX).min(value.len());
@@ -348,22 +466,11 @@ impl CacheClient {
             self.post(|b, id, w| {
                 encode_put_chunk(b, id, w, key, transfer, ttl_ms, total, offset as u64, chunk)
             })?;
-            chunks += 1;
             offset = end;
             if offset >= value.len() {
-                break;
+                return Ok(());
             }
         }
-        let last = chunks - 1;
-        let mut generation = 0;
-        self.collect(|i, f| {
-            let g = put_reply(f, total)?;
-            if i == last {
-                generation = g;
-            }
-            Ok(())
-        })?;
-        Ok(generation)
     }
 
     /// Reads `key` into the receive buffer at `offset`; `None` if absent.
@@ -377,6 +484,15 @@ impl CacheClient {
     /// Reads each `(key, offset)` into the receive buffer, all requests in
     /// flight at once; one result per key, in order.
     pub fn get_many_at(&mut self, items: &[(&[u8], usize)]) -> Result<Vec<Result<Option<Placed>>>> {
+        self.post_get_many_at(items)?;
+        self.collect_get_many_at(items)
+    }
+
+    /// Checks `items` and sends their GETs as [`CacheClient::get_many_at`]
+    /// does, without waiting for any reply: the first half of a batch a
+    /// cluster client splits over its servers, so that every server works
+    /// on its part at once. Nothing is sent if an item is refused.
+    pub(crate) fn post_get_many_at(&mut self, items: &[(&[u8], usize)]) -> Result<()> {
         if items.len() > CACHE_BATCH_KEYS_MAX {
             return Err(ClientError::Invalid(
                 ErrorCode::BatchTooLarge,
@@ -393,7 +509,19 @@ impl CacheClient {
             }
         }
         match self.buffer {
-            Buffer::Region(r) => self.get_many_one_sided(r, items),
+            Buffer::Region(r) => self.post_one_sided(r, items),
+            Buffer::Local(_) => self.post_inline_firsts(items.iter().map(|&(k, _)| k)),
+        }
+    }
+
+    /// Reads the replies to [`CacheClient::post_get_many_at`] of `items`
+    /// (the same items): one result per key, in order.
+    pub(crate) fn collect_get_many_at(
+        &mut self,
+        items: &[(&[u8], usize)],
+    ) -> Result<Vec<Result<Option<Placed>>>> {
+        match self.buffer {
+            Buffer::Region(_) => self.collect_one_sided(items),
             Buffer::Local(_) => {
                 let mut buf = match std::mem::replace(&mut self.buffer, Buffer::Local(Vec::new())) {
                     Buffer::Local(v) => v,
@@ -402,7 +530,10 @@ impl CacheClient {
                         return Err(ClientError::Protocol("buffer changed kind".into()));
                     }
                 };
-                let out = self.get_many_inline(&mut buf, items);
+                let end = buf.len();
+                let items: Vec<(&[u8], usize, usize)> =
+                    items.iter().map(|&(k, off)| (k, off, end)).collect();
+                let out = self.collect_inline(&mut buf, &items);
                 self.buffer = Buffer::Local(buf);
                 out
             }
@@ -547,6 +678,23 @@ impl CacheClient {
             }
         })
     }
+}
+
+/// A PUT's time to live in milliseconds as the wire carries it (0 =
+/// forever; a duration under a millisecond is one); `TTL_TOO_LARGE` past
+/// `TTL_MS_MAX`.
+fn ttl_ms_of(ttl: Option<Duration>) -> Result<u64> {
+    let Some(d) = ttl else {
+        return Ok(0);
+    };
+    let ms = d.as_millis().max(1);
+    if ms > u128::from(TTL_MS_MAX) {
+        return Err(ClientError::Invalid(
+            ErrorCode::TtlTooLarge,
+            format!("{ms} ms"),
+        ));
+    }
+    Ok(ms as u64)
 }
 
 /// `BUFFER_TOO_SMALL`: a value of `total` bytes and `room` bytes for it.

@@ -194,9 +194,10 @@ impl ClusterCache {
     /// key's server, at `offset` of that buffer (keys of different servers
     /// may share offsets; keys of one server must not overlap). One result
     /// per key, in order. The batch is split by server and each server's
-    /// part is a pipelined [`CacheClient::get_many_at`]; the parts run one
-    /// server after another. Fails whole if a server it needs is down (in
-    /// a cluster with a slot map, once the map has not moved on in time).
+    /// part is a pipelined [`CacheClient::get_many_at`]; every part is sent
+    /// before any reply is read, so the servers work at once. Fails whole
+    /// if a server it needs is down (in a cluster with a slot map, once
+    /// the map has not moved on in time).
     pub fn get_many_at(
         &mut self,
         items: &[(&[u8], usize)],
@@ -241,15 +242,23 @@ impl ClusterCache {
         }
         let mut out: Vec<Option<Result<Option<ClusterPlaced>>>> =
             (0..items.len()).map(|_| None).collect();
-        let mut part_items = Vec::new();
+        let part_items: Vec<Vec<(&[u8], usize)>> = parts
+            .iter()
+            .map(|p| p.iter().map(|&i| items[i]).collect())
+            .collect();
+        let mut got: Vec<Vec<Result<Option<Placed>>>> = (0..n).map(|_| Vec::new()).collect();
+        let servers: Vec<usize> = (0..n).filter(|&s| !parts[s].is_empty()).collect();
+        self.m.post_then_collect(
+            servers.into_iter(),
+            true,
+            |c, s| c.post_get_many_at(&part_items[s]).map(|()| s),
+            |c, s, _deadline| {
+                got[s] = c.collect_get_many_at(&part_items[s])?;
+                Ok(())
+            },
+        )?;
         for (s, p) in parts.iter().enumerate() {
-            if p.is_empty() {
-                continue;
-            }
-            part_items.clear();
-            part_items.extend(p.iter().map(|&i| items[i]));
-            let got = self.m.with(s, |c| c.get_many_at(&part_items))?;
-            for (r, &i) in got.into_iter().zip(p) {
+            for (r, &i) in std::mem::take(&mut got[s]).into_iter().zip(p) {
                 out[i] = Some(r.map(|o| {
                     o.map(|placed| ClusterPlaced {
                         server: s as u32,

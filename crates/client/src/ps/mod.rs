@@ -117,6 +117,10 @@ pub struct Pulled {
 enum Landing {
     /// In the reply, copied by the client into `values`.
     Inline,
+    /// In the reply, copied by the client straight into the caller's
+    /// slice that [`PsClient::pull_into`] lends the reply loop while it
+    /// waits (no `values`: one copy less, and no zeroing).
+    Caller,
     /// One-sided into the region at this offset (whole pull, contiguous).
     Region(usize),
 }
@@ -258,6 +262,7 @@ impl PsClient {
             ReplyState {
                 pulls: &mut *pulls,
                 stashed: &mut *stashed,
+                caller: None,
             }
             .on_reply(m, sent)
         });
@@ -313,6 +318,7 @@ impl PsClient {
             ReplyState {
                 pulls: &mut *pulls,
                 stashed: &mut *stashed,
+                caller: None,
             }
             .on_reply(m, sent)
         });
@@ -323,11 +329,22 @@ impl PsClient {
     /// Handles the replies that come by `deadline`, waiting for at least
     /// one (`Timeout` past it).
     fn drive(&mut self, deadline: Instant) -> Result<()> {
+        self.drive_landing(deadline, None)
+    }
+
+    /// [`PsClient::drive`], landing the replies of pull `caller.0` (a
+    /// [`Landing::Caller`] pull) in `caller.1`.
+    fn drive_landing(
+        &mut self,
+        deadline: Instant,
+        mut caller: Option<(u64, &mut [f32])>,
+    ) -> Result<()> {
         let (pulls, stashed) = (&mut self.pulls, &mut self.stashed);
         let r = self.sessions.receive(0, deadline, |m, sent| {
             ReplyState {
                 pulls: &mut *pulls,
                 stashed: &mut *stashed,
+                caller: caller.as_mut().map(|(id, out)| (*id, &mut **out)),
             }
             .on_reply(m, sent)
         });
@@ -352,6 +369,9 @@ impl PsClient {
 struct ReplyState<'a> {
     pulls: &'a mut HashMap<u64, PullState>,
     stashed: &'a mut HashMap<u64, Result<Vec<u8>>>,
+    /// The pull landing in its caller's slice ([`Landing::Caller`]), and
+    /// that slice, while [`PsClient::pull_into`] waits for it.
+    caller: Option<(u64, &'a mut [f32])>,
 }
 
 impl ReplyState<'_> {
@@ -383,7 +403,7 @@ impl ReplyState<'_> {
         let r = decode_reply(&frame).map_err(protocol)?;
         let n = r.n;
         let bm = bitmap_bytes(n);
-        let inline = matches!(p.landing, Landing::Inline);
+        let inline = matches!(p.landing, Landing::Inline | Landing::Caller);
         let want = bm + if inline { n * p.dim * 4 } else { 0 };
         if r.op != PsOp::Pull || r.rest.len() != want || first + n > p.keys {
             p.error.get_or_insert(ClientError::Protocol(
@@ -394,10 +414,19 @@ impl ReplyState<'_> {
         for i in 0..n {
             p.found[first + i] = r.rest[i / 8] & (1 << (i % 8)) != 0;
         }
-        if inline {
-            let dst = &mut p.values[first * p.dim..(first + n) * p.dim];
-            bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(&r.rest[bm..]);
-        }
+        let values = match (p.landing, &mut self.caller) {
+            (Landing::Inline, _) => &mut p.values[..],
+            (Landing::Caller, Some((id, out))) if *id == pull => &mut out[..],
+            (Landing::Caller, _) => {
+                p.error.get_or_insert(ClientError::Protocol(
+                    "a pull's reply came with no slice to land in".into(),
+                ));
+                return Ok(());
+            }
+            (Landing::Region(_), _) => return Ok(()),
+        };
+        let dst = &mut values[first * p.dim..(first + n) * p.dim];
+        bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(&r.rest[bm..]);
         Ok(())
     }
 }

@@ -16,6 +16,12 @@ impl PsClient {
     /// Starts a pull of `keys` from table `t`; returns at once with an id
     /// to poll, wait on or cancel.
     pub fn pull_async(&mut self, t: &TableDesc, keys: &[u64]) -> Result<PullId> {
+        self.start_pull(t, keys, false)
+    }
+
+    /// [`PsClient::pull_async`]; with `caller`, inline replies are to land
+    /// in the slice [`PsClient::pull_into`] lends ([`Landing::Caller`]).
+    fn start_pull(&mut self, t: &TableDesc, keys: &[u64], caller: bool) -> Result<PullId> {
         while self.pulls.len() >= PS_OUTSTANDING_PULLS_MAX {
             let oldest = self.pulls.keys().min().copied();
             if let Some(id) = oldest {
@@ -36,6 +42,7 @@ impl PsClient {
             Some((_, alloc)) if total > 0 => {
                 alloc.alloc(total).map_or(Landing::Inline, Landing::Region)
             }
+            _ if caller => Landing::Caller,
             _ => Landing::Inline,
         };
         let pull = self.sessions.next_request_id();
@@ -43,7 +50,7 @@ impl PsClient {
         let chunks = keys.len().div_ceil(per).max(1);
         let values = match landing {
             Landing::Inline => vec![0f32; keys.len() * dim],
-            Landing::Region(_) => Vec::new(),
+            Landing::Caller | Landing::Region(_) => Vec::new(),
         };
         self.pulls.insert(
             pull,
@@ -247,8 +254,32 @@ impl PsClient {
         found: Option<&mut [bool]>,
     ) -> Result<usize> {
         check_len(out.len(), keys.len(), t.spec.dim, "output")?;
-        let id = self.pull_async(t, keys)?;
-        self.wait_into(id, out, found)
+        let id = self.start_pull(t, keys, true)?;
+        if !matches!(
+            self.pulls.get(&id.0).map(|p| p.landing),
+            Some(Landing::Caller)
+        ) {
+            return self.wait_into(id, out, found);
+        }
+        // Inline replies land straight in `out` as they are read; a pull
+        // that fails here is cancelled, so that no later reply of it
+        // looks for `out` once this call has returned.
+        let deadline = self.sessions.deadline();
+        while !self.pull_finished(id.0) {
+            if let Err(e) = self.drive_landing(deadline, Some((id.0, &mut *out))) {
+                let _ = self.cancel(id);
+                return Err(e);
+            }
+        }
+        let state = self.pulls.remove(&id.0).ok_or_else(|| unknown_pull(id))?;
+        if let Some(e) = state.error {
+            return Err(e);
+        }
+        if let Some(f) = found {
+            let m = f.len().min(state.found.len());
+            f[..m].copy_from_slice(&state.found[..m]);
+        }
+        Ok(state.found.iter().filter(|x| **x).count())
     }
 
     /// Pulls `keys`, returning fresh vectors.

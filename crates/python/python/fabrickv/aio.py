@@ -4,13 +4,16 @@
 How a call runs. Each async client owns a fixed pool of `workers` threads,
 and each thread its own blocking client (its own connections, and for the
 cache its own receive buffer), made on that thread's first call. An
-awaited call is handed to the pool; the thread runs the blocking call,
-which releases the GIL while it waits on the server, and its result comes
-back to the event loop through the loop's own self-pipe
-(`call_soon_threadsafe`, by way of `asyncio.wrap_future`). No thread is
-made per call, and the event loop never blocks: many calls in flight from
-one `asyncio.gather` spread over the workers' connections, so they run in
-parallel on the servers instead of taking turns on one connection.
+awaited call is put on the pool's queue, where a waiting worker takes it;
+the worker runs the blocking call, which releases the GIL while it waits
+on the server, and appends the outcome to the pool's list of finished
+calls. Only the first outcome of a burst writes to the event loop's
+self-pipe (`call_soon_threadsafe`); the loop then completes every future
+whose outcome arrived, so with 16 calls in flight one wake-up of the loop
+serves many. No thread is made per call, and the event loop never blocks:
+many calls in flight from one `asyncio.gather` spread over the workers'
+connections, so they run in parallel on the servers instead of taking
+turns on one connection.
 
 Why not an async Rust runtime: the Rust clients are blocking state
 machines that own their connections (`&mut`), so a runtime would still
@@ -31,8 +34,10 @@ keywords, same errors), awaited.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import collections
+import queue
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Generic, Iterable, Literal, Sequence, TypeVar, overload
 
@@ -68,28 +73,87 @@ def _closed_error() -> Error:
     return e
 
 
-def _retrieve(fut: asyncio.Future[Any]) -> None:
-    """Reads the outcome of a worker's future whose awaiter was cancelled,
-    so that asyncio does not warn of an exception never retrieved."""
-    if not fut.cancelled():
-        fut.exception()
+class _Call:
+    """One awaited call on its way through a pool: what to run, the
+    future its awaiter waits on, and who claimed it first (a worker to run
+    it, or the awaiter's cancellation to drop it)."""
+
+    __slots__ = ("run", "fut", "claim", "delivered", "waiter")
+
+    def __init__(self, run: Callable[[Any], Any], fut: asyncio.Future[Any]) -> None:
+        self.run = run
+        self.fut = fut
+        # Taken (without blocking) by whichever comes first: the worker
+        # that runs the call, or a cancelled awaiter that drops it.
+        self.claim = threading.Lock()
+        # Set on the event loop once the worker's outcome has arrived.
+        self.delivered = False
+        # What a cancelled awaiter waits on for a call already running.
+        self.waiter: asyncio.Future[None] | None = None
+
+
+# What a worker takes from its queue to stop.
+_STOP = object()
+
+
+def _serve(ref: weakref.ReferenceType[_Workers[Any]], calls: queue.SimpleQueue[Any]) -> None:
+    """A worker thread: runs the calls it takes until told to stop, or
+    until its pool is gone. It holds its pool only weakly between calls,
+    so a pool never closed is still collected (and its threads stopped,
+    by the finalizer `_Workers.__init__` registers)."""
+    while True:
+        item = calls.get()
+        if item is _STOP:
+            return
+        pool = ref()
+        if pool is None:
+            return
+        pool._run_one(item)
+        del pool
+
+
+def _stop_threads(calls: queue.SimpleQueue[Any], n: int) -> None:
+    """Tells `n` worker threads to stop once the calls queued are done."""
+    for _ in range(n):
+        calls.put(_STOP)
 
 
 class _Workers(Generic[C]):
     """A fixed pool of threads, each with its own blocking client made by
-    `make` on the thread's first call."""
+    `make` on the thread's first call, fed from one queue.
+
+    One hand-off each way, and fewer wake-ups than calls: a call is put
+    on the queue (`queue.SimpleQueue`, whose `put` wakes one waiting
+    worker), and a finished call's outcome is appended to `_done`; the
+    worker writes to the event loop's self-pipe (`call_soon_threadsafe`)
+    only when no drain of `_done` is pending already, so with many calls
+    in flight one wake-up of the loop delivers every outcome that arrived
+    meanwhile."""
 
     def __init__(self, make: Callable[[], C], workers: int, name: str) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be a positive integer, not {workers!r}")
-        self._make = make
+        self._make: Callable[[], C] = make
         self._local = threading.local()
         self._clients: list[C] = []
         self._lock = threading.Lock()
         self._closed = False
         self.size = workers
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix=name)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Outcomes not yet delivered, and whether a drain is scheduled.
+        self._done: collections.deque[tuple[_Call, bool, Any]] = collections.deque()
+        self._drain_pending = False
+        # The event loop the pool delivers to (the first that awaited a
+        # call); a call from another loop is delivered on its own.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        ref = weakref.ref(self)
+        self._threads = [threading.Thread(target=_serve, args=(ref, self._queue),
+                                          name=f"{name}-{i}", daemon=True)
+                         for i in range(workers)]
+        self._stop: Callable[[], Any] = weakref.finalize(
+            self, _stop_threads, self._queue, workers)
+        for t in self._threads:
+            t.start()
 
     def _client(self) -> C:
         c: C | None = getattr(self._local, "client", None)
@@ -115,22 +179,72 @@ class _Workers(Generic[C]):
         value: T = made[key]
         return value
 
+    def _run_one(self, item: _Call) -> None:
+        """Runs a call taken from the queue (on a worker), unless its
+        awaiter was cancelled first."""
+        if not item.claim.acquire(blocking=False):
+            return  # cancelled before it ran: dropped
+        try:
+            result = item.run(self._client())
+        except BaseException as e:  # delivered to the awaiter
+            self._finish(item, False, e)
+        else:
+            self._finish(item, True, result)
+
+    def _finish(self, item: _Call, ok: bool, value: Any) -> None:
+        """Hands a call's outcome to its event loop (on a worker)."""
+        loop = item.fut.get_loop()
+        try:
+            if loop is not self._loop:
+                loop.call_soon_threadsafe(self._deliver, item, ok, value)
+                return
+            self._done.append((item, ok, value))
+            if not self._drain_pending:
+                self._drain_pending = True
+                loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:
+            pass  # the loop is closed: no one awaits the call any more
+
+    def _drain(self) -> None:
+        """Delivers every outcome that arrived (on the event loop)."""
+        self._drain_pending = False
+        done = self._done
+        while done:
+            self._deliver(*done.popleft())
+
+    @staticmethod
+    def _deliver(item: _Call, ok: bool, value: Any) -> None:
+        """Completes the call's future, or wakes its cancelled awaiter
+        (on the event loop)."""
+        item.delivered = True
+        fut = item.fut
+        if fut.cancelled():
+            if item.waiter is not None and not item.waiter.done():
+                item.waiter.set_result(None)
+        elif ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
     async def run(self, call: Callable[[C], T]) -> T:
         """Runs `call` on a worker's client; see the module doc for
         cancellation."""
         if self._closed:
             raise _closed_error()
         loop = asyncio.get_running_loop()
-        cf = self._pool.submit(lambda: call(self._client()))
-        fut = asyncio.wrap_future(cf, loop=loop)
+        if self._loop is None:
+            self._loop = loop
+        fut: asyncio.Future[T] = loop.create_future()
+        item = _Call(call, fut)
+        self._queue.put(item)
         try:
-            return await asyncio.shield(fut)
+            return await fut
         except asyncio.CancelledError:
-            fut.add_done_callback(_retrieve)
-            if not cf.cancel():
+            if not item.claim.acquire(blocking=False) and not item.delivered:
                 # Running: let it finish, so that it writes no caller
                 # memory after this await has ended.
-                await asyncio.wait([fut])
+                item.waiter = loop.create_future()
+                await asyncio.wait([item.waiter])
             raise
 
     def close(self) -> None:
@@ -138,7 +252,10 @@ class _Workers(Generic[C]):
         client. Closing twice is harmless."""
         with self._lock:
             self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._stop()  # once: a second close finds it done
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
         with self._lock:
             clients, self._clients = self._clients, []
         for c in clients:
@@ -353,14 +470,17 @@ class _CacheCalls(_AsyncBase[C]):
     _w: _Workers[Any]
 
     @overload
-    async def get(self, key: bytes | str, out: None = None) -> bytes | None: ...
+    async def get(self, key: bytes | str,
+                  out: None = None) -> npt.NDArray[np.uint8] | None: ...
 
     @overload
     async def get(self, key: bytes | str, out: Any) -> int | None: ...
 
-    async def get(self, key: bytes | str, out: Any = None) -> bytes | int | None:
-        """The value of `key` (bytes), or with `out` its length once copied
-        into `out`; None if absent. As `CacheClient.get`."""
+    async def get(self, key: bytes | str,
+                  out: Any = None) -> npt.NDArray[np.uint8] | int | None:
+        """The value of `key` (a new uint8 numpy array), or with `out` its
+        length once copied into `out`; None if absent. As
+        `CacheClient.get`."""
         return await self._w.run(lambda c: c.get(key, out))
 
     async def get_into(self, key: bytes | str, out: Any) -> int | None:

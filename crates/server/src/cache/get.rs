@@ -25,6 +25,7 @@ impl CacheService {
         offset: u64,
         max_len: u64,
         dest: Option<RegionSlice>,
+        read_now: bool,
         reply: &mut dyn Reply,
         now_ms: u64,
     ) -> Result<(), Refusal> {
@@ -79,6 +80,12 @@ impl CacheService {
                     .remote_mut(&region, at, lease.len())
                     .map_err(one_sided)?
                 {
+                    // A reader that copies the value out at once finds it
+                    // in the cache this CPU shares with it (`FLAG_READ_NOW`;
+                    // measured with python/bench_front_door.py's
+                    // get_many_into, 64 values of 256 KiB streamed through
+                    // a 2 MiB ring: 2.2 GB/s streamed, 11 GB/s cached).
+                    Some(view) if read_now => view.copy_from_slice(&lease),
                     Some(view) => fabrickv_cache::copy_to_reader(view, &lease),
                     None => reply.write_remote(&region, at, &lease).map_err(one_sided)?,
                 }

@@ -42,6 +42,25 @@ pub fn encode_put_chunk(
     finish_frame(out, s, 0);
 }
 
+/// Appends a GET of the whole value into `dest`, a slice of the client's
+/// region that the client copies out as soon as the reply arrives
+/// ([`FLAG_READ_NOW`]).
+pub fn encode_get_read_now(
+    out: &mut Vec<u8>,
+    id: u64,
+    worker: u16,
+    key: &[u8],
+    dest: &RegionSlice,
+) {
+    let s = FrameHeader::begin(out, FrameKind::Cache, id, worker, 0);
+    prefix(out, CacheOp::Get, FLAG_REGION | FLAG_READ_NOW, key.len(), 0);
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.extend_from_slice(key);
+    put_slice(out, dest, true);
+    finish_frame(out, s, 0);
+}
+
 /// Appends a PUT whose value the server reads from the client's region
 /// (`src.len` bytes at `src.offset`).
 pub fn encode_put_from_region(
@@ -140,7 +159,11 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<CacheRequest<'a>, WireErr
     let key_len = usize::from(le_u16(b, 2));
     let tag = le_u64(b, 8);
     let takes_flag = matches!(op, CacheOp::Put | CacheOp::Get);
-    if flags & !FLAG_REGION != 0 || (!takes_flag && flags != 0) {
+    let read_now = flags & FLAG_READ_NOW != 0;
+    if flags & !(FLAG_REGION | FLAG_READ_NOW) != 0
+        || (!takes_flag && flags != 0)
+        || (read_now && (op != CacheOp::Get || flags & FLAG_REGION == 0))
+    {
         return Err(WireError::ReservedBits);
     }
     if op == CacheOp::Bind {
@@ -224,6 +247,7 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<CacheRequest<'a>, WireErr
                 offset,
                 max_len,
                 dest,
+                read_now,
             })
         }
         CacheOp::Delete | CacheOp::Exists => {

@@ -51,6 +51,20 @@ fn requests_round_trip() {
             offset: 100,
             max_len: 200,
             dest: Some(slice()),
+            read_now: false,
+        }
+    );
+    m.clear();
+    encode_get_read_now(&mut m, 1, 0, b"k3", &slice());
+    assert_eq!(
+        req(&m),
+        CacheRequest::Get {
+            key: b"k3",
+            generation: 0,
+            offset: 0,
+            max_len: 0,
+            dest: Some(slice()),
+            read_now: true,
         }
     );
     m.clear();
@@ -219,5 +233,16 @@ fn malformed_requests_are_refused() {
     m[fabrickv_types::limits::FRAME_HEADER_BYTES + 1] = 2;
     let s = 0;
     finish_frame(&mut m, s, 0);
+    assert!(bad(&m));
+    m.clear();
+    // FLAG_READ_NOW on a GET without a destination, and on a PUT.
+    encode_get(&mut m, 1, 0, b"k", 0, 0, 100, None);
+    m[fabrickv_types::limits::FRAME_HEADER_BYTES + 1] = FLAG_READ_NOW;
+    finish_frame(&mut m, 0, 0);
+    assert!(bad(&m));
+    m.clear();
+    encode_put_from_region(&mut m, 1, 0, b"k", 0, &slice());
+    m[fabrickv_types::limits::FRAME_HEADER_BYTES + 1] = FLAG_REGION | FLAG_READ_NOW;
+    finish_frame(&mut m, 0, 0);
     assert!(bad(&m));
 }
