@@ -234,11 +234,16 @@ def row(name: str, what: str, unit: str, runs: list[float], base_runs: list[floa
 def paired_runs(binary: Path, transport: str, rounds: int,
                 measure: Callable[[str], tuple[float, float]]) -> tuple[list[float], list[float]]:
     """`rounds` runs of `measure(address)` (a figure and its baseline) on
-    one server of `transport`, stopped at the end; both series."""
+    one server of `transport`, after one uncounted run, stopped at the
+    end; both series. The uncounted run is the fresh server's first: its
+    get_many_into ran at about half the later rounds' rate (cold pages on
+    both sides), which a server in use has paid long before."""
     server = Server(binary, transport)
     measured: list[float] = []
     baseline: list[float] = []
     try:
+        pin_client()
+        measure(server.native)
         for _ in range(rounds):
             pin_client()
             a, b = measure(server.native)
