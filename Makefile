@@ -106,16 +106,18 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
-## The Python examples, the front door's tests and benchmarks, and the
-## fixtures they share type-check (mypy --strict) against the package's
-## stubs. Test files not yet annotated (the RESP, memcache, auth,
-## Redis Cluster, replication and LMCache ones) are not in the list.
+## The Python examples, the front door's benchmarks, and every test file
+## and the fixtures they share type-check (mypy --strict) against the
+## package's stubs, with mypy.ini's settings for redis-py and pymemcache.
 PY_TYPED := python/examples python/bench_front_door.py python/bench_ps.py \
 	python/tests/conftest.py python/tests/dlpack_util.py \
 	python/tests/test_buffers.py python/tests/test_batched.py python/tests/test_blocks.py \
 	python/tests/test_async.py python/tests/test_wheel.py python/tests/test_cache.py \
 	python/tests/test_cluster.py python/tests/test_checkpoint.py \
-	python/tests/test_large_values.py python/tests/test_client_kv.py python/tests/test_ps.py
+	python/tests/test_large_values.py python/tests/test_client_kv.py python/tests/test_ps.py \
+	python/tests/test_resp.py python/tests/test_resp3.py python/tests/test_resp_txn.py \
+	python/tests/test_memcache.py python/tests/test_auth.py python/tests/test_redis_cluster.py \
+	python/tests/test_replication.py python/tests/test_lmcache_cluster.py
 lint-python: venv python
 	.venv/bin/python -m mypy --strict $(PY_TYPED)
 

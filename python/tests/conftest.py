@@ -10,7 +10,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -180,7 +180,7 @@ def start_servers(n: int, transport: str, *extra: str) -> list[Server]:
     return servers
 
 
-def stop_all(servers: list[Server]) -> list[int]:
+def stop_all(servers: Sequence[Server]) -> list[int]:
     """Stops every server; their exit codes, in order."""
     return [s.stop() for s in servers]
 

@@ -14,12 +14,13 @@ import struct
 import subprocess
 import time
 import uuid
+from typing import Iterator, Sequence, cast
 
 import pytest
 import redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from conftest import BIN, Server, stop_all
+from conftest import BIN, Etcd, Server, stop_all
 
 # 64 tokens of Llama-3.2-1B in LMCache's KV_2LTD format, [2, layers, tokens,
 # heads * head_dim] in bfloat16: 2 MiB, over 1 MiB as real chunks are.
@@ -30,12 +31,12 @@ CHUNKS = 24
 SETTLE_S = 60.0
 
 
-def key(tag, i):
+def key(tag: str, i: int) -> str:
     """CacheEngineKey.to_string() of chunk `i`."""
     return f"vllm@meta-llama/Llama-3.2-1B@1@0@{tag}{i:08x}"
 
 
-def settled(url, name):
+def settled(url: str, name: str) -> bool:
     """Whether `cluster show` lists three groups, each with one in-sync backup."""
     out = subprocess.run([str(BIN), "cluster", "show", "--registry", url, "--cluster", name],
                          capture_output=True, text=True, timeout=30).stdout
@@ -43,13 +44,13 @@ def settled(url, name):
 
 
 @pytest.fixture
-def copies(etcd):
+def copies(etcd: Etcd) -> Iterator[list[Server]]:
     """Three servers keeping two copies of each slot, and their controller."""
     name = f"lmc-{uuid.uuid4().hex[:8]}"
     ctl = subprocess.Popen([str(BIN), "cluster", "controller", "--registry", etcd.url,
                             "--cluster", name],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    servers = []
+    servers: list[Server] = []
     try:
         for i in range(3):
             servers.append(Server("--registry", etcd.url, "--cluster", name, "--id", str(i),
@@ -66,21 +67,29 @@ def copies(etcd):
         ctl.wait()
 
 
-def connect(servers):
+def connect(servers: Sequence[Server]) -> RedisCluster:
     """The connector's client for `redis-cluster://h0:p0,h1:p1,h2:p2`."""
     return RedisCluster(startup_nodes=[ClusterNode(s.resp_host, s.resp_port) for s in servers],
                         max_connections=150, decode_responses=False)
 
 
-async def put(rc, keys, chunks):
+def port_of(node: ClusterNode | None) -> int:
+    """The port of the node redis-py routes a key to: typed optional, with
+    a `str | int` port, it is a node of the slot map read from the cluster,
+    whose ports are ints."""
+    assert node is not None and isinstance(node.port, int), node
+    return node.port
+
+
+async def put(rc: RedisCluster, keys: Sequence[str], chunks: dict[str, bytes]) -> None:
     """batched_put: every chunk at once, kv_bytes, then its RemoteMetadata."""
-    async def one(k):
+    async def one(k: str) -> None:
         await rc.set(k + "kv_bytes", chunks[k])
         await rc.set(k + "metadata", struct.pack("7i", len(chunks[k]), 1, 3, *SHAPE))
     await asyncio.gather(*(one(k) for k in keys))
 
 
-async def contains(rc, keys):
+async def contains(rc: RedisCluster, keys: Sequence[str]) -> int:
     """batched_async_contains: how many leading chunks are stored."""
     for n, k in enumerate(keys):
         if not await rc.exists(k + "metadata"):
@@ -88,15 +97,15 @@ async def contains(rc, keys):
     return len(keys)
 
 
-async def get(rc, keys):
+async def get(rc: RedisCluster, keys: Sequence[str]) -> list[bytes]:
     """batched_get_non_blocking: each chunk's metadata, then its bytes."""
-    async def one(k):
-        length = struct.unpack("7i", await rc.get(k + "metadata"))[0]
-        return (await rc.get(k + "kv_bytes"))[:length]
+    async def one(k: str) -> bytes:
+        length = struct.unpack("7i", cast(bytes, await rc.get(k + "metadata")))[0]
+        return cast(bytes, await rc.get(k + "kv_bytes"))[:length]
     return await asyncio.gather(*(one(k) for k in keys))
 
 
-def handed_over(servers, port):
+def handed_over(servers: Sequence[Server], port: int) -> bool:
     """Whether no server but the one on `port` names it in CLUSTER SLOTS."""
     for s in servers:
         if s.resp_port != port:
@@ -107,13 +116,13 @@ def handed_over(servers, port):
     return True
 
 
-def test_chunks_are_found_whole_and_spread_over_the_servers(copies):
+def test_chunks_are_found_whole_and_spread_over_the_servers(copies: list[Server]) -> None:
     tag = uuid.uuid4().hex[:8]
     keys = [key(tag, i) for i in range(CHUNKS)]
     chunks = {k: os.urandom(CHUNK_BYTES) for k in keys}
-    owners = []
+    owners: list[int] = []
 
-    async def go():
+    async def go() -> None:
         rc = connect(copies)
         try:
             # The slot map read before the first put: 24 concurrent SETs on
@@ -127,7 +136,7 @@ def test_chunks_are_found_whole_and_spread_over_the_servers(copies):
             assert await contains(rc, keys) == CHUNKS
             assert await contains(rc, keys[:3] + [key(tag, CHUNKS)] + keys[3:]) == 3
             assert await get(rc, keys) == [chunks[k] for k in keys]
-            owners.extend(rc.get_node_from_key(k + "kv_bytes").port for k in keys)
+            owners.extend(port_of(rc.get_node_from_key(k + "kv_bytes")) for k in keys)
         finally:
             await rc.aclose()
 
@@ -147,16 +156,16 @@ def test_chunks_are_found_whole_and_spread_over_the_servers(copies):
     assert len(set(owners)) > 1, owners
 
 
-def test_a_killed_primary_loses_no_chunk_and_the_client_follows(copies):
+def test_a_killed_primary_loses_no_chunk_and_the_client_follows(copies: list[Server]) -> None:
     tag = uuid.uuid4().hex[:8]
     before = [key(tag, i) for i in range(CHUNKS)]
     chunks = {k: os.urandom(CHUNK_BYTES) for k in before}
 
-    async def go():
+    async def go() -> None:
         rc = connect(copies)
 
-        def owner(k):
-            return rc.get_node_from_key(k + "kv_bytes").port
+        def owner(k: str) -> int:
+            return port_of(rc.get_node_from_key(k + "kv_bytes"))
 
         try:
             # A lookup (all misses) before the store, as a serving engine does.

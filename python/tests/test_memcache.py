@@ -5,6 +5,7 @@ flags and CAS, and one keyspace with RESP's database 0."""
 import re
 import socket
 import time
+from typing import Iterator
 
 import pytest
 import redis
@@ -19,14 +20,18 @@ class McServer(Server):
     """A server with the memcache front end on a port the kernel picks;
     its banner line gives the address before the main banner."""
 
-    def __init__(self):
+    mc_host: str
+    mc_port: int
+
+    def __init__(self) -> None:
         super().__init__("--memcache", "127.0.0.1:0")
 
-    def _addresses(self):
+    def _addresses(self) -> tuple[str, str, int]:
         deadline = time.monotonic() + START_TIMEOUT_S
         serving = re.compile(r"serving on (\S+), RESP on (\S+):(\d+)")
         memcache = re.compile(r"memcache on (\S+):(\d+)")
         while time.monotonic() < deadline:
+            assert self.proc.stderr is not None
             line = self.proc.stderr.readline()
             if not line:
                 break
@@ -41,20 +46,20 @@ class McServer(Server):
 
 
 @pytest.fixture(scope="module")
-def mc_server():
+def mc_server() -> Iterator[McServer]:
     s = McServer()
     yield s
     assert s.stop() == 0, "the server exits cleanly on SIGTERM"
 
 
 @pytest.fixture
-def mc(mc_server):
+def mc(mc_server: McServer) -> Iterator[Client]:
     c = Client((mc_server.mc_host, mc_server.mc_port), connect_timeout=5, timeout=5)
     yield c
     c.close()
 
 
-def test_set_get_delete_and_flags(mc):
+def test_set_get_delete_and_flags(mc: Client) -> None:
     assert mc.set("py:a", b"hello", noreply=False)
     assert mc.get("py:a") == b"hello"
     assert mc.get_many(["py:a", "py:missing"]) == {"py:a": b"hello"}
@@ -73,7 +78,7 @@ def test_set_get_delete_and_flags(mc):
     raw.close()
 
 
-def test_add_replace_append_prepend(mc):
+def test_add_replace_append_prepend(mc: Client) -> None:
     mc.delete("py:s", noreply=False)
     assert not mc.replace("py:s", b"x", noreply=False)
     assert mc.add("py:s", b"mid", noreply=False)
@@ -85,7 +90,7 @@ def test_add_replace_append_prepend(mc):
     assert mc.get("py:s") == b"new"
 
 
-def test_cas(mc):
+def test_cas(mc: Client) -> None:
     mc.set("py:c", b"one", noreply=False)
     value, token = mc.gets("py:c")
     assert value == b"one"
@@ -95,7 +100,7 @@ def test_cas(mc):
     assert mc.cas("py:nothere", b"x", b"1", noreply=False) is None
 
 
-def test_incr_decr(mc):
+def test_incr_decr(mc: Client) -> None:
     mc.set("py:n", b"10", noreply=False)
     assert mc.incr("py:n", 5) == 15
     assert mc.decr("py:n", 100) == 0
@@ -107,7 +112,7 @@ def test_incr_decr(mc):
         mc.incr("py:t", 1)
 
 
-def test_expiry_touch_and_flush(mc):
+def test_expiry_touch_and_flush(mc: Client) -> None:
     mc.set("py:e", b"v", expire=1, noreply=False)
     assert mc.get("py:e") == b"v"
     assert mc.touch("py:e", 100, noreply=False)
@@ -119,7 +124,7 @@ def test_expiry_touch_and_flush(mc):
     assert mc.get("py:e") is None
 
 
-def test_stats_and_version(mc):
+def test_stats_and_version(mc: Client) -> None:
     stats = mc.stats()
     for name in (b"pid", b"uptime", b"curr_connections", b"cmd_get", b"get_hits",
                  b"curr_items", b"limit_maxbytes", b"threads"):
@@ -127,7 +132,7 @@ def test_stats_and_version(mc):
     assert mc.version()
 
 
-def test_one_keyspace_with_resp(mc, mc_server):
+def test_one_keyspace_with_resp(mc: Client, mc_server: McServer) -> None:
     r = redis.Redis(host=mc_server.resp_host, port=mc_server.resp_port)
     mc.set("py:shared", b"from-memcache", noreply=False)
     assert r.get("py:shared") == b"from-memcache"
@@ -135,7 +140,7 @@ def test_one_keyspace_with_resp(mc, mc_server):
     assert mc.get("py:from-resp") == b"hi"
 
 
-def test_meta_get_and_set(mc_server):
+def test_meta_get_and_set(mc_server: McServer) -> None:
     s = socket.create_connection((mc_server.mc_host, mc_server.mc_port), timeout=5)
     s.sendall(b"ms py:m 2 F7 T60\r\nhi\r\nmg py:m v f k\r\nmg py:none v q\r\nmn\r\n")
     reply = b""

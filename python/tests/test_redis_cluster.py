@@ -11,29 +11,38 @@ Needs `make build` (the server), `make python` (the module) and etcd
 import subprocess
 import time
 import uuid
+from typing import Iterator
 
 import pytest
 import redis
 from pymemcache.client.base import Client as MemcacheClient
 from redis.cluster import RedisCluster
 
-from conftest import BIN, TRANSPORTS, Server, listen_addr, stop_all
+from conftest import BIN, TRANSPORTS, Etcd, Server, listen_addr, stop_all
 
 # How long a dead server's registration may take to leave etcd (its lease
 # is 5 s), with room for a loaded machine.
 LEASE_GONE_S = 30.0
 
 
+class ClusterServer(Server):
+    """A server of a cluster registered in etcd, `name` the cluster's."""
+
+    name: str
+
+
 @pytest.fixture(scope="module", params=TRANSPORTS)
-def slot_cluster(request, etcd):
+def slot_cluster(request: pytest.FixtureRequest,
+                 etcd: Etcd) -> Iterator[list[ClusterServer]]:
     """Three servers of one etcd cluster, one copy of each slot."""
     name = f"rc-{uuid.uuid4().hex[:8]}"
-    servers = []
+    servers: list[ClusterServer] = []
     try:
         for i in range(3):
-            servers.append(Server("--registry", etcd.url, "--cluster", name, "--id", str(i),
-                                  "--cluster-size", "3", "--memcache", "127.0.0.1:0",
-                                  listen=listen_addr(request.param), workers=1))
+            servers.append(ClusterServer(
+                "--registry", etcd.url, "--cluster", name, "--id", str(i),
+                "--cluster-size", "3", "--memcache", "127.0.0.1:0",
+                listen=listen_addr(request.param), workers=1))
     except BaseException:
         stop_all(servers)
         raise
@@ -44,7 +53,8 @@ def slot_cluster(request, etcd):
     assert stop_all(servers) == [0, 0, 0], "the servers exit cleanly on SIGTERM"
 
 
-def test_redis_cluster_routes_every_key_to_its_slots_server(slot_cluster):
+def test_redis_cluster_routes_every_key_to_its_slots_server(
+        slot_cluster: list[ClusterServer]) -> None:
     s0 = slot_cluster[0]
     rc = RedisCluster(host=s0.resp_host, port=s0.resp_port)
     try:
@@ -82,7 +92,7 @@ def test_redis_cluster_routes_every_key_to_its_slots_server(slot_cluster):
         rc.close()
 
 
-def test_cluster_show_prints_the_slot_map(slot_cluster, etcd):
+def test_cluster_show_prints_the_slot_map(slot_cluster: list[ClusterServer], etcd: Etcd) -> None:
     out = subprocess.run([str(BIN), "cluster", "show", "--registry", etcd.url,
                           "--cluster", slot_cluster[0].name],
                          capture_output=True, text=True, timeout=60)
@@ -93,7 +103,7 @@ def test_cluster_show_prints_the_slot_map(slot_cluster, etcd):
     assert "slots 0-5460" in out.stdout
 
 
-def test_a_stopped_server_leaves_the_map_reported_failing(etcd):
+def test_a_stopped_server_leaves_the_map_reported_failing(etcd: Etcd) -> None:
     """A server that stops is out of etcd within its lease: CLUSTER INFO
     on the others reports its slots failing, and `cluster show` exits 1
     naming it."""
@@ -116,7 +126,7 @@ def test_a_stopped_server_leaves_the_map_reported_failing(etcd):
         stop_all(servers)
 
 
-def test_every_face_shares_the_one_keyspace(slot_cluster, etcd):
+def test_every_face_shares_the_one_keyspace(slot_cluster: list[ClusterServer], etcd: Etcd) -> None:
     """What redis-py writes, the native cluster client reads, and the
     other way round; a memcached client reaches every key from any one
     server (the servers forward a key of another's slots to it)."""
@@ -140,6 +150,7 @@ def test_every_face_shares_the_one_keyspace(slot_cluster, etcd):
         for k in keys[:20]:
             assert c.server_of(k) == by_port[rc.get_node_from_key(k).port]
         for s in slot_cluster:
+            assert s.memcache_port is not None
             mc = MemcacheClient((s.resp_host, s.memcache_port), timeout=10)
             try:
                 assert mc.get_many([k.decode() for k in keys[40:60]]) == {

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 import uuid
+from typing import Callable, Iterator, cast
 
 import pytest
 from pymemcache.client.base import Client as MemcacheClient
@@ -22,23 +23,32 @@ from redis.cluster import RedisCluster
 
 import numpy as np
 
-from conftest import (BIN, PS_POOL_ARGS, TRANSPORTS, Server, listen_addr, stop_all,
+from conftest import (BIN, PS_POOL_ARGS, TRANSPORTS, Etcd, Server, listen_addr, stop_all,
                       value_bytes)
 
 # Generous deadlines: failover takes about half a second here, but the
 # suite must pass on a machine whose cores are busy with something else.
 SETTLE_S = 60.0
 
+# A slot map as `cluster show` prints it: (primary, backups) per group.
+Groups = list[tuple[int, list[int]]]
+
+
+class ClusterServer(Server):
+    """A server of a cluster registered in etcd, `name` the cluster's."""
+
+    name: str
+
 
 class Controller:
     """`fabrickv cluster controller` for one cluster, until `stop`."""
 
-    def __init__(self, url, name):
+    def __init__(self, url: str, name: str) -> None:
         self.proc = subprocess.Popen(
             [str(BIN), "cluster", "controller", "--registry", url, "--cluster", name],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def stop(self):
+    def stop(self) -> int:
         self.proc.terminate()
         try:
             return self.proc.wait(timeout=10)
@@ -47,12 +57,12 @@ class Controller:
             return self.proc.wait()
 
 
-def slot_map(url, name):
+def slot_map(url: str, name: str) -> Groups:
     """The cluster's slot map as `fabrickv cluster show` prints it: one
     (primary, backups) per group."""
     out = subprocess.run([str(BIN), "cluster", "show", "--registry", url, "--cluster", name],
                          capture_output=True, text=True, timeout=30).stdout
-    groups = []
+    groups: Groups = []
     for line in out.splitlines():
         parts = line.split()
         if parts[:1] == ["slots"] and "primary" in parts:
@@ -62,7 +72,8 @@ def slot_map(url, name):
     return groups
 
 
-def wait_map(url, name, what, done):
+def wait_map(url: str, name: str, what: str,
+             done: Callable[[Groups], bool]) -> Groups:
     deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline:
         groups = slot_map(url, name)
@@ -72,20 +83,21 @@ def wait_map(url, name, what, done):
     pytest.fail(f"the slot map never showed {what}: {slot_map(url, name)}")
 
 
-def start(etcd, name, transport, i):
-    s = Server("--registry", etcd.url, "--cluster", name, "--id", str(i),
-               "--cluster-size", "3", "--replicas", "2", "--memcache", "127.0.0.1:0",
-               *PS_POOL_ARGS, listen=listen_addr(transport), workers=1)
+def start(etcd: Etcd, name: str, transport: str, i: int) -> ClusterServer:
+    s = ClusterServer("--registry", etcd.url, "--cluster", name, "--id", str(i),
+                      "--cluster-size", "3", "--replicas", "2", "--memcache", "127.0.0.1:0",
+                      *PS_POOL_ARGS, listen=listen_addr(transport), workers=1)
     s.name, s.transport = name, transport
     return s
 
 
 @pytest.fixture(params=TRANSPORTS)
-def replicated(request, etcd):
+def replicated(request: pytest.FixtureRequest,
+               etcd: Etcd) -> Iterator[list[ClusterServer]]:
     """Three servers keeping two copies of each slot, and a controller."""
     name = f"rep-{uuid.uuid4().hex[:8]}"
     ctl = Controller(etcd.url, name)
-    servers = []
+    servers: list[ClusterServer] = []
     try:
         servers = [start(etcd, name, request.param, i) for i in range(3)]
         # Every server's run stamped and holding its roles.
@@ -97,7 +109,7 @@ def replicated(request, etcd):
         ctl.stop()
 
 
-def write_until_served(rc, key, value):
+def write_until_served(rc: RedisCluster, key: str, value: str) -> float:
     """Writes through redis-py until a server takes it; returns the time
     it took."""
     began = time.monotonic()
@@ -111,7 +123,8 @@ def write_until_served(rc, key, value):
             time.sleep(0.005)
 
 
-def test_a_killed_primary_loses_no_acknowledged_write(replicated, etcd):
+def test_a_killed_primary_loses_no_acknowledged_write(
+        replicated: list[ClusterServer], etcd: Etcd) -> None:
     import fabrickv
     s0 = replicated[0]
     name = s0.name
@@ -140,6 +153,7 @@ def test_a_killed_primary_loses_no_acknowledged_write(replicated, etcd):
         assert c.mget(native) == [b"v1-" + k for k in native]
         for k in redis_keys:
             assert rc.get(k) == (b"after" if k == probe else ("v1-" + k).encode())
+        assert replicated[2].memcache_port is not None
         mc = MemcacheClient((replicated[2].resp_host, replicated[2].memcache_port), timeout=10)
         try:
             assert mc.get(native[0].decode()) == b"v1-" + native[0]
@@ -168,7 +182,8 @@ def test_a_killed_primary_loses_no_acknowledged_write(replicated, etcd):
         rc.close()
 
 
-def test_reads_that_accept_staleness_go_to_every_copy(replicated, etcd):
+def test_reads_that_accept_staleness_go_to_every_copy(
+        replicated: list[ClusterServer], etcd: Etcd) -> None:
     import fabrickv
     s0 = replicated[0]
     writer = fabrickv.Cluster(registry=etcd.url, name=s0.name, transport=s0.transport,
@@ -179,12 +194,13 @@ def test_reads_that_accept_staleness_go_to_every_copy(replicated, etcd):
         tag = uuid.uuid4().hex[:8]
         keys = [f"{tag}-{i}".encode() for i in range(300)]
         writer.mput([(k, b"v-" + k) for k in keys])
-        before = [s["gets"] for s in writer.stats()]
+        # Every server is up: none of their stats is None.
+        before = [s["gets"] for s in cast(list[dict[str, int]], writer.stats())]
         # An acknowledged write is on every copy: any of them answers it.
         assert reader.mget(keys) == [b"v-" + k for k in keys]
         for k in keys[:60]:
             assert reader.get(k) == b"v-" + k
-        after = [s["gets"] for s in writer.stats()]
+        after = [s["gets"] for s in cast(list[dict[str, int]], writer.stats())]
         served = [a - b for a, b in zip(after, before)]
         # Each server leads one group and backs another: reads of both
         # reached it (a reader of primaries only would leave each server
@@ -202,7 +218,8 @@ def test_reads_that_accept_staleness_go_to_every_copy(replicated, etcd):
         reader.close()
 
 
-def test_embedding_rows_survive_a_killed_primary(replicated, etcd):
+def test_embedding_rows_survive_a_killed_primary(
+        replicated: list[ClusterServer], etcd: Etcd) -> None:
     import fabrickv
     s0 = replicated[0]
     c = fabrickv.Cluster(registry=etcd.url, name=s0.name, transport=s0.transport, timeout=10.0)
@@ -227,7 +244,8 @@ def test_embedding_rows_survive_a_killed_primary(replicated, etcd):
         c.close()
 
 
-def test_the_kv_cache_follows_the_slot_map(replicated, etcd):
+def test_the_kv_cache_follows_the_slot_map(
+        replicated: list[ClusterServer], etcd: Etcd) -> None:
     import fabrickv
     s0 = replicated[0]
     cc = fabrickv.ClusterCache(registry=etcd.url, name=s0.name, transport=s0.transport,

@@ -4,21 +4,22 @@ redis-py, redis-cli and redis-benchmark."""
 import shutil
 import subprocess
 import time
+from typing import Iterator
 
 import pytest
 import redis
 
-from conftest import one_try
+from conftest import Server, one_try
 
 
 @pytest.fixture
-def r(server):
+def r(server: Server) -> Iterator[redis.Redis]:
     c = redis.Redis(host=server.resp_host, port=server.resp_port)
     yield c
     c.close()
 
 
-def test_strings_round_trip(r):
+def test_strings_round_trip(r: redis.Redis) -> None:
     assert r.ping() is True
     assert r.set("greeting", "hello") is True
     assert r.get("greeting") == b"hello"
@@ -32,7 +33,7 @@ def test_strings_round_trip(r):
     assert r.strlen("big") == 1 << 20
 
 
-def test_set_options(r):
+def test_set_options(r: redis.Redis) -> None:
     r.delete("opt")
     assert r.set("opt", "a", xx=True) is None
     assert r.set("opt", "a", nx=True) is True
@@ -48,7 +49,7 @@ def test_set_options(r):
     assert r.ttl("opt") == -1
 
 
-def test_multi_key_commands(r):
+def test_multi_key_commands(r: redis.Redis) -> None:
     pairs = {f"mk:{i}": f"value {i}".encode() for i in range(100)}
     assert r.mset(pairs) is True
     keys = list(pairs) + ["mk:absent"]
@@ -58,7 +59,7 @@ def test_multi_key_commands(r):
     assert r.exists("mk:1") == 0
 
 
-def test_expiry_is_active(r):
+def test_expiry_is_active(r: redis.Redis) -> None:
     """A key past its TTL disappears without being read (the sweep)."""
     before = r.dbsize()
     r.set("short", "x", px=50)
@@ -73,7 +74,7 @@ def test_expiry_is_active(r):
     assert r.ttl("short") == -2
 
 
-def test_incr(r):
+def test_incr(r: redis.Redis) -> None:
     r.delete("counter")
     assert r.incr("counter") == 1
     assert r.incrby("counter", 10) == 11
@@ -87,7 +88,7 @@ def test_incr(r):
         r.incr("max")
 
 
-def test_errors(r):
+def test_errors(r: redis.Redis) -> None:
     with pytest.raises(redis.ResponseError, match="unknown command 'NOSUCH'"):
         r.execute_command("NOSUCH", "a")
     with pytest.raises(redis.ResponseError, match="wrong number of arguments for 'get'"):
@@ -100,7 +101,7 @@ def test_errors(r):
     assert r.ping()
 
 
-def test_pipelining(r):
+def test_pipelining(r: redis.Redis) -> None:
     p = r.pipeline(transaction=False)
     for i in range(2000):
         p.set(f"p:{i}", i)
@@ -111,7 +112,7 @@ def test_pipelining(r):
     assert out[2000:] == [str(i).encode() for i in range(2000)]
 
 
-def test_info_and_config(r):
+def test_info_and_config(r: redis.Redis) -> None:
     info = r.info()
     assert "redis_version" in info
     assert info["connected_clients"] >= 1
@@ -120,7 +121,7 @@ def test_info_and_config(r):
     assert r.config_get("appendonly") == {"appendonly": "no"}
 
 
-def test_auth(auth_server):
+def test_auth(auth_server: Server) -> None:
     c = redis.Redis(host=auth_server.resp_host, port=auth_server.resp_port,
                     retry=one_try())
     with pytest.raises(redis.AuthenticationError):
@@ -136,21 +137,21 @@ def test_auth(auth_server):
     assert ok2.get("k") == b"v"
 
 
-def redis_tool(name):
+def redis_tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         pytest.fail(f"{name} is missing: run `make deps`")
     return path
 
 
-def cli(server, *args, stdin=None):
+def cli(server: Server, *args: str, stdin: str | None = None) -> str:
     return subprocess.run(
         [redis_tool("redis-cli"), "-h", server.resp_host, "-p", str(server.resp_port), *args],
         input=stdin, capture_output=True, text=True, timeout=30, check=True,
     ).stdout
 
 
-def test_redis_cli(server):
+def test_redis_cli(server: Server) -> None:
     assert cli(server, "PING").strip() == "PONG"
     assert cli(server, "SET", "cli key", "cli value").strip() == "OK"
     assert cli(server, "GET", "cli key").strip() == "cli value"
@@ -161,7 +162,7 @@ def test_redis_cli(server):
     assert out.split() == ["OK", "1", "1", "0"]
 
 
-def test_redis_benchmark_runs_unchanged(server, r):
+def test_redis_benchmark_runs_unchanged(server: Server, r: redis.Redis) -> None:
     out = subprocess.run(
         [redis_tool("redis-benchmark"), "-h", server.resp_host, "-p", str(server.resp_port),
          "-t", "ping,set,get,incr,mset", "-n", "2000", "-r", "1000", "-P", "16",
@@ -178,7 +179,7 @@ def test_redis_benchmark_runs_unchanged(server, r):
     assert sum(v is not None and len(v) == 3 for v in values) > 500
 
 
-def test_commands_of_many_arguments(r):
+def test_commands_of_many_arguments(r: redis.Redis) -> None:
     """Regression: more than 2,049 arguments dropped the connection; Redis
     takes MSET of 10,001 pairs and MGET/DEL of 100,000 keys."""
     pairs = {f"many:{i}": f"v{i}".encode() for i in range(10_001)}
@@ -193,7 +194,7 @@ def test_commands_of_many_arguments(r):
     assert r.ping() is True
 
 
-def test_time(r):
+def test_time(r: redis.Redis) -> None:
     """Regression: TIME was missing; clients read the server's clock with it
     before EXPIREAT and SET PXAT."""
     before = time.time()
@@ -207,7 +208,7 @@ def test_time(r):
     assert info["acl_categories"] == ["@fast"]
 
 
-def test_absolute_expiry_round_trips_exactly(r):
+def test_absolute_expiry_round_trips_exactly(r: redis.Redis) -> None:
     """Regression: PEXPIRETIME came back 1 ms early in 6-20% of tries after
     SET PXAT or PEXPIREAT sent alone (each command its own round trip)."""
     base = time.time_ns() // 1_000_000 + 3_600_000
@@ -220,7 +221,7 @@ def test_absolute_expiry_round_trips_exactly(r):
     r.delete("abs")
 
 
-def test_far_future_expiry(r):
+def test_far_future_expiry(r: redis.Redis) -> None:
     """Regression: an expiry more than 10 years ahead was refused; Redis
     keeps any time whose milliseconds fit a signed 64-bit integer."""
     top = 2**63 - 1
@@ -241,7 +242,7 @@ def test_far_future_expiry(r):
     r.delete("far")
 
 
-def test_auth_without_a_password_as_redis_7(r):
+def test_auth_without_a_password_as_redis_7(r: redis.Redis) -> None:
     """Regression: with no password set, AUTH with three arguments is a
     syntax error; one argument keeps the "without any password" error."""
     with pytest.raises(redis.ResponseError, match="syntax error"):
@@ -252,7 +253,7 @@ def test_auth_without_a_password_as_redis_7(r):
     assert r.ping() is True
 
 
-def test_config_get_what_clients_read(server, r):
+def test_config_get_what_clients_read(server: Server, r: redis.Redis) -> None:
     """Regression: CONFIG GET * listed 8 parameters; it lists every one
     clients read at start that FabricKV can answer truthfully."""
     conf = r.config_get("*")

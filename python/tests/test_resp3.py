@@ -7,30 +7,31 @@ import shutil
 import socket
 import subprocess
 import time
+from typing import Any, Iterator
 
 import pytest
 import redis
 
-from conftest import one_try
+from conftest import Server, one_try
 
 # None: the client's own default (3 on redis-py 8, 2 on redis-py 5).
 PROTOCOLS = (None, 2)
 
 
-def connect(server, protocol, **kw):
+def connect(server: Server, protocol: int | None, **kw: Any) -> redis.Redis:
     if protocol is not None:
         kw["protocol"] = protocol
     return redis.Redis(host=server.resp_host, port=server.resp_port, **kw)
 
 
 @pytest.fixture(params=PROTOCOLS, ids=("default", "resp2"))
-def r(server, request):
+def r(server: Server, request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
     c = connect(server, request.param)
     yield c
     c.close()
 
 
-def test_ordinary_calls(r):
+def test_ordinary_calls(r: redis.Redis) -> None:
     # The server is shared by the module's tests: start from no keys.
     r.delete("p3:a", "p3:b", "p3:c", "p3:n", "p3:nx")
     assert r.ping() is True
@@ -60,7 +61,7 @@ def test_ordinary_calls(r):
     assert out[1::2] == [str(i).encode() for i in range(100)]
 
 
-def test_server_commands(r):
+def test_server_commands(r: redis.Redis) -> None:
     info = r.info()
     assert info["redis_version"]
     assert info["role"] == "master"
@@ -84,7 +85,7 @@ def test_server_commands(r):
     assert r.command_getkeys("MSET", "a", "1", "b", "2") in (["a", "b"], [b"a", b"b"])
 
 
-def test_client_commands(r):
+def test_client_commands(r: redis.Redis) -> None:
     assert r.client_getname() is None
     assert r.client_setname("py-client") is True
     assert r.client_getname() in ("py-client", b"py-client")
@@ -103,12 +104,14 @@ def test_client_commands(r):
     assert r.client_no_evict("on") in (True, b"OK", "OK")
 
 
-def test_client_kill_closes_the_connection_at_once(server, r):
+def test_client_kill_closes_the_connection_at_once(server: Server, r: redis.Redis) -> None:
     s = socket.create_connection((server.resp_host, server.resp_port), timeout=5)
     s.sendall(b"CLIENT ID\r\n")
     reply = s.recv(64)
     victim = int(reply[1:].split(b"\r\n")[0])
-    assert r.client_kill_filter(_id=victim) == 1
+    # redis-py 8.1 types `_id` as str; it sends any encodable value, and an
+    # int is what CLIENT ID replies.
+    assert r.client_kill_filter(_id=victim) == 1  # type: ignore[arg-type]
     start = time.monotonic()
     assert s.recv(64) == b"", "the killed connection is closed"
     assert time.monotonic() - start < 2
@@ -116,7 +119,7 @@ def test_client_kill_closes_the_connection_at_once(server, r):
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS, ids=("default", "resp2"))
-def test_password_via_hello_or_auth(auth_server, protocol):
+def test_password_via_hello_or_auth(auth_server: Server, protocol: int | None) -> None:
     ok = connect(auth_server, protocol, password="s3cret pass")
     assert ok.set("p3:auth", "v") and ok.get("p3:auth") == b"v"
     assert ok.get("p3:nothing") is None
@@ -127,7 +130,7 @@ def test_password_via_hello_or_auth(auth_server, protocol):
         connect(auth_server, protocol, retry=one_try()).get("p3:auth")
 
 
-def test_unauthenticated_big_header_is_refused_at_once(auth_server):
+def test_unauthenticated_big_header_is_refused_at_once(auth_server: Server) -> None:
     s = socket.create_connection((auth_server.resp_host, auth_server.resp_port), timeout=5)
     s.sendall(b"*100\r\n")
     reply = s.recv(256)
@@ -136,7 +139,7 @@ def test_unauthenticated_big_header_is_refused_at_once(auth_server):
     s.close()
 
 
-def cli(server, *args):
+def cli(server: Server, *args: str) -> str:
     path = shutil.which("redis-cli")
     if path is None:
         pytest.fail("redis-cli is missing: run `make deps`")
@@ -147,7 +150,7 @@ def cli(server, *args):
 
 
 @pytest.mark.parametrize("flags", [(), ("-3",)], ids=("resp2", "resp3"))
-def test_redis_cli(server, flags):
+def test_redis_cli(server: Server, flags: tuple[str, ...]) -> None:
     assert cli(server, *flags, "PING").strip() == "PONG"
     assert cli(server, *flags, "SET", "p3:cli", "v").strip() == "OK"
     assert cli(server, *flags, "GET", "p3:cli").strip() == "v"
@@ -158,7 +161,7 @@ def test_redis_cli(server, flags):
     assert "readonly" in cli(server, *flags, "COMMAND", "INFO", "get")
 
 
-def test_lcs_idx_is_a_map_in_resp3(server):
+def test_lcs_idx_is_a_map_in_resp3(server: Server) -> None:
     """Regression: LCS ... IDX replied with an array under RESP3, where
     Redis replies with a map."""
     c = connect(server, 3)
