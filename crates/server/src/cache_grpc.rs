@@ -76,10 +76,7 @@ impl GrpcBackend {
         if r.serves(slot, false) {
             return Ok(());
         }
-        Err(BackendError::new(
-            ErrorCode::WrongServer,
-            format!("slot {slot} is served by server {}", r.primary_of(slot)),
-        ))
+        Err(backend_error(r.wrong_server(slot)))
     }
 }
 

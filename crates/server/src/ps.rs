@@ -154,10 +154,7 @@ impl PsService {
         for i in 0..keys.len() / 8 {
             let slot = slot_of_u64(key_at(keys, i));
             if !r.serves(slot, false) {
-                return Err((
-                    ErrorCode::WrongServer,
-                    format!("slot {slot} is served by server {}", r.primary_of(slot)),
-                ));
+                return Err(r.wrong_server(slot));
             }
         }
         Ok(())

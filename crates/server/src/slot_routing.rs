@@ -354,6 +354,15 @@ impl Routing {
         self.map.groups[self.routes.group_of(slot)].primary
     }
 
+    /// The refusal of a request for `slot` where this server does not
+    /// serve it: `WRONG_SERVER`, naming the slot's primary.
+    pub fn wrong_server(&self, slot: u16) -> crate::service::Refusal {
+        (
+            fabrickv_types::ErrorCode::WrongServer,
+            format!("slot {slot} is served by server {}", self.primary_of(slot)),
+        )
+    }
+
     /// Where keys of `slots` (one per key) must go, seen from here.
     pub fn route(&self, mut slots: impl Iterator<Item = u16>, replica_read: bool) -> Route {
         let Some(first) = slots.next() else {

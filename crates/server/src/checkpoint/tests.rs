@@ -365,15 +365,15 @@ fn walk_partition_0(a: &Server, dir: &Path, mut between: impl FnMut(usize, &Walk
         .filter(|(k, _)| a.parts.index_of(KeyHash::of(k)) == 0)
         .map(|(k, v)| (k, v.0))
         .collect();
+    // A write after the cut is neither noted nor in the file.
+    if let Some(k) = at_cut.keys().next() {
+        a.put(k, b"after the cut", 0);
+    }
     assert!(
         ck.with_part(job, |p| p.take_cut(Vec::new()).is_none())
             .expect("p"),
         "notes stop at the cut"
     );
-    // A write after the cut is not in the file.
-    if let Some(k) = at_cut.keys().next() {
-        a.put(k, b"after the cut", 0);
-    }
     let t = out.trailer;
     out.write(&t.encode()).expect("trailer");
     out.finish().expect("finish");
