@@ -6,7 +6,7 @@ BIN := target/release/fabrickv
 BENCH_DIR := bench-results
 DATE := $(shell date +%Y-%m-%d)
 
-.PHONY: all fuzz-check build build-lean build-fabric build-deps deps venv python wheel lint-python test test-stressed test-rust test-python doc-check module-check bench-smoke lint fmt bench compare fuzz clean run chaos chaos-smoke chaos-check
+.PHONY: all fuzz-check build build-lean build-fabric build-deps deps venv python wheel lint-python test test-stressed test-rust test-python test-torch doc-check module-check bench-smoke lint fmt bench compare fuzz clean run chaos chaos-smoke chaos-check
 
 all: build
 
@@ -44,6 +44,11 @@ venv:
 ## into .venv with maturin.
 python: venv
 	bash scripts/python.sh
+
+## The tests that use torch, in .venv-torch (downloads torch; not part
+## of `make test`).
+test-torch: python
+	bash scripts/test-torch.sh
 
 ## The installable wheel in dist/: abi3 (CPython 3.11 and later),
 ## manylinux, stripped; `pip install dist/fabrickv-*.whl` needs no Rust.

@@ -10,9 +10,13 @@ its baseline in the same run:
   `Client`; target >= 0.9.
 - exists_many: `CacheClient.exists_many` of 1,000 keys against 1,000
   `exists` calls; target >= 20 (times faster).
-- get_many_into: 64 blocks of 256 KiB over shm into one preallocated
-  buffer, bytes/s against numpy's copy of the same 16 MiB between two
-  warm buffers (memcpy); target >= 0.8.
+- get_many_into: 64 blocks of 256 KiB over shm into one buffer from
+  `CacheClient.register_buffer` (the server writes each block in place,
+  nothing is copied in this process), bytes/s against numpy's copy of the
+  same 16 MiB between two warm buffers (memcpy); target >= 0.8.
+- get_many_into_any: the same into an ordinary numpy array (each block
+  lands in the client's receive buffer and is copied out), against the
+  same memcpy; reported beside it, held to the same 0.8.
 - wheel: `pip install dist/fabrickv-*.whl` plus `import fabrickv` in a
   fresh venv, seconds; target < 10 (only when dist/ holds a wheel).
 
@@ -76,7 +80,7 @@ BLOCK_BYTES = 256 << 10
 WARM_UP_S = 0.5
 
 TARGETS = {"pull_out": 0.95, "async_pull": 0.9, "exists_many": 20.0,
-           "get_many_into": 0.8, "wheel": 10.0}
+           "get_many_into": 0.8, "get_many_into_any": 0.8, "wheel": 10.0}
 
 
 def pin_client() -> None:
@@ -166,24 +170,30 @@ def exists_rates(addr: str, duration: float) -> tuple[float, float]:
     return many, single
 
 
-def get_many_rates(addr: str, duration: float) -> tuple[float, float]:
-    """(get_many_into GB/s, numpy copy GB/s) over the same 16 MiB."""
+def get_many_rates(addr: str, duration: float) -> tuple[float, ...]:
+    """(get_many_into GB/s into registered memory, the same into an
+    ordinary array, numpy copy GB/s) over the same 16 MiB."""
     prefix = uuid.uuid4().hex[:8]
     keys = [f"fdb-{prefix}-{i}".encode() for i in range(BLOCKS)]
     src = np.random.default_rng(2).integers(0, 256, (BLOCKS, BLOCK_BYTES), dtype=np.uint8)
     dst = np.empty_like(src)
-    flat = dst.reshape(-1)
     offsets = [i * BLOCK_BYTES for i in range(BLOCKS)]
     total = src.nbytes
+    rates = []
     with fabrickv.CacheClient(addr, buffer_mb=2 * total >> 20) as c:
         c.put_many_from(keys, list(src))
-        c.get_many_into(keys, flat, offsets=offsets, sizes=BLOCK_BYTES)
-        if not np.array_equal(dst, src):
-            raise RuntimeError("get_many_into returned other bytes")
-        got = timed_loop(lambda i: c.get_many_into(keys, flat, offsets=offsets,
-                                                   sizes=BLOCK_BYTES), duration, per_check=2)
+        for flat in (c.register_buffer(total), dst.reshape(-1)):
+            flat[:] = 0
+            c.get_many_into(keys, flat, offsets=offsets, sizes=BLOCK_BYTES)
+            if not np.array_equal(flat.reshape(src.shape), src):
+                raise RuntimeError("get_many_into returned other bytes")
+            into = flat
+            got = timed_loop(lambda i: c.get_many_into(keys, into, offsets=offsets,
+                                                       sizes=BLOCK_BYTES),
+                             duration, per_check=2)
+            rates.append(got * total / 1e9)
     copy = timed_loop(lambda i: np.copyto(dst, src), duration, per_check=4)
-    return got * total / 1e9, copy * total / 1e9
+    return rates[0], rates[1], copy * total / 1e9
 
 
 def wheel_seconds() -> float | None:
@@ -232,26 +242,28 @@ def row(name: str, what: str, unit: str, runs: list[float], base_runs: list[floa
 
 
 def paired_runs(binary: Path, transport: str, rounds: int,
-                measure: Callable[[str], tuple[float, float]]) -> tuple[list[float], list[float]]:
-    """`rounds` runs of `measure(address)` (a figure and its baseline) on
-    one server of `transport`, after one uncounted run, stopped at the
-    end; both series. The uncounted run is the fresh server's first: its
-    get_many_into ran at about half the later rounds' rate (cold pages on
-    both sides), which a server in use has paid long before."""
+                measure: Callable[[str], tuple[float, ...]]) -> list[list[float]]:
+    """`rounds` runs of `measure(address)` (figures and, last, their
+    baseline) on one server of `transport`, after one uncounted run,
+    stopped at the end; one series per figure. The uncounted run is the
+    fresh server's first: its get_many_into ran at about half the later
+    rounds' rate (cold pages on both sides), which a server in use has
+    paid long before."""
     server = Server(binary, transport)
-    measured: list[float] = []
-    baseline: list[float] = []
+    series: list[list[float]] = []
     try:
         pin_client()
         measure(server.native)
         for _ in range(rounds):
             pin_client()
-            a, b = measure(server.native)
-            measured.append(a)
-            baseline.append(b)
+            figures = measure(server.native)
+            if not series:
+                series = [[] for _ in figures]
+            for s, x in zip(series, figures):
+                s.append(x)
     finally:
         server.stop()
-    return measured, baseline
+    return series
 
 
 def main() -> int:
@@ -316,11 +328,15 @@ def main() -> int:
         rows.append(row("exists_many", "exists_many(1000) vs 1000 exists, tcp", "batches/s",
                         many_runs, single_runs))
 
-    if "get_many_into" in only:
-        got_runs, copy_runs = paired_runs(binary, "shm", n,
-                                          lambda addr: get_many_rates(addr, d))
-        rows.append(row("get_many_into", "get_many_into 64x256KiB shm vs memcpy", "GB/s",
-                        got_runs, copy_runs))
+    if only & {"get_many_into", "get_many_into_any"}:
+        reg_runs, any_runs, copy_runs = paired_runs(binary, "shm", n,
+                                                    lambda addr: get_many_rates(addr, d))
+        if "get_many_into" in only:
+            rows.append(row("get_many_into", "get_many_into 64x256KiB shm, registered out, "
+                            "vs memcpy", "GB/s", reg_runs, copy_runs))
+        if "get_many_into_any" in only:
+            rows.append(row("get_many_into_any", "get_many_into 64x256KiB shm, numpy out, "
+                            "vs memcpy", "GB/s", any_runs, copy_runs))
 
     if "wheel" in only:
         took = wheel_seconds()

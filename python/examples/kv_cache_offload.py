@@ -22,7 +22,9 @@ model), the way an engine's connector would talk to the cache:
 2. turn B's prompt is A's followed by new tokens: `prefix_hits` says how
    many of its leading blocks are cached, in one round trip, and
    `get_many_into` reloads exactly those, straight into one preallocated
-   array (one slot per block); the engine would recompute the rest.
+   array (one slot per block; over shm, memory from `register_buffer`
+   that the server writes the blocks into itself); the engine would
+   recompute the rest.
 
 It checks that every reloaded block equals what A offloaded, that B finds
 exactly A's blocks, and prints one summary line
@@ -102,13 +104,18 @@ def main() -> int:
         offloaded = sum(b.nbytes for b in kv_a)
 
         # Turn B: how much of its prompt is cached, then those blocks
-        # straight into one preallocated array, a slot per block.
-        kv_b = np.empty((len(keys_b),) + shape, dtype=np.float16)
+        # straight into one preallocated array, a slot per block: memory
+        # registered with the server where the transport allows it (shm),
+        # which the server writes each block into itself, else a plain
+        # array the client copies the blocks into.
+        block_bytes = int(np.prod(shape)) * np.dtype(np.float16).itemsize
+        raw = (cache.register_buffer(len(keys_b) * block_bytes) if cache.one_sided
+               else np.empty(len(keys_b) * block_bytes, np.uint8))
+        kv_b = raw.view(np.float16).reshape((len(keys_b),) + shape)
         start = time.monotonic()
         reused = cache.prefix_hits(keys_b)
-        block_bytes = kv_b[0].nbytes
         lengths = cache.get_many_into(
-            keys_b[:reused], kv_b.reshape(-1).view(np.uint8),
+            keys_b[:reused], raw,
             offsets=[i * block_bytes for i in range(reused)], sizes=block_bytes)
         reload_s = time.monotonic() - start
         recomputed = len(keys_b) - reused

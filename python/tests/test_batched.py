@@ -135,3 +135,77 @@ def test_bad_batches_are_refused(cache: AnyCache, key: Callable[[int], bytes]) -
         cache.exists_many([b"x" * 1025])
     assert e.value.code == "KEY_TOO_LONG"
     assert cache.exists_many([key(0)]) == [False]
+
+
+def test_get_many_into_registered_memory_lands_in_place(kv_server: Server,
+                                                       key: Callable[[int], bytes]) -> None:
+    """Over shm the server writes each value straight into memory from
+    `register_buffer`: a value larger than the 1 MiB receive buffer reads
+    there, which the copying path refuses. Over tcp, registering is
+    refused with UNAVAILABLE."""
+    with fabrickv.CacheClient(kv_server.native, buffer_mb=1) as c:
+        if not c.one_sided:
+            with pytest.raises(fabrickv.Error) as e:
+                c.register_buffer(1 << 20)
+            assert e.value.code == "UNAVAILABLE"
+            return
+        big = 2 << 20
+        n = 8
+        keys = [key(i) for i in range(n)]
+        src = np.random.default_rng(5).integers(0, 256, (n, big), dtype=np.uint8)
+        c.put_many_from(keys, list(src))
+        reg = c.register_buffer(n * big)
+        assert reg.shape == (n * big,) and reg.dtype == np.uint8 and not reg.any()
+        offsets = [i * big for i in range(n)]
+        # Read in reverse order; views of the registered memory count as it.
+        got = c.get_many_into(keys[::-1], reg, offsets=offsets, sizes=big)
+        assert got == [big] * n
+        assert np.array_equal(reg.reshape(n, big), src[::-1])
+        halves = reg.view(np.float16).reshape(n, big // 2)
+        halves[:] = 0
+        assert c.get_many_into(keys, list(halves)) == [big] * n
+        assert np.array_equal(reg.reshape(n, big), src)
+        # One key into it too; the copying path is bounded by the
+        # receive buffer.
+        reg[:big] = 0
+        assert c.get_into(keys[3], reg[:big]) == big
+        assert np.array_equal(reg[:big], src[3])
+        plain = np.zeros(big, np.uint8)
+        for read in (lambda: c.get_many_into(keys[:1], [plain]),
+                     lambda: c.get_into(keys[0], plain)):
+            with pytest.raises(fabrickv.Error) as e:
+                read()
+            assert e.value.code == "BUFFER_TOO_SMALL"
+        # An absent key leaves its place untouched; a place too small is
+        # refused before anything is written.
+        reg[:] = 9
+        assert c.get_many_into([key(99), keys[0]], reg, offsets=[0, big],
+                               sizes=big) == [None, big]
+        assert (reg[:big] == 9).all() and np.array_equal(reg[big:2 * big], src[0])
+        with pytest.raises(fabrickv.Error) as e:
+            c.get_many_into(keys[1:2], reg, offsets=[0], sizes=big - 1)
+        assert e.value.code == "BUFFER_TOO_SMALL"
+        assert (reg[:big] == 9).all()
+
+
+def test_registered_memory_outlives_its_client(kv_server: Server,
+                                              key: Callable[[int], bytes]) -> None:
+    """An array over registered memory stays valid after its client is
+    closed and dropped; the closed client refuses calls."""
+    import gc
+    c = fabrickv.CacheClient(kv_server.native, buffer_mb=1)
+    if not c.one_sided:
+        c.close()
+        pytest.skip("tcp registers no memory")
+    c.put(key(0), blocks(1, 7)[0])
+    reg = c.register_buffer(BLOCK_BYTES)
+    assert c.get_many_into([key(0)], [reg]) == [BLOCK_BYTES]
+    c.close()
+    with pytest.raises(fabrickv.Error) as e:
+        c.get_many_into([key(0)], [reg])
+    assert e.value.code == "UNAVAILABLE"
+    del c
+    gc.collect()
+    assert np.array_equal(reg, blocks(1, 7)[0])
+    reg[:] = 1
+    assert int(reg.sum()) == BLOCK_BYTES

@@ -44,7 +44,7 @@ use fabrickv_wire::control::{
 };
 
 pub use batch::{BatchOp, Outcome};
-pub use cache::{CacheClient, CacheClientOptions, Placed};
+pub use cache::{CacheClient, CacheClientOptions, Placed, CACHE_REGISTERED_BUFFERS_MAX};
 pub use cluster::{
     ClusterCache, ClusterClient, ClusterOf, ClusterOptions, ClusterPlaced, ClusterPs, ClusterPull,
     ClusterTable, ClusterTableInfo, PerServer,

@@ -49,11 +49,13 @@ use pyo3::sync::MutexExt;
 use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple};
 
 use crate::buffers::{type_name, Mem};
+use crate::registered::{Lent, RegisteredMemory};
 use crate::{error, failure, raise, to_py_err, Failure};
 
 /// Adds `CacheClient` to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<CacheClient>()
+    m.add_class::<CacheClient>()?;
+    m.add_class::<RegisteredMemory>()
 }
 
 /// Bytes in the `MB` of `buffer_mb`.
@@ -224,6 +226,21 @@ pub(crate) trait CacheOps: Send {
     /// Removes each key; whether it was there.
     fn delete_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>>;
 
+    /// Reads each key of `keys` straight into its place of `places`
+    /// (address, bytes) where every place lies in one buffer this client
+    /// registered (`CacheClient.register_buffer`): the server writes the
+    /// values there itself and nothing is copied here. One result per
+    /// key, as [`RustCacheClient::get_many_to`] gives them; `None`, with
+    /// nothing sent, where the places are elsewhere (the caller then
+    /// reads through the receive buffer). By default always `None`.
+    fn read_registered(
+        &mut self,
+        _keys: &[&[u8]],
+        _places: &[(usize, usize)],
+    ) -> Option<fabrickv_client::Result<Vec<fabrickv_client::Result<Option<usize>>>>> {
+        None
+    }
+
     /// Reads each `(key, room)` (room: the bytes its value may take) and
     /// hands it to `take` in key order: its bytes in a receive buffer,
     /// `None` if absent, or the key's own failure; no key after one for
@@ -338,6 +355,33 @@ impl CacheOps for RustCacheClient {
 
     fn delete_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>> {
         self.delete_many(keys)
+    }
+
+    fn read_registered(
+        &mut self,
+        keys: &[&[u8]],
+        places: &[(usize, usize)],
+    ) -> Option<fabrickv_client::Result<Vec<fabrickv_client::Result<Option<usize>>>>> {
+        let regions = self.registered_buffers().to_vec();
+        for r in regions {
+            let base = match self.registered(&r) {
+                Ok(b) => b.as_ptr() as usize,
+                Err(e) => return Some(Err(e)),
+            };
+            let end = base + r.len as usize;
+            let inside = places
+                .iter()
+                .all(|&(at, len)| at >= base && at.checked_add(len).is_some_and(|e| e <= end));
+            if inside {
+                let items: Vec<(&[u8], usize, usize)> = keys
+                    .iter()
+                    .zip(places)
+                    .map(|(k, &(at, len))| (*k, at - base, len))
+                    .collect();
+                return Some(self.get_many_to(&r, &items));
+            }
+        }
+        None
     }
 
     /// Streamed through a ring of the receive buffer
@@ -470,7 +514,8 @@ fn empty_bytes(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyArray1<u8>>> 
 }
 
 /// `get_into(key, out)`: the value copied into `out` (any writable
-/// memory) with the GIL released; its length, or None.
+/// memory) with the GIL released, or written there by the server when
+/// `out` lies in a registered buffer; its length, or None.
 pub(crate) fn get_into<C: CacheOps>(
     py: Python<'_>,
     slot: &Mutex<Option<C>>,
@@ -482,6 +527,15 @@ pub(crate) fn get_into<C: CacheOps>(
     let cap = out.len();
     detached(py, slot, |c| {
         let dst = out.bytes_mut().map_err(|_| read_only_failure())?;
+        let place = [(dst.as_mut_ptr() as usize, cap)];
+        if let Some(r) = c.read_registered(&[key], &place) {
+            let n = c.buffer_len_of(key).map_err(failure)?;
+            return r
+                .map_err(failure)?
+                .pop()
+                .unwrap_or(Ok(None))
+                .map_err(|e| read_failure("", e, cap, n));
+        }
         read_detached(c, key, cap, |v| {
             copy_into(dst, v, String::new)?;
             Ok(v.len())
@@ -627,7 +681,10 @@ impl Many {
 /// `outs` (see [`Many`]) by [`CacheOps::read_each`], all with the GIL
 /// released, copied out as it lands; each value's length, None for an
 /// absent key (its place untouched). A failure ends the call: earlier
-/// places may be filled, later ones are untouched.
+/// places may be filled, later ones are untouched. Where every place lies
+/// in one registered buffer of the client, the server writes the values
+/// there instead ([`CacheOps::read_registered`]), all keys at once, so on
+/// a failure later places may be filled too.
 pub(crate) fn get_many_into<C: CacheOps>(
     py: Python<'_>,
     slot: &Mutex<Option<C>>,
@@ -637,6 +694,21 @@ pub(crate) fn get_many_into<C: CacheOps>(
 ) -> PyResult<Vec<Option<usize>>> {
     let n = buffer_bytes;
     detached(py, slot, |c| {
+        let places = (0..keys.len())
+            .map(|i| outs.get_mut(i).map(|d| (d.as_mut_ptr() as usize, d.len())))
+            .collect::<Result<Vec<_>, Failure>>()?;
+        if let Some(r) = c.read_registered(keys, &places) {
+            let results = r.map_err(|e| (e.code(), format!("get_many_into: {e}")))?;
+            return results
+                .into_iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    r.map_err(|e| {
+                        read_failure(&format!("get_many_into key {i}: "), e, places[i].1, n)
+                    })
+                })
+                .collect();
+        }
         let items: Vec<(&[u8], usize)> = keys
             .iter()
             .enumerate()
@@ -829,13 +901,19 @@ pub(crate) struct CacheClient {
     /// Set by `close()`, read by `closed` and `repr` without the lock, so
     /// that they never wait for a call in flight on another thread.
     closed: AtomicBool,
+    /// Whether `register_buffer` lent memory to arrays; where `close()`
+    /// then keeps the Rust client.
+    lent: Lent<RustCacheClient>,
 }
 
 cache_calls!(CacheClient, "");
 closable_client!(
     CacheClient,
     "Closes the connection and frees the receive buffer; later calls \
-     raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless."
+     raise `fabrickv.Error` (`UNAVAILABLE`). Closing twice is harmless. \
+     A client that registered buffers keeps its connection, and the \
+     memory, until the last array over that memory is freed.",
+    lent = lent
 );
 addr_and_timeout!(CacheClient);
 
@@ -862,7 +940,32 @@ impl CacheClient {
             one_sided: client.one_sided(),
             inner: Mutex::new(Some(client)),
             closed: AtomicBool::new(false),
+            lent: Lent::default(),
         })
+    }
+
+    /// A new numpy array (uint8, 1-D, `nbytes` long, zeroed) in memory
+    /// registered with the server (shm, fabric): `get_many_into` with
+    /// every place inside it has the server write each value there
+    /// itself, so nothing is copied on this side (as an RDMA read into a
+    /// registered region). View it as any dtype (`arr.view(np.float16)`,
+    /// `torch.from_numpy`); slices and views of it count as inside it.
+    /// The memory lives as long as any array over it does, even past
+    /// `close()`. `fabrickv.Error` with code `UNAVAILABLE` where the
+    /// transport registers no memory (tcp): use a plain array there;
+    /// `BATCH_TOO_LARGE` past 64 buffers per client.
+    fn register_buffer<'py>(
+        slf: &Bound<'py, Self>,
+        nbytes: usize,
+    ) -> PyResult<Bound<'py, PyArray1<u8>>> {
+        let py = slf.py();
+        let this = slf.get();
+        let (ptr, len) = detached(py, &this.inner, |c| {
+            let r = c.register_buffer(nbytes).map_err(failure)?;
+            let bytes = c.registered(&r).map_err(failure)?;
+            Ok((bytes.as_mut_ptr() as usize, bytes.len()))
+        })?;
+        this.lent.array(slf.as_any(), ptr as *mut u8, len)
     }
 
     /// True if the server writes values into the receive buffer itself

@@ -30,6 +30,10 @@ mod cluster;
 mod kv;
 mod lazy;
 mod ps;
+// Arrays over memory the transport registered; its header states why
+// no array outlives that memory.
+#[allow(unsafe_code)]
+mod registered;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};

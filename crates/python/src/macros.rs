@@ -8,9 +8,11 @@
 /// class has `inner: Mutex<Option<C>>` (its Rust client) and `closed:
 /// AtomicBool`, both closed by `close` through `crate::close_slot`; with
 /// `also = $lazy`, `close` first closes the embedding connection in field
-/// `$lazy`. `$close_doc` is `close`'s doc. `__exit__` calls `close`.
+/// `$lazy`; with `lent = $lent` (a `crate::registered::Lent`), a client
+/// that lent registered memory is kept, closed, instead of dropped.
+/// `$close_doc` is `close`'s doc. `__exit__` calls `close`.
 macro_rules! closable_client {
-    ($class:ty, $close_doc:literal $(, also = $lazy:ident)?) => {
+    ($class:ty, $close_doc:literal $(, also = $lazy:ident)? $(, lent = $lent:ident)?) => {
         impl $class {
             /// `" closed"` once `close()` has run, else `""`: the end of
             /// the class's `repr`.
@@ -28,6 +30,9 @@ macro_rules! closable_client {
             #[doc = $close_doc]
             fn close(&self, py: pyo3::Python<'_>) {
                 $(self.$lazy.close(py);)?
+                $(if self.$lent.keep(py, &self.inner, &self.closed) {
+                    return;
+                })?
                 crate::close_slot(py, &self.inner, &self.closed);
             }
 
@@ -194,7 +199,9 @@ macro_rules! cache_calls {
             /// absent (`out` untouched). A value larger than `out` raises
             /// `fabrickv.Error` with code `BUFFER_TOO_SMALL` and leaves
             /// `out` untouched: the server checks the size before sending
-            /// anything.
+            /// anything. Into memory from `register_buffer` the server
+            /// writes the value itself, and it may exceed the receive
+            /// buffer.
             fn get_into(
                 &self,
                 py: pyo3::Python<'_>,
@@ -214,6 +221,10 @@ macro_rules! cache_calls {
             /// (`BUFFER_TOO_SMALL` for a value larger than its place, the
             /// place untouched) earlier places may have been filled, later
             /// ones are untouched; the message names the key's index.
+            /// Where every place lies in memory from `register_buffer`
+            /// the server writes the values there itself, every key in
+            /// flight at once (so on an error later places may be filled
+            /// too), and they may exceed the receive buffer.
             #[pyo3(signature = (keys, outs, *, offsets = None, sizes = None))]
             fn get_many_into(
                 &self,

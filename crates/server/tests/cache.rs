@@ -387,7 +387,87 @@ fn put_many_stores_every_item_of_a_batch(t: Transport) {
     s.shutdown();
 }
 
+/// `get_many_to` reads a batch longer than one round of requests in
+/// flight straight into a registered buffer, each value at its place,
+/// values larger than the receive buffer included; an absent key and a
+/// value larger than its place leave the place untouched. Where the
+/// transport registers no memory, registering is refused.
+fn get_many_to_lands_values_in_a_registered_buffer(t: Transport) {
+    let s = server(t);
+    let mut c = common::cache_client(&s, 64 << 10);
+    if !c.one_sided() {
+        let e = c.register_buffer(1 << 20).expect_err("no registration");
+        assert_eq!(code(e), ErrorCode::Unavailable);
+        s.shutdown();
+        return;
+    }
+    let n = CACHE_BATCH_KEYS_MAX + 30;
+    let len = 1000;
+    let keys: Vec<String> = (0..n).map(|i| format!("to-{i}")).collect();
+    let items: Vec<(&[u8], Vec<u8>)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.as_bytes(), value(i as u64, len)))
+        .collect();
+    let puts: Vec<(&[u8], &[u8])> = items.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    for r in c.put_many(&puts, None).expect("put_many") {
+        r.expect("stored");
+    }
+    // Larger than the 64 KiB receive buffer.
+    let big = value(7, 300_000);
+    c.put(b"to-big", &big, None).expect("put");
+    let r = c
+        .register_buffer(n * len + big.len() + 2 * len)
+        .expect("register");
+    assert_eq!(c.registered_buffers(), [r]);
+    c.registered(&r).expect("mine").fill(5);
+    let mut places: Vec<(&[u8], usize, usize)> = (0..n)
+        .map(|i| (keys[n - 1 - i].as_bytes(), i * len, len))
+        .collect();
+    places.push((b"to-big", n * len, big.len()));
+    places.push((b"to-absent", n * len + big.len(), len));
+    places.push((keys[0].as_bytes(), n * len + big.len() + len, len - 1));
+    let got = c.get_many_to(&r, &places).expect("batch");
+    assert_eq!(got.len(), places.len());
+    for (i, g) in got[..n].iter().enumerate() {
+        assert_eq!(g.as_ref().ok(), Some(&Some(len)), "key {i}");
+    }
+    assert_eq!(got[n].as_ref().ok(), Some(&Some(big.len())));
+    assert_eq!(got[n + 1].as_ref().ok(), Some(&None));
+    assert_eq!(
+        got[n + 2].as_ref().map_err(|e| e.code()).err(),
+        Some(ErrorCode::BufferTooSmall)
+    );
+    let mem = c.registered(&r).expect("mine").to_vec();
+    for i in 0..n {
+        assert!(
+            mem[i * len..(i + 1) * len] == value((n - 1 - i) as u64, len)[..],
+            "{i}"
+        );
+    }
+    assert!(mem[n * len..n * len + big.len()] == big[..]);
+    assert!(mem[n * len + big.len()..].iter().all(|&b| b == 5));
+    // A place past the buffer is refused before anything is sent, and a
+    // buffer this client did not register is refused.
+    let past = [(keys[0].as_bytes(), r.len as usize - 10, 11)];
+    assert_eq!(
+        code(c.get_many_to(&r, &past).expect_err("past")),
+        ErrorCode::BufferTooSmall
+    );
+    let foreign = fabrickv_transport::RemoteRegion {
+        key: r.key ^ 1,
+        ..r
+    };
+    assert_eq!(
+        code(c.get_many_to(&foreign, &[]).expect_err("foreign")),
+        ErrorCode::Malformed
+    );
+    assert_eq!(c.get(keys[0].as_bytes()).expect("get"), Some(value(0, len)));
+    s.shutdown();
+}
+
 transport_tests!(
+    get_many_to_lands_values_in_a_registered_buffer,
     put_many_stores_every_item_of_a_batch,
     get_many_each_hands_every_value_over_in_order,
     exists_many_and_delete_many_answer_each_key_in_order,

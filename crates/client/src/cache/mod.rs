@@ -27,8 +27,11 @@
 //! request layer's (`fabrickv_rpc::Sessions`).
 
 mod get;
+mod registered;
 mod reply;
 mod window;
+
+pub use registered::CACHE_REGISTERED_BUFFERS_MAX;
 
 use std::time::Duration;
 
@@ -138,6 +141,9 @@ pub struct CacheClient {
     /// Receives GET replies taken whole (refusals, misses, chunks that
     /// do not fit), reused from call to call.
     whole: Vec<u8>,
+    /// Buffers the caller registered besides the receive buffer
+    /// ([`CacheClient::register_buffer`]).
+    registered: Vec<RemoteRegion>,
 }
 
 impl std::fmt::Debug for CacheClient {
@@ -229,6 +235,7 @@ impl CacheClient {
             buffer_bytes: opts.buffer_bytes,
             next_transfer: 1,
             whole: Vec::new(),
+            registered: Vec::new(),
         }
     }
 

@@ -202,6 +202,11 @@ class CacheClient(_Cache):
     def timeout(self) -> float: ...
     @property
     def one_sided(self) -> bool: ...
+    def register_buffer(self, nbytes: int) -> npt.NDArray[np.uint8]: ...
+
+class RegisteredMemory:
+    """The base of an array from `CacheClient.register_buffer`: keeps the
+    client, and so the registered memory, alive."""
 
 class ClusterCache(_Cache):
     def __init__(
