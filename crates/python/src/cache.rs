@@ -199,26 +199,13 @@ pub(crate) trait CacheOps: Send {
         ttl: Option<Duration>,
     ) -> fabrickv_client::Result<u64>;
 
-    /// Stores each `(key, value)` with `ttl`; one result per item up to
-    /// the first refused one (a client that pipelines the batch may go
-    /// on past it: every item then has its result). By default one item
-    /// after another, each a round trip.
+    /// Stores each `(key, value)` with `ttl`, pipelined; one result per
+    /// item, in order (a refused item does not stop the others).
     fn put_values(
         &mut self,
         items: &[(&[u8], &[u8])],
         ttl: Option<Duration>,
-    ) -> fabrickv_client::Result<Vec<fabrickv_client::Result<u64>>> {
-        let mut out = Vec::with_capacity(items.len());
-        for (key, value) in items {
-            let r = self.put_value(key, value, ttl);
-            let failed = r.is_err();
-            out.push(r);
-            if failed {
-                break;
-            }
-        }
-        Ok(out)
-    }
+    ) -> fabrickv_client::Result<Vec<fabrickv_client::Result<u64>>>;
 
     /// Whether each key is live.
     fn exists_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>>;
@@ -764,10 +751,9 @@ pub(crate) fn put<C: CacheOps>(
 }
 
 /// Stores each key's value of `values`, all with `ttl`, through
-/// [`CacheOps::put_values`] (pipelined on a single server); their
-/// generations. On an error the error names the first failing item's
-/// index; the items before it are stored, and where the batch was
-/// pipelined the items after it may be too.
+/// [`CacheOps::put_values`] (pipelined; a cluster's batch split by
+/// server); their generations. On an error the error names the first
+/// failing item's index; the other items may be stored.
 pub(crate) fn put_many_of<C: CacheOps>(
     py: Python<'_>,
     slot: &Mutex<Option<C>>,

@@ -553,6 +553,16 @@ impl CacheOps for RustClusterCache {
         self.put(key, value, ttl)
     }
 
+    /// Split by server, each part pipelined
+    /// ([`RustClusterCache::put_many`]).
+    fn put_values(
+        &mut self,
+        items: &[(&[u8], &[u8])],
+        ttl: Option<Duration>,
+    ) -> fabrickv_client::Result<Vec<fabrickv_client::Result<u64>>> {
+        self.put_many(items, ttl)
+    }
+
     fn exists_keys(&mut self, keys: &[&[u8]]) -> fabrickv_client::Result<Vec<bool>> {
         self.exists_many(keys)
     }

@@ -335,8 +335,20 @@ fn cache_spans_the_cluster(t: Transport) {
         .map(|i| value_of(i as u64, sizes[i % sizes.len()]))
         .collect();
     let mut per = [0; SERVERS];
-    for (k, v) in keys.iter().zip(&vals) {
+    // Half one by one, half in one batch split over the servers.
+    for (k, v) in keys.iter().zip(&vals).take(20) {
         c.put(k, v, None).expect("put");
+    }
+    let batch: Vec<(&[u8], &[u8])> = keys
+        .iter()
+        .zip(&vals)
+        .skip(20)
+        .map(|(k, v)| (&k[..], &v[..]))
+        .collect();
+    let stored = c.put_many(&batch, None).expect("put_many");
+    assert_eq!(stored.len(), batch.len());
+    assert!(stored.iter().all(Result::is_ok), "{stored:?}");
+    for k in &keys {
         per[c.server_of(k) as usize] += 1;
     }
     assert!(per.iter().all(|n| *n > 0), "keys on every server: {per:?}");

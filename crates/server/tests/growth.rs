@@ -190,6 +190,27 @@ fn a_fourth_server_takes_a_quarter_while_writes_go_on(t: Transport, replicas: u8
             "block {i}"
         );
     }
+    // A batch put after the move lands every block on its slot's new
+    // primary, moved ones on the new server (refused as moved and sent
+    // again there if the client's map had not followed yet).
+    let names: Vec<Vec<u8>> = (0..BLOCKS).map(block).collect();
+    let fresh = [9u8; 512];
+    let items: Vec<(&[u8], &[u8])> = names.iter().map(|k| (&k[..], &fresh[..])).collect();
+    for (i, r) in cache
+        .put_many(&items, None)
+        .expect("cache put_many")
+        .into_iter()
+        .enumerate()
+    {
+        r.unwrap_or_else(|e| panic!("block {i}: {e}"));
+    }
+    assert_eq!(blocks(&ms[3]), (BLOCKS - kept.len()) as u64);
+    for k in &names {
+        assert_eq!(
+            cache.get(k).expect("cache get").as_deref(),
+            Some(&fresh[..])
+        );
+    }
     for m in ms {
         drop(m.replication);
         m.server.shutdown();

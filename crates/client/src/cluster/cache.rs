@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use fabrickv_cluster::etcd::EtcdRegistry;
 use fabrickv_cluster::slots::{key_slot, SlotMap};
 use fabrickv_cluster::{server_of_key, Cluster, Directory, Registry};
-use fabrickv_types::limits::CACHE_BATCH_KEYS_MAX;
+use fabrickv_types::limits::{CACHE_BATCH_KEYS_MAX, CACHE_VALUE_BYTES_MAX};
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::cache::CacheOp;
 
@@ -170,6 +170,90 @@ impl ClusterCache {
     /// (`None` = forever); returns the value's generation.
     pub fn put(&mut self, key: &[u8], value: &[u8], ttl: Option<Duration>) -> Result<u64> {
         Ok(self.on_owner(key, |c| c.put(key, value, ttl))?.1)
+    }
+
+    /// Stores each `(key, value)` on its key's server, all with the same
+    /// time to live; one result per item, in order (its generation, or
+    /// its own refusal). Every item is checked before anything is sent.
+    /// The batch is split by server and each server's part is a
+    /// pipelined [`CacheClient::put_many`] (a round trip per round of
+    /// values, not per value), the parts one server after another. Items
+    /// refused because their slot moved (`WRONG_SERVER`), and the parts
+    /// of a server that failed, go again once the map has moved on (a
+    /// value stored twice is left as written); if it does not in time,
+    /// a failed server fails the call, and a moved item gets its refusal.
+    pub fn put_many(
+        &mut self,
+        items: &[(&[u8], &[u8])],
+        ttl: Option<Duration>,
+    ) -> Result<Vec<Result<u64>>> {
+        for (key, value) in items {
+            crate::cache::check_key(key)?;
+            if value.len() > CACHE_VALUE_BYTES_MAX {
+                return Err(ClientError::Invalid(
+                    ErrorCode::ValueTooLarge,
+                    format!("{} bytes exceed CACHE_VALUE_BYTES_MAX", value.len()),
+                ));
+            }
+        }
+        super::slots::follow_map(&mut self.slots, &mut self.m);
+        let deadline = Instant::now() + Duration::from_millis(FAILOVER_WAIT_MS);
+        let mut out: Vec<Option<Result<u64>>> = (0..items.len()).map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..items.len()).collect();
+        while !pending.is_empty() {
+            let mut parts: Vec<Vec<usize>> = vec![Vec::new(); self.m.size() as usize];
+            for &i in &pending {
+                parts[self.server_of(items[i].0) as usize].push(i);
+            }
+            let mut again: Vec<usize> = Vec::new();
+            // A server that failed, else the first item refused as moved.
+            let mut down: Option<ClientError> = None;
+            let mut moved: Option<ClientError> = None;
+            for (s, part) in parts.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+                if down.is_some() {
+                    again.extend(part);
+                    continue;
+                }
+                let batch: Vec<(&[u8], &[u8])> = part.iter().map(|&i| items[i]).collect();
+                match self.m.with(s, |c| c.put_many(&batch, ttl)) {
+                    Ok(results) => {
+                        for (r, &i) in results.into_iter().zip(part) {
+                            match r {
+                                Err(e) if e.code() == ErrorCode::WrongServer => {
+                                    again.push(i);
+                                    moved.get_or_insert(e);
+                                }
+                                r => out[i] = Some(r),
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        again.extend(part);
+                        down = Some(e);
+                    }
+                }
+            }
+            let Some(why) = down.or(moved) else {
+                break;
+            };
+            if !self.rerouted(&why, deadline) {
+                if why.code() != ErrorCode::WrongServer {
+                    return Err(why);
+                }
+                for &i in &again {
+                    out[i] = Some(Err(ClientError::Server {
+                        code: ErrorCode::WrongServer,
+                        message: "the key's slot moved and the map did not follow in time".into(),
+                    }));
+                }
+                break;
+            }
+            again.sort_unstable();
+            pending = again;
+        }
+        out.into_iter()
+            .map(|o| o.ok_or_else(|| ClientError::Protocol("an item got no result".into())))
+            .collect()
     }
 
     /// Reads `key` into a new vector; `None` if absent.
