@@ -145,7 +145,7 @@ bench-smoke: build python
 	$(BIN) bench ps --compare --rounds 2 --key-space-m 0.002 --async-req 16 --duration 0.3 --server-cpus 0 --client-cpus 1 --json
 	$(BIN) bench ps --compare --key-space-m 0.002 --async-req 16 --duration 0.3 --server-workers 2 --thread-num 2 --server-cpus 0,1 --client-cpus 0,1 --json
 	.venv/bin/python python/bench_ps.py --bin $(BIN) --duration 0.3 --rounds 1
-	.venv/bin/python python/bench_front_door.py --bin $(BIN) --duration 0.2 --rounds 1 --only pull_out,async_pull,exists_many,get_many_into
+	.venv/bin/python python/bench_front_door.py --bin $(BIN) --duration 0.2 --rounds 1 --only pull_out,async_pull,exists_many,get_many_into,get_many_into_any
 	$(BIN) bench cache --num-keys 64 --value-size 64KB --num-threads 2 --warmup 10 --compare --rounds 2 --json
 	$(BIN) bench cache --num-keys 64 --value-size 600KB --num-threads 2 --warmup 10 --depth 4 --compare --json
 	$(BIN) bench cache --transport shm --num-keys 16 --value-size 1MB --num-threads 2 --buffer-mb 4 --warmup 10 --server-cpus 0 --client-cpus 1 --compare --rounds 2 --json
