@@ -356,15 +356,7 @@ impl CacheClient {
         items: &[(&[u8], &[u8])],
         ttl: Option<Duration>,
     ) -> Result<Vec<Result<u64>>> {
-        for (key, value) in items {
-            check_key(key)?;
-            if value.len() > CACHE_VALUE_BYTES_MAX {
-                return Err(ClientError::Invalid(
-                    ErrorCode::ValueTooLarge,
-                    format!("{} bytes exceed CACHE_VALUE_BYTES_MAX", value.len()),
-                ));
-            }
-        }
+        check_put_items(items)?;
         let ttl_ms = ttl_ms_of(ttl)?;
         let mut out = Vec::with_capacity(items.len());
         // Requests of each item of the round, and where in the region its
@@ -685,6 +677,22 @@ impl CacheClient {
             }
         })
     }
+}
+
+/// Refuses a batch of PUTs with a key or a value that no server takes
+/// (`KEY_TOO_LONG`, `MALFORMED` for an empty key, `VALUE_TOO_LARGE`),
+/// before anything is sent.
+pub(crate) fn check_put_items(items: &[(&[u8], &[u8])]) -> Result<()> {
+    for (key, value) in items {
+        check_key(key)?;
+        if value.len() > CACHE_VALUE_BYTES_MAX {
+            return Err(ClientError::Invalid(
+                ErrorCode::ValueTooLarge,
+                format!("{} bytes exceed CACHE_VALUE_BYTES_MAX", value.len()),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A PUT's time to live in milliseconds as the wire carries it (0 =

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use fabrickv_cluster::etcd::EtcdRegistry;
 use fabrickv_cluster::slots::{key_slot, SlotMap};
 use fabrickv_cluster::{server_of_key, Cluster, Directory, Registry};
-use fabrickv_types::limits::{CACHE_BATCH_KEYS_MAX, CACHE_VALUE_BYTES_MAX};
+use fabrickv_types::limits::CACHE_BATCH_KEYS_MAX;
 use fabrickv_types::ErrorCode;
 use fabrickv_wire::cache::CacheOp;
 
@@ -187,15 +187,7 @@ impl ClusterCache {
         items: &[(&[u8], &[u8])],
         ttl: Option<Duration>,
     ) -> Result<Vec<Result<u64>>> {
-        for (key, value) in items {
-            crate::cache::check_key(key)?;
-            if value.len() > CACHE_VALUE_BYTES_MAX {
-                return Err(ClientError::Invalid(
-                    ErrorCode::ValueTooLarge,
-                    format!("{} bytes exceed CACHE_VALUE_BYTES_MAX", value.len()),
-                ));
-            }
-        }
+        crate::cache::check_put_items(items)?;
         super::slots::follow_map(&mut self.slots, &mut self.m);
         let deadline = Instant::now() + Duration::from_millis(FAILOVER_WAIT_MS);
         let mut out: Vec<Option<Result<u64>>> = (0..items.len()).map(|_| None).collect();
