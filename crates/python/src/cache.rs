@@ -939,7 +939,7 @@ impl CacheClient {
     /// The memory lives as long as any array over it does, even past
     /// `close()`. `fabrickv.Error` with code `UNAVAILABLE` where the
     /// transport registers no memory (tcp): use a plain array there;
-    /// `BATCH_TOO_LARGE` past 64 buffers per client.
+    /// `INSUFFICIENT_SPACE` past 64 buffers per client.
     fn register_buffer<'py>(
         slf: &Bound<'py, Self>,
         nbytes: usize,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fabrickv_cache::CacheConfig;
-use fabrickv_client::{CacheClient, CacheClientOptions, ClientError};
+use fabrickv_client::{CacheClient, CacheClientOptions, ClientError, CACHE_REGISTERED_BUFFERS_MAX};
 use fabrickv_server::Mode;
 use fabrickv_types::limits::{CACHE_BATCH_KEYS_MAX, CACHE_CHUNK_BYTES_MAX, CACHE_VALUE_BYTES_MAX};
 use fabrickv_types::ErrorCode;
@@ -463,6 +463,14 @@ fn get_many_to_lands_values_in_a_registered_buffer(t: Transport) {
         ErrorCode::Malformed
     );
     assert_eq!(c.get(keys[0].as_bytes()).expect("get"), Some(value(0, len)));
+    // A client registers at most CACHE_REGISTERED_BUFFERS_MAX buffers.
+    for _ in 1..CACHE_REGISTERED_BUFFERS_MAX {
+        c.register_buffer(4096).expect("register");
+    }
+    let e = c.register_buffer(4096).expect_err("past the bound");
+    assert_eq!(code(e), ErrorCode::InsufficientSpace);
+    assert_eq!(c.registered_buffers().len(), CACHE_REGISTERED_BUFFERS_MAX);
+    assert_eq!(c.get(keys[1].as_bytes()).expect("get"), Some(value(1, len)));
     s.shutdown();
 }
 

@@ -32,7 +32,7 @@ impl CacheClient {
     /// memory lives as long as this client: [`CacheClient::registered`]
     /// lends it. `UNAVAILABLE` where the transport registers no memory
     /// (tcp, inproc); `BUFFER_TOO_SMALL` for zero bytes;
-    /// `BATCH_TOO_LARGE` past [`CACHE_REGISTERED_BUFFERS_MAX`] buffers.
+    /// `INSUFFICIENT_SPACE` past [`CACHE_REGISTERED_BUFFERS_MAX`] buffers.
     pub fn register_buffer(&mut self, len: usize) -> Result<RemoteRegion> {
         if len == 0 {
             return Err(ClientError::Invalid(
@@ -42,7 +42,7 @@ impl CacheClient {
         }
         if self.registered.len() >= CACHE_REGISTERED_BUFFERS_MAX {
             return Err(ClientError::Invalid(
-                ErrorCode::BatchTooLarge,
+                ErrorCode::InsufficientSpace,
                 format!("{CACHE_REGISTERED_BUFFERS_MAX} buffers are registered already"),
             ));
         }
