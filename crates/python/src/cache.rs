@@ -349,8 +349,8 @@ impl CacheOps for RustCacheClient {
         keys: &[&[u8]],
         places: &[(usize, usize)],
     ) -> Option<fabrickv_client::Result<Vec<fabrickv_client::Result<Option<usize>>>>> {
-        let regions = self.registered_buffers().to_vec();
-        for r in regions {
+        for i in 0..self.registered_buffers().len() {
+            let r = self.registered_buffers()[i];
             let base = match self.registered(&r) {
                 Ok(b) => b.as_ptr() as usize,
                 Err(e) => return Some(Err(e)),
