@@ -295,14 +295,16 @@ fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64, tabl
             });
         }
         Record::FlushPartition { count, index } => {
-            super::moves::drop_keys(&a.parts, now, |k| {
+            super::moves::drop_keys(&a.parts, now, super::moves::Pace::Now, |k| {
                 KeyHash::of(k).partition(*count) == *index
                     && r.map.groups[r.routes.group_of(key_slot(k))].primary == sender
             });
         }
         Record::StreamBegin { ranges } => {
             let doomed = |s: u16| ranges.iter().any(|rg| rg.contains(s));
-            super::moves::drop_keys(&a.parts, now, |k| doomed(key_slot(k)));
+            super::moves::drop_keys(&a.parts, now, super::moves::Pace::Now, |k| {
+                doomed(key_slot(k))
+            });
             a.ps.drop_rows(now, &doomed);
             // The KV cache is one copy, not streamed; but what this server
             // cached for these slots when it last led them is older than

@@ -520,6 +520,9 @@ pub struct Replicator {
     done_cv: Condvar,
     /// Set when the server stops.
     stop: AtomicBool,
+    /// What each new map took from this server, for the release thread
+    /// ([`moves::spawn_releaser`]).
+    release: std::sync::mpsc::Sender<moves::SlotRoles>,
     /// Threads waiting in [`Replicator::pump`] now.
     pumping: AtomicUsize,
     /// The replicator's own thread, unparked when it has work.
@@ -1417,6 +1420,7 @@ pub fn start(
             .chain((0..server.ps.shard_count()).map(|_| AtomicU64::new(0)))
             .collect()
     };
+    let (release, lost) = std::sync::mpsc::channel();
     let replicator = Arc::new(Replicator {
         me,
         secret,
@@ -1438,6 +1442,7 @@ pub fn start(
         done_lock: Mutex::new(()),
         done_cv: Condvar::new(),
         stop: AtomicBool::new(false),
+        release,
         pumping: AtomicUsize::new(0),
         thread: std::sync::OnceLock::new(),
         followers: AtomicBool::new(false),
@@ -1446,6 +1451,7 @@ pub fn start(
         streaming: AtomicBool::new(false),
     });
     server.gate.arm(replicator.clone());
+    moves::spawn_releaser(Arc::downgrade(&replicator), lost)?;
     let r = replicator.clone();
     let thread = std::thread::Builder::new()
         .name("fkv-replicator".into())
