@@ -36,7 +36,7 @@
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
-use fabrickv_engine::{Partition, PartitionStats};
+use fabrickv_engine::{Partition, PartitionStats, ScanBudget};
 use fabrickv_types::hash::worker_of_partition;
 use fabrickv_types::limits::PARTITIONS_MAX;
 use fabrickv_types::KeyHash;
@@ -51,6 +51,12 @@ pub const PREFETCH_KEYS_MAX: usize = 16;
 /// waiters hold a partition for one batch, so they are gone within a few
 /// yields, and a walk under steady contention still makes progress.
 pub const BACKGROUND_LOCK_YIELDS_MAX: u32 = 64;
+
+/// Items a background walk handles in one hold of a partition's lock
+/// before a request waiting for the lock ends the hold (at the next
+/// chain's end, [`Partitions::scan_background`]), or keys a background
+/// pass deletes before it lets such a request in.
+pub const BACKGROUND_HOLD_ITEMS_MIN: usize = 16;
 
 /// One partition's entry in the table, with the counters its native
 /// operations add to. Aligned to its own cache lines: the owner writes
@@ -216,6 +222,33 @@ impl Partitions {
             std::thread::yield_now();
         }
         self.lock_uncounted(i)
+    }
+
+    /// Walks partition `i` from main bucket `from` in one background hold
+    /// of its lock ([`Partitions::lock_background`]), examining at most
+    /// `entries` index entries and calling `f(key, value)` for each live
+    /// item; once [`BACKGROUND_HOLD_ITEMS_MIN`] items are seen, a request
+    /// waiting for the partition ends the hold at the next chain's end.
+    /// Returns the main bucket to resume from, or `None` at the end.
+    pub fn scan_background(
+        &self,
+        i: usize,
+        from: usize,
+        now_ms: u64,
+        entries: usize,
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Option<usize> {
+        let mut budget = ScanBudget {
+            entries,
+            words: entries,
+        };
+        let mut seen = 0usize;
+        self.lock_background(i)
+            .scan_from(from, now_ms, &mut budget, &mut |k, v, _| {
+                f(k, v);
+                seen += 1;
+                seen < BACKGROUND_HOLD_ITEMS_MIN || !self.wanted(i)
+            })
     }
 
     /// How many times, over every partition, a lock was taken for

@@ -55,7 +55,7 @@ use fabrickv_auth::Secret;
 use fabrickv_cluster::etcd::EtcdRegistry;
 use fabrickv_cluster::slots::key_slot;
 use fabrickv_engine::{
-    GetRefResult, ItemMeta, JournalSeq, LargeValue, Partition, PutCond, ScanBudget, ValueRef,
+    GetRefResult, ItemMeta, JournalSeq, LargeValue, Partition, PutCond, ValueRef,
     LARGE_VALUE_BYTES_MIN,
 };
 use fabrickv_rpc::gate::{FlushGate, Settle};
@@ -109,10 +109,6 @@ pub const REPL_TICK_MS: u64 = 5;
 /// thread woken meanwhile waits for one hold, not for the scheduler's
 /// slice (milliseconds on a busy machine).
 const STREAM_SCAN_ENTRIES: usize = 512;
-
-/// Keys a stream's walk reads in one hold of a partition's lock before it
-/// lets a request waiting for the lock have it (at the next chain's end).
-const STREAM_YIELD_AFTER_ENTRIES: usize = 16;
 
 /// Records a follower applies between two offers of its core
 /// (`sched_yield`), for the same reason.
@@ -1092,24 +1088,18 @@ impl Replicator {
             let mut bytes = 0;
             while partition < kv && bytes < STREAM_CHUNK_BYTES {
                 let mut keys: Vec<Vec<u8>> = Vec::new();
-                let mut budget = ScanBudget {
-                    entries: STREAM_SCAN_ENTRIES,
-                    words: STREAM_SCAN_ENTRIES,
-                };
                 // A request waiting for the partition ends the hold at
                 // the next chain's end.
-                let mut seen = 0usize;
-                let next = self.parts.lock_background(partition).scan_from(
+                let next = self.parts.scan_background(
+                    partition,
                     bucket,
                     now,
-                    &mut budget,
-                    &mut |k, v, _| {
+                    STREAM_SCAN_ENTRIES,
+                    &mut |k, v| {
                         if ours(k) {
                             bytes += k.len() + v.len();
                             keys.push(k.to_vec());
                         }
-                        seen += 1;
-                        seen < STREAM_YIELD_AFTER_ENTRIES || !self.parts.wanted(partition)
                     },
                 );
                 if !keys.is_empty() {

@@ -8,12 +8,11 @@ use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 use fabrickv_cluster::slots::{key_slot, SlotMap, SLOTS};
-use fabrickv_engine::ScanBudget;
 use fabrickv_rpc::gate::Settle;
 use fabrickv_types::KeyHash;
 
 use super::{Replicator, REPL_TICK_MS};
-use crate::partitions::Partitions;
+use crate::partitions::{Partitions, BACKGROUND_HOLD_ITEMS_MIN};
 
 /// How long a primary waits, once a group it leads is handing over,
 /// before it takes its last round of the group's writes, in
@@ -37,10 +36,6 @@ const RELEASE_SCAN_ENTRIES: usize = 4096;
 
 /// Keys deleted per hold of a partition's lock while letting slots go.
 const RELEASE_DELETE_KEYS: usize = 256;
-
-/// Entries read or keys deleted in one hold before a request waiting
-/// for the partition takes it over.
-const RELEASE_YIELD_AFTER_ENTRIES: usize = 16;
 
 /// Share of one core, in percent, that letting go of the keys of slots a
 /// server no longer holds may take. It is memory given back, never
@@ -221,11 +216,9 @@ impl Replicator {
             };
             before.lost(&now)
         };
-        if lost.led.iter().any(|&b| b) || lost.held.iter().any(|&b| b) {
-            // The thread outlives the replicator only when the server
-            // stops, and nothing is left to let go then.
-            let _ = self.release.send(lost);
-        }
+        // The thread outlives the replicator only when the server stops,
+        // and nothing is left to let go then.
+        let _ = self.release.send(lost);
     }
 
     /// Drops the keys and rows of slots this server no longer holds a
@@ -328,20 +321,11 @@ pub(crate) fn drop_keys(
         let mut from = Some(0);
         while let Some(bucket) = from {
             let mut keys: Vec<Vec<u8>> = Vec::new();
-            let mut budget = ScanBudget {
-                entries: RELEASE_SCAN_ENTRIES,
-                words: RELEASE_SCAN_ENTRIES,
-            };
-            let mut seen = 0usize;
-            from = parts
-                .lock_background(p)
-                .scan_from(bucket, now, &mut budget, &mut |k, _, _| {
-                    if doomed(k) {
-                        keys.push(k.to_vec());
-                    }
-                    seen += 1;
-                    seen < RELEASE_YIELD_AFTER_ENTRIES || !parts.wanted(p)
-                });
+            from = parts.scan_background(p, bucket, now, RELEASE_SCAN_ENTRIES, &mut |k, _| {
+                if doomed(k) {
+                    keys.push(k.to_vec());
+                }
+            });
             pacer.breathe();
             let mut left = &keys[..];
             while !left.is_empty() {
@@ -355,7 +339,7 @@ pub(crate) fn drop_keys(
                         {
                             n += 1;
                         }
-                        if done >= RELEASE_YIELD_AFTER_ENTRIES && parts.wanted(p) {
+                        if done >= BACKGROUND_HOLD_ITEMS_MIN && parts.wanted(p) {
                             break;
                         }
                     }
