@@ -996,21 +996,19 @@ impl Replicator {
             self.walk_streams();
             let owed = self.owed();
             let unlaunched = self.unlaunched();
-            let joiners = self.routing.routing().map_or(0, |v| {
-                v.map
-                    .groups
-                    .iter()
-                    .filter(|g| g.primary == self.me)
-                    .map(|g| g.joining.len())
-                    .sum::<usize>()
-            });
+            let routing = self.routing.routing();
             let mut sh = self.lock_ship();
+            // The streams the map asks for now: a joiner added since the
+            // last round gets its stream here, not only once a write
+            // launches a round (an idle cluster has none), and one
+            // promoted or gone is forgotten.
+            if let Some(r) = &routing {
+                self.follow_joiners(&mut sh, r);
+            }
             let kv = self.seqs.len();
-            let stream_now = joiners > 0
-                && (sh.streams.len() < joiners
-                    || sh.streams.iter().any(|st| {
-                        st.wants_chunk() && (!st.found.is_empty() || st.partition >= kv)
-                    }));
+            let stream_now = sh.streams.iter().any(|st| {
+                !st.begun || (st.wants_chunk() && (!st.found.is_empty() || st.partition >= kv))
+            });
             if !self.room() || !(owed || unlaunched || stream_now) {
                 break;
             }
