@@ -4,7 +4,10 @@
 //! each. A bucket holds [`ITEM_SLOTS_PER_BUCKET`] slots, each a u64 packing a
 //! 16-bit tag (never 0) and a 48-bit item offset, plus one link word. A
 //! lookup touches one cache line to reject most non-matching keys by tag and
-//! then reads only the items whose tag matches.
+//! then reads only the items whose tag matches. A partition of a cluster
+//! server may instead tag entries with the key's hash slot and two bits
+//! of the hash ([`slot_tag`]), so that a walk for some slots' keys tells
+//! them apart by the index alone.
 //!
 //! Cache mode never chains: when a bucket is full the caller replaces a slot
 //! (the index is lossy). Store mode must never lose an entry, so a full
@@ -130,6 +133,32 @@ pub(crate) fn offset_of(entry: u64) -> u64 {
     entry & OFFSET_MASK
 }
 
+/// Bits of a slot tag taken from the key hash, below the key's cluster
+/// slot: keys of one slot still differ in their tags, so a lookup in a
+/// bucket holding several of them reads about a quarter of those items,
+/// not all.
+pub const SLOT_TAG_HASH_BITS: u32 = 2;
+
+const _: () = assert!(
+    (fabrickv_types::slot::SLOTS as u32) << SLOT_TAG_HASH_BITS == 1 << 16,
+    "a slot tag is a whole slot and the hash bits, in 16 bits"
+);
+
+/// The tag of a key in a partition that keeps slot tags: its cluster slot
+/// above [`SLOT_TAG_HASH_BITS`] bits of its hash; never zero (slot 0 with
+/// hash bits 0 takes 1, which still names slot 0).
+#[inline]
+pub(crate) fn slot_tag(slot: u16, hash: KeyHash) -> u16 {
+    let low = (hash.0 as u16) & ((1 << SLOT_TAG_HASH_BITS) - 1);
+    ((slot << SLOT_TAG_HASH_BITS) | low).max(1)
+}
+
+/// The cluster slot a slot tag names.
+#[inline]
+pub(crate) fn slot_of_tag(tag: u16) -> u16 {
+    tag >> SLOT_TAG_HASH_BITS
+}
+
 /// Bucket count derived from the pool size: one slot per assumed item,
 /// [`ITEM_SLOTS_PER_BUCKET`] per bucket, rounded up to a power of two.
 pub fn default_index_buckets(pool_bytes: usize) -> usize {
@@ -235,6 +264,14 @@ impl Index {
     pub fn prefetch(&self, hash: KeyHash) {
         let bucket = &self.buckets[self.main_bucket(hash)];
         prefetch_line(bucket as *const Bucket as *const i8);
+    }
+
+    /// Starts loading main bucket `main`'s line, without waiting.
+    #[inline]
+    pub fn prefetch_main(&self, main: usize) {
+        if let Some(bucket) = self.buckets.get(main) {
+            prefetch_line(bucket as *const Bucket as *const i8);
+        }
     }
 
     /// The slot word at `at`.

@@ -79,7 +79,7 @@ pub use journal::{Journal, JournalSeq, Noted};
 pub use large::{LargeValue, ValueRef, LARGE_VALUE_BYTES_MAX, LARGE_VALUE_BYTES_MIN};
 pub use pool::{PoolError, PoolMemory, PoolOptions, HUGE_PAGE_SHIFT};
 pub use put::{PutCond, PutResult};
-pub use scan::{ScanBudget, ScanItem, ScanItems, ScanMore, ScanVisit};
+pub use scan::{ScanBudget, ScanItem, ScanItems, ScanMore, ScanVisit, SlotFilter};
 pub use stats::PartitionStats;
 pub use watch::WATCH_VERSION_SLOTS;
 
@@ -578,7 +578,44 @@ impl Partition {
         budget: &mut ScanBudget,
         f: &mut ScanMore<'_>,
     ) -> Option<usize> {
-        dispatch!(&mut self.inner, core => core.scan_from(from, now_ms, budget, f))
+        dispatch!(&mut self.inner, core => core.scan_from(from, now_ms, budget, None, f))
+    }
+
+    /// [`Partition::scan_from`] over the items of the cluster slots `want`
+    /// takes only (the budget still counts every index entry examined).
+    /// With slot tags ([`Partition::use_slot_tags`]) the other items are
+    /// never read: a walk for the quarter of a server's keys that moves to
+    /// a new server reads the index and that quarter, not every item.
+    pub fn scan_slots_from(
+        &mut self,
+        from: usize,
+        now_ms: u64,
+        budget: &mut ScanBudget,
+        want: &SlotFilter<'_>,
+        f: &mut ScanMore<'_>,
+    ) -> Option<usize> {
+        dispatch!(&mut self.inner, core => core.scan_from(from, now_ms, budget, Some(want), f))
+    }
+
+    /// Tags every index entry, from now on, with its key's cluster slot
+    /// (`fabrickv_types::slot::key_slot`) instead of the key hash's low
+    /// 16 bits, retagging the entries already there (one pass over the
+    /// items); a server of an etcd cluster does this as it joins, so that
+    /// [`Partition::scan_slots_from`] skips other slots' items unread.
+    /// Lookups then compute the key's slot (a CRC16 of the key) as well
+    /// as its hash, and reject a non-matching entry on a slot and two bits
+    /// of the hash instead of sixteen: keys sharing a `{hash tag}` share a
+    /// slot, so a bucket full of them costs a lookup a quarter of its
+    /// items' reads. Store mode only (a cache-mode partition is never
+    /// streamed by slot); returns whether slot tags are on.
+    pub fn use_slot_tags(&mut self) -> bool {
+        match &mut self.inner {
+            Inner::Cache(_) => false,
+            Inner::Store(core) => {
+                core.retag_by_slot();
+                true
+            }
+        }
     }
 
     /// [`Partition::scan_from`] handing `f` each item whole (value, large

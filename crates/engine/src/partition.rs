@@ -7,7 +7,9 @@
 
 use fabrickv_types::KeyHash;
 
-use crate::index::{offset_of, tag_of, Index, SlotRef, Summary, ITEM_SLOTS_PER_BUCKET};
+use crate::index::{
+    offset_of, slot_tag, tag_of, Index, SlotRef, Summary, ITEM_SLOTS_PER_BUCKET, SLOT_TAG_HASH_BITS,
+};
 use crate::item::{self, Header};
 use crate::large::{self, LargeTable, ValueRef};
 use crate::stats::PartitionStats;
@@ -54,6 +56,11 @@ pub(crate) struct Core<S> {
     pub versions: Versions,
     /// The large values the index's stub items name.
     pub large: LargeTable,
+    /// Whether index entries are tagged with their key's cluster slot
+    /// ([`crate::index::slot_tag`]) instead of the hash's low bits, so
+    /// that a walk for some slots' keys skips the others without reading
+    /// their items. Store mode only.
+    pub slot_tags: bool,
 }
 
 impl<S: Storage> Core<S> {
@@ -69,6 +76,31 @@ impl<S: Storage> Core<S> {
             sweep_cursor: 0,
             versions: Versions::new(),
             large: LargeTable::new(pool_bytes as u64),
+            slot_tags: false,
+        }
+    }
+
+    /// The tag this key's index entry carries.
+    #[inline]
+    pub fn tag_for(&self, hash: KeyHash, key: &[u8]) -> u16 {
+        if self.slot_tags {
+            slot_tag(fabrickv_types::slot::key_slot(key), hash)
+        } else {
+            hash.tag()
+        }
+    }
+
+    /// Which bits of a tag a prefetch that knows only the hash can match,
+    /// and what they must be: all of [`KeyHash::tag`], or a slot tag's
+    /// hash bits (a prefetch of a quarter of the bucket's items, about,
+    /// rather than of none).
+    #[inline]
+    fn hash_tag_bits(&self, hash: KeyHash) -> (u16, u16) {
+        if self.slot_tags {
+            let mask = (1 << SLOT_TAG_HASH_BITS) - 1;
+            (mask, hash.0 as u16 & mask)
+        } else {
+            (u16::MAX, hash.tag())
         }
     }
 
@@ -121,7 +153,7 @@ impl<S: Storage> Core<S> {
     /// Finds the indexed item with this key, expired or not.
     #[inline]
     pub fn find(&self, hash: KeyHash, key: &[u8]) -> Option<Hit> {
-        let tag = hash.tag();
+        let tag = self.tag_for(hash, key);
         let pool = self.storage.pool();
         let mut bucket = Some(self.index.main_bucket(hash));
         while let Some(b) = bucket {
@@ -160,12 +192,12 @@ impl<S: Storage> Core<S> {
     /// header instead of one dependent round later.
     #[inline]
     pub fn prefetch_item_span(&self, hash: KeyHash, span: usize) {
-        let tag = hash.tag();
+        let (mask, want) = self.hash_tag_bits(hash);
         let pool = self.storage.pool();
         let b = self.index.main_bucket(hash);
         for slot in 0..ITEM_SLOTS_PER_BUCKET {
             let e = self.index.entry(SlotRef { bucket: b, slot });
-            if e == 0 || tag_of(e) != tag {
+            if e == 0 || tag_of(e) & mask != want {
                 continue;
             }
             if let Some(pos) = self.storage.resolve(offset_of(e)) {
@@ -242,7 +274,7 @@ impl<S: Storage> Core<S> {
             let h = item::read_header(pool, pos);
             assert!(h.is_live_record(), "indexed item is flagged");
             assert_eq!(
-                KeyHash(h.hash).tag(),
+                self.tag_for(KeyHash(h.hash), item::key(pool, pos, &h)),
                 tag_of(e),
                 "slot tag matches item hash"
             );

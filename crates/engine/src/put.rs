@@ -331,7 +331,8 @@ impl Place for Core<Slab> {
                 };
                 self.drop_value(old.pos, &old.header);
                 let n = self.write_item(pos, put);
-                self.index.set(old.at, pack(hash.tag(), pos as u64));
+                self.index
+                    .set(old.at, pack(self.tag_for(hash, key), pos as u64));
                 self.storage.free(old.pos);
                 n
             }
@@ -346,7 +347,7 @@ impl Place for Core<Slab> {
                 let n = self.write_item(pos, put);
                 if self
                     .index
-                    .insert(main, pack(hash.tag(), pos as u64))
+                    .insert(main, pack(self.tag_for(hash, key), pos as u64))
                     .is_none()
                 {
                     debug_assert!(false, "can_insert promised a slot");

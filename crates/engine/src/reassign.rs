@@ -73,7 +73,8 @@ impl Core<Slab> {
         let header = item::read_header(self.storage.pool(), src);
         let hash = KeyHash(header.hash);
         let main = self.index.main_bucket(hash);
-        let Some(at) = self.index.find_entry(main, pack(hash.tag(), src as u64)) else {
+        let tag = self.tag_for(hash, item::key(self.storage.pool(), src, &header));
+        let Some(at) = self.index.find_entry(main, pack(tag, src as u64)) else {
             // Every chunk in use is indexed between operations.
             debug_assert!(false, "a live chunk has no index slot");
             return;
@@ -84,7 +85,7 @@ impl Core<Slab> {
         };
         let n = header.item_bytes();
         self.storage.pool_mut().copy_within(src..src + n, dst);
-        self.index.set(at, pack(hash.tag(), dst as u64));
+        self.index.set(at, pack(tag, dst as u64));
         self.storage.count_relocated();
     }
 }

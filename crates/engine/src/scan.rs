@@ -9,7 +9,7 @@
 
 use fabrickv_types::KeyHash;
 
-use crate::index::{offset_of, prefetch_line, Marked, Summary};
+use crate::index::{offset_of, prefetch_line, slot_of_tag, tag_of, Marked, Summary};
 use crate::item::{self, ItemMeta};
 use crate::large::ValueRef;
 use crate::partition::{Core, Hit, Storage};
@@ -40,6 +40,12 @@ pub struct ScanItem<'a> {
     pub meta: Option<ItemMeta>,
 }
 
+/// Which cluster slots a walk wants ([`crate::Partition::scan_slots_from`]):
+/// items of other slots are skipped, and in a partition that keeps slot
+/// tags ([`crate::Partition::use_slot_tags`]) without their items being
+/// read.
+pub type SlotFilter<'f> = dyn Fn(u16) -> bool + 'f;
+
 /// What [`crate::Partition::scan_items_from`] calls for each live item;
 /// it returns whether the walk may go on past the chain it is in, as
 /// [`ScanMore`] does.
@@ -50,6 +56,12 @@ pub type ScanItems<'f> = dyn FnMut(ScanItem<'_>) -> bool + 'f;
 /// its own, so a walk that waits for one at a time spends most of its
 /// time on misses; this many in flight overlap them.
 pub const SCAN_PREFETCH_BUCKETS: usize = 8;
+
+/// Occupied main buckets, past those whose items are prefetched, whose
+/// own index lines a walk prefetches: in a sparsely filled index each
+/// occupied bucket is a line of its own, and a walk whose items are
+/// mostly skipped by their slot tags waits on those lines instead.
+pub const SCAN_PREFETCH_LINES: usize = 16;
 
 /// The work one walk may still do; [`crate::Partition::scan_from`] takes
 /// what it does out of it, so one budget can span several partitions.
@@ -79,14 +91,47 @@ impl<S: Storage> Core<S> {
         if main >= self.index.main_count() {
             return;
         }
-        self.visit_chain(main, now_ms, f);
+        self.visit_chain(main, now_ms, None, f);
+    }
+
+    /// Whether index entry `e` may name an item of a slot `want` takes,
+    /// told from the entry alone: with slot tags, exactly; without, the
+    /// item decides ([`Core::item_is_wanted`]).
+    #[inline]
+    fn entry_may_be_wanted(&self, e: u64, want: Option<&SlotFilter<'_>>) -> bool {
+        match want {
+            Some(want) if self.slot_tags => want(slot_of_tag(tag_of(e))),
+            _ => true,
+        }
+    }
+
+    /// Whether the item at `pos` is of a slot `want` takes, where the
+    /// entry could not tell (a partition without slot tags).
+    #[inline]
+    fn item_is_wanted(
+        &self,
+        pos: usize,
+        header: &item::Header,
+        want: Option<&SlotFilter<'_>>,
+    ) -> bool {
+        match want {
+            Some(want) if !self.slot_tags => want(fabrickv_types::slot::key_slot(item::key(
+                self.storage.pool(),
+                pos,
+                header,
+            ))),
+            _ => true,
+        }
     }
 
     /// Asks the cache for the first line of every item in the chain of
     /// `main` (its header and key), without waiting.
-    fn prefetch_chain(&self, main: usize) {
+    fn prefetch_chain(&self, main: usize, want: Option<&SlotFilter<'_>>) {
         let pool = self.storage.pool();
         for (_, e) in self.index.chain(main) {
+            if !self.entry_may_be_wanted(e, want) {
+                continue;
+            }
             if let Some(byte) = self.storage.resolve(offset_of(e)).and_then(|p| pool.get(p)) {
                 prefetch_line((byte as *const u8).cast());
             }
@@ -95,9 +140,15 @@ impl<S: Storage> Core<S> {
 
     /// Calls `f` for every item live at `now_ms` in the chain of `main`;
     /// returns how many entries the chain holds (live or not).
-    fn visit_chain(&self, main: usize, now_ms: u64, f: &mut ScanVisit<'_>) -> usize {
+    fn visit_chain(
+        &self,
+        main: usize,
+        now_ms: u64,
+        want: Option<&SlotFilter<'_>>,
+        f: &mut ScanVisit<'_>,
+    ) -> usize {
         let pool = self.storage.pool();
-        self.for_live_items(main, now_ms, &mut |pos, header| {
+        self.for_live_items(main, now_ms, want, &mut |pos, header| {
             f(
                 item::key(pool, pos, header),
                 item::value(pool, pos, header),
@@ -107,22 +158,27 @@ impl<S: Storage> Core<S> {
     }
 
     /// Calls `f(pos, header)` for every item live at `now_ms` in the
-    /// chain of `main`; returns how many entries the chain holds.
+    /// chain of `main` (of a slot `want` takes, if given); returns how
+    /// many entries the chain holds.
     fn for_live_items(
         &self,
         main: usize,
         now_ms: u64,
+        want: Option<&SlotFilter<'_>>,
         f: &mut dyn FnMut(usize, &item::Header),
     ) -> usize {
         let pool = self.storage.pool();
         let mut examined = 0;
         for (_, e) in self.index.chain(main) {
             examined += 1;
+            if !self.entry_may_be_wanted(e, want) {
+                continue;
+            }
             let Some(pos) = self.storage.resolve(offset_of(e)) else {
                 continue;
             };
             let header = item::read_header(pool, pos);
-            if !header.is_expired(now_ms) {
+            if !header.is_expired(now_ms) && self.item_is_wanted(pos, &header, want) {
                 f(pos, &header);
             }
         }
@@ -142,11 +198,12 @@ impl<S: Storage> Core<S> {
         from: usize,
         now_ms: u64,
         budget: &mut ScanBudget,
+        want: Option<&SlotFilter<'_>>,
         f: &mut ScanMore<'_>,
     ) -> Option<usize> {
-        self.walk_chains(from, budget, &mut |core, main| {
+        self.walk_chains(from, budget, want, &mut |core, main| {
             let mut more = true;
-            let examined = core.visit_chain(main, now_ms, &mut |k, v, e| {
+            let examined = core.visit_chain(main, now_ms, want, &mut |k, v, e| {
                 more &= f(k, v, e);
             });
             (examined, more)
@@ -162,10 +219,10 @@ impl<S: Storage> Core<S> {
         budget: &mut ScanBudget,
         f: &mut ScanItems<'_>,
     ) -> Option<usize> {
-        self.walk_chains(from, budget, &mut |core, main| {
+        self.walk_chains(from, budget, None, &mut |core, main| {
             let pool = core.storage.pool();
             let mut more = true;
-            let examined = core.for_live_items(main, now_ms, &mut |pos, header| {
+            let examined = core.for_live_items(main, now_ms, None, &mut |pos, header| {
                 more &= f(ScanItem {
                     key: item::key(pool, pos, header),
                     value: core.value_of(pos, header),
@@ -179,11 +236,13 @@ impl<S: Storage> Core<S> {
 
     /// The walk both scans share: `visit(core, main)` visits one occupied
     /// main bucket's chain and returns the entries it examined and
-    /// whether the walk may go on.
+    /// whether the walk may go on; the items prefetched ahead are those
+    /// `want` may take.
     fn walk_chains(
         &mut self,
         from: usize,
         budget: &mut ScanBudget,
+        want: Option<&SlotFilter<'_>>,
         visit: &mut dyn FnMut(&Self, usize) -> (usize, bool),
     ) -> Option<usize> {
         let main_count = self.index.main_count();
@@ -193,6 +252,10 @@ impl<S: Storage> Core<S> {
         // prefetched past the one visited (looking ahead costs no budget).
         let mut ahead = from;
         let mut prefetched = 0usize;
+        // The first stage: occupied buckets from `ahead` whose lines are
+        // loading, up to `lines_end`, and how many.
+        let mut lines_end = from;
+        let mut lines = 0usize;
         loop {
             if budget.entries == 0 {
                 return resume(b);
@@ -210,13 +273,32 @@ impl<S: Storage> Core<S> {
                     } else {
                         prefetched = prefetched.saturating_sub(1);
                     }
+                    if lines_end < ahead {
+                        lines_end = ahead;
+                        lines = 0;
+                    }
+                    let mut look = SCAN_PREFETCH_LINES;
+                    while lines < SCAN_PREFETCH_LINES {
+                        match self
+                            .index
+                            .next_marked(Summary::Occupied, lines_end, &mut look)
+                        {
+                            Marked::At(next) => {
+                                self.index.prefetch_main(next);
+                                lines_end = next + 1;
+                                lines += 1;
+                            }
+                            _ => break,
+                        }
+                    }
                     let mut look = SCAN_PREFETCH_BUCKETS;
                     while prefetched < SCAN_PREFETCH_BUCKETS {
                         match self.index.next_marked(Summary::Occupied, ahead, &mut look) {
                             Marked::At(next) => {
-                                self.prefetch_chain(next);
+                                self.prefetch_chain(next, want);
                                 ahead = next + 1;
                                 prefetched += 1;
+                                lines = lines.saturating_sub(1);
                             }
                             _ => break,
                         }
@@ -232,6 +314,33 @@ impl<S: Storage> Core<S> {
                     }
                 }
             }
+        }
+    }
+
+    /// Turns slot tags on ([`crate::Partition::use_slot_tags`]) and
+    /// rewrites every index entry's tag to match; nothing if already on.
+    pub(crate) fn retag_by_slot(&mut self) {
+        if self.slot_tags {
+            return;
+        }
+        self.slot_tags = true;
+        let mut words = usize::MAX;
+        let mut from = 0;
+        let mut retagged: Vec<(crate::index::SlotRef, u64)> = Vec::new();
+        while let Marked::At(main) = self.index.next_marked(Summary::Occupied, from, &mut words) {
+            let pool = self.storage.pool();
+            for (at, e) in self.index.chain(main) {
+                let Some(pos) = self.storage.resolve(offset_of(e)) else {
+                    continue;
+                };
+                let header = item::read_header(pool, pos);
+                let tag = self.tag_for(KeyHash(header.hash), item::key(pool, pos, &header));
+                retagged.push((at, crate::index::pack(tag, offset_of(e))));
+            }
+            for (at, e) in retagged.drain(..) {
+                self.index.set(at, e);
+            }
+            from = main + 1;
         }
     }
 

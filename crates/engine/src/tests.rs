@@ -11,7 +11,7 @@ use crate::item::is_expired;
 use crate::testutil::{h, put_ok, sized};
 use crate::{
     DeleteResult, EngineError, GetResult, Mode, Partition, PartitionConfig, PutCond, PutResult,
-    POOL_BYTES_MAX, POOL_BYTES_MIN,
+    ScanBudget, POOL_BYTES_MAX, POOL_BYTES_MIN,
 };
 
 /// A value that names its key and version, so a wrong value is detected.
@@ -300,11 +300,26 @@ fn key_bytes(key: u8) -> Vec<u8> {
 /// default) and the model. Store mode must agree
 /// exactly; cache mode may forget but never invent or resurrect.
 fn run_model(mode: Mode, index_buckets: Option<usize>, ops: &[Op]) {
+    run_model_tagged(mode, index_buckets, None, ops);
+}
+
+/// [`run_model`], turning slot tags on before op `slot_tags_at` (the
+/// entries already there are retagged).
+fn run_model_tagged(
+    mode: Mode,
+    index_buckets: Option<usize>,
+    slot_tags_at: Option<usize>,
+    ops: &[Op],
+) {
     let mut p = sized(mode, POOL_BYTES_MIN, index_buckets);
     let mut model = Model::new();
     let mut now = 1u64;
     let mut version = 0u32;
-    for op in ops {
+    for (i, op) in ops.iter().enumerate() {
+        if slot_tags_at == Some(i) {
+            assert_eq!(p.use_slot_tags(), mode == Mode::Store);
+            p.check();
+        }
         match *op {
             Op::Put {
                 key,
@@ -456,6 +471,17 @@ proptest! {
         run_model(Mode::Store, Some(1), &ops);
     }
 
+    /// Slot tags turned on part way (the entries there retagged), with
+    /// few buckets so that chains and tag matches are common.
+    #[test]
+    fn store_with_slot_tags_matches_a_hashmap(
+        ops in prop::collection::vec(op_strategy(MODEL_KEYS), 1..500),
+        at in 0usize..500,
+        buckets in prop::sample::select(vec![1usize, 4, 64]),
+    ) {
+        run_model_tagged(Mode::Store, Some(buckets), Some(at.min(ops.len() - 1)), &ops);
+    }
+
     #[test]
     fn cache_never_disagrees_with_a_hashmap(
         ops in prop::collection::vec(op_strategy(MODEL_KEYS_CACHE), 1..500),
@@ -503,4 +529,79 @@ fn cache_mode_never_starves_a_size_when_sizes_shift() {
         s.bytes
     );
     p.check();
+}
+
+/// Every live key whose slot `want` takes, by a walk of
+/// [`Partition::scan_slots_from`] in holds of a few entries.
+fn keys_in_slots(p: &mut Partition, now: u64, want: &dyn Fn(u16) -> bool) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    let mut from = Some(0);
+    while let Some(b) = from {
+        let mut budget = ScanBudget {
+            entries: 5,
+            words: usize::MAX,
+        };
+        from = p.scan_slots_from(b, now, &mut budget, want, &mut |k, _, _| {
+            keys.push(k.to_vec());
+            true
+        });
+    }
+    keys.sort();
+    keys
+}
+
+/// A walk for some slots' keys finds exactly those, with slot tags off,
+/// on (entries retagged), and after the tagged partition took writes
+/// that moved items between size classes; keys sharing a `{hash tag}`
+/// (one slot, tags two bits apart) stay apart for lookups.
+#[test]
+fn slot_walks_find_exactly_their_slots_keys() {
+    use fabrickv_types::slot::key_slot;
+    for buckets in [Some(128), None] {
+        let mut p = sized(Mode::Store, 4 << 20, buckets);
+        let keys: Vec<Vec<u8>> = (0..600)
+            .map(|i| match i % 3 {
+                0 => format!("plain-{i}"),
+                1 => format!("{{user7}}.field-{i}"),
+                _ => format!("{{u{}}}-{i}", i % 11),
+            })
+            .map(String::into_bytes)
+            .collect();
+        for k in &keys {
+            put_ok(&mut p, k, b"v1", 0);
+        }
+        let want = |s: u16| s % 4 == 1 || (5_000..6_000).contains(&s);
+        let expect = |keys: &[Vec<u8>]| {
+            let mut e: Vec<Vec<u8>> = keys.iter().filter(|k| want(key_slot(k))).cloned().collect();
+            e.sort();
+            e
+        };
+        let untagged = keys_in_slots(&mut p, 1, &want);
+        assert_eq!(untagged, expect(&keys));
+        assert!(p.use_slot_tags());
+        p.check();
+        assert_eq!(keys_in_slots(&mut p, 1, &want), untagged);
+        // Overwrites that change size class, deletes, reads.
+        for (i, k) in keys.iter().enumerate() {
+            match i % 4 {
+                0 => put_ok(&mut p, k, &vec![b'x'; 300 + i], 0),
+                1 => assert_eq!(p.delete(h(k), k, 1), DeleteResult::Deleted),
+                _ => assert!(matches!(p.get(h(k), k, 1), GetResult::Found { .. })),
+            }
+        }
+        p.check();
+        let left: Vec<Vec<u8>> = keys
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 4 != 1)
+            .map(|(_, k)| k.clone())
+            .collect();
+        assert_eq!(keys_in_slots(&mut p, 1, &want), expect(&left));
+        for k in &left {
+            assert!(
+                matches!(p.get(h(k), k, 1), GetResult::Found { .. }),
+                "{k:?}"
+            );
+        }
+    }
 }

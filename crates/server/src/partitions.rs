@@ -36,7 +36,7 @@
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
-use fabrickv_engine::{Partition, PartitionStats, ScanBudget};
+use fabrickv_engine::{Partition, PartitionStats, ScanBudget, SlotFilter};
 use fabrickv_types::hash::worker_of_partition;
 use fabrickv_types::limits::PARTITIONS_MAX;
 use fabrickv_types::KeyHash;
@@ -227,15 +227,18 @@ impl Partitions {
     /// Walks partition `i` from main bucket `from` in one background hold
     /// of its lock ([`Partitions::lock_background`]), examining at most
     /// `entries` index entries and calling `f(key, value)` for each live
-    /// item; once [`BACKGROUND_HOLD_ITEMS_MIN`] items are seen, a request
-    /// waiting for the partition ends the hold at the next chain's end.
-    /// Returns the main bucket to resume from, or `None` at the end.
+    /// item of a cluster slot `want` takes (the others, in a partition
+    /// with slot tags, unread: see `Partition::scan_slots_from`); once
+    /// [`BACKGROUND_HOLD_ITEMS_MIN`] items are seen, a request waiting for
+    /// the partition ends the hold at the next chain's end. Returns the
+    /// main bucket to resume from, or `None` at the end.
     pub fn scan_background(
         &self,
         i: usize,
         from: usize,
         now_ms: u64,
         entries: usize,
+        want: &SlotFilter<'_>,
         f: &mut dyn FnMut(&[u8], &[u8]),
     ) -> Option<usize> {
         let mut budget = ScanBudget {
@@ -244,7 +247,7 @@ impl Partitions {
         };
         let mut seen = 0usize;
         self.lock_background(i)
-            .scan_from(from, now_ms, &mut budget, &mut |k, v, _| {
+            .scan_slots_from(from, now_ms, &mut budget, want, &mut |k, v, _| {
                 f(k, v);
                 seen += 1;
                 seen < BACKGROUND_HOLD_ITEMS_MIN || !self.wanted(i)

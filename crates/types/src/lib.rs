@@ -6,6 +6,7 @@
 //! - [`code`]: the stable error codes that cross the wire.
 //! - [`hash`]: the key hash and the mapping from a hash to a partition, used
 //!   identically by clients (to steer) and servers (to verify ownership).
+//! - [`slot`]: a key's cluster slot (Redis Cluster's CRC16 placement).
 //! - [`size`]: parsing of human sizes such as `64MB`.
 //! - [`cpus`]: parsing of CPU lists such as `0,2-3`.
 //! - [`digest`]: the order-independent digest of a set of key-value pairs
@@ -20,6 +21,7 @@ pub mod digest;
 pub mod hash;
 pub mod limits;
 pub mod size;
+pub mod slot;
 pub mod transfer;
 
 pub use code::ErrorCode;

@@ -295,14 +295,14 @@ fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64, tabl
             });
         }
         Record::FlushPartition { count, index } => {
-            super::moves::drop_keys(&a.parts, now, super::moves::Pace::Now, |k| {
-                KeyHash::of(k).partition(*count) == *index
-                    && r.map.groups[r.routes.group_of(key_slot(k))].primary == sender
+            let senders = |slot: u16| r.map.groups[r.routes.group_of(slot)].primary == sender;
+            super::moves::drop_keys(&a.parts, now, super::moves::Pace::Now, &senders, |k| {
+                KeyHash::of(k).partition(*count) == *index && senders(key_slot(k))
             });
         }
         Record::StreamBegin { ranges } => {
             let doomed = |s: u16| ranges.iter().any(|rg| rg.contains(s));
-            super::moves::drop_keys(&a.parts, now, super::moves::Pace::Now, |k| {
+            super::moves::drop_keys(&a.parts, now, super::moves::Pace::Now, &doomed, |k| {
                 doomed(key_slot(k))
             });
             a.ps.drop_rows(now, &doomed);

@@ -13,6 +13,7 @@ use fabrickv_types::KeyHash;
 
 use super::{Replicator, REPL_TICK_MS};
 use crate::partitions::{Partitions, BACKGROUND_HOLD_ITEMS_MIN};
+use fabrickv_engine::SlotFilter;
 
 /// How long a primary waits, once a group it leads is handing over,
 /// before it takes its last round of the group's writes, in
@@ -258,7 +259,7 @@ impl Replicator {
                     .routing()
                     .is_none_or(|r| !r.map.groups[r.routes.group_of(slot)].holds(self.me))
         };
-        let dropped = drop_keys(&self.parts, now, Pace::Background, |k| {
+        let dropped = drop_keys(&self.parts, now, Pace::Background, &still_released, |k| {
             still_released(key_slot(k))
         });
         self.ps.drop_rows(now, &|s| still_released(s));
@@ -303,7 +304,7 @@ pub(crate) enum Pace {
 }
 
 /// Deletes, without journaling, every key of `parts` that `doomed`
-/// picks; returns how many. Walks each partition in short holds of its
+/// picks among those of the slots `slots` takes; returns how many. Walks each partition in short holds of its
 /// lock, deleting what each hold found under the next few (asking
 /// `doomed` again there: what it picks may have changed since the
 /// walk), and gives the lock up early to a request waiting for it: a
@@ -313,6 +314,7 @@ pub(crate) fn drop_keys(
     parts: &Partitions,
     now: u64,
     pace: Pace,
+    slots: &SlotFilter<'_>,
     doomed: impl Fn(&[u8]) -> bool,
 ) -> usize {
     let mut n = 0;
@@ -321,11 +323,12 @@ pub(crate) fn drop_keys(
         let mut from = Some(0);
         while let Some(bucket) = from {
             let mut keys: Vec<Vec<u8>> = Vec::new();
-            from = parts.scan_background(p, bucket, now, RELEASE_SCAN_ENTRIES, &mut |k, _| {
-                if doomed(k) {
-                    keys.push(k.to_vec());
-                }
-            });
+            from =
+                parts.scan_background(p, bucket, now, RELEASE_SCAN_ENTRIES, slots, &mut |k, _| {
+                    if doomed(k) {
+                        keys.push(k.to_vec());
+                    }
+                });
             pacer.breathe();
             let mut left = &keys[..];
             while !left.is_empty() {
@@ -417,25 +420,35 @@ mod tests {
         Partitions::new(parts)
     }
 
-    /// Every doomed key goes and every other stays, at either pace, over
-    /// more keys than one hold scans or deletes.
+    /// Every doomed key goes and every other stays, at either pace, with
+    /// slot tags or without, over more keys than one hold scans or
+    /// deletes.
     #[test]
     fn drop_keys_deletes_exactly_the_doomed_keys_in_short_holds() {
         const KEYS: u32 = 20_000;
         const _: () = assert!(KEYS as usize > RELEASE_SCAN_ENTRIES * 2);
-        for pace in [Pace::Now, Pace::Background] {
+        for (pace, tagged) in [Pace::Now, Pace::Background]
+            .into_iter()
+            .flat_map(|p| [(p, false), (p, true)])
+        {
             let parts = filled(2, KEYS);
-            let doomed = |k: &[u8]| key_slot(k).is_multiple_of(4);
+            if tagged {
+                for p in 0..parts.len() {
+                    assert!(parts.lock(p).use_slot_tags());
+                }
+            }
+            let slots = |s: u16| s.is_multiple_of(4);
+            let doomed = |k: &[u8]| slots(key_slot(k));
             let want = (0..KEYS)
                 .filter(|i| doomed(format!("k{i}").as_bytes()))
                 .count();
-            assert_eq!(drop_keys(&parts, 0, pace, doomed), want, "{pace:?}");
+            assert_eq!(drop_keys(&parts, 0, pace, &slots, doomed), want, "{pace:?}");
             for i in 0..KEYS {
                 let k = format!("k{i}").into_bytes();
                 let h = KeyHash::of(&k);
                 let mut p = parts.lock(h.partition(2) as usize);
                 let found = matches!(p.get(h, &k, 0), fabrickv_engine::GetResult::Found { .. });
-                assert_eq!(found, !doomed(&k), "key {i} at {pace:?}");
+                assert_eq!(found, !doomed(&k), "key {i} at {pace:?}, tags {tagged}");
             }
         }
     }
