@@ -155,6 +155,67 @@ fn acknowledged_writes_survive_failovers_and_a_rejoin(t: Transport) {
     }
 }
 
+/// With no writes at all, a server that comes back is still streamed
+/// its groups' slots and promoted, and again after it dies and comes back
+/// a second time: nothing but the replicator's tick launches a round in
+/// an idle cluster. (The build before `185e75a` passes this too: the
+/// stale streams that left a rejoined server joining for ever needed the
+/// interleaving of chaos seed 613510404, three servers' streams to two
+/// joiners.)
+fn an_idle_cluster_streams_a_server_that_comes_back_twice(t: Transport) {
+    let (etcd, reg, _controller, mut ms, map) = three_members(t);
+    assert_eq!(map.groups[0].backups, [1]);
+    let mut c = ClusterClient::join(&etcd.url(), CLUSTER, opts()).expect("joins");
+    let keys: Vec<Vec<u8>> = (0..200).map(key).collect();
+    put_every_key(&mut c, &keys, b"-idle");
+    let back_in_sync = |m: &SlotMap| {
+        m.groups
+            .iter()
+            .filter(|g| g.primary != 1)
+            .filter(|g| g.backups.contains(&1) || g.joining.contains(&1))
+            .count()
+            == 2
+            && m.groups.iter().all(|g| !g.joining.contains(&1))
+    };
+    for round in 0..2 {
+        ms[1].take().expect("server 1").kill();
+        map_when(
+            &reg,
+            &format!("server 1 out of every group ({round})"),
+            |m| {
+                m.groups
+                    .iter()
+                    .all(|g| g.primary != 1 && !g.backups.contains(&1) && !g.joining.contains(&1))
+            },
+        );
+        ms[1] = Some(member(t, &reg, 1));
+        map_when(
+            &reg,
+            &format!("server 1 streamed and promoted ({round})"),
+            back_in_sync,
+        );
+    }
+    // Server 1 holds every key of the slots it backs: stopping their
+    // primary, server 0, fails group 0 over to it, nothing lost.
+    ms[0].take().expect("server 0").kill();
+    map_when(&reg, "server 0's slots failed over", |m| {
+        m.groups[0].primary == 1
+    });
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    for (k, v) in keys.iter().zip(c.mget(&refs).expect("mget")) {
+        assert_eq!(
+            v,
+            Some([&k[..], b"-idle"].concat()),
+            "{}",
+            String::from_utf8_lossy(k)
+        );
+    }
+    drop(c);
+    for m in ms.into_iter().flatten() {
+        m.kill();
+    }
+}
+
 /// Each server's count of GETs served.
 fn gets_served(c: &mut ClusterClient) -> Vec<u64> {
     c.stats()
@@ -381,6 +442,7 @@ fn cache_keys_follow_the_slot_map_through_a_failover(t: Transport) {
 
 transport_tests!(
     acknowledged_writes_survive_failovers_and_a_rejoin,
+    an_idle_cluster_streams_a_server_that_comes_back_twice,
     cache_keys_follow_the_slot_map_through_a_failover,
     reads_that_accept_staleness_spread_over_the_copies,
     embedding_rows_survive_a_failover_and_a_retried_push_applies_once
