@@ -113,6 +113,33 @@ fn a_registration_is_seen_by_the_watch_and_leaves_when_dropped() {
     drop(r0);
 }
 
+/// One watch, many changes in a row: the last map is delivered (the
+/// watch stays open across changes, reading the view again for each
+/// event newer than what it delivered).
+#[test]
+fn a_watch_follows_many_map_changes_to_the_last() {
+    let etcd = LocalEtcd::start().expect("etcd");
+    let reg = registry(&etcd, "m");
+    let (tx, rx) = mpsc::channel();
+    let _watch = reg.watch(move |v| {
+        let _ = tx.send(v);
+    });
+    let (mut map, mut rev) = reg
+        .create_map(&SlotMap::initial(3, 1).expect("map"))
+        .expect("create");
+    for _ in 0..20 {
+        let mut next = map.clone();
+        next.epoch += 1;
+        assert!(reg.swap_map(rev, &next).expect("swap"), "no other writer");
+        (map, rev) = reg.view().expect("view").map.expect("a map");
+    }
+    let last = map.epoch;
+    let v = wait_for(&rx, |v| {
+        v.map.as_ref().is_some_and(|(m, _)| m.epoch == last)
+    });
+    assert_eq!(v.map.map(|(m, _)| m), Some(map));
+}
+
 #[test]
 fn with_a_secret_an_entry_written_without_it_is_ignored() {
     let etcd = LocalEtcd::start().expect("etcd");

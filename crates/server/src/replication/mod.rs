@@ -61,7 +61,7 @@ use fabrickv_engine::{
 use fabrickv_rpc::gate::{FlushGate, Settle};
 use fabrickv_types::KeyHash;
 
-use crate::partitions::Partitions;
+use crate::partitions::{Partitions, BACKGROUND_HOLD_ITEMS_MIN};
 use crate::ps::replica::{row_slot, RowState, PS_MARKER_TABLE_BIT};
 use crate::ps::PsStore;
 use crate::service::Clock;
@@ -1140,8 +1140,19 @@ impl Replicator {
     ) -> bool {
         let before = out.bytes();
         for (p, keys) in std::mem::take(&mut st.found) {
-            let mut part = self.parts.lock(p);
-            for k in &keys {
+            // A chunk's few hundred keys held the partition for hundreds
+            // of microseconds, every request to it waiting: a waiting one
+            // has it every BACKGROUND_HOLD_ITEMS_MIN keys. Letting it in
+            // mid-chunk is safe under the shipping lock: a write it makes
+            // to a key not read yet is in this chunk's state of the key,
+            // and ships with the writes as well, read later (no round can
+            // take the journals while this one is built).
+            let mut part = self.parts.lock_background(p);
+            for (i, k) in keys.iter().enumerate() {
+                if i % BACKGROUND_HOLD_ITEMS_MIN == 0 && i > 0 && self.parts.wanted(p) {
+                    drop(part);
+                    part = self.parts.lock_background(p);
+                }
                 let state = read_state(&mut part, k, now, &self.unix);
                 append_state(out, k, &state);
             }
