@@ -115,6 +115,27 @@ impl<S: Storage> Core<S> {
     /// reported absent but left for the sweep, and no counter moves. Takes
     /// `&self`, so several readers may share the partition.
     #[inline]
+    pub(crate) fn peek_item(
+        &self,
+        hash: KeyHash,
+        key: &[u8],
+        now_ms: u64,
+    ) -> Option<crate::scan::ScanItem<'_>> {
+        let hit = self.find(hash, key)?;
+        if hit.header.is_expired(now_ms) {
+            return None;
+        }
+        let pool = self.storage.pool();
+        Some(crate::scan::ScanItem {
+            key: item::key(pool, hit.pos, &hit.header),
+            value: self.value_of(hit.pos, &hit.header),
+            expire_at_ms: hit.header.expire_at_ms,
+            meta: item::meta(pool, hit.pos, &hit.header),
+        })
+    }
+
+    /// Looks `key` up without changing anything (see [`Core::peek_item`]).
+    #[inline]
     pub(crate) fn peek(&self, hash: KeyHash, key: &[u8], now_ms: u64) -> Option<&[u8]> {
         let hit = self.find(hash, key)?;
         if hit.header.is_expired(now_ms) {

@@ -406,6 +406,14 @@ impl Partition {
         dispatch!(&self.inner, core => core.peek(hash, key, now_ms))
     }
 
+    /// [`Partition::peek`] of the whole item (value, large or not, expiry
+    /// and meta) in one lookup: what replication ships of a key, read
+    /// without counting a GET (a replicated write is no client's read).
+    #[inline]
+    pub fn peek_item(&self, hash: KeyHash, key: &[u8], now_ms: u64) -> Option<ScanItem<'_>> {
+        dispatch!(&self.inner, core => core.peek_item(hash, key, now_ms))
+    }
+
     /// The value of a live `key`, writable in place (same length): an
     /// update with no allocation, for read-modify-write such as an
     /// optimizer step.

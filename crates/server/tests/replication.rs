@@ -224,6 +224,24 @@ fn gets_served(c: &mut ClusterClient) -> Vec<u64> {
         .collect()
 }
 
+/// Replicated writes are no client's reads: a primary reading the keys
+/// it ships to its backups counts no GET in STATS.
+fn replicated_writes_count_no_gets(t: Transport) {
+    let (etcd, _reg, _controller, ms, _map) = three_members(t);
+    let mut c = ClusterClient::join(&etcd.url(), CLUSTER, opts()).expect("joins");
+    let keys: Vec<Vec<u8>> = (0..200).map(key).collect();
+    let before = gets_served(&mut c);
+    put_every_key(&mut c, &keys, b"-w1");
+    for k in keys.iter().take(50) {
+        c.put(k, b"one at a time").expect("put");
+    }
+    assert_eq!(gets_served(&mut c), before, "writes only, no GET");
+    drop(c);
+    for m in ms.into_iter().flatten() {
+        m.kill();
+    }
+}
+
 fn reads_that_accept_staleness_spread_over_the_copies(t: Transport) {
     let etcd = LocalEtcd::start().expect("etcd");
     let reg = registry(&etcd);
@@ -443,6 +461,7 @@ fn cache_keys_follow_the_slot_map_through_a_failover(t: Transport) {
 transport_tests!(
     acknowledged_writes_survive_failovers_and_a_rejoin,
     an_idle_cluster_streams_a_server_that_comes_back_twice,
+    replicated_writes_count_no_gets,
     cache_keys_follow_the_slot_map_through_a_failover,
     reads_that_accept_staleness_spread_over_the_copies,
     embedding_rows_survive_a_failover_and_a_retried_push_applies_once

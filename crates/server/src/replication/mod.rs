@@ -55,8 +55,7 @@ use fabrickv_auth::Secret;
 use fabrickv_cluster::etcd::EtcdRegistry;
 use fabrickv_cluster::slots::key_slot;
 use fabrickv_engine::{
-    GetRefResult, ItemMeta, JournalSeq, LargeValue, Partition, PutCond, ValueRef,
-    LARGE_VALUE_BYTES_MIN,
+    ItemMeta, JournalSeq, LargeValue, Partition, PutCond, ValueRef, LARGE_VALUE_BYTES_MIN,
 };
 use fabrickv_rpc::gate::{FlushGate, Settle};
 use fabrickv_types::KeyHash;
@@ -202,27 +201,19 @@ impl UnixClock {
 
 /// Reads `key`'s state in `part` at engine time `now_ms`.
 pub(crate) fn read_state(part: &mut Partition, key: &[u8], now_ms: u64, unix: &UnixClock) -> State {
-    let hash = KeyHash::of(key);
-    match part.get_ref(hash, key, now_ms) {
-        GetRefResult::NotFound => return State::Absent,
-        GetRefResult::Found {
-            value: ValueRef::Large(v),
-            expire_at_ms,
-        } => {
-            return State::Large {
-                value: v.clone(),
-                expire_unix_ms: unix.to_unix(expire_at_ms),
-            }
-        }
-        GetRefResult::Found { .. } => {}
-    }
-    match part.get_item(hash, key, now_ms) {
-        Some(item) => State::Put {
-            value: item.value.to_vec(),
-            expire_unix_ms: unix.to_unix(item.expire_at_ms),
-            meta: item.meta.map(|m| (m.cas, m.client_flags)),
-        },
+    match part.peek_item(KeyHash::of(key), key, now_ms) {
         None => State::Absent,
+        Some(item) => match item.value {
+            ValueRef::Large(v) => State::Large {
+                value: v.clone(),
+                expire_unix_ms: unix.to_unix(item.expire_at_ms),
+            },
+            ValueRef::Inline(value) => State::Put {
+                value: value.to_vec(),
+                expire_unix_ms: unix.to_unix(item.expire_at_ms),
+                meta: item.meta.map(|m| (m.cas, m.client_flags)),
+            },
+        },
     }
 }
 
