@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use fabrickv_auth::Secret;
-use fabrickv_cluster::etcd::{ClusterView, EtcdRegistry};
+use fabrickv_cluster::etcd::{ClusterView, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::local::LocalEtcd;
 use fabrickv_cluster::slots::SlotMap;
 use fabrickv_cluster::ServerDesc;
@@ -32,6 +32,15 @@ fn registry(etcd: &LocalEtcd, cluster: &str) -> EtcdRegistry {
     EtcdRegistry::connect(&etcd.url(), cluster)
         .expect("connect")
         .with_secret(None)
+}
+
+/// A watch of `reg` and the views it delivers.
+fn watch_views(reg: &EtcdRegistry) -> (WatchHandle, mpsc::Receiver<ClusterView>) {
+    let (tx, rx) = mpsc::channel();
+    let watch = reg.watch(move |v| {
+        let _ = tx.send(v);
+    });
+    (watch, rx)
 }
 
 /// Waits for a view the watch delivers that satisfies `ok`.
@@ -94,10 +103,7 @@ fn the_map_is_created_once_and_changed_only_by_compare_and_swap() {
 fn a_registration_is_seen_by_the_watch_and_leaves_when_dropped() {
     let etcd = LocalEtcd::start().expect("etcd");
     let reg = registry(&etcd, "w");
-    let (tx, rx) = mpsc::channel();
-    let _watch = reg.watch(move |v| {
-        let _ = tx.send(v);
-    });
+    let (_watch, rx) = watch_views(&reg);
     let r0 = registry(&etcd, "w").register(&desc(0)).expect("register 0");
     let r2 = registry(&etcd, "w").register(&desc(2)).expect("register 2");
     let v = wait_for(&rx, |v| v.server(0).is_some() && v.server(2).is_some());
@@ -120,10 +126,7 @@ fn a_registration_is_seen_by_the_watch_and_leaves_when_dropped() {
 fn a_watch_follows_many_map_changes_to_the_last() {
     let etcd = LocalEtcd::start().expect("etcd");
     let reg = registry(&etcd, "m");
-    let (tx, rx) = mpsc::channel();
-    let _watch = reg.watch(move |v| {
-        let _ = tx.send(v);
-    });
+    let (_watch, rx) = watch_views(&reg);
     let (mut map, mut rev) = reg
         .create_map(&SlotMap::initial(3, 1).expect("map"))
         .expect("create");

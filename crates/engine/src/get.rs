@@ -125,13 +125,7 @@ impl<S: Storage> Core<S> {
         if hit.header.is_expired(now_ms) {
             return None;
         }
-        let pool = self.storage.pool();
-        Some(crate::scan::ScanItem {
-            key: item::key(pool, hit.pos, &hit.header),
-            value: self.value_of(hit.pos, &hit.header),
-            expire_at_ms: hit.header.expire_at_ms,
-            meta: item::meta(pool, hit.pos, &hit.header),
-        })
+        Some(self.item_at(hit.pos, &hit.header))
     }
 
     /// Looks `key` up without changing anything (see [`Core::peek_item`]).

@@ -94,6 +94,19 @@ impl<S: Storage> Core<S> {
         self.visit_chain(main, now_ms, None, f);
     }
 
+    /// The item at `pos` with this header, whole: what a walk that copies
+    /// items, and replication's read of a key, hand on.
+    #[inline]
+    pub(crate) fn item_at(&self, pos: usize, header: &item::Header) -> ScanItem<'_> {
+        let pool = self.storage.pool();
+        ScanItem {
+            key: item::key(pool, pos, header),
+            value: self.value_of(pos, header),
+            expire_at_ms: header.expire_at_ms,
+            meta: item::meta(pool, pos, header),
+        }
+    }
+
     /// Whether index entry `e` may name an item of a slot `want` takes,
     /// told from the entry alone: with slot tags, exactly; without, the
     /// item decides ([`Core::item_is_wanted`]).
@@ -220,15 +233,9 @@ impl<S: Storage> Core<S> {
         f: &mut ScanItems<'_>,
     ) -> Option<usize> {
         self.walk_chains(from, budget, None, &mut |core, main| {
-            let pool = core.storage.pool();
             let mut more = true;
             let examined = core.for_live_items(main, now_ms, None, &mut |pos, header| {
-                more &= f(ScanItem {
-                    key: item::key(pool, pos, header),
-                    value: core.value_of(pos, header),
-                    expire_at_ms: header.expire_at_ms,
-                    meta: item::meta(pool, pos, header),
-                });
+                more &= f(core.item_at(pos, header));
             });
             (examined, more)
         })

@@ -99,7 +99,7 @@ impl Server {
         for i in 0..self.parts.len() {
             let mut p = self.parts.lock(i);
             for k in item_keys(&mut p, now) {
-                let v = match read_state(&mut p, &k, now, &self.unix) {
+                let v = match read_state(&p, &k, now, &self.unix) {
                     State::Put {
                         value,
                         expire_unix_ms,

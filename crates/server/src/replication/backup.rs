@@ -297,14 +297,12 @@ fn apply(a: &Applier, r: &Routing, sender: u32, rec: &Record<'_>, now: u64, tabl
         Record::FlushPartition { count, index } => {
             let senders = |slot: u16| r.map.groups[r.routes.group_of(slot)].primary == sender;
             super::moves::drop_keys(&a.parts, now, super::moves::Pace::Now, &senders, |k| {
-                KeyHash::of(k).partition(*count) == *index && senders(key_slot(k))
+                KeyHash::of(k).partition(*count) == *index
             });
         }
         Record::StreamBegin { ranges } => {
             let doomed = |s: u16| ranges.iter().any(|rg| rg.contains(s));
-            super::moves::drop_keys(&a.parts, now, super::moves::Pace::Now, &doomed, |k| {
-                doomed(key_slot(k))
-            });
+            super::moves::drop_keys(&a.parts, now, super::moves::Pace::Now, &doomed, |_| true);
             a.ps.drop_rows(now, &doomed);
             // The KV cache is one copy, not streamed; but what this server
             // cached for these slots when it last led them is older than

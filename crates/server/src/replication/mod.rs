@@ -200,7 +200,7 @@ impl UnixClock {
 }
 
 /// Reads `key`'s state in `part` at engine time `now_ms`.
-pub(crate) fn read_state(part: &mut Partition, key: &[u8], now_ms: u64, unix: &UnixClock) -> State {
+pub(crate) fn read_state(part: &Partition, key: &[u8], now_ms: u64, unix: &UnixClock) -> State {
     match part.peek_item(KeyHash::of(key), key, now_ms) {
         None => State::Absent,
         Some(item) => match item.value {
@@ -831,7 +831,7 @@ impl Replicator {
                 if g.followers().next().is_none() {
                     continue;
                 }
-                let state = read_state(&mut part, key, now, &self.unix);
+                let state = read_state(&part, key, now, &self.unix);
                 for f in g.followers() {
                     append_state(out.entry(f).or_default(), key, &state);
                 }
@@ -1144,7 +1144,7 @@ impl Replicator {
                     drop(part);
                     part = self.parts.lock_background(p);
                 }
-                let state = read_state(&mut part, k, now, &self.unix);
+                let state = read_state(&part, k, now, &self.unix);
                 append_state(out, k, &state);
             }
         }

@@ -259,8 +259,8 @@ impl Replicator {
                     .routing()
                     .is_none_or(|r| !r.map.groups[r.routes.group_of(slot)].holds(self.me))
         };
-        let dropped = drop_keys(&self.parts, now, Pace::Background, &still_released, |k| {
-            still_released(key_slot(k))
+        let dropped = drop_keys(&self.parts, now, Pace::Background, &still_released, |_| {
+            true
         });
         self.ps.drop_rows(now, &|s| still_released(s));
         tracing::info!("moves: {dropped} keys of slots this server holds no copy of let go");
@@ -303,11 +303,12 @@ pub(crate) enum Pace {
     Background,
 }
 
-/// Deletes, without journaling, every key of `parts` that `doomed`
-/// picks among those of the slots `slots` takes; returns how many. Walks each partition in short holds of its
-/// lock, deleting what each hold found under the next few (asking
-/// `doomed` again there: what it picks may have changed since the
-/// walk), and gives the lock up early to a request waiting for it: a
+/// Deletes, without journaling, every key of `parts` of a slot `slots`
+/// takes that `and_key` picks too; returns how many. Walks each
+/// partition in short holds of its lock, deleting what each hold found
+/// under the next few (asking `slots` and `and_key` again there: what
+/// they pick may have changed since the walk), and gives the lock up
+/// early to a request waiting for it: a
 /// server letting a quarter of its keys go after a move would otherwise
 /// hold a partition for tens of milliseconds, every read of it waiting.
 pub(crate) fn drop_keys(
@@ -315,17 +316,19 @@ pub(crate) fn drop_keys(
     now: u64,
     pace: Pace,
     slots: &SlotFilter<'_>,
-    doomed: impl Fn(&[u8]) -> bool,
+    and_key: impl Fn(&[u8]) -> bool,
 ) -> usize {
+    let doomed = |k: &[u8]| slots(key_slot(k)) && and_key(k);
     let mut n = 0;
     let mut pacer = Pacer::new(pace);
     for p in 0..parts.len() {
         let mut from = Some(0);
         while let Some(bucket) = from {
             let mut keys: Vec<Vec<u8>> = Vec::new();
+            // The walk takes only `slots`' keys.
             from =
                 parts.scan_background(p, bucket, now, RELEASE_SCAN_ENTRIES, slots, &mut |k, _| {
-                    if doomed(k) {
+                    if and_key(k) {
                         keys.push(k.to_vec());
                     }
                 });
@@ -442,7 +445,11 @@ mod tests {
             let want = (0..KEYS)
                 .filter(|i| doomed(format!("k{i}").as_bytes()))
                 .count();
-            assert_eq!(drop_keys(&parts, 0, pace, &slots, doomed), want, "{pace:?}");
+            assert_eq!(
+                drop_keys(&parts, 0, pace, &slots, |_| true),
+                want,
+                "{pace:?}"
+            );
             for i in 0..KEYS {
                 let k = format!("k{i}").into_bytes();
                 let h = KeyHash::of(&k);
