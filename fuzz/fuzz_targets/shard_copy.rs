@@ -74,6 +74,7 @@ fuzz_target!(|data: &[u8]| {
         checksum: 0,
         worker: 0,
         status: 0,
+        map_epoch: 0,
     };
     let frame = fabrickv_wire::Frame { header, body: data };
     if let Ok(m) = fabrickv_wire::shard::decode_request(&frame) {

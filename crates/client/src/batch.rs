@@ -337,6 +337,7 @@ pub(crate) fn post(
         ends[w] += 1;
     }
     let replica = c.replica_reads;
+    let epoch = c.map_epoch();
     let mut at = 0;
     for (w, &end) in ends.iter().enumerate() {
         while at < end {
@@ -345,6 +346,7 @@ pub(crate) fn post(
             };
             c.sessions.post_tagging(w, tag, |buf, tag, id, worker| {
                 let mut b = RequestBuilder::new(buf, id, worker);
+                b.stamp_map_epoch(epoch);
                 while at < end {
                     let pos = order[at];
                     let op = &ops[pos];

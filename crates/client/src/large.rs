@@ -278,8 +278,10 @@ impl Client {
             while sent < pieces.len() && sent < got + LARGE_CHUNKS_IN_FLIGHT {
                 let at = (sent * LARGE_CHUNK_BYTES_MAX) as u64;
                 let bytes = pieces[sent];
+                let epoch = self.map_epoch();
                 self.sessions.post(s, FrameTag::default(), |b, id, w| {
                     let mut r = RequestBuilder::new(b, id, w);
+                    r.stamp_map_epoch(epoch);
                     r.put_chunk(key, transfer, total, at, bytes, ttl_ms, cond);
                     r.finish();
                 })?;

@@ -33,6 +33,8 @@ pub mod shard;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabrickv_transport::{Endpoint, TransportError};
@@ -47,7 +49,7 @@ pub use batch::{BatchOp, Outcome};
 pub use cache::{CacheClient, CacheClientOptions, Placed, CACHE_REGISTERED_BUFFERS_MAX};
 pub use cluster::{
     ClusterCache, ClusterClient, ClusterOf, ClusterOptions, ClusterPlaced, ClusterPs, ClusterPull,
-    ClusterTable, ClusterTableInfo, PerServer,
+    ClusterTable, ClusterTableInfo, KvMemberOptions, PerServer,
 };
 pub use conn::{server_workers, CONN_REQUESTS_IN_FLIGHT_MAX};
 pub use fabrickv_cluster::{Cluster, ServerDesc};
@@ -189,6 +191,10 @@ pub struct Client {
     /// GETs (and their large values' pieces) may be answered by any
     /// replica of the key's slot ([`Client::set_replica_reads`]).
     replica_reads: bool,
+    /// The epoch of the slot map a cluster client routes this server's
+    /// requests by, stamped on every request frame
+    /// ([`Client::set_map_epoch_source`]); none for a plain client.
+    map_epoch: Option<Arc<AtomicU64>>,
 }
 
 impl Client {
@@ -210,6 +216,7 @@ impl Client {
             table_stale: false,
             refreshes: 0,
             replica_reads: false,
+            map_epoch: None,
         };
         match c.refresh_table() {
             Ok(_) => {}
@@ -356,6 +363,25 @@ impl Client {
     /// answers WRONG_SERVER.
     pub fn set_replica_reads(&mut self, on: bool) {
         self.replica_reads = on;
+    }
+
+    /// Stamps every request frame from now on with the slot map epoch in
+    /// `epoch`, which a cluster client keeps at the epoch of the map it
+    /// routes by. A server then runs no write of the frame to a group
+    /// whose primary took it over at a later epoch: a request the client
+    /// gave up on, held up in the network across a failover and back,
+    /// cannot land over writes made since (the client's kernel may still
+    /// deliver it after the connection is gone).
+    pub fn set_map_epoch_source(&mut self, epoch: Arc<AtomicU64>) {
+        self.map_epoch = Some(epoch);
+    }
+
+    /// The map epoch to stamp on a request frame now (0: none).
+    #[inline]
+    pub(crate) fn map_epoch(&self) -> u64 {
+        self.map_epoch
+            .as_ref()
+            .map_or(0, |e| e.load(Ordering::Acquire))
     }
 
     /// The partition that owns `key`.

@@ -27,7 +27,7 @@ use std::time::Duration;
 use fabrickv_client::cluster::{
     lookup as registry_lookup, lookup_etcd, ClusterCache as RustClusterCache, ClusterClient,
     ClusterOf, ClusterOptions, ClusterPlaced, ClusterPs, ClusterTable as RustClusterTable,
-    PerServer,
+    KvMemberOptions, PerServer,
 };
 use fabrickv_client::{ClientError, Cluster as ClusterMap, Kv};
 use fabrickv_cluster::etcd::is_etcd_url;
@@ -284,7 +284,13 @@ impl Cluster {
         opts.read_from_replica = read_from_replica;
         let kv_reg = reg.clone();
         let client = py
-            .detach(|| connect_to::<ClusterClient>(&map, &opts, kv_reg, read_from_replica))
+            .detach(|| {
+                let member = KvMemberOptions {
+                    replica_reads: read_from_replica,
+                    map_epoch: Default::default(),
+                };
+                connect_to::<ClusterClient>(&map, &opts, kv_reg, member)
+            })
             .map_err(to_py_err)?;
         let (ps_map, ps_opts) = (map.clone(), opts.clone());
         Ok(Cluster::of(

@@ -154,6 +154,12 @@ pub struct KvCounters {
     /// Operations answered WRONG_SERVER: their hash slot is another
     /// server's in the cluster's slot map (the client's map was old).
     pub wrong_server: u64,
+    /// Of those, writes to a slot this server leads, refused because the
+    /// client's map predates the takeover ([`Routing::admits_stamp`]): a
+    /// request held up in the network, or a client a map behind.
+    ///
+    /// [`Routing::admits_stamp`]: crate::slot_routing::Routing::admits_stamp
+    pub stale_map_writes: u64,
 }
 
 /// What executing an operation changes besides its partition: the
@@ -319,10 +325,11 @@ impl KvService {
         // In a cluster with a slot map, a frame holding a key of a slot
         // served elsewhere takes the checked path; without a map this is
         // one atomic load.
+        let stamp = ops.map_epoch();
         let foreign = self
             .view
             .current(&self.routing)
-            .is_some_and(|r| ops.clone().any(|op| !serves_op(r, &op)));
+            .is_some_and(|r| ops.clone().any(|op| !serves_op(r, &op, stamp)));
         let misrouted = if foreign {
             self.execute_routed(conn, ops, &mut rb, now_ms)
         } else if ops.len() == 1 {
@@ -406,11 +413,17 @@ impl KvService {
         now_ms: u64,
     ) -> bool {
         let total = ops.len();
+        let stamp = ops.map_epoch();
         let mut misrouted = false;
         for op in ops {
             let route = self.view.current(&self.routing);
-            let here = route.is_none_or(|r| serves_op(r, &op));
+            let here = route.is_none_or(|r| serves_op(r, &op, stamp));
             if !here {
+                if route.is_some_and(|r| serves_op(r, &op, 0)) {
+                    // Served here, but the group changed hands after the
+                    // client's map: a late write, or a client behind.
+                    self.st.counters.stale_map_writes += 1;
+                }
                 // The epoch of the map this server refused under: a
                 // client holding a newer one knows this server is behind
                 // (its watch a moment late) and sends again shortly.
@@ -835,6 +848,7 @@ impl Service for KvService {
             ("misrouted", c.misrouted),
             ("reply_full", c.reply_full),
             ("wrong_server", c.wrong_server),
+            ("stale_map_writes", c.stale_map_writes),
             ("partitions_owned", self.parts.owned_by(self.id) as u64),
         ]);
     }
@@ -869,9 +883,15 @@ impl Service for KvService {
 /// condition.
 /// Whether this server may run `op` under routing `r`: a read by
 /// [`Routing::serves_read`] (reads go on at a primary handing its group
-/// over, until it commits), anything else by [`Routing::serves`].
+/// over, until it commits), anything else by [`Routing::serves`] and, for
+/// a frame stamped with the client's map epoch `stamp`, by
+/// [`Routing::admits_stamp`] (a read that ran late does no harm).
 #[inline]
-fn serves_op(r: &crate::slot_routing::Routing, op: &fabrickv_wire::request::Op<'_>) -> bool {
+fn serves_op(
+    r: &crate::slot_routing::Routing,
+    op: &fabrickv_wire::request::Op<'_>,
+    stamp: u32,
+) -> bool {
     let slot = key_slot(op.key);
     let read = matches!(
         OpCode::from_u8(op.opcode),
@@ -880,7 +900,7 @@ fn serves_op(r: &crate::slot_routing::Routing, op: &fabrickv_wire::request::Op<'
     if read {
         r.serves_read(slot, op.replica_read())
     } else {
-        r.serves(slot, op.replica_read())
+        r.serves(slot, op.replica_read()) && r.admits_stamp(slot, stamp)
     }
 }
 
@@ -925,9 +945,20 @@ mod tests {
         now_ms: u64,
         build: impl FnOnce(&mut RequestBuilder<'_>),
     ) -> (ErrorCode, Vec<u8>) {
+        one_stamped(kv, now_ms, 0, build)
+    }
+
+    /// [`one`], the frame stamped with map epoch `epoch`.
+    fn one_stamped(
+        kv: &mut KvService,
+        now_ms: u64,
+        epoch: u64,
+        build: impl FnOnce(&mut RequestBuilder<'_>),
+    ) -> (ErrorCode, Vec<u8>) {
         let mut req = Vec::new();
         let mut b = RequestBuilder::new(&mut req, 1, 0);
         build(&mut b);
+        b.stamp_map_epoch(epoch);
         b.finish();
         let frame = decode_frame(&req).expect("frame");
         let ops = RequestIter::new(&frame).expect("request");
@@ -952,6 +983,66 @@ mod tests {
 
     fn pinned_bytes(kv: &KvService) -> u64 {
         kv.parts.lock(0).stats().large_pinned_bytes
+    }
+
+    /// A key whose hash slot is in `lo..=hi`.
+    fn key_in(lo: u16, hi: u16) -> Vec<u8> {
+        (0..)
+            .map(|i| format!("k{i}").into_bytes())
+            .find(|k| (lo..=hi).contains(&key_slot(k)))
+            .expect("a key")
+    }
+
+    /// A write routed by a map older than its group's takeover may have
+    /// waited in the network across a failover and back: it is refused
+    /// WRONG_SERVER (naming the server's epoch) and does not run. Reads,
+    /// unstamped frames, and writes routed by a map since the takeover
+    /// (or to a group led all along) run.
+    #[test]
+    fn a_write_routed_by_a_map_older_than_its_primarys_takeover_does_not_run() {
+        use crate::slot_routing::Routing;
+        use fabrickv_cluster::slots::SlotMap;
+        // Server 2 failed over: server 0, its backup, leads its slots
+        // from epoch 2, and its own from epoch 1.
+        let map = SlotMap::initial(3, 2)
+            .expect("map")
+            .without(2)
+            .expect("a failover");
+        assert_eq!(
+            (map.epoch, map.groups[2].primary, map.groups[2].since),
+            (2, 0, 2)
+        );
+        let routing = SlotRouting::new();
+        routing.install(Routing::new(0, "t", map, vec![None, None, None]));
+        let mut kv = service(64 << 20).with_slot_routing(routing);
+        let (mine, taken) = (key_in(0, 5460), key_in(10922, 16383));
+        let put = |key: &[u8]| {
+            let key = key.to_vec();
+            move |b: &mut RequestBuilder<'_>| {
+                b.put(&key, b"v", 0, PutCondition::Always);
+            }
+        };
+
+        let late = one_stamped(&mut kv, 1, 1, put(&taken));
+        assert_eq!(late, (ErrorCode::WrongServer, 2u64.to_le_bytes().to_vec()));
+        assert_eq!(kv.st.counters.stale_map_writes, 1);
+        let get = |b: &mut RequestBuilder<'_>| {
+            b.get(&taken);
+        };
+        assert_eq!(
+            one_stamped(&mut kv, 1, 1, get).0,
+            ErrorCode::NotFound,
+            "the read runs; the late write did not"
+        );
+        assert_eq!(one_stamped(&mut kv, 1, 1, put(&mine)).0, ErrorCode::Ok);
+        for epoch in [0, 2, 3, u64::from(u32::MAX) + 1] {
+            assert_eq!(
+                one_stamped(&mut kv, 1, epoch, put(&taken)).0,
+                ErrorCode::Ok,
+                "stamped {epoch}"
+            );
+        }
+        assert_eq!(kv.st.counters.stale_map_writes, 1);
     }
 
     #[test]

@@ -316,6 +316,21 @@ impl Routing {
             && self.leased()
     }
 
+    /// Whether a write to `slot` that a cluster client routed by its map
+    /// at epoch `stamp` (a native frame's `map_epoch`) may run, as far as
+    /// leadership goes: the slot's group was led by its primary since that
+    /// epoch or before. A write older than the takeover may have been held
+    /// up in the network across a failover and back (see [`OpenedAt`]); a
+    /// client that is still there learns the newer map and sends it again.
+    /// 0 and `u32::MAX` are no stamp (a plain client; an epoch past the
+    /// field).
+    #[inline]
+    pub fn admits_stamp(&self, slot: u16, stamp: u32) -> bool {
+        stamp == 0
+            || stamp == u32::MAX
+            || self.map.groups[self.routes.group_of(slot)].since <= u64::from(stamp)
+    }
+
     /// Whether this server may serve a read of `slot`: as [`Routing::serves`],
     /// except that its primary goes on serving reads while the group is
     /// handed over (no write runs there then, so its copy is the last

@@ -139,4 +139,73 @@ fn a_cluster_client_routes_by_the_slot_map(t: Transport) {
     drop(ms);
 }
 
-transport_tests!(a_cluster_client_routes_by_the_slot_map);
+/// A cluster client stamps each request with the epoch of the map it
+/// routed by, and a primary runs no write stamped before it took the
+/// key's group over (a write held up in the network across a failover
+/// and back). Here server 0 acts on a map the client has not seen, one
+/// where it took group 0 over again at epoch 2: the client's write is
+/// refused, and lands once the client follows that map.
+fn a_write_stamped_before_its_primarys_takeover_lands_once_the_client_follows(t: Transport) {
+    let etcd = LocalEtcd::start().expect("etcd");
+    let ms = members(t, &etcd);
+    let opts = ClusterOptions {
+        transport: None,
+        timeout: TIMEOUT,
+        ..Default::default()
+    };
+    let mut c = ClusterClient::join(&etcd.url(), "sc", opts).expect("joins through etcd");
+    assert_eq!(c.slot_map_epoch(), Some(1));
+    let reg = registry(&etcd);
+    let (old, rev) = reg.view().expect("view").map.expect("a map");
+    let mut next = old.clone();
+    next.epoch = 2;
+    next.groups[0].since = 2;
+    let routes = old.routes();
+    let k = (0..)
+        .map(key)
+        .find(|k| old.groups[routes.group_of(key_slot(k))].primary == 0)
+        .expect("a key of server 0");
+    let current = ms[0].server.slot_routing().routing().expect("a routing");
+    ms[0]
+        .server
+        .slot_routing()
+        .install(fabrickv_server::slot_routing::Routing::new(
+            0,
+            "sc",
+            next.clone(),
+            current.servers.clone(),
+        ));
+    let stale = |m: &Member| {
+        m.server
+            .client()
+            .stats()
+            .expect("stats")
+            .get("stale_map_writes")
+            .copied()
+            .unwrap_or(0)
+    };
+    std::thread::scope(|s| {
+        let publish = s.spawn(|| {
+            // Only once server 0 has refused the write stamped 1 does the
+            // client get to see the map of epoch 2.
+            wait_for("server 0 refuses the stale write", FOLLOW_WITHIN, || {
+                stale(&ms[0]) >= 1
+            });
+            assert!(reg.swap_map(rev, &next).expect("swap"));
+        });
+        c.put(&k, b"landed")
+            .expect("the write lands once the client follows epoch 2");
+        publish.join().expect("the map was published");
+    });
+    assert_eq!(c.slot_map_epoch(), Some(2));
+    assert_eq!(
+        ms[0].server.client().get(&k).expect("get"),
+        Some(b"landed".to_vec())
+    );
+    drop(ms);
+}
+
+transport_tests!(
+    a_cluster_client_routes_by_the_slot_map,
+    a_write_stamped_before_its_primarys_takeover_lands_once_the_client_follows,
+);

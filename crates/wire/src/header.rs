@@ -16,7 +16,13 @@
 //!                          refusal: every result stands, but some
 //!                          operation was for a partition this worker does
 //!                          not own (the client's partition table is stale)
-//!     28    4 reserved     must be 0
+//!     28    4 map_epoch    requests of a cluster client: the slot map
+//!                          epoch it routed them by (0: none, no check);
+//!                          a server runs no write of such a frame to a
+//!                          group whose primary took it over at a later
+//!                          epoch, so a request held up in the network
+//!                          across a failover and back never runs late.
+//!                          0 in replies
 //! ```
 
 use std::fmt;
@@ -190,6 +196,9 @@ pub struct FrameHeader {
     pub worker: u16,
     /// Frame-level status (replies only).
     pub status: u16,
+    /// The slot map epoch a cluster client built the request under,
+    /// capped at `u32::MAX` (0: none). See the module's table.
+    pub map_epoch: u32,
 }
 
 impl FrameHeader {
@@ -205,7 +214,7 @@ impl FrameHeader {
             return Err(WireError::UnsupportedVersion(b[2]));
         }
         let kind = FrameKind::from_u8(b[3]).ok_or(WireError::UnknownKind(b[3]))?;
-        if le_u16(b, 4) != 0 || le_u32(b, 28) != 0 {
+        if le_u16(b, 4) != 0 {
             return Err(WireError::ReservedBits);
         }
         let op_count = le_u16(b, 6);
@@ -224,6 +233,7 @@ impl FrameHeader {
             checksum: le_u32(b, 20),
             worker: le_u16(b, 24),
             status: le_u16(b, 26),
+            map_epoch: le_u32(b, 28),
         })
     }
 
@@ -242,8 +252,9 @@ impl FrameHeader {
         status: u16,
     ) -> usize {
         let start = out.len();
-        // Zeros: op count, reserved, body length and checksum (patched
-        // by `finish_frame`), and the reserved tail.
+        // Zeros: op count, flags, body length and checksum (patched by
+        // `finish_frame`), and the map epoch (stamped by a cluster
+        // client, `RequestBuilder::stamp_map_epoch`).
         let mut h = [0u8; FRAME_HEADER_BYTES];
         h[0..2].copy_from_slice(&MAGIC.to_le_bytes());
         h[2] = VERSION;
@@ -334,6 +345,11 @@ impl<'b> FrameWriter<'b> {
     /// Patches the frame's status field (not covered by the checksum).
     pub(crate) fn set_status(&mut self, status: u16) {
         self.out[self.start + 26..self.start + 28].copy_from_slice(&status.to_le_bytes());
+    }
+
+    /// Patches the frame's map epoch field (not covered by the checksum).
+    pub(crate) fn set_map_epoch(&mut self, epoch: u32) {
+        self.out[self.start + 28..self.start + 32].copy_from_slice(&epoch.to_le_bytes());
     }
 
     /// Counts one more entry, written by the caller to `out`.
@@ -463,7 +479,21 @@ mod tests {
         assert_eq!(f.header.kind, FrameKind::Stats);
         assert_eq!(f.header.request_id, 42);
         assert_eq!(f.header.worker, 3);
+        assert_eq!(f.header.map_epoch, 0, "unstamped");
         assert!(f.body.is_empty());
+    }
+
+    #[test]
+    fn a_request_carries_its_map_epoch() {
+        for (epoch, stamped) in [(7u64, 7u32), (u64::from(u32::MAX) + 5, u32::MAX)] {
+            let mut v = Vec::new();
+            let mut b = crate::RequestBuilder::new(&mut v, 1, 0);
+            b.get(b"k");
+            b.stamp_map_epoch(epoch);
+            b.finish();
+            let f = decode_frame(&v).expect("a stamped frame decodes");
+            assert_eq!(f.header.map_epoch, stamped);
+        }
     }
 
     #[test]

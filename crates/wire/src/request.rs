@@ -230,6 +230,8 @@ impl<'a> Op<'a> {
 #[derive(Debug, Clone)]
 pub struct RequestIter<'a> {
     entries: Entries<'a>,
+    /// The frame's header `map_epoch`.
+    map_epoch: u32,
 }
 
 impl<'a> RequestIter<'a> {
@@ -245,12 +247,20 @@ impl<'a> RequestIter<'a> {
             "bytes after the last operation",
             split_op,
         )?;
-        Ok(RequestIter { entries })
+        Ok(RequestIter {
+            entries,
+            map_epoch: frame.header.map_epoch,
+        })
     }
 
     /// Operations not yet returned.
     pub fn remaining(&self) -> usize {
         self.entries.remaining()
+    }
+
+    /// The slot map epoch the client stamped the frame with (0: none).
+    pub fn map_epoch(&self) -> u32 {
+        self.map_epoch
     }
 }
 
@@ -311,6 +321,15 @@ frame_builder!(
 );
 
 impl<'b> RequestBuilder<'b> {
+    /// Stamps the frame with the slot map epoch its operations were routed
+    /// by (see the header's `map_epoch`). An epoch past `u32::MAX` is
+    /// stamped as `u32::MAX`, which servers take as no stamp (the check
+    /// off, as for an unstamped frame) rather than compare wrongly.
+    pub fn stamp_map_epoch(&mut self, epoch: u64) {
+        self.w
+            .set_map_epoch(u32::try_from(epoch).unwrap_or(u32::MAX));
+    }
+
     /// Whether one more operation with these lengths stays within
     /// `BATCH_OPS_MAX` and `FRAME_BODY_BYTES_MAX`.
     pub fn fits(&self, key_len: usize, value_len: usize) -> bool {

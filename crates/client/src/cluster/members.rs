@@ -34,14 +34,24 @@ impl<C: PerServer> Members<C> {
     }
 }
 
-impl PerServer for crate::Client {
+/// What each server's [`crate::Client`] of a cluster client is set up with.
+pub struct KvMemberOptions {
     /// Whether its GETs may be answered by any replica
     /// ([`crate::Client::set_replica_reads`]).
-    type Options = bool;
+    pub replica_reads: bool,
+    /// The epoch of the slot map the cluster client routes by (0 without
+    /// one), stamped on its request frames
+    /// ([`crate::Client::set_map_epoch_source`]).
+    pub map_epoch: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
 
-    fn connect(addr: &str, timeout: Duration, replica_reads: &bool) -> Result<Self> {
+impl PerServer for crate::Client {
+    type Options = KvMemberOptions;
+
+    fn connect(addr: &str, timeout: Duration, o: &KvMemberOptions) -> Result<Self> {
         let mut c = crate::Client::connect_with_timeout(addr, timeout)?;
-        c.set_replica_reads(*replica_reads);
+        c.set_replica_reads(o.replica_reads);
+        c.set_map_epoch_source(o.map_epoch.clone());
         Ok(c)
     }
 }

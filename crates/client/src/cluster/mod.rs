@@ -39,7 +39,7 @@ use crate::{Client, ClientError, Result, DEFAULT_TIMEOUT};
 
 pub use cache::{ClusterCache, ClusterPlaced};
 use members::{cluster_of, is_refusal, Members};
-pub use members::{ClusterOf, PerServer};
+pub use members::{ClusterOf, KvMemberOptions, PerServer};
 pub use ps::{ClusterPs, ClusterPull, ClusterTable, ClusterTableInfo};
 use slots::SlotFollow;
 pub use slots::WRONG_SERVER_ROUNDS_MAX;
@@ -196,7 +196,11 @@ impl ClusterClient {
     /// cannot be reached now are down (calls needing them try again);
     /// fails only if none can be reached.
     pub fn connect(cluster: &Cluster, opts: ClusterOptions) -> Result<ClusterClient> {
-        ClusterClient::connect_cluster(cluster, &opts, opts.read_from_replica)
+        let member = members::KvMemberOptions {
+            replica_reads: opts.read_from_replica,
+            map_epoch: Default::default(),
+        };
+        ClusterClient::connect_cluster(cluster, &opts, member)
     }
 
     /// Looks the cluster `name` up in the registry at `registry_url`
@@ -229,6 +233,7 @@ impl ClusterClient {
     ) -> ClusterClient {
         let mut c = self.following(Some(Directory::Etcd(Box::new(registry.clone()))));
         c.slots = Some(Box::new(SlotFollow::start(registry, map)));
+        c.stamp_map_epoch();
         c
     }
 
@@ -237,6 +242,19 @@ impl ClusterClient {
     #[inline]
     fn follow_map(&mut self) {
         slots::follow_map(&mut self.slots, &mut self.m);
+        self.stamp_map_epoch();
+    }
+
+    /// Has every server's client stamp its requests with the epoch of the
+    /// map this client routes by from now on (one store).
+    #[inline]
+    fn stamp_map_epoch(&self) {
+        if let Some(s) = &self.slots {
+            self.m
+                .options()
+                .map_epoch
+                .store(s.epoch(), std::sync::atomic::Ordering::Release);
+        }
     }
 
     /// The epoch of the slot map the client routes by, for a cluster
@@ -290,7 +308,7 @@ impl ClusterClient {
     fn server_for_op(&self, op: &BatchOp<'_>, hash: KeyHash) -> u32 {
         match &self.slots {
             Some(s)
-                if *self.m.options()
+                if self.m.options().replica_reads
                     && matches!(op, BatchOp::Get { .. } | BatchOp::GetChunk { .. }) =>
             {
                 s.reader_of(op.key(), hash.0)
