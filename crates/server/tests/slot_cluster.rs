@@ -59,6 +59,18 @@ fn epoch_of(m: &Member) -> u64 {
     m.server.slot_routing().routing().map_or(0, |r| r.map.epoch)
 }
 
+/// A cluster client of the cluster, routing by its first map.
+fn join(etcd: &LocalEtcd) -> ClusterClient {
+    let opts = ClusterOptions {
+        transport: None,
+        timeout: TIMEOUT,
+        ..Default::default()
+    };
+    let c = ClusterClient::join(&etcd.url(), "sc", opts).expect("joins through etcd");
+    assert_eq!(c.slot_map_epoch(), Some(1));
+    c
+}
+
 fn key(i: usize) -> Vec<u8> {
     format!("slot-key-{i}").into_bytes()
 }
@@ -66,13 +78,7 @@ fn key(i: usize) -> Vec<u8> {
 fn a_cluster_client_routes_by_the_slot_map(t: Transport) {
     let etcd = LocalEtcd::start().expect("etcd");
     let ms = members(t, &etcd);
-    let opts = ClusterOptions {
-        transport: None,
-        timeout: TIMEOUT,
-        ..Default::default()
-    };
-    let mut c = ClusterClient::join(&etcd.url(), "sc", opts).expect("joins through etcd");
-    assert_eq!(c.slot_map_epoch(), Some(1));
+    let mut c = join(&etcd);
     let keys: Vec<Vec<u8>> = (0..300).map(key).collect();
     let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
     let pairs: Vec<(&[u8], &[u8])> = refs.iter().map(|k| (*k, *k)).collect();
@@ -148,13 +154,7 @@ fn a_cluster_client_routes_by_the_slot_map(t: Transport) {
 fn a_write_stamped_before_its_primarys_takeover_lands_once_the_client_follows(t: Transport) {
     let etcd = LocalEtcd::start().expect("etcd");
     let ms = members(t, &etcd);
-    let opts = ClusterOptions {
-        transport: None,
-        timeout: TIMEOUT,
-        ..Default::default()
-    };
-    let mut c = ClusterClient::join(&etcd.url(), "sc", opts).expect("joins through etcd");
-    assert_eq!(c.slot_map_epoch(), Some(1));
+    let mut c = join(&etcd);
     let reg = registry(&etcd);
     let (old, rev) = reg.view().expect("view").map.expect("a map");
     let mut next = old.clone();

@@ -200,7 +200,7 @@ fn stats_list_each_service_in_registration_order_and_shared_stores_on_worker_0_o
     let list = stats(&mut w);
     let names: Vec<&str> = list.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
-        names[..20],
+        names[..21],
         [
             "gets",
             "hits",
@@ -221,14 +221,15 @@ fn stats_list_each_service_in_registration_order_and_shared_stores_on_worker_0_o
             "misrouted",
             "reply_full",
             "wrong_server",
+            "stale_map_writes",
             "partitions_owned",
         ]
     );
     // The worker's and the transport's counters follow, named by the rpc
-    // crate (whose worker tests list them), up to `names[29]`.
-    assert_eq!(names[20], "frames_refused");
+    // crate (whose worker tests list them), up to `names[30]`.
+    assert_eq!(names[21], "frames_refused");
     assert_eq!(
-        names[29..33],
+        names[30..34],
         [
             "kv_large_receiving_bytes",
             "partitions",
@@ -239,7 +240,7 @@ fn stats_list_each_service_in_registration_order_and_shared_stores_on_worker_0_o
          follow, on worker 0"
     );
     // Two partitions, two counters each.
-    assert_eq!(names[36], "ps_tables", "the PS store follows, on worker 0");
+    assert_eq!(names[37], "ps_tables", "the PS store follows, on worker 0");
     assert_eq!(
         stat(&list, "partition_0_ops") + stat(&list, "partition_1_ops"),
         1
@@ -248,7 +249,7 @@ fn stats_list_each_service_in_registration_order_and_shared_stores_on_worker_0_o
     assert_eq!(stat(&list, "frames"), 1);
     assert_eq!(stat(&list, "ops"), 1);
     let other = stats(&mut server_worker(1));
-    assert_eq!(other.len(), 29, "worker 1 reports no shared store");
+    assert_eq!(other.len(), 30, "worker 1 reports no shared store");
 }
 
 #[test]
