@@ -213,7 +213,8 @@ fn catalogue(worker: u16, known: &Known, next_id: &mut u64, big: bool) -> Vec<Ca
         id(),
     );
     refused("reserved flags set", E::Malformed, &|m| m[4] = 1, id());
-    refused("reserved tail set", E::Malformed, &|m| m[31] = 0x80, id());
+    // The header's last word is no longer reserved: it carries a cluster
+    // client's map epoch, which a server without a map does not check.
     let over = (BATCH_OPS_MAX + 1) as u16;
     refused(
         "op count over the bound",
