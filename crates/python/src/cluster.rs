@@ -285,10 +285,7 @@ impl Cluster {
         let kv_reg = reg.clone();
         let client = py
             .detach(|| {
-                let member = KvMemberOptions {
-                    replica_reads: read_from_replica,
-                    map_epoch: Default::default(),
-                };
+                let member = KvMemberOptions::new(read_from_replica);
                 connect_to::<ClusterClient>(&map, &opts, kv_reg, member)
             })
             .map_err(to_py_err)?;

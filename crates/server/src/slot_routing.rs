@@ -256,7 +256,7 @@ impl OpenedAt {
     /// before the connection opened.
     #[inline]
     pub fn admits(self, r: &Routing, slot: u16) -> bool {
-        r.map.groups[r.routes.group_of(slot)].since <= self.0
+        r.led_since(slot, self.0)
     }
 }
 
@@ -326,9 +326,15 @@ impl Routing {
     /// field).
     #[inline]
     pub fn admits_stamp(&self, slot: u16, stamp: u32) -> bool {
-        stamp == 0
-            || stamp == u32::MAX
-            || self.map.groups[self.routes.group_of(slot)].since <= u64::from(stamp)
+        stamp == 0 || stamp == u32::MAX || self.led_since(slot, u64::from(stamp))
+    }
+
+    /// Whether `slot`'s group has been led by its current primary since
+    /// `epoch` or before: the one rule both late-request guards
+    /// ([`OpenedAt::admits`], [`Routing::admits_stamp`]) apply.
+    #[inline]
+    fn led_since(&self, slot: u16, epoch: u64) -> bool {
+        self.map.groups[self.routes.group_of(slot)].since <= epoch
     }
 
     /// Whether this server may serve a read of `slot`: as [`Routing::serves`],

@@ -41,8 +41,20 @@ pub struct KvMemberOptions {
     pub replica_reads: bool,
     /// The epoch of the slot map the cluster client routes by (0 without
     /// one), stamped on its request frames
-    /// ([`crate::Client::set_map_epoch_source`]).
-    pub map_epoch: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// ([`crate::Client::set_map_epoch_source`]); the cluster client
+    /// keeps it.
+    pub(crate) map_epoch: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl KvMemberOptions {
+    /// Options whose GETs go to any replica when `replica_reads`; no map
+    /// epoch is stamped until the cluster client follows a slot map.
+    pub fn new(replica_reads: bool) -> KvMemberOptions {
+        KvMemberOptions {
+            replica_reads,
+            map_epoch: Default::default(),
+        }
+    }
 }
 
 impl PerServer for crate::Client {

@@ -196,10 +196,7 @@ impl ClusterClient {
     /// cannot be reached now are down (calls needing them try again);
     /// fails only if none can be reached.
     pub fn connect(cluster: &Cluster, opts: ClusterOptions) -> Result<ClusterClient> {
-        let member = members::KvMemberOptions {
-            replica_reads: opts.read_from_replica,
-            map_epoch: Default::default(),
-        };
+        let member = KvMemberOptions::new(opts.read_from_replica);
         ClusterClient::connect_cluster(cluster, &opts, member)
     }
 
