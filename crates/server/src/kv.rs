@@ -878,9 +878,6 @@ impl Service for KvService {
     }
 }
 
-/// The engine's terms for a PUT (or a large value's last piece): its
-/// absolute expiry in engine ms (0: none) from the request's TTL, and its
-/// condition.
 /// Whether this server may run `op` under routing `r`: a read by
 /// [`Routing::serves_read`] (reads go on at a primary handing its group
 /// over, until it commits), anything else by [`Routing::serves`] and, for
@@ -904,6 +901,9 @@ fn serves_op(
     }
 }
 
+/// The engine's terms for a PUT (or a large value's last piece): its
+/// absolute expiry in engine ms (0: none) from the request's TTL, and its
+/// condition.
 fn put_terms(ttl_ms: u64, cond: PutCondition, now_ms: u64) -> (u64, PutCond) {
     let expire_at = if ttl_ms == 0 { 0 } else { now_ms + ttl_ms };
     let cond = match cond {
