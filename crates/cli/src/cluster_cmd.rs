@@ -47,6 +47,13 @@ pub struct ServeClusterArgs {
     /// (TCP HOST:PORT; default: the --listen host, any free port).
     #[arg(long, value_name = "ADDR")]
     pub repl_listen: Option<String>,
+    /// The CPUs slot moves run on: a primary streaming to a joiner, the
+    /// joiner applying the stream, and the release of moved keys, so that
+    /// a move takes at most those cores from serving. `auto`: the last
+    /// CPU this process may use, when it may use two or more; `any`: no
+    /// limit; or a list such as `3` or `2-3,6`.
+    #[arg(long, default_value = "auto", value_name = "CPUS")]
+    pub stream_cpus: String,
 }
 
 /// How long `serve` keeps trying to reach etcd and register there, in
@@ -144,6 +151,11 @@ impl ServeClusterArgs {
             ));
         }
         let initial = SlotMap::initial(size, self.replicas)?;
+        let stream_cpus = fabrickv_server::replication::cpus::allowed_cpus()
+            .map_err(|e| format!("--stream-cpus: cannot read this process's CPUs: {e}"))
+            .and_then(|allowed| {
+                fabrickv_server::replication::cpus::StreamCpus::parse(&self.stream_cpus, &allowed)
+            })?;
         // Every server of an etcd cluster takes streams (a cluster of one
         // copy too: slots moved to it come that way), and one keeping
         // copies draws the incarnation that tells this run from an
@@ -201,6 +213,7 @@ impl ServeClusterArgs {
                         routing: handle.slot_routing().clone(),
                         gate: handle.gate().clone(),
                         clock: handle.clock(),
+                        stream_cpus,
                     },
                     id,
                     handle.slot_routing().incarnation(),

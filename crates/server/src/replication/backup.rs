@@ -41,6 +41,8 @@ pub struct Applier {
     pub routing: Arc<SlotRouting>,
     pub unix: UnixClock,
     pub secret: Option<Secret>,
+    /// Where an apply thread runs while it takes a group's stream.
+    pub stream_cpus: super::cpus::StreamCpus,
 }
 
 /// The running listener; dropping it stops accepting.
@@ -263,6 +265,14 @@ fn apply_batch(a: &Applier, sender: u32, epoch: u64, recs: Records<'_>) -> (AckS
         }
         std::thread::sleep(Duration::from_millis(2));
     };
+    // Joining a group of the sender's: this is its stream, bulk work
+    // kept off the serving cores until the joiner is in sync.
+    a.stream_cpus.confine(
+        r.map
+            .groups
+            .iter()
+            .any(|g| g.primary == sender && g.joining.contains(&r.me)),
+    );
     let now = a.unix.clock().now_ms();
     let mut tables = TableIds::new();
     for (i, rec) in recs.iter().enumerate() {

@@ -38,6 +38,7 @@
 //!   could choose): a stream never sits in front of a reply.
 
 pub mod backup;
+pub mod cpus;
 mod followers;
 pub mod lease;
 mod moves;
@@ -524,6 +525,9 @@ pub struct Replicator {
     /// replicator's thread then waits on the followers' sockets, not a
     /// tick.
     streaming: AtomicBool,
+    /// Where its thread runs while a stream is under way, and the
+    /// release thread always ([`cpus`]).
+    stream_cpus: cpus::StreamCpus,
 }
 
 impl Settle for Replicator {
@@ -1354,6 +1358,8 @@ pub struct ReplicationParts {
     pub routing: Arc<SlotRouting>,
     pub gate: Arc<FlushGate>,
     pub clock: Clock,
+    /// Where slot moves run (`serve --stream-cpus`).
+    pub stream_cpus: cpus::StreamCpus,
 }
 
 /// Binds the listener a server's primaries ship to (`listen`, a TCP
@@ -1395,6 +1401,7 @@ pub fn start(
             routing: server.routing.clone(),
             unix,
             secret: secret.clone(),
+            stream_cpus: server.stream_cpus.clone(),
         },
     )?;
     let heartbeats = lease::start(lease::BeatConfig {
@@ -1444,6 +1451,7 @@ pub fn start(
         followers_seen: AtomicU64::new(u64::MAX),
         joiners_gate: AtomicBool::new(false),
         streaming: AtomicBool::new(false),
+        stream_cpus: server.stream_cpus,
     });
     server.gate.arm(replicator.clone());
     moves::spawn_releaser(Arc::downgrade(&replicator), lost)?;
@@ -1457,7 +1465,9 @@ pub fn start(
                 // is streamed it waits on the followers' acknowledgements
                 // (which no reply may be waiting for) instead.
                 let tick = Duration::from_millis(REPL_TICK_MS);
-                if !(r.streaming.load(Ordering::Acquire) && r.pump(None, tick)) {
+                let streaming = r.streaming.load(Ordering::Acquire);
+                r.stream_cpus.confine(streaming);
+                if !(streaming && r.pump(None, tick)) {
                     std::thread::park_timeout(tick);
                 }
                 r.service();

@@ -276,18 +276,24 @@ pub(super) fn spawn_releaser(
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("fkv-release".into())
-        .spawn(move || loop {
-            match lost.recv_timeout(Duration::from_millis(REPL_TICK_MS)) {
-                Ok(l) => match replicator.upgrade() {
-                    Some(r) if !r.stopped() => r.let_go(l),
-                    _ => return,
-                },
-                Err(RecvTimeoutError::Timeout) => {
-                    if replicator.upgrade().is_none_or(|r| r.stopped()) {
-                        return;
+        .spawn(move || {
+            // Letting go is bulk work that no reply waits on.
+            if let Some(r) = replicator.upgrade() {
+                r.stream_cpus.confine(true);
+            }
+            loop {
+                match lost.recv_timeout(Duration::from_millis(REPL_TICK_MS)) {
+                    Ok(l) => match replicator.upgrade() {
+                        Some(r) if !r.stopped() => r.let_go(l),
+                        _ => return,
+                    },
+                    Err(RecvTimeoutError::Timeout) => {
+                        if replicator.upgrade().is_none_or(|r| r.stopped()) {
+                            return;
+                        }
                     }
+                    Err(RecvTimeoutError::Disconnected) => return,
                 }
-                Err(RecvTimeoutError::Disconnected) => return,
             }
         })
         .map(drop)

@@ -92,6 +92,10 @@ pub fn member(t: Transport, reg: &EtcdRegistry, id: u32, first: &SlotMap) -> Mem
             routing: h.slot_routing().clone(),
             gate: h.gate().clone(),
             clock: h.clock(),
+            // The default a server gets (`--stream-cpus auto`).
+            stream_cpus: replication::cpus::StreamCpus::auto(
+                &replication::cpus::allowed_cpus().expect("this process's CPUs"),
+            ),
         },
         id,
         incarnation,
