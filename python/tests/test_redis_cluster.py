@@ -155,7 +155,9 @@ def test_every_face_shares_the_one_keyspace(slot_cluster: list[ClusterServer], e
             try:
                 assert mc.get_many([k.decode() for k in keys[40:60]]) == {
                     k.decode(): b"native-" + k for k in keys[40:60]}
-                mc.set(f"{tag}-mc-{s.memcache_port}", b"m")
+                # Acknowledged (pymemcache sends noreply unless told not
+                # to): a write nobody waited for may land after a read.
+                assert mc.set(f"{tag}-mc-{s.memcache_port}", b"m", noreply=False) is True
             finally:
                 mc.close()
         assert c.get(f"{tag}-mc-{slot_cluster[1].memcache_port}".encode()) == b"m"
