@@ -17,7 +17,7 @@
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use fabrickv_client::{Client, ClusterClient, ClusterOptions, Kv};
@@ -225,7 +225,7 @@ pub fn run(o: &GrowthOpts) -> Result<GrowthReport, String> {
     // The end of the move comes from the etcd watch, as clients and
     // servers learn it: polling etcd every few milliseconds would take
     // CPU from the move and the reader being measured.
-    let done: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let done: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
     let committed = next.epoch;
     let watch = {
         let done = done.clone();
@@ -234,14 +234,13 @@ pub fn run(o: &GrowthOpts) -> Result<GrowthReport, String> {
                 .map
                 .is_some_and(|(m, _)| m.epoch > committed && !m.moving())
             {
-                let mut d = done.lock().unwrap_or_else(|p| p.into_inner());
-                d.get_or_insert_with(Instant::now);
+                done.get_or_init(Instant::now);
             }
         })
     };
     let deadline = began + Duration::from_secs(MOVE_TIMEOUT_S);
     let ended = loop {
-        if let Some(at) = *done.lock().map_err(|e| e.to_string())? {
+        if let Some(&at) = done.get() {
             break at;
         }
         if Instant::now() > deadline {
