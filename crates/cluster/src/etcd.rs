@@ -118,15 +118,54 @@ fn runtime() -> Result<&'static Runtime, RegistryError> {
     if let Some(rt) = RUNTIME.get() {
         return Ok(rt);
     }
+    // A thread the runtime starts later (its blocking pool grows from
+    // whichever thread calls into it) would inherit that thread's CPUs:
+    // those of a server's data movement (`serve --stream-cpus`) when a
+    // confined replicator commits a map. It takes the CPUs of the thread
+    // that built the runtime instead.
+    let cpus = ThreadCpus::of_this_thread();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("fkv-etcd")
+        .on_thread_start(move || {
+            if let Some(c) = &cpus {
+                c.apply_to_this_thread();
+            }
+        })
         .enable_all()
         .build()
         .map_err(|e| RegistryError::Invalid(format!("cannot start the etcd runtime: {e}")))?;
     // Two first callers may both build one; the loser's is dropped here,
     // outside any runtime.
     Ok(RUNTIME.get_or_init(|| rt))
+}
+
+/// A thread's CPU affinity, as `sched_getaffinity` reads it.
+#[derive(Clone, Copy)]
+struct ThreadCpus(libc::cpu_set_t);
+
+impl ThreadCpus {
+    /// The calling thread's CPUs; `None` where they cannot be read.
+    #[allow(unsafe_code)]
+    fn of_this_thread() -> Option<ThreadCpus> {
+        // SAFETY: a zeroed cpu_set_t is an empty set, and
+        // sched_getaffinity writes at most its size into it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+                .then_some(ThreadCpus(set))
+        }
+    }
+
+    /// Gives the calling thread these CPUs; a refusal (the process's own
+    /// set changed since) leaves it as it was.
+    #[allow(unsafe_code)]
+    fn apply_to_this_thread(&self) {
+        // SAFETY: the set is a whole cpu_set_t, read by the kernel only.
+        unsafe {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0);
+        }
+    }
 }
 
 /// The scheme of an etcd registry's address.
@@ -736,5 +775,61 @@ pub struct WatchHandle {
 impl Drop for WatchHandle {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, unsafe_code)]
+mod tests {
+    use super::*;
+
+    /// The CPUs in a thread's set.
+    fn cpus_of(t: &ThreadCpus) -> Vec<usize> {
+        let size = 8 * std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: CPU_ISSET reads inside the set for a CPU below its size.
+        (0..size)
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &t.0) })
+            .collect()
+    }
+
+    /// A thread the etcd runtime starts from a thread confined to one CPU
+    /// (a replicator streaming a move, committing a map) runs on the
+    /// CPUs the runtime was built with, not that one.
+    #[test]
+    fn threads_the_runtime_starts_do_not_inherit_a_confined_callers_cpus() {
+        let all = cpus_of(&ThreadCpus::of_this_thread().unwrap());
+        let rt = runtime().unwrap();
+        let Some(&last) = all.last().filter(|_| all.len() >= 2) else {
+            return; // one CPU: nothing to confine to
+        };
+        let seen = std::thread::spawn(move || {
+            // SAFETY: as in ThreadCpus; `last` is a CPU of the set read.
+            let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            unsafe { libc::CPU_SET(last, &mut one) };
+            ThreadCpus(one).apply_to_this_thread();
+            assert_eq!(cpus_of(&ThreadCpus::of_this_thread().unwrap()), [last]);
+            // Blocking tasks past the pool's idle threads start threads
+            // from this one.
+            let tasks: Vec<_> = (0..4)
+                .map(|_| {
+                    rt.spawn_blocking(|| {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        cpus_of(&ThreadCpus::of_this_thread().unwrap())
+                    })
+                })
+                .collect();
+            rt.block_on(async {
+                let mut seen = Vec::new();
+                for t in tasks {
+                    seen.push(t.await.unwrap());
+                }
+                seen
+            })
+        })
+        .join()
+        .unwrap();
+        for cpus in seen {
+            assert_eq!(cpus, all);
+        }
     }
 }
