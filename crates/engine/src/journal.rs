@@ -19,16 +19,43 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// The count of writes noted in one partition's journal, published for
-/// threads outside its lock.
+/// The count of writes noted in one partition's journal, and how many of
+/// them every follower has applied, published for threads outside its
+/// lock.
 #[derive(Debug, Default)]
-pub struct JournalSeq(AtomicU64);
+pub struct JournalSeq {
+    noted: AtomicU64,
+    replicated: AtomicU64,
+}
 
 impl JournalSeq {
     /// Writes noted so far (monotonic).
     #[inline]
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Acquire)
+        self.noted.load(Ordering::Acquire)
+    }
+
+    /// Of those, how many every follower the replies wait for has
+    /// applied (monotonic; set by the replicator).
+    #[inline]
+    pub fn replicated(&self) -> u64 {
+        self.replicated.load(Ordering::Acquire)
+    }
+
+    /// Records that the first `count` writes are applied everywhere.
+    #[inline]
+    pub fn mark_replicated(&self, count: u64) {
+        self.replicated.fetch_max(count, Ordering::AcqRel);
+    }
+
+    /// Whether every write noted so far is applied everywhere: what the
+    /// partition holds now could not be taken back by a failover. The
+    /// replicated count is read first, so a write noted between the two
+    /// loads makes the answer false, never wrongly true.
+    #[inline]
+    pub fn settled(&self) -> bool {
+        let replicated = self.replicated();
+        self.get() <= replicated
     }
 }
 
@@ -106,7 +133,7 @@ impl Journal {
 
     fn bump(&mut self) {
         self.count += 1;
-        self.seq.0.store(self.count, Ordering::Release);
+        self.seq.noted.store(self.count, Ordering::Release);
     }
 
     /// Hands over what was noted since the last take, leaving `spare`'s
@@ -150,6 +177,24 @@ mod tests {
         let again = j.take(n.keys);
         assert_eq!(again.iter().count(), 0, "taken once");
         assert_eq!(again.seq, 3);
+    }
+
+    #[test]
+    fn a_journal_is_settled_once_every_noted_write_is_replicated() {
+        let mut j = Journal::new();
+        let seq = j.seq();
+        assert!(seq.settled(), "nothing written");
+        j.note(b"a");
+        j.note(b"b");
+        assert!(!seq.settled());
+        seq.mark_replicated(1);
+        assert!(!seq.settled(), "one of two");
+        seq.mark_replicated(2);
+        assert!(seq.settled());
+        seq.mark_replicated(1);
+        assert_eq!(seq.replicated(), 2, "never goes back");
+        j.note(b"c");
+        assert!(!seq.settled());
     }
 
     #[test]

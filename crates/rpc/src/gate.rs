@@ -1,20 +1,52 @@
 //! The one check every reply passes before it leaves a server: a worker
-//! and a text front end's loop call [`FlushGate::before_flush`] before
-//! writing what a burst produced.
+//! and a text front end's loop take a ticket ([`FlushGate::ticket`])
+//! before writing what a burst produced, and hold the replies of the
+//! connections that need one until it is done (a worker on a port that
+//! cannot hold replies waits instead: [`FlushGate::before_flush`]).
 //!
 //! A server that replicates must not tell a client a write happened
 //! before its backups have it, nor show a reader a value that a failover
-//! could still take back; the replicator armed here waits for that (and
-//! for the server's lease to be valid) before the replies go. Replies are
-//! held per burst, not per request, so one wait covers every write of the
+//! could still take back; the replicator armed here says when that holds
+//! for the replies made so far. One ticket covers every write of a
 //! burst: the batching that keeps synchronous replication's cost to about
-//! one round trip per burst. A server that does not replicate never arms
-//! its gate, and pays one relaxed load per burst.
+//! one round trip per burst. A reply its service calls settled
+//! ([`reply_settled`]: a read of a partition with no write in flight)
+//! needs none. A server that does not replicate never arms its gate, and
+//! pays one relaxed load per burst.
 
+use std::cell::Cell;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+thread_local! {
+    static REQUEST_SETTLED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A worker is about to hand a request to its service: until the service
+/// says otherwise ([`reply_settled`]), the reply may show anything.
+#[inline]
+pub fn request_begins() {
+    REQUEST_SETTLED.set(false);
+}
+
+/// Said by a service, while it handles a request, when the reply changes
+/// nothing and shows only what every follower the replies wait for
+/// already has (a read of a partition with no write in flight): the
+/// reply may leave without waiting for any round, as a clean read does
+/// in CRAQ.
+#[inline]
+pub fn reply_settled() {
+    REQUEST_SETTLED.set(true);
+}
+
+/// Whether the service handling the current request said its reply is
+/// settled.
+#[inline]
+pub fn request_is_settled() -> bool {
+    REQUEST_SETTLED.get()
+}
 
 /// What an armed gate runs before a flush.
 pub trait Settle: Send + Sync {
@@ -97,11 +129,10 @@ impl FlushGate {
 
     /// For a loop holding replies on tickets, before it blocks: waits up
     /// to `timeout` for them to settle or for `also` (its poll
-    /// descriptor) to be readable. False when it did not wait.
-    pub fn wait(&self, also: BorrowedFd<'_>, timeout: Duration) -> bool {
-        self.settle
-            .get()
-            .is_some_and(|s| s.wait(Some(also), timeout))
+    /// descriptor, if it has one) to be readable. False when it did not
+    /// wait.
+    pub fn wait(&self, also: Option<BorrowedFd<'_>>, timeout: Duration) -> bool {
+        self.settle.get().is_some_and(|s| s.wait(also, timeout))
     }
 
     /// Whether replies held on `ticket` may leave.

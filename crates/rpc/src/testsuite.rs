@@ -4,11 +4,15 @@
 //! `fabrickv-wire`. Each check takes a function that makes a fresh listen
 //! address; [`rpc_suite!`] instantiates them all as tests.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabrickv_transport::connect;
 use fabrickv_types::ErrorCode;
-use fabrickv_wire::control::{decode_error, decode_stats_reply, encode_stats_request};
+use fabrickv_wire::control::{
+    decode_error, decode_stats_reply, encode_hello, encode_stats_request,
+};
 use fabrickv_wire::echo::{decode_echo_reply, encode_echo, encode_echo_reply};
 use fabrickv_wire::ps::encode_open;
 use fabrickv_wire::{decode_frame, FrameKind};
@@ -199,13 +203,130 @@ pub fn each_session_is_served_by_its_worker(addr: &dyn Fn() -> String) {
     }
 }
 
+/// A service of HELLO whose every reply is settled
+/// ([`crate::gate::reply_settled`]), as a kv GET of a partition with no
+/// write in flight is; its reply is an ECHO_REPLY of "read".
+pub struct SettledReads;
+
+impl Service for SettledReads {
+    fn kinds(&self) -> &'static [FrameKind] {
+        &[FrameKind::Hello]
+    }
+
+    fn handle(
+        &mut self,
+        call: &crate::Call<'_>,
+        reply: &mut dyn fabrickv_transport::Reply,
+    ) -> Result<(), crate::service::Refusal> {
+        crate::gate::reply_settled();
+        encode_echo_reply(reply.buf(), call.id(), 0, b"read");
+        Ok(())
+    }
+}
+
+/// A replicator stand-in: every ticket names the next round (the writes
+/// so far), and rounds complete only when the check says so
+/// ([`Rounds::complete`]) or when a worker that cannot hold replies
+/// waits for them.
+#[derive(Default)]
+pub struct Rounds {
+    /// The round the last ticket named.
+    pub next: AtomicU64,
+    /// Rounds done so far.
+    pub done: AtomicU64,
+    /// Times a worker waited ([`crate::gate::Settle::settle`]).
+    pub waits: AtomicU64,
+}
+
+impl Rounds {
+    /// Completes every round a ticket named so far.
+    pub fn complete(&self) {
+        self.done
+            .store(self.next.load(Ordering::Acquire), Ordering::Release);
+    }
+}
+
+impl crate::gate::Settle for Rounds {
+    fn settle(&self) {
+        self.waits.fetch_add(1, Ordering::AcqRel);
+        self.complete();
+    }
+
+    fn ticket(&self) -> Option<u64> {
+        Some(self.next.fetch_add(1, Ordering::AcqRel) + 1)
+    }
+
+    fn done(&self, ticket: u64) -> bool {
+        self.done.load(Ordering::Acquire) >= ticket
+    }
+
+    fn wait(&self, _also: Option<std::os::fd::BorrowedFd<'_>>, _timeout: Duration) -> bool {
+        false
+    }
+}
+
+/// Suite check; see the module docs. A reply that waits for replication
+/// holds back its own connection only: another connection's settled
+/// reply leaves meanwhile, and the held one once its round is done. On a
+/// port that cannot hold replies the worker waits for the round instead.
+pub fn a_held_reply_holds_back_its_connection_only(addr: &dyn Fn() -> String) {
+    let rounds = Arc::new(Rounds::default());
+    let gate = crate::gate::FlushGate::new();
+    gate.arm(rounds.clone());
+    let g = gate.clone();
+    let s = Serving::start(&addr(), 1, LoopKnobs::default(), move |id| {
+        let services: [Box<dyn Service>; 2] = [Box::new(EchoService), Box::new(SettledReads)];
+        Ok(Worker::new(id).with(services)?.with_gate(g.clone()))
+    })
+    .expect("start");
+    let mut a = client::<()>(&s, 1, 4);
+    let mut b = client::<()>(&s, 1, 4);
+    // A's ECHO stands for a write: its reply waits for a round.
+    echo(&mut a, 0, (), b"write").expect("post");
+    a.flush().expect("flush");
+    let deadline = Instant::now() + TIMEOUT;
+    while rounds.next.load(Ordering::Acquire) == 0 && rounds.waits.load(Ordering::Acquire) == 0 {
+        assert!(Instant::now() < deadline, "the write was never handled");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if rounds.waits.load(Ordering::Acquire) > 0 {
+        // This port cannot hold replies: the worker waited, then sent.
+        collect(&mut a, 0, 1, |_, got| assert_eq!(got.body, b"write"));
+        return;
+    }
+    let released = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let released = released.clone();
+        std::thread::spawn(move || {
+            collect(&mut a, 0, 1, |_, got| {
+                assert_eq!(got.body, b"write");
+                assert!(
+                    released.load(Ordering::Acquire),
+                    "a reply went before its round was done"
+                );
+            });
+        })
+    };
+    for _ in 0..3 {
+        b.post(0, (), encode_hello).expect("post");
+        b.flush().expect("flush");
+        collect(&mut b, 0, 1, |_, got| assert_eq!(got.body, b"read"));
+    }
+    released.store(true, Ordering::Release);
+    rounds.complete();
+    gate.wake_waiters();
+    reader
+        .join()
+        .expect("the held reply, once its round was done");
+}
+
 /// Instantiates every check of the request layer as a `#[test]` in module
 /// `$module`, each listening on a fresh address from `$addr()`.
 #[macro_export]
 macro_rules! rpc_suite {
     ($module:ident, $addr:expr) => {
         mod $module {
-            $crate::rpc_suite!(@tests $addr; echo_round_trip, many_outstanding_complete_in_order_with_their_payloads, credits_bound_requests_in_flight, unregistered_kinds_are_refused_and_counted, each_session_is_served_by_its_worker);
+            $crate::rpc_suite!(@tests $addr; echo_round_trip, many_outstanding_complete_in_order_with_their_payloads, credits_bound_requests_in_flight, unregistered_kinds_are_refused_and_counted, each_session_is_served_by_its_worker, a_held_reply_holds_back_its_connection_only);
         }
     };
     (@tests $addr:expr; $($test:ident),* $(,)?) => {

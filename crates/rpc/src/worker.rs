@@ -9,6 +9,15 @@
 //! learns of them, and it runs every registered service's jobs, sweeps
 //! and counters the same way ([`StatsService`] answers STATS from them).
 //!
+//! Replies that wait for replication: on a replicating server a
+//! connection whose replies may show a write not yet on the backups is
+//! held on a gate ticket (its replies stay queued in the port,
+//! [`WorkerPort::flush_except`]) while the other connections' replies go
+//! and the worker serves on; it reads the acknowledgements after each
+//! burst without waiting, and waits for them when idle. So a read served
+//! by the worker that serves a writer does not wait for the writer's
+//! round, nor does the writer's next request wait for the worker.
+//!
 //! Idle back-off: after a burst that found nothing the worker keeps polling
 //! for `IDLE_SPIN_US` (a client in a tight request loop is answered without
 //! a wake-up), then blocks in the transport's wait so an idle server uses
@@ -61,6 +70,16 @@ pub const IDLE_HOT_SPIN_US: u64 = 5;
 /// Longest block in the transport's wait, in milliseconds; bounds how late
 /// the TTL sweep runs on an idle server.
 pub const IDLE_WAIT_MS: u64 = 200;
+
+/// Longest wait of an idle worker holding replies for the
+/// acknowledgements that release them, in microseconds, on a port with
+/// an input descriptor ([`WorkerPort::input_fd`]): input and a completed
+/// round (through the port's waker) end it sooner.
+pub const HELD_WAIT_US: u64 = 1_000;
+
+/// The same on a port without one, which is polled again after it: the
+/// longest a request arriving meanwhile waits.
+pub const HELD_WAIT_BLIND_US: u64 = 20;
 
 /// How often the TTL sweep runs, in milliseconds.
 pub const SWEEP_INTERVAL_MS: u64 = 100;
@@ -140,6 +159,20 @@ pub struct Worker {
     /// What replies wait for before they leave (a replicating server's
     /// replicator), if anything.
     gate: Option<std::sync::Arc<crate::gate::FlushGate>>,
+    /// While the gate is armed, the connections whose replies of this
+    /// burst may show a write not yet replicated (repeats allowed).
+    unsettled: Vec<ConnId>,
+    /// Connections whose queued replies wait for a gate ticket, each with
+    /// the newest ticket its replies need.
+    held: Vec<(ConnId, u64)>,
+    /// The ids in `held`, as the port's flush takes them.
+    held_ids: Vec<ConnId>,
+    /// Whether a queued job made replies this burst (for connections the
+    /// worker did not see): the burst then waits for the gate whole.
+    jobs_replied: bool,
+    /// The flag the gate sets while this worker holds replies, so that a
+    /// completed round wakes it ([`crate::gate::FlushGate::add_waiter`]).
+    holding: Option<std::sync::Arc<AtomicBool>>,
 }
 
 impl Worker {
@@ -152,6 +185,11 @@ impl Worker {
             frames_refused: 0,
             transport: PortStats::default(),
             gate: None,
+            unsettled: Vec::new(),
+            held: Vec::new(),
+            held_ids: Vec::new(),
+            jobs_replied: false,
+            holding: None,
         }
     }
 
@@ -162,11 +200,99 @@ impl Worker {
     }
 
     /// Waits for the gate, if there is one, before the burst's replies
-    /// are flushed.
+    /// are flushed; every reply held before is then free to go too.
     #[inline]
-    fn before_flush(&self) {
+    fn before_flush(&mut self) {
         if let Some(g) = &self.gate {
             g.before_flush();
+            self.unsettled.clear();
+            self.held.clear();
+            self.jobs_replied = false;
+            self.set_holding(false);
+        }
+    }
+
+    /// Whether the gate is armed: replies may have to wait.
+    #[inline]
+    fn gated(&self) -> bool {
+        self.gate.as_ref().is_some_and(|g| g.is_armed())
+    }
+
+    /// Flushes the burst's replies once the server may stand behind them.
+    /// With the gate armed, on a port that holds replies: a connection
+    /// whose replies may show a write not yet replicated is held on a
+    /// ticket for every write made so far (which launches the round that
+    /// replicates them) and the others' replies go now; a held
+    /// connection goes once its ticket is done. The worker meanwhile
+    /// serves its other connections, as the text front ends' loops do.
+    /// Elsewhere it waits for the gate first, then flushes everything.
+    fn flush_replies(&mut self, port: &mut dyn WorkerPort) {
+        if !self.gated() {
+            flush_logged(port);
+            return;
+        }
+        if self.jobs_replied || !port.holds_replies() {
+            self.before_flush();
+            flush_logged(port);
+            return;
+        }
+        let Some(g) = self.gate.clone() else {
+            return;
+        };
+        if !self.unsettled.is_empty() {
+            if let Some(t) = g.ticket() {
+                for &c in &self.unsettled {
+                    match self.held.iter_mut().find(|(h, _)| *h == c) {
+                        Some((_, need)) => *need = (*need).max(t),
+                        None => self.held.push((c, t)),
+                    }
+                }
+            }
+            self.unsettled.clear();
+        }
+        if !self.held.is_empty() {
+            // Takes the acknowledgements already come, without waiting: a
+            // busy worker is never idle long enough to wait for them.
+            g.wait(None, Duration::ZERO);
+        }
+        self.held.retain(|&(_, t)| !g.done(t));
+        if self.held.is_empty() {
+            self.set_holding(false);
+            flush_logged(port);
+            return;
+        }
+        self.set_holding(true);
+        self.held_ids.clear();
+        self.held_ids.extend(self.held.iter().map(|&(c, _)| c));
+        if let Err(e) = port.flush_except(&self.held_ids) {
+            tracing::error!("worker flush failed: {e}");
+        }
+    }
+
+    /// Notes whether this worker holds replies: while it does, the gate
+    /// wakes its port when rounds complete.
+    fn set_holding(&mut self, on: bool) {
+        if let Some(h) = &self.holding {
+            h.store(on, Ordering::Release);
+        }
+    }
+
+    /// Registers `port`'s waker with the gate, so that a worker holding
+    /// replies and waiting in the port is woken when rounds complete.
+    fn watch_gate(&mut self, port: &dyn WorkerPort) {
+        if let (Some(g), None) = (&self.gate, &self.holding) {
+            let waker = port.waker();
+            self.holding = Some(g.add_waiter(Box::new(move || waker.wake())));
+        }
+    }
+
+    /// For an idle worker holding replies: waits up to `timeout` for the
+    /// acknowledgements that release them (reading them in this thread)
+    /// or for input on `port`. Returns false if it did not wait.
+    fn wait_for_held(&self, port: &dyn WorkerPort, timeout: Duration) -> bool {
+        match &self.gate {
+            Some(g) if !self.held.is_empty() => g.wait(port.input_fd(), timeout),
+            _ => false,
         }
     }
 
@@ -226,6 +352,20 @@ impl Worker {
         reply: &mut dyn Reply,
         now_ms: u64,
     ) -> usize {
+        let gated = self.gated();
+        if gated {
+            crate::gate::request_begins();
+        }
+        let ops = self.dispatch(conn, msg, reply, now_ms);
+        if gated && !crate::gate::request_is_settled() {
+            self.unsettled.push(conn);
+        }
+        ops
+    }
+
+    /// [`Worker::handle`] less the gate's bookkeeping.
+    #[inline]
+    fn dispatch(&mut self, conn: ConnId, msg: &[u8], reply: &mut dyn Reply, now_ms: u64) -> usize {
         let Some(frame) = decode_or_refuse(msg, self.id, reply.buf()) else {
             self.frames_refused += 1;
             return 1;
@@ -266,7 +406,10 @@ impl Worker {
 
     /// Runs every service's queued jobs; returns how many ran.
     pub fn run_jobs(&mut self, port: &mut dyn WorkerPort) -> usize {
-        self.services.iter_mut().map(|s| s.run_jobs(port)).sum()
+        let n = self.services.iter_mut().map(|s| s.run_jobs(port)).sum();
+        // Their replies leave with this burst's, which then waits whole.
+        self.jobs_replied |= n > 0;
+        n
     }
 
     /// Runs every service's periodic work.
@@ -360,6 +503,14 @@ pub fn run_with(
     stop: &AtomicBool,
 ) {
     let burst = Burst::of(knobs, port.as_ref());
+    if burst.batched && port.holds_replies() {
+        worker.watch_gate(port.as_ref());
+    }
+    let held_wait = Duration::from_micros(if port.input_fd().is_some() {
+        HELD_WAIT_US
+    } else {
+        HELD_WAIT_BLIND_US
+    });
     let mut idle_since: Option<Instant> = None;
     let mut last_sweep = clock.now_ms();
     while !stop.load(Ordering::Acquire) {
@@ -388,6 +539,10 @@ pub fn run_with(
             continue;
         }
         let idle_for = turn.saturating_duration_since(*idle_since.get_or_insert(turn));
+        // Holding replies: wait for what releases them (or for input).
+        if worker.wait_for_held(port.as_ref(), held_wait) {
+            continue;
+        }
         if idle_for < Duration::from_micros(IDLE_HOT_SPIN_US) {
             std::hint::spin_loop();
             continue;
@@ -462,8 +617,7 @@ fn one_burst(
             break;
         }
     }
-    worker.before_flush();
-    flush_logged(port);
+    worker.flush_replies(port);
     Ok(n)
 }
 

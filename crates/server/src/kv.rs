@@ -364,12 +364,19 @@ impl KvService {
         let Some(op) = ops.next() else {
             return false;
         };
-        self.run_alone(conn, &op, 0, rb, now_ms)
+        let (misrouted, p) = self.run_alone(conn, &op, 0, rb, now_ms);
+        // A lone GET of a partition every follower is up to date with
+        // shows nothing a failover could take back: its reply need not
+        // wait for other partitions' writes to replicate.
+        if op.opcode == OpCode::Get as u8 && self.parts.settled(p) {
+            fabrickv_rpc::gate::reply_settled();
+        }
+        misrouted
     }
 
     /// Runs one operation alone under its partition's lock, `after`
     /// results still to come in the frame. Returns whether the partition
-    /// is another worker's.
+    /// is another worker's, and the partition.
     #[inline(always)]
     fn run_alone(
         &mut self,
@@ -378,7 +385,7 @@ impl KvService {
         after: usize,
         rb: &mut ResponseBuilder<'_>,
         now_ms: u64,
-    ) -> bool {
+    ) -> (bool, usize) {
         let hash = KeyHash::of(op.key);
         let p = self.parts.index_of(hash);
         let mut g = self.parts.lock(p);
@@ -397,7 +404,7 @@ impl KvService {
         let m = u64::from(misrouted);
         self.st.counters.misrouted += m;
         self.parts.count(p, &g, 1, m);
-        misrouted
+        (misrouted, p)
     }
 
     /// A frame holding keys of hash slots this server does not serve: each
@@ -434,7 +441,7 @@ impl KvService {
                 continue;
             }
             let after = total - rb.len() - 1;
-            misrouted |= self.run_alone(conn, &op, after, rb, now_ms);
+            misrouted |= self.run_alone(conn, &op, after, rb, now_ms).0;
         }
         misrouted
     }
@@ -1043,6 +1050,56 @@ mod tests {
             );
         }
         assert_eq!(kv.st.counters.stale_map_writes, 1);
+    }
+
+    /// On a server that replicates, a lone GET of a partition whose every
+    /// write every follower has applied tells the worker its reply need
+    /// not wait ([`fabrickv_rpc::gate::reply_settled`]); a GET of a
+    /// partition with a write in flight, and every write, does not.
+    #[test]
+    fn a_get_is_settled_only_while_its_partition_has_no_write_in_flight() {
+        use fabrickv_rpc::gate::{request_begins, request_is_settled};
+        let config = PartitionConfig {
+            mode: EngineMode::Store,
+            pool_bytes: 4 << 20,
+            index_buckets: None,
+            memory: PoolOptions::default(),
+        };
+        let mut parts = (0..2)
+            .map(|_| Partition::new(&config).expect("partition"))
+            .collect::<Vec<_>>();
+        let seqs: Box<[Arc<fabrickv_engine::JournalSeq>]> =
+            parts.iter_mut().map(|p| p.enable_journal()).collect();
+        let parts = Arc::new(Partitions::new(parts));
+        parts.set_journals(seqs.clone());
+        let mut kv = KvService::new(0, 1, parts.clone(), Mode::Store);
+        let in_partition = |i: usize| {
+            (0..)
+                .map(|n| format!("k{n}").into_bytes())
+                .find(|k| parts.index_of(KeyHash::of(k)) == i)
+                .expect("a key")
+        };
+        let (a, b) = (in_partition(0), in_partition(1));
+        let settled = |kv: &mut KvService, key: &[u8], write: bool| {
+            request_begins();
+            one(kv, 1, |r| {
+                if write {
+                    r.put(key, b"v", 0, PutCondition::Always);
+                } else {
+                    r.get(key);
+                }
+            });
+            request_is_settled()
+        };
+        assert!(settled(&mut kv, &a, false), "nothing written yet");
+        assert!(!settled(&mut kv, &a, true), "a write is never settled");
+        assert!(
+            !settled(&mut kv, &a, false),
+            "its partition's write is in flight"
+        );
+        assert!(settled(&mut kv, &b, false), "another partition");
+        seqs[0].mark_replicated(seqs[0].get());
+        assert!(settled(&mut kv, &a, false), "the write is replicated");
     }
 
     #[test]

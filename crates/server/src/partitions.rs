@@ -34,9 +34,9 @@
 //! once the waiters had it ([`Partitions::lock_background`]).
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 
-use fabrickv_engine::{Partition, PartitionStats, ScanBudget, SlotFilter};
+use fabrickv_engine::{JournalSeq, Partition, PartitionStats, ScanBudget, SlotFilter};
 use fabrickv_types::hash::worker_of_partition;
 use fabrickv_types::limits::PARTITIONS_MAX;
 use fabrickv_types::KeyHash;
@@ -109,6 +109,9 @@ pub struct Partitions {
     /// kv service's PUT_CHUNK transfers), over every worker; bounded by
     /// `crate::kv::KV_LARGE_RECEIVING_BYTES_MAX`.
     pub kv_large_receiving: AtomicUsize,
+    /// Each partition's replication journal counts, on a server that
+    /// replicates ([`Partitions::settled`]).
+    journals: OnceLock<Box<[Arc<JournalSeq>]>>,
 }
 
 impl Partitions {
@@ -135,6 +138,7 @@ impl Partitions {
             epoch: AtomicU64::new(0),
             workers,
             kv_large_receiving: AtomicUsize::new(0),
+            journals: OnceLock::new(),
         }
     }
 
@@ -201,6 +205,22 @@ impl Partitions {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         waiting.fetch_sub(1, Ordering::Relaxed);
         g
+    }
+
+    /// Records the partitions' journal counts, once replication starts.
+    pub fn set_journals(&self, seqs: Box<[Arc<JournalSeq>]>) {
+        debug_assert_eq!(seqs.len(), self.parts.len());
+        let _ = self.journals.set(seqs);
+    }
+
+    /// Whether every write partition `i` holds is applied by every
+    /// follower replies wait for (always, on a server that does not
+    /// replicate): a read of it made before this call shows nothing a
+    /// failover could take back, so its reply need not wait for the
+    /// replication of other partitions' writes.
+    #[inline]
+    pub fn settled(&self, i: usize) -> bool {
+        self.journals.get().is_none_or(|j| j[i].settled())
     }
 
     /// Whether a thread is blocked on partition `i`'s lock: a background

@@ -501,10 +501,25 @@ impl WorkerPort for ShmPort {
     }
 
     fn flush(&mut self) -> Result<()> {
+        self.flush_except(&[])
+    }
+
+    fn holds_replies(&self) -> bool {
+        true
+    }
+
+    fn flush_except(&mut self, held: &[ConnId]) -> Result<()> {
         let mut dirty = std::mem::take(&mut self.dirty);
         let mut again = Vec::new();
+        let mut kept = Vec::new();
         let mut broken = Vec::new();
         for &slot in &dirty {
+            if held.contains(&(slot as ConnId)) {
+                // Still dirty (its flag stays set): its replies stay
+                // staged until it is not held.
+                kept.push(slot);
+                continue;
+            }
             let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
                 continue;
             };
@@ -533,6 +548,7 @@ impl WorkerPort for ShmPort {
             self.close(slot);
         }
         dirty.clear();
+        dirty.append(&mut kept);
         for slot in again {
             if let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) {
                 Self::mark_dirty(&mut dirty, c, slot);

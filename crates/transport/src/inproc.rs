@@ -162,11 +162,26 @@ impl WorkerPort for InprocPort {
     }
 
     fn flush(&mut self) -> Result<()> {
+        self.flush_except(&[])
+    }
+
+    fn holds_replies(&self) -> bool {
+        true
+    }
+
+    fn flush_except(&mut self, held: &[ConnId]) -> Result<()> {
+        // With nothing held the queue keeps its buffer.
+        let mut kept = Vec::new();
         for (id, reply) in self.replies.drain(..) {
-            if let Some(tx) = self.conns.get(&id) {
+            if held.contains(&id) {
+                kept.push((id, reply));
+            } else if let Some(tx) = self.conns.get(&id) {
                 self.stats.msgs_out += 1;
                 let _ = tx.send(reply);
             }
+        }
+        if !kept.is_empty() {
+            self.replies = kept;
         }
         Ok(())
     }

@@ -540,6 +540,31 @@ pub trait WorkerPort: Send {
     /// Sends every queued reply: one write per connection with output.
     fn flush(&mut self) -> Result<()>;
 
+    /// Whether [`WorkerPort::flush_except`] keeps replies back here. A
+    /// replicating server's worker then holds the replies that wait for
+    /// their writes to be replicated and goes on serving its other
+    /// connections; on a port that cannot, it waits before every flush.
+    fn holds_replies(&self) -> bool {
+        false
+    }
+
+    /// Sends the queued replies of every connection except those in
+    /// `held`, whose replies stay queued, in order, for a later flush.
+    /// Called only where [`WorkerPort::holds_replies`] says so; a port
+    /// that does not hold replies sends everything.
+    fn flush_except(&mut self, held: &[ConnId]) -> Result<()> {
+        let _ = held;
+        self.flush()
+    }
+
+    /// A descriptor that becomes readable when the port may have input
+    /// (and when its [`Waker`] is woken), for a worker that waits on
+    /// something else as well; `None` where the port has no one such
+    /// descriptor.
+    fn input_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
     /// Blocks until there may be work or `timeout` passes.
     fn wait(&mut self, timeout: Duration) -> Result<()>;
 

@@ -11,6 +11,7 @@ use fabrickv_wire::echo::{decode_echo_reply, encode_echo};
 use fabrickv_wire::{decode_frame, Frame};
 
 use super::*;
+use crate::testsuite::{Rounds, SettledReads};
 use crate::EchoService;
 
 /// A service of HELLO that counts what the worker asks of it.
@@ -152,61 +153,9 @@ fn sweeps_run_on_every_service() {
     assert_eq!(sweeps.load(Ordering::Relaxed), 2);
 }
 
-/// A port that hands out queued messages and records how many replies
-/// each flush carried.
-#[derive(Default)]
-struct Scripted {
-    queue: std::collections::VecDeque<Vec<u8>>,
-    replies_since_flush: usize,
-    flushes: Vec<usize>,
-    flush_after_ops: usize,
-}
-
-impl WorkerPort for Scripted {
-    fn poll(
-        &mut self,
-        max: usize,
-        handler: &mut fabrickv_transport::MessageHandler<'_>,
-    ) -> fabrickv_transport::Result<usize> {
-        let mut n = 0;
-        while n < max {
-            let Some(msg) = self.queue.pop_front() else {
-                break;
-            };
-            let mut out = Vec::new();
-            handler(1, &msg, &mut out);
-            self.replies_since_flush += usize::from(!out.is_empty());
-            n += 1;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> fabrickv_transport::Result<()> {
-        self.flushes
-            .push(std::mem::take(&mut self.replies_since_flush));
-        Ok(())
-    }
-
-    fn wait(&mut self, _timeout: std::time::Duration) -> fabrickv_transport::Result<()> {
-        Ok(())
-    }
-
-    fn waker(&self) -> fabrickv_transport::Waker {
-        fabrickv_transport::Waker::new(|| {})
-    }
-
-    fn stats(&self) -> PortStats {
-        PortStats::default()
-    }
-
-    fn flush_after_ops(&self) -> usize {
-        self.flush_after_ops
-    }
-}
-
 /// One batched burst of `port` at `msgs` messages a poll; how many
 /// messages it handled.
-fn batched_burst(port: &mut Scripted, w: &mut Worker, msgs: usize) -> Option<usize> {
+fn batched_burst(port: &mut Conns, w: &mut Worker, msgs: usize) -> Option<usize> {
     let knobs = LoopKnobs {
         poll_burst: msgs,
         batched_send: true,
@@ -227,19 +176,19 @@ fn echo_of_ops(id: u64, ops: u16) -> Vec<u8> {
 fn a_burst_flushes_after_its_operations_or_when_input_runs_out() {
     let sweeps = Arc::new(AtomicUsize::new(0));
     let mut w = worker(0, &sweeps);
-    let mut port = Scripted {
+    let mut port = Conns {
         flush_after_ops: 64,
-        ..Scripted::default()
+        ..Conns::default()
     };
     // Single-operation frames: one flush per 64 of them, not one per poll
     // of POLL_BURST_MSGS.
-    port.queue.extend((0..100).map(|i| echo_of_ops(i, 0)));
+    port.queue.extend((0..100).map(|i| (1, echo_of_ops(i, 0))));
     assert_eq!(batched_burst(&mut port, &mut w, POLL_BURST_MSGS), Some(64));
     assert_eq!(batched_burst(&mut port, &mut w, POLL_BURST_MSGS), Some(36));
     assert_eq!(port.flushes, [64, 36]);
     // Frames of 16 operations: four of them make a burst.
     port.flushes.clear();
-    port.queue.extend((0..10).map(|i| echo_of_ops(i, 16)));
+    port.queue.extend((0..10).map(|i| (1, echo_of_ops(i, 16))));
     assert_eq!(batched_burst(&mut port, &mut w, POLL_BURST_MSGS), Some(4));
     // Batched receive off: one message a burst.
     assert_eq!(batched_burst(&mut port, &mut w, 1), Some(1));
@@ -247,7 +196,173 @@ fn a_burst_flushes_after_its_operations_or_when_input_runs_out() {
     // A port that flushes cheaply: one poll a burst.
     port.flushes.clear();
     port.flush_after_ops = 0;
-    port.queue.extend((0..10).map(|i| echo_of_ops(i, 0)));
+    port.queue.extend((0..10).map(|i| (1, echo_of_ops(i, 0))));
     assert_eq!(batched_burst(&mut port, &mut w, POLL_BURST_MSGS), Some(4));
     assert_eq!(port.flushes, [4]);
+}
+
+/// A port that hands out queued messages of several connections and
+/// records what each flush sent; it holds replies when `holds`.
+#[derive(Default)]
+struct Conns {
+    holds: bool,
+    flush_after_ops: usize,
+    queue: std::collections::VecDeque<(ConnId, Vec<u8>)>,
+    /// Replies made and not sent, in order: connection and request id.
+    queued: Vec<(ConnId, u64)>,
+    /// Every reply sent, in order.
+    sent: Vec<(ConnId, u64)>,
+    /// Replies each flush sent.
+    flushes: Vec<usize>,
+}
+
+impl WorkerPort for Conns {
+    fn poll(
+        &mut self,
+        max: usize,
+        handler: &mut fabrickv_transport::MessageHandler<'_>,
+    ) -> fabrickv_transport::Result<usize> {
+        let mut n = 0;
+        while n < max {
+            let Some((conn, msg)) = self.queue.pop_front() else {
+                break;
+            };
+            let mut out = Vec::new();
+            handler(conn, &msg, &mut out);
+            self.queued.push((conn, frame(&out).header.request_id));
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> fabrickv_transport::Result<()> {
+        self.flush_except(&[])
+    }
+
+    fn holds_replies(&self) -> bool {
+        self.holds
+    }
+
+    fn flush_except(&mut self, held: &[ConnId]) -> fabrickv_transport::Result<()> {
+        let (keep, send): (Vec<_>, Vec<_>) =
+            self.queued.drain(..).partition(|(c, _)| held.contains(c));
+        self.flushes.push(send.len());
+        self.sent.extend(send);
+        self.queued = keep;
+        Ok(())
+    }
+
+    fn wait(&mut self, _timeout: std::time::Duration) -> fabrickv_transport::Result<()> {
+        Ok(())
+    }
+
+    fn waker(&self) -> fabrickv_transport::Waker {
+        fabrickv_transport::Waker::new(|| {})
+    }
+
+    fn stats(&self) -> PortStats {
+        PortStats::default()
+    }
+
+    fn flush_after_ops(&self) -> usize {
+        self.flush_after_ops
+    }
+}
+
+/// A worker of ECHO (whose replies are not settled, like a write's) and
+/// HELLO (settled, like a clean read's) behind an armed gate.
+fn gated_worker(rounds: &Arc<Rounds>) -> Worker {
+    let gate = crate::gate::FlushGate::new();
+    gate.arm(rounds.clone());
+    let services: [Box<dyn Service>; 2] = [Box::new(EchoService), Box::new(SettledReads)];
+    Worker::new(0)
+        .with(services)
+        .expect("register")
+        .with_gate(gate)
+}
+
+/// One batched burst of whatever `port` has queued.
+fn conns_burst(port: &mut Conns, w: &mut Worker) {
+    let b = Burst::of(LoopKnobs::default(), port);
+    one_burst(port, w, b, 1).expect("burst");
+}
+
+fn hello(id: u64) -> Vec<u8> {
+    let mut f = Vec::new();
+    encode_hello(&mut f, id, 0);
+    f
+}
+
+fn echo(id: u64) -> Vec<u8> {
+    let mut f = Vec::new();
+    encode_echo(&mut f, id, 0, b"x");
+    f
+}
+
+#[test]
+fn replies_that_wait_for_replication_are_held_per_connection_and_the_others_go() {
+    let rounds = Arc::new(Rounds::default());
+    let mut w = gated_worker(&rounds);
+    let mut port = Conns {
+        holds: true,
+        ..Conns::default()
+    };
+    // Connection 1's reply is not settled; connection 2's is.
+    port.queue.extend([(1, echo(10)), (2, hello(20))]);
+    conns_burst(&mut port, &mut w);
+    assert_eq!(port.sent, [(2, 20)], "the settled reply goes at once");
+    // A settled reply on a held connection queues behind the held one;
+    // other connections are not held up.
+    port.queue.extend([(1, hello(11)), (3, hello(30))]);
+    conns_burst(&mut port, &mut w);
+    assert_eq!(port.sent, [(2, 20), (3, 30)]);
+    assert_eq!(port.queued, [(1, 10), (1, 11)]);
+    // Once its round is done, the held connection's replies go, in order.
+    rounds.complete();
+    conns_burst(&mut port, &mut w);
+    assert_eq!(port.sent, [(2, 20), (3, 30), (1, 10), (1, 11)]);
+    assert_eq!(
+        rounds.waits.load(Ordering::Relaxed),
+        0,
+        "the worker never waited"
+    );
+    // A connection held for a later write waits for that write's round.
+    port.queue.push_back((4, echo(40)));
+    conns_burst(&mut port, &mut w);
+    port.queue.push_back((4, echo(41)));
+    conns_burst(&mut port, &mut w);
+    rounds
+        .done
+        .store(rounds.next.load(Ordering::Acquire) - 1, Ordering::Release);
+    conns_burst(&mut port, &mut w);
+    assert_eq!(
+        port.queued,
+        [(4, 40), (4, 41)],
+        "the first round is not enough"
+    );
+    rounds.complete();
+    conns_burst(&mut port, &mut w);
+    assert!(port.queued.is_empty());
+}
+
+#[test]
+fn a_port_that_cannot_hold_replies_waits_for_the_gate_before_it_flushes() {
+    let rounds = Arc::new(Rounds::default());
+    let mut w = gated_worker(&rounds);
+    let mut port = Conns::default();
+    port.queue.extend([(1, echo(10)), (2, hello(20))]);
+    conns_burst(&mut port, &mut w);
+    assert_eq!(rounds.waits.load(Ordering::Relaxed), 1);
+    assert_eq!(port.sent, [(1, 10), (2, 20)]);
+    // A port that holds replies still waits for a burst with a job's
+    // replies, whose connections the worker did not see.
+    let mut port = Conns {
+        holds: true,
+        ..Conns::default()
+    };
+    w.jobs_replied = true;
+    port.queue.push_back((2, hello(21)));
+    conns_burst(&mut port, &mut w);
+    assert_eq!(rounds.waits.load(Ordering::Relaxed), 2);
+    assert_eq!(port.sent, [(2, 21)]);
 }

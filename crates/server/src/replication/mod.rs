@@ -500,9 +500,6 @@ pub struct Replicator {
     cache: Arc<crate::cache::CacheShared>,
     /// The pool's shards' journal counts, once the pool exists.
     ps_seqs: OnceLock<Box<[Arc<JournalSeq>]>>,
-    /// Per journal (the kv partitions', then the pool's shards'), the
-    /// count every follower has applied.
-    acked: Box<[AtomicU64]>,
     /// Per journal, the count some launched round drained.
     launched: Box<[AtomicU64]>,
     routing: Arc<SlotRouting>,
@@ -680,18 +677,27 @@ impl Replicator {
         self.seqs.len() + self.ps_seqs().len()
     }
 
+    /// Journal `i`'s counts: the kv partitions', then the pool's shards'.
+    /// Its replicated count is the one every follower has applied, kept
+    /// there so that a worker can tell a read of a settled partition
+    /// ([`Partitions::settled`]).
+    #[inline]
+    fn journal(&self, i: usize) -> &JournalSeq {
+        match self.seqs.get(i) {
+            Some(s) => s,
+            None => &self.ps_seqs()[i - self.seqs.len()],
+        }
+    }
+
     /// Journal `i`'s write count.
     #[inline]
     fn seq_at(&self, i: usize) -> u64 {
-        match self.seqs.get(i) {
-            Some(s) => s.get(),
-            None => self.ps_seqs()[i - self.seqs.len()].get(),
-        }
+        self.journal(i).get()
     }
 
     /// Whether any journal holds writes its followers have not applied.
     fn unacked(&self) -> bool {
-        (0..self.journals()).any(|p| self.seq_at(p) > self.acked[p].load(Ordering::Acquire))
+        (0..self.journals()).any(|p| !self.journal(p).settled())
     }
 
     /// Whether any journal holds writes no round has taken yet.
@@ -983,7 +989,7 @@ impl Replicator {
                 break;
             };
             for (p, seq) in r.drained {
-                self.acked[p].fetch_max(seq, Ordering::AcqRel);
+                self.journal(p).mark_replicated(seq);
             }
             self.rounds_done.store(r.round, Ordering::Release);
             done = Some(r.round);
@@ -1437,20 +1443,23 @@ pub fn start(
     })?;
     // Per journal, the count shipped so far: the partitions' now, and 0
     // for the pool's shards, whose journals count from the pool's first
-    // write.
-    let counts = || -> Box<[AtomicU64]> {
-        seqs.iter()
-            .map(|s| AtomicU64::new(s.get()))
-            .chain((0..server.ps.shard_count()).map(|_| AtomicU64::new(0)))
-            .collect()
-    };
+    // write. Writes made before replication started have nothing to wait
+    // for.
+    for s in seqs.iter() {
+        s.mark_replicated(s.get());
+    }
+    server.parts.set_journals(seqs.clone());
+    let launched: Box<[AtomicU64]> = seqs
+        .iter()
+        .map(|s| AtomicU64::new(s.get()))
+        .chain((0..server.ps.shard_count()).map(|_| AtomicU64::new(0)))
+        .collect();
     let (release, lost) = std::sync::mpsc::channel();
     let replicator = Arc::new(Replicator {
         me,
         secret,
         parts: server.parts.clone(),
-        acked: counts(),
-        launched: counts(),
+        launched,
         seqs,
         ps: server.ps.clone(),
         cache: server.cache.clone(),

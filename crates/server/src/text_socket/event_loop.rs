@@ -95,7 +95,7 @@ impl<P: Proto> Loop<P> {
             // Holding replies: read the acknowledgements that settle them
             // here while nothing else comes (one wake-up, not a hand-off
             // from another thread), then take what came meanwhile.
-            if !self.settling.is_empty() && self.gate.wait(poll_fd(&self.poll), timeout) {
+            if !self.settling.is_empty() && self.gate.wait(Some(poll_fd(&self.poll)), timeout) {
                 timeout = Duration::ZERO;
             }
             match self.poll.poll(&mut events, Some(timeout)) {

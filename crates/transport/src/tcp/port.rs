@@ -359,10 +359,26 @@ impl WorkerPort for TcpPort {
     }
 
     fn flush(&mut self) -> Result<()> {
+        self.flush_except(&[])
+    }
+
+    fn holds_replies(&self) -> bool {
+        true
+    }
+
+    fn flush_except(&mut self, held: &[ConnId]) -> Result<()> {
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
         dirty.dedup();
-        for &slot in &dirty {
+        let mut kept = 0;
+        for i in 0..dirty.len() {
+            let slot = dirty[i];
+            if held.contains(&(slot as ConnId)) {
+                // Stays dirty, its replies queued, until it is not held.
+                dirty[kept] = slot;
+                kept += 1;
+                continue;
+            }
             let Some(c) = self.conns[slot].as_mut() else {
                 continue;
             };
@@ -380,9 +396,20 @@ impl WorkerPort for TcpPort {
                 self.close(slot);
             }
         }
-        dirty.clear();
+        dirty.truncate(kept);
+        // Connections dirtied meanwhile (a close's goodbye) come after.
+        dirty.append(&mut self.dirty);
         self.dirty = dirty;
         Ok(())
+    }
+
+    #[allow(unsafe_code)]
+    fn input_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the epoll descriptor is owned by `self.poll`, which
+        // outlives the borrow; the port's waker and every connection are
+        // registered with it.
+        Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(self.poll.as_raw_fd()) })
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<()> {
