@@ -163,9 +163,9 @@ pub struct Worker {
     /// burst may show a write not yet replicated (repeats allowed).
     unsettled: Vec<ConnId>,
     /// Connections whose queued replies wait for a gate ticket, each with
-    /// the newest ticket its replies need.
+    /// the newest ticket its replies need, in connection order.
     held: Vec<(ConnId, u64)>,
-    /// The ids in `held`, as the port's flush takes them.
+    /// The ids in `held`, in order, as the port's flush takes them.
     held_ids: Vec<ConnId>,
     /// Whether a queued job made replies this burst (for connections the
     /// worker did not see): the burst then waits for the gate whole.
@@ -241,10 +241,14 @@ impl Worker {
         };
         if !self.unsettled.is_empty() {
             if let Some(t) = g.ticket() {
+                self.unsettled.sort_unstable();
+                self.unsettled.dedup();
+                // `held` stays sorted by connection: a worker may hold
+                // thousands, and the port looks each dirty one up.
                 for &c in &self.unsettled {
-                    match self.held.iter_mut().find(|(h, _)| *h == c) {
-                        Some((_, need)) => *need = (*need).max(t),
-                        None => self.held.push((c, t)),
+                    match self.held.binary_search_by_key(&c, |&(h, _)| h) {
+                        Ok(i) => self.held[i].1 = self.held[i].1.max(t),
+                        Err(i) => self.held.insert(i, (c, t)),
                     }
                 }
             }

@@ -514,7 +514,7 @@ impl WorkerPort for ShmPort {
         let mut kept = Vec::new();
         let mut broken = Vec::new();
         for &slot in &dirty {
-            if held.contains(&(slot as ConnId)) {
+            if held.binary_search(&(slot as ConnId)).is_ok() {
                 // Still dirty (its flag stays set): its replies stay
                 // staged until it is not held.
                 kept.push(slot);

@@ -173,7 +173,7 @@ impl WorkerPort for InprocPort {
         // With nothing held the queue keeps its buffer.
         let mut kept = Vec::new();
         for (id, reply) in self.replies.drain(..) {
-            if held.contains(&id) {
+            if held.binary_search(&id).is_ok() {
                 kept.push((id, reply));
             } else if let Some(tx) = self.conns.get(&id) {
                 self.stats.msgs_out += 1;

@@ -549,7 +549,8 @@ pub trait WorkerPort: Send {
     }
 
     /// Sends the queued replies of every connection except those in
-    /// `held`, whose replies stay queued, in order, for a later flush.
+    /// `held` (sorted, so a port looks a connection up by binary search),
+    /// whose replies stay queued, in order, for a later flush.
     /// Called only where [`WorkerPort::holds_replies`] says so; a port
     /// that does not hold replies sends everything.
     fn flush_except(&mut self, held: &[ConnId]) -> Result<()> {

@@ -343,6 +343,17 @@ fn replies_that_wait_for_replication_are_held_per_connection_and_the_others_go()
     rounds.complete();
     conns_burst(&mut port, &mut w);
     assert!(port.queued.is_empty());
+    // Several connections held at once, in any order.
+    port.sent.clear();
+    port.queue
+        .extend([(9, echo(90)), (2, echo(21)), (5, hello(50)), (9, echo(91))]);
+    conns_burst(&mut port, &mut w);
+    assert_eq!(port.sent, [(5, 50)]);
+    assert_eq!(port.queued, [(9, 90), (2, 21), (9, 91)]);
+    rounds.complete();
+    conns_burst(&mut port, &mut w);
+    assert!(port.queued.is_empty());
+    assert_eq!(port.sent, [(5, 50), (9, 90), (2, 21), (9, 91)]);
 }
 
 #[test]

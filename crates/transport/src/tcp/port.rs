@@ -373,7 +373,7 @@ impl WorkerPort for TcpPort {
         let mut kept = 0;
         for i in 0..dirty.len() {
             let slot = dirty[i];
-            if held.contains(&(slot as ConnId)) {
+            if held.binary_search(&(slot as ConnId)).is_ok() {
                 // Stays dirty, its replies queued, until it is not held.
                 dirty[kept] = slot;
                 kept += 1;
