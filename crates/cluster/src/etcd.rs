@@ -123,13 +123,15 @@ fn runtime() -> Result<&'static Runtime, RegistryError> {
     // those of a server's data movement (`serve --stream-cpus`) when a
     // confined replicator commits a map. It takes the CPUs of the thread
     // that built the runtime instead.
-    let cpus = ThreadCpus::of_this_thread();
+    let cpus = rustix::thread::sched_getaffinity(None).ok();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("fkv-etcd")
         .on_thread_start(move || {
             if let Some(c) = &cpus {
-                c.apply_to_this_thread();
+                // A refusal (the process's own set changed since) leaves
+                // the thread as it was.
+                let _ = rustix::thread::sched_setaffinity(None, c);
             }
         })
         .enable_all()
@@ -138,34 +140,6 @@ fn runtime() -> Result<&'static Runtime, RegistryError> {
     // Two first callers may both build one; the loser's is dropped here,
     // outside any runtime.
     Ok(RUNTIME.get_or_init(|| rt))
-}
-
-/// A thread's CPU affinity, as `sched_getaffinity` reads it.
-#[derive(Clone, Copy)]
-struct ThreadCpus(libc::cpu_set_t);
-
-impl ThreadCpus {
-    /// The calling thread's CPUs; `None` where they cannot be read.
-    #[allow(unsafe_code)]
-    fn of_this_thread() -> Option<ThreadCpus> {
-        // SAFETY: a zeroed cpu_set_t is an empty set, and
-        // sched_getaffinity writes at most its size into it.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
-                .then_some(ThreadCpus(set))
-        }
-    }
-
-    /// Gives the calling thread these CPUs; a refusal (the process's own
-    /// set changed since) leaves it as it was.
-    #[allow(unsafe_code)]
-    fn apply_to_this_thread(&self) {
-        // SAFETY: the set is a whole cpu_set_t, read by the kernel only.
-        unsafe {
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0);
-        }
-    }
 }
 
 /// The scheme of an etcd registry's address.
@@ -779,17 +753,16 @@ impl Drop for WatchHandle {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, unsafe_code)]
+#[allow(clippy::unwrap_used)]
 mod tests {
+    use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+
     use super::*;
 
-    /// The CPUs in a thread's set.
-    fn cpus_of(t: &ThreadCpus) -> Vec<usize> {
-        let size = 8 * std::mem::size_of::<libc::cpu_set_t>();
-        // SAFETY: CPU_ISSET reads inside the set for a CPU below its size.
-        (0..size)
-            .filter(|&c| unsafe { libc::CPU_ISSET(c, &t.0) })
-            .collect()
+    /// The calling thread's CPUs.
+    fn my_cpus() -> Vec<usize> {
+        let set = sched_getaffinity(None).unwrap();
+        (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect()
     }
 
     /// A thread the etcd runtime starts from a thread confined to one CPU
@@ -797,24 +770,23 @@ mod tests {
     /// CPUs the runtime was built with, not that one.
     #[test]
     fn threads_the_runtime_starts_do_not_inherit_a_confined_callers_cpus() {
-        let all = cpus_of(&ThreadCpus::of_this_thread().unwrap());
+        let all = my_cpus();
         let rt = runtime().unwrap();
         let Some(&last) = all.last().filter(|_| all.len() >= 2) else {
             return; // one CPU: nothing to confine to
         };
         let seen = std::thread::spawn(move || {
-            // SAFETY: as in ThreadCpus; `last` is a CPU of the set read.
-            let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-            unsafe { libc::CPU_SET(last, &mut one) };
-            ThreadCpus(one).apply_to_this_thread();
-            assert_eq!(cpus_of(&ThreadCpus::of_this_thread().unwrap()), [last]);
+            let mut one = CpuSet::new();
+            one.set(last);
+            sched_setaffinity(None, &one).unwrap();
+            assert_eq!(my_cpus(), [last]);
             // Blocking tasks past the pool's idle threads start threads
             // from this one.
             let tasks: Vec<_> = (0..4)
                 .map(|_| {
                     rt.spawn_blocking(|| {
                         std::thread::sleep(std::time::Duration::from_millis(50));
-                        cpus_of(&ThreadCpus::of_this_thread().unwrap())
+                        my_cpus()
                     })
                 })
                 .collect();

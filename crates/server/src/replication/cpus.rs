@@ -18,8 +18,8 @@
 use std::cell::Cell;
 
 /// The highest CPU number a set may name, exclusive: the size of the
-/// kernel's fixed `cpu_set_t` (`CPU_SETSIZE`, in CPUs).
-pub const CPU_SET_CPUS_MAX: usize = 1024;
+/// kernel's fixed `cpu_set_t` (`CPU_SETSIZE`, 1024 CPUs).
+pub const CPU_SET_CPUS_MAX: usize = rustix::thread::CpuSet::MAX_CPU;
 
 /// Which CPUs the data-movement threads run on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,37 +131,19 @@ fn cpu_number(s: &str, spec: &str) -> Result<usize, String> {
 }
 
 /// The CPUs the calling thread may run on (the process's, at start).
-#[allow(unsafe_code)]
 pub fn allowed_cpus() -> std::io::Result<Vec<usize>> {
-    // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity
-    // writes at most its size into it, and CPU_ISSET reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok((0..CPU_SET_CPUS_MAX)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect())
-    }
+    let set = rustix::thread::sched_getaffinity(None)?;
+    Ok((0..CPU_SET_CPUS_MAX).filter(|&c| set.is_set(c)).collect())
 }
 
 /// Sets the calling thread's CPUs to `cpus` (each below
 /// [`CPU_SET_CPUS_MAX`]).
-#[allow(unsafe_code)]
 fn set_thread_cpus(cpus: &[usize]) -> std::io::Result<()> {
-    // SAFETY: as in `allowed_cpus`; CPU_SET writes inside the set for a
-    // CPU below its size, which `parse` and `allowed_cpus` guarantee.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in cpus.iter().filter(|&&c| c < CPU_SET_CPUS_MAX) {
-            libc::CPU_SET(c, &mut set);
-        }
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    let mut set = rustix::thread::CpuSet::new();
+    for &c in cpus.iter().filter(|&&c| c < CPU_SET_CPUS_MAX) {
+        set.set(c);
     }
-    Ok(())
+    Ok(rustix::thread::sched_setaffinity(None, &set)?)
 }
 
 #[cfg(test)]
