@@ -227,18 +227,15 @@ impl Worker {
     /// serves its other connections, as the text front ends' loops do.
     /// Elsewhere it waits for the gate first, then flushes everything.
     fn flush_replies(&mut self, port: &mut dyn WorkerPort) {
-        if !self.gated() {
+        let Some(g) = self.gate.as_ref().filter(|g| g.is_armed()).cloned() else {
             flush_logged(port);
             return;
-        }
+        };
         if self.jobs_replied || !port.holds_replies() {
             self.before_flush();
             flush_logged(port);
             return;
         }
-        let Some(g) = self.gate.clone() else {
-            return;
-        };
         if !self.unsettled.is_empty() {
             if let Some(t) = g.ticket() {
                 self.unsettled.sort_unstable();
