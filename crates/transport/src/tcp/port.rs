@@ -397,8 +397,6 @@ impl WorkerPort for TcpPort {
             }
         }
         dirty.truncate(kept);
-        // Connections dirtied meanwhile (a close's goodbye) come after.
-        dirty.append(&mut self.dirty);
         self.dirty = dirty;
         Ok(())
     }
