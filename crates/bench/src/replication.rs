@@ -5,7 +5,10 @@
 //! - **Cost.** The same three-server cluster in etcd (server processes,
 //!   one worker each) once with one copy of each slot and once with two
 //!   (and a failover controller): RESP clients, each with one write in
-//!   flight, SET keys of server 0's slots on server 0, then GET them.
+//!   flight, SET keys of server 0's slots on server 0, then GET them,
+//!   then mix the two (one SET in ten, as a cache in front of a database
+//!   sees): the GETs' latencies there say what a second copy costs a
+//!   read made while writes replicate.
 //!   Beside it, redis-server with one replica, each SET followed by
 //!   `WAIT 1 0` (acknowledged once the replica has it: the nearest Redis
 //!   has to a synchronous acknowledgement), at the same client depth.
@@ -353,14 +356,31 @@ impl Tally {
 /// One client thread's latencies, operations and refusals.
 type ClientTally = (Histogram<u64>, u64, u64);
 
+/// What a load run sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mix {
+    /// SETs only.
+    Sets,
+    /// GETs only.
+    Gets,
+    /// GETs, with every [`MIXED_SET_EVERY`]th command of a connection a
+    /// SET; only the GETs' latencies are recorded (every command counts
+    /// in the rate).
+    Mixed,
+}
+
+/// One command in this many of a mixed load's connections is a SET (the
+/// read-mostly shape of a cache in front of a database).
+const MIXED_SET_EVERY: usize = 10;
+
 /// `o.clients` connections to `addr`, each sending one command (or, with
 /// `wait`, a SET and a `WAIT 1 0` in one write) at a time, for
-/// `o.duration`: SETs when `set`, GETs otherwise.
+/// `o.duration`, as `mix` says.
 fn load(
     addr: SocketAddr,
     keys: &[Vec<u8>],
     o: &ReplOpts,
-    set: bool,
+    mix: Mix,
     wait: bool,
     t: &mut Tally,
 ) -> Result<(), String> {
@@ -378,9 +398,16 @@ fn load(
                     let (mut ops, mut errors) = (0u64, 0u64);
                     let mut buf = Vec::with_capacity(256 + value.len());
                     let mut i = c;
+                    let mut n = 0usize;
                     while !stop.load(Ordering::Relaxed) {
                         let key = &keys[i % keys.len()];
                         i += o.clients;
+                        let set = match mix {
+                            Mix::Sets => true,
+                            Mix::Gets => false,
+                            Mix::Mixed => (n + c).is_multiple_of(MIXED_SET_EVERY),
+                        };
+                        n += 1;
                         buf.clear();
                         if set {
                             Resp::encode(&mut buf, &[b"SET", key, value]);
@@ -409,7 +436,9 @@ fn load(
                         } else {
                             ok
                         };
-                        let _ = h.record(t0.elapsed().as_nanos() as u64);
+                        if !(set && mix == Mix::Mixed) {
+                            let _ = h.record(t0.elapsed().as_nanos() as u64);
+                        }
                         ops += 1;
                         errors += u64::from(!ok);
                     }
@@ -491,6 +520,12 @@ impl ReplReport {
             self.ratio("get", FKV_R2, FKV_R1, ops),
         );
         println!(
+            "R=2 / R=1 with one SET in {MIXED_SET_EVERY}: GET p50 {:.2}x, GET p99 {:.2}x, throughput {:.2}x",
+            self.ratio(MIXED_CASE, FKV_R2, FKV_R1, p50),
+            self.ratio(MIXED_CASE, FKV_R2, FKV_R1, |r| r.p99_us),
+            self.ratio(MIXED_CASE, FKV_R2, FKV_R1, ops),
+        );
+        println!(
             "R=2 / Redis+replica WAIT 1 0: write throughput {:.2}x (target >= 2x), write p50 {:.2}x",
             self.ratio("set", FKV_R2, REDIS_WAIT, ops),
             self.ratio("set", FKV_R2, REDIS_WAIT, p50),
@@ -525,6 +560,10 @@ impl ReplReport {
         v
     }
 }
+
+/// The case of the mixed load's rows: its rate counts every command, its
+/// latencies are the GETs'.
+const MIXED_CASE: &str = "get+set";
 
 const FKV_R1: &str = "fabrickv R=1";
 const FKV_R2: &str = "fabrickv R=2";
@@ -585,16 +624,22 @@ pub fn run(o: &ReplOpts) -> Result<ReplReport, String> {
         .iter()
         .map(|_| Tally::new())
         .collect::<Result<Vec<_>, _>>()?;
+    let mut mixed = systems
+        .iter()
+        .map(|_| Tally::new())
+        .collect::<Result<Vec<_>, _>>()?;
     for _ in 0..o.rounds.max(1) {
         for (i, (_, addr, wait)) in systems.iter().enumerate() {
-            load(*addr, &keys, o, true, *wait, &mut sets[i])?;
-            load(*addr, &keys, o, false, false, &mut gets[i])?;
+            load(*addr, &keys, o, Mix::Sets, *wait, &mut sets[i])?;
+            load(*addr, &keys, o, Mix::Gets, false, &mut gets[i])?;
+            load(*addr, &keys, o, Mix::Mixed, *wait, &mut mixed[i])?;
         }
     }
     let mut rows = Vec::new();
     for (i, (name, _, _)) in systems.iter().enumerate() {
         rows.push(sets[i].result("set", name, o));
         rows.push(gets[i].result("get", name, o));
+        rows.push(mixed[i].result(MIXED_CASE, name, o));
     }
     drop(one);
     let failovers_ms = failovers(&mut two, &keys[0], o.kills)?;

@@ -558,6 +558,10 @@ pub struct RespConnState {
     large_in: Option<LargeArg>,
     /// The large values the buffered replies refer to.
     pub(crate) large_out: LargeReplies,
+    /// Whether a reply buffered since the output was last written whole
+    /// may show a write not yet replicated (anything but a settled read):
+    /// a replicating server holds such replies for a round.
+    pub(crate) replies_unsettled: bool,
 }
 
 impl RespConnState {
@@ -582,6 +586,7 @@ impl RespConnState {
             stats: stats::LocalStats::default(),
             large_in: None,
             large_out: LargeReplies::default(),
+            replies_unsettled: false,
         }
     }
 
@@ -640,6 +645,7 @@ impl RespConnState {
             in_exec: false,
             large_arg: None,
             large_out: std::mem::take(&mut self.large_out),
+            read_settled: false,
         };
         let mut done = Processed {
             consumed: 0,
@@ -723,7 +729,9 @@ impl RespConnState {
                         ex.large_arg = large.value.ok();
                     }
                     let mark = out.len();
+                    ex.read_settled = false;
                     let after = self.state.command(&mut ex, args, &mut out);
+                    self.replies_unsettled |= !ex.read_settled;
                     if ex.large_arg.take().is_some() && out.get(mark) != Some(&b'-') {
                         // The command did not take the value: it must not
                         // go on as if it had an empty one. A command that

@@ -324,6 +324,12 @@ impl Proto for RespConn {
     fn reset_out(&mut self) {
         self.large_pos = 0;
         self.large_reply = None;
+        self.state.replies_unsettled = false;
+    }
+
+    /// GETs of partitions with no write in flight, alone.
+    fn replies_settled(&self) -> bool {
+        !self.state.replies_unsettled
     }
 }
 

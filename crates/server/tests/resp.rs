@@ -373,7 +373,83 @@ fn ttl_expires_without_access(t: Transport) {
     s.shutdown();
 }
 
+/// On a server that replicates (its gate armed; a stand-in completes the
+/// rounds), a write's reply waits for its round and holds back only its
+/// own connection: another connection's GET of a partition with no write
+/// in flight is answered meanwhile, while a GET of the written partition
+/// waits as the write does, and both come once the round is done.
+fn a_write_held_for_its_round_holds_back_only_unsettled_replies(t: Transport) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let s = server(t, None);
+    let parts = s.handle().partitions();
+    let seqs: Box<[_]> = (0..parts.len())
+        .map(|i| parts.lock(i).enable_journal())
+        .collect();
+    parts.set_journals(seqs);
+    let rounds = Arc::new(fabrickv_rpc::testsuite::Rounds::default());
+    s.handle().gate().arm(rounds.clone());
+    let key_of = |p: usize| {
+        (0..)
+            .map(|n| format!("held:{n}"))
+            .find(|k| parts.index_of(fabrickv_types::KeyHash::of(k.as_bytes())) == p)
+            .expect("a key")
+    };
+    let (written, other) = (key_of(0), key_of(1));
+    let released = Arc::new(AtomicBool::new(false));
+    // Each reply that must wait for the round is read on its own thread,
+    // which checks the round was done first.
+    let held = |args: Vec<String>, want: &'static str| {
+        let mut c = Resp::connect(&s);
+        let taken = rounds.next.load(Ordering::Acquire);
+        let a: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        c.send(&a);
+        wait_for("the reply to take a ticket", TIMEOUT, || {
+            rounds.next.load(Ordering::Acquire) > taken
+        });
+        let released = released.clone();
+        std::thread::spawn(move || {
+            let got = c.line();
+            assert!(
+                released.load(Ordering::Acquire),
+                "{args:?} answered before its round was done"
+            );
+            assert_eq!(got, want);
+        })
+    };
+    let write = held(vec!["SET".into(), written.clone(), "v".into()], "+OK");
+    let read_of_written = held(vec!["GET".into(), written.clone()], "$1");
+    let mut c = Resp::connect(&s);
+    let tickets = |r: &AtomicU64| r.load(Ordering::Acquire);
+    let before = tickets(&rounds.next);
+    // Answered within the connection's read timeout, rounds undone.
+    for _ in 0..3 {
+        assert_eq!(c.call(&["GET", &other]), "nil");
+    }
+    assert_eq!(tickets(&rounds.next), before, "a settled GET took a ticket");
+    released.store(true, Ordering::Release);
+    rounds.complete();
+    s.handle().gate().wake_waiters();
+    write
+        .join()
+        .expect("the write's reply, once its round was done");
+    read_of_written
+        .join()
+        .expect("the read of the written partition, once the round was done");
+    // A write on the reading connection takes a ticket like any other.
+    c.send(&[b"SET", other.as_bytes(), b"w"]);
+    wait_for("the second write to take a ticket", TIMEOUT, || {
+        tickets(&rounds.next) > before
+    });
+    rounds.complete();
+    s.handle().gate().wake_waiters();
+    assert_eq!(c.line(), "+OK");
+    s.shutdown();
+}
+
 transport_tests!(
+    a_write_held_for_its_round_holds_back_only_unsettled_replies,
     pipelined_commands_in_one_write,
     a_large_value_arriving_in_pieces,
     hostile_input_closes_only_that_connection,

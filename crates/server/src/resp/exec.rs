@@ -46,6 +46,11 @@ pub(super) struct Exec<'a> {
     pub(super) large_arg: Option<LargeValue>,
     /// The large values the replies written so far refer to.
     pub(super) large_out: LargeReplies,
+    /// Set by the running command when its reply shows only what every
+    /// follower already has (a GET of a partition with no write in
+    /// flight), so that it need not wait for a replication round. Reset
+    /// before each command: anything else may show an unreplicated write.
+    pub(super) read_settled: bool,
 }
 
 impl<'a> Exec<'a> {

@@ -93,6 +93,61 @@ impl Conn {
     }
 }
 
+/// On a replicating server, a connection's buffered replies are settled
+/// (need not wait for a replication round) only while they are GETs of
+/// partitions with no write in flight: a write, a GET of a partition
+/// holding one, a GET inside EXEC and any other command are not.
+#[test]
+fn only_gets_of_settled_partitions_leave_replies_settled() {
+    let mut parts: Vec<Partition> = (0..2)
+        .map(|_| {
+            Partition::new(&PartitionConfig {
+                mode: EngineMode::Store,
+                pool_bytes: 8 << 20,
+                index_buckets: None,
+                memory: Default::default(),
+            })
+            .expect("partition")
+        })
+        .collect();
+    let seqs: Box<[Arc<fabrickv_engine::JournalSeq>]> =
+        parts.iter_mut().map(|p| p.enable_journal()).collect();
+    let partitions = Arc::new(Partitions::new(parts));
+    partitions.set_journals(seqs.clone());
+    let in_partition = |i: usize| {
+        (0..)
+            .map(|n| format!("k{n}"))
+            .find(|k| partitions.index_of(KeyHash::of(k.as_bytes())) == i)
+            .expect("a key")
+    };
+    let (a, b) = (in_partition(0), in_partition(1));
+    let shared = RespShared::new(partitions.clone(), None, Mode::Store, 16 << 20, 7380);
+    let mut c = Conn::with(shared);
+    let settled = |c: &mut Conn, cmds: &[&[&str]]| {
+        c.state.replies_unsettled = false;
+        for args in cmds {
+            c.run(args);
+        }
+        !c.state.replies_unsettled
+    };
+    assert!(settled(&mut c, &[&["GET", &a]]), "nothing written yet");
+    assert!(!settled(&mut c, &[&["SET", &a, "v"]]), "a write");
+    assert!(!settled(&mut c, &[&["GET", &a]]), "its write is in flight");
+    assert!(settled(&mut c, &[&["GET", &b]]), "another partition");
+    assert!(
+        !settled(&mut c, &[&["GET", &b], &["GET", &a]]),
+        "one unsettled GET among settled ones"
+    );
+    assert!(!settled(&mut c, &[&["PING"]]), "not a GET");
+    seqs[0].mark_replicated(seqs[0].get());
+    assert!(settled(&mut c, &[&["GET", &a]]), "its write replicated");
+    assert!(
+        !settled(&mut c, &[&["MULTI"], &["GET", &a], &["EXEC"]]),
+        "a transaction"
+    );
+    assert!(!settled(&mut c, &[&["GET", "a", "b"]]), "refused");
+}
+
 #[test]
 fn ping_echo_and_set_get() {
     let mut c = Conn::new(1);

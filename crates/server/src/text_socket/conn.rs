@@ -148,7 +148,7 @@ pub(super) fn drive<P: Proto>(
         // 2. Write the replies, once the server may stand behind them
         // (a replicating server's backups have the writes); meanwhile the
         // loop serves its other connections.
-        if c.output_pending() && !covered {
+        if c.output_pending() && !covered && !c.proto.replies_settled() {
             if let Some(t) = gate.ticket() {
                 c.ticket = Some(t);
                 if !gate.done(t) {

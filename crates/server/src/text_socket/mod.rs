@@ -198,6 +198,12 @@ pub(crate) trait Proto: Sized + 'static {
     }
     /// Every reply was written.
     fn reset_out(&mut self) {}
+    /// Whether every reply buffered shows only what the followers replies
+    /// wait for already have (settled reads), so that the replies need
+    /// not wait for a replication round. Unknown is unsettled.
+    fn replies_settled(&self) -> bool {
+        false
+    }
 }
 
 /// The running front-end: where it listens, and how to stop it.
