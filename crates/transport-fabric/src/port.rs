@@ -548,11 +548,25 @@ impl WorkerPort for FabricPort {
     }
 
     fn flush(&mut self) -> Result<()> {
+        self.flush_except(&[])
+    }
+
+    fn holds_replies(&self) -> bool {
+        true
+    }
+
+    /// A held connection stays listed in `dirty`, its replies (and the
+    /// credits it owes) unsent, until a flush that does not hold it.
+    fn flush_except(&mut self, held: &[ConnId]) -> Result<()> {
         let mut dirty = std::mem::take(&mut self.dirty);
         let mut keep = 0;
         for i in 0..dirty.len() {
             let s = dirty[i];
-            if self.send_conn(s)? {
+            let holds = !held.is_empty()
+                && self.conns[s]
+                    .as_ref()
+                    .is_some_and(|c| held.binary_search(&c.id).is_ok());
+            if holds || self.send_conn(s)? {
                 dirty[keep] = s;
                 keep += 1;
             } else if let Some(c) = self.conns[s].as_mut() {
