@@ -326,12 +326,12 @@ impl Partition {
     /// before the write is tried, so a refused write ships the key's
     /// unchanged state: harmless, and no outcome has to be read.
     #[inline]
-    fn note(&mut self, key: &[u8]) {
+    fn note(&mut self, hash: KeyHash, key: &[u8]) {
         if let Some(j) = &mut self.journal {
-            j.note(key);
+            j.note(hash, key);
         }
         if let Some(c) = &mut self.cut {
-            c.note(key);
+            c.note(hash, key);
         }
     }
 
@@ -419,7 +419,7 @@ impl Partition {
     /// optimizer step.
     #[inline]
     pub fn value_mut(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> Option<&mut [u8]> {
-        self.note(key);
+        self.note(hash, key);
         dispatch!(&mut self.inner, core => core.value_mut(hash, key, now_ms))
     }
 
@@ -442,7 +442,7 @@ impl Partition {
             let large = LargeValue::copy_from(value);
             return self.put_large(hash, key, large, expire_at_ms, cond, now_ms);
         }
-        self.note(key);
+        self.note(hash, key);
         dispatch!(&mut self.inner, core => core.put(Put { hash, key, value, large: None, expire_at_ms, cond, now_ms, meta: None }))
     }
 
@@ -465,7 +465,7 @@ impl Partition {
         cond: PutCond,
         now_ms: u64,
     ) -> PutResult {
-        self.note(key);
+        self.note(hash, key);
         if value.len() < LARGE_VALUE_BYTES_MIN {
             return dispatch!(&mut self.inner, core => core.put(Put { hash, key, value: &value, large: None, expire_at_ms, cond, now_ms, meta: None }));
         }
@@ -503,7 +503,7 @@ impl Partition {
         now_ms: u64,
         meta: ItemMeta,
     ) -> PutResult {
-        self.note(key);
+        self.note(hash, key);
         dispatch!(&mut self.inner, core => core.put(Put { hash, key, value, large: None, expire_at_ms, cond, now_ms, meta: Some(meta) }))
     }
 
@@ -517,7 +517,7 @@ impl Partition {
     /// Removes `key`.
     #[inline]
     pub fn delete(&mut self, hash: KeyHash, key: &[u8], now_ms: u64) -> DeleteResult {
-        self.note(key);
+        self.note(hash, key);
         dispatch!(&mut self.inner, core => core.delete(hash, key, now_ms))
     }
 
@@ -531,7 +531,7 @@ impl Partition {
         expire_at_ms: u64,
         now_ms: u64,
     ) -> bool {
-        self.note(key);
+        self.note(hash, key);
         dispatch!(&mut self.inner, core => core.set_expiry(hash, key, expire_at_ms, now_ms))
     }
 

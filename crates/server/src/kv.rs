@@ -364,11 +364,11 @@ impl KvService {
         let Some(op) = ops.next() else {
             return false;
         };
-        let (misrouted, p) = self.run_alone(conn, &op, 0, rb, now_ms);
-        // A lone GET of a partition every follower is up to date with
-        // shows nothing a failover could take back: its reply need not
-        // wait for other partitions' writes to replicate.
-        if op.opcode == OpCode::Get as u8 && self.parts.settled(p) {
+        let (misrouted, p, hash) = self.run_alone(conn, &op, 0, rb, now_ms);
+        // A lone GET of a key whose every write (of its set of keys) every
+        // follower has applied shows nothing a failover could take back:
+        // its reply need not wait for other keys' writes to replicate.
+        if op.opcode == OpCode::Get as u8 && self.parts.key_settled(p, hash) {
             fabrickv_rpc::gate::reply_settled();
         }
         misrouted
@@ -376,7 +376,7 @@ impl KvService {
 
     /// Runs one operation alone under its partition's lock, `after`
     /// results still to come in the frame. Returns whether the partition
-    /// is another worker's, and the partition.
+    /// is another worker's, the partition, and the key's hash.
     #[inline(always)]
     fn run_alone(
         &mut self,
@@ -385,7 +385,7 @@ impl KvService {
         after: usize,
         rb: &mut ResponseBuilder<'_>,
         now_ms: u64,
-    ) -> (bool, usize) {
+    ) -> (bool, usize, KeyHash) {
         let hash = KeyHash::of(op.key);
         let p = self.parts.index_of(hash);
         let mut g = self.parts.lock(p);
@@ -404,7 +404,7 @@ impl KvService {
         let m = u64::from(misrouted);
         self.st.counters.misrouted += m;
         self.parts.count(p, &g, 1, m);
-        (misrouted, p)
+        (misrouted, p, hash)
     }
 
     /// A frame holding keys of hash slots this server does not serve: each
@@ -1052,12 +1052,13 @@ mod tests {
         assert_eq!(kv.st.counters.stale_map_writes, 1);
     }
 
-    /// On a server that replicates, a lone GET of a partition whose every
-    /// write every follower has applied tells the worker its reply need
-    /// not wait ([`fabrickv_rpc::gate::reply_settled`]); a GET of a
-    /// partition with a write in flight, and every write, does not.
+    /// On a server that replicates, a lone GET of a key with no write of
+    /// its set of keys in flight tells the worker its reply need not wait
+    /// ([`fabrickv_rpc::gate::reply_settled`]), even beside another key's
+    /// write in flight in its partition; a GET of the written key, and
+    /// every write, does not.
     #[test]
-    fn a_get_is_settled_only_while_its_partition_has_no_write_in_flight() {
+    fn a_get_is_settled_only_while_no_write_of_its_key_is_in_flight() {
         use fabrickv_rpc::gate::{request_begins, request_is_settled};
         let config = PartitionConfig {
             mode: EngineMode::Store,
@@ -1093,11 +1094,18 @@ mod tests {
         };
         assert!(settled(&mut kv, &a, false), "nothing written yet");
         assert!(!settled(&mut kv, &a, true), "a write is never settled");
-        assert!(
-            !settled(&mut kv, &a, false),
-            "its partition's write is in flight"
-        );
+        assert!(!settled(&mut kv, &a, false), "its write is in flight");
         assert!(settled(&mut kv, &b, false), "another partition");
+        // A key of the same partition whose set has no write in flight.
+        let neighbour = (0..)
+            .map(|n| format!("n{n}").into_bytes())
+            .find(|k| {
+                let h = KeyHash::of(k);
+                parts.index_of(h) == 0 && seqs[0].key_settled(h)
+            })
+            .expect("a key of another set");
+        assert!(!seqs[0].settled(), "the partition has a write in flight");
+        assert!(settled(&mut kv, &neighbour, false), "another set of keys");
         seqs[0].mark_replicated(seqs[0].get());
         assert!(settled(&mut kv, &a, false), "the write is replicated");
     }

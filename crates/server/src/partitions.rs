@@ -213,14 +213,14 @@ impl Partitions {
         let _ = self.journals.set(seqs);
     }
 
-    /// Whether every write partition `i` holds is applied by every
-    /// follower replies wait for (always, on a server that does not
-    /// replicate): a read of it made before this call shows nothing a
-    /// failover could take back, so its reply need not wait for the
-    /// replication of other partitions' writes.
+    /// Whether a read of the key hashed `hash` (in partition `i`) made
+    /// before this call may be answered without waiting for replication:
+    /// every write of its set of keys is applied by every follower
+    /// (`JournalSeq::key_settled`), however busy the rest of the
+    /// partition is; always, on a server that does not replicate.
     #[inline]
-    pub fn settled(&self, i: usize) -> bool {
-        self.journals.get().is_none_or(|j| j[i].settled())
+    pub fn key_settled(&self, i: usize, hash: KeyHash) -> bool {
+        self.journals.get().is_none_or(|j| j[i].key_settled(hash))
     }
 
     /// Whether a thread is blocked on partition `i`'s lock: a background

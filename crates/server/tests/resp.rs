@@ -375,9 +375,9 @@ fn ttl_expires_without_access(t: Transport) {
 
 /// On a server that replicates (its gate armed; a stand-in completes the
 /// rounds), a write's reply waits for its round and holds back only its
-/// own connection: another connection's GET of a partition with no write
-/// in flight is answered meanwhile, while a GET of the written partition
-/// waits as the write does, and both come once the round is done.
+/// own connection: another connection's GET of a key with no write in
+/// flight is answered meanwhile, while a GET of the written key waits as
+/// the write does, and both come once the round is done.
 fn a_write_held_for_its_round_holds_back_only_unsettled_replies(t: Transport) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;

@@ -37,12 +37,12 @@ impl Exec<'_> {
         let now = self.now_ms;
         let h = KeyHash::of(key);
         self.bulk_reply(h, key, now, out);
-        // Checked after the read: the partition's count of writes only
-        // grows, so settled now means settled for what was read. A GET
-        // inside EXEC is part of a reply that may hold writes.
+        // Checked after the read: write counts only grow, so settled now
+        // means settled for what was read. A GET inside EXEC is part of a
+        // reply that may hold writes.
         if !self.in_exec {
             let parts = &self.shared.parts;
-            self.read_settled = parts.settled(parts.index_of(h));
+            self.read_settled = parts.key_settled(parts.index_of(h), h);
         }
     }
 
