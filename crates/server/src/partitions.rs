@@ -213,6 +213,13 @@ impl Partitions {
         let _ = self.journals.set(seqs);
     }
 
+    /// Whether the partitions' writes are journaled for replication
+    /// (set once replication starts).
+    #[inline]
+    pub fn replicates(&self) -> bool {
+        self.journals.get().is_some()
+    }
+
     /// Whether a read of the key hashed `hash` (in partition `i`) made
     /// before this call may be answered without waiting for replication:
     /// every write of its set of keys is applied by every follower
