@@ -229,6 +229,11 @@ pub struct McConnState {
     /// Where keys of other servers' hash slots are sent, in an etcd
     /// cluster.
     forward: forward::Forwarder,
+    /// Whether a reply buffered since the output was last written whole
+    /// may show a write not yet replicated (anything but a `get`/`gets`
+    /// of keys this server holds whose writes are replicated): a
+    /// replicating server holds such replies for a round.
+    pub(crate) replies_unsettled: bool,
 }
 
 /// A retrieval line being answered (see the module header).
@@ -375,6 +380,7 @@ impl McConnState {
                         }
                         cmd => {
                             done.consumed += consumed;
+                            self.replies_unsettled = true;
                             match self.forwarded(sh, &cmd, &rest[..consumed], out) {
                                 Placed::Here => {}
                                 Placed::Sent => continue,
@@ -419,7 +425,8 @@ impl McConnState {
         out: &mut Vec<u8>,
         now: u64,
     ) -> usize {
-        if let Some(at) = text::retrieve(sh, &mut self.forward, keys, &mut g, out, now) {
+        let unsettled = &mut self.replies_unsettled;
+        if let Some(at) = text::retrieve(sh, &mut self.forward, keys, &mut g, out, now, unsettled) {
             self.get = Some(g);
             // `keys` lies within `rest`.
             return keys.as_ptr() as usize - rest.as_ptr() as usize + at;

@@ -54,6 +54,8 @@ pub(crate) trait McFront: Send + 'static {
     fn open(shared: &McShared) -> Self;
     /// The protocol state.
     fn state(&mut self) -> &mut McConnState;
+    /// The same, to read.
+    fn state_ref(&self) -> &McConnState;
 }
 
 impl McFront for McConnState {
@@ -65,6 +67,10 @@ impl McFront for McConnState {
     }
 
     fn state(&mut self) -> &mut McConnState {
+        self
+    }
+
+    fn state_ref(&self) -> &McConnState {
         self
     }
 }
@@ -88,6 +94,10 @@ impl McFront for McPeerConn {
 
     fn state(&mut self) -> &mut McConnState {
         &mut self.0
+    }
+
+    fn state_ref(&self) -> &McConnState {
+        &self.0
     }
 }
 
@@ -118,5 +128,14 @@ impl<C: McFront> Proto for C {
             .state()
             .process(shared, &io.input[io.start..io.end], &mut io.out, now_ms);
         io.took(p.consumed, p.need, p.close)
+    }
+
+    fn reset_out(&mut self) {
+        self.state().replies_unsettled = false;
+    }
+
+    /// `get`/`gets` of keys held here whose writes are replicated, alone.
+    fn replies_settled(&self) -> bool {
+        !self.state_ref().replies_unsettled
     }
 }

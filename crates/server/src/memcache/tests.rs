@@ -40,6 +40,60 @@ fn cas_of(gets: &str) -> u64 {
         .expect("n")
 }
 
+/// On a replicating server, a connection's buffered replies are settled
+/// (need not wait for a replication round) only while they answer
+/// `get`/`gets` of keys with no write in flight: a store, a `gat`, a get
+/// of a written key and any other command are not.
+#[test]
+fn only_gets_of_settled_keys_leave_replies_settled() {
+    let mut parts: Vec<Partition> = (0..2)
+        .map(|_| {
+            Partition::new(&PartitionConfig {
+                mode: fabrickv_engine::Mode::Store,
+                pool_bytes: 4 << 20,
+                index_buckets: None,
+                memory: Default::default(),
+            })
+            .expect("partition")
+        })
+        .collect();
+    let seqs: Box<[Arc<fabrickv_engine::JournalSeq>]> =
+        parts.iter_mut().map(|p| p.enable_journal()).collect();
+    let partitions = Arc::new(Partitions::new(parts));
+    partitions.set_journals(seqs.clone());
+    let key_in = |i: usize| {
+        (0..)
+            .map(|n| format!("k{n}"))
+            .find(|k| partitions.index_of(fabrickv_types::KeyHash::of(k.as_bytes())) == i)
+            .expect("a key")
+    };
+    let (a, b) = (key_in(0), key_in(1));
+    let sh = McShared::new(partitions.clone(), Mode::Store, 8 << 20, 1);
+    let mut s = McConnState::new();
+    let mut settled = |input: &str| {
+        s.replies_unsettled = false;
+        run(&sh, &mut s, input, 1);
+        !s.replies_unsettled
+    };
+    assert!(settled(&format!("get {a}\r\n")), "nothing written yet");
+    assert!(!settled(&format!("set {a} 0 0 1\r\nv\r\n")), "a store");
+    assert!(!settled(&format!("get {a}\r\n")), "its write is in flight");
+    assert!(settled(&format!("gets {b}\r\n")), "another partition");
+    assert!(
+        !settled(&format!("get {b} {a}\r\n")),
+        "one key with a write in flight"
+    );
+    assert!(!settled(&format!("gat 10 {b}\r\n")), "gat writes");
+    assert!(!settled("version\r\n"), "not a get");
+    for q in seqs.iter() {
+        q.mark_replicated(q.get());
+    }
+    assert!(
+        settled(&format!("get {a} {b}\r\n")),
+        "every write replicated"
+    );
+}
+
 #[test]
 fn storage_and_retrieval() {
     let sh = shared();

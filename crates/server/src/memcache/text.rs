@@ -163,8 +163,11 @@ pub(super) fn retrieve(
     g: &mut GetLine,
     out: &mut Vec<u8>,
     now: u64,
+    unsettled: &mut bool,
 ) -> Option<usize> {
     let c = &sh.counters;
+    // `gat` writes (each key's expiry).
+    *unsettled |= g.touch.is_some();
     for key in mc::keys(keys) {
         if out.len() >= MC_OUTPUT_SOFT_BYTES {
             // `key` lies within `keys`.
@@ -192,6 +195,7 @@ pub(super) fn retrieve(
         // Retrievals are not held to the connection's age (`OpenedAt`):
         // a late read harms no one, its client left.
         if forwarded == Placed::Sent {
+            *unsettled = true;
             continue;
         }
         c.cmd_get.fetch_add(1, Ordering::Relaxed);
@@ -211,6 +215,9 @@ pub(super) fn retrieve(
             out.extend_from_slice(v);
             out.extend_from_slice(b"\r\n");
         });
+        // Checked after the read: write counts only grow, so settled now
+        // means settled for what was read.
+        *unsettled |= !sh.parts.key_settled(sh.parts.index_of(k.hash), k.hash);
         if hit.is_some() {
             c.get_hits.fetch_add(1, Ordering::Relaxed);
             if let Some(exp) = g.touch {

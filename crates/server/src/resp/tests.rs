@@ -95,10 +95,10 @@ impl Conn {
 
 /// On a replicating server, a connection's buffered replies are settled
 /// (need not wait for a replication round) only while they are GETs of
-/// partitions with no write in flight: a write, a GET of a partition
-/// holding one, a GET inside EXEC and any other command are not.
+/// keys with no write in flight: a write, a GET of a written key, a GET
+/// inside EXEC and any other command are not.
 #[test]
-fn only_gets_of_settled_partitions_leave_replies_settled() {
+fn only_gets_of_settled_keys_leave_replies_settled() {
     let mut parts: Vec<Partition> = (0..2)
         .map(|_| {
             Partition::new(&PartitionConfig {
