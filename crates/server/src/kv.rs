@@ -1084,28 +1084,12 @@ mod tests {
     /// every write, does not.
     #[test]
     fn a_get_is_settled_only_while_no_write_of_its_key_is_in_flight() {
+        use crate::partitions::journaled;
         use fabrickv_rpc::gate::{request_begins, request_is_settled};
-        let config = PartitionConfig {
-            mode: EngineMode::Store,
-            pool_bytes: 4 << 20,
-            index_buckets: None,
-            memory: PoolOptions::default(),
-        };
-        let mut parts = (0..2)
-            .map(|_| Partition::new(&config).expect("partition"))
-            .collect::<Vec<_>>();
-        let seqs: Box<[Arc<fabrickv_engine::JournalSeq>]> =
-            parts.iter_mut().map(|p| p.enable_journal()).collect();
-        let parts = Arc::new(Partitions::new(parts));
-        parts.set_journals(seqs.clone());
+        let (parts, seqs) = journaled::two();
         let mut kv = KvService::new(0, 1, parts.clone(), Mode::Store);
-        let in_partition = |i: usize| {
-            (0..)
-                .map(|n| format!("k{n}").into_bytes())
-                .find(|k| parts.index_of(KeyHash::of(k)) == i)
-                .expect("a key")
-        };
-        let (a, b) = (in_partition(0), in_partition(1));
+        let a = journaled::key_in(&parts, 0, "k").into_bytes();
+        let b = journaled::key_in(&parts, 1, "k").into_bytes();
         let settled = |kv: &mut KvService, key: &[u8], write: bool| {
             request_begins();
             one(kv, 1, |r| {

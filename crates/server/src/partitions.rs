@@ -502,6 +502,43 @@ pub const STAT_NAMES: [(&str, &str); STATS_PARTITIONS_MAX] = [
 
 const _: () = assert!(2 * STATS_PARTITIONS_MAX + 64 <= fabrickv_types::limits::BATCH_OPS_MAX);
 
+/// Partitions as a replicating server has them, for the tests of the
+/// front ends' settled reads.
+#[cfg(test)]
+pub(crate) mod journaled {
+    use super::*;
+    use fabrickv_engine::{Mode, PartitionConfig};
+
+    /// Two store partitions of 4 MiB each, their writes journaled as on
+    /// a server that replicates; and their journal counts, which a test
+    /// marks replicated in place of a replicator.
+    pub(crate) fn two() -> (Arc<Partitions>, Box<[Arc<JournalSeq>]>) {
+        let mut parts: Vec<Partition> = (0..2)
+            .map(|_| {
+                Partition::new(&PartitionConfig {
+                    mode: Mode::Store,
+                    pool_bytes: 4 << 20,
+                    index_buckets: None,
+                    memory: Default::default(),
+                })
+                .expect("partition")
+            })
+            .collect();
+        let seqs: Box<[Arc<JournalSeq>]> = parts.iter_mut().map(|p| p.enable_journal()).collect();
+        let parts = Arc::new(Partitions::new(parts));
+        parts.set_journals(seqs.clone());
+        (parts, seqs)
+    }
+
+    /// The first key `{prefix}{n}` of partition `i`.
+    pub(crate) fn key_in(parts: &Partitions, i: usize, prefix: &str) -> String {
+        (0..)
+            .map(|n| format!("{prefix}{n}"))
+            .find(|k| parts.index_of(KeyHash::of(k.as_bytes())) == i)
+            .expect("a key")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,29 +46,11 @@ fn cas_of(gets: &str) -> u64 {
 /// of a written key and any other command are not.
 #[test]
 fn only_gets_of_settled_keys_leave_replies_settled() {
-    let mut parts: Vec<Partition> = (0..2)
-        .map(|_| {
-            Partition::new(&PartitionConfig {
-                mode: fabrickv_engine::Mode::Store,
-                pool_bytes: 4 << 20,
-                index_buckets: None,
-                memory: Default::default(),
-            })
-            .expect("partition")
-        })
-        .collect();
-    let seqs: Box<[Arc<fabrickv_engine::JournalSeq>]> =
-        parts.iter_mut().map(|p| p.enable_journal()).collect();
-    let partitions = Arc::new(Partitions::new(parts));
-    partitions.set_journals(seqs.clone());
-    let key_in = |i: usize| {
-        (0..)
-            .map(|n| format!("k{n}"))
-            .find(|k| partitions.index_of(fabrickv_types::KeyHash::of(k.as_bytes())) == i)
-            .expect("a key")
-    };
-    let (a, b) = (key_in(0), key_in(1));
-    let sh = McShared::new(partitions.clone(), Mode::Store, 8 << 20, 1);
+    use crate::partitions::journaled;
+    let (partitions, seqs) = journaled::two();
+    let a = journaled::key_in(&partitions, 0, "k");
+    let b = journaled::key_in(&partitions, 1, "k");
+    let sh = McShared::new(partitions, Mode::Store, 8 << 20, 1);
     let mut s = McConnState::new();
     let mut settled = |input: &str| {
         s.replies_unsettled = false;

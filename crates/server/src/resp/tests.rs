@@ -99,29 +99,11 @@ impl Conn {
 /// inside EXEC and any other command are not.
 #[test]
 fn only_gets_of_settled_keys_leave_replies_settled() {
-    let mut parts: Vec<Partition> = (0..2)
-        .map(|_| {
-            Partition::new(&PartitionConfig {
-                mode: EngineMode::Store,
-                pool_bytes: 8 << 20,
-                index_buckets: None,
-                memory: Default::default(),
-            })
-            .expect("partition")
-        })
-        .collect();
-    let seqs: Box<[Arc<fabrickv_engine::JournalSeq>]> =
-        parts.iter_mut().map(|p| p.enable_journal()).collect();
-    let partitions = Arc::new(Partitions::new(parts));
-    partitions.set_journals(seqs.clone());
-    let in_partition = |i: usize| {
-        (0..)
-            .map(|n| format!("k{n}"))
-            .find(|k| partitions.index_of(KeyHash::of(k.as_bytes())) == i)
-            .expect("a key")
-    };
-    let (a, b) = (in_partition(0), in_partition(1));
-    let shared = RespShared::new(partitions.clone(), None, Mode::Store, 16 << 20, 7380);
+    use crate::partitions::journaled;
+    let (partitions, seqs) = journaled::two();
+    let a = journaled::key_in(&partitions, 0, "k");
+    let b = journaled::key_in(&partitions, 1, "k");
+    let shared = RespShared::new(partitions, None, Mode::Store, 8 << 20, 7380);
     let mut c = Conn::with(shared);
     let settled = |c: &mut Conn, cmds: &[&[&str]]| {
         c.state.replies_unsettled = false;
