@@ -112,6 +112,10 @@ pub(crate) struct FabricPort {
     ready: Vec<usize>,
     /// Connections with output or credits to send.
     dirty: Vec<usize>,
+    /// How many of `dirty` the last flush kept back because the worker
+    /// holds their replies: they give [`WorkerPort::wait`] no reason to
+    /// return at once (only a flush that releases them does).
+    dirty_held: usize,
     /// Receive slots posted in the pool.
     slots: usize,
     /// Addresses of closed connections still in the address vector
@@ -155,6 +159,7 @@ impl FabricPort {
             free: Vec::new(),
             ready: Vec::new(),
             dirty: Vec::new(),
+            dirty_held: 0,
             slots: 0,
             unmapping: Vec::new(),
             open,
@@ -560,6 +565,7 @@ impl WorkerPort for FabricPort {
     fn flush_except(&mut self, held: &[ConnId]) -> Result<()> {
         let mut dirty = std::mem::take(&mut self.dirty);
         let mut keep = 0;
+        let mut kept_held = 0;
         for i in 0..dirty.len() {
             let s = dirty[i];
             let holds = !held.is_empty()
@@ -569,10 +575,12 @@ impl WorkerPort for FabricPort {
             if holds || self.send_conn(s)? {
                 dirty[keep] = s;
                 keep += 1;
+                kept_held += usize::from(holds);
             } else if let Some(c) = self.conns[s].as_mut() {
                 c.dirty = false;
             }
         }
+        self.dirty_held = kept_held;
         dirty.truncate(keep);
         dirty.append(&mut self.dirty);
         self.dirty = dirty;
@@ -586,7 +594,10 @@ impl WorkerPort for FabricPort {
         let spin_until = self.last_active + Duration::from_micros(IDLE_SPIN_US).min(timeout);
         loop {
             self.progress()?;
-            if !self.ready.is_empty() || !self.dirty.is_empty() {
+            // Held connections wait for a flush that releases them, not
+            // for send completions: a worker idle while it holds replies
+            // would otherwise spin here.
+            if !self.ready.is_empty() || self.dirty.len() > self.dirty_held {
                 return Ok(());
             }
             if Instant::now() >= spin_until {
