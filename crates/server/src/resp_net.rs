@@ -327,7 +327,7 @@ impl Proto for RespConn {
         self.state.replies_unsettled = false;
     }
 
-    /// GETs of partitions with no write in flight, alone.
+    /// GETs of keys with no write in flight, alone.
     fn replies_settled(&self) -> bool {
         !self.state.replies_unsettled
     }
