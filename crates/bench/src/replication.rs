@@ -616,18 +616,14 @@ pub fn run(o: &ReplOpts) -> Result<ReplReport, String> {
         (FKV_R2, two.resp_of(primary(&two)), false),
         (REDIS_WAIT, redis, true),
     ];
-    let mut sets = systems
-        .iter()
-        .map(|_| Tally::new())
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut gets = systems
-        .iter()
-        .map(|_| Tally::new())
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut mixed = systems
-        .iter()
-        .map(|_| Tally::new())
-        .collect::<Result<Vec<_>, _>>()?;
+    // One tally per system for each load.
+    let tallies = || {
+        systems
+            .iter()
+            .map(|_| Tally::new())
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let (mut sets, mut gets, mut mixed) = (tallies()?, tallies()?, tallies()?);
     for _ in 0..o.rounds.max(1) {
         for (i, (_, addr, wait)) in systems.iter().enumerate() {
             load(*addr, &keys, o, Mix::Sets, *wait, &mut sets[i])?;

@@ -355,21 +355,15 @@ impl KvService {
     /// replicates: a frame of GETs only, each of a key whose every write
     /// every follower has applied, shows nothing a failover could take
     /// back, and its reply need not wait for a round (as a lone GET's,
-    /// in `execute_one`). The hashes and partitions are the frame's, left
-    /// by `execute_groups`.
+    /// in `execute_one`). The hashes are the frame's, left by
+    /// `execute_groups`.
     #[inline]
     fn note_settled_gets(&self, mut ops: RequestIter<'_>) {
         if !self.parts.replicates() {
             return;
         }
         let gets = ops.all(|op| op.opcode == OpCode::Get as u8);
-        if gets
-            && self
-                .hashes
-                .iter()
-                .zip(&self.indexes)
-                .all(|(&h, &p)| self.parts.key_settled(p as usize, h))
-        {
+        if gets && self.hashes.iter().all(|&h| self.parts.key_settled(h)) {
             fabrickv_rpc::gate::reply_settled();
         }
     }
@@ -389,11 +383,11 @@ impl KvService {
         let Some(op) = ops.next() else {
             return false;
         };
-        let (misrouted, p, hash) = self.run_alone(conn, &op, 0, rb, now_ms);
+        let (misrouted, hash) = self.run_alone(conn, &op, 0, rb, now_ms);
         // A lone GET of a key whose every write (of its set of keys) every
         // follower has applied shows nothing a failover could take back:
         // its reply need not wait for other keys' writes to replicate.
-        if op.opcode == OpCode::Get as u8 && self.parts.key_settled(p, hash) {
+        if op.opcode == OpCode::Get as u8 && self.parts.key_settled(hash) {
             fabrickv_rpc::gate::reply_settled();
         }
         misrouted
@@ -401,7 +395,7 @@ impl KvService {
 
     /// Runs one operation alone under its partition's lock, `after`
     /// results still to come in the frame. Returns whether the partition
-    /// is another worker's, the partition, and the key's hash.
+    /// is another worker's, and the key's hash.
     #[inline(always)]
     fn run_alone(
         &mut self,
@@ -410,7 +404,7 @@ impl KvService {
         after: usize,
         rb: &mut ResponseBuilder<'_>,
         now_ms: u64,
-    ) -> (bool, usize, KeyHash) {
+    ) -> (bool, KeyHash) {
         let hash = KeyHash::of(op.key);
         let p = self.parts.index_of(hash);
         let mut g = self.parts.lock(p);
@@ -429,7 +423,7 @@ impl KvService {
         let m = u64::from(misrouted);
         self.st.counters.misrouted += m;
         self.parts.count(p, &g, 1, m);
-        (misrouted, p, hash)
+        (misrouted, hash)
     }
 
     /// A frame holding keys of hash slots this server does not serve: each

@@ -220,14 +220,16 @@ impl Partitions {
         self.journals.get().is_some()
     }
 
-    /// Whether a read of the key hashed `hash` (in partition `i`) made
-    /// before this call may be answered without waiting for replication:
-    /// every write of its set of keys is applied by every follower
+    /// Whether a read of the key hashed `hash` made before this call may
+    /// be answered without waiting for replication: every write of its
+    /// set of keys in its partition is applied by every follower
     /// (`JournalSeq::key_settled`), however busy the rest of the
     /// partition is; always, on a server that does not replicate.
     #[inline]
-    pub fn key_settled(&self, i: usize, hash: KeyHash) -> bool {
-        self.journals.get().is_none_or(|j| j[i].key_settled(hash))
+    pub fn key_settled(&self, hash: KeyHash) -> bool {
+        self.journals
+            .get()
+            .is_none_or(|j| j[self.index_of(hash)].key_settled(hash))
     }
 
     /// Whether a thread is blocked on partition `i`'s lock: a background

@@ -217,7 +217,7 @@ pub(super) fn retrieve(
         });
         // Checked after the read: write counts only grow, so settled now
         // means settled for what was read.
-        *unsettled |= !sh.parts.key_settled(sh.parts.index_of(k.hash), k.hash);
+        *unsettled |= !sh.parts.key_settled(k.hash);
         if hit.is_some() {
             c.get_hits.fetch_add(1, Ordering::Relaxed);
             if let Some(exp) = g.touch {

@@ -47,7 +47,7 @@ pub(super) struct Exec<'a> {
     /// The large values the replies written so far refer to.
     pub(super) large_out: LargeReplies,
     /// Set by the running command when its reply shows only what every
-    /// follower already has (a GET of a partition with no write in
+    /// follower already has (a GET of a key with no write of its set in
     /// flight), so that it need not wait for a replication round. Reset
     /// before each command: anything else may show an unreplicated write.
     pub(super) read_settled: bool,

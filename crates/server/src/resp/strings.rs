@@ -41,8 +41,7 @@ impl Exec<'_> {
         // means settled for what was read. A GET inside EXEC is part of a
         // reply that may hold writes.
         if !self.in_exec {
-            let parts = &self.shared.parts;
-            self.read_settled = parts.key_settled(parts.index_of(h), h);
+            self.read_settled = self.shared.parts.key_settled(h);
         }
     }
 
