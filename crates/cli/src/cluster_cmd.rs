@@ -420,9 +420,9 @@ pub fn run(cmd: ClusterCommand) -> Result<std::process::ExitCode, String> {
     }
 }
 
-/// Runs a controller candidate until SIGINT or SIGTERM, or until it
-/// loses its leadership (exit 1: a standby leads, or this one should be
-/// restarted).
+/// Runs a controller candidate until SIGINT or SIGTERM (one that loses
+/// its leadership campaigns again); exits 1 if etcd cannot be reached at
+/// the start.
 fn controller(url: &str, cluster: &str, listen: &str) -> Result<std::process::ExitCode, String> {
     let secret = fabrickv_auth::client_secret().map_err(|e| e.to_string())?;
     let registry = EtcdRegistry::connect(url, cluster)

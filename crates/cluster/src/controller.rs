@@ -2,7 +2,8 @@
 //! (`fabrickv cluster controller`).
 //!
 //! Candidates campaign in an etcd election (so several may run, and one
-//! leads; a standby takes over when the leader's etcd lease lapses). The
+//! leads; a standby takes over when the leader's etcd lease lapses, and a
+//! leader that finds its lease lapsed stops acting and campaigns again). The
 //! leader takes every server's heartbeats ([`crate::heartbeat`]) and
 //! changes the slot map, always by compare-and-swap on its revision:
 //! - a server run it hears from for the first time is *stamped*: its
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use fabrickv_auth::Secret;
 
-use crate::etcd::{ClusterView, EtcdRegistry};
+use crate::etcd::{ClusterView, EtcdRegistry, Leadership};
 use crate::heartbeat::{Beat, BeatKind, DEAD_AFTER_MS, HEARTBEAT_BYTES};
 use crate::slots::SlotMap;
 use crate::RegistryError;
@@ -49,6 +50,10 @@ pub const CONTROLLER_STALL_MS: u64 = 100;
 /// leading two groups for good, while waiting costs its slots at most
 /// this long if it never comes.
 pub const UNSTAMPED_GRACE_MS: u64 = 10_000;
+
+/// How long a controller that lost its lease waits between failed
+/// campaigns, in milliseconds.
+pub const CONTROLLER_RECAMPAIGN_MS: u64 = 200;
 
 /// Longest wait for the watch to show a change the controller made
 /// before it makes another, in milliseconds.
@@ -205,8 +210,12 @@ impl Decider {
 }
 
 /// Runs a controller candidate for `registry`'s cluster, taking
-/// heartbeats on UDP `listen`, until `stop` is set or its leadership is
-/// lost (an error then: the caller exits, and a standby leads).
+/// heartbeats on UDP `listen`, until `stop` is set. A leader that loses
+/// its etcd lease (its process or etcd starved for a lease's time on a
+/// busy machine) stops acting at once, since a standby may lead now, and
+/// campaigns again: a cluster whose only controller exited would never
+/// fail over again. Only the first campaign's error is returned (etcd
+/// unreachable at start); later ones are retried.
 pub fn run(
     registry: &EtcdRegistry,
     secret: Option<&Secret>,
@@ -223,13 +232,46 @@ pub fn run(
         .to_string();
     let cluster = registry.cluster().to_string();
     eprintln!("fabrickv: controller of cluster {cluster}: campaigning (heartbeats on udp {addr})");
-    let leadership = registry.campaign(&addr)?;
-    eprintln!("fabrickv: controller of cluster {cluster}: elected (Ctrl-C to stop)");
+    let mut leadership = registry.campaign(&addr)?;
+    crate::heartbeat::raise_priority();
+    loop {
+        eprintln!("fabrickv: controller of cluster {cluster}: elected (Ctrl-C to stop)");
+        lead(registry, secret, &sock, &leadership, stop);
+        drop(leadership);
+        if stop.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        eprintln!(
+            "fabrickv: controller of cluster {cluster}: lost its etcd lease \
+             (another candidate may lead); campaigning again"
+        );
+        leadership = loop {
+            match registry.campaign(&addr) {
+                Ok(l) => break l,
+                Err(e) if !stop.load(Ordering::Acquire) => {
+                    tracing::warn!("controller: cannot campaign: {e}");
+                    std::thread::sleep(Duration::from_millis(CONTROLLER_RECAMPAIGN_MS));
+                }
+                Err(_) => return Ok(()),
+            }
+        };
+    }
+}
+
+/// Leads while `leadership` holds and `stop` is not set: takes beats on
+/// `sock`, answers them, and commits the changes the map needs.
+fn lead(
+    registry: &EtcdRegistry,
+    secret: Option<&Secret>,
+    sock: &UdpSocket,
+    leadership: &Leadership,
+    stop: &AtomicBool,
+) {
+    let cluster = registry.cluster();
     let (tx, rx) = mpsc::channel::<ClusterView>();
     let _watch = registry.watch(move |v| {
         let _ = tx.send(v);
     });
-    crate::heartbeat::raise_priority();
     let mut decider = Decider::new(Instant::now());
     let mut view: Option<ClusterView> = None;
     // The epoch of the last change made, until the watch shows it.
@@ -238,9 +280,7 @@ pub fn run(
     let mut buf = [0u8; HEARTBEAT_BYTES + 1];
     while !stop.load(Ordering::Acquire) {
         if leadership.lost() {
-            return Err(RegistryError::Invalid(
-                "controller: lost its etcd lease; another candidate may lead".into(),
-            ));
+            return;
         }
         while let Ok(v) = rx.try_recv() {
             view = Some(v);
@@ -248,7 +288,7 @@ pub fn run(
         let map = view.as_ref().and_then(|v| v.map.as_ref());
         match sock.recv_from(&mut buf) {
             Ok((n, from)) => {
-                if let Some(b) = Beat::decode(&buf[..n], secret, &cluster) {
+                if let Some(b) = Beat::decode(&buf[..n], secret, cluster) {
                     if b.kind == BeatKind::Beat {
                         let grant = decider.on_beat(&b, map.map(|(m, _)| m), Instant::now());
                         let answer = Beat {
@@ -260,7 +300,7 @@ pub fn run(
                             epoch: map.map_or(0, |(m, _)| m.epoch),
                             ..b
                         };
-                        let _ = sock.send_to(&answer.encode(secret, &cluster), from);
+                        let _ = sock.send_to(&answer.encode(secret, cluster), from);
                     }
                 }
             }
@@ -316,7 +356,6 @@ pub fn run(
             Err(e) => tracing::warn!("controller: cannot change the slot map: {e}"),
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -175,3 +175,81 @@ fn with_a_secret_an_entry_written_without_it_is_ignored() {
     assert_eq!(other.server(1).expect("read"), None, "nor read alone");
     assert_eq!(other.server(2).expect("read"), None, "never registered");
 }
+
+/// The etcd lease behind each controller candidate's election key of
+/// cluster `cluster`, read with a plain etcd client.
+fn candidate_leases(rt: &tokio::runtime::Runtime, etcd: &LocalEtcd, cluster: &str) -> Vec<i64> {
+    let endpoint = etcd.url().trim_start_matches("etcd://").to_string();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect([endpoint], None)
+            .await
+            .expect("etcd client");
+        let prefix = format!("/fabrickv/{cluster}/controller/");
+        let got = c
+            .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+            .await
+            .expect("read the election");
+        got.kvs().iter().map(|kv| kv.lease()).collect()
+    })
+}
+
+#[test]
+fn a_controller_whose_lease_is_lost_campaigns_again() {
+    let etcd = LocalEtcd::start().expect("etcd starts");
+    let reg = registry(&etcd, "lease");
+    reg.create_map(&SlotMap::initial(3, 2).expect("map"))
+        .expect("map");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let controller = {
+        let (reg, stop) = (reg.clone(), stop.clone());
+        std::thread::spawn(move || {
+            fabrickv_cluster::controller::run(&reg, None, "127.0.0.1:0", &stop)
+        })
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let deadline = Instant::now() + WAIT;
+    let first = loop {
+        if let [lease] = candidate_leases(&rt, &etcd, "lease")[..] {
+            break lease;
+        }
+        assert!(Instant::now() < deadline, "the controller never campaigned");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(reg.view().expect("view").controller.is_some());
+
+    // What a leader starved for a lease's time finds: its lease is gone
+    // (here revoked), and with it its election key.
+    rt.block_on(async {
+        let endpoint = etcd.url().trim_start_matches("etcd://").to_string();
+        let mut c = etcd_client::Client::connect([endpoint], None)
+            .await
+            .expect("etcd client");
+        c.lease_revoke(first).await.expect("revoke");
+    });
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let leases = candidate_leases(&rt, &etcd, "lease");
+        if leases.len() == 1 && leases[0] != first {
+            break;
+        }
+        assert!(
+            !controller.is_finished(),
+            "the controller exited: {:?}",
+            controller.join()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the controller never campaigned again"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(reg.view().expect("view").controller.is_some());
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    controller
+        .join()
+        .expect("no panic")
+        .expect("a stopped controller returns Ok");
+}

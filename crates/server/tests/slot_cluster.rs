@@ -116,7 +116,7 @@ fn a_cluster_client_routes_by_the_slot_map(t: Transport) {
     let mut next = old.clone();
     next.epoch = 2;
     next.groups[2].primary = 0;
-    assert!(reg.swap_map(rev, &next).expect("swap"));
+    assert!(common::etcd::swap_map(&reg, rev, &next));
     wait_for("every server follows epoch 2", FOLLOW_WITHIN, || {
         ms.iter().all(|m| epoch_of(m) == 2)
     });
@@ -191,7 +191,7 @@ fn a_write_stamped_before_its_primarys_takeover_lands_once_the_client_follows(t:
             wait_for("server 0 refuses the stale write", FOLLOW_WITHIN, || {
                 stale(&ms[0]) >= 1
             });
-            assert!(reg.swap_map(rev, &next).expect("swap"));
+            assert!(common::etcd::swap_map(&reg, rev, &next));
         });
         c.put(&k, b"landed")
             .expect("the write lands once the client follows epoch 2");
