@@ -179,11 +179,19 @@ impl Exec<'_> {
     }
 
     /// MGET with every key's partition locked together, so that it never
-    /// sees half of a write over several partitions (MSET, EXEC).
+    /// sees half of a write over several partitions (MSET, EXEC). Its
+    /// reply is settled, as a GET's, when every key's writes are
+    /// replicated, checked after the reads.
     pub(super) fn mget(&mut self, a: Args<'_>, out: &mut Reply<'_>) {
         self.lock_keys((1..a.len()).map(|i| a.get(i)));
         self.mget_locked(a, out);
         self.unlock_many();
+        if !self.in_exec {
+            let parts = &self.shared.parts;
+            // A server that does not replicate hashes no key again.
+            self.read_settled = !parts.replicates()
+                || (1..a.len()).all(|i| parts.key_settled(KeyHash::of(a.get(i))));
+        }
     }
 
     fn mget_locked(&mut self, a: Args<'_>, out: &mut Reply<'_>) {

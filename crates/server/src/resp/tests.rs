@@ -94,9 +94,9 @@ impl Conn {
 }
 
 /// On a replicating server, a connection's buffered replies are settled
-/// (need not wait for a replication round) only while they are GETs of
-/// keys with no write in flight: a write, a GET of a written key, a GET
-/// inside EXEC and any other command are not.
+/// (need not wait for a replication round) only while they are GETs and
+/// MGETs of keys with no write in flight: a write, a read of a written
+/// key, a read inside EXEC and any other command are not.
 #[test]
 fn only_gets_of_settled_keys_leave_replies_settled() {
     use crate::partitions::journaled;
@@ -121,8 +121,24 @@ fn only_gets_of_settled_keys_leave_replies_settled() {
         "one unsettled GET among settled ones"
     );
     assert!(!settled(&mut c, &[&["PING"]]), "not a GET");
+    assert!(
+        settled(&mut c, &[&["MGET", &b, &b]]),
+        "an MGET of quiet keys"
+    );
+    assert!(
+        !settled(&mut c, &[&["MGET", &b, &a]]),
+        "an MGET with one key written"
+    );
     seqs[0].mark_replicated(seqs[0].get());
     assert!(settled(&mut c, &[&["GET", &a]]), "its write replicated");
+    assert!(
+        settled(&mut c, &[&["MGET", &a, &b]]),
+        "every key replicated"
+    );
+    assert!(
+        !settled(&mut c, &[&["MULTI"], &["MGET", &a, &b], &["EXEC"]]),
+        "an MGET in a transaction"
+    );
     assert!(
         !settled(&mut c, &[&["MULTI"], &["GET", &a], &["EXEC"]]),
         "a transaction"
