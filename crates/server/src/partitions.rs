@@ -110,7 +110,7 @@ pub struct Partitions {
     /// `crate::kv::KV_LARGE_RECEIVING_BYTES_MAX`.
     pub kv_large_receiving: AtomicUsize,
     /// Each partition's replication journal counts, on a server that
-    /// replicates ([`Partitions::settled`]).
+    /// replicates ([`Partitions::key_settled`]).
     journals: OnceLock<Box<[Arc<JournalSeq>]>>,
 }
 

@@ -255,6 +255,11 @@ impl PsService {
                 w.finish(out);
             }
         }
+        // Checked after the reads: write counts only grow, so settled now
+        // means settled for what was read.
+        if store.rows_settled(self.keys.iter().map(|&(_, h)| h), &self.shard_of) {
+            fabrickv_rpc::gate::reply_settled();
+        }
         let c = &store.counters;
         c.pulls.fetch_add(1, Ordering::Relaxed);
         c.pull_keys.fetch_add(n as u64, Ordering::Relaxed);

@@ -28,7 +28,7 @@ use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
 
 use fabrickv_cluster::slots::{slot_of_u64, SLOTS};
 use fabrickv_engine::{JournalSeq, Partition, PutCond, ScanBudget};
-use fabrickv_types::ErrorCode;
+use fabrickv_types::{ErrorCode, KeyHash};
 use fabrickv_wire::ps::{PushId, TableSpec};
 
 use super::push::put_result;
@@ -98,13 +98,43 @@ pub(super) enum Seen {
 }
 
 impl PsStore {
-    /// The shards' journal counts, once the pool exists and keeps journals.
+    /// The shards' journal counts, once the pool exists and keeps journals
+    /// (kept, so that pulls can read them too).
     pub fn journal_seqs(&self) -> Option<Vec<Arc<JournalSeq>>> {
         if !self.journaled() {
             return None;
         }
         let shards = self.shards()?;
-        Some(shards.iter().map(|s| write(s).enable_journal()).collect())
+        let seqs = self.replica().seqs.get_or_init(|| {
+            shards
+                .iter()
+                .map(|s| write(s).enable_journal())
+                .collect::<Vec<_>>()
+                .into_boxed_slice()
+        });
+        Some(seqs.to_vec())
+    }
+
+    /// Whether a pull of rows hashed `hashes` (in shards `shard_of`), read
+    /// before this call, may be answered without waiting for replication:
+    /// every write of each row's set of keys in its shard is applied by
+    /// every follower (`JournalSeq::key_settled`); always, where the pool
+    /// keeps no journals. Not before the replicator has taken the shards'
+    /// counts: until then, nothing says what the followers have.
+    pub(super) fn rows_settled(
+        &self,
+        hashes: impl Iterator<Item = KeyHash>,
+        shard_of: &[u32],
+    ) -> bool {
+        if !self.journaled() {
+            return true;
+        }
+        let Some(seqs) = self.replica().seqs.get() else {
+            return false;
+        };
+        hashes
+            .zip(shard_of)
+            .all(|(h, &s)| seqs.get(s as usize).is_some_and(|q| q.key_settled(h)))
     }
 
     /// The barrier, exclusively: a round holds it while it drains the

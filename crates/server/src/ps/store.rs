@@ -72,6 +72,10 @@ pub(super) struct ReplicaState {
     /// Held shared by a push with a request id while replication is on,
     /// exclusively by a round draining the shards' journals.
     pub(super) barrier: RwLock<()>,
+    /// The shards' journal counts, once the replicator took them
+    /// ([`PsStore::journal_seqs`]): what a pull reads to tell whether its
+    /// rows are settled.
+    pub(super) seqs: OnceLock<Box<[Arc<fabrickv_engine::JournalSeq>]>>,
 }
 
 /// The embedding tables and their pool, shared by every worker.

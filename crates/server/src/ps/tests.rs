@@ -104,6 +104,44 @@ fn put_then_pull_returns_vectors_in_request_order_with_found_bits() {
     assert_eq!(found, vec![true, false, true]);
 }
 
+/// On a server that replicates, a pull's reply need not wait for a round
+/// ([`fabrickv_rpc::gate::reply_settled`]) only while no row it read has
+/// a write of its set of keys in flight, and never before the replicator
+/// took the shards' counts (nothing says then what followers have).
+#[test]
+fn a_pull_is_settled_only_while_no_push_of_its_rows_is_in_flight() {
+    use fabrickv_rpc::gate::{request_begins, request_is_settled};
+    let st = store();
+    let mut s = PsService::new(0, st.clone());
+    let t = create(&mut s, &TableSpec::new("emb", 4));
+    st.enable_journals();
+    let settled = |s: &mut PsService, keys: &[u64]| {
+        request_begins();
+        pull(s, t.id, 4, keys);
+        request_is_settled()
+    };
+    assert!(!settled(&mut s, &[1]), "the counts are not taken yet");
+    let seqs = st.journal_seqs().expect("the pool keeps journals");
+    assert!(settled(&mut s, &[1]), "nothing written");
+    assert_eq!(
+        push(&mut s, t.id, PushMode::Overwrite, &[1], &vec_of(4, 1.0)),
+        (ErrorCode::Ok, 1)
+    );
+    assert!(!settled(&mut s, &[1]), "its push is in flight");
+    let quiet = (2u64..)
+        .find(|&k| {
+            let h = item_hash(t.id, k);
+            seqs[h.partition(seqs.len() as u32) as usize].key_settled(h)
+        })
+        .expect("a row of another set");
+    assert!(settled(&mut s, &[quiet]), "a row of another set");
+    assert!(!settled(&mut s, &[quiet, 1]), "one row's push in flight");
+    for q in &seqs {
+        q.mark_replicated(q.get());
+    }
+    assert!(settled(&mut s, &[quiet, 1]), "the push is replicated");
+}
+
 #[test]
 fn missing_keys_can_return_the_initializer() {
     let mut s = PsService::new(0, store());

@@ -679,8 +679,8 @@ impl Replicator {
 
     /// Journal `i`'s counts: the kv partitions', then the pool's shards'.
     /// Its replicated count is the one every follower has applied, kept
-    /// there so that a worker can tell a read of a settled partition
-    /// ([`Partitions::settled`]).
+    /// there so that a worker can tell a read of a settled key
+    /// ([`Partitions::key_settled`]).
     #[inline]
     fn journal(&self, i: usize) -> &JournalSeq {
         match self.seqs.get(i) {
