@@ -15,8 +15,9 @@
 //!   and, for reference, the same Redis pair without `WAIT` (Redis's
 //!   default, asynchronous replication: a failover may lose what was
 //!   acknowledged), which bounds what any synchronous copy can reach on
-//!   the same client and loopback. Configurations alternate over `rounds`, and each one's latencies
-//!   and rates are summed over its rounds.
+//!   the same client and loopback. Configurations alternate over
+//!   `rounds`, and each one's latencies and rates are summed over its
+//!   rounds.
 //! - **Failover.** In the two-copy cluster, the primary of slot 0's group
 //!   is killed with SIGKILL and a client writes a key of that slot to
 //!   whichever server will take it (following `-MOVED`), timing from the

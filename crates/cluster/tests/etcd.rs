@@ -176,14 +176,19 @@ fn with_a_secret_an_entry_written_without_it_is_ignored() {
     assert_eq!(other.server(2).expect("read"), None, "never registered");
 }
 
+/// A plain etcd client of `etcd`, outside the registry.
+async fn plain_client(etcd: &LocalEtcd) -> etcd_client::Client {
+    let endpoint = etcd.url().trim_start_matches("etcd://").to_string();
+    etcd_client::Client::connect([endpoint], None)
+        .await
+        .expect("etcd client")
+}
+
 /// The etcd lease behind each controller candidate's election key of
 /// cluster `cluster`, read with a plain etcd client.
 fn candidate_leases(rt: &tokio::runtime::Runtime, etcd: &LocalEtcd, cluster: &str) -> Vec<i64> {
-    let endpoint = etcd.url().trim_start_matches("etcd://").to_string();
     rt.block_on(async {
-        let mut c = etcd_client::Client::connect([endpoint], None)
-            .await
-            .expect("etcd client");
+        let mut c = plain_client(etcd).await;
         let prefix = format!("/fabrickv/{cluster}/controller/");
         let got = c
             .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
@@ -223,10 +228,7 @@ fn a_controller_whose_lease_is_lost_campaigns_again() {
     // What a leader starved for a lease's time finds: its lease is gone
     // (here revoked), and with it its election key.
     rt.block_on(async {
-        let endpoint = etcd.url().trim_start_matches("etcd://").to_string();
-        let mut c = etcd_client::Client::connect([endpoint], None)
-            .await
-            .expect("etcd client");
+        let mut c = plain_client(&etcd).await;
         c.lease_revoke(first).await.expect("revoke");
     });
     let deadline = Instant::now() + WAIT;
