@@ -27,8 +27,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
 };
 use fabrickv_auth::Secret;
 use tokio::runtime::Runtime;
@@ -43,6 +43,11 @@ pub const LEASE_TTL_S: i64 = 5;
 
 /// Timeout of one etcd request, in milliseconds.
 pub const ETCD_IO_TIMEOUT_MS: u64 = 2_000;
+
+/// Attempts [`EtcdRegistry::swap_map`] makes at a change whose answers
+/// are lost, each a transaction and, after a lost answer, a read of
+/// whether it committed.
+pub const SWAP_MAP_TRIES: u32 = 3;
 
 /// Longest wait before a broken watch is opened again, in milliseconds.
 /// Retries start at 10 ms and double.
@@ -435,19 +440,103 @@ impl EtcdRegistry {
 
     /// Replaces the map if it is still at `mod_revision` `expected`, in
     /// one transaction; `Ok(false)` when another change won.
+    ///
+    /// A transaction whose answer is lost (a timeout with etcd or this
+    /// process starved on a busy machine, a connection cut) may have
+    /// committed or not; a caller told only the error would report a
+    /// failure that did happen, and one trying again would be told that
+    /// its own write "won" against it. So the outcome is found out, and a
+    /// call made again with the same arguments answers as the first would
+    /// have: a map still at `expected` was not replaced, and the
+    /// transaction is sent again (it compares the revision, so it cannot
+    /// apply twice); a map replaced since `expected` was replaced by the
+    /// first write after it, which a watch from the next revision replays,
+    /// and it was this change if it holds these bytes. After
+    /// [`SWAP_MAP_TRIES`] attempts without an answer the error says the
+    /// outcome is unknown.
     pub fn swap_map(&self, expected: i64, map: &SlotMap) -> Result<bool, RegistryError> {
         map.validate().map_err(RegistryError::Invalid)?;
         let key = self.map_key();
         let sealed = crate::mac::seal(self.secret.as_ref(), &key, &map.to_json());
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                expected,
-            )])
-            .and_then([TxnOp::put(key, sealed, None)]);
+        let mut last = None;
+        for _ in 0..SWAP_MAP_TRIES {
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    expected,
+                )])
+                .and_then([TxnOp::put(key.clone(), sealed.clone(), None)]);
+            let mut c = self.client.clone();
+            match self.call("change the slot map", c.txn(txn)) {
+                Ok(r) if r.succeeded() => return Ok(true),
+                // The compare failed, on another change or on this one
+                // made by an attempt whose answer was lost.
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!("{e}; reading the map to learn whether it changed");
+                    last = Some(e);
+                }
+            }
+            match self.rt.block_on(self.swap_outcome(&key, expected, &sealed)) {
+                Ok(Some(won)) => return Ok(won),
+                Ok(None) => {}
+                Err(e) => last = Some(e),
+            }
+        }
+        let why = last.map_or_else(String::new, |e| format!(": {e}"));
+        Err(RegistryError::Timeout(format!(
+            "etcd {}: whether the slot map changed is unknown after {SWAP_MAP_TRIES} attempts{why}",
+            self.url
+        )))
+    }
+
+    /// Whether the write that replaced the map at `mod_revision`
+    /// `expected` stored `sealed`; `None` while the map is still at
+    /// `expected`. Every change of the map compares the revision it read,
+    /// so the first write after `expected` is the one change that won
+    /// against it.
+    async fn swap_outcome(
+        &self,
+        key: &str,
+        expected: i64,
+        sealed: &str,
+    ) -> Result<Option<bool>, RegistryError> {
         let mut c = self.client.clone();
-        Ok(self.call("change the slot map", c.txn(txn))?.succeeded())
+        let now = self.timed("read the slot map", c.get(key, None)).await?;
+        if now.kvs().first().map_or(0, |kv| kv.mod_revision()) == expected {
+            return Ok(None);
+        }
+        let opts = WatchOptions::new().with_start_revision(expected + 1);
+        let mut stream = self
+            .timed("replay the slot map's changes", c.watch(key, Some(opts)))
+            .await?;
+        let io = Duration::from_millis(ETCD_IO_TIMEOUT_MS);
+        let lost = |why: &str| {
+            RegistryError::Timeout(format!(
+                "etcd {}: cannot tell whether the slot map change committed: {why}",
+                self.url
+            ))
+        };
+        loop {
+            let r = match tokio::time::timeout(io, stream.message()).await {
+                Err(_) => return Err(lost("no change replayed")),
+                Ok(Err(e)) => return Err(etcd_err(&self.url, e)),
+                Ok(Ok(None)) => return Err(lost("the watch ended")),
+                Ok(Ok(Some(r))) => r,
+            };
+            if r.compact_revision() > 0 {
+                return Err(lost("etcd compacted that revision away"));
+            }
+            if r.canceled() {
+                return Err(lost("the watch was cancelled"));
+            }
+            if let Some(first) = r.events().first() {
+                let won = first.event_type() == EventType::Put
+                    && first.kv().is_some_and(|kv| kv.value() == sealed.as_bytes());
+                return Ok(Some(won));
+            }
+        }
     }
 
     /// Publishes `desc` under a lease of [`LEASE_TTL_S`] and keeps it

@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use fabrickv_auth::Secret;
-use fabrickv_cluster::etcd::{ClusterView, EtcdRegistry, WatchHandle};
+use fabrickv_cluster::etcd::{ClusterView, EtcdRegistry, WatchHandle, ETCD_IO_TIMEOUT_MS};
 use fabrickv_cluster::local::LocalEtcd;
 use fabrickv_cluster::slots::SlotMap;
 use fabrickv_cluster::ServerDesc;
@@ -97,6 +97,63 @@ fn the_map_is_created_once_and_changed_only_by_compare_and_swap() {
     assert_eq!(now, next);
     // Another cluster on the same etcd is separate.
     assert!(registry(&etcd, "c2").view().expect("view").map.is_none());
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill -{signal} {pid}");
+}
+
+/// A change whose answer is lost (etcd stopped past the request timeout,
+/// as a starved etcd is) is reported as it came out, not as a timeout;
+/// the same call made again answers the same; and a change that lost,
+/// answered late, is told it lost.
+#[test]
+fn a_map_change_answered_late_reports_whether_it_committed() {
+    let etcd = LocalEtcd::start().expect("etcd");
+    let reg = registry(&etcd, "late");
+    let (first, rev) = reg
+        .create_map(&SlotMap::initial(3, 1).expect("map"))
+        .expect("create");
+    let mut next = first.clone();
+    next.epoch += 1;
+    next.groups[0].primary = 1;
+    let mut other = first.clone();
+    other.epoch += 1;
+    // Stopped for longer than one request may take: the swap's first
+    // answer is lost whatever the machine's load.
+    let stopped = Duration::from_millis(ETCD_IO_TIMEOUT_MS + 500);
+    let late = |map: &SlotMap| {
+        let pid = etcd.pid();
+        signal(pid, "STOP");
+        let resume = std::thread::spawn(move || {
+            std::thread::sleep(stopped);
+            signal(pid, "CONT");
+        });
+        let began = Instant::now();
+        let swapped = reg.swap_map(rev, map);
+        resume.join().expect("resume etcd");
+        assert!(
+            began.elapsed() >= Duration::from_millis(ETCD_IO_TIMEOUT_MS),
+            "the answer came while etcd was stopped"
+        );
+        swapped.expect("the outcome is found out")
+    };
+    assert!(late(&next), "the late change committed");
+    assert_eq!(reg.view().expect("view").map.expect("a map").0, next);
+    assert!(
+        reg.swap_map(rev, &next).expect("swap again"),
+        "the same call again is told it committed"
+    );
+    assert!(!late(&other), "a late change against the old map lost");
+    assert!(!reg.swap_map(rev, &other).expect("swap again"));
+    assert_eq!(reg.view().expect("view").map.expect("a map").0, next);
 }
 
 #[test]
