@@ -9,7 +9,7 @@ use std::time::Duration;
 use fabrickv_cluster::etcd::{EtcdRegistration, EtcdRegistry, WatchHandle};
 use fabrickv_cluster::local::LocalEtcd;
 use fabrickv_cluster::slots::SlotMap;
-use fabrickv_cluster::ServerDesc;
+use fabrickv_cluster::{RegistryError, ServerDesc};
 use fabrickv_server::replication::{self, Replication, ReplicationParts};
 use fabrickv_server::Mode;
 
@@ -155,7 +155,9 @@ pub fn swap_map(reg: &EtcdRegistry, rev: i64, next: &SlotMap) -> bool {
     loop {
         match reg.swap_map(rev, next) {
             Ok(swapped) => return swapped,
-            Err(e) if std::time::Instant::now() < deadline => eprintln!("test: {e}; again"),
+            Err(RegistryError::Timeout(why)) if std::time::Instant::now() < deadline => {
+                eprintln!("test: {why}; again");
+            }
             Err(e) => panic!("swap the map: {e}"),
         }
     }
