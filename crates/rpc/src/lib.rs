@@ -27,6 +27,7 @@
 pub mod echo;
 pub mod gate;
 pub mod placement;
+pub mod quiesce;
 pub mod serve;
 pub mod service;
 pub mod session;

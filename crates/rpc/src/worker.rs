@@ -173,6 +173,9 @@ pub struct Worker {
     /// The flag the gate sets while this worker holds replies, so that a
     /// completed round wakes it ([`crate::gate::FlushGate::add_waiter`]).
     holding: Option<std::sync::Arc<AtomicBool>>,
+    /// This worker's place among the threads a hand-over waits out
+    /// ([`crate::quiesce`]), if the server moves slots.
+    participant: Option<crate::quiesce::Participant>,
 }
 
 impl Worker {
@@ -190,12 +193,20 @@ impl Worker {
             held_ids: Vec::new(),
             jobs_replied: false,
             holding: None,
+            participant: None,
         }
     }
 
     /// Makes every flush of this worker's replies pass `gate` first.
     pub fn with_gate(mut self, gate: std::sync::Arc<crate::gate::FlushGate>) -> Worker {
         self.gate = Some(gate);
+        self
+    }
+
+    /// Makes this worker say when it is between bursts, so that a change
+    /// of what it serves can wait out the commands that began before it.
+    pub fn with_quiescence(mut self, q: &crate::quiesce::Quiescence) -> Worker {
+        self.participant = Some(q.participant());
         self
     }
 
@@ -514,7 +525,16 @@ pub fn run_with(
     });
     let mut idle_since: Option<Instant> = None;
     let mut last_sweep = clock.now_ms();
+    // Every turn is busy from its start; a turn about to block says it
+    // is quiet first (spinning turns follow each other, each a new one).
+    let mut participant = worker.participant.take();
+    if let Some(p) = &participant {
+        p.attach();
+    }
     while !stop.load(Ordering::Acquire) {
+        if let Some(p) = participant.as_mut() {
+            p.busy();
+        }
         // One clock read a turn, for the services and for the idle
         // back-off both: each read is a vDSO call, and the two a turn
         // took were 3-4% of a spinning worker's samples under perf.
@@ -540,6 +560,9 @@ pub fn run_with(
             continue;
         }
         let idle_for = turn.saturating_duration_since(*idle_since.get_or_insert(turn));
+        if let Some(p) = participant.as_mut() {
+            p.quiet();
+        }
         // Holding replies: wait for what releases them (or for input).
         if worker.wait_for_held(port.as_ref(), held_wait) {
             continue;

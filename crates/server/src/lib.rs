@@ -349,6 +349,7 @@ impl Server {
             client_memory: client_memory.clone(),
             gate: gate.clone(),
             stop: stop.clone(),
+            quiescence: slot_routing.quiescence().clone(),
         };
         // The RESP front-end binds before any thread starts, so a busy
         // port fails the start cleanly.
@@ -452,7 +453,8 @@ impl Server {
             };
             let worker = control::worker(id as u16, services)
                 .map_err(|e| StartError::Config(format!("worker {id}: {e}")))?
-                .with_gate(gate.clone());
+                .with_gate(gate.clone())
+                .with_quiescence(slot_routing.quiescence());
             let stop = stop.clone();
             let cpu = cfg.worker_cpu(id);
             let t = std::thread::Builder::new()

@@ -51,6 +51,9 @@ pub struct SlotRouting {
     lease: std::sync::OnceLock<(Arc<Lease>, Clock)>,
     /// Groups this server is committing the hand-over of.
     closing: Arc<Closing>,
+    /// Every thread that runs commands, which a hand-over waits out
+    /// after the map (or the closing of reads) changed.
+    quiescence: Arc<fabrickv_rpc::quiesce::Quiescence>,
 }
 
 /// The groups whose hand-over this server (their primary) is about to
@@ -220,6 +223,13 @@ impl SlotRouting {
     /// The groups whose hand-over this server is committing.
     pub fn closing(&self) -> &Closing {
         &self.closing
+    }
+
+    /// The threads that run commands against this routing: a grace
+    /// begun after a change passes once none still runs a command that
+    /// read what was before it.
+    pub fn quiescence(&self) -> &Arc<fabrickv_rpc::quiesce::Quiescence> {
+        &self.quiescence
     }
 
     /// The current view, if the server has a map.

@@ -116,7 +116,13 @@ impl Forwarder {
             Owner::Here { too_late: false } => Placed::Here,
             Owner::Here { too_late: true } => Placed::HereTooLate,
             Owner::At(addr) => {
-                self.forward(&addr, &command(), strip_end, quiet, out);
+                // Runs on another server: its thread is quiet here
+                // meanwhile (that server's hand-over may be what the
+                // answer waits for).
+                let cmd = command();
+                fabrickv_rpc::quiesce::paused(|| {
+                    self.forward(&addr, &cmd, strip_end, quiet, out);
+                });
                 Placed::Sent
             }
             Owner::Unreachable(why) => {
@@ -136,7 +142,9 @@ impl Forwarder {
     fn owner(&mut self, routing: &SlotRouting, key: &[u8]) -> Owner {
         let slot = key_slot(key);
         // A memcached client cannot be told to try again: while the
-        // slot's group is handed over (milliseconds), the command waits.
+        // slot's group is handed over (milliseconds), the command waits,
+        // its thread counted as quiet (the hand-over waits for the
+        // commands that found the group served, which this one did not).
         let deadline = std::time::Instant::now() + Duration::from_millis(MC_HANDOVER_WAIT_MS);
         while self
             .view
@@ -144,7 +152,7 @@ impl Forwarder {
             .is_some_and(|r| r.handing_over(slot))
             && std::time::Instant::now() < deadline
         {
-            std::thread::sleep(Duration::from_millis(1));
+            fabrickv_rpc::quiesce::paused(|| std::thread::sleep(Duration::from_millis(1)));
         }
         let Some(r) = self.view.current(routing) else {
             return Owner::Here { too_late: false };

@@ -103,6 +103,11 @@ pub const REPL_ROUNDS_IN_FLIGHT_MAX: u64 = 16;
 /// on (joiners to stream, silent followers), in milliseconds.
 pub const REPL_TICK_MS: u64 = 5;
 
+/// How often the replicator's thread looks again, in microseconds, while
+/// a hand-over waits for the request threads to leave their turns: a
+/// turn lasts microseconds, and every write to the group waits meanwhile.
+pub const HANDOVER_POLL_US: u64 = 100;
+
 /// Index entries a stream's walk for its group's keys examines per hold
 /// of a partition's lock ([`Replicator::walk_streams`]); the walking
 /// thread gives its core up between holds (`sched_yield`), so a serving
@@ -535,6 +540,9 @@ pub struct Replicator {
     /// replicator's thread then waits on the followers' sockets, not a
     /// tick.
     streaming: AtomicBool,
+    /// Whether a hand-over waits out a grace ([`moves`]): the thread then
+    /// looks again after [`HANDOVER_POLL_US`], not a tick.
+    handover_polling: AtomicBool,
     /// Where its thread runs while a stream is under way, and the
     /// release thread always ([`cpus`]).
     stream_cpus: cpus::StreamCpus,
@@ -1000,7 +1008,7 @@ impl Replicator {
         drop(self.done_lock.lock().unwrap_or_else(|p| p.into_inner()));
         self.done_cv.notify_all();
         self.gate.wake_waiters();
-        if self.owed() {
+        if self.owed() || sh.handovers.values().any(moves::Handover::awaits_round) {
             self.wake_thread();
         }
     }
@@ -1482,6 +1490,7 @@ pub fn start(
         followers_seen: AtomicU64::new(u64::MAX),
         joiners_gate: AtomicBool::new(false),
         streaming: AtomicBool::new(false),
+        handover_polling: AtomicBool::new(false),
         stream_cpus: server.stream_cpus,
     });
     server.gate.arm(replicator.clone());
@@ -1495,7 +1504,11 @@ pub fn start(
                 // followers and writes no reply waits on. While a joiner
                 // is streamed it waits on the followers' acknowledgements
                 // (which no reply may be waiting for) instead.
-                let tick = Duration::from_millis(REPL_TICK_MS);
+                let tick = if r.handover_polling.load(Ordering::Acquire) {
+                    Duration::from_micros(HANDOVER_POLL_US)
+                } else {
+                    Duration::from_millis(REPL_TICK_MS)
+                };
                 let streaming = r.streaming.load(Ordering::Acquire);
                 r.stream_cpus.confine(streaming);
                 if !(streaming && r.pump(None, tick)) {

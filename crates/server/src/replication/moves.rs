@@ -3,33 +3,38 @@
 //! is in sync, and letting go of the keys of slots this server no longer
 //! holds any copy of.
 
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 use fabrickv_cluster::slots::{key_slot, SlotMap, SLOTS};
 use fabrickv_rpc::gate::Settle;
+use fabrickv_rpc::quiesce::{Grace, Quiescence};
 use fabrickv_types::KeyHash;
 
 use super::{Replicator, REPL_TICK_MS};
 use crate::partitions::{Partitions, BACKGROUND_HOLD_ITEMS_MIN};
 use fabrickv_engine::SlotFilter;
 
-/// How long a primary waits, once a group it leads is handing over,
-/// before it takes its last round of the group's writes, in
-/// milliseconds: a command that found the group served just before the
-/// map changed is applied within this (it runs in microseconds; this
-/// covers a thread descheduled on a busy host). A write applied later
-/// still is caught by the fence (the server restarts and rejoins), not
-/// lost.
-pub const HANDOVER_QUIESCE_MS: u64 = 50;
+/// Longest a primary waits, once a group it leads is handing over, for
+/// the commands that found the group served just before the map changed,
+/// in milliseconds. It waits only until every request thread has finished
+/// the turn it was in when it saw the change ([`Quiescence`]): commands
+/// run in microseconds, so that is usually at once. This bound is for a
+/// thread stuck in one turn (a very long command, or descheduled for this
+/// long); a write applied after it is caught by the fence (the server
+/// restarts and rejoins), not lost.
+pub const HANDOVER_QUIESCE_MAX_MS: u64 = 2_000;
 
-/// How long a primary, once every write of a group it hands over is on
-/// every copy, serves no more reads of the group before it commits the
-/// hand-over, in milliseconds: a read that found the group served just
-/// before is answered within this, so none is answered from here once
-/// the new owner may have taken a write.
-pub const HANDOVER_READS_QUIESCE_MS: u64 = 5;
+/// Longest a primary, once every write of a group it hands over is on
+/// every copy and it has closed the group to reads, waits for the reads
+/// that found the group open before it commits the hand-over, in
+/// milliseconds: as [`HANDOVER_QUIESCE_MAX_MS`], the wait ends as soon as
+/// every request thread has left the turn it was in when reads closed,
+/// so that no read is answered from here once the new owner may have
+/// taken a write.
+pub const HANDOVER_READS_QUIESCE_MAX_MS: u64 = 2_000;
 
 /// Index entries read per hold of a partition's lock while letting
 /// slots go.
@@ -50,18 +55,75 @@ pub const RELEASE_CORE_PERCENT: u32 = 25;
 const RELEASE_BURST_US: u64 = 500;
 
 /// A group this server leads that is handing over.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(super) struct Handover {
-    /// When this server first saw it handing over.
+    /// Where it stands.
+    step: HandoverStep,
+    /// When the current step began.
     since: Instant,
-    /// The round taken after the quiet period; once it completes every
-    /// write made to the group is on every copy.
-    round: Option<u64>,
-    /// When reads of the group stopped here, once the round completed.
-    closed: Option<Instant>,
+}
+
+/// The steps of a hand-over, in order.
+#[derive(Debug)]
+enum HandoverStep {
+    /// Waiting out the commands that found the group served before the
+    /// map changed.
+    Quiescing(Grace),
+    /// The round taken after them; once it completes every write made to
+    /// the group is on every copy.
+    Round(u64),
+    /// Reads of the group are closed here; waiting out those that found
+    /// it open.
+    Closing(Grace),
+    /// Every read that found the group open has run: the hand-over is
+    /// committed next (again at each tick until a swap wins).
+    Ready,
     /// The hand-over is committed: nothing is left to do until the watch
     /// installs the map naming the new owner (etcd is not read again).
-    committed: bool,
+    Committed,
+}
+
+impl Handover {
+    fn begin(q: &Quiescence) -> Handover {
+        Handover {
+            step: HandoverStep::Quiescing(q.begin()),
+            since: Instant::now(),
+        }
+    }
+
+    /// Whether it waits for its round to complete (which then wakes the
+    /// replicator's thread).
+    pub(super) fn awaits_round(&self) -> bool {
+        matches!(self.step, HandoverStep::Round(_))
+    }
+
+    /// Whether it waits out a grace.
+    fn in_grace(&self) -> bool {
+        matches!(
+            self.step,
+            HandoverStep::Quiescing(_) | HandoverStep::Closing(_)
+        )
+    }
+
+    fn go(&mut self, step: HandoverStep) {
+        self.step = step;
+        self.since = Instant::now();
+    }
+
+    /// Whether `grace` has passed, or the step has waited `max_ms` (with a
+    /// warning: a request thread was stuck in one turn that long).
+    fn waited_out(grace: &mut Grace, since: Instant, max_ms: u64, g: usize, what: &str) -> bool {
+        if grace.passed() {
+            return true;
+        }
+        let over = since.elapsed() >= Duration::from_millis(max_ms);
+        if over {
+            tracing::warn!(
+                "moves: group {g}: a request thread ran one turn over {max_ms} ms; handing over without waiting for its {what}"
+            );
+        }
+        over
+    }
 }
 
 /// Per slot, whether a server holds a copy of it and whether it leads
@@ -95,9 +157,11 @@ impl SlotRoles {
 
 impl Replicator {
     /// Hands over each group this server leads whose new owner is in
-    /// sync: after [`HANDOVER_QUIESCE_MS`], one more round, and once it
-    /// is acknowledged, the map naming the new owner (compare-and-swap;
-    /// a change that lost is tried again at the next tick).
+    /// sync: once every command that found it served has run, one more
+    /// round, and once it is acknowledged and reads have closed (and those
+    /// that found them open have run), the map naming the new owner
+    /// (compare-and-swap; a change that lost is tried again at the next
+    /// tick).
     pub(super) fn hand_over(&self) {
         let Some(r) = self.routing.routing() else {
             return;
@@ -110,46 +174,78 @@ impl Replicator {
             .filter(|(_, g)| g.primary == self.me && g.handing_over())
             .map(|(i, _)| i)
             .collect();
+        let quiescence = self.routing.quiescence();
         let mut ready = Vec::new();
         {
             let mut sh = self.lock_ship();
             sh.handovers.retain(|g, _| mine.contains(g));
             for g in mine {
-                let h = *sh.handovers.entry(g).or_insert(Handover {
-                    since: Instant::now(),
-                    round: None,
-                    closed: None,
-                    committed: false,
-                });
-                if h.committed {
-                    continue;
-                }
-                match (h.round, h.closed) {
-                    (None, _)
-                        if h.since.elapsed() >= Duration::from_millis(HANDOVER_QUIESCE_MS)
-                            && self.room() =>
-                    {
-                        let round = self.launch(&mut sh);
-                        if let Some(h) = sh.handovers.get_mut(&g) {
-                            h.round = Some(round);
+                // Begun once this thread sees the map handing over, so
+                // after every request thread's next read sees it too.
+                sh.handovers
+                    .entry(g)
+                    .or_insert_with(|| Handover::begin(quiescence));
+                // Each step that can go now goes at once: a grace begun
+                // now has usually passed by the next look.
+                loop {
+                    let room = self.room();
+                    let Some(h) = sh.handovers.get_mut(&g) else {
+                        break;
+                    };
+                    let since = h.since;
+                    let next = match &mut h.step {
+                        HandoverStep::Quiescing(grace) => {
+                            if !(room
+                                && Handover::waited_out(
+                                    grace,
+                                    since,
+                                    HANDOVER_QUIESCE_MAX_MS,
+                                    g,
+                                    "writes",
+                                ))
+                            {
+                                break;
+                            }
+                            None
                         }
-                    }
-                    (Some(round), None) if self.done(round) => {
-                        // Reads stop here only now: every write is on
-                        // every copy, the new owner's included.
-                        self.routing.closing().close(g);
-                        if let Some(h) = sh.handovers.get_mut(&g) {
-                            h.closed = Some(Instant::now());
+                        HandoverStep::Round(round) => {
+                            if !self.done(*round) {
+                                break;
+                            }
+                            // Reads stop here only now: every write is on
+                            // every copy, the new owner's included.
+                            self.routing.closing().close(g);
+                            Some(HandoverStep::Closing(quiescence.begin()))
                         }
+                        HandoverStep::Closing(grace) => {
+                            if !Handover::waited_out(
+                                grace,
+                                since,
+                                HANDOVER_READS_QUIESCE_MAX_MS,
+                                g,
+                                "reads",
+                            ) {
+                                break;
+                            }
+                            Some(HandoverStep::Ready)
+                        }
+                        HandoverStep::Ready => {
+                            ready.push(g);
+                            break;
+                        }
+                        HandoverStep::Committed => break,
+                    };
+                    let step = match next {
+                        Some(step) => step,
+                        None => HandoverStep::Round(self.launch(&mut sh)),
+                    };
+                    if let Some(h) = sh.handovers.get_mut(&g) {
+                        h.go(step);
                     }
-                    (Some(_), Some(at))
-                        if at.elapsed() >= Duration::from_millis(HANDOVER_READS_QUIESCE_MS) =>
-                    {
-                        ready.push(g)
-                    }
-                    _ => {}
                 }
             }
+            let polling = sh.handovers.values().any(Handover::in_grace);
+            self.handover_polling.store(polling, Ordering::Release);
         }
         for g in ready {
             let view = match self.registry.view() {
@@ -187,7 +283,7 @@ impl Replicator {
                             next.epoch
                         );
                         if let Some(h) = self.lock_ship().handovers.get_mut(&g) {
-                            h.committed = true;
+                            h.go(HandoverStep::Committed);
                         }
                     }
                     Ok(false) => {}

@@ -70,12 +70,15 @@ pub(super) struct Loop<P: Proto> {
     pub(super) settling: Vec<usize>,
     /// Set while `settling` is not empty, so the gate wakes this loop.
     pub(super) settling_flag: Arc<AtomicBool>,
+    /// Quiet while the loop waits, busy while it runs commands.
+    pub(super) participant: fabrickv_rpc::quiesce::Participant,
 }
 
 impl<P: Proto> Loop<P> {
     pub(super) fn run(&mut self, stop: &AtomicBool) -> io::Result<()> {
         let mut events = Events::with_capacity(EVENTS_PER_POLL);
         let mut ready: Vec<usize> = Vec::with_capacity(EVENTS_PER_POLL);
+        self.participant.attach();
         // Blocks at once when there is nothing to do, as Redis and
         // memcached do: polling on for a few tens of microseconds after
         // each event (tried here, always and only when busy) cost more
@@ -92,13 +95,17 @@ impl<P: Proto> Loop<P> {
                 let wait = first.saturating_sub(self.clock.now_ms());
                 timeout = timeout.min(Duration::from_millis(wait));
             }
+            self.participant.quiet();
             // Holding replies: read the acknowledgements that settle them
             // here while nothing else comes (one wake-up, not a hand-off
             // from another thread), then take what came meanwhile.
             if !self.settling.is_empty() && self.gate.wait(Some(poll_fd(&self.poll)), timeout) {
                 timeout = Duration::ZERO;
             }
-            match self.poll.poll(&mut events, Some(timeout)) {
+            let polled = self.poll.poll(&mut events, Some(timeout));
+            // Commands run from here until the next wait.
+            self.participant.busy();
+            match polled {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),

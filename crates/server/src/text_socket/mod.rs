@@ -225,6 +225,8 @@ pub(crate) struct LoopEnv {
     pub gate: Arc<fabrickv_rpc::gate::FlushGate>,
     /// Set to stop every loop.
     pub stop: Arc<AtomicBool>,
+    /// The request threads a hand-over waits out; every loop is one.
+    pub quiescence: Arc<fabrickv_rpc::quiesce::Quiescence>,
 }
 
 /// Listens on `addr` and starts `threads` loops over the state `shared`
@@ -283,6 +285,7 @@ pub(crate) fn start<P: Proto>(
             let _ = waker.wake();
         }));
         let gate = env.gate.clone();
+        let participant = env.quiescence.participant();
         handles.push(
             std::thread::Builder::new()
                 .name(format!("{}-{t}", P::THREAD))
@@ -308,6 +311,7 @@ pub(crate) fn start<P: Proto>(
                         gate,
                         settling: Vec::new(),
                         settling_flag,
+                        participant,
                     };
                     if let Err(e) = lp.run(&stop) {
                         tracing::error!("{} loop stopped: {e}", P::NAME);
