@@ -61,6 +61,8 @@ pub(super) struct Handover {
     step: HandoverStep,
     /// When the current step began.
     since: Instant,
+    /// When this server first saw the group handing over.
+    began: Instant,
 }
 
 /// The steps of a hand-over, in order.
@@ -85,9 +87,11 @@ enum HandoverStep {
 
 impl Handover {
     fn begin(q: &Quiescence) -> Handover {
+        let now = Instant::now();
         Handover {
             step: HandoverStep::Quiescing(q.begin()),
-            since: Instant::now(),
+            since: now,
+            began: now,
         }
     }
 
@@ -277,12 +281,17 @@ impl Replicator {
             if let Some(next) = map.handed_over(g) {
                 match self.registry.swap_map(rev, &next) {
                     Ok(true) => {
+                        let mut sh = self.lock_ship();
+                        let took = sh
+                            .handovers
+                            .get(&g)
+                            .map_or(0.0, |h| h.began.elapsed().as_secs_f64() * 1e3);
                         tracing::info!(
-                            "moves: group {g} handed to server {} at epoch {}",
+                            "moves: group {g} handed to server {} at epoch {} ({took:.1} ms after it began handing over)",
                             next.groups[g].primary,
                             next.epoch
                         );
-                        if let Some(h) = self.lock_ship().handovers.get_mut(&g) {
+                        if let Some(h) = sh.handovers.get_mut(&g) {
                             h.go(HandoverStep::Committed);
                         }
                     }
