@@ -122,7 +122,8 @@ PY_TYPED := python/examples python/bench_front_door.py python/bench_ps.py \
 	python/tests/test_large_values.py python/tests/test_client_kv.py python/tests/test_ps.py \
 	python/tests/test_resp.py python/tests/test_resp3.py python/tests/test_resp_txn.py \
 	python/tests/test_memcache.py python/tests/test_auth.py python/tests/test_redis_cluster.py \
-	python/tests/test_replication.py python/tests/test_lmcache_cluster.py
+	python/tests/test_replication.py python/tests/test_lmcache_cluster.py \
+	python/tests/test_growth.py
 lint-python: venv python
 	.venv/bin/python -m mypy --strict $(PY_TYPED)
 

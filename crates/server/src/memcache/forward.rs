@@ -31,6 +31,18 @@ pub const MC_FORWARD_TIMEOUT_MS: u64 = 2_000;
 /// in milliseconds.
 pub const MC_HANDOVER_WAIT_MS: u64 = 2_000;
 
+/// How often a forwarded command its owner refused (the two servers'
+/// maps disagree for a moment: one's watch is ahead of the other's) is
+/// sent again, in milliseconds, within [`MC_HANDOVER_WAIT_MS`].
+pub const MC_REFUSED_RETRY_MS: u64 = 1;
+
+/// How a peer front end begins its answer to a forwarded command for a
+/// slot it does not lead: the forwarder recognises it, and sends the
+/// command again once the maps agree. The peer answers it even to a
+/// quiet command (the forwarder then passes nothing on), since the
+/// command did not run.
+const REFUSED_FORWARD: &[u8] = b"SERVER_ERROR not forwarded again: ";
+
 /// Most owners one client connection keeps a forwarding connection to.
 /// An etcd cluster has at most `CLUSTER_SERVERS_MAX` servers; past this
 /// many the least useful (any) is closed first.
@@ -101,7 +113,11 @@ impl Forwarder {
     /// the server leading the key's slot and appends its answer, or
     /// `SERVER_ERROR` when that server cannot be reached, unless `quiet`;
     /// else says the key is served here. With `strip_end` the answer's
-    /// `END` line is left out (a retrieval line ends with its own).
+    /// `END` line is left out (a retrieval line ends with its own). A
+    /// command the owner refused, its map not this server's, is placed
+    /// again (every [`MC_REFUSED_RETRY_MS`], for up to
+    /// [`MC_HANDOVER_WAIT_MS`]): it did not run there, and the maps agree
+    /// within a watch's delay.
     #[inline]
     pub(crate) fn elsewhere<'c>(
         &mut self,
@@ -112,26 +128,53 @@ impl Forwarder {
         out: &mut Vec<u8>,
         command: impl FnOnce() -> Cow<'c, [u8]>,
     ) -> Placed {
-        match self.owner(routing, key) {
-            Owner::Here { too_late: false } => Placed::Here,
-            Owner::Here { too_late: true } => Placed::HereTooLate,
-            Owner::At(addr) => {
-                // Runs on another server: its thread is quiet here
-                // meanwhile (that server's hand-over may be what the
-                // answer waits for).
-                let cmd = command();
-                fabrickv_rpc::quiesce::paused(|| {
-                    self.forward(&addr, &cmd, strip_end, quiet, out);
-                });
-                Placed::Sent
-            }
-            Owner::Unreachable(why) => {
-                if !quiet {
-                    out.extend_from_slice(b"SERVER_ERROR ");
-                    out.extend_from_slice(why.as_bytes());
-                    out.extend_from_slice(b"\r\n");
+        let mut command = Some(command);
+        let mut cmd: Cow<'c, [u8]> = Cow::Borrowed(&[]);
+        let deadline = std::time::Instant::now() + Duration::from_millis(MC_HANDOVER_WAIT_MS);
+        loop {
+            match self.owner(routing, key) {
+                Owner::Here { too_late: false } => return Placed::Here,
+                Owner::Here { too_late: true } => return Placed::HereTooLate,
+                Owner::At(addr) => {
+                    if let Some(f) = command.take() {
+                        cmd = f();
+                    }
+                    let start = out.len();
+                    // Runs on another server: this thread is quiet
+                    // meanwhile (that server's hand-over may be what the
+                    // answer waits for).
+                    let refused = fabrickv_rpc::quiesce::paused(|| {
+                        self.forward(&addr, &cmd, strip_end, quiet, out)
+                    });
+                    if !refused {
+                        return Placed::Sent;
+                    }
+                    if std::time::Instant::now() < deadline {
+                        out.truncate(start);
+                        fabrickv_rpc::quiesce::paused(|| {
+                            std::thread::sleep(Duration::from_millis(MC_REFUSED_RETRY_MS));
+                        });
+                        continue;
+                    }
+                    if quiet {
+                        out.truncate(start);
+                    }
+                    return Placed::Sent;
                 }
-                Placed::Sent
+                Owner::Unreachable(why) => {
+                    // A peer answers even a quiet command, so that its
+                    // forwarder knows it did not run.
+                    if self.answering_only {
+                        out.extend_from_slice(REFUSED_FORWARD);
+                        out.extend_from_slice(why.as_bytes());
+                        out.extend_from_slice(b"\r\n");
+                    } else if !quiet {
+                        out.extend_from_slice(b"SERVER_ERROR ");
+                        out.extend_from_slice(why.as_bytes());
+                        out.extend_from_slice(b"\r\n");
+                    }
+                    return Placed::Sent;
+                }
             }
         }
     }
@@ -189,6 +232,8 @@ impl Forwarder {
     /// with `strip_end`, the `END` line of a retrieval is left out (the
     /// caller ends its own line). On failure appends `SERVER_ERROR` unless
     /// `quiet` (the client asked for no answer) and drops the connection.
+    /// Returns whether the owner refused it, not leading the key's slot
+    /// in its map (its refusal appended).
     fn forward(
         &mut self,
         addr: &str,
@@ -196,9 +241,10 @@ impl Forwarder {
         strip_end: bool,
         quiet: bool,
         out: &mut Vec<u8>,
-    ) {
+    ) -> bool {
         let start = out.len();
-        if let Err(why) = self.exchange(addr, command, strip_end, out) {
+        let answered = self.exchange(addr, command, strip_end, out);
+        if let Err(why) = answered {
             out.truncate(start);
             if let Some(c) = self.conns.remove(addr) {
                 // Reset, not closed: the kernel would otherwise deliver
@@ -212,7 +258,9 @@ impl Forwarder {
                 out.extend_from_slice(why.as_bytes());
                 out.extend_from_slice(b"\r\n");
             }
+            return false;
         }
+        answered.is_ok_and(|refused| refused)
     }
 
     fn exchange(
@@ -221,13 +269,14 @@ impl Forwarder {
         command: &[u8],
         strip_end: bool,
         out: &mut Vec<u8>,
-    ) -> Result<(), Why> {
+    ) -> Result<bool, Why> {
         let conn = self.conn(addr)?;
         let s = conn.get_mut();
         s.write_all(command)
             .and_then(|()| s.write_all(b"mn\r\n"))
             .map_err(|e| e.to_string())?;
         let mut taken = 0usize;
+        let mut refused = false;
         let mut line = Vec::with_capacity(128);
         loop {
             line.clear();
@@ -241,8 +290,9 @@ impl Forwarder {
             }
             let text = &line[..line.len() - 2];
             if text == b"MN" {
-                return Ok(());
+                return Ok(refused);
             }
+            refused |= text.starts_with(REFUSED_FORWARD);
             if strip_end && text == b"END" {
                 continue;
             }
