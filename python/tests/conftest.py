@@ -10,7 +10,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, TypeVar
 
 import numpy as np
 import pytest
@@ -183,6 +183,27 @@ def start_servers(n: int, transport: str, *extra: str) -> list[Server]:
 def stop_all(servers: Sequence[Server]) -> list[int]:
     """Stops every server; their exit codes, in order."""
     return [s.stop() for s in servers]
+
+
+ServerT = TypeVar("ServerT", bound=Server)
+
+
+def start_slot_cluster(make: type[ServerT], etcd: Etcd, name: str, transport: str,
+                       count: int, size: int) -> list[ServerT]:
+    """Servers 0 to `count - 1` of etcd cluster `name` (`--cluster-size
+    size`, one copy of each slot, a memcache front end each) listening on
+    `transport`; those started are stopped if one fails to start."""
+    servers: list[ServerT] = []
+    try:
+        for i in range(count):
+            servers.append(make(
+                "--registry", etcd.url, "--cluster", name, "--id", str(i),
+                "--cluster-size", str(size), "--memcache", "127.0.0.1:0",
+                listen=listen_addr(transport), workers=1))
+    except BaseException:
+        stop_all(servers)
+        raise
+    return servers
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)

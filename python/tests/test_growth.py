@@ -28,7 +28,7 @@ from pymemcache.client.retrying import RetryingClient
 from pymemcache.exceptions import MemcacheUnexpectedCloseError
 from redis.cluster import RedisCluster
 
-from conftest import BIN, TRANSPORTS, Etcd, Server, listen_addr, stop_all
+from conftest import BIN, TRANSPORTS, Etcd, Server, start_slot_cluster, stop_all
 
 # How long a move may take on a loaded machine (one takes well under a
 # second here).
@@ -46,16 +46,7 @@ def four_servers(request: pytest.FixtureRequest, etcd: Etcd) -> Iterator[tuple[s
     """A cluster of three servers (one copy of each slot) and a fourth
     registered beside it, holding nothing until it is added."""
     name = f"grow-{uuid.uuid4().hex[:8]}"
-    servers: list[Server] = []
-    try:
-        for i in range(4):
-            servers.append(Server(
-                "--registry", etcd.url, "--cluster", name, "--id", str(i),
-                "--cluster-size", "3", "--memcache", "127.0.0.1:0",
-                listen=listen_addr(request.param), workers=1))
-    except BaseException:
-        stop_all(servers)
-        raise
+    servers = start_slot_cluster(Server, etcd, name, request.param, 4, 3)
     yield name, servers
     assert stop_all(servers) == [0, 0, 0, 0], "the servers exit cleanly on SIGTERM"
 

@@ -18,7 +18,7 @@ import redis
 from pymemcache.client.base import Client as MemcacheClient
 from redis.cluster import RedisCluster
 
-from conftest import BIN, TRANSPORTS, Etcd, Server, listen_addr, stop_all
+from conftest import BIN, TRANSPORTS, Etcd, Server, start_slot_cluster, stop_all
 
 # How long a dead server's registration may take to leave etcd (its lease
 # is 5 s), with room for a loaded machine.
@@ -36,16 +36,7 @@ def slot_cluster(request: pytest.FixtureRequest,
                  etcd: Etcd) -> Iterator[list[ClusterServer]]:
     """Three servers of one etcd cluster, one copy of each slot."""
     name = f"rc-{uuid.uuid4().hex[:8]}"
-    servers: list[ClusterServer] = []
-    try:
-        for i in range(3):
-            servers.append(ClusterServer(
-                "--registry", etcd.url, "--cluster", name, "--id", str(i),
-                "--cluster-size", "3", "--memcache", "127.0.0.1:0",
-                listen=listen_addr(request.param), workers=1))
-    except BaseException:
-        stop_all(servers)
-        raise
+    servers = start_slot_cluster(ClusterServer, etcd, name, request.param, 3, 3)
     for s in servers:
         s.name = name
         s.transport = request.param
