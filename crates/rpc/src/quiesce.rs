@@ -33,14 +33,14 @@ use rustix::thread::{membarrier, MembarrierCommand};
 /// a turn's start then needs no hardware fence.
 static EXPEDITED: AtomicBool = AtomicBool::new(false);
 
-/// Registers the process for expedited barriers, once; whether it could.
-fn register_expedited() -> bool {
-    static REGISTERED: OnceLock<bool> = OnceLock::new();
-    *REGISTERED.get_or_init(|| {
+/// Registers the process for expedited barriers, once ([`EXPEDITED`] says
+/// whether the kernel took it).
+fn register_expedited() {
+    static REGISTERED: OnceLock<()> = OnceLock::new();
+    REGISTERED.get_or_init(|| {
         let ok = membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok();
         EXPEDITED.store(ok, Ordering::SeqCst);
-        ok
-    })
+    });
 }
 
 /// The waiter's half of the barrier pair (see the module's text).
@@ -74,8 +74,13 @@ pub struct Quiescence {
 }
 
 impl Default for Quiescence {
+    /// A set with no thread yet; the process registers for the waiter's
+    /// barriers first.
     fn default() -> Quiescence {
-        Quiescence::with_barriers()
+        register_expedited();
+        Quiescence {
+            threads: Mutex::new(Vec::new()),
+        }
     }
 }
 
@@ -97,14 +102,6 @@ impl Quiescence {
     /// A set with no thread yet.
     pub fn new() -> Arc<Quiescence> {
         Arc::new(Quiescence::default())
-    }
-
-    /// A set with no thread yet (as [`Quiescence::new`]).
-    fn with_barriers() -> Quiescence {
-        register_expedited();
-        Quiescence {
-            threads: Mutex::new(Vec::new()),
-        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<AtomicU64>>> {

@@ -243,24 +243,24 @@ impl Forwarder {
         out: &mut Vec<u8>,
     ) -> bool {
         let start = out.len();
-        let answered = self.exchange(addr, command, strip_end, out);
-        if let Err(why) = answered {
-            out.truncate(start);
-            if let Some(c) = self.conns.remove(addr) {
-                // Reset, not closed: the kernel would otherwise deliver
-                // the command once a cut link heals, long after its client
-                // was told it failed.
-                let _ = socket2::SockRef::from(c.get_ref()).set_linger(Some(Duration::ZERO));
-            }
-            tracing::debug!("memcache forward to {addr}: {why}");
-            if !quiet {
-                out.extend_from_slice(b"SERVER_ERROR cannot reach the key's server: ");
-                out.extend_from_slice(why.as_bytes());
-                out.extend_from_slice(b"\r\n");
-            }
-            return false;
+        let why = match self.exchange(addr, command, strip_end, out) {
+            Ok(refused) => return refused,
+            Err(why) => why,
+        };
+        out.truncate(start);
+        if let Some(c) = self.conns.remove(addr) {
+            // Reset, not closed: the kernel would otherwise deliver the
+            // command once a cut link heals, long after its client was
+            // told it failed.
+            let _ = socket2::SockRef::from(c.get_ref()).set_linger(Some(Duration::ZERO));
         }
-        answered.is_ok_and(|refused| refused)
+        tracing::debug!("memcache forward to {addr}: {why}");
+        if !quiet {
+            out.extend_from_slice(b"SERVER_ERROR cannot reach the key's server: ");
+            out.extend_from_slice(why.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        false
     }
 
     fn exchange(

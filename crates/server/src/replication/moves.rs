@@ -17,24 +17,17 @@ use super::{Replicator, REPL_TICK_MS};
 use crate::partitions::{Partitions, BACKGROUND_HOLD_ITEMS_MIN};
 use fabrickv_engine::SlotFilter;
 
-/// Longest a primary waits, once a group it leads is handing over, for
-/// the commands that found the group served just before the map changed,
-/// in milliseconds. It waits only until every request thread has finished
-/// the turn it was in when it saw the change ([`Quiescence`]): commands
-/// run in microseconds, so that is usually at once. This bound is for a
-/// thread stuck in one turn (a very long command, or descheduled for this
-/// long); a write applied after it is caught by the fence (the server
-/// restarts and rejoins), not lost.
-pub const HANDOVER_QUIESCE_MAX_MS: u64 = 2_000;
-
-/// Longest a primary, once every write of a group it hands over is on
-/// every copy and it has closed the group to reads, waits for the reads
-/// that found the group open before it commits the hand-over, in
-/// milliseconds: as [`HANDOVER_QUIESCE_MAX_MS`], the wait ends as soon as
-/// every request thread has left the turn it was in when reads closed,
-/// so that no read is answered from here once the new owner may have
-/// taken a write.
-pub const HANDOVER_READS_QUIESCE_MAX_MS: u64 = 2_000;
+/// Longest each of a hand-over's two waits lasts, in milliseconds: for
+/// the commands that found the group served just before the map changed
+/// (before the last round), and for the reads that found it open just
+/// before reads closed (before the commit, so that none is answered from
+/// here once the new owner may have taken a write). Each ends as soon as
+/// every request thread has left the turn it was in when it saw the
+/// change ([`Quiescence`]): commands run in microseconds, so that is
+/// usually at once. This bound is for a thread stuck in one turn (a very
+/// long command, or descheduled for this long); a write applied after it
+/// is caught by the fence (the server restarts and rejoins), not lost.
+pub const HANDOVER_GRACE_MAX_MS: u64 = 2_000;
 
 /// Index entries read per hold of a partition's lock while letting
 /// slots go.
@@ -114,16 +107,17 @@ impl Handover {
         self.since = Instant::now();
     }
 
-    /// Whether `grace` has passed, or the step has waited `max_ms` (with a
-    /// warning: a request thread was stuck in one turn that long).
-    fn waited_out(grace: &mut Grace, since: Instant, max_ms: u64, g: usize, what: &str) -> bool {
+    /// Whether `grace` has passed, or the step has waited
+    /// [`HANDOVER_GRACE_MAX_MS`] (with a warning: a request thread was
+    /// stuck in one turn that long).
+    fn waited_out(grace: &mut Grace, since: Instant, g: usize, what: &str) -> bool {
         if grace.passed() {
             return true;
         }
-        let over = since.elapsed() >= Duration::from_millis(max_ms);
+        let over = since.elapsed() >= Duration::from_millis(HANDOVER_GRACE_MAX_MS);
         if over {
             tracing::warn!(
-                "moves: group {g}: a request thread ran one turn over {max_ms} ms; handing over without waiting for its {what}"
+                "moves: group {g}: a request thread ran one turn over {HANDOVER_GRACE_MAX_MS} ms; handing over without waiting for its {what}"
             );
         }
         over
@@ -199,15 +193,7 @@ impl Replicator {
                     let since = h.since;
                     let next = match &mut h.step {
                         HandoverStep::Quiescing(grace) => {
-                            if !(room
-                                && Handover::waited_out(
-                                    grace,
-                                    since,
-                                    HANDOVER_QUIESCE_MAX_MS,
-                                    g,
-                                    "writes",
-                                ))
-                            {
+                            if !(room && Handover::waited_out(grace, since, g, "writes")) {
                                 break;
                             }
                             None
@@ -222,13 +208,7 @@ impl Replicator {
                             Some(HandoverStep::Closing(quiescence.begin()))
                         }
                         HandoverStep::Closing(grace) => {
-                            if !Handover::waited_out(
-                                grace,
-                                since,
-                                HANDOVER_READS_QUIESCE_MAX_MS,
-                                g,
-                                "reads",
-                            ) {
+                            if !Handover::waited_out(grace, since, g, "reads") {
                                 break;
                             }
                             Some(HandoverStep::Ready)
